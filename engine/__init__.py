@@ -1,0 +1,23 @@
+"""kvledger's in-pod engine: planner (``budget``), torch model, scheduler, server, CLI.
+
+Importing this package must stay torch-free: the planner runs in a light init
+container. ``LLM`` and ``SamplingParams`` are resolved lazily on first access.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["LLM", "SamplingParams"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LLM":
+        from kvledger.engine.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from kvledger.engine.sampling_params import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(f"module 'kvledger.engine' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""The memory planner: torch-free, runs in the init container and inside the engine."""

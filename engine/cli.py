@@ -1,0 +1,63 @@
+"""``kvledger`` command line: one subcommand per module, imported lazily.
+
+Each subcommand module exposes ``add_arguments(parser)`` and ``main(args) -> int``.
+Lazy imports keep ``kvledger plan``/``preflight`` torch-free and quick to start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from kvledger.engine.errors import EXIT_BAD_INPUT, KvledgerError
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "plan": ("kvledger.engine.budget.cli_plan", "print the memory budget of a declared run"),
+    "preflight": ("kvledger.engine.budget.cli_preflight",
+                  "the init container: plan, write the plan JSON and a termination report"),
+    "serve": ("kvledger.engine.server.cli", "plan (measured), load the model and serve HTTP"),
+    "run": ("kvledger.operator.local_run", "run an InferenceService manifest locally, no cluster"),
+    "operator": ("kvledger.operator.main", "run the kopf operator"),
+    "make-model": ("kvledger.engine.make_model", "write a small built-in checkpoint"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: kvledger COMMAND [FLAGS]", "", "commands:"]
+    lines += [f"  {name:<12} {help_text}" for name, (_, help_text) in SUBCOMMANDS.items()]
+    lines += ["", "kvledger COMMAND --help shows a command's flags."]
+    return "\n".join(lines)
+
+
+def build_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of one subcommand; only that subcommand's module is imported."""
+    module_name, help_text = SUBCOMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"kvledger {name}", description=help_text)
+    module.add_arguments(parser)
+    parser.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else EXIT_BAD_INPUT
+    if argv[0] not in SUBCOMMANDS:
+        print(f"error: unknown command {argv[0]!r}\n\n{_usage()}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    args = build_parser(argv[0]).parse_args(argv[1:])  # argparse exits 2 on bad flags
+    try:
+        return int(args._module.main(args) or 0)
+    except KvledgerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""The engine's flags (vLLM's names) as one validated dataclass.
+
+``add_engine_flags`` is shared by ``plan``, ``preflight``, ``serve`` and ``run`` so the
+operator can hand the init container and the engine container the same argument list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, fields
+
+from kvledger.engine.errors import BadInput
+
+DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
+DEVICES = ("auto", "cuda", "cpu")
+
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_MAX_NUM_SEQS = 16
+# Without chunked prefill a whole prompt is one step, so the per-step token budget is
+# at least the context; 2048 keeps short-context models' activation peak realistic.
+MIN_DEFAULT_BATCHED_TOKENS = 2048
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTPE]i?B?|[kKMGTPE]B|[kKMGTPE]|B)?\s*$")
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50, "E": 2**60}
+_DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from a SIZE: ``40GiB``/``40Gi`` (binary), ``40GB``/``40G`` (decimal), ``512MiB``,
+    or plain bytes, as Kubernetes quantities. Raises BadInput on anything else."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise BadInput(f"size must not be negative: {text}")
+        return text
+    match = _SIZE_RE.match(str(text))
+    if not match:
+        raise BadInput(f"bad size {text!r}: use e.g. 40GiB, 40Gi, 40GB, 40G, 512MiB or plain bytes")
+    number, unit = match.group(1), (match.group(2) or "")
+    unit = unit.upper()
+    if unit in ("", "B"):
+        scale = 1
+    elif "I" in unit:
+        scale = _BINARY[unit[0]]
+    else:
+        scale = _DECIMAL[unit[0]]
+    value = float(number) * scale
+    if scale == 1 and "." in number:
+        raise BadInput(f"bad size {text!r}: a byte count must be a whole number")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every flag the planner and engine read. ``None`` means "derive it" (see README)."""
+
+    model: str
+    served_model_name: str | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int | None = None
+    block_size: int = DEFAULT_BLOCK_SIZE
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    enforce_eager: bool = False
+    gpu_memory_utilization: float | None = None
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    memory_limit_bytes: int | None = None
+    device: str = "auto"
+    device_memory_bytes: int | None = None
+    device_free_bytes: int | None = None
+    unified_memory: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
+                     "num_gpu_blocks_override", "kv_cache_memory_bytes", "memory_limit_bytes",
+                     "device_memory_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value <= 0):
+                raise BadInput(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.device_free_bytes is not None and self.device_free_bytes < 0:
+            raise BadInput("--device-free must not be negative")
+        if (self.device_free_bytes is not None and self.device_memory_bytes is not None
+                and self.device_free_bytes > self.device_memory_bytes):
+            raise BadInput("--device-free cannot exceed --device-memory")
+        if self.device_free_bytes is not None and self.device_memory_bytes is None:
+            raise BadInput("--device-free needs --device-memory")
+        util = self.gpu_memory_utilization
+        if util is not None and not (0.0 < util <= 1.0):
+            raise BadInput(f"--gpu-memory-utilization must be in (0, 1], got {util}")
+        if self.dtype not in DTYPES:
+            raise BadInput(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise BadInput(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                           f"got {self.kv_cache_dtype!r}")
+        if self.device not in DEVICES:
+            raise BadInput(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if not self.model:
+            raise BadInput("--model is required")
+
+    def to_flags(self) -> list[str]:
+        """The command-line flags that reproduce this config (inverse of the parser)."""
+        out: list[str] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value == f.default and f.name != "model":
+                continue
+            flag = "--" + _FLAG_NAMES.get(f.name, f.name.replace("_", "-"))
+            if isinstance(value, bool):
+                if value:
+                    out.append(flag)
+            else:
+                out.extend([flag, str(value)])
+        return out
+
+
+_FLAG_NAMES = {
+    "memory_limit_bytes": "memory-limit",
+    "device_memory_bytes": "device-memory",
+    "device_free_bytes": "device-free",
+}
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not (0.0 < value <= 1.0):
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags shared by plan/preflight/serve, named as vLLM names them."""
+    g = parser.add_argument_group("model and workload")
+    g.add_argument("--model", required=True, help="checkpoint directory (config.json + safetensors)")
+    g.add_argument("--served-model-name", default=None)
+    g.add_argument("--max-model-len", type=_positive_int, default=None,
+                   help="context limit in tokens (default: the model's max_position_embeddings)")
+    g.add_argument("--max-num-seqs", type=_positive_int, default=DEFAULT_MAX_NUM_SEQS)
+    g.add_argument("--max-num-batched-tokens", type=_positive_int, default=None,
+                   help=f"tokens per engine step (default: max(max_model_len, {MIN_DEFAULT_BATCHED_TOKENS}))")
+    g.add_argument("--block-size", type=_positive_int, default=DEFAULT_BLOCK_SIZE)
+    g.add_argument("--dtype", choices=DTYPES, default="auto")
+    g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    g.add_argument("--enforce-eager", action="store_true")
+    g.add_argument("--seed", type=int, default=0)
+    m = parser.add_argument_group("memory caps (the smallest one given wins)")
+    m.add_argument("--memory-limit", dest="memory_limit_bytes", type=_size, default=None,
+                   metavar="SIZE", help="hard limit on the engine's device memory, e.g. 40GiB")
+    m.add_argument("--gpu-memory-utilization", type=_fraction, default=None,
+                   help="cap as a fraction of the device's TOTAL memory, in (0, 1]")
+    m.add_argument("--num-gpu-blocks-override", type=_positive_int, default=None)
+    m.add_argument("--kv-cache-memory-bytes", type=_size, default=None, metavar="SIZE")
+    d = parser.add_argument_group("device (what-if planning without the card)")
+    d.add_argument("--device", choices=DEVICES, default="auto")
+    d.add_argument("--device-memory", dest="device_memory_bytes", type=_size, default=None,
+                   metavar="SIZE", help="plan for a device with this much total memory")
+    d.add_argument("--device-free", dest="device_free_bytes", type=_size, default=None,
+                   metavar="SIZE", help="free memory on that device (default: all of it)")
+    d.add_argument("--unified-memory", action="store_true",
+                   help="the device shares one memory pool with the host (GB10, GH200, ...)")
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """Build the config from parsed flags; unknown namespace attributes are ignored."""
+    values = {f.name: getattr(args, f.name) for f in fields(EngineConfig) if hasattr(args, f.name)}
+    return EngineConfig(**values)

@@ -1,0 +1,1 @@
+"""HTTP layer: OpenAI-compatible aiohttp server with reservation admission."""
