@@ -1,0 +1,94 @@
+"""The shared engine flags: SIZE parsing, validation, and the flags round trip."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from kvledger.engine.config import EngineConfig, add_engine_flags, config_from_args, parse_size
+from kvledger.engine.errors import BadInput
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("40GiB", 40 * 2**30),
+        ("40Gi", 40 * 2**30),
+        ("40GB", 40 * 10**9),
+        ("40G", 40 * 10**9),
+        ("512MiB", 512 * 2**20),
+        ("512Mi", 512 * 2**20),
+        ("1.5GiB", int(1.5 * 2**30)),
+        ("1024", 1024),
+        ("1024B", 1024),
+        ("2Ti", 2 * 2**40),
+        ("100k", 100_000),
+        (" 8 GiB ", 8 * 2**30),
+    ],
+)
+def test_parse_size_accepts_kubernetes_quantities(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "-1GiB", "40 gigs", "1.5", "4XB", "1e9"])
+def test_parse_size_rejects_garbage(text: str) -> None:
+    with pytest.raises(BadInput):
+        parse_size(text)
+
+
+def _parse(argv: list[str]) -> EngineConfig:
+    parser = argparse.ArgumentParser()
+    add_engine_flags(parser)
+    return config_from_args(parser.parse_args(argv))
+
+
+def test_flags_round_trip_through_to_flags() -> None:
+    config = _parse([
+        "--model", "/m", "--max-model-len", "4096", "--max-num-seqs", "4",
+        "--memory-limit", "40GiB", "--gpu-memory-utilization", "0.85",
+        "--kv-cache-dtype", "fp8", "--enforce-eager", "--device-memory", "80GiB",
+        "--unified-memory",
+    ])
+    assert config.memory_limit_bytes == 40 * 2**30
+    assert _parse(config.to_flags()) == config
+
+
+def test_defaults_render_no_flags_but_the_model() -> None:
+    assert EngineConfig(model="/m").to_flags() == ["--model", "/m"]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"gpu_memory_utilization": 0.0},
+        {"gpu_memory_utilization": 1.5},
+        {"max_model_len": 0},
+        {"max_num_seqs": -2},
+        {"block_size": 0},
+        {"dtype": "int3"},
+        {"kv_cache_dtype": "fp4"},
+        {"device_free_bytes": 10},
+        {"device_memory_bytes": 5, "device_free_bytes": 10},
+        {"model": ""},
+    ],
+)
+def test_config_rejects_bad_values(kwargs: dict) -> None:
+    kwargs = {"model": "/m", **kwargs}
+    with pytest.raises(BadInput):
+        EngineConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--model", "/m", "--gpu-memory-utilization", "1.2"],
+        ["--model", "/m", "--gpu-memory-utilization", "abc"],
+        ["--model", "/m", "--memory-limit", "lots"],
+        ["--model", "/m", "--max-model-len", "-5"],
+    ],
+)
+def test_bad_flags_exit_2(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        _parse(argv)
+    assert exc.value.code == 2
