@@ -1,0 +1,196 @@
+"""Reservation admission: a request runs only once the KV ledger holds ``prompt + cap``.
+
+The story of one request: ``effective_cap`` turns the requested ``max_tokens`` into the
+cap (or refuses 413/400), ``admit`` reserves ``prompt + cap`` tokens of KV blocks (at
+once, or after a FIFO wait of at most ``max_queue_wait_s``), and a refusal carries the
+wait after which enough blocks are due back: the running requests' remaining caps at
+the observed decode rate, soonest first, with jitter so rejected clients do not return
+in lock-step. ``done`` forgets the request; the engine releases its blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvledger.engine.server.errors import ApiError
+
+MAX_RETRY_AFTER_S = 60.0       # past this a client should go elsewhere, not wait
+DEFAULT_DECODE_TOKENS_PER_S = 20.0  # before the first decode step is observed
+JITTER_FRACTION = 0.25
+
+
+@dataclass
+class Ticket:
+    """An admitted request: what it reserved and how far it has got."""
+
+    request_id: str
+    prompt_tokens: int
+    cap_tokens: int
+    blocks: int
+    reservation: Any
+    admitted_at: float
+    generated_tokens: int = 0
+
+    @property
+    def remaining_tokens(self) -> int:
+        return max(self.cap_tokens - self.generated_tokens, 0)
+
+
+@dataclass
+class _Waiter:
+    tokens: int
+    blocks: int
+    future: asyncio.Future = field(repr=False)
+    gone: bool = False  # timed out or cancelled; skipped when it reaches the head
+
+
+class Admission:
+    """Admits requests against ``ledger`` (``try_reserve``/``release``/``blocks_for``)."""
+
+    def __init__(self, ledger: Any, *, max_model_len: int, max_queue_wait_s: float = 0.0,
+                 decode_tokens_per_s: Callable[[], float | None] = lambda: None,
+                 rng: random.Random | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ledger = ledger
+        self.max_model_len = max_model_len
+        self.max_queue_wait_s = max_queue_wait_s
+        self._decode_tokens_per_s = decode_tokens_per_s
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._waiters: deque[_Waiter] = deque()
+        self._queued = 0
+        self.running: dict[str, Ticket] = {}
+
+    # -- the cap -------------------------------------------------------------------
+    def effective_cap(self, prompt_tokens: int, requested: int | None) -> int:
+        """The output cap this request is admitted with; 413/400 when it cannot fit."""
+        limit = self.max_model_len
+        if prompt_tokens >= limit:
+            raise ApiError(413, f"prompt is {prompt_tokens} tokens, at or over the context "
+                                f"limit of {limit} tokens", code="context_length_exceeded",
+                           param="prompt", reason="prompt_too_long")
+        room = limit - prompt_tokens
+        if requested is None:
+            return room
+        if requested > room:
+            raise ApiError(400, f"prompt ({prompt_tokens} tokens) + max_tokens ({requested}) = "
+                                f"{prompt_tokens + requested} exceeds the context limit of "
+                                f"{limit} tokens; lower max_tokens to at most {room}",
+                           code="context_length_exceeded", param="max_tokens",
+                           reason="over_context")
+        return requested
+
+    # -- admit ---------------------------------------------------------------------
+    @property
+    def queue_length(self) -> int:
+        return self._queued
+
+    async def admit(self, request_id: str, prompt_tokens: int, cap_tokens: int) -> Ticket:
+        """Reserve ``prompt + cap`` tokens or raise a 429 ``ApiError`` with Retry-After."""
+        tokens = prompt_tokens + cap_tokens
+        blocks = self.ledger.blocks_for(tokens)
+        if blocks > self.ledger.num_blocks:
+            raise ApiError(400, f"the request needs {blocks} KV blocks ({tokens} tokens) but the "
+                                f"whole pool holds {self.ledger.num_blocks}; lower max_tokens",
+                           code="kv_pool_too_small", param="max_tokens", reason="over_pool")
+        reservation = None if self._waiters else self.ledger.try_reserve(tokens)
+        if reservation is None:
+            reservation = await self._wait_in_line(tokens, blocks)
+        ticket = Ticket(request_id, prompt_tokens, cap_tokens, blocks, reservation, self._clock())
+        self.running[request_id] = ticket
+        return ticket
+
+    async def _wait_in_line(self, tokens: int, blocks: int) -> Any:
+        if self.max_queue_wait_s <= 0:
+            raise self.rejection(blocks)
+        waiter = _Waiter(tokens, blocks, asyncio.get_running_loop().create_future())
+        self._waiters.append(waiter)
+        self._queued += 1
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter.future), self.max_queue_wait_s)
+        except TimeoutError:
+            if waiter.future.done():  # granted in the same instant the wait ran out
+                return waiter.future.result()
+            waiter.gone = True
+            raise self.rejection(blocks) from None
+        except asyncio.CancelledError:
+            if waiter.future.done() and not waiter.future.cancelled():
+                self.ledger.release(waiter.future.result())
+            raise
+        finally:
+            if not waiter.future.done():
+                waiter.future.cancel()
+                waiter.gone = True
+                self._queued -= 1
+
+    def capacity_changed(self) -> None:
+        """Blocks may have come back: grant waiters in FIFO order while they fit."""
+        while self._waiters:
+            head = self._waiters[0]
+            if head.gone:
+                self._waiters.popleft()
+                continue
+            reservation = self.ledger.try_reserve(head.tokens)
+            if reservation is None:
+                return  # strict FIFO: nobody overtakes the head
+            self._waiters.popleft()
+            self._queued -= 1
+            head.future.set_result(reservation)
+
+    def close(self, error: Exception) -> None:
+        """Refuse every waiter with ``error`` (shutdown); later admits are the caller's to stop."""
+        self.max_queue_wait_s = 0.0
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.gone:
+                self._queued -= 1
+                waiter.future.set_exception(error)
+
+    def progress(self, ticket: Ticket, generated_tokens: int) -> None:
+        ticket.generated_tokens = generated_tokens
+
+    def done(self, ticket: Ticket) -> None:
+        """Forget a finished request (the engine releases its blocks) and wake waiters."""
+        self.running.pop(ticket.request_id, None)
+        self.capacity_changed()
+
+    # -- Retry-After ----------------------------------------------------------------
+    def estimate_wait_s(self, blocks: int, ahead_blocks: int | None = None) -> float:
+        """Seconds until ``blocks`` (behind ``ahead_blocks`` already queued) can be reserved.
+
+        Running requests return their blocks when they reach their cap at the observed
+        per-sequence decode rate; they are taken soonest first until the deficit is met.
+        """
+        if ahead_blocks is None:
+            ahead_blocks = sum(w.blocks for w in self._waiters if not w.gone)
+        deficit = blocks + ahead_blocks - self.ledger.free_blocks
+        if deficit <= 0:
+            return 0.0
+        rate = self._decode_tokens_per_s() or DEFAULT_DECODE_TOKENS_PER_S
+        due = sorted((t.remaining_tokens / rate, t.blocks) for t in self.running.values())
+        freed = 0
+        for seconds, ticket_blocks in due:
+            freed += ticket_blocks
+            if freed >= deficit:
+                return seconds
+        # Blocks held outside this server's tickets (or nothing running): the last return.
+        return due[-1][0] if due else 1.0
+
+    def rejection(self, blocks: int, ahead_blocks: int | None = None) -> ApiError:
+        """The 429 for a request of ``blocks``, with a jittered, estimated Retry-After."""
+        wait_s = self.estimate_wait_s(blocks, ahead_blocks)
+        jittered = wait_s * (1.0 + self._rng.uniform(0.0, JITTER_FRACTION))
+        jittered += self._rng.uniform(0.05, 0.25)  # spread clients whose estimate was ~0
+        jittered = min(jittered, MAX_RETRY_AFTER_S)
+        headers = {"Retry-After": str(max(1, math.ceil(jittered))),
+                   "retry-after-ms": str(max(1, round(jittered * 1000)))}
+        return ApiError(429, f"the KV cache cannot hold this request now ({blocks} blocks needed, "
+                             f"{self.ledger.free_blocks} free); retry in {jittered:.1f}s",
+                        code="kv_cache_full", reason="kv_cache_full", headers=headers)
