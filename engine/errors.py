@@ -31,3 +31,20 @@ class DoesNotFit(KvledgerError):
         super().__init__(report.splitlines()[0] if report else "does not fit")
         self.report = report
         self.plan = plan
+
+
+class PromptTooLong(BadInput):
+    """The prompt is at or over the context limit (HTTP 413)."""
+
+
+class AdmissionRejected(KvledgerError):
+    """The KV ledger cannot reserve ``prompt + output cap`` right now (HTTP 429).
+
+    Not a user error: the same request fits once running requests release blocks.
+    """
+
+    def __init__(self, needed_blocks: int, free_blocks: int) -> None:
+        super().__init__(f"KV cache full: the request needs {needed_blocks} blocks, "
+                         f"{free_blocks} are unreserved")
+        self.needed_blocks = needed_blocks
+        self.free_blocks = free_blocks

@@ -1,0 +1,149 @@
+"""``kvledger make-model NAME DIR``: small built-in checkpoints, written deterministically.
+
+Each is a real Hugging Face checkpoint directory (``config.json``, ``model.safetensors``,
+``tokenizer.json`` trained on the bundled corpus, ``tokenizer_config.json`` with a chat
+template, ``generation_config.json``) with random weights from a fixed seed, so tests,
+demos and benchmarks go through the same loading path as a user's checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import zlib
+from pathlib import Path
+from typing import Any
+
+from kvledger.engine.errors import BadInput
+
+CORPUS = Path(__file__).parent / "data" / "corpus.txt"
+SPECIAL_TOKENS = ["<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+TOKENIZER_VOCAB = 1024
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + message['role']) }}{% endif %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+          "rms_norm_eps": 1e-5, "attention_bias": False, "mlp_bias": False,
+          "tie_word_embeddings": False, "torch_dtype": "float32", "initializer_range": 0.02}
+
+MODELS: dict[str, dict[str, Any]] = {
+    # Llama-3 shape: GQA, large rope_theta and llama3 rope_scaling, untied embeddings.
+    "tiny-llama": {**_LLAMA, "hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 4,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024,
+                   "rope_theta": 500000.0,
+                   "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 128}},
+    # Mistral shape: a sliding window shorter than the context.
+    "tiny-mistral": {**_LLAMA, "architectures": ["MistralForCausalLM"], "model_type": "mistral",
+                     "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3,
+                     "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16,
+                     "max_position_embeddings": 512, "rope_theta": 1000000.0, "sliding_window": 64},
+    # Qwen2 shape: q/k/v bias, tied embeddings.
+    "tiny-qwen2": {**_LLAMA, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+                   "hidden_size": 128, "intermediate_size": 320, "num_hidden_layers": 3,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
+                   "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+                   "use_sliding_window": False, "sliding_window": None, "max_window_layers": 3},
+    # For benchmarks: big enough that batching, not Python overhead, decides throughput.
+    "small-llama": {**_LLAMA, "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 2048,
+                    "rope_theta": 10000.0},
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", help=f"one of: {', '.join(MODELS)}")
+    parser.add_argument("dir", help="output directory (created; existing files are overwritten)")
+
+
+def main(args: argparse.Namespace) -> int:
+    out = write_model(args.name, args.dir)
+    print(f"wrote {args.name} to {out}")
+    return 0
+
+
+def write_model(name: str, out_dir: str | Path) -> Path:
+    """Write the built-in checkpoint ``name`` into ``out_dir``; same bytes on every run."""
+    if name not in MODELS:
+        raise BadInput(f"unknown built-in model {name!r}; choose one of: {', '.join(MODELS)}")
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(f"cannot create {out}: {exc.strerror}") from None
+    tokenizer = _train_tokenizer()
+    tokenizer.save(str(out / "tokenizer.json"))
+    bos, eos, end = (tokenizer.token_to_id(t) for t in ("<s>", "</s>", "<|end|>"))
+    config = {**MODELS[name], "vocab_size": tokenizer.get_vocab_size(),
+              "bos_token_id": bos, "eos_token_id": eos}
+    _write_json(out / "config.json", config)
+    _write_json(out / "generation_config.json",
+                {"bos_token_id": bos, "eos_token_id": [eos, end], "do_sample": False})
+    _write_json(out / "tokenizer_config.json",
+                {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+                 "add_bos_token": True, "model_max_length": config["max_position_embeddings"],
+                 "chat_template": CHAT_TEMPLATE})
+    _write_weights(name, config, out / "model.safetensors")
+    return out
+
+
+def _train_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TOKENIZER_VOCAB, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(CORPUS.read_text().splitlines(), trainer)
+    bos = tokenizer.token_to_id("<s>")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
+    return tokenizer
+
+
+def _write_weights(name: str, config: dict[str, Any], path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    # A wider spread than HF's 0.02 keeps the logits' top two apart, so greedy equality
+    # tests compare tokens, not float rounding.
+    std = 0.06
+
+    def rand(*shape: int, scale: float = std) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * scale
+
+    tensors = {"model.embed_tokens.weight": rand(config["vocab_size"], hidden, scale=1.0)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        tensors[p + "self_attn.q_proj.weight"] = rand(heads * head_dim, hidden)
+        tensors[p + "self_attn.k_proj.weight"] = rand(kv_heads * head_dim, hidden)
+        tensors[p + "self_attn.v_proj.weight"] = rand(kv_heads * head_dim, hidden)
+        tensors[p + "self_attn.o_proj.weight"] = rand(hidden, heads * head_dim)
+        if config["model_type"] == "qwen2":
+            for proj, rows in (("q", heads), ("k", kv_heads), ("v", kv_heads)):
+                tensors[p + f"self_attn.{proj}_proj.bias"] = rand(rows * head_dim, scale=0.2)
+        tensors[p + "mlp.gate_proj.weight"] = rand(inter, hidden)
+        tensors[p + "mlp.up_proj.weight"] = rand(inter, hidden)
+        tensors[p + "mlp.down_proj.weight"] = rand(hidden, inter)
+        tensors[p + "input_layernorm.weight"] = 1.0 + rand(hidden, scale=0.1)
+        tensors[p + "post_attention_layernorm.weight"] = 1.0 + rand(hidden, scale=0.1)
+    tensors["model.norm.weight"] = 1.0 + rand(hidden, scale=0.1)
+    if not config["tie_word_embeddings"]:
+        tensors["lm_head.weight"] = rand(config["vocab_size"], hidden)
+    save_file({k: v.contiguous() for k, v in sorted(tensors.items())}, str(path),
+              metadata={"format": "pt"})
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

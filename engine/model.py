@@ -1,0 +1,196 @@
+"""The Llama-family transformer (Llama 2/3, Mistral, Qwen2) over a paged KV cache.
+
+Module names match Hugging Face's, so a checkpoint's state dict loads as is. The forward
+pass takes every token of a step flattened into one ``[num_tokens]`` batch: the linear
+layers see all of them at once; attention runs per prefill and batched over decodes,
+reading keys and values from the paged cache through each sequence's block table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvledger.engine.model_config import ModelConfig
+
+
+@dataclass
+class AttentionMetadata:
+    """Where this step's tokens go and what they attend to (built by the model runner).
+
+    Tokens are ordered: every prefill (whole prompts, ``prefill_lens``), then one token
+    per decoding sequence. ``slot_mapping`` is each token's flat cache slot
+    (``block_id * block_size + offset``); None in the profile pass, which has no cache.
+    """
+
+    slot_mapping: torch.Tensor | None
+    prefill_lens: list[int]
+    prefill_masks: list[torch.Tensor | None]   # None: plain causal
+    decode_block_tables: torch.Tensor | None   # [num_decodes, max_blocks]
+    decode_mask: torch.Tensor | None           # [num_decodes, 1, 1, max_blocks * block_size]
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(self.prefill_lens)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class RotaryEmbedding:
+    """cos/sin tables for every position up to ``max_positions``, computed as HF does."""
+
+    def __init__(self, config: ModelConfig, max_positions: int, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        dim = config.head_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        inv_freq = _scale_inv_freq(inv_freq, config.rope_scaling)
+        freqs = torch.arange(max_positions).float()[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = emb.cos().to(device=device, dtype=dtype)
+        self.sin = emb.sin().to(device=device, dtype=dtype)
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos[positions], self.sin[positions]
+
+
+def _scale_inv_freq(inv_freq: torch.Tensor, scaling: dict | None) -> torch.Tensor:
+    if not scaling:
+        return inv_freq
+    rope_type = scaling.get("rope_type", scaling.get("type"))
+    factor = float(scaling["factor"])
+    if rope_type == "linear":
+        return inv_freq / factor
+    # llama3: long wavelengths slowed by `factor`, short kept, the middle interpolated.
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old_len = scaling["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        hidden, q_size, kv_size = config.hidden_size, config.num_heads * config.head_dim, \
+            config.num_kv_heads * config.head_dim
+        self.q_proj = nn.Linear(hidden, q_size, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(hidden, kv_size, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(hidden, kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(q_size, hidden, bias=config.o_bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+
+        if kv_cache is not None:  # [2, num_blocks, block_size, kv_heads, head_dim]
+            k_slots = kv_cache[0].view(-1, self.num_kv_heads, self.head_dim)
+            v_slots = kv_cache[1].view(-1, self.num_kv_heads, self.head_dim)
+            k_slots.index_copy_(0, meta.slot_mapping, k.to(k_slots.dtype))  # fp8 KV: cast
+            v_slots.index_copy_(0, meta.slot_mapping, v.to(v_slots.dtype))
+
+        out = torch.empty_like(q)
+        start = 0
+        for length, mask in zip(meta.prefill_lens, meta.prefill_masks, strict=True):
+            end = start + length
+            qs, ks, vs = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=mask is None,
+                                               enable_gqa=True)
+            out[start:end] = o[0].transpose(0, 1)
+            start = end
+        if start < num_tokens:
+            num_decodes, block_size = num_tokens - start, kv_cache.shape[2]
+            context = meta.decode_block_tables.shape[1] * block_size
+            # Gather each sequence's blocks: [num_decodes, kv_heads, context, head_dim].
+            kd = kv_cache[0][meta.decode_block_tables].view(
+                num_decodes, context, self.num_kv_heads, self.head_dim).transpose(1, 2).to(q.dtype)
+            vd = kv_cache[1][meta.decode_block_tables].view(
+                num_decodes, context, self.num_kv_heads, self.head_dim).transpose(1, 2).to(q.dtype)
+            o = F.scaled_dot_product_attention(q[start:].unsqueeze(2), kd, vd,
+                                               attn_mask=meta.decode_mask, enable_gqa=True)
+            out[start:] = o.squeeze(2)
+        return self.o_proj(out.view(num_tokens, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, kv_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """``model.*`` and ``lm_head`` as in Hugging Face's ``*ForCausalLM``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Decoder(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_caches: list[torch.Tensor] | None, meta: AttentionMetadata) -> torch.Tensor:
+        """Hidden states ``[num_tokens, hidden]`` after the final norm."""
+        x = self.model.embed_tokens(input_ids)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, None if kv_caches is None else kv_caches[i], meta)
+        return self.model.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

@@ -1,0 +1,103 @@
+"""What the engine needs from a checkpoint's ``config.json``, validated at start-up.
+
+Supported: the Llama family (Llama 2/3, Mistral, Qwen2/2.5). Anything else is refused by
+name instead of being run wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvledger.engine.errors import BadInput
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+_DTYPE_NAMES = {"float32": "float32", "float": "float32", "fp32": "float32",
+                "float16": "float16", "half": "float16", "fp16": "float16",
+                "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    sliding_window: int | None
+    checkpoint_dtype: str
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> ModelConfig:
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise BadInput(f"{model_dir}: no config.json (expected a Hugging Face checkpoint directory)")
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise BadInput(f"{path}: not valid JSON: {exc}") from None
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        archs = raw.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise BadInput(f"unsupported architecture {', '.join(archs) or '(none given)'}; "
+                           f"kvledger runs {', '.join(SUPPORTED_ARCHITECTURES)}")
+        if raw.get("hidden_act", "silu") != "silu":
+            raise BadInput(f"unsupported hidden_act {raw['hidden_act']!r} (only silu)")
+        if raw.get("mlp_bias"):
+            raise BadInput("unsupported: mlp_bias")
+        # transformers 5 writes rope_parameters = {"rope_type", "rope_theta", ...}.
+        rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+        rope_theta = float(rope.pop("rope_theta", raw.get("rope_theta", 10000.0)))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise BadInput(f"unsupported rope_scaling type {rope_type!r}; "
+                           f"kvledger supports {', '.join(SUPPORTED_ROPE_TYPES)}")
+        try:
+            hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+            sliding = raw.get("sliding_window")
+            if arch == "Qwen2ForCausalLM" and not raw.get("use_sliding_window", False):
+                sliding = None
+            dtype = raw.get("torch_dtype") or raw.get("dtype") or "float32"
+            return cls(
+                architecture=arch,
+                vocab_size=int(raw["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(raw["intermediate_size"]),
+                num_layers=int(raw["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+                head_dim=int(raw.get("head_dim") or hidden // heads),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                rope_theta=rope_theta,
+                rope_scaling=rope if rope_type != "default" else None,
+                max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                qkv_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
+                o_bias=arch != "Qwen2ForCausalLM" and bool(raw.get("attention_bias", False)),
+                sliding_window=int(sliding) if sliding else None,
+                checkpoint_dtype=_DTYPE_NAMES.get(str(dtype), "float32"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadInput(f"config.json: missing or bad field {exc}") from None
+
+
+def resolve_dtype(flag: str, model: ModelConfig) -> str:
+    """``--dtype auto`` means the checkpoint's dtype; aliases map to torch names."""
+    return model.checkpoint_dtype if flag == "auto" else _DTYPE_NAMES[flag]

@@ -1,0 +1,119 @@
+"""Turns a scheduled batch into tensors, runs the model, returns one logits row per
+sequence. Owns the paged KV cache: one tensor of
+``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]``."""
+
+from __future__ import annotations
+
+import torch
+
+from kvledger.engine.model import AttentionMetadata, CausalLM, RotaryEmbedding
+from kvledger.engine.scheduler import ScheduledBatch
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
+                "fp8_e5m2": torch.float8_e5m2}
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, device: torch.device, max_model_len: int,
+                 block_size: int) -> None:
+        self.model = model
+        self.config = model.config
+        self.device = device
+        self.dtype = model.lm_head.weight.dtype
+        self.block_size = block_size
+        self.rope = RotaryEmbedding(self.config, max_model_len, device, self.dtype)
+        self.kv_cache: torch.Tensor | None = None
+
+    def allocate_kv_cache(self, num_blocks: int, kv_dtype: str) -> int:
+        """Allocate the whole pool up front; returns its bytes."""
+        dtype = self.dtype if kv_dtype in ("auto", None) else TORCH_DTYPES[kv_dtype]
+        c = self.config
+        self.kv_cache = torch.zeros(c.num_layers, 2, num_blocks, self.block_size, c.num_kv_heads,
+                                    c.head_dim, dtype=dtype, device=self.device)
+        return self.kv_cache.numel() * self.kv_cache.element_size()
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> torch.Tensor:
+        """float32 logits ``[num_seqs, vocab]`` for the last token of each sequence."""
+        input_ids, positions, slots, last_index = [], [], [], []
+        for seq in batch.prefills:
+            n = seq.num_prompt_tokens
+            input_ids += seq.prompt_token_ids
+            positions += range(n)
+            slots += self._slots(seq.block_ids, 0, n)
+            last_index.append(len(input_ids) - 1)
+        for seq in batch.decodes:
+            position = seq.num_tokens - 1
+            input_ids.append(seq.last_token_id)
+            positions.append(position)
+            slots += self._slots(seq.block_ids, position, position + 1)
+            last_index.append(len(input_ids) - 1)
+        meta = self._metadata(batch, slots)
+        return self._forward(input_ids, positions, meta, last_index)
+
+    @torch.inference_mode()
+    def profile(self, num_tokens: int, max_model_len: int) -> int | None:
+        """Run one step of ``num_tokens`` prompt tokens (as prompts of ``max_model_len``)
+        without a cache; return the peak activation bytes on CUDA, None on the CPU where
+        torch keeps no allocator statistics."""
+        lengths = [max_model_len] * (num_tokens // max_model_len)
+        if num_tokens % max_model_len:
+            lengths.append(num_tokens % max_model_len)
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            before = torch.cuda.memory_allocated(self.device)
+        input_ids = [0] * num_tokens
+        positions = [p for n in lengths for p in range(n)]
+        last_index = list(torch.tensor(lengths).cumsum(0) - 1)
+        meta = AttentionMetadata(None, lengths, [self._window_mask(n) for n in lengths], None, None)
+        self._forward(input_ids, positions, meta, [int(i) for i in last_index])
+        if not cuda:
+            return None
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.max_memory_allocated(self.device) - before
+
+    def _forward(self, input_ids: list[int], positions: list[int], meta: AttentionMetadata,
+                 last_index: list[int]) -> torch.Tensor:
+        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        cos, sin = self.rope.lookup(pos)
+        hidden = self.model(ids, cos, sin, self.kv_cache, meta)
+        index = torch.tensor(last_index, dtype=torch.long, device=self.device)
+        return self.model.logits(hidden[index])
+
+    def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:
+        bs = self.block_size
+        return [block_ids[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def _metadata(self, batch: ScheduledBatch, slots: list[int]) -> AttentionMetadata:
+        block_tables = mask = None
+        if batch.decodes:
+            width = max(len(seq.block_ids) for seq in batch.decodes)
+            # Pad with block 0: the mask hides the padding, any valid index will do.
+            block_tables = torch.tensor([s.block_ids + [0] * (width - len(s.block_ids))
+                                         for s in batch.decodes], dtype=torch.long, device=self.device)
+            context = torch.tensor([s.num_tokens for s in batch.decodes], device=self.device)
+            slot = torch.arange(width * self.block_size, device=self.device)[None, :]
+            mask = slot < context[:, None]
+            window = self.config.sliding_window
+            if window is not None:
+                mask &= slot > (context[:, None] - 1 - window)
+            mask = mask[:, None, None, :]
+        return AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
+            prefill_lens=[s.num_prompt_tokens for s in batch.prefills],
+            prefill_masks=[self._window_mask(s.num_prompt_tokens) for s in batch.prefills],
+            decode_block_tables=block_tables,
+            decode_mask=mask,
+        )
+
+    def _window_mask(self, length: int) -> torch.Tensor | None:
+        """Causal mask limited to the sliding window; None (plain causal) when it cannot bite."""
+        window = self.config.sliding_window
+        if window is None or length <= window:
+            return None
+        i = torch.arange(length, device=self.device)
+        return (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)

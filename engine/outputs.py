@@ -1,0 +1,37 @@
+"""What the engine hands back each step, in vLLM's shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+
+
+@dataclass
+class RequestOutput:
+    """One request's progress after a step.
+
+    ``token_ids``/``text``: everything generated so far; ``new_token_ids``: this step's.
+    ``finish_reason``: ``"stop"`` (EOS, stop token or stop string), ``"length"``
+    (``max_tokens`` or the context limit) or ``"abort"``; None while running.
+    ``outputs[0]`` repeats the same fields as vLLM's ``CompletionOutput``.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    new_token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None
+    prompt: str | None = field(default=None)
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        return [CompletionOutput(0, self.text, self.token_ids, self.finish_reason)]

@@ -1,0 +1,57 @@
+"""One request's state inside the engine: its tokens, its reservation, where it stands."""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from kvledger.engine.ledger import Reservation
+from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.tokenizer import IncrementalDetokenizer
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"     # admitted (blocks reserved), prompt not computed yet
+    RUNNING = "running"     # prompt in the cache, decoding one token per step
+    FINISHED = "finished"   # reservation released
+
+
+class Sequence:
+    """A request from admission to finish. ``max_tokens`` is its output cap: the
+    reservation holds ``prompt + max_tokens`` tokens, so decoding never runs out of KV."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 max_tokens: int, reservation: Reservation, detokenizer: IncrementalDetokenizer,
+                 generator: torch.Generator | None) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.output_token_ids: list[int] = []
+        self.params = params
+        self.max_tokens = max_tokens
+        self.reservation = reservation
+        self.detokenizer = detokenizer
+        self.generator = generator
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: str | None = None
+        self.text = ""  # the output text so far, stop strings cut off
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def last_token_id(self) -> int:
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    @property
+    def block_ids(self) -> list[int]:
+        return self.reservation.block_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

@@ -1,0 +1,127 @@
+"""Tokenizer of a checkpoint directory: ``tokenizer.json`` via the ``tokenizers`` library,
+the chat template from ``tokenizer_config.json`` rendered with jinja2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kvledger.engine.errors import BadInput
+
+
+class Tokenizer:
+    """``encode``/``decode``, ``apply_chat_template`` and the set of EOS token ids."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        model_dir = Path(model_dir)
+        path = model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise BadInput(f"{model_dir}: no tokenizer.json (kvledger needs a fast tokenizer file)")
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as exc:  # the library raises a bare Exception on bad files
+            raise BadInput(f"{path}: cannot read tokenizer: {exc}") from None
+        self.tokenizer_config = _read_json(model_dir / "tokenizer_config.json")
+        self.bos_token = _token_text(self.tokenizer_config.get("bos_token"))
+        self.eos_token = _token_text(self.tokenizer_config.get("eos_token"))
+        self.chat_template: str | None = self.tokenizer_config.get("chat_template")
+        if isinstance(self.chat_template, list):  # [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in self.chat_template}
+            self.chat_template = named.get("default") or next(iter(named.values()), None)
+        self.eos_token_ids: set[int] = set()
+        if self.eos_token is not None and self.token_to_id(self.eos_token) is not None:
+            self.eos_token_ids.add(self.token_to_id(self.eos_token))
+        for source in (_read_json(model_dir / "generation_config.json"),
+                       _read_json(model_dir / "config.json")):
+            eos = source.get("eos_token_id")
+            self.eos_token_ids.update([eos] if isinstance(eos, int) else (eos or []))
+        self._template = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]],
+                            add_generation_prompt: bool = True) -> str:
+        """Render the chat as the model's prompt text. The template usually emits the BOS
+        token itself, so encode the result with ``add_special_tokens=False``."""
+        if not self.chat_template:
+            raise BadInput("this model has no chat template; use the completions API")
+        if self._template is None:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise_template_error
+            self._template = env.from_string(self.chat_template)
+        try:
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        except BadInput:
+            raise
+        except Exception as exc:
+            raise BadInput(f"chat template failed: {exc}") from None
+
+    def detokenizer(self, prompt_token_ids: list[int]) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self, prompt_token_ids)
+
+
+class IncrementalDetokenizer:
+    """Streams text as tokens arrive, never splitting a multi-byte character.
+
+    Decodes a short window (a few tokens of context + the new ones) each step, as vLLM
+    does, so the cost per token does not grow with the length of the output.
+    """
+
+    _CONTEXT_TOKENS = 5
+
+    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int]) -> None:
+        self._tokenizer = tokenizer
+        self._ids: list[int] = list(prompt_token_ids[-self._CONTEXT_TOKENS:])
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+        self.text = ""
+
+    def add(self, token_id: int) -> str:
+        """Append one token; return the text it completes (possibly empty)."""
+        self._ids.append(token_id)
+        decode = self._tokenizer.decode
+        prefix = decode(self._ids[self._prefix_offset:self._read_offset])
+        full = decode(self._ids[self._prefix_offset:])
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return ""  # an incomplete UTF-8 sequence, or a special token: wait
+        new_text = full[len(prefix):]
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        self.text += new_text
+        return new_text
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"{path}: not valid JSON: {exc}") from None
+
+
+def _token_text(token: Any) -> str | None:
+    if isinstance(token, dict):  # {"content": "<s>", "__type": "AddedToken", ...}
+        return token.get("content")
+    return token
+
+
+def _raise_template_error(message: str) -> None:
+    raise BadInput(f"chat template: {message}")
