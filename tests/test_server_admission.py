@@ -1,0 +1,130 @@
+"""Reservation admission against the real KV ledger: caps, 413/400/429, FIFO wait,
+Retry-After estimated from the running requests, and no leaked blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+
+import pytest
+
+from kvledger.engine.ledger import KVLedger
+from kvledger.engine.server.admission import JITTER_FRACTION, Admission
+from kvledger.engine.server.errors import ApiError
+
+
+def _admission(num_blocks=10, block_size=16, max_model_len=160, rate=10.0, wait_s=0.0):
+    ledger = KVLedger(num_blocks, block_size)
+    return Admission(ledger, max_model_len=max_model_len, max_queue_wait_s=wait_s,
+                     decode_tokens_per_s=lambda: rate, rng=random.Random(0))
+
+
+def test_effective_cap_unset_is_the_rest_of_the_context():
+    adm = _admission(max_model_len=100)
+    assert adm.effective_cap(30, None) == 70
+    assert adm.effective_cap(30, 70) == 70
+    assert adm.effective_cap(30, 5) == 5
+
+
+def test_prompt_at_the_context_is_413_and_explicit_overflow_is_400_naming_both():
+    adm = _admission(max_model_len=100)
+    with pytest.raises(ApiError) as info:
+        adm.effective_cap(100, None)
+    assert info.value.status == 413 and "100" in info.value.message
+    with pytest.raises(ApiError) as info:
+        adm.effective_cap(60, 41)
+    assert info.value.status == 400
+    assert "60" in info.value.message and "41" in info.value.message
+    assert info.value.param == "max_tokens"
+
+
+async def test_admit_reserves_prompt_plus_cap_and_release_returns_it():
+    adm = _admission()
+    ticket = await adm.admit("a", prompt_tokens=20, cap_tokens=30)  # 50 tokens -> 4 blocks
+    assert ticket.blocks == 4 and adm.ledger.reserved_blocks == 4
+    adm.ledger.release(ticket.reservation)
+    adm.done(ticket)
+    assert adm.ledger.reserved_blocks == 0 and not adm.running
+
+
+async def test_429_carries_whole_seconds_and_ms_estimated_from_remaining_caps():
+    adm = _admission(num_blocks=10, rate=10.0)
+    slow = await adm.admit("slow", 16, 64)  # 5 blocks, 64 tokens left -> due in 6.4 s
+    fast = await adm.admit("fast", 16, 64)  # 5 blocks
+    adm.progress(fast, 54)                  # 10 tokens left -> due in 1.0 s
+    assert adm.estimate_wait_s(3) == pytest.approx(1.0)   # the fast one frees enough
+    assert adm.estimate_wait_s(8) == pytest.approx(6.4)   # needs both
+    adm.progress(slow, 34)                                # 30 left -> 3.0 s
+    assert adm.estimate_wait_s(8) == pytest.approx(3.0)
+    with pytest.raises(ApiError) as info:
+        await adm.admit("c", 16, 100)  # 8 blocks
+    error = info.value
+    assert error.status == 429 and error.code == "kv_cache_full"
+    retry_s = int(error.headers["Retry-After"])
+    retry_ms = int(error.headers["retry-after-ms"])
+    assert retry_s >= 1 and retry_s == math.ceil(retry_ms / 1000)
+    assert 3000 <= retry_ms <= 3000 * (1 + JITTER_FRACTION) + 250
+    assert adm.ledger.reserved_blocks == 10  # the refusal reserved nothing
+
+
+async def test_retry_after_is_jittered_across_clients():
+    adm = _admission(num_blocks=4, rate=10.0)
+    await adm.admit("a", 16, 48)
+    delays = {adm.rejection(4).headers["retry-after-ms"] for _ in range(20)}
+    assert len(delays) > 10
+
+
+async def test_queue_is_fifo_and_grants_as_blocks_return():
+    adm = _admission(num_blocks=4, wait_s=5.0)
+    first = await adm.admit("first", 16, 48)  # all 4 blocks
+    big = asyncio.create_task(adm.admit("big", 16, 48))      # needs 4
+    small = asyncio.create_task(adm.admit("small", 8, 8))    # needs 1, but queued behind
+    await asyncio.sleep(0.05)
+    assert adm.queue_length == 2 and not big.done() and not small.done()
+    adm.ledger.release(first.reservation)
+    adm.done(first)  # wakes the queue
+    big_ticket = await asyncio.wait_for(big, 1)
+    await asyncio.sleep(0.05)
+    assert not small.done(), "the small request must not overtake, and 0 blocks are free"
+    adm.ledger.release(big_ticket.reservation)
+    adm.done(big_ticket)
+    small_ticket = await asyncio.wait_for(small, 1)
+    adm.ledger.release(small_ticket.reservation)
+    adm.done(small_ticket)
+    assert adm.ledger.reserved_blocks == 0 and adm.queue_length == 0
+
+
+async def test_queue_wait_times_out_with_429_and_cancelled_waiters_leak_nothing():
+    adm = _admission(num_blocks=4, wait_s=0.2)
+    held = await adm.admit("held", 16, 48)
+    with pytest.raises(ApiError) as info:
+        await adm.admit("late", 16, 16)
+    assert info.value.status == 429
+    gone = asyncio.create_task(adm.admit("gone", 16, 16))
+    await asyncio.sleep(0.05)
+    gone.cancel()  # client disconnected while waiting
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert adm.queue_length == 0
+    adm.ledger.release(held.reservation)
+    adm.done(held)
+    assert adm.ledger.reserved_blocks == 0
+
+
+async def test_close_refuses_waiters_with_503():
+    adm = _admission(num_blocks=4, wait_s=5.0)
+    await adm.admit("held", 16, 48)
+    waiter = asyncio.create_task(adm.admit("w", 16, 16))
+    await asyncio.sleep(0.05)
+    adm.close(ApiError(503, "shutting down", code="shutting_down"))
+    with pytest.raises(ApiError) as info:
+        await waiter
+    assert info.value.status == 503 and adm.queue_length == 0
+
+
+async def test_request_larger_than_the_whole_pool_is_400():
+    adm = _admission(num_blocks=2, max_model_len=1000)
+    with pytest.raises(ApiError) as info:
+        await adm.admit("huge", 100, 100)
+    assert info.value.status == 400 and "2" in info.value.message
