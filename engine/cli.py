@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from kvledger.engine.errors import EXIT_BAD_INPUT, KvledgerError
+from kvledger.engine.errors import EXIT_BAD_INPUT, BadInput, KvledgerError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -31,11 +31,18 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """Bad flags are bad input like any other: one ``error:`` line and exit 2, no usage dump."""
+
+    def error(self, message: str):
+        raise BadInput(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
 def build_parser(name: str) -> argparse.ArgumentParser:
     """The parser of one subcommand; only that subcommand's module is imported."""
     module_name, help_text = SUBCOMMANDS[name]
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"kvledger {name}", description=help_text)
+    parser = _OneLineErrorParser(prog=f"kvledger {name}", description=help_text)
     module.add_arguments(parser)
     parser.set_defaults(_module=module)
     return parser
@@ -49,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in SUBCOMMANDS:
         print(f"error: unknown command {argv[0]!r}\n\n{_usage()}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    args = build_parser(argv[0]).parse_args(argv[1:])  # argparse exits 2 on bad flags
     try:
+        args = build_parser(argv[0]).parse_args(argv[1:])
         return int(args._module.main(args) or 0)
     except KvledgerError as exc:
         print(f"error: {exc}", file=sys.stderr)

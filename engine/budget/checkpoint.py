@@ -1,0 +1,317 @@
+"""What a checkpoint directory declares: the model's shape (config.json) and the bytes of
+its weights (safetensors headers only; tensor data is never read).
+
+A safetensors file is ``u64 little-endian N`` + ``N`` bytes of JSON + the data region.
+The header maps each tensor name to ``{"dtype", "shape", "data_offsets": [begin, end]}``
+with offsets relative to the data region. We validate it as strictly as ``safetensors``
+does (offsets contiguous from 0 and covering the whole region), so a file this module
+accepts is one ``safe_open`` can load, and its bytes are exactly the loaded tensors'.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvledger.engine.errors import BadInput
+
+# Bits per element of every dtype safetensors knows (0.4 .. 0.8).
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8, "U8": 8, "I8": 8,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+    "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
+}
+# Floating dtypes an explicit ``--dtype`` casts at load time; the others (quantized
+# payloads, scales, integer tensors) are loaded as stored.
+CASTABLE_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
+# safetensors refuses larger headers; anything bigger is a corrupt length field.
+MAX_HEADER_BYTES = 100_000_000
+INDEX_FILE = "model.safetensors.index.json"
+# Names whose tensor is the input embedding an ``lm_head`` is tied to.
+EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight",
+                      "embeddings.weight")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers of config.json the budget depends on."""
+
+    architecture: str
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    torch_dtype: str  # config's dtype name, e.g. "bfloat16"; "" when the config has none
+    tie_word_embeddings: bool = False
+
+
+@dataclass(frozen=True)
+class WeightsInfo:
+    """The bytes the checkpoint's tensors occupy once loaded, counted once per name."""
+
+    total_bytes: int
+    num_tensors: int
+    dtype: str  # the dtype holding the most bytes, e.g. "BF16"
+    files: tuple[str, ...]
+    bytes_by_dtype: dict[str, int] = field(default_factory=dict)
+    # Names stored but not counted: duplicates across shards, an lm_head tied to the embedding.
+    skipped: tuple[str, ...] = ()
+
+
+def _model_dir(model_dir: str | os.PathLike) -> Path:
+    path = Path(model_dir)
+    if not path.exists():
+        raise BadInput(f"model directory {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise BadInput(f"--model {str(path)!r} is not a directory")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise BadInput(f"model directory {str(path)!r} is not readable")
+    return path
+
+
+def _read_json(path: Path, what: str) -> object:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInput(f"{what} not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"cannot read {what} {path}: {exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"{what} {path} is not valid JSON: {exc}") from None
+
+
+def _read_config(model_dir: Path) -> dict:
+    config = _read_json(model_dir / "config.json", "config.json")
+    if not isinstance(config, dict):
+        raise BadInput(f"config.json in {model_dir} must be a JSON object")
+    # Multimodal configs nest the language model's numbers under text_config.
+    text = config.get("text_config")
+    if "num_hidden_layers" not in config and isinstance(text, dict):
+        merged = dict(text)
+        for key in ("architectures", "torch_dtype", "dtype", "tie_word_embeddings"):
+            merged.setdefault(key, config.get(key))
+        return merged
+    return config
+
+
+def _positive(config: dict, key: str, default: object = None) -> int:
+    value = config.get(key, default)
+    if value is None:
+        raise BadInput(f"config.json has no {key!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise BadInput(f"config.json {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def read_model_shape(model_dir: str | os.PathLike) -> ModelShape:
+    """The shape from ``config.json``; BadInput on a missing, garbled or incomplete file."""
+    config = _read_config(_model_dir(model_dir))
+    hidden = _positive(config, "hidden_size")
+    heads = _positive(config, "num_attention_heads")
+    kv_heads = _positive(config, "num_key_value_heads", heads)
+    if config.get("head_dim") is None and hidden % heads:
+        raise BadInput(f"config.json hidden_size {hidden} is not divisible by "
+                       f"num_attention_heads {heads}, and there is no head_dim")
+    head_dim = _positive(config, "head_dim", hidden // heads)
+    if heads % kv_heads:
+        raise BadInput(f"config.json num_attention_heads {heads} is not a multiple of "
+                       f"num_key_value_heads {kv_heads}")
+    archs = config.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else ""
+    dtype = config.get("torch_dtype") or config.get("dtype") or ""
+    if not isinstance(dtype, str):
+        raise BadInput(f"config.json torch_dtype must be a string, got {dtype!r}")
+    return ModelShape(
+        architecture=arch or str(config.get("model_type", "unknown")),
+        num_layers=_positive(config, "num_hidden_layers"),
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        hidden_size=hidden,
+        intermediate_size=_positive(config, "intermediate_size", 4 * hidden),
+        vocab_size=_positive(config, "vocab_size"),
+        max_position_embeddings=_positive(config, "max_position_embeddings"),
+        torch_dtype=dtype,
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+    )
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    seen: dict = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"tensor name {key!r} appears twice")
+        seen[key] = value
+    return seen
+
+
+def read_safetensors_header(path: str | os.PathLike) -> list[TensorInfo]:
+    """The tensors one safetensors file holds, from its header alone (validated)."""
+    path = Path(path)
+    try:
+        file_bytes = path.stat().st_size
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise BadInput(f"{path}: truncated safetensors file ({file_bytes} bytes, "
+                               "no header length)")
+            (header_len,) = struct.unpack("<Q", prefix)
+            if header_len > MAX_HEADER_BYTES or header_len > file_bytes - 8:
+                raise BadInput(f"{path}: corrupt safetensors header: header length "
+                               f"{header_len} exceeds the file ({file_bytes} bytes)")
+            raw = f.read(header_len)
+    except OSError as exc:
+        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadInput(f"{path}: corrupt safetensors header: not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise BadInput(f"{path}: corrupt safetensors header: not a JSON object")
+    data_bytes = file_bytes - 8 - header_len
+    tensors = [_tensor_info(path, name, entry) for name, entry in header.items()
+               if name != "__metadata__"]
+    _check_offsets(path, header, data_bytes)
+    return tensors
+
+
+def _tensor_info(path: Path, name: str, entry: object) -> TensorInfo:
+    if not isinstance(entry, dict):
+        raise BadInput(f"{path}: corrupt safetensors header: entry {name!r} is not an object")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in DTYPE_BITS:
+        raise BadInput(f"{path}: tensor {name!r} has unknown dtype {dtype!r} "
+                       f"(known: {', '.join(DTYPE_BITS)})")
+    if (not isinstance(shape, list)
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+        raise BadInput(f"{path}: tensor {name!r} has a bad shape {shape!r}")
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
+            or offsets[0] > offsets[1]):
+        raise BadInput(f"{path}: tensor {name!r} has bad data_offsets {offsets!r}")
+    numel = 1
+    for d in shape:
+        numel *= d
+    bits = numel * DTYPE_BITS[dtype]
+    if bits % 8 or bits // 8 != offsets[1] - offsets[0]:
+        raise BadInput(f"{path}: tensor {name!r} {dtype}{shape} needs {bits / 8:g} bytes but "
+                       f"its data_offsets span {offsets[1] - offsets[0]}")
+    return TensorInfo(name, dtype, tuple(shape), bits // 8)
+
+
+def _check_offsets(path: Path, header: dict, data_bytes: int) -> None:
+    spans = sorted((tuple(e["data_offsets"]), name) for name, e in header.items()
+                   if name != "__metadata__")
+    position = 0
+    for (begin, end), name in spans:
+        if end > data_bytes:
+            raise BadInput(f"{path}: corrupt safetensors header: tensor {name!r} ends at byte "
+                           f"{end}, past the end of the file's {data_bytes} data bytes "
+                           "(truncated file?)")
+        if begin != position:
+            raise BadInput(f"{path}: corrupt safetensors header: tensor {name!r} starts at "
+                           f"{begin}, expected {position} (overlap or gap)")
+        position = end
+    if position != data_bytes:
+        raise BadInput(f"{path}: corrupt safetensors file: {data_bytes - position} bytes after "
+                       "the last tensor")
+
+
+def _shard_files(model_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """The files to read, and the index's weight_map when the checkpoint has one."""
+    index_path = model_dir / INDEX_FILE
+    if index_path.exists():
+        index = _read_json(index_path, INDEX_FILE)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if (not isinstance(weight_map, dict) or not weight_map
+                or not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items())):
+            raise BadInput(f"{index_path}: needs a non-empty \"weight_map\" of tensor name -> "
+                           "shard file")
+        shards = []
+        for name in dict.fromkeys(weight_map.values()):
+            shard = model_dir / name
+            if Path(name).is_absolute() or ".." in Path(name).parts:
+                raise BadInput(f"{index_path}: shard {name!r} is outside the model directory")
+            if not shard.is_file():
+                raise BadInput(f"{index_path} names shard {name!r}, which is missing")
+            shards.append(shard)
+        return shards, weight_map
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        others = sorted(p.name for p in model_dir.glob("*.bin")) + sorted(
+            p.name for p in model_dir.glob("*.pt"))
+        hint = f" (found {', '.join(others[:3])}: only safetensors is supported)" if others else ""
+        raise BadInput(f"no *.safetensors weights in {model_dir}{hint}")
+    return files, None
+
+
+def read_weights(model_dir: str | os.PathLike) -> WeightsInfo:
+    """Weight bytes of a single-file or sharded checkpoint, from headers only.
+
+    Each tensor name is counted once: the shard the index maps it to wins over a copy
+    in another shard, and an ``lm_head.weight`` stored beside the embedding it is tied
+    to (``tie_word_embeddings``) is not counted, as the engine shares one tensor.
+    """
+    path = _model_dir(model_dir)
+    files, weight_map = _shard_files(path)
+    chosen: dict[str, TensorInfo] = {}
+    skipped: list[str] = []
+    for shard in files:
+        for tensor in read_safetensors_header(shard):
+            owner = weight_map.get(tensor.name) if weight_map else None
+            if tensor.name in chosen or (owner is not None and owner != shard.name):
+                skipped.append(f"{shard.name}:{tensor.name}")
+                continue
+            chosen[tensor.name] = tensor
+    if weight_map:
+        missing = [n for n in weight_map if n not in chosen]
+        if missing:
+            raise BadInput(f"{path / INDEX_FILE} maps {missing[0]!r} to "
+                           f"{weight_map[missing[0]]!r}, which does not contain it")
+    if _tied(path) and "lm_head.weight" in chosen:
+        lm_head = chosen["lm_head.weight"]
+        if any(n.endswith(EMBEDDING_SUFFIXES) and t.shape == lm_head.shape
+               for n, t in chosen.items() if n != "lm_head.weight"):
+            skipped.append("lm_head.weight (tied to the embedding)")
+            del chosen["lm_head.weight"]
+    by_dtype: Counter[str] = Counter()
+    for tensor in chosen.values():
+        by_dtype[tensor.dtype] += tensor.nbytes
+    dominant = max(by_dtype, key=lambda d: by_dtype[d]) if by_dtype else "F32"
+    return WeightsInfo(
+        total_bytes=sum(by_dtype.values()),
+        num_tensors=len(chosen),
+        dtype=dominant,
+        files=tuple(str(f) for f in files),
+        bytes_by_dtype=dict(by_dtype),
+        skipped=tuple(skipped),
+    )
+
+
+def _tied(model_dir: Path) -> bool:
+    try:
+        config = _read_config(model_dir)
+    except BadInput:
+        return False
+    return bool(config.get("tie_word_embeddings", False))

@@ -1,0 +1,51 @@
+"""``kvledger preflight FLAGS [--plan-out P] [--termination-log P]``: the init container.
+
+It plans like ``kvledger plan`` (same output, same exit codes), writes the plan JSON to
+``--plan-out`` and a report of at most 4096 bytes to ``--termination-log``, where the
+kubelet picks it up for the pod's status. A termination log that cannot be written is a
+warning on stderr; the exit code stays the plan's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from kvledger.engine.budget.plan import make_plan
+from kvledger.engine.budget.report import render_report, truncate_utf8
+from kvledger.engine.config import add_engine_flags, config_from_args
+from kvledger.engine.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInput
+
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_engine_flags(parser)
+    parser.add_argument("--plan-out", default=None, metavar="PATH",
+                        help="write the plan JSON here (parent folders are created)")
+    parser.add_argument("--termination-log", default=DEFAULT_TERMINATION_LOG, metavar="PATH",
+                        help="write a report of at most 4096 bytes here "
+                             f"(default {DEFAULT_TERMINATION_LOG})")
+
+
+def main(args: argparse.Namespace) -> int:
+    plan = make_plan(config_from_args(args))
+    report = render_report(plan)
+    print(report, end="", file=sys.stdout if plan.fits else sys.stderr)
+    if args.plan_out:
+        out = Path(args.plan_out)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(plan.to_json(), indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise BadInput(f"cannot write --plan-out {out}: {exc.strerror or exc}") from None
+    if args.termination_log:
+        try:
+            with open(args.termination_log, "w", encoding="utf-8") as log:
+                log.write(truncate_utf8(report))
+        except OSError as exc:
+            print(f"warning: cannot write the termination log {args.termination_log}: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+    return EXIT_OK if plan.fits else EXIT_DOES_NOT_FIT
