@@ -123,7 +123,10 @@ def _write_weights(name: str, config: dict[str, Any], path: Path) -> None:
     def rand(*shape: int, scale: float = std) -> torch.Tensor:
         return torch.randn(*shape, generator=gen) * scale
 
-    tensors = {"model.embed_tokens.weight": rand(config["vocab_size"], hidden, scale=1.0)}
+    # A tied lm_head reads logits off the embedding: keep it at the scale of the others,
+    # or the residual stream (mostly the input embedding) just predicts the same token.
+    embed_scale = 0.02 if config["tie_word_embeddings"] else 1.0
+    tensors = {"model.embed_tokens.weight": rand(config["vocab_size"], hidden, scale=embed_scale)}
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         tensors[p + "self_attn.q_proj.weight"] = rand(heads * head_dim, hidden)

@@ -1,0 +1,71 @@
+"""``LLM(model, **flags).generate(prompts, params)``: offline batch generation, vLLM's shape."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence as Seq
+
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.errors import AdmissionRejected, BadInput
+from kvledger.engine.llm_engine import LLMEngine
+from kvledger.engine.outputs import RequestOutput
+from kvledger.engine.sampling_params import SamplingParams
+
+
+class LLM:
+    """An engine in this process. ``flags`` are EngineConfig's fields (vLLM's names),
+    e.g. ``LLM("/models/x", max_model_len=512, max_num_seqs=8, device="cpu")``."""
+
+    def __init__(self, model: str, **flags) -> None:
+        try:
+            config = EngineConfig(model=str(model), **flags)
+        except TypeError as exc:
+            raise BadInput(f"unknown engine flag: {exc}") from None
+        self.engine = LLMEngine.from_config(config)
+        self._counter = 0
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: str | list[int] | Seq[str | list[int]],
+                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None
+                 ) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs in the order of ``prompts``.
+
+        Prompts are admitted as the KV ledger allows, so more prompts than the pool holds
+        at once simply wait their turn; one that could never fit raises BadInput.
+        """
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = ([sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams)
+                  else list(sampling_params))
+        if len(params) != len(prompts):
+            raise BadInput(f"{len(prompts)} prompts but {len(params)} sampling params")
+        engine = self.engine
+        queue = deque()
+        for prompt, p in zip(prompts, params, strict=True):
+            ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            needed = engine.ledger.blocks_for(len(ids) + engine.output_cap(len(ids), p))
+            if needed > engine.ledger.num_blocks:
+                raise BadInput(f"a prompt needs {needed} KV blocks; the pool has {engine.ledger.num_blocks}")
+            self._counter += 1
+            queue.append((f"llm-{self._counter}", prompt, ids, p))
+        order = [request_id for request_id, *_ in queue]
+        texts = {request_id: prompt for request_id, prompt, *_ in queue if isinstance(prompt, str)}
+        finished: dict[str, RequestOutput] = {}
+        while queue or engine.has_unfinished_requests():
+            while queue:
+                request_id, _, ids, p = queue[0]
+                try:
+                    engine.add_request(request_id, ids, p)
+                except AdmissionRejected:
+                    break  # wait for running requests to release their blocks
+                queue.popleft()
+            for out in engine.step():
+                if out.finished:
+                    out.prompt = texts.get(out.request_id)
+                    finished[out.request_id] = out
+        return [finished[request_id] for request_id in order]
