@@ -1,0 +1,130 @@
+"""A small async Kubernetes REST client for the operator's children and status.
+
+kopf owns the watches and events; this client does the few direct calls the handlers
+need (apply a child, read/patch a status, delete), with the credentials kopf logged in
+with (``kopf.ConnectionInfo``). Patches are JSON merge patches.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+import aiohttp
+import kopf
+
+_MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
+
+
+class KubeError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+def object_path(api_version: str, plural: str, namespace: str, name: str | None = None) -> str:
+    """REST path of a namespaced collection or object, e.g. ('apps/v1', 'deployments', ...)."""
+    root = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    path = f"{root}/namespaces/{namespace}/{plural}"
+    return f"{path}/{name}" if name else path
+
+
+class KubeApi:
+    """One aiohttp session to the API server; close it with ``close()``."""
+
+    def __init__(self, info: kopf.ConnectionInfo | None = None) -> None:
+        self._info = info
+        self._session: aiohttp.ClientSession | None = None
+        self._retired: list[aiohttp.ClientSession] = []
+
+    def connect(self, info: kopf.ConnectionInfo) -> None:
+        """Use these credentials from the next call on (kopf may log in again)."""
+        if self._session is not None:
+            self._retired.append(self._session)
+        self._info, self._session = info, None
+
+    def _ssl(self) -> ssl.SSLContext | bool:
+        assert self._info is not None
+        if not self._info.server.startswith("https"):
+            return False
+        if self._info.insecure:
+            return False
+        context = ssl.create_default_context(
+            cafile=self._info.ca_path,
+            cadata=(self._info.ca_data.decode() if isinstance(self._info.ca_data, bytes)
+                    else self._info.ca_data))
+        if self._info.certificate_path and self._info.private_key_path:
+            context.load_cert_chain(self._info.certificate_path, self._info.private_key_path)
+        return context
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._info is None:
+            raise KubeError(0, "not logged in to a Kubernetes API server")
+        if self._session is None or self._session.closed:
+            headers = {}
+            if self._info.token:
+                headers["Authorization"] = f"{self._info.scheme or 'Bearer'} {self._info.token}"
+            self._session = aiohttp.ClientSession(
+                base_url=self._info.server.rstrip("/") + "/", headers=headers,
+                connector=aiohttp.TCPConnector(ssl=self._ssl()),
+                timeout=aiohttp.ClientTimeout(total=30))
+        return self._session
+
+    async def close(self) -> None:
+        for session in [*self._retired, self._session]:
+            if session is not None:
+                await session.close()
+        self._retired, self._session = [], None
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any] | None:
+        """The response object; None for 404 on GET/DELETE; KubeError for other failures."""
+        async with self._open().request(method, path.lstrip("/"), **kwargs) as response:
+            if response.status == 404 and method in ("GET", "DELETE"):
+                return None
+            body = await response.json(content_type=None) if response.content_length != 0 else {}
+            if response.status >= 400:
+                message = body.get("message") if isinstance(body, dict) else None
+                raise KubeError(response.status, message or response.reason or "")
+            return body
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        return await self._call("GET", path)
+
+    async def list(self, path: str, label_selector: str) -> list[dict[str, Any]]:
+        body = await self._call("GET", path, params={"labelSelector": label_selector})
+        return list((body or {}).get("items") or [])
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._call("POST", path, json=body) or {}
+
+    async def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._call("PATCH", path, json=body, headers=_MERGE_PATCH) or {}
+
+    async def delete(self, path: str) -> bool:
+        """True if it was there; children go too (background propagation)."""
+        found = await self._call("DELETE", path, json={"propagationPolicy": "Background"})
+        return found is not None
+
+    async def apply(self, api_version: str, plural: str, body: dict[str, Any]) -> str:
+        """Create the object, or merge-patch it to the desired state; 'created'/'updated'/'unchanged'."""
+        meta = body["metadata"]
+        path = object_path(api_version, plural, meta["namespace"], meta["name"])
+        live = await self.get(path)
+        if live is None:
+            await self.create(object_path(api_version, plural, meta["namespace"]), body)
+            return "created"
+        if contains(live, body):
+            return "unchanged"
+        await self.patch(path, body)
+        return "updated"
+
+
+def contains(live: Any, desired: Any) -> bool:
+    """Whether every field we set is already so (the server adds defaults we ignore)."""
+    if isinstance(desired, dict):
+        return isinstance(live, dict) and all(
+            key in live and contains(live[key], value) for key, value in desired.items())
+    if isinstance(desired, list):
+        return (isinstance(live, list) and len(live) == len(desired)
+                and all(contains(a, b) for a, b in zip(live, desired, strict=True)))
+    return live == desired or str(live) == str(desired)

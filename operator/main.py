@@ -1,0 +1,43 @@
+"""``kvledger operator``: run the kopf operator (all namespaces unless --namespace)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+
+import kopf
+
+from kvledger.operator import render
+from kvledger.operator.kube import KubeApi
+
+LOG_FORMATS = {"text": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL,
+               "json": kopf.LogFormat.JSON}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--namespace", "-n", action="append", default=[], metavar="NS",
+                        help="watch only this namespace (repeatable; default: all namespaces)")
+    parser.add_argument("--log-format", choices=sorted(LOG_FORMATS), default="text")
+    parser.add_argument("--verbose", action="store_true", help="log at DEBUG level")
+    parser.add_argument("--liveness", default=None, metavar="URL",
+                        help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--engine-image",
+                        default=os.environ.get("KVLEDGER_ENGINE_IMAGE", render.DEFAULT_IMAGE),
+                        help="image for pods whose spec sets none (env KVLEDGER_ENGINE_IMAGE)")
+
+
+def operator_memo(default_image: str, kube: KubeApi | None = None) -> kopf.Memo:
+    """The state the handlers share (see handlers.py)."""
+    return kopf.Memo(default_image=default_image, status_locks={}, kube=kube or KubeApi())
+
+
+def main(args: argparse.Namespace) -> int:
+    kopf.configure(verbose=args.verbose, log_format=LOG_FORMATS[args.log_format])
+    from kvledger.operator import handlers  # noqa: F401  (registers the handlers)
+
+    # One replica, no peering: the chart runs exactly one operator pod.
+    asyncio.run(kopf.operator(
+        clusterwide=not args.namespace, namespaces=args.namespace, standalone=True,
+        liveness_endpoint=args.liveness, memo=operator_memo(args.engine_image)))
+    return 0

@@ -1,0 +1,150 @@
+"""Test harness: the real operator, in-process, against kmock's Kubernetes emulator over HTTP.
+
+Used by tests/test_operator_*.py (kmock is a test dependency; nothing else imports this).
+kmock does not assign ``uid``, ``resourceVersion`` or ``generation``, so ``Cluster``
+sets them the way an API server would when a test creates or edits a resource.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import kmock
+import kopf
+import yaml
+
+from kvledger.operator.crd import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from kvledger.operator.kube import KubeApi, object_path
+from kvledger.operator.main import operator_memo
+
+
+class Emulator(kmock.KubernetesEmulator):
+    """kmock's emulator, plus ``metadata.generateName`` (kopf names its events that way)."""
+
+    _generated = itertools.count(1)
+
+    async def _handle(self, request: kmock.Request) -> Any:
+        meta = request.data.get("metadata") if isinstance(request.data, dict) else None
+        if (request.method == kmock.method.POST and isinstance(meta, dict)
+                and "name" not in meta and meta.get("generateName")):
+            meta["name"] = f"{meta['generateName']}{next(self._generated):05d}"
+        return await super()._handle(request)
+
+
+class Cluster:
+    """What a test sees: the emulator's stored objects and a client that edits them."""
+
+    def __init__(self, emulator: kmock.KubernetesEmulator, api: KubeApi) -> None:
+        self.emulator = emulator
+        self.api = api
+        self._versions = itertools.count(1000)
+
+    def stored(self, api_version: str, plural: str, namespace: str, name: str) -> dict | None:
+        """The emulator's current copy of an object, or None when absent or deleted."""
+        for (resource, ns, obj_name), obj in self.emulator.objects.items():
+            if (f"{resource.group}/{resource.version}".lstrip("/") == api_version
+                    and resource.plural == plural and ns == namespace and obj_name == name):
+                return None if obj.deleted else dict(obj.raw)
+        return None
+
+    def all_stored(self, plural: str) -> list[dict]:
+        return [dict(obj.raw) for (resource, _, _), obj in self.emulator.objects.items()
+                if resource.plural == plural and not obj.deleted]
+
+    async def create(self, api_version: str, plural: str, body: dict[str, Any]) -> dict:
+        meta = body.setdefault("metadata", {})
+        meta.setdefault("uid", f"uid-{meta['name']}-{next(self._versions)}")
+        meta.setdefault("generation", 1)
+        meta.setdefault("creationTimestamp", "2026-01-01T00:00:00Z")
+        meta["resourceVersion"] = str(next(self._versions))
+        return await self.api.create(object_path(api_version, plural, meta["namespace"]), body)
+
+    async def patch(self, api_version: str, plural: str, namespace: str, name: str,
+                    body: dict[str, Any], *, bump_generation: bool = False,
+                    subresource: str = "") -> dict:
+        meta = body.setdefault("metadata", {})
+        meta["resourceVersion"] = str(next(self._versions))
+        if bump_generation:
+            live = self.stored(api_version, plural, namespace, name) or {}
+            meta["generation"] = live.get("metadata", {}).get("generation", 1) + 1
+        path = object_path(api_version, plural, namespace, name)
+        return await self.api.patch(path + (f"/{subresource}" if subresource else ""), body)
+
+    async def delete(self, api_version: str, plural: str, namespace: str, name: str) -> bool:
+        return await self.api.delete(object_path(api_version, plural, namespace, name))
+
+    def events_for(self, name: str) -> list[dict]:
+        return [e for e in self.all_stored("events")
+                if e.get("involvedObject", {}).get("name") == name]
+
+
+async def eventually(check: Callable[[], Any | Awaitable[Any]], *, timeout_s: float = 10.0,
+                     what: str = "condition") -> Any:
+    """Poll until ``check()`` returns something truthy; fail with ``what`` after the timeout."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def running_operator(default_image: str = "kvledger:test") -> AsyncIterator[Cluster]:
+    """Start the emulator and the real operator (login via a temporary KUBECONFIG)."""
+    from kvledger.operator import handlers  # noqa: F401  (registers the handlers)
+
+    emulator = Emulator()
+    emulator.resources.load_bundled()
+    emulator.resources[f"{GROUP}/{VERSION}/{PLURAL}"] = kmock.ResourceInfo(
+        namespaced=True, kind=KIND, singular=SINGULAR, shortnames=set(SHORT_NAMES),
+        verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+        subresources={"status"})
+    async with emulator, kmock.Server(emulator) as server:
+        url = str(server.url).rstrip("/")
+        with tempfile.TemporaryDirectory() as tmp:
+            kubeconfig = os.path.join(tmp, "kubeconfig")
+            with open(kubeconfig, "w") as f:
+                yaml.safe_dump({
+                    "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+                    "clusters": [{"name": "kmock", "cluster": {"server": url}}],
+                    "users": [{"name": "test", "user": {}}],
+                    "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test",
+                                                               "namespace": "default"}}],
+                }, f)
+            saved = os.environ.get("KUBECONFIG")
+            os.environ["KUBECONFIG"] = kubeconfig
+            client = KubeApi(kopf.ConnectionInfo(server=url))
+            stop, ready = asyncio.Event(), asyncio.Event()
+            task = asyncio.create_task(kopf.operator(
+                clusterwide=True, standalone=True, stop_flag=stop, ready_flag=ready,
+                memo=operator_memo(default_image)))
+            try:
+                await asyncio.wait_for(ready.wait(), timeout=20)
+                yield Cluster(emulator, client)
+            finally:
+                stop.set()
+                with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                    await asyncio.wait_for(task, timeout=10)
+                await client.close()
+                if saved is None:
+                    os.environ.pop("KUBECONFIG", None)
+                else:
+                    os.environ["KUBECONFIG"] = saved
+
+
+def service_manifest(name: str, namespace: str = "default", **spec: Any) -> dict[str, Any]:
+    body_spec: dict[str, Any] = {"model": {"path": "/models/tiny-llama", "name": name}}
+    body_spec.update(spec)
+    return {"apiVersion": API_VERSION, "kind": KIND,
+            "metadata": {"name": name, "namespace": namespace}, "spec": body_spec}
