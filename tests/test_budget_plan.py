@@ -1,0 +1,260 @@
+"""Precedence, the KV pool, vLLM's formula, remedies and measured figures."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from kvledger.engine.budget import estimates
+from kvledger.engine.budget.checkpoint import ModelShape, WeightsInfo
+from kvledger.engine.budget.device import DeviceMemory
+from kvledger.engine.budget.plan import CLASSES, Measured, make_plan
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.errors import BadInput
+
+GiB = 2**30
+# Llama-3-8B's shape, with its real bf16 weight bytes.
+LLAMA_8B = ModelShape(architecture="LlamaForCausalLM", num_layers=32, num_attention_heads=32,
+                      num_kv_heads=8, head_dim=128, hidden_size=4096, intermediate_size=14336,
+                      vocab_size=128256, max_position_embeddings=8192, torch_dtype="bfloat16")
+WEIGHTS_8B = WeightsInfo(total_bytes=16_060_522_496, num_tensors=291, dtype="BF16", files=(),
+                         bytes_by_dtype={"BF16": 16_060_522_496})
+GPU_80 = DeviceMemory("what-if", "H100", 80 * GiB, 79 * GiB, False)
+
+
+def plan(device: DeviceMemory = GPU_80, measured: Measured | None = None,
+         shape: ModelShape = LLAMA_8B, weights: WeightsInfo = WEIGHTS_8B, **flags):
+    config = EngineConfig(model="/unused", **flags)
+    return make_plan(config, device=device, measured=measured, shape=shape, weights=weights)
+
+
+def block_bytes(shape: ModelShape = LLAMA_8B, block_size: int = 16, dtype_bytes: int = 2) -> int:
+    return 2 * block_size * shape.num_kv_heads * shape.head_dim * dtype_bytes * shape.num_layers
+
+
+def test_no_cap_limit_is_free_memory_less_margin_and_pool_is_the_workload() -> None:
+    p = plan(max_model_len=4096, max_num_seqs=8)
+    margin = max(512 * 2**20, int(80 * GiB * 0.02))
+    assert (p.limit_bytes, p.limit_source, p.margin_bytes) == (79 * GiB - margin, "free-memory", margin)
+    assert p.kv.pool_mode == "workload"
+    assert p.kv.num_blocks == 8 * 4096 // 16
+    assert p.classes["kv_cache"] == p.kv.num_blocks * block_bytes()
+    assert p.required_bytes == sum(p.classes.values())
+    assert set(p.classes) == set(CLASSES)
+    assert p.fits and p.short_by_bytes == 0
+
+
+def test_unified_pool_keeps_a_wider_margin() -> None:
+    unified = DeviceMemory("what-if", "GB10", 128 * GiB, 120 * GiB, True)
+    p = plan(device=unified, max_model_len=4096)
+    assert p.margin_bytes == int(128 * GiB * 0.10)
+    assert p.limit_bytes == 120 * GiB - p.margin_bytes
+    assert p.unified_memory
+    discrete = plan(device=dataclasses.replace(unified, unified=False), max_model_len=4096)
+    assert discrete.limit_bytes > p.limit_bytes
+    assert plan(device=DeviceMemory("what-if", "x", 16 * GiB, 16 * GiB, True),
+                max_model_len=4096).margin_bytes == 4 * GiB
+
+
+def test_memory_limit_caps_and_pool_takes_all_that_is_left() -> None:
+    p = plan(memory_limit_bytes=40 * GiB, max_model_len=4096, max_num_seqs=8)
+    assert (p.limit_bytes, p.limit_source, p.kv.pool_mode) == (40 * GiB, "--memory-limit", "cap")
+    non_kv = p.required_bytes - p.classes["kv_cache"]
+    assert p.kv.num_blocks == (40 * GiB - non_kv) // block_bytes()
+    assert p.fits and p.required_bytes <= p.limit_bytes
+
+
+def test_utilization_caps_a_fraction_of_total() -> None:
+    p = plan(gpu_memory_utilization=0.5, max_model_len=4096)
+    assert (p.limit_bytes, p.limit_source) == (40 * GiB, "--gpu-memory-utilization")
+
+
+@pytest.mark.parametrize(("limit", "util", "expect_bytes", "expect_source"), [
+    (30 * GiB, 0.5, 30 * GiB, "--memory-limit"),
+    (50 * GiB, 0.5, 40 * GiB, "--gpu-memory-utilization"),
+])
+def test_two_caps_the_smallest_wins(limit, util, expect_bytes, expect_source) -> None:
+    p = plan(memory_limit_bytes=limit, gpu_memory_utilization=util, max_model_len=4096)
+    assert (p.limit_bytes, p.limit_source) == (expect_bytes, expect_source)
+
+
+def test_override_without_cap_needs_one_sequence_under_free_memory() -> None:
+    p = plan(num_gpu_blocks_override=300, max_model_len=4096, max_num_seqs=64)
+    assert p.kv.pool_mode == "override" and p.kv.num_blocks == 300
+    assert p.kv.required_blocks == 256  # one 4096-token sequence, not 64 of them
+    assert p.classes["kv_cache"] == 300 * block_bytes()
+    assert p.limit_source == "free-memory" and p.fits
+
+
+def test_override_with_cap_must_fit_under_the_cap() -> None:
+    ok = plan(num_gpu_blocks_override=1000, memory_limit_bytes=24 * GiB, max_model_len=4096)
+    assert ok.kv.num_blocks == 1000 and ok.fits
+    too_big = plan(num_gpu_blocks_override=100_000, memory_limit_bytes=24 * GiB, max_model_len=4096)
+    assert not too_big.fits and too_big.short_by_bytes == too_big.required_bytes - 24 * GiB
+
+
+def test_override_smaller_than_one_sequence_does_not_fit() -> None:
+    p = plan(num_gpu_blocks_override=10, max_model_len=4096)
+    assert not p.fits and p.short_by_bytes == 0
+    assert [(r.flag, r.value) for r in p.remedies] == [("--max-model-len", 160),
+                                                       ("--num-gpu-blocks-override", 256)]
+
+
+def test_kv_cache_memory_bytes_sizes_the_pool() -> None:
+    p = plan(kv_cache_memory_bytes=4 * GiB, memory_limit_bytes=40 * GiB, max_model_len=4096)
+    assert p.kv.pool_mode == "kv-cache-memory-bytes"
+    assert p.kv.num_blocks == 4 * GiB // block_bytes()
+    assert p.limit_bytes == 40 * GiB and p.fits
+    override = plan(kv_cache_memory_bytes=4 * GiB, num_gpu_blocks_override=7, max_model_len=64)
+    assert override.kv.num_blocks == 7  # the override wins over the byte count
+
+
+@pytest.mark.parametrize("util", [0.3, 0.5, 0.9, 1.0])
+def test_pool_matches_vllm_formula(util: float) -> None:
+    """vLLM: available = total * util - weights - activation peak - non-torch; blocks =
+    available // bytes_per_block."""
+    measured = Measured(weights_bytes=15 * GiB + 123, activation_peak_bytes=2 * GiB + 7,
+                        context_bytes=GiB // 2, cuda_graph_bytes=GiB // 3)
+    for m in (measured, None):
+        p = plan(gpu_memory_utilization=util, measured=m, max_model_len=1024, max_num_seqs=4)
+        c = p.classes
+        available = int(80 * GiB * util) - c["weights"] - c["activations"] - (
+            c["context"] + c["cuda_graphs"])
+        assert p.kv.num_blocks == max(available // block_bytes(), p.kv.required_blocks)
+        if m is not None:
+            assert (c["weights"], c["activations"]) == (15 * GiB + 123, 2 * GiB + 7)
+            assert p.kv.num_blocks == (int(80 * GiB * util) - 15 * GiB - 123 - 2 * GiB - 7
+                                       - GiB // 2 - GiB // 3) // block_bytes()
+
+
+def test_kv_block_bytes_follow_dtype_and_round_to_whole_blocks() -> None:
+    p = plan(max_model_len=17, max_num_seqs=3)
+    assert p.kv.blocks_per_seq == 2 and p.kv.num_blocks == 6
+    assert p.kv.bytes_per_block == block_bytes() and p.kv.bytes_per_token == block_bytes() // 16
+    assert plan(max_model_len=17, kv_cache_dtype="fp8").kv.bytes_per_block == block_bytes(dtype_bytes=1)
+    assert plan(max_model_len=17, dtype="float32").kv.bytes_per_block == block_bytes(dtype_bytes=4)
+    assert plan(max_model_len=17, dtype="float32", kv_cache_dtype="bfloat16").kv.dtype == "bfloat16"
+    assert plan(max_model_len=17, block_size=32).kv.bytes_per_block == block_bytes(block_size=32)
+
+
+def test_explicit_dtype_casts_floating_weights_only() -> None:
+    mixed = WeightsInfo(total_bytes=1000 + 64, num_tensors=2, dtype="BF16", files=(),
+                        bytes_by_dtype={"BF16": 1000, "I32": 64})
+    assert plan(weights=mixed, max_model_len=64).classes["weights"] == 1064
+    assert plan(weights=mixed, max_model_len=64, dtype="float32").classes["weights"] == 2064
+
+
+def test_defaults_and_estimates() -> None:
+    p = plan()
+    assert p.max_model_len == 8192 and p.max_num_batched_tokens == 8192
+    assert plan(max_model_len=1024).max_num_batched_tokens == 2048
+    assert p.classes["activations"] == estimates.activation_peak_bytes(LLAMA_8B, 2, 8192, 16)
+    assert p.classes["cuda_graphs"] == estimates.cuda_graph_bytes(LLAMA_8B, 16) > 0
+    assert p.classes["context"] == estimates.CUDA_CONTEXT_BYTES
+    assert plan(enforce_eager=True).classes["cuda_graphs"] == 0
+    cpu = plan(device=DeviceMemory("cpu", "host", 64 * GiB, 60 * GiB, False))
+    assert cpu.classes["cuda_graphs"] == 0 and cpu.classes["context"] == estimates.CPU_CONTEXT_BYTES
+
+
+def test_measured_figures_replace_estimates() -> None:
+    m = Measured(weights_bytes=1, activation_peak_bytes=2, context_bytes=3, cuda_graph_bytes=4)
+    p = plan(measured=m, max_model_len=64)
+    assert [p.classes[k] for k in ("weights", "activations", "context", "cuda_graphs")] == [1, 2, 3, 4]
+    assert set(p.measured) == {"weights", "activations", "context", "cuda_graphs"}
+
+
+def test_max_model_len_above_the_model_is_bad_input() -> None:
+    with pytest.raises(BadInput, match="max_position_embeddings"):
+        plan(max_model_len=8193)
+
+
+def test_unified_pool_warns_about_utilization() -> None:
+    unified = DeviceMemory("what-if", "GB10", 128 * GiB, 120 * GiB, True)
+    p = plan(device=unified, gpu_memory_utilization=0.9, max_model_len=4096)
+    assert any("unified memory pool" in w and "WHOLE pool" in w for w in p.warnings)
+    assert not any("unified" in w for w in plan(gpu_memory_utilization=0.9).warnings)
+    assert not any("unified" in w for w in plan(device=unified, memory_limit_bytes=GiB * 40).warnings)
+
+
+# --- remedies -------------------------------------------------------------------------------
+
+def refused(**flags):
+    p = plan(**flags)
+    assert not p.fits
+    return p, {r.flag: r for r in p.remedies}
+
+
+def test_remedy_max_model_len_is_the_largest_that_fits() -> None:
+    flags = dict(memory_limit_bytes=24 * GiB, max_model_len=8192, max_num_seqs=16)
+    _, remedies = refused(**flags)
+    best = remedies["--max-model-len"].value
+    assert plan(**{**flags, "max_model_len": best}).fits
+    assert not plan(**{**flags, "max_model_len": best + 1}).fits
+    assert remedies["--max-model-len"].kv_bytes == plan(
+        **{**flags, "max_model_len": best}).classes["kv_cache"]
+
+
+def test_remedy_max_num_seqs_is_the_largest_that_fits() -> None:
+    flags = dict(memory_limit_bytes=24 * GiB, max_model_len=8192, max_num_seqs=16)
+    _, remedies = refused(**flags)
+    best = remedies["--max-num-seqs"].value
+    assert 1 <= best < 16
+    assert plan(**{**flags, "max_num_seqs": best}).fits
+    assert not plan(**{**flags, "max_num_seqs": best + 1}).fits
+
+
+def test_fp8_offered_only_when_it_closes_the_gap() -> None:
+    _, remedies = refused(memory_limit_bytes=24 * GiB, max_model_len=8192, max_num_seqs=16)
+    assert "--kv-cache-dtype" not in remedies  # 16 x 8192 in fp8 is still 8 GiB: not enough
+    _, remedies = refused(memory_limit_bytes=30 * GiB, max_model_len=8192, max_num_seqs=16)
+    fp8 = remedies["--kv-cache-dtype"]
+    with_fp8 = plan(memory_limit_bytes=30 * GiB, max_model_len=8192, kv_cache_dtype="fp8")
+    assert fp8.value == "fp8" and with_fp8.fits and fp8.kv_bytes == with_fp8.classes["kv_cache"]
+    assert with_fp8.kv.bytes_per_block == block_bytes(dtype_bytes=1)
+    _, remedies = refused(memory_limit_bytes=22 * GiB, max_model_len=8192, max_num_seqs=16,
+                          kv_cache_dtype="fp8")
+    assert "--kv-cache-dtype" not in remedies  # already one byte
+
+
+def test_quantization_when_weights_dominate_or_nothing_else_helps() -> None:
+    _, remedies = refused(memory_limit_bytes=16 * GiB, max_model_len=1024, max_num_seqs=1,
+                          enforce_eager=True)
+    quant = remedies[None]
+    assert quant.value == "a smaller quantization"
+    assert quant.weights_bytes == WEIGHTS_8B.total_bytes // 4
+    assert quant.note == "weights dominate this budget"
+    assert list(remedies) == [None]
+    # weights alone beyond the limit even at 4 bits: nothing is offered
+    _, remedies = refused(memory_limit_bytes=3 * GiB, max_model_len=1024, max_num_seqs=1)
+    assert remedies == {}
+
+
+def test_enforce_eager_offered_when_graphs_tip_the_balance() -> None:
+    flags = dict(max_model_len=256, max_num_seqs=256)
+    eager = plan(**flags, enforce_eager=True)
+    margin = estimates.safety_margin_bytes(80 * GiB, False)
+    tight = DeviceMemory("what-if", "x", 80 * GiB, eager.required_bytes + margin, False)
+    p = plan(device=tight, **flags)
+    assert not p.fits and p.short_by_bytes == p.classes["cuda_graphs"]
+    remedy = next(r for r in p.remedies if r.flag == "--enforce-eager")
+    assert remedy.value is None and remedy.kv_bytes == eager.classes["kv_cache"]
+
+
+def test_remedies_are_only_computed_for_refusals() -> None:
+    assert plan(max_model_len=4096).remedies == []
+    assert plan(max_model_len=4096).to_json()["remedies"] == []
+
+
+def test_plan_json_keys() -> None:
+    doc = plan(memory_limit_bytes=24 * GiB, max_model_len=8192).to_json()
+    for key in ("fits", "limit_bytes", "required_bytes", "short_by_bytes", "limit_source",
+                "classes", "kv", "remedies", "unified_memory"):
+        assert key in doc
+    assert set(doc["classes"]) == set(CLASSES)
+    assert set(doc["kv"]) >= {"block_size", "num_blocks", "bytes_per_block", "bytes_per_token",
+                              "dtype"}
+    assert all(set(r) >= {"flag", "value", "kv_bytes"} for r in doc["remedies"])
+    assert all(isinstance(v, int) for v in doc["classes"].values())
+    assert math.isclose(doc["required_bytes"], sum(doc["classes"].values()))
