@@ -1,0 +1,175 @@
+"""Drive an ``LLMEngine`` from asyncio: one worker thread steps, per-request queues fan out.
+
+The worker thread sleeps while the engine has nothing to do and wakes on any new request
+or abort. ``generate`` is an async iterator of one request's ``RequestOutput``s; leaving
+it early (client gone, handler cancelled) aborts the request, and the engine then
+releases its reservation. If ``step()`` raises, every live request gets an
+``EngineDeadError`` and its reservation is released here, so no block is ever lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_EWMA = 0.2  # weight of the newest step in the decode-rate average
+
+
+class EngineDeadError(RuntimeError):
+    """The engine's step loop failed; no request can make progress."""
+
+
+class RequestStream:
+    """Async iterator of one request's outputs; ``aclose()`` aborts it if unfinished."""
+
+    def __init__(self, owner: AsyncEngine, request_id: str, reservation: Any) -> None:
+        self.request_id = request_id
+        self.reservation = reservation
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.finished = False
+        self.last: Any = None  # the latest output
+        self._owner = owner
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            self.finished = True  # the engine is dead; nothing left to abort
+            self._owner._streams.pop(self.request_id, None)
+            raise item
+        self.last = item
+        if item.finished:
+            self.finished = True
+            self._owner._streams.pop(self.request_id, None)
+        return item
+
+    async def aclose(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self._owner._streams.pop(self.request_id, None)
+            self._owner.abort(self.request_id)
+
+
+class AsyncEngine:
+    """``start()`` the worker, ``generate()`` per request, ``stop()`` at shutdown."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self._streams: dict[str, RequestStream] = {}
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.dead: BaseException | None = None
+        self.on_step_outputs = None  # optional callback(outputs) on the loop thread
+        self._step_s: float | None = None
+        self.steps = 0
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="kvledger-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self, drain_s: float = 5.0) -> None:
+        """Abort everything still running, let the engine release it, join the worker."""
+        for request_id in list(self._streams):
+            self.abort(request_id)
+        deadline = time.monotonic() + drain_s
+        while (self.dead is None and self.engine.has_unfinished_requests()
+               and time.monotonic() < deadline):
+            await asyncio.sleep(0.01)
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30.0)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._streams)
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Observed tokens per second of one running sequence (one token per step)."""
+        return None if not self._step_s else 1.0 / self._step_s
+
+    # -- requests --------------------------------------------------------------------
+    def generate(self, request_id: str, prompt_token_ids: list[int], params: Any,
+                 reservation: Any = None) -> RequestStream:
+        """Add the request now and return the async iterator of its outputs.
+
+        The request is in the engine when this returns, and from then on the engine owns
+        ``reservation`` (the caller must not release it): close the iterator (``aclosing``)
+        to abort an unfinished request. If ``add_request`` raises (``BadInput``), the
+        reservation is released here and the error propagates.
+        """
+        if self.dead is not None:
+            raise EngineDeadError(f"the engine has stopped: {self.dead}")
+        if request_id in self._streams:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        stream = RequestStream(self, request_id, reservation)
+        try:
+            self.engine.add_request(request_id, prompt_token_ids, params, reservation=reservation)
+        except BaseException:
+            if reservation is not None:
+                self.engine.ledger.release(reservation)
+            raise
+        self._streams[request_id] = stream
+        self._wake.set()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Idempotent; the engine drops the request and its blocks at its next step."""
+        if self.dead is not None:
+            return
+        self.engine.abort_request(request_id)
+        self._wake.set()
+
+    # -- the worker thread -----------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            if not self.engine.has_unfinished_requests():
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            started = time.perf_counter()
+            try:
+                outputs = self.engine.step()
+            except BaseException as exc:  # the engine is broken; fail everyone, loudly
+                log.exception("engine step failed")
+                self._loop.call_soon_threadsafe(self._fail_all, exc)
+                return
+            elapsed = time.perf_counter() - started
+            if any(not o.finished and o.new_token_ids for o in outputs):
+                self._step_s = (elapsed if self._step_s is None
+                                else (1 - _EWMA) * self._step_s + _EWMA * elapsed)
+            self.steps += 1
+            # Even an empty step may have released blocks (aborts), so always report.
+            self._loop.call_soon_threadsafe(self._deliver, outputs)
+
+    def _deliver(self, outputs: list[Any]) -> None:
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is not None:
+                stream.queue.put_nowait(output)
+        if self.on_step_outputs is not None:
+            self.on_step_outputs(outputs)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        self.dead = exc
+        error = EngineDeadError(f"the engine failed: {type(exc).__name__}: {exc}")
+        for stream in self._streams.values():
+            if stream.reservation is not None:
+                self.engine.ledger.release(stream.reservation)
+            stream.queue.put_nowait(error)
+        if self.on_step_outputs is not None:
+            self.on_step_outputs([])

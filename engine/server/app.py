@@ -1,0 +1,136 @@
+"""The aiohttp application: routes, API-key check, and OpenAI-shaped errors for everything.
+
+``build_app(options)`` returns an app whose ``/health`` answers at once and whose
+``/ready`` is 503 until ``app[STATE].attach(llm_engine)`` has loaded and warmed the model.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+
+from aiohttp import web
+
+from kvledger.engine.server.errors import ApiError, error_body
+from kvledger.engine.server.openai_api import chat_completions, completions
+from kvledger.engine.server.state import STATE, ServeOptions, ServerState
+
+log = logging.getLogger(__name__)
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+
+
+def build_app(options: ServeOptions | None = None) -> web.Application:
+    options = options or ServeOptions()
+    app = web.Application(middlewares=[_errors, _api_key],
+                          client_max_size=options.max_body_bytes)
+    app[STATE] = ServerState(options)
+    app.on_cleanup.append(_stop_engine)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/budget", budget)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    return app
+
+
+async def _stop_engine(app: web.Application) -> None:
+    engine = app[STATE].engine
+    if engine is not None:
+        await engine.stop()
+
+
+@web.middleware
+async def _errors(request: web.Request, handler) -> web.StreamResponse:
+    """Every refusal leaves as OpenAI's error body; an unexpected failure as a bare 500."""
+    state = request.app[STATE]
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        if request.path.startswith("/v1/"):
+            state.metrics.rejected.labels(exc.reason).inc()
+        return exc.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        if exc.status == 413:
+            state.metrics.rejected.labels("body_too_large").inc()
+        code = _HTTP_CODES.get(exc.status, "http_error")
+        message = exc.text if exc.text and exc.status != 404 else f"{exc.status}: {exc.reason}"
+        if exc.status == 404:
+            message = f"no route for {request.method} {request.path}"
+        return web.json_response(error_body(exc.status, message, code), status=exc.status)
+    except Exception:  # a bug, not bad input: log it, never send the traceback
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return web.json_response(error_body(500, "internal server error", "internal_error"),
+                                 status=500)
+
+
+@web.middleware
+async def _api_key(request: web.Request, handler) -> web.StreamResponse:
+    key = request.app[STATE].options.api_key
+    if key and request.path.startswith("/v1/"):
+        given = request.headers.get("Authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                                 key.encode()):
+            raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                           code="invalid_api_key", reason="unauthorized")
+    return await handler(request)
+
+
+async def health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if state.engine is not None and state.engine.dead is not None:
+        return web.json_response({"status": "engine_dead", "error": str(state.engine.dead)},
+                                 status=503)
+    return web.json_response({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if state.draining:
+        return web.json_response({"status": "shutting_down"}, status=503)
+    if not state.ready:
+        return web.json_response({"status": "loading"}, status=503)
+    if state.engine.dead is not None:
+        return web.json_response({"status": "engine_dead"}, status=503)
+    return web.json_response({"status": "ready", "model": state.model_name})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[STATE].metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+async def models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if state.llm is None:
+        return web.json_response({"object": "list", "data": []})
+    return web.json_response({"object": "list", "data": [{
+        "id": state.model_name, "object": "model", "created": int(state.started_at),
+        "owned_by": "kvledger", "max_model_len": state.llm.max_model_len}]})
+
+
+async def budget(request: web.Request) -> web.Response:
+    """The plan the engine runs under and the pool's live state (read-only)."""
+    state = request.app[STATE]
+    if state.llm is None:
+        raise ApiError(503, "the model is still loading", code="not_ready", reason="not_ready")
+    ledger, admission = state.llm.ledger, state.admission
+    plan = state.llm.plan.to_json() if state.llm.plan is not None else None
+    return web.json_response({
+        "model": state.model_name,
+        "max_model_len": state.llm.max_model_len,
+        "plan": plan,
+        "pool": {"block_size": ledger.block_size, "total_blocks": ledger.num_blocks,
+                 "reserved_blocks": ledger.reserved_blocks, "used_blocks": ledger.used_blocks,
+                 "free_blocks": ledger.free_blocks},
+        "queue": {"waiting": admission.queue_length, "running": len(admission.running),
+                  "max_queue_wait_s": admission.max_queue_wait_s},
+        "decode_tokens_per_s": state.engine.decode_tokens_per_s,
+        "time": time.time(),
+    })

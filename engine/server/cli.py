@@ -1,0 +1,140 @@
+"""``kvledger serve``: listen at once (``/health``), plan and load, warm up (``/ready``), serve;
+on SIGTERM stop admitting, let in-flight requests finish within the grace, exit 0."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import threading
+
+from aiohttp import web
+
+from kvledger.engine.config import add_engine_flags, config_from_args, parse_size
+from kvledger.engine.errors import BadInput, DoesNotFit, KvledgerError
+from kvledger.engine.server.app import build_app
+from kvledger.engine.server.state import DEFAULT_MAX_BODY_BYTES, STATE, ServeOptions
+
+log = logging.getLogger("kvledger.serve")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
+    return value
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_engine_flags(parser)
+    s = parser.add_argument_group("server")
+    s.add_argument("--host", default="0.0.0.0")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", default=os.environ.get("KVLEDGER_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* "
+                        "(default: $KVLEDGER_API_KEY; unset = no key)")
+    s.add_argument("--max-queue-wait", type=_seconds, default=0.0, metavar="SECONDS",
+                   help="wait up to this long, FIFO, for KV blocks before answering 429 "
+                        "(default 0: answer at once)")
+    s.add_argument("--shutdown-grace", type=_seconds, default=30.0, metavar="SECONDS",
+                   help="on SIGTERM, let in-flight requests run this long before aborting them")
+    s.add_argument("--max-body-bytes", type=_size, default=DEFAULT_MAX_BODY_BYTES,
+                   metavar="SIZE", help="larger request bodies get 413 (default 4MiB)")
+    s.add_argument("--log-level", default="info",
+                   choices=("debug", "info", "warning", "error"))
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not 0 <= args.port <= 65535:
+        raise BadInput(f"--port must be in 0..65535, got {args.port}")
+    config = config_from_args(args)
+    options = ServeOptions(api_key=args.api_key or None, max_queue_wait_s=args.max_queue_wait,
+                           shutdown_grace_s=args.shutdown_grace,
+                           max_body_bytes=args.max_body_bytes)
+    return asyncio.run(_serve(config, options, args.host, args.port))
+
+
+def _load_in_thread(config) -> asyncio.Future:
+    """Plan and load on a daemon thread, so a SIGTERM during loading can still exit."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def load() -> None:
+        try:
+            from kvledger.engine.llm_engine import LLMEngine
+
+            result = LLMEngine.from_config(config)
+        except BaseException as exc:
+            loop.call_soon_threadsafe(_settle, future, None, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, future, result, None)
+
+    threading.Thread(target=load, name="kvledger-load", daemon=True).start()
+    return future
+
+
+def _settle(future: asyncio.Future, result, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
+async def _serve(config, options: ServeOptions, host: str, port: int) -> int:
+    app = build_app(options)
+    state = app[STATE]
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=5.0)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise KvledgerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("listening on http://%s:%d; loading %s", host, port, config.model)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        loading = _load_in_thread(config)
+        await asyncio.wait([loading, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if not loading.done():
+            log.info("signal received while loading; exiting")
+            return 0
+        try:
+            llm = loading.result()
+        except DoesNotFit as exc:
+            print(exc.report, file=sys.stderr)
+            return exc.exit_code
+        await state.attach(llm)
+        log.info("ready: serving %r (context %d tokens, %d KV blocks of %d tokens)",
+                 state.model_name, llm.max_model_len, llm.ledger.num_blocks,
+                 llm.ledger.block_size)
+        await stopped
+        log.info("SIGTERM: draining (grace %.0fs)", options.shutdown_grace_s)
+        await state.drain()
+        return 0
+    finally:
+        if not stopped.done():
+            stopped.cancel()
+        await runner.cleanup()

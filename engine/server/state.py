@@ -1,0 +1,122 @@
+"""What one server holds: options, metrics, the engine once loaded, and its lifecycle.
+
+loading (``/ready`` 503) -> ``attach`` (engine started, warmed) -> ready -> ``drain``
+(SIGTERM: new requests 503, in-flight ones finish or are aborted after the grace).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from kvledger.engine.async_engine import AsyncEngine
+from kvledger.engine.server.admission import Admission
+from kvledger.engine.server.errors import ApiError
+from kvledger.engine.server.metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 4 * 2**20
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    api_key: str | None = None
+    max_queue_wait_s: float = 0.0
+    shutdown_grace_s: float = 30.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+class ServerState:
+    def __init__(self, options: ServeOptions) -> None:
+        self.options = options
+        self.metrics = ServerMetrics()
+        self.llm: Any = None
+        self.engine: AsyncEngine | None = None
+        self.admission: Admission | None = None
+        self.ready = False
+        self.draining = False
+        self.started_at = time.time()
+        ledger = lambda attr: lambda: getattr(self.llm.ledger, attr) if self.llm else 0  # noqa: E731
+        self.metrics.watch(
+            kvledger_kv_blocks_total=("KV blocks in the pool", ledger("num_blocks")),
+            kvledger_kv_blocks_reserved=("KV blocks claimed by admitted requests",
+                                         ledger("reserved_blocks")),
+            kvledger_kv_blocks_used=("KV blocks holding tokens", ledger("used_blocks")),
+            kvledger_queue_length=("requests waiting for a reservation",
+                                   lambda: self.admission.queue_length if self.admission else 0),
+            kvledger_requests_running=("admitted requests not yet finished",
+                                       lambda: len(self.admission.running) if self.admission else 0),
+        )
+
+    # -- lifecycle -------------------------------------------------------------------
+    async def attach(self, llm: Any, *, warm: bool = True) -> None:
+        """Start serving ``llm`` (an ``LLMEngine``): worker thread, admission, warm-up."""
+        self.llm = llm
+        self.engine = AsyncEngine(llm)
+        self.admission = Admission(llm.ledger, max_model_len=llm.max_model_len,
+                                   max_queue_wait_s=self.options.max_queue_wait_s,
+                                   decode_tokens_per_s=lambda: self.engine.decode_tokens_per_s)
+        self.engine.on_step_outputs = lambda _outputs: self.admission.capacity_changed()
+        self.engine.start()
+        if warm:
+            await self._warm_up()
+        self.ready = True
+
+    async def _warm_up(self) -> None:
+        """One tiny greedy request through the whole path; also seeds the decode rate."""
+        from kvledger.engine.sampling_params import SamplingParams
+
+        ids = self.llm.tokenizer.encode("Hello", add_special_tokens=True)[:8] or [0]
+        params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+        reservation = self.llm.ledger.try_reserve(len(ids) + 2)
+        async for _ in self.engine.generate("warmup", ids, params, reservation):
+            pass
+
+    async def drain(self) -> None:
+        """Stop admitting; give in-flight requests the grace period; abort the rest."""
+        self.draining = True
+        if self.admission is None:
+            return
+        self.admission.close(ApiError(503, "the server is shutting down", code="shutting_down",
+                                      reason="shutting_down"))
+        deadline = time.monotonic() + self.options.shutdown_grace_s
+        while self.admission.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.admission.running:
+            log.warning("aborting %d requests still running after the %.0fs grace",
+                        len(self.admission.running), self.options.shutdown_grace_s)
+        await self.engine.stop()
+        # Handlers see their aborted outputs and finish their responses.
+        deadline = time.monotonic() + 5.0
+        while self.admission.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    # -- per-request checks ----------------------------------------------------------
+    def check_accepting(self) -> None:
+        if self.draining:
+            raise ApiError(503, "the server is shutting down", code="shutting_down",
+                           reason="shutting_down")
+        if not self.ready:
+            raise ApiError(503, "the model is still loading", code="not_ready", reason="not_ready")
+        if self.engine.dead is not None:
+            raise ApiError(503, f"the engine has failed: {self.engine.dead}", code="engine_dead",
+                           reason="engine_dead")
+
+    @property
+    def model_name(self) -> str:
+        return self.llm.model_name
+
+    def check_model(self, name: str) -> None:
+        if name != self.model_name:
+            raise ApiError(404, f"the model {name!r} does not exist; this server serves "
+                                f"{self.model_name!r}", code="model_not_found", param="model",
+                           reason="unknown_model")
+
+
+STATE = web.AppKey("kvledger_state", ServerState)
