@@ -48,7 +48,7 @@ def truncate_utf8(text: str, max_bytes: int = TERMINATION_LOG_MAX_BYTES) -> str:
         kept.append(line)
         used += size
     if not kept:  # a first line longer than the budget: cut it at a character boundary
-        head = text.encode("utf-8")[:budget].decode("utf-8", errors="ignore")
+        head = text.encode("utf-8")[:budget - 1].decode("utf-8", errors="ignore")
         kept = [head.rstrip("\n") + "\n"]
     return "".join(kept) + marker
 
