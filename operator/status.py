@@ -20,8 +20,13 @@ IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
 # Ready=False reasons that deserve a Warning event on the resource.
 WARNING_REASONS = {"DoesNotFit", "PreflightBadInput", "PreflightFailed", "InvalidSpec",
                    "OOMKilled", "EngineCrashLoop", "ImagePullFailed", "Unschedulable"}
-_REFUSAL_RE = re.compile(r"requires ([\d.]+ ?\w+), limit is ([\d.]+ ?\w+)"
-                         r"(?: \(short by ([\d.]+ ?\w+)\))?")
+# The pre-flight report (engine/budget/report.py): a headline, then one row per class.
+_HEADLINE_RE = re.compile(r"^(?:fits|error): engine requires ([\d.]+ \w+), limit is ([\d.]+ \w+)"
+                          r"(?: \((?:([\d.]+ \w+) to spare|short by ([\d.]+ \w+))\))?")
+_CLASS_ROWS = {"weights": "weights", "activations": "activations", "KV cache": "kvCache",
+               "cuda graphs": "cudaGraphs", "runtime context": "context"}
+_ROW_RE = re.compile(r"^\s+(" + "|".join(_CLASS_ROWS) + r")\s+([\d.]+ \w+)")
+_POOL_RE = re.compile(r"^\s+KV pool: (\d+) blocks x (\d+) tokens")
 _UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
 
 
@@ -73,14 +78,27 @@ def plan_status(plan: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def refusal_plan(first_line: str) -> dict[str, Any]:
-    """Printer-column numbers from a refusal's first line when no plan JSON came with it."""
-    out: dict[str, Any] = {"fits": False}
-    match = _REFUSAL_RE.search(first_line)
-    if match:
-        out["required"], out["limit"] = match.group(1), match.group(2)
-        if match.group(3):
-            out["shortBy"] = match.group(3)
+def report_plan(report: str, fits: bool) -> dict[str, Any]:
+    """The printer-column sizes and per-class sizes a pre-flight report shows.
+
+    The termination message is the human report (at most 4096 bytes), not the plan JSON,
+    so sizes are the report's rounded ones (``required``, ``limit``, ``classes``).
+    """
+    out: dict[str, Any] = {"fits": fits}
+    classes: dict[str, str] = {}
+    for line in report.splitlines():
+        if (match := _HEADLINE_RE.match(line)) is not None:
+            out["required"], out["limit"] = match.group(1), match.group(2)
+            if match.group(3):
+                out["spare"] = match.group(3)
+            if match.group(4):
+                out["shortBy"] = match.group(4)
+        elif (match := _ROW_RE.match(line)) is not None:
+            classes[_CLASS_ROWS[match.group(1)]] = match.group(2)
+        elif (match := _POOL_RE.match(line)) is not None:
+            out["kv"] = {"numBlocks": int(match.group(1)), "blockSize": int(match.group(2))}
+    if classes:
+        out["classes"] = classes
     return out
 
 
@@ -196,15 +214,14 @@ def compute_status(*, spec: dict[str, Any], generation: int | None, old: dict[st
     refusal = next((o for o in outcomes if o[0] != "Fits"), None)
     approval = next((o for o in outcomes if o[0] == "Fits"), None)
     if refusal is not None:
-        first_line, plan = parse_report(refusal[1])
+        _, plan = parse_report(refusal[1])
         set_condition(MEMORY_BUDGET, "False", refusal[0], refusal[1])
         if refusal[0] == "DoesNotFit":
-            status["plan"] = plan_status(plan) if plan else refusal_plan(first_line)
+            status["plan"] = plan_status(plan) if plan else report_plan(refusal[1], False)
     elif approval is not None:
         first_line, plan = parse_report(approval[1])
         set_condition(MEMORY_BUDGET, "True", "Fits", first_line or "the plan fits")
-        if plan is not None:
-            status["plan"] = plan_status(plan)
+        status["plan"] = plan_status(plan) if plan else report_plan(approval[1], True)
     elif find_condition(conditions, MEMORY_BUDGET) is None:
         set_condition(MEMORY_BUDGET, "Unknown", "Pending", "waiting for the pre-flight to run")
     if "plan" not in status and old.get("plan"):

@@ -148,3 +148,49 @@ def service_manifest(name: str, namespace: str = "default", **spec: Any) -> dict
     body_spec.update(spec)
     return {"apiVersion": API_VERSION, "kind": KIND,
             "metadata": {"name": name, "namespace": namespace}, "spec": body_spec}
+
+
+# The part of `kubectl describe inferenceservice` a user reads to learn why, laid out
+# the way kubectl lays it out: conditions (messages below) and events.
+def _table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = [indent + "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    lines.append(indent + "  ".join(("-" * len(h)).ljust(w)
+                                    for h, w in zip(headers, widths, strict=True)))
+    for row in rows:
+        lines.append(indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+    return [line.rstrip() for line in lines]
+
+
+def describe(obj: dict[str, Any], events: list[dict[str, Any]]) -> str:
+    """Name, status fields, conditions (messages indented below) and events, oldest first."""
+    meta, status = obj.get("metadata", {}), obj.get("status") or {}
+    lines = [f"Name:         {meta.get('name')}",
+             f"Namespace:    {meta.get('namespace')}",
+             f"Kind:         {obj.get('kind')}",
+             "Status:",
+             f"  Endpoint:             {status.get('endpoint', '<none>')}",
+             f"  Ready Replicas:       {status.get('readyReplicas', 0)}",
+             f"  Observed Generation:  {status.get('observedGeneration', '<none>')}"]
+    conditions = status.get("conditions") or []
+    lines.append("Conditions:")
+    if conditions:
+        lines += _table(["Type", "Status", "Reason"],
+                        [[c.get("type", ""), c.get("status", ""), c.get("reason", "")]
+                         for c in conditions])
+        for c in conditions:
+            if c.get("message"):
+                lines.append(f"  {c['type']} message:")
+                lines += [f"    {line}" for line in c["message"].splitlines()]
+    else:
+        lines.append("  <none>")
+    lines.append("Events:")
+    if events:
+        ordered = sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        lines += _table(["Type", "Reason", "From", "Message"],
+                        [[e.get("type", ""), e.get("reason", ""),
+                          (e.get("source") or {}).get("component", "") or "kvledger",
+                          e.get("message", "")] for e in ordered])
+    else:
+        lines.append("  <none>")
+    return "\n".join(lines) + "\n"

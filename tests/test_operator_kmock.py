@@ -16,9 +16,17 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60),
               pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")]
 
 NS = "default"
-REPORT = ("error: engine requires 83.9 GiB, limit is 40.0 GiB (short by 43.9 GiB)\n"
-          "  weights      70.0 GiB\n  kv_cache     12.0 GiB\n"
-          "remedies:\n  --max-model-len 4096  (kv cache 2.0 GiB)")
+REPORT = """\
+error: engine requires 83.9 GiB, limit is 40.0 GiB (short by 43.9 GiB)
+  weights          70.0 GiB   (bf16, 80 layers)
+  activations       1.4 GiB   (peak @ max_num_batched_tokens=8192)
+  KV cache         10.0 GiB   (max_model_len=32768 x max_num_seqs=1, bf16)
+  cuda graphs       2.0 GiB   (estimate)
+  runtime context   0.5 GiB   (estimate)
+  KV pool: 2048 blocks x 16 tokens, 5.0 MiB per block (32768 tokens)
+  --max-model-len 4096  (KV cache 1.3 GiB)
+  limit: --memory-limit 40.0 GiB
+"""
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -93,11 +101,14 @@ async def test_preflight_refusal_lands_in_memory_budget_and_a_warning_event(clus
 
     obj = await eventually(refused, what="MemoryBudget=False DoesNotFit")
     budget, ready = condition(obj, "MemoryBudget"), condition(obj, "Ready")
-    assert budget["status"] == "False" and budget["message"] == REPORT
+    assert budget["status"] == "False" and budget["message"] == REPORT.strip()
     assert (ready["status"], ready["reason"]) == ("False", "DoesNotFit")
     assert ready["message"] == REPORT.splitlines()[0]
-    assert obj["status"]["plan"] == {"fits": False, "required": "83.9 GiB",
-                                     "limit": "40.0 GiB", "shortBy": "43.9 GiB"}
+    assert obj["status"]["plan"] == {
+        "fits": False, "required": "83.9 GiB", "limit": "40.0 GiB", "shortBy": "43.9 GiB",
+        "classes": {"weights": "70.0 GiB", "activations": "1.4 GiB", "kvCache": "10.0 GiB",
+                    "cudaGraphs": "2.0 GiB", "context": "0.5 GiB"},
+        "kv": {"numBlocks": 2048, "blockSize": 16}}
     [event] = await eventually(lambda: [e for e in cluster.events_for("big")
                                         if e.get("type") == "Warning"], what="warning event")
     assert event["reason"] == "DoesNotFit"
@@ -108,7 +119,8 @@ async def test_crash_looping_engine_is_never_ready(cluster):
     await create_service(cluster, "crashy")
     ready_status = {"phase": "Running",
                     "conditions": [{"type": "Ready", "status": "True"}],
-                    "initContainerStatuses": [preflight_done(0, "fits: 1.2 GiB of 40.0 GiB")],
+                    "initContainerStatuses": [preflight_done(
+        0, "fits: engine requires 1.2 GiB, limit is 40.0 GiB (38.8 GiB to spare)\n")],
                     "containerStatuses": [{"name": "engine", "ready": True, "restartCount": 0,
                                            "state": {"running": {}}}]}
     await cluster.create("v1", "pods", pod("crashy", "crashy-1", ready_status))
@@ -119,6 +131,8 @@ async def test_crash_looping_engine_is_never_ready(cluster):
     await eventually(lambda: ready_reason() == "Ready", what="Ready=True")
     obj = cluster.stored(API_VERSION, PLURAL, NS, "crashy")
     assert condition(obj, "MemoryBudget")["status"] == "True"
+    assert obj["status"]["plan"] == {"fits": True, "required": "1.2 GiB", "limit": "40.0 GiB",
+                                     "spare": "38.8 GiB"}
     assert obj["status"]["readyReplicas"] == 1
 
     # A second replica crash-loops while the first still serves: not Ready.

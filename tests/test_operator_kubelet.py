@@ -1,0 +1,125 @@
+"""Play the kubelet for one pod: run the rendered ``preflight`` container for real.
+
+The operator renders the Deployment on the emulator; this test takes the init container's
+command and arguments from it, maps its volume mounts to local folders the way a kubelet
+would (hostPath -> the host folder, emptyDir -> a scratch folder, the termination
+message path -> a file), runs it as a local process against a built-in model with a limit
+that does not fit, and writes the exit code and termination message into the pod's status.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from kvledger.engine.errors import EXIT_DOES_NOT_FIT
+from kvledger.operator.crd import API_VERSION, PLURAL
+from kvledger.operator.render import LABEL
+from kvledger.operator.testing import describe, eventually, running_operator, service_manifest
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120),
+              pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")]
+
+NS = "default"
+FALLBACK_LOG_LINES = 80  # the kubelet's FallbackToLogsOnError keeps the log's tail
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def cluster():
+    async with running_operator() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def model_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("models")
+    subprocess.run([sys.executable, "-m", "kvledger.engine.cli", "make-model", "tiny-llama",
+                    str(root / "tiny-llama")], check=True, capture_output=True)
+    return root
+
+
+def run_container(container: dict, pod_spec: dict, scratch: Path) -> dict:
+    """Run one container as a local process, as a kubelet would; its terminated state."""
+    volumes = {v["name"]: v for v in pod_spec["volumes"]}
+    mounts = {}
+    for mount in container["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        if "hostPath" in volume:
+            mounts[mount["mountPath"]] = volume["hostPath"]["path"]
+        else:
+            local = scratch / mount["name"]
+            local.mkdir(parents=True, exist_ok=True)
+            mounts[mount["mountPath"]] = str(local)
+    termination_file = scratch / "termination-log"
+    mounts[container["terminationMessagePath"]] = str(termination_file)
+
+    def local(arg: str) -> str:
+        for pod_path, host_path in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+            if arg == pod_path or arg.startswith(pod_path + "/"):
+                return host_path + arg[len(pod_path):]
+        return arg
+
+    assert container["command"][0] == "kvledger"
+    argv = [sys.executable, "-m", "kvledger.engine.cli", *container["command"][1:],
+            *(local(a) for a in container["args"])]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    message = termination_file.read_text() if termination_file.exists() else ""
+    if not message and done.returncode != 0 \
+            and container["terminationMessagePolicy"] == "FallbackToLogsOnError":
+        message = "\n".join((done.stdout + done.stderr).splitlines()[-FALLBACK_LOG_LINES:])
+    return {"exitCode": done.returncode, "reason": "Completed" if done.returncode == 0 else "Error",
+            "message": message}
+
+
+async def test_kubelet_runs_the_rendered_preflight_and_describe_shows_why(cluster, model_root,
+                                                                           tmp_path):
+    manifest = service_manifest("kubelet-demo", NS, gpus=0, memory={"limit": "64Mi"},
+                                engine={"maxModelLen": 1024})
+    manifest["spec"]["model"]["volume"] = {"hostPath": {"path": str(model_root)},
+                                           "mountPath": "/models"}
+    await cluster.create(API_VERSION, PLURAL, manifest)
+    deployment = await eventually(
+        lambda: cluster.stored("apps/v1", "deployments", NS, "kubelet-demo"), what="deployment")
+    pod_spec = deployment["spec"]["template"]["spec"]
+    [preflight] = pod_spec["initContainers"]
+
+    terminated = run_container(preflight, pod_spec, tmp_path)
+    assert terminated["exitCode"] == EXIT_DOES_NOT_FIT, terminated["message"]
+    assert terminated["message"].startswith("error: engine requires")
+    assert (tmp_path / "plan" / "plan.json").exists()  # the hand-over on the emptyDir
+
+    await cluster.create("v1", "pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "kubelet-demo-0", "namespace": NS,
+                     "labels": {LABEL: "kubelet-demo"}},
+        "spec": pod_spec,
+        "status": {"phase": "Pending", "initContainerStatuses": [{
+            "name": "preflight", "ready": False, "restartCount": 0,
+            "state": {"terminated": terminated}}]}})
+
+    def refused():
+        obj = cluster.stored(API_VERSION, PLURAL, NS, "kubelet-demo")
+        reasons = {c["type"]: c.get("reason") for c in (obj.get("status") or {})
+                   .get("conditions", [])}
+        warned = [e for e in cluster.events_for("kubelet-demo") if e.get("type") == "Warning"]
+        return (obj, warned) if reasons.get("MemoryBudget") == "DoesNotFit" and warned else None
+
+    obj, [warning] = await eventually(refused, what="DoesNotFit condition and Warning event")
+    assert warning["reason"] == "DoesNotFit"
+    budget = next(c for c in obj["status"]["conditions"] if c["type"] == "MemoryBudget")
+    assert budget["message"] == terminated["message"].strip()
+    assert obj["status"]["plan"]["fits"] is False
+    assert obj["status"]["plan"]["limit"] == "64.0 MiB"
+
+    text = describe(obj, cluster.events_for("kubelet-demo"))
+    first_line = terminated["message"].splitlines()[0]
+    lines = text.splitlines()
+    assert any(line.split()[:3] == ["MemoryBudget", "False", "DoesNotFit"] for line in lines)
+    assert any(line.split()[:3] == ["Ready", "False", "DoesNotFit"] for line in lines)
+    assert f"    {first_line}" in lines  # the breakdown, indented under the condition
+    assert any(line.split()[:2] == ["Warning", "DoesNotFit"] and line.endswith(first_line)
+               for line in lines)
