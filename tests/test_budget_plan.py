@@ -258,3 +258,15 @@ def test_plan_json_keys() -> None:
     assert all(set(r) >= {"flag", "value", "kv_bytes"} for r in doc["remedies"])
     assert all(isinstance(v, int) for v in doc["classes"].values())
     assert math.isclose(doc["required_bytes"], sum(doc["classes"].values()))
+
+
+def test_quantization_with_a_shorter_context_when_nothing_else_helps() -> None:
+    flags = dict(memory_limit_bytes=12 * GiB, max_model_len=8192, max_num_seqs=8)
+    p = plan(**flags)
+    assert not p.fits and [r.flag for r in p.remedies] == [None]
+    (quant,) = p.remedies
+    (flag, best), = quant.also
+    assert flag == "--max-model-len" and "only smaller weights can help" in quant.note
+    quantized = Measured(weights_bytes=quant.weights_bytes)
+    assert plan(measured=quantized, **{**flags, "max_model_len": best}).fits
+    assert not plan(measured=quantized, **{**flags, "max_model_len": best + 1}).fits

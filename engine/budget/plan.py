@@ -289,5 +289,6 @@ def _warnings(config: EngineConfig, device: DeviceMemory, limit: int, source: st
                    f"({_gib(device.free_bytes)}): allocation can fail at start-up")
     if batched_tokens < max_model_len:
         out.append(f"max_num_batched_tokens={batched_tokens} is below max_model_len="
-                   f"{max_model_len}: longer prompts need chunked prefill")
+                   f"{max_model_len}: kvledger's engine has no chunked prefill and refuses "
+                   "this (vLLM would chunk long prompts)")
     return out

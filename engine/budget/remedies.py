@@ -31,10 +31,12 @@ class Remedy:
     kv_bytes: int  # the KV cache class after the change
     note: str = ""
     weights_bytes: int | None = None  # the weights class after the change, when it changes
+    also: tuple[tuple[str, int], ...] = ()  # other flag changes this remedy needs
 
     def to_json(self) -> dict:
         return {"flag": self.flag, "value": self.value, "kv_bytes": self.kv_bytes,
-                "note": self.note, "weights_bytes": self.weights_bytes}
+                "note": self.note, "weights_bytes": self.weights_bytes,
+                "also": {flag: value for flag, value in self.also}}
 
 
 Replan = Callable[..., "Plan"]  # replan(config, weights_bytes=None) -> Plan
@@ -102,8 +104,9 @@ def _bigger_explicit_pool(plan: Plan, with_: Callable[..., Plan]) -> list[Remedy
 
 
 def _quantization(plan: Plan, replan: Replan, *, others_help: bool) -> Remedy | None:
-    """Offered when weights dominate the budget, or nothing else helps, and the same flags
-    with weights at QUANTIZED_BITS per parameter would fit."""
+    """Offered when weights dominate the budget, or nothing else helps, and weights at
+    QUANTIZED_BITS per parameter would fit: with the same flags, or else (when nothing
+    else helps) together with the largest ``--max-model-len`` that then fits."""
     weights = plan.classes["weights"]
     dominate = weights * 2 >= plan.required_bytes
     if not dominate and others_help:
@@ -112,9 +115,22 @@ def _quantization(plan: Plan, replan: Replan, *, others_help: bool) -> Remedy | 
     smaller = params * QUANTIZED_BITS // 8
     if smaller >= weights:
         return None
-    candidate = replan(plan.config, weights_bytes=smaller)
-    if not candidate.fits:
-        return None
     note = "weights dominate this budget" if dominate else "only smaller weights can help"
-    return Remedy(None, QUANTIZATION, candidate.classes["kv_cache"], note=note,
-                  weights_bytes=smaller)
+    candidate = replan(plan.config, weights_bytes=smaller)
+    if candidate.fits:
+        return Remedy(None, QUANTIZATION, candidate.classes["kv_cache"], note=note,
+                      weights_bytes=smaller)
+    if others_help:
+        return None
+
+    def fits_with(n: int) -> bool:
+        return replan(dataclasses.replace(plan.config, max_model_len=n), weights_bytes=smaller).fits
+
+    best_len = largest_fitting(fits_with, 1, plan.max_model_len - 1)
+    if best_len is None:
+        return None
+    candidate = replan(dataclasses.replace(plan.config, max_model_len=best_len),
+                       weights_bytes=smaller)
+    return Remedy(None, QUANTIZATION, candidate.classes["kv_cache"],
+                  note=f"only smaller weights can help, with --max-model-len {best_len}",
+                  weights_bytes=smaller, also=(("--max-model-len", best_len),))
