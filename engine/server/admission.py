@@ -100,7 +100,8 @@ class Admission:
             raise ApiError(400, f"the request needs {blocks} KV blocks ({tokens} tokens) but the "
                                 f"whole pool holds {self.ledger.num_blocks}; lower max_tokens",
                            code="kv_pool_too_small", param="max_tokens", reason="over_pool")
-        reservation = None if self._waiters else self.ledger.try_reserve(tokens)
+        # Nobody overtakes a live waiter; departed ones (gone) do not count.
+        reservation = None if self._queued else self.ledger.try_reserve(tokens)
         if reservation is None:
             reservation = await self._wait_in_line(tokens, blocks)
         ticket = Ticket(request_id, prompt_tokens, cap_tokens, blocks, reservation, self._clock())
@@ -113,6 +114,7 @@ class Admission:
         waiter = _Waiter(tokens, blocks, asyncio.get_running_loop().create_future())
         self._waiters.append(waiter)
         self._queued += 1
+        self.capacity_changed()  # departed waiters may have been all that was ahead
         try:
             return await asyncio.wait_for(asyncio.shield(waiter.future), self.max_queue_wait_s)
         except TimeoutError:
