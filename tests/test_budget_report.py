@@ -62,7 +62,7 @@ def test_fits_report() -> None:
 
 def test_nothing_fits_says_so() -> None:
     _, text = report(memory_limit_bytes=10 * GiB, max_model_len=4096)
-    assert "no change of flags fits within 10.0 GiB: the weights alone are 61.2 GiB" in text
+    assert "no single change of flags fits within 10.0 GiB: the weights alone are 61.2 GiB" in text
 
 
 def test_explicit_pool_too_small_headline() -> None:

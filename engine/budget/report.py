@@ -135,8 +135,8 @@ def _remedy_lines(plan: Plan) -> list[str]:
         if plan.classes["weights"] > plan.limit_bytes:
             why = f"the weights alone are {format_size(plan.classes['weights'])}"
         else:
-            why = f"raise the limit to at least {format_size(plan.required_bytes)}"
-        return [f"  no change of flags fits within {limit}: {why}"]
+            why = f"as declared it needs {format_size(plan.required_bytes)}"
+        return [f"  no single change of flags fits within {limit}: {why}"]
     lines = [f"  to fit within {limit}, try one of:"]
     for remedy in plan.remedies:
         change, result = remedy_text(remedy)
