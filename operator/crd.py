@@ -219,7 +219,8 @@ def crd_manifest() -> dict[str, Any]:
 
 
 def crd_yaml() -> str:
-    header = "# Generated from kvledger/operator/crd.py by `python -m kvledger.operator.crd`.\n"
+    header = ("# Generated from operator/crd.py: do not edit; regenerate with\n"
+              "#   python -m kvledger.operator.crd > crds/inferenceservice.yaml\n")
     return header + yaml.safe_dump(crd_manifest(), sort_keys=False, width=100)
 
 

@@ -1,0 +1,85 @@
+"""``kvledger run SERVICE.yaml``: the same InferenceService manifest, on this machine.
+
+1. validate it against the CRD schema (the dict in crd.py) and the CRD's cross-field rules;
+2. run the pre-flight in-process with the flags the pod's containers would get: on a
+   refusal, print the breakdown and remedies and exit 3, before loading anything;
+3. exec ``kvledger serve`` with those flags. exec replaces this process, so SIGTERM and
+   Ctrl-C reach the server directly (it drains and exits on its own).
+
+``spec.model.path`` is read the way the kubelet mounts it: with a ``hostPath`` volume,
+``mountPath/x`` is ``hostPath.path/x`` here; otherwise the path is used as is.
+``--model-path`` overrides it (e.g. for a manifest whose model lives on a PVC).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import yaml
+
+from kvledger.engine.errors import EXIT_DOES_NOT_FIT, BadInput
+from kvledger.operator.crd import DEFAULT_PORT, validate_manifest
+from kvledger.operator.spec import engine_config, local_model_path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("manifest", metavar="SERVICE.yaml", help="an InferenceService manifest")
+    parser.add_argument("--host", default="127.0.0.1", help="address to serve on")
+    parser.add_argument("--port", type=int, default=None,
+                        help=f"port to serve on (default: spec.port, else {DEFAULT_PORT})")
+    parser.add_argument("--model-path", default=None, metavar="DIR",
+                        help="local checkpoint directory (default: spec.model.path, mapped "
+                             "through a hostPath volume)")
+    parser.add_argument("--preflight-only", action="store_true",
+                        help="validate and plan, then exit (0 fits, 3 does not fit)")
+
+
+def load_manifest(path: str) -> dict[str, Any]:
+    """The one InferenceService in a YAML file; BadInput with a one-line reason otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            docs = [d for d in yaml.safe_load_all(f) if d is not None]
+    except OSError as exc:
+        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise BadInput(f"{path} is not valid YAML{where}") from None
+    if len(docs) != 1:
+        raise BadInput(f"{path} must hold exactly one InferenceService, found {len(docs)} documents")
+    return validate_manifest(docs[0])
+
+
+def serve_argv(flags: list[str], host: str, port: int) -> list[str]:
+    return [sys.executable, "-m", "kvledger.engine.cli", "serve", *flags,
+            "--host", host, "--port", str(port)]
+
+
+def main(args: argparse.Namespace) -> int:
+    doc = load_manifest(args.manifest)
+    spec = doc["spec"]
+    config = engine_config(spec, model_path=args.model_path or local_model_path(spec))
+    flags = config.to_flags()
+
+    # The planner is torch-free; importing it here keeps `run --help` instant.
+    from kvledger.engine.budget.plan import make_plan
+    from kvledger.engine.budget.report import render_report
+
+    plan = make_plan(config)
+    name = doc["metadata"]["name"]
+    if not plan.fits:
+        sys.stderr.write(f"{name}: pre-flight refused the plan\n{render_report(plan)}")
+        return EXIT_DOES_NOT_FIT
+    sys.stdout.write(f"{name}: pre-flight passed\n{render_report(plan)}")
+    if args.preflight_only:
+        return 0
+    port = args.port if args.port is not None else spec.get("port", DEFAULT_PORT)
+    argv = serve_argv(flags, args.host, port)
+    sys.stdout.write(f"{name}: exec kvledger serve {' '.join(argv[4:])}\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(argv[0], argv)
+    return 1  # not reached: exec replaced this process

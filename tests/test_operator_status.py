@@ -1,0 +1,164 @@
+"""Pure status logic: pod statuses in, conditions and events out."""
+
+from __future__ import annotations
+
+from kvledger.operator.status import (
+    compute_status,
+    human_bytes,
+    parse_report,
+    plan_status,
+    pod_problem,
+    preflight_outcome,
+    report_plan,
+    transition_events,
+    upsert_condition,
+)
+
+FITS = ("fits: engine requires 1.2 GiB, limit is 40.0 GiB (38.8 GiB to spare)\n"
+        "  weights           0.9 GiB   (bf16, 16 layers)\n"
+        "  KV cache          0.2 GiB   (max_model_len=1024 x max_num_seqs=8, bf16)\n"
+        "  KV pool: 512 blocks x 16 tokens, 32.0 KiB per block (8192 tokens)\n")
+
+
+def preflight(code: int, message: str = "", *, last: bool = False) -> dict:
+    terminated = {"exitCode": code, "reason": "Error", "message": message}
+    if last:
+        return {"name": "preflight", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": terminated}}
+    return {"name": "preflight", "state": {"terminated": terminated}}
+
+
+def engine(state: dict, last: dict | None = None, restarts: int = 0) -> dict:
+    return {"name": "engine", "state": state, "lastState": last or {}, "restartCount": restarts}
+
+
+def status_of(pods: list[dict], old: dict | None = None, **kw) -> dict:
+    return compute_status(spec=kw.get("spec", {"replicas": 1}), generation=kw.get("generation", 3),
+                          old=old or {}, pods=pods, spec_error=kw.get("spec_error"),
+                          endpoint="http://x.ns.svc.cluster.local:8000", now=kw.get("now", "T1"))
+
+
+def cond(status: dict, kind: str) -> dict:
+    return next(c for c in status["conditions"] if c["type"] == kind)
+
+
+def test_preflight_outcomes_by_exit_code():
+    assert preflight_outcome({}) is None
+    assert preflight_outcome({"initContainerStatuses": [preflight(0, FITS)]}) == ("Fits", FITS.strip())
+    assert preflight_outcome({"initContainerStatuses": [preflight(3, "error: x", last=True)]}) \
+        == ("DoesNotFit", "error: x")
+    assert preflight_outcome({"initContainerStatuses": [preflight(2, "error: bad flag")]})[0] \
+        == "PreflightBadInput"
+    assert preflight_outcome({"initContainerStatuses": [preflight(1)]})[0] == "PreflightFailed"
+
+
+def test_report_plan_reads_headline_classes_and_pool():
+    assert report_plan(FITS, True) == {
+        "fits": True, "required": "1.2 GiB", "limit": "40.0 GiB", "spare": "38.8 GiB",
+        "classes": {"weights": "0.9 GiB", "kvCache": "0.2 GiB"},
+        "kv": {"numBlocks": 512, "blockSize": 16}}
+    assert report_plan("error: engine requires 2.0 GiB, limit is 1.0 GiB (short by 1.0 GiB)",
+                       False) == {"fits": False, "required": "2.0 GiB", "limit": "1.0 GiB",
+                                  "shortBy": "1.0 GiB"}
+
+
+def test_plan_json_in_the_message_wins_and_is_camel_cased():
+    message = '{"fits": true, "required_bytes": 1073741824, "limit_bytes": 2147483648, ' \
+              '"classes": {"kv_cache": 5}}'
+    first_line, plan = parse_report(message)
+    assert first_line == "" and plan is not None
+    assert plan_status(plan) == {"fits": True, "requiredBytes": 2**30, "limitBytes": 2**31,
+                                 "classes": {"kvCache": 5}, "required": "1.0 GiB",
+                                 "limit": "2.0 GiB"}
+    assert human_bytes(512) == "512 B" and human_bytes(3 * 2**20) == "3.0 MiB"
+
+
+def test_does_not_fit_sets_both_conditions_with_the_report():
+    report = "error: engine requires 83.9 GiB, limit is 40.0 GiB (short by 43.9 GiB)\n  weights  70.0 GiB"
+    status = status_of([{"initContainerStatuses": [preflight(3, report, last=True)]}])
+    budget = cond(status, "MemoryBudget")
+    assert (budget["status"], budget["reason"], budget["message"]) == (
+        "False", "DoesNotFit", report)
+    ready = cond(status, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "DoesNotFit")
+    assert ready["message"] == report.splitlines()[0]
+    assert status["plan"]["fits"] is False and status["observedGeneration"] == 3
+
+
+def _ready_pod(extra_engine: dict | None = None) -> dict:
+    return {"conditions": [{"type": "Ready", "status": "True"}],
+            "initContainerStatuses": [preflight(0, FITS)],
+            "containerStatuses": [extra_engine or engine({"running": {}})]}
+
+
+def test_ready_only_without_crashing_pods():
+    status = status_of([_ready_pod()])
+    assert cond(status, "Ready")["status"] == "True" and status["readyReplicas"] == 1
+    assert cond(status, "MemoryBudget")["reason"] == "Fits"
+    crashing = {"initContainerStatuses": [preflight(0, FITS)], "containerStatuses": [engine(
+        {"waiting": {"reason": "CrashLoopBackOff"}},
+        {"terminated": {"exitCode": 1, "reason": "Error", "message": "boom\nRuntimeError: x"}},
+        restarts=3)]}
+    status = status_of([_ready_pod(), crashing])
+    ready = cond(status, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "EngineCrashLoop")
+    assert "exit 1" in ready["message"] and ready["message"].endswith("RuntimeError: x")
+
+
+def test_oom_image_pull_and_unschedulable_reasons():
+    oom = {"containerStatuses": [engine({"waiting": {"reason": "CrashLoopBackOff"}},
+                                        {"terminated": {"exitCode": 137, "reason": "OOMKilled"}})]}
+    assert pod_problem(oom)[0] == "OOMKilled"
+    pull = {"initContainerStatuses": [{"name": "preflight", "state": {"waiting": {
+        "reason": "ImagePullBackOff", "message": "Back-off pulling image \"kvledger:nope\""}}}]}
+    reason, message = pod_problem(pull)
+    assert reason == "ImagePullFailed" and "preflight" in message and "kvledger:nope" in message
+    pending = {"conditions": [{"type": "PodScheduled", "status": "False",
+                               "reason": "Unschedulable",
+                               "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}
+    reason, message = pod_problem(pending)
+    assert reason == "Unschedulable" and "Insufficient nvidia.com/gpu" in message
+    assert cond(status_of([pending]), "Ready")["reason"] == "Unschedulable"
+
+
+def test_no_pods_keeps_the_last_budget_and_says_starting_or_scaled_to_zero():
+    first = status_of([_ready_pod()])
+    later = status_of([], old=first, now="T2")
+    assert cond(later, "MemoryBudget") == cond(first, "MemoryBudget")
+    assert later["plan"] == first["plan"]
+    assert cond(later, "Ready")["reason"] == "Starting"
+    assert cond(status_of([], spec={"replicas": 0}), "Ready")["reason"] == "ScaledToZero"
+    fresh = status_of([])
+    assert cond(fresh, "MemoryBudget")["status"] == "Unknown"
+
+
+def test_invalid_spec_condition():
+    status = status_of([], spec_error="memory.limit must be more than 0 bytes, got '0Gi'")
+    ready = cond(status, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert "memory.limit" in ready["message"]
+
+
+def test_upsert_keeps_transition_time_while_status_holds():
+    conditions = upsert_condition([], {"type": "Ready", "status": "False", "reason": "A"}, "T1")
+    conditions = upsert_condition(conditions, {"type": "Ready", "status": "False",
+                                               "reason": "B"}, "T2")
+    assert conditions == [{"type": "Ready", "status": "False", "reason": "B",
+                           "lastTransitionTime": "T1"}]
+    conditions = upsert_condition(conditions, {"type": "Ready", "status": "True",
+                                               "reason": "Ready"}, "T3")
+    assert conditions[0]["lastTransitionTime"] == "T3"
+
+
+def test_events_on_transitions_only():
+    refused = status_of([{"initContainerStatuses": [preflight(
+        3, "error: engine requires 2.0 GiB, limit is 1.0 GiB (short by 1.0 GiB)\n  more")]}])
+    events = transition_events([], refused["conditions"])
+    assert events == [("Warning", "DoesNotFit",
+                       "error: engine requires 2.0 GiB, limit is 1.0 GiB (short by 1.0 GiB)")]
+    assert transition_events(refused["conditions"], refused["conditions"]) == []
+    ready = status_of([_ready_pod()], old=refused)
+    assert transition_events(refused["conditions"], ready["conditions"]) == [
+        ("Normal", "Ready", "1/1 replicas ready")]
+    starting = status_of([])
+    assert transition_events([], starting["conditions"]) == []  # Starting is not a warning

@@ -1,0 +1,171 @@
+"""``kvledger run SERVICE.yaml``: validate, pre-flight (refusal -> exit 3), then serve."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvledger.engine.cli import main as kvledger
+from kvledger.engine.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT
+from kvledger.operator.local_run import serve_argv
+from kvledger.operator.spec import engine_config, local_model_path
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+TINY_EXAMPLES = sorted(p.name for p in EXAMPLES.glob("*.yaml") if "tiny-llama" in p.read_text())
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("models") / "tiny-llama"
+    assert kvledger(["make-model", "tiny-llama", str(path)]) == 0
+    return path
+
+
+def write(tmp_path: Path, doc: dict | str, name: str = "service.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc))
+    return str(path)
+
+
+def manifest(**spec) -> dict:
+    body = {"model": {"path": "/models/tiny-llama", "name": "tiny"}}
+    body.update(spec)
+    return {"apiVersion": "kvledger.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": "local"}, "spec": body}
+
+
+@pytest.mark.parametrize("example", TINY_EXAMPLES)
+def test_examples_preflight_locally(example, tiny_model, capsys):
+    code = kvledger(["run", str(EXAMPLES / example), "--preflight-only",
+                     "--model-path", str(tiny_model)])
+    out, err = capsys.readouterr()
+    if example == "does-not-fit.yaml":
+        assert code == EXIT_DOES_NOT_FIT
+        assert "pre-flight refused the plan" in err
+        assert "error: engine requires" in err and "limit is 64.0 MiB" in err
+        assert out == ""
+    else:
+        assert code == 0, err
+        assert "pre-flight passed" in out and "fits: engine requires" in out
+
+
+def test_hostpath_maps_the_pod_path_to_the_node_path():
+    spec = manifest()["spec"]
+    spec["model"]["volume"] = {"hostPath": {"path": "/srv/models"}, "mountPath": "/models"}
+    assert local_model_path(spec) == "/srv/models/tiny-llama"
+    spec["model"]["path"] = "/models"
+    assert local_model_path(spec) == "/srv/models"
+    spec["model"]["volume"] = {"persistentVolumeClaim": {"claimName": "m"}}
+    assert local_model_path(spec) == "/models"  # no local meaning: taken as is
+
+
+def test_run_reads_the_model_through_the_hostpath_volume(tiny_model, tmp_path, capsys):
+    doc = manifest(memory={"limit": "2Gi"})
+    doc["spec"]["model"]["volume"] = {"hostPath": {"path": str(tiny_model.parent)},
+                                      "mountPath": "/models"}
+    assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == 0
+    assert "limit: --memory-limit 2.0 GiB" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("doc", "expected"), [
+    (manifest(engine={"maxModelLen": 1024, "maxNumSeqs": 0}),
+     "spec.engine.maxNumSeqs: 0 is less than the minimum of 1"),
+    (manifest(memory={"limit": "lots"}), "spec.memory.limit: 'lots' does not match"),
+    (manifest(memory={"gpuMemoryUtilization": 1.5}),
+     "spec.memory.gpuMemoryUtilization: 1.5 is greater than the maximum of 1"),
+    (manifest(engine={"dtype": "int3"}), "spec.engine.dtype: 'int3' is not one of"),
+    (manifest(engine={"maxModelLen": 1024, "maxModelLength": 9}),
+     "spec.engine: unknown field(s) ('maxModelLength' was unexpected)"),
+    (manifest(engine={"maxModelLen": 4096, "maxNumBatchedTokens": 1024}),
+     "maxNumBatchedTokens must be at least maxModelLen"),
+    (manifest(memory={"limit": "0Gi"}), "memory.limit must be more than 0 bytes"),
+    ({**manifest(), "kind": "Deployment"}, "manifest must be apiVersion: kvledger.dev/v1alpha1"),
+    ({k: v for k, v in manifest().items() if k != "spec"},
+     "invalid InferenceService at (top level): 'spec' is a required property"),
+])
+def test_bad_manifests_are_one_line_errors_with_exit_2(doc, expected, tmp_path, capsys):
+    assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert expected in err
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("spec: [unclosed", "is not valid YAML at line 1"),
+    ("---\nkind: A\n---\nkind: B\n", "must hold exactly one InferenceService, found 2"),
+])
+def test_unreadable_files_are_one_line_errors(text, expected, tmp_path, capsys):
+    assert kvledger(["run", write(tmp_path, text), "--preflight-only"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err
+
+
+def test_missing_file_and_missing_model(tmp_path, capsys):
+    assert kvledger(["run", str(tmp_path / "nope.yaml")]) == EXIT_BAD_INPUT
+    assert "cannot read" in capsys.readouterr().err
+    doc = manifest()
+    doc["spec"]["model"]["path"] = str(tmp_path / "absent")
+    assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == EXIT_BAD_INPUT
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_serve_gets_the_flags_the_pod_gets(tiny_model):
+    spec = manifest(engine={"maxModelLen": 512, "kvCacheDtype": "fp8"},
+                    memory={"limit": "1Gi"})["spec"]
+    flags = engine_config(spec, model_path=str(tiny_model)).to_flags()
+    argv = serve_argv(flags, "127.0.0.1", 9000)
+    assert argv[1:4] == ["-m", "kvledger.engine.cli", "serve"]
+    assert argv[4:-4] == flags
+    assert flags[flags.index("--max-model-len") + 1] == "512"
+    assert flags[flags.index("--memory-limit") + 1] == str(2**30)
+    assert flags[flags.index("--served-model-name") + 1] == "tiny"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status, response.read()
+    except OSError:
+        return 0, b""
+
+
+@pytest.mark.timeout(120)
+def test_run_serves_the_manifest_and_stops_on_sigterm(tiny_model, tmp_path):
+    port = _free_port()
+    doc = manifest(engine={"maxModelLen": 256, "maxNumSeqs": 2}, memory={"limit": "1Gi"})
+    doc["spec"]["model"]["path"] = str(tiny_model)
+    proc = subprocess.Popen([sys.executable, "-m", "kvledger.engine.cli", "run",
+                             write(tmp_path, doc), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while _get(f"http://127.0.0.1:{port}/ready")[0] != 200:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "server never became ready"
+            time.sleep(0.2)
+        status, body = _get(f"http://127.0.0.1:{port}/v1/models")
+        assert status == 200
+        assert [m["id"] for m in json.loads(body)["data"]] == ["tiny"]
+        proc.send_signal(signal.SIGTERM)  # exec'd: the server itself gets it
+        assert proc.wait(timeout=30) == 0
+        output = proc.stdout.read()
+        assert "local: pre-flight passed" in output and "exec kvledger serve" in output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
