@@ -1,0 +1,106 @@
+"""The official ``openai`` SDK as a real client against the server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import openai
+import pytest
+from _server_helpers import make_llm
+from aiohttp import web
+
+from kvledger.engine.server.app import build_app
+from kvledger.engine.server.state import STATE, ServeOptions
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama_dir):
+    return make_llm(tiny_llama_dir)
+
+
+async def _serve(aiohttp_server, llm, **options):
+    """A real HTTP server; ``seen`` records (arrival time, status, headers) per request."""
+    app = build_app(ServeOptions(**options))
+    seen: list[tuple[float, int, dict]] = []
+
+    @web.middleware
+    async def record(request, handler):
+        arrived = time.monotonic()
+        response = await handler(request)
+        if request.path.startswith("/v1/completions"):
+            seen.append((arrived, response.status, dict(response.headers)))
+        return response
+
+    app.middlewares.insert(0, record)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    await app[STATE].attach(llm)
+    client = openai.AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key="key",
+                                max_retries=0)
+    return app, client, seen
+
+
+async def test_sdk_completion_chat_and_streams(aiohttp_server, llm):
+    app, client, _ = await _serve(aiohttp_server, llm, api_key="key")
+    name = app[STATE].model_name
+    models = await client.models.list()
+    assert [m.id for m in models.data] == [name]
+
+    completion = await client.completions.create(model=name, prompt="Once upon", max_tokens=7,
+                                                 temperature=0, extra_body={"ignore_eos": True})
+    assert completion.choices[0].finish_reason == "length"
+    assert completion.usage.completion_tokens == 7
+
+    chat = await client.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": "hi"}], max_completion_tokens=5,
+        extra_body={"ignore_eos": True})
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.usage.completion_tokens == 5
+
+    stream = await client.completions.create(model=name, prompt="Once upon", max_tokens=7,
+                                             temperature=0, stream=True,
+                                             stream_options={"include_usage": True},
+                                             extra_body={"ignore_eos": True})
+    chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == completion.choices[0].text
+    assert chunks[-1].usage.completion_tokens == 7
+
+    stream = await client.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True,
+        extra_body={"ignore_eos": True})
+    chunks = [chunk async for chunk in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+async def test_sdk_sees_openai_errors(aiohttp_server, llm):
+    app, client, _ = await _serve(aiohttp_server, llm, api_key="key")
+    name = app[STATE].model_name
+    with pytest.raises(openai.NotFoundError) as info:
+        await client.completions.create(model="nope", prompt="x")
+    assert info.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.completions.create(model=name, prompt="x", n=2)
+    assert info.value.code == "invalid_request"
+    bad_key = client.with_options(api_key="wrong")
+    with pytest.raises(openai.AuthenticationError):
+        await bad_key.completions.create(model=name, prompt="x")
+
+
+async def test_sdk_retries_a_429_after_the_advertised_delay(aiohttp_server, llm):
+    app, client, seen = await _serve(aiohttp_server, llm)
+    ledger = app[STATE].llm.ledger
+    held = ledger.try_reserve(ledger.num_blocks * ledger.block_size)  # the pool is full
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.3, ledger.release, held)  # ...until shortly after the first attempt
+    completion = await client.with_options(max_retries=3).completions.create(
+        model=app[STATE].model_name, prompt="hello", max_tokens=3,
+        extra_body={"ignore_eos": True})
+    assert completion.usage.completion_tokens == 3
+    assert [status for _, status, _ in seen] == [429, 200]
+    (first_at, _, headers), (retry_at, _, _) = seen
+    advertised_s = int(headers["retry-after-ms"]) / 1000
+    assert int(headers["Retry-After"]) >= 1
+    assert retry_at - first_at >= advertised_s * 0.95  # the SDK waited as told
+    assert ledger.reserved_blocks == 0

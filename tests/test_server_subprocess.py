@@ -1,0 +1,93 @@
+"""``kvledger serve`` as a real process: ready, SIGTERM drains (503 for new work, the
+in-flight stream ends cleanly after the grace), exit 0."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _request(port: int, method: str, path: str, body: dict | None = None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request(method, path, body=json.dumps(body) if body is not None else None,
+                 headers={"Content-Type": "application/json"})
+    return conn, conn.getresponse()
+
+
+def _wait_ready(proc: subprocess.Popen, port: int, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"serve exited with {proc.returncode}: {proc.stderr.read()}")
+        try:
+            conn, response = _request(port, "GET", "/ready")
+            status = response.status
+            conn.close()
+            if status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    pytest.fail("serve never became ready")
+
+
+def test_sigterm_drains_and_exits_zero(tiny_llama_dir):
+    port = _free_port()
+    # A 1024-token context makes each step slow enough on a CPU that the stream below is
+    # still running when SIGTERM arrives; the 1 s grace then aborts it.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvledger.engine.cli", "serve", "--model", str(tiny_llama_dir),
+         "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
+         "--max-model-len", "1024", "--num-gpu-blocks-override", "128",
+         "--shutdown-grace", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_ready(proc, port)
+        conn, ready = _request(port, "GET", "/ready")
+        model = json.loads(ready.read())["model"]
+        conn.close()
+        stream_conn, stream = _request(port, "POST", "/v1/completions", {
+            "model": model, "prompt": "Once", "stream": True, "ignore_eos": True})
+        assert stream.status == 200
+        first = stream.readline()
+        assert first.startswith(b"data: ")
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        conn, refused = _request(port, "POST", "/v1/completions",
+                                 {"model": model, "prompt": "x", "max_tokens": 1})
+        assert refused.status == 503
+        assert json.loads(refused.read())["error"]["code"] == "shutting_down"
+        conn.close()
+        rest = stream.read()
+        stream_conn.close()
+        assert b'"finish_reason":"abort"' in rest and rest.endswith(b"data: [DONE]\n\n")
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_serve_refuses_a_run_that_does_not_fit(tiny_llama_dir):
+    result = subprocess.run(
+        [sys.executable, "-m", "kvledger.engine.cli", "serve", "--model", str(tiny_llama_dir),
+         "--device", "cpu", "--host", "127.0.0.1", "--port", str(_free_port()),
+         "--memory-limit", "1MiB"],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr
