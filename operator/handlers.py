@@ -104,6 +104,7 @@ async def isvc_event(type: str, name: str, namespace: str, memo: kopf.Memo,
                      logger: logging.Logger, **_: Any) -> None:
     if type != "DELETED":
         return
+    memo.status_locks.pop((namespace, name), None)
     for api_version, plural in (("apps/v1", "deployments"), ("v1", "services")):
         if await memo.kube.delete(object_path(api_version, plural, namespace, name)):
             logger.info(f"deleted {plural[:-1]} {namespace}/{name}")

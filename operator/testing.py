@@ -43,6 +43,7 @@ class Cluster:
     def __init__(self, emulator: kmock.KubernetesEmulator, api: KubeApi) -> None:
         self.emulator = emulator
         self.api = api
+        self.kubeconfig = ""  # a kubeconfig file pointing at the emulator
         self._versions = itertools.count(1000)
 
     def stored(self, api_version: str, plural: str, namespace: str, name: str) -> dict | None:
@@ -100,10 +101,8 @@ async def eventually(check: Callable[[], Any | Awaitable[Any]], *, timeout_s: fl
 
 
 @contextlib.asynccontextmanager
-async def running_operator(default_image: str = "kvledger:test") -> AsyncIterator[Cluster]:
-    """Start the emulator and the real operator (login via a temporary KUBECONFIG)."""
-    from kvledger.operator import handlers  # noqa: F401  (registers the handlers)
-
+async def emulated_cluster() -> AsyncIterator[Cluster]:
+    """The emulator on a local port, the CRD declared, and ``Cluster.kubeconfig`` for it."""
     emulator = Emulator()
     emulator.resources.load_bundled()
     emulator.resources[f"{GROUP}/{VERSION}/{PLURAL}"] = kmock.ResourceInfo(
@@ -113,8 +112,9 @@ async def running_operator(default_image: str = "kvledger:test") -> AsyncIterato
     async with emulator, kmock.Server(emulator) as server:
         url = str(server.url).rstrip("/")
         with tempfile.TemporaryDirectory() as tmp:
-            kubeconfig = os.path.join(tmp, "kubeconfig")
-            with open(kubeconfig, "w") as f:
+            cluster = Cluster(emulator, KubeApi(kopf.ConnectionInfo(server=url)))
+            cluster.kubeconfig = os.path.join(tmp, "kubeconfig")
+            with open(cluster.kubeconfig, "w") as f:
                 yaml.safe_dump({
                     "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
                     "clusters": [{"name": "kmock", "cluster": {"server": url}}],
@@ -122,25 +122,35 @@ async def running_operator(default_image: str = "kvledger:test") -> AsyncIterato
                     "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test",
                                                                "namespace": "default"}}],
                 }, f)
-            saved = os.environ.get("KUBECONFIG")
-            os.environ["KUBECONFIG"] = kubeconfig
-            client = KubeApi(kopf.ConnectionInfo(server=url))
-            stop, ready = asyncio.Event(), asyncio.Event()
-            task = asyncio.create_task(kopf.operator(
-                clusterwide=True, standalone=True, stop_flag=stop, ready_flag=ready,
-                memo=operator_memo(default_image)))
             try:
-                await asyncio.wait_for(ready.wait(), timeout=20)
-                yield Cluster(emulator, client)
+                yield cluster
             finally:
-                stop.set()
-                with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                    await asyncio.wait_for(task, timeout=10)
-                await client.close()
-                if saved is None:
-                    os.environ.pop("KUBECONFIG", None)
-                else:
-                    os.environ["KUBECONFIG"] = saved
+                await cluster.api.close()
+
+
+@contextlib.asynccontextmanager
+async def running_operator(default_image: str = "kvledger:test") -> AsyncIterator[Cluster]:
+    """The emulator and the real operator in this event loop (login via KUBECONFIG)."""
+    from kvledger.operator import handlers  # noqa: F401  (registers the handlers)
+
+    async with emulated_cluster() as cluster:
+        saved = os.environ.get("KUBECONFIG")
+        os.environ["KUBECONFIG"] = cluster.kubeconfig
+        stop, ready = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(kopf.operator(
+            clusterwide=True, standalone=True, stop_flag=stop, ready_flag=ready,
+            memo=operator_memo(default_image)))
+        try:
+            await asyncio.wait_for(ready.wait(), timeout=20)
+            yield cluster
+        finally:
+            stop.set()
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(task, timeout=10)
+            if saved is None:
+                os.environ.pop("KUBECONFIG", None)
+            else:
+                os.environ["KUBECONFIG"] = saved
 
 
 def service_manifest(name: str, namespace: str = "default", **spec: Any) -> dict[str, Any]:

@@ -1,0 +1,45 @@
+"""``kvledger operator`` as a real process against the emulator: namespace scope, JSON logs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+
+import pytest
+
+from kvledger.operator.crd import API_VERSION, PLURAL
+from kvledger.operator.testing import emulated_cluster, eventually, service_manifest
+
+pytestmark = [pytest.mark.timeout(90),
+              pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")]
+
+
+async def test_operator_process_watches_only_its_namespace_and_logs_json():
+    async with emulated_cluster() as cluster:
+        env = {**os.environ, "KUBECONFIG": cluster.kubeconfig,
+               "KVLEDGER_ENGINE_IMAGE": "registry.local/kvledger:7"}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "kvledger.engine.cli", "operator",
+            "--namespace", "team-a", "--log-format", "json",
+            env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        try:
+            await cluster.create(API_VERSION, PLURAL, service_manifest("mine", "team-a"))
+            await cluster.create(API_VERSION, PLURAL, service_manifest("theirs", "team-b"))
+            deployment = await eventually(
+                lambda: cluster.stored("apps/v1", "deployments", "team-a", "mine"),
+                timeout_s=30, what="deployment in the watched namespace")
+            image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+            assert image == "registry.local/kvledger:7"
+            await asyncio.sleep(1.0)  # time enough for a wrongly cluster-wide operator to act
+            assert cluster.stored("apps/v1", "deployments", "team-b", "theirs") is None
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            output, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
+        assert proc.returncode == 0, output.decode()[-2000:]
+        records = [json.loads(line) for line in output.decode().splitlines() if line.strip()]
+        assert records, "the operator logged nothing"
+        assert all("message" in r for r in records)
+        assert any(r.get("object", {}).get("name") == "mine" for r in records)
