@@ -6,6 +6,9 @@ import dataclasses
 import math
 
 import pytest
+import torch
+from budget_checkpoints import write_checkpoint
+from safetensors.torch import load_file, save_file
 
 from kvledger.engine.budget import estimates
 from kvledger.engine.budget.checkpoint import ModelShape, WeightsInfo
@@ -270,3 +273,20 @@ def test_quantization_with_a_shorter_context_when_nothing_else_helps() -> None:
     quantized = Measured(weights_bytes=quant.weights_bytes)
     assert plan(measured=quantized, **{**flags, "max_model_len": best}).fits
     assert not plan(measured=quantized, **{**flags, "max_model_len": best + 1}).fits
+
+
+@pytest.mark.parametrize(("flag", "torch_dtype"), [("auto", "bfloat16"), ("float32", "float32"),
+                                                   ("half", "float16")])
+def test_weights_class_equals_tensors_loaded_in_the_model_dtype(tmp_path, flag, torch_dtype) -> None:
+    write_checkpoint(tmp_path, shards=2)
+    loaded = {}
+    for shard in tmp_path.glob("*.safetensors"):
+        loaded |= load_file(str(shard))
+    loaded["scale.int8"] = torch.ones(10, dtype=torch.int8)  # not cast: quantized payloads
+    save_file({"scale.int8": loaded["scale.int8"]}, str(tmp_path / "extra.safetensors"))
+    (tmp_path / "model.safetensors.index.json").unlink()  # plain glob of every file
+    target = getattr(torch, torch_dtype)
+    expected = sum((t.to(target) if t.is_floating_point() else t).nbytes for t in loaded.values())
+    p = make_plan(EngineConfig(model=str(tmp_path), dtype=flag), device=GPU_80)
+    assert p.classes["weights"] == expected
+    assert p.model_dtype == torch_dtype
