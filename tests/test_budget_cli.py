@@ -158,3 +158,17 @@ def test_plan_command_does_not_load_torch(model) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_preflight_default_termination_log_is_not_created(model, capsys, monkeypatch,
+                                                         tmp_path) -> None:
+    from kvledger.engine.budget import cli_preflight
+
+    default = tmp_path / "termination-log"
+    monkeypatch.setattr(cli_preflight, "DEFAULT_TERMINATION_LOG", str(default))
+    assert main(["preflight", "--model", model, "--device-memory", "24GiB"]) == 0
+    assert not default.exists()
+    assert "does not exist (not in a pod?)" in capsys.readouterr().err
+    default.write_text("")  # as the kubelet mounts it
+    assert main(["preflight", "--model", model, "--device-memory", "1GiB"]) == 3
+    assert default.read_text().startswith("error: engine requires ")

@@ -25,9 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_flags(parser)
     parser.add_argument("--plan-out", default=None, metavar="PATH",
                         help="write the plan JSON here (parent folders are created)")
-    parser.add_argument("--termination-log", default=DEFAULT_TERMINATION_LOG, metavar="PATH",
-                        help="write a report of at most 4096 bytes here "
-                             f"(default {DEFAULT_TERMINATION_LOG})")
+    parser.add_argument("--termination-log", default=None, metavar="PATH",
+                        help="write a report of at most 4096 bytes here (default "
+                             f"{DEFAULT_TERMINATION_LOG}, when the kubelet has mounted it)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -41,11 +41,25 @@ def main(args: argparse.Namespace) -> int:
             out.write_text(json.dumps(plan.to_json(), indent=2) + "\n", encoding="utf-8")
         except OSError as exc:
             raise BadInput(f"cannot write --plan-out {out}: {exc.strerror or exc}") from None
-    if args.termination_log:
-        try:
-            with open(args.termination_log, "w", encoding="utf-8") as log:
-                log.write(truncate_utf8(report))
-        except OSError as exc:
-            print(f"warning: cannot write the termination log {args.termination_log}: "
-                  f"{exc.strerror or exc}", file=sys.stderr)
+    _write_termination_log(args.termination_log, report)
     return EXIT_OK if plan.fits else EXIT_DOES_NOT_FIT
+
+
+def _write_termination_log(path: str | None, report: str) -> None:
+    """Write the (truncated) report; a failure is only a warning.
+
+    The default path is written only when it exists: in a pod the kubelet mounts it, and
+    outside one we must not create files under /dev.
+    """
+    if path is None:
+        path = DEFAULT_TERMINATION_LOG
+        if not Path(path).exists():
+            print(f"warning: {path} does not exist (not in a pod?): the report is not written "
+                  "there", file=sys.stderr)
+            return
+    try:
+        with open(path, "w", encoding="utf-8") as log:
+            log.write(truncate_utf8(report))
+    except OSError as exc:
+        print(f"warning: cannot write the termination log {path}: {exc.strerror or exc}",
+              file=sys.stderr)
