@@ -1,39 +1,25 @@
 """What a checkpoint directory declares: the model's shape (config.json) and the bytes of
-its weights (safetensors headers only; tensor data is never read).
-
-A safetensors file is ``u64 little-endian N`` + ``N`` bytes of JSON + the data region.
-The header maps each tensor name to ``{"dtype", "shape", "data_offsets": [begin, end]}``
-with offsets relative to the data region. We validate it as strictly as ``safetensors``
-does (offsets contiguous from 0 and covering the whole region), so a file this module
-accepts is one ``safe_open`` can load, and its bytes are exactly the loaded tensors'.
+its weights (safetensors headers only, see ``safetensors_header``; no tensor data is read).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
+from kvledger.engine.budget.safetensors_header import (  # noqa: F401 - re-exported
+    DTYPE_BITS,
+    TensorInfo,
+    read_safetensors_header,
+)
 from kvledger.engine.errors import BadInput
 
-# Bits per element of every dtype safetensors knows (0.4 .. 0.8).
-DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8, "U8": 8, "I8": 8,
-    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
-    "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
-    "I32": 32, "U32": 32, "F32": 32,
-    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
-}
 # Floating dtypes an explicit ``--dtype`` casts at load time; the others (quantized
 # payloads, scales, integer tensors) are loaded as stored.
 CASTABLE_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
-# safetensors refuses larger headers; anything bigger is a corrupt length field.
-MAX_HEADER_BYTES = 100_000_000
 INDEX_FILE = "model.safetensors.index.json"
 # Names whose tensor is the input embedding an ``lm_head`` is tied to.
 EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight",
@@ -148,129 +134,6 @@ def read_model_shape(model_dir: str | os.PathLike) -> ModelShape:
         torch_dtype=dtype,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
     )
-
-
-class TensorInfo(NamedTuple):
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    nbytes: int
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
-    seen: dict = {}
-    for key, value in pairs:
-        if key in seen:
-            raise ValueError(f"tensor name {key!r} appears twice")
-        seen[key] = value
-    return seen
-
-
-def read_safetensors_header(path: str | os.PathLike) -> list[TensorInfo]:
-    """The tensors one safetensors file holds, from its header alone (validated)."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            file_bytes = os.fstat(f.fileno()).st_size
-            prefix = f.read(8)
-            if len(prefix) < 8:
-                raise BadInput(f"{path}: truncated safetensors file ({file_bytes} bytes, "
-                               "no header length)")
-            (header_len,) = struct.unpack("<Q", prefix)
-            if header_len > MAX_HEADER_BYTES or header_len > file_bytes - 8:
-                raise BadInput(f"{path}: corrupt safetensors header: header length "
-                               f"{header_len} exceeds the file ({file_bytes} bytes)")
-            raw = f.read(header_len)
-    except OSError as exc:
-        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise BadInput(f"{path}: corrupt safetensors header: not valid JSON ({exc})") from None
-    if not isinstance(header, dict):
-        raise BadInput(f"{path}: corrupt safetensors header: not a JSON object")
-    entries = len(header) - ("__metadata__" in header)
-    if raw.count(b'"data_offsets"') != entries:
-        # A name given twice (JSON keeps the last one) or an odd header: re-parse strictly.
-        try:
-            header = json.loads(raw, object_pairs_hook=_no_duplicate_keys)
-        except ValueError as exc:
-            raise BadInput(f"{path}: corrupt safetensors header: {exc}") from None
-    data_bytes = file_bytes - 8 - header_len
-    tensors = _fast_tensor_infos(header)
-    if tensors is None:  # something is off: the slow path names it
-        tensors = [_tensor_info(path, name, entry) for name, entry in header.items()
-                   if name != "__metadata__"]
-    _check_offsets(path, header, data_bytes)
-    return tensors
-
-
-def _fast_tensor_infos(header: dict) -> list[TensorInfo] | None:
-    """The tensors of a well-formed header, or None at the first anomaly (the hot path:
-    a 70B checkpoint has hundreds of entries)."""
-    out = []
-    bits_of = DTYPE_BITS
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
-            bits = bits_of[dtype]
-        except (TypeError, KeyError, ValueError):
-            return None
-        if type(shape) is not list or type(begin) is not int or type(end) is not int:
-            return None
-        for d in shape:
-            if type(d) is not int or d < 0:
-                return None
-            bits *= d
-        if bits % 8 or bits // 8 != end - begin or begin < 0:
-            return None
-        out.append(TensorInfo(name, dtype, tuple(shape), bits // 8))
-    return out
-
-
-def _tensor_info(path: Path, name: str, entry: object) -> TensorInfo:
-    if not isinstance(entry, dict):
-        raise BadInput(f"{path}: corrupt safetensors header: entry {name!r} is not an object")
-    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in DTYPE_BITS:
-        raise BadInput(f"{path}: tensor {name!r} has unknown dtype {dtype!r} "
-                       f"(known: {', '.join(DTYPE_BITS)})")
-    if (not isinstance(shape, list)
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-        raise BadInput(f"{path}: tensor {name!r} has a bad shape {shape!r}")
-    if (not isinstance(offsets, list) or len(offsets) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
-            or offsets[0] > offsets[1]):
-        raise BadInput(f"{path}: tensor {name!r} has bad data_offsets {offsets!r}")
-    numel = 1
-    for d in shape:
-        numel *= d
-    bits = numel * DTYPE_BITS[dtype]
-    if bits % 8 or bits // 8 != offsets[1] - offsets[0]:
-        raise BadInput(f"{path}: tensor {name!r} {dtype}{shape} needs {bits / 8:g} bytes but "
-                       f"its data_offsets span {offsets[1] - offsets[0]}")
-    return TensorInfo(name, dtype, tuple(shape), bits // 8)
-
-
-def _check_offsets(path: Path, header: dict, data_bytes: int) -> None:
-    """Offsets contiguous from 0 and covering the data region, as safetensors demands."""
-    spans = sorted((e["data_offsets"][0], e["data_offsets"][1], name)
-                   for name, e in header.items() if name != "__metadata__")
-    position = 0
-    for begin, end, name in spans:
-        if end > data_bytes:
-            raise BadInput(f"{path}: corrupt safetensors header: tensor {name!r} ends at byte "
-                           f"{end}, past the end of the file's {data_bytes} data bytes "
-                           "(truncated file?)")
-        if begin != position:
-            raise BadInput(f"{path}: corrupt safetensors header: tensor {name!r} starts at "
-                           f"{begin}, expected {position} (overlap or gap)")
-        position = end
-    if position != data_bytes:
-        raise BadInput(f"{path}: corrupt safetensors file: {data_bytes - position} bytes after "
-                       "the last tensor")
 
 
 def _shard_files(model_dir: Path) -> tuple[list[Path], dict[str, str] | None]:

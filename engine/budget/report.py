@@ -89,13 +89,11 @@ def _breakdown(plan: Plan) -> list[str]:
         weights_dtype = plan.weights.dtype.lower()  # a quantized payload keeps its own dtype
     kv_dtype = SHORT_DTYPE.get(kv.dtype, kv.dtype)
     workload = f"max_model_len={plan.max_model_len} x max_num_seqs={plan.max_num_seqs}"
-    if kv.pool_mode == "workload":
-        kv_detail = f"{workload}, {kv_dtype}"
-    elif kv.pool_mode == "cap":
+    if kv.pool_mode == "cap" and plan.fits:
         kv_detail = (f"{kv.num_blocks} blocks, all left under the cap, {kv_dtype}; "
                      f"{workload} needs {kv.required_blocks} blocks")
-        if not plan.fits:
-            kv_detail = f"{workload}, {kv_dtype}"
+    elif kv.pool_mode in ("cap", "workload"):  # refused under a cap: what the workload needs
+        kv_detail = f"{workload}, {kv_dtype}"
     else:
         flag, pool = _explicit_pool(plan)
         kv_detail = f"{pool} blocks from {flag}, {kv_dtype}"
