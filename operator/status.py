@@ -24,7 +24,8 @@ WARNING_REASONS = {"DoesNotFit", "PreflightBadInput", "PreflightFailed", "Invali
 _HEADLINE_RE = re.compile(r"^(?:fits|error): engine requires ([\d.]+ \w+), limit is ([\d.]+ \w+)"
                           r"(?: \((?:([\d.]+ \w+) to spare|short by ([\d.]+ \w+))\))?")
 _CLASS_ROWS = {"weights": "weights", "activations": "activations", "KV cache": "kvCache",
-               "cuda graphs": "cudaGraphs", "runtime context": "context"}
+               "cuda graphs": "cudaGraphs", "cuda context": "context",
+               "runtime context": "context"}
 _ROW_RE = re.compile(r"^\s+(" + "|".join(_CLASS_ROWS) + r")\s+([\d.]+ \w+)")
 _POOL_RE = re.compile(r"^\s+KV pool: (\d+) blocks x (\d+) tokens")
 _UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]

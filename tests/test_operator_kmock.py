@@ -156,8 +156,10 @@ async def test_crash_looping_engine_is_never_ready(cluster):
         "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}},
         subresource="status")
     await eventually(lambda: ready_reason() == "OOMKilled", what="OOMKilled")
-    warnings = {e["reason"] for e in cluster.events_for("crashy") if e.get("type") == "Warning"}
-    assert warnings >= {"EngineCrashLoop", "OOMKilled"}
+    # Events are posted asynchronously by kopf, after the status patch.
+    await eventually(lambda: {e["reason"] for e in cluster.events_for("crashy")
+                              if e.get("type") == "Warning"} >= {"EngineCrashLoop", "OOMKilled"},
+                     what="EngineCrashLoop and OOMKilled warning events")
 
 
 async def test_spec_update_rolls_the_deployment(cluster):
@@ -204,7 +206,8 @@ async def test_invalid_spec_is_a_permanent_invalid_spec_condition(cluster):
     events = await eventually(lambda: [e for e in cluster.events_for("broken")
                                        if e.get("reason") == "InvalidSpec"])
     assert len(events) == 1
-    # kopf recorded a permanent failure: no retry loop.
+    # kopf writes last-handled-configuration only once the creation is concluded: after a
+    # retriable error it would not, and would call the handler again after a back-off.
     await eventually(lambda: "last-handled-configuration" in str(
         cluster.stored(API_VERSION, PLURAL, NS, "broken")["metadata"].get("annotations")),
         what="kopf finished the creation")

@@ -17,6 +17,7 @@ from kvledger.operator.status import (
 FITS = ("fits: engine requires 1.2 GiB, limit is 40.0 GiB (38.8 GiB to spare)\n"
         "  weights           0.9 GiB   (bf16, 16 layers)\n"
         "  KV cache          0.2 GiB   (max_model_len=1024 x max_num_seqs=8, bf16)\n"
+        "  cuda context      1.0 GiB   (estimate)\n"
         "  KV pool: 512 blocks x 16 tokens, 32.0 KiB per block (8192 tokens)\n")
 
 
@@ -55,7 +56,7 @@ def test_preflight_outcomes_by_exit_code():
 def test_report_plan_reads_headline_classes_and_pool():
     assert report_plan(FITS, True) == {
         "fits": True, "required": "1.2 GiB", "limit": "40.0 GiB", "spare": "38.8 GiB",
-        "classes": {"weights": "0.9 GiB", "kvCache": "0.2 GiB"},
+        "classes": {"weights": "0.9 GiB", "kvCache": "0.2 GiB", "context": "1.0 GiB"},
         "kv": {"numBlocks": 512, "blockSize": 16}}
     assert report_plan("error: engine requires 2.0 GiB, limit is 1.0 GiB (short by 1.0 GiB)",
                        False) == {"fits": False, "required": "2.0 GiB", "limit": "1.0 GiB",
