@@ -14,7 +14,6 @@ Precedence (ARCHITECTURE.md, README "Planning memory"):
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from kvledger.engine.budget import estimates
@@ -224,7 +223,7 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
     non_kv = sum(classes.values())
 
     block_bytes = kv_bytes_per_block(shape, config.block_size, kv_dtype)
-    blocks_per_seq = math.ceil(max_model_len / config.block_size)
+    blocks_per_seq = -(-max_model_len // config.block_size)  # whole blocks per sequence
     workload_blocks = config.max_num_seqs * blocks_per_seq
     if config.num_gpu_blocks_override is not None:
         mode, pool, needed = "override", config.num_gpu_blocks_override, blocks_per_seq
