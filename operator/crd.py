@@ -38,9 +38,14 @@ def _int(minimum: int, description: str, **extra: Any) -> dict[str, Any]:
 
 
 _SIZE = {"type": "string", "pattern": SIZE_PATTERN}
+# Structural int-or-string: the anyOf must be exactly these two bare types; value checks
+# sit beside it (minimum applies to the integer, pattern to the string), as for Quantity.
+_INT_OR_STRING = [{"type": "integer"}, {"type": "string"}]
 _SIZE_OR_BYTES = {
     "x-kubernetes-int-or-string": True,
-    "anyOf": [{"type": "integer", "minimum": 1}, _SIZE],
+    "anyOf": _INT_OR_STRING,
+    "minimum": 1,
+    "pattern": SIZE_PATTERN,
 }
 
 _MODEL = {
@@ -48,7 +53,7 @@ _MODEL = {
     "required": ["path"],
     "description": "The checkpoint (config.json, safetensors, tokenizer.json).",
     "properties": {
-        "path": {"type": "string", "pattern": "^/",
+        "path": {"type": "string", "pattern": "^/", "maxLength": 4096,
                  "description": "Checkpoint directory as the pod sees it (under volume.mountPath)."},
         "name": {"type": "string", "minLength": 1,
                  "description": "Served model name (--served-model-name)."},
@@ -62,9 +67,11 @@ _MODEL = {
                 },
                 "hostPath": {
                     "type": "object", "required": ["path"],
-                    "properties": {"path": {"type": "string", "pattern": "^/"}},
+                    "properties": {"path": {"type": "string", "pattern": "^/",
+                                            "maxLength": 4096}},
                 },
-                "mountPath": {"type": "string", "pattern": "^/", "default": DEFAULT_MOUNT_PATH},
+                "mountPath": {"type": "string", "pattern": "^/", "maxLength": 4096,
+                              "default": DEFAULT_MOUNT_PATH},
             },
             "x-kubernetes-validations": [{
                 "rule": "has(self.persistentVolumeClaim) != has(self.hostPath)",
@@ -113,8 +120,7 @@ _MEMORY = {
     },
 }
 
-_QUANTITY = {"x-kubernetes-int-or-string": True,
-             "anyOf": [{"type": "integer"}, {"type": "string"}]}
+_QUANTITY = {"x-kubernetes-int-or-string": True, "anyOf": _INT_OR_STRING}
 
 _SPEC = {
     "type": "object",
@@ -237,8 +243,6 @@ def _strict(schema: dict[str, Any]) -> dict[str, Any]:
     for key in ("items", "additionalProperties"):
         if isinstance(schema.get(key), dict):
             _strict(schema[key])
-    for branch in schema.get("anyOf", []):
-        _strict(branch)
     return schema
 
 
@@ -269,7 +273,7 @@ def _short(error: jsonschema.ValidationError) -> str:
     if error.validator == "additionalProperties":
         return error.message.replace("Additional properties are not allowed", "unknown field(s)")
     if error.validator == "anyOf":
-        return f"{error.instance!r} is neither a positive integer nor a size like 4Gi"
+        return f"{error.instance!r} is neither an integer nor a string"
     return error.message
 
 

@@ -46,12 +46,28 @@ def _walk(schema: dict, path: str = ""):
 
 
 def test_schema_is_structural():
-    """Every node has a type, unless it is int-or-string or preserves unknown fields."""
+    """The API server's structural rules that this schema could break: every node has a
+    type unless it is int-or-string or preserves unknown fields; an int-or-string anyOf is
+    exactly [{type: integer}, {type: string}] (value checks beside it, never inside)."""
     for path, node in _walk(openapi_schema()):
-        assert ("type" in node or node.get("x-kubernetes-int-or-string")
-                or node.get("x-kubernetes-preserve-unknown-fields")), path
-        for branch in node.get("anyOf", []):
-            assert "properties" not in branch and "items" not in branch, path
+        if node.get("x-kubernetes-int-or-string"):
+            assert "type" not in node, path
+            assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}], path
+        else:
+            assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), path
+            assert "anyOf" not in node and "allOf" not in node, path
+
+
+def test_kv_cache_memory_bytes_takes_bytes_or_a_size():
+    doc = {"apiVersion": "kvledger.dev/v1alpha1", "kind": "InferenceService",
+           "metadata": {"name": "m"}, "spec": {"model": {"path": "/m"}, "memory": {}}}
+    for ok in (4294967296, "4Gi", "512MiB"):
+        doc["spec"]["memory"]["kvCacheMemoryBytes"] = ok
+        validate_manifest(doc)
+    for bad in (0, "lots", 1.5):
+        doc["spec"]["memory"]["kvCacheMemoryBytes"] = bad
+        with pytest.raises(BadInput, match="kvCacheMemoryBytes"):
+            validate_manifest(doc)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
