@@ -151,8 +151,6 @@ def _shard_files(model_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
             shard = model_dir / name
             if Path(name).is_absolute() or ".." in Path(name).parts:
                 raise BadInput(f"{index_path}: shard {name!r} is outside the model directory")
-            if not shard.is_file():
-                raise BadInput(f"{index_path} names shard {name!r}, which is missing")
             shards.append(shard)
         return shards, weight_map
     files = sorted(model_dir.glob("*.safetensors"))
@@ -178,6 +176,8 @@ def read_weights(model_dir: str | os.PathLike) -> WeightsInfo:
     owners = weight_map or {}
     for shard in files:
         shard_name = shard.name
+        if weight_map is not None and not shard.is_file():
+            raise BadInput(f"{path / INDEX_FILE} names shard {shard_name!r}, which is missing")
         for tensor in read_safetensors_header(shard):
             owner = owners.get(tensor.name, shard_name)
             if owner != shard_name or tensor.name in chosen:
