@@ -232,3 +232,19 @@ def test_missing_model_dir_is_bad_input(tmp_path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(BadInput, match="not a directory"):
         read_weights(tmp_path / "file")
+
+
+def test_unreadable_model_dir_is_bad_input(tmp_path, monkeypatch) -> None:
+    # chmod cannot lock out root (these tests may run as root), so deny the access check.
+    write_checkpoint(tmp_path)
+    monkeypatch.setattr("kvledger.engine.budget.checkpoint.os.access", lambda *a, **k: False)
+    with pytest.raises(BadInput, match="is not readable"):
+        read_weights(tmp_path)
+
+
+def test_unreadable_shard_is_bad_input(tmp_path) -> None:
+    write_checkpoint(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    (tmp_path / "model.safetensors").mkdir()  # a directory where a file should be
+    with pytest.raises(BadInput, match="cannot read"):
+        read_weights(tmp_path)
