@@ -7,7 +7,6 @@ with (``kopf.ConnectionInfo``). Patches are JSON merge patches.
 
 from __future__ import annotations
 
-import ssl
 from typing import Any
 
 import aiohttp
@@ -43,30 +42,17 @@ class KubeApi:
             self._retired.append(self._session)
         self._info, self._session = info, None
 
-    def _ssl(self) -> ssl.SSLContext | bool:
-        assert self._info is not None
-        if not self._info.server.startswith("https"):
-            return False
-        if self._info.insecure:
-            return False
-        context = ssl.create_default_context(
-            cafile=self._info.ca_path,
-            cadata=(self._info.ca_data.decode() if isinstance(self._info.ca_data, bytes)
-                    else self._info.ca_data))
-        if self._info.certificate_path and self._info.private_key_path:
-            context.load_cert_chain(self._info.certificate_path, self._info.private_key_path)
-        return context
-
     def _open(self) -> aiohttp.ClientSession:
         if self._info is None:
             raise KubeError(0, "not logged in to a Kubernetes API server")
         if self._session is None or self._session.closed:
-            headers = {}
-            if self._info.token:
-                headers["Authorization"] = f"{self._info.scheme or 'Bearer'} {self._info.token}"
+            # kopf's own helpers: bearer/basic auth, CA and client certificates (also
+            # the embedded *-data of a kubeconfig), insecure-skip-tls-verify.
+            tls = self._info.as_ssl_context() if self._info.server.startswith("https") else False
             self._session = aiohttp.ClientSession(
-                base_url=self._info.server.rstrip("/") + "/", headers=headers,
-                connector=aiohttp.TCPConnector(ssl=self._ssl()),
+                base_url=self._info.server.rstrip("/") + "/",
+                headers=self._info.as_http_headers(),
+                connector=aiohttp.TCPConnector(ssl=tls),
                 timeout=aiohttp.ClientTimeout(total=30))
         return self._session
 

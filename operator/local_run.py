@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, BadInput
 from kvledger.operator.crd import DEFAULT_PORT, validate_manifest
 from kvledger.operator.spec import engine_config, local_model_path
@@ -53,6 +54,13 @@ def load_manifest(path: str) -> dict[str, Any]:
     return validate_manifest(docs[0])
 
 
+def local_config(spec: dict[str, Any], model_path: str | None = None) -> EngineConfig:
+    """The pod's flags, for this machine: the model path mapped to a local one, and the
+    device left to auto-detect unless the spec asks for none (``gpus: 0`` -> the CPU)."""
+    device = "cpu" if spec.get("gpus", 1) == 0 else "auto"
+    return engine_config(spec, model_path=model_path or local_model_path(spec), device=device)
+
+
 def serve_argv(flags: list[str], host: str, port: int) -> list[str]:
     return [sys.executable, "-m", "kvledger.engine.cli", "serve", *flags,
             "--host", host, "--port", str(port)]
@@ -61,7 +69,7 @@ def serve_argv(flags: list[str], host: str, port: int) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     doc = load_manifest(args.manifest)
     spec = doc["spec"]
-    config = engine_config(spec, model_path=args.model_path or local_model_path(spec))
+    config = local_config(spec, args.model_path)
     flags = config.to_flags()
 
     # The planner is torch-free; importing it here keeps `run --help` instant.

@@ -44,6 +44,7 @@ class Cluster:
         self.emulator = emulator
         self.api = api
         self.kubeconfig = ""  # a kubeconfig file pointing at the emulator
+        self.url = ""  # the emulator's base URL
         self._versions = itertools.count(1000)
 
     def stored(self, api_version: str, plural: str, namespace: str, name: str) -> dict | None:
@@ -113,6 +114,7 @@ async def emulated_cluster() -> AsyncIterator[Cluster]:
         url = str(server.url).rstrip("/")
         with tempfile.TemporaryDirectory() as tmp:
             cluster = Cluster(emulator, KubeApi(kopf.ConnectionInfo(server=url)))
+            cluster.url = url
             cluster.kubeconfig = os.path.join(tmp, "kubeconfig")
             with open(cluster.kubeconfig, "w") as f:
                 yaml.safe_dump({

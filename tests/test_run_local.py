@@ -16,7 +16,7 @@ import yaml
 
 from kvledger.engine.cli import main as kvledger
 from kvledger.engine.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT
-from kvledger.operator.local_run import serve_argv
+from kvledger.operator.local_run import local_config, serve_argv
 from kvledger.operator.spec import engine_config, local_model_path
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -69,11 +69,17 @@ def test_hostpath_maps_the_pod_path_to_the_node_path():
 
 
 def test_run_reads_the_model_through_the_hostpath_volume(tiny_model, tmp_path, capsys):
-    doc = manifest(memory={"limit": "2Gi"})
+    doc = manifest(memory={"limit": "2Gi"}, gpus=0)
     doc["spec"]["model"]["volume"] = {"hostPath": {"path": str(tiny_model.parent)},
                                       "mountPath": "/models"}
     assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == 0
     assert "limit: --memory-limit 2.0 GiB" in capsys.readouterr().out
+
+
+def test_local_device_is_the_cpu_only_when_the_spec_has_no_gpus():
+    assert local_config(manifest(gpus=0)["spec"]).device == "cpu"
+    assert local_config(manifest(gpus=2)["spec"]).device == "auto"
+    assert local_config(manifest()["spec"], "/elsewhere").model == "/elsewhere"
 
 
 @pytest.mark.parametrize(("doc", "expected"), [

@@ -1,0 +1,64 @@
+"""The operator's small REST client against the emulator: apply is idempotent, 404s are
+None, credentials go in the headers kopf would send."""
+
+from __future__ import annotations
+
+import kopf
+import pytest
+
+from kvledger.operator.kube import KubeApi, KubeError, contains, object_path
+from kvledger.operator.testing import emulated_cluster
+
+pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
+
+
+def config_map(data: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "cm", "namespace": "ns"}, "data": data}
+
+
+async def test_apply_creates_then_leaves_alone_then_patches():
+    async with emulated_cluster() as cluster:
+        api = cluster.api
+        assert await api.apply("v1", "configmaps", config_map({"a": "1"})) == "created"
+        assert await api.apply("v1", "configmaps", config_map({"a": "1"})) == "unchanged"
+        assert await api.apply("v1", "configmaps", config_map({"a": "2"})) == "updated"
+        assert cluster.stored("v1", "configmaps", "ns", "cm")["data"] == {"a": "2"}
+        patches = [r for r in cluster.emulator if r.method == "PATCH"]
+        assert len(patches) == 1
+        assert patches[0].headers["Content-Type"] == "application/merge-patch+json"
+
+
+async def test_absent_objects_and_conflicts():
+    async with emulated_cluster() as cluster:
+        api = cluster.api
+        path = object_path("apps/v1", "deployments", "ns", "nope")
+        assert path == "/apis/apps/v1/namespaces/ns/deployments/nope"
+        assert await api.get(path) is None
+        assert await api.delete(path) is False
+        await api.create(object_path("v1", "configmaps", "ns"), config_map({}))
+        with pytest.raises(KubeError) as error:
+            await api.create(object_path("v1", "configmaps", "ns"), config_map({}))
+        assert error.value.status == 409
+        assert await api.delete(object_path("v1", "configmaps", "ns", "cm")) is True
+
+
+async def test_bearer_token_is_sent_and_login_is_required():
+    async with emulated_cluster() as cluster:
+        api = KubeApi(kopf.ConnectionInfo(server=cluster.url, token="s3cret"))
+        try:
+            await api.get(object_path("v1", "configmaps", "ns", "cm"))
+        finally:
+            await api.close()
+        assert list(cluster.emulator)[-1].headers["Authorization"] == "Bearer s3cret"
+    with pytest.raises(KubeError, match="not logged in"):
+        await KubeApi().get("/api/v1/namespaces")
+
+
+def test_contains_ignores_server_defaults_but_not_changes():
+    live = {"spec": {"replicas": 1, "revisionHistoryLimit": 10,
+                     "containers": [{"name": "a", "imagePullPolicy": "Always"}]}}
+    assert contains(live, {"spec": {"replicas": 1, "containers": [{"name": "a"}]}})
+    assert not contains(live, {"spec": {"replicas": 2}})
+    assert not contains(live, {"spec": {"containers": [{"name": "a"}, {"name": "b"}]}})
+    assert contains({"limits": {"nvidia.com/gpu": "1"}}, {"limits": {"nvidia.com/gpu": 1}})
