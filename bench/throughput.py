@@ -1,0 +1,112 @@
+"""Output tokens/s of kvledger's engine at concurrency 1, 8 and 32 against Hugging Face
+transformers ``generate()`` one request at a time and as a padded static batch, on the
+same model, prompts and output lengths, all measured in this run.
+
+    .venv/bin/python bench/throughput.py [--model small-llama] [--requests 64]
+
+The model is a built-in checkpoint (``kvledger make-model``) with random weights; greedy
+decoding with EOS ignored, so every request produces exactly its ``max_tokens``.
+Output lengths are mixed (16..256): the static batch pads every request in a batch to
+the longest one, continuous batching lets short requests leave and new ones join.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+
+import torch
+
+
+def workload(num_requests: int, vocab_size: int, seed: int = 0):
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(6, vocab_size) for _ in range(rng.randint(16, 128))]
+               for _ in range(num_requests)]
+    output_lens = [rng.choice([16, 32, 64, 128, 256]) for _ in range(num_requests)]
+    return prompts, output_lens
+
+
+def bench_engine(model_dir: str, prompts, output_lens, concurrency: int) -> float:
+    from kvledger.engine import LLM, SamplingParams
+
+    llm = LLM(model_dir, max_model_len=512, max_num_seqs=concurrency, device="cpu")
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in output_lens]
+    llm.generate(prompts[:2], params[:2])  # warm-up
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    assert [len(o.token_ids) for o in outputs] == output_lens
+    return sum(output_lens) / elapsed
+
+
+def _hf_model(model_dir: str):
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # as ignore_eos: exactly max_new_tokens each
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def bench_hf_one_at_a_time(model, prompts, output_lens) -> float:
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for prompt, n in zip(prompts, output_lens, strict=True):
+            ids = torch.tensor([prompt])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                                 min_new_tokens=n, do_sample=False)
+            assert out.shape[1] == len(prompt) + n
+    return sum(output_lens) / (time.perf_counter() - start)
+
+
+def bench_hf_static_batch(model, prompts, output_lens, batch_size: int) -> float:
+    """Left-padded batches of ``batch_size`` in arrival order, each run to its longest output;
+    only the tokens each request asked for count."""
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for i in range(0, len(prompts), batch_size):
+            batch, lens = prompts[i:i + batch_size], output_lens[i:i + batch_size]
+            width = max(len(p) for p in batch)
+            ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+            model.generate(ids, attention_mask=mask, max_new_tokens=max(lens),
+                           min_new_tokens=max(lens), do_sample=False)
+    return sum(output_lens) / (time.perf_counter() - start)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="small-llama", help="built-in model name")
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--static-batch", type=int, default=32)
+    args = parser.parse_args()
+    from kvledger.engine.make_model import write_model
+
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = str(write_model(args.model, tmp))
+        import json
+
+        vocab = json.load(open(f"{model_dir}/config.json"))["vocab_size"]
+        prompts, output_lens = workload(args.requests, vocab)
+        print(f"model {args.model}, {args.requests} requests, prompts 16-128 tokens, "
+              f"outputs {sorted(set(output_lens))} ({sum(output_lens)} tokens), "
+              f"{torch.get_num_threads()} CPU threads", flush=True)
+        hf = _hf_model(model_dir)
+        one = bench_hf_one_at_a_time(hf, prompts, output_lens)
+        print(f"transformers one at a time:        {one:8.1f} tok/s", flush=True)
+        static = bench_hf_static_batch(hf, prompts, output_lens, args.static_batch)
+        print(f"transformers static batch of {args.static_batch}:   {static:8.1f} tok/s", flush=True)
+        del hf
+        for concurrency in (1, 8, 32):
+            rate = bench_engine(model_dir, prompts, output_lens, concurrency)
+            print(f"kvledger concurrency {concurrency:>2}:            {rate:8.1f} tok/s   "
+                  f"{rate / one:5.2f}x one-at-a-time   {rate / static:5.2f}x static batch", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

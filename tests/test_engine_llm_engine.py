@@ -1,0 +1,246 @@
+"""LLMEngine: admission against the ledger, continuous batching limits, stopping rules,
+aborts from another thread, and start-up refusals."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.errors import AdmissionRejected, BadInput, DoesNotFit, PromptTooLong
+from kvledger.engine.llm_engine import LLMEngine
+from kvledger.engine.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+
+def make_engine(model_dir, **flags) -> LLMEngine:
+    flags = {"max_model_len": 128, "max_num_seqs": 4, "device": "cpu", **flags}
+    return LLMEngine.from_config(EngineConfig(model=str(model_dir), **flags))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_dir):
+    return make_engine(tiny_llama_dir)
+
+
+def drain(engine: LLMEngine, on_step=None) -> dict:
+    """Step until idle; the final output of each request by id."""
+    final = {}
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        if on_step:
+            on_step(outputs)
+        for out in outputs:
+            if out.finished:
+                assert out.request_id not in final, "a request finished twice"
+                final[out.request_id] = out
+    return final
+
+
+def assert_pool_empty(engine: LLMEngine) -> None:
+    assert (engine.ledger.reserved_blocks, engine.ledger.used_blocks) == (0, 0)
+
+
+def test_pool_is_sized_by_the_plan_and_the_plan_is_the_measured_one(engine):
+    assert engine.ledger.num_blocks == engine.plan.kv.num_blocks == 4 * 128 // 16
+    assert "weights" in engine.plan.measured
+    assert engine.runner.kv_cache.shape[2] == engine.plan.kv.num_blocks
+
+
+def test_max_tokens_ends_with_length_and_releases_everything(engine):
+    engine.add_request("a", [5, 6, 7], GREEDY)
+    final = drain(engine)
+    assert len(final["a"].token_ids) == 8 and final["a"].finish_reason == "length"
+    assert final["a"].text == engine.tokenizer.decode(final["a"].token_ids)
+    assert_pool_empty(engine)
+
+
+def test_unset_max_tokens_means_up_to_the_context_limit(engine):
+    engine.add_request("ctx", [5] * 100, SamplingParams(temperature=0, ignore_eos=True))
+    assert engine.ledger.reserved_blocks == 128 // 16
+    final = drain(engine)
+    assert len(final["ctx"].token_ids) == 28 and final["ctx"].finish_reason == "length"
+    assert_pool_empty(engine)
+
+
+def test_greedy_is_deterministic_and_independent_of_batch_company(engine):
+    engine.add_request("alone", [9, 10, 11, 12], GREEDY)
+    alone = drain(engine)["alone"].token_ids
+    for i in range(4):
+        engine.add_request(f"crowd-{i}", [9, 10, 11, 12] if i == 2 else [20 + i] * (3 + 7 * i), GREEDY)
+    assert drain(engine)["crowd-2"].token_ids == alone
+
+
+def test_seeded_sampling_reproduces_regardless_of_batch(engine):
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=1234, max_tokens=12,
+                            ignore_eos=True)
+    engine.add_request("s1", [3, 4, 5], params)
+    first = drain(engine)["s1"].token_ids
+    engine.add_request("other", [8] * 20, SamplingParams(temperature=1.0, max_tokens=12))
+    engine.add_request("s2", [3, 4, 5], params)
+    assert drain(engine)["s2"].token_ids == first
+    engine.add_request("s3", [3, 4, 5], SamplingParams(temperature=1.0, seed=99, max_tokens=12,
+                                                        ignore_eos=True))
+    assert drain(engine)["s3"].token_ids != first
+
+
+def test_stop_token_ids_and_eos_stop_with_the_token_kept(engine):
+    engine.add_request("probe", [40, 41, 42], GREEDY)
+    tokens = drain(engine)["probe"].token_ids
+    engine.add_request("stop-id", [40, 41, 42], SamplingParams(
+        temperature=0, max_tokens=8, stop_token_ids=[tokens[2]], ignore_eos=True))
+    out = drain(engine)["stop-id"]
+    assert out.token_ids == tokens[:tokens.index(tokens[2]) + 1] and out.finish_reason == "stop"
+
+    eos = sorted(engine.tokenizer.eos_token_ids)[0]
+    engine.tokenizer.eos_token_ids.add(tokens[1])  # pretend the 2nd token is an EOS
+    try:
+        engine.add_request("eos", [40, 41, 42], SamplingParams(temperature=0, max_tokens=8))
+        engine.add_request("ignore", [40, 41, 42], SamplingParams(temperature=0, max_tokens=8,
+                                                                   ignore_eos=True))
+        final = drain(engine)
+    finally:
+        engine.tokenizer.eos_token_ids.discard(tokens[1])
+    assert eos in engine.tokenizer.eos_token_ids
+    assert final["eos"].finish_reason == "stop" and final["eos"].token_ids[-1] == tokens[1]
+    assert final["ignore"].token_ids == tokens
+
+
+def test_stop_string_is_cut_from_the_text(engine):
+    engine.add_request("probe", [60, 61], GREEDY)
+    probe = drain(engine)["probe"]
+    stop = probe.text[3:6]
+    assert len(stop) == 3
+    engine.add_request("stop", [60, 61], SamplingParams(temperature=0, max_tokens=8, stop=stop,
+                                                         ignore_eos=True))
+    out = drain(engine)["stop"]
+    assert out.finish_reason == "stop" and out.text == probe.text[:probe.text.index(stop)]
+    assert_pool_empty(engine)
+
+
+def test_prompt_at_or_over_the_context_is_refused_without_a_reservation(engine):
+    with pytest.raises(PromptTooLong):
+        engine.add_request("long", [5] * 128, GREEDY)
+    with pytest.raises(BadInput, match="exceed the context"):
+        engine.add_request("cap", [5] * 100, SamplingParams(max_tokens=29))
+    with pytest.raises(BadInput):
+        engine.add_request("empty", [], GREEDY)
+    with pytest.raises(BadInput):
+        engine.add_request("oov", [10**6], GREEDY)
+    assert_pool_empty(engine)
+    assert not engine.has_unfinished_requests()
+
+
+def test_admission_is_rejected_when_prompt_plus_cap_does_not_fit(tiny_llama_dir):
+    engine = make_engine(tiny_llama_dir, num_gpu_blocks_override=10)
+    engine.add_request("big", [5] * 60, SamplingParams(max_tokens=68))  # 8 blocks
+    with pytest.raises(AdmissionRejected) as info:
+        engine.add_request("next", [5] * 20, SamplingParams(max_tokens=20))  # 3 blocks
+    assert (info.value.needed_blocks, info.value.free_blocks) == (3, 2)
+    engine.add_request("small", [5] * 20, SamplingParams(max_tokens=12, ignore_eos=True))
+    assert engine.ledger.reserved_blocks == 10
+    engine.abort_request("big")
+    assert engine.ledger.reserved_blocks == 2  # a pending request's blocks return at once
+    drain(engine)
+    assert_pool_empty(engine)
+
+
+def test_batch_limits_are_respected(tiny_llama_dir):
+    engine = make_engine(tiny_llama_dir, max_num_seqs=3, max_num_batched_tokens=128,
+                         num_gpu_blocks_override=200)
+    for i in range(7):
+        engine.add_request(f"r{i}", [7] * (50 + i), SamplingParams(temperature=0, max_tokens=4 + i,
+                                                                   ignore_eos=True))
+    seen = []
+
+    def check(outputs):
+        running = engine.scheduler.running.values()
+        prefill_tokens = sum(len(o.prompt_token_ids) for o in outputs if len(o.token_ids) == 1)
+        seen.append(len(outputs))
+        assert len(running) <= 3 and len(outputs) <= 3
+        assert prefill_tokens + (len(outputs) - 1) <= 128
+
+    final = drain(engine, check)
+    assert sorted(final) == [f"r{i}" for i in range(7)]
+    assert [len(final[f"r{i}"].token_ids) for i in range(7)] == [4 + i for i in range(7)]
+    assert max(seen) == 3
+    assert_pool_empty(engine)
+
+
+def test_abort_of_a_running_request_frees_its_blocks_at_the_next_step(engine):
+    engine.add_request("victim", [5] * 30, SamplingParams(temperature=0, ignore_eos=True))
+    engine.add_request("bystander", [6] * 10, GREEDY)
+    engine.step()
+    assert engine.ledger.used_blocks > 0
+    engine.abort_request("victim")
+    engine.abort_request("victim")  # idempotent
+    outputs = {o.request_id: o for o in engine.step()}
+    assert outputs["victim"].finished and outputs["victim"].finish_reason == "abort"
+    assert engine.ledger.reserved_blocks == engine.ledger.blocks_for(10 + 8)
+    final = drain(engine)
+    assert final["bystander"].finish_reason == "length" and "victim" not in final
+    engine.abort_request("victim")  # after it is gone: nothing happens
+    assert_pool_empty(engine)
+    assert not engine.has_unfinished_requests()
+
+
+def test_requests_added_and_aborted_from_another_thread_while_stepping(engine):
+    stop = threading.Event()
+    results, errors = {}, []
+
+    def loop():
+        try:
+            while not stop.is_set() or engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished:
+                        results[out.request_id] = out
+        except Exception as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    worker = threading.Thread(target=loop)
+    worker.start()
+    for i in range(12):
+        engine.add_request(f"t{i}", [30 + i] * (5 + i), SamplingParams(temperature=0, max_tokens=20,
+                                                                       ignore_eos=True))
+        if i % 3 == 0:
+            engine.abort_request(f"t{i}")
+    stop.set()
+    worker.join(timeout=60)
+    assert not errors and not worker.is_alive()
+    assert sorted(results) == sorted(f"t{i}" for i in range(12))
+    for i in range(12):
+        expected = "abort" if i % 3 == 0 else "length"
+        assert results[f"t{i}"].finish_reason == expected
+    assert_pool_empty(engine)
+
+
+def test_duplicate_request_id_is_refused(engine):
+    engine.add_request("dup", [5, 6], GREEDY)
+    with pytest.raises(BadInput, match="already in use"):
+        engine.add_request("dup", [5, 6], GREEDY)
+    drain(engine)
+    engine.add_request("dup", [5, 6], GREEDY)  # free again once finished
+    drain(engine)
+    assert_pool_empty(engine)
+
+
+def test_run_that_does_not_fit_is_refused_with_the_planner_report(tiny_llama_dir):
+    with pytest.raises(DoesNotFit) as info:
+        make_engine(tiny_llama_dir, memory_limit_bytes=1_000_000)
+    assert "weights" in info.value.report and info.value.plan is not None
+    assert not info.value.plan.fits
+
+
+def test_unsupported_architecture_is_refused_by_name(tmp_path, tiny_llama_dir):
+    import json
+    import shutil
+
+    model_dir = tmp_path / "gpt2ish"
+    shutil.copytree(tiny_llama_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (model_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(BadInput, match="unsupported architecture GPT2LMHeadModel"):
+        make_engine(model_dir)
