@@ -153,7 +153,8 @@ def test_defaults_and_estimates() -> None:
     p = plan()
     assert p.max_model_len == 8192 and p.max_num_batched_tokens == 8192
     assert plan(max_model_len=1024).max_num_batched_tokens == 2048
-    assert p.classes["activations"] == estimates.activation_peak_bytes(LLAMA_8B, 2, 8192, 16)
+    assert p.classes["activations"] == estimates.activation_peak_bytes(
+        LLAMA_8B, 2, 8192, 16, context_tokens=8192, kv_dtype_bytes=2)
     assert p.classes["cuda_graphs"] == estimates.cuda_graph_bytes(LLAMA_8B, 16) > 0
     assert p.classes["context"] == estimates.CUDA_CONTEXT_BYTES
     assert plan(enforce_eager=True).classes["cuda_graphs"] == 0
@@ -290,3 +291,14 @@ def test_weights_class_equals_tensors_loaded_in_the_model_dtype(tmp_path, flag, 
     p = make_plan(EngineConfig(model=str(tmp_path), dtype=flag), device=GPU_80)
     assert p.classes["weights"] == expected
     assert p.model_dtype == torch_dtype
+
+
+def test_activation_formula_by_hand() -> None:
+    tiny = ModelShape("LlamaForCausalLM", 2, 4, 2, 16, 64, 128, 256, 512, "bfloat16")
+    per_token = 4 * 64 + (4 + 2 * 2) * 16 + 3 * 128  # 768 elements
+    step = 100 * per_token * 2  # 100 tokens in bf16
+    logits = 4 * 256 * 4 * 2  # 4 sequences' last tokens, float32 logits + probabilities
+    gather = 4 * 32 * 2 * 16 * 2 * (2 + 1)  # 4 seqs x 32 tokens, K and V, bf16 + fp8 copy
+    assert estimates.activation_peak_bytes(tiny, 2, 100, 4, context_tokens=32,
+                                           kv_dtype_bytes=1) == step + logits + gather == 186368
+    assert estimates.activation_peak_bytes(tiny, 2, 100, 4) == step + logits

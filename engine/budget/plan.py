@@ -209,11 +209,14 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
     kv_dtype = resolve_kv_dtype(config, model_dtype)
     dtype_bytes = estimates.DTYPE_BYTES[model_dtype]
     on_cpu = device.kind == "cpu"
+    blocks_per_seq = -(-max_model_len // config.block_size)  # whole blocks per sequence
 
     classes = {
         "weights": _pick(measured.weights_bytes, loaded_weight_bytes(weights, model_dtype)),
         "activations": _pick(measured.activation_peak_bytes, estimates.activation_peak_bytes(
-            shape, dtype_bytes, batched_tokens, config.max_num_seqs)),
+            shape, dtype_bytes, batched_tokens, config.max_num_seqs,
+            context_tokens=blocks_per_seq * config.block_size,
+            kv_dtype_bytes=estimates.DTYPE_BYTES[kv_dtype])),
         "kv_cache": 0,
         "cuda_graphs": 0 if config.enforce_eager or on_cpu else _pick(
             measured.cuda_graph_bytes, estimates.cuda_graph_bytes(shape, config.max_num_seqs)),
@@ -223,7 +226,6 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
     non_kv = sum(classes.values())
 
     block_bytes = kv_bytes_per_block(shape, config.block_size, kv_dtype)
-    blocks_per_seq = -(-max_model_len // config.block_size)  # whole blocks per sequence
     workload_blocks = config.max_num_seqs * blocks_per_seq
     if config.num_gpu_blocks_override is not None:
         mode, pool, needed = "override", config.num_gpu_blocks_override, blocks_per_seq
