@@ -43,14 +43,14 @@ class SamplingParams:
                                             or not isinstance(self.max_tokens, int)
                                             or self.max_tokens < 1):
             raise BadInput(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if not all(isinstance(s, str) and s for s in stop):
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        if not isinstance(stop, list | tuple) or not all(isinstance(s, str) and s for s in stop):
             raise BadInput("stop must be a non-empty string or a list of non-empty strings")
         self.stop_strings = tuple(stop)
-        ids = list(self.stop_token_ids or [])
-        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        ids = self.stop_token_ids or []
+        if not isinstance(ids, list | tuple) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
             raise BadInput("stop_token_ids must be a list of non-negative integers")
-        self.stop_token_ids = ids
+        self.stop_token_ids = list(ids)
         if not isinstance(self.ignore_eos, bool):
             raise BadInput(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
 

@@ -1,0 +1,137 @@
+"""Built-in checkpoints (make-model), the tokenizer, and loading: deterministic bytes,
+sharded files, dtypes, and measured weight bytes equal to the planner's prediction."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+from kvledger.engine.budget.checkpoint import read_model_shape, read_weights
+from kvledger.engine.budget.plan import loaded_weight_bytes
+from kvledger.engine.cli import main as cli_main
+from kvledger.engine.errors import BadInput
+from kvledger.engine.loader import load_model, weights_bytes
+from kvledger.engine.make_model import MODELS, write_model
+from kvledger.engine.model_config import ModelConfig
+from kvledger.engine.tokenizer import Tokenizer
+
+
+def _digests(model_dir):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(model_dir.iterdir())}
+
+
+def test_make_model_writes_the_same_bytes_every_time(tmp_path, tiny_llama_dir):
+    again = write_model("tiny-llama", tmp_path / "again")
+    assert _digests(again) == _digests(tiny_llama_dir)
+    assert set(_digests(again)) == {"config.json", "generation_config.json", "model.safetensors",
+                                    "tokenizer.json", "tokenizer_config.json"}
+    assert (again / "model.safetensors").stat().st_size < 8 * 2**20
+
+
+def test_make_model_cli(tmp_path, capsys):
+    assert cli_main(["make-model", "tiny-qwen2", str(tmp_path / "q")]) == 0
+    assert (tmp_path / "q" / "model.safetensors").is_file()
+    assert cli_main(["make-model", "gpt-17", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown built-in model 'gpt-17'" in err and "tiny-llama" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_measured_weight_bytes_equal_the_planner_prediction(make_model_dir, name):
+    model_dir = make_model_dir(name)
+    config = ModelConfig.from_dir(model_dir)
+    for dtype, dtype_name in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16")):
+        model = load_model(model_dir, config, dtype, torch.device("cpu"))
+        predicted = loaded_weight_bytes(read_weights(model_dir), dtype_name)
+        assert weights_bytes(model) == predicted
+    assert read_model_shape(model_dir).tie_word_embeddings == config.tie_word_embeddings
+
+
+def test_sharded_checkpoint_loads_the_same_tensors(tmp_path, tiny_llama_dir):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(tiny_llama_dir / "model.safetensors"))
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    for p in tiny_llama_dir.iterdir():
+        if p.name != "model.safetensors":
+            (sharded / p.name).write_bytes(p.read_bytes())
+    for file, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, str(sharded / file), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+
+    config = ModelConfig.from_dir(sharded)
+    one = load_model(tiny_llama_dir, config, torch.float32, torch.device("cpu")).state_dict()
+    two = load_model(sharded, config, torch.float32, torch.device("cpu")).state_dict()
+    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+
+
+def test_a_checkpoint_missing_a_tensor_is_refused(tmp_path, tiny_llama_dir):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(tiny_llama_dir / "model.safetensors"))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_bytes((tiny_llama_dir / "config.json").read_bytes())
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(BadInput, match=r"missing .*up_proj"):
+        load_model(broken, ModelConfig.from_dir(broken), torch.float32, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"architectures": ["FalconForCausalLM"]}, "unsupported architecture FalconForCausalLM"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "unsupported rope_scaling type 'yarn'"),
+    ({"hidden_act": "gelu"}, "unsupported hidden_act"),
+])
+def test_model_config_refuses_what_it_cannot_run(tiny_llama_dir, change, message):
+    raw = {**json.loads((tiny_llama_dir / "config.json").read_text()), **change}
+    with pytest.raises(BadInput, match=message):
+        ModelConfig.from_dict(raw)
+
+
+def test_transformers5_rope_parameters_are_read(tiny_llama_dir):
+    raw = json.loads((tiny_llama_dir / "config.json").read_text())
+    legacy = ModelConfig.from_dict(raw)
+    scaling = raw.pop("rope_scaling")
+    raw["rope_parameters"] = {**scaling, "rope_theta": raw.pop("rope_theta")}
+    assert ModelConfig.from_dict(raw) == legacy
+
+
+def test_tokenizer_round_trip_chat_template_and_streaming(tiny_llama_dir):
+    tok = Tokenizer(tiny_llama_dir)
+    text = "Hello, world! The ledger — naïve café 日本語 🙂"
+    ids = tok.encode(text)
+    assert ids[0] == tok.token_to_id("<s>") and tok.decode(ids) == text
+    assert tok.encode(text, add_special_tokens=False) == ids[1:]
+    assert tok.vocab_size == json.loads((tiny_llama_dir / "config.json").read_text())["vocab_size"]
+    assert tok.eos_token_ids == {tok.token_to_id("</s>"), tok.token_to_id("<|end|>")}
+
+    prompt = tok.apply_chat_template([{"role": "system", "content": "Be brief."},
+                                      {"role": "user", "content": "Hi"}])
+    assert prompt == "<s><|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n"
+    with pytest.raises(BadInput, match="unknown role"):
+        tok.apply_chat_template([{"role": "wizard", "content": "x"}])
+
+    detok = tok.detokenizer(ids[:4])
+    pieces = [detok.add(i) for i in ids[4:]]
+    assert "".join(pieces) == detok.text == tok.decode(ids[4:])
+    assert all("\ufffd" not in p for p in pieces)  # never half a character
+
+
+def test_chat_template_matches_transformers(tiny_llama_dir):
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    messages = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"},
+                {"role": "user", "content": "And 3 + 3?"}]
+    ours = Tokenizer(tiny_llama_dir)
+    assert ours.apply_chat_template(messages) == hf.apply_chat_template(messages, tokenize=False,
+                                                                        add_generation_prompt=True)
+    assert ours.encode("Tell me about the weather.") == hf("Tell me about the weather.")["input_ids"]

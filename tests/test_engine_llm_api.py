@@ -1,0 +1,89 @@
+"""``LLM.generate`` (vLLM's shape) and the sampling rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvledger.engine import LLM, SamplingParams
+from kvledger.engine.errors import BadInput
+from kvledger.engine.sampler import Sampler
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama_dir):
+    return LLM(str(tiny_llama_dir), max_model_len=96, max_num_seqs=4, device="cpu",
+               num_gpu_blocks_override=12)
+
+
+def test_generate_takes_strings_and_token_lists_and_keeps_order(llm):
+    tok = llm.get_tokenizer()
+    prompts = ["The river flows", tok.encode("Hello there"), "A ledger"]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outputs = llm.generate(prompts, params)
+    assert [o.prompt for o in outputs] == ["The river flows", None, "A ledger"]
+    assert outputs[1].prompt_token_ids == tok.encode("Hello there")
+    for out in outputs:
+        assert len(out.token_ids) == 6 and out.finish_reason == "length"
+        assert out.outputs[0].token_ids == out.token_ids and out.outputs[0].text == out.text
+        assert out.text == tok.decode(out.token_ids)
+    single = llm.generate("The river flows", params)
+    assert single[0].token_ids == outputs[0].token_ids
+
+
+def test_more_prompts_than_the_pool_holds_wait_their_turn(llm):
+    # 12 blocks of 16 tokens; each request reserves 3 blocks: at most 4 run at once.
+    params = [SamplingParams(temperature=0, max_tokens=20 + i, ignore_eos=True) for i in range(10)]
+    outputs = llm.generate([[5 + i] * 20 for i in range(10)], params)
+    assert [len(o.token_ids) for o in outputs] == [20 + i for i in range(10)]
+    assert llm.engine.ledger.reserved_blocks == 0
+
+
+def test_bad_prompts_are_bad_input_before_anything_runs(llm):
+    with pytest.raises(BadInput, match="context limit"):
+        llm.generate([[5] * 96], SamplingParams())
+    with pytest.raises(BadInput, match="2 prompts but 1"):
+        llm.generate(["a", "b"], [SamplingParams()])
+    assert not llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"temperature": -1}, {"temperature": float("nan")}, {"top_p": 0}, {"top_p": 1.5},
+    {"top_k": -2}, {"max_tokens": 0}, {"max_tokens": 2.5}, {"stop": [""]}, {"stop": 3},
+    {"stop_token_ids": [-1]}, {"seed": "x"}, {"ignore_eos": "yes"},
+])
+def test_bad_sampling_params_are_bad_input(kwargs):
+    with pytest.raises(BadInput):
+        SamplingParams(**kwargs)
+
+
+class _Seq:
+    def __init__(self, params, generator=None):
+        self.params, self.generator = params, generator
+
+
+def test_sampler_greedy_top_k_and_top_p():
+    sampler = Sampler(seed=0, device=torch.device("cpu"))
+    logits = torch.tensor([[0.0, 5.0, 4.9, -1.0, 4.8]] * 1)
+    assert sampler(logits, [_Seq(SamplingParams(temperature=0))]) == [1]
+    top2 = {sampler(logits, [_Seq(SamplingParams(temperature=5.0, top_k=2))])[0] for _ in range(200)}
+    assert top2 == {1, 2}
+    # Probabilities ~ [.. .36 .33 .. .30]: top_p 0.5 keeps the two largest.
+    nucleus = {sampler(logits, [_Seq(SamplingParams(temperature=1.0, top_p=0.5))])[0]
+               for _ in range(200)}
+    assert nucleus == {1, 2}
+    everything = {sampler(logits, [_Seq(SamplingParams(temperature=100.0))])[0] for _ in range(300)}
+    assert everything == {0, 1, 2, 3, 4}
+
+
+def test_sampler_seeded_rows_do_not_depend_on_the_other_rows():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
+    params = SamplingParams(temperature=1.0, seed=7)
+
+    def draw(extra_rows):
+        sampler = Sampler(seed=extra_rows, device=torch.device("cpu"))
+        gen = torch.Generator().manual_seed(7)
+        seqs = [_Seq(SamplingParams(temperature=1.0)) for _ in range(extra_rows)] + [_Seq(params, gen)]
+        return [sampler(logits[-len(seqs):], seqs)[-1] for _ in range(20)]
+
+    assert draw(0) == draw(2)
