@@ -5,9 +5,9 @@
 - pod events (label ``kvledger.dev/inferenceservice``): recompute the owner's status from
   every pod it has (an index), so status is a function of what the pods report now.
 - the resource's DELETED event: delete its children. In a cluster the garbage collector
-  does this through the owner references anyway; doing it here needs no finalizer (no
-  resource stuck in deletion when the operator is gone) and covers API servers without
-  a garbage collector.
+  does this through the owner references anyway; this needs no deletion handler (and so
+  no finalizer of ours) and covers API servers without a garbage collector. kopf adds
+  its own finalizer for the timer, to stop it cleanly.
 
 Shared state travels in ``memo`` (set by ``main`` or a test): ``kube`` (KubeApi),
 ``default_image`` and ``status_locks``.
@@ -26,10 +26,11 @@ import kopf
 from kvledger.engine.errors import BadInput
 from kvledger.operator import render, status
 from kvledger.operator.crd import API_VERSION, GROUP, PLURAL, VERSION
-from kvledger.operator.kube import KubeApi, contains, object_path
+from kvledger.operator.kube import KubeApi, KubeError, contains, object_path
 
 ISVC = (GROUP, VERSION, PLURAL)
 RECONCILE_INTERVAL_S = 60.0
+RETRY_DELAY_S = 10.0
 _POD_FILTER = {render.LABEL: kopf.PRESENT}
 
 
@@ -77,9 +78,12 @@ async def reconcile(name: str, namespace: str, spec: kopf.Spec, body: kopf.Body,
                     memo: kopf.Memo, pods_by_service: kopf.Index, **_: Any) -> None:
     try:
         await apply_children(memo, name, namespace, dict(spec), body)
-    except BadInput as exc:
+    except BadInput as exc:  # can never work: say so once, do not retry
         await sync_status(memo, namespace, name, pods_by_service)
         raise kopf.PermanentError(f"invalid spec: {exc}") from None
+    except KubeError as exc:  # the API server refused or failed: try again soon
+        raise kopf.TemporaryError(f"applying the children failed: {exc}",
+                                  delay=RETRY_DELAY_S) from None
     await sync_status(memo, namespace, name, pods_by_service)
 
 
