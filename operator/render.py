@@ -20,6 +20,7 @@ PLAN_PATH = f"{PLAN_DIR}/plan.json"
 TERMINATION_LOG = "/dev/termination-log"
 DEFAULT_IMAGE = "ghcr.io/kvledger/kvledger:0.1.0"
 RUN_AS_USER = 1000
+TERMINATION_GRACE_S = 45
 
 
 def engine_flags(spec: dict[str, Any]) -> list[str]:
@@ -93,9 +94,10 @@ def render_pod_spec(spec: dict[str, Any], *, default_image: str = DEFAULT_IMAGE)
         # The report is written to the termination log; a crash (traceback) falls back
         # to the log tail, so the operator always has something to show.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        # The pre-flight must see the same device as the engine (the pod's GPUs are
-        # shared by its init and app containers, so this does not double the request).
-        "resources": {"limits": dict(gpu_limits)} if gpu_limits else {},
+        # The same resources as the engine: the pre-flight must see the same device, and a
+        # pod's request is the larger of its init and app containers', so nothing doubles
+        # (and namespaces whose quota demands requests/limits admit the pod).
+        "resources": {key: dict(value) for key, value in engine_resources.items()},
         "volumeMounts": mounts,
         "securityContext": _container_security(),
     }
@@ -118,6 +120,10 @@ def render_pod_spec(spec: dict[str, Any], *, default_image: str = DEFAULT_IMAGE)
                            "periodSeconds": 5, "failureThreshold": 2},
     }
     return {
+        # The engine drains for up to --shutdown-grace (30 s) on SIGTERM; leave it that long.
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        # Neither container talks to the API server.
+        "automountServiceAccountToken": False,
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": RUN_AS_USER,

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+import kubernetes_validate
 import pytest
+import yaml
 
 from kvledger.engine.config import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
@@ -77,7 +80,7 @@ def test_pod_mounts_plan_and_model_read_only_and_requests_gpus():
         assert PLAN_PATH.startswith(mounts["plan"]["mountPath"] + "/")
     assert engine["resources"] == {"requests": {"cpu": "4", "memory": "16Gi"},
                                    "limits": {"memory": "32Gi", "nvidia.com/gpu": 1}}
-    assert preflight["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    assert preflight["resources"] == engine["resources"]
     assert SPEC["resources"]["limits"] == {"memory": "32Gi"}  # the spec is not mutated
 
 
@@ -99,6 +102,8 @@ def test_probes_and_security_context():
     assert engine["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert engine["startupProbe"]["httpGet"]["path"] == "/health"
     assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["terminationGracePeriodSeconds"] > 30  # serve's default drain
     for container in (*spec["initContainers"], *spec["containers"]):
         assert container["securityContext"]["allowPrivilegeEscalation"] is False
         assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
@@ -124,3 +129,16 @@ def test_a_spec_that_can_never_work_raises_bad_input():
     with pytest.raises(BadInput, match="maxNumBatchedTokens must be at least maxModelLen"):
         engine_flags({"model": {"path": "/m"},
                       "engine": {"maxModelLen": 4096, "maxNumBatchedTokens": 1024}})
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_rendered_children_of_every_example_pass_kubernetes_schema(example):
+    """What the operator would apply, checked against Kubernetes' own schemas (strict)."""
+    doc = yaml.safe_load(example.read_text())
+    name = doc["metadata"]["name"]
+    for child in (render_deployment(name, "default", doc["spec"]),
+                  render_service(name, "default", doc["spec"])):
+        kubernetes_validate.validate(child, kubernetes_validate.latest_version(), strict=True)
