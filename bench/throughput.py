@@ -13,6 +13,7 @@ the longest one, continuous batching lets short requests leave and new ones join
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import tempfile
@@ -90,11 +91,13 @@ def main() -> int:
         model_dir = str(write_model(args.model, tmp))
         import json
 
-        vocab = json.load(open(f"{model_dir}/config.json"))["vocab_size"]
+        with open(f"{model_dir}/config.json") as f:
+            vocab = json.load(f)["vocab_size"]
         prompts, output_lens = workload(args.requests, vocab)
         print(f"model {args.model}, {args.requests} requests, prompts 16-128 tokens, "
               f"outputs {sorted(set(output_lens))} ({sum(output_lens)} tokens), "
-              f"{torch.get_num_threads()} CPU threads", flush=True)
+              f"{torch.get_num_threads()} CPU threads, load average {os.getloadavg()[0]:.1f}",
+              flush=True)
         hf = _hf_model(model_dir)
         one = bench_hf_one_at_a_time(hf, prompts, output_lens)
         print(f"transformers one at a time:        {one:8.1f} tok/s", flush=True)
@@ -105,6 +108,7 @@ def main() -> int:
             rate = bench_engine(model_dir, prompts, output_lens, concurrency)
             print(f"kvledger concurrency {concurrency:>2}:            {rate:8.1f} tok/s   "
                   f"{rate / one:5.2f}x one-at-a-time   {rate / static:5.2f}x static batch", flush=True)
+        print(f"load average at the end {os.getloadavg()[0]:.1f} (other processes share the CPU)")
     return 0
 
 
