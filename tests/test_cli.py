@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -29,3 +30,21 @@ def test_unknown_command_is_one_line_error_exit_2(capsys) -> None:
 def test_importing_the_engine_package_does_not_load_torch() -> None:
     code = "import sys, kvledger.engine, kvledger.engine.cli; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_closed_stdout_pipe_is_no_traceback(tmp_path) -> None:
+    """`kvledger plan --json | head -c1`: the reader is gone before we write."""
+    model = tmp_path / "m"
+    subprocess.run([sys.executable, "-m", "kvledger.engine.cli", "make-model", "tiny-llama",
+                    str(model)], check=True, capture_output=True)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvledger.engine.cli", "plan", "--model", str(model),
+             "--device-memory", "8GiB", "--json"],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, check=False)
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 1
