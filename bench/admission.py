@@ -28,6 +28,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from kvledger.engine.async_engine import AsyncEngine
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.ledger import KVLedger
@@ -220,6 +222,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
+    # One intra-op thread: the clients share the CPUs, and an oversubscribed OpenMP pool
+    # makes step times erratic (p90 10x the median on 2 cores).
+    torch.set_num_threads(1)
     model_dir = write_model("tiny-llama", tempfile.mkdtemp(prefix="kvledger-bench-"))
     headroom = args.max_num_seqs * -(-args.max_model_len // 16)
     base = LLMEngine.from_config(EngineConfig(

@@ -71,7 +71,8 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.dead: BaseException | None = None
         self.on_step_outputs = None  # optional callback(outputs) on the loop thread
-        self._step_s: float | None = None
+        self._step_s: float | None = None  # EWMA of the time of steps that decoded
+        self._last_step_s: float | None = None
         self.steps = 0
 
     # -- lifecycle -------------------------------------------------------------------
@@ -101,6 +102,10 @@ class AsyncEngine:
     def decode_tokens_per_s(self) -> float | None:
         """Observed tokens per second of one running sequence (one token per step)."""
         return None if not self._step_s else 1.0 / self._step_s
+
+    def restart_rate(self) -> None:
+        """Forget cold-start steps (first-call overheads): keep only the latest one."""
+        self._step_s = self._last_step_s
 
     # -- requests --------------------------------------------------------------------
     def generate(self, request_id: str, prompt_token_ids: list[int], params: Any,
@@ -150,6 +155,7 @@ class AsyncEngine:
                 return
             elapsed = time.perf_counter() - started
             if any(not o.finished and o.new_token_ids for o in outputs):
+                self._last_step_s = elapsed
                 self._step_s = (elapsed if self._step_s is None
                                 else (1 - _EWMA) * self._step_s + _EWMA * elapsed)
             self.steps += 1

@@ -69,14 +69,16 @@ class ServerState:
         self.ready = True
 
     async def _warm_up(self) -> None:
-        """One tiny greedy request through the whole path; also seeds the decode rate."""
+        """One tiny greedy request through the whole path; its last (warm) decode step
+        seeds the decode rate that Retry-After estimates use."""
         from kvledger.engine.sampling_params import SamplingParams
 
         ids = self.llm.tokenizer.encode("Hello", add_special_tokens=True)[:8] or [0]
-        params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-        reservation = self.llm.ledger.try_reserve(len(ids) + 2)
-        async for _ in self.engine.generate("warmup", ids, params, reservation):
+        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        reservation = self.llm.ledger.try_reserve(len(ids) + 4)
+        async for _ in self.engine.generate("kvledger-warmup", ids, params, reservation):
             pass
+        self.engine.restart_rate()
 
     async def drain(self) -> None:
         """Stop admitting; give in-flight requests the grace period; abort the rest."""
