@@ -22,6 +22,7 @@ import logging
 from typing import Any
 
 import kopf
+import yaml
 
 from kvledger.engine.errors import BadInput
 from kvledger.operator import render, status
@@ -50,12 +51,27 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.setdefault("kube", KubeApi())
 
 
+def find_credentials(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+    """In-cluster service account first, then $KUBECONFIG / ~/.kube/config; BadInput if none."""
+    try:
+        info = (kopf.login_with_service_account(settings=settings)
+                or kopf.login_with_kubeconfig(settings=settings))
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise BadInput(f"cannot read the Kubernetes credentials: {detail}") from None
+    if info is None:
+        raise BadInput("no Kubernetes credentials: not in a pod, and no $KUBECONFIG "
+                       "or ~/.kube/config")
+    return info
+
+
 @kopf.on.login()
-def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
-    """In-cluster service account first, then $KUBECONFIG / ~/.kube/config."""
-    info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
-    if info is not None:
-        memo.kube.connect(info)
+def login(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+    try:
+        info = find_credentials(settings)
+    except BadInput as exc:
+        raise kopf.PermanentError(str(exc)) from None
+    memo.kube.connect(info)
     return info
 
 

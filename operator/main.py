@@ -34,7 +34,10 @@ def operator_memo(default_image: str, kube: KubeApi | None = None) -> kopf.Memo:
 
 def main(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose, log_format=LOG_FORMATS[args.log_format])
-    from kvledger.operator import handlers  # noqa: F401  (registers the handlers)
+    from kvledger.operator import handlers  # registers the handlers
+
+    # Fail fast with one line, not kopf's retry loop, when there is no cluster to talk to.
+    handlers.find_credentials(kopf.OperatorSettings())
 
     # One replica, no peering: the chart runs exactly one operator pod.
     asyncio.run(kopf.operator(

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -43,3 +44,22 @@ async def test_operator_process_watches_only_its_namespace_and_logs_json():
         assert records, "the operator logged nothing"
         assert all("message" in r for r in records)
         assert any(r.get("object", {}).get("name") == "mine" for r in records)
+
+
+@pytest.mark.parametrize(("kubeconfig", "expected"), [
+    (None, "error: no Kubernetes credentials: not in a pod, and no $KUBECONFIG or ~/.kube/config"),
+    ("missing", "error: cannot read the Kubernetes credentials: [Errno 2] No such file"),
+    ("garbage", "error: cannot read the Kubernetes credentials: "),
+])
+def test_no_cluster_is_one_line_and_exit_2(kubeconfig, expected, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    env["HOME"] = str(tmp_path)  # no ~/.kube/config there
+    if kubeconfig == "missing":
+        env["KUBECONFIG"] = str(tmp_path / "absent")
+    elif kubeconfig == "garbage":
+        (tmp_path / "kubeconfig").write_text("clusters: [")
+        env["KUBECONFIG"] = str(tmp_path / "kubeconfig")
+    done = subprocess.run([sys.executable, "-m", "kvledger.engine.cli", "operator"], env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert done.stderr.startswith(expected) and done.stderr.count("\n") == 1, done.stderr
