@@ -64,8 +64,12 @@ def test_preflight_writes_plan_and_termination_log(model, tmp_path, capsys) -> N
     assert report == capsys.readouterr().err
     assert main(["preflight", "--model", model, "--device-memory", "24GiB", "--plan-out",
                  str(plan_out), "--termination-log", str(log)]) == 0
-    assert json.loads(plan_out.read_text())["fits"] is True
-    assert log.read_text().startswith("fits: ")
+    plan_doc = json.loads(plan_out.read_text())
+    assert plan_doc["fits"] is True
+    headline, compact = log.read_text().splitlines()
+    assert headline.startswith("fits: ")
+    # The operator reads exact bytes for status.plan from the JSON line.
+    assert json.loads(compact) == plan_doc
 
 
 def test_preflight_unwritable_termination_log_warns_and_keeps_exit_code(model, tmp_path,

@@ -9,6 +9,7 @@ that does not fit, and writes the exit code and termination message into the pod
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +124,39 @@ async def test_kubelet_runs_the_rendered_preflight_and_describe_shows_why(cluste
     assert f"    {first_line}" in lines  # the breakdown, indented under the condition
     assert any(line.split()[:2] == ["Warning", "DoesNotFit"] and line.endswith(first_line)
                for line in lines)
+
+
+async def test_kubelet_preflight_that_fits_fills_status_plan_with_exact_bytes(cluster, model_root,
+                                                                               tmp_path):
+    manifest = service_manifest("kubelet-fits", NS, gpus=0, engine={"maxModelLen": 256})
+    manifest["spec"]["model"]["volume"] = {"hostPath": {"path": str(model_root)},
+                                           "mountPath": "/models"}
+    await cluster.create(API_VERSION, PLURAL, manifest)
+    deployment = await eventually(
+        lambda: cluster.stored("apps/v1", "deployments", NS, "kubelet-fits"), what="deployment")
+    pod_spec = deployment["spec"]["template"]["spec"]
+    [preflight] = pod_spec["initContainers"]
+
+    terminated = run_container(preflight, pod_spec, tmp_path)
+    assert terminated["exitCode"] == 0, terminated["message"]
+    handed_over = json.loads((tmp_path / "plan" / "plan.json").read_text())
+
+    await cluster.create("v1", "pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "kubelet-fits-0", "namespace": NS,
+                     "labels": {LABEL: "kubelet-fits"}},
+        "spec": pod_spec,
+        "status": {"phase": "Pending", "initContainerStatuses": [{
+            "name": "preflight", "ready": True, "restartCount": 0,
+            "state": {"terminated": terminated}}]}})
+
+    def approved():
+        obj = cluster.stored(API_VERSION, PLURAL, NS, "kubelet-fits")
+        plan = (obj.get("status") or {}).get("plan") or {}
+        return plan if "requiredBytes" in plan else None
+
+    plan = await eventually(approved, what="status.plan from the pre-flight's plan JSON")
+    assert plan["fits"] is True
+    assert plan["requiredBytes"] == handed_over["required_bytes"]
+    assert plan["classes"]["kvCache"] == handed_over["classes"]["kv_cache"]
+    assert plan["kv"]["numBlocks"] == handed_over["kv"]["num_blocks"]

@@ -13,8 +13,12 @@ import json
 import sys
 from pathlib import Path
 
-from kvledger.engine.budget.plan import make_plan
-from kvledger.engine.budget.report import render_report, truncate_utf8
+from kvledger.engine.budget.plan import Plan, make_plan
+from kvledger.engine.budget.report import (
+    TERMINATION_LOG_MAX_BYTES,
+    render_report,
+    truncate_utf8,
+)
 from kvledger.engine.config import add_engine_flags, config_from_args
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInput
 
@@ -41,12 +45,27 @@ def main(args: argparse.Namespace) -> int:
             out.write_text(json.dumps(plan.to_json(), indent=2) + "\n", encoding="utf-8")
         except OSError as exc:
             raise BadInput(f"cannot write --plan-out {out}: {exc.strerror or exc}") from None
-    _write_termination_log(args.termination_log, report)
+    _write_termination_log(args.termination_log, termination_message(plan, report))
     return EXIT_OK if plan.fits else EXIT_DOES_NOT_FIT
 
 
-def _write_termination_log(path: str | None, report: str) -> None:
-    """Write the (truncated) report; a failure is only a warning.
+def termination_message(plan: Plan, report: str) -> str:
+    """What the kubelet hands the operator, at most 4096 bytes.
+
+    A refusal is the human report (``kubectl describe`` shows it). A plan that fits is
+    its headline plus the plan JSON on one line, so the operator can fill
+    ``status.plan`` with exact bytes; the report alone when the JSON would not fit.
+    """
+    if plan.fits:
+        compact = json.dumps(plan.to_json(), separators=(",", ":"), sort_keys=True)
+        message = f"{report.splitlines()[0]}\n{compact}\n"
+        if len(message.encode("utf-8")) <= TERMINATION_LOG_MAX_BYTES:
+            return message
+    return truncate_utf8(report)
+
+
+def _write_termination_log(path: str | None, message: str) -> None:
+    """Write the message; a failure is only a warning.
 
     The default path is written only when it exists: in a pod the kubelet mounts it, and
     outside one we must not create files under /dev.
@@ -59,7 +78,7 @@ def _write_termination_log(path: str | None, report: str) -> None:
             return
     try:
         with open(path, "w", encoding="utf-8") as log:
-            log.write(truncate_utf8(report))
+            log.write(message)
     except OSError as exc:
         print(f"warning: cannot write the termination log {path}: {exc.strerror or exc}",
               file=sys.stderr)
