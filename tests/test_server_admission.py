@@ -128,3 +128,18 @@ async def test_request_larger_than_the_whole_pool_is_400():
     with pytest.raises(ApiError) as info:
         await adm.admit("huge", 100, 100)
     assert info.value.status == 400 and "2" in info.value.message
+
+
+async def test_early_rejection_only_when_the_answer_cannot_depend_on_the_prompt():
+    adm = _admission(num_blocks=10, max_model_len=160)   # 160 tokens = 10 blocks
+    assert adm.early_rejection(20, None) is None          # empty pool: tokenize and admit
+    held = await adm.admit("held", 16, 16)                # 2 blocks held, 8 free
+    early = adm.early_rejection(20, None)                 # unset cap: needs all 10 blocks
+    assert early is not None and early.status == 429 and int(early.headers["Retry-After"]) >= 1
+    assert adm.early_rejection(20, 100) is None           # 1 + 100 tokens fits in 8 blocks
+    assert adm.early_rejection(160, None) is None         # might be a 413: tokenize
+    assert adm.early_rejection(100, 100) is None          # might be a 400: tokenize
+    adm.max_queue_wait_s = 1.0
+    assert adm.early_rejection(20, None) is None          # it would queue instead
+    adm.ledger.release(held.reservation)
+    adm.done(held)

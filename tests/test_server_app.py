@@ -161,3 +161,40 @@ async def test_ready_is_503_until_the_model_is_attached(aiohttp_client, llm):
     assert (await client.get("/ready")).status == 200
     assert (await client.get("/nowhere")).status == 404
     assert (await (await client.get("/nowhere")).json())["error"]["code"] == "not_found"
+
+
+def test_prompt_token_bound_used_by_early_rejection_holds(tiny_llama_dir):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from kvledger.engine.server.openai_api import _ADDED_TOKENS_MAX
+    from kvledger.engine.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(tiny_llama_dir)
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.text(min_size=1, max_size=200))
+    def bound_holds(text):
+        assert len(tokenizer.encode(text)) <= len(text.encode()) + _ADDED_TOKENS_MAX
+
+    bound_holds()
+
+
+async def test_full_pool_refuses_with_the_same_answer_before_and_after_tokenizing(
+        aiohttp_client, llm):
+    client = await start_app(aiohttp_client, llm)
+    ledger = client.app[STATE].llm.ledger
+    held = ledger.try_reserve(ledger.block_size * (ledger.num_blocks - 1))  # 1 block free
+    try:
+        for body in ({"prompt": "short"}, {"prompt": [5, 6, 7]},
+                     {"prompt": "short", "max_tokens": 100},
+                     {"messages": [{"role": "user", "content": "hi"}]}):
+            path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+            response = await client.post(path, json={"model": model_name(client), **body})
+            assert response.status == 429
+            assert (await response.json())["error"]["code"] == "kv_cache_full"
+        response = await client.post("/v1/completions", json={  # 413 wins over 429
+            "model": model_name(client), "prompt": [5] * 256})
+        assert response.status == 413
+    finally:
+        ledger.release(held)

@@ -132,6 +132,22 @@ class Admission:
                 waiter.gone = True
                 self._queued -= 1
 
+    def early_rejection(self, max_prompt_tokens: int, requested: int | None) -> ApiError | None:
+        """The 429 for a request whose prompt is at most ``max_prompt_tokens`` long, when the
+        answer cannot depend on its exact length; else None (tokenize and ``admit``).
+
+        Under overload this skips tokenizing: with the cap unset a request always needs
+        exactly ``max_model_len`` tokens; with a cap it needs at least ``1 + cap``.
+        """
+        if self.max_queue_wait_s > 0 or max_prompt_tokens >= self.max_model_len:
+            return None  # it would queue, or it might be a 413
+        if requested is not None and max_prompt_tokens + requested > self.max_model_len:
+            return None  # it might be a 400
+        least = self.ledger.blocks_for(self.max_model_len if requested is None else 1 + requested)
+        if least <= self.ledger.free_blocks or least > self.ledger.num_blocks:
+            return None
+        return self.rejection(least)
+
     def capacity_changed(self) -> None:
         """Blocks may have come back: grant waiters in FIFO order while they fit."""
         while self._waiters:

@@ -49,6 +49,11 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     state.check_accepting()
     req = parse(await read_json(request))
     state.check_model(req.model)
+    bound = _max_prompt_tokens(req)
+    if bound is not None:
+        early = state.admission.early_rejection(bound, req.max_tokens)
+        if early is not None:
+            raise early
     prompt_ids = _tokenize(state, req)
     cap = state.admission.effective_cap(len(prompt_ids), req.max_tokens)
     params = _sampling_params(req, cap)
@@ -92,6 +97,19 @@ async def read_json(request: web.Request) -> Any:
         return json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
         raise bad_request(f"invalid JSON body: {exc}", code="invalid_json") from None
+
+
+# A tokenizer emits at most one token per UTF-8 byte plus a few it adds itself (BOS, a
+# SentencePiece word prefix); this bound lets a full pool refuse before tokenizing.
+_ADDED_TOKENS_MAX = 8
+
+
+def _max_prompt_tokens(req: GenerationRequest) -> int | None:
+    if req.kind != "completion":
+        return None  # a chat template adds an unknown number of tokens
+    if isinstance(req.prompt, list):
+        return len(req.prompt)
+    return len(req.prompt.encode()) + _ADDED_TOKENS_MAX
 
 
 def _tokenize(state: ServerState, req: GenerationRequest) -> list[int]:
