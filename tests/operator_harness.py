@@ -1,6 +1,6 @@
 """Test harness: the real operator, in-process, against kmock's Kubernetes emulator over HTTP.
 
-Used by tests/test_operator_*.py (kmock is a test dependency; nothing else imports this).
+Used by tests/test_operator_*.py (kmock is a test dependency, so this lives with the tests).
 kmock does not assign ``uid``, ``resourceVersion`` or ``generation``, so ``Cluster``
 sets them the way an API server would when a test creates or edits a resource.
 """

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import pytest_asyncio
+from operator_harness import eventually, running_operator, service_manifest
 
 from kvledger.operator.crd import API_VERSION, PLURAL
 from kvledger.operator.render import LABEL
-from kvledger.operator.testing import eventually, running_operator, service_manifest
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60),
               pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")]

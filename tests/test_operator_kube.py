@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import kopf
 import pytest
+from operator_harness import emulated_cluster
 
 from kvledger.operator.kube import KubeApi, KubeError, contains, object_path
-from kvledger.operator.testing import emulated_cluster
 
 pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
 

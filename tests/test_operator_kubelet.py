@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from operator_harness import describe, eventually, running_operator, service_manifest
 
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT
 from kvledger.operator.crd import API_VERSION, PLURAL
 from kvledger.operator.render import LABEL
-from kvledger.operator.testing import describe, eventually, running_operator, service_manifest
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120),
               pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")]
