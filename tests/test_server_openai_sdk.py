@@ -92,11 +92,17 @@ async def test_sdk_retries_a_429_after_the_advertised_delay(aiohttp_server, llm)
     app, client, seen = await _serve(aiohttp_server, llm)
     ledger = app[STATE].llm.ledger
     held = ledger.try_reserve(ledger.num_blocks * ledger.block_size)  # the pool is full
-    loop = asyncio.get_running_loop()
-    loop.call_later(0.3, ledger.release, held)  # ...until shortly after the first attempt
+
+    async def release_after_first_refusal() -> None:
+        while not seen:
+            await asyncio.sleep(0.01)
+        ledger.release(held)
+
+    releaser = asyncio.create_task(release_after_first_refusal())
     completion = await client.with_options(max_retries=3).completions.create(
         model=app[STATE].model_name, prompt="hello", max_tokens=3,
         extra_body={"ignore_eos": True})
+    await releaser
     assert completion.usage.completion_tokens == 3
     assert [status for _, status, _ in seen] == [429, 200]
     (first_at, _, headers), (retry_at, _, _) = seen

@@ -47,12 +47,12 @@ def _wait_ready(proc: subprocess.Popen, port: int, timeout_s: float = 90.0) -> N
 def test_sigterm_drains_and_exits_zero(tiny_llama_dir):
     port = _free_port()
     # A 1024-token context makes each step slow enough on a CPU that the stream below is
-    # still running when SIGTERM arrives; the 1 s grace then aborts it.
+    # still running when SIGTERM arrives (~1000 tokens to go); the 0.5 s grace aborts it.
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvledger.engine.cli", "serve", "--model", str(tiny_llama_dir),
          "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
          "--max-model-len", "1024", "--num-gpu-blocks-override", "128",
-         "--shutdown-grace", "1"],
+         "--shutdown-grace", "0.5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_ready(proc, port)
@@ -65,7 +65,7 @@ def test_sigterm_drains_and_exits_zero(tiny_llama_dir):
         first = stream.readline()
         assert first.startswith(b"data: ")
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
+        time.sleep(0.1)
         conn, refused = _request(port, "POST", "/v1/completions",
                                  {"model": model, "prompt": "x", "max_tokens": 1})
         assert refused.status == 503
