@@ -25,10 +25,11 @@ import aiohttp
 from aiohttp import web
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 2
-# A completion whose prompt is short enough to be refused before tokenizing, and a chat
-# request, which is always tokenized (the template's length is not known in advance).
+# Short prompts (90 bytes) let a full pool refuse before tokenizing; a 225-byte prompt
+# with max_tokens 64 might not fit the 256-token context, so it is tokenized first.
 COMPLETION = {"prompt": TEXT, "max_tokens": 64}
 CHAT = {"messages": [{"role": "user", "content": TEXT}], "max_tokens": 64}
+LONG_COMPLETION = {"prompt": TEXT * 2 + TEXT[:45], "max_tokens": 64}
 
 
 def _free_port() -> int:
@@ -110,7 +111,10 @@ async def bench(args) -> None:
             "bare aiohttp 429": (bare + "/completions", COMPLETION),
             "kvledger completion 429 (refused before tokenizing)": (kv + "/completions",
                                                                     COMPLETION),
-            "kvledger chat 429 (template + tokenize + ledger)": (kv + "/chat/completions", CHAT),
+            "kvledger chat 429 (template rendered, refused before tokenizing)": (
+                kv + "/chat/completions", CHAT),
+            "kvledger completion 429 (tokenized, then refused by the ledger)": (
+                kv + "/completions", LONG_COMPLETION),
         }
         for url, body in targets.values():  # warm all
             await load(url, {"model": model, **body}, 200, args.concurrency)

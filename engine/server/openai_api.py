@@ -49,12 +49,11 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     state.check_accepting()
     req = parse(await read_json(request))
     state.check_model(req.model)
-    bound = _max_prompt_tokens(req)
-    if bound is not None:
-        early = state.admission.early_rejection(bound, req.max_tokens)
-        if early is not None:
-            raise early
-    prompt_ids = _tokenize(state, req)
+    prompt = _prompt(state, req)
+    early = state.admission.early_rejection(_max_prompt_tokens(prompt), req.max_tokens)
+    if early is not None:  # a full pool refuses it whatever its exact length
+        raise early
+    prompt_ids = _encode(state, req, prompt)
     cap = state.admission.effective_cap(len(prompt_ids), req.max_tokens)
     params = _sampling_params(req, cap)
     p = _Prepared(req, f"{id_prefix}-{uuid.uuid4().hex}", prompt_ids, params, arrived,
@@ -104,26 +103,27 @@ async def read_json(request: web.Request) -> Any:
 _ADDED_TOKENS_MAX = 8
 
 
-def _max_prompt_tokens(req: GenerationRequest) -> int | None:
-    if req.kind != "completion":
-        return None  # a chat template adds an unknown number of tokens
-    if isinstance(req.prompt, list):
-        return len(req.prompt)
-    return len(req.prompt.encode()) + _ADDED_TOKENS_MAX
+def _prompt(state: ServerState, req: GenerationRequest) -> str | list[int]:
+    """The prompt as text (a chat rendered with the model's template) or token ids."""
+    if req.kind != "chat":
+        return req.prompt
+    try:
+        return state.llm.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True)
+    except BadInput as exc:
+        raise bad_request(str(exc), "messages") from None
 
 
-def _tokenize(state: ServerState, req: GenerationRequest) -> list[int]:
-    tokenizer = state.llm.tokenizer
-    if req.kind == "chat":
-        try:
-            text = tokenizer.apply_chat_template(req.messages, add_generation_prompt=True)
-        except BadInput as exc:
-            raise bad_request(str(exc), "messages") from None
-        ids = tokenizer.encode(text, add_special_tokens=False)
-    elif isinstance(req.prompt, str):
-        ids = tokenizer.encode(req.prompt, add_special_tokens=True)
-    else:
-        ids = list(req.prompt)  # the engine checks them against the model's vocabulary
+def _max_prompt_tokens(prompt: str | list[int]) -> int:
+    if isinstance(prompt, list):
+        return len(prompt)
+    return len(prompt.encode()) + _ADDED_TOKENS_MAX
+
+
+def _encode(state: ServerState, req: GenerationRequest, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, list):
+        return prompt  # the engine checks them against the model's vocabulary
+    # A rendered chat template already holds its special tokens (BOS included).
+    ids = state.llm.tokenizer.encode(prompt, add_special_tokens=req.kind != "chat")
     if not ids:
         raise bad_request("the prompt encodes to zero tokens", "prompt")
     return ids
