@@ -188,6 +188,7 @@ async def test_full_pool_refuses_with_the_same_answer_before_and_after_tokenizin
     try:
         for body in ({"prompt": "short"}, {"prompt": [5, 6, 7]},
                      {"prompt": "short", "max_tokens": 100},
+                     {"prompt": "word " * 40, "max_tokens": 100},  # tokenized first
                      {"messages": [{"role": "user", "content": "hi"}]}):
             path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
             response = await client.post(path, json={"model": model_name(client), **body})
