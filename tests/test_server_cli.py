@@ -1,0 +1,41 @@
+"""``kvledger serve`` flag and start-up errors: one line, a distinct exit code, no traceback."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from kvledger.engine.cli import main
+
+
+@pytest.mark.parametrize("flags", [
+    ["--max-queue-wait", "-1"],
+    ["--shutdown-grace", "soon"],
+    ["--max-body-bytes", "lots"],
+])
+def test_bad_server_flags_exit_2(tmp_path, capsys, flags):
+    assert main(["serve", "--model", str(tmp_path), *flags]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and flags[0] in err
+
+
+def test_bad_port_and_missing_checkpoint_exit_2(tmp_path, capsys):
+    assert main(["serve", "--model", str(tmp_path), "--port", "70000"]) == 2
+    assert "--port" in capsys.readouterr().err
+    code = main(["serve", "--model", str(tmp_path / "nothing"), "--device", "cpu",
+                 "--host", "127.0.0.1", "--port", "0", "--log-level", "error"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err
+
+
+def test_port_in_use_exits_1(tiny_llama_dir, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["serve", "--model", str(tiny_llama_dir), "--device", "cpu",
+                     "--host", "127.0.0.1", "--port", str(port), "--log-level", "error"])
+    assert code == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
