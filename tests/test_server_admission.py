@@ -143,3 +143,16 @@ async def test_early_rejection_only_when_the_answer_cannot_depend_on_the_prompt(
     assert adm.early_rejection(20, None) is None          # it would queue instead
     adm.ledger.release(held.reservation)
     adm.done(held)
+
+
+async def test_a_waiter_cancelled_in_the_instant_it_is_granted_gives_the_blocks_back():
+    adm = _admission(num_blocks=4, wait_s=5.0)
+    held = await adm.admit("held", 16, 48)
+    waiter = asyncio.create_task(adm.admit("w", 16, 16))
+    await asyncio.sleep(0.05)
+    adm.ledger.release(held.reservation)
+    adm.done(held)        # grants the waiter its 2 blocks...
+    waiter.cancel()       # ...but its client is gone before it runs again
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert adm.ledger.reserved_blocks == 0 and adm.queue_length == 0 and not adm.running

@@ -123,7 +123,9 @@ class Admission:
             waiter.gone = True
             raise self.rejection(blocks) from None
         except asyncio.CancelledError:
-            if waiter.future.done() and not waiter.future.cancelled():
+            granted = (waiter.future.done() and not waiter.future.cancelled()
+                       and waiter.future.exception() is None)
+            if granted:  # the client left just as its blocks came: give them back
                 self.ledger.release(waiter.future.result())
             raise
         finally:
