@@ -153,6 +153,12 @@ async def test_a_waiter_cancelled_in_the_instant_it_is_granted_gives_the_blocks_
     adm.ledger.release(held.reservation)
     adm.done(held)        # grants the waiter its 2 blocks...
     waiter.cancel()       # ...but its client is gone before it runs again
-    with pytest.raises(asyncio.CancelledError):
-        await waiter
+    try:                  # Python 3.11's wait_for may return the grant instead of raising
+        ticket = await waiter
+    except asyncio.CancelledError:
+        ticket = None     # the grant was given back inside admit()
+    if ticket is not None:  # the caller owns it, and its finally releases it
+        assert adm.ledger.reserved_blocks == 2
+        adm.ledger.release(ticket.reservation)
+        adm.done(ticket)
     assert adm.ledger.reserved_blocks == 0 and adm.queue_length == 0 and not adm.running
