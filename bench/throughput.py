@@ -30,44 +30,60 @@ def workload(num_requests: int, vocab_size: int, seed: int = 0):
     return prompts, output_lens
 
 
-def bench_engine(model_dir: str, prompts, output_lens, concurrency: int) -> float:
+class Clock:
+    """Wall time and this process's CPU time. Other processes on a shared machine slow the
+    wall clock of whichever setup they overlap; CPU time (with one torch thread, so no
+    spinning peers) is what the work itself cost, and its ratios are stable run to run."""
+
+    def __enter__(self) -> Clock:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall = time.perf_counter() - self.wall
+        self.cpu = time.process_time() - self.cpu
+
+    def rates(self, tokens: int) -> tuple[float, float]:
+        """(tokens per wall second, tokens per CPU second)"""
+        return tokens / self.wall, tokens / self.cpu
+
+
+def bench_engine(model_dir: str, prompts, output_lens, concurrency: int) -> tuple[float, float]:
     from kvledger.engine import LLM, SamplingParams
 
     llm = LLM(model_dir, max_model_len=512, max_num_seqs=concurrency, device="cpu")
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in output_lens]
     llm.generate(prompts[:2], params[:2])  # warm-up
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params)
-    elapsed = time.perf_counter() - start
+    with Clock() as clock:
+        outputs = llm.generate(prompts, params)
     assert [len(o.token_ids) for o in outputs] == output_lens
-    return sum(output_lens) / elapsed
+    return clock.rates(sum(output_lens))
 
 
 def _hf_model(model_dir: str):
     import transformers
 
+    transformers.utils.logging.disable_progress_bar()
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None  # as ignore_eos: exactly max_new_tokens each
     model.generation_config.pad_token_id = 0
     return model
 
 
-def bench_hf_one_at_a_time(model, prompts, output_lens) -> float:
-    start = time.perf_counter()
-    with torch.inference_mode():
+def bench_hf_one_at_a_time(model, prompts, output_lens) -> tuple[float, float]:
+    with Clock() as clock, torch.inference_mode():
         for prompt, n in zip(prompts, output_lens, strict=True):
             ids = torch.tensor([prompt])
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
                                  min_new_tokens=n, do_sample=False)
             assert out.shape[1] == len(prompt) + n
-    return sum(output_lens) / (time.perf_counter() - start)
+    return clock.rates(sum(output_lens))
 
 
-def bench_hf_static_batch(model, prompts, output_lens, batch_size: int) -> float:
+def bench_hf_static_batch(model, prompts, output_lens, batch_size: int) -> tuple[float, float]:
     """Left-padded batches of ``batch_size`` in arrival order, each run to its longest output;
     only the tokens each request asked for count."""
-    start = time.perf_counter()
-    with torch.inference_mode():
+    with Clock() as clock, torch.inference_mode():
         for i in range(0, len(prompts), batch_size):
             batch, lens = prompts[i:i + batch_size], output_lens[i:i + batch_size]
             width = max(len(p) for p in batch)
@@ -75,7 +91,7 @@ def bench_hf_static_batch(model, prompts, output_lens, batch_size: int) -> float
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
             model.generate(ids, attention_mask=mask, max_new_tokens=max(lens),
                            min_new_tokens=max(lens), do_sample=False)
-    return sum(output_lens) / (time.perf_counter() - start)
+    return clock.rates(sum(output_lens))
 
 
 def main() -> int:
@@ -83,31 +99,39 @@ def main() -> int:
     parser.add_argument("--model", default="small-llama", help="built-in model name")
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--static-batch", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: CPU-time rates stay comparable)")
     args = parser.parse_args()
+    import json
+
     from kvledger.engine.make_model import write_model
 
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(write_model(args.model, tmp))
-        import json
-
         with open(f"{model_dir}/config.json") as f:
             vocab = json.load(f)["vocab_size"]
         prompts, output_lens = workload(args.requests, vocab)
-        print(f"model {args.model}, {args.requests} requests, prompts 16-128 tokens, "
-              f"outputs {sorted(set(output_lens))} ({sum(output_lens)} tokens), "
-              f"{torch.get_num_threads()} CPU threads, load average {os.getloadavg()[0]:.1f}",
-              flush=True)
+        print(f"model {args.model}, {args.requests} requests, prompts 16-128 tokens, outputs "
+              f"{sorted(set(output_lens))} ({sum(output_lens)} tokens), {args.threads} torch "
+              f"thread(s), load average {os.getloadavg()[0]:.1f}", flush=True)
+        header = f"{'setup':<34}{'wall tok/s':>11}{'CPU tok/s':>11}   ratios by CPU time (wall)"
+        print(header, flush=True)
         hf = _hf_model(model_dir)
         one = bench_hf_one_at_a_time(hf, prompts, output_lens)
-        print(f"transformers one at a time:        {one:8.1f} tok/s", flush=True)
+        print(f"{'transformers one at a time':<34}{one[0]:>11.1f}{one[1]:>11.1f}", flush=True)
         static = bench_hf_static_batch(hf, prompts, output_lens, args.static_batch)
-        print(f"transformers static batch of {args.static_batch}:   {static:8.1f} tok/s", flush=True)
+        print(f"{f'transformers static batch of {args.static_batch}':<34}{static[0]:>11.1f}"
+              f"{static[1]:>11.1f}   {static[1] / one[1]:.2f}x ({static[0] / one[0]:.2f}x) "
+              "one-at-a-time", flush=True)
         del hf
         for concurrency in (1, 8, 32):
             rate = bench_engine(model_dir, prompts, output_lens, concurrency)
-            print(f"kvledger concurrency {concurrency:>2}:            {rate:8.1f} tok/s   "
-                  f"{rate / one:5.2f}x one-at-a-time   {rate / static:5.2f}x static batch", flush=True)
+            print(f"{f'kvledger concurrency {concurrency}':<34}{rate[0]:>11.1f}{rate[1]:>11.1f}   "
+                  f"{rate[1] / one[1]:.2f}x ({rate[0] / one[0]:.2f}x) one-at-a-time, "
+                  f"{rate[1] / static[1]:.2f}x ({rate[0] / static[0]:.2f}x) static batch",
+                  flush=True)
         print(f"load average at the end {os.getloadavg()[0]:.1f} (other processes share the CPU)")
     return 0
 

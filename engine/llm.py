@@ -56,16 +56,20 @@ class LLM:
         order = [request_id for request_id, *_ in queue]
         texts = {request_id: prompt for request_id, prompt, *_ in queue if isinstance(prompt, str)}
         finished: dict[str, RequestOutput] = {}
-        while queue or engine.has_unfinished_requests():
-            while queue:
-                request_id, _, ids, p = queue[0]
-                try:
-                    engine.add_request(request_id, ids, p)
-                except AdmissionRejected:
-                    break  # wait for running requests to release their blocks
-                queue.popleft()
-            for out in engine.step():
-                if out.finished:
-                    out.prompt = texts.get(out.request_id)
-                    finished[out.request_id] = out
+        try:
+            while queue or engine.has_unfinished_requests():
+                while queue:
+                    request_id, _, ids, p = queue[0]
+                    try:
+                        engine.add_request(request_id, ids, p)
+                    except AdmissionRejected:
+                        break  # wait for running requests to release their blocks
+                    queue.popleft()
+                for out in engine.step():
+                    if out.finished:
+                        out.prompt = texts.get(out.request_id)
+                        finished[out.request_id] = out
+        except BaseException:  # Ctrl-C or a failed step: give every block back
+            engine.abort_all()
+            raise
         return [finished[request_id] for request_id in order]

@@ -142,6 +142,20 @@ class LLMEngine:
             elif request_id in self._known_ids:
                 self._pending_aborts.append(request_id)
 
+    def abort_all(self) -> None:
+        """Finish every request as aborted and release its blocks now, without stepping
+        (shutdown, an interrupted ``generate``, or after ``step()`` raised)."""
+        with self._lock:
+            pending = list(self._pending_adds.values())
+            self._pending_adds.clear()
+            self._pending_aborts.clear()
+            self._aborted.clear()
+            self._known_ids.clear()
+        live = pending + list(self.scheduler.waiting) + list(self.scheduler.running.values())
+        self.scheduler.waiting.clear()
+        for seq in live:
+            self.scheduler.finish(seq, "abort")
+
     def has_unfinished_requests(self) -> bool:
         with self._lock:
             pending = bool(self._pending_adds or self._pending_aborts or self._aborted)

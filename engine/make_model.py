@@ -76,6 +76,14 @@ def write_model(name: str, out_dir: str | Path) -> Path:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise BadInput(f"cannot create {out}: {exc.strerror}") from None
+    try:
+        _write_checkpoint(name, out)
+    except OSError as exc:
+        raise BadInput(f"cannot write {name} to {out}: {exc.strerror or exc}") from None
+    return out
+
+
+def _write_checkpoint(name: str, out: Path) -> None:
     tokenizer = _train_tokenizer()
     tokenizer.save(str(out / "tokenizer.json"))
     bos, eos, end = (tokenizer.token_to_id(t) for t in ("<s>", "</s>", "<|end|>"))
@@ -89,7 +97,6 @@ def write_model(name: str, out_dir: str | Path) -> Path:
                  "add_bos_token": True, "model_max_length": config["max_position_embeddings"],
                  "chat_template": CHAT_TEMPLATE})
     _write_weights(name, config, out / "model.safetensors")
-    return out
 
 
 def _train_tokenizer():

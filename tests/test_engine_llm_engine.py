@@ -244,3 +244,34 @@ def test_unsupported_architecture_is_refused_by_name(tmp_path, tiny_llama_dir):
     (model_dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(BadInput, match="unsupported architecture GPT2LMHeadModel"):
         make_engine(model_dir)
+
+
+def test_abort_all_releases_every_request_without_stepping(tiny_llama_dir):
+    engine = make_engine(tiny_llama_dir)
+    engine.add_request("running", [5] * 10, GREEDY)
+    engine.step()
+    engine.add_request("pending", [6] * 10, GREEDY)
+    engine.abort_all()
+    assert_pool_empty(engine)
+    assert not engine.has_unfinished_requests()
+    engine.add_request("running", [5] * 10, GREEDY)  # ids are free again
+    assert drain(engine)["running"].finish_reason == "length"
+
+
+def test_an_interrupted_generate_releases_its_blocks(tiny_llama_dir, monkeypatch):
+    from kvledger.engine.llm import LLM
+
+    llm = LLM(str(tiny_llama_dir), max_model_len=128, max_num_seqs=4, device="cpu")
+    real_step, calls = llm.engine.step, []
+
+    def failing_step():
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_step()
+
+    monkeypatch.setattr(llm.engine, "step", failing_step)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([[5] * 10] * 6, GREEDY)
+    assert_pool_empty(llm.engine)
+    assert not llm.engine.has_unfinished_requests()
