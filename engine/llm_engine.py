@@ -222,8 +222,14 @@ class LLMEngine:
         return True
 
     def _output(self, seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
+        text = seq.text
+        if seq.params.stop_strings and not seq.is_finished:
+            # Hold back what could be the start of a stop string, so streamed text never
+            # shows characters that a later cut removes.
+            held = max(len(s) for s in seq.params.stop_strings) - 1
+            text = text[:max(0, len(text) - held)]
         return RequestOutput(seq.request_id, seq.prompt_token_ids, list(seq.output_token_ids),
-                             new_token_ids, seq.text, seq.is_finished, seq.finish_reason)
+                             new_token_ids, text, seq.is_finished, seq.finish_reason)
 
     def _check_prompt(self, prompt_token_ids: list[int]) -> None:
         if not prompt_token_ids:

@@ -3,6 +3,7 @@ aborts from another thread, and start-up refusals."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -115,8 +116,11 @@ def test_stop_string_is_cut_from_the_text(engine):
     assert len(stop) == 3
     engine.add_request("stop", [60, 61], SamplingParams(temperature=0, max_tokens=8, stop=stop,
                                                          ignore_eos=True))
-    out = drain(engine)["stop"]
+    streamed = []
+    out = drain(engine, lambda outs: streamed.extend(o.text for o in outs))["stop"]
     assert out.finish_reason == "stop" and out.text == probe.text[:probe.text.index(stop)]
+    # Streamed text only grows, and never shows what the stop string later cut.
+    assert all(a == b[:len(a)] for a, b in itertools.pairwise(streamed)) and streamed[-1] == out.text
     assert_pool_empty(engine)
 
 
