@@ -114,11 +114,10 @@ class Attention(nn.Module):
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
 
-        if kv_cache is not None:  # [2, num_blocks, block_size, kv_heads, head_dim]
-            k_slots = kv_cache[0].view(-1, self.num_kv_heads, self.head_dim)
-            v_slots = kv_cache[1].view(-1, self.num_kv_heads, self.head_dim)
-            k_slots.index_copy_(0, meta.slot_mapping, k.to(k_slots.dtype))  # fp8 KV: cast
-            v_slots.index_copy_(0, meta.slot_mapping, v.to(v_slots.dtype))
+        if kv_cache is not None:  # [2 (K, V), kv_heads, num_blocks, block_size, head_dim]
+            slots = kv_cache.view(2, self.num_kv_heads, -1, self.head_dim)
+            kv = torch.stack((k, v)).transpose(1, 2).to(kv_cache.dtype)  # fp8 KV: cast
+            slots.index_copy_(2, meta.slot_mapping, kv)
 
         out = torch.empty_like(q)
         start = 0
@@ -130,14 +129,15 @@ class Attention(nn.Module):
             out[start:end] = o[0].transpose(0, 1)
             start = end
         if start < num_tokens:
-            num_decodes, block_size = num_tokens - start, kv_cache.shape[2]
+            num_decodes, block_size = num_tokens - start, kv_cache.shape[3]
             context = meta.decode_block_tables.shape[1] * block_size
-            # Gather each sequence's blocks: [num_decodes, kv_heads, context, head_dim].
-            kd = kv_cache[0][meta.decode_block_tables].view(
-                num_decodes, context, self.num_kv_heads, self.head_dim).transpose(1, 2).to(q.dtype)
-            vd = kv_cache[1][meta.decode_block_tables].view(
-                num_decodes, context, self.num_kv_heads, self.head_dim).transpose(1, 2).to(q.dtype)
-            o = F.scaled_dot_product_attention(q[start:].unsqueeze(2), kd, vd,
+            # Gather each sequence's blocks, K and V at once: [2, kv_heads, decodes, blocks,
+            # block_size, head_dim] -> [2, decodes, kv_heads, context, head_dim]. Heads
+            # outermost keeps each (sequence, head) a contiguous run of positions.
+            kv = kv_cache[:, :, meta.decode_block_tables].view(
+                2, self.num_kv_heads, num_decodes, context, self.head_dim).transpose(1, 2)
+            kv = kv.to(q.dtype)
+            o = F.scaled_dot_product_attention(q[start:].unsqueeze(2), kv[0], kv[1],
                                                attn_mask=meta.decode_mask, enable_gqa=True)
             out[start:] = o.squeeze(2)
         return self.o_proj(out.view(num_tokens, -1))

@@ -1,6 +1,6 @@
 """Turns a scheduled batch into tensors, runs the model, returns one logits row per
 sequence. Owns the paged KV cache: one tensor of
-``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]``."""
+``[num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]``."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class ModelRunner:
         """Allocate the whole pool up front; returns its bytes."""
         dtype = self.dtype if kv_dtype in ("auto", None) else TORCH_DTYPES[kv_dtype]
         c = self.config
-        self.kv_cache = torch.zeros(c.num_layers, 2, num_blocks, self.block_size, c.num_kv_heads,
+        self.kv_cache = torch.zeros(c.num_layers, 2, c.num_kv_heads, num_blocks, self.block_size,
                                     c.head_dim, dtype=dtype, device=self.device)
         return self.kv_cache.numel() * self.kv_cache.element_size()
 

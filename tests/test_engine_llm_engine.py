@@ -47,7 +47,7 @@ def assert_pool_empty(engine: LLMEngine) -> None:
 def test_pool_is_sized_by_the_plan_and_the_plan_is_the_measured_one(engine):
     assert engine.ledger.num_blocks == engine.plan.kv.num_blocks == 4 * 128 // 16
     assert "weights" in engine.plan.measured
-    assert engine.runner.kv_cache.shape[2] == engine.plan.kv.num_blocks
+    assert engine.runner.kv_cache.shape[3] == engine.plan.kv.num_blocks
 
 
 def test_max_tokens_ends_with_length_and_releases_everything(engine):
