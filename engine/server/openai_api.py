@@ -99,7 +99,9 @@ async def read_json(request: web.Request) -> Any:
 
 
 # A tokenizer emits at most one token per UTF-8 byte plus a few it adds itself (BOS, a
-# SentencePiece word prefix); this bound lets a full pool refuse before tokenizing.
+# SentencePiece word prefix); this bound lets a full pool refuse before tokenizing. A
+# normalizer that expands text (NFKC ligatures) could break it; the cost is only that a
+# request which deserved a 413/400 gets a 429 first, and its retry the 413/400.
 _ADDED_TOKENS_MAX = 8
 
 
