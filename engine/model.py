@@ -92,6 +92,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """fp8 tensors as uint8: CPU torch cannot index_copy_ or gather float8 directly."""
+    return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -115,9 +120,9 @@ class Attention(nn.Module):
         k = k * cos + _rotate_half(k) * sin
 
         if kv_cache is not None:  # [2 (K, V), kv_heads, num_blocks, block_size, head_dim]
-            slots = kv_cache.view(2, self.num_kv_heads, -1, self.head_dim)
+            slots = _as_bytes(kv_cache).view(2, self.num_kv_heads, -1, self.head_dim)
             kv = torch.stack((k, v)).transpose(1, 2).to(kv_cache.dtype)  # fp8 KV: cast
-            slots.index_copy_(2, meta.slot_mapping, kv)
+            slots.index_copy_(2, meta.slot_mapping, _as_bytes(kv))
 
         out = torch.empty_like(q)
         start = 0
@@ -134,7 +139,7 @@ class Attention(nn.Module):
             # Gather each sequence's blocks, K and V at once: [2, kv_heads, decodes, blocks,
             # block_size, head_dim] -> [2, decodes, kv_heads, context, head_dim]. Heads
             # outermost keeps each (sequence, head) a contiguous run of positions.
-            kv = kv_cache[:, :, meta.decode_block_tables].view(
+            kv = _as_bytes(kv_cache)[:, :, meta.decode_block_tables].view(kv_cache.dtype).view(
                 2, self.num_kv_heads, num_decodes, context, self.head_dim).transpose(1, 2)
             kv = kv.to(q.dtype)
             o = F.scaled_dot_product_attention(q[start:].unsqueeze(2), kv[0], kv[1],

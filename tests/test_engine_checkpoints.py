@@ -135,3 +135,18 @@ def test_chat_template_matches_transformers(tiny_llama_dir):
     assert ours.apply_chat_template(messages) == hf.apply_chat_template(messages, tokenize=False,
                                                                         add_generation_prompt=True)
     assert ours.encode("Tell me about the weather.") == hf("Tell me about the weather.")["input_ids"]
+
+
+@pytest.mark.parametrize("flags, weight_dtype, kv_dtype", [
+    ({"dtype": "bfloat16"}, torch.bfloat16, torch.bfloat16),
+    ({"kv_cache_dtype": "fp8"}, torch.float32, torch.float8_e4m3fn),
+])
+def test_dtype_flags_reach_the_weights_and_the_kv_pool(tiny_llama_dir, flags, weight_dtype, kv_dtype):
+    from kvledger.engine import LLM, SamplingParams
+
+    llm = LLM(str(tiny_llama_dir), max_model_len=64, max_num_seqs=2, device="cpu", **flags)
+    runner = llm.engine.runner
+    assert runner.model.lm_head.weight.dtype == weight_dtype and runner.kv_cache.dtype == kv_dtype
+    assert llm.engine.plan.classes["kv_cache"] == runner.kv_cache.numel() * runner.kv_cache.element_size()
+    out = llm.generate([[5, 6, 7, 8]], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+    assert len(out[0].token_ids) == 10
