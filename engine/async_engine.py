@@ -73,7 +73,6 @@ class AsyncEngine:
         self.on_step_outputs = None  # optional callback(outputs) on the loop thread
         self._step_s: float | None = None  # EWMA of the time of steps that decoded
         self._last_step_s: float | None = None
-        self.steps = 0
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -93,10 +92,6 @@ class AsyncEngine:
         self._wake.set()
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30.0)
-
-    @property
-    def num_running(self) -> int:
-        return len(self._streams)
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -119,6 +114,8 @@ class AsyncEngine:
         """
         if self.dead is not None:
             raise EngineDeadError(f"the engine has stopped: {self.dead}")
+        if self._stopping.is_set():
+            raise EngineDeadError("the engine is shutting down")
         if request_id in self._streams:
             raise ValueError(f"duplicate request id {request_id!r}")
         stream = RequestStream(self, request_id, reservation)
@@ -158,7 +155,6 @@ class AsyncEngine:
                 self._last_step_s = elapsed
                 self._step_s = (elapsed if self._step_s is None
                                 else (1 - _EWMA) * self._step_s + _EWMA * elapsed)
-            self.steps += 1
             # Even an empty step may have released blocks (aborts), so always report.
             self._loop.call_soon_threadsafe(self._deliver, outputs)
 
