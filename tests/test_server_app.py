@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -199,3 +200,19 @@ async def test_full_pool_refuses_with_the_same_answer_before_and_after_tokenizin
         assert response.status == 413
     finally:
         ledger.release(held)
+
+
+async def test_max_queue_wait_holds_a_request_until_blocks_return(aiohttp_client, llm):
+    client = await start_app(aiohttp_client, llm, max_queue_wait_s=5.0)
+    ledger = client.app[STATE].llm.ledger
+    held = ledger.try_reserve(ledger.num_blocks * ledger.block_size)
+    request = asyncio.create_task(client.post("/v1/completions", json={
+        "model": model_name(client), "prompt": "x", "max_tokens": 2}))
+    assert await wait_for_metric(client, "kvledger_queue_length", 1) == 1
+    budget = await (await client.get("/v1/budget")).json()
+    assert budget["queue"]["waiting"] == 1
+    ledger.release(held)
+    client.app[STATE].admission.capacity_changed()  # what the engine's next step would do
+    response = await request
+    assert response.status == 200
+    assert await metric(client, "kvledger_queue_wait_seconds_count") == 1
