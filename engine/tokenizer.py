@@ -64,6 +64,7 @@ class Tokenizer:
 
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise_template_error
+            env.globals["strftime_now"] = _strftime_now  # Llama 3.x templates date prompts
             self._template = env.from_string(self.chat_template)
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
@@ -121,6 +122,12 @@ def _token_text(token: Any) -> str | None:
     if isinstance(token, dict):  # {"content": "<s>", "__type": "AddedToken", ...}
         return token.get("content")
     return token
+
+
+def _strftime_now(fmt: str) -> str:
+    import datetime
+
+    return datetime.datetime.now().strftime(fmt)
 
 
 def _raise_template_error(message: str) -> None:

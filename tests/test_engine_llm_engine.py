@@ -279,3 +279,14 @@ def test_an_interrupted_generate_releases_its_blocks(tiny_llama_dir, monkeypatch
         llm.generate([[5] * 10] * 6, GREEDY)
     assert_pool_empty(llm.engine)
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_a_run_that_fits_on_paper_but_not_as_measured_is_refused(tiny_llama_dir, monkeypatch):
+    from kvledger.engine.model_runner import ModelRunner
+
+    # The estimate fits in 1 GiB; a profile step that peaks at 4 GiB does not.
+    monkeypatch.setattr(ModelRunner, "profile", lambda self, *a: 4 * 2**30)
+    with pytest.raises(DoesNotFit) as info:
+        make_engine(tiny_llama_dir, memory_limit_bytes=2**30)
+    assert info.value.plan.classes["activations"] == 4 * 2**30
+    assert "activations" in info.value.plan.measured and not info.value.plan.fits
