@@ -19,29 +19,38 @@ def llm(tiny_llama_dir):
     return make_llm(tiny_llama_dir)
 
 
-async def _serve(aiohttp_server, llm, **options):
-    """A real HTTP server; ``seen`` records (arrival time, status, headers) per request."""
-    app = build_app(ServeOptions(**options))
-    seen: list[tuple[float, int, dict]] = []
+@pytest.fixture
+async def serve(aiohttp_server, llm):
+    """Start a real HTTP server; ``seen`` records (arrival, status, headers) per completion."""
+    clients = []
 
-    @web.middleware
-    async def record(request, handler):
-        arrived = time.monotonic()
-        response = await handler(request)
-        if request.path.startswith("/v1/completions"):
-            seen.append((arrived, response.status, dict(response.headers)))
-        return response
+    async def start(**options):
+        app = build_app(ServeOptions(**options))
+        seen: list[tuple[float, int, dict]] = []
 
-    app.middlewares.insert(0, record)
-    server = await aiohttp_server(app, host="127.0.0.1")
-    await app[STATE].attach(llm)
-    client = openai.AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key="key",
-                                max_retries=0)
-    return app, client, seen
+        @web.middleware
+        async def record(request, handler):
+            arrived = time.monotonic()
+            response = await handler(request)
+            if request.path.startswith("/v1/completions"):
+                seen.append((arrived, response.status, dict(response.headers)))
+            return response
+
+        app.middlewares.insert(0, record)
+        server = await aiohttp_server(app, host="127.0.0.1")
+        await app[STATE].attach(llm)
+        client = openai.AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key="key",
+                                    max_retries=0)
+        clients.append(client)
+        return app, client, seen
+
+    yield start
+    for client in clients:
+        await client.close()
 
 
-async def test_sdk_completion_chat_and_streams(aiohttp_server, llm):
-    app, client, _ = await _serve(aiohttp_server, llm, api_key="key")
+async def test_sdk_completion_chat_and_streams(serve):
+    app, client, _ = await serve(api_key="key")
     name = app[STATE].model_name
     models = await client.models.list()
     assert [m.id for m in models.data] == [name]
@@ -74,8 +83,8 @@ async def test_sdk_completion_chat_and_streams(aiohttp_server, llm):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
-async def test_sdk_sees_openai_errors(aiohttp_server, llm):
-    app, client, _ = await _serve(aiohttp_server, llm, api_key="key")
+async def test_sdk_sees_openai_errors(serve):
+    app, client, _ = await serve(api_key="key")
     name = app[STATE].model_name
     with pytest.raises(openai.NotFoundError) as info:
         await client.completions.create(model="nope", prompt="x")
@@ -88,8 +97,8 @@ async def test_sdk_sees_openai_errors(aiohttp_server, llm):
         await bad_key.completions.create(model=name, prompt="x")
 
 
-async def test_sdk_retries_a_429_after_the_advertised_delay(aiohttp_server, llm):
-    app, client, seen = await _serve(aiohttp_server, llm)
+async def test_sdk_retries_a_429_after_the_advertised_delay(serve):
+    app, client, seen = await serve()
     ledger = app[STATE].llm.ledger
     held = ledger.try_reserve(ledger.num_blocks * ledger.block_size)  # the pool is full
 
