@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvledger.engine.server.errors import ApiError
 from kvledger.engine.server.protocol import parse_chat, parse_completion
@@ -86,3 +88,29 @@ def test_body_must_be_an_object(body):
     error = _refused(parse_completion, body)
     assert error.body()["error"]["type"] == "invalid_request_error"
     assert set(error.body()["error"]) == {"message", "type", "code", "param"}
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70)
+                     | st.floats(allow_nan=True) | st.text(max_size=5),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=6)
+_FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
+           "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos", "stream",
+           "stream_options", "n", "logprobs", "user"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(_FIELDS), _JSON, max_size=8), st.booleans())
+def test_any_body_is_either_a_400_or_valid_sampling_params(body, chat):
+    import torch
+
+    from kvledger.engine.server.openai_api import _sampling_params
+
+    try:
+        req = (parse_chat if chat else parse_completion)(body)
+        _sampling_params(req, 10)
+    except ApiError as exc:
+        assert exc.status == 400
+        return
+    if req.seed is not None:
+        torch.Generator().manual_seed(req.seed)  # the engine seeds a generator with it

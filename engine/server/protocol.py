@@ -146,8 +146,8 @@ def _common(obj: dict[str, Any], req: GenerationRequest) -> None:
             raise bad_request("'top_k' must be a positive integer or -1", "top_k")
         req.top_k = top_k
     seed = obj.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise bad_request("'seed' must be an integer", "seed")
+    if seed is not None and not (_is_int(seed) and -(2**63) <= seed < 2**64):
+        raise bad_request("'seed' must be a 64-bit integer", "seed")
     req.seed = seed
     req.stop = _stop(obj.get("stop"))
     ids = obj.get("stop_token_ids")
