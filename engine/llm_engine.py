@@ -105,30 +105,31 @@ class LLMEngine:
         try:
             self._check_prompt(prompt_token_ids)
             cap = self.output_cap(len(prompt_token_ids), params)
-            with self._lock:
-                if request_id in self._known_ids:
-                    raise BadInput(f"request id {request_id!r} is already in use")
+            needed_blocks = self.ledger.blocks_for(len(prompt_token_ids) + cap)
+            if reservation is not None and reservation.num_blocks < needed_blocks:
+                raise BadInput(f"the reservation holds {reservation.num_blocks} blocks; prompt + "
+                               f"cap needs {needed_blocks}")
         except BadInput:
             if reservation is not None:
                 self.ledger.release(reservation)
             raise
-        needed = len(prompt_token_ids) + cap
         if reservation is None:
-            reservation = self.ledger.try_reserve(needed)
+            reservation = self.ledger.try_reserve(len(prompt_token_ids) + cap)
             if reservation is None:
-                raise AdmissionRejected(self.ledger.blocks_for(needed), self.ledger.free_blocks)
-        elif reservation.num_blocks < self.ledger.blocks_for(needed):
-            self.ledger.release(reservation)
-            raise BadInput(f"the reservation holds {reservation.num_blocks} blocks; prompt + cap "
-                           f"needs {self.ledger.blocks_for(needed)}")
+                raise AdmissionRejected(needed_blocks, self.ledger.free_blocks)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
         seq = Sequence(request_id, list(prompt_token_ids), params, cap, reservation,
                        self.tokenizer.detokenizer(prompt_token_ids), generator)
-        with self._lock:
-            self._known_ids.add(request_id)
-            self._pending_adds[request_id] = seq
+        with self._lock:  # check and claim the id in one step
+            duplicate = request_id in self._known_ids
+            if not duplicate:
+                self._known_ids.add(request_id)
+                self._pending_adds[request_id] = seq
+        if duplicate:
+            self.ledger.release(reservation)
+            raise BadInput(f"request id {request_id!r} is already in use")
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request; idempotent. A request not yet picked up is released at once;

@@ -224,9 +224,17 @@ def test_duplicate_request_id_is_refused(engine):
     engine.add_request("dup", [5, 6], GREEDY)
     with pytest.raises(BadInput, match="already in use"):
         engine.add_request("dup", [5, 6], GREEDY)
+    theirs = engine.ledger.try_reserve(10)
+    with pytest.raises(BadInput, match="already in use"):
+        engine.add_request("dup", [5, 6], GREEDY, reservation=theirs)
+    assert theirs.released  # a refused request's reservation is given back
     drain(engine)
     engine.add_request("dup", [5, 6], GREEDY)  # free again once finished
     drain(engine)
+    small = engine.ledger.try_reserve(1)
+    with pytest.raises(BadInput, match="reservation holds 1 blocks"):
+        engine.add_request("big", [5] * 20, GREEDY, reservation=small)
+    assert small.released
     assert_pool_empty(engine)
 
 
