@@ -145,7 +145,8 @@ class LLMEngine:
 
     def abort_all(self) -> None:
         """Finish every request as aborted and release its blocks now, without stepping
-        (shutdown, an interrupted ``generate``, or after ``step()`` raised)."""
+        (shutdown, an interrupted ``generate``, or after ``step()`` raised). Call it only
+        while no ``step()`` is running."""
         with self._lock:
             pending = list(self._pending_adds.values())
             self._pending_adds.clear()
