@@ -128,6 +128,7 @@ async def run_policy(policy: str, base: LLMEngine, args, traffic) -> Result:
     pool = PoolModel(args.pool_blocks, block_size)
     result = Result(policy)
     admission = Admission(ledger, max_model_len=engine.max_model_len,
+                          max_num_seqs=args.max_num_seqs,
                           decode_tokens_per_s=lambda: async_engine.decode_tokens_per_s,
                           rng=random.Random(args.seed))
     baseline = Baseline(policy, pool, args.fixed_cap)

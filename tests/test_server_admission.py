@@ -162,3 +162,16 @@ async def test_a_waiter_cancelled_in_the_instant_it_is_granted_gives_the_blocks_
         adm.ledger.release(ticket.reservation)
         adm.done(ticket)
     assert adm.ledger.reserved_blocks == 0 and adm.queue_length == 0 and not adm.running
+
+
+async def test_estimate_counts_requests_queued_behind_the_engines_max_num_seqs():
+    ledger = KVLedger(12, 16)
+    adm = Admission(ledger, max_model_len=160, max_num_seqs=2,
+                    decode_tokens_per_s=lambda: 10.0, rng=random.Random(0))
+    for name in ("a", "b", "c"):  # 4 blocks each, 50 tokens to go: 5 s of decoding
+        await adm.admit(name, 14, 50)
+    # a and b run now and are done at 5 s; c waits for a slot and is done at 10 s.
+    assert adm.estimate_wait_s(4) == pytest.approx(5.0)
+    assert adm.estimate_wait_s(12) == pytest.approx(10.0)
+    adm.max_num_seqs = None  # were all three running at once, all would be back at 5 s
+    assert adm.estimate_wait_s(12) == pytest.approx(5.0)

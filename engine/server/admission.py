@@ -11,6 +11,7 @@ in lock-step. ``done`` forgets the request; the engine releases its blocks.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import math
 import random
 import time
@@ -55,12 +56,14 @@ class Admission:
     """Admits requests against ``ledger`` (``try_reserve``/``release``/``blocks_for``)."""
 
     def __init__(self, ledger: Any, *, max_model_len: int, max_queue_wait_s: float = 0.0,
+                 max_num_seqs: int | None = None,
                  decode_tokens_per_s: Callable[[], float | None] = lambda: None,
                  rng: random.Random | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.ledger = ledger
         self.max_model_len = max_model_len
         self.max_queue_wait_s = max_queue_wait_s
+        self.max_num_seqs = max_num_seqs  # the engine runs at most this many at once
         self._decode_tokens_per_s = decode_tokens_per_s
         self._rng = rng or random.Random()
         self._clock = clock
@@ -185,8 +188,9 @@ class Admission:
     def estimate_wait_s(self, blocks: int, ahead_blocks: int | None = None) -> float:
         """Seconds until ``blocks`` (behind ``ahead_blocks`` already queued) can be reserved.
 
-        Running requests return their blocks when they reach their cap at the observed
-        per-sequence decode rate; they are taken soonest first until the deficit is met.
+        Admitted requests return their blocks when they reach their cap at the observed
+        per-sequence decode rate, at most ``max_num_seqs`` at a time in admission order
+        (the engine's own FIFO); they are taken soonest first until the deficit is met.
         """
         if ahead_blocks is None:
             ahead_blocks = sum(w.blocks for w in self._waiters if not w.gone)
@@ -194,7 +198,14 @@ class Admission:
         if deficit <= 0:
             return 0.0
         rate = self._decode_tokens_per_s() or DEFAULT_DECODE_TOKENS_PER_S
-        due = sorted((t.remaining_tokens / rate, t.blocks) for t in self.running.values())
+        slots = [0.0] * min(self.max_num_seqs or len(self.running), len(self.running))
+        due = []
+        for ticket in self.running.values():  # dicts keep admission order
+            start = heapq.heappop(slots)
+            end = start + ticket.remaining_tokens / rate
+            heapq.heappush(slots, end)
+            due.append((end, ticket.blocks))
+        due.sort()
         freed = 0
         for seconds, ticket_blocks in due:
             freed += ticket_blocks

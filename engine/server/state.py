@@ -61,6 +61,7 @@ class ServerState:
         self.engine = AsyncEngine(llm)
         self.admission = Admission(llm.ledger, max_model_len=llm.max_model_len,
                                    max_queue_wait_s=self.options.max_queue_wait_s,
+                                   max_num_seqs=llm.plan.max_num_seqs,
                                    decode_tokens_per_s=lambda: self.engine.decode_tokens_per_s)
         self.engine.on_step_outputs = lambda _outputs: self.admission.capacity_changed()
         self.engine.start()
