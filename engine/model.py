@@ -19,19 +19,27 @@ from kvledger.engine.model_config import ModelConfig
 
 
 @dataclass
+class DecodeGroup:
+    """Decoding sequences attended together: block tables padded to the group's longest."""
+
+    num_seqs: int
+    block_tables: torch.Tensor  # [num_seqs, max_blocks]
+    mask: torch.Tensor          # [num_seqs, 1, 1, max_blocks * block_size], True = attend
+
+
+@dataclass
 class AttentionMetadata:
     """Where this step's tokens go and what they attend to (built by the model runner).
 
     Tokens are ordered: every prefill (whole prompts, ``prefill_lens``), then one token
-    per decoding sequence. ``slot_mapping`` is each token's flat cache slot
-    (``block_id * block_size + offset``); None in the profile pass, which has no cache.
+    per decoding sequence, group after group. ``slot_mapping`` is each token's flat cache
+    slot (``block_id * block_size + offset``); None in the profile pass, which has no cache.
     """
 
     slot_mapping: torch.Tensor | None
     prefill_lens: list[int]
     prefill_masks: list[torch.Tensor | None]   # None: plain causal
-    decode_block_tables: torch.Tensor | None   # [num_decodes, max_blocks]
-    decode_mask: torch.Tensor | None           # [num_decodes, 1, 1, max_blocks * block_size]
+    decode_groups: list[DecodeGroup]
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -133,18 +141,19 @@ class Attention(nn.Module):
                                                enable_gqa=True)
             out[start:end] = o[0].transpose(0, 1)
             start = end
-        if start < num_tokens:
-            num_decodes, block_size = num_tokens - start, kv_cache.shape[3]
-            context = meta.decode_block_tables.shape[1] * block_size
-            # Gather each sequence's blocks, K and V at once: [2, kv_heads, decodes, blocks,
-            # block_size, head_dim] -> [2, decodes, kv_heads, context, head_dim]. Heads
+        for group in meta.decode_groups:
+            end = start + group.num_seqs
+            context = group.block_tables.shape[1] * kv_cache.shape[3]
+            # Gather each sequence's blocks, K and V at once: [2, kv_heads, seqs, blocks,
+            # block_size, head_dim] -> [2, seqs, kv_heads, context, head_dim]. Heads
             # outermost keeps each (sequence, head) a contiguous run of positions.
-            kv = _as_bytes(kv_cache)[:, :, meta.decode_block_tables].view(kv_cache.dtype).view(
-                2, self.num_kv_heads, num_decodes, context, self.head_dim).transpose(1, 2)
+            kv = _as_bytes(kv_cache)[:, :, group.block_tables].view(kv_cache.dtype).view(
+                2, self.num_kv_heads, group.num_seqs, context, self.head_dim).transpose(1, 2)
             kv = kv.to(q.dtype)
-            o = F.scaled_dot_product_attention(q[start:].unsqueeze(2), kv[0], kv[1],
-                                               attn_mask=meta.decode_mask, enable_gqa=True)
-            out[start:] = o.squeeze(2)
+            o = F.scaled_dot_product_attention(q[start:end].unsqueeze(2), kv[0], kv[1],
+                                               attn_mask=group.mask, enable_gqa=True)
+            out[start:end] = o.squeeze(2)
+            start = end
         return self.o_proj(out.view(num_tokens, -1))
 
 

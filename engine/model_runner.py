@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kvledger.engine.model import AttentionMetadata, CausalLM, RotaryEmbedding
+from kvledger.engine.model import AttentionMetadata, CausalLM, DecodeGroup, RotaryEmbedding
 from kvledger.engine.scheduler import ScheduledBatch
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -68,7 +68,7 @@ class ModelRunner:
         input_ids = [0] * num_tokens
         positions = [p for n in lengths for p in range(n)]
         last_index = list(torch.tensor(lengths).cumsum(0) - 1)
-        meta = AttentionMetadata(None, lengths, [self._window_mask(n) for n in lengths], None, None)
+        meta = AttentionMetadata(None, lengths, [self._window_mask(n) for n in lengths], [])
         self._forward(input_ids, positions, meta, [int(i) for i in last_index])
         if not cuda:
             return None
@@ -89,26 +89,29 @@ class ModelRunner:
         return [block_ids[p // bs] * bs + p % bs for p in range(start, end)]
 
     def _metadata(self, batch: ScheduledBatch, slots: list[int]) -> AttentionMetadata:
-        block_tables = mask = None
-        if batch.decodes:
-            width = max(len(seq.block_ids) for seq in batch.decodes)
-            # Pad with block 0: the mask hides the padding, any valid index will do.
-            block_tables = torch.tensor([s.block_ids + [0] * (width - len(s.block_ids))
-                                         for s in batch.decodes], dtype=torch.long, device=self.device)
-            context = torch.tensor([s.num_tokens for s in batch.decodes], device=self.device)
-            slot = torch.arange(width * self.block_size, device=self.device)[None, :]
-            mask = slot < context[:, None]
-            window = self.config.sliding_window
-            if window is not None:
-                mask &= slot > (context[:, None] - 1 - window)
-            mask = mask[:, None, None, :]
+        groups, start = [], 0
+        for end in _group_bounds([len(s.block_ids) for s in batch.decodes]):
+            groups.append(self._decode_group(batch.decodes[start:end]))
+            start = end
         return AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
             prefill_lens=[s.num_prompt_tokens for s in batch.prefills],
             prefill_masks=[self._window_mask(s.num_prompt_tokens) for s in batch.prefills],
-            decode_block_tables=block_tables,
-            decode_mask=mask,
+            decode_groups=groups,
         )
+
+    def _decode_group(self, seqs: list) -> DecodeGroup:
+        width = max(len(seq.block_ids) for seq in seqs)
+        # Pad with block 0: the mask hides the padding, any valid index will do.
+        block_tables = torch.tensor([s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs],
+                                    dtype=torch.long, device=self.device)
+        context = torch.tensor([s.num_tokens for s in seqs], device=self.device)
+        slot = torch.arange(width * self.block_size, device=self.device)[None, :]
+        mask = slot < context[:, None]
+        window = self.config.sliding_window
+        if window is not None:
+            mask &= slot > (context[:, None] - 1 - window)
+        return DecodeGroup(len(seqs), block_tables, mask[:, None, None, :])
 
     def _window_mask(self, length: int) -> torch.Tensor | None:
         """Causal mask limited to the sliding window; None (plain causal) when it cannot bite."""
@@ -117,3 +120,22 @@ class ModelRunner:
             return None
         i = torch.arange(length, device=self.device)
         return (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
+
+
+def _group_bounds(widths: list[int], max_groups: int = 4) -> list[int]:
+    """Split decodes, sorted by ascending width (blocks), into groups so that padding
+    each to its longest wastes little: repeatedly cut the first group where it saves the
+    most padded blocks, while a cut saves at least an eighth. Returns the groups' ends."""
+    ends = [len(widths)] if widths else []
+    while ends and len(ends) < max_groups:
+        n = ends[0]
+        cost = n * widths[n - 1]
+        best_k = min(range(1, n), default=None,
+                     key=lambda k: k * widths[k - 1] + (n - k) * widths[n - 1])
+        if best_k is None:
+            break
+        saved = cost - (best_k * widths[best_k - 1] + (n - best_k) * widths[n - 1])
+        if saved * 8 < cost:
+            break
+        ends.insert(0, best_k)
+    return ends

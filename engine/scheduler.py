@@ -43,7 +43,8 @@ class Scheduler:
         self.waiting.append(seq)
 
     def schedule(self) -> ScheduledBatch:
-        decodes = list(self.running.values())
+        # Shortest context first: the runner pads each group of decodes to its longest.
+        decodes = sorted(self.running.values(), key=lambda seq: seq.num_tokens)
         budget_tokens = self.max_num_batched_tokens - len(decodes)
         prefills: list[Sequence] = []
         while self.waiting and len(self.running) < self.max_num_seqs:
