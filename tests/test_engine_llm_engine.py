@@ -298,3 +298,28 @@ def test_a_run_that_fits_on_paper_but_not_as_measured_is_refused(tiny_llama_dir,
         make_engine(tiny_llama_dir, memory_limit_bytes=2**30)
     assert info.value.plan.classes["activations"] == 4 * 2**30
     assert "activations" in info.value.plan.measured and not info.value.plan.fits
+
+
+def test_decode_groups_cut_padding_and_cover_every_sequence():
+    from kvledger.engine.model_runner import _group_bounds
+
+    assert _group_bounds([]) == [] and _group_bounds([3]) == [1] and _group_bounds([5] * 6) == [6]
+    assert _group_bounds([1, 1, 1, 1, 10, 10]) == [4, 6]
+    widths = sorted([2, 3, 4, 5, 8, 9, 12, 14, 20, 24] * 3)
+    ends = _group_bounds(widths)
+    assert ends == sorted(set(ends)) and ends[-1] == len(widths) and len(ends) <= 4
+    padded = sum((end - start) * widths[end - 1] for start, end in zip([0, *ends[:-1]], ends, strict=True))
+    assert padded < 0.7 * len(widths) * widths[-1]
+
+
+def test_many_lengths_decoded_in_groups_match_each_run_alone(tiny_llama_dir):
+    engine = make_engine(tiny_llama_dir, max_num_seqs=8, block_size=4)
+    prompts = {f"g{n}": [7 + n] * n for n in (1, 3, 9, 17, 30, 44, 60, 75)}
+    alone = {}
+    for rid, prompt in prompts.items():
+        engine.add_request(rid, prompt, GREEDY)
+        alone[rid] = drain(engine)[rid].token_ids
+    for rid, prompt in prompts.items():
+        engine.add_request(rid, prompt, GREEDY)
+    together = drain(engine)
+    assert {rid: out.token_ids for rid, out in together.items()} == alone
