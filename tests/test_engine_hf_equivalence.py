@@ -54,3 +54,31 @@ def test_sliding_window_is_exercised(make_model_dir):
 
     config = json.loads((make_model_dir("tiny-mistral") / "config.json").read_text())
     assert config["sliding_window"] == 64 and max(len(p) for p in _prompts(1024, 12, 12)) + 40 > 64
+
+
+def test_llama_with_attention_bias_and_tied_embeddings_matches(tmp_path, tiny_llama_dir):
+    """Llama's ``attention_bias`` (q/k/v and o) and ``tie_word_embeddings`` variants."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    model_dir = tmp_path / "llama-bias-tied"
+    shutil.copytree(tiny_llama_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config.update(attention_bias=True, tie_word_embeddings=True)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    gen = torch.Generator().manual_seed(3)
+    tensors["model.embed_tokens.weight"] = tensors.pop("lm_head.weight")  # a small-scale table
+    for name in [n for n in tensors if n.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight",
+                                                    "o_proj.weight"))]:
+        rows = tensors[name].shape[0]
+        tensors[name.replace(".weight", ".bias")] = torch.randn(rows, generator=gen) * 0.2
+    save_file(tensors, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+
+    llm = LLM(str(model_dir), max_model_len=128, max_num_seqs=3, device="cpu")
+    prompts = _prompts(config["vocab_size"], 8, seed=5)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12))
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.token_ids == _hf_greedy(str(model_dir), prompt, 12)
