@@ -4,6 +4,8 @@ sequence. Owns the paged KV cache: one tensor of
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from kvledger.engine.model import AttentionMetadata, CausalLM, DecodeGroup, RotaryEmbedding
@@ -67,9 +69,9 @@ class ModelRunner:
             before = torch.cuda.memory_allocated(self.device)
         input_ids = [0] * num_tokens
         positions = [p for n in lengths for p in range(n)]
-        last_index = list(torch.tensor(lengths).cumsum(0) - 1)
+        last_index = [end - 1 for end in itertools.accumulate(lengths)]
         meta = AttentionMetadata(None, lengths, [self._window_mask(n) for n in lengths], [])
-        self._forward(input_ids, positions, meta, [int(i) for i in last_index])
+        self._forward(input_ids, positions, meta, last_index)
         if not cuda:
             return None
         torch.cuda.synchronize(self.device)
