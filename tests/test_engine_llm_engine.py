@@ -323,3 +323,8 @@ def test_many_lengths_decoded_in_groups_match_each_run_alone(tiny_llama_dir):
         engine.add_request(rid, prompt, GREEDY)
     together = drain(engine)
     assert {rid: out.token_ids for rid, out in together.items()} == alone
+
+
+def test_a_step_budget_below_the_context_is_refused_without_chunked_prefill(tiny_llama_dir):
+    with pytest.raises(BadInput, match="no chunked prefill"):
+        make_engine(tiny_llama_dir, max_num_batched_tokens=64)
