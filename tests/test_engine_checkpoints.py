@@ -150,3 +150,20 @@ def test_dtype_flags_reach_the_weights_and_the_kv_pool(tiny_llama_dir, flags, we
     assert llm.engine.plan.classes["kv_cache"] == runner.kv_cache.numel() * runner.kv_cache.element_size()
     out = llm.generate([[5, 6, 7, 8]], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
     assert len(out[0].token_ids) == 10
+
+
+def test_missing_files_are_one_line_bad_input(tmp_path, tiny_llama_dir):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(BadInput, match=r"no config\.json"):
+        ModelConfig.from_dir(empty)
+    with pytest.raises(BadInput, match=r"no tokenizer\.json"):
+        Tokenizer(empty)
+    (empty / "config.json").write_text("{not json")
+    with pytest.raises(BadInput, match="not valid JSON"):
+        ModelConfig.from_dir(empty)
+    with pytest.raises(BadInput, match="no chat template"):
+        no_template = tmp_path / "no-template"
+        no_template.mkdir()
+        (no_template / "tokenizer.json").write_bytes((tiny_llama_dir / "tokenizer.json").read_bytes())
+        Tokenizer(no_template).apply_chat_template([{"role": "user", "content": "hi"}])
