@@ -60,9 +60,6 @@ class LLMEngine:
         plan = make_plan(config, device=device_memory)
         if not plan.fits:
             raise DoesNotFit(render_report(plan), plan)
-        if plan.max_num_batched_tokens < plan.max_model_len:
-            raise BadInput(f"--max-num-batched-tokens {plan.max_num_batched_tokens} is below the "
-                           f"context ({plan.max_model_len}); kvledger has no chunked prefill")
         device = _torch_device(config.device)
         tokenizer = Tokenizer(config.model)
         model = load_model(config.model, model_config, TORCH_DTYPES[plan.model_dtype], device)
@@ -171,8 +168,12 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if batch.is_empty:
             return outputs
-        seqs = batch.seqs
         logits = self.runner.execute(batch)
+        for chunk in batch.prefills:
+            chunk.seq.num_computed_tokens += chunk.length
+        for seq in batch.decodes:
+            seq.num_computed_tokens += 1
+        seqs = batch.sampled  # a prompt still partly computed gets no token yet
         token_ids = self.sampler(logits, seqs)
         for seq, token_id in zip(seqs, token_ids, strict=True):
             self._append_token(seq, token_id)

@@ -19,6 +19,21 @@ from kvledger.engine.model_config import ModelConfig
 
 
 @dataclass
+class PrefillSpan:
+    """One prompt chunk: ``length`` query tokens starting at position ``start``.
+
+    The first chunk of a prompt attends to itself only (``block_table`` None; ``mask``
+    None means plain causal). A later chunk attends to the cached blocks of everything
+    before it plus itself (``block_table`` ``[1, blocks]``, ``mask`` ``[1, 1, length,
+    blocks * block_size]``)."""
+
+    start: int
+    length: int
+    mask: torch.Tensor | None
+    block_table: torch.Tensor | None = None
+
+
+@dataclass
 class DecodeGroup:
     """Decoding sequences attended together: block tables padded to the group's longest."""
 
@@ -31,19 +46,14 @@ class DecodeGroup:
 class AttentionMetadata:
     """Where this step's tokens go and what they attend to (built by the model runner).
 
-    Tokens are ordered: every prefill (whole prompts, ``prefill_lens``), then one token
-    per decoding sequence, group after group. ``slot_mapping`` is each token's flat cache
-    slot (``block_id * block_size + offset``); None in the profile pass, which has no cache.
+    Tokens are ordered: every prefill chunk, then one token per decoding sequence, group
+    after group. ``slot_mapping`` is each token's flat cache slot (``block_id *
+    block_size + offset``); None in the profile pass, which has no cache.
     """
 
     slot_mapping: torch.Tensor | None
-    prefill_lens: list[int]
-    prefill_masks: list[torch.Tensor | None]   # None: plain causal
+    prefills: list[PrefillSpan]
     decode_groups: list[DecodeGroup]
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(self.prefill_lens)
 
 
 class RMSNorm(nn.Module):
@@ -105,6 +115,20 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.element_size() == 1 else t
 
 
+def _gather(kv_cache: torch.Tensor, block_tables: torch.Tensor,
+            dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of each row's blocks: ``[seqs, kv_heads, blocks * block_size, head_dim]``.
+
+    One index_select (about 2x faster than advanced indexing on the CPU) over
+    ``[2, kv_heads, num_blocks, block_size, head_dim]``; heads outermost keeps each
+    (sequence, head) a contiguous run of positions."""
+    num_seqs, width = block_tables.shape
+    _, kv_heads, _, block_size, head_dim = kv_cache.shape
+    kv = _as_bytes(kv_cache).index_select(2, block_tables.flatten()).view(kv_cache.dtype)
+    kv = kv.view(2, kv_heads, num_seqs, width * block_size, head_dim).transpose(1, 2).to(dtype)
+    return kv[0], kv[1]
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -134,24 +158,21 @@ class Attention(nn.Module):
 
         out = torch.empty_like(q)
         start = 0
-        for length, mask in zip(meta.prefill_lens, meta.prefill_masks, strict=True):
-            end = start + length
-            qs, ks, vs = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=mask is None,
-                                               enable_gqa=True)
+        for span in meta.prefills:
+            end = start + span.length
+            qs = q[start:end].transpose(0, 1).unsqueeze(0)
+            if span.block_table is None:
+                ks, vs = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (k, v))
+            else:
+                ks, vs = _gather(kv_cache, span.block_table, q.dtype)
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=span.mask,
+                                               is_causal=span.mask is None, enable_gqa=True)
             out[start:end] = o[0].transpose(0, 1)
             start = end
         for group in meta.decode_groups:
             end = start + group.num_seqs
-            context = group.block_tables.shape[1] * kv_cache.shape[3]
-            # Gather each sequence's blocks, K and V at once: [2, kv_heads, seqs, blocks,
-            # block_size, head_dim] -> [2, seqs, kv_heads, context, head_dim]. Heads
-            # outermost keeps each (sequence, head) a contiguous run of positions.
-            blocks = group.block_tables.flatten()  # index_select: ~2x faster than [:, :, tables]
-            kv = _as_bytes(kv_cache).index_select(2, blocks).view(kv_cache.dtype).view(
-                2, self.num_kv_heads, group.num_seqs, context, self.head_dim).transpose(1, 2)
-            kv = kv.to(q.dtype)
-            o = F.scaled_dot_product_attention(q[start:end].unsqueeze(2), kv[0], kv[1],
+            kd, vd = _gather(kv_cache, group.block_tables, q.dtype)
+            o = F.scaled_dot_product_attention(q[start:end].unsqueeze(2), kd, vd,
                                                attn_mask=group.mask, enable_gqa=True)
             out[start:end] = o.squeeze(2)
             start = end

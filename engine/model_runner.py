@@ -8,7 +8,13 @@ import itertools
 
 import torch
 
-from kvledger.engine.model import AttentionMetadata, CausalLM, DecodeGroup, RotaryEmbedding
+from kvledger.engine.model import (
+    AttentionMetadata,
+    CausalLM,
+    DecodeGroup,
+    PrefillSpan,
+    RotaryEmbedding,
+)
 from kvledger.engine.scheduler import ScheduledBatch
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -37,14 +43,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> torch.Tensor:
-        """float32 logits ``[num_seqs, vocab]`` for the last token of each sequence."""
+        """float32 logits ``[len(batch.sampled), vocab]``: the last token of each prompt
+        completed this step, then of each decoding sequence."""
         input_ids, positions, slots, last_index = [], [], [], []
-        for seq in batch.prefills:
-            n = seq.num_prompt_tokens
-            input_ids += seq.prompt_token_ids
-            positions += range(n)
-            slots += self._slots(seq.block_ids, 0, n)
-            last_index.append(len(input_ids) - 1)
+        for chunk in batch.prefills:
+            seq, start, end = chunk.seq, chunk.start, chunk.start + chunk.length
+            input_ids += seq.prompt_token_ids[start:end]
+            positions += range(start, end)
+            slots += self._slots(seq.block_ids, start, end)
+            if chunk.completes_prompt:
+                last_index.append(len(input_ids) - 1)
         for seq in batch.decodes:
             position = seq.num_tokens - 1
             input_ids.append(seq.last_token_id)
@@ -70,7 +78,7 @@ class ModelRunner:
         input_ids = [0] * num_tokens
         positions = [p for n in lengths for p in range(n)]
         last_index = [end - 1 for end in itertools.accumulate(lengths)]
-        meta = AttentionMetadata(None, lengths, [self._window_mask(n) for n in lengths], [])
+        meta = AttentionMetadata(None, [PrefillSpan(0, n, self._window_mask(n)) for n in lengths], [])
         self._forward(input_ids, positions, meta, last_index)
         if not cuda:
             return None
@@ -97,10 +105,22 @@ class ModelRunner:
             start = end
         return AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
-            prefill_lens=[s.num_prompt_tokens for s in batch.prefills],
-            prefill_masks=[self._window_mask(s.num_prompt_tokens) for s in batch.prefills],
+            prefills=[self._prefill_span(c.seq, c.start, c.length) for c in batch.prefills],
             decode_groups=groups,
         )
+
+    def _prefill_span(self, seq, start: int, length: int) -> PrefillSpan:
+        if start == 0:
+            return PrefillSpan(0, length, self._window_mask(length))
+        # A later chunk of a prompt: attend to the cache (earlier chunks and this one).
+        num_blocks = -(-(start + length) // self.block_size)
+        table = torch.tensor([seq.block_ids[:num_blocks]], dtype=torch.long, device=self.device)
+        query = torch.arange(start, start + length, device=self.device)[:, None]
+        key = torch.arange(num_blocks * self.block_size, device=self.device)[None, :]
+        mask = key <= query
+        if self.config.sliding_window is not None:
+            mask &= key > query - self.config.sliding_window
+        return PrefillSpan(start, length, mask[None, None], table)
 
     def _decode_group(self, seqs: list) -> DecodeGroup:
         width = max(len(seq.block_ids) for seq in seqs)

@@ -1,5 +1,7 @@
-"""Continuous batching: each step decodes every running sequence and admits waiting
-prompts (whole, no chunking) while ``max_num_seqs`` and ``max_num_batched_tokens`` allow.
+"""Continuous batching with chunked prefill: each step decodes every running sequence,
+then spends the rest of ``max_num_batched_tokens`` on prompts, a chunk at a time:
+first the prompts already started, then waiting ones (first come, first served) while
+``max_num_seqs`` allows.
 
 Every sequence was admitted with a reservation for its whole life, so scheduling never
 preempts: it only draws the physical blocks the step's tokens need from the ledger.
@@ -15,13 +17,27 @@ from kvledger.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass
-class ScheduledBatch:
-    prefills: list[Sequence]   # whole prompts computed this step
-    decodes: list[Sequence]    # one token each
+class PrefillChunk:
+    """Prompt tokens ``[start, start + length)`` of ``seq`` computed this step."""
+
+    seq: Sequence
+    start: int
+    length: int
 
     @property
-    def seqs(self) -> list[Sequence]:
-        return self.prefills + self.decodes
+    def completes_prompt(self) -> bool:
+        return self.start + self.length == self.seq.num_prompt_tokens
+
+
+@dataclass
+class ScheduledBatch:
+    prefills: list[PrefillChunk]
+    decodes: list[Sequence]    # one token each, shortest context first
+
+    @property
+    def sampled(self) -> list[Sequence]:
+        """The sequences that get a next token this step, in logits order."""
+        return [c.seq for c in self.prefills if c.completes_prompt] + self.decodes
 
     @property
     def is_empty(self) -> bool:
@@ -43,22 +59,31 @@ class Scheduler:
         self.waiting.append(seq)
 
     def schedule(self) -> ScheduledBatch:
+        running = self.running.values()
         # Shortest context first: the runner pads each group of decodes to its longest.
-        decodes = sorted(self.running.values(), key=lambda seq: seq.num_tokens)
+        decodes = sorted((s for s in running if s.prompt_computed), key=lambda s: s.num_tokens)
         budget_tokens = self.max_num_batched_tokens - len(decodes)
-        prefills: list[Sequence] = []
-        while self.waiting and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            if seq.num_prompt_tokens > budget_tokens:
-                break  # first come, first served: the next step has a fresh budget
-            self.waiting.popleft()
-            budget_tokens -= seq.num_prompt_tokens
+        prefills: list[PrefillChunk] = []
+        for seq in running:  # prompts started in an earlier step go on first
+            if not seq.prompt_computed and budget_tokens > 0:
+                prefills.append(self._chunk(seq, budget_tokens))
+                budget_tokens -= prefills[-1].length
+        while self.waiting and len(self.running) < self.max_num_seqs and budget_tokens > 0:
+            seq = self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running[seq.request_id] = seq
-            prefills.append(seq)
-        for seq in prefills + decodes:
-            self.ledger.grow(seq.reservation, seq.num_tokens)  # slots for this step's tokens
+            prefills.append(self._chunk(seq, budget_tokens))
+            budget_tokens -= prefills[-1].length
+        for chunk in prefills:
+            self.ledger.grow(chunk.seq.reservation, chunk.start + chunk.length)
+        for seq in decodes:
+            self.ledger.grow(seq.reservation, seq.num_tokens)  # a slot for this step's token
         return ScheduledBatch(prefills, decodes)
+
+    @staticmethod
+    def _chunk(seq: Sequence, budget_tokens: int) -> PrefillChunk:
+        start = seq.num_computed_tokens
+        return PrefillChunk(seq, start, min(seq.num_prompt_tokens - start, budget_tokens))
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Mark finished and release its blocks at once."""

@@ -12,8 +12,8 @@ from kvledger.engine.tokenizer import IncrementalDetokenizer
 
 
 class SequenceStatus(enum.Enum):
-    WAITING = "waiting"     # admitted (blocks reserved), prompt not computed yet
-    RUNNING = "running"     # prompt in the cache, decoding one token per step
+    WAITING = "waiting"     # admitted (blocks reserved), not scheduled yet
+    RUNNING = "running"     # prefilling its prompt chunk by chunk, then decoding
     FINISHED = "finished"   # reservation released
 
 
@@ -32,6 +32,7 @@ class Sequence:
         self.reservation = reservation
         self.detokenizer = detokenizer
         self.generator = generator
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.text = ""  # the output text so far, stop strings cut off
@@ -43,6 +44,10 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def prompt_computed(self) -> bool:
+        return self.num_computed_tokens >= len(self.prompt_token_ids)
 
     @property
     def last_token_id(self) -> int:

@@ -48,6 +48,20 @@ def test_greedy_tokens_equal_transformers_with_concurrent_batching(make_model_di
         assert out.finish_reason == ("length" if len(expected) == n else "stop")
 
 
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mistral"])
+def test_chunked_prefill_tokens_equal_transformers(make_model_dir, name):
+    """Prompts longer than the step budget are computed in chunks that attend to the
+    cache of earlier chunks (and, for Mistral, across the sliding window)."""
+    model_dir = make_model_dir(name)
+    llm = LLM(str(model_dir), max_model_len=256, max_num_seqs=4, max_num_batched_tokens=24,
+              device="cpu")
+    prompts = [p for p in _prompts(llm.engine.runner.config.vocab_size, 12, seed=7) if len(p) > 24]
+    assert len(prompts) >= 4
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=30))
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.token_ids == _hf_greedy(str(model_dir), prompt, 30), f"prompt of {len(prompt)}"
+
+
 def test_sliding_window_is_exercised(make_model_dir):
     """tiny-mistral's window (64) is shorter than the equality test's longest sequences."""
     import json

@@ -151,26 +151,37 @@ def test_admission_is_rejected_when_prompt_plus_cap_does_not_fit(tiny_llama_dir)
     assert_pool_empty(engine)
 
 
-def test_batch_limits_are_respected(tiny_llama_dir):
-    engine = make_engine(tiny_llama_dir, max_num_seqs=3, max_num_batched_tokens=128,
+def test_batch_limits_are_respected_and_long_prompts_are_chunked(tiny_llama_dir):
+    engine = make_engine(tiny_llama_dir, max_num_seqs=3, max_num_batched_tokens=40,
                          num_gpu_blocks_override=200)
     for i in range(7):
-        engine.add_request(f"r{i}", [7] * (50 + i), SamplingParams(temperature=0, max_tokens=4 + i,
-                                                                   ignore_eos=True))
-    seen = []
+        engine.add_request(f"r{i}", [7 + i] * (50 + i), SamplingParams(temperature=0, max_tokens=4 + i,
+                                                                       ignore_eos=True))
+    batches = []
+    schedule = engine.scheduler.schedule
 
-    def check(outputs):
-        running = engine.scheduler.running.values()
-        prefill_tokens = sum(len(o.prompt_token_ids) for o in outputs if len(o.token_ids) == 1)
-        seen.append(len(outputs))
-        assert len(running) <= 3 and len(outputs) <= 3
-        assert prefill_tokens + (len(outputs) - 1) <= 128
+    def recording_schedule():
+        batch = schedule()
+        batches.append(batch)
+        assert len(engine.scheduler.running) <= 3
+        assert sum(c.length for c in batch.prefills) + len(batch.decodes) <= 40
+        return batch
 
-    final = drain(engine, check)
+    engine.scheduler.schedule = recording_schedule
+    final = drain(engine)
     assert sorted(final) == [f"r{i}" for i in range(7)]
     assert [len(final[f"r{i}"].token_ids) for i in range(7)] == [4 + i for i in range(7)]
-    assert max(seen) == 3
+    assert max(len(b.decodes) + len(b.prefills) for b in batches) == 3
+    assert any(c.start > 0 for b in batches for c in b.prefills)  # prompts of 50+ in 40-token steps
+    assert any(b.prefills and b.decodes for b in batches)  # prefill and decode in one step
     assert_pool_empty(engine)
+
+    # The same requests, each alone with a whole-prompt budget, give the same tokens.
+    whole = make_engine(tiny_llama_dir, max_num_seqs=1, num_gpu_blocks_override=200)
+    for i in range(7):
+        whole.add_request(f"r{i}", [7 + i] * (50 + i), SamplingParams(temperature=0, max_tokens=4 + i,
+                                                                      ignore_eos=True))
+    assert {k: v.token_ids for k, v in drain(whole).items()} == {k: v.token_ids for k, v in final.items()}
 
 
 def test_abort_of_a_running_request_frees_its_blocks_at_the_next_step(engine):
@@ -323,8 +334,3 @@ def test_many_lengths_decoded_in_groups_match_each_run_alone(tiny_llama_dir):
         engine.add_request(rid, prompt, GREEDY)
     together = drain(engine)
     assert {rid: out.token_ids for rid, out in together.items()} == alone
-
-
-def test_a_step_budget_below_the_context_is_refused_without_chunked_prefill(tiny_llama_dir):
-    with pytest.raises(BadInput, match="no chunked prefill"):
-        make_engine(tiny_llama_dir, max_num_batched_tokens=64)
