@@ -72,8 +72,8 @@ class ModelConfig:
         try:
             hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
             sliding = raw.get("sliding_window")
-            if arch == "Qwen2ForCausalLM" and not raw.get("use_sliding_window", False):
-                sliding = None
+            if arch == "Qwen2ForCausalLM":
+                sliding = _qwen2_window(raw)
             dtype = raw.get("torch_dtype") or raw.get("dtype") or "float32"
             return cls(
                 architecture=arch,
@@ -98,6 +98,11 @@ class ModelConfig:
             raise BadInput(f"config.json: missing or bad field {exc}") from None
 
 
-def resolve_dtype(flag: str, model: ModelConfig) -> str:
-    """``--dtype auto`` means the checkpoint's dtype; aliases map to torch names."""
-    return model.checkpoint_dtype if flag == "auto" else _DTYPE_NAMES[flag]
+def _qwen2_window(raw: dict[str, Any]) -> int | None:
+    """Qwen2 slides only layers ``>= max_window_layers``, and only with use_sliding_window."""
+    if not raw.get("use_sliding_window", False) or not raw.get("sliding_window"):
+        return None
+    if int(raw.get("max_window_layers", 0)) >= int(raw["num_hidden_layers"]):
+        return None
+    raise BadInput("unsupported: Qwen2 use_sliding_window with a sliding window on only some "
+                   "layers (max_window_layers); kvledger applies one window to every layer")

@@ -90,6 +90,8 @@ def test_a_checkpoint_missing_a_tensor_is_refused(tmp_path, tiny_llama_dir):
     ({"architectures": ["FalconForCausalLM"]}, "unsupported architecture FalconForCausalLM"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "unsupported rope_scaling type 'yarn'"),
     ({"hidden_act": "gelu"}, "unsupported hidden_act"),
+    ({"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "sliding_window": 32,
+      "max_window_layers": 2}, "sliding window on only some layers"),
 ])
 def test_model_config_refuses_what_it_cannot_run(tiny_llama_dir, change, message):
     raw = {**json.loads((tiny_llama_dir / "config.json").read_text()), **change}
