@@ -15,10 +15,6 @@ from kvledger.engine.errors import BadInput
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
-_DTYPE_NAMES = {"float32": "float32", "float": "float32", "fp32": "float32",
-                "float16": "float16", "half": "float16", "fp16": "float16",
-                "bfloat16": "bfloat16", "bf16": "bfloat16"}
-
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -38,7 +34,6 @@ class ModelConfig:
     qkv_bias: bool
     o_bias: bool
     sliding_window: int | None
-    checkpoint_dtype: str
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -74,7 +69,6 @@ class ModelConfig:
             sliding = raw.get("sliding_window")
             if arch == "Qwen2ForCausalLM":
                 sliding = _qwen2_window(raw)
-            dtype = raw.get("torch_dtype") or raw.get("dtype") or "float32"
             return cls(
                 architecture=arch,
                 vocab_size=int(raw["vocab_size"]),
@@ -92,7 +86,6 @@ class ModelConfig:
                 qkv_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
                 o_bias=arch != "Qwen2ForCausalLM" and bool(raw.get("attention_bias", False)),
                 sliding_window=int(sliding) if sliding else None,
-                checkpoint_dtype=_DTYPE_NAMES.get(str(dtype), "float32"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BadInput(f"config.json: missing or bad field {exc}") from None
