@@ -16,6 +16,7 @@ from kvledger.engine.errors import BadInput
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 
+
 @dataclass(frozen=True)
 class ModelConfig:
     architecture: str
