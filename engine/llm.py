@@ -27,6 +27,18 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def chat(self, messages: list[dict] | Seq[list[dict]],
+             sampling_params: SamplingParams | Seq[SamplingParams] | None = None
+             ) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of ``{"role", "content"}``) or
+        several, through the model's chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tokenizer = self.engine.tokenizer
+        # The template writes the BOS token itself.
+        prompts = [tokenizer.encode(tokenizer.apply_chat_template(list(c)), add_special_tokens=False)
+                   for c in conversations]
+        return self.generate(prompts, sampling_params)
+
     def generate(self, prompts: str | list[int] | Seq[str | list[int]],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None
                  ) -> list[RequestOutput]:

@@ -87,3 +87,14 @@ def test_sampler_seeded_rows_do_not_depend_on_the_other_rows():
         return [sampler(logits[-len(seqs):], seqs)[-1] for _ in range(20)]
 
     assert draw(0) == draw(2)
+
+
+def test_chat_goes_through_the_template_once_with_one_bos(llm):
+    tok = llm.get_tokenizer()
+    conversation = [{"role": "user", "content": "Tell me about the weather."}]
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    [out] = llm.chat(conversation, params)
+    expected = tok.encode(tok.apply_chat_template(conversation), add_special_tokens=False)
+    assert out.prompt_token_ids == expected and expected.count(tok.token_to_id("<s>")) == 1
+    assert out.token_ids == llm.generate([expected], params)[0].token_ids
+    assert len(llm.chat([conversation, conversation], params)) == 2
