@@ -334,3 +334,43 @@ def test_many_lengths_decoded_in_groups_match_each_run_alone(tiny_llama_dir):
         engine.add_request(rid, prompt, GREEDY)
     together = drain(engine)
     assert {rid: out.token_ids for rid, out in together.items()} == alone
+
+
+def test_random_adds_aborts_and_steps_never_over_commit_and_drain_to_zero(tiny_llama_dir):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    engine = make_engine(tiny_llama_dir, max_num_seqs=3, max_num_batched_tokens=48,
+                         num_gpu_blocks_override=20, block_size=8)
+    action = st.one_of(
+        st.tuples(st.just("add"), st.integers(1, 60), st.integers(1, 40)),
+        st.tuples(st.just("abort"), st.integers(0, 30), st.just(0)),
+        st.tuples(st.just("step"), st.just(0), st.just(0)),
+    )
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(action, min_size=1, max_size=25))
+    def run(actions):
+        ids = []
+        for kind, a, b in actions:
+            if kind == "add":
+                rid = f"q{len(ids)}"
+                try:
+                    engine.add_request(rid, [5 + a % 7] * a, SamplingParams(temperature=0, max_tokens=b,
+                                                                            ignore_eos=True))
+                    ids.append(rid)
+                except (AdmissionRejected, BadInput):
+                    pass
+            elif kind == "abort" and ids:
+                engine.abort_request(ids[a % len(ids)])
+            else:
+                engine.step()
+            ledger = engine.ledger
+            assert ledger.reserved_blocks <= ledger.num_blocks
+            live = list(engine.scheduler.running.values()) + list(engine.scheduler.waiting)
+            assert all(s.reservation.used_blocks <= s.reservation.num_blocks for s in live)
+            assert ledger.used_blocks == sum(s.reservation.used_blocks for s in live)
+        drain(engine)
+        assert_pool_empty(engine)
+
+    run()
