@@ -16,6 +16,7 @@ from kvledger.engine.model import (
     RotaryEmbedding,
 )
 from kvledger.engine.scheduler import ScheduledBatch
+from kvledger.engine.sequence import Sequence
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                 "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
@@ -109,7 +110,7 @@ class ModelRunner:
             decode_groups=groups,
         )
 
-    def _prefill_span(self, seq, start: int, length: int) -> PrefillSpan:
+    def _prefill_span(self, seq: Sequence, start: int, length: int) -> PrefillSpan:
         if start == 0:
             return PrefillSpan(0, length, self._window_mask(length))
         # A later chunk of a prompt: attend to the cache (earlier chunks and this one).
@@ -122,7 +123,7 @@ class ModelRunner:
             mask &= key > query - self.config.sliding_window
         return PrefillSpan(start, length, mask[None, None], table)
 
-    def _decode_group(self, seqs: list) -> DecodeGroup:
+    def _decode_group(self, seqs: list[Sequence]) -> DecodeGroup:
         width = max(len(seq.block_ids) for seq in seqs)
         # Pad with block 0: the mask hides the padding, any valid index will do.
         block_tables = torch.tensor([s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs],
