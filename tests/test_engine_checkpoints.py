@@ -14,7 +14,7 @@ from kvledger.engine.budget.plan import loaded_weight_bytes
 from kvledger.engine.cli import main as cli_main
 from kvledger.engine.errors import BadInput
 from kvledger.engine.loader import load_model, weights_bytes
-from kvledger.engine.make_model import MODELS, write_model
+from kvledger.engine.make_model import MODELS
 from kvledger.engine.model_config import ModelConfig
 from kvledger.engine.tokenizer import Tokenizer
 
@@ -24,7 +24,15 @@ def _digests(model_dir):
 
 
 def test_make_model_writes_the_same_bytes_every_time(tmp_path, tiny_llama_dir):
-    again = write_model("tiny-llama", tmp_path / "again")
+    import os
+    import subprocess
+    import sys
+
+    # Another process with another hash seed: nothing may depend on set or dict order.
+    subprocess.run([sys.executable, "-m", "kvledger.engine.cli", "make-model", "tiny-llama",
+                    str(tmp_path / "again")], check=True, capture_output=True, timeout=120,
+                   env={**os.environ, "PYTHONHASHSEED": "12345"})
+    again = tmp_path / "again"
     assert _digests(again) == _digests(tiny_llama_dir)
     assert set(_digests(again)) == {"config.json", "generation_config.json", "model.safetensors",
                                     "tokenizer.json", "tokenizer_config.json"}
