@@ -82,6 +82,11 @@ class EngineConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value <= 0):
                 raise BadInput(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if (self.max_num_batched_tokens is not None
+                and self.max_num_batched_tokens < self.max_num_seqs):
+            raise BadInput(f"--max-num-batched-tokens {self.max_num_batched_tokens} is below "
+                           f"--max-num-seqs {self.max_num_seqs}: every running sequence decodes "
+                           "one token per step")
         if self.device_free_bytes is not None and self.device_free_bytes < 0:
             raise BadInput("--device-free must not be negative")
         if (self.device_free_bytes is not None and self.device_memory_bytes is not None

@@ -100,9 +100,9 @@ _ENGINE = {
         "seed": {"type": "integer", "minimum": 0},
     },
     "x-kubernetes-validations": [{
-        "rule": "!has(self.maxNumBatchedTokens) || !has(self.maxModelLen)"
-                " || self.maxNumBatchedTokens >= self.maxModelLen",
-        "message": "maxNumBatchedTokens must be at least maxModelLen (a prompt is one step)",
+        "rule": "!has(self.maxNumBatchedTokens) || !has(self.maxNumSeqs)"
+                " || self.maxNumBatchedTokens >= self.maxNumSeqs",
+        "message": "maxNumBatchedTokens must be at least maxNumSeqs (every running sequence decodes one token per step)",
     }],
 }
 

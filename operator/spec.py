@@ -34,9 +34,9 @@ _MEMORY_FIELDS = {
 def check_rules(spec: dict[str, Any]) -> None:
     """The CRD's cross-field (CEL) rules, for API servers and ``kvledger run`` that skip them."""
     engine = spec.get("engine") or {}
-    if "maxNumBatchedTokens" in engine and "maxModelLen" in engine \
-            and engine["maxNumBatchedTokens"] < engine["maxModelLen"]:
-        raise BadInput("maxNumBatchedTokens must be at least maxModelLen (a prompt is one step)")
+    if "maxNumBatchedTokens" in engine and "maxNumSeqs" in engine \
+            and engine["maxNumBatchedTokens"] < engine["maxNumSeqs"]:
+        raise BadInput("maxNumBatchedTokens must be at least maxNumSeqs (every running sequence decodes one token per step)")
     model = spec.get("model") or {}
     volume = model.get("volume")
     if volume is not None:

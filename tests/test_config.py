@@ -71,6 +71,7 @@ def test_defaults_render_no_flags_but_the_model() -> None:
         {"device_free_bytes": 10},
         {"device_memory_bytes": 5, "device_free_bytes": 10},
         {"model": ""},
+        {"max_num_seqs": 64, "max_num_batched_tokens": 32},
     ],
 )
 def test_config_rejects_bad_values(kwargs: dict) -> None:

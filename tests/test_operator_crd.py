@@ -102,8 +102,9 @@ CASES = [
     ({"model": {"path": "/models/m", "volume": {
         "hostPath": {"path": "/srv"}, "persistentVolumeClaim": {"claimName": "c"},
         "mountPath": "/models"}}}, False),
-    ({"model": {"path": "/m"}, "engine": {"maxModelLen": 4096, "maxNumBatchedTokens": 8192}}, True),
-    ({"model": {"path": "/m"}, "engine": {"maxModelLen": 4096, "maxNumBatchedTokens": 4095}}, False),
+    ({"model": {"path": "/m"}, "engine": {"maxModelLen": 4096, "maxNumBatchedTokens": 1024}}, True),
+    ({"model": {"path": "/m"}, "engine": {"maxNumSeqs": 64, "maxNumBatchedTokens": 64}}, True),
+    ({"model": {"path": "/m"}, "engine": {"maxNumSeqs": 64, "maxNumBatchedTokens": 63}}, False),
     ({"model": {"path": "/m"}, "engine": {"maxNumBatchedTokens": 16}}, True),
 ]
 

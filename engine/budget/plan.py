@@ -257,7 +257,7 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
         max_model_len=max_model_len,
         max_num_batched_tokens=batched_tokens,
         max_num_seqs=config.max_num_seqs,
-        warnings=_warnings(config, device, limit, source, max_model_len, batched_tokens),
+        warnings=_warnings(config, device, limit, source),
         device=device,
         model_dtype=model_dtype,
         config=config,
@@ -276,8 +276,7 @@ def _gib(n: int) -> str:
     return f"{n / estimates.GiB:.1f} GiB"
 
 
-def _warnings(config: EngineConfig, device: DeviceMemory, limit: int, source: str,
-              max_model_len: int, batched_tokens: int) -> list[str]:
+def _warnings(config: EngineConfig, device: DeviceMemory, limit: int, source: str) -> list[str]:
     out = []
     util = config.gpu_memory_utilization
     if device.unified and util is not None:
@@ -288,8 +287,4 @@ def _warnings(config: EngineConfig, device: DeviceMemory, limit: int, source: st
     if source != "free-memory" and limit > device.free_bytes:
         out.append(f"the limit ({source}, {_gib(limit)}) is more than the device's free memory "
                    f"({_gib(device.free_bytes)}): allocation can fail at start-up")
-    if batched_tokens < max_model_len:
-        out.append(f"max_num_batched_tokens={batched_tokens} is below max_model_len="
-                   f"{max_model_len}: kvledger's engine has no chunked prefill and refuses "
-                   "this (vLLM would chunk long prompts)")
     return out
