@@ -126,9 +126,9 @@ def test_deployment_and_service_select_the_pods_by_label():
 def test_a_spec_that_can_never_work_raises_bad_input():
     with pytest.raises(BadInput, match=r"memory\.limit must be more than 0 bytes"):
         render_deployment("x", "ns", {"model": {"path": "/m"}, "memory": {"limit": "0Gi"}})
-    with pytest.raises(BadInput, match="maxNumBatchedTokens must be at least maxModelLen"):
+    with pytest.raises(BadInput, match="maxNumBatchedTokens must be at least maxNumSeqs"):
         engine_flags({"model": {"path": "/m"},
-                      "engine": {"maxModelLen": 4096, "maxNumBatchedTokens": 1024}})
+                      "engine": {"maxNumSeqs": 64, "maxNumBatchedTokens": 32}})
 
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yaml"))
