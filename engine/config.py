@@ -140,7 +140,8 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _size(text: str) -> int:
+def size_arg(text: str) -> int:
+    """argparse type for a SIZE flag."""
     try:
         return parse_size(text)
     except BadInput as exc:
@@ -173,17 +174,17 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enforce-eager", action="store_true")
     g.add_argument("--seed", type=int, default=0)
     m = parser.add_argument_group("memory caps (the smallest one given wins)")
-    m.add_argument("--memory-limit", dest="memory_limit_bytes", type=_size, default=None,
+    m.add_argument("--memory-limit", dest="memory_limit_bytes", type=size_arg, default=None,
                    metavar="SIZE", help="hard limit on the engine's device memory, e.g. 40GiB")
     m.add_argument("--gpu-memory-utilization", type=_fraction, default=None,
                    help="cap as a fraction of the device's TOTAL memory, in (0, 1]")
     m.add_argument("--num-gpu-blocks-override", type=_positive_int, default=None)
-    m.add_argument("--kv-cache-memory-bytes", type=_size, default=None, metavar="SIZE")
+    m.add_argument("--kv-cache-memory-bytes", type=size_arg, default=None, metavar="SIZE")
     d = parser.add_argument_group("device (what-if planning without the card)")
     d.add_argument("--device", choices=DEVICES, default="auto")
-    d.add_argument("--device-memory", dest="device_memory_bytes", type=_size, default=None,
+    d.add_argument("--device-memory", dest="device_memory_bytes", type=size_arg, default=None,
                    metavar="SIZE", help="plan for a device with this much total memory")
-    d.add_argument("--device-free", dest="device_free_bytes", type=_size, default=None,
+    d.add_argument("--device-free", dest="device_free_bytes", type=size_arg, default=None,
                    metavar="SIZE", help="free memory on that device (default: all of it)")
     d.add_argument("--unified-memory", action="store_true",
                    help="the device shares one memory pool with the host (GB10, GH200, ...)")

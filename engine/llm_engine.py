@@ -100,7 +100,7 @@ class LLMEngine:
         AdmissionRejected when the pool cannot hold it. The engine owns the reservation
         from now on and releases it when the request finishes or is aborted."""
         try:
-            self._check_prompt(prompt_token_ids)
+            self.check_prompt(prompt_token_ids)
             cap = self.output_cap(len(prompt_token_ids), params)
             needed_blocks = self.ledger.blocks_for(len(prompt_token_ids) + cap)
             if reservation is not None and reservation.num_blocks < needed_blocks:
@@ -234,7 +234,8 @@ class LLMEngine:
         return RequestOutput(seq.request_id, seq.prompt_token_ids, list(seq.output_token_ids),
                              new_token_ids, text, seq.is_finished, seq.finish_reason)
 
-    def _check_prompt(self, prompt_token_ids: list[int]) -> None:
+    def check_prompt(self, prompt_token_ids: list[int]) -> None:
+        """BadInput unless the ids are a non-empty list of this model's token ids."""
         if not prompt_token_ids:
             raise BadInput("the prompt is empty")
         vocab = self.runner.config.vocab_size

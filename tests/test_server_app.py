@@ -102,6 +102,8 @@ async def test_bad_input_gets_openai_error_bodies(aiohttp_client, llm, path, bod
         assert set(payload["error"]) >= {"message", "type", "code"}
         assert payload["error"]["code"] == code
     assert await wait_for_metric(client, "kvledger_kv_blocks_reserved", 0) == 0
+    if status >= 400:  # refused before admission: never counted as admitted
+        assert await metric(client, "kvledger_requests_admitted_total") == 0
 
 
 async def test_prompt_at_the_context_is_413_and_body_over_the_limit_is_413(aiohttp_client, llm):

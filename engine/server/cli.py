@@ -13,7 +13,7 @@ import threading
 
 from aiohttp import web
 
-from kvledger.engine.config import add_engine_flags, config_from_args, parse_size
+from kvledger.engine.config import add_engine_flags, config_from_args, size_arg
 from kvledger.engine.errors import BadInput, DoesNotFit, KvledgerError
 from kvledger.engine.server.app import build_app
 from kvledger.engine.server.state import DEFAULT_MAX_BODY_BYTES, STATE, ServeOptions
@@ -31,13 +31,6 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except BadInput as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_flags(parser)
     s = parser.add_argument_group("server")
@@ -51,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default 0: answer at once)")
     s.add_argument("--shutdown-grace", type=_seconds, default=30.0, metavar="SECONDS",
                    help="on SIGTERM, let in-flight requests run this long before aborting them")
-    s.add_argument("--max-body-bytes", type=_size, default=DEFAULT_MAX_BODY_BYTES,
+    s.add_argument("--max-body-bytes", type=size_arg, default=DEFAULT_MAX_BODY_BYTES,
                    metavar="SIZE", help="larger request bodies get 413 (default 4MiB)")
     s.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))

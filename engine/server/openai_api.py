@@ -123,7 +123,11 @@ def _max_prompt_tokens(prompt: str | list[int]) -> int:
 
 def _encode(state: ServerState, req: GenerationRequest, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, list):
-        return prompt  # the engine checks them against the model's vocabulary
+        try:  # before admission: a request the model cannot run is never counted admitted
+            state.llm.check_prompt(prompt)
+        except BadInput as exc:
+            raise bad_request(str(exc), "prompt") from None
+        return prompt
     # A rendered chat template already holds its special tokens (BOS included).
     ids = state.llm.tokenizer.encode(prompt, add_special_tokens=req.kind != "chat")
     if not ids:
