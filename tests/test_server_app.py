@@ -79,6 +79,11 @@ async def test_streaming_completion_and_chat_end_with_usage_and_done(aiohttp_cli
 
 @pytest.mark.parametrize("path, body, status, code", [
     ("/v1/completions", b"{not json", 400, "invalid_json"),
+    ("/v1/completions", b'{"model": "MODEL", "prompt": "a\\ud800b"}', 400, "invalid_json"),
+    ("/v1/chat/completions", b'{"model": "MODEL", "messages": [{"role": "user", '
+     b'"content": "\\udfff"}]}', 400, "invalid_json"),
+    ("/v1/completions", b'{"model": "MODEL", "prompt": "\\ud83e\\udd99", "max_tokens": 1}',
+     200, None),
     ("/v1/completions", b'{"prompt": "x"}', 400, "invalid_request"),
     ("/v1/completions", b'{"model": "MODEL", "prompt": "x", "max_tokens": -4}', 400,
      "invalid_request"),

@@ -8,9 +8,11 @@ import time
 
 import aiohttp
 import pytest
+from aiohttp import web
 from _server_helpers import make_llm, metric, model_name, start_app, wait_for_metric
 
-from kvledger.engine.server.state import STATE
+from kvledger.engine.server.app import build_app
+from kvledger.engine.server.state import STATE, ServeOptions
 
 RESERVED = "kvledger_kv_blocks_reserved"
 
@@ -49,6 +51,34 @@ async def test_disconnect_mid_stream_aborts_and_releases(aiohttp_client, llm, sl
     assert await wait_for_metric(client, RESERVED, 0) == 0
     assert await wait_for_metric(client, "kvledger_kv_blocks_used", 0) == 0
     assert await metric(client, "kvledger_requests_finished_total", 'finish_reason="abort"') == 1
+
+
+async def test_disconnect_before_the_stream_headers_is_quiet_and_releases(aiohttp_client, llm,
+                                                                         caplog, monkeypatch):
+    seen = []
+
+    @web.middleware
+    async def remember(request, handler):
+        seen.append(request)
+        return await handler(request)
+
+    app = build_app(ServeOptions())
+    app.middlewares.append(remember)
+    client = await aiohttp_client(app)
+    await app[STATE].attach(llm)
+    tokenizer = client.app[STATE].llm.tokenizer
+    encode = tokenizer.encode
+
+    def encode_then_hang_up(*args, **kwargs):  # the client vanishes while we tokenize
+        seen[-1].transport.abort()
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "encode", encode_then_hang_up)
+    with pytest.raises(aiohttp.ClientError):
+        await client.post("/v1/completions", json=_long(client, True))
+    monkeypatch.undo()
+    assert await wait_for_metric(client, RESERVED, 0) == 0
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
 
 
 async def test_disconnect_while_waiting_for_a_whole_answer_releases(aiohttp_client, llm,

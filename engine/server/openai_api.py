@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 import uuid
 from contextlib import aclosing
@@ -93,9 +94,32 @@ async def read_json(request: web.Request) -> Any:
         raise ApiError(413, f"request body is larger than {limit} bytes",
                        code="body_too_large", reason="body_too_large") from None
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
         raise bad_request(f"invalid JSON body: {exc}", code="invalid_json") from None
+    # JSON may escape half a surrogate pair (\ud800), which no UTF-8 text can hold: the
+    # tokenizer and every response would fail on it. Only an escape can produce one.
+    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(body):
+        raise bad_request("invalid JSON body: a string holds an unpaired UTF-16 surrogate "
+                          "escape (\\ud800-\\udfff)", code="invalid_json")
+    return body
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
 
 
 # A tokenizer emits at most one token per UTF-8 byte plus a few it adds itself (BOS, a
@@ -177,7 +201,10 @@ async def _stream(request: web.Request, state: ServerState, p: _Prepared, ticket
                   outputs) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
-    await response.prepare(request)
+    try:
+        await response.prepare(request)
+    except ConnectionError:  # gone before the headers: aclosing() aborts the request
+        return response
     chat = p.req.kind == "chat"
     obj = "chat.completion.chunk" if chat else "text_completion"
 
