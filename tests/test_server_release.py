@@ -8,8 +8,8 @@ import time
 
 import aiohttp
 import pytest
-from aiohttp import web
 from _server_helpers import make_llm, metric, model_name, start_app, wait_for_metric
+from aiohttp import web
 
 from kvledger.engine.server.app import build_app
 from kvledger.engine.server.state import STATE, ServeOptions
