@@ -45,6 +45,8 @@ def load_manifest(path: str) -> dict[str, Any]:
             docs = [d for d in yaml.safe_load_all(f) if d is not None]
     except OSError as exc:
         raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"{path} is not UTF-8 text (byte {exc.start}): not a YAML manifest") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

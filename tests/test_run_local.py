@@ -115,6 +115,14 @@ def test_unreadable_files_are_one_line_errors(text, expected, tmp_path, capsys):
     assert err.count("\n") == 1 and expected in err
 
 
+def test_a_binary_file_is_a_one_line_error(tmp_path, capsys):
+    path = tmp_path / "service.yaml"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    assert kvledger(["run", str(path), "--preflight-only"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not UTF-8 text" in err
+
+
 def test_missing_file_and_missing_model(tmp_path, capsys):
     assert kvledger(["run", str(tmp_path / "nope.yaml")]) == EXIT_BAD_INPUT
     assert "cannot read" in capsys.readouterr().err
