@@ -13,7 +13,7 @@ import threading
 
 import torch
 
-from kvledger.engine.budget.device import probe_device
+from kvledger.engine.budget.device import DeviceMemory, probe_device
 from kvledger.engine.budget.plan import Measured, Plan, make_plan
 from kvledger.engine.budget.report import render_report
 from kvledger.engine.config import EngineConfig
@@ -66,8 +66,9 @@ class LLMEngine:
         runner = ModelRunner(model, device, plan.max_model_len, plan.kv.block_size)
         measured = Measured(
             weights_bytes=weights_bytes(model),
-            activation_peak_bytes=runner.profile(plan.max_num_batched_tokens, plan.max_model_len),
-            context_bytes=_context_bytes(device),
+            activation_peak_bytes=runner.profile(plan.max_num_batched_tokens, plan.max_model_len,
+                                                 plan.max_num_seqs, plan.kv.dtype),
+            context_bytes=context_bytes(device, device_memory, config),
             cuda_graph_bytes=0,  # the engine runs eagerly: it captures no CUDA graphs
         )
         measured_plan = make_plan(config, device=device_memory, measured=measured)
@@ -251,12 +252,27 @@ def _torch_device(flag: str) -> torch.device:
     return torch.device("cpu")
 
 
-def _context_bytes(device: torch.device) -> int | None:
-    """Device memory in use that torch's allocator does not hold (CUDA context, cuBLAS)."""
+def context_bytes(device: torch.device, probed: DeviceMemory, config: EngineConfig) -> int | None:
+    """Device memory this process took that torch's allocator does not hold (CUDA
+    context, cuBLAS handles); None on the CPU, where the planner's estimate stands.
+
+    The plan's limit is the memory free when ``probed`` was read, before this process
+    touched the device, so memory already in use then (other processes; on a unified
+    pool the OS and every host process) is outside the budget and must not count
+    again: the context is the drop in free memory since the probe, read the same way
+    (NVML, or host memory on a unified pool), less what the allocator reserves. Only a
+    what-if device, which has no such reading, falls back to ``total - free - reserved``
+    from ``cudaMemGetInfo``."""
     if device.type != "cuda":
-        return None  # the host has no per-device context; the planner's estimate stands
+        return None
+    torch.cuda.synchronize(device)
+    reserved = torch.cuda.memory_reserved(device)
+    if probed.kind == "cuda":
+        now = probe_device(config)
+        if now.kind == "cuda":
+            return max(0, probed.free_bytes - now.free_bytes - reserved)
     free, total = torch.cuda.mem_get_info(device)
-    return max(0, total - free - torch.cuda.memory_reserved(device))
+    return max(0, total - free - reserved)
 
 
 def _log_predicted_vs_measured(predicted: Plan, measured: Plan) -> None:

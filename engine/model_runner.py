@@ -16,7 +16,9 @@ from kvledger.engine.model import (
     RotaryEmbedding,
 )
 from kvledger.engine.scheduler import ScheduledBatch
-from kvledger.engine.sequence import Sequence
+
+# One step's inputs: token ids, positions, attention metadata, the rows to return logits for.
+_Step = tuple[list[int], list[int], AttentionMetadata, list[int]]
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                 "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
@@ -36,11 +38,14 @@ class ModelRunner:
 
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: str) -> int:
         """Allocate the whole pool up front; returns its bytes."""
+        self.kv_cache = self._new_kv_cache(num_blocks, kv_dtype)
+        return self.kv_cache.numel() * self.kv_cache.element_size()
+
+    def _new_kv_cache(self, num_blocks: int, kv_dtype: str | None) -> torch.Tensor:
         dtype = self.dtype if kv_dtype in ("auto", None) else TORCH_DTYPES[kv_dtype]
         c = self.config
-        self.kv_cache = torch.zeros(c.num_layers, 2, c.num_kv_heads, num_blocks, self.block_size,
-                                    c.head_dim, dtype=dtype, device=self.device)
-        return self.kv_cache.numel() * self.kv_cache.element_size()
+        return torch.zeros(c.num_layers, 2, c.num_kv_heads, num_blocks, self.block_size,
+                           c.head_dim, dtype=dtype, device=self.device)
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> torch.Tensor:
@@ -61,37 +66,90 @@ class ModelRunner:
             slots += self._slots(seq.block_ids, position, position + 1)
             last_index.append(len(input_ids) - 1)
         meta = self._metadata(batch, slots)
-        return self._forward(input_ids, positions, meta, last_index)
+        return self._forward(input_ids, positions, meta, last_index, self.kv_cache)
 
     @torch.inference_mode()
-    def profile(self, num_tokens: int, max_model_len: int) -> int | None:
-        """Run one step of ``num_tokens`` prompt tokens (as prompts of ``max_model_len``)
-        without a cache; return the peak activation bytes on CUDA, None on the CPU where
-        torch keeps no allocator statistics."""
-        lengths = [max_model_len] * (num_tokens // max_model_len)
-        if num_tokens % max_model_len:
-            lengths.append(num_tokens % max_model_len)
+    def profile(self, num_tokens: int, max_model_len: int, max_num_seqs: int,
+                kv_dtype: str = "auto") -> int | None:
+        """The peak activation bytes of the heaviest engine steps, on CUDA; None elsewhere
+        (the CPU keeps no allocator statistics).
+
+        Two steps of ``num_tokens`` tokens are measured, the peak of both returned:
+
+        - prefill: prompts of ``max_model_len`` with no cache (the MLP and logits peak);
+        - mixed: ``min(max_num_seqs, num_tokens) - 1`` decodes at the full context plus
+          the rest of the budget as the last chunk of a prompt, which attends to its
+          cached context: what decode attention gathers per layer (K and V of every
+          sequence, in the KV dtype and the model dtype) and the chunk's attention
+          scores. A pure decode step gathers no more than this.
+
+        The mixed step reads a one-block scratch cache through block tables that repeat
+        block 0: the gathered tensors have their real size, the pool is not needed. On
+        the CPU only the prefill step runs (it checks the model runs; nothing is
+        measured), so start-up stays cheap there.
+        """
         cuda = self.device.type == "cuda"
+        steps = [self._profile_prefill(num_tokens, max_model_len)]
+        scratch = None
+        if self.device.type != "cpu":
+            steps.append(self._profile_mixed(num_tokens, max_model_len, max_num_seqs))
+            scratch = self._new_kv_cache(1, kv_dtype)
         if cuda:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             before = torch.cuda.memory_allocated(self.device)
-        input_ids = [0] * num_tokens
-        positions = [p for n in lengths for p in range(n)]
-        last_index = [end - 1 for end in itertools.accumulate(lengths)]
-        meta = AttentionMetadata(None, [PrefillSpan(0, n, self._window_mask(n)) for n in lengths], [])
-        self._forward(input_ids, positions, meta, last_index)
+        for input_ids, positions, meta, last_index in steps:
+            # The prefill step has no cache (slot_mapping None); the mixed one the scratch.
+            cache = None if meta.slot_mapping is None else scratch
+            self._forward(input_ids, positions, meta, last_index, cache)
         if not cuda:
             return None
         torch.cuda.synchronize(self.device)
-        return torch.cuda.max_memory_allocated(self.device) - before
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        del scratch
+        # Hand the step's cached blocks back to the device: the pool is allocated next
+        # and the context is measured as device memory the allocator does not hold.
+        torch.cuda.empty_cache()
+        return peak
+
+    def _profile_prefill(self, num_tokens: int, max_model_len: int) -> _Step:
+        lengths = [max_model_len] * (num_tokens // max_model_len)
+        if num_tokens % max_model_len:
+            lengths.append(num_tokens % max_model_len)
+        positions = [p for n in lengths for p in range(n)]
+        last_index = [end - 1 for end in itertools.accumulate(lengths)]
+        meta = AttentionMetadata(None, [PrefillSpan(0, n, self._window_mask(n)) for n in lengths], [])
+        return [0] * num_tokens, positions, meta, last_index
+
+    def _profile_mixed(self, num_tokens: int, max_model_len: int, max_num_seqs: int) -> _Step:
+        """Decodes at position ``max_model_len - 1`` and one prompt chunk ending there
+        (or whole prompts, when the rest of the budget exceeds a prompt)."""
+        bs = self.block_size
+        num_decodes = min(max_num_seqs, num_tokens) - 1
+        width = -(-max_model_len // bs)
+        rest = num_tokens - num_decodes
+        if rest < max_model_len - 1:
+            start = max_model_len - 1 - rest
+            prefills = [self._prefill_span([0] * width, start, rest)]
+            positions, last_index = list(range(start, start + rest)), [rest - 1]
+        else:
+            _, positions, prefill_meta, last_index = self._profile_prefill(rest, max_model_len)
+            prefills = prefill_meta.prefills
+        groups = []
+        if num_decodes:
+            groups.append(self._decode_group([[0] * width] * num_decodes, [max_model_len] * num_decodes))
+            positions += [max_model_len - 1] * num_decodes
+            last_index += range(rest, num_tokens)
+        # Every token writes into the scratch block (repeated slots: the values do not matter).
+        slots = torch.arange(num_tokens, device=self.device) % bs
+        return [0] * num_tokens, positions, AttentionMetadata(slots, prefills, groups), last_index
 
     def _forward(self, input_ids: list[int], positions: list[int], meta: AttentionMetadata,
-                 last_index: list[int]) -> torch.Tensor:
+                 last_index: list[int], kv_cache: torch.Tensor | None) -> torch.Tensor:
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         cos, sin = self.rope.lookup(pos)
-        hidden = self.model(ids, cos, sin, self.kv_cache, meta)
+        hidden = self.model(ids, cos, sin, kv_cache, meta)
         index = torch.tensor(last_index, dtype=torch.long, device=self.device)
         return self.model.logits(hidden[index])
 
@@ -102,20 +160,21 @@ class ModelRunner:
     def _metadata(self, batch: ScheduledBatch, slots: list[int]) -> AttentionMetadata:
         groups, start = [], 0
         for end in _group_bounds([len(s.block_ids) for s in batch.decodes]):
-            groups.append(self._decode_group(batch.decodes[start:end]))
+            seqs = batch.decodes[start:end]
+            groups.append(self._decode_group([s.block_ids for s in seqs], [s.num_tokens for s in seqs]))
             start = end
         return AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
-            prefills=[self._prefill_span(c.seq, c.start, c.length) for c in batch.prefills],
+            prefills=[self._prefill_span(c.seq.block_ids, c.start, c.length) for c in batch.prefills],
             decode_groups=groups,
         )
 
-    def _prefill_span(self, seq: Sequence, start: int, length: int) -> PrefillSpan:
+    def _prefill_span(self, block_ids: list[int], start: int, length: int) -> PrefillSpan:
         if start == 0:
             return PrefillSpan(0, length, self._window_mask(length))
         # A later chunk of a prompt: attend to the cache (earlier chunks and this one).
         num_blocks = -(-(start + length) // self.block_size)
-        table = torch.tensor([seq.block_ids[:num_blocks]], dtype=torch.long, device=self.device)
+        table = torch.tensor([block_ids[:num_blocks]], dtype=torch.long, device=self.device)
         query = torch.arange(start, start + length, device=self.device)[:, None]
         key = torch.arange(num_blocks * self.block_size, device=self.device)[None, :]
         mask = key <= query
@@ -123,18 +182,19 @@ class ModelRunner:
             mask &= key > query - self.config.sliding_window
         return PrefillSpan(start, length, mask[None, None], table)
 
-    def _decode_group(self, seqs: list[Sequence]) -> DecodeGroup:
-        width = max(len(seq.block_ids) for seq in seqs)
+    def _decode_group(self, tables: list[list[int]], contexts: list[int]) -> DecodeGroup:
+        """Sequences with these block tables and context lengths (tokens incl. this one)."""
+        width = max(len(table) for table in tables)
         # Pad with block 0: the mask hides the padding, any valid index will do.
-        block_tables = torch.tensor([s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs],
+        block_tables = torch.tensor([table + [0] * (width - len(table)) for table in tables],
                                     dtype=torch.long, device=self.device)
-        context = torch.tensor([s.num_tokens for s in seqs], device=self.device)
+        context = torch.tensor(contexts, dtype=torch.long, device=self.device)
         slot = torch.arange(width * self.block_size, device=self.device)[None, :]
         mask = slot < context[:, None]
         window = self.config.sliding_window
         if window is not None:
             mask &= slot > (context[:, None] - 1 - window)
-        return DecodeGroup(len(seqs), block_tables, mask[:, None, None, :])
+        return DecodeGroup(len(tables), block_tables, mask[:, None, None, :])
 
     def _window_mask(self, length: int) -> torch.Tensor | None:
         """Causal mask limited to the sliding window; None (plain causal) when it cannot bite."""
