@@ -169,12 +169,16 @@ class Attention(nn.Module):
                                                is_causal=span.mask is None, enable_gqa=True)
             out[start:end] = o[0].transpose(0, 1)
             start = end
+        group_size = self.num_heads // self.num_kv_heads
         for group in meta.decode_groups:
             end = start + group.num_seqs
             kd, vd = _gather(kv_cache, group.block_tables, q.dtype)
-            o = F.scaled_dot_product_attention(q[start:end].unsqueeze(2), kd, vd,
-                                               attn_mask=group.mask, enable_gqa=True)
-            out[start:end] = o.squeeze(2)
+            # The query heads sharing a K/V head become that head's query rows: no
+            # grouped-query support needed from the kernel, which would otherwise
+            # repeat the gathered K/V per query head (the math fallback on CUDA does).
+            qd = q[start:end].view(group.num_seqs, self.num_kv_heads, group_size, self.head_dim)
+            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=group.mask)
+            out[start:end] = o.view(group.num_seqs, self.num_heads, self.head_dim)
             start = end
         return self.o_proj(out.view(num_tokens, -1))
 
