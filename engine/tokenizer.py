@@ -27,10 +27,7 @@ class Tokenizer:
         self.tokenizer_config = _read_json(model_dir / "tokenizer_config.json")
         self.bos_token = _token_text(self.tokenizer_config.get("bos_token"))
         self.eos_token = _token_text(self.tokenizer_config.get("eos_token"))
-        self.chat_template: str | None = self.tokenizer_config.get("chat_template")
-        if isinstance(self.chat_template, list):  # [{"name": "default", "template": ...}, ...]
-            named = {t.get("name"): t.get("template") for t in self.chat_template}
-            self.chat_template = named.get("default") or next(iter(named.values()), None)
+        self.chat_template = _chat_template(model_dir, self.tokenizer_config.get("chat_template"))
         self.eos_token_ids: set[int] = set()
         if self.eos_token is not None and self.token_to_id(self.eos_token) is not None:
             self.eos_token_ids.add(self.token_to_id(self.eos_token))
@@ -38,7 +35,7 @@ class Tokenizer:
                        _read_json(model_dir / "config.json")):
             eos = source.get("eos_token_id")
             self.eos_token_ids.update([eos] if isinstance(eos, int) else (eos or []))
-        self._template = None
+        self._template = _compile_template(model_dir, self.chat_template)  # bad: fail at load
 
     @property
     def vocab_size(self) -> int:
@@ -57,15 +54,8 @@ class Tokenizer:
                             add_generation_prompt: bool = True) -> str:
         """Render the chat as the model's prompt text. The template usually emits the BOS
         token itself, so encode the result with ``add_special_tokens=False``."""
-        if not self.chat_template:
-            raise BadInput("this model has no chat template; use the completions API")
         if self._template is None:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = _raise_template_error
-            env.globals["strftime_now"] = _strftime_now  # Llama 3.x templates date prompts
-            self._template = env.from_string(self.chat_template)
+            raise BadInput("this model has no chat template; use the completions API")
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                          bos_token=self.bos_token or "", eos_token=self.eos_token or "")
@@ -109,13 +99,47 @@ class IncrementalDetokenizer:
         return new_text
 
 
+def _chat_template(model_dir: Path, value: Any) -> str | None:
+    """tokenizer_config.json's ``chat_template``: a string, or a list of named templates
+    (``[{"name": "default", "template": ...}, ...]``) of which the default is used."""
+    where = f"{model_dir / 'tokenizer_config.json'}: chat_template"
+    if isinstance(value, list):
+        if not all(isinstance(t, dict) and isinstance(t.get("template"), str) for t in value):
+            raise BadInput(f"{where} must be a string or a list of {{name, template}} objects")
+        named = {t.get("name"): t["template"] for t in value}
+        value = named.get("default") or next(iter(named.values()), None)
+    if value is not None and not isinstance(value, str):
+        raise BadInput(f"{where} must be a string, got {type(value).__name__}")
+    return value or None
+
+
+def _compile_template(model_dir: Path, source: str | None):
+    if source is None:
+        return None
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise_template_error
+    env.globals["strftime_now"] = _strftime_now  # Llama 3.x templates date prompts
+    try:
+        return env.from_string(source)
+    except TemplateError as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise BadInput(f"{model_dir / 'tokenizer_config.json'}: chat_template is not a valid "
+                       f"jinja2 template: {message}") from None
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise BadInput(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadInput(f"{path}: must be a JSON object, got {type(data).__name__}")
+    return data
 
 
 def _token_text(token: Any) -> str | None:

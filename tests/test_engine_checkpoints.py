@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import pytest
 import torch
@@ -177,3 +178,28 @@ def test_missing_files_are_one_line_bad_input(tmp_path, tiny_llama_dir):
         no_template.mkdir()
         (no_template / "tokenizer.json").write_bytes((tiny_llama_dir / "tokenizer.json").read_bytes())
         Tokenizer(no_template).apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("template, message", [
+    (5, "chat_template must be a string, got int"),
+    ([{"name": "default"}], "must be a string or a list of {name, template} objects"),
+    ("{% for m in messages %}{{ m.content }}", "is not a valid jinja2 template: Unexpected end"),
+    ("{{ messages | nofilter }}", "is not a valid jinja2 template: No filter named 'nofilter'"),
+])
+def test_a_broken_chat_template_is_refused_at_load(tmp_path, tiny_llama_dir, template, message):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_bytes((tiny_llama_dir / "tokenizer.json").read_bytes())
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    with pytest.raises(BadInput, match=re.escape(message)):
+        Tokenizer(model)
+
+
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "generation_config.json"])
+def test_a_side_file_that_is_not_a_json_object_is_bad_input(tmp_path, tiny_llama_dir, name):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_bytes((tiny_llama_dir / "tokenizer.json").read_bytes())
+    (model / name).write_text("[1]")
+    with pytest.raises(BadInput, match=re.escape(f"{name}: must be a JSON object, got list")):
+        Tokenizer(model)
