@@ -1,8 +1,12 @@
 """Greedy tokens equal Hugging Face transformers' on the same checkpoint, with many
-prompts of different lengths running concurrently (batching must not change a token)."""
+prompts of different lengths running concurrently (batching must not change a token).
+
+Both run on the CPU, or on ``KVLEDGER_TEST_DEVICE`` (``cuda``: bench/gpu_checks.sh), in
+float32 (the built-in checkpoints' dtype)."""
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -11,6 +15,8 @@ import torch
 from kvledger.engine import LLM, SamplingParams
 
 transformers = pytest.importorskip("transformers")
+
+DEVICE = os.environ.get("KVLEDGER_TEST_DEVICE", "cpu")
 
 
 def _prompts(vocab_size: int, count: int, seed: int) -> list[list[int]]:
@@ -23,9 +29,10 @@ def _hf_greedy(model_dir, prompt: list[int], max_new_tokens: int) -> list[int]:
     model = _hf_greedy.models.get(model_dir)
     if model is None:
         model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        _hf_greedy.models[model_dir] = model.eval()
+        _hf_greedy.models[model_dir] = model = model.to(DEVICE).eval()
     with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        out = model.generate(torch.tensor([prompt], device=DEVICE),
+                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=DEVICE),
                              max_new_tokens=max_new_tokens, do_sample=False)
     return out[0, len(prompt):].tolist()
 
@@ -37,7 +44,7 @@ _hf_greedy.models = {}
 def test_greedy_tokens_equal_transformers_with_concurrent_batching(make_model_dir, name):
     model_dir = make_model_dir(name)
     # Fewer sequences than prompts: requests join and leave the batch between steps.
-    llm = LLM(str(model_dir), max_model_len=256, max_num_seqs=5, device="cpu")
+    llm = LLM(str(model_dir), max_model_len=256, max_num_seqs=5, device=DEVICE)
     prompts = _prompts(llm.engine.runner.config.vocab_size, 12, seed=len(name))
     max_tokens = [40 - 3 * i for i in range(len(prompts))]
     params = [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens]
@@ -54,7 +61,7 @@ def test_chunked_prefill_tokens_equal_transformers(make_model_dir, name):
     cache of earlier chunks (and, for Mistral, across the sliding window)."""
     model_dir = make_model_dir(name)
     llm = LLM(str(model_dir), max_model_len=256, max_num_seqs=4, max_num_batched_tokens=24,
-              device="cpu")
+              device=DEVICE)
     prompts = [p for p in _prompts(llm.engine.runner.config.vocab_size, 12, seed=7) if len(p) > 24]
     assert len(prompts) >= 4
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=30))
@@ -91,7 +98,7 @@ def test_llama_with_attention_bias_and_tied_embeddings_matches(tmp_path, tiny_ll
         tensors[name.replace(".weight", ".bias")] = torch.randn(rows, generator=gen) * 0.2
     save_file(tensors, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
 
-    llm = LLM(str(model_dir), max_model_len=128, max_num_seqs=3, device="cpu")
+    llm = LLM(str(model_dir), max_model_len=128, max_num_seqs=3, device=DEVICE)
     prompts = _prompts(config["vocab_size"], 8, seed=5)
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12))
     for prompt, out in zip(prompts, outputs, strict=True):
