@@ -16,6 +16,7 @@ Without a CUDA device it exits 2 with a one-line message.
 from __future__ import annotations
 
 import argparse
+import logging
 import random
 import sys
 import tempfile
@@ -92,6 +93,8 @@ def main() -> int:
         torch.cuda.empty_cache()
 
         # Every sequence to the full context, prompts of uneven length (some chunked).
+        print("engine start-up (its own predicted vs measured log):")
+        logging.basicConfig(level=logging.INFO, format="  %(message)s")
         engine = LLMEngine.from_config(config)
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
