@@ -76,12 +76,13 @@ class ModelRunner:
 
         Two steps of ``num_tokens`` tokens are measured, the peak of both returned:
 
-        - prefill: prompts of ``max_model_len`` with no cache (the MLP and logits peak);
+        - prefill: whole prompts, no cache (the MLP and logits peak);
         - mixed: ``min(max_num_seqs, num_tokens) - 1`` decodes at the full context plus
           the rest of the budget as the last chunk of a prompt, which attends to its
-          cached context: what decode attention gathers per layer (K and V of every
-          sequence, in the KV dtype and the model dtype) and the chunk's attention
-          scores. A pure decode step gathers no more than this.
+          cached context (whole prompts for what one chunk cannot take): what decode
+          attention gathers per layer (K and V of every sequence, in the KV dtype and
+          the model dtype) and the chunk's attention scores. A pure decode step gathers
+          no more than this.
 
         The mixed step reads a one-block scratch cache through block tables that repeat
         block 0: the gathered tensors have their real size, the pool is not needed. On
@@ -113,28 +114,36 @@ class ModelRunner:
         return peak
 
     def _profile_prefill(self, num_tokens: int, max_model_len: int) -> _Step:
-        lengths = [max_model_len] * (num_tokens // max_model_len)
-        if num_tokens % max_model_len:
-            lengths.append(num_tokens % max_model_len)
+        """Whole prompts of ``max_model_len - 1`` tokens (the longest a request has), the
+        last one shorter."""
+        longest = max(1, max_model_len - 1)
+        lengths = [longest] * (num_tokens // longest)
+        if num_tokens % longest:
+            lengths.append(num_tokens % longest)
         positions = [p for n in lengths for p in range(n)]
         last_index = [end - 1 for end in itertools.accumulate(lengths)]
         meta = AttentionMetadata(None, [PrefillSpan(0, n, self._window_mask(n)) for n in lengths], [])
         return [0] * num_tokens, positions, meta, last_index
 
     def _profile_mixed(self, num_tokens: int, max_model_len: int, max_num_seqs: int) -> _Step:
-        """Decodes at position ``max_model_len - 1`` and one prompt chunk ending there
-        (or whole prompts, when the rest of the budget exceeds a prompt)."""
+        """In ``execute``'s order: the longest later chunk there can be (a prompt's last
+        chunk, ending at position ``max_model_len - 1``), whole prompts with the rest of
+        the prompt budget if any, then the decodes at position ``max_model_len - 1``."""
         bs = self.block_size
-        num_decodes = min(max_num_seqs, num_tokens) - 1
         width = -(-max_model_len // bs)
+        num_decodes = min(max_num_seqs, num_tokens) - 1
         rest = num_tokens - num_decodes
-        if rest < max_model_len - 1:
-            start = max_model_len - 1 - rest
-            prefills = [self._prefill_span([0] * width, start, rest)]
-            positions, last_index = list(range(start, start + rest)), [rest - 1]
-        else:
-            _, positions, prefill_meta, last_index = self._profile_prefill(rest, max_model_len)
-            prefills = prefill_meta.prefills
+        chunk = max(0, min(rest, max_model_len - 2))  # a later chunk starts at position >= 1
+        prefills, positions, last_index = [], [], []
+        if chunk:
+            start = max_model_len - 1 - chunk
+            prefills.append(self._prefill_span([0] * width, start, chunk))
+            positions, last_index = list(range(start, start + chunk)), [chunk - 1]
+        if rest > chunk:
+            _, more_positions, more, more_last = self._profile_prefill(rest - chunk, max_model_len)
+            prefills += more.prefills
+            positions += more_positions
+            last_index += [chunk + i for i in more_last]
         groups = []
         if num_decodes:
             groups.append(self._decode_group([[0] * width] * num_decodes, [max_model_len] * num_decodes))

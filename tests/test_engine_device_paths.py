@@ -43,6 +43,24 @@ def test_profile_runs_both_steps_on_the_model_device(make_model_dir, name, kv_dt
     assert runner.profile(300, 128, 8, kv_dtype) is None
 
 
+@pytest.mark.parametrize(("tokens", "max_model_len", "seqs"), [(2048, 4096, 256), (300, 128, 8),
+                                                              (64, 2048, 64), (32, 2048, 1)])
+def test_the_mixed_profile_step_is_a_step_the_scheduler_can_make(tiny_llama_dir, tokens,
+                                                                 max_model_len, seqs):
+    runner = meta_runner(tiny_llama_dir, max_model_len)
+    ids, positions, meta, last_index = runner._profile_mixed(tokens, max_model_len, seqs)
+    decodes = sum(g.num_seqs for g in meta.decode_groups)
+    assert decodes == min(seqs, tokens) - 1
+    assert len(ids) == len(positions) == meta.slot_mapping.shape[0] == tokens
+    assert sum(span.length for span in meta.prefills) + decodes == tokens
+    assert all(p < max_model_len - 1 for p in positions[:tokens - decodes])  # prompts < context
+    assert positions[tokens - decodes:] == [max_model_len - 1] * decodes
+    chunk = meta.prefills[0]
+    assert chunk.block_table is not None and chunk.start + chunk.length == max_model_len - 1
+    assert sorted(set(last_index)) == last_index and last_index[-1] == tokens - 1
+    assert len(last_index) == decodes + len(meta.prefills)  # a logits row per sequence
+
+
 @pytest.mark.parametrize("kv_dtype", ["auto", "fp8_e4m3"])
 def test_scheduled_steps_with_chunks_and_decode_groups_run_on_the_model_device(tiny_llama_dir,
                                                                                kv_dtype):
