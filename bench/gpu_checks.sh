@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The engine's CUDA checks in ONE bounded run (about 3 minutes, at most about 9) on a GPU
-# machine with no internet, this repo copied, maybe no venv:
+# The engine's CUDA checks in ONE bounded run (a few minutes; the step limits add up to
+# 8.75 minutes) on a GPU machine with no internet, this repo copied, maybe no venv:
 #
 #     bash bench/gpu_checks.sh 2>&1 | tee gpu_checks.log
+#
+# With this workplace's device tool: run(command="bash bench/gpu_checks.sh 2>&1 | tee
+# $OUT/gpu_checks.log", timeout_s=570); nothing needs carrying.
 #
 # (a) Python: the repo's .venv when its torch sees CUDA, else the machine's python3 and
 #     its torch; kvledger is imported from this tree (no install). Wheels of anything
@@ -49,7 +52,7 @@ if ! "$PY" -c 'import kvledger.engine' 2>/dev/null; then
     export PYTHONPATH=/tmp/kvl-src${PYTHONPATH:+:$PYTHONPATH}
 fi
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv || true
-"$PY" - <<'EOF' || exit 2
+timeout 60 "$PY" - <<'EOF' || exit 2
 import importlib, sys
 import torch
 print(f"python {sys.version.split()[0]} ({sys.executable}); torch {torch.__version__}, "
@@ -70,19 +73,19 @@ if not torch.cuda.is_available():
 EOF
 
 # (b) ---------------------------------------------------------------------------------
-step 120 "gpu_memory_check tiny-llama bf16" \
+step 75 "gpu_memory_check tiny-llama bf16" \
     "$PY" bench/gpu_memory_check.py --model tiny-llama --dtype bfloat16
-step 180 "gpu_memory_check small-llama bf16" \
+step 100 "gpu_memory_check small-llama bf16" \
     "$PY" bench/gpu_memory_check.py --model small-llama --dtype bfloat16
-step 180 "gpu_memory_check small-llama bf16, fp8 KV, 64 x 2048, 4096-token steps" \
+step 100 "gpu_memory_check small-llama bf16, fp8 KV, 64 x 2048, 4096-token steps" \
     "$PY" bench/gpu_memory_check.py --model small-llama --dtype bfloat16 --kv-cache-dtype fp8 \
     --max-model-len 2048 --max-num-seqs 64 --max-num-batched-tokens 4096
 
 # (c) ---------------------------------------------------------------------------------
-step 240 "engine tests on CUDA: greedy equality vs transformers (float32), meta-device runner" \
+step 150 "engine tests on CUDA: greedy equality vs transformers (float32), meta-device runner" \
     env KVLEDGER_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
     tests/test_engine_hf_equivalence.py tests/test_engine_device_paths.py
-step 120 "seeded and greedy sampling on CUDA, bf16 weights, bf16 and fp8 KV" "$PY" - <<'EOF'
+step 60 "seeded and greedy sampling on CUDA, bf16 weights, bf16 and fp8 KV" "$PY" - <<'EOF'
 import tempfile
 
 from kvledger.engine import LLM, SamplingParams
@@ -109,11 +112,11 @@ EOF
 
 # (d) ---------------------------------------------------------------------------------
 models=$(mktemp -d)
-"$PY" -m kvledger.engine.cli make-model small-llama "$models/small-llama" >/dev/null
-step 60 "kvledger plan on this GPU (NVML)" \
+timeout 60 "$PY" -m kvledger.engine.cli make-model small-llama "$models/small-llama" >/dev/null
+step 20 "kvledger plan on this GPU (NVML)" \
     "$PY" -m kvledger.engine.cli plan --model "$models/small-llama" --device cuda \
     --dtype bfloat16 --max-model-len 2048 --max-num-seqs 256
-step 60 "kvledger plan on this GPU (NVML), --gpu-memory-utilization 0.9, JSON" \
+step 20 "kvledger plan on this GPU (NVML), --gpu-memory-utilization 0.9, JSON" \
     "$PY" -m kvledger.engine.cli plan --model "$models/small-llama" --device cuda \
     --dtype bfloat16 --gpu-memory-utilization 0.9 --json
 rm -rf "$models"
