@@ -13,7 +13,8 @@
 # (b) bench/gpu_memory_check.py: planner-predicted vs measured bytes per class,
 #     tiny-llama and small-llama in bfloat16 (and small-llama with an fp8 KV cache).
 # (c) the greedy-equality tests against transformers on CUDA (float32), the meta-device
-#     runner tests, and seeded / greedy sampling in bf16 with bf16 and fp8 KV.
+#     runner tests, seeded / greedy sampling in bf16 with bf16 and fp8 KV, and which
+#     SDPA kernels (flash, efficient, cuDNN, math) take the engine's attention shapes.
 # (d) `kvledger plan` against the real device through NVML.
 # Every step is time-limited and reports its exit status; the script goes on after a
 # failure and exits non-zero if any step failed.
@@ -82,7 +83,7 @@ step 100 "gpu_memory_check small-llama bf16, fp8 KV, 64 x 2048, 4096-token steps
     --max-model-len 2048 --max-num-seqs 64 --max-num-batched-tokens 4096
 
 # (c) ---------------------------------------------------------------------------------
-step 150 "engine tests on CUDA: greedy equality vs transformers (float32), meta-device runner" \
+step 120 "engine tests on CUDA: greedy equality vs transformers (float32), meta-device runner" \
     env KVLEDGER_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
     tests/test_engine_hf_equivalence.py tests/test_engine_device_paths.py
 step 60 "seeded and greedy sampling on CUDA, bf16 weights, bf16 and fp8 KV" "$PY" - <<'EOF'
@@ -108,6 +109,40 @@ for kv in ("auto", "fp8"):
           f"batch: {first[:3] == fewer}; greedy {greedy}")
     assert first == again
     del llm
+EOF
+
+step 30 "which SDPA kernels take the engine's attention shapes (bf16, GQA 8/4)" "$PY" - <<'EOF'
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+warnings.simplefilter("ignore")
+r = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+mask = lambda *shape: torch.ones(*shape, device="cuda", dtype=torch.bool)  # noqa: E731
+shapes = {  # name: (q, k, v, kwargs), as model.Attention calls it
+    "first chunk, causal": (r(1, 8, 512, 64), r(1, 4, 512, 64), r(1, 4, 512, 64),
+                            {"is_causal": True, "enable_gqa": True}),
+    "first chunk, window mask": (r(1, 8, 512, 64), r(1, 4, 512, 64), r(1, 4, 512, 64),
+                                 {"attn_mask": mask(512, 512).tril(), "enable_gqa": True}),
+    "later chunk, mask": (r(1, 8, 256, 64), r(1, 4, 1024, 64), r(1, 4, 1024, 64),
+                          {"attn_mask": mask(1, 1, 256, 1024).tril(768), "enable_gqa": True}),
+    "decode, heads folded": (r(32, 4, 2, 64), r(32, 4, 1024, 64), r(32, 4, 1024, 64),
+                             {"attn_mask": mask(32, 1, 1, 1024)}),
+}
+backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+            SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
+for name, (q, k, v, kwargs) in shapes.items():
+    runs = []
+    for backend in backends:
+        try:
+            with sdpa_kernel([backend]):
+                F.scaled_dot_product_attention(q, k, v, **kwargs)
+            runs.append(backend.name)
+        except RuntimeError:
+            pass
+    print(f"{name:<28} runs on: {', '.join(runs)}")
 EOF
 
 # (d) ---------------------------------------------------------------------------------
