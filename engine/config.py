@@ -81,7 +81,8 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value <= 0):
-                raise BadInput(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+                flag = _FLAG_NAMES.get(name, name.replace("_", "-"))
+                raise BadInput(f"--{flag} must be a positive integer, got {value!r}")
         if (self.max_num_batched_tokens is not None
                 and self.max_num_batched_tokens < self.max_num_seqs):
             raise BadInput(f"--max-num-batched-tokens {self.max_num_batched_tokens} is below "

@@ -93,3 +93,13 @@ def test_bad_flags_exit_2(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         _parse(argv)
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["--memory-limit", "0"], "--memory-limit"),
+    (["--device-memory", "0"], "--device-memory"),
+    (["--kv-cache-memory-bytes", "0"], "--kv-cache-memory-bytes"),
+])
+def test_a_zero_size_names_the_flag_the_user_typed(argv: list[str], flag: str) -> None:
+    with pytest.raises(BadInput, match=f"^{flag} must be a positive integer, got 0$"):
+        config_from_args(_parse(["--model", "/m", *argv]))
