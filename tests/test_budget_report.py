@@ -71,7 +71,11 @@ def test_explicit_pool_too_small_headline() -> None:
     assert text.splitlines()[0] == ("error: the KV pool of 8 blocks (--num-gpu-blocks-override) "
                                     "cannot hold one max_model_len=4096 sequence (256 blocks of "
                                     "16 tokens)")
-    assert "    --num-gpu-blocks-override 256" in text
+    assert "    --num-gpu-blocks-override 256 (KV -> " in text  # a space after a long flag
+    kv_row = next(line for line in text.splitlines() if line.startswith("  KV cache"))
+    assert kv_row.endswith("(256 blocks for one max_model_len sequence; "
+                           "--num-gpu-blocks-override gives 8, bf16)")
+    assert format_size(p.kv.num_blocks * p.kv.bytes_per_block) in kv_row
 
 
 def test_unified_warning_and_cpu_labels() -> None:

@@ -97,6 +97,9 @@ def _breakdown(plan: Plan) -> list[str]:
     else:
         flag, pool = _explicit_pool(plan)
         kv_detail = f"{pool} blocks from {flag}, {kv_dtype}"
+        if pool < kv.required_blocks:  # refused: the row and the pool line show what it needs
+            kv_detail = (f"{kv.required_blocks} blocks for one max_model_len sequence; {flag} "
+                         f"gives {pool}, {kv_dtype}")
     if cfg.enforce_eager:
         graphs_detail = "--enforce-eager"
     elif plan.device.kind == "cpu":
@@ -138,7 +141,7 @@ def _remedy_lines(plan: Plan) -> list[str]:
     lines = [f"  to fit within {limit}, try one of:"]
     for remedy in plan.remedies:
         change, result = remedy_text(remedy)
-        lines.append(f"    {change:<26}({result})")
+        lines.append(f"    {change:<25} ({result})")  # a long flag still gets its space
     return lines
 
 
