@@ -6,12 +6,14 @@ from dataclasses import dataclass, field
 
 from kvledger.engine.errors import BadInput
 
+GREEDY_BELOW_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS
+
 
 @dataclass
 class SamplingParams:
     """How one request picks its tokens and when it stops.
 
-    ``temperature == 0`` is greedy. ``max_tokens=None`` means "up to the context limit".
+    ``temperature == 0`` (or below 1e-5) is greedy. ``max_tokens=None`` means "up to the context limit".
     Stop strings are cut from the returned text; stop token ids and EOS end the request
     with ``finish_reason == "stop"`` (the token is kept in ``token_ids``).
     """
@@ -56,4 +58,6 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # vLLM's rule: a temperature this small is greedy; dividing the logits by it
+        # (1e-300) would overflow to inf and the softmax to NaN.
+        return self.temperature < GREEDY_BELOW_TEMPERATURE or self.top_k == 1

@@ -76,6 +76,16 @@ def test_sampler_greedy_top_k_and_top_p():
     assert everything == {0, 1, 2, 3, 4}
 
 
+def test_a_vanishing_temperature_is_greedy_not_a_dead_engine(llm):
+    # 1e-300 divides the logits to inf (NaN probabilities), which used to kill the engine
+    # loop for every request; vLLM treats any temperature below 1e-5 as greedy.
+    greedy = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    for temperature in (1e-300, 1e-6):
+        tiny = llm.generate([[5, 6, 7]], SamplingParams(temperature=temperature, top_p=1e-300,
+                                                        max_tokens=5, ignore_eos=True))
+        assert tiny[0].token_ids == greedy[0].token_ids
+
+
 def test_sampler_seeded_rows_do_not_depend_on_the_other_rows():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
     params = SamplingParams(temperature=1.0, seed=7)
