@@ -40,6 +40,7 @@ class Sampler:
             sorted_probs, order = probs.sort(descending=True)
             # Keep the smallest prefix whose mass reaches top_p (always the top token).
             drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
+            drop[0] = False  # a top_p below float32's smallest (1e-300) would drop every token
             sorted_probs = sorted_probs.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
         generator = seq.generator or self.generator

@@ -74,6 +74,9 @@ def test_sampler_greedy_top_k_and_top_p():
     assert nucleus == {1, 2}
     everything = {sampler(logits, [_Seq(SamplingParams(temperature=100.0))])[0] for _ in range(300)}
     assert everything == {0, 1, 2, 3, 4}
+    # A top_p that float32 rounds to 0 still keeps the top token (it used to keep none,
+    # and torch.multinomial's error killed the engine).
+    assert sampler(logits, [_Seq(SamplingParams(temperature=1.0, top_p=1e-300))]) == [1]
 
 
 def test_a_vanishing_temperature_is_greedy_not_a_dead_engine(llm):
