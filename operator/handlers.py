@@ -56,7 +56,7 @@ def find_credentials(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
     try:
         info = (kopf.login_with_service_account(settings=settings)
                 or kopf.login_with_kubeconfig(settings=settings))
-    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError, kopf.LoginError) as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise BadInput(f"cannot read the Kubernetes credentials: {detail}") from None
     if info is None:

@@ -50,6 +50,7 @@ async def test_operator_process_watches_only_its_namespace_and_logs_json():
     (None, "error: no Kubernetes credentials: not in a pod, and no $KUBECONFIG or ~/.kube/config"),
     ("missing", "error: cannot read the Kubernetes credentials: [Errno 2] No such file"),
     ("garbage", "error: cannot read the Kubernetes credentials: "),
+    ("no-context", "error: cannot read the Kubernetes credentials: Current context is not set"),
 ])
 def test_no_cluster_is_one_line_and_exit_2(kubeconfig, expected, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
@@ -58,6 +59,9 @@ def test_no_cluster_is_one_line_and_exit_2(kubeconfig, expected, tmp_path):
         env["KUBECONFIG"] = str(tmp_path / "absent")
     elif kubeconfig == "garbage":
         (tmp_path / "kubeconfig").write_text("clusters: [")
+        env["KUBECONFIG"] = str(tmp_path / "kubeconfig")
+    elif kubeconfig == "no-context":  # valid YAML, but no current-context to log in with
+        (tmp_path / "kubeconfig").write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
         env["KUBECONFIG"] = str(tmp_path / "kubeconfig")
     done = subprocess.run([sys.executable, "-m", "kvledger.engine.cli", "operator"], env=env,
                           capture_output=True, text=True, timeout=30)
