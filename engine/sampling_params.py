@@ -39,8 +39,9 @@ class SamplingParams:
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) \
                 or (self.top_k < 1 and self.top_k not in (-1, 0)):
             raise BadInput(f"top_k must be -1 (off) or a positive integer, got {self.top_k!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise BadInput(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not -2**63 <= self.seed < 2**64):  # torch.Generator's range
+            raise BadInput(f"seed must be a 64-bit integer, got {self.seed!r}")
         if self.max_tokens is not None and (isinstance(self.max_tokens, bool)
                                             or not isinstance(self.max_tokens, int)
                                             or self.max_tokens < 1):

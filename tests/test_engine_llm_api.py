@@ -50,7 +50,8 @@ def test_bad_prompts_are_bad_input_before_anything_runs(llm):
 @pytest.mark.parametrize("kwargs", [
     {"temperature": -1}, {"temperature": float("nan")}, {"top_p": 0}, {"top_p": 1.5},
     {"top_k": -2}, {"max_tokens": 0}, {"max_tokens": 2.5}, {"stop": [""]}, {"stop": 3},
-    {"stop_token_ids": [-1]}, {"seed": "x"}, {"ignore_eos": "yes"},
+    {"stop_token_ids": [-1]}, {"seed": "x"}, {"seed": 2**64}, {"seed": -2**63 - 1},
+    {"ignore_eos": "yes"},
 ])
 def test_bad_sampling_params_are_bad_input(kwargs):
     with pytest.raises(BadInput):
