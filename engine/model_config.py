@@ -7,6 +7,7 @@ name instead of being run wrong.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,8 @@ class ModelConfig:
             raise BadInput("unsupported: mlp_bias")
         # transformers 5 writes rope_parameters = {"rope_type", "rope_theta", ...}.
         rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-        rope_theta = float(rope.pop("rope_theta", raw.get("rope_theta", 10000.0)))
+        rope_theta = _positive_float("rope_theta", rope.pop("rope_theta",
+                                                            raw.get("rope_theta", 10000.0)))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise BadInput(f"unsupported rope_scaling type {rope_type!r}; "
@@ -79,17 +81,35 @@ class ModelConfig:
                 num_heads=heads,
                 num_kv_heads=int(raw.get("num_key_value_heads") or heads),
                 head_dim=int(raw.get("head_dim") or hidden // heads),
-                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                rms_norm_eps=_positive_float("rms_norm_eps", raw.get("rms_norm_eps", 1e-6)),
                 rope_theta=rope_theta,
                 rope_scaling=rope if rope_type != "default" else None,
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 qkv_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
                 o_bias=arch != "Qwen2ForCausalLM" and bool(raw.get("attention_bias", False)),
-                sliding_window=int(sliding) if sliding else None,
+                sliding_window=_positive_int("sliding_window", sliding) if sliding else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BadInput(f"config.json: missing or bad field {exc}") from None
+
+
+def _positive_float(name: str, value: Any) -> float:
+    """A positive finite number: a rope_theta or rms_norm_eps of 0, below 0, NaN or a string
+    would make every logit NaN (and sampling fail) rather than refuse at start-up."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not (0.0 < number < math.inf):
+        raise BadInput(f"config.json {name!r} must be a positive number, got {value!r}")
+    return number
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise BadInput(f"config.json {name!r} must be a positive integer, got {value!r}")
+    return value
 
 
 def _qwen2_window(raw: dict[str, Any]) -> int | None:

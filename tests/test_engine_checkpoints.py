@@ -101,6 +101,12 @@ def test_a_checkpoint_missing_a_tensor_is_refused(tmp_path, tiny_llama_dir):
     ({"hidden_act": "gelu"}, "unsupported hidden_act"),
     ({"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "sliding_window": 32,
       "max_window_layers": 2}, "sliding window on only some layers"),
+    # Values that would turn every logit into NaN, or a traceback: refused at load.
+    ({"rope_theta": -1}, "'rope_theta' must be a positive number, got -1"),
+    ({"rope_theta": "x"}, "'rope_theta' must be a positive number, got 'x'"),
+    ({"rms_norm_eps": -1e-5}, "'rms_norm_eps' must be a positive number"),
+    ({"architectures": ["MistralForCausalLM"], "sliding_window": -5},
+     "'sliding_window' must be a positive integer, got -5"),
 ])
 def test_model_config_refuses_what_it_cannot_run(tiny_llama_dir, change, message):
     raw = {**json.loads((tiny_llama_dir / "config.json").read_text()), **change}
