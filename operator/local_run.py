@@ -77,8 +77,10 @@ def main(args: argparse.Namespace) -> int:
     # The planner is torch-free; importing it here keeps `run --help` instant.
     from kvledger.engine.budget.plan import make_plan
     from kvledger.engine.budget.report import render_report
+    from kvledger.engine.model_config import ModelConfig
 
     plan = make_plan(config)
+    ModelConfig.from_dir(config.model)  # what `serve` would refuse at once (as the preflight)
     name = doc["metadata"]["name"]
     if not plan.fits:
         sys.stderr.write(f"{name}: pre-flight refused the plan\n{render_report(plan)}")

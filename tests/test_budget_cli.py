@@ -130,6 +130,19 @@ def test_bad_input_one_line_exit_2(model, capsys, argv, message) -> None:
         assert message in err and "Traceback" not in err
 
 
+def test_preflight_refuses_a_checkpoint_the_engine_cannot_run(tmp_path, capsys) -> None:
+    write_checkpoint(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    argv = ["--model", str(tmp_path), "--device-memory", "24GiB"]
+    assert main(["plan", *argv]) == 0  # what-if planning of any Llama-shaped checkpoint
+    capsys.readouterr()
+    assert main(["preflight", *argv, "--plan-out", str(tmp_path / "plan.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unsupported architecture GPT2LMHeadModel") and err.count("\n") == 1
+
+
 def test_bad_checkpoint_through_a_subprocess(tmp_path) -> None:
     (tmp_path / "config.json").write_text("{garbled")
     proc = subprocess.run([sys.executable, "-m", "kvledger.engine.cli", "plan", "--model",

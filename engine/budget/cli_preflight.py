@@ -21,6 +21,7 @@ from kvledger.engine.budget.report import (
 )
 from kvledger.engine.config import add_engine_flags, config_from_args
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInput
+from kvledger.engine.model_config import ModelConfig
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
@@ -35,7 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    plan = make_plan(config_from_args(args))
+    config = config_from_args(args)
+    plan = make_plan(config)
+    # The engine container refuses a checkpoint it cannot run (architecture, activation,
+    # RoPE type) at once; refuse it here too, so the pod says so instead of crash-looping.
+    ModelConfig.from_dir(config.model)
     report = render_report(plan)
     print(report, end="", file=sys.stdout if plan.fits else sys.stderr)
     if args.plan_out:
