@@ -235,6 +235,21 @@ def test_quantization_when_weights_dominate_or_nothing_else_helps() -> None:
     assert remedies == {}
 
 
+def test_smaller_step_offered_when_activations_dominate_and_is_the_largest_that_fits() -> None:
+    # A step of 1M tokens: activations of ~hundreds of GiB, nothing else can close the gap
+    # (the report used to say "no single change of flags fits").
+    flags = dict(max_model_len=1024, max_num_seqs=8, max_num_batched_tokens=1_000_000)
+    p, remedies = refused(**flags)
+    assert p.classes["activations"] * 2 >= p.required_bytes
+    step = remedies["--max-num-batched-tokens"]
+    assert 8 <= step.value < 1_000_000 and step.note.startswith("activations -> ")
+    assert plan(**{**flags, "max_num_batched_tokens": step.value}).fits
+    assert not plan(**{**flags, "max_num_batched_tokens": step.value + 1}).fits
+    # Not offered when the activations are a small part and another change helps.
+    _, remedies = refused(memory_limit_bytes=24 * GiB, max_model_len=8192, max_num_seqs=16)
+    assert "--max-num-batched-tokens" not in remedies
+
+
 def test_enforce_eager_offered_when_graphs_tip_the_balance() -> None:
     flags = dict(max_model_len=256, max_num_seqs=256)
     eager = plan(**flags, enforce_eager=True)

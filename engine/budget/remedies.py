@@ -80,10 +80,28 @@ def find_remedies(plan: Plan, replan: Replan) -> list[Remedy]:
             out.append(Remedy("--enforce-eager", None, eager.classes["kv_cache"],
                               note="no CUDA graphs"))
     out += _bigger_explicit_pool(plan, with_)
+    out += _smaller_step(plan, with_, others_help=bool(out))
     quantized = _quantization(plan, replan, others_help=bool(out))
     if quantized is not None:
         out.append(quantized)
     return out
+
+
+def _smaller_step(plan: Plan, with_: Callable[..., Plan], *, others_help: bool) -> list[Remedy]:
+    """The largest ``--max-num-batched-tokens`` that fits (never below ``--max-num-seqs``),
+    offered when the activations are at least half the budget or nothing else helps."""
+    from kvledger.engine.budget.report import format_size  # report imports this module
+
+    dominate = plan.classes["activations"] * 2 >= plan.required_bytes
+    if not dominate and others_help:
+        return []
+    best = largest_fitting(lambda n: with_(max_num_batched_tokens=n).fits, plan.max_num_seqs,
+                           plan.max_num_batched_tokens - 1)
+    if best is None:
+        return []
+    candidate = with_(max_num_batched_tokens=best)
+    return [Remedy("--max-num-batched-tokens", best, candidate.classes["kv_cache"],
+                   note=f"activations -> {format_size(candidate.classes['activations'])}")]
 
 
 def _bigger_explicit_pool(plan: Plan, with_: Callable[..., Plan]) -> list[Remedy]:
