@@ -29,7 +29,5 @@ demo: install
 lint: install-test
 	$(BIN)/ruff check .
 
-test: install-test
-	$(BIN)/ruff check .
-	bash scripts/helm_check.sh
-	$(BIN)/python -m pytest -q
+test:
+	bash .ci/run

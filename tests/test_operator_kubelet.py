@@ -76,31 +76,37 @@ def run_container(container: dict, pod_spec: dict, scratch: Path) -> dict:
             "message": message}
 
 
-async def test_kubelet_runs_the_rendered_preflight_and_describe_shows_why(cluster, model_root,
-                                                                           tmp_path):
-    manifest = service_manifest("kubelet-demo", NS, gpus=0, memory={"limit": "64Mi"},
-                                engine={"maxModelLen": 1024})
+async def deploy_and_run_preflight(cluster, name: str, model_root: Path, scratch: Path,
+                                   **spec) -> tuple[dict, dict]:
+    """Create the resource, take the rendered pod, run its ``preflight`` as a kubelet would,
+    and report the pod to the emulator; (pod spec, the container's terminated state)."""
+    manifest = service_manifest(name, NS, gpus=0, **spec)
     manifest["spec"]["model"]["volume"] = {"hostPath": {"path": str(model_root)},
                                            "mountPath": "/models"}
     await cluster.create(API_VERSION, PLURAL, manifest)
     deployment = await eventually(
-        lambda: cluster.stored("apps/v1", "deployments", NS, "kubelet-demo"), what="deployment")
+        lambda: cluster.stored("apps/v1", "deployments", NS, name), what="deployment")
     pod_spec = deployment["spec"]["template"]["spec"]
     [preflight] = pod_spec["initContainers"]
+    terminated = run_container(preflight, pod_spec, scratch)
+    await cluster.create("v1", "pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"{name}-0", "namespace": NS, "labels": {LABEL: name}},
+        "spec": pod_spec,
+        "status": {"phase": "Pending", "initContainerStatuses": [{
+            "name": "preflight", "ready": terminated["exitCode"] == 0, "restartCount": 0,
+            "state": {"terminated": terminated}}]}})
+    return pod_spec, terminated
 
-    terminated = run_container(preflight, pod_spec, tmp_path)
+
+async def test_kubelet_runs_the_rendered_preflight_and_describe_shows_why(cluster, model_root,
+                                                                           tmp_path):
+    _, terminated = await deploy_and_run_preflight(
+        cluster, "kubelet-demo", model_root, tmp_path, memory={"limit": "64Mi"},
+        engine={"maxModelLen": 1024})
     assert terminated["exitCode"] == EXIT_DOES_NOT_FIT, terminated["message"]
     assert terminated["message"].startswith("error: engine requires")
     assert (tmp_path / "plan" / "plan.json").exists()  # the hand-over on the emptyDir
-
-    await cluster.create("v1", "pods", {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "kubelet-demo-0", "namespace": NS,
-                     "labels": {LABEL: "kubelet-demo"}},
-        "spec": pod_spec,
-        "status": {"phase": "Pending", "initContainerStatuses": [{
-            "name": "preflight", "ready": False, "restartCount": 0,
-            "state": {"terminated": terminated}}]}})
 
     def refused():
         obj = cluster.stored(API_VERSION, PLURAL, NS, "kubelet-demo")
@@ -128,27 +134,10 @@ async def test_kubelet_runs_the_rendered_preflight_and_describe_shows_why(cluste
 
 async def test_kubelet_preflight_that_fits_fills_status_plan_with_exact_bytes(cluster, model_root,
                                                                                tmp_path):
-    manifest = service_manifest("kubelet-fits", NS, gpus=0, engine={"maxModelLen": 256})
-    manifest["spec"]["model"]["volume"] = {"hostPath": {"path": str(model_root)},
-                                           "mountPath": "/models"}
-    await cluster.create(API_VERSION, PLURAL, manifest)
-    deployment = await eventually(
-        lambda: cluster.stored("apps/v1", "deployments", NS, "kubelet-fits"), what="deployment")
-    pod_spec = deployment["spec"]["template"]["spec"]
-    [preflight] = pod_spec["initContainers"]
-
-    terminated = run_container(preflight, pod_spec, tmp_path)
+    _, terminated = await deploy_and_run_preflight(
+        cluster, "kubelet-fits", model_root, tmp_path, engine={"maxModelLen": 256})
     assert terminated["exitCode"] == 0, terminated["message"]
     handed_over = json.loads((tmp_path / "plan" / "plan.json").read_text())
-
-    await cluster.create("v1", "pods", {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "kubelet-fits-0", "namespace": NS,
-                     "labels": {LABEL: "kubelet-fits"}},
-        "spec": pod_spec,
-        "status": {"phase": "Pending", "initContainerStatuses": [{
-            "name": "preflight", "ready": True, "restartCount": 0,
-            "state": {"terminated": terminated}}]}})
 
     def approved():
         obj = cluster.stored(API_VERSION, PLURAL, NS, "kubelet-fits")
