@@ -259,7 +259,11 @@ def validate_manifest(doc: Any) -> dict[str, Any]:
         raise BadInput(f"manifest must be apiVersion: {API_VERSION}, kind: {KIND}; "
                        f"got {doc.get('apiVersion')!r}, {doc.get('kind')!r}")
     schema = _strict(openapi_schema())
-    schema["properties"]["metadata"] = {"type": "object", "required": ["name"]}
+    # The Deployment and Service are named as the resource, and a Service name must be a
+    # DNS-1035 label; the API server checks that, so `kvledger run` does it here.
+    schema["properties"]["metadata"] = {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "maxLength": 63,
+                 "pattern": "^[a-z]([-a-z0-9]*[a-z0-9])?$"}}}
     errors = sorted(jsonschema.Draft4Validator(schema).iter_errors(doc),
                     key=lambda e: list(e.absolute_path))
     if errors:

@@ -94,6 +94,7 @@ def test_local_device_is_the_cpu_only_when_the_spec_has_no_gpus():
     (manifest(engine={"maxNumSeqs": 32, "maxNumBatchedTokens": 16}),
      "maxNumBatchedTokens must be at least maxNumSeqs"),
     (manifest(memory={"limit": "0Gi"}), "memory.limit must be more than 0 bytes"),
+    ({**manifest(), "metadata": {"name": "Bad_Name"}}, "metadata.name: 'Bad_Name' does not match"),
     ({**manifest(), "kind": "Deployment"}, "manifest must be apiVersion: kvledger.dev/v1alpha1"),
     ({k: v for k, v in manifest().items() if k != "spec"},
      "invalid InferenceService at (top level): 'spec' is a required property"),

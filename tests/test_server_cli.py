@@ -13,6 +13,7 @@ from kvledger.engine.cli import main
     ["--max-queue-wait", "-1"],
     ["--shutdown-grace", "soon"],
     ["--max-body-bytes", "lots"],
+    ["--max-body-bytes", "0"],
 ])
 def test_bad_server_flags_exit_2(tmp_path, capsys, flags):
     assert main(["serve", "--model", str(tmp_path), *flags]) == 2

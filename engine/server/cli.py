@@ -55,6 +55,8 @@ def main(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not 0 <= args.port <= 65535:
         raise BadInput(f"--port must be in 0..65535, got {args.port}")
+    if args.max_body_bytes < 1:
+        raise BadInput(f"--max-body-bytes must be at least 1 byte, got {args.max_body_bytes}")
     config = config_from_args(args)
     options = ServeOptions(api_key=args.api_key or None, max_queue_wait_s=args.max_queue_wait,
                            shutdown_grace_s=args.shutdown_grace,
