@@ -213,7 +213,7 @@ async def run_policy(policy: str, base: LLMEngine, args, traffic) -> Result:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--pool-blocks", type=int, default=48)

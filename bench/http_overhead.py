@@ -142,7 +142,7 @@ def main() -> None:
     if len(sys.argv) == 5 and sys.argv[1] == "--serve":
         asyncio.run(serve(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]))
         return
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--requests", type=int, default=1500)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--concurrency", type=int, default=32)

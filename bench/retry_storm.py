@@ -109,7 +109,7 @@ async def bench(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--per-client", type=int, default=3)
     parser.add_argument("--pool-blocks", type=int, default=48)

@@ -95,7 +95,7 @@ def bench_hf_static_batch(model, prompts, output_lens, batch_size: int) -> tuple
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--model", default="small-llama", help="built-in model name")
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--static-batch", type=int, default=32)

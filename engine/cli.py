@@ -33,7 +33,15 @@ def _usage() -> str:
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
-    """Bad flags are bad input like any other: one ``error:`` line and exit 2, no usage dump."""
+    """Bad flags are bad input like any other: one ``error:`` line and exit 2, no usage dump.
+
+    No abbreviations: ``--max-num-seq 8`` must not silently mean ``--max-num-seqs``, and a
+    prefix that is unique today would change meaning when a flag is added.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         raise BadInput(f"{self.prog}: {message} (see {self.prog} --help)")

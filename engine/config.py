@@ -71,13 +71,14 @@ class EngineConfig:
     device: str = "auto"
     device_memory_bytes: int | None = None
     device_free_bytes: int | None = None
+    container_memory_limit_bytes: int | None = None
     unified_memory: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
                      "num_gpu_blocks_override", "kv_cache_memory_bytes", "memory_limit_bytes",
-                     "device_memory_bytes"):
+                     "device_memory_bytes", "container_memory_limit_bytes"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value <= 0):
@@ -128,6 +129,7 @@ _FLAG_NAMES = {
     "memory_limit_bytes": "memory-limit",
     "device_memory_bytes": "device-memory",
     "device_free_bytes": "device-free",
+    "container_memory_limit_bytes": "container-memory-limit",
 }
 
 
@@ -166,9 +168,16 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--served-model-name", default=None)
     g.add_argument("--max-model-len", type=_positive_int, default=None,
                    help="context limit in tokens (default: the model's max_position_embeddings)")
-    g.add_argument("--max-num-seqs", type=_positive_int, default=DEFAULT_MAX_NUM_SEQS)
+    # vLLM's defaults: vllm/engine/arg_utils.py get_batch_defaults (`vllm serve` context).
+    g.add_argument("--max-num-seqs", type=_positive_int, default=DEFAULT_MAX_NUM_SEQS,
+                   help=f"sequences running at once (default {DEFAULT_MAX_NUM_SEQS}; "
+                        "vllm serve's is 256, 1024 on a GPU of 70 GiB or more other than an "
+                        "A100, 128 on a CPU)")
     g.add_argument("--max-num-batched-tokens", type=_positive_int, default=None,
-                   help=f"tokens per engine step (default: max(max_model_len, {MIN_DEFAULT_BATCHED_TOKENS}))")
+                   help="tokens per engine step (default max(max_model_len, "
+                        f"{MIN_DEFAULT_BATCHED_TOKENS}): a whole prompt is one step; "
+                        "vllm serve's is 2048, 8192 on a GPU of 70 GiB or more other than an "
+                        "A100, as it splits prompts into chunks)")
     g.add_argument("--block-size", type=_positive_int, default=DEFAULT_BLOCK_SIZE)
     g.add_argument("--dtype", choices=DTYPES, default="auto")
     g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
@@ -189,6 +198,13 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                    metavar="SIZE", help="free memory on that device (default: all of it)")
     d.add_argument("--unified-memory", action="store_true",
                    help="the device shares one memory pool with the host (GB10, GH200, ...)")
+    d.add_argument("--container-memory-limit", dest="container_memory_limit_bytes",
+                   type=size_arg, default=None, metavar="SIZE",
+                   help="read host memory (--device cpu, or a unified pool) as a container "
+                        "with this memory limit sees it: total min(MemTotal, SIZE), free "
+                        "min(MemAvailable, SIZE less this process's memory). The device's "
+                        "size, not a cap like --memory-limit; `kvledger run` passes "
+                        "spec.resources.limits.memory")
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:

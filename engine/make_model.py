@@ -4,12 +4,22 @@ Each is a real Hugging Face checkpoint directory (``config.json``, ``model.safet
 ``tokenizer.json`` trained on the bundled corpus, ``tokenizer_config.json`` with a chat
 template, ``generation_config.json``) with random weights from a fixed seed, so tests,
 demos and benchmarks go through the same loading path as a user's checkpoint.
+
+The checkpoint is built in a hidden folder beside DIR and renamed into place once
+complete, so an interrupted run never leaves a half-written DIR. Files are 0644 and the
+folder 0755 whatever the umask: a pod running as another user reads it from a hostPath.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import filecmp
 import json
+import os
+import shutil
+import tempfile
 import zlib
 from pathlib import Path
 from typing import Any
@@ -58,29 +68,155 @@ MODELS: dict[str, dict[str, Any]] = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help=f"one of: {', '.join(MODELS)}")
-    parser.add_argument("dir", help="output directory (created; existing files are overwritten)")
+    parser.add_argument("dir", help="output directory: created (or filled, if empty); one that "
+                                    "already holds this very checkpoint is left as is, and "
+                                    "anything else is refused unless --force")
+    parser.add_argument("--force", action="store_true",
+                        help="replace a DIR that holds anything else (its old contents are "
+                             "removed only once the new checkpoint is complete)")
 
 
 def main(args: argparse.Namespace) -> int:
-    out = write_model(args.name, args.dir)
-    print(f"wrote {args.name} to {out}")
+    out, written = install_model(args.name, args.dir, force=args.force)
+    if written:
+        print(f"wrote {args.name} to {out}")
+    else:
+        print(f"{args.name} is already in {out} (the same bytes); nothing written")
     return 0
 
 
-def write_model(name: str, out_dir: str | Path) -> Path:
-    """Write the built-in checkpoint ``name`` into ``out_dir``; same bytes on every run."""
+def write_model(name: str, out_dir: str | Path, *, force: bool = False) -> Path:
+    """Write the built-in checkpoint ``name`` into ``out_dir``; same bytes on every run.
+
+    ``out_dir`` is created, or filled when empty, or left as is when it already holds
+    exactly these files. Anything else is BadInput unless ``force``. See install_model.
+    """
+    return install_model(name, out_dir, force=force)[0]
+
+
+def install_model(name: str, out_dir: str | Path, *, force: bool = False) -> tuple[Path, bool]:
+    """``(out_dir, written)``: build ``name`` in a hidden folder beside ``out_dir``, then
+    rename it into place; ``written`` is False when ``out_dir`` already held the same bytes.
+
+    Raises BadInput (nothing changed) for an unknown name, an ``out_dir`` that is not a
+    folder, or one that holds anything else without ``force``; with ``force`` the old
+    contents are removed only after the new checkpoint is in place. The hidden folder is
+    removed on every failure, Ctrl-C included.
+    """
     if name not in MODELS:
         raise BadInput(f"unknown built-in model {name!r}; choose one of: {', '.join(MODELS)}")
     out = Path(out_dir)
+    # Through a symlink, replace the folder it points at, not the link.
+    target = Path(os.path.realpath(out)) if out.is_symlink() else Path(os.path.abspath(out))
+    _entries(target, out)  # fail fast: not a folder, or unreadable
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise BadInput(f"cannot create {out}: {exc.strerror}") from None
+        raise BadInput(f"cannot create {target.parent}: {exc.strerror or exc}") from None
+    staging: Path | None = None
     try:
-        _write_checkpoint(name, out)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial",
+                                        dir=target.parent))
+        _write_checkpoint(name, staging)
+        for path in staging.iterdir():
+            path.chmod(0o644)
+        staging.chmod(0o755)
+        return out, _install(name, staging, target, out, force)
     except OSError as exc:
-        raise BadInput(f"cannot write {name} to {out}: {exc.strerror or exc}") from None
-    return out
+        hint = ""
+        if exc.errno in (errno.EBUSY, errno.EXDEV):
+            hint = " (a mount point? write into a folder inside it)"
+        raise BadInput(f"cannot write {name} to {out}: {exc.strerror or exc}{hint}") from None
+    finally:
+        if staging is not None:
+            _remove(staging)  # gone already once renamed into place
+
+
+def _install(name: str, staging: Path, out: Path, shown: Path, force: bool) -> bool:
+    """Move the complete checkpoint in ``staging`` to ``out`` (``shown`` in messages);
+    False if ``out`` already had it."""
+    if _entries(out, shown):
+        difference = _difference(staging, out)
+        if difference is None:
+            return False
+        if not force:
+            raise BadInput(f"{shown} holds something other than {name} ({difference}); "
+                           "nothing written (--force replaces it)")
+        _replace(staging, out)
+        return True
+    try:
+        os.rename(staging, out)  # onto nothing, or onto an empty folder
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):  # another run got there first
+            return _install(name, staging, out, shown, force)
+        raise
+    return True
+
+
+def _replace(staging: Path, out: Path) -> None:
+    """Swap ``staging`` in for ``out``, then remove the old contents. On any failure the
+    old contents go back to ``out`` (or, if even that fails, stay in a hidden folder)."""
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+    try:
+        os.rename(out, old)  # onto the empty placeholder
+        os.rename(staging, out)
+    except BaseException:
+        if os.path.lexists(out):
+            with contextlib.suppress(OSError):
+                old.rmdir()  # only ever removes the empty placeholder
+        else:
+            os.rename(old, out)
+        raise
+    _remove(old)
+
+
+def _entries(path: Path, shown: Path | None = None) -> list[str] | None:
+    """The names in folder ``path``; None when there is nothing at ``path``."""
+    if not os.path.lexists(path):
+        return None
+    if not path.is_dir():
+        raise BadInput(f"{shown or path} exists and is not a directory; nothing written")
+    try:
+        return sorted(os.listdir(path))
+    except OSError as exc:
+        raise BadInput(f"cannot read {shown or path}: {exc.strerror or exc}") from None
+
+
+def _difference(new: Path, old: Path) -> str | None:
+    """None when ``old`` holds exactly the files of ``new``, byte for byte; else what differs."""
+    new_names = {p.name for p in new.iterdir()}
+    old_names = set(_entries(old) or ())
+    changed = sorted(n for n in new_names & old_names if not _same_file(new / n, old / n))
+    parts = []
+    if changed:
+        parts.append(f"{_names(changed)} differ" + ("s" if len(changed) == 1 else ""))
+    if new_names - old_names:
+        parts.append(f"missing {_names(sorted(new_names - old_names))}")
+    if old_names - new_names:
+        parts.append(f"other files: {_names(sorted(old_names - new_names))}")
+    return "; ".join(parts) or None
+
+
+def _same_file(new: Path, old: Path) -> bool:
+    try:
+        return old.is_file() and filecmp.cmp(new, old, shallow=False)
+    except OSError:
+        return False
+
+
+def _names(names: list[str], most: int = 4) -> str:
+    shown = [n if n.isprintable() else repr(n) for n in names[:most]]
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(shown) + more
+
+
+def _remove(path: Path) -> None:
+    """Remove a folder of ours, finishing even when Ctrl-C lands in the middle."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except KeyboardInterrupt:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 def _write_checkpoint(name: str, out: Path) -> None:

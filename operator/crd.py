@@ -80,6 +80,10 @@ _MODEL = {
         },
     },
     "x-kubernetes-validations": [{
+        # Checked as strings, so a '..' could climb out of the mount: refuse the segment.
+        "rule": "!self.path.matches('(^|/)[.][.](/|$)')",
+        "message": "model.path must not contain a '..' segment",
+    }, {
         "rule": "!has(self.volume) || self.path == self.volume.mountPath"
                 " || self.path.startsWith(self.volume.mountPath + '/')",
         "message": "model.path must lie under model.volume.mountPath",

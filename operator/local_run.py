@@ -9,6 +9,11 @@
 ``spec.model.path`` is read the way the kubelet mounts it: with a ``hostPath`` volume,
 ``mountPath/x`` is ``hostPath.path/x`` here; otherwise the path is used as is.
 ``--model-path`` overrides it (e.g. for a manifest whose model lives on a PVC).
+
+``spec.resources.limits.memory`` is the pod's cgroup limit, which caps what host memory
+the engine sees (``--device cpu`` with ``gpus: 0``, or a unified pool). There is no such
+cgroup here, so the pre-flight and the exec'd ``serve`` get ``--container-memory-limit``
+and read host memory as the pod would.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import yaml
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, BadInput
 from kvledger.operator.crd import DEFAULT_PORT, validate_manifest
-from kvledger.operator.spec import engine_config, local_model_path
+from kvledger.operator.spec import container_memory_limit, engine_config, local_model_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,10 +62,12 @@ def load_manifest(path: str) -> dict[str, Any]:
 
 
 def local_config(spec: dict[str, Any], model_path: str | None = None) -> EngineConfig:
-    """The pod's flags, for this machine: the model path mapped to a local one, and the
-    device left to auto-detect unless the spec asks for none (``gpus: 0`` -> the CPU)."""
+    """The pod's flags, for this machine: the model path mapped to a local one, the
+    device left to auto-detect unless the spec asks for none (``gpus: 0`` -> the CPU), and
+    host memory capped by the container's memory limit as the pod's cgroup caps it."""
     device = "cpu" if spec.get("gpus", 1) == 0 else "auto"
-    return engine_config(spec, model_path=model_path or local_model_path(spec), device=device)
+    return engine_config(spec, model_path=model_path or local_model_path(spec), device=device,
+                         container_memory_limit_bytes=container_memory_limit(spec))
 
 
 def serve_argv(flags: list[str], host: str, port: int) -> list[str]:

@@ -7,7 +7,11 @@ pre-flight approves is the plan the engine runs.
 
 from __future__ import annotations
 
+import math
 import posixpath
+import re
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from kvledger.engine.config import EngineConfig, parse_size
@@ -38,6 +42,8 @@ def check_rules(spec: dict[str, Any]) -> None:
             and engine["maxNumBatchedTokens"] < engine["maxNumSeqs"]:
         raise BadInput("maxNumBatchedTokens must be at least maxNumSeqs (every running sequence decodes one token per step)")
     model = spec.get("model") or {}
+    if ".." in model.get("path", "").split("/"):
+        raise BadInput("model.path must not contain a '..' segment")
     volume = model.get("volume")
     if volume is not None:
         if ("persistentVolumeClaim" in volume) == ("hostPath" in volume):
@@ -49,14 +55,17 @@ def check_rules(spec: dict[str, Any]) -> None:
 
 
 def engine_config(spec: dict[str, Any], *, model_path: str | None = None,
-                  device: str = "auto") -> EngineConfig:
+                  device: str = "auto",
+                  container_memory_limit_bytes: int | None = None) -> EngineConfig:
     """The engine flags a spec declares. Raises BadInput for a spec that can never work."""
     check_rules(spec)
     model = spec.get("model") or {}
+    path = model.get("path")
     values: dict[str, Any] = {
-        "model": model_path or model.get("path", ""),
+        "model": model_path or (posixpath.normpath(path) if path else ""),
         "served_model_name": model.get("name"),
         "device": device,
+        "container_memory_limit_bytes": container_memory_limit_bytes,
     }
     engine = spec.get("engine") or {}
     values.update({ours: engine[theirs] for theirs, ours in _ENGINE_FIELDS.items()
@@ -82,6 +91,50 @@ def _positive_size(field: str, value: Any) -> int:
     return size
 
 
+# A Kubernetes quantity (k8s.io/apimachinery resource.Quantity): a signed decimal number,
+# then a binary (Ki..Ei) or decimal (n, u, m, "", k, M..E) suffix or an exponent (e3, E-2).
+_QUANTITY_RE = re.compile(r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+                          r"([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?")
+_QUANTITY_SCALE = {
+    **{unit: 2 ** (10 * (i + 1)) for i, unit in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{unit: Fraction(10) ** exp for unit, exp in (("n", -9), ("u", -6), ("m", -3), ("", 0),
+                                                    ("k", 3), ("M", 6), ("G", 9), ("T", 12),
+                                                    ("P", 15), ("E", 18))},
+}
+
+
+def quantity_bytes(field: str, value: Any) -> int:
+    """Bytes in a Kubernetes memory quantity (``2Gi``, ``2G``, ``2000M``, ``512Mi``,
+    ``1e9``, ``1500m``, plain bytes), rounded up to a whole byte as Kubernetes does.
+    Raises BadInput naming ``field`` for anything else, or for no bytes at all."""
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    match = _QUANTITY_RE.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise BadInput(f"{field}: {value!r} is not a Kubernetes quantity "
+                       "(e.g. 2Gi, 2G, 2000M, 512Mi or plain bytes)")
+    sign, number, suffix = match.group(1), match.group(2), match.group(3) or ""
+    if suffix[:1] in ("e", "E") and len(suffix) > 1:
+        exponent = int(suffix[1:])
+        if abs(exponent) > 30:  # beyond any machine's memory (and Kubernetes' int64)
+            raise BadInput(f"{field}: {value!r} is out of range")
+        scale = Fraction(10) ** exponent
+    else:
+        scale = _QUANTITY_SCALE[suffix]
+    size = math.ceil(Fraction(Decimal(number)) * scale)
+    if sign == "-" or size <= 0:
+        raise BadInput(f"{field} must be more than 0 bytes, got {value!r}")
+    return size
+
+
+def container_memory_limit(spec: dict[str, Any]) -> int | None:
+    """The engine container's memory limit in bytes (``spec.resources.limits.memory``), the
+    cgroup limit its host memory reads are capped by in a pod; None when unset."""
+    limits = (spec.get("resources") or {}).get("limits") or {}
+    if "memory" not in limits:
+        return None
+    return quantity_bytes("spec.resources.limits.memory", limits["memory"])
+
+
 def cluster_device(spec: dict[str, Any]) -> str:
     """In a pod the device is explicit: CUDA when GPUs are requested, else the CPU."""
     return "cuda" if spec.get("gpus", 1) > 0 else "cpu"
@@ -92,13 +145,15 @@ def local_model_path(spec: dict[str, Any]) -> str:
 
     With a ``hostPath`` volume, the pod sees ``hostPath.path`` at ``mountPath``, so
     ``mountPath/x`` is ``hostPath.path/x`` here. Without a volume, or with a PVC (which has
-    no meaning off the cluster), the path is taken as a local path unchanged.
+    no meaning off the cluster), the path is taken as a local path. Paths are normalised
+    (``/models/./m/`` is ``/models/m``); ``check_rules`` refuses a ``..`` segment.
     """
     model = spec["model"]
+    path = posixpath.normpath(model["path"])
     volume = model.get("volume") or {}
     host = (volume.get("hostPath") or {}).get("path")
     if host is None:
-        return model["path"]
-    mount = volume.get("mountPath", DEFAULT_MOUNT_PATH)
-    relative = posixpath.relpath(model["path"], mount)
+        return path
+    mount = posixpath.normpath(volume.get("mountPath", DEFAULT_MOUNT_PATH))
+    relative = posixpath.relpath(path, mount)
     return host if relative == "." else posixpath.join(host, relative)

@@ -73,6 +73,35 @@ def test_unreadable_meminfo_without_limit_is_bad_input(tmp_path) -> None:
         probe_host(tmp_path / "none", tmp_path / "none")
 
 
+def test_a_container_limit_reads_host_memory_as_the_pods_cgroup_would(tmp_path) -> None:
+    """`kvledger run` has no pod cgroup: --container-memory-limit gives the same numbers
+    as a cgroup whose only process is this one (usage = its resident memory)."""
+    pod_proc, pod_cgroup = fake_fs(tmp_path / "pod", files={
+        "pod/memory.max": str(4 * GiB), "pod/memory.current": str(300 * 2**20)})
+    in_pod = probe_host(pod_proc, pod_cgroup)
+    proc, cgroup = fake_fs(tmp_path / "laptop", files={"pod/memory.max": "max\n"})
+    (proc / "self" / "status").write_text(f"Name:\tkvledger\nVmRSS:\t{300 * 1024} kB\n")
+    local = probe_host(proc, cgroup, container_limit_bytes=4 * GiB)
+    assert (local.total_bytes, local.free_bytes) == (in_pod.total_bytes, in_pod.free_bytes)
+    assert (local.total_bytes, local.free_bytes) == (4 * GiB, 4 * GiB - 300 * 2**20)
+    assert local.name == "host memory (container limit)" and local.kind == "cpu"
+    # Above the host's memory it changes nothing; the smaller of two limits wins.
+    assert probe_host(proc, cgroup, container_limit_bytes=64 * GiB).total_bytes == 16 * GiB
+    both = probe_host(pod_proc, pod_cgroup, container_limit_bytes=2 * GiB)
+    assert (both.total_bytes, both.free_bytes) == (2 * GiB, 2 * GiB)  # no VmRSS in that fake
+    smaller_cgroup = probe_host(pod_proc, pod_cgroup, container_limit_bytes=8 * GiB)
+    assert smaller_cgroup == in_pod
+
+
+def test_the_container_limit_flag_reaches_the_probe() -> None:
+    d = probe_device(config(device="cpu", container_memory_limit_bytes=64 * 2**20))
+    assert d.total_bytes == 64 * 2**20 and d.free_bytes < 64 * 2**20  # less our own memory
+    assert d.name == "host memory (container limit)"
+    # The what-if flags still win: they describe another device entirely.
+    assert probe_device(config(device_memory_bytes=GiB,
+                               container_memory_limit_bytes=2**20)).total_bytes == GiB
+
+
 def test_this_machine_has_host_memory() -> None:
     d = probe_device(config(device="cpu"))
     assert d.kind == "cpu" and 0 < d.free_bytes <= d.total_bytes
@@ -130,6 +159,12 @@ def test_nvml_without_dedicated_memory_uses_host_memory_as_unified_pool(monkeypa
     host = device_mod.probe_host()
     d = probe_nvml()
     assert d.unified and d.total_bytes == host.total_bytes and d.kind == "cuda"
+
+
+def test_a_unified_pool_read_from_host_memory_honours_the_container_limit(monkeypatch) -> None:
+    fake_pynvml(monkeypatch, memory=None)
+    d = probe_device(config(device="cuda", container_memory_limit_bytes=GiB))
+    assert d.unified and d.kind == "cuda" and d.total_bytes == GiB
 
 
 def test_cuda_visible_devices_picks_the_handle(monkeypatch) -> None:

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from kvledger.engine.cli import SUBCOMMANDS, main
 
 
@@ -48,3 +50,19 @@ def test_closed_stdout_pipe_is_no_traceback(tmp_path) -> None:
         os.close(write_end)
     assert "Traceback" not in proc.stderr
     assert proc.returncode == 1
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["plan", "--model", "/m", "--max-num-seq", "8"], "--max-num-seq 8"),
+    (["preflight", "--model", "/m", "--plan", "p.json"], "--plan p.json"),
+    (["serve", "--model", "/m", "--shutdown", "1"], "--shutdown 1"),
+    (["run", "service.yaml", "--preflight"], "--preflight"),
+    (["make-model", "tiny-llama", "/m", "--forc"], "--forc"),
+    (["operator", "--names", "x"], "--names x"),
+])
+def test_abbreviated_flags_are_one_line_errors(capsys, argv, flag) -> None:
+    """argparse's prefix matching took --max-num-seq 8 as --max-num-seqs 8, silently."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: kvledger {argv[0]}: unrecognized arguments: {flag} "
+                   f"(see kvledger {argv[0]} --help)\n")

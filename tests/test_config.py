@@ -103,3 +103,12 @@ def test_bad_flags_exit_2(argv: list[str]) -> None:
 def test_a_zero_size_names_the_flag_the_user_typed(argv: list[str], flag: str) -> None:
     with pytest.raises(BadInput, match=f"^{flag} must be a positive integer, got 0$"):
         config_from_args(_parse(["--model", "/m", *argv]))
+
+
+def test_help_compares_the_workload_defaults_with_vllms() -> None:
+    """Our 16 sequences per step is far below vLLM's default: --help says so."""
+    parser = argparse.ArgumentParser()
+    add_engine_flags(parser)
+    text = " ".join(parser.format_help().split())
+    assert "(default 16; vllm serve's is 256, 1024 on a GPU of 70 GiB or more" in text
+    assert "(default max(max_model_len, 2048): a whole prompt is one step; vllm serve's is 2048" in text

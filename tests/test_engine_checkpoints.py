@@ -48,6 +48,107 @@ def test_make_model_cli(tmp_path, capsys):
     assert "unknown built-in model 'gpt-17'" in err and "tiny-llama" in err and "Traceback" not in err
 
 
+def _copy(src, dst):
+    dst.mkdir()
+    for p in src.iterdir():
+        (dst / p.name).write_bytes(p.read_bytes())
+    return dst
+
+
+def _hidden(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+def test_make_model_is_a_no_op_when_the_same_checkpoint_is_there(tmp_path, tiny_llama_dir, capsys):
+    out = _copy(tiny_llama_dir, tmp_path / "m")
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.iterdir()}
+    assert cli_main(["make-model", "tiny-llama", str(out)]) == 0
+    assert f"tiny-llama is already in {out} (the same bytes); nothing written" in capsys.readouterr().out
+    assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.iterdir()} == before
+
+
+def test_make_model_fills_an_empty_folder_with_readable_modes_whatever_the_umask(tmp_path, capsys):
+    import os
+
+    out = tmp_path / "empty"
+    out.mkdir()
+    old_umask = os.umask(0o077)
+    try:
+        assert cli_main(["make-model", "tiny-llama", str(out)]) == 0
+    finally:
+        os.umask(old_umask)
+    assert out.stat().st_mode & 0o777 == 0o755
+    assert {p.stat().st_mode & 0o777 for p in out.iterdir()} == {0o644}
+    assert len(list(out.iterdir())) == 5 and _hidden(tmp_path) == []
+
+
+def test_make_model_refuses_a_folder_holding_anything_else_and_force_replaces_it(
+        tmp_path, tiny_llama_dir, capsys):
+    out = _copy(tiny_llama_dir, tmp_path / "m")
+    (out / "config.json").write_text("{}")
+    (out / "tokenizer.json").unlink()
+    (out / "notes.txt").write_text("mine")
+    assert cli_main(["make-model", "tiny-llama", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: {out} holds something other than tiny-llama (config.json differs; "
+                   "missing tokenizer.json; other files: notes.txt); nothing written "
+                   "(--force replaces it)\n")
+    assert (out / "config.json").read_text() == "{}" and (out / "notes.txt").exists()
+    assert _hidden(tmp_path) == []
+
+    assert cli_main(["make-model", "tiny-llama", str(out), "--force"]) == 0
+    assert _digests(out) == _digests(tiny_llama_dir) and _hidden(tmp_path) == []
+
+
+def test_make_model_refuses_a_file_even_with_force(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    assert cli_main(["make-model", "tiny-llama", str(tmp_path / "f"), "--force"]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'f'} exists and is not a directory; nothing written\n"
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_an_interrupted_make_model_leaves_no_half_written_folder(tmp_path, tiny_llama_dir,
+                                                                 monkeypatch, existing):
+    from kvledger.engine import make_model
+
+    def interrupted(name, config, path):
+        path.write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(make_model, "_write_weights", interrupted)
+    out = tmp_path / "m"
+    if existing:
+        _copy(tiny_llama_dir, out)
+        (out / "notes.txt").write_text("mine")
+    with pytest.raises(KeyboardInterrupt):
+        make_model.write_model("tiny-llama", out, force=True)
+    assert _hidden(tmp_path) == []
+    if existing:  # --force removes the old contents only once the new checkpoint is complete
+        assert (out / "notes.txt").read_text() == "mine"
+    else:
+        assert not out.exists()
+
+
+def test_a_failed_swap_puts_the_old_checkpoint_back(tmp_path, tiny_llama_dir, monkeypatch):
+    import os
+
+    from kvledger.engine import make_model
+
+    out = _copy(tiny_llama_dir, tmp_path / "m")
+    (out / "notes.txt").write_text("mine")
+    real_rename = os.rename
+
+    def rename(src, dst):
+        if str(src).endswith(".partial"):
+            raise OSError(28, "No space left on device")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(make_model.os, "rename", rename)
+    with pytest.raises(BadInput, match=f"cannot write tiny-llama to {out}: No space left"):
+        make_model.write_model("tiny-llama", out, force=True)
+    assert (out / "notes.txt").read_text() == "mine" and _hidden(tmp_path) == []
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_measured_weight_bytes_equal_the_planner_prediction(make_model_dir, name):
     model_dir = make_model_dir(name)

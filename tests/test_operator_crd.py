@@ -106,6 +106,18 @@ CASES = [
     ({"model": {"path": "/m"}, "engine": {"maxNumSeqs": 64, "maxNumBatchedTokens": 64}}, True),
     ({"model": {"path": "/m"}, "engine": {"maxNumSeqs": 64, "maxNumBatchedTokens": 63}}, False),
     ({"model": {"path": "/m"}, "engine": {"maxNumBatchedTokens": 16}}, True),
+    # A '..' segment could climb out of the mount, which the string checks cannot see.
+    ({"model": {"path": "/models/../etc", "volume": {"hostPath": {"path": "/srv"},
+                                                     "mountPath": "/models"}}}, False),
+    ({"model": {"path": "/models/a/../m", "volume": {"hostPath": {"path": "/srv"},
+                                                     "mountPath": "/models"}}}, False),
+    ({"model": {"path": "/models/m/..", "volume": {"hostPath": {"path": "/srv"},
+                                                   "mountPath": "/models"}}}, False),
+    ({"model": {"path": "/m/.."}}, False),
+    ({"model": {"path": "/models/..m/m..", "volume": {"hostPath": {"path": "/srv"},
+                                                      "mountPath": "/models"}}}, True),
+    ({"model": {"path": "/models/./m/", "volume": {"hostPath": {"path": "/srv"},
+                                                   "mountPath": "/models"}}}, True),
 ]
 
 

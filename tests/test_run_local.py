@@ -76,6 +76,57 @@ def test_run_reads_the_model_through_the_hostpath_volume(tiny_model, tmp_path, c
     assert "limit: --memory-limit 2.0 GiB" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("quantity", "expected"), [
+    ("2Gi", 2 * 2**30), ("2G", 2 * 10**9), ("2000M", 2 * 10**9), ("512Mi", 512 * 2**20),
+    (1073741824, 2**30), ("1073741824", 2**30), ("1e9", 10**9), ("1.5Gi", 3 * 2**29),
+    ("2048Ki", 2 * 2**20), ("1000k", 10**6), ("1500m", 2),  # millis round up, as Kubernetes
+])
+def test_the_container_memory_limit_is_read_as_a_kubernetes_quantity(quantity, expected):
+    config = local_config(manifest(gpus=0, resources={"limits": {"memory": quantity}})["spec"])
+    assert config.container_memory_limit_bytes == expected
+    assert config.memory_limit_bytes is None  # the device's size, not a cap
+
+
+def test_a_gpus_0_memory_limit_too_small_is_refused_as_the_pod_would_be(tiny_model, tmp_path,
+                                                                        capsys):
+    doc = manifest(gpus=0, resources={"limits": {"memory": "64Mi"}})
+    doc["spec"]["model"]["path"] = str(tiny_model)
+    assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == EXIT_DOES_NOT_FIT
+    err = capsys.readouterr().err
+    # 64 MiB less what the process holds, less the 0.5 GiB margin: nothing left.
+    assert "error: engine requires" in err and "limit is 0.0 GiB" in err
+    assert ("limit: free memory less a 0.5 GiB safety margin (host memory (container limit), "
+            "64.0 MiB total") in err
+
+
+def test_a_roomy_gpus_0_memory_limit_fits_and_is_the_devices_size(tiny_model, tmp_path, capsys):
+    doc = manifest(gpus=0, resources={"limits": {"memory": "4Gi"}})
+    doc["spec"]["model"]["path"] = str(tiny_model)
+    assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == 0
+    out = capsys.readouterr().out
+    assert "fits: engine requires" in out
+    assert "(host memory (container limit), 4.0 GiB total" in out
+    flags = local_config(doc["spec"]).to_flags()
+    assert flags[flags.index("--container-memory-limit") + 1] == str(4 * 2**30)
+    assert "--memory-limit" not in flags
+
+
+def test_model_path_is_normalised_and_dotdot_is_refused_by_run_and_operator():
+    from kvledger.engine.errors import BadInput
+    from kvledger.operator.render import engine_flags
+
+    spec = manifest()["spec"]
+    spec["model"]["path"] = "/models/./tiny-llama/"
+    spec["model"]["volume"] = {"hostPath": {"path": "/srv/models"}, "mountPath": "/models/"}
+    assert engine_config(spec).model == "/models/tiny-llama"
+    assert local_model_path(spec) == "/srv/models/tiny-llama"
+    spec["model"]["path"] = "/models/../etc"  # was /srv/etc here, /etc in the pod
+    with pytest.raises(BadInput, match=r"must not contain a '\.\.' segment"):
+        local_config(spec)
+    with pytest.raises(BadInput, match=r"must not contain a '\.\.' segment"):
+        engine_flags(spec)
+
+
 def test_local_device_is_the_cpu_only_when_the_spec_has_no_gpus():
     assert local_config(manifest(gpus=0)["spec"]).device == "cpu"
     assert local_config(manifest(gpus=2)["spec"]).device == "auto"
@@ -94,6 +145,16 @@ def test_local_device_is_the_cpu_only_when_the_spec_has_no_gpus():
     (manifest(engine={"maxNumSeqs": 32, "maxNumBatchedTokens": 16}),
      "maxNumBatchedTokens must be at least maxNumSeqs"),
     (manifest(memory={"limit": "0Gi"}), "memory.limit must be more than 0 bytes"),
+    (manifest(model={"path": "/models/../etc", "volume": {"hostPath": {"path": "/srv"}}}),
+     "model.path must not contain a '..' segment"),
+    (manifest(resources={"limits": {"memory": "lots"}}),
+     "spec.resources.limits.memory: 'lots' is not a Kubernetes quantity"),
+    (manifest(resources={"limits": {"memory": "2GiB"}}),
+     "spec.resources.limits.memory: '2GiB' is not a Kubernetes quantity"),
+    (manifest(resources={"limits": {"memory": "1e99"}}),
+     "spec.resources.limits.memory: '1e99' is out of range"),
+    (manifest(resources={"limits": {"memory": 0}}),
+     "spec.resources.limits.memory must be more than 0 bytes"),
     ({**manifest(), "metadata": {"name": "Bad_Name"}}, "metadata.name: 'Bad_Name' does not match"),
     ({**manifest(), "kind": "Deployment"}, "manifest must be apiVersion: kvledger.dev/v1alpha1"),
     ({k: v for k, v in manifest().items() if k != "spec"},
@@ -162,7 +223,8 @@ def _get(url: str) -> tuple[int, bytes]:
 @pytest.mark.timeout(120)
 def test_run_serves_the_manifest_and_stops_on_sigterm(tiny_model, tmp_path):
     port = _free_port()
-    doc = manifest(engine={"maxModelLen": 256, "maxNumSeqs": 2}, memory={"limit": "1Gi"})
+    doc = manifest(engine={"maxModelLen": 256, "maxNumSeqs": 2}, memory={"limit": "1Gi"},
+                   gpus=0, resources={"limits": {"memory": "4Gi"}})
     doc["spec"]["model"]["path"] = str(tiny_model)
     proc = subprocess.Popen([sys.executable, "-m", "kvledger.engine.cli", "run",
                              write(tmp_path, doc), "--port", str(port)],
@@ -176,6 +238,10 @@ def test_run_serves_the_manifest_and_stops_on_sigterm(tiny_model, tmp_path):
         status, body = _get(f"http://127.0.0.1:{port}/v1/models")
         assert status == 200
         assert [m["id"] for m in json.loads(body)["data"]] == ["tiny"]
+        # The exec'd engine read host memory as the pod's cgroup would show it.
+        device = json.loads(_get(f"http://127.0.0.1:{port}/v1/budget")[1])["plan"]["device"]
+        assert device["name"] == "host memory (container limit)"
+        assert device["total_bytes"] == 4 * 2**30
         proc.send_signal(signal.SIGTERM)  # exec'd: the server itself gets it
         assert proc.wait(timeout=30) == 0
         output = proc.stdout.read()

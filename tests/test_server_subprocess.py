@@ -91,3 +91,62 @@ def test_serve_refuses_a_run_that_does_not_fit(tiny_llama_dir):
         capture_output=True, text=True, timeout=120)
     assert result.returncode == 3, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _serve(model_dir, port: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "kvledger.engine.cli", "serve", "--model", str(model_dir),
+         "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
+         "--max-model-len", "128", "--num-gpu-blocks-override", "16", "--shutdown-grace", "0.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_sigint_is_named_in_the_log_and_exits_zero(tiny_llama_dir):
+    """Ctrl-C sends SIGINT: the log names it (it said SIGTERM whatever arrived)."""
+    port = _free_port()
+    proc = _serve(tiny_llama_dir, port)
+    try:
+        _wait_ready(proc, port)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        err = proc.stderr.read()
+        assert "SIGINT: draining (grace 0s)" in err and "SIGTERM" not in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_loading_is_named_and_exits_zero(tiny_llama_dir, sig):
+    """Sent as soon as /health answers, while the load thread is still importing torch;
+    if the load wins the race, the draining line must name the signal just the same."""
+    port = _free_port()
+    proc = _serve(tiny_llama_dir, port)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "serve never answered /health"
+            try:
+                conn, response = _request(port, "GET", "/health")
+                conn.close()
+                if response.status == 200:
+                    break
+            except OSError:
+                time.sleep(0.01)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0
+        err = proc.stderr.read()
+        other = "SIGTERM" if sig == signal.SIGINT else "SIGINT"
+        assert (f"{sig.name} received while loading; exiting" in err
+                or f"{sig.name}: draining" in err), err
+        assert other not in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()

@@ -4,6 +4,9 @@ Three sources, in this order: the what-if flags (``--device-memory`` [``--device
 [``--unified-memory``]) so anyone can plan for a card they do not have; NVML for an
 NVIDIA GPU (``--device cuda``, or ``auto`` when one is there); host memory for
 ``--device cpu`` (or ``auto`` without a GPU), capped by the container's cgroup limit.
+
+``--container-memory-limit`` applies a container's limit where there is no such cgroup
+(``kvledger run`` on a laptop), so host memory reads as it would in the pod.
 """
 
 from __future__ import annotations
@@ -38,14 +41,16 @@ def probe_device(config: EngineConfig) -> DeviceMemory:
         total = config.device_memory_bytes
         free = total if config.device_free_bytes is None else config.device_free_bytes
         return DeviceMemory("what-if", "what-if device", total, free, config.unified_memory)
+    container_limit = config.container_memory_limit_bytes
     if config.device in ("cuda", "auto"):
-        gpu = probe_nvml()
+        gpu = probe_nvml(container_limit_bytes=container_limit)
         if gpu is not None:
             return _mark_unified(gpu, config.unified_memory)
         if config.device == "cuda":
             raise BadInput("--device cuda, but NVML finds no NVIDIA GPU here; use --device cpu "
                            "or plan for a card with --device-memory SIZE")
-    return _mark_unified(probe_host(), config.unified_memory)
+    return _mark_unified(probe_host(container_limit_bytes=container_limit),
+                         config.unified_memory)
 
 
 def _mark_unified(device: DeviceMemory, unified_flag: bool) -> DeviceMemory:
@@ -54,12 +59,14 @@ def _mark_unified(device: DeviceMemory, unified_flag: bool) -> DeviceMemory:
     return device
 
 
-def probe_nvml(index: int | None = None) -> DeviceMemory | None:
+def probe_nvml(index: int | None = None, *,
+               container_limit_bytes: int | None = None) -> DeviceMemory | None:
     """The engine's GPU through NVML, or None when there is no NVML or no GPU.
 
     The device is the first of ``CUDA_VISIBLE_DEVICES`` (index or UUID) or GPU 0. The
     pool is unified when NVML reports no dedicated memory (GB10 answers "not supported"
-    for memory info; host memory is then the pool) or an ATS addressing mode (GH200).
+    for memory info; host memory, read by ``probe_host``, is then the pool) or an ATS
+    addressing mode (GH200).
     """
     try:
         import pynvml
@@ -82,7 +89,7 @@ def probe_nvml(index: int | None = None) -> DeviceMemory | None:
             total = free = 0
         unified = total == 0 or _addressing_mode(pynvml, handle) == "ATS"
         if total == 0:
-            host = probe_host()
+            host = probe_host(container_limit_bytes=container_limit_bytes)
             total, free = host.total_bytes, host.free_bytes
         return DeviceMemory("cuda", name, total, free, unified)
     except pynvml.NVMLError:
@@ -117,24 +124,35 @@ def _addressing_mode(pynvml, handle) -> str:
             getattr(pynvml, "NVML_DEVICE_ADDRESSING_MODE_HMM", 1): "HMM"}.get(mode, "NONE")
 
 
-def probe_host(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup")) -> DeviceMemory:
+def probe_host(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup"), *,
+               container_limit_bytes: int | None = None) -> DeviceMemory:
     """Host memory (MemTotal/MemAvailable) capped by this process's cgroup memory limit
-    (v2 ``memory.max``, v1 ``memory.limit_in_bytes``) less what the cgroup already uses."""
+    (v2 ``memory.max``, v1 ``memory.limit_in_bytes``) less what the cgroup already uses.
+
+    ``container_limit_bytes`` caps it the same way, as the limit of a container holding
+    only this process: less this process's resident memory (``VmRSS``).
+    """
     meminfo = _meminfo(proc / "meminfo")
     total = meminfo.get("MemTotal", 0)
-    free = meminfo.get("MemAvailable", meminfo.get("MemFree", 0))
-    limit_usage = cgroup_memory(proc, cgroup)
+    free = meminfo.get("MemAvailable", meminfo.get("MemFree"))  # None: unreadable
     name = "host memory"
-    if limit_usage is not None:
+    caps = [(cgroup_memory(proc, cgroup), "cgroup limit")]
+    if container_limit_bytes is not None:
+        rss = _meminfo(proc / "self" / "status").get("VmRSS", 0)
+        caps.append(((container_limit_bytes, rss), "container limit"))
+    for limit_usage, what in caps:
+        if limit_usage is None:
+            continue
         limit, usage = limit_usage
         if limit < total or total == 0:
             total = limit
-            free = min(free, max(0, limit - usage)) if free else max(0, limit - usage)
-            name = "host memory (cgroup limit)"
+            room = max(0, limit - usage)
+            free = room if free is None else min(free, room)
+            name = f"host memory ({what})"
     if total <= 0:
         raise BadInput("cannot tell how much host memory there is (/proc/meminfo unreadable); "
                        "plan with --device-memory SIZE")
-    return DeviceMemory("cpu", name, total, min(free, total), False)
+    return DeviceMemory("cpu", name, total, min(free or 0, total), False)
 
 
 def _meminfo(path: Path) -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""The estimated budget classes, each a formula written down here and in the README.
+"""The estimated budget classes, each a formula written down here and in docs/planner.md.
 
 The engine replaces these with what it measures (``Measured``) once it has loaded the
 weights and run a profiling step; the planner in the init container has only these.

@@ -1,6 +1,6 @@
 """The memory plan of a declared run: device bytes per class, the limit, the KV pool.
 
-Precedence (ARCHITECTURE.md, README "Planning memory"):
+Precedence (docs/planner.md, "Precedence"):
 
 - limit: the smallest cap given (``--memory-limit``, ``--gpu-memory-utilization`` x total);
   with none, free device memory less a safety margin (wider on a unified pool).
@@ -85,7 +85,7 @@ class Plan:
     measured: tuple[str, ...] = ()  # classes whose figure the engine measured
 
     def to_json(self) -> dict:
-        """ARCHITECTURE.md's plan JSON (bytes as integers), plus context keys."""
+        """The plan JSON of docs/architecture.md (bytes as integers), plus context keys."""
         return {
             "fits": self.fits,
             "limit_bytes": self.limit_bytes,

@@ -1,5 +1,6 @@
 """``kvledger serve``: listen at once (``/health``), plan and load, warm up (``/ready``), serve;
-on SIGTERM stop admitting, let in-flight requests finish within the grace, exit 0."""
+on SIGTERM (or Ctrl-C's SIGINT) stop admitting, let in-flight requests finish within the
+grace, exit 0."""
 
 from __future__ import annotations
 
@@ -104,17 +105,17 @@ async def _serve(config, options: ServeOptions, host: str, port: int) -> int:
     except OSError as exc:
         await runner.cleanup()
         raise KvledgerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    # The first stop signal's name: Ctrl-C is SIGINT, the kubelet sends SIGTERM.
+    stopped: asyncio.Future[str] = loop.create_future()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, _settle, stopped, sig.name, None)
     log.info("listening on http://%s:%d; loading %s", host, port, config.model)
-    stopped = asyncio.ensure_future(stop.wait())
     try:
         loading = _load_in_thread(config)
         await asyncio.wait([loading, stopped], return_when=asyncio.FIRST_COMPLETED)
         if not loading.done():
-            log.info("signal received while loading; exiting")
+            log.info("%s received while loading; exiting", stopped.result())
             return 0
         try:
             llm = loading.result()
@@ -125,8 +126,7 @@ async def _serve(config, options: ServeOptions, host: str, port: int) -> int:
         log.info("ready: serving %r (context %d tokens, %d KV blocks of %d tokens)",
                  state.model_name, llm.max_model_len, llm.ledger.num_blocks,
                  llm.ledger.block_size)
-        await stopped
-        log.info("SIGTERM: draining (grace %.0fs)", options.shutdown_grace_s)
+        log.info("%s: draining (grace %.0fs)", await stopped, options.shutdown_grace_s)
         await state.drain()
         return 0
     finally:
