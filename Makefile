@@ -8,8 +8,18 @@ TOOLS := .tools
 # torch: the exact CPU build pip finds on this machine's disk; an unpinned torch
 # pulls a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
+# `make install EDITABLE=` installs a copy instead of linking the checkout (CI's
+# runtime-only check does that in its own VENV).
+EDITABLE ?= -e
 
-.PHONY: install install-test demo test lint helm-check
+.PHONY: install install-test demo test lint image
+
+# The image (Dockerfile): IMAGE names it; BASE, TORCH_PIN and TORCH_INDEX_URL choose the
+# base and the torch build; IMAGE_BUILD_FLAGS adds engine flags (--volume, --build-arg).
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= ghcr.io/kvledger/kvledger:$(VERSION)
+CONTAINER_ENGINE ?= $(shell command -v podman >/dev/null 2>&1 && echo podman || echo docker)
+IMAGE_BUILD_FLAGS ?=
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -17,7 +27,7 @@ $(BIN)/python:
 
 install: $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH_PIN)"
-	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet $(EDITABLE) .
 
 install-test: $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH_PIN)"
@@ -31,3 +41,11 @@ lint: install-test
 
 test:
 	bash .ci/run
+
+image:
+	$(CONTAINER_ENGINE) build -t $(IMAGE) \
+	  $(if $(BASE),--build-arg BASE=$(BASE)) \
+	  $(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL)) \
+	  --build-arg TORCH_PIN=$(TORCH_PIN) \
+	  --build-arg VERSION=$(VERSION) \
+	  $(IMAGE_BUILD_FLAGS) .

@@ -8,6 +8,7 @@ loading a byte, with the refusal in its termination message.
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from typing import Any
 
 from kvledger.operator.crd import DEFAULT_MOUNT_PATH, DEFAULT_PORT
@@ -18,7 +19,9 @@ GPU_RESOURCE = "nvidia.com/gpu"
 PLAN_DIR = "/var/run/kvledger"
 PLAN_PATH = f"{PLAN_DIR}/plan.json"
 TERMINATION_LOG = "/dev/termination-log"
-DEFAULT_IMAGE = "ghcr.io/kvledger/kvledger:0.1.0"
+# The image `make image` builds and the chart deploys (its appVersion is this version).
+IMAGE_REPOSITORY = "ghcr.io/kvledger/kvledger"
+DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:{version('kvledger')}"
 RUN_AS_USER = 1000
 TERMINATION_GRACE_S = 45
 
