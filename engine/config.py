@@ -53,7 +53,7 @@ def parse_size(text: str | int) -> int:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Every flag the planner and engine read. ``None`` means "derive it" (see README)."""
+    """Every flag the planner and engine read. ``None`` means "derive it" (see docs/planner.md)."""
 
     model: str
     served_model_name: str | None = None

@@ -64,9 +64,10 @@ contains() {  # contains FILE TEXT: FILE holds the fixed string TEXT
 
 # The installed package, not the source tree (an editable install would hide a file
 # missing from the wheel).
-where=$("$PY" -c 'import kvledger.engine as e, kvledger.operator as o; print(e.__file__, o.__file__)')
+# (The venv itself may live inside the repository, as CI's .venv-runtime does.)
+where=$("$PY" -c 'import kvledger.engine as e, kvledger.operator as o; print(*e.__path__, *o.__path__)')
 case "$where" in
-    *"$REPO/"*) fail "kvledger is imported from the repository ($where): install it with a plain 'pip install .'" ;;
+    *"$REPO/engine"*|*"$REPO/operator"*) fail "kvledger is imported from the repository ($where): install it with a plain 'pip install .'" ;;
 esac
 
 MODEL=$WORK/models/tiny-llama

@@ -18,7 +18,7 @@ TEST_IMAGE = "localhost/kvledger:e2e"
 # Replaces the system's containers.conf for every podman call made here.
 CONTAINERS_CONF = os.environ.get("CONTAINERS_CONF", str(REPO / "scripts" / "containers.conf"))
 
-# name -> seconds or bytes, printed at the end of the run (the README's figures).
+# name -> seconds or bytes, printed at the end of the run (docs/operator.md's figures).
 MEASURED: dict[str, float] = {}
 SESSION_START = time.monotonic()
 
