@@ -14,6 +14,12 @@ and prints the best time of each (the least disturbed by other load) and the rat
 baseline / ours.
 
     .venv/bin/python bench/plan_speed.py [--shards 30] [--repeat 31]
+
+``--write-only DIR`` writes the same sparse checkpoint to DIR and exits without timing
+anything, so a reader can plan it themselves (the README's 70B refusal):
+
+    .venv/bin/python bench/plan_speed.py --write-only /tmp/llama-3-70b-sparse
+    .venv/bin/kvledger plan --model /tmp/llama-3-70b-sparse --device-memory 192GiB ...
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import struct
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -79,6 +86,36 @@ def write_sparse_checkpoint(model_dir: Path, shards: int) -> int:
     return total
 
 
+def checkpoint_names(shards: int) -> set[str]:
+    """The file names ``write_sparse_checkpoint`` writes for ``shards`` shards."""
+    return {"config.json", "model.safetensors.index.json",
+            *(f"model-{k + 1:05d}-of-{shards:05d}.safetensors" for k in range(shards))}
+
+
+def write_only(model_dir: Path, shards: int) -> int:
+    """Write the sparse checkpoint to ``model_dir`` (created) and report it; exit status.
+
+    A folder holding anything but this checkpoint's own files is refused (exit 2), so a
+    mistyped path never mixes our shards into someone's model; rewriting ours is fine.
+    """
+    if model_dir.exists() and not model_dir.is_dir():
+        print(f"error: {model_dir} exists and is not a folder", file=sys.stderr)
+        return 2
+    model_dir.mkdir(parents=True, exist_ok=True)
+    ours = checkpoint_names(shards)
+    foreign = sorted(p.name for p in model_dir.iterdir() if p.name not in ours)
+    if foreign:
+        print(f"error: {model_dir} holds other files ({', '.join(foreign[:3])}"
+              f"{', ...' if len(foreign) > 3 else ''}): give an empty or new folder",
+              file=sys.stderr)
+        return 2
+    total = write_sparse_checkpoint(model_dir, shards)
+    on_disk = sum(p.stat().st_blocks * 512 for p in model_dir.iterdir())
+    print(f"wrote a Llama-3-70B-shaped bf16 checkpoint to {model_dir}: {shards} shards, "
+          f"{total / GiB:.1f} GiB of tensors, {on_disk / 2**20:.1f} MiB actually on disk (sparse)")
+    return 0
+
+
 def safe_open_headers(model_dir: Path) -> int:
     total = 0
     for path in sorted(model_dir.glob("*.safetensors")):
@@ -103,10 +140,16 @@ def best_seconds(fn, repeat: int) -> tuple[float, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--shards", type=int, default=30)
     parser.add_argument("--repeat", type=int, default=31)
+    parser.add_argument("--write-only", type=Path, default=None, metavar="DIR",
+                        help="write the sparse checkpoint to DIR and exit, timing nothing")
     args = parser.parse_args()
+    if args.shards < 1:
+        parser.error("--shards must be at least 1")
+    if args.write_only is not None:
+        sys.exit(write_only(args.write_only, args.shards))
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp)
         total = write_sparse_checkpoint(model_dir, args.shards)
