@@ -11,17 +11,18 @@
 #     its torch; kvledger is imported from this tree (no install). Wheels of anything
 #     missing can be carried in .whl/ and are installed into /tmp/site first.
 # (b) bench/gpu_memory_check.py: planner-predicted vs measured bytes per class,
-#     tiny-llama and small-llama in bfloat16 (and small-llama with an fp8 KV cache).
+#     tiny-llama and small-llama in bfloat16 (and small-llama with an fp8 KV cache); a
+#     class over the pre-load plan, or a peak over either plan, fails the step.
 # (c) the greedy-equality tests against transformers on CUDA (float32), the meta-device
 #     runner tests, seeded / greedy sampling in bf16 with bf16 and fp8 KV, and which
 #     SDPA kernels (flash, efficient, cuDNN, math) take the engine's attention shapes.
 # (d) `kvledger plan` against the real device through NVML.
 # Every step is time-limited and reports its exit status; the script goes on after a
-# failure and exits non-zero if any step failed.
+# failure, names every failed step in its last lines and exits non-zero if any failed.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
-failed=0
+failed=()  # "DESCRIPTION: exit RC" of each failed step
 step() {  # step SECONDS DESCRIPTION COMMAND...
     local limit=$1 what=$2
     shift 2
@@ -31,7 +32,11 @@ step() {  # step SECONDS DESCRIPTION COMMAND...
     timeout "$limit" "$@"
     local rc=$?
     echo "=== $what: exit $rc in $((SECONDS - start)) s"
-    [ "$rc" -eq 0 ] || failed=1
+    if [ "$rc" -eq 124 ]; then
+        failed+=("$what: timed out after $limit s")
+    elif [ "$rc" -ne 0 ]; then
+        failed+=("$what: exit $rc")
+    fi
 }
 
 # (a) ---------------------------------------------------------------------------------
@@ -157,5 +162,10 @@ step 20 "kvledger plan on this GPU (NVML), --gpu-memory-utilization 0.9, JSON" \
 rm -rf "$models"
 
 echo
-if [ "$failed" -eq 0 ]; then echo "=== all GPU checks passed"; else echo "=== some GPU checks FAILED"; fi
-exit "$failed"
+if [ "${#failed[@]}" -eq 0 ]; then
+    echo "=== all GPU checks passed"
+    exit 0
+fi
+echo "=== ${#failed[@]} GPU check(s) FAILED:"
+printf '===   %s\n' "${failed[@]}"
+exit 1

@@ -10,7 +10,13 @@ the pool), device context (the drop in free memory since the probe that torch's
 allocator does not hold, as the engine measures it). Then runs a workload that fills
 every sequence to the full context through the engine and checks the allocator's peak
 stayed within the planned weights + activations + KV pool.
-Without a CUDA device it exits 2 with a one-line message.
+
+Two plans are held to account: the pre-load plan (``make_plan`` before anything is
+loaded: what ``kvledger plan`` and the init container decide with) and the engine's
+measured plan (the same, re-planned with the figures it measured at start-up). Each
+measured class must be within the pre-load plan, and the workload's allocator peak
+within both. Exit 0 when everything is within, 1 when anything exceeds (or a request of
+the workload did not run to its length), 2 without a CUDA device (a one-line message).
 """
 
 from __future__ import annotations
@@ -20,6 +26,61 @@ import logging
 import random
 import sys
 import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# The classes measured step by step against the pre-load plan (CUDA graphs: none, eager).
+MEASURED_CLASSES = ("weights", "activations", "kv_cache", "context")
+# What the allocator's peak holds: every class but the device context (not torch's).
+PEAK_CLASSES = ("weights", "activations", "kv_cache")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One measured figure against what a plan set aside for it."""
+
+    what: str  # a class name, or "peak"
+    plan: str  # "pre-load" | "measured"
+    planned_bytes: int
+    measured_bytes: int
+
+    @property
+    def within(self) -> bool:
+        return self.measured_bytes <= self.planned_bytes
+
+
+def compare_classes(preload_classes: Mapping[str, int],
+                    measured_bytes: Mapping[str, int]) -> list[Comparison]:
+    """Each of ``MEASURED_CLASSES`` as measured against the pre-load plan's figure."""
+    return [Comparison(name, "pre-load", preload_classes[name], measured_bytes[name])
+            for name in MEASURED_CLASSES]
+
+
+def compare_peak(preload_classes: Mapping[str, int], measured_plan_classes: Mapping[str, int],
+                 peak_bytes: int) -> list[Comparison]:
+    """The workload's allocator peak against ``PEAK_CLASSES`` of the pre-load plan and of
+    the engine's measured plan."""
+    return [Comparison("peak", plan, sum(classes[c] for c in PEAK_CLASSES), peak_bytes)
+            for plan, classes in (("pre-load", preload_classes),
+                                  ("measured", measured_plan_classes))]
+
+
+def format_comparisons(comparisons: list[Comparison]) -> list[str]:
+    """A table: a header line, then one line per comparison."""
+    lines = [f"{'':<12}{'vs plan':<10}{'planned':>16}{'measured':>16}"
+             f"{'measured/planned':>18}  within"]
+    for c in comparisons:
+        ratio = c.measured_bytes / c.planned_bytes if c.planned_bytes else float("nan")
+        lines.append(f"{c.what:<12}{c.plan:<10}{c.planned_bytes:>16,}{c.measured_bytes:>16,}"
+                     f"{ratio:>18.3f}  {'yes' if c.within else 'NO'}")
+    return lines
+
+
+def verdict(comparisons: list[Comparison]) -> str:
+    """One line: ``within plan: yes``, or ``within plan: NO:`` and whatever exceeded."""
+    over = [f"{c.what} over the {c.plan} plan by {c.measured_bytes - c.planned_bytes:,} bytes"
+            for c in comparisons if not c.within]
+    return "within plan: yes" if not over else f"within plan: NO: {'; '.join(over)}"
 
 
 def main() -> int:
@@ -57,7 +118,7 @@ def main() -> int:
                               max_num_batched_tokens=args.max_num_batched_tokens,
                               enforce_eager=True)
         probed = probe_device(config)  # before this process creates a CUDA context
-        plan = make_plan(config, device=probed)
+        plan = make_plan(config, device=probed)  # the pre-load plan: no measured figures
         device = torch.device("cuda", torch.cuda.current_device())
         print(f"{torch.cuda.get_device_name(device)} (probed: {probed.kind}, {probed.name}, "
               f"free {probed.free_bytes:,} of {probed.total_bytes:,}, unified {probed.unified}); "
@@ -82,11 +143,9 @@ def main() -> int:
         free, total = torch.cuda.mem_get_info(device)
         measured = {"weights": weights, "activations": activations, "kv_cache": kv_pool,
                     "context": context}
-        print(f"{'class':<12}{'predicted':>16}{'measured':>16}{'measured/predicted':>20}")
-        for name, value in measured.items():
-            predicted = plan.classes[name]
-            ratio = value / predicted if predicted else float("nan")
-            print(f"{name:<12}{predicted:>16,}{value:>16,}{ratio:>20.3f}")
+        class_checks = compare_classes(plan.classes, measured)
+        for line in format_comparisons(class_checks):
+            print(line)
         print(f"(cudaMemGetInfo: total - free - reserved = "
               f"{total - free - torch.cuda.memory_reserved(device):,})")
         del runner, model
@@ -106,18 +165,26 @@ def main() -> int:
                                SamplingParams(temperature=0, max_tokens=plan.max_model_len - n,
                                               ignore_eos=True))
         steps = 0
+        short = []  # requests that did not run to their length (an error, say out of memory)
         while engine.has_unfinished_requests():
-            engine.step()
+            for out in engine.step():
+                if out.finished and out.finish_reason != "length":
+                    short.append(f"{out.request_id}: {out.finish_reason} "
+                                 f"{getattr(out, 'error', None) or ''}".rstrip())
             steps += 1
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - base
-        c = engine.plan.classes
-        planned = c["weights"] + c["activations"] + c["kv_cache"]
         print(f"workload: {plan.max_num_seqs} sequences to {plan.max_model_len} tokens in {steps} "
               f"steps; allocator peak {peak:,} (reserved peak "
-              f"{torch.cuda.max_memory_reserved(device) - base:,}) vs planned weights + "
-              f"activations + KV {planned:,}; within plan: {peak <= planned}")
-    return 0
+              f"{torch.cuda.max_memory_reserved(device) - base:,})")
+        if short:
+            print(f"{len(short)} requests did not run to their length: {'; '.join(short[:4])}")
+        peak_checks = compare_peak(plan.classes, engine.plan.classes, peak)
+        for line in format_comparisons(peak_checks):
+            print(line)
+    comparisons = class_checks + peak_checks
+    print(verdict(comparisons))
+    return 0 if all(c.within for c in comparisons) and not short else 1
 
 
 if __name__ == "__main__":

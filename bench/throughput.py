@@ -8,6 +8,8 @@ The model is a built-in checkpoint (``kvledger make-model``) with random weights
 decoding with EOS ignored, so every request produces exactly its ``max_tokens``.
 Output lengths are mixed (16..256): the static batch pads every request in a batch to
 the longest one, continuous batching lets short requests leave and new ones join.
+Every setup is warmed up on the same model before it is timed (a few tokens through the
+same call), so none pays first-call costs inside its measurement.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import tempfile
 import time
 
 import torch
+
+# New tokens per request in each warm-up call: enough to run prefill and decode steps.
+WARMUP_NEW_TOKENS = 8
 
 
 def workload(num_requests: int, vocab_size: int, seed: int = 0):
@@ -53,7 +58,9 @@ def bench_engine(model_dir: str, prompts, output_lens, concurrency: int) -> tupl
 
     llm = LLM(model_dir, max_model_len=512, max_num_seqs=concurrency, device="cpu")
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in output_lens]
-    llm.generate(prompts[:2], params[:2])  # warm-up
+    # Warm-up: a full batch of `concurrency` sequences through prefill and decode.
+    llm.generate(prompts[:concurrency], SamplingParams(temperature=0, max_tokens=WARMUP_NEW_TOKENS,
+                                                       ignore_eos=True))
     with Clock() as clock:
         outputs = llm.generate(prompts, params)
     assert [len(o.token_ids) for o in outputs] == output_lens
@@ -70,27 +77,38 @@ def _hf_model(model_dir: str):
     return model
 
 
+def _hf_generate_one(model, prompt: list[int], n: int) -> None:
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                         min_new_tokens=n, do_sample=False)
+    assert out.shape[1] == len(prompt) + n
+
+
+def _hf_generate_batch(model, batch: list[list[int]], n: int) -> None:
+    width = max(len(p) for p in batch)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+    model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+
+
 def bench_hf_one_at_a_time(model, prompts, output_lens) -> tuple[float, float]:
+    with torch.inference_mode():
+        _hf_generate_one(model, prompts[0], WARMUP_NEW_TOKENS)  # warm-up
     with Clock() as clock, torch.inference_mode():
         for prompt, n in zip(prompts, output_lens, strict=True):
-            ids = torch.tensor([prompt])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                                 min_new_tokens=n, do_sample=False)
-            assert out.shape[1] == len(prompt) + n
+            _hf_generate_one(model, prompt, n)
     return clock.rates(sum(output_lens))
 
 
 def bench_hf_static_batch(model, prompts, output_lens, batch_size: int) -> tuple[float, float]:
     """Left-padded batches of ``batch_size`` in arrival order, each run to its longest output;
     only the tokens each request asked for count."""
+    with torch.inference_mode():
+        _hf_generate_batch(model, prompts[:batch_size], WARMUP_NEW_TOKENS)  # warm-up
     with Clock() as clock, torch.inference_mode():
         for i in range(0, len(prompts), batch_size):
             batch, lens = prompts[i:i + batch_size], output_lens[i:i + batch_size]
-            width = max(len(p) for p in batch)
-            ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
-            model.generate(ids, attention_mask=mask, max_new_tokens=max(lens),
-                           min_new_tokens=max(lens), do_sample=False)
+            _hf_generate_batch(model, batch, max(lens))
     return clock.rates(sum(output_lens))
 
 

@@ -11,10 +11,9 @@ import random
 
 import pytest
 import torch
+import transformers  # a declared test dependency: missing, these tests must fail, not skip
 
 from kvledger.engine import LLM, SamplingParams
-
-transformers = pytest.importorskip("transformers")
 
 DEVICE = os.environ.get("KVLEDGER_TEST_DEVICE", "cpu")
 

@@ -175,3 +175,25 @@ async def test_estimate_counts_requests_queued_behind_the_engines_max_num_seqs()
     assert adm.estimate_wait_s(12) == pytest.approx(10.0)
     adm.max_num_seqs = None  # were all three running at once, all would be back at 5 s
     assert adm.estimate_wait_s(12) == pytest.approx(5.0)
+
+
+async def test_retry_after_of_a_timed_out_waiter_counts_the_waiters_queued_ahead():
+    adm = _admission(num_blocks=8, rate=10.0, wait_s=5.0)
+    soon = await adm.admit("soon", 16, 48)    # 4 blocks
+    adm.progress(soon, 38)                    # 10 tokens left -> due in 1.0 s
+    await adm.admit("late", 16, 48)           # 4 blocks, 48 tokens left -> due in 4.8 s
+    ahead = asyncio.create_task(adm.admit("ahead", 16, 48))  # needs 4, waits up to 5 s
+    await asyncio.sleep(0.05)
+    assert adm.queue_length == 1
+    adm.max_queue_wait_s = 0.1  # the next request gives up long before `ahead` does
+    with pytest.raises(ApiError) as info:
+        await adm.admit("behind", 16, 16)     # needs 2
+    # Alone, its 2 blocks are back with `soon` at 1.0 s; behind `ahead`'s 4 it needs 6,
+    # which only `late` returning at 4.8 s provides.
+    assert adm.estimate_wait_s(2, ahead_blocks=0) == pytest.approx(1.0)
+    retry_ms = int(info.value.headers["retry-after-ms"])
+    assert 4800 <= retry_ms <= 4800 * (1 + JITTER_FRACTION) + 250
+    ahead.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await ahead
+    assert adm.queue_length == 0 and adm.ledger.reserved_blocks == 8
