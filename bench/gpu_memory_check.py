@@ -103,12 +103,13 @@ def main() -> int:
     from kvledger.engine.budget.device import probe_device
     from kvledger.engine.budget.plan import make_plan
     from kvledger.engine.config import EngineConfig
-    from kvledger.engine.llm_engine import LLMEngine, context_bytes
+    from kvledger.engine.llm_engine import LLMEngine
     from kvledger.engine.loader import load_model
     from kvledger.engine.make_model import write_model
     from kvledger.engine.model_config import ModelConfig
     from kvledger.engine.model_runner import TORCH_DTYPES, ModelRunner
     from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.startup import context_bytes
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(write_model(args.model, tmp))

@@ -45,7 +45,10 @@ class LLM:
         """Run every prompt to completion; outputs in the order of ``prompts``.
 
         Prompts are admitted as the KV ledger allows, so more prompts than the pool holds
-        at once simply wait their turn; one that could never fit raises BadInput.
+        at once simply wait their turn; one that could never fit raises BadInput. A prompt
+        the engine fails alone (a fault in its sampling, or in a forward pass it was part
+        of) comes back with ``finish_reason == "error"`` and ``error`` saying why; the
+        others are unaffected.
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]

@@ -13,23 +13,28 @@ import threading
 
 import torch
 
-from kvledger.engine.budget.device import DeviceMemory, probe_device
-from kvledger.engine.budget.plan import Measured, Plan, make_plan
-from kvledger.engine.budget.report import render_report
+from kvledger.engine.budget.plan import Plan
 from kvledger.engine.config import EngineConfig
-from kvledger.engine.errors import AdmissionRejected, BadInput, DoesNotFit, PromptTooLong
+from kvledger.engine.errors import AdmissionRejected, BadInput, PromptTooLong
 from kvledger.engine.ledger import KVLedger, Reservation
-from kvledger.engine.loader import load_model, weights_bytes
-from kvledger.engine.model_config import ModelConfig
-from kvledger.engine.model_runner import TORCH_DTYPES, ModelRunner
+from kvledger.engine.model_runner import ModelRunner
 from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.sampler import Sampler
 from kvledger.engine.sampling_params import SamplingParams
-from kvledger.engine.scheduler import Scheduler
+from kvledger.engine.scheduler import ScheduledBatch, Scheduler
 from kvledger.engine.sequence import Sequence
 from kvledger.engine.tokenizer import Tokenizer
 
 log = logging.getLogger("kvledger.engine")
+
+# Failed forward passes in a row after which the engine is broken, not unlucky: one
+# out-of-memory fails its step's requests, three in a row (each after emptying the
+# allocator's cache) mean the device cannot run even a smaller step.
+MAX_CONSECUTIVE_FAILED_STEPS = 3
+
+
+class EngineFailed(RuntimeError):
+    """The engine cannot make progress (see ``MAX_CONSECUTIVE_FAILED_STEPS``)."""
 
 
 class LLMEngine:
@@ -49,36 +54,17 @@ class LLMEngine:
         self._pending_aborts: list[str] = []
         self._aborted: list[Sequence] = []  # finished by abort, reported by the next step
         self._known_ids: set[str] = set()
+        self.consecutive_failed_steps = 0
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
         """Plan -> load weights -> profile -> re-plan with measured figures -> allocate
-        the KV pool. Raises DoesNotFit (the same report as ``kvledger plan``) if either
-        plan does not fit, BadInput for an unsupported or broken checkpoint."""
-        model_config = ModelConfig.from_dir(config.model)  # refuses unsupported architectures
-        device_memory = probe_device(config)  # before loading: free memory drops after
-        plan = make_plan(config, device=device_memory)
-        if not plan.fits:
-            raise DoesNotFit(render_report(plan), plan)
-        device = _torch_device(config.device)
-        tokenizer = Tokenizer(config.model)
-        model = load_model(config.model, model_config, TORCH_DTYPES[plan.model_dtype], device)
-        runner = ModelRunner(model, device, plan.max_model_len, plan.kv.block_size)
-        measured = Measured(
-            weights_bytes=weights_bytes(model),
-            activation_peak_bytes=runner.profile(plan.max_num_batched_tokens, plan.max_model_len,
-                                                 plan.max_num_seqs, plan.kv.dtype),
-            context_bytes=context_bytes(device, device_memory, config),
-            cuda_graph_bytes=0,  # the engine runs eagerly: it captures no CUDA graphs
-        )
-        measured_plan = make_plan(config, device=device_memory, measured=measured)
-        _log_predicted_vs_measured(plan, measured_plan)
-        if not measured_plan.fits:
-            raise DoesNotFit(render_report(measured_plan), measured_plan)
-        kv = measured_plan.kv
-        pool_bytes = runner.allocate_kv_cache(kv.num_blocks, kv.dtype)
-        log.info("KV pool: %d blocks x %d tokens (%d bytes)", kv.num_blocks, kv.block_size, pool_bytes)
-        return cls(config, measured_plan, tokenizer, runner, KVLedger(kv.num_blocks, kv.block_size))
+        the KV pool (``startup.build``). Raises DoesNotFit (the same report as ``kvledger
+        plan``) if either plan does not fit, BadInput for an unsupported or broken
+        checkpoint."""
+        from kvledger.engine.startup import build
+
+        return cls(config, *build(config))
 
     # -- admission (any thread) -------------------------------------------------------
 
@@ -164,21 +150,80 @@ class LLMEngine:
     # -- the loop (one thread) --------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one engine iteration; return the requests that produced tokens or finished."""
+        """Run one engine iteration; return the requests that produced tokens or finished.
+
+        A failure is contained to the requests it touches: an exception raised for one
+        sequence (sampling, detokenizing, stop handling) finishes that sequence alone with
+        ``finish_reason == "error"``; one raised by the batched forward pass (out of memory
+        included) fails the requests of that step, empties the allocator's cache and lets
+        the rest go on. Only ``MAX_CONSECUTIVE_FAILED_STEPS`` failed forward passes in a
+        row raise ``EngineFailed``: then the engine itself is broken."""
         outputs = [self._output(seq, []) for seq in self._apply_pending()]
         batch = self.scheduler.schedule()
         if batch.is_empty:
             return outputs
-        logits = self.runner.execute(batch)
+        try:
+            logits = self.runner.execute(batch)
+        except Exception as exc:
+            return outputs + self._fail_step(batch, exc)
+        self.consecutive_failed_steps = 0
         for chunk in batch.prefills:
             chunk.seq.num_computed_tokens += chunk.length
         for seq in batch.decodes:
             seq.num_computed_tokens += 1
         seqs = batch.sampled  # a prompt still partly computed gets no token yet
-        token_ids = self.sampler(logits, seqs)
-        for seq, token_id in zip(seqs, token_ids, strict=True):
-            self._append_token(seq, token_id)
+        for seq, token_id in zip(seqs, self._sample(logits, seqs), strict=True):
+            if isinstance(token_id, Exception):
+                outputs.append(self._fail(seq, "sampling", token_id))
+                continue
+            try:
+                self._append_token(seq, token_id)
+            except Exception as exc:
+                outputs.append(self._fail(seq, "postprocessing", exc))
+                continue
             outputs.append(self._output(seq, [token_id]))
+        return outputs
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int | Exception]:
+        """The batch's tokens; when the batched call fails, each row alone, so a fault
+        belongs to the sequence that raised it (its entry is the exception)."""
+        try:
+            return list(self.sampler(logits, seqs))
+        except Exception:
+            pass
+        tokens: list[int | Exception] = []
+        for row, seq in enumerate(seqs):
+            try:
+                tokens.append(self.sampler(logits[row:row + 1], [seq])[0])
+            except Exception as exc:
+                tokens.append(exc)
+        return tokens
+
+    def _fail(self, seq: Sequence, stage: str, exc: BaseException) -> RequestOutput:
+        """Finish one request with ``"error"``; its reservation goes back at once."""
+        log.error("request %s failed in %s: %s: %s", seq.request_id, stage,
+                  type(exc).__name__, exc, exc_info=exc)
+        if not seq.is_finished:
+            self.scheduler.finish(seq, "error")
+        with self._lock:
+            self._known_ids.discard(seq.request_id)
+        output = self._output(seq, [])
+        output.error = f"{stage} failed: {type(exc).__name__}: {exc}"
+        return output
+
+    def _fail_step(self, batch: ScheduledBatch, exc: Exception) -> list[RequestOutput]:
+        """A failed forward pass: fail the requests it computed, free the allocator's cache."""
+        self.consecutive_failed_steps += 1
+        seqs = [chunk.seq for chunk in batch.prefills] + list(batch.decodes)
+        log.error("forward pass failed (%d in a row) for %d requests: %s: %s",
+                  self.consecutive_failed_steps, len(seqs), type(exc).__name__, exc)
+        outputs = [self._fail(seq, "forward pass", exc) for seq in seqs]
+        exc = None  # drop the traceback's frames, which hold the step's tensors
+        if self.runner.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if self.consecutive_failed_steps >= MAX_CONSECUTIVE_FAILED_STEPS:
+            raise EngineFailed(f"{self.consecutive_failed_steps} forward passes failed in a "
+                               "row; the engine cannot make progress")
         return outputs
 
     def _apply_pending(self) -> list[Sequence]:
@@ -202,7 +247,7 @@ class LLMEngine:
         new_text = seq.detokenizer.add(token_id)
         seq.text += new_text
         reason = None
-        stop_token = token_id in params.stop_token_ids or (
+        stop_token = token_id in params.stop_token_set or (
             not params.ignore_eos and token_id in self.tokenizer.eos_token_ids)
         if stop_token or (new_text and params.stop_strings
                           and self._cut_stop_string(seq, len(new_text))):
@@ -216,9 +261,10 @@ class LLMEngine:
 
     @staticmethod
     def _cut_stop_string(seq: Sequence, new_chars: int) -> bool:
-        """Cut the text at the first stop string that the new text completes."""
-        longest = max(len(s) for s in seq.params.stop_strings)
-        start = max(0, len(seq.text) - new_chars - longest + 1)
+        """Cut the text at the first stop string that the new text completes. Only the
+        new characters and the ``longest - 1`` before them are searched, so a token costs
+        the same however long the text has grown."""
+        start = max(0, len(seq.text) - new_chars - seq.params.longest_stop + 1)
         hits = [i for i in (seq.text.find(s, start) for s in seq.params.stop_strings) if i >= 0]
         if not hits:
             return False
@@ -230,8 +276,7 @@ class LLMEngine:
         if seq.params.stop_strings and not seq.is_finished:
             # Hold back what could be the start of a stop string, so streamed text never
             # shows characters that a later cut removes.
-            held = max(len(s) for s in seq.params.stop_strings) - 1
-            text = text[:max(0, len(text) - held)]
+            text = text[:max(0, len(text) - seq.params.longest_stop + 1)]
         return RequestOutput(seq.request_id, seq.prompt_token_ids, list(seq.output_token_ids),
                              new_token_ids, text, seq.is_finished, seq.finish_reason)
 
@@ -242,42 +287,3 @@ class LLMEngine:
         vocab = self.runner.config.vocab_size
         if not all(isinstance(t, int) and 0 <= t < vocab for t in prompt_token_ids):
             raise BadInput(f"prompt token ids must be integers in [0, {vocab})")
-
-
-def _torch_device(flag: str) -> torch.device:
-    if flag == "cuda" or (flag == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise BadInput("--device cuda, but torch sees no CUDA device (is this a CPU build of torch?)")
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def context_bytes(device: torch.device, probed: DeviceMemory, config: EngineConfig) -> int | None:
-    """Device memory this process took that torch's allocator does not hold (CUDA
-    context, cuBLAS handles); None on the CPU, where the planner's estimate stands.
-
-    The plan's limit is the memory free when ``probed`` was read, before this process
-    touched the device, so memory already in use then (other processes; on a unified
-    pool the OS and every host process) is outside the budget and must not count
-    again: the context is the drop in free memory since the probe, read the same way
-    (NVML, or host memory on a unified pool), less what the allocator reserves. Only a
-    what-if device, which has no such reading, falls back to ``total - free - reserved``
-    from ``cudaMemGetInfo``."""
-    if device.type != "cuda":
-        return None
-    torch.cuda.synchronize(device)
-    reserved = torch.cuda.memory_reserved(device)
-    if probed.kind == "cuda":
-        now = probe_device(config)
-        if now.kind == "cuda":
-            return max(0, probed.free_bytes - now.free_bytes - reserved)
-    free, total = torch.cuda.mem_get_info(device)
-    return max(0, total - free - reserved)
-
-
-def _log_predicted_vs_measured(predicted: Plan, measured: Plan) -> None:
-    for name, before in predicted.classes.items():
-        after = measured.classes[name]
-        source = "measured" if name in measured.measured else "estimated"
-        log.info("memory %-11s predicted %12d  %s %12d  (%+d)", name, before, source, after,
-                 after - before)

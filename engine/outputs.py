@@ -19,7 +19,9 @@ class RequestOutput:
 
     ``token_ids``/``text``: everything generated so far; ``new_token_ids``: this step's.
     ``finish_reason``: ``"stop"`` (EOS, stop token or stop string), ``"length"``
-    (``max_tokens`` or the context limit) or ``"abort"``; None while running.
+    (``max_tokens`` or the context limit), ``"abort"``, or ``"error"`` when the engine
+    failed this request alone (``error`` says why; the other requests go on); None while
+    running.
     ``outputs[0]`` repeats the same fields as vLLM's ``CompletionOutput``.
     """
 
@@ -31,6 +33,7 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None
     prompt: str | None = field(default=None)
+    error: str | None = field(default=None)
 
     @property
     def outputs(self) -> list[CompletionOutput]:

@@ -27,6 +27,9 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
+    # Derived once, so the per-token checks cost the same however long the output grows.
+    longest_stop: int = field(init=False, repr=False, default=0)
+    stop_token_set: frozenset[int] = field(init=False, repr=False, default=frozenset())
 
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
@@ -50,10 +53,12 @@ class SamplingParams:
         if not isinstance(stop, list | tuple) or not all(isinstance(s, str) and s for s in stop):
             raise BadInput("stop must be a non-empty string or a list of non-empty strings")
         self.stop_strings = tuple(stop)
+        self.longest_stop = max((len(s) for s in stop), default=0)
         ids = self.stop_token_ids or []
         if not isinstance(ids, list | tuple) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
             raise BadInput("stop_token_ids must be a list of non-negative integers")
         self.stop_token_ids = list(ids)
+        self.stop_token_set = frozenset(ids)
         if not isinstance(self.ignore_eos, bool):
             raise BadInput(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
 

@@ -24,6 +24,10 @@ class Tokenizer:
             self._tok = HFTokenizer.from_file(str(path))
         except Exception as exc:  # the library raises a bare Exception on bad files
             raise BadInput(f"{path}: cannot read tokenizer: {exc}") from None
+        # The batch call releases the GIL while the Rust code runs; ``encode`` holds it
+        # throughout (seconds for a 4 MiB prompt), which would stall the server's event
+        # loop even from a worker thread. ``_fast`` skips the offsets nobody reads.
+        self._encode_batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
         self.tokenizer_config = _read_json(model_dir / "tokenizer_config.json")
         self.bos_token = _token_text(self.tokenizer_config.get("bos_token"))
         self.eos_token = _token_text(self.tokenizer_config.get("eos_token"))
@@ -45,7 +49,7 @@ class Tokenizer:
         return self._tok.token_to_id(token)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        return self._encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -31,3 +31,13 @@ def test_throughput_workload_is_the_same_every_run():
     assert (prompts, output_lens) == workload(64, 1024)
     assert set(output_lens) == {16, 32, 64, 128, 256}
     assert all(16 <= len(p) <= 128 for p in prompts)
+
+
+def test_a_short_soak_passes_against_a_real_server():
+    """bench/soak.py for a few seconds: injected faults fail only their own requests (500 or
+    an SSE error event + [DONE]), nothing leaks, /health answers throughout."""
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "soak.py"), "--duration", "8",
+                             "--clients", "6"], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "soak passed" in result.stdout
+    assert "| fault | 500 |" in result.stdout or "| fault | stream-error |" in result.stdout

@@ -133,7 +133,12 @@ async def test_burst_of_concurrent_requests_gets_200s_and_429s_and_returns_every
                         'reason="kv_cache_full"') == statuses.count(429)
 
 
-async def test_engine_failure_answers_503_and_releases(aiohttp_client, tiny_llama_dir):
+async def test_an_engine_that_keeps_failing_answers_503_and_releases(aiohttp_client,
+                                                                    tiny_llama_dir):
+    """One failed forward pass fails its requests (500); only repeated failures in a row
+    (MAX_CONSECUTIVE_FAILED_STEPS) kill the engine: 503 engine_dead, /health 503."""
+    from kvledger.engine.llm_engine import MAX_CONSECUTIVE_FAILED_STEPS
+
     llm = make_llm(tiny_llama_dir)  # this engine is broken on purpose: not shared
     client = await start_app(aiohttp_client, llm)
     original = llm.runner.execute
@@ -150,12 +155,16 @@ async def test_engine_failure_answers_503_and_releases(aiohttp_client, tiny_llam
     streamed, whole = await asyncio.gather(
         client.post("/v1/completions", json=_long(client, True)),
         client.post("/v1/completions", json=_long(client, False)))
-    assert whole.status == 503
-    assert (await whole.json())["error"]["code"] == "engine_dead"
-    assert b'"engine_dead"' in await streamed.read()
+    assert whole.status == 500
+    assert (await whole.json())["error"]["code"] == "request_error"
+    assert b'"request_error"' in await streamed.read()
+    assert (await client.get("/health")).status == 200  # one failed step is not the end
+    for _ in range(MAX_CONSECUTIVE_FAILED_STEPS - 1):
+        await client.post("/v1/completions", json=_long(client, False))
     assert await metric(client, RESERVED) == 0
     assert (await client.get("/health")).status == 503
-    assert (await client.post("/v1/completions", json=_long(client, False))).status == 503
+    answer = await client.post("/v1/completions", json=_long(client, False))
+    assert answer.status == 503 and (await answer.json())["error"]["code"] == "engine_dead"
 
 
 async def test_shutdown_refuses_new_requests_and_aborts_after_the_grace(aiohttp_client, llm,

@@ -26,7 +26,7 @@ def build_app(options: ServeOptions | None = None) -> web.Application:
     app = web.Application(middlewares=[_errors, _api_key],
                           client_max_size=options.max_body_bytes)
     app[STATE] = ServerState(options)
-    app.on_cleanup.append(_stop_engine)
+    app.on_cleanup.append(_close)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
@@ -37,22 +37,25 @@ def build_app(options: ServeOptions | None = None) -> web.Application:
     return app
 
 
-async def _stop_engine(app: web.Application) -> None:
-    engine = app[STATE].engine
-    if engine is not None:
-        await engine.stop()
+async def _close(app: web.Application) -> None:
+    await app[STATE].close()
 
 
 @web.middleware
 async def _errors(request: web.Request, handler) -> web.StreamResponse:
-    """Every refusal leaves as OpenAI's error body; an unexpected failure as a bare 500."""
+    """Every refusal leaves as OpenAI's error body; an unexpected failure as a bare 500.
+
+    Also the one place that counts 5xx answers (``kvledger_requests_failed_total``): any
+    500, and every 5xx of the API (the probes' 503s are their answer, not a failure).
+    """
     state = request.app[STATE]
+    code = "http_error"
     try:
-        return await handler(request)
+        response = await handler(request)
     except ApiError as exc:
-        if request.path.startswith("/v1/"):
+        if request.path.startswith("/v1/") and exc.status != 500:  # a 500 is a failure
             state.metrics.rejected.labels(exc.reason).inc()
-        return exc.response()
+        response, code = exc.response(), exc.code
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -62,11 +65,14 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
         message = exc.text if exc.text and exc.status != 404 else f"{exc.status}: {exc.reason}"
         if exc.status == 404:
             message = f"no route for {request.method} {request.path}"
-        return web.json_response(error_body(exc.status, message, code), status=exc.status)
+        response = web.json_response(error_body(exc.status, message, code), status=exc.status)
     except Exception:  # a bug, not bad input: log it, never send the traceback
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return web.json_response(error_body(500, "internal server error", "internal_error"),
-                                 status=500)
+        code = "internal_error"
+        response = web.json_response(error_body(500, "internal server error", code), status=500)
+    if response.status == 500 or (response.status > 500 and request.path.startswith("/v1/")):
+        state.metrics.count_failure(code)
+    return response
 
 
 @web.middleware
@@ -75,8 +81,11 @@ async def _api_key(request: web.Request, handler) -> web.StreamResponse:
     if key and request.path.startswith("/v1/"):
         given = request.headers.get("Authorization", "")
         scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                                 key.encode()):
+        # Bytes that are not UTF-8 arrive as surrogate escapes; "surrogatepass" encodes
+        # any str, so a hostile header is a wrong key, never a UnicodeEncodeError.
+        given_bytes, key_bytes = (text.encode("utf-8", "surrogatepass")
+                                  for text in (token.strip(), key))
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given_bytes, key_bytes):
             raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
                            code="invalid_api_key", reason="unauthorized")
     return await handler(request)

@@ -17,7 +17,15 @@ from aiohttp import web
 from kvledger.engine.config import add_engine_flags, config_from_args, size_arg
 from kvledger.engine.errors import BadInput, DoesNotFit, KvledgerError
 from kvledger.engine.server.app import build_app
-from kvledger.engine.server.state import DEFAULT_MAX_BODY_BYTES, STATE, ServeOptions
+from kvledger.engine.server.slow_clients import make_runner
+from kvledger.engine.server.state import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_KEEPALIVE_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    STATE,
+    ServeOptions,
+)
 
 log = logging.getLogger("kvledger.serve")
 
@@ -29,6 +37,13 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}") from None
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
     return value
 
 
@@ -47,6 +62,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="on SIGTERM, let in-flight requests run this long before aborting them")
     s.add_argument("--max-body-bytes", type=size_arg, default=DEFAULT_MAX_BODY_BYTES,
                    metavar="SIZE", help="larger request bodies get 413 (default 4MiB)")
+    s.add_argument("--header-timeout", type=_positive_seconds, default=DEFAULT_HEADER_TIMEOUT_S,
+                   metavar="SECONDS", help="close a connection whose request headers take "
+                   f"longer than this (default {DEFAULT_HEADER_TIMEOUT_S:g})")
+    s.add_argument("--body-timeout", type=_positive_seconds, default=DEFAULT_BODY_TIMEOUT_S,
+                   metavar="SECONDS", help="answer 408 to a request whose body takes longer "
+                   f"than this after its headers (default {DEFAULT_BODY_TIMEOUT_S:g})")
+    s.add_argument("--keepalive-timeout", type=_seconds, default=DEFAULT_KEEPALIVE_TIMEOUT_S,
+                   metavar="SECONDS", help="close a keep-alive connection idle this long "
+                   f"(default {DEFAULT_KEEPALIVE_TIMEOUT_S:g}; 0: one request per connection)")
     s.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))
 
@@ -61,7 +85,9 @@ def main(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     options = ServeOptions(api_key=args.api_key or None, max_queue_wait_s=args.max_queue_wait,
                            shutdown_grace_s=args.shutdown_grace,
-                           max_body_bytes=args.max_body_bytes)
+                           max_body_bytes=args.max_body_bytes,
+                           header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                           keepalive_timeout_s=args.keepalive_timeout)
     return asyncio.run(_serve(config, options, args.host, args.port))
 
 
@@ -96,8 +122,8 @@ def _settle(future: asyncio.Future, result, exc: BaseException | None) -> None:
 async def _serve(config, options: ServeOptions, host: str, port: int) -> int:
     app = build_app(options)
     state = app[STATE]
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=5.0)
+    runner = make_runner(app, options, handler_cancellation=True, access_log=None,
+                         shutdown_timeout=5.0)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

@@ -16,6 +16,7 @@ _TYPES = {
     401: "authentication_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
@@ -44,7 +45,10 @@ class ApiError(Exception):
         return error_body(self.status, self.message, self.code, self.param)
 
     def response(self) -> web.Response:
-        return web.json_response(self.body(), status=self.status, headers=self.headers)
+        response = web.json_response(self.body(), status=self.status, headers=self.headers)
+        if self.status == 408:  # the body is half read: the connection cannot carry another
+            response.force_close()
+        return response
 
 
 def error_body(status: int, message: str, code: str | None, param: str | None = None) -> dict:

@@ -12,6 +12,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# Reasons of kvledger_requests_failed_total exported at 0 from the start, so that a rate()
+# over them is defined before the first failure: a bug (500), the engine loop failing,
+# and one request failing inside a live engine.
+FAILURE_REASONS = ("internal_error", "engine_dead", "request_error")
 
 
 class _LiveGauges:
@@ -45,8 +49,16 @@ class ServerMetrics:
                                  "admitted requests", buckets=LATENCY_BUCKETS_S, registry=r)
         self.ttft = Histogram("kvledger_time_to_first_token_seconds", "arrival to first "
                               "generated token", buckets=LATENCY_BUCKETS_S, registry=r)
+        self.failed = Counter("kvledger_requests_failed", "5xx answers and errors ending a "
+                              "started stream, by reason", ["reason"], registry=r)
+        for reason in FAILURE_REASONS:
+            self.failed.labels(reason)
         self.queue_wait = Histogram("kvledger_queue_wait_seconds", "time spent waiting for a "
                                     "KV reservation", buckets=LATENCY_BUCKETS_S, registry=r)
+
+    def count_failure(self, reason: str) -> None:
+        """Count one request that failed on the server's side (5xx or a stream's error event)."""
+        self.failed.labels(reason).inc()
 
     def watch(self, **gauges: tuple[str, Callable[[], float]]) -> None:
         """Register scrape-time gauges: ``name=(help, read)``."""

@@ -1,16 +1,20 @@
 """``POST /v1/completions`` and ``POST /v1/chat/completions``.
 
-One request's story: parse -> tokenize -> effective cap -> reserve (or 429) -> generate
--> answer (JSON or SSE). The reservation goes to the engine when the request is added;
-closing the output stream in ``finally`` aborts an unfinished request (client gone,
-shutdown, error), and the engine then returns its blocks.
+One request's story: read -> parse -> tokenize -> effective cap -> reserve (or 429) ->
+generate -> answer (JSON or SSE). Parsing, rendering the chat template and tokenizing run
+on the server's worker threads, so a 4 MiB body never stalls the event loop; nothing is
+reserved until they are done, so a client that leaves meanwhile holds no blocks. The
+reservation goes to the engine when the request is added; closing the output stream in
+``finally`` aborts an unfinished request (client gone, shutdown, error), and the engine
+then returns its blocks.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-import re
+import logging
 import time
 import uuid
 from contextlib import aclosing
@@ -22,8 +26,11 @@ from aiohttp import web
 from kvledger.engine.async_engine import EngineDeadError
 from kvledger.engine.errors import BadInput
 from kvledger.engine.server.errors import ApiError, bad_request, sse_error_event
+from kvledger.engine.server.limits import decode_json
 from kvledger.engine.server.protocol import GenerationRequest, parse_chat, parse_completion
 from kvledger.engine.server.state import STATE, ServerState
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -48,13 +55,14 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     arrived = time.monotonic()
     state = request.app[STATE]
     state.check_accepting()
-    req = parse(await read_json(request))
+    raw = await read_body(request)
+    req = await state.off_loop(_parse, parse, raw)
     state.check_model(req.model)
-    prompt = _prompt(state, req)
+    prompt = await state.off_loop(_prompt, state, req) if req.kind == "chat" else req.prompt
     early = state.admission.early_rejection(_max_prompt_tokens(prompt), req.max_tokens)
     if early is not None:  # a full pool refuses it whatever its exact length
         raise early
-    prompt_ids = _encode(state, req, prompt)
+    prompt_ids = await state.off_loop(_encode, state, req, prompt)
     cap = state.admission.effective_cap(len(prompt_ids), req.max_tokens)
     params = _sampling_params(req, cap)
     p = _Prepared(req, f"{id_prefix}-{uuid.uuid4().hex}", prompt_ids, params, arrived,
@@ -86,40 +94,23 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
         state.metrics.latency.observe(time.monotonic() - arrived)
 
 
-async def read_json(request: web.Request) -> Any:
+async def read_body(request: web.Request) -> bytes:
+    """The whole body within ``--body-timeout`` (else 408, connection closed) and
+    ``--max-body-bytes`` (else 413)."""
+    options = request.app[STATE].options
     try:
-        raw = await request.read()
+        async with asyncio.timeout(options.body_timeout_s):
+            return await request.read()
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {options.body_timeout_s:g}s "
+                            f"(--body-timeout)", code="body_timeout", reason="body_timeout") from None
     except web.HTTPRequestEntityTooLarge:
-        limit = request.app[STATE].options.max_body_bytes
-        raise ApiError(413, f"request body is larger than {limit} bytes",
+        raise ApiError(413, f"request body is larger than {options.max_body_bytes} bytes",
                        code="body_too_large", reason="body_too_large") from None
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise bad_request(f"invalid JSON body: {exc}", code="invalid_json") from None
-    # JSON may escape half a surrogate pair (\ud800), which no UTF-8 text can hold: the
-    # tokenizer and every response would fail on it. Only an escape can produce one.
-    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(body):
-        raise bad_request("invalid JSON body: a string holds an unpaired UTF-16 surrogate "
-                          "escape (\\ud800-\\udfff)", code="invalid_json")
-    return body
 
 
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-def _has_lone_surrogate(value: Any) -> bool:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
-        return False
-    if isinstance(value, dict):
-        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_lone_surrogate(v) for v in value)
-    return False
+def _parse(parse, raw: bytes) -> GenerationRequest:
+    return parse(decode_json(raw))
 
 
 # A tokenizer emits at most one token per UTF-8 byte plus a few it adds itself (BOS, a
@@ -129,10 +120,8 @@ def _has_lone_surrogate(value: Any) -> bool:
 _ADDED_TOKENS_MAX = 8
 
 
-def _prompt(state: ServerState, req: GenerationRequest) -> str | list[int]:
-    """The prompt as text (a chat rendered with the model's template) or token ids."""
-    if req.kind != "chat":
-        return req.prompt
+def _prompt(state: ServerState, req: GenerationRequest) -> str:
+    """A chat rendered as prompt text with the model's template."""
     try:
         return state.llm.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True)
     except BadInput as exc:
@@ -183,6 +172,9 @@ async def _whole(state: ServerState, p: _Prepared, ticket, outputs) -> web.Respo
             state.metrics.ttft.observe(time.monotonic() - p.arrived)
         final = output
         state.admission.progress(ticket, len(output.token_ids))
+    if final.finish_reason == "error":  # the engine failed this request alone
+        raise ApiError(500, _failed_message(final), code="request_error",
+                       reason="request_error")
     completion_tokens = len(final.token_ids)
     if p.req.kind == "chat":
         choice = {"index": 0, "message": {"role": "assistant", "content": final.text},
@@ -234,6 +226,10 @@ async def _stream(request: web.Request, state: ServerState, p: _Prepared, ticket
             delta = ""
             if output.text.startswith(sent_text):  # text already sent is never retracted
                 delta, sent_text = output.text[len(sent_text):], output.text
+            if output.finished and output.finish_reason == "error":
+                await _end_with_error(state, response, 500, _failed_message(output),
+                                      "request_error")
+                return response
             if output.finished:
                 if delta:
                     await response.write(chunk(delta, None))
@@ -245,12 +241,29 @@ async def _stream(request: web.Request, state: ServerState, p: _Prepared, ticket
                                        "model": p.req.model, "choices": [],
                                        "usage": _usage(len(p.prompt_ids), completion_tokens)}))
         await response.write(b"data: [DONE]\n\n")
-    except EngineDeadError as exc:
-        with contextlib.suppress(ConnectionError):
-            await response.write(sse_error_event(503, str(exc), "engine_dead"))
     except ConnectionError:  # the client went away; aclosing() aborts the request
         pass
+    except EngineDeadError as exc:
+        await _end_with_error(state, response, 503, str(exc), "engine_dead")
+    except Exception:  # a bug after the 200 went out: the stream's last event says so
+        log.exception("unhandled error while streaming %s", p.request_id)
+        await _end_with_error(state, response, 500, "internal server error", "internal_error")
     return response
+
+
+async def _end_with_error(state: ServerState, response: web.StreamResponse, status: int,
+                          message: str, code: str) -> None:
+    """A failure after the headers (status 200) went out: an error event, then ``[DONE]``
+    so clients' stream readers end normally. Counted here, as the app's middleware counts
+    those that still get their own status."""
+    state.metrics.count_failure(code)
+    with contextlib.suppress(ConnectionError):
+        await response.write(sse_error_event(status, message, code))
+        await response.write(b"data: [DONE]\n\n")
+
+
+def _failed_message(output) -> str:
+    return f"the engine failed this request ({output.error}); other requests are unaffected"
 
 
 def _sse(payload: dict) -> bytes:

@@ -2,6 +2,8 @@
 
 Only what kvledger implements is accepted: a field we would silently ignore in a way
 that changes the answer (``n > 1``, ``logprobs``, penalties) is a 400, never a shrug.
+Sizes are bounded by ``limits`` (messages, stop strings, 64-bit integers), each refusal
+naming its limit.
 """
 
 from __future__ import annotations
@@ -11,6 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kvledger.engine.server.errors import bad_request
+from kvledger.engine.server.limits import (
+    MAX_INT,
+    MAX_MESSAGES,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_STOP_TOTAL_CHARS,
+    shown,
+)
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # Fields that change the output and that the engine does not implement: refuse unless
@@ -84,7 +95,7 @@ def _prompt(obj: dict[str, Any]) -> str | list[int]:
         if not prompt:
             raise bad_request("'prompt' must not be empty", "prompt")
         return prompt
-    if isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
+    if isinstance(prompt, list) and prompt and all(_is_token_id(t) for t in prompt):
         return list(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         raise bad_request("batched prompts are not supported: send one prompt per request",
@@ -98,6 +109,9 @@ def _messages(obj: dict[str, Any]) -> list[dict[str, str]]:
     messages = obj["messages"]
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list", "messages")
+    if len(messages) > MAX_MESSAGES:
+        raise bad_request(f"'messages' holds {len(messages)} messages; at most {MAX_MESSAGES} "
+                          f"are allowed per request", "messages")
     out = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
@@ -142,7 +156,7 @@ def _common(obj: dict[str, Any], req: GenerationRequest) -> None:
     req.top_p = _number(obj, "top_p", 1.0, low=0.0, high=1.0, low_open=True)
     top_k = obj.get("top_k")
     if top_k is not None:
-        if not _is_int(top_k) or (top_k < 1 and top_k != -1):
+        if not _is_int(top_k) or (top_k < 1 and top_k != -1) or top_k > MAX_INT:
             raise bad_request("'top_k' must be a positive integer or -1", "top_k")
         req.top_k = top_k
     seed = obj.get("seed")
@@ -152,8 +166,11 @@ def _common(obj: dict[str, Any], req: GenerationRequest) -> None:
     req.stop = _stop(obj.get("stop"))
     ids = obj.get("stop_token_ids")
     if ids is not None:
-        if not isinstance(ids, list) or not all(_is_int(t) and t >= 0 for t in ids):
+        if not isinstance(ids, list) or not all(_is_token_id(t) for t in ids):
             raise bad_request("'stop_token_ids' must be a list of token ids", "stop_token_ids")
+        if len(ids) > MAX_STOP_TOKEN_IDS:
+            raise bad_request(f"'stop_token_ids' holds {len(ids)} ids; at most "
+                              f"{MAX_STOP_TOKEN_IDS} are allowed", "stop_token_ids")
         req.stop_token_ids = list(ids)
     req.ignore_eos = _bool(obj, "ignore_eos", False)
     req.stream = _bool(obj, "stream", False)
@@ -175,6 +192,18 @@ def _stop(stop: Any) -> list[str]:
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
         raise bad_request("'stop' must be a non-empty string or a list of them", "stop")
+    # Each stop string is matched against the text after every token: bound their work.
+    if len(stop) > MAX_STOP_STRINGS:
+        raise bad_request(f"'stop' holds {len(stop)} strings; at most {MAX_STOP_STRINGS} are "
+                          f"allowed", "stop")
+    longest = max(len(s) for s in stop)
+    if longest > MAX_STOP_STRING_CHARS:
+        raise bad_request(f"a 'stop' string is {longest} characters long; at most "
+                          f"{MAX_STOP_STRING_CHARS} are allowed", "stop")
+    total = sum(len(s) for s in stop)
+    if total > MAX_STOP_TOTAL_CHARS:
+        raise bad_request(f"the 'stop' strings hold {total} characters together; at most "
+                          f"{MAX_STOP_TOTAL_CHARS} are allowed", "stop")
     return list(stop)
 
 
@@ -182,14 +211,18 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_token_id(value: Any) -> bool:
+    return _is_int(value) and 0 <= value <= MAX_INT
+
+
 def _optional_positive_int(obj: dict[str, Any], name: str) -> int | None:
     value = obj.get(name)
     if value is None:
         return None
     if not _is_int(value):
-        raise bad_request(f"'{name}' must be an integer, got {value!r}", name)
-    if value < 1:
-        raise bad_request(f"'{name}' must be at least 1, got {value}", name)
+        raise bad_request(f"'{name}' must be an integer, got {shown(value)}", name)
+    if not 1 <= value <= MAX_INT:
+        raise bad_request(f"'{name}' must be in [1, {MAX_INT}], got {shown(value)}", name)
     return value
 
 
@@ -198,11 +231,14 @@ def _number(obj: dict[str, Any], name: str, default: float, *, low: float, high:
     value = obj.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise bad_request(f"'{name}' must be a number", name)
+    # An int is compared exactly (math.isfinite(10**400) would raise OverflowError).
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or (isinstance(value, float) and not math.isfinite(value)):
+        raise bad_request(f"'{name}' must be a finite number", name)
     if value > high or value < low or (low_open and value == low):
         bracket = "(" if low_open else "["
-        raise bad_request(f"'{name}' must be in {bracket}{low:g}, {high:g}], got {value}", name)
+        raise bad_request(f"'{name}' must be in {bracket}{low:g}, {high:g}], got {shown(value)}",
+                          name)
     return float(value)
 
 

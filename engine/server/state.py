@@ -1,7 +1,8 @@
 """What one server holds: options, metrics, the engine once loaded, and its lifecycle.
 
 loading (``/ready`` 503) -> ``attach`` (engine started, warmed) -> ready -> ``drain``
-(SIGTERM: new requests 503, in-flight ones finish or are aborted after the grace).
+(SIGTERM: new requests 503, in-flight ones finish or are aborted after the grace) ->
+``close`` (the app's cleanup).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,15 @@ from kvledger.engine.server.metrics import ServerMetrics
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
+# Slow clients: a request's headers must arrive within this of its first byte (or of the
+# connection opening), its body within this of its headers; an idle keep-alive connection
+# closes after the last. 75 s outlasts the 60 s idle timeout of common load balancers, so
+# they, not the server, close idle connections (no race on reuse).
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_KEEPALIVE_TIMEOUT_S = 75.0
+# Threads that parse bodies, render chat templates and tokenize, off the event loop.
+PREPARE_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,9 @@ class ServeOptions:
     max_queue_wait_s: float = 0.0
     shutdown_grace_s: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    keepalive_timeout_s: float = DEFAULT_KEEPALIVE_TIMEOUT_S
 
 
 class ServerState:
@@ -42,6 +56,7 @@ class ServerState:
         self.ready = False
         self.draining = False
         self.started_at = time.time()
+        self._workers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="kvledger-prepare")
         ledger = lambda attr: lambda: getattr(self.llm.ledger, attr) if self.llm else 0  # noqa: E731
         self.metrics.watch(
             kvledger_kv_blocks_total=("KV blocks in the pool", ledger("num_blocks")),
@@ -99,6 +114,20 @@ class ServerState:
         deadline = time.monotonic() + 5.0
         while self.admission.running and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        """Stop the engine and the worker threads (queued work is dropped)."""
+        if self.engine is not None:
+            await self.engine.stop()
+        self._workers.shutdown(wait=False, cancel_futures=True)
+
+    # -- per-request work ------------------------------------------------------------
+    async def off_loop(self, fn, *args):
+        """``fn(*args)`` on a worker thread. Parsing a 4 MiB body, rendering a chat and
+        tokenizing take up to seconds of CPU, during which ``/health`` and every stream
+        must still answer; the GIL is shared, so what runs there should release it
+        (tokenizers' batch encode, numpy) or be bounded (``limits``)."""
+        return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
 
     # -- per-request checks ----------------------------------------------------------
     def check_accepting(self) -> None:
