@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The engine's CUDA checks in ONE bounded run (a few minutes; the step limits add up to
-# 8.75 minutes) on a GPU machine with no internet, this repo copied, maybe no venv:
+# 8.9 minutes) on a GPU machine with no internet, this repo copied, maybe no venv:
 #
 #     bash bench/gpu_checks.sh 2>&1 | tee gpu_checks.log
 #
@@ -17,6 +17,8 @@
 #     runner tests, seeded / greedy sampling in bf16 with bf16 and fp8 KV, and which
 #     SDPA kernels (flash, efficient, cuDNN, math) take the engine's attention shapes.
 # (d) `kvledger plan` against the real device through NVML.
+# (e) bench/gpu_oom_check.py: a real out-of-memory while requests run (another allocation
+#     takes the device's free memory): that step's requests fail, the rest complete.
 # Every step is time-limited and reports its exit status; the script goes on after a
 # failure, names every failed step in its last lines and exits non-zero if any failed.
 set -u
@@ -79,16 +81,16 @@ if not torch.cuda.is_available():
 EOF
 
 # (b) ---------------------------------------------------------------------------------
-step 75 "gpu_memory_check tiny-llama bf16" \
+step 60 "gpu_memory_check tiny-llama bf16" \
     "$PY" bench/gpu_memory_check.py --model tiny-llama --dtype bfloat16
-step 100 "gpu_memory_check small-llama bf16" \
+step 90 "gpu_memory_check small-llama bf16" \
     "$PY" bench/gpu_memory_check.py --model small-llama --dtype bfloat16
 step 100 "gpu_memory_check small-llama bf16, fp8 KV, 64 x 2048, 4096-token steps" \
     "$PY" bench/gpu_memory_check.py --model small-llama --dtype bfloat16 --kv-cache-dtype fp8 \
     --max-model-len 2048 --max-num-seqs 64 --max-num-batched-tokens 4096
 
 # (c) ---------------------------------------------------------------------------------
-step 120 "engine tests on CUDA: greedy equality vs transformers (float32), meta-device runner" \
+step 110 "engine tests on CUDA: greedy equality vs transformers (float32), meta-device runner" \
     env KVLEDGER_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
     tests/test_engine_hf_equivalence.py tests/test_engine_device_paths.py
 step 60 "seeded and greedy sampling on CUDA, bf16 weights, bf16 and fp8 KV" "$PY" - <<'EOF'
@@ -160,6 +162,9 @@ step 20 "kvledger plan on this GPU (NVML), --gpu-memory-utilization 0.9, JSON" \
     "$PY" -m kvledger.engine.cli plan --model "$models/small-llama" --device cuda \
     --dtype bfloat16 --gpu-memory-utilization 0.9 --json
 rm -rf "$models"
+
+# (e) ---------------------------------------------------------------------------------
+step 45 "a real out-of-memory on CUDA while requests run" "$PY" bench/gpu_oom_check.py
 
 echo
 if [ "${#failed[@]}" -eq 0 ]; then

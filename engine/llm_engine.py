@@ -199,10 +199,11 @@ class LLMEngine:
                 tokens.append(exc)
         return tokens
 
-    def _fail(self, seq: Sequence, stage: str, exc: BaseException) -> RequestOutput:
+    def _fail(self, seq: Sequence, stage: str, exc: BaseException, *,
+              traceback: bool = True) -> RequestOutput:
         """Finish one request with ``"error"``; its reservation goes back at once."""
         log.error("request %s failed in %s: %s: %s", seq.request_id, stage,
-                  type(exc).__name__, exc, exc_info=exc)
+                  type(exc).__name__, exc, exc_info=exc if traceback else None)
         if not seq.is_finished:
             self.scheduler.finish(seq, "error")
         with self._lock:
@@ -216,8 +217,9 @@ class LLMEngine:
         self.consecutive_failed_steps += 1
         seqs = [chunk.seq for chunk in batch.prefills] + list(batch.decodes)
         log.error("forward pass failed (%d in a row) for %d requests: %s: %s",
-                  self.consecutive_failed_steps, len(seqs), type(exc).__name__, exc)
-        outputs = [self._fail(seq, "forward pass", exc) for seq in seqs]
+                  self.consecutive_failed_steps, len(seqs), type(exc).__name__, exc,
+                  exc_info=exc)
+        outputs = [self._fail(seq, "forward pass", exc, traceback=False) for seq in seqs]
         exc = None  # drop the traceback's frames, which hold the step's tensors
         if self.runner.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -41,3 +41,12 @@ def test_a_short_soak_passes_against_a_real_server():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "soak passed" in result.stdout
     assert "| fault | 500 |" in result.stdout or "| fault | stream-error |" in result.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the check runs")
+def test_gpu_oom_check_without_a_gpu_exits_2_with_one_line():
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_oom_check.py")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: gpu_oom_check needs a CUDA device")
+    assert len(result.stderr.strip().splitlines()) == 1 and not result.stdout
