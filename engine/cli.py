@@ -18,6 +18,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("kvledger.engine.budget.cli_plan", "print the memory budget of a declared run"),
     "preflight": ("kvledger.engine.budget.cli_preflight",
                   "the init container: plan, write the plan JSON and a termination report"),
+    "fetch": ("kvledger.engine.budget.cli_fetch",
+              "download an hf:// model's files the engine needs into the hub cache"),
     "serve": ("kvledger.engine.server.cli", "plan (measured), load the model and serve HTTP"),
     "run": ("kvledger.operator.local_run", "run an InferenceService manifest locally, no cluster"),
     "operator": ("kvledger.operator.main", "run the kopf operator"),

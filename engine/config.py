@@ -10,6 +10,7 @@ import argparse
 import re
 from dataclasses import dataclass, fields
 
+from kvledger.engine.budget.hub import is_hub_uri, parse_uri
 from kvledger.engine.errors import BadInput
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32")
@@ -74,6 +75,7 @@ class EngineConfig:
     container_memory_limit_bytes: int | None = None
     unified_memory: bool = False
     seed: int = 0
+    download_dir: str | None = None  # the hub cache of an hf:// model (fetch and serve)
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
@@ -108,6 +110,10 @@ class EngineConfig:
             raise BadInput(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if not self.model:
             raise BadInput("--model is required")
+        if is_hub_uri(self.model):
+            parse_uri(self.model)  # a malformed hf:// uri is bad input before anything runs
+        if self.download_dir is not None and not self.download_dir:
+            raise BadInput("--download-dir must not be empty")
 
     def to_flags(self) -> list[str]:
         """The command-line flags that reproduce this config (inverse of the parser)."""
@@ -164,7 +170,13 @@ def _fraction(text: str) -> float:
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """The flags shared by plan/preflight/serve, named as vLLM names them."""
     g = parser.add_argument_group("model and workload")
-    g.add_argument("--model", required=True, help="checkpoint directory (config.json + safetensors)")
+    g.add_argument("--model", required=True,
+                   help="checkpoint directory (config.json + safetensors), or a Hugging Face "
+                        "Hub model hf://ORG/NAME[@REVISION] (token: $HF_TOKEN, mirror: "
+                        "$HF_ENDPOINT)")
+    g.add_argument("--download-dir", default=None, metavar="DIR",
+                   help="the hub cache an hf:// model is fetched into and served from "
+                        "(default: huggingface_hub's, $HF_HUB_CACHE or $HF_HOME/hub)")
     g.add_argument("--served-model-name", default=None)
     g.add_argument("--max-model-len", type=_positive_int, default=None,
                    help="context limit in tokens (default: the model's max_position_embeddings)")

@@ -10,6 +10,7 @@ import logging
 import torch
 
 from kvledger.engine.budget.device import DeviceMemory, probe_device
+from kvledger.engine.budget.hub_cache import serving_source
 from kvledger.engine.budget.plan import Measured, Plan, make_plan
 from kvledger.engine.budget.report import render_report
 from kvledger.engine.config import EngineConfig
@@ -26,15 +27,17 @@ log = logging.getLogger("kvledger.engine")
 def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]:
     """The measured plan, tokenizer, model runner (KV pool allocated) and ledger of an
     engine. Raises DoesNotFit if either plan does not fit, BadInput for an unsupported
-    or broken checkpoint."""
-    model_config = ModelConfig.from_dir(config.model)  # refuses unsupported architectures
+    or broken checkpoint. An hf:// model is loaded from the hub cache (``serving_source``:
+    downloaded first when incomplete, unless HF_HUB_OFFLINE is set)."""
+    source = serving_source(config.model, config.download_dir)
+    model_config = ModelConfig.from_dir(source.path)  # refuses unsupported architectures
     device_memory = probe_device(config)  # before loading: free memory drops after
-    plan = make_plan(config, device=device_memory)
+    plan = make_plan(config, device=device_memory, source=source)
     if not plan.fits:
         raise DoesNotFit(render_report(plan), plan)
     device = torch_device(config.device)
-    tokenizer = Tokenizer(config.model)
-    model = load_model(config.model, model_config, TORCH_DTYPES[plan.model_dtype], device)
+    tokenizer = Tokenizer(source.path)
+    model = load_model(source.path, model_config, TORCH_DTYPES[plan.model_dtype], device)
     runner = ModelRunner(model, device, plan.max_model_len, plan.kv.block_size)
     measured = Measured(
         weights_bytes=weights_bytes(model),
@@ -43,7 +46,7 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
         context_bytes=context_bytes(device, device_memory, config),
         cuda_graph_bytes=0,  # the engine runs eagerly: it captures no CUDA graphs
     )
-    measured_plan = make_plan(config, device=device_memory, measured=measured)
+    measured_plan = make_plan(config, device=device_memory, measured=measured, source=source)
     log_predicted_vs_measured(plan, measured_plan)
     if not measured_plan.fits:
         raise DoesNotFit(render_report(measured_plan), measured_plan)

@@ -93,6 +93,16 @@ expect 0 preflight "$KV" preflight --model "$MODEL" --device-memory 8GiB --max-m
     "$WORK/pod/plan.json" || fail "preflight: --plan-out is not a plan JSON that fits"
 contains "$WORK/pod/termination-log" "fits: engine requires"
 
+# A hub model with the hub unreachable (nothing listens on the port): huggingface_hub is
+# installed, and the bounded retries end in one line, exit 2.
+DEAD=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+expect 2 fetch-unreachable env HF_ENDPOINT="http://127.0.0.1:$DEAD" HF_HOME="$WORK/hf-home" \
+    "$KV" fetch --model hf://kvledger/none --download-dir "$WORK/hub-cache"
+if [ "$(wc -l <fetch-unreachable.err)" != 1 ] || ! grep -q "^error: .*cannot reach the hub" fetch-unreachable.err; then
+    show fetch-unreachable.err
+    fail "fetch-unreachable: not a one-line 'cannot reach the hub' error"
+fi
+
 cat >service.yaml <<EOF
 apiVersion: kvledger.dev/v1alpha1
 kind: InferenceService

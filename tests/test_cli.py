@@ -56,6 +56,7 @@ def test_closed_stdout_pipe_is_no_traceback(tmp_path) -> None:
     (["plan", "--model", "/m", "--max-num-seq", "8"], "--max-num-seq 8"),
     (["preflight", "--model", "/m", "--plan", "p.json"], "--plan p.json"),
     (["serve", "--model", "/m", "--shutdown", "1"], "--shutdown 1"),
+    (["fetch", "--model", "hf://org/m", "--download", "/c"], "--download /c"),
     (["run", "service.yaml", "--preflight"], "--preflight"),
     (["make-model", "tiny-llama", "/m", "--forc"], "--forc"),
     (["operator", "--names", "x"], "--names x"),

@@ -27,6 +27,17 @@ EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weig
 
 
 @dataclass(frozen=True)
+class ModelSource:
+    """Where the planner reads a checkpoint: ``path``, a local directory (for an hf:// model
+    a header-only mirror or the hub cache's snapshot, see ``hub_headers``/``hub_cache``), and
+    for a hub model the uri it was asked for and the commit it resolved to."""
+
+    path: str
+    uri: str | None = None
+    commit: str | None = None
+
+
+@dataclass(frozen=True)
 class ModelShape:
     """The numbers of config.json the budget depends on."""
 

@@ -1,7 +1,8 @@
 """``kvledger plan FLAGS [--json]``: print the memory budget of a declared run.
 
 Exit 0 when it fits, 3 when it does not (the full refusal report on stderr), 2 on bad
-input. ``--json`` prints only the plan JSON on stdout.
+input. ``--json`` prints only the plan JSON on stdout. An hf:// model is planned from its
+config.json and safetensors headers read over HTTP (``hub_headers``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import json
 import sys
 
+from kvledger.engine.budget.hub_headers import planning_source
 from kvledger.engine.budget.plan import make_plan
 from kvledger.engine.budget.report import render_report
 from kvledger.engine.config import add_engine_flags, config_from_args
@@ -22,7 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    plan = make_plan(config_from_args(args))
+    config = config_from_args(args)
+    with planning_source(config.model, config.download_dir) as source:
+        plan = make_plan(config, source=source)
     if args.json:
         print(json.dumps(plan.to_json(), indent=2))
     else:

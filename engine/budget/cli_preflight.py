@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from kvledger.engine.budget.hub_headers import planning_source
 from kvledger.engine.budget.plan import Plan, make_plan
 from kvledger.engine.budget.report import (
     TERMINATION_LOG_MAX_BYTES,
@@ -37,10 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    plan = make_plan(config)
-    # The engine container refuses a checkpoint it cannot run (architecture, activation,
-    # RoPE type) at once; refuse it here too, so the pod says so instead of crash-looping.
-    ModelConfig.from_dir(config.model)
+    with planning_source(config.model, config.download_dir) as source:
+        plan = make_plan(config, source=source)
+        # The engine container refuses a checkpoint it cannot run (architecture, activation,
+        # RoPE type) at once; refuse it here too, so the pod says so instead of crash-looping.
+        ModelConfig.from_dir(source.path)
     report = render_report(plan)
     print(report, end="", file=sys.stdout if plan.fits else sys.stderr)
     if args.plan_out:

@@ -21,6 +21,7 @@ from kvledger.engine.budget.checkpoint import (
     CASTABLE_DTYPES,
     DTYPE_BITS,
     ModelShape,
+    ModelSource,
     WeightsInfo,
     read_model_shape,
     read_weights,
@@ -83,6 +84,7 @@ class Plan:
     weights: WeightsInfo
     margin_bytes: int = 0  # kept free when the limit is free memory
     measured: tuple[str, ...] = ()  # classes whose figure the engine measured
+    source: ModelSource | None = None  # where the checkpoint was read; a hub model's commit
 
     def to_json(self) -> dict:
         """The plan JSON of docs/architecture.md (bytes as integers), plus context keys."""
@@ -104,9 +106,15 @@ class Plan:
             "measured": list(self.measured),
             "warnings": list(self.warnings),
             "device": dataclasses.asdict(self.device),
-            "model": {"architecture": self.shape.architecture, "num_layers": self.shape.num_layers,
-                      "weights_dtype": self.weights.dtype, "num_tensors": self.weights.num_tensors},
+            "model": self._model_json(),
         }
+
+    def _model_json(self) -> dict:
+        model = {"architecture": self.shape.architecture, "num_layers": self.shape.num_layers,
+                 "weights_dtype": self.weights.dtype, "num_tensors": self.weights.num_tensors}
+        if self.source is not None and self.source.uri is not None:
+            model |= {"uri": self.source.uri, "commit": self.source.commit}
+        return model
 
 
 def resolve_max_model_len(config: EngineConfig, shape: ModelShape) -> int:
@@ -163,15 +171,19 @@ def kv_bytes_per_block(shape: ModelShape, block_size: int, kv_dtype: str) -> int
 
 def make_plan(config: EngineConfig, *, device: DeviceMemory | None = None,
               measured: Measured | None = None, shape: ModelShape | None = None,
-              weights: WeightsInfo | None = None, with_remedies: bool = True) -> Plan:
+              weights: WeightsInfo | None = None, with_remedies: bool = True,
+              source: ModelSource | None = None) -> Plan:
     """Plan ``config``. Never raises for "does not fit" (``fits`` is False, with remedies);
     raises BadInput for bad input.
 
     The engine passes the ``device`` it probed before loading anything (free memory
-    drops once weights are loaded) and ``measured`` figures once it has them.
+    drops once weights are loaded) and ``measured`` figures once it has them. The
+    checkpoint is read from ``source.path`` when given (an hf:// model's local copy),
+    else from ``config.model``.
     """
-    shape = shape if shape is not None else read_model_shape(config.model)
-    weights = weights if weights is not None else read_weights(config.model)
+    model_dir = source.path if source is not None else config.model
+    shape = shape if shape is not None else read_model_shape(model_dir)
+    weights = weights if weights is not None else read_weights(model_dir)
     device = device if device is not None else probe_device(config)
     measured = measured or Measured()
 
@@ -180,7 +192,7 @@ def make_plan(config: EngineConfig, *, device: DeviceMemory | None = None,
             measured, weights_bytes=weights_bytes)
         return _budget(candidate, device, m, shape, weights)
 
-    plan = _budget(config, device, measured, shape, weights)
+    plan = dataclasses.replace(_budget(config, device, measured, shape, weights), source=source)
     if not plan.fits and with_remedies:
         plan = dataclasses.replace(plan, remedies=find_remedies(plan, replan))
     return plan

@@ -14,6 +14,8 @@ import threading
 
 from aiohttp import web
 
+from kvledger.engine.budget.hub import is_hub_uri, parse_uri
+from kvledger.engine.budget.hub_cache import offline_snapshot
 from kvledger.engine.config import add_engine_flags, config_from_args, size_arg
 from kvledger.engine.errors import BadInput, DoesNotFit, KvledgerError
 from kvledger.engine.server.app import build_app
@@ -83,6 +85,12 @@ def main(args: argparse.Namespace) -> int:
     if args.max_body_bytes < 1:
         raise BadInput(f"--max-body-bytes must be at least 1 byte, got {args.max_body_bytes}")
     config = config_from_args(args)
+    if is_hub_uri(config.model):
+        from huggingface_hub import constants
+
+        if constants.is_offline_mode():
+            # Not in the (read-only) cache: say so at once, before listening, not after.
+            offline_snapshot(parse_uri(config.model), config.download_dir)
     options = ServeOptions(api_key=args.api_key or None, max_queue_wait_s=args.max_queue_wait,
                            shutdown_grace_s=args.shutdown_grace,
                            max_body_bytes=args.max_body_bytes,
