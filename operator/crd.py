@@ -28,6 +28,9 @@ SHORT_NAMES = ["kvis"]
 API_VERSION = f"{GROUP}/{VERSION}"
 DEFAULT_MOUNT_PATH = "/models"
 DEFAULT_PORT = 8000
+# The engine runs on one device: a second GPU would be requested and sit idle.
+GPUS_MESSAGE = ("gpus must be 0 or 1: kvledger has no tensor parallelism yet, so the engine "
+                "would use one GPU of those requested")
 
 # Kubernetes-quantity-like sizes, the same set engine.config.parse_size accepts.
 SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?B?|[kKMGTPE]B?|B)?$"
@@ -48,23 +51,37 @@ _SIZE_OR_BYTES = {
     "pattern": SIZE_PATTERN,
 }
 
+# hf://ORG/NAME[@REVISION], as the engine parses it (engine/budget/hub.py): each name is
+# letters, digits, '_', with single '-' or '.' between them; the revision is a branch, tag
+# or commit ('/' between parts, as refs/pr/1). The engine also caps a name at 96 characters.
+_HUB_NAME = r"[A-Za-z0-9_]([-.]?[A-Za-z0-9_])*"
+HUB_URI_PATTERN = (rf"^hf://{_HUB_NAME}/{_HUB_NAME}"
+                   r"(@[A-Za-z0-9_.][-A-Za-z0-9_.]*(/[-A-Za-z0-9_.]+)*)?$")
+# A Secret's name is a DNS-1123 subdomain; a key is letters, digits, '-', '_' and '.'.
+_SECRET_NAME = {"type": "string", "minLength": 1, "maxLength": 253,
+                "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"}
+_SECRET_KEY = {"type": "string", "minLength": 1, "maxLength": 253,
+               "pattern": r"^[-._a-zA-Z0-9]+$"}
+_CLAIM = {"type": "object", "required": ["claimName"],
+          "properties": {"claimName": {"type": "string", "minLength": 1, "maxLength": 253}}}
+
 _MODEL = {
     "type": "object",
-    "required": ["path"],
-    "description": "The checkpoint (config.json, safetensors, tokenizer.json).",
+    "description": "The checkpoint (config.json, safetensors, tokenizer.json): a directory "
+                   "(path) or a Hugging Face Hub repository (uri); exactly one of the two.",
     "properties": {
         "path": {"type": "string", "pattern": "^/", "maxLength": 4096,
                  "description": "Checkpoint directory as the pod sees it (under volume.mountPath)."},
+        "uri": {"type": "string", "pattern": HUB_URI_PATTERN, "maxLength": 512,
+                "description": "hf://ORG/NAME[@REVISION]: planned from its headers over HTTP, "
+                               "then downloaded by the fetch init container into the cache."},
         "name": {"type": "string", "minLength": 1,
                  "description": "Served model name (--served-model-name)."},
         "volume": {
             "type": "object",
             "description": "Where the checkpoint lives; mounted read-only at mountPath.",
             "properties": {
-                "persistentVolumeClaim": {
-                    "type": "object", "required": ["claimName"],
-                    "properties": {"claimName": {"type": "string", "minLength": 1}},
-                },
+                "persistentVolumeClaim": _CLAIM,
                 "hostPath": {
                     "type": "object", "required": ["path"],
                     "properties": {"path": {"type": "string", "pattern": "^/",
@@ -78,15 +95,42 @@ _MODEL = {
                 "message": "set exactly one of persistentVolumeClaim and hostPath",
             }],
         },
+        "tokenSecretRef": {
+            "type": "object", "required": ["name", "key"],
+            "description": "The Secret key holding the Hub token (HF_TOKEN of the preflight "
+                           "and fetch containers; the operator reads it to size the cache).",
+            "properties": {"name": _SECRET_NAME, "key": _SECRET_KEY},
+        },
+        "endpoint": {"type": "string", "pattern": r"^https?://\S+$", "maxLength": 2048,
+                     "description": "A Hub mirror (HF_ENDPOINT of the preflight and fetch "
+                                    "containers), e.g. https://hf-mirror.example.com"},
+        "cache": {
+            "type": "object", "required": ["persistentVolumeClaim"],
+            "description": "Where the download goes, shared by replicas and restarts (default: "
+                           "an emptyDir per pod, sized from the checkpoint).",
+            "properties": {"persistentVolumeClaim": _CLAIM},
+        },
     },
     "x-kubernetes-validations": [{
+        "rule": "has(self.path) != has(self.uri)",
+        "message": "set exactly one of model.path and model.uri",
+    }, {
         # Checked as strings, so a '..' could climb out of the mount: refuse the segment.
-        "rule": "!self.path.matches('(^|/)[.][.](/|$)')",
+        "rule": "!has(self.path) || !self.path.matches('(^|/)[.][.](/|$)')",
         "message": "model.path must not contain a '..' segment",
     }, {
-        "rule": "!has(self.volume) || self.path == self.volume.mountPath"
+        "rule": "!has(self.volume) || !has(self.path) || self.path == self.volume.mountPath"
                 " || self.path.startsWith(self.volume.mountPath + '/')",
         "message": "model.path must lie under model.volume.mountPath",
+    }, {
+        "rule": "!has(self.uri) || !has(self.volume)",
+        "message": "model.volume holds a model.path checkpoint; a model.uri is downloaded "
+                   "into model.cache",
+    }, {
+        "rule": "has(self.uri) || !(has(self.tokenSecretRef) || has(self.endpoint)"
+                " || has(self.cache))",
+        "message": "model.tokenSecretRef, model.endpoint and model.cache apply to a model.uri "
+                   "only",
     }],
 }
 
@@ -126,6 +170,86 @@ _MEMORY = {
 
 _QUANTITY = {"x-kubernetes-int-or-string": True, "anyOf": _INT_OR_STRING}
 
+# Pod placement and environment, passed to the pod template as Kubernetes names them.
+# What is simple is typed; what Kubernetes' own schema makes huge (affinity terms, an env
+# var's valueFrom) keeps its unknown fields, and the API server checks it in the pod.
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_OPEN_OBJECT = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+_NAME_REF = {"type": "object", "required": ["name"],
+             "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 253}}}
+_TOLERATION = {
+    "type": "object",
+    "properties": {
+        "key": {"type": "string", "maxLength": 317},
+        "operator": {"type": "string", "enum": ["Exists", "Equal"]},
+        "value": {"type": "string", "maxLength": 63},
+        "effect": {"type": "string", "enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]},
+        "tolerationSeconds": {"type": "integer", "format": "int64"},
+    },
+    # What the API server would refuse in the pod, refused at `kubectl apply` instead.
+    "x-kubernetes-validations": [{
+        "rule": "has(self.key) && self.key != '' || has(self.operator) && self.operator == 'Exists'",
+        "message": "a toleration without a key must have operator Exists",
+    }, {
+        "rule": "!has(self.operator) || self.operator != 'Exists' || !has(self.value)"
+                " || self.value == ''",
+        "message": "a toleration with operator Exists takes no value",
+    }, {
+        "rule": "!has(self.tolerationSeconds) || has(self.effect) && self.effect == 'NoExecute'",
+        "message": "tolerationSeconds applies to effect NoExecute only",
+    }],
+}
+_ENV_VAR = {
+    "type": "object", "required": ["name"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 4096},
+        "value": {"type": "string"},
+        "valueFrom": {**_OPEN_OBJECT, "description": "as in a container's env "
+                      "(secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef)"},
+    },
+    "x-kubernetes-validations": [{
+        "rule": "!has(self.value) || !has(self.valueFrom)",
+        "message": "an env var takes value or valueFrom, not both",
+    }],
+}
+_ENV_SOURCE_REF = {"type": "object", "required": ["name"],
+                   "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 253},
+                                  "optional": {"type": "boolean"}}}
+_ENV_FROM = {
+    "type": "object",
+    "properties": {"prefix": {"type": "string"}, "configMapRef": _ENV_SOURCE_REF,
+                   "secretRef": _ENV_SOURCE_REF},
+    "x-kubernetes-validations": [{
+        "rule": "has(self.configMapRef) != has(self.secretRef)",
+        "message": "an envFrom entry takes exactly one of configMapRef and secretRef",
+    }],
+}
+_PLACEMENT = {
+    "nodeSelector": {**_STRING_MAP, "description": "the pod's nodeSelector"},
+    "tolerations": {"type": "array", "items": _TOLERATION, "maxItems": 64,
+                    "description": "the pod's tolerations (default with gpus > 0: "
+                                   "nvidia.com/gpu Exists NoSchedule)"},
+    "affinity": {
+        "type": "object", "description": "the pod's affinity, as Kubernetes writes it",
+        "properties": {"nodeAffinity": _OPEN_OBJECT, "podAffinity": _OPEN_OBJECT,
+                       "podAntiAffinity": _OPEN_OBJECT},
+    },
+    "priorityClassName": {"type": "string", "minLength": 1, "maxLength": 253},
+    "runtimeClassName": {"type": "string", "minLength": 1, "maxLength": 253},
+    "imagePullSecrets": {"type": "array", "items": _NAME_REF, "maxItems": 64},
+    "serviceAccountName": {"type": "string", "minLength": 1, "maxLength": 253,
+                           "description": "the pods' service account (its token is still not "
+                                          "mounted: neither container calls the API server)"},
+    "env": {"type": "array", "items": _ENV_VAR, "maxItems": 1024,
+            "description": "env of every container (preflight, fetch, engine); the "
+                           "operator's own HF_* variables win over the same names"},
+    "envFrom": {"type": "array", "items": _ENV_FROM, "maxItems": 64,
+                "description": "envFrom of every container"},
+    "podAnnotations": {**_STRING_MAP, "description": "annotations of the pod template"},
+    "podLabels": {**_STRING_MAP, "description": "labels of the pod template; the operator's "
+                  "own labels win over the same keys"},
+}
+
 _SPEC = {
     "type": "object",
     "required": ["model"],
@@ -133,7 +257,11 @@ _SPEC = {
         "model": _MODEL,
         "engine": _ENGINE,
         "memory": _MEMORY,
-        "gpus": _int(0, "GPUs per replica (nvidia.com/gpu)", default=1),
+        "gpus": _int(0, "GPUs per replica (nvidia.com/gpu); at most 1 until kvledger has "
+                        "tensor parallelism", default=1, **{"x-kubernetes-validations": [{
+                            "rule": "self <= 1",
+                            "message": GPUS_MESSAGE,
+                        }]}),
         "replicas": _int(0, "pods serving this model", default=1),
         "image": {"type": "string", "minLength": 1,
                   "description": "kvledger image (default: the operator's configured image)"},
@@ -147,6 +275,7 @@ _SPEC = {
                 "requests": {"type": "object", "additionalProperties": _QUANTITY},
             },
         },
+        **_PLACEMENT,
     },
 }
 
@@ -172,6 +301,13 @@ _STATUS = {
         },
         "plan": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
                  "description": "the pre-flight plan's numbers (bytes) and human sizes"},
+        "model": {
+            "type": "object",
+            "description": "the hub model's download size, asked once per uri to size the "
+                           "emptyDir cache",
+            "properties": {"uri": {"type": "string"},
+                           "downloadBytes": {"type": "integer", "format": "int64"}},
+        },
         "observedGeneration": {"type": "integer"},
         "readyReplicas": {"type": "integer"},
         "endpoint": {"type": "string"},
@@ -228,10 +364,17 @@ def crd_manifest() -> dict[str, Any]:
     })
 
 
+class _NoAliases(yaml.SafeDumper):
+    """Shared sub-schemas written out in full each time, not as YAML anchors (&id001)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def crd_yaml() -> str:
     header = ("# Generated from operator/crd.py: do not edit; regenerate with\n"
               "#   python -m kvledger.operator.crd > crds/inferenceservice.yaml\n")
-    return header + yaml.safe_dump(crd_manifest(), sort_keys=False, width=100)
+    return header + yaml.dump(crd_manifest(), Dumper=_NoAliases, sort_keys=False, width=100)
 
 
 def openapi_schema() -> dict[str, Any]:

@@ -8,6 +8,10 @@
   does this through the owner references anyway; this needs no deletion handler (and so
   no finalizer of ours) and covers API servers without a garbage collector. kopf adds
   its own finalizer for the timer, to stop it cleanly.
+- a hub model cached in an emptyDir: the pod's ``sizeLimit`` comes from the checkpoint's
+  download size, asked of the hub once per uri (with the token of
+  ``spec.model.tokenSecretRef``) and kept in ``status.model``. When the hub cannot answer,
+  no pod is rendered: ``Ready=False/ModelUnavailable``, asked again in 60 s.
 
 Shared state travels in ``memo`` (set by ``main`` or a test): ``kube`` (KubeApi),
 ``default_image`` and ``status_locks``.
@@ -16,7 +20,8 @@ Shared state travels in ``memo`` (set by ``main`` or a test): ``kube`` (KubeApi)
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import base64
+import binascii
 import datetime
 import logging
 from typing import Any
@@ -28,11 +33,19 @@ from kvledger.engine.errors import BadInput
 from kvledger.operator import render, status
 from kvledger.operator.crd import API_VERSION, GROUP, PLURAL, VERSION
 from kvledger.operator.kube import KubeApi, KubeError, contains, object_path
+from kvledger.operator.spec import hub_uri, needs_download_size
 
 ISVC = (GROUP, VERSION, PLURAL)
 RECONCILE_INTERVAL_S = 60.0
 RETRY_DELAY_S = 10.0
 _POD_FILTER = {render.LABEL: kopf.PRESENT}
+# The hub down, a gated model without a token, a Secret not created yet: each is fixed
+# outside the spec, so it is asked again (and the resource does not change meanwhile).
+HUB_RETRY_DELAY_S = 60.0
+
+
+class ModelUnavailable(Exception):
+    """The hub model's download size cannot be had now; the message is one line, no token."""
 
 
 @kopf.on.startup()
@@ -93,24 +106,32 @@ def pods_by_service(namespace: str, name: str, labels: kopf.Labels,
 async def reconcile(name: str, namespace: str, spec: kopf.Spec, body: kopf.Body,
                     memo: kopf.Memo, pods_by_service: kopf.Index, **_: Any) -> None:
     try:
-        await apply_children(memo, name, namespace, dict(spec), body)
+        model = await apply_children(memo, name, namespace, dict(spec), dict(body.status), body)
     except BadInput as exc:  # can never work: say so once, do not retry
         await sync_status(memo, namespace, name, pods_by_service)
         raise kopf.PermanentError(f"invalid spec: {exc}") from None
+    except ModelUnavailable as exc:
+        await sync_status(memo, namespace, name, pods_by_service, model_error=str(exc))
+        raise kopf.TemporaryError(f"model unavailable: {exc}", delay=HUB_RETRY_DELAY_S) from None
     except KubeError as exc:  # the API server refused or failed: try again soon
         raise kopf.TemporaryError(f"applying the children failed: {exc}",
                                   delay=RETRY_DELAY_S) from None
-    await sync_status(memo, namespace, name, pods_by_service)
+    await sync_status(memo, namespace, name, pods_by_service, model=model)
 
 
 @kopf.timer(*ISVC, interval=RECONCILE_INTERVAL_S, initial_delay=RECONCILE_INTERVAL_S)
 async def resync(name: str, namespace: str, spec: kopf.Spec, body: kopf.Body,
                  memo: kopf.Memo, pods_by_service: kopf.Index, **_: Any) -> None:
     """Repair drift (a child edited or deleted by hand) and refresh the status."""
-    # A BadInput spec is reported as InvalidSpec by sync_status; the spec must change first.
-    with contextlib.suppress(BadInput):
-        await apply_children(memo, name, namespace, dict(spec), body)
-    await sync_status(memo, namespace, name, pods_by_service)
+    model, model_error = None, None
+    try:
+        model = await apply_children(memo, name, namespace, dict(spec), dict(body.status), body)
+    except BadInput:
+        pass  # reported as InvalidSpec by sync_status; the spec must change first
+    except ModelUnavailable as exc:
+        model_error = str(exc)
+    await sync_status(memo, namespace, name, pods_by_service, model=model,
+                      model_error=model_error)
 
 
 @kopf.on.event("pods", labels=_POD_FILTER)
@@ -131,19 +152,84 @@ async def isvc_event(type: str, name: str, namespace: str, memo: kopf.Memo,
 
 
 async def apply_children(memo: kopf.Memo, name: str, namespace: str, spec: dict[str, Any],
-                         owner: kopf.Body) -> None:
-    """Render and apply the Deployment and Service; BadInput if the spec can never work."""
-    deployment = render.render_deployment(name, namespace, spec,
-                                          default_image=memo.default_image)
+                         status: dict[str, Any], owner: kopf.Body) -> dict[str, Any] | None:
+    """Render and apply the Deployment and Service; the ``status.model`` they were sized
+    with (None unless the pod caches a hub model in an emptyDir).
+
+    Raises BadInput if the spec can never work, ModelUnavailable if the hub model's size
+    cannot be had now, KubeError if the API server fails.
+    """
+    render.engine_flags(spec)  # an invalid spec is refused before anything is asked
+    model = await download_size(memo, namespace, spec, status)
+    deployment = render.render_deployment(
+        name, namespace, spec, default_image=memo.default_image,
+        download_bytes=model["downloadBytes"] if model else None)
     service = render.render_service(name, namespace, spec)
     kopf.adopt([deployment, service], owner=owner)
     await memo.kube.apply("apps/v1", "deployments", deployment)
     await memo.kube.apply("v1", "services", service)
+    return model
 
 
-async def sync_status(memo: kopf.Memo, namespace: str, name: str,
-                      pods_index: kopf.Index) -> None:
-    """Recompute the resource's status from its pods and patch it if it changed."""
+async def download_size(memo: kopf.Memo, namespace: str, spec: dict[str, Any],
+                        status: dict[str, Any]) -> dict[str, Any] | None:
+    """``{uri, downloadBytes}`` when the pod's emptyDir cache must be sized, else None:
+    from ``status.model`` when this uri was asked before, else from the hub (a thread: the
+    client blocks). Raises ModelUnavailable with a one-line reason."""
+    if not needs_download_size(spec):
+        return None
+    uri = hub_uri(spec)
+    known = status.get("model") or {}
+    if known.get("uri") == uri and isinstance(known.get("downloadBytes"), int):
+        return {"uri": uri, "downloadBytes": known["downloadBytes"]}
+    token = await hub_token(memo, namespace, spec)
+    # Torch-free, and imported here so that the operator starts without reading it.
+    from kvledger.engine.budget import hub
+
+    try:
+        size = await asyncio.to_thread(hub.download_bytes, uri, token=token,
+                                       endpoint=spec["model"].get("endpoint"))
+    except (BadInput, OSError) as exc:
+        message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if token:  # a message must never carry the token
+            message = message.replace(token, "<token>")
+        elif "HF_TOKEN" in message:  # the engine's hint, in the resource's words
+            message += " (on the cluster: spec.model.tokenSecretRef)"
+        raise ModelUnavailable(f"cannot size {uri} from the hub: {message}") from None
+    return {"uri": uri, "downloadBytes": size}
+
+
+async def hub_token(memo: kopf.Memo, namespace: str, spec: dict[str, Any]) -> str | None:
+    """The token in the Secret key ``spec.model.tokenSecretRef`` names, or None without one.
+
+    The operator reads it only to ask the hub for the download size; it is never logged,
+    posted or stored (the pods get it through a secretKeyRef)."""
+    ref = spec["model"].get("tokenSecretRef")
+    if ref is None:
+        return None
+    where = f"Secret {namespace}/{ref['name']}"
+    try:
+        secret = await memo.kube.get(object_path("v1", "secrets", namespace, ref["name"]))
+    except KubeError as exc:
+        raise ModelUnavailable(f"cannot read {where} (model.tokenSecretRef): {exc}") from None
+    if secret is None:
+        raise ModelUnavailable(f"{where} (model.tokenSecretRef) does not exist")
+    encoded = (secret.get("data") or {}).get(ref["key"])
+    if encoded is None:
+        raise ModelUnavailable(f"{where} has no key {ref['key']!r} (model.tokenSecretRef)")
+    try:
+        return base64.b64decode(encoded, validate=True).decode("utf-8").strip() or None
+    except (binascii.Error, UnicodeDecodeError):
+        raise ModelUnavailable(f"{where} key {ref['key']!r} is not a UTF-8 token") from None
+
+
+async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: kopf.Index, *,
+                      model: dict[str, Any] | None = None,
+                      model_error: str | None = None) -> None:
+    """Recompute the resource's status from its pods and patch it if it changed.
+
+    ``model``: a download size just had (``status.model``); ``model_error``: why it could
+    not be had (``Ready=False/ModelUnavailable``)."""
     lock = memo.status_locks.setdefault((namespace, name), asyncio.Lock())
     async with lock:
         path = object_path(API_VERSION, PLURAL, namespace, name)
@@ -161,6 +247,7 @@ async def sync_status(memo: kopf.Memo, namespace: str, name: str,
         new = status.compute_status(
             spec=spec, generation=obj.get("metadata", {}).get("generation"), old=old,
             pods=pods, spec_error=spec_error, endpoint=render.endpoint(name, namespace, spec),
+            model=model, model_error=model_error,
             now=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         if not contains(old, new):
             await memo.kube.patch(path + "/status", {"status": new})

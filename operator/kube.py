@@ -1,18 +1,24 @@
 """A small async Kubernetes REST client for the operator's children and status.
 
 kopf owns the watches and events; this client does the few direct calls the handlers
-need (apply a child, read/patch a status, delete), with the credentials kopf logged in
-with (``kopf.ConnectionInfo``). Patches are JSON merge patches.
+need (apply a child, read/patch a status, read a Secret, delete), with the credentials
+kopf logged in with (``kopf.ConnectionInfo``). Patches are JSON merge patches.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 from typing import Any
 
 import aiohttp
 import kopf
 
 _MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
+# The body last applied to a child, as kubectl's last-applied-configuration: a merge patch
+# leaves a key it does not name, so a field dropped from the desired state (a nodeSelector
+# taken out of the spec) must be named with null, and only a field we set before may be.
+LAST_APPLIED = "kvledger.dev/last-applied"
 
 
 class KubeError(Exception):
@@ -92,17 +98,65 @@ class KubeApi:
         return found is not None
 
     async def apply(self, api_version: str, plural: str, body: dict[str, Any]) -> str:
-        """Create the object, or merge-patch it to the desired state; 'created'/'updated'/'unchanged'."""
+        """Create the object, or merge-patch it to the desired state; 'created'/'updated'/'unchanged'.
+
+        A field this client applied before and ``body`` no longer has is removed; fields
+        others set (a ``kubectl rollout restart`` annotation, server defaults) stay."""
         meta = body["metadata"]
         path = object_path(api_version, plural, meta["namespace"], meta["name"])
+        desired = copy.deepcopy(body)
+        desired["metadata"].setdefault("annotations", {})[LAST_APPLIED] = json.dumps(
+            body, sort_keys=True, separators=(",", ":"))
         live = await self.get(path)
         if live is None:
-            await self.create(object_path(api_version, plural, meta["namespace"]), body)
+            await self.create(object_path(api_version, plural, meta["namespace"]), desired)
             return "created"
-        if contains(live, body):
+        removed = removals(_last_applied(live), body, live)
+        if contains(live, desired) and not removed:
             return "unchanged"
-        await self.patch(path, body)
+        await self.patch(path, _merged(desired, removed))
         return "updated"
+
+
+def _last_applied(live: dict[str, Any]) -> dict[str, Any]:
+    text = ((live.get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED)
+    try:
+        last = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return last if isinstance(last, dict) else {}
+
+
+def removals(last: dict[str, Any], desired: dict[str, Any], live: Any) -> dict[str, Any]:
+    """The merge patch (nulls) that removes what ``last`` set, ``desired`` drops and ``live``
+    still has; lists need none (a merge patch replaces a list whole)."""
+    out: dict[str, Any] = {}
+    if not isinstance(live, dict):
+        return out
+    for key, value in last.items():
+        if key not in desired:
+            if key not in live:
+                continue
+            others = (isinstance(value, dict) and isinstance(live[key], dict)
+                      and live[key].keys() - value.keys())
+            if others:  # a map others write to as well (annotations): only our keys go
+                nested = removals(value, {}, live[key])
+                if nested:
+                    out[key] = nested
+            else:
+                out[key] = None
+        elif isinstance(value, dict) and isinstance(desired[key], dict):
+            nested = removals(value, desired[key], live.get(key))
+            if nested:
+                out[key] = nested
+    return out
+
+
+def _merged(desired: dict[str, Any], removed: dict[str, Any]) -> dict[str, Any]:
+    out = dict(desired)
+    for key, value in removed.items():
+        out[key] = _merged(out.get(key) or {}, value) if isinstance(value, dict) else value
+    return out
 
 
 def contains(live: Any, desired: Any) -> bool:

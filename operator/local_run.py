@@ -14,6 +14,12 @@
 the engine sees (``--device cpu`` with ``gpus: 0``, or a unified pool). There is no such
 cgroup here, so the pre-flight and the exec'd ``serve`` get ``--container-memory-limit``
 and read host memory as the pod would.
+
+A hub model (``spec.model.uri``) is passed as ``--model hf://...``: the pre-flight reads
+its headers over HTTP and ``serve`` downloads it into the engine's default cache. The
+shell's ``HF_TOKEN`` and ``HF_ENDPOINT`` apply; ``model.tokenSecretRef``,
+``model.endpoint`` and ``model.cache`` name cluster objects and are ignored here, as are
+the pod's placement and environment fields (validated all the same), and a line says so.
 """
 
 from __future__ import annotations
@@ -28,7 +34,18 @@ import yaml
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, BadInput
 from kvledger.operator.crd import DEFAULT_PORT, validate_manifest
-from kvledger.operator.spec import container_memory_limit, engine_config, local_model_path
+from kvledger.operator.spec import (
+    container_memory_limit,
+    engine_config,
+    hub_uri,
+    local_model_path,
+)
+
+# What only a cluster gives meaning to: validated, then ignored by `kvledger run`.
+CLUSTER_ONLY_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName",
+                       "runtimeClassName", "imagePullSecrets", "serviceAccountName", "env",
+                       "envFrom", "podAnnotations", "podLabels")
+CLUSTER_ONLY_MODEL_FIELDS = ("tokenSecretRef", "endpoint", "cache")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,6 +87,13 @@ def local_config(spec: dict[str, Any], model_path: str | None = None) -> EngineC
                          container_memory_limit_bytes=container_memory_limit(spec))
 
 
+def ignored_fields(spec: dict[str, Any]) -> list[str]:
+    """The spec's fields that mean something on a cluster only, as ``spec.X`` paths."""
+    model = spec.get("model") or {}
+    return ([f"spec.{field}" for field in CLUSTER_ONLY_FIELDS if field in spec]
+            + [f"spec.model.{field}" for field in CLUSTER_ONLY_MODEL_FIELDS if field in model])
+
+
 def serve_argv(flags: list[str], host: str, port: int) -> list[str]:
     return [sys.executable, "-m", "kvledger.engine.cli", "serve", *flags,
             "--host", host, "--port", str(port)]
@@ -80,6 +104,12 @@ def main(args: argparse.Namespace) -> int:
     spec = doc["spec"]
     config = local_config(spec, args.model_path)
     flags = config.to_flags()
+    name = doc["metadata"]["name"]
+    ignored = ignored_fields(spec)
+    if ignored:
+        sys.stdout.write(f"{name}: ignored off the cluster: {', '.join(ignored)}\n")
+    if hub_uri(spec) is not None and args.model_path is None:
+        return _run_hub_model(name, spec, flags, args)
 
     # The planner is torch-free; importing it here keeps `run --help` instant.
     from kvledger.engine.budget.plan import make_plan
@@ -88,13 +118,33 @@ def main(args: argparse.Namespace) -> int:
 
     plan = make_plan(config)
     ModelConfig.from_dir(config.model)  # what `serve` would refuse at once (as the preflight)
-    name = doc["metadata"]["name"]
     if not plan.fits:
         sys.stderr.write(f"{name}: pre-flight refused the plan\n{render_report(plan)}")
         return EXIT_DOES_NOT_FIT
     sys.stdout.write(f"{name}: pre-flight passed\n{render_report(plan)}")
-    if args.preflight_only:
-        return 0
+    return 0 if args.preflight_only else _exec_serve(name, spec, flags, args)
+
+
+def _run_hub_model(name: str, spec: dict[str, Any], flags: list[str],
+                   args: argparse.Namespace) -> int:
+    """The pod's own pre-flight, ``kvledger preflight --model hf://...``, in-process (it
+    reads the headers over HTTP and prints the report), then ``serve``."""
+    from kvledger.engine.cli import build_parser
+
+    sys.stdout.write(f"{name}: pre-flight of {hub_uri(spec)} (headers over HTTP)\n")
+    sys.stdout.flush()
+    preflight = build_parser("preflight").parse_args([*flags, "--termination-log", os.devnull])
+    code = preflight._module.main(preflight)  # bad input raises: one line, exit 2
+    if code == EXIT_DOES_NOT_FIT:
+        sys.stderr.write(f"{name}: pre-flight refused the plan\n")
+    if code != 0:
+        return code
+    sys.stdout.write(f"{name}: pre-flight passed\n")
+    return 0 if args.preflight_only else _exec_serve(name, spec, flags, args)
+
+
+def _exec_serve(name: str, spec: dict[str, Any], flags: list[str],
+                args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else spec.get("port", DEFAULT_PORT)
     argv = serve_argv(flags, args.host, port)
     sys.stdout.write(f"{name}: exec kvledger serve {' '.join(argv[4:])}\n")

@@ -3,16 +3,22 @@
 The pod runs the init container ``preflight`` (``kvledger preflight``) and the container
 ``engine`` (``kvledger serve``) with the same flag list, so a pod that passes its
 pre-flight starts the engine the plan approved, and one that does not fit stops before
-loading a byte, with the refusal in its termination message.
+loading a byte, with the refusal in its termination message. A hub model
+(``spec.model.uri``) adds the init container ``fetch`` between them: the pre-flight plans
+from headers read over HTTP, and only a plan that fits is downloaded.
+
+Nothing here does I/O: the hub model's download size, which sizes an emptyDir cache, is
+a parameter (the handler asks the hub).
 """
 
 from __future__ import annotations
 
+import copy
 from importlib.metadata import version
 from typing import Any
 
 from kvledger.operator.crd import DEFAULT_MOUNT_PATH, DEFAULT_PORT
-from kvledger.operator.spec import cluster_device, engine_config
+from kvledger.operator.spec import cache_claim, cluster_device, engine_config, hub_uri
 
 LABEL = "kvledger.dev/inferenceservice"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -24,6 +30,19 @@ IMAGE_REPOSITORY = "ghcr.io/kvledger/kvledger"
 DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:{version('kvledger')}"
 RUN_AS_USER = 1000
 TERMINATION_GRACE_S = 45
+# Where fetch downloads a hub model and the engine reads it (read-only, offline).
+CACHE_DIR = "/var/cache/kvledger"
+# The emptyDir cache's sizeLimit over the download size: 5% (files the listing rounds or
+# omits, the hub cache's refs and links) plus 1 GiB (a small model's tokenizer and
+# configuration files, a resumed download's partial file). Past the limit the kubelet
+# evicts the pod, so the margin errs on the large side; it reserves nothing on the node.
+CACHE_MARGIN_PERCENT = 5
+CACHE_MARGIN_BYTES = 2**30
+# With GPUs and no tolerations of the user's: GPU nodes are commonly tainted so.
+GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+# Pod fields passed through as they are written in the spec.
+_POD_FIELDS = ("nodeSelector", "affinity", "priorityClassName", "runtimeClassName",
+               "imagePullSecrets", "serviceAccountName")
 
 
 def engine_flags(spec: dict[str, Any]) -> list[str]:
@@ -54,16 +73,23 @@ def _gpu_limits(spec: dict[str, Any]) -> dict[str, Any]:
     return {GPU_RESOURCE: gpus} if gpus > 0 else {}
 
 
-def _volumes(spec: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(pod volumes, mounts shared by both containers): the plan hand-over, scratch, model."""
+def cache_size_limit(download_bytes: int) -> str:
+    """The emptyDir cache's ``sizeLimit``: the download plus 5% plus 1 GiB, in whole MiB."""
+    limit = download_bytes + -(-download_bytes * CACHE_MARGIN_PERCENT // 100) + CACHE_MARGIN_BYTES
+    return f"{-(-limit // 2**20)}Mi"
+
+
+def _volumes(spec: dict[str, Any], download_bytes: int | None,
+             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(pod volumes, mounts of preflight and engine): the plan hand-over, scratch, model.
+
+    A hub model's cache is a volume too, mounted by fetch and engine only (``_cache_mount``).
+    """
     volumes: list[dict[str, Any]] = [
         {"name": "plan", "emptyDir": {}},
         {"name": "tmp", "emptyDir": {}},
     ]
-    mounts: list[dict[str, Any]] = [
-        {"name": "plan", "mountPath": PLAN_DIR},
-        {"name": "tmp", "mountPath": "/tmp"},
-    ]
+    mounts: list[dict[str, Any]] = [{"name": "plan", "mountPath": PLAN_DIR}, _tmp_mount()]
     model_volume = spec["model"].get("volume")
     if model_volume:
         if "persistentVolumeClaim" in model_volume:
@@ -76,19 +102,80 @@ def _volumes(spec: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str,
         volumes.append({"name": "model", **source})
         mounts.append({"name": "model", "readOnly": True,
                        "mountPath": model_volume.get("mountPath", DEFAULT_MOUNT_PATH)})
+    if hub_uri(spec) is not None:
+        claim = cache_claim(spec)
+        if claim is not None:  # shared by replicas and restarts: fetch finds it done
+            volumes.append({"name": "model-cache", "persistentVolumeClaim": {"claimName": claim}})
+        else:
+            if download_bytes is None:
+                raise ValueError("a hub model without model.cache needs its download size "
+                                 "(download_bytes) to size the emptyDir cache")
+            volumes.append({"name": "model-cache",
+                            "emptyDir": {"sizeLimit": cache_size_limit(download_bytes)}})
     return volumes, mounts
 
 
-def render_pod_spec(spec: dict[str, Any], *, default_image: str = DEFAULT_IMAGE) -> dict[str, Any]:
+def _tmp_mount() -> dict[str, Any]:
+    return {"name": "tmp", "mountPath": "/tmp"}
+
+
+def _cache_mount(read_only: bool) -> dict[str, Any]:
+    return {"name": "model-cache", "mountPath": CACHE_DIR, "readOnly": read_only}
+
+
+def _hub_env(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The env of the containers that talk to the hub (preflight, fetch): the token as a
+    Secret reference (never a value in the pod spec or the args), and a mirror."""
+    model = spec["model"]
+    env: list[dict[str, Any]] = []
+    if "tokenSecretRef" in model:
+        ref = model["tokenSecretRef"]
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": ref["name"], "key": ref["key"]}}})
+    if "endpoint" in model:
+        env.append({"name": "HF_ENDPOINT", "value": model["endpoint"]})
+    return env
+
+
+def _with_env(container: dict[str, Any], spec: dict[str, Any],
+              ours: list[dict[str, Any]]) -> dict[str, Any]:
+    """The user's env and envFrom, then ours; ours win over the same names."""
+    names = {var["name"] for var in ours}
+    env = [copy.deepcopy(var) for var in spec.get("env") or [] if var["name"] not in names]
+    env += ours
+    if env:
+        container["env"] = env
+    if spec.get("envFrom"):
+        container["envFrom"] = copy.deepcopy(spec["envFrom"])
+    return container
+
+
+def _placement(spec: dict[str, Any]) -> dict[str, Any]:
+    """The pod's placement fields, as the spec writes them; the GPU toleration by default."""
+    out = {field: copy.deepcopy(spec[field]) for field in _POD_FIELDS if field in spec}
+    if "tolerations" in spec:  # given, even empty: the user's choice
+        out["tolerations"] = copy.deepcopy(spec["tolerations"])
+    elif spec.get("gpus", 1) > 0:
+        out["tolerations"] = [dict(GPU_TOLERATION)]
+    return out
+
+
+def render_pod_spec(spec: dict[str, Any], *, default_image: str = DEFAULT_IMAGE,
+                    download_bytes: int | None = None) -> dict[str, Any]:
+    """The pod: init containers ``preflight`` (and ``fetch`` for a hub model), then
+    ``engine``. ``download_bytes`` is the hub model's download size, needed (and only
+    used) when it is cached in an emptyDir. Raises BadInput for a spec that can never work."""
     flags = engine_flags(spec)
+    uri = hub_uri(spec)
     port = spec.get("port", DEFAULT_PORT)
     image = spec.get("image") or default_image
-    volumes, mounts = _volumes(spec)
+    volumes, mounts = _volumes(spec, download_bytes)
     gpu_limits = _gpu_limits(spec)
     engine_resources = {key: dict(value) for key, value in (spec.get("resources") or {}).items()}
     if gpu_limits:
         engine_resources.setdefault("limits", {}).update(gpu_limits)
-    preflight = {
+    hub_env = _hub_env(spec) if uri is not None else []
+    preflight = _with_env({
         "name": "preflight",
         "image": image,
         "command": ["kvledger", "preflight"],
@@ -103,16 +190,32 @@ def render_pod_spec(spec: dict[str, Any], *, default_image: str = DEFAULT_IMAGE)
         "resources": {key: dict(value) for key, value in engine_resources.items()},
         "volumeMounts": mounts,
         "securityContext": _container_security(),
-    }
-    engine = {
+    }, spec, hub_env)
+    init_containers = [preflight]
+    download = ["--download-dir", CACHE_DIR] if uri is not None else []
+    if uri is not None:
+        init_containers.append(_with_env({
+            "name": "fetch",
+            "image": image,
+            "command": ["kvledger", "fetch"],
+            "args": ["--model", uri, *download],
+            # A failure's one-line error is the log's tail: the operator shows it.
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            # CPU and host memory as the others (for quotas); a download needs no GPU.
+            "resources": {key: {k: v for k, v in value.items() if k != GPU_RESOURCE}
+                          for key, value in (spec.get("resources") or {}).items()},
+            "volumeMounts": [_tmp_mount(), _cache_mount(read_only=False)],
+            "securityContext": _container_security(),
+        }, spec, hub_env))
+    engine = _with_env({
         "name": "engine",
         "image": image,
         "command": ["kvledger", "serve"],
-        "args": [*flags, "--host", "0.0.0.0", "--port", str(port)],
+        "args": [*flags, *download, "--host", "0.0.0.0", "--port", str(port)],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": engine_resources,
-        "volumeMounts": mounts,
+        "volumeMounts": mounts + ([_cache_mount(read_only=True)] if uri is not None else []),
         "securityContext": _container_security(),
         # Loading a large checkpoint takes minutes: the startup probe holds off liveness.
         "startupProbe": {"httpGet": {"path": "/health", "port": "http"},
@@ -121,7 +224,7 @@ def render_pod_spec(spec: dict[str, Any], *, default_image: str = DEFAULT_IMAGE)
                           "periodSeconds": 10, "failureThreshold": 3},
         "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"},
                            "periodSeconds": 5, "failureThreshold": 2},
-    }
+    }, spec, [{"name": "HF_HUB_OFFLINE", "value": "1"}] if uri is not None else [])
     return {
         # The engine drains for up to --shutdown-grace (30 s) on SIGTERM; leave it that long.
         "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
@@ -134,15 +237,24 @@ def render_pod_spec(spec: dict[str, Any], *, default_image: str = DEFAULT_IMAGE)
             "fsGroup": RUN_AS_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "initContainers": [preflight],
+        **_placement(spec),
+        "initContainers": init_containers,
         "containers": [engine],
         "volumes": volumes,
     }
 
 
 def render_deployment(name: str, namespace: str, spec: dict[str, Any], *,
-                      default_image: str = DEFAULT_IMAGE) -> dict[str, Any]:
-    """The Deployment named as the resource (owner references are added by the caller)."""
+                      default_image: str = DEFAULT_IMAGE,
+                      download_bytes: int | None = None) -> dict[str, Any]:
+    """The Deployment named as the resource (owner references are added by the caller).
+
+    ``download_bytes``: see ``render_pod_spec`` (``spec.needs_download_size`` says when).
+    The pod template carries ``podLabels`` and ``podAnnotations``; the operator's labels
+    win over podLabels of the same key (the selector and the Service depend on them)."""
+    template_meta: dict[str, Any] = {"labels": {**(spec.get("podLabels") or {}), **labels(name)}}
+    if spec.get("podAnnotations"):
+        template_meta["annotations"] = dict(spec["podAnnotations"])
     # With GPUs, a surge pod would wait for a GPU the old pod holds: replace in place.
     strategy = ({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
                 if spec.get("gpus", 1) > 0 else {"type": "RollingUpdate"})
@@ -155,8 +267,9 @@ def render_deployment(name: str, namespace: str, spec: dict[str, Any], *,
             "selector": {"matchLabels": {LABEL: name}},
             "strategy": strategy,
             "template": {
-                "metadata": {"labels": labels(name)},
-                "spec": render_pod_spec(spec, default_image=default_image),
+                "metadata": template_meta,
+                "spec": render_pod_spec(spec, default_image=default_image,
+                                        download_bytes=download_bytes),
             },
         },
     }

@@ -16,7 +16,7 @@ from typing import Any
 
 from kvledger.engine.config import EngineConfig, parse_size
 from kvledger.engine.errors import BadInput
-from kvledger.operator.crd import DEFAULT_MOUNT_PATH
+from kvledger.operator.crd import DEFAULT_MOUNT_PATH, GPUS_MESSAGE
 
 # spec.engine / spec.memory field -> EngineConfig field
 _ENGINE_FIELDS = {
@@ -37,21 +37,66 @@ _MEMORY_FIELDS = {
 
 def check_rules(spec: dict[str, Any]) -> None:
     """The CRD's cross-field (CEL) rules, for API servers and ``kvledger run`` that skip them."""
+    if spec.get("gpus", 1) > 1:
+        raise BadInput(GPUS_MESSAGE)
     engine = spec.get("engine") or {}
     if "maxNumBatchedTokens" in engine and "maxNumSeqs" in engine \
             and engine["maxNumBatchedTokens"] < engine["maxNumSeqs"]:
         raise BadInput("maxNumBatchedTokens must be at least maxNumSeqs (every running sequence decodes one token per step)")
     model = spec.get("model") or {}
+    if ("path" in model) == ("uri" in model):
+        raise BadInput("set exactly one of model.path and model.uri")
     if ".." in model.get("path", "").split("/"):
         raise BadInput("model.path must not contain a '..' segment")
     volume = model.get("volume")
     if volume is not None:
         if ("persistentVolumeClaim" in volume) == ("hostPath" in volume):
             raise BadInput("set exactly one of persistentVolumeClaim and hostPath")
+        if "uri" in model:
+            raise BadInput("model.volume holds a model.path checkpoint; a model.uri is "
+                           "downloaded into model.cache")
         mount = volume.get("mountPath", DEFAULT_MOUNT_PATH)
         path = model.get("path", "")
         if path != mount and not path.startswith(mount.rstrip("/") + "/"):
             raise BadInput("model.path must lie under model.volume.mountPath")
+    if "uri" not in model and {"tokenSecretRef", "endpoint", "cache"} & model.keys():
+        raise BadInput("model.tokenSecretRef, model.endpoint and model.cache apply to a "
+                       "model.uri only")
+    for toleration in spec.get("tolerations") or []:
+        _check_toleration(toleration)
+    for var in spec.get("env") or []:
+        if "value" in var and "valueFrom" in var:
+            raise BadInput("an env var takes value or valueFrom, not both")
+    for source in spec.get("envFrom") or []:
+        if ("configMapRef" in source) == ("secretRef" in source):
+            raise BadInput("an envFrom entry takes exactly one of configMapRef and secretRef")
+
+
+def _check_toleration(toleration: dict[str, Any]) -> None:
+    operator = toleration.get("operator")
+    if not toleration.get("key") and operator != "Exists":
+        raise BadInput("a toleration without a key must have operator Exists")
+    if operator == "Exists" and toleration.get("value"):
+        raise BadInput("a toleration with operator Exists takes no value")
+    if "tolerationSeconds" in toleration and toleration.get("effect") != "NoExecute":
+        raise BadInput("tolerationSeconds applies to effect NoExecute only")
+
+
+def hub_uri(spec: dict[str, Any]) -> str | None:
+    """``spec.model.uri`` (``hf://ORG/NAME[@REVISION]``), or None for a checkpoint directory."""
+    return (spec.get("model") or {}).get("uri")
+
+
+def cache_claim(spec: dict[str, Any]) -> str | None:
+    """The claim a hub model is downloaded into (``spec.model.cache``), or None: an emptyDir."""
+    cache = (spec.get("model") or {}).get("cache") or {}
+    return (cache.get("persistentVolumeClaim") or {}).get("claimName")
+
+
+def needs_download_size(spec: dict[str, Any]) -> bool:
+    """Whether rendering the pod needs the hub model's download size: an emptyDir cache is
+    sized from it; a claim has its own size."""
+    return hub_uri(spec) is not None and cache_claim(spec) is None
 
 
 def engine_config(spec: dict[str, Any], *, model_path: str | None = None,
@@ -62,7 +107,7 @@ def engine_config(spec: dict[str, Any], *, model_path: str | None = None,
     model = spec.get("model") or {}
     path = model.get("path")
     values: dict[str, Any] = {
-        "model": model_path or (posixpath.normpath(path) if path else ""),
+        "model": model_path or (posixpath.normpath(path) if path else model.get("uri", "")),
         "served_model_name": model.get("name"),
         "device": device,
         "container_memory_limit_bytes": container_memory_limit_bytes,
@@ -141,7 +186,8 @@ def cluster_device(spec: dict[str, Any]) -> str:
 
 
 def local_model_path(spec: dict[str, Any]) -> str:
-    """Where ``spec.model.path`` is on this machine, mapped the way the kubelet mounts it.
+    """Where ``spec.model.path`` is on this machine, mapped the way the kubelet mounts it
+    (a ``spec.model.uri`` is returned as it is).
 
     With a ``hostPath`` volume, the pod sees ``hostPath.path`` at ``mountPath``, so
     ``mountPath/x`` is ``hostPath.path/x`` here. Without a volume, or with a PVC (which has
@@ -149,6 +195,8 @@ def local_model_path(spec: dict[str, Any]) -> str:
     (``/models/./m/`` is ``/models/m``); ``check_rules`` refuses a ``..`` segment.
     """
     model = spec["model"]
+    if "path" not in model:
+        return model["uri"]  # the engine downloads it into its own cache
     path = posixpath.normpath(model["path"])
     volume = model.get("volume") or {}
     host = (volume.get("hostPath") or {}).get("path")

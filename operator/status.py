@@ -2,7 +2,8 @@
 
 Conditions (upserted by type): ``MemoryBudget`` (did the pre-flight approve the plan)
 and ``Ready`` (can it serve). ``Ready`` is never True while a pod crash-loops, was
-OOM-killed, cannot pull its image or cannot be scheduled.
+OOM-killed, cannot pull its image, cannot be scheduled or cannot download its model, nor
+while a hub model's download size cannot be had.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 from typing import Any
 
 from kvledger.engine.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT
+from kvledger.operator.spec import hub_uri, needs_download_size
 
 MEMORY_BUDGET = "MemoryBudget"
 READY = "Ready"
@@ -19,7 +21,8 @@ IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
                       "ErrImageNeverPull"}
 # Ready=False reasons that deserve a Warning event on the resource.
 WARNING_REASONS = {"DoesNotFit", "PreflightBadInput", "PreflightFailed", "InvalidSpec",
-                   "OOMKilled", "EngineCrashLoop", "ImagePullFailed", "Unschedulable"}
+                   "OOMKilled", "EngineCrashLoop", "ImagePullFailed", "Unschedulable",
+                   "FetchFailed", "ModelUnavailable"}
 # The pre-flight report (engine/budget/report.py): a headline, then one row per class.
 _HEADLINE_RE = re.compile(r"^(?:fits|error): engine requires ([\d.]+ \w+), limit is ([\d.]+ \w+)"
                           r"(?: \((?:([\d.]+ \w+) to spare|short by ([\d.]+ \w+))\))?")
@@ -147,6 +150,14 @@ def pod_problem(pod_status: dict[str, Any]) -> tuple[str, str] | None:
             waiting = container["state"]["waiting"]
             return "ImagePullFailed", (f"container {name} cannot pull its image ({reason}): "
                                        f"{waiting.get('message', '')}").rstrip(": ")
+    fetch = statuses.get("fetch")
+    fetched = _terminated(fetch)
+    if fetched is not None and fetched.get("exitCode") != 0:
+        detail = [line for line in (fetched.get("message") or "").strip().splitlines() if line]
+        return "FetchFailed", (
+            f"the fetch init container failed to download the model (exit "
+            f"{fetched.get('exitCode')}, restarts: {fetch.get('restartCount', 0)})"
+            + (f": {detail[-1].strip()}" if detail else ""))
     engine = statuses.get("engine")
     done = _terminated(engine)
     if done is not None and done.get("reason") == "OOMKilled":
@@ -188,11 +199,15 @@ def find_condition(conditions: list[dict[str, Any]], kind: str) -> dict[str, Any
 
 def compute_status(*, spec: dict[str, Any], generation: int | None, old: dict[str, Any],
                    pods: list[dict[str, Any]], spec_error: str | None,
-                   endpoint: str, now: str) -> dict[str, Any]:
+                   endpoint: str, now: str, model: dict[str, Any] | None = None,
+                   model_error: str | None = None) -> dict[str, Any]:
     """The whole desired status from the pods' statuses (level-based: history-free).
 
     ``old`` is the current status (for transition times and what pods no longer show);
-    ``spec_error`` is set when the spec can never work.
+    ``spec_error`` is set when the spec can never work. For a hub model cached in an
+    emptyDir, ``model`` is its download size just had (``status.model``, else the old one)
+    and ``model_error`` why it could not be had: until ``status.model`` holds the spec's
+    uri, ``Ready`` stays ``ModelUnavailable`` once it is.
     """
     conditions = list(old.get("conditions") or [])
     status: dict[str, Any] = {"endpoint": endpoint}
@@ -228,10 +243,27 @@ def compute_status(*, spec: dict[str, Any], generation: int | None, old: dict[st
     if "plan" not in status and old.get("plan"):
         status["plan"] = old["plan"]
 
+    record = model or old.get("model")
+    if hub_uri(spec) is None:
+        if "model" in old:
+            status["model"] = None  # no hub model any more: the merge patch removes it
+    elif record:
+        status["model"] = record
+    model_problem = None
+    if needs_download_size(spec):
+        before = find_condition(conditions, READY) or {}
+        if model_error is not None:
+            model_problem = model_error
+        elif (record or {}).get("uri") != hub_uri(spec) \
+                and before.get("reason") == "ModelUnavailable":
+            model_problem = before.get("message", "")  # not had since: still unavailable
+
     ready_count = sum(pod_ready(p) for p in pods)
     replicas = spec.get("replicas", 1)
     problem = next((p for p in (pod_problem(pod) for pod in pods) if p is not None), None)
-    if refusal is not None:
+    if model_problem is not None:  # no pod of this spec can exist yet
+        set_condition(READY, "False", "ModelUnavailable", model_problem)
+    elif refusal is not None:
         set_condition(READY, "False", refusal[0], refusal[1].splitlines()[0] if refusal[1] else "")
     elif problem is not None:
         set_condition(READY, "False", *problem)

@@ -3,6 +3,7 @@ evaluated by a CEL interpreter and matched by the Python checks ``kvledger run``
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import celpy
@@ -58,6 +59,77 @@ def test_schema_is_structural():
             assert "anyOf" not in node and "allOf" not in node, path
 
 
+def _doc(**spec) -> dict:
+    return {"apiVersion": "kvledger.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": "m"}, "spec": {"model": {"path": "/m"}, **spec}}
+
+
+# Every placement and environment field, as Kubernetes writes it in a pod.
+PLACEMENT = {
+    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4", "pool": "gpu"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                    {"key": "spot", "operator": "Equal", "value": "true",
+                     "effect": "NoExecute", "tolerationSeconds": 600}],
+    "affinity": {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "topology.kubernetes.io/zone", "operator": "In",
+                 "values": ["us-east-1a", "us-east-1b"]}]}]}},
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100, "podAffinityTerm": {
+                "topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": {"kvledger.dev/inferenceservice": "m"}}}}]}},
+    "priorityClassName": "inference-high",
+    "runtimeClassName": "nvidia",
+    "imagePullSecrets": [{"name": "registry"}],
+    "serviceAccountName": "llm-serving",
+    "env": [{"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:True"},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "api"}}}],
+    "envFrom": [{"configMapRef": {"name": "tuning"}}, {"secretRef": {"name": "extra",
+                                                                     "optional": True},
+                                                       "prefix": "EXTRA_"}],
+    "podAnnotations": {"prometheus.io/scrape": "true"},
+    "podLabels": {"team": "ml", "cost-center": "42"},
+}
+
+
+def test_placement_fields_validate_and_simple_ones_are_typed():
+    validate_manifest(_doc(**PLACEMENT))
+    check_rules(_doc(**PLACEMENT)["spec"])
+    for field, bad, expected in [
+        ("nodeSelector", {"pool": 1}, "is not of type 'string'"),
+        ("tolerations", [{"effect": "Sometimes", "operator": "Exists"}], "is not one of"),
+        ("tolerations", [{"operator": "Exists", "tolerationSeconds": "60"}],
+         "is not of type 'integer'"),
+        ("tolerations", [{"key": "k", "weight": 1}], "unknown field(s)"),
+        ("imagePullSecrets", [{}], "'name' is a required property"),
+        ("imagePullSecrets", ["registry"], "is not of type 'object'"),
+        ("priorityClassName", 7, "is not of type 'string'"),
+        ("env", [{"value": "x"}], "'name' is a required property"),
+        ("envFrom", [{"secretRef": {}}], "'name' is a required property"),
+        ("affinity", {"nodeAffinty": {}}, "unknown field(s)"),
+        ("podLabels", {"team": ["ml"]}, "is not of type 'string'"),
+    ]:
+        with pytest.raises(BadInput, match=re.escape(expected)):
+            validate_manifest(_doc(**{field: bad}))
+
+
+def test_hub_uri_pattern_matches_the_engines_parser():
+    from kvledger.engine.budget.hub import parse_uri
+
+    for uri in ("hf://meta-llama/Llama-3.1-8B-Instruct", "hf://Qwen/Qwen2-0.5B@main",
+                "hf://org/m@refs/pr/1", "hf://org_x/m@0123456789abcdef0123456789abcdef01234567"):
+        validate_manifest(_doc(model={"uri": uri}))
+        parse_uri(uri)
+    for uri in ("hf://org", "hf://org/m/x", "hf://-org/m", "hf://org./m", "hf://o..rg/m",
+                "hf://org/m@", "hf://org/m@x/", "hf://org/m@x y", "s3://org/m", "org/m"):
+        with pytest.raises(BadInput, match=r"spec\.model\.uri"):
+            validate_manifest(_doc(model={"uri": uri}))
+        with pytest.raises(BadInput):
+            parse_uri(uri)
+
+
 def test_kv_cache_memory_bytes_takes_bytes_or_a_size():
     doc = {"apiVersion": "kvledger.dev/v1alpha1", "kind": "InferenceService",
            "metadata": {"name": "m"}, "spec": {"model": {"path": "/m"}, "memory": {}}}
@@ -84,11 +156,15 @@ def _rules():
             yield path, rule["rule"], rule["message"]
 
 
-def _node(spec: dict, path: str):
-    node = {"spec": spec}
+def _nodes(spec: dict, path: str) -> list:
+    """The values a rule at ``path`` applies to: ``a.b[]`` is every item of the list a.b."""
+    nodes = [{"spec": spec}]
     for part in path.strip(".").split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
+        name, items = part.removesuffix("[]"), part.endswith("[]")
+        nodes = [n[name] for n in nodes if isinstance(n, dict) and name in n]
+        if items:
+            nodes = [item for n in nodes if isinstance(n, list) for item in n]
+    return nodes
 
 
 CASES = [
@@ -118,6 +194,47 @@ CASES = [
                                                       "mountPath": "/models"}}}, True),
     ({"model": {"path": "/models/./m/", "volume": {"hostPath": {"path": "/srv"},
                                                    "mountPath": "/models"}}}, True),
+    # Exactly one of path and uri; the hub's fields only with a uri, the volume only without.
+    ({"model": {"uri": "hf://org/m"}}, True),
+    ({"model": {"uri": "hf://org/m", "tokenSecretRef": {"name": "hf", "key": "token"},
+                "endpoint": "https://mirror.example", "cache": {
+                    "persistentVolumeClaim": {"claimName": "c"}}}}, True),
+    ({"model": {"uri": "hf://org/m", "path": "/m"}}, False),
+    ({"model": {"name": "m"}}, False),
+    ({"model": {"uri": "hf://org/m", "volume": {"hostPath": {"path": "/srv"},
+                                                "mountPath": "/models"}}}, False),
+    ({"model": {"path": "/m", "tokenSecretRef": {"name": "hf", "key": "token"}}}, False),
+    ({"model": {"path": "/m", "endpoint": "https://mirror.example"}}, False),
+    ({"model": {"path": "/m", "cache": {"persistentVolumeClaim": {"claimName": "c"}}}}, False),
+    # One GPU at most until tensor parallelism exists.
+    ({"model": {"path": "/m"}, "gpus": 0}, True),
+    ({"model": {"path": "/m"}, "gpus": 1}, True),
+    ({"model": {"path": "/m"}, "gpus": 2}, False),
+    # Tolerations as the API server would check them in the pod.
+    ({"model": {"path": "/m"}, "tolerations": [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "pool", "operator": "Equal", "value": "a100"},
+        {"key": "spot", "value": "true"},
+        {"operator": "Exists"},
+        {"key": "evict", "operator": "Exists", "effect": "NoExecute",
+         "tolerationSeconds": 300}]}, True),
+    ({"model": {"path": "/m"}, "tolerations": [{"operator": "Equal", "value": "x"}]}, False),
+    ({"model": {"path": "/m"}, "tolerations": [{"effect": "NoSchedule"}]}, False),
+    ({"model": {"path": "/m"}, "tolerations": [
+        {"key": "k", "operator": "Exists", "value": "v"}]}, False),
+    ({"model": {"path": "/m"}, "tolerations": [
+        {"key": "k", "operator": "Exists", "effect": "NoSchedule",
+         "tolerationSeconds": 60}]}, False),
+    ({"model": {"path": "/m"}, "env": [{"name": "A", "value": "1"}, {
+        "name": "B", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}, True),
+    ({"model": {"path": "/m"}, "env": [{"name": "A", "value": "1", "valueFrom": {
+        "fieldRef": {"fieldPath": "metadata.name"}}}]}, False),
+    ({"model": {"path": "/m"}, "envFrom": [{"secretRef": {"name": "s"}},
+                                           {"configMapRef": {"name": "c"}, "prefix": "X_"}]},
+     True),
+    ({"model": {"path": "/m"}, "envFrom": [{"secretRef": {"name": "s"},
+                                            "configMapRef": {"name": "c"}}]}, False),
+    ({"model": {"path": "/m"}, "envFrom": [{"prefix": "X_"}]}, False),
 ]
 
 
@@ -126,11 +243,10 @@ def test_cel_rules_and_python_checks_agree(spec, valid):
     env = celpy.Environment()
     cel_ok = True
     for path, rule, _ in _rules():
-        node = _node(spec, path)
-        if node is None:
-            continue  # the API server evaluates a rule only where its field is set
-        result = env.program(env.compile(rule)).evaluate({"self": celpy.json_to_cel(node)})
-        cel_ok = cel_ok and bool(result)
+        # The API server evaluates a rule only where its field is set.
+        for node in _nodes(spec, path):
+            result = env.program(env.compile(rule)).evaluate({"self": celpy.json_to_cel(node)})
+            cel_ok = cel_ok and bool(result)
     assert cel_ok is valid
     if valid:
         check_rules(spec)

@@ -5,12 +5,20 @@ One operator run is shared by the module; each test uses its own resource name.
 
 from __future__ import annotations
 
+import base64
+import json
+
+import kopf
 import pytest
 import pytest_asyncio
 from operator_harness import eventually, running_operator, service_manifest
 
+from kvledger.engine.budget import hub
+from kvledger.engine.errors import BadInput
+from kvledger.operator import handlers
 from kvledger.operator.crd import API_VERSION, PLURAL
-from kvledger.operator.render import LABEL
+from kvledger.operator.main import operator_memo
+from kvledger.operator.render import LABEL, cache_size_limit
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60),
               pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")]
@@ -63,7 +71,7 @@ async def create_service(cluster, name: str, **spec) -> dict:
 
 async def test_create_renders_owned_children_with_the_same_flags(cluster):
     deployment = await create_service(cluster, "alpha", memory={"limit": "40Gi"},
-                                      engine={"maxModelLen": 2048}, gpus=2)
+                                      engine={"maxModelLen": 2048}, gpus=1)
     service = await eventually(lambda: cluster.stored("v1", "services", NS, "alpha"))
     owner = cluster.stored(API_VERSION, PLURAL, NS, "alpha")
     for child in (deployment, service):
@@ -76,7 +84,7 @@ async def test_create_renders_owned_children_with_the_same_flags(cluster):
     assert engine["args"][:len(flags)] == flags
     assert flags[flags.index("--memory-limit") + 1] == str(40 * 2**30)
     assert flags[flags.index("--max-model-len") + 1] == "2048"
-    assert engine["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert engine["image"] == "kvledger:test"
     assert service["spec"]["selector"] == {LABEL: "alpha"}
     status = await eventually(lambda: (cluster.stored(API_VERSION, PLURAL, NS, "alpha") or {})
@@ -213,3 +221,185 @@ async def test_invalid_spec_is_a_permanent_invalid_spec_condition(cluster):
         what="kopf finished the creation")
     assert len([e for e in cluster.events_for("broken") if e.get("reason") == "InvalidSpec"]) == 1
     assert cluster.stored("apps/v1", "deployments", NS, "broken") is None
+
+
+async def test_more_than_one_gpu_is_an_invalid_spec(cluster):
+    await cluster.create(API_VERSION, PLURAL, service_manifest("two-gpus", NS, gpus=2))
+
+    def invalid():
+        obj = cluster.stored(API_VERSION, PLURAL, NS, "two-gpus")
+        return condition(obj, "Ready").get("reason") == "InvalidSpec" and obj
+
+    obj = await eventually(invalid, what="InvalidSpec")
+    assert condition(obj, "Ready")["message"].startswith(
+        "gpus must be 0 or 1: kvledger has no tensor parallelism yet")
+    assert cluster.stored("apps/v1", "deployments", NS, "two-gpus") is None
+
+
+async def test_fields_dropped_from_the_spec_leave_the_pod_template(cluster):
+    await create_service(cluster, "placed", nodeSelector={"pool": "a"}, priorityClassName="high",
+                         podLabels={"team": "x"}, podAnnotations={"note": "y"},
+                         env=[{"name": "A", "value": "1"}])
+    # `kubectl rollout restart` annotates the template: not ours to remove.
+    restart = {"kubectl.kubernetes.io/restartedAt": "2026-01-01T00:00:00Z"}
+    await cluster.patch("apps/v1", "deployments", NS, "placed",
+                        {"spec": {"template": {"metadata": {"annotations": restart}}}})
+    await cluster.patch(API_VERSION, PLURAL, NS, "placed", {"spec": {
+        "nodeSelector": None, "priorityClassName": None, "podLabels": None,
+        "podAnnotations": None, "env": None}}, bump_generation=True)
+
+    def dropped():
+        deployment = cluster.stored("apps/v1", "deployments", NS, "placed")
+        pod = deployment["spec"]["template"]["spec"]
+        return deployment if "nodeSelector" not in pod else None
+
+    template = (await eventually(dropped, what="nodeSelector removed"))["spec"]["template"]
+    assert "priorityClassName" not in template["spec"]
+    assert "team" not in template["metadata"]["labels"]
+    assert template["metadata"]["labels"][LABEL] == "placed"
+    assert template["metadata"]["annotations"] == restart
+    assert all("env" not in c for c in template["spec"]["containers"])
+
+
+GIB = 2**30
+TOKEN = "hf_not_a_real_token_0123456789"
+
+
+def token_secret(name: str, token: str = TOKEN) -> dict:
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NS},
+            "data": {"token": base64.b64encode(f"{token}\n".encode()).decode()}}
+
+
+def hub_model(uri: str, secret: str | None = None, **extra) -> dict:
+    model = {"uri": uri, "name": "m", **extra}
+    if secret is not None:
+        model["tokenSecretRef"] = {"name": secret, "key": "token"}
+    return model
+
+
+async def test_hub_model_is_sized_once_from_the_hub_with_the_secrets_token(cluster, monkeypatch):
+    asked = []
+
+    def download_bytes(uri: str, *, token: str | None = None,
+                       endpoint: str | None = None) -> int:
+        asked.append((uri, token, endpoint))
+        return 16 * GIB
+
+    monkeypatch.setattr(hub, "download_bytes", download_bytes)
+    await cluster.create("v1", "secrets", token_secret("hf-token"))
+    deployment = await create_service(
+        cluster, "hubby", model=hub_model("hf://org/m@v1", "hf-token",
+                                          endpoint="https://hf-mirror.example.com"))
+    assert asked == [("hf://org/m@v1", TOKEN, "https://hf-mirror.example.com")]
+    pod = deployment["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["initContainers"]] == ["preflight", "fetch"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["model-cache"]["emptyDir"] == {"sizeLimit": cache_size_limit(16 * GIB)}
+    obj = await eventually(lambda: (cluster.stored(API_VERSION, PLURAL, NS, "hubby") or {})
+                           .get("status", {}).get("model") and
+                           cluster.stored(API_VERSION, PLURAL, NS, "hubby"))
+    assert obj["status"]["model"] == {"uri": "hf://org/m@v1", "downloadBytes": 16 * GIB}
+
+    # A change that keeps the uri re-renders from status.model: the hub is not asked again.
+    await cluster.patch(API_VERSION, PLURAL, NS, "hubby",
+                        {"spec": {"engine": {"maxModelLen": 4096}}}, bump_generation=True)
+
+    def rolled():
+        args = cluster.stored("apps/v1", "deployments", NS, "hubby")[
+            "spec"]["template"]["spec"]["containers"][0]["args"]
+        return "--max-model-len" in args
+
+    await eventually(rolled, what="deployment with --max-model-len")
+    assert len(asked) == 1
+    # The token reaches the pods only through the Secret, and nothing the operator writes.
+    written = json.dumps([cluster.stored("apps/v1", "deployments", NS, "hubby"),
+                          cluster.stored(API_VERSION, PLURAL, NS, "hubby"),
+                          cluster.events_for("hubby")])
+    assert TOKEN not in written
+    assert '"secretKeyRef": {"name": "hf-token", "key": "token"}' in written
+
+
+async def test_hub_model_without_its_secret_or_hub_is_model_unavailable_until_both_are_there(
+        cluster, monkeypatch):
+    monkeypatch.setattr(handlers, "HUB_RETRY_DELAY_S", 0.3)
+    hub_down = {"now": True}
+
+    def download_bytes(uri: str, *, token: str | None = None,
+                       endpoint: str | None = None) -> int:
+        if hub_down["now"]:
+            raise BadInput(f"{uri}: cannot reach the hub at https://huggingface.co "
+                           f"(token {token} rejected)")
+        return GIB
+
+    monkeypatch.setattr(hub, "download_bytes", download_bytes)
+    await cluster.create(API_VERSION, PLURAL, service_manifest(
+        "gated", NS, model=hub_model("hf://org/gated", "gated-token")))
+    # Without a token at all, the engine's hint is put in the resource's words.
+    def gated(uri: str, **_) -> int:
+        raise BadInput(f"{uri} is gated: set HF_TOKEN to a token that has been granted access")
+
+    monkeypatch.setattr(hub, "download_bytes", gated)
+    await cluster.create(API_VERSION, PLURAL, service_manifest(
+        "tokenless", NS, model=hub_model("hf://org/gated")))
+    tokenless = await eventually(lambda: condition(cluster.stored(
+        API_VERSION, PLURAL, NS, "tokenless"), "Ready").get("message"), what="tokenless")
+    assert tokenless == ("cannot size hf://org/gated from the hub: hf://org/gated is gated: set "
+                         "HF_TOKEN to a token that has been granted access (on the cluster: "
+                         "spec.model.tokenSecretRef)")
+    monkeypatch.setattr(hub, "download_bytes", download_bytes)
+
+    def ready(message_part: str):
+        def check():
+            obj = cluster.stored(API_VERSION, PLURAL, NS, "gated")
+            ready = condition(obj, "Ready")
+            return ready if message_part in ready.get("message", "") else None
+        return check
+
+    first = await eventually(ready("Secret default/gated-token (model.tokenSecretRef) "
+                                   "does not exist"), what="ModelUnavailable: no Secret")
+    assert (first["status"], first["reason"]) == ("False", "ModelUnavailable")
+    assert cluster.stored("apps/v1", "deployments", NS, "gated") is None
+
+    await cluster.create("v1", "secrets", token_secret("gated-token"))
+    second = await eventually(ready("cannot reach the hub"), what="ModelUnavailable: hub down")
+    assert second["message"] == ("cannot size hf://org/gated from the hub: hf://org/gated: "
+                                 "cannot reach the hub at https://huggingface.co "
+                                 "(token <token> rejected)")
+    assert cluster.stored("apps/v1", "deployments", NS, "gated") is None
+
+    hub_down["now"] = False
+    deployment = await eventually(lambda: cluster.stored("apps/v1", "deployments", NS, "gated"),
+                                  what="deployment once the hub answers")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["model-cache"]["emptyDir"]["sizeLimit"] == cache_size_limit(GIB)
+    await eventually(lambda: condition(cluster.stored(API_VERSION, PLURAL, NS, "gated"),
+                                       "Ready").get("reason") == "Starting", what="Starting")
+    warnings = [e for e in cluster.events_for("gated") if e.get("type") == "Warning"]
+    assert [e["reason"] for e in warnings] == ["ModelUnavailable"]  # once, on the transition
+    assert TOKEN not in json.dumps([cluster.stored(API_VERSION, PLURAL, NS, "gated"),
+                                    cluster.events_for("gated")])
+
+
+async def test_the_resync_timer_sizes_a_hub_model_the_hub_could_not_size_before(cluster,
+                                                                               monkeypatch):
+    def down(uri: str, **_) -> int:
+        raise BadInput(f"{uri}: cannot reach the hub")
+
+    monkeypatch.setattr(hub, "download_bytes", down)
+    await cluster.create(API_VERSION, PLURAL, service_manifest(
+        "later", NS, model=hub_model("hf://org/later")))
+    await eventually(lambda: condition(cluster.stored(API_VERSION, PLURAL, NS, "later"),
+                                       "Ready").get("reason") == "ModelUnavailable",
+                     what="ModelUnavailable")
+    monkeypatch.setattr(hub, "download_bytes", lambda uri, **_: 3 * GIB)
+    # What the 60 s timer runs, run now (the handler's retry is still 60 s away).
+    obj = cluster.stored(API_VERSION, PLURAL, NS, "later")
+    await handlers.resync(name="later", namespace=NS, spec=kopf.Spec(kopf.Body(obj)),
+                          body=kopf.Body(obj), memo=operator_memo("kvledger:test", cluster.api),
+                          pods_by_service={})
+    deployment = cluster.stored("apps/v1", "deployments", NS, "later")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["model-cache"]["emptyDir"]["sizeLimit"] == cache_size_limit(3 * GIB)
+    obj = cluster.stored(API_VERSION, PLURAL, NS, "later")
+    assert obj["status"]["model"] == {"uri": "hf://org/later", "downloadBytes": 3 * GIB}
+    assert condition(obj, "Ready")["reason"] == "Starting"

@@ -7,7 +7,7 @@ import kopf
 import pytest
 from operator_harness import emulated_cluster
 
-from kvledger.operator.kube import KubeApi, KubeError, contains, object_path
+from kvledger.operator.kube import KubeApi, KubeError, contains, object_path, removals
 
 pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
 
@@ -27,6 +27,32 @@ async def test_apply_creates_then_leaves_alone_then_patches():
         patches = [r for r in cluster.emulator if r.method == "PATCH"]
         assert len(patches) == 1
         assert patches[0].headers["Content-Type"] == "application/merge-patch+json"
+
+
+async def test_apply_removes_what_it_set_before_and_only_that():
+    async with emulated_cluster() as cluster:
+        api, path = cluster.api, object_path("v1", "configmaps", "ns", "cm")
+        first = config_map({"a": "1", "b": "2"})
+        first["metadata"]["labels"] = {"mine": "x"}
+        assert await api.apply("v1", "configmaps", first) == "created"
+        # Another writer adds a label and a key of its own.
+        await api.patch(path, {"metadata": {"labels": {"theirs": "y"}}, "data": {"c": "3"}})
+        assert await api.apply("v1", "configmaps", config_map({"a": "1"})) == "updated"
+        stored = cluster.stored("v1", "configmaps", "ns", "cm")
+        assert stored["data"] == {"a": "1", "c": "3"}
+        assert stored["metadata"]["labels"] == {"theirs": "y"}
+        assert await api.apply("v1", "configmaps", config_map({"a": "1"})) == "unchanged"
+
+
+def test_removals_name_only_dropped_keys_the_live_object_still_has():
+    last = {"spec": {"nodeSelector": {"pool": "a"}, "affinity": {"x": 1}, "keep": 1},
+            "metadata": {"annotations": {"ours": "1"}}}
+    desired = {"spec": {"keep": 1}, "metadata": {}}
+    live = {"spec": {"nodeSelector": {"pool": "a"}, "keep": 1, "default": 2},
+            "metadata": {"annotations": {"ours": "1", "restartedAt": "t"}}}
+    assert removals(last, desired, live) == {"spec": {"nodeSelector": None},
+                                             "metadata": {"annotations": {"ours": None}}}
+    assert removals({}, desired, live) == {}
 
 
 async def test_absent_objects_and_conflicts():

@@ -8,12 +8,17 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from test_operator_crd import PLACEMENT
 
 from kvledger.engine.config import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
+from kvledger.operator.crd import validate_manifest
 from kvledger.operator.render import (
+    CACHE_DIR,
+    GPU_TOLERATION,
     LABEL,
     PLAN_PATH,
+    cache_size_limit,
     engine_flags,
     render_deployment,
     render_service,
@@ -131,7 +136,156 @@ def test_a_spec_that_can_never_work_raises_bad_input():
                       "engine": {"maxNumSeqs": 64, "maxNumBatchedTokens": 32}})
 
 
+def test_gpus_beyond_one_are_refused_until_tensor_parallelism():
+    with pytest.raises(BadInput, match="gpus must be 0 or 1: kvledger has no tensor parallelism"):
+        render_deployment("x", "ns", {"model": {"path": "/m"}, "gpus": 2})
+
+
+# -- placement and environment ----------------------------------------------------------
+
+def test_placement_fields_pass_through_to_the_pod_as_kubernetes_names_them():
+    deployment = render_deployment("llama", "ml", {**SPEC, **PLACEMENT})
+    template = deployment["spec"]["template"]
+    pod = template["spec"]
+    for field in ("nodeSelector", "tolerations", "affinity", "priorityClassName",
+                  "runtimeClassName", "imagePullSecrets", "serviceAccountName"):
+        assert pod[field] == PLACEMENT[field], field
+    assert pod["automountServiceAccountToken"] is False  # a named account changes nothing
+    assert template["metadata"]["annotations"] == PLACEMENT["podAnnotations"]
+    assert template["metadata"]["labels"] == {**PLACEMENT["podLabels"], LABEL: "llama",
+                                              "app.kubernetes.io/name": "kvledger",
+                                              "app.kubernetes.io/instance": "llama",
+                                              "app.kubernetes.io/managed-by": "kvledger-operator"}
+    for container in (*pod["initContainers"], *pod["containers"]):
+        assert container["env"] == PLACEMENT["env"], container["name"]
+        assert container["envFrom"] == PLACEMENT["envFrom"], container["name"]
+    # Copies, not the spec's own objects: the manifest may be mutated by the caller.
+    pod["nodeSelector"]["pool"] = "changed"
+    assert PLACEMENT["nodeSelector"]["pool"] == "gpu"
+
+
+def test_the_operators_labels_win_over_pod_labels():
+    spec = {**SPEC, "podLabels": {LABEL: "other", "app.kubernetes.io/name": "mine", "team": "a"}}
+    deployment = render_deployment("llama", "ml", spec)
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels[LABEL] == "llama" and labels["app.kubernetes.io/name"] == "kvledger"
+    assert labels["team"] == "a"
+    assert deployment["spec"]["selector"]["matchLabels"] == {LABEL: "llama"}
+
+
+def test_gpu_pods_tolerate_the_gpu_taint_unless_tolerations_are_given():
+    assert pod_spec(SPEC)["tolerations"] == [GPU_TOLERATION]
+    assert "tolerations" not in pod_spec({**SPEC, "gpus": 0})
+    assert pod_spec({**SPEC, "tolerations": []})["tolerations"] == []  # the user's choice
+    mine = [{"key": "pool", "operator": "Equal", "value": "h100", "effect": "NoSchedule"}]
+    assert pod_spec({**SPEC, "tolerations": mine})["tolerations"] == mine
+    assert "nodeSelector" not in pod_spec(SPEC) and "affinity" not in pod_spec(SPEC)
+    assert "env" not in pod_spec(SPEC)["containers"][0]
+
+
+# -- hub models -------------------------------------------------------------------------
+
+HUB = {"model": {"uri": "hf://meta-llama/Llama-3.1-8B-Instruct@main", "name": "llama",
+                 "tokenSecretRef": {"name": "hf-token", "key": "token"},
+                 "endpoint": "https://hf-mirror.example.com"},
+       "engine": {"maxModelLen": 8192}, "memory": {"limit": "22Gi"},
+       "resources": {"requests": {"cpu": "4"}, "limits": {"memory": "32Gi"}}}
+GIB = 2**30
+
+
+def _containers(pod: dict) -> dict:
+    return {c["name"]: c for c in (*pod["initContainers"], *pod["containers"])}
+
+
+def _env(container: dict) -> dict:
+    return {var["name"]: var.get("value", var.get("valueFrom")) for var in container.get("env", [])}
+
+
+def test_hub_pod_runs_preflight_then_fetch_then_engine():
+    pod = pod_spec_of(HUB, download_bytes=16 * GIB)
+    assert [c["name"] for c in pod["initContainers"]] == ["preflight", "fetch"]
+    containers = _containers(pod)
+    preflight, fetch, engine = containers["preflight"], containers["fetch"], containers["engine"]
+    flags = engine_flags(HUB)
+    assert flags[:2] == ["--model", "hf://meta-llama/Llama-3.1-8B-Instruct@main"]
+    assert preflight["args"] == [*flags, "--plan-out", PLAN_PATH,
+                                 "--termination-log", "/dev/termination-log"]
+    assert fetch["command"] == ["kvledger", "fetch"]
+    assert fetch["args"] == ["--model", "hf://meta-llama/Llama-3.1-8B-Instruct@main",
+                             "--download-dir", CACHE_DIR]
+    assert engine["args"] == [*flags, "--download-dir", CACHE_DIR,
+                              "--host", "0.0.0.0", "--port", "8000"]
+    assert fetch["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert fetch["resources"] == {"requests": {"cpu": "4"}, "limits": {"memory": "32Gi"}}
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_hub_token_and_mirror_reach_only_the_containers_that_talk_to_the_hub():
+    containers = _containers(pod_spec_of(HUB, download_bytes=GIB))
+    token = {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+    for name in ("preflight", "fetch"):
+        assert _env(containers[name]) == {"HF_TOKEN": token,
+                                          "HF_ENDPOINT": "https://hf-mirror.example.com"}
+    assert _env(containers["engine"]) == {"HF_HUB_OFFLINE": "1"}
+    assert "hf-token" not in str([c["args"] for c in containers.values()])
+    # The operator's own HF_* win over the user's env of the same name; the rest passes.
+    spec = {**HUB, "env": [{"name": "HF_TOKEN", "value": "x"}, {"name": "HF_HUB_OFFLINE",
+                                                                  "value": "0"},
+                           {"name": "A", "value": "1"}]}
+    containers = _containers(pod_spec_of(spec, download_bytes=GIB))
+    assert _env(containers["fetch"]) == {"HF_HUB_OFFLINE": "0", "A": "1", "HF_TOKEN": token,
+                                         "HF_ENDPOINT": "https://hf-mirror.example.com"}
+    assert _env(containers["engine"]) == {"HF_TOKEN": "x", "A": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def test_hub_cache_is_written_by_fetch_and_read_only_for_the_engine():
+    pod = pod_spec_of(HUB, download_bytes=16 * GIB)
+    containers = _containers(pod)
+    mounts = {name: {m["name"]: m for m in c["volumeMounts"]} for name, c in containers.items()}
+    assert "model-cache" not in mounts["preflight"]  # it reads headers over HTTP
+    assert mounts["fetch"]["model-cache"] == {"name": "model-cache", "mountPath": CACHE_DIR,
+                                              "readOnly": False}
+    assert mounts["engine"]["model-cache"] == {"name": "model-cache", "mountPath": CACHE_DIR,
+                                               "readOnly": True}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["model-cache"] == {"name": "model-cache",
+                                      "emptyDir": {"sizeLimit": cache_size_limit(16 * GIB)}}
+    assert "model" not in volumes
+    claimed = {**HUB, "model": {**HUB["model"],
+                                "cache": {"persistentVolumeClaim": {"claimName": "hf-cache"}}}}
+    volumes = {v["name"]: v for v in pod_spec_of(claimed)["volumes"]}  # no size needed
+    assert volumes["model-cache"] == {"name": "model-cache",
+                                      "persistentVolumeClaim": {"claimName": "hf-cache"}}
+
+
+def test_an_emptydir_cache_needs_the_download_size():
+    with pytest.raises(ValueError, match="needs its download size"):
+        pod_spec_of(HUB)
+
+
+@pytest.mark.parametrize(("download_bytes", "limit"), [
+    (0, "1024Mi"),  # only the fixed 1 GiB
+    (1, "1025Mi"),  # a byte over a MiB boundary rounds up
+    (10**9, "2026Mi"),  # 1.05 GB + 1 GiB = 2025.4 MiB
+    (16 * GIB, f"{16 * 1024 + 820 + 1024}Mi"),  # + 5% (819.2 MiB, rounded up) + 1 GiB
+])
+def test_cache_size_limit_is_the_download_plus_5_percent_plus_1_gib(download_bytes, limit):
+    assert cache_size_limit(download_bytes) == limit
+    limit_bytes = int(limit.removesuffix("Mi")) * 2**20
+    assert limit_bytes >= download_bytes * 1.05 + GIB
+
+
+def pod_spec_of(spec: dict, **kw) -> dict:
+    return render_deployment("llama", "ml", spec, **kw)["spec"]["template"]["spec"]
+
+
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yaml"))
+# Specs beyond the examples: every placement field, a hub model in an emptyDir.
+EXTRA_SPECS = {"every-field": {**SPEC, **PLACEMENT},
+               "hub-every-field": {**HUB, **PLACEMENT},
+               "hub-claim-cpu": {**HUB, "gpus": 0, "model": {
+                   "uri": "hf://Qwen/Qwen2-0.5B", "cache": {
+                       "persistentVolumeClaim": {"claimName": "hf-cache"}}}}}
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
@@ -141,4 +295,14 @@ def test_rendered_children_of_every_example_pass_kubernetes_schema(example):
     name = doc["metadata"]["name"]
     for child in (render_deployment(name, "default", doc["spec"]),
                   render_service(name, "default", doc["spec"])):
+        kubernetes_validate.validate(child, kubernetes_validate.latest_version(), strict=True)
+
+
+@pytest.mark.parametrize("name", EXTRA_SPECS)
+def test_rendered_children_of_every_field_pass_kubernetes_schema(name):
+    spec = EXTRA_SPECS[name]
+    validate_manifest({"apiVersion": "kvledger.dev/v1alpha1", "kind": "InferenceService",
+                       "metadata": {"name": name}, "spec": spec})
+    for child in (render_deployment(name, "default", spec, download_bytes=16 * GIB),
+                  render_service(name, "default", spec)):
         kubernetes_validate.validate(child, kubernetes_validate.latest_version(), strict=True)

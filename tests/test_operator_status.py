@@ -36,7 +36,8 @@ def engine(state: dict, last: dict | None = None, restarts: int = 0) -> dict:
 def status_of(pods: list[dict], old: dict | None = None, **kw) -> dict:
     return compute_status(spec=kw.get("spec", {"replicas": 1}), generation=kw.get("generation", 3),
                           old=old or {}, pods=pods, spec_error=kw.get("spec_error"),
-                          endpoint="http://x.ns.svc.cluster.local:8000", now=kw.get("now", "T1"))
+                          endpoint="http://x.ns.svc.cluster.local:8000", now=kw.get("now", "T1"),
+                          model=kw.get("model"), model_error=kw.get("model_error"))
 
 
 def cond(status: dict, kind: str) -> dict:
@@ -163,3 +164,73 @@ def test_events_on_transitions_only():
         ("Normal", "Ready", "1/1 replicas ready")]
     starting = status_of([])
     assert transition_events([], starting["conditions"]) == []  # Starting is not a warning
+
+
+def fetch(code: int, message: str = "", *, last: bool = False, restarts: int = 0) -> dict:
+    terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                  "message": message}
+    if last:
+        return {"name": "fetch", "restartCount": restarts,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": terminated}}
+    return {"name": "fetch", "restartCount": restarts, "state": {"terminated": terminated}}
+
+
+def test_a_failed_fetch_is_fetch_failed_with_its_last_log_line():
+    gated = ("Fetching 7 files...\nerror: hf://meta-llama/Llama-3.1-8B-Instruct is gated: "
+             "set HF_TOKEN to a token that was granted access\n")
+    pod = {"initContainerStatuses": [preflight(0, FITS), fetch(2, gated, last=True, restarts=3)]}
+    reason, message = pod_problem(pod)
+    assert reason == "FetchFailed"
+    assert message == ("the fetch init container failed to download the model (exit 2, "
+                       "restarts: 3): error: hf://meta-llama/Llama-3.1-8B-Instruct is gated: "
+                       "set HF_TOKEN to a token that was granted access")
+    status = status_of([pod])
+    assert cond(status, "MemoryBudget")["reason"] == "Fits"  # the plan was approved first
+    ready = cond(status, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "FetchFailed")
+    assert transition_events([], status["conditions"])[0][:2] == ("Warning", "FetchFailed")
+    assert pod_problem({"initContainerStatuses": [fetch(137)]})[1].endswith("restarts: 0)")
+    done = {"conditions": [{"type": "Ready", "status": "True"}],
+            "initContainerStatuses": [preflight(0, FITS), fetch(0, "fetched ...")],
+            "containerStatuses": [engine({"running": {}})]}
+    assert pod_problem(done) is None
+    assert cond(status_of([done]), "Ready")["reason"] == "Ready"
+
+
+HUB = {"model": {"uri": "hf://org/m"}, "replicas": 1}
+SIZED = {"uri": "hf://org/m", "downloadBytes": 16 * 2**30}
+
+
+def test_a_hub_model_that_cannot_be_sized_is_model_unavailable_until_it_is():
+    error = "cannot size hf://org/m from the hub: hf://org/m: the hub is unreachable"
+    unavailable = status_of([], spec=HUB, model_error=error)
+    ready = cond(unavailable, "Ready")
+    assert (ready["status"], ready["reason"], ready["message"]) == (
+        "False", "ModelUnavailable", error)
+    assert "model" not in unavailable
+    assert transition_events([], unavailable["conditions"]) == [
+        ("Warning", "ModelUnavailable", error)]
+    # A pod event recomputes the status without asking the hub: still unavailable.
+    again = status_of([], old=unavailable, spec=HUB, now="T2")
+    assert cond(again, "Ready") == ready
+    # Sized at last: the status keeps the size, and the pods speak again.
+    sized = status_of([], old=again, spec=HUB, model=SIZED, now="T3")
+    assert sized["model"] == SIZED and cond(sized, "Ready")["reason"] == "Starting"
+    later = status_of([_ready_pod()], old=sized, spec=HUB, now="T4")
+    assert later["model"] == SIZED and cond(later, "Ready")["reason"] == "Ready"
+    # A new uri that cannot be sized is unavailable again, though old pods still serve.
+    moved = {"model": {"uri": "hf://org/other"}, "replicas": 1}
+    down = status_of([_ready_pod()], old=later, spec=moved, model_error="down", now="T5")
+    assert cond(down, "Ready")["reason"] == "ModelUnavailable"
+    assert cond(status_of([_ready_pod()], old=down, spec=moved), "Ready")["reason"] \
+        == "ModelUnavailable"
+
+
+def test_status_model_goes_with_the_hub_model():
+    sized = status_of([], spec=HUB, model=SIZED)
+    claimed = {"model": {**HUB["model"], "cache": {"persistentVolumeClaim": {"claimName": "c"}}}}
+    assert status_of([], old=sized, spec=claimed)["model"] == SIZED  # kept, harmless
+    local = status_of([], old=sized, spec={"model": {"path": "/m"}})
+    assert local["model"] is None  # the merge patch removes it
+    assert "model" not in status_of([], spec={"model": {"path": "/m"}})

@@ -129,7 +129,7 @@ def test_model_path_is_normalised_and_dotdot_is_refused_by_run_and_operator():
 
 def test_local_device_is_the_cpu_only_when_the_spec_has_no_gpus():
     assert local_config(manifest(gpus=0)["spec"]).device == "cpu"
-    assert local_config(manifest(gpus=2)["spec"]).device == "auto"
+    assert local_config(manifest(gpus=1)["spec"]).device == "auto"
     assert local_config(manifest()["spec"], "/elsewhere").model == "/elsewhere"
 
 
@@ -156,6 +156,13 @@ def test_local_device_is_the_cpu_only_when_the_spec_has_no_gpus():
     (manifest(resources={"limits": {"memory": 0}}),
      "spec.resources.limits.memory must be more than 0 bytes"),
     ({**manifest(), "metadata": {"name": "Bad_Name"}}, "metadata.name: 'Bad_Name' does not match"),
+    (manifest(gpus=2), "gpus must be 0 or 1: kvledger has no tensor parallelism yet"),
+    (manifest(model={"uri": "hf://org/m", "path": "/m"}),
+     "set exactly one of model.path and model.uri"),
+    (manifest(model={"uri": "hf://org/m@"}), "spec.model.uri: 'hf://org/m@' does not match"),
+    (manifest(tolerations=[{"key": "k", "operator": "Exists", "value": "v"}]),
+     "a toleration with operator Exists takes no value"),
+    (manifest(nodeSelector={"pool": 1}), "spec.nodeSelector.pool: 1 is not of type 'string'"),
     ({**manifest(), "kind": "Deployment"}, "manifest must be apiVersion: kvledger.dev/v1alpha1"),
     ({k: v for k, v in manifest().items() if k != "spec"},
      "invalid InferenceService at (top level): 'spec' is a required property"),
@@ -250,3 +257,61 @@ def test_run_serves_the_manifest_and_stops_on_sigterm(tiny_model, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_cluster_only_fields_are_validated_then_ignored_and_it_says_so(tiny_model, tmp_path,
+                                                                       capsys):
+    doc = manifest(gpus=0, nodeSelector={"pool": "a"}, tolerations=[{"operator": "Exists"}],
+                   env=[{"name": "A", "value": "1"}], podLabels={"team": "x"})
+    doc["spec"]["model"]["path"] = str(tiny_model)
+    assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("local: ignored off the cluster: spec.nodeSelector, spec.tolerations, "
+                          "spec.env, spec.podLabels\n")
+    assert "pre-flight passed" in out
+
+
+def test_a_hub_model_is_preflighted_and_served_by_its_uri(tmp_path, capsys, monkeypatch):
+    """The uri goes to the pod's own pre-flight and to serve as --model; the Secret, mirror
+    and cache of the manifest are the cluster's (the shell's HF_TOKEN applies here)."""
+    from kvledger.engine.budget import cli_preflight
+
+    ran, execs = [], []
+
+    def preflight(args):
+        ran.append(args)
+        print("fits: engine requires 1.0 GiB, limit is 2.0 GiB (1.0 GiB to spare)")
+        return 0
+
+    monkeypatch.setattr(cli_preflight, "main", preflight)
+    monkeypatch.setattr("os.execv", lambda path, argv: execs.append(argv))
+    doc = manifest(gpus=0, model={
+        "uri": "hf://org/m@v1", "name": "m", "tokenSecretRef": {"name": "hf", "key": "token"},
+        "endpoint": "https://mirror.example", "cache": {
+            "persistentVolumeClaim": {"claimName": "c"}}})
+    assert kvledger(["run", write(tmp_path, doc), "--port", "9001"]) == 1  # execv was faked
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == ("local: ignored off the cluster: spec.model.tokenSecretRef, "
+                                   "spec.model.endpoint, spec.model.cache")
+    [args] = ran
+    assert (args.model, args.served_model_name, args.device) == ("hf://org/m@v1", "m", "cpu")
+    assert args.download_dir is None  # the engine's default cache
+    [argv] = execs
+    assert argv[4:6] == ["--model", "hf://org/m@v1"] and "--download-dir" not in argv
+    assert "local: pre-flight passed" in out and "exec kvledger serve --model hf://org/m@v1" in out
+
+
+def test_a_hub_model_that_does_not_fit_exits_3(tmp_path, capsys, monkeypatch):
+    from kvledger.engine.budget import cli_preflight
+
+    monkeypatch.setattr(cli_preflight, "main", lambda args: EXIT_DOES_NOT_FIT)
+    doc = manifest(gpus=0, model={"uri": "hf://org/m"})
+    assert kvledger(["run", write(tmp_path, doc)]) == EXIT_DOES_NOT_FIT
+    assert "local: pre-flight refused the plan" in capsys.readouterr().err
+
+
+def test_a_hub_model_with_model_path_runs_the_local_copy(tiny_model, tmp_path, capsys):
+    doc = manifest(gpus=0, model={"uri": "hf://org/tiny", "name": "tiny"})
+    assert kvledger(["run", write(tmp_path, doc), "--preflight-only",
+                     "--model-path", str(tiny_model)]) == 0
+    assert "fits: engine requires" in capsys.readouterr().out

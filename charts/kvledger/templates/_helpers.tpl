@@ -44,6 +44,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
+{{- /*
+  A hub model cached in an emptyDir (spec.model.uri, no model.cache) is sized from its
+  download size, asked of the hub with the token in the Secret spec.model.tokenSecretRef
+  names: get only (no list or watch), once per uri; never logged, posted or stored.
+*/}}
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create]
