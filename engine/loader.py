@@ -52,6 +52,8 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
                         state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
         except (OSError, RuntimeError) as exc:
             raise BadInput(f"{path}: cannot read safetensors: {exc}") from None
+    if config.moe is not None:
+        state = _split_fused_experts(state, config)
     if "lm_head.weight" not in state and config.tie_word_embeddings:
         state["lm_head.weight"] = state.get("model.embed_tokens.weight")
     shapes = {name: t.shape for name, t in model.state_dict().items()}
@@ -69,6 +71,32 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval().requires_grad_(False)
+
+
+def _split_fused_experts(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Published MoE checkpoints name each expert's tensors (``experts.{i}.gate_proj``;
+    Mixtral's ``block_sparse_moe.experts.{i}.w1``); transformers 5 saves them fused when
+    asked to (``save_original_format=False``): ``mlp.experts.gate_up_proj`` ``[experts,
+    2 * inter, hidden]`` and ``mlp.experts.down_proj`` ``[experts, hidden, inter]``, the
+    router as ``mlp.gate.weight``. Split those into per-expert views (no copy)."""
+    mixtral = config.architecture == "MixtralForCausalLM"
+    block = ".block_sparse_moe." if mixtral else ".mlp."
+    gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        layer, fused, what = name.partition(".mlp.experts.")
+        if not fused or what not in ("gate_up_proj", "down_proj") or tensor.dim() != 3:
+            if mixtral and name.endswith(".mlp.gate.weight"):
+                name = name.replace(".mlp.", block)
+            out[name] = tensor
+            continue
+        for e, matrix in enumerate(tensor):
+            expert = f"{layer}{block}experts.{e}."
+            if what == "down_proj":
+                out[f"{expert}{down}.weight"] = matrix
+            else:
+                out[f"{expert}{gate}.weight"], out[f"{expert}{up}.weight"] = matrix.chunk(2)
+    return out
 
 
 def weights_bytes(model: CausalLM) -> int:

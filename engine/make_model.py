@@ -21,10 +21,12 @@ import os
 import shutil
 import tempfile
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kvledger.engine.errors import BadInput
+from kvledger.engine.model_config import ModelConfig, MoEConfig
 
 CORPUS = Path(__file__).parent / "data" / "corpus.txt"
 SPECIAL_TOKENS = ["<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
@@ -59,6 +61,27 @@ MODELS: dict[str, dict[str, Any]] = {
                    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
                    "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
                    "use_sliding_window": False, "sliding_window": None, "max_window_layers": 3},
+    # Qwen3 shape: q/k norms, head_dim 64 with 4 heads (q is wider than hidden), tied.
+    "tiny-qwen3": {**_LLAMA, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                   "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+                   "max_position_embeddings": 512, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+                   "tie_word_embeddings": True, "use_sliding_window": False, "sliding_window": None,
+                   "max_window_layers": 3},
+    # Mixtral shape: 8 experts in every layer, top-2, renormalised.
+    "tiny-mixtral": {**_LLAMA, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                     "hidden_size": 128, "intermediate_size": 64, "num_hidden_layers": 3,
+                     "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16,
+                     "max_position_embeddings": 512, "rope_theta": 1000000.0, "sliding_window": None,
+                     "num_local_experts": 8, "num_experts_per_tok": 2, "router_jitter_noise": 0.0},
+    # Qwen3-MoE shape: q/k norms, 16 experts, top-4 renormalised, layer 1 dense (mlp_only_layers).
+    "tiny-qwen3-moe": {**_LLAMA, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                       "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3,
+                       "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
+                       "max_position_embeddings": 512, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+                       "use_sliding_window": False, "sliding_window": None, "num_experts": 16,
+                       "num_experts_per_tok": 4, "moe_intermediate_size": 32, "norm_topk_prob": True,
+                       "decoder_sparse_step": 1, "mlp_only_layers": [1]},
     # For benchmarks: big enough that batching, not Python overhead, decides throughput.
     "small-llama": {**_LLAMA, "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8,
                     "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 2048,
@@ -256,7 +279,7 @@ def _write_weights(name: str, config: dict[str, Any], path: Path) -> None:
     from safetensors.torch import save_file
 
     gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    hidden = config["hidden_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or hidden // heads
     # A wider spread than HF's 0.02 keeps the logits' top two apart, so greedy equality
@@ -270,18 +293,23 @@ def _write_weights(name: str, config: dict[str, Any], path: Path) -> None:
     # or the residual stream (mostly the input embedding) just predicts the same token.
     embed_scale = 0.02 if config["tie_word_embeddings"] else 1.0
     tensors = {"model.embed_tokens.weight": rand(config["vocab_size"], hidden, scale=embed_scale)}
+    model_type = config["model_type"]
+    moe = ModelConfig.from_dict(config).moe  # which layers have experts, as the engine reads it
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         tensors[p + "self_attn.q_proj.weight"] = rand(heads * head_dim, hidden)
         tensors[p + "self_attn.k_proj.weight"] = rand(kv_heads * head_dim, hidden)
         tensors[p + "self_attn.v_proj.weight"] = rand(kv_heads * head_dim, hidden)
         tensors[p + "self_attn.o_proj.weight"] = rand(hidden, heads * head_dim)
-        if config["model_type"] == "qwen2":
+        if model_type == "qwen2" or config["attention_bias"]:
             for proj, rows in (("q", heads), ("k", kv_heads), ("v", kv_heads)):
                 tensors[p + f"self_attn.{proj}_proj.bias"] = rand(rows * head_dim, scale=0.2)
-        tensors[p + "mlp.gate_proj.weight"] = rand(inter, hidden)
-        tensors[p + "mlp.up_proj.weight"] = rand(inter, hidden)
-        tensors[p + "mlp.down_proj.weight"] = rand(hidden, inter)
+        if config["attention_bias"] and model_type != "qwen2":  # Llama, Qwen3: o too
+            tensors[p + "self_attn.o_proj.bias"] = rand(hidden, scale=0.2)
+        if model_type in ("qwen3", "qwen3_moe"):
+            tensors[p + "self_attn.q_norm.weight"] = 1.0 + rand(head_dim, scale=0.1)
+            tensors[p + "self_attn.k_norm.weight"] = 1.0 + rand(head_dim, scale=0.1)
+        tensors.update(_feed_forward_weights(config, moe, i, p, rand))
         tensors[p + "input_layernorm.weight"] = 1.0 + rand(hidden, scale=0.1)
         tensors[p + "post_attention_layernorm.weight"] = 1.0 + rand(hidden, scale=0.1)
     tensors["model.norm.weight"] = 1.0 + rand(hidden, scale=0.1)
@@ -289,6 +317,32 @@ def _write_weights(name: str, config: dict[str, Any], path: Path) -> None:
         tensors["lm_head.weight"] = rand(config["vocab_size"], hidden)
     save_file({k: v.contiguous() for k, v in sorted(tensors.items())}, str(path),
               metadata={"format": "pt"})
+
+
+def _feed_forward_weights(config: dict[str, Any], moe: MoEConfig | None, layer: int, prefix: str,
+                          rand: Callable[..., Any]) -> dict[str, Any]:
+    """One layer's MLP, or its router and experts named one expert at a time as published
+    checkpoints are (transformers 5 fuses them into 3D tensors when it loads them)."""
+    hidden = config["hidden_size"]
+    if moe is None or layer not in moe.sparse_layers:
+        inter = config["intermediate_size"]
+        return {prefix + "mlp.gate_proj.weight": rand(inter, hidden),
+                prefix + "mlp.up_proj.weight": rand(inter, hidden),
+                prefix + "mlp.down_proj.weight": rand(hidden, inter)}
+    if config["model_type"] == "mixtral":
+        block, (gate, up, down) = prefix + "block_sparse_moe.", ("w1", "w3", "w2")
+    else:
+        block, (gate, up, down) = prefix + "mlp.", ("gate_proj", "up_proj", "down_proj")
+    inter = moe.intermediate_size
+    # A wider router keeps each token's k-th and (k+1)-th experts apart, as the logits';
+    # wider experts (narrower than a dense MLP) make their sum as large as a dense MLP's
+    # output, so a token routed wrong changes the next token.
+    tensors = {block + "gate.weight": rand(moe.num_experts, hidden, scale=0.2)}
+    for e in range(moe.num_experts):
+        tensors[block + f"experts.{e}.{gate}.weight"] = rand(inter, hidden, scale=0.12)
+        tensors[block + f"experts.{e}.{up}.weight"] = rand(inter, hidden, scale=0.12)
+        tensors[block + f"experts.{e}.{down}.weight"] = rand(hidden, inter, scale=0.12)
+    return tensors
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

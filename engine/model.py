@@ -1,4 +1,5 @@
-"""The Llama-family transformer (Llama 2/3, Mistral, Qwen2) over a paged KV cache.
+"""The Llama-family transformer (Llama 2/3, Mistral, Qwen2, Qwen3; Mixtral and Qwen3-MoE
+with the experts of engine/moe.py) over a paged KV cache.
 
 Module names match Hugging Face's, so a checkpoint's state dict loads as is. The forward
 pass takes every token of a step flattened into one ``[num_tokens]`` batch: the linear
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvledger.engine.model_config import ModelConfig
+from kvledger.engine.moe import MixtralExpert, SparseMoE
 
 
 @dataclass
@@ -140,6 +142,10 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, kv_size, bias=config.qkv_bias)
         self.v_proj = nn.Linear(hidden, kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(q_size, hidden, bias=config.o_bias)
+        if config.qk_norm:  # Qwen3: per head, over head_dim
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.qk_norm = config.qk_norm
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
@@ -147,6 +153,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
@@ -184,34 +192,44 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    """The dense SwiGLU MLP; also each Qwen3-MoE expert."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__()
         self.self_attn = Attention(config)
-        self.mlp = MLP(config)
+        mixtral = config.architecture == "MixtralForCausalLM"
+        if config.moe is None or index not in config.moe.sparse_layers:
+            feed_forward = MLP(config.hidden_size, config.intermediate_size)
+        else:
+            feed_forward = SparseMoE(config.hidden_size, config.moe, MixtralExpert if mixtral else MLP)
+        # Mixtral's checkpoints name it block_sparse_moe, everyone else's mlp.
+        self.feed_forward_name = "block_sparse_moe" if mixtral else "mlp"
+        self.add_module(self.feed_forward_name, feed_forward)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x, cos, sin, kv_cache, meta):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        feed_forward = self._modules[self.feed_forward_name]
+        return x + feed_forward(self.post_attention_layernorm(x))
 
 
 class Decoder(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 

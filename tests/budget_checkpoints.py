@@ -1,4 +1,5 @@
-"""Checkpoints the planner's tests write themselves (tiny Llama-shaped models)."""
+"""Checkpoints the planner's tests write themselves: tiny Llama-shaped models with data,
+and header-only checkpoints of any shape (``write_header_only``)."""
 
 from __future__ import annotations
 
@@ -89,3 +90,41 @@ def write_raw_safetensors(path: Path, header: dict, data: bytes | int) -> None:
             f.write(data)
         else:
             f.truncate(8 + len(raw) + data)
+
+
+# Bytes per element of the dtypes published checkpoints use (MXFP4 is stored as U8 blocks
+# and U8 scales, DeepSeek's fp8 as F8_E4M3 with F32 scales).
+ELEMENT_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "U8": 1, "I8": 1, "F8_E4M3": 1}
+
+
+def tensor_bytes(dtype: str, shape: list[int]) -> int:
+    n = ELEMENT_BYTES[dtype]
+    for d in shape:
+        n *= d
+    return n
+
+
+def write_header_only(model_dir: Path, config: dict,
+                      tensors: dict[str, tuple[str, list[int]]], *, shards: int = 1) -> int:
+    """config.json as given and the tensors' safetensors headers, the data left sparse (a
+    hole), in ``shards`` files with an index when more than one; returns the tensor bytes."""
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(config, indent=2))
+    names = list(tensors)
+    per_shard = -(-len(names) // shards)
+    weight_map, total = {}, 0
+    for k in range(shards):
+        shard = "model.safetensors" if shards == 1 else f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        header, offset = {}, 0
+        for name in names[k * per_shard:(k + 1) * per_shard]:
+            dtype, shape = tensors[name]
+            nbytes = tensor_bytes(dtype, shape)
+            header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+            weight_map[name] = shard
+        write_raw_safetensors(model_dir / shard, header, offset)
+        total += offset
+    if shards > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (model_dir / "model.safetensors.index.json").write_text(json.dumps(index))
+    return total

@@ -136,11 +136,16 @@ def test_preflight_refuses_a_checkpoint_the_engine_cannot_run(tmp_path, capsys) 
     config["architectures"] = ["GPT2LMHeadModel"]
     (tmp_path / "config.json").write_text(json.dumps(config))
     argv = ["--model", str(tmp_path), "--device-memory", "24GiB"]
-    assert main(["plan", *argv]) == 0  # what-if planning of any Llama-shaped checkpoint
-    capsys.readouterr()
-    assert main(["preflight", *argv, "--plan-out", str(tmp_path / "plan.json")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: unsupported architecture GPT2LMHeadModel") and err.count("\n") == 1
+    # Never planned as if it were a Llama: plan and preflight refuse it by name.
+    for command in ("plan", "preflight"):
+        assert main([command, *argv, "--json"] if command == "plan" else
+                    [command, *argv, "--plan-out", str(tmp_path / "plan.json")]) == 2
+        captured = capsys.readouterr()
+        assert captured.err.startswith("error: unsupported architecture GPT2LMHeadModel for "
+                                       "planning; kvledger plans: ")
+        assert captured.err.count("\n") == 1 and captured.out == ""
+        assert "LlamaForCausalLM" in captured.err and "GptOssForCausalLM" in captured.err
+    assert not (tmp_path / "plan.json").exists()
 
 
 def test_bad_checkpoint_through_a_subprocess(tmp_path) -> None:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from kvledger.engine.budget.checkpoint import ModelShape, WeightsInfo
 from kvledger.engine.budget.device import DeviceMemory
+from kvledger.engine.budget.kv_layout import AttentionLayout, LayerKV
 from kvledger.engine.budget.plan import make_plan
 from kvledger.engine.config import EngineConfig
 
@@ -20,15 +21,31 @@ def scenarios(draw):
     heads = draw(st.sampled_from([4, 8, 32, 64]))
     kv_heads = draw(st.sampled_from([h for h in (1, 2, 4, 8) if heads % h == 0]))
     head_dim = draw(st.sampled_from([32, 64, 128]))
-    shape = ModelShape("LlamaForCausalLM", draw(st.integers(1, 96)), heads, kv_heads, head_dim,
+    num_layers = draw(st.integers(1, 96))
+    # Full attention in kvledger's engine, or a what-if for vLLM: MLA, or sliding layers
+    # in any pattern among full ones.
+    arch = draw(st.sampled_from(["LlamaForCausalLM", "DeepseekV3ForCausalLM",
+                                 "Gemma2ForCausalLM"]))
+    layout = None
+    if arch == "DeepseekV3ForCausalLM":
+        layout = AttentionLayout((LayerKV("mla", 1, draw(st.sampled_from([576, 192]))),)
+                                 * num_layers)
+    elif arch == "Gemma2ForCausalLM":
+        window = draw(st.integers(1, 5000))
+        sliding = draw(st.lists(st.booleans(), min_size=num_layers, max_size=num_layers))
+        layout = AttentionLayout(tuple(
+            LayerKV("sliding", kv_heads, head_dim, window) if slides
+            else LayerKV("full", kv_heads, head_dim) for slides in sliding))
+    shape = ModelShape(arch, num_layers, heads, kv_heads, head_dim,
                        heads * head_dim, draw(st.integers(1, 30000)), draw(st.integers(100, 200000)),
-                       draw(st.sampled_from([2048, 8192, 32768])), "bfloat16")
+                       draw(st.sampled_from([2048, 8192, 32768])), "bfloat16", layout=layout)
     weights_bytes = draw(st.integers(1, 200 * GiB)) // 2 * 2
     weights = WeightsInfo(weights_bytes, 10, "BF16", (), {"BF16": weights_bytes})
     total = draw(st.integers(8, 200)) * GiB
     device = DeviceMemory("what-if", "card", total, total, draw(st.booleans()))
     flags = dict(
         model="/unused",
+        max_num_batched_tokens=draw(st.one_of(st.none(), st.integers(256, 40000))),
         max_model_len=draw(st.integers(1, shape.max_position_embeddings)),
         max_num_seqs=draw(st.integers(1, 256)),
         block_size=draw(st.sampled_from([8, 16, 32])),
@@ -72,3 +89,6 @@ def test_plan_invariants(scenario) -> None:
             assert replan(kv_cache_dtype="fp8").fits
         elif remedy.flag == "--enforce-eager":
             assert replan(enforce_eager=True).fits
+        elif remedy.flag == "--max-num-batched-tokens":
+            assert replan(max_num_batched_tokens=remedy.value).fits
+            assert not replan(max_num_batched_tokens=remedy.value + 1).fits

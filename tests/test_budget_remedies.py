@@ -1,6 +1,7 @@
 """The largest value that fits: the binary search itself at every threshold of a small
 range, then --max-model-len, --max-num-seqs and --max-num-batched-tokens through
-``make_plan`` on tiny header-only checkpoints, at limits just enough for each value."""
+``make_plan`` on tiny header-only checkpoints (full attention, sliding+full, MLA), at
+limits just enough for each value."""
 
 from __future__ import annotations
 
@@ -82,10 +83,23 @@ def _header_only_checkpoint(model_dir: Path, **overrides) -> None:
     write_raw_safetensors(model_dir / "model.safetensors", header, offset)
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+# The tiny model's attention: full in kvledger's engine; a what-if for vLLM of sliding
+# layers (window 40) among full ones, whose blocks also grow with the step; MLA's latent.
+LAYOUTS = {
+    "full": {},
+    "sliding+full": {"architectures": ["Gemma2ForCausalLM"], "sliding_window": 40,
+                     "num_hidden_layers": 3},
+    "mla": {"architectures": ["DeepseekV2ForCausalLM"], "kv_lora_rank": 24,
+            "qk_rope_head_dim": 8, "qk_nope_head_dim": 16},
+}
+
+
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def tiny_dir(request, tmp_path_factory: pytest.TempPathFactory) -> str:
     model_dir = tmp_path_factory.mktemp("header-only")
-    _header_only_checkpoint(model_dir)  # max_position_embeddings 512
+    _header_only_checkpoint(model_dir, **LAYOUTS[request.param])  # max_position_embeddings 512
+    layout = make_plan(_config(str(model_dir)), with_remedies=False).kv.layout
+    assert layout == {"sliding+full": "sliding+full (hybrid)"}.get(request.param, request.param)
     return str(model_dir)
 
 

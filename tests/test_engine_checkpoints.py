@@ -40,6 +40,14 @@ def test_make_model_writes_the_same_bytes_every_time(tmp_path, tiny_llama_dir):
     assert (again / "model.safetensors").stat().st_size < 8 * 2**20
 
 
+@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-mixtral", "tiny-qwen3-moe"])
+def test_the_new_shapes_are_deterministic_and_small(tmp_path, make_model_dir, name):
+    from kvledger.engine.make_model import write_model
+
+    assert _digests(write_model(name, tmp_path / name)) == _digests(make_model_dir(name))
+    assert (tmp_path / name / "model.safetensors").stat().st_size < 5 * 2**20
+
+
 def test_make_model_cli(tmp_path, capsys):
     assert cli_main(["make-model", "tiny-qwen2", str(tmp_path / "q")]) == 0
     assert (tmp_path / "q" / "model.safetensors").is_file()
@@ -208,11 +216,100 @@ def test_a_checkpoint_missing_a_tensor_is_refused(tmp_path, tiny_llama_dir):
     ({"rms_norm_eps": -1e-5}, "'rms_norm_eps' must be a positive number"),
     ({"architectures": ["MistralForCausalLM"], "sliding_window": -5},
      "'sliding_window' must be a positive integer, got -5"),
+    ({"architectures": ["Qwen3ForCausalLM"], "use_sliding_window": True, "sliding_window": 32,
+      "layer_types": ["full_attention", "sliding_attention"] * 2}, "sliding window on only some layers"),
+    ({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 128, "num_attention_heads": 4},
+     "Qwen3ForCausalLM without head_dim"),
+    # Mixture-of-experts that would load and run wrong.
+    ({"architectures": ["Qwen2MoeForCausalLM"]},
+     r"unsupported architecture Qwen2MoeForCausalLM \(Qwen2-MoE's shared expert is not implemented\)"),
+    ({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 8, "shared_expert_intermediate_size": 64},
+     "unsupported: a shared expert"),
+    ({"architectures": ["MixtralForCausalLM"], "scoring_func": "sigmoid"},
+     "unsupported MoE router: scoring_func 'sigmoid'"),
+    ({"architectures": ["Qwen3MoeForCausalLM"], "n_group": 8, "topk_group": 4},
+     "unsupported MoE router: n_group 8"),
+    ({"architectures": ["MixtralForCausalLM"], "num_local_experts": 2, "num_experts_per_tok": 3},
+     "'num_experts_per_tok' 3 is more than the 2 experts"),
+    ({"architectures": ["Qwen3MoeForCausalLM"], "decoder_sparse_step": 0},
+     "'decoder_sparse_step' must be a positive integer"),
 ])
 def test_model_config_refuses_what_it_cannot_run(tiny_llama_dir, change, message):
     raw = {**json.loads((tiny_llama_dir / "config.json").read_text()), **change}
     with pytest.raises(BadInput, match=message):
         ModelConfig.from_dict(raw)
+
+
+@pytest.mark.parametrize("change, window", [
+    ({}, None),
+    ({"use_sliding_window": True, "sliding_window": 32}, None),  # max_window_layers 28 >= layers
+    ({"use_sliding_window": True, "sliding_window": 32, "max_window_layers": 0}, 32),
+    ({"use_sliding_window": True, "sliding_window": 32, "layer_types": ["sliding_attention"] * 4}, 32),
+    ({"use_sliding_window": False, "sliding_window": 32, "max_window_layers": 0}, None),
+])
+@pytest.mark.parametrize("arch", ["Qwen2ForCausalLM", "Qwen3ForCausalLM"])
+def test_qwen_sliding_window_as_transformers_reads_it(tiny_llama_dir, arch, change, window):
+    raw = {**json.loads((tiny_llama_dir / "config.json").read_text()), "architectures": [arch],
+           "head_dim": 32, **change}
+    assert ModelConfig.from_dict(raw).sliding_window == window
+
+
+def test_which_layers_have_experts_is_transformers_choice(tiny_llama_dir):
+    """Qwen3-MoE: experts where (i + 1) % decoder_sparse_step == 0 and i not in
+    mlp_only_layers; none at all with num_experts 0. Mixtral: every layer."""
+    transformers = pytest.importorskip("transformers")
+    base = {**json.loads((tiny_llama_dir / "config.json").read_text()), "num_hidden_layers": 6,
+            "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+            "moe_intermediate_size": 8, "num_experts_per_tok": 2}
+    for change in ({"num_experts": 4}, {"num_experts": 4, "decoder_sparse_step": 2},
+                   {"num_experts": 4, "decoder_sparse_step": 3, "mlp_only_layers": [2]},
+                   {"num_experts": 4, "mlp_only_layers": [0, 5]}, {"num_experts": 0}):
+        raw = {**base, **change}
+        hf = transformers.Qwen3MoeConfig(**{k: v for k, v in raw.items() if k != "architectures"})
+        with torch.device("meta"):
+            layers = transformers.Qwen3MoeForCausalLM(hf).model.layers
+        expected = tuple(i for i, layer in enumerate(layers) if hasattr(layer.mlp, "experts"))
+        moe = ModelConfig.from_dict(raw).moe
+        assert (moe.sparse_layers if moe else ()) == expected, change
+    mixtral = ModelConfig.from_dict({**base, "architectures": ["MixtralForCausalLM"],
+                                     "num_local_experts": 4}).moe
+    assert mixtral.sparse_layers == tuple(range(6)) and mixtral.normalize_topk
+
+
+def test_experts_saved_fused_by_transformers_load_the_same(tmp_path, make_model_dir):
+    """transformers 5 keeps experts fused in 3D tensors and saves them per expert, as
+    published, unless told otherwise (``save_original_format=False``): both load."""
+    transformers = pytest.importorskip("transformers")
+    for name in ("tiny-mixtral", "tiny-qwen3-moe"):
+        source = make_model_dir(name)
+        config = ModelConfig.from_dir(source)
+        ours = load_model(source, config, torch.float32, torch.device("cpu")).state_dict()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        for original_format in (True, False):
+            saved = tmp_path / f"{name}-{original_format}"
+            hf.save_pretrained(saved, save_original_format=original_format)
+            model = load_model(saved, config, torch.float32, torch.device("cpu"))
+            loaded = model.state_dict()
+            assert loaded.keys() == ours.keys() and all(torch.equal(loaded[k], ours[k]) for k in ours)
+            assert weights_bytes(model) == loaded_weight_bytes(read_weights(saved), "float32")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+      "shared_expert_intermediate_size": 64}, "unsupported architecture Qwen2MoeForCausalLM"),
+    ({"shared_expert_intermediate_size": 64}, "unsupported: a shared expert"),
+    ({"scoring_func": "sigmoid"}, "unsupported MoE router: scoring_func 'sigmoid'"),
+])
+def test_preflight_refuses_an_unsupported_moe_in_one_line(tmp_path, make_model_dir, capsys,
+                                                          change, message):
+    """Exit 2 before the pod's engine starts (the planner may name the architecture first)."""
+    model = _copy(make_model_dir("tiny-qwen3-moe"), tmp_path / "moe")
+    raw = {**json.loads((model / "config.json").read_text()), **change}
+    (model / "config.json").write_text(json.dumps(raw))
+    code = cli_main(["preflight", "--model", str(model), "--device", "cpu", "--max-model-len", "256",
+                     "--termination-log", str(tmp_path / "log")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1, err
 
 
 def test_transformers5_rope_parameters_are_read(tiny_llama_dir):

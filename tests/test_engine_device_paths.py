@@ -32,7 +32,8 @@ def test_a_cpu_tensor_meeting_the_meta_model_fails():
         torch.zeros(2, device=META) + torch.ones(2)
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mistral", "tiny-qwen2"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
+                                  "tiny-mixtral", "tiny-qwen3-moe"])
 @pytest.mark.parametrize("kv_dtype", ["auto", "fp8_e4m3"])
 def test_profile_runs_both_steps_on_the_model_device(make_model_dir, name, kv_dtype):
     runner = meta_runner(make_model_dir(name), max_model_len=4096)

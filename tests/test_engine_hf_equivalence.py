@@ -1,5 +1,7 @@
 """Greedy tokens equal Hugging Face transformers' on the same checkpoint, with many
-prompts of different lengths running concurrently (batching must not change a token).
+prompts of different lengths running concurrently (batching must not change a token),
+for every architecture the engine runs: dense (Llama, Mistral, Qwen2, Qwen3) and
+mixture-of-experts (Mixtral, Qwen3-MoE), whose routing depends on the batch's tokens.
 
 Both run on the CPU, or on ``KVLEDGER_TEST_DEVICE`` (``cuda``: bench/gpu_checks.sh), in
 float32 (the built-in checkpoints' dtype)."""
@@ -38,8 +40,11 @@ def _hf_greedy(model_dir, prompt: list[int], max_new_tokens: int) -> list[int]:
 
 _hf_greedy.models = {}
 
+ALL_SHAPES = ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-mixtral",
+              "tiny-qwen3-moe"]
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mistral", "tiny-qwen2"])
+
+@pytest.mark.parametrize("name", ALL_SHAPES)
 def test_greedy_tokens_equal_transformers_with_concurrent_batching(make_model_dir, name):
     model_dir = make_model_dir(name)
     # Fewer sequences than prompts: requests join and leave the batch between steps.
@@ -54,10 +59,12 @@ def test_greedy_tokens_equal_transformers_with_concurrent_batching(make_model_di
         assert out.finish_reason == ("length" if len(expected) == n else "stop")
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mistral"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mistral", "tiny-qwen3", "tiny-mixtral",
+                                  "tiny-qwen3-moe"])
 def test_chunked_prefill_tokens_equal_transformers(make_model_dir, name):
     """Prompts longer than the step budget are computed in chunks that attend to the
-    cache of earlier chunks (and, for Mistral, across the sliding window)."""
+    cache of earlier chunks (and, for Mistral, across the sliding window); a chunk's
+    tokens are routed to experts alongside other prompts' chunks and decodes."""
     model_dir = make_model_dir(name)
     llm = LLM(str(model_dir), max_model_len=256, max_num_seqs=4, max_num_batched_tokens=24,
               device=DEVICE)
@@ -102,3 +109,29 @@ def test_llama_with_attention_bias_and_tied_embeddings_matches(tmp_path, tiny_ll
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12))
     for prompt, out in zip(prompts, outputs, strict=True):
         assert out.token_ids == _hf_greedy(str(model_dir), prompt, 12)
+
+
+@pytest.mark.parametrize("name, change", [
+    # Qwen3 with q/k/v/o bias, every layer sliding (max_window_layers 0) with a window of 24.
+    ("tiny-qwen3", {"attention_bias": True, "use_sliding_window": True, "sliding_window": 24,
+                    "max_window_layers": 0}),
+    # Qwen3-MoE: top-k weights not renormalised, experts every 2nd layer, bias, a window.
+    ("tiny-qwen3-moe", {"norm_topk_prob": False, "decoder_sparse_step": 2, "mlp_only_layers": [],
+                        "attention_bias": True, "use_sliding_window": True, "sliding_window": 24}),
+])
+def test_qwen3_variants_match(tmp_path, monkeypatch, name, change):
+    """The config switches the built-in Qwen3 shapes leave at their defaults."""
+    from kvledger.engine import make_model
+
+    config = {**make_model.MODELS[name], **change}
+    monkeypatch.setitem(make_model.MODELS, name, config)
+    model_dir = make_model.write_model(name, tmp_path / name)
+    llm = LLM(str(model_dir), max_model_len=128, max_num_seqs=3, max_num_batched_tokens=32,
+              device=DEVICE)
+    if "decoder_sparse_step" in change:  # experts in layer 1 only, as transformers builds it
+        assert [type(layer.mlp).__name__ for layer in llm.engine.runner.model.model.layers] == \
+            ["MLP", "SparseMoE", "MLP"]
+    prompts = _prompts(1024, 8, seed=9)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12))
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.token_ids == _hf_greedy(str(model_dir), prompt, 12), f"prompt of {len(prompt)}"

@@ -16,15 +16,21 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=12, ignore_eos=True)
 
 
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-qwen3-moe"])
+def model_dir(request, make_model_dir):
+    """A dense model, and one whose experts are chosen per token of the step's batch."""
+    return make_model_dir(request.param)
+
+
 @pytest.fixture
-def engine(tiny_llama_dir):
-    return make_engine(tiny_llama_dir, max_num_seqs=8)
+def engine(model_dir):
+    return make_engine(model_dir, max_num_seqs=8)
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_llama_dir) -> dict:
+def reference(model_dir) -> dict:
     """Every request's tokens when nothing fails."""
-    clean = make_engine(tiny_llama_dir, max_num_seqs=8)
+    clean = make_engine(model_dir, max_num_seqs=8)
     for request_id, prompt in PROMPTS.items():
         clean.add_request(request_id, prompt, SAMPLED if request_id == "r1" else GREEDY)
     return {rid: out.token_ids for rid, out in drain(clean).items()}

@@ -10,6 +10,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvledger.engine.budget.kv_layout import (
+    MLA_ARCHITECTURES,
+    AttentionLayout,
+    full_layout,
+    pick_architecture,
+    read_layout,
+)
 from kvledger.engine.budget.safetensors_header import (  # noqa: F401 - re-exported
     DTYPE_BITS,
     TensorInfo,
@@ -24,6 +31,13 @@ INDEX_FILE = "model.safetensors.index.json"
 # Names whose tensor is the input embedding an ``lm_head`` is tied to.
 EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight",
                       "embeddings.weight")
+# transformers' defaults for fields a published config.json leaves out (Gemma 3's
+# multimodal checkpoints give only what differs from Gemma3TextConfig).
+CONFIG_DEFAULTS = {
+    "gemma3_text": {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
+                    "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+                    "head_dim": 256, "max_position_embeddings": 131_072, "sliding_window": 4096},
+}
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,14 @@ class ModelShape:
     max_position_embeddings: int
     torch_dtype: str  # config's dtype name, e.g. "bfloat16"; "" when the config has none
     tie_word_embeddings: bool = False
+    layout: AttentionLayout | None = None  # None: full attention on every layer
+    quantization: str = ""  # config's quantization_config.quant_method, e.g. "mxfp4"
+
+    def kv_layout(self) -> AttentionLayout:
+        """What each layer keeps per token (``kv_layout``)."""
+        if self.layout is not None:
+            return self.layout
+        return full_layout(self.num_layers, self.num_kv_heads, self.head_dim)
 
 
 @dataclass(frozen=True)
@@ -99,10 +121,12 @@ def _read_config(model_dir: Path) -> dict:
     text = config.get("text_config")
     if "num_hidden_layers" not in config and isinstance(text, dict):
         merged = dict(text)
-        for key in ("architectures", "torch_dtype", "dtype", "tie_word_embeddings"):
+        for key in ("architectures", "torch_dtype", "dtype", "tie_word_embeddings",
+                    "quantization_config"):
             merged.setdefault(key, config.get(key))
-        return merged
-    return config
+        config = merged
+    defaults = CONFIG_DEFAULTS.get(config.get("model_type"), {})
+    return {**defaults, **{k: v for k, v in config.items() if v is not None or k not in defaults}}
 
 
 def _positive(config: dict, key: str, default: object = None) -> int:
@@ -115,7 +139,8 @@ def _positive(config: dict, key: str, default: object = None) -> int:
 
 
 def read_model_shape(model_dir: str | os.PathLike) -> ModelShape:
-    """The shape from ``config.json``; BadInput on a missing, garbled or incomplete file."""
+    """The shape from ``config.json``; BadInput on a missing, garbled or incomplete file,
+    and on an architecture the planner does not model (named, never planned as a Llama)."""
     config = _read_config(_model_dir(model_dir))
     hidden = _positive(config, "hidden_size")
     heads = _positive(config, "num_attention_heads")
@@ -127,14 +152,18 @@ def read_model_shape(model_dir: str | os.PathLike) -> ModelShape:
     if heads % kv_heads:
         raise BadInput(f"config.json num_attention_heads {heads} is not a multiple of "
                        f"num_key_value_heads {kv_heads}")
-    archs = config.get("architectures")
-    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else ""
     dtype = config.get("torch_dtype") or config.get("dtype") or ""
     if not isinstance(dtype, str):
         raise BadInput(f"config.json torch_dtype must be a string, got {dtype!r}")
+    num_layers = _positive(config, "num_hidden_layers")
+    arch = pick_architecture(config)
+    if arch in MLA_ARCHITECTURES:  # a query/key head is the no-RoPE part and the RoPE part
+        head_dim = _positive(config, "qk_nope_head_dim") + _positive(config, "qk_rope_head_dim")
+    quant = config.get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
     return ModelShape(
-        architecture=arch or str(config.get("model_type", "unknown")),
-        num_layers=_positive(config, "num_hidden_layers"),
+        architecture=arch,
+        num_layers=num_layers,
         num_attention_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
@@ -144,6 +173,8 @@ def read_model_shape(model_dir: str | os.PathLike) -> ModelShape:
         max_position_embeddings=_positive(config, "max_position_embeddings"),
         torch_dtype=dtype,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        layout=read_layout(config, arch, num_layers, kv_heads, head_dim),
+        quantization=method if isinstance(method, str) else "",
     )
 
 

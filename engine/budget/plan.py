@@ -27,9 +27,17 @@ from kvledger.engine.budget.checkpoint import (
     read_weights,
 )
 from kvledger.engine.budget.device import DeviceMemory, probe_device
+from kvledger.engine.budget.kv_pool import (
+    ENGINE_RULE,
+    VLLM_RULE,
+    KVGeometry,
+    PoolGroup,
+    kv_geometry,
+)
 from kvledger.engine.budget.remedies import Remedy, find_remedies
 from kvledger.engine.config import MIN_DEFAULT_BATCHED_TOKENS, EngineConfig
 from kvledger.engine.errors import BadInput
+from kvledger.engine.model_config import SUPPORTED_ARCHITECTURES
 
 CLASSES = ("weights", "activations", "kv_cache", "cuda_graphs", "context")
 
@@ -59,7 +67,13 @@ class KVInfo:
     dtype: str
     pool_mode: str = "workload"  # "override" | "kv-cache-memory-bytes" | "cap" | "workload"
     required_blocks: int = 0  # blocks the pool must hold for the run to fit
-    blocks_per_seq: int = 0  # ceil(max_model_len / block_size)
+    blocks_per_seq: int = 0  # one max_model_len sequence, every layer group together
+    layout: str = "full"  # as allocated: "full", "mla", "sliding", "sliding+full (hybrid)"
+    rule: str = ENGINE_RULE  # who allocates: ENGINE_RULE or VLLM_RULE (kv_pool)
+    note: str = ""  # the rule applied, in words
+    layers_per_block: int = 0  # a block is one page in each of this many layers
+    bytes_per_seq: int = 0  # blocks_per_seq * bytes_per_block
+    groups: tuple[PoolGroup, ...] = ()  # per kind of layer: layers, window, blocks per sequence
 
 
 @dataclass(frozen=True)
@@ -141,7 +155,11 @@ def resolve_model_dtype(config: EngineConfig, shape: ModelShape, weights: Weight
     name = estimates.CANONICAL_DTYPE.get(shape.torch_dtype, shape.torch_dtype)
     if name in ("float32", "float16", "bfloat16", "float64"):
         return name
-    return estimates.SAFETENSORS_FLOAT.get(weights.dtype, "float32")
+    # The float dtype holding the most bytes: packed payloads (MXFP4's U8 blocks) are not it.
+    floats = {d: n for d, n in weights.bytes_by_dtype.items() if d in estimates.SAFETENSORS_FLOAT}
+    if not floats:
+        return estimates.SAFETENSORS_FLOAT.get(weights.dtype, "float32")
+    return estimates.SAFETENSORS_FLOAT[max(floats, key=lambda d: floats[d])]
 
 
 def resolve_kv_dtype(config: EngineConfig, model_dtype: str) -> str:
@@ -151,8 +169,11 @@ def resolve_kv_dtype(config: EngineConfig, model_dtype: str) -> str:
     return estimates.CANONICAL_DTYPE.get(config.kv_cache_dtype, config.kv_cache_dtype)
 
 
-def loaded_weight_bytes(weights: WeightsInfo, model_dtype: str) -> int:
-    """The checkpoint's bytes once floating tensors are cast to the model dtype."""
+def loaded_weight_bytes(weights: WeightsInfo, model_dtype: str, *, quantized: bool = False) -> int:
+    """The checkpoint's bytes once floating tensors are cast to the model dtype; a quantized
+    checkpoint's (config.json's quantization_config) as stored, its F32 scales included."""
+    if quantized:
+        return weights.total_bytes
     target_bits = estimates.DTYPE_BYTES[model_dtype] * 8
     total = 0
     for dtype, nbytes in weights.bytes_by_dtype.items():
@@ -163,10 +184,17 @@ def loaded_weight_bytes(weights: WeightsInfo, model_dtype: str) -> int:
     return total if weights.bytes_by_dtype else weights.total_bytes
 
 
-def kv_bytes_per_block(shape: ModelShape, block_size: int, kv_dtype: str) -> int:
-    """``2 (K and V) * block_size * num_kv_heads * head_dim * kv_dtype_bytes * num_layers``."""
-    return (2 * block_size * shape.num_kv_heads * shape.head_dim
-            * estimates.DTYPE_BYTES[kv_dtype] * shape.num_layers)
+def kv_rule(shape: ModelShape) -> str:
+    """ENGINE_RULE for an architecture kvledger's engine serves (plan what it allocates),
+    else VLLM_RULE (a what-if for a vLLM launch line)."""
+    return ENGINE_RULE if shape.architecture in SUPPORTED_ARCHITECTURES else VLLM_RULE
+
+
+def kv_layout_geometry(shape: ModelShape, config: EngineConfig, kv_dtype: str,
+                       max_model_len: int, max_num_batched_tokens: int) -> KVGeometry:
+    """The KV pool's block and what one sequence takes, by layout and rule (``kv_pool``)."""
+    return kv_geometry(shape.kv_layout(), shape.architecture, kv_rule(shape), config.block_size,
+                       estimates.DTYPE_BYTES[kv_dtype], max_model_len, max_num_batched_tokens)
 
 
 def make_plan(config: EngineConfig, *, device: DeviceMemory | None = None,
@@ -221,13 +249,19 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
     kv_dtype = resolve_kv_dtype(config, model_dtype)
     dtype_bytes = estimates.DTYPE_BYTES[model_dtype]
     on_cpu = device.kind == "cpu"
-    blocks_per_seq = -(-max_model_len // config.block_size)  # whole blocks per sequence
+    geometry = kv_layout_geometry(shape, config, kv_dtype, max_model_len, batched_tokens)
+    blocks_per_seq = geometry.blocks_per_seq
+    # kvledger's engine gathers each sequence's K and V for decode attention; vLLM's paged
+    # kernels read the cache in place, so a what-if plan for vLLM has no such copy.
+    gathered_tokens = (-(-max_model_len // config.block_size) * config.block_size
+                       if geometry.rule == ENGINE_RULE else 0)
 
     classes = {
-        "weights": _pick(measured.weights_bytes, loaded_weight_bytes(weights, model_dtype)),
+        "weights": _pick(measured.weights_bytes, loaded_weight_bytes(
+            weights, model_dtype, quantized=bool(shape.quantization))),
         "activations": _pick(measured.activation_peak_bytes, estimates.activation_peak_bytes(
             shape, dtype_bytes, batched_tokens, config.max_num_seqs,
-            context_tokens=blocks_per_seq * config.block_size,
+            context_tokens=gathered_tokens,
             kv_dtype_bytes=estimates.DTYPE_BYTES[kv_dtype])),
         "kv_cache": 0,
         "cuda_graphs": 0 if config.enforce_eager or on_cpu else _pick(
@@ -237,7 +271,7 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
     limit, source, margin = _limit(config, device)
     non_kv = sum(classes.values())
 
-    block_bytes = kv_bytes_per_block(shape, config.block_size, kv_dtype)
+    block_bytes = geometry.bytes_per_block
     workload_blocks = config.max_num_seqs * blocks_per_seq
     if config.num_gpu_blocks_override is not None:
         mode, pool, needed = "override", config.num_gpu_blocks_override, blocks_per_seq
@@ -261,9 +295,11 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
         limit_source=source,
         classes=classes,
         kv=KVInfo(block_size=config.block_size, num_blocks=num_blocks,
-                  bytes_per_block=block_bytes, bytes_per_token=block_bytes // config.block_size,
+                  bytes_per_block=block_bytes, bytes_per_token=geometry.bytes_per_token,
                   dtype=kv_dtype, pool_mode=mode, required_blocks=needed,
-                  blocks_per_seq=blocks_per_seq),
+                  blocks_per_seq=blocks_per_seq, layout=geometry.layout, rule=geometry.rule,
+                  note=geometry.note, layers_per_block=geometry.layers_per_block,
+                  bytes_per_seq=blocks_per_seq * block_bytes, groups=geometry.groups),
         remedies=[],
         unified_memory=device.unified,
         max_model_len=max_model_len,

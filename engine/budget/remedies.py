@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from kvledger.engine.budget.checkpoint import DTYPE_BITS
 from kvledger.engine.budget.estimates import DTYPE_BYTES
+from kvledger.engine.budget.kv_layout import SLIDING
 
 if TYPE_CHECKING:
     from kvledger.engine.budget.plan import Plan
@@ -89,11 +90,13 @@ def find_remedies(plan: Plan, replan: Replan) -> list[Remedy]:
 
 def _smaller_step(plan: Plan, with_: Callable[..., Plan], *, others_help: bool) -> list[Remedy]:
     """The largest ``--max-num-batched-tokens`` that fits (never below ``--max-num-seqs``),
-    offered when the activations are at least half the budget or nothing else helps."""
+    offered when the activations are at least half the budget, when sliding-window layers
+    hold a step's tokens on top of their window (vLLM's rule), or nothing else helps."""
     from kvledger.engine.budget.report import format_size  # report imports this module
 
     dominate = plan.classes["activations"] * 2 >= plan.required_bytes
-    if not dominate and others_help:
+    sliding = any(group.attention == SLIDING for group in plan.kv.groups)
+    if not dominate and not sliding and others_help:
         return []
     best = largest_fitting(lambda n: with_(max_num_batched_tokens=n).fits, plan.max_num_seqs,
                            plan.max_num_batched_tokens - 1)

@@ -6,6 +6,8 @@ in MiB (under 0.1 MiB in KiB) so that small models do not read as all zeros.
 from __future__ import annotations
 
 from kvledger.engine.budget.estimates import GiB, MiB
+from kvledger.engine.budget.kv_layout import MLA, SLIDING
+from kvledger.engine.budget.kv_pool import ENGINE_NOTE, ENGINE_RULE, PoolGroup
 from kvledger.engine.budget.plan import Plan
 from kvledger.engine.budget.remedies import Remedy
 
@@ -87,6 +89,8 @@ def _breakdown(plan: Plan) -> list[str]:
     weights_dtype = SHORT_DTYPE.get(plan.model_dtype, plan.model_dtype)
     if plan.weights.dtype not in ("BF16", "F16", "F32", "F64"):
         weights_dtype = plan.weights.dtype.lower()  # a quantized payload keeps its own dtype
+        if plan.shape.quantization:  # e.g. "mxfp4 (u8)": MXFP4 blocks and scales are U8
+            weights_dtype = f"{plan.shape.quantization} ({weights_dtype})"
     kv_dtype = SHORT_DTYPE.get(kv.dtype, kv.dtype)
     workload = f"max_model_len={plan.max_model_len} x max_num_seqs={plan.max_num_seqs}"
     if kv.pool_mode == "cap" and plan.fits:
@@ -107,7 +111,9 @@ def _breakdown(plan: Plan) -> list[str]:
     else:
         graphs_detail = "measured" if "cuda_graphs" in measured else "estimate"
     context_label = "runtime context" if plan.device.kind == "cpu" else "cuda context"
-    return [
+    if kv.layout != "full":
+        kv_detail += f", {kv.layout}"
+    lines = [
         _row("weights", c["weights"], ("measured, " if "weights" in measured else "")
              + f"{weights_dtype}, {plan.shape.num_layers} layers"),
         _row("activations", c["activations"], ("measured " if "activations" in measured else "")
@@ -116,8 +122,44 @@ def _breakdown(plan: Plan) -> list[str]:
         _row("cuda graphs", c["cuda_graphs"], graphs_detail),
         _row(context_label, c["context"], "measured" if "context" in measured else "estimate"),
         f"  KV pool: {kv.num_blocks} blocks x {kv.block_size} tokens, "
-        f"{format_size(kv.bytes_per_block)} per block ({kv.num_blocks * kv.block_size} tokens)",
+        f"{format_size(kv.bytes_per_block)} per block ({_pool_holds(plan)})",
     ]
+    if kv.rule != ENGINE_RULE or kv.note != ENGINE_NOTE:
+        lines.append(f"  KV layout: {_layout_text(plan)}")
+    return lines
+
+
+def _pool_holds(plan: Plan) -> str:
+    """What the pool holds: tokens of every layer, or blocks shared by layer groups."""
+    kv = plan.kv
+    tables = sum(g.num_groups for g in kv.groups)
+    if tables <= 1:
+        return f"{kv.num_blocks * kv.block_size} tokens"
+    return (f"{tables} block tables of {kv.layers_per_block} layers share it; one "
+            f"max_model_len sequence takes {kv.blocks_per_seq} blocks")
+
+
+def _group_text(group: PoolGroup, block_size: int, step_tokens: int) -> str:
+    if group.attention == MLA:
+        what = f"{group.num_layers} MLA layers x {group.head_size}-element latent (K only)"
+    else:
+        kind = "sliding-window" if group.attention == SLIDING else "full-attention"
+        what = (f"{group.num_layers} {kind} layers x {group.num_kv_heads} KV heads x "
+                f"{group.head_size}")
+    if group.attention == SLIDING:  # vLLM keeps the window and a step's new tokens
+        per_table = group.blocks_per_seq // group.num_groups
+        where = f" in each of {group.num_groups} block tables" if group.num_groups > 1 else ""
+        what += (f", window {group.sliding_window} + a step of {step_tokens} tokens "
+                 f"({per_table} blocks of {block_size} per sequence{where})")
+    return what
+
+
+def _layout_text(plan: Plan) -> str:
+    """The layout as allocated, its layer groups, per-token bytes and the rule applied."""
+    kv = plan.kv
+    groups = " + ".join(_group_text(g, kv.block_size, plan.max_num_batched_tokens)
+                        for g in kv.groups)
+    return f"{kv.layout}: {groups}, {kv.bytes_per_token} bytes per token; {kv.note}"
 
 
 def remedy_text(remedy: Remedy) -> tuple[str, str]:
