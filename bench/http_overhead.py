@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import time
 
 import aiohttp
 from aiohttp import web
+from local_server import free_port
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 2
 # Short prompts (90 bytes) let a full pool refuse before tokenizing; a 225-byte prompt
@@ -33,10 +33,6 @@ CHAT = {"messages": [{"role": "user", "content": TEXT}], "max_tokens": 64}
 LONG_COMPLETION = {"prompt": TEXT * 2 + TEXT[:45], "max_tokens": 64}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _bare_429(request: web.Request) -> web.Response:
@@ -101,7 +97,7 @@ async def bench(args) -> None:
     from kvledger.engine.make_model import write_model
 
     model_dir = write_model("tiny-llama", tempfile.mkdtemp(prefix="kvledger-bench-"))
-    bare_port, kv_port = _free_port(), _free_port()
+    bare_port, kv_port = free_port(), free_port()
     child = subprocess.Popen([sys.executable, __file__, "--serve", str(bare_port), str(kv_port),
                               str(model_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -14,36 +14,15 @@ import argparse
 import asyncio
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 import aiohttp
+from local_server import free_port, wait_ready
 
 from kvledger.engine.make_model import write_model
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def _wait_ready(base: str, proc: subprocess.Popen) -> str:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(600):
-            if proc.poll() is not None:
-                sys.exit(f"serve exited with {proc.returncode}")
-            try:
-                async with session.get(base + "/ready") as response:
-                    if response.status == 200:
-                        return (await response.json())["model"]
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    sys.exit("serve never became ready")
 
 
 async def run_load(base: str, model: str, honour: bool, args) -> tuple[int, int, float]:
@@ -78,7 +57,7 @@ async def run_load(base: str, model: str, honour: bool, args) -> tuple[int, int,
 
 async def bench(args) -> None:
     model_dir = write_model("tiny-llama", tempfile.mkdtemp(prefix="kvledger-bench-"))
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvledger.engine.cli", "serve", "--model", str(model_dir),
          "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
@@ -89,7 +68,7 @@ async def bench(args) -> None:
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     base = f"http://127.0.0.1:{port}"
     try:
-        model = await _wait_ready(base, proc)
+        model = await wait_ready(base, proc)
         print(f"tiny-llama on CPU, pool {args.pool_blocks} blocks x 16 tokens; "
               f"{args.clients} clients x {args.per_client} requests (max_tokens 48-160)")
         rows = {}

@@ -25,7 +25,6 @@ import collections
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+from local_server import free_port, wait_ready
 
 FAULT_SEED = 13013
 WARMUP_S = 10.0
@@ -55,10 +55,6 @@ def serve_with_faults(argv: list[str]) -> int:
     return main(["serve", *argv])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rss_mib(pid: int) -> float:
@@ -201,19 +197,6 @@ class Soak:
             await asyncio.sleep(0.05)
 
 
-async def _wait_ready(base: str, proc: subprocess.Popen) -> str:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(600):
-            if proc.poll() is not None:
-                sys.exit(f"serve exited with {proc.returncode}")
-            try:
-                async with session.get(base + "/ready") as response:
-                    if response.status == 200:
-                        return (await response.json())["model"]
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    sys.exit("serve never became ready")
 
 
 async def _idle_pool(base: str, timeout_s: float = 30.0) -> dict:
@@ -242,7 +225,7 @@ async def bench(args: argparse.Namespace) -> int:
     from kvledger.engine.make_model import write_model
 
     model_dir = write_model("tiny-llama", Path(tempfile.mkdtemp(prefix="kvledger-soak-")) / "m")
-    port = _free_port()
+    port = free_port()
     log_path = Path(tempfile.mkstemp(prefix="kvledger-soak-", suffix=".log")[1])
     serve_flags = ["--model", str(model_dir), "--served-model-name", "tiny-llama",
                    "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
@@ -255,7 +238,7 @@ async def bench(args: argparse.Namespace) -> int:
                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
     base = f"http://127.0.0.1:{port}"
     try:
-        model = await _wait_ready(base, proc)
+        model = await wait_ready(base, proc)
         soak = Soak(base, model, args)
         connector = aiohttp.TCPConnector(limit=0, force_close=True)
         timeout = aiohttp.ClientTimeout(total=120)

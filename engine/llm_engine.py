@@ -188,7 +188,7 @@ class LLMEngine:
         """The batch's tokens; when the batched call fails, each row alone, so a fault
         belongs to the sequence that raised it (its entry is the exception)."""
         try:
-            return list(self.sampler(logits, seqs))
+            return self.sampler(logits, seqs)
         except Exception:
             pass
         tokens: list[int | Exception] = []

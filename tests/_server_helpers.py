@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+
+import pytest
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.server.app import build_app
@@ -53,3 +60,38 @@ async def wait_for_metric(client, name: str, value: float, timeout_s: float = 10
 
 def model_name(client) -> str:
     return client.app[STATE].model_name
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_serve(proc: subprocess.Popen, port: int, timeout_s: float = 90.0) -> None:
+    """Until a ``kvledger serve`` process answers ``/ready`` 200; fail the test if it exits
+    first (with its stderr) or never does."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read() if proc.stderr else ""
+            pytest.fail(f"serve exited with {proc.returncode}: {err}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(0.2)
+    pytest.fail("serve never became ready")
+
+
+def reap(proc: subprocess.Popen) -> None:
+    """Kill a server process a test left running, and close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()

@@ -25,32 +25,34 @@ TINY = {
 }
 
 
-def llama_tensors(config: dict, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+def llama_shapes(config: dict) -> dict[str, list[int]]:
+    """The shape of every tensor of a Llama checkpoint with this config, in file order."""
     h, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim", h // heads)
-    gen = torch.Generator().manual_seed(0)
-
-    def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen).to(dtype)
-
-    tensors = {"model.embed_tokens.weight": rand(v, h), "model.norm.weight": rand(h)}
+    shapes = {"model.embed_tokens.weight": [v, h], "model.norm.weight": [h]}
     for n in range(config["num_hidden_layers"]):
         p = f"model.layers.{n}."
-        tensors |= {
-            p + "self_attn.q_proj.weight": rand(heads * head_dim, h),
-            p + "self_attn.k_proj.weight": rand(kv_heads * head_dim, h),
-            p + "self_attn.v_proj.weight": rand(kv_heads * head_dim, h),
-            p + "self_attn.o_proj.weight": rand(h, heads * head_dim),
-            p + "mlp.gate_proj.weight": rand(i, h),
-            p + "mlp.up_proj.weight": rand(i, h),
-            p + "mlp.down_proj.weight": rand(h, i),
-            p + "input_layernorm.weight": rand(h),
-            p + "post_attention_layernorm.weight": rand(h),
+        shapes |= {
+            p + "self_attn.q_proj.weight": [heads * head_dim, h],
+            p + "self_attn.k_proj.weight": [kv_heads * head_dim, h],
+            p + "self_attn.v_proj.weight": [kv_heads * head_dim, h],
+            p + "self_attn.o_proj.weight": [h, heads * head_dim],
+            p + "mlp.gate_proj.weight": [i, h],
+            p + "mlp.up_proj.weight": [i, h],
+            p + "mlp.down_proj.weight": [h, i],
+            p + "input_layernorm.weight": [h],
+            p + "post_attention_layernorm.weight": [h],
         }
     if not config.get("tie_word_embeddings"):
-        tensors["lm_head.weight"] = rand(v, h)
-    return tensors
+        shapes["lm_head.weight"] = [v, h]
+    return shapes
+
+
+def llama_tensors(config: dict, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return {name: torch.randn(*shape, generator=gen).to(dtype)
+            for name, shape in llama_shapes(config).items()}
 
 
 def write_config(model_dir: Path, **overrides) -> dict:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -206,3 +207,18 @@ def describe(obj: dict[str, Any], events: list[dict[str, Any]]) -> str:
     else:
         lines.append("  <none>")
     return "\n".join(lines) + "\n"
+
+
+def local_argv(container: dict[str, Any], mounts: dict[str, str]) -> list[str]:
+    """A rendered container's command and args as a local ``kvledger`` process, each path
+    under a mount (``mountPath -> local folder``) mapped the way the kubelet mounts it."""
+
+    def local(arg: str) -> str:
+        for pod_path, host_path in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+            if arg == pod_path or arg.startswith(pod_path + "/"):
+                return host_path + arg[len(pod_path):]
+        return arg
+
+    assert container["command"][0] == "kvledger"
+    return [sys.executable, "-m", "kvledger.engine.cli", *container["command"][1:],
+            *(local(a) for a in container["args"])]

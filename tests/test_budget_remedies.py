@@ -9,7 +9,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from budget_checkpoints import write_config, write_raw_safetensors
+from budget_checkpoints import llama_shapes, write_config, write_header_only
 
 from kvledger.engine.budget.plan import Plan, make_plan
 from kvledger.engine.budget.remedies import largest_fitting
@@ -63,24 +63,8 @@ def _header_only_checkpoint(model_dir: Path, **overrides) -> None:
     """config.json and a safetensors header of a tiny Llama's bf16 tensors; no tensor data
     on disk (the file is left sparse), which is all the planner reads."""
     config = write_config(model_dir, **overrides)
-    h, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
-    head_dim = h // config["num_attention_heads"]
-    q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
-    shapes = {"model.embed_tokens.weight": [v, h], "model.norm.weight": [h],
-              "lm_head.weight": [v, h]}
-    for n in range(config["num_hidden_layers"]):
-        p = f"model.layers.{n}."
-        shapes |= {p + "self_attn.q_proj.weight": [q, h], p + "self_attn.k_proj.weight": [kv, h],
-                   p + "self_attn.v_proj.weight": [kv, h], p + "self_attn.o_proj.weight": [h, q],
-                   p + "mlp.gate_proj.weight": [i, h], p + "mlp.up_proj.weight": [i, h],
-                   p + "mlp.down_proj.weight": [h, i], p + "input_layernorm.weight": [h],
-                   p + "post_attention_layernorm.weight": [h]}
-    header, offset = {}, 0
-    for name, shape in shapes.items():
-        nbytes = 2 * shape[0] * (shape[1] if len(shape) > 1 else 1)
-        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    write_raw_safetensors(model_dir / "model.safetensors", header, offset)
+    write_header_only(model_dir, config,
+                      {name: ("BF16", shape) for name, shape in llama_shapes(config).items()})
 
 
 # The tiny model's attention: full in kvledger's engine; a what-if for vLLM of sliding

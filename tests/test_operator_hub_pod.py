@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from _server_helpers import free_port, wait_for_serve
 from hub_server import HubServer
+from operator_harness import local_argv
 
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT
 from kvledger.operator.render import render_deployment
@@ -69,15 +69,7 @@ class Kubelet:
             local.mkdir(parents=True, exist_ok=True)
             mounts[mount["mountPath"]] = str(local)
 
-        def local(arg: str) -> str:
-            for pod_path, host_path in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
-                if arg == pod_path or arg.startswith(pod_path + "/"):
-                    return host_path + arg[len(pod_path):]
-            return arg
-
-        assert container["command"][0] == "kvledger"
-        return [sys.executable, "-m", "kvledger.engine.cli", *container["command"][1:],
-                *(local(a) for a in container["args"])]
+        return local_argv(container, mounts)
 
     def run(self, container: dict) -> subprocess.CompletedProcess:
         return subprocess.run(self.argv(container), env=self.env(container),
@@ -97,16 +89,12 @@ def hub_pod(hub: HubServer, repo: str, tmp_path: Path, **spec) -> tuple[dict, Ku
     return pod_spec, Kubelet(pod_spec, tmp_path, {(SECRET["name"], SECRET["key"]): TOKEN})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_fitting_hub_pod_fetches_once_then_serves_offline(hub, tmp_path):
     repo = "kvledger/tiny-gated"
     pod_spec, kubelet = hub_pod(hub, repo, tmp_path, engine={"maxModelLen": 256},
-                                port=_free_port())
+                                port=free_port())
     preflight, fetch = pod_spec["initContainers"]
     [engine] = pod_spec["containers"]
     assert [preflight["name"], fetch["name"]] == ["preflight", "fetch"]
@@ -129,17 +117,7 @@ def test_a_fitting_hub_pod_fetches_once_then_serves_offline(hub, tmp_path):
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "the engine never became ready"
-            time.sleep(0.2)
+        wait_for_serve(proc, port)
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}/v1/completions", headers={"Content-Type":
                                                                  "application/json"},

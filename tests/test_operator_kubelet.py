@@ -16,7 +16,13 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from operator_harness import describe, eventually, running_operator, service_manifest
+from operator_harness import (
+    describe,
+    eventually,
+    local_argv,
+    running_operator,
+    service_manifest,
+)
 
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT
 from kvledger.operator.crd import API_VERSION, PLURAL
@@ -58,16 +64,8 @@ def run_container(container: dict, pod_spec: dict, scratch: Path) -> dict:
     termination_file = scratch / "termination-log"
     mounts[container["terminationMessagePath"]] = str(termination_file)
 
-    def local(arg: str) -> str:
-        for pod_path, host_path in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
-            if arg == pod_path or arg.startswith(pod_path + "/"):
-                return host_path + arg[len(pod_path):]
-        return arg
-
-    assert container["command"][0] == "kvledger"
-    argv = [sys.executable, "-m", "kvledger.engine.cli", *container["command"][1:],
-            *(local(a) for a in container["args"])]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(local_argv(container, mounts), capture_output=True, text=True,
+                          timeout=60)
     message = termination_file.read_text() if termination_file.exists() else ""
     if not message and done.returncode != 0 \
             and container["terminationMessagePolicy"] == "FallbackToLogsOnError":

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _server_helpers import free_port
 
 from kvledger.engine.cli import main as kvledger
 from kvledger.engine.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT
@@ -213,10 +213,6 @@ def test_serve_gets_the_flags_the_pod_gets(tiny_model):
     assert flags[flags.index("--served-model-name") + 1] == "tiny"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> tuple[int, bytes]:
@@ -229,7 +225,7 @@ def _get(url: str) -> tuple[int, bytes]:
 
 @pytest.mark.timeout(120)
 def test_run_serves_the_manifest_and_stops_on_sigterm(tiny_model, tmp_path):
-    port = _free_port()
+    port = free_port()
     doc = manifest(engine={"maxModelLen": 256, "maxNumSeqs": 2}, memory={"limit": "1Gi"},
                    gpus=0, resources={"limits": {"memory": "4Gi"}})
     doc["spec"]["model"]["path"] = str(tiny_model)

@@ -185,8 +185,9 @@ async def test_a_client_gone_while_its_prompt_is_tokenized_reserves_nothing(aioh
         return encode(text, add_special_tokens)
 
     monkeypatch.setattr(tokenizer, "encode", slow_encode)
+    # A body over INLINE_BODY_BYTES: its tokenizing runs on a worker thread.
     request = asyncio.create_task(client.post("/v1/completions", json={
-        "model": model_name(client), "prompt": "Once upon a time", "max_tokens": 4}))
+        "model": model_name(client), "prompt": "Once upon a time " * 600, "max_tokens": 4}))
     assert await asyncio.to_thread(started.wait, 10)
     request.cancel()  # the connection closes; the server cancels the handler
     with pytest.raises(asyncio.CancelledError):

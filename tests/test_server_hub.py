@@ -4,15 +4,14 @@ filled, offline as the pod's engine container runs it; downloaded first when onl
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 from _hub_helpers import hub_env, kvledger, one_error_line, point_hub_at
+from _server_helpers import free_port, wait_for_serve
 from hub_server import HubServer
 
 from kvledger.engine.config import EngineConfig
@@ -27,10 +26,6 @@ def hub(tiny_llama_dir):
         yield server
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get_json(url: str, body: dict | None = None) -> tuple[int, dict]:
@@ -43,18 +38,6 @@ def _get_json(url: str, body: dict | None = None) -> tuple[int, dict]:
         return exc.code, json.load(exc)
 
 
-def _wait_ready(proc: subprocess.Popen, base: str, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"serve exited with {proc.returncode}: {proc.stderr.read()}")
-        try:
-            if _get_json(base + "/ready")[0] == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    pytest.fail("serve never became ready")
 
 
 def test_fetch_then_serve_offline_answers_a_completion(hub, tmp_path) -> None:
@@ -63,19 +46,19 @@ def test_fetch_then_serve_offline_answers_a_completion(hub, tmp_path) -> None:
     offline = env | {"HF_HUB_OFFLINE": "1"}
     serve = ["serve", "--model", URI, "--download-dir", cache, "--device", "cpu",
              "--max-model-len", "256", "--host", "127.0.0.1"]
-    line = one_error_line(kvledger(offline, *serve, "--port", str(_free_port())))
+    line = one_error_line(kvledger(offline, *serve, "--port", str(free_port())))
     assert line == (f"error: {URI} is not in the hub cache {cache} and HF_HUB_OFFLINE=1 forbids "
                     f"downloading it: run `kvledger fetch --model {URI} --download-dir {cache}` "
                     "first")
     assert kvledger(env, "fetch", "--model", URI, "--download-dir", cache).returncode == 0
     requests_before = len(hub.requests)
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "kvledger.engine.cli", *serve, "--port",
                              str(port)], env=offline, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        _wait_ready(proc, base)
+        wait_for_serve(proc, port)
         status, answer = _get_json(base + "/v1/completions",
                                    {"model": URI, "prompt": "Hello", "max_tokens": 8})
         assert status == 200, answer

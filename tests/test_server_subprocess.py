@@ -6,18 +6,12 @@ from __future__ import annotations
 import http.client
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from _server_helpers import free_port, reap, wait_for_serve
 
 
 def _request(port: int, method: str, path: str, body: dict | None = None):
@@ -27,25 +21,10 @@ def _request(port: int, method: str, path: str, body: dict | None = None):
     return conn, conn.getresponse()
 
 
-def _wait_ready(proc: subprocess.Popen, port: int, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"serve exited with {proc.returncode}: {proc.stderr.read()}")
-        try:
-            conn, response = _request(port, "GET", "/ready")
-            status = response.status
-            conn.close()
-            if status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    pytest.fail("serve never became ready")
 
 
 def test_sigterm_drains_and_exits_zero(tiny_llama_dir):
-    port = _free_port()
+    port = free_port()
     # A 1024-token context makes each step slow enough on a CPU that the stream below is
     # still running when SIGTERM arrives (~1000 tokens to go); the 0.5 s grace aborts it.
     proc = subprocess.Popen(
@@ -55,7 +34,7 @@ def test_sigterm_drains_and_exits_zero(tiny_llama_dir):
          "--shutdown-grace", "0.5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_ready(proc, port)
+        wait_for_serve(proc, port)
         conn, ready = _request(port, "GET", "/ready")
         model = json.loads(ready.read())["model"]
         conn.close()
@@ -76,17 +55,13 @@ def test_sigterm_drains_and_exits_zero(tiny_llama_dir):
         assert b'"finish_reason":"abort"' in rest and rest.endswith(b"data: [DONE]\n\n")
         assert proc.wait(timeout=30) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        reap(proc)
 
 
 def test_serve_refuses_a_run_that_does_not_fit(tiny_llama_dir):
     result = subprocess.run(
         [sys.executable, "-m", "kvledger.engine.cli", "serve", "--model", str(tiny_llama_dir),
-         "--device", "cpu", "--host", "127.0.0.1", "--port", str(_free_port()),
+         "--device", "cpu", "--host", "127.0.0.1", "--port", str(free_port()),
          "--memory-limit", "1MiB"],
         capture_output=True, text=True, timeout=120)
     assert result.returncode == 3, result.stderr
@@ -103,27 +78,23 @@ def _serve(model_dir, port: int) -> subprocess.Popen:
 
 def test_sigint_is_named_in_the_log_and_exits_zero(tiny_llama_dir):
     """Ctrl-C sends SIGINT: the log names it (it said SIGTERM whatever arrived)."""
-    port = _free_port()
+    port = free_port()
     proc = _serve(tiny_llama_dir, port)
     try:
-        _wait_ready(proc, port)
+        wait_for_serve(proc, port)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
         err = proc.stderr.read()
         assert "SIGINT: draining (grace 0s)" in err and "SIGTERM" not in err, err
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        reap(proc)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_during_loading_is_named_and_exits_zero(tiny_llama_dir, sig):
     """Sent as soon as /health answers, while the load thread is still importing torch;
     if the load wins the race, the draining line must name the signal just the same."""
-    port = _free_port()
+    port = free_port()
     proc = _serve(tiny_llama_dir, port)
     try:
         deadline = time.monotonic() + 60
@@ -145,8 +116,4 @@ def test_a_signal_during_loading_is_named_and_exits_zero(tiny_llama_dir, sig):
                 or f"{sig.name}: draining" in err), err
         assert other not in err, err
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        reap(proc)

@@ -56,13 +56,13 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     state = request.app[STATE]
     state.check_accepting()
     raw = await read_body(request)
-    req = await state.off_loop(_parse, parse, raw)
+    req = await state.off_loop(len(raw), _parse, parse, raw)
     state.check_model(req.model)
-    prompt = await state.off_loop(_prompt, state, req) if req.kind == "chat" else req.prompt
+    prompt = await state.off_loop(len(raw), _prompt, state, req) if req.kind == "chat" else req.prompt
     early = state.admission.early_rejection(_max_prompt_tokens(prompt), req.max_tokens)
     if early is not None:  # a full pool refuses it whatever its exact length
         raise early
-    prompt_ids = await state.off_loop(_encode, state, req, prompt)
+    prompt_ids = await state.off_loop(len(raw), _encode, state, req, prompt)
     cap = state.admission.effective_cap(len(prompt_ids), req.max_tokens)
     params = _sampling_params(req, cap)
     p = _Prepared(req, f"{id_prefix}-{uuid.uuid4().hex}", prompt_ids, params, arrived,

@@ -24,6 +24,9 @@ from kvledger.engine.server.metrics import ServerMetrics
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
+# Parsing, rendering and tokenizing a body this small takes well under a millisecond:
+# less than handing it to a worker thread and back.
+INLINE_BODY_BYTES = 8 * 1024
 # Slow clients: a request's headers must arrive within this of its first byte (or of the
 # connection opening), its body within this of its headers; an idle keep-alive connection
 # closes after the last. 75 s outlasts the 60 s idle timeout of common load balancers, so
@@ -122,11 +125,15 @@ class ServerState:
         self._workers.shutdown(wait=False, cancel_futures=True)
 
     # -- per-request work ------------------------------------------------------------
-    async def off_loop(self, fn, *args):
-        """``fn(*args)`` on a worker thread. Parsing a 4 MiB body, rendering a chat and
-        tokenizing take up to seconds of CPU, during which ``/health`` and every stream
-        must still answer; the GIL is shared, so what runs there should release it
-        (tokenizers' batch encode, numpy) or be bounded (``limits``)."""
+    async def off_loop(self, body_bytes: int, fn, *args):
+        """``fn(*args)`` for a request of ``body_bytes``: on a worker thread when the body
+        is large. Parsing a 4 MiB body, rendering a chat and tokenizing take up to seconds
+        of CPU, during which ``/health`` and every stream must still answer; the GIL is
+        shared, so what runs there should release it (tokenizers' batch encode, numpy) or
+        be bounded (``limits``). A body up to ``INLINE_BODY_BYTES`` costs less than the
+        trip to a thread and back, so it is done on the loop."""
+        if body_bytes <= INLINE_BODY_BYTES:
+            return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
 
     # -- per-request checks ----------------------------------------------------------
