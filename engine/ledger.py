@@ -72,14 +72,20 @@ class KVLedger:
 
     def try_reserve(self, num_tokens: int) -> Reservation | None:
         """Claim blocks for ``num_tokens`` tokens, or return None when they are not free."""
-        if num_tokens < 1:
-            raise BadInput(f"a reservation needs at least one token, got {num_tokens}")
+        reservations = self.try_reserve_each(num_tokens, 1)
+        return reservations[0] if reservations else None
+
+    def try_reserve_each(self, num_tokens: int, count: int) -> list[Reservation] | None:
+        """``count`` reservations of ``num_tokens`` tokens each (one per choice of an
+        ``n > 1`` request), all or none: None when they do not all fit now."""
+        if num_tokens < 1 or count < 1:
+            raise BadInput(f"a reservation needs at least one token, got {count} x {num_tokens}")
         needed = self.blocks_for(num_tokens)
         with self._lock:
-            if needed > self.num_blocks - self._reserved:
+            if needed * count > self.num_blocks - self._reserved:
                 return None
-            self._reserved += needed
-        return Reservation(needed)
+            self._reserved += needed * count
+        return [Reservation(needed) for _ in range(count)]
 
     def grow(self, reservation: Reservation, num_tokens: int) -> None:
         """Make the reservation hold physical blocks for its first ``num_tokens`` tokens."""

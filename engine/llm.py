@@ -63,6 +63,7 @@ class LLM:
         queue = deque()
         for prompt, p in zip(prompts, params, strict=True):
             ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            engine.check_params(p)  # refused before anything runs, like a prompt too long
             needed = engine.ledger.blocks_for(len(ids) + engine.output_cap(len(ids), p))
             if needed > engine.ledger.num_blocks:
                 raise BadInput(f"a prompt needs {needed} KV blocks; the pool has {engine.ledger.num_blocks}")

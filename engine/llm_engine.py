@@ -18,7 +18,7 @@ from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import AdmissionRejected, BadInput, PromptTooLong
 from kvledger.engine.ledger import KVLedger, Reservation
 from kvledger.engine.model_runner import ModelRunner
-from kvledger.engine.outputs import RequestOutput
+from kvledger.engine.outputs import RequestOutput, TokenLogprobs
 from kvledger.engine.sampler import Sampler
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.engine.scheduler import ScheduledBatch, Scheduler
@@ -48,7 +48,7 @@ class LLMEngine:
         self.max_model_len = plan.max_model_len
         self.model_name = config.served_model_name or config.model
         self.scheduler = Scheduler(ledger, plan.max_num_seqs, plan.max_num_batched_tokens)
-        self.sampler = Sampler(config.seed, runner.device)
+        self.sampler = Sampler(config.seed, runner.device, tokenizer.eos_token_ids)
         self._lock = threading.Lock()
         self._pending_adds: dict[str, Sequence] = {}
         self._pending_aborts: list[str] = []
@@ -88,6 +88,7 @@ class LLMEngine:
         from now on and releases it when the request finishes or is aborted."""
         try:
             self.check_prompt(prompt_token_ids)
+            self.check_params(params)
             cap = self.output_cap(len(prompt_token_ids), params)
             needed_blocks = self.ledger.blocks_for(len(prompt_token_ids) + cap)
             if reservation is not None and reservation.num_blocks < needed_blocks:
@@ -104,8 +105,12 @@ class LLMEngine:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
-        seq = Sequence(request_id, list(prompt_token_ids), params, cap, reservation,
-                       self.tokenizer.detokenizer(prompt_token_ids), generator)
+        try:  # a grammar's matcher() runs here: whatever it raises, the blocks go back
+            seq = Sequence(request_id, list(prompt_token_ids), params, cap, reservation,
+                           self.tokenizer.detokenizer(prompt_token_ids), generator)
+        except BaseException:
+            self.ledger.release(reservation)
+            raise
         with self._lock:  # check and claim the id in one step
             duplicate = request_id in self._known_ids
             if not duplicate:
@@ -163,38 +168,45 @@ class LLMEngine:
         if batch.is_empty:
             return outputs
         try:
-            logits = self.runner.execute(batch)
+            step = self.runner.execute(batch)
         except Exception as exc:
             return outputs + self._fail_step(batch, exc)
         self.consecutive_failed_steps = 0
         for chunk in batch.prefills:
             chunk.seq.num_computed_tokens += chunk.length
+            if chunk.seq.prompt_logprobs is not None:
+                chunk.seq.prompt_logprobs += step.prompt_logprobs[chunk.seq.request_id]
         for seq in batch.decodes:
             seq.num_computed_tokens += 1
         seqs = batch.sampled  # a prompt still partly computed gets no token yet
-        for seq, token_id in zip(seqs, self._sample(logits, seqs), strict=True):
-            if isinstance(token_id, Exception):
-                outputs.append(self._fail(seq, "sampling", token_id))
+        for seq, sampled in zip(seqs, self._sample(step.logits, seqs), strict=True):
+            if isinstance(sampled, Exception):
+                outputs.append(self._fail(seq, "sampling", sampled))
                 continue
+            token_id, logprobs = sampled
             try:
-                self._append_token(seq, token_id)
+                self._append_token(seq, token_id, logprobs)
             except Exception as exc:
                 outputs.append(self._fail(seq, "postprocessing", exc))
                 continue
             outputs.append(self._output(seq, [token_id]))
         return outputs
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int | Exception]:
-        """The batch's tokens; when the batched call fails, each row alone, so a fault
-        belongs to the sequence that raised it (its entry is the exception)."""
+    def _sample(self, logits: torch.Tensor,
+                seqs: list[Sequence]) -> list[tuple[int, TokenLogprobs | None] | Exception]:
+        """The batch's tokens, with their logprobs where asked; when the batched call
+        fails, each row alone, so a fault belongs to the sequence that raised it (its
+        entry is the exception)."""
         try:
-            return self.sampler(logits, seqs)
+            out = self.sampler(logits, seqs)
+            return [(token_id, out.logprobs.get(row)) for row, token_id in enumerate(out.token_ids)]
         except Exception:
             pass
-        tokens: list[int | Exception] = []
+        tokens: list[tuple[int, TokenLogprobs | None] | Exception] = []
         for row, seq in enumerate(seqs):
             try:
-                tokens.append(self.sampler(logits[row:row + 1], [seq])[0])
+                out = self.sampler(logits[row:row + 1], [seq])
+                tokens.append((out.token_ids[0], out.logprobs.get(0)))
             except Exception as exc:
                 tokens.append(exc)
         return tokens
@@ -243,16 +255,25 @@ class LLMEngine:
             self._known_ids.difference_update(seq.request_id for seq in aborted)
         return aborted
 
-    def _append_token(self, seq: Sequence, token_id: int) -> None:
+    def _append_token(self, seq: Sequence, token_id: int, logprobs: TokenLogprobs | None) -> None:
+        """Add the sampled token and finish the sequence if it stops here. Raises when its
+        grammar refuses the token (the caller fails this sequence alone)."""
+        if seq.matcher is not None and not seq.matcher.accept(token_id):
+            raise ValueError(f"the grammar does not allow token {token_id} here")
         seq.output_token_ids.append(token_id)
+        if seq.logprobs is not None:
+            seq.logprobs.append(logprobs)
         params = seq.params
         new_text = seq.detokenizer.add(token_id)
         seq.text += new_text
         reason = None
-        stop_token = token_id in params.stop_token_set or (
-            not params.ignore_eos and token_id in self.tokenizer.eos_token_ids)
-        if stop_token or (new_text and params.stop_strings
-                          and self._cut_stop_string(seq, len(new_text))):
+        # vLLM's rule: before min_tokens, no stop token or string ends the request.
+        checks_stops = len(seq.output_token_ids) >= params.min_tokens
+        stop_token = checks_stops and (token_id in params.stop_token_set or (
+            not params.ignore_eos and token_id in self.tokenizer.eos_token_ids))
+        if stop_token or (seq.matcher is not None and seq.matcher.is_terminated) or (
+                checks_stops and new_text and params.stop_strings
+                and self._cut_stop_string(seq, len(new_text))):
             reason = "stop"
         elif len(seq.output_token_ids) >= seq.max_tokens:
             reason = "length"
@@ -266,11 +287,13 @@ class LLMEngine:
         """Cut the text at the first stop string that the new text completes. Only the
         new characters and the ``longest - 1`` before them are searched, so a token costs
         the same however long the text has grown."""
-        start = max(0, len(seq.text) - new_chars - seq.params.longest_stop + 1)
-        hits = [i for i in (seq.text.find(s, start) for s in seq.params.stop_strings) if i >= 0]
+        params = seq.params
+        start = max(0, len(seq.text) - new_chars - params.longest_stop + 1)
+        hits = [(i, len(s)) for s in params.stop_strings if (i := seq.text.find(s, start)) >= 0]
         if not hits:
             return False
-        seq.text = seq.text[:min(hits)]
+        at, length = min(hits)
+        seq.text = seq.text[:at + length if params.include_stop_str_in_output else at]
         return True
 
     def _output(self, seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
@@ -279,8 +302,19 @@ class LLMEngine:
             # Hold back what could be the start of a stop string, so streamed text never
             # shows characters that a later cut removes.
             text = text[:max(0, len(text) - seq.params.longest_stop + 1)]
-        return RequestOutput(seq.request_id, seq.prompt_token_ids, list(seq.output_token_ids),
-                             new_token_ids, text, seq.is_finished, seq.finish_reason)
+        output = RequestOutput(seq.request_id, seq.prompt_token_ids, list(seq.output_token_ids),
+                               new_token_ids, text, seq.is_finished, seq.finish_reason)
+        if seq.logprobs is not None:
+            output.logprobs = list(seq.logprobs)
+        if seq.prompt_logprobs is not None and seq.prompt_computed:
+            output.prompt_logprobs = seq.prompt_logprobs  # complete: it never changes again
+        return output
+
+    def check_params(self, params: SamplingParams) -> None:
+        """BadInput unless ``params``' token ids are this model's (ids in ``logit_bias``)."""
+        vocab = self.runner.config.vocab_size
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise BadInput(f"logit_bias token ids must be in [0, {vocab}), got {max(params.logit_bias)}")
 
     def check_prompt(self, prompt_token_ids: list[int]) -> None:
         """BadInput unless the ids are a non-empty list of this model's token ids."""

@@ -1,10 +1,11 @@
 """Turns a scheduled batch into tensors, runs the model, returns one logits row per
-sequence. Owns the paged KV cache: one tensor of
-``[num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]``."""
+sequence (and the prompt logprobs of the chunks that asked). Owns the paged KV cache:
+one tensor of ``[num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]``."""
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import torch
 
@@ -15,7 +16,11 @@ from kvledger.engine.model import (
     PrefillSpan,
     RotaryEmbedding,
 )
+from kvledger.engine.outputs import TokenLogprobs
+from kvledger.engine.sampler import logprobs_of
+from kvledger.engine.sampling_params import MAX_LOGPROBS
 from kvledger.engine.scheduler import ScheduledBatch
+from kvledger.engine.sequence import Sequence
 
 # One step's inputs: token ids, positions, attention metadata, the rows to return logits for.
 _Step = tuple[list[int], list[int], AttentionMetadata, list[int]]
@@ -23,6 +28,19 @@ _Step = tuple[list[int], list[int], AttentionMetadata, list[int]]
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                 "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
                 "fp8_e5m2": torch.float8_e5m2}
+
+# Prompt logprobs are computed this many positions at a time, so a 2048-token chunk never
+# holds a [2048, vocab] float32 logits tensor (and its log_softmax) at once.
+PROMPT_LOGPROBS_ROWS = 256
+
+
+@dataclass
+class StepOutput:
+    logits: torch.Tensor  # float32 [len(batch.sampled), vocab], in ``batch.sampled``'s order
+    # By request id, for the prefill chunks whose request asked: one entry per prompt token
+    # this chunk predicts (the next one of each of its positions), None first for the
+    # prompt's first token. Empty when no chunk asked.
+    prompt_logprobs: dict[str, list[TokenLogprobs | None]]
 
 
 class ModelRunner:
@@ -48,12 +66,17 @@ class ModelRunner:
                            c.head_dim, dtype=dtype, device=self.device)
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> torch.Tensor:
-        """float32 logits ``[len(batch.sampled), vocab]``: the last token of each prompt
-        completed this step, then of each decoding sequence."""
+    def execute(self, batch: ScheduledBatch) -> StepOutput:
+        """The logits of the last token of each prompt completed this step, then of each
+        decoding sequence; and the prompt logprobs of the chunks whose request asked,
+        from the same forward pass (they add no KV: only more logits rows)."""
         input_ids, positions, slots, last_index = [], [], [], []
+        scored = []  # (sequence, its chunk's first row, first position, last position + 1)
         for chunk in batch.prefills:
             seq, start, end = chunk.seq, chunk.start, chunk.start + chunk.length
+            if seq.prompt_logprobs is not None:
+                # A position is scored when the token after it is a prompt token.
+                scored.append((seq, len(input_ids), start, min(end, seq.num_prompt_tokens - 1)))
             input_ids += seq.prompt_token_ids[start:end]
             positions += range(start, end)
             slots += self._slots(seq.block_ids, start, end)
@@ -66,7 +89,27 @@ class ModelRunner:
             slots += self._slots(seq.block_ids, position, position + 1)
             last_index.append(len(input_ids) - 1)
         meta = self._metadata(batch, slots)
-        return self._forward(input_ids, positions, meta, last_index, self.kv_cache)
+        hidden = self._hidden(input_ids, positions, meta, self.kv_cache)
+        logits = self._logits(hidden, last_index)
+        prompt_logprobs = {seq.request_id: self._prompt_logprobs(hidden[row:row + stop - start],
+                                                                 seq, start)
+                           for seq, row, start, stop in scored}
+        return StepOutput(logits, prompt_logprobs)
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, seq: Sequence,
+                         start: int) -> list[TokenLogprobs | None]:
+        """Logprobs of the prompt tokens that ``hidden`` (positions ``start``, ``start +
+        1``...) predicts, ``PROMPT_LOGPROBS_ROWS`` positions at a time, each slice reduced
+        to ``TokenLogprobs`` before the next one's logits exist."""
+        entries: list[TokenLogprobs | None] = [None] if start == 0 else []
+        k = seq.params.prompt_logprobs
+        for first in range(0, hidden.shape[0], PROMPT_LOGPROBS_ROWS):
+            rows = hidden[first:first + PROMPT_LOGPROBS_ROWS]
+            begin = start + first + 1  # the first token these rows predict
+            targets = torch.tensor(seq.prompt_token_ids[begin:begin + rows.shape[0]],
+                                   dtype=torch.long, device=self.device)
+            entries += logprobs_of(self.model.logits(rows), targets, [k] * rows.shape[0])()
+        return entries
 
     @torch.inference_mode()
     def profile(self, num_tokens: int, max_model_len: int, max_num_seqs: int,
@@ -76,7 +119,8 @@ class ModelRunner:
 
         Two steps of ``num_tokens`` tokens are measured, the peak of both returned:
 
-        - prefill: whole prompts, no cache (the MLP and logits peak);
+        - prefill: whole prompts, no cache (the MLP and logits peak), then one slice of
+          prompt logprobs (``PROMPT_LOGPROBS_ROWS`` rows of logits, log_softmax, top k);
         - mixed: ``min(max_num_seqs, num_tokens) - 1`` decodes at the full context plus
           the rest of the budget as the last chunk of a prompt, which attends to its
           cached context (whole prompts for what one chunk cannot take): what decode
@@ -102,7 +146,14 @@ class ModelRunner:
         for input_ids, positions, meta, last_index in steps:
             # The prefill step has no cache (slot_mapping None); the mixed one the scratch.
             cache = None if meta.slot_mapping is None else scratch
-            self._forward(input_ids, positions, meta, last_index, cache)
+            hidden = self._hidden(input_ids, positions, meta, cache)
+            logits = self._logits(hidden, last_index)
+            if cache is None:  # and a slice of prompt logprobs at its widest, while both live
+                rows = hidden[:PROMPT_LOGPROBS_ROWS]
+                targets = torch.zeros(rows.shape[0], dtype=torch.long, device=self.device)
+                # Queued only: the memory is what is measured; no copy back (meta has none).
+                logprobs_of(self.model.logits(rows), targets, [MAX_LOGPROBS] * rows.shape[0])
+            del hidden, logits
         if not cuda:
             return None
         torch.cuda.synchronize(self.device)
@@ -153,13 +204,16 @@ class ModelRunner:
         slots = torch.arange(num_tokens, device=self.device) % bs
         return [0] * num_tokens, positions, AttentionMetadata(slots, prefills, groups), last_index
 
-    def _forward(self, input_ids: list[int], positions: list[int], meta: AttentionMetadata,
-                 last_index: list[int], kv_cache: torch.Tensor | None) -> torch.Tensor:
+    def _hidden(self, input_ids: list[int], positions: list[int], meta: AttentionMetadata,
+                kv_cache: torch.Tensor | None) -> torch.Tensor:
+        """The final hidden state of every token ``[len(input_ids), hidden_size]``."""
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         cos, sin = self.rope.lookup(pos)
-        hidden = self.model(ids, cos, sin, kv_cache, meta)
-        index = torch.tensor(last_index, dtype=torch.long, device=self.device)
+        return self.model(ids, cos, sin, kv_cache, meta)
+
+    def _logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
         return self.model.logits(hidden[index])
 
     def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:

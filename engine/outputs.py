@@ -6,11 +6,23 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class TokenLogprobs:
+    """One position's logprobs, from the model's raw logits (before temperature,
+    penalties, bias and grammar masks: vLLM's ``raw_logprobs``)."""
+
+    token_id: int      # the token at this position (sampled, or the prompt's)
+    logprob: float
+    rank: int          # 1 = the most likely token at this position
+    top: list[tuple[int, float]]   # the k most likely (token_id, logprob), best first; [] when k == 0
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None
+    logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclass
@@ -22,6 +34,9 @@ class RequestOutput:
     (``max_tokens`` or the context limit), ``"abort"``, or ``"error"`` when the engine
     failed this request alone (``error`` says why; the other requests go on); None while
     running.
+    ``logprobs``: one entry per token of ``token_ids``, when the request asked
+    (``SamplingParams.logprobs``); ``prompt_logprobs``: one per prompt token (the first
+    None: nothing predicts it), once the whole prompt is computed, when it asked.
     ``outputs[0]`` repeats the same fields as vLLM's ``CompletionOutput``.
     """
 
@@ -34,7 +49,9 @@ class RequestOutput:
     finish_reason: str | None
     prompt: str | None = field(default=None)
     error: str | None = field(default=None)
+    logprobs: list[TokenLogprobs] | None = field(default=None)
+    prompt_logprobs: list[TokenLogprobs | None] | None = field(default=None)
 
     @property
     def outputs(self) -> list[CompletionOutput]:
-        return [CompletionOutput(0, self.text, self.token_ids, self.finish_reason)]
+        return [CompletionOutput(0, self.text, self.token_ids, self.finish_reason, self.logprobs)]

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvledger.engine.errors import BadInput
 
 GREEDY_BELOW_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS
+MAX_LOGPROBS = 20                # vLLM's default --max-logprobs
+MAX_LOGIT_BIAS = 100.0           # OpenAI's bound on a logit_bias value
+
+
+def _number(name: str, value: Any, low: float, high: float) -> float:
+    """``value`` if it is a (non-bool) number in ``[low, high]``, else BadInput naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise BadInput(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass
@@ -14,8 +29,25 @@ class SamplingParams:
     """How one request picks its tokens and when it stops.
 
     ``temperature == 0`` (or below 1e-5) is greedy. ``max_tokens=None`` means "up to the context limit".
-    Stop strings are cut from the returned text; stop token ids and EOS end the request
-    with ``finish_reason == "stop"`` (the token is kept in ``token_ids``).
+    Stop strings are cut from the returned text (kept with ``include_stop_str_in_output``);
+    stop token ids and EOS end the request with ``finish_reason == "stop"`` (the token is
+    kept in ``token_ids``). ``top_k`` -1 or 0 is off.
+
+    Logits processing, in vLLM's order, for the requests that ask: ``logit_bias`` added,
+    ``repetition_penalty`` (over prompt and output: a seen token's logit divided by it
+    when positive, multiplied when negative), ``frequency_penalty`` and
+    ``presence_penalty`` (over the output: ``logit -= frequency * count + presence *
+    (count > 0)``), the ``grammar``'s mask, then EOS and stop token ids masked out until
+    ``min_tokens`` tokens are out (stop strings are not checked before either). Greedy
+    requests take the argmax of the processed logits.
+
+    ``logprobs=k`` reports each generated token's logprob and rank and the k most likely
+    tokens; ``prompt_logprobs=k`` the same for each prompt token. Both come from the
+    model's raw logits, before any processing (vLLM's default ``raw_logprobs``).
+
+    ``grammar``: a compiled grammar whose ``matcher()`` gives each sequence a matcher with
+    ``fill_mask(logits_row)``, ``accept(token_id) -> bool`` and ``is_terminated``. A token
+    it does not accept fails the request; a terminated matcher finishes it with "stop".
     """
 
     temperature: float = 1.0
@@ -26,10 +58,23 @@ class SamplingParams:
     stop: list[str] | str | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    grammar: Any = None
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
     # Derived once, so the per-token checks cost the same however long the output grows.
     longest_stop: int = field(init=False, repr=False, default=0)
     stop_token_set: frozenset[int] = field(init=False, repr=False, default=frozenset())
+    has_penalties: bool = field(init=False, repr=False, default=False)
+    # Whether the sampler must touch this request's logits (min_tokens aside: it stops
+    # mattering once reached).
+    processes_logits: bool = field(init=False, repr=False, default=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
@@ -39,15 +84,12 @@ class SamplingParams:
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, int | float) \
                 or not 0.0 < self.top_p <= 1.0:
             raise BadInput(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) \
-                or (self.top_k < 1 and self.top_k not in (-1, 0)):
-            raise BadInput(f"top_k must be -1 (off) or a positive integer, got {self.top_k!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise BadInput(f"top_k must be -1 or 0 (off) or a positive integer, got {self.top_k!r}")
+        if self.seed is not None and (not _is_int(self.seed)
                                       or not -2**63 <= self.seed < 2**64):  # torch.Generator's range
             raise BadInput(f"seed must be a 64-bit integer, got {self.seed!r}")
-        if self.max_tokens is not None and (isinstance(self.max_tokens, bool)
-                                            or not isinstance(self.max_tokens, int)
-                                            or self.max_tokens < 1):
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise BadInput(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
         if not isinstance(stop, list | tuple) or not all(isinstance(s, str) and s for s in stop):
@@ -55,15 +97,46 @@ class SamplingParams:
         self.stop_strings = tuple(stop)
         self.longest_stop = max((len(s) for s in stop), default=0)
         ids = self.stop_token_ids or []
-        if not isinstance(ids, list | tuple) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        if not isinstance(ids, list | tuple) or not all(_is_int(t) and t >= 0 for t in ids):
             raise BadInput("stop_token_ids must be a list of non-negative integers")
         self.stop_token_ids = list(ids)
         self.stop_token_set = frozenset(ids)
-        if not isinstance(self.ignore_eos, bool):
-            raise BadInput(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise BadInput(f"{name} must be true or false, got {getattr(self, name)!r}")
+        self._check_processing()
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (not _is_int(k) or not 0 <= k <= MAX_LOGPROBS):
+                raise BadInput(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {k!r}")
+
+    def _check_processing(self) -> None:
+        self.presence_penalty = _number("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        self.frequency_penalty = _number("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        p = self.repetition_penalty
+        if isinstance(p, bool) or not isinstance(p, int | float) or not (p > 0 and math.isfinite(p)):
+            raise BadInput(f"repetition_penalty must be a finite number > 0, got {p!r}")
+        self.repetition_penalty = float(p)
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise BadInput(f"min_tokens must be a non-negative integer, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise BadInput(f"min_tokens ({self.min_tokens}) must be at most max_tokens "
+                           f"({self.max_tokens})")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(
+                    _is_int(t) and t >= 0 for t in self.logit_bias):
+                raise BadInput("logit_bias must map non-negative token ids to numbers")
+            self.logit_bias = {t: _number(f"logit_bias[{t}]", v, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+                               for t, v in self.logit_bias.items()}
+        if self.grammar is not None and not callable(getattr(self.grammar, "matcher", None)):
+            raise BadInput("grammar must be a compiled grammar with a matcher() method")
+        self.has_penalties = (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                              or self.repetition_penalty != 1.0)
+        self.processes_logits = bool(self.has_penalties or self.logit_bias
+                                     or self.grammar is not None)
 
     @property
     def greedy(self) -> bool:
         # vLLM's rule: a temperature this small is greedy; dividing the logits by it
-        # (1e-300) would overflow to inf and the softmax to NaN.
+        # (1e-300) would overflow to inf and the softmax to NaN. top_k 0 and -1 are off.
         return self.temperature < GREEDY_BELOW_TEMPERATURE or self.top_k == 1

@@ -7,6 +7,7 @@ import enum
 import torch
 
 from kvledger.engine.ledger import Reservation
+from kvledger.engine.outputs import TokenLogprobs
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.engine.tokenizer import IncrementalDetokenizer
 
@@ -19,7 +20,11 @@ class SequenceStatus(enum.Enum):
 
 class Sequence:
     """A request from admission to finish. ``max_tokens`` is its output cap: the
-    reservation holds ``prompt + max_tokens`` tokens, so decoding never runs out of KV."""
+    reservation holds ``prompt + max_tokens`` tokens, so decoding never runs out of KV.
+
+    ``logprobs`` and ``prompt_logprobs`` are lists only when the request asked for them
+    (None otherwise, so a request that did not ask carries nothing); ``matcher`` is its
+    grammar's state, when it has a grammar."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  max_tokens: int, reservation: Reservation, detokenizer: IncrementalDetokenizer,
@@ -36,6 +41,10 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.text = ""  # the output text so far, stop strings cut off
+        self.logprobs: list[TokenLogprobs] | None = None if params.logprobs is None else []
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = (
+            None if params.prompt_logprobs is None else [])
+        self.matcher = None if params.grammar is None else params.grammar.matcher()
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -45,6 +45,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    def to_str(self) -> str:
+        """The tokenizer as ``tokenizer.json`` text (what grammar libraries load)."""
+        return self._tok.to_str()
+
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 

@@ -80,7 +80,7 @@ def test_scheduled_steps_with_chunks_and_decode_groups_run_on_the_model_device(t
         batch = scheduler.schedule()
         kinds |= {"later chunk" for c in batch.prefills if c.start > 0}
         kinds |= {"decodes" for _ in batch.decodes}
-        logits = runner.execute(batch)
+        logits = runner.execute(batch).logits
         assert logits.device == META and logits.shape == (len(batch.sampled), runner.config.vocab_size)
         for chunk in batch.prefills:
             chunk.seq.num_computed_tokens += chunk.length
@@ -100,10 +100,10 @@ def test_seeded_sampling_draws_on_the_logits_device_in_one_copy():
         (SamplingParams(temperature=0), None),
         (SamplingParams(temperature=0.8, top_k=5, seed=3), torch.Generator().manual_seed(3)),
         (SamplingParams(temperature=1.0, top_p=0.5), None)])]
-    token_ids = sampler(logits, seqs)
+    token_ids = sampler(logits, seqs).token_ids
     assert all(type(t) is int for t in token_ids)
     assert token_ids[0] == int(logits[0].argmax())
     assert token_ids[1] in torch.topk(logits[1], 5).indices.tolist()
     seqs[1].generator = torch.Generator().manual_seed(3)
-    again = Sampler(99, torch.device("cpu"))(logits, seqs)
+    again = Sampler(99, torch.device("cpu"))(logits, seqs).token_ids
     assert again[1] == token_ids[1]  # the seeded row ignores the shared generator

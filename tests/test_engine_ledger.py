@@ -141,3 +141,14 @@ class LedgerMachine(RuleBasedStateMachine):
 
 TestLedgerInterleavings = LedgerMachine.TestCase
 TestLedgerInterleavings.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_try_reserve_each_is_all_or_none():
+    ledger = KVLedger(10, 16)
+    three = ledger.try_reserve_each(40, 3)          # 3 blocks each
+    assert [r.num_blocks for r in three] == [3, 3, 3] and ledger.reserved_blocks == 9
+    assert ledger.try_reserve_each(16, 2) is None   # 2 blocks, 1 free: nothing taken
+    assert ledger.reserved_blocks == 9
+    for reservation in three:
+        ledger.release(reservation)
+    assert ledger.reserved_blocks == 0

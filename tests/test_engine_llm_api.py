@@ -66,18 +66,18 @@ class _Seq:
 def test_sampler_greedy_top_k_and_top_p():
     sampler = Sampler(seed=0, device=torch.device("cpu"))
     logits = torch.tensor([[0.0, 5.0, 4.9, -1.0, 4.8]] * 1)
-    assert sampler(logits, [_Seq(SamplingParams(temperature=0))]) == [1]
-    top2 = {sampler(logits, [_Seq(SamplingParams(temperature=5.0, top_k=2))])[0] for _ in range(200)}
-    assert top2 == {1, 2}
+
+    def pick(**kwargs) -> int:
+        return sampler(logits, [_Seq(SamplingParams(**kwargs))]).token_ids[0]
+
+    assert pick(temperature=0) == 1
+    assert {pick(temperature=5.0, top_k=2) for _ in range(200)} == {1, 2}
     # Probabilities ~ [.. .36 .33 .. .30]: top_p 0.5 keeps the two largest.
-    nucleus = {sampler(logits, [_Seq(SamplingParams(temperature=1.0, top_p=0.5))])[0]
-               for _ in range(200)}
-    assert nucleus == {1, 2}
-    everything = {sampler(logits, [_Seq(SamplingParams(temperature=100.0))])[0] for _ in range(300)}
-    assert everything == {0, 1, 2, 3, 4}
+    assert {pick(temperature=1.0, top_p=0.5) for _ in range(200)} == {1, 2}
+    assert {pick(temperature=100.0) for _ in range(300)} == {0, 1, 2, 3, 4}
     # A top_p that float32 rounds to 0 still keeps the top token (it used to keep none,
     # and torch.multinomial's error killed the engine).
-    assert sampler(logits, [_Seq(SamplingParams(temperature=1.0, top_p=1e-300))]) == [1]
+    assert pick(temperature=1.0, top_p=1e-300) == 1
 
 
 def test_a_vanishing_temperature_is_greedy_not_a_dead_engine(llm):
@@ -98,7 +98,7 @@ def test_sampler_seeded_rows_do_not_depend_on_the_other_rows():
         sampler = Sampler(seed=extra_rows, device=torch.device("cpu"))
         gen = torch.Generator().manual_seed(7)
         seqs = [_Seq(SamplingParams(temperature=1.0)) for _ in range(extra_rows)] + [_Seq(params, gen)]
-        return [sampler(logits[-len(seqs):], seqs)[-1] for _ in range(20)]
+        return [sampler(logits[-len(seqs):], seqs).token_ids[-1] for _ in range(20)]
 
     assert draw(0) == draw(2)
 

@@ -197,3 +197,49 @@ async def test_retry_after_of_a_timed_out_waiter_counts_the_waiters_queued_ahead
     with pytest.raises(asyncio.CancelledError):
         await ahead
     assert adm.queue_length == 0 and adm.ledger.reserved_blocks == 8
+
+
+async def test_n_choices_reserve_prompt_plus_cap_each_all_or_none():
+    adm = _admission(num_blocks=10)
+    ticket = await adm.admit("n2", prompt_tokens=20, cap_tokens=30, n=2)  # 2 x 4 blocks
+    assert ticket.blocks == 8 and adm.ledger.reserved_blocks == 8
+    assert [r.num_blocks for r in ticket.reservations] == [4, 4]
+    with pytest.raises(ApiError) as info:      # 2 blocks free: a 429, nothing taken
+        await adm.admit("late", 20, 30, n=1)
+    assert info.value.status == 429 and adm.ledger.reserved_blocks == 8
+    for reservation in ticket.reservations:
+        adm.ledger.release(reservation)
+    adm.done(ticket)
+    assert adm.ledger.reserved_blocks == 0
+
+
+async def test_n_choices_are_admitted_together_or_wait_together():
+    adm = _admission(num_blocks=10, wait_s=5.0)
+    held = await adm.admit("held", 16, 48)                          # 4 blocks, 6 free
+    three = asyncio.create_task(adm.admit("three", 16, 16, n=3))    # 3 x 2 = 6: fits
+    assert len((await three).reservations) == 3 and adm.ledger.reserved_blocks == 10
+    four = asyncio.create_task(adm.admit("four", 16, 16, n=2))      # 4 blocks: waits whole
+    await asyncio.sleep(0.05)
+    assert not four.done() and adm.ledger.reserved_blocks == 10     # none taken piecemeal
+    adm.ledger.release(held.reservation)
+    adm.done(held)
+    granted = await four
+    assert [r.num_blocks for r in granted.reservations] == [2, 2]
+    for ticket in (await three, granted):
+        for reservation in ticket.reservations:
+            adm.ledger.release(reservation)
+        adm.done(ticket)
+    assert adm.ledger.reserved_blocks == 0 and not adm.running
+
+
+async def test_n_choices_beyond_the_pool_are_a_400_and_early_rejection_counts_them():
+    adm = _admission(num_blocks=10)
+    with pytest.raises(ApiError) as info:
+        await adm.admit("huge", 16, 48, n=3)   # 3 x 4 blocks > 10
+    assert info.value.status == 400 and "3 choices" in info.value.message
+    held = await adm.admit("held", 16, 48)     # 6 blocks free
+    assert adm.early_rejection(20, 31, n=1) is None   # 1 + 31 tokens: 2 blocks fit
+    early = adm.early_rejection(20, 31, n=4)          # 4 x 2 = 8 blocks do not
+    assert early is not None and early.status == 429
+    adm.ledger.release(held.reservation)
+    adm.done(held)

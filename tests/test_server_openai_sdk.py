@@ -90,7 +90,7 @@ async def test_sdk_sees_openai_errors(serve):
         await client.completions.create(model="nope", prompt="x")
     assert info.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as info:
-        await client.completions.create(model=name, prompt="x", n=2)
+        await client.completions.create(model=name, prompt="x", best_of=2)
     assert info.value.code == "invalid_request"
     bad_key = client.with_options(api_key="wrong")
     with pytest.raises(openai.AuthenticationError):

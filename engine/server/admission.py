@@ -34,10 +34,15 @@ class Ticket:
     request_id: str
     prompt_tokens: int
     cap_tokens: int
-    blocks: int
-    reservation: Any
+    blocks: int                 # all choices together
+    reservations: list[Any]     # one per choice (``n``), each ``prompt + cap``
     admitted_at: float
-    generated_tokens: int = 0
+    generated_tokens: int = 0   # by the choice furthest from its cap
+
+    @property
+    def reservation(self) -> Any:
+        """The first choice's reservation (the only one when ``n == 1``)."""
+        return self.reservations[0]
 
     @property
     def remaining_tokens(self) -> int:
@@ -47,6 +52,7 @@ class Ticket:
 @dataclass
 class _Waiter:
     tokens: int
+    count: int
     blocks: int
     future: asyncio.Future = field(repr=False)
     gone: bool = False  # timed out or cancelled; skipped when it reaches the head
@@ -95,26 +101,31 @@ class Admission:
     def queue_length(self) -> int:
         return self._queued
 
-    async def admit(self, request_id: str, prompt_tokens: int, cap_tokens: int) -> Ticket:
-        """Reserve ``prompt + cap`` tokens or raise a 429 ``ApiError`` with Retry-After."""
+    async def admit(self, request_id: str, prompt_tokens: int, cap_tokens: int,
+                    n: int = 1) -> Ticket:
+        """Reserve ``prompt + cap`` tokens for each of ``n`` choices, all at once, or raise
+        a 429 ``ApiError`` with Retry-After."""
         tokens = prompt_tokens + cap_tokens
-        blocks = self.ledger.blocks_for(tokens)
+        blocks = self.ledger.blocks_for(tokens) * n
         if blocks > self.ledger.num_blocks:
-            raise ApiError(400, f"the request needs {blocks} KV blocks ({tokens} tokens) but the "
-                                f"whole pool holds {self.ledger.num_blocks}; lower max_tokens",
+            choices = f" for {n} choices" if n > 1 else ""
+            raise ApiError(400, f"the request needs {blocks} KV blocks ({tokens} tokens{choices}) "
+                                f"but the whole pool holds {self.ledger.num_blocks}; lower "
+                                f"max_tokens{' or n' if n > 1 else ''}",
                            code="kv_pool_too_small", param="max_tokens", reason="over_pool")
         # Nobody overtakes a live waiter; departed ones (gone) do not count.
-        reservation = None if self._queued else self.ledger.try_reserve(tokens)
-        if reservation is None:
-            reservation = await self._wait_in_line(tokens, blocks)
-        ticket = Ticket(request_id, prompt_tokens, cap_tokens, blocks, reservation, self._clock())
+        reservations = None if self._queued else self.ledger.try_reserve_each(tokens, n)
+        if reservations is None:
+            reservations = await self._wait_in_line(tokens, n, blocks)
+        ticket = Ticket(request_id, prompt_tokens, cap_tokens, blocks, reservations,
+                        self._clock())
         self.running[request_id] = ticket
         return ticket
 
-    async def _wait_in_line(self, tokens: int, blocks: int) -> Any:
+    async def _wait_in_line(self, tokens: int, count: int, blocks: int) -> list[Any]:
         if self.max_queue_wait_s <= 0:
             raise self.rejection(blocks)
-        waiter = _Waiter(tokens, blocks, asyncio.get_running_loop().create_future())
+        waiter = _Waiter(tokens, count, blocks, asyncio.get_running_loop().create_future())
         self._waiters.append(waiter)
         self._queued += 1
         self.capacity_changed()  # departed waiters may have been all that was ahead
@@ -129,7 +140,8 @@ class Admission:
             granted = (waiter.future.done() and not waiter.future.cancelled()
                        and waiter.future.exception() is None)
             if granted:  # the client left just as its blocks came: give them back
-                self.ledger.release(waiter.future.result())
+                for reservation in waiter.future.result():
+                    self.ledger.release(reservation)
             raise
         finally:
             if not waiter.future.done():
@@ -137,7 +149,8 @@ class Admission:
                 waiter.gone = True
                 self._queued -= 1
 
-    def early_rejection(self, max_prompt_tokens: int, requested: int | None) -> ApiError | None:
+    def early_rejection(self, max_prompt_tokens: int, requested: int | None,
+                        n: int = 1) -> ApiError | None:
         """The 429 for a request whose prompt is at most ``max_prompt_tokens`` long, when the
         answer cannot depend on its exact length; else None (tokenize and ``admit``).
 
@@ -148,7 +161,8 @@ class Admission:
             return None  # it would queue, or it might be a 413
         if requested is not None and max_prompt_tokens + requested > self.max_model_len:
             return None  # it might be a 400
-        least = self.ledger.blocks_for(self.max_model_len if requested is None else 1 + requested)
+        least = n * self.ledger.blocks_for(self.max_model_len if requested is None
+                                           else 1 + requested)
         if least <= self.ledger.free_blocks or least > self.ledger.num_blocks:
             return None
         return self.rejection(least)
@@ -160,12 +174,12 @@ class Admission:
             if head.gone:
                 self._waiters.popleft()
                 continue
-            reservation = self.ledger.try_reserve(head.tokens)
-            if reservation is None:
+            reservations = self.ledger.try_reserve_each(head.tokens, head.count)
+            if reservations is None:
                 return  # strict FIFO: nobody overtakes the head
             self._waiters.popleft()
             self._queued -= 1
-            head.future.set_result(reservation)
+            head.future.set_result(reservations)
 
     def close(self, error: Exception) -> None:
         """Refuse every waiter with ``error`` (shutdown); later admits are the caller's to stop."""

@@ -15,9 +15,13 @@ from aiohttp import web
 from kvledger.engine.server.errors import ApiError, error_body
 from kvledger.engine.server.openai_api import chat_completions, completions
 from kvledger.engine.server.state import STATE, ServeOptions, ServerState
+from kvledger.engine.server.tokenize_api import detokenize, tokenize, version
 
 log = logging.getLogger(__name__)
 
+# What an API key guards: the API and the tokenizer (each costs CPU); not the probes,
+# /metrics or /version.
+_KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize")
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
 
 
@@ -34,6 +38,9 @@ def build_app(options: ServeOptions | None = None) -> web.Application:
     app.router.add_get("/v1/budget", budget)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
+    app.router.add_get("/version", version)
     return app
 
 
@@ -78,7 +85,7 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
 @web.middleware
 async def _api_key(request: web.Request, handler) -> web.StreamResponse:
     key = request.app[STATE].options.api_key
-    if key and request.path.startswith("/v1/"):
+    if key and request.path.startswith(_KEYED_PATHS):
         given = request.headers.get("Authorization", "")
         scheme, _, token = given.partition(" ")
         # Bytes that are not UTF-8 arrive as surrogate escapes; "surrogatepass" encodes

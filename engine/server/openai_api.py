@@ -17,6 +17,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from kvledger.engine.async_engine import EngineDeadError
 from kvledger.engine.errors import BadInput
 from kvledger.engine.server.errors import ApiError, bad_request, sse_error_event
 from kvledger.engine.server.limits import decode_json
+from kvledger.engine.server.logprobs import chat_logprobs, completion_logprobs
 from kvledger.engine.server.protocol import GenerationRequest, parse_chat, parse_completion
 from kvledger.engine.server.state import STATE, ServerState
 
@@ -38,7 +40,7 @@ class _Prepared:
     req: GenerationRequest
     request_id: str
     prompt_ids: list[int]
-    params: Any
+    echo: str | None          # completions' ``echo``: the prompt's text, else None
     arrived: float
     created: int
 
@@ -59,22 +61,32 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     req = await state.off_loop(len(raw), _parse, parse, raw)
     state.check_model(req.model)
     prompt = await state.off_loop(len(raw), _prompt, state, req) if req.kind == "chat" else req.prompt
-    early = state.admission.early_rejection(_max_prompt_tokens(prompt), req.max_tokens)
+    early = state.admission.early_rejection(_max_prompt_tokens(prompt), req.cap, req.n)
     if early is not None:  # a full pool refuses it whatever its exact length
         raise early
     prompt_ids = await state.off_loop(len(raw), _encode, state, req, prompt)
-    cap = state.admission.effective_cap(len(prompt_ids), req.max_tokens)
-    params = _sampling_params(req, cap)
-    p = _Prepared(req, f"{id_prefix}-{uuid.uuid4().hex}", prompt_ids, params, arrived,
+    cap = state.admission.effective_cap(len(prompt_ids), req.cap)
+    grammar = await _grammar(state, req)
+    params = [_sampling_params(req, cap, grammar, i) for i in range(req.n)]
+    try:  # before admission: token ids the model lacks (logit_bias) are a 400
+        state.llm.check_params(params[0])
+    except BadInput as exc:
+        raise bad_request(str(exc), "logit_bias") from None
+    echo = None
+    if req.kind == "completion" and req.echo:
+        echo = prompt if isinstance(prompt, str) else state.llm.tokenizer.decode(prompt_ids)
+    p = _Prepared(req, f"{id_prefix}-{uuid.uuid4().hex}", prompt_ids, echo, arrived,
                   int(time.time()))
-    ticket = await state.admission.admit(p.request_id, len(prompt_ids), cap)
+    ticket = await state.admission.admit(p.request_id, len(prompt_ids), cap, req.n)
     state.metrics.admitted.inc()
     state.metrics.queue_wait.observe(time.monotonic() - arrived)
     state.metrics.prompt_tokens.inc(len(prompt_ids))
-    outputs = None
+    streams: list = []
     try:
-        outputs = state.engine.generate(p.request_id, prompt_ids, params, ticket.reservation)
-        async with aclosing(outputs):
+        for i, reservation in enumerate(ticket.reservations):
+            choice_id = p.request_id if req.n == 1 else f"{p.request_id}-{i}"
+            streams.append(state.engine.generate(choice_id, prompt_ids, params[i], reservation))
+        async with aclosing(_merged(streams)) as outputs:
             if req.stream:
                 return await _stream(request, state, p, ticket, outputs)
             return await _whole(state, p, ticket, outputs)
@@ -83,15 +95,51 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     except BadInput as exc:
         raise bad_request(str(exc)) from None
     finally:
-        if outputs is None:  # never reached the engine: the reservation is still ours
-            state.admission.ledger.release(ticket.reservation)
-        else:
-            last = outputs.last
+        # The engine owns what it was handed (closing a stream aborts it); the rest is
+        # still ours. A release of one ``generate`` already released does nothing.
+        for reservation in ticket.reservations[len(streams):]:
+            state.admission.ledger.release(reservation)
+        for stream in streams:
+            await stream.aclose()
+            last = stream.last
             done = last is not None and last.finished
             state.metrics.finished.labels(last.finish_reason if done else "abort").inc()
             state.metrics.generation_tokens.inc(len(last.token_ids) if last else 0)
         state.admission.done(ticket)
         state.metrics.latency.observe(time.monotonic() - arrived)
+
+
+async def _merged(streams: list) -> AsyncIterator[tuple[int, Any]]:
+    """``(choice index, output)`` from every choice's stream as they come."""
+    if len(streams) == 1:
+        async for output in streams[0]:
+            yield 0, output
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, stream) -> None:
+        try:
+            async for output in stream:
+                queue.put_nowait((index, output))
+        except Exception as exc:  # the engine died: the merged stream raises it
+            queue.put_nowait((index, exc))
+        else:
+            queue.put_nowait((index, None))
+
+    tasks = [asyncio.create_task(pump(i, stream)) for i, stream in enumerate(streams)]
+    try:
+        running = len(tasks)
+        while running:
+            index, item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def read_body(request: web.Request) -> bytes:
@@ -123,7 +171,8 @@ _ADDED_TOKENS_MAX = 8
 def _prompt(state: ServerState, req: GenerationRequest) -> str:
     """A chat rendered as prompt text with the model's template."""
     try:
-        return state.llm.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True)
+        return state.llm.tokenizer.apply_chat_template(
+            req.template_messages, add_generation_prompt=req.add_generation_prompt)
     except BadInput as exc:
         raise bad_request(str(exc), "messages") from None
 
@@ -148,16 +197,43 @@ def _encode(state: ServerState, req: GenerationRequest, prompt: str | list[int])
     return ids
 
 
-def _sampling_params(req: GenerationRequest, cap: int) -> Any:
+def _sampling_params(req: GenerationRequest, cap: int, grammar: Any, index: int) -> Any:
     from kvledger.engine.sampling_params import SamplingParams
 
+    seed = req.seed
+    if seed is not None and index:  # each choice draws its own tokens, reproducibly
+        seed = (seed + index) % 2**64
     try:
-        return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                              seed=req.seed, max_tokens=cap, stop=req.stop or None,
-                              stop_token_ids=req.stop_token_ids or None,
-                              ignore_eos=req.ignore_eos)
+        return SamplingParams(
+            temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=seed,
+            max_tokens=cap, stop=req.stop or None, stop_token_ids=req.stop_token_ids,
+            ignore_eos=req.ignore_eos, presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty, min_tokens=req.min_tokens,
+            logit_bias=req.bias, logprobs=req.logprobs_k(),
+            prompt_logprobs=req.prompt_logprobs_k(),
+            include_stop_str_in_output=req.include_stop_str_in_output, grammar=grammar)
     except BadInput as exc:
         raise bad_request(str(exc)) from None
+
+
+_CONSTRAINTS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
+                "guided_choice")
+
+
+async def _grammar(state: ServerState, req: GenerationRequest) -> Any:
+    """The compiled output constraint, or None. Compiling a schema can take milliseconds
+    (cached after the first time), so it runs on a worker thread."""
+    spec = req.grammar()
+    if spec is None:
+        return None
+    from kvledger.engine.grammar import GrammarError, GrammarSpec
+
+    try:
+        return await state.off_loop(None, state.grammars.compile, GrammarSpec(*spec))
+    except GrammarError as exc:
+        param = next(name for name in _CONSTRAINTS if getattr(req, name) is not None)
+        raise bad_request(str(exc), param) from None
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -166,27 +242,69 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 async def _whole(state: ServerState, p: _Prepared, ticket, outputs) -> web.Response:
-    final = None
-    async for output in outputs:
-        if final is None and output.token_ids:
+    finals: list = [None] * p.req.n
+    counts = [0] * p.req.n
+    async for index, output in outputs:
+        if not any(counts) and output.token_ids:
             state.metrics.ttft.observe(time.monotonic() - p.arrived)
-        final = output
-        state.admission.progress(ticket, len(output.token_ids))
-    if final.finish_reason == "error":  # the engine failed this request alone
-        raise ApiError(500, _failed_message(final), code="request_error",
+        finals[index], counts[index] = output, len(output.token_ids)
+        state.admission.progress(ticket, min(counts))
+    failed = next((f for f in finals if f.finish_reason == "error"), None)
+    if failed is not None:  # the engine failed this request alone
+        raise ApiError(500, _failed_message(failed), code="request_error",
                        reason="request_error")
-    completion_tokens = len(final.token_ids)
-    if p.req.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": final.text},
-                  "logprobs": None, "finish_reason": final.finish_reason}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": final.text, "logprobs": None,
-                  "finish_reason": final.finish_reason}
-        obj = "text_completion"
-    return web.json_response({"id": p.request_id, "object": obj, "created": p.created,
-                              "model": p.req.model, "choices": [choice],
-                              "usage": _usage(len(p.prompt_ids), completion_tokens)})
+    chat = p.req.kind == "chat"
+    choices = [_chat_choice(state, p, i, f) if chat else _completion_choice(state, p, i, f)
+               for i, f in enumerate(finals)]
+    return web.json_response({"id": p.request_id,
+                              "object": "chat.completion" if chat else "text_completion",
+                              "created": p.created, "model": p.req.model, "choices": choices,
+                              "usage": _usage(len(p.prompt_ids), sum(counts))})
+
+
+def _chat_choice(state: ServerState, p: _Prepared, index: int, final) -> dict[str, Any]:
+    logprobs = None
+    if final.logprobs is not None:
+        logprobs = chat_logprobs(zip(final.token_ids, final.logprobs, strict=True),
+                                 _token_text(state, p.req))
+    return {"index": index, "message": {"role": "assistant", "content": final.text},
+            "logprobs": logprobs, "finish_reason": final.finish_reason}
+
+
+def _completion_choice(state: ServerState, p: _Prepared, index: int, final) -> dict[str, Any]:
+    return {"index": index, "text": (p.echo or "") + final.text,
+            "logprobs": _completion_logprobs(state, p, final, 0, True),
+            "finish_reason": final.finish_reason}
+
+
+def _completion_logprobs(state: ServerState, p: _Prepared, output, sent: int,
+                         with_prompt: bool) -> dict[str, list] | None:
+    """Output tokens ``sent:`` (and the prompt's, for ``echo``) in the completions shape."""
+    if output.logprobs is None:
+        return None
+    entries = list(zip(output.token_ids[sent:], output.logprobs[sent:], strict=True))
+    if with_prompt and output.prompt_logprobs is not None:
+        entries = list(zip(p.prompt_ids, output.prompt_logprobs, strict=True)) + entries
+    return completion_logprobs(entries, _token_text(state, p.req))
+
+
+def _token_text(state: ServerState, req: GenerationRequest):
+    """How logprobs name a token: its text, or vLLM's ``token_id:N`` when asked."""
+    return _token_id_text if req.return_tokens_as_token_ids else state.token_text
+
+
+def _token_id_text(token_id: int) -> str:
+    return f"token_id:{token_id}"
+
+
+@dataclass
+class _ChoiceStream:
+    """What one choice of a stream has sent so far."""
+
+    text: str = ""
+    tokens: int = 0
+    logprobs: int = 0
+    started: bool = False
 
 
 async def _stream(request: web.Request, state: ServerState, p: _Prepared, ticket,
@@ -197,49 +315,65 @@ async def _stream(request: web.Request, state: ServerState, p: _Prepared, ticket
         await response.prepare(request)
     except ConnectionError:  # gone before the headers: aclosing() aborts the request
         return response
-    chat = p.req.kind == "chat"
+    req = p.req
+    chat = req.kind == "chat"
     obj = "chat.completion.chunk" if chat else "text_completion"
+    sent = [_ChoiceStream() for _ in range(req.n)]
 
-    def chunk(delta: str | None, finish_reason: str | None, role: bool = False) -> bytes:
+    def event(choices: list[dict[str, Any]], usage: bool = False) -> bytes:
+        payload = {"id": p.request_id, "object": obj, "created": p.created, "model": req.model,
+                   "choices": choices}
+        if usage:
+            payload["usage"] = _usage(len(p.prompt_ids), sum(c.tokens for c in sent))
+        return _sse(payload)
+
+    def chunk(index: int, delta: str | None, finish_reason: str | None,
+              logprobs: Any = None, role: bool = False) -> bytes:
         if chat:
             content: dict[str, Any] = {"role": "assistant"} if role else {}
             if delta is not None:
                 content["content"] = delta
-            choice = {"index": 0, "delta": content, "logprobs": None,
+            choice = {"index": index, "delta": content, "logprobs": logprobs,
                       "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": delta or "", "logprobs": None,
+            choice = {"index": index, "text": delta or "", "logprobs": logprobs,
                       "finish_reason": finish_reason}
-        return _sse({"id": p.request_id, "object": obj, "created": p.created,
-                     "model": p.req.model, "choices": [choice]})
+        return event([choice], usage=req.continuous_usage)
 
-    sent_text = ""
-    completion_tokens = 0
     try:
         if chat:
-            await response.write(chunk("", None, role=True))
-        async for output in outputs:
-            if completion_tokens == 0 and output.token_ids:
+            for index in range(req.n):
+                await response.write(chunk(index, "", None, role=True))
+        async for index, output in outputs:
+            choice = sent[index]
+            if not any(c.tokens for c in sent) and output.token_ids:
                 state.metrics.ttft.observe(time.monotonic() - p.arrived)
-            completion_tokens = len(output.token_ids)
-            state.admission.progress(ticket, completion_tokens)
-            delta = ""
-            if output.text.startswith(sent_text):  # text already sent is never retracted
-                delta, sent_text = output.text[len(sent_text):], output.text
+            choice.tokens = len(output.token_ids)
+            state.admission.progress(ticket, min(c.tokens for c in sent))
             if output.finished and output.finish_reason == "error":
                 await _end_with_error(state, response, 500, _failed_message(output),
                                       "request_error")
                 return response
+            delta = ""
+            if output.text.startswith(choice.text):  # text already sent is never retracted
+                delta, choice.text = output.text[len(choice.text):], output.text
+            if not choice.started and p.echo is not None:
+                delta = p.echo + delta
+            logprobs = None
+            if output.logprobs is not None and len(output.logprobs) > choice.logprobs:
+                logprobs = (chat_logprobs(zip(output.token_ids[choice.logprobs:],
+                                              output.logprobs[choice.logprobs:], strict=True),
+                                          _token_text(state, req)) if chat
+                            else _completion_logprobs(state, p, output, choice.logprobs,
+                                                      not choice.started))
+                choice.logprobs = len(output.logprobs)
+            choice.started = True
+            if delta or logprobs is not None:
+                await response.write(chunk(index, delta, None, logprobs))
             if output.finished:
-                if delta:
-                    await response.write(chunk(delta, None))
-                await response.write(chunk(None if chat else "", output.finish_reason))
-            elif delta:
-                await response.write(chunk(delta, None))
-        if p.req.include_usage:
-            await response.write(_sse({"id": p.request_id, "object": obj, "created": p.created,
-                                       "model": p.req.model, "choices": [],
-                                       "usage": _usage(len(p.prompt_ids), completion_tokens)}))
+                await response.write(chunk(index, None if chat else "", output.finish_reason))
+        if req.include_usage:
+            await response.write(event([], usage=True))
         await response.write(b"data: [DONE]\n\n")
     except ConnectionError:  # the client went away; aclosing() aborts the request
         pass

@@ -60,6 +60,8 @@ class ServerState:
         self.draining = False
         self.started_at = time.time()
         self._workers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="kvledger-prepare")
+        self._grammars: Any = None
+        self._token_texts: dict[int, str] = {}
         ledger = lambda attr: lambda: getattr(self.llm.ledger, attr) if self.llm else 0  # noqa: E731
         self.metrics.watch(
             kvledger_kv_blocks_total=("KV blocks in the pool", ledger("num_blocks")),
@@ -125,16 +127,35 @@ class ServerState:
         self._workers.shutdown(wait=False, cancel_futures=True)
 
     # -- per-request work ------------------------------------------------------------
-    async def off_loop(self, body_bytes: int, fn, *args):
+    async def off_loop(self, body_bytes: int | None, fn, *args):
         """``fn(*args)`` for a request of ``body_bytes``: on a worker thread when the body
-        is large. Parsing a 4 MiB body, rendering a chat and tokenizing take up to seconds
+        is large (or ``None``: work whose cost the body's size does not bound). Parsing a 4 MiB body, rendering a chat and tokenizing take up to seconds
         of CPU, during which ``/health`` and every stream must still answer; the GIL is
         shared, so what runs there should release it (tokenizers' batch encode, numpy) or
         be bounded (``limits``). A body up to ``INLINE_BODY_BYTES`` costs less than the
         trip to a thread and back, so it is done on the loop."""
-        if body_bytes <= INLINE_BODY_BYTES:
+        if body_bytes is not None and body_bytes <= INLINE_BODY_BYTES:
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
+
+    @property
+    def grammars(self) -> Any:
+        """The engine's ``GrammarCompiler``, built at the first constrained request."""
+        if self._grammars is None:
+            from kvledger.engine.grammar import GrammarCompiler
+
+            tokenizer = self.llm.tokenizer
+            self._grammars = GrammarCompiler(tokenizer, tokenizer.eos_token_ids,
+                                             self.llm.runner.config.vocab_size)
+        return self._grammars
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text, as logprobs show it (cached: a vocabulary's worth at most)."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self.llm.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._token_texts[token_id] = text
+        return text
 
     # -- per-request checks ----------------------------------------------------------
     def check_accepting(self) -> None:

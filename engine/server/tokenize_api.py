@@ -1,0 +1,93 @@
+"""vLLM's ``POST /tokenize``, ``POST /detokenize`` and ``GET /version``.
+
+``/tokenize`` takes a completions ``prompt`` or a chat's ``messages`` (rendered with the
+model's template, as a chat request would be) and answers the token ids the engine
+would run, with the context limit: a client can size ``max_tokens`` before it asks.
+Nothing is reserved.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import version as package_version
+from typing import Annotated, Any
+
+from aiohttp import web
+from pydantic import Field, model_validator
+
+from kvledger.engine.errors import BadInput
+from kvledger.engine.server.errors import bad_request
+from kvledger.engine.server.limits import MAX_INT, decode_json
+from kvledger.engine.server.openai_api import read_body
+from kvledger.engine.server.protocol import ChatMessage, Strict, validate
+from kvledger.engine.server.state import STATE
+
+
+class TokenizeRequest(Strict):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None   # default: True for a prompt, False for a chat
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        return self
+
+
+class DetokenizeRequest(Strict):
+    model: str | None = None
+    tokens: list[Annotated[int, Field(ge=0, le=MAX_INT)]]
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    state.check_accepting()
+    raw = await read_body(request)
+    req = await state.off_loop(len(raw), _parse, TokenizeRequest, raw)
+    if req.model is not None:
+        state.check_model(req.model)
+    ids = await state.off_loop(len(raw), _tokenize, state, req)
+    body: dict[str, Any] = {"count": len(ids), "max_model_len": state.llm.max_model_len,
+                            "tokens": ids, "token_strs": None}
+    if req.return_token_strs:
+        body["token_strs"] = [state.token_text(t) for t in ids]
+    return web.json_response(body)
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    state.check_accepting()
+    raw = await read_body(request)
+    req = await state.off_loop(len(raw), _parse, DetokenizeRequest, raw)
+    if req.model is not None:
+        state.check_model(req.model)
+    try:
+        state.llm.check_prompt(req.tokens or [0])
+    except BadInput as exc:
+        raise bad_request(str(exc), "tokens") from None
+    text = await state.off_loop(len(raw), state.llm.tokenizer.decode, req.tokens)
+    return web.json_response({"prompt": text})
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": package_version("kvledger")})
+
+
+def _parse(model, raw: bytes):
+    return validate(model, decode_json(raw))
+
+
+def _tokenize(state, req: TokenizeRequest) -> list[int]:
+    tokenizer = state.llm.tokenizer
+    if req.messages is not None:
+        try:
+            text = tokenizer.apply_chat_template([m.as_template_input() for m in req.messages],
+                                                 add_generation_prompt=req.add_generation_prompt)
+        except BadInput as exc:
+            raise bad_request(str(exc), "messages") from None
+        return tokenizer.encode(text, add_special_tokens=bool(req.add_special_tokens))
+    special = True if req.add_special_tokens is None else req.add_special_tokens
+    return tokenizer.encode(req.prompt, add_special_tokens=special)
