@@ -94,7 +94,7 @@ def main() -> int:
         subprocess.run([kvledger, "make-model", args.model, model_dir], check=True,
                        stdout=subprocess.DEVNULL)
         port = free_port()
-        proc = subprocess.Popen([kvledger, "serve", model_dir, "--device", "cpu",
+        proc = subprocess.Popen([kvledger, "serve", "--model", model_dir, "--device", "cpu",
                                  "--port", str(port), "--max-model-len", "512",
                                  "--max-num-seqs", str(args.concurrency)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

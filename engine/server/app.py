@@ -27,7 +27,7 @@ _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large
 
 def build_app(options: ServeOptions | None = None) -> web.Application:
     options = options or ServeOptions()
-    app = web.Application(middlewares=[_errors, _api_key],
+    app = web.Application(middlewares=[_errors],
                           client_max_size=options.max_body_bytes)
     app[STATE] = ServerState(options)
     app.on_cleanup.append(_close)
@@ -50,7 +50,8 @@ async def _close(app: web.Application) -> None:
 
 @web.middleware
 async def _errors(request: web.Request, handler) -> web.StreamResponse:
-    """Every refusal leaves as OpenAI's error body; an unexpected failure as a bare 500.
+    """The API key check, then every refusal leaves as OpenAI's error body; an unexpected
+    failure as a bare 500. (One middleware: each layer costs every request, 429s included.)
 
     Also the one place that counts 5xx answers (``kvledger_requests_failed_total``): any
     500, and every 5xx of the API (the probes' 503s are their answer, not a failure).
@@ -58,6 +59,7 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
     state = request.app[STATE]
     code = "http_error"
     try:
+        _check_api_key(request)
         response = await handler(request)
     except ApiError as exc:
         if request.path.startswith("/v1/") and exc.status != 500:  # a 500 is a failure
@@ -82,8 +84,7 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
     return response
 
 
-@web.middleware
-async def _api_key(request: web.Request, handler) -> web.StreamResponse:
+def _check_api_key(request: web.Request) -> None:
     key = request.app[STATE].options.api_key
     if key and request.path.startswith(_KEYED_PATHS):
         given = request.headers.get("Authorization", "")
@@ -95,7 +96,6 @@ async def _api_key(request: web.Request, handler) -> web.StreamResponse:
         if scheme.lower() != "bearer" or not hmac.compare_digest(given_bytes, key_bytes):
             raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
                            code="invalid_api_key", reason="unauthorized")
-    return await handler(request)
 
 
 async def health(request: web.Request) -> web.Response:

@@ -147,6 +147,8 @@ async def read_body(request: web.Request) -> bytes:
     ``--max-body-bytes`` (else 413)."""
     options = request.app[STATE].options
     try:
+        if request.content.is_eof():  # it came with the headers: nothing to wait for
+            return await request.read()
         async with asyncio.timeout(options.body_timeout_s):
             return await request.read()
     except TimeoutError:
