@@ -10,9 +10,9 @@ import random
 import pytest
 import torch
 import transformers
+from test_engine_llm_engine import make_engine
 
 from kvledger.engine import model_runner
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.llm_engine import LLMEngine
 from kvledger.engine.sampler import apply_penalties, logprobs_of, process_logits
@@ -21,11 +21,6 @@ from kvledger.engine.sequence import Sequence
 
 NEG_INF = float("-inf")
 PROMPT = [17, 300, 42, 901, 77, 5, 640, 12, 250, 99, 1000, 3, 64, 128, 511]
-
-
-def make_engine(model_dir, **flags) -> LLMEngine:
-    flags = {"max_model_len": 128, "max_num_seqs": 4, "device": "cpu", **flags}
-    return LLMEngine.from_config(EngineConfig(model=str(model_dir), **flags))
 
 
 @pytest.fixture(scope="module")

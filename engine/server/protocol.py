@@ -17,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -104,6 +105,7 @@ class _Request(Strict):
 
     kind: ClassVar[str]
     unsupported: ClassVar[dict[str, tuple[Any, ...]]] = UNSUPPORTED_FIELDS
+    _spec: tuple[str, str | None] | None = PrivateAttr(default=None)
     model: str
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
@@ -212,7 +214,7 @@ class _Request(Strict):
                 and self.response_format.json_schema is None:
             raise _Refusal("'response_format' of type json_schema needs 'json_schema': "
                            "{\"name\": ..., \"schema\": {...}}", "response_format")
-        self._grammar()  # a constraint that names none of its kinds is refused here
+        self._spec = self._constraint()  # checked (and its schema serialised) once
         return self
 
     # -- what the engine needs ------------------------------------------------------
@@ -237,34 +239,24 @@ class _Request(Strict):
 
     def grammar(self) -> tuple[str, str | None] | None:
         """The output constraint as ``(kind, value)`` (``GrammarSpec``'s fields), or None."""
-        return self._grammar()
+        return self._spec
 
-    def _grammar(self) -> tuple[str, str | None] | None:
+    def _constraint(self) -> tuple[str, str | None] | None:
         fmt = self.response_format
         if fmt is not None and fmt.type == "json_object":
             return "json_object", None
         if fmt is not None and fmt.type == "json_schema":
             return "json_schema", _schema_text(fmt.json_schema.schema_, "response_format")
-        if self.guided_json is not None:
-            return "json_schema", _schema_text(self.guided_json, "guided_json")
-        if self.guided_regex is not None:
-            return "regex", self.guided_regex
-        if self.guided_choice is not None:
-            return _choice(self.guided_choice, "guided_choice")
         so = self.structured_outputs
         if so is None:
-            return None
+            return _spec(self.guided_json, self.guided_regex, self.guided_choice,
+                         ("guided_json", "guided_regex", "guided_choice"))
         given = [k for k in ("json_", "regex", "choice", "json_object") if getattr(so, k)]
         if len(given) != 1:
             raise _Refusal("'structured_outputs' must hold exactly one of json, regex, choice "
                            "or json_object", "structured_outputs")
-        if so.json_ is not None:
-            return "json_schema", _schema_text(so.json_, "structured_outputs")
-        if so.regex is not None:
-            return "regex", so.regex
-        if so.choice is not None:
-            return _choice(so.choice, "structured_outputs")
-        return "json_object", None
+        return _spec(so.json_, so.regex, so.choice, ("structured_outputs",) * 3) \
+            or ("json_object", None)
 
 
 class CompletionRequest(_Request):
@@ -441,6 +433,18 @@ def _schema_text(schema: dict[str, Any] | str, field: str) -> str:
     if not isinstance(schema, dict):
         raise _Refusal(f"'{field}' must hold a JSON schema object", field)
     return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+
+
+def _spec(schema: dict[str, Any] | str | None, regex: str | None, choice: list[str] | None,
+          fields: tuple[str, str, str]) -> tuple[str, str | None] | None:
+    """The one constraint given among a JSON schema, a regex and a choice list, or None."""
+    if schema is not None:
+        return "json_schema", _schema_text(schema, fields[0])
+    if regex is not None:
+        return "regex", regex
+    if choice is not None:
+        return _choice(choice, fields[2])
+    return None
 
 
 def _choice(options: list[str], field: str) -> tuple[str, str]:

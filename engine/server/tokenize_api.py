@@ -19,7 +19,7 @@ from kvledger.engine.server.errors import bad_request
 from kvledger.engine.server.limits import MAX_INT, decode_json
 from kvledger.engine.server.openai_api import read_body
 from kvledger.engine.server.protocol import ChatMessage, Strict, validate
-from kvledger.engine.server.state import STATE
+from kvledger.engine.server.state import STATE, ServerState
 
 
 class TokenizeRequest(Strict):
@@ -43,13 +43,8 @@ class DetokenizeRequest(Strict):
 
 
 async def tokenize(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    state.check_accepting()
-    raw = await read_body(request)
-    req = await state.off_loop(len(raw), _parse, TokenizeRequest, raw)
-    if req.model is not None:
-        state.check_model(req.model)
-    ids = await state.off_loop(len(raw), _tokenize, state, req)
+    state, req, size = await _read(request, TokenizeRequest)
+    ids = await state.off_loop(size, _tokenize, state, req)
     body: dict[str, Any] = {"count": len(ids), "max_model_len": state.llm.max_model_len,
                             "tokens": ids, "token_strs": None}
     if req.return_token_strs:
@@ -58,22 +53,28 @@ async def tokenize(request: web.Request) -> web.Response:
 
 
 async def detokenize(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    state.check_accepting()
-    raw = await read_body(request)
-    req = await state.off_loop(len(raw), _parse, DetokenizeRequest, raw)
-    if req.model is not None:
-        state.check_model(req.model)
+    state, req, size = await _read(request, DetokenizeRequest)
     try:
         state.llm.check_prompt(req.tokens or [0])
     except BadInput as exc:
         raise bad_request(str(exc), "tokens") from None
-    text = await state.off_loop(len(raw), state.llm.tokenizer.decode, req.tokens)
+    text = await state.off_loop(size, state.llm.tokenizer.decode, req.tokens)
     return web.json_response({"prompt": text})
 
 
 async def version(request: web.Request) -> web.Response:
     return web.json_response({"version": package_version("kvledger")})
+
+
+async def _read(request: web.Request, model) -> tuple[ServerState, Any, int]:
+    """(state, the validated body, its size) of a request the server can take now."""
+    state = request.app[STATE]
+    state.check_accepting()
+    raw = await read_body(request)
+    req = await state.off_loop(len(raw), _parse, model, raw)
+    if req.model is not None:
+        state.check_model(req.model)
+    return state, req, len(raw)
 
 
 def _parse(model, raw: bytes):
