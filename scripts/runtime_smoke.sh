@@ -162,11 +162,27 @@ except urllib.error.HTTPError as exc:
     sys.exit(f"serve: the completion answered {exc.code}: {exc.read()[:500]!r}")
 if answer["usage"]["completion_tokens"] != 8:
     sys.exit(f"serve: the completion did not return 8 tokens: {answer}")
+# Structured output and logprobs: the grammar library and pydantic are runtime deps.
+body = json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}],
+                   "max_tokens": 64, "logprobs": True, "top_logprobs": 2,
+                   "response_format": {"type": "json_object"}}).encode()
+request = urllib.request.Request(base + "/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(request, timeout=60) as r:
+        answer = json.load(r)
+except urllib.error.HTTPError as exc:
+    sys.exit(f"serve: the json_object chat answered {exc.code}: {exc.read()[:500]!r}")
+choice = answer["choices"][0]
+if choice["finish_reason"] == "stop":
+    json.loads(choice["message"]["content"])
+if len(choice["logprobs"]["content"]) != answer["usage"]["completion_tokens"]:
+    sys.exit(f"serve: the chat's logprobs do not match its tokens: {answer}")
 EOF
     show serve.log
     fail "serve: not ready, or the completion failed"
 fi
-echo "ok  serve (/ready 200, completion 200)"
+echo "ok  serve (/ready 200, completion 200, json_object chat with logprobs 200)"
 kill -TERM "$SERVER_PID"
 code=0
 wait "$SERVER_PID" || code=$?
