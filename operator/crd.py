@@ -28,9 +28,25 @@ SHORT_NAMES = ["kvis"]
 API_VERSION = f"{GROUP}/{VERSION}"
 DEFAULT_MOUNT_PATH = "/models"
 DEFAULT_PORT = 8000
+DEFAULT_SHUTDOWN_GRACE_S = 30  # serve's own default
 # The engine runs on one device: a second GPU would be requested and sit idle.
 GPUS_MESSAGE = ("gpus must be 0 or 1: kvledger has no tensor parallelism yet, so the engine "
                 "would use one GPU of those requested")
+
+# Autoscaling: what the HPA or KEDA scales the InferenceService on (operator/autoscaling.py
+# names the Prometheus series), and who does it.
+AUTOSCALING_METRICS = ("kvReservedRatio", "requestsWaiting", "rejectionRate")
+AUTOSCALING_PROVIDERS = ("hpa", "keda")
+# A per-pod target: a whole number, a decimal, or thousandths ("800m"), as a quantity.
+TARGET_PATTERN = r"^([0-9]+([.][0-9]+)?|[.][0-9]+|[0-9]+m)$"
+MIN_REPLICAS_MESSAGE = ("autoscaling.minReplicas 0 (scale to zero) needs provider keda: an "
+                        "HPA cannot scale to zero")
+MIN_MAX_MESSAGE = "autoscaling.minReplicas must be at most autoscaling.maxReplicas"
+PROMETHEUS_MESSAGE = ("autoscaling.prometheus applies to provider keda only (an HPA reads its "
+                      "Pods metric through prometheus-adapter)")
+TARGET_POSITIVE_MESSAGE = "autoscaling.target must be more than 0"
+RATIO_MESSAGE = ("autoscaling.target of kvReservedRatio is a share of the KV pool: at most 1 "
+                 "(e.g. \"0.8\")")
 
 # Kubernetes-quantity-like sizes, the same set engine.config.parse_size accepts.
 SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?B?|[kKMGTPE]B?|B)?$"
@@ -170,6 +186,60 @@ _MEMORY = {
 
 _QUANTITY = {"x-kubernetes-int-or-string": True, "anyOf": _INT_OR_STRING}
 
+_AUTOSCALING = {
+    "type": "object",
+    "description": "Scale spec.replicas on a per-pod metric: the operator owns an HPA (provider "
+                   "hpa) or a KEDA ScaledObject (provider keda) whose target is this resource's "
+                   "scale subresource.",
+    "required": ["maxReplicas"],
+    "properties": {
+        "minReplicas": _int(0, "fewest pods (0 only with provider keda)", default=1),
+        "maxReplicas": _int(1, "most pods"),
+        "metric": {"type": "string", "enum": list(AUTOSCALING_METRICS),
+                   "default": AUTOSCALING_METRICS[0],
+                   "description": "kvReservedRatio (share of KV blocks reserved, 0..1), "
+                                  "requestsWaiting (requests queued for a reservation) or "
+                                  "rejectionRate (429s for a full KV cache per second)"},
+        "target": {
+            "x-kubernetes-int-or-string": True, "anyOf": _INT_OR_STRING,
+            "minimum": 1, "pattern": TARGET_PATTERN, "maxLength": 32,
+            "description": "per-pod average of the metric to hold, a quantity (4, \"0.8\", "
+                           "\"800m\"); default 0.8 for kvReservedRatio, 4 for "
+                           "requestsWaiting, 1 for rejectionRate",
+        },
+        "provider": {"type": "string", "enum": list(AUTOSCALING_PROVIDERS),
+                     "default": AUTOSCALING_PROVIDERS[0]},
+        "prometheus": {
+            "type": "object",
+            "description": "provider keda: where KEDA queries the metric (default: the "
+                           "operator's --prometheus-url)",
+            "properties": {"serverAddress": {"type": "string", "pattern": r"^https?://\S+$",
+                                             "maxLength": 2048}},
+        },
+    },
+    "x-kubernetes-validations": [{
+        "rule": "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
+        "message": MIN_MAX_MESSAGE,
+    }, {
+        "rule": "!has(self.minReplicas) || self.minReplicas >= 1"
+                " || has(self.provider) && self.provider == 'keda'",
+        "message": MIN_REPLICAS_MESSAGE,
+    }, {
+        "rule": "!has(self.prometheus) || has(self.provider) && self.provider == 'keda'",
+        "message": PROMETHEUS_MESSAGE,
+    }, {
+        "rule": "!has(self.target) || type(self.target) != string"
+                " || !self.target.matches('^[0.]*m?$')",
+        "message": TARGET_POSITIVE_MESSAGE,
+    }, {
+        # The metric defaults to kvReservedRatio (the API server defaults before it validates).
+        "rule": "(has(self.metric) ? self.metric : 'kvReservedRatio') != 'kvReservedRatio'"
+                " || !has(self.target) || (type(self.target) == int ? self.target <= 1"
+                " : self.target.matches('^(0*([.][0-9]+)?|0*1([.]0+)?|0*[0-9]{1,3}m|0*1000m)$'))",
+        "message": RATIO_MESSAGE,
+    }],
+}
+
 # Pod placement and environment, passed to the pod template as Kubernetes names them.
 # What is simple is typed; what Kubernetes' own schema makes huge (affinity terms, an env
 # var's valueFrom) keeps its unknown fields, and the API server checks it in the pod.
@@ -262,11 +332,20 @@ _SPEC = {
                             "rule": "self <= 1",
                             "message": GPUS_MESSAGE,
                         }]}),
-        "replicas": _int(0, "pods serving this model", default=1),
+        "replicas": _int(0, "pods serving this model (the scale subresource's; with "
+                            "autoscaling, the autoscaler writes it)", default=1),
         "image": {"type": "string", "minLength": 1,
                   "description": "kvledger image (default: the operator's configured image)"},
         "port": _int(1, "HTTP port of the engine and the Service", maximum=65535,
                      default=DEFAULT_PORT),
+        "shutdownGraceSeconds": _int(0, "on SIGTERM (scale-down, rollout, eviction), how "
+                                        "long in-flight requests may finish before they are "
+                                        "aborted (--shutdown-grace); the pod's grace is 20 s "
+                                        "more", maximum=3600, default=DEFAULT_SHUTDOWN_GRACE_S),
+        "maxQueueWaitSeconds": _int(0, "how long a request may wait in line for its KV "
+                                       "reservation before a 429 (--max-queue-wait; 0: "
+                                       "refused at once); what requestsWaiting autoscaling "
+                                       "counts", maximum=600, default=0),
         "resources": {
             "type": "object",
             "description": "CPU and host memory of the engine container (GPUs come from gpus).",
@@ -276,6 +355,7 @@ _SPEC = {
             },
         },
         **_PLACEMENT,
+        "autoscaling": _AUTOSCALING,
     },
 }
 
@@ -309,10 +389,20 @@ _STATUS = {
                            "downloadBytes": {"type": "integer", "format": "int64"}},
         },
         "observedGeneration": {"type": "integer"},
+        "replicas": {"type": "integer",
+                     "description": "pods the Deployment has (the scale subresource's)"},
         "readyReplicas": {"type": "integer"},
+        "selector": {"type": "string",
+                     "description": "label selector of the pods (the scale subresource's: "
+                                    "the HPA reads its Pods metrics with it)"},
         "endpoint": {"type": "string"},
     },
 }
+
+
+SCALE_SUBRESOURCE = {"specReplicasPath": ".spec.replicas",
+                     "statusReplicasPath": ".status.replicas",
+                     "labelSelectorPath": ".status.selector"}
 
 
 def _ready(field: str) -> str:
@@ -345,7 +435,8 @@ def crd_manifest() -> dict[str, Any]:
                 "name": VERSION,
                 "served": True,
                 "storage": True,
-                "subresources": {"status": {}},
+                # kubectl scale and autoscalers write spec.replicas through "scale".
+                "subresources": {"status": {}, "scale": SCALE_SUBRESOURCE},
                 "additionalPrinterColumns": PRINTER_COLUMNS,
                 "schema": {"openAPIV3Schema": {
                     "type": "object",
@@ -424,7 +515,9 @@ def _short(error: jsonschema.ValidationError) -> str:
     if error.validator == "additionalProperties":
         return error.message.replace("Additional properties are not allowed", "unknown field(s)")
     if error.validator == "anyOf":
-        return f"{error.instance!r} is neither an integer nor a string"
+        hint = " (write a decimal as a string, e.g. \"0.8\")" if isinstance(
+            error.instance, float) else ""
+        return f"{error.instance!r} is neither an integer nor a string{hint}"
     return error.message
 
 

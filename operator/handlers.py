@@ -1,9 +1,14 @@
 """kopf handlers: thin, level-based, idempotent.
 
-- create/update/resume and a periodic timer: render the Deployment and Service, apply
-  them (owned by the resource), then recompute the status.
-- pod events (label ``kvledger.dev/inferenceservice``): recompute the owner's status from
-  every pod it has (an index), so status is a function of what the pods report now.
+- create/update/resume and a periodic timer: render the Deployment and Service (and the
+  HPA or ScaledObject, and the PodDisruptionBudget, when the spec wants them), apply them
+  (owned by the resource), delete the optional ones it no longer wants, then recompute
+  the status. Each apply reads the resource afresh under a per-resource lock, so the timer
+  and the update handler never apply an older ``spec.replicas`` (which the autoscaler
+  writes through the scale subresource) over a newer one.
+- pod and Deployment events (label ``kvledger.dev/inferenceservice``): recompute the
+  owner's status from every pod it has and its Deployment's (indexes), so status is a
+  function of what the pods and the Deployment report now.
 - the resource's DELETED event: delete its children. In a cluster the garbage collector
   does this through the owner references anyway; this needs no deletion handler (and so
   no finalizer of ours) and covers API servers without a garbage collector. kopf adds
@@ -14,7 +19,7 @@
   no pod is rendered: ``Ready=False/ModelUnavailable``, asked again in 60 s.
 
 Shared state travels in ``memo`` (set by ``main`` or a test): ``kube`` (KubeApi),
-``default_image`` and ``status_locks``.
+``default_image``, ``prometheus_url``, ``status_locks`` and ``apply_locks``.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import kopf
 import yaml
 
 from kvledger.engine.errors import BadInput
-from kvledger.operator import render, status
+from kvledger.operator import autoscaling, render, status
 from kvledger.operator.crd import API_VERSION, GROUP, PLURAL, VERSION
 from kvledger.operator.kube import KubeApi, KubeError, contains, object_path
 from kvledger.operator.spec import hub_uri, needs_download_size
@@ -60,7 +65,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # that keeps the RBAC to what the handlers use.
     settings.scanning.disabled = True
     memo.setdefault("default_image", render.DEFAULT_IMAGE)
+    memo.setdefault("prometheus_url", autoscaling.DEFAULT_PROMETHEUS_URL)
     memo.setdefault("status_locks", {})
+    memo.setdefault("apply_locks", {})
     memo.setdefault("kube", KubeApi())
 
 
@@ -100,44 +107,67 @@ def pods_by_service(namespace: str, name: str, labels: kopf.Labels,
     return {(namespace, labels[render.LABEL]): {"name": name, "status": dict(status)}}
 
 
+@kopf.index("deployments", labels=_POD_FILTER)
+def deployments_by_service(namespace: str, labels: kopf.Labels, status: kopf.Status,
+                           **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """(namespace, InferenceService name) -> its Deployment's status."""
+    return {(namespace, labels[render.LABEL]): dict(status)}
+
+
 @kopf.on.create(*ISVC)
 @kopf.on.update(*ISVC)
 @kopf.on.resume(*ISVC)
-async def reconcile(name: str, namespace: str, spec: kopf.Spec, body: kopf.Body,
-                    memo: kopf.Memo, pods_by_service: kopf.Index, **_: Any) -> None:
+async def reconcile(name: str, namespace: str, memo: kopf.Memo, pods_by_service: kopf.Index,
+                    deployments_by_service: kopf.Index | None = None, **_: Any) -> None:
+    indexes = (pods_by_service, deployments_by_service)
     try:
-        model = await apply_children(memo, name, namespace, dict(spec), dict(body.status), body)
+        model = await apply_children(memo, name, namespace)
     except BadInput as exc:  # can never work: say so once, do not retry
-        await sync_status(memo, namespace, name, pods_by_service)
+        await sync_status(memo, namespace, name, *indexes)
         raise kopf.PermanentError(f"invalid spec: {exc}") from None
     except ModelUnavailable as exc:
-        await sync_status(memo, namespace, name, pods_by_service, model_error=str(exc))
+        await sync_status(memo, namespace, name, *indexes, model_error=str(exc))
         raise kopf.TemporaryError(f"model unavailable: {exc}", delay=HUB_RETRY_DELAY_S) from None
     except KubeError as exc:  # the API server refused or failed: try again soon
         raise kopf.TemporaryError(f"applying the children failed: {exc}",
                                   delay=RETRY_DELAY_S) from None
-    await sync_status(memo, namespace, name, pods_by_service, model=model)
+    await sync_status(memo, namespace, name, *indexes, model=model)
 
 
 @kopf.timer(*ISVC, interval=RECONCILE_INTERVAL_S, initial_delay=RECONCILE_INTERVAL_S)
-async def resync(name: str, namespace: str, spec: kopf.Spec, body: kopf.Body,
-                 memo: kopf.Memo, pods_by_service: kopf.Index, **_: Any) -> None:
+async def resync(name: str, namespace: str, memo: kopf.Memo, pods_by_service: kopf.Index,
+                 deployments_by_service: kopf.Index | None = None, **_: Any) -> None:
     """Repair drift (a child edited or deleted by hand) and refresh the status."""
     model, model_error = None, None
     try:
-        model = await apply_children(memo, name, namespace, dict(spec), dict(body.status), body)
+        model = await apply_children(memo, name, namespace)
     except BadInput:
         pass  # reported as InvalidSpec by sync_status; the spec must change first
     except ModelUnavailable as exc:
         model_error = str(exc)
-    await sync_status(memo, namespace, name, pods_by_service, model=model,
-                      model_error=model_error)
+    await sync_status(memo, namespace, name, pods_by_service, deployments_by_service,
+                      model=model, model_error=model_error)
 
 
 @kopf.on.event("pods", labels=_POD_FILTER)
 async def pod_changed(labels: kopf.Labels, namespace: str, memo: kopf.Memo,
-                      pods_by_service: kopf.Index, **_: Any) -> None:
-    await sync_status(memo, namespace, labels[render.LABEL], pods_by_service)
+                      pods_by_service: kopf.Index, deployments_by_service: kopf.Index,
+                      **_: Any) -> None:
+    await sync_status(memo, namespace, labels[render.LABEL], pods_by_service,
+                      deployments_by_service)
+
+
+@kopf.on.event("deployments", labels=_POD_FILTER)
+async def deployment_changed(labels: kopf.Labels, namespace: str, memo: kopf.Memo,
+                             pods_by_service: kopf.Index, deployments_by_service: kopf.Index,
+                             **_: Any) -> None:
+    """The Deployment's status (its pod count) is ``status.replicas``."""
+    await sync_status(memo, namespace, labels[render.LABEL], pods_by_service,
+                      deployments_by_service)
+
+
+# Every child, in the order they go when the resource does.
+CHILDREN = (("apps/v1", "deployments"), ("v1", "services"), *autoscaling.OPTIONAL_CHILDREN)
 
 
 @kopf.on.event(*ISVC)
@@ -146,29 +176,51 @@ async def isvc_event(type: str, name: str, namespace: str, memo: kopf.Memo,
     if type != "DELETED":
         return
     memo.status_locks.pop((namespace, name), None)
-    for api_version, plural in (("apps/v1", "deployments"), ("v1", "services")):
+    memo.apply_locks.pop((namespace, name), None)
+    for api_version, plural in CHILDREN:
         if await memo.kube.delete(object_path(api_version, plural, namespace, name)):
             logger.info(f"deleted {plural[:-1]} {namespace}/{name}")
 
 
-async def apply_children(memo: kopf.Memo, name: str, namespace: str, spec: dict[str, Any],
-                         status: dict[str, Any], owner: kopf.Body) -> dict[str, Any] | None:
-    """Render and apply the Deployment and Service; the ``status.model`` they were sized
-    with (None unless the pod caches a hub model in an emptyDir).
+async def apply_children(memo: kopf.Memo, name: str, namespace: str) -> dict[str, Any] | None:
+    """Render and apply the resource's children as it is now: the Deployment and Service,
+    and the HPA or ScaledObject and the PodDisruptionBudget where the spec wants them (the
+    others are deleted). Returns the ``status.model`` the pod was sized with (None unless
+    it caches a hub model in an emptyDir).
+
+    The resource is read afresh, under a lock per resource: a handler that waited for the
+    lock applies what the resource says now, never the body of an older event, so the
+    Deployment's replicas never step back to a count the autoscaler already replaced.
 
     Raises BadInput if the spec can never work, ModelUnavailable if the hub model's size
     cannot be had now, KubeError if the API server fails.
     """
-    render.engine_flags(spec)  # an invalid spec is refused before anything is asked
-    model = await download_size(memo, namespace, spec, status)
-    deployment = render.render_deployment(
-        name, namespace, spec, default_image=memo.default_image,
-        download_bytes=model["downloadBytes"] if model else None)
-    service = render.render_service(name, namespace, spec)
-    kopf.adopt([deployment, service], owner=owner)
-    await memo.kube.apply("apps/v1", "deployments", deployment)
-    await memo.kube.apply("v1", "services", service)
-    return model
+    lock = memo.apply_locks.setdefault((namespace, name), asyncio.Lock())
+    async with lock:
+        owner = await memo.kube.get(object_path(API_VERSION, PLURAL, namespace, name))
+        if owner is None or owner.get("metadata", {}).get("deletionTimestamp"):
+            return None  # going: the garbage collector (or isvc_event) removes the children
+        spec, old_status = owner.get("spec") or {}, owner.get("status") or {}
+        render.engine_flags(spec)  # an invalid spec is refused before anything is asked
+        optional = autoscaling.render_scaling(name, namespace, spec,
+                                              prometheus_url=memo.prometheus_url)
+        model = await download_size(memo, namespace, spec, old_status)
+        deployment = render.render_deployment(
+            name, namespace, spec, default_image=memo.default_image,
+            download_bytes=model["downloadBytes"] if model else None)
+        service = render.render_service(name, namespace, spec)
+        wanted = [body for body in optional.values() if body is not None]
+        kopf.adopt([deployment, service, *wanted], owner=kopf.Body(owner))
+        # Unwanted first: an HPA and a ScaledObject never scale the resource together.
+        for (api_version, plural), body in optional.items():
+            if body is None:
+                await memo.kube.delete(object_path(api_version, plural, namespace, name))
+        await memo.kube.apply("apps/v1", "deployments", deployment)
+        await memo.kube.apply("v1", "services", service)
+        for (api_version, plural), body in optional.items():
+            if body is not None:
+                await memo.kube.apply(api_version, plural, body)
+        return model
 
 
 async def download_size(memo: kopf.Memo, namespace: str, spec: dict[str, Any],
@@ -223,10 +275,12 @@ async def hub_token(memo: kopf.Memo, namespace: str, spec: dict[str, Any]) -> st
         raise ModelUnavailable(f"{where} key {ref['key']!r} is not a UTF-8 token") from None
 
 
-async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: kopf.Index, *,
+async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: kopf.Index,
+                      deployments_index: kopf.Index | None = None, *,
                       model: dict[str, Any] | None = None,
                       model_error: str | None = None) -> None:
-    """Recompute the resource's status from its pods and patch it if it changed.
+    """Recompute the resource's status from its pods and its Deployment's status, and patch
+    it if it changed.
 
     ``model``: a download size just had (``status.model``); ``model_error``: why it could
     not be had (``Ready=False/ModelUnavailable``)."""
@@ -244,10 +298,13 @@ async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: ko
             spec_error = str(exc)
         old = obj.get("status") or {}
         pods = [entry["status"] for entry in pods_index.get((namespace, name), [])]
+        deployments = list((deployments_index or {}).get((namespace, name), []))
         new = status.compute_status(
             spec=spec, generation=obj.get("metadata", {}).get("generation"), old=old,
             pods=pods, spec_error=spec_error, endpoint=render.endpoint(name, namespace, spec),
             model=model, model_error=model_error,
+            replicas=deployments[0].get("replicas", 0) if deployments else 0,
+            selector=render.pod_selector(name),
             now=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         if not contains(old, new):
             await memo.kube.patch(path + "/status", {"status": new})

@@ -19,7 +19,8 @@ A hub model (``spec.model.uri``) is passed as ``--model hf://...``: the pre-flig
 its headers over HTTP and ``serve`` downloads it into the engine's default cache. The
 shell's ``HF_TOKEN`` and ``HF_ENDPOINT`` apply; ``model.tokenSecretRef``,
 ``model.endpoint`` and ``model.cache`` name cluster objects and are ignored here, as are
-the pod's placement and environment fields (validated all the same), and a line says so.
+the pod's placement and environment fields and ``autoscaling`` (one process serves: there
+is nothing to scale), validated all the same, and a line says so.
 """
 
 from __future__ import annotations
@@ -39,12 +40,13 @@ from kvledger.operator.spec import (
     engine_config,
     hub_uri,
     local_model_path,
+    serving_flags,
 )
 
 # What only a cluster gives meaning to: validated, then ignored by `kvledger run`.
 CLUSTER_ONLY_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName",
                        "runtimeClassName", "imagePullSecrets", "serviceAccountName", "env",
-                       "envFrom", "podAnnotations", "podLabels")
+                       "envFrom", "podAnnotations", "podLabels", "autoscaling")
 CLUSTER_ONLY_MODEL_FIELDS = ("tokenSecretRef", "endpoint", "cache")
 
 
@@ -94,9 +96,10 @@ def ignored_fields(spec: dict[str, Any]) -> list[str]:
             + [f"spec.model.{field}" for field in CLUSTER_ONLY_MODEL_FIELDS if field in model])
 
 
-def serve_argv(flags: list[str], host: str, port: int) -> list[str]:
+def serve_argv(flags: list[str], host: str, port: int, spec: dict[str, Any]) -> list[str]:
+    """``serve`` with the pod's flags, its own ones (drain, queue) included."""
     return [sys.executable, "-m", "kvledger.engine.cli", "serve", *flags,
-            "--host", host, "--port", str(port)]
+            "--host", host, "--port", str(port), *serving_flags(spec)]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -146,7 +149,7 @@ def _run_hub_model(name: str, spec: dict[str, Any], flags: list[str],
 def _exec_serve(name: str, spec: dict[str, Any], flags: list[str],
                 args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else spec.get("port", DEFAULT_PORT)
-    argv = serve_argv(flags, args.host, port)
+    argv = serve_argv(flags, args.host, port, spec)
     sys.stdout.write(f"{name}: exec kvledger serve {' '.join(argv[4:])}\n")
     sys.stdout.flush()
     sys.stderr.flush()

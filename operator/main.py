@@ -8,7 +8,7 @@ import os
 
 import kopf
 
-from kvledger.operator import render
+from kvledger.operator import autoscaling, render
 from kvledger.operator.kube import KubeApi
 
 LOG_FORMATS = {"text": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL,
@@ -25,11 +25,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-image",
                         default=os.environ.get("KVLEDGER_ENGINE_IMAGE", render.DEFAULT_IMAGE),
                         help="image for pods whose spec sets none (env KVLEDGER_ENGINE_IMAGE)")
+    parser.add_argument("--prometheus-url",
+                        default=os.environ.get("KVLEDGER_PROMETHEUS_URL",
+                                               autoscaling.DEFAULT_PROMETHEUS_URL),
+                        metavar="URL",
+                        help="the Prometheus KEDA queries for spec.autoscaling provider keda "
+                             "when the spec names none (env KVLEDGER_PROMETHEUS_URL; default "
+                             f"{autoscaling.DEFAULT_PROMETHEUS_URL})")
 
 
-def operator_memo(default_image: str, kube: KubeApi | None = None) -> kopf.Memo:
+def operator_memo(default_image: str, kube: KubeApi | None = None, *,
+                  prometheus_url: str = autoscaling.DEFAULT_PROMETHEUS_URL) -> kopf.Memo:
     """The state the handlers share (see handlers.py)."""
-    return kopf.Memo(default_image=default_image, status_locks={}, kube=kube or KubeApi())
+    return kopf.Memo(default_image=default_image, prometheus_url=prometheus_url,
+                     status_locks={}, apply_locks={}, kube=kube or KubeApi())
 
 
 def main(args: argparse.Namespace) -> int:
@@ -42,5 +51,6 @@ def main(args: argparse.Namespace) -> int:
     # One replica, no peering: the chart runs exactly one operator pod.
     asyncio.run(kopf.operator(
         clusterwide=not args.namespace, namespaces=args.namespace, standalone=True,
-        liveness_endpoint=args.liveness, memo=operator_memo(args.engine_image)))
+        liveness_endpoint=args.liveness,
+        memo=operator_memo(args.engine_image, prometheus_url=args.prometheus_url)))
     return 0

@@ -18,7 +18,14 @@ from importlib.metadata import version
 from typing import Any
 
 from kvledger.operator.crd import DEFAULT_MOUNT_PATH, DEFAULT_PORT
-from kvledger.operator.spec import cache_claim, cluster_device, engine_config, hub_uri
+from kvledger.operator.spec import (
+    cache_claim,
+    cluster_device,
+    engine_config,
+    hub_uri,
+    serving_flags,
+    shutdown_grace_s,
+)
 
 LABEL = "kvledger.dev/inferenceservice"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -29,7 +36,15 @@ TERMINATION_LOG = "/dev/termination-log"
 IMAGE_REPOSITORY = "ghcr.io/kvledger/kvledger"
 DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:{version('kvledger')}"
 RUN_AS_USER = 1000
-TERMINATION_GRACE_S = 45
+# Scale-down and rollouts must not cut a request short. The kubelet runs the preStop sleep
+# first, while the endpoints controller takes the terminating pod out of the Service (a
+# request routed in that window is still served); then SIGTERM: the engine answers 503 to
+# new requests and on /ready, lets in-flight ones finish for up to spec.shutdownGraceSeconds
+# (--shutdown-grace), and exits 0. The pod's grace covers all of it plus a margin (the
+# engine ends aborted streams for up to 5 s, then closes), so the kubelet never SIGKILLs a
+# draining engine.
+PRESTOP_SLEEP_S = 5
+TERMINATION_MARGIN_S = 15
 # Where fetch downloads a hub model and the engine reads it (read-only, offline).
 CACHE_DIR = "/var/cache/kvledger"
 # The emptyDir cache's sizeLimit over the download size: 5% (files the listing rounds or
@@ -48,6 +63,22 @@ _POD_FIELDS = ("nodeSelector", "affinity", "priorityClassName", "runtimeClassNam
 def engine_flags(spec: dict[str, Any]) -> list[str]:
     """The flags both containers get (raises BadInput for a spec that can never work)."""
     return engine_config(spec, device=cluster_device(spec)).to_flags()
+
+
+def termination_grace_s(spec: dict[str, Any]) -> int:
+    """The pod's ``terminationGracePeriodSeconds``: preStop sleep + drain + margin."""
+    return PRESTOP_SLEEP_S + shutdown_grace_s(spec) + TERMINATION_MARGIN_S
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    """The labels the Deployment, the Service and the PodDisruptionBudget select pods by."""
+    return {LABEL: name}
+
+
+def pod_selector(name: str) -> str:
+    """``selector_labels`` as a label-selector string (``status.selector``, which the scale
+    subresource hands to the HPA to find the pods whose metrics it averages)."""
+    return ",".join(f"{key}={value}" for key, value in sorted(selector_labels(name).items()))
 
 
 def labels(name: str) -> dict[str, str]:
@@ -211,7 +242,8 @@ def render_pod_spec(spec: dict[str, Any], *, default_image: str = DEFAULT_IMAGE,
         "name": "engine",
         "image": image,
         "command": ["kvledger", "serve"],
-        "args": [*flags, *download, "--host", "0.0.0.0", "--port", str(port)],
+        "args": [*flags, *download, "--host", "0.0.0.0", "--port", str(port),
+                 *serving_flags(spec)],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": engine_resources,
@@ -224,10 +256,11 @@ def render_pod_spec(spec: dict[str, Any], *, default_image: str = DEFAULT_IMAGE,
                           "periodSeconds": 10, "failureThreshold": 3},
         "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"},
                            "periodSeconds": 5, "failureThreshold": 2},
+        # The image is Debian's or Ubuntu's: coreutils' sleep is there (see PRESTOP_SLEEP_S).
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_S)]}}},
     }, spec, [{"name": "HF_HUB_OFFLINE", "value": "1"}] if uri is not None else [])
     return {
-        # The engine drains for up to --shutdown-grace (30 s) on SIGTERM; leave it that long.
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        "terminationGracePeriodSeconds": termination_grace_s(spec),
         # Neither container talks to the API server.
         "automountServiceAccountToken": False,
         "securityContext": {
@@ -264,7 +297,7 @@ def render_deployment(name: str, namespace: str, spec: dict[str, Any], *,
         "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
         "spec": {
             "replicas": spec.get("replicas", 1),
-            "selector": {"matchLabels": {LABEL: name}},
+            "selector": {"matchLabels": selector_labels(name)},
             "strategy": strategy,
             "template": {
                 "metadata": template_meta,
@@ -283,7 +316,7 @@ def render_service(name: str, namespace: str, spec: dict[str, Any]) -> dict[str,
         "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
         "spec": {
             "type": "ClusterIP",
-            "selector": {LABEL: name},
+            "selector": selector_labels(name),
             "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
         },
     }

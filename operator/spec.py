@@ -10,13 +10,26 @@ from __future__ import annotations
 import math
 import posixpath
 import re
+from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
 from kvledger.engine.config import EngineConfig, parse_size
 from kvledger.engine.errors import BadInput
-from kvledger.operator.crd import DEFAULT_MOUNT_PATH, GPUS_MESSAGE
+from kvledger.operator.crd import (
+    AUTOSCALING_METRICS,
+    AUTOSCALING_PROVIDERS,
+    DEFAULT_MOUNT_PATH,
+    DEFAULT_SHUTDOWN_GRACE_S,
+    GPUS_MESSAGE,
+    MIN_MAX_MESSAGE,
+    MIN_REPLICAS_MESSAGE,
+    PROMETHEUS_MESSAGE,
+    RATIO_MESSAGE,
+    TARGET_PATTERN,
+    TARGET_POSITIVE_MESSAGE,
+)
 
 # spec.engine / spec.memory field -> EngineConfig field
 _ENGINE_FIELDS = {
@@ -33,6 +46,18 @@ _MEMORY_FIELDS = {
     "gpuMemoryUtilization": "gpu_memory_utilization",
     "numGpuBlocksOverride": "num_gpu_blocks_override",
 }
+
+
+def shutdown_grace_s(spec: dict[str, Any]) -> int:
+    """How long the engine lets in-flight requests run after SIGTERM (``--shutdown-grace``)."""
+    return spec.get("shutdownGraceSeconds", DEFAULT_SHUTDOWN_GRACE_S)
+
+
+def serving_flags(spec: dict[str, Any]) -> list[str]:
+    """``serve``'s own flags (the pod's and ``kvledger run``'s): the SIGTERM drain, and how
+    long a request may queue for a reservation before its 429 (0: none queue)."""
+    return ["--shutdown-grace", str(shutdown_grace_s(spec)),
+            "--max-queue-wait", str(spec.get("maxQueueWaitSeconds", 0))]
 
 
 def check_rules(spec: dict[str, Any]) -> None:
@@ -70,6 +95,64 @@ def check_rules(spec: dict[str, Any]) -> None:
     for source in spec.get("envFrom") or []:
         if ("configMapRef" in source) == ("secretRef" in source):
             raise BadInput("an envFrom entry takes exactly one of configMapRef and secretRef")
+    autoscaling(spec)
+
+
+# The per-pod target each metric holds when spec.autoscaling.target is not given.
+DEFAULT_TARGETS = {"kvReservedRatio": "0.8", "requestsWaiting": "4", "rejectionRate": "1"}
+
+
+@dataclass(frozen=True)
+class Autoscaling:
+    """``spec.autoscaling`` with its defaults; ``target`` is the exact per-pod value."""
+
+    min_replicas: int
+    max_replicas: int
+    metric: str
+    target: Fraction
+    provider: str
+    server_address: str | None
+
+
+def autoscaling(spec: dict[str, Any]) -> Autoscaling | None:
+    """``spec.autoscaling`` with the CRD's defaults, or None without it. Raises BadInput for
+    what the CRD's rules refuse (the same words), and a target the metric cannot reach."""
+    scaling = spec.get("autoscaling")
+    if scaling is None:
+        return None
+    metric = scaling.get("metric", AUTOSCALING_METRICS[0])
+    provider = scaling.get("provider", AUTOSCALING_PROVIDERS[0])
+    if metric not in AUTOSCALING_METRICS or provider not in AUTOSCALING_PROVIDERS:
+        raise BadInput(f"autoscaling: unknown metric {metric!r} or provider {provider!r}")
+    low, high = scaling.get("minReplicas", 1), scaling.get("maxReplicas")
+    if not isinstance(high, int) or high < 1 or not isinstance(low, int) or low < 0:
+        raise BadInput("autoscaling.maxReplicas must be at least 1 and minReplicas at least 0")
+    if low > high:
+        raise BadInput(MIN_MAX_MESSAGE)
+    if low == 0 and provider != "keda":
+        raise BadInput(MIN_REPLICAS_MESSAGE)
+    if "prometheus" in scaling and provider != "keda":
+        raise BadInput(PROMETHEUS_MESSAGE)
+    target = target_value(scaling.get("target", DEFAULT_TARGETS[metric]))
+    if metric == "kvReservedRatio" and target > 1:
+        raise BadInput(RATIO_MESSAGE)
+    return Autoscaling(min_replicas=low, max_replicas=high, metric=metric, target=target,
+                       provider=provider,
+                       server_address=(scaling.get("prometheus") or {}).get("serverAddress"))
+
+
+def target_value(value: Any) -> Fraction:
+    """The exact number an autoscaling target names: ``4``, ``"0.8"``, ``"800m"``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not re.fullmatch(TARGET_PATTERN, value):
+        raise BadInput(f"autoscaling.target: {value!r} is not a whole number, a decimal or "
+                       "thousandths (4, \"0.8\", \"800m\")")
+    number = (Fraction(int(value[:-1]), 1000) if value.endswith("m")
+              else Fraction(Decimal(value)))
+    if number <= 0:
+        raise BadInput(TARGET_POSITIVE_MESSAGE)
+    return number
 
 
 def _check_toleration(toleration: dict[str, Any]) -> None:

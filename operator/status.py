@@ -200,7 +200,8 @@ def find_condition(conditions: list[dict[str, Any]], kind: str) -> dict[str, Any
 def compute_status(*, spec: dict[str, Any], generation: int | None, old: dict[str, Any],
                    pods: list[dict[str, Any]], spec_error: str | None,
                    endpoint: str, now: str, model: dict[str, Any] | None = None,
-                   model_error: str | None = None) -> dict[str, Any]:
+                   model_error: str | None = None, replicas: int = 0,
+                   selector: str | None = None) -> dict[str, Any]:
     """The whole desired status from the pods' statuses (level-based: history-free).
 
     ``old`` is the current status (for transition times and what pods no longer show);
@@ -208,9 +209,15 @@ def compute_status(*, spec: dict[str, Any], generation: int | None, old: dict[st
     emptyDir, ``model`` is its download size just had (``status.model``, else the old one)
     and ``model_error`` why it could not be had: until ``status.model`` holds the spec's
     uri, ``Ready`` stays ``ModelUnavailable`` once it is.
+
+    The scale subresource reads ``replicas`` (the pods the Deployment has, from its status)
+    and ``selector`` (the pods' label selector, with which an HPA finds their metrics);
+    ``readyReplicas`` counts the ready pods themselves.
     """
     conditions = list(old.get("conditions") or [])
-    status: dict[str, Any] = {"endpoint": endpoint}
+    status: dict[str, Any] = {"endpoint": endpoint, "replicas": replicas}
+    if selector is not None:
+        status["selector"] = selector
     if generation is not None:
         status["observedGeneration"] = generation
 

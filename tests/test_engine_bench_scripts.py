@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -50,3 +51,32 @@ def test_gpu_oom_check_without_a_gpu_exits_2_with_one_line():
     assert result.returncode == 2
     assert result.stderr.startswith("error: gpu_oom_check needs a CUDA device")
     assert len(result.stderr.strip().splitlines()) == 1 and not result.stdout
+
+
+def test_scale_sim_runs_every_policy_on_one_trace():
+    """bench/scale_sim.py on a tiny overloaded trace: the counts add up, the fixed policies
+    cost exactly their replicas, and both autoscalers scale up."""
+    command = [sys.executable, str(ROOT / "bench" / "scale_sim.py"), "--minutes", "3",
+               "--rate", "3", "--replicas", "1", "--max-replicas", "3", "--startup-s", "20",
+               "--used-target", "0.3", "--seed", "1"]
+    result = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    rows = {row["policy"]: row for row in report["policies"]}
+    assert len(rows) == 4
+    for row in rows.values():
+        assert row["arrived"] == report["requests"] > 0
+        assert row["completed"] + row["gave_up"] + row["unfinished"] == row["arrived"]
+        assert row["completed"] > 0 and row["rejected_429"] > 0 and row["unfinished"] >= 0
+        assert 0 < row["p50_latency_s"] <= row["p99_latency_s"]
+        assert 0 <= row["mean_used_ratio"] <= row["mean_reserved_ratio"] <= 1
+    for name in ("fixed, round-robin", "fixed, least-reserved"):
+        assert rows[name]["replica_minutes"] == pytest.approx(3.0)
+        assert rows[name]["first_scale_up_s"] is None
+    for name in ("HPA on reserved ratio", "HPA on KV used ratio"):
+        assert rows[name]["peak_replicas"] > 1 and rows[name]["first_scale_up_s"] is not None
+        assert rows[name]["completed"] > rows["fixed, least-reserved"]["completed"]
+    table = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr[-3000:]
+    assert "| policy | completed |" in table.stdout
+    assert all(f"| {name} |" in table.stdout for name in rows)

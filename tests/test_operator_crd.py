@@ -26,14 +26,58 @@ def test_crd_files_are_rendered_from_the_dict(copy):
     assert yaml.safe_load(text) == crd_manifest()
 
 
-def test_crd_names_columns_and_status_subresource():
+def test_crd_names_columns_and_subresources():
     crd = crd_manifest()
     assert crd["metadata"]["name"] == "inferenceservices.kvledger.dev"
     assert "isvc" not in crd["spec"]["names"]["shortNames"]  # KServe's
     [version] = crd["spec"]["versions"]
-    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    assert version["name"] == "v1alpha1"
+    assert version["subresources"] == {"status": {}, "scale": {
+        "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector"}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns == ["Ready", "Reason", "Fits", "Required", "Limit", "Endpoint", "Age"]
+
+
+def test_the_scale_subresource_paths_are_in_the_schema_with_the_types_it_needs():
+    """`kubectl scale` and autoscalers read and write these: an integer count each side and
+    a string label selector (the API server refuses a CRD whose paths point elsewhere)."""
+    schema = openapi_schema()["properties"]
+    for path, kind in ((".spec.replicas", "integer"), (".status.replicas", "integer"),
+                       (".status.selector", "string")):
+        top, field = path.strip(".").split(".")
+        assert schema[top]["properties"][field]["type"] == kind, path
+    assert schema["spec"]["properties"]["replicas"]["default"] == 1
+
+
+def test_autoscaling_fields_validate_with_their_defaults_and_types():
+    scaling = openapi_schema()["properties"]["spec"]["properties"]["autoscaling"]
+    assert scaling["required"] == ["maxReplicas"]
+    assert {k: v.get("default") for k, v in scaling["properties"].items()} == {
+        "minReplicas": 1, "maxReplicas": None, "metric": "kvReservedRatio", "target": None,
+        "provider": "hpa", "prometheus": None}
+    for ok in ({"maxReplicas": 4}, {"maxReplicas": 4, "target": "0.8"},
+               {"maxReplicas": 4, "target": "800m"}, {"maxReplicas": 4, "target": ".5"},
+               {"minReplicas": 0, "maxReplicas": 8, "metric": "requestsWaiting", "target": 6,
+                "provider": "keda", "prometheus": {"serverAddress": "http://prom:9090"}}):
+        validate_manifest(_doc(autoscaling=ok))
+    for bad, expected in [
+        ({}, "'maxReplicas' is a required property"),
+        ({"maxReplicas": 0}, "less than the minimum of 1"),
+        ({"maxReplicas": 4, "minReplicas": -1}, "less than the minimum of 0"),
+        ({"maxReplicas": 4, "metric": "cpu"}, "is not one of"),
+        ({"maxReplicas": 4, "provider": "knative"}, "is not one of"),
+        ({"maxReplicas": 4, "target": 0}, "less than the minimum of 1"),
+        ({"maxReplicas": 4, "target": "80%"}, "does not match"),
+        ({"maxReplicas": 4, "target": "1e3"}, "does not match"),
+        # A decimal is a quantity string, as in every custom resource (and the HPA's own).
+        ({"maxReplicas": 4, "target": 0.8},
+         '0.8 is neither an integer nor a string (write a decimal as a string, e.g. "0.8")'),
+        ({"maxReplicas": 4, "prometheus": {"serverAddress": "prom:9090"}}, "does not match"),
+        ({"maxReplicas": 4, "behavior": {}}, "unknown field(s)"),
+    ]:
+        with pytest.raises(BadInput, match=re.escape(expected)):
+            validate_manifest(_doc(autoscaling=bad))
 
 
 def _walk(schema: dict, path: str = ""):
@@ -235,6 +279,37 @@ CASES = [
     ({"model": {"path": "/m"}, "envFrom": [{"secretRef": {"name": "s"},
                                             "configMapRef": {"name": "c"}}]}, False),
     ({"model": {"path": "/m"}, "envFrom": [{"prefix": "X_"}]}, False),
+    # Autoscaling: min <= max; scale to zero and a Prometheus address with KEDA only; a
+    # target above 0, and for the KV reserved ratio (a share of the pool) at most 1.
+    *[({"model": {"path": "/m"}, "autoscaling": {"maxReplicas": 4, **scaling}}, valid)
+      for scaling, valid in [
+          ({}, True),
+          ({"minReplicas": 4}, True),
+          ({"minReplicas": 5}, False),
+          ({"minReplicas": 0}, False),
+          ({"minReplicas": 0, "provider": "hpa"}, False),
+          ({"minReplicas": 0, "provider": "keda"}, True),
+          ({"provider": "keda", "prometheus": {"serverAddress": "http://prom:9090"}}, True),
+          ({"prometheus": {"serverAddress": "http://prom:9090"}}, False),
+          ({"target": "0.8"}, True),
+          ({"target": "800m"}, True),
+          ({"target": ".5"}, True),
+          ({"target": 1}, True),
+          ({"target": "1.0"}, True),
+          ({"target": "1000m"}, True),
+          ({"metric": "kvReservedRatio", "target": "0.95"}, True),
+          ({"target": 2}, False),
+          ({"target": "1.5"}, False),
+          ({"target": "1001m"}, False),
+          ({"target": "0"}, False),
+          ({"target": "0.000"}, False),
+          ({"target": "0m"}, False),
+          ({"metric": "requestsWaiting", "target": 2}, True),
+          ({"metric": "requestsWaiting", "target": "0.5"}, True),
+          ({"metric": "requestsWaiting", "target": "0.0"}, False),
+          ({"metric": "rejectionRate", "target": "2.5"}, True),
+          ({"metric": "rejectionRate", "target": 20}, True),
+      ]],
 ]
 
 

@@ -67,7 +67,8 @@ def test_preflight_and_engine_get_the_same_flags():
     assert preflight["args"] == [*flags, "--plan-out", PLAN_PATH,
                                  "--termination-log", "/dev/termination-log"]
     assert engine["command"] == ["kvledger", "serve"]
-    assert engine["args"] == [*flags, "--host", "0.0.0.0", "--port", "9000"]
+    assert engine["args"] == [*flags, "--host", "0.0.0.0", "--port", "9000",
+                              "--shutdown-grace", "30", "--max-queue-wait", "0"]
     assert preflight["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert preflight["image"] == engine["image"]
 
@@ -108,10 +109,36 @@ def test_probes_and_security_context():
     assert engine["startupProbe"]["httpGet"]["path"] == "/health"
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["automountServiceAccountToken"] is False
-    assert spec["terminationGracePeriodSeconds"] > 30  # serve's default drain
     for container in (*spec["initContainers"], *spec["containers"]):
         assert container["securityContext"]["allowPrivilegeEscalation"] is False
         assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+@pytest.mark.parametrize(("grace", "expected_grace"), [(None, 30), (0, 0), (600, 600)])
+def test_a_terminating_pod_drains_before_the_kubelet_may_kill_it(grace, expected_grace):
+    """Scale-down (or a rollout) sends SIGTERM after the preStop sleep; the engine then drains
+    for --shutdown-grace, and ends what is left within 5 s more. The pod's grace must cover
+    all of it, or the kubelet SIGKILLs a request mid-stream."""
+    spec = SPEC if grace is None else {**SPEC, "shutdownGraceSeconds": grace}
+    pod = pod_spec(spec)
+    [engine] = pod["containers"]
+    args = engine["args"]
+    shutdown_grace_s = int(args[args.index("--shutdown-grace") + 1])
+    assert shutdown_grace_s == expected_grace  # serve's own default is 30 s as well
+    sleep, prestop_s = engine["lifecycle"]["preStop"]["exec"]["command"]
+    assert sleep == "sleep" and int(prestop_s) == 5
+    assert pod["terminationGracePeriodSeconds"] == int(prestop_s) + shutdown_grace_s + 15
+    # The flag is serve's: the pre-flight (which does not take it) is not given it.
+    assert "--shutdown-grace" not in pod["initContainers"][0]["args"]
+    # Draining, /ready answers 503: the readiness probe takes the pod out of the Service.
+    assert engine["readinessProbe"]["httpGet"]["path"] == "/ready"
+
+
+def test_the_shutdown_grace_is_a_flag_serve_takes():
+    from kvledger.engine.cli import build_parser
+
+    engine = pod_spec({**SPEC, "shutdownGraceSeconds": 120})["containers"][0]
+    assert build_parser("serve").parse_args(engine["args"]).shutdown_grace == 120
 
 
 def test_deployment_and_service_select_the_pods_by_label():
@@ -214,7 +241,8 @@ def test_hub_pod_runs_preflight_then_fetch_then_engine():
     assert fetch["args"] == ["--model", "hf://meta-llama/Llama-3.1-8B-Instruct@main",
                              "--download-dir", CACHE_DIR]
     assert engine["args"] == [*flags, "--download-dir", CACHE_DIR,
-                              "--host", "0.0.0.0", "--port", "8000"]
+                              "--host", "0.0.0.0", "--port", "8000",
+                              "--shutdown-grace", "30", "--max-queue-wait", "0"]
     assert fetch["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert fetch["resources"] == {"requests": {"cpu": "4"}, "limits": {"memory": "32Gi"}}
     assert engine["resources"]["limits"]["nvidia.com/gpu"] == 1

@@ -234,3 +234,16 @@ def test_status_model_goes_with_the_hub_model():
     local = status_of([], old=sized, spec={"model": {"path": "/m"}})
     assert local["model"] is None  # the merge patch removes it
     assert "model" not in status_of([], spec={"model": {"path": "/m"}})
+
+
+def test_the_scale_subresource_fields_are_always_written():
+    """``replicas`` (the Deployment's pods) and ``selector`` feed the scale subresource, an
+    invalid spec included (an HPA still reads them); ``readyReplicas`` counts ready pods."""
+    ready = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    for spec_error in (None, "gpus must be 0 or 1"):
+        status = compute_status(spec={"replicas": 3}, generation=1, old={}, pods=[ready],
+                                spec_error=spec_error, endpoint="http://x", now="T1",
+                                replicas=2, selector="kvledger.dev/inferenceservice=x")
+        assert (status["replicas"], status["selector"]) == (2, "kvledger.dev/inferenceservice=x")
+        assert status["readyReplicas"] == (1 if spec_error is None else 0)
+    assert status_of([])["replicas"] == 0  # no Deployment (yet): no pods

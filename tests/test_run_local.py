@@ -163,6 +163,13 @@ def test_local_device_is_the_cpu_only_when_the_spec_has_no_gpus():
     (manifest(tolerations=[{"key": "k", "operator": "Exists", "value": "v"}]),
      "a toleration with operator Exists takes no value"),
     (manifest(nodeSelector={"pool": 1}), "spec.nodeSelector.pool: 1 is not of type 'string'"),
+    (manifest(autoscaling={"minReplicas": 0, "maxReplicas": 3}),
+     "autoscaling.minReplicas 0 (scale to zero) needs provider keda"),
+    (manifest(autoscaling={"maxReplicas": 3, "target": "2"}),
+     "autoscaling.target of kvReservedRatio is a share of the KV pool: at most 1"),
+    (manifest(autoscaling={"maxReplicas": 3, "target": 0.8}),
+     'spec.autoscaling.target: 0.8 is neither an integer nor a string (write a decimal as a '
+     'string, e.g. "0.8")'),
     ({**manifest(), "kind": "Deployment"}, "manifest must be apiVersion: kvledger.dev/v1alpha1"),
     ({k: v for k, v in manifest().items() if k != "spec"},
      "invalid InferenceService at (top level): 'spec' is a required property"),
@@ -205,12 +212,17 @@ def test_serve_gets_the_flags_the_pod_gets(tiny_model):
     spec = manifest(engine={"maxModelLen": 512, "kvCacheDtype": "fp8"},
                     memory={"limit": "1Gi"})["spec"]
     flags = engine_config(spec, model_path=str(tiny_model)).to_flags()
-    argv = serve_argv(flags, "127.0.0.1", 9000)
+    argv = serve_argv(flags, "127.0.0.1", 9000, spec)
     assert argv[1:4] == ["-m", "kvledger.engine.cli", "serve"]
-    assert argv[4:-4] == flags
+    assert argv[4:-8] == flags
     assert flags[flags.index("--max-model-len") + 1] == "512"
     assert flags[flags.index("--memory-limit") + 1] == str(2**30)
     assert flags[flags.index("--served-model-name") + 1] == "tiny"
+    assert argv[-4:] == ["--shutdown-grace", "30", "--max-queue-wait", "0"]
+    # spec.shutdownGraceSeconds and maxQueueWaitSeconds are serve's here as in the pod.
+    spec.update(shutdownGraceSeconds=90, maxQueueWaitSeconds=5)
+    assert serve_argv(flags, "127.0.0.1", 9000, spec)[-4:] == \
+        ["--shutdown-grace", "90", "--max-queue-wait", "5"]
 
 
 
@@ -264,6 +276,18 @@ def test_cluster_only_fields_are_validated_then_ignored_and_it_says_so(tiny_mode
     out = capsys.readouterr().out
     assert out.startswith("local: ignored off the cluster: spec.nodeSelector, spec.tolerations, "
                           "spec.env, spec.podLabels\n")
+    assert "pre-flight passed" in out
+
+
+def test_autoscaling_is_validated_then_ignored_off_the_cluster(tiny_model, tmp_path, capsys):
+    """One process serves locally: there is nothing to scale, and a line says so."""
+    doc = manifest(gpus=0, replicas=3, autoscaling={
+        "provider": "keda", "minReplicas": 0, "maxReplicas": 4, "metric": "rejectionRate",
+        "target": "0.5", "prometheus": {"serverAddress": "http://prom:9090"}})
+    doc["spec"]["model"]["path"] = str(tiny_model)
+    assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("local: ignored off the cluster: spec.autoscaling\n")
     assert "pre-flight passed" in out
 
 

@@ -167,6 +167,31 @@ async def test_an_engine_that_keeps_failing_answers_503_and_releases(aiohttp_cli
     assert answer.status == 503 and (await answer.json())["error"]["code"] == "engine_dead"
 
 
+async def test_a_drain_within_the_grace_lets_in_flight_requests_finish(aiohttp_client, llm,
+                                                                      slow_steps):
+    """What a scale-down does to a pod (SIGTERM -> drain): requests already running end
+    normally, with every token they asked for, while new ones are refused."""
+    client = await start_app(aiohttp_client, llm, shutdown_grace_s=30.0)
+    state = client.app[STATE]
+    streamed = await client.post("/v1/completions", json=_long(client, True, max_tokens=40))
+    await streamed.content.readuntil(b"\n\n")  # running
+    whole = asyncio.create_task(client.post("/v1/completions",
+                                            json=_long(client, False, max_tokens=40)))
+    while not state.admission.running or len(state.admission.running) < 2:
+        await asyncio.sleep(0.01)
+    drain = asyncio.create_task(state.drain())
+    await asyncio.sleep(0.05)
+    refused = await client.post("/v1/completions", json=_long(client, False, max_tokens=2))
+    assert refused.status == 503 and (await client.get("/ready")).status == 503
+    body = await streamed.read()
+    assert b'"finish_reason":"length"' in body and body.endswith(b"data: [DONE]\n\n")
+    answer = await (await whole).json()
+    assert answer["choices"][0]["finish_reason"] == "length"
+    assert answer["usage"]["completion_tokens"] == 40
+    await drain
+    assert await metric(client, RESERVED) == 0
+
+
 async def test_shutdown_refuses_new_requests_and_aborts_after_the_grace(aiohttp_client, llm,
                                                                        slow_steps):
     client = await start_app(aiohttp_client, llm, shutdown_grace_s=0.3)

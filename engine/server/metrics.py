@@ -16,19 +16,48 @@ LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 1
 # over them is defined before the first failure: a bug (500), the engine loop failing,
 # and one request failing inside a live engine.
 FAILURE_REASONS = ("internal_error", "engine_dead", "request_error")
+# Reasons of kvledger_requests_rejected_total exported at 0 from the start, for the same
+# reason: an autoscaler's rate() of the 429s (kv_cache_full) must read 0, not nothing,
+# before the first one.
+REJECTION_REASONS = ("kv_cache_full", "prompt_too_long", "over_context", "over_pool",
+                     "bad_request", "unknown_model", "unauthorized", "body_too_large",
+                     "body_timeout", "not_ready", "shutting_down", "engine_dead")
+# vLLM's names for the gauges an endpoint picker reads (the Gateway API Inference
+# Extension's model server protocol), so one routes to kvledger with no configuration.
+# KV usage is the reserved ratio: what kvledger has promised, which is what decides
+# whether the next request is admitted. gpu_cache_usage_perc is the older name.
+VLLM_ALIASES = {
+    "vllm:num_requests_waiting": "kvledger_requests_waiting",
+    "vllm:num_requests_running": "kvledger_requests_running",
+    "vllm:kv_cache_usage_perc": "kvledger_kv_reserved_ratio",
+    "vllm:gpu_cache_usage_perc": "kvledger_kv_reserved_ratio",
+}
 
 
 class _LiveGauges:
-    """Collects gauges from callables at scrape time."""
+    """Collects gauges from callables at scrape time, and their vLLM-named aliases
+    (labelled ``model_name``, as vLLM labels them) once a model is served."""
 
-    def __init__(self, gauges: dict[str, tuple[str, Callable[[], float]]]) -> None:
+    def __init__(self, gauges: dict[str, tuple[str, Callable[[], float]]],
+                 model_name: Callable[[], str | None]) -> None:
         self._gauges = gauges
+        self._model_name = model_name
 
     def collect(self):
-        for name, (help_text, read) in self._gauges.items():
+        values = {name: float(read()) for name, (_, read) in self._gauges.items()}
+        for name, (help_text, _) in self._gauges.items():
             family = GaugeMetricFamily(name, help_text)
-            family.add_metric([], float(read()))
+            family.add_metric([], values[name])
             yield family
+        model = self._model_name()
+        if model is None:
+            return
+        for alias, name in VLLM_ALIASES.items():
+            if name in values:  # read once above: an alias never disagrees with its source
+                family = GaugeMetricFamily(alias, f"{name}, under vLLM's name",
+                                           labels=["model_name"])
+                family.add_metric([model], values[name])
+                yield family
 
 
 class ServerMetrics:
@@ -39,6 +68,8 @@ class ServerMetrics:
                                 "was granted", registry=r)
         self.rejected = Counter("kvledger_requests_rejected", "requests refused, by reason",
                                 ["reason"], registry=r)
+        for reason in REJECTION_REASONS:
+            self.rejected.labels(reason)
         self.finished = Counter("kvledger_requests_finished", "admitted requests that ended, "
                                 "by finish reason", ["finish_reason"], registry=r)
         self.prompt_tokens = Counter("kvledger_prompt_tokens", "prompt tokens of admitted "
@@ -60,9 +91,11 @@ class ServerMetrics:
         """Count one request that failed on the server's side (5xx or a stream's error event)."""
         self.failed.labels(reason).inc()
 
-    def watch(self, **gauges: tuple[str, Callable[[], float]]) -> None:
-        """Register scrape-time gauges: ``name=(help, read)``."""
-        self.registry.register(_LiveGauges(gauges))
+    def watch(self, gauges: dict[str, tuple[str, Callable[[], float]]], *,
+              model_name: Callable[[], str | None]) -> None:
+        """Register scrape-time gauges, ``{name: (help, read)}``; those in ``VLLM_ALIASES``
+        are also exported under vLLM's names while ``model_name()`` is not None."""
+        self.registry.register(_LiveGauges(gauges, model_name))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

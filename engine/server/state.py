@@ -63,16 +63,26 @@ class ServerState:
         self._grammars: Any = None
         self._token_texts: dict[int, str] = {}
         ledger = lambda attr: lambda: getattr(self.llm.ledger, attr) if self.llm else 0  # noqa: E731
-        self.metrics.watch(
-            kvledger_kv_blocks_total=("KV blocks in the pool", ledger("num_blocks")),
-            kvledger_kv_blocks_reserved=("KV blocks claimed by admitted requests",
-                                         ledger("reserved_blocks")),
-            kvledger_kv_blocks_used=("KV blocks holding tokens", ledger("used_blocks")),
-            kvledger_queue_length=("requests waiting for a reservation",
-                                   lambda: self.admission.queue_length if self.admission else 0),
-            kvledger_requests_running=("admitted requests not yet finished",
-                                       lambda: len(self.admission.running) if self.admission else 0),
-        )
+        waiting = lambda: self.admission.queue_length if self.admission else 0  # noqa: E731
+        self.metrics.watch({
+            "kvledger_kv_blocks_total": ("KV blocks in the pool", ledger("num_blocks")),
+            "kvledger_kv_blocks_reserved": ("KV blocks claimed by admitted requests",
+                                            ledger("reserved_blocks")),
+            "kvledger_kv_blocks_used": ("KV blocks holding tokens", ledger("used_blocks")),
+            "kvledger_kv_reserved_ratio": ("share of the KV blocks claimed by admitted "
+                                           "requests, 0..1", self._kv_reserved_ratio),
+            "kvledger_requests_waiting": ("requests waiting for a reservation", waiting),
+            "kvledger_queue_length": ("requests waiting for a reservation (the older name of "
+                                      "kvledger_requests_waiting)", waiting),
+            "kvledger_requests_running": ("admitted requests not yet finished",
+                                          lambda: len(self.admission.running)
+                                          if self.admission else 0),
+        }, model_name=lambda: self.llm.model_name if self.llm else None)
+
+    def _kv_reserved_ratio(self) -> float:
+        if self.llm is None:
+            return 0.0
+        return self.llm.ledger.reserved_blocks / self.llm.ledger.num_blocks
 
     # -- lifecycle -------------------------------------------------------------------
     async def attach(self, llm: Any, *, warm: bool = True) -> None:

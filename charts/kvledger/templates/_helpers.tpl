@@ -56,3 +56,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   resources: [events]
   verbs: [create]
 {{- end -}}
+
+{{/* The engine pods and Services the operator renders (operator/render.py labels()). */}}
+{{- define "kvledger.engineSelector" -}}
+matchLabels:
+  app.kubernetes.io/managed-by: kvledger-operator
+matchExpressions:
+  - key: kvledger.dev/inferenceservice
+    operator: Exists
+{{- end -}}

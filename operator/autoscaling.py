@@ -1,0 +1,198 @@
+"""Pure renderers for scaling: the autoscaler and the PodDisruptionBudget a resource owns.
+
+The autoscaler's target is the InferenceService itself, through its ``scale`` subresource:
+it writes ``spec.replicas``, and the operator renders the Deployment from that, so the
+resource's ``spec.replicas`` stays the one source of the Deployment's count.
+
+- provider ``hpa``: an ``autoscaling/v2`` HorizontalPodAutoscaler with one ``Pods`` metric
+  (``AverageValue``), which the custom metrics API serves from Prometheus (a
+  prometheus-adapter rule per metric, documented with the chart);
+- provider ``keda``: a ``keda.sh/v1alpha1`` ScaledObject with one ``prometheus`` trigger
+  whose query sums the metric over the resource's pods (KEDA divides by the pod count).
+
+KEDA's query selects the series by the labels every Kubernetes scrape gives a target,
+``namespace`` and ``pod`` (the Deployment's pod names: ``pod_name_pattern``), so it needs
+no pod label mapped into Prometheus.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
+
+from kvledger.operator.crd import API_VERSION, KIND
+from kvledger.operator.render import labels, selector_labels
+from kvledger.operator.spec import Autoscaling, autoscaling
+
+# Where KEDA queries Prometheus unless spec.autoscaling.prometheus.serverAddress says:
+# the operator's --prometheus-url (env KVLEDGER_PROMETHEUS_URL), by default the Service
+# the Prometheus Operator (kube-prometheus-stack) creates in namespace "monitoring".
+DEFAULT_PROMETHEUS_URL = "http://prometheus-operated.monitoring.svc:9090"
+# A node drain evicts one replica at a time: the others keep serving meanwhile.
+PDB_MAX_UNAVAILABLE = 1
+
+
+@dataclass(frozen=True)
+class Metric:
+    """How one spec.autoscaling.metric is read: the name an HPA asks the custom metrics
+    API for, and the engine's series (with a label matcher, and as a per-second rate for a
+    counter) that KEDA's query sums."""
+
+    pods_metric: str
+    series: str
+    matcher: str = ""
+    rate_window: str | None = None
+
+
+METRICS = {
+    # Gauge, 0..1: the share of the KV pool promised to admitted requests.
+    "kvReservedRatio": Metric("kvledger_kv_reserved_ratio", "kvledger_kv_reserved_ratio"),
+    # Gauge: requests queued for a reservation (--max-queue-wait).
+    "requestsWaiting": Metric("kvledger_requests_waiting", "kvledger_requests_waiting"),
+    # Counter of 429s for a full KV cache, as a rate; the adapter rule names it so.
+    "rejectionRate": Metric("kvledger_kv_cache_full_per_second",
+                            "kvledger_requests_rejected_total", 'reason="kv_cache_full"', "1m"),
+}
+# Kubernetes names a Deployment's pod NAME-HASH-SUFFIX: HASH is the pod template's hash
+# (its decimal digits, 1 to 10, spelled in letters and digits), SUFFIX 5 random characters,
+# and "NAME-HASH-" is cut to 58 characters first. Up to 46 characters, a name keeps both
+# parts whole.
+_WHOLE_POD_NAMES_UP_TO = 46
+_POD_NAME_MAX = 63
+
+
+def scale_target_ref(name: str) -> dict[str, str]:
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": name}
+
+
+def pod_name_pattern(name: str) -> str:
+    """A PromQL regex (anchored) for the names of the Deployment's pods:
+    ``NAME-[a-z0-9]{1,10}-[a-z0-9]{5}``. Neither part has a '-', so the pods of another
+    resource named ``NAME-x`` do not match (its pods' names have one '-' more, or, cut to
+    58 characters, a last part longer than 5). Past 46 characters the hash is cut, and
+    the pattern is the 58-character prefix and what may follow it. A name is a DNS-1035
+    label: it needs no regex escaping (and PromQL's strings would refuse ``\\-``)."""
+    if len(name) <= _WHOLE_POD_NAMES_UP_TO:
+        return f"{name}-[a-z0-9]{{1,10}}-[a-z0-9]{{5}}"
+    prefix = (name + "-")[:58]
+    return f"{prefix}[-a-z0-9]{{5,{_POD_NAME_MAX - len(prefix)}}}"
+
+
+def promql(name: str, namespace: str, metric: str) -> str:
+    """The sum over the resource's pods of the metric (KEDA's query)."""
+    read = METRICS[metric]
+    matchers = f'namespace="{namespace}",pod=~"{pod_name_pattern(name)}"'
+    if read.matcher:
+        matchers += f",{read.matcher}"
+    series = f"{read.series}{{{matchers}}}"
+    return f"sum(rate({series}[{read.rate_window}]))" if read.rate_window else f"sum({series})"
+
+
+def quantity(value: Fraction) -> str:
+    """``value`` as the API server writes a decimal quantity back (``800m``, ``4``, ``1k``),
+    so that what is applied compares equal to what is stored."""
+    for exponent, suffix in ((9, "G"), (6, "M"), (3, "k"), (0, ""), (-3, "m"), (-6, "u")):
+        mantissa = value / Fraction(10) ** exponent
+        if mantissa.denominator == 1:
+            return f"{mantissa.numerator}{suffix}"
+    return f"{-(-value * 10**9 // 1)}n"  # rounded up to a nano, as the API server does
+
+
+def decimal(value: Fraction) -> str:
+    """``value`` as a plain decimal (``0.8``): KEDA reads its threshold as a float."""
+    text = format(Decimal(value.numerator) / Decimal(value.denominator), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _meta(name: str, namespace: str) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": labels(name)}
+
+
+def render_hpa(name: str, namespace: str, settings: Autoscaling) -> dict[str, Any]:
+    """The HorizontalPodAutoscaler (provider hpa) of the resource's scale subresource."""
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": _meta(name, namespace),
+        "spec": {
+            "scaleTargetRef": scale_target_ref(name),
+            "minReplicas": settings.min_replicas,
+            "maxReplicas": settings.max_replicas,
+            "metrics": [{"type": "Pods", "pods": {
+                "metric": {"name": METRICS[settings.metric].pods_metric},
+                "target": {"type": "AverageValue", "averageValue": quantity(settings.target)},
+            }}],
+        },
+    }
+
+
+def render_scaled_object(name: str, namespace: str, settings: Autoscaling, *,
+                         prometheus_url: str = DEFAULT_PROMETHEUS_URL) -> dict[str, Any]:
+    """The KEDA ScaledObject (provider keda) of the resource's scale subresource.
+
+    ``prometheus_url`` is the operator's default; ``serverAddress`` in the spec wins."""
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": _meta(name, namespace),
+        "spec": {
+            "scaleTargetRef": scale_target_ref(name),
+            "minReplicaCount": settings.min_replicas,
+            "maxReplicaCount": settings.max_replicas,
+            "triggers": [{
+                "type": "prometheus",
+                # The query sums over the pods: the HPA KEDA makes divides by their count.
+                "metricType": "AverageValue",
+                "metadata": {
+                    "serverAddress": settings.server_address or prometheus_url,
+                    "query": promql(name, namespace, settings.metric),
+                    "threshold": decimal(settings.target),
+                },
+            }],
+        },
+    }
+
+
+def pdb_wanted(spec: dict[str, Any]) -> bool:
+    """A PodDisruptionBudget is owned while the resource can have more than one pod."""
+    settings = autoscaling(spec)
+    most = max(spec.get("replicas", 1), settings.max_replicas if settings else 0)
+    return most > 1
+
+
+def render_pdb(name: str, namespace: str) -> dict[str, Any]:
+    """At most one pod evicted at a time (a node drain waits for the next); a pod that is
+    not ready serves nothing, so it may always go (a crash-looping pod never blocks)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(name, namespace),
+        "spec": {
+            "maxUnavailable": PDB_MAX_UNAVAILABLE,
+            "selector": {"matchLabels": selector_labels(name)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+# (apiVersion, plural) of every child this module renders, in the order they are removed.
+OPTIONAL_CHILDREN = (("autoscaling/v2", "horizontalpodautoscalers"),
+                     ("keda.sh/v1alpha1", "scaledobjects"),
+                     ("policy/v1", "poddisruptionbudgets"))
+
+
+def render_scaling(name: str, namespace: str, spec: dict[str, Any], *,
+                   prometheus_url: str = DEFAULT_PROMETHEUS_URL,
+                   ) -> dict[tuple[str, str], dict[str, Any] | None]:
+    """Each optional child (``OPTIONAL_CHILDREN``) -> its body, or None where the spec
+    wants none (the caller deletes it). Raises BadInput for an invalid spec.autoscaling."""
+    settings = autoscaling(spec)
+    hpa = scaled = None
+    if settings is not None and settings.provider == "hpa":
+        hpa = render_hpa(name, namespace, settings)
+    elif settings is not None:
+        scaled = render_scaled_object(name, namespace, settings, prometheus_url=prometheus_url)
+    pdb = render_pdb(name, namespace) if pdb_wanted(spec) else None
+    return dict(zip(OPTIONAL_CHILDREN, (hpa, scaled, pdb), strict=True))
