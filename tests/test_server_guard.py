@@ -44,7 +44,12 @@ async def _hostile(client, path: str, body: bytes, headers: dict | None = None):
             "Content-Type": "application/json", **(headers or {})})
         return response.status, await response.read()
 
-    (status, raw), slowest, polls = await while_polling_health(client.get, post())
+    # A stall the server causes happens on every try; a pause of this shared machine (other
+    # processes, a garbage collection of the test process's heap) happens once: one retry.
+    for _ in range(2):
+        (status, raw), slowest, polls = await while_polling_health(client.get, post())
+        if slowest < HEALTH_BUDGET_S:
+            break
     assert polls >= 1 and slowest < HEALTH_BUDGET_S, f"/health took {slowest * 1000:.0f} ms"
     assert b"Traceback" not in raw
     return status, (error_of(raw) if status >= 400 else json.loads(raw))
