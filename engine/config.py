@@ -65,6 +65,7 @@ class EngineConfig:
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
+    enable_prefix_caching: bool = True
     gpu_memory_utilization: float | None = None
     num_gpu_blocks_override: int | None = None
     kv_cache_memory_bytes: int | None = None
@@ -124,8 +125,8 @@ class EngineConfig:
                 continue
             flag = "--" + _FLAG_NAMES.get(f.name, f.name.replace("_", "-"))
             if isinstance(value, bool):
-                if value:
-                    out.append(flag)
+                # Differs from the default: --flag for a default-off flag, --no-flag else.
+                out.append(flag if value else "--no-" + flag[2:])
             else:
                 out.extend([flag, str(value)])
         return out
@@ -194,6 +195,9 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=DTYPES, default="auto")
     g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
     g.add_argument("--enforce-eager", action="store_true")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="share the KV blocks of prompts that begin alike between requests, "
+                        "as vLLM does by default")
     g.add_argument("--seed", type=int, default=0)
     m = parser.add_argument_group("memory caps (the smallest one given wins)")
     m.add_argument("--memory-limit", dest="memory_limit_bytes", type=size_arg, default=None,

@@ -1,30 +1,84 @@
-"""The KV reservation ledger: admission never over-commits the block pool.
+"""The KV reservation ledger: admission never over-commits the block pool, and requests
+whose prompts begin alike share the blocks of that prefix (prefix caching).
 
-Admitting a request reserves ``ceil((prompt + output cap) / block_size)`` blocks for its
-whole life. Physical blocks are handed out lazily from the reservation as tokens are
-written (``grow``), so a running request can never run out of KV mid-decode: the sum of
-all reservations is at most the pool, and each reservation draws at most its own count.
+Admitting a request reserves ``blocks_for(prompt + output cap)`` blocks for its whole
+life, so a running request can never run out of KV mid-decode. With prefix caching a
+reservation is two things: the cached blocks it pinned (its *hits*: the longest run of
+the prompt's full blocks already registered, found at admission and again as its request
+starts) and a count of blocks it may still *draw* (``blocks_for(prompt + cap) - hits``).
+
+Accounting. Each physical block is in use (held by a reservation), cached (held by none
+but registered, so it can be pinned again; see ``block_pool``) or free. The ledger keeps
+
+    in_use + outstanding <= num_blocks
+
+where ``outstanding`` is the draws all live reservations may still make:
+
+- admission adds the request's draws (per choice) and the hits it pins that were cached
+  (ref 0 -> 1; a hit already in use costs nothing, and ``n`` choices pinning the same
+  block count it once); it succeeds iff the sum stays within the pool. Cached blocks
+  thus count as free for admission, and a pinned block cannot be evicted;
+- a request about to start pins the blocks cached since its admission (``pin_cached``):
+  each replaces one of its draws, so the sum stays or drops;
+- a draw moves one block from outstanding to in use, leaving the sum unchanged; since
+  the drawing reservation had one outstanding, ``in_use < num_blocks``: a free or cached
+  block exists. An admitted request never fails to draw; a cached block is evicted, least
+  recently released first, only when no free block is left;
+- a release drops each of its blocks' reference counts (at zero a registered block is
+  cached, an unregistered one free) and gives up the draws it did not make.
+
+A pinned block is never written: hits are whole blocks before the prompt's last token
+(when every prompt block is cached the last hit is dropped, so at least one token is
+computed and gives the logits), the sequence starts its prefill after them and writes
+only blocks it drew. ``register`` makes a drawn block findable once it is full and its
+K/V computed (prompt blocks as chunks complete them, and blocks of generated tokens, so
+a chat that re-sends its history hits); when its key already names another block it
+stays private. A request that needs the logits of every prompt position
+(``prompt_logprobs``) reserves with ``use_cached=False``: no hits, though its blocks are
+still registered for others.
+
+Figures, as the server and its metrics read them: ``used_blocks`` = in use;
+``reserved_blocks`` = in use + outstanding; ``free_blocks`` = ``num_blocks -
+reserved_blocks``, what admission may still claim (cached blocks included);
+``cached_blocks`` = cached (evictable). ``prefix_cache_queries`` and
+``prefix_cache_hits`` count tokens, as vLLM does: the prompt tokens of requests that
+could use the cache, and the tokens of the blocks they pinned. With caching off nothing
+is ever shared and every figure is as it was before: each reservation claims
+``blocks_for(prompt + cap)``; so does one made without prompt ids, though its request
+may still pin cached blocks as it starts.
 
 Thread-safe: the HTTP server reserves and releases on the asyncio thread while the
-engine grows reservations in its worker thread.
+engine draws, registers and releases in its worker thread; one lock guards it all.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections.abc import Sequence
 
+from kvledger.engine.block_pool import BlockHash, BlockPool, hash_block, hash_blocks
 from kvledger.engine.errors import BadInput
 
 
 class Reservation:
-    """A claim on ``num_blocks`` blocks; ``block_ids`` are the physical blocks drawn so far."""
+    """A claim on ``num_blocks`` blocks: ``block_ids`` holds the pinned hits
+    (``num_cached_blocks``, first) and the blocks drawn so far; ``draws_left`` more may be
+    drawn. ``block_hashes`` are the keys of its first full blocks known so far."""
 
-    __slots__ = ("block_ids", "num_blocks", "released")
+    __slots__ = ("block_hashes", "block_ids", "draws_left", "num_blocks", "num_cached_blocks",
+                 "num_cached_tokens", "num_registered_blocks", "prompt_token_ids", "released")
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, hits: list[int], block_size: int,
+                 block_hashes: list[BlockHash], prompt_token_ids: Sequence[int] | None) -> None:
         self.num_blocks = num_blocks
-        self.block_ids: list[int] = []
+        self.block_ids = list(hits)
+        self.num_cached_blocks = len(hits)
+        self.num_cached_tokens = len(hits) * block_size  # the sequence starts its prefill here
+        self.draws_left = num_blocks - len(hits)
+        self.block_hashes = list(block_hashes)
+        self.num_registered_blocks = len(hits)  # blocks before this one need no register()
+        # The prompt the cache was consulted for (its keys made of): None when it was not.
+        self.prompt_token_ids = prompt_token_ids
         self.released = False
 
     @property
@@ -32,37 +86,51 @@ class Reservation:
         return len(self.block_ids)
 
     def __repr__(self) -> str:
-        state = "released" if self.released else f"{self.used_blocks}/{self.num_blocks} used"
-        return f"Reservation({state})"
+        if self.released:
+            return "Reservation(released)"
+        return (f"Reservation({self.used_blocks}/{self.num_blocks} used, "
+                f"{self.num_cached_blocks} cached)")
 
 
 class KVLedger:
-    """Verb-based allocator over ``num_blocks`` blocks of ``block_size`` tokens each.
+    """Verb-based allocator over ``num_blocks`` blocks of ``block_size`` tokens each:
+    ``try_reserve``, ``pin_cached``, ``grow``, ``register``, ``release`` (see the module
+    docstring)."""
 
-    ``reserved_blocks``: claimed by live reservations; ``used_blocks``: physically handed
-    out; ``free_blocks``: not reserved, i.e. what the next admission may claim.
-    """
-
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *,
+                 enable_prefix_caching: bool = False) -> None:
         if num_blocks < 1 or block_size < 1:
             raise BadInput(f"a KV pool needs >= 1 block of >= 1 token, got {num_blocks} x {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free_block_ids: deque[int] = deque(range(num_blocks))
-        self._reserved = 0
+        self.enable_prefix_caching = enable_prefix_caching
+        self.prefix_cache_queries = 0  # tokens
+        self.prefix_cache_hits = 0     # tokens
+        self._pool = BlockPool(num_blocks)
+        self._outstanding = 0
         self._lock = threading.Lock()
+
+    # -- figures ------------------------------------------------------------------------
+    @property
+    def used_blocks(self) -> int:
+        return self._pool.num_in_use
 
     @property
     def reserved_blocks(self) -> int:
-        return self._reserved
-
-    @property
-    def used_blocks(self) -> int:
-        return self.num_blocks - len(self._free_block_ids)
+        with self._lock:  # two counters: read them together
+            return self._pool.num_in_use + self._outstanding
 
     @property
     def free_blocks(self) -> int:
-        return self.num_blocks - self._reserved
+        return self.num_blocks - self.reserved_blocks
+
+    @property
+    def cached_blocks(self) -> int:
+        return self._pool.num_cached
+
+    @property
+    def evictions(self) -> int:
+        return self._pool.num_evictions
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -70,22 +138,113 @@ class KVLedger:
     def can_reserve(self, num_tokens: int) -> bool:
         return self.blocks_for(num_tokens) <= self.free_blocks
 
-    def try_reserve(self, num_tokens: int) -> Reservation | None:
-        """Claim blocks for ``num_tokens`` tokens, or return None when they are not free."""
-        reservations = self.try_reserve_each(num_tokens, 1)
+    # -- admission ----------------------------------------------------------------------
+    def try_reserve(self, num_tokens: int, prompt_token_ids: Sequence[int] | None = None, *,
+                    use_cached: bool = True) -> Reservation | None:
+        """Claim blocks for ``num_tokens`` tokens (prompt + cap), or return None when they
+        are not free. See ``try_reserve_each``."""
+        reservations = self.try_reserve_each(num_tokens, 1, prompt_token_ids, use_cached=use_cached)
         return reservations[0] if reservations else None
 
-    def try_reserve_each(self, num_tokens: int, count: int) -> list[Reservation] | None:
+    def try_reserve_each(self, num_tokens: int, count: int,
+                         prompt_token_ids: Sequence[int] | None = None, *,
+                         use_cached: bool = True) -> list[Reservation] | None:
         """``count`` reservations of ``num_tokens`` tokens each (one per choice of an
-        ``n > 1`` request), all or none: None when they do not all fit now."""
+        ``n > 1`` request), all or none: None when they do not all fit now.
+
+        With prefix caching on and the prompt's ids, each reservation pins the cached
+        blocks its prompt begins with, unless ``use_cached`` is False (the request needs
+        every prompt position computed); the prompt's keys are kept for ``register``."""
+        needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached)
+        with self._lock:
+            hits, cost = self._hits(hashes[:lookups or 0], needed, count)
+            if self._pool.num_in_use + self._outstanding + cost > self.num_blocks:
+                return None
+            for block in hits:
+                self._pool.pin(block, count)
+            self._outstanding += (needed - len(hits)) * count
+            if lookups is not None:  # the cache was usable for this prompt
+                self.prefix_cache_queries += len(prompt_token_ids) * count
+                self.prefix_cache_hits += len(hits) * self.block_size * count
+        prompt = prompt_token_ids if self.enable_prefix_caching else None
+        return [Reservation(needed, hits, self.block_size, hashes, prompt) for _ in range(count)]
+
+    def blocks_needed(self, num_tokens: int, count: int = 1,
+                      prompt_token_ids: Sequence[int] | None = None, *,
+                      use_cached: bool = True) -> int:
+        """The blocks ``try_reserve_each`` would claim now (its draws, and the cached
+        blocks it would pin); without a prompt or caching, ``count * blocks_for``."""
+        needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached)
+        with self._lock:
+            return self._hits(hashes[:lookups or 0], needed, count)[1]
+
+    def _prepare(self, num_tokens: int, count: int, prompt_token_ids: Sequence[int] | None,
+                 use_cached: bool) -> tuple[int, list[BlockHash], int | None]:
+        """Blocks per reservation, the keys of the prompt's full blocks (computed outside
+        the lock: hashing is the slow part) and how many of them may be hits (None when
+        the cache is not consulted at all)."""
         if num_tokens < 1 or count < 1:
             raise BadInput(f"a reservation needs at least one token, got {count} x {num_tokens}")
-        needed = self.blocks_for(num_tokens)
+        if not self.enable_prefix_caching or not prompt_token_ids:
+            return self.blocks_for(num_tokens), [], None
+        if len(prompt_token_ids) > num_tokens:
+            raise BadInput(f"a prompt of {len(prompt_token_ids)} tokens does not fit a "
+                           f"reservation of {num_tokens}")
+        bs = self.block_size
+        hashes = hash_blocks(prompt_token_ids, bs, len(prompt_token_ids) // bs)
+        # The last prompt token is always computed: it gives the first output's logits.
+        lookups = (len(prompt_token_ids) - 1) // bs if use_cached else None
+        return self.blocks_for(num_tokens), hashes, lookups
+
+    def _hits(self, hashes: list[BlockHash], needed: int, count: int) -> tuple[list[int], int]:
+        """The cached blocks the keys find (up to the first miss), and what admitting
+        ``count`` reservations with them would claim. Under the lock."""
+        hits = []
+        for block_hash in hashes:
+            block = self._pool.lookup(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        revived = sum(1 for block in hits if self._pool.ref_counts[block] == 0)
+        return hits, (needed - len(hits)) * count + revived
+
+    # -- the engine's verbs ---------------------------------------------------------------
+    def pin_cached(self, reservation: Reservation, prompt_token_ids: Sequence[int]) -> int:
+        """Before a reservation has drawn a block (its request is about to start): pin the
+        cached blocks its prompt begins with that were registered since admission. Each
+        one replaces a draw, so the claim never grows (it shrinks by one per block that
+        was already in use). Returns the prompt tokens now cached; does nothing with
+        caching off. Only for a request that may use cached blocks (no prompt logprobs)."""
+        start = reservation.num_cached_blocks
+        if not self.enable_prefix_caching or len(reservation.block_ids) > start:
+            return reservation.num_cached_tokens
+        if reservation.prompt_token_ids is None:  # reserved without its prompt: not counted yet
+            with self._lock:
+                self.prefix_cache_queries += len(prompt_token_ids)
+        lookups = (len(prompt_token_ids) - 1) // self.block_size
+        if start >= lookups:
+            return reservation.num_cached_tokens
+        hashes = reservation.block_hashes
+        if len(hashes) < lookups:
+            parent = hashes[-1] if hashes else None
+            hashes += hash_blocks(prompt_token_ids[len(hashes) * self.block_size:],
+                                  self.block_size, lookups - len(hashes), parent)
         with self._lock:
-            if needed * count > self.num_blocks - self._reserved:
-                return None
-            self._reserved += needed * count
-        return [Reservation(needed) for _ in range(count)]
+            if reservation.released:
+                return reservation.num_cached_tokens
+            for block_hash in hashes[start:lookups]:
+                block = self._pool.lookup(block_hash)
+                if block is None:
+                    break
+                self._pool.pin(block)
+                reservation.block_ids.append(block)
+                reservation.draws_left -= 1
+                self._outstanding -= 1
+            cached = len(reservation.block_ids)
+            self.prefix_cache_hits += (cached - start) * self.block_size
+            reservation.num_cached_blocks = reservation.num_registered_blocks = cached
+            reservation.num_cached_tokens = cached * self.block_size
+        return reservation.num_cached_tokens
 
     def grow(self, reservation: Reservation, num_tokens: int) -> None:
         """Make the reservation hold physical blocks for its first ``num_tokens`` tokens."""
@@ -95,16 +254,41 @@ class KVLedger:
         if reservation.released:
             raise RuntimeError("grow() on a released reservation")
         with self._lock:
-            # Never empty here: reservations sum to <= num_blocks, each draws <= its own.
             while len(reservation.block_ids) < needed:
-                reservation.block_ids.append(self._free_block_ids.popleft())
+                # Never fails: in_use + outstanding <= num_blocks and this one is outstanding.
+                reservation.block_ids.append(self._pool.draw())
+                reservation.draws_left -= 1
+                self._outstanding -= 1
+
+    def register(self, reservation: Reservation, token_ids: Sequence[int],
+                 num_computed_tokens: int) -> None:
+        """Make the reservation's full blocks among its first ``num_computed_tokens``
+        tokens (whose K/V are now in the cache; ``token_ids`` are its tokens so far)
+        findable by later requests. Does nothing with caching off."""
+        full = min(num_computed_tokens // self.block_size, len(reservation.block_ids))
+        if not self.enable_prefix_caching or full <= reservation.num_registered_blocks:
+            return
+        bs, hashes = self.block_size, reservation.block_hashes
+        parent = hashes[-1] if hashes else None
+        for start in range(len(hashes) * bs, full * bs, bs):
+            parent = hash_block(parent, token_ids[start:start + bs])
+            hashes.append(parent)
+        with self._lock:
+            if reservation.released:
+                return
+            for i in range(reservation.num_registered_blocks, full):
+                self._pool.register(reservation.block_ids[i], hashes[i])
+            reservation.num_registered_blocks = full
 
     def release(self, reservation: Reservation) -> None:
-        """Return the reservation's blocks to the pool; a second call does nothing."""
+        """Give back the reservation's blocks and undrawn claim; a second call does nothing."""
         with self._lock:
             if reservation.released:
                 return
             reservation.released = True
-            self._free_block_ids.extend(reservation.block_ids)
+            # The tail first: it is evicted before the head, which stays useful without it.
+            for block in reversed(reservation.block_ids):
+                self._pool.unpin(block)
             reservation.block_ids = []
-            self._reserved -= reservation.num_blocks
+            self._outstanding -= reservation.draws_left
+            reservation.draws_left = 0

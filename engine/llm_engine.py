@@ -55,6 +55,7 @@ class LLMEngine:
         self._aborted: list[Sequence] = []  # finished by abort, reported by the next step
         self._known_ids: set[str] = set()
         self.consecutive_failed_steps = 0
+        self.num_prefill_tokens = 0  # prompt tokens computed (not those found in the cache)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -83,25 +84,31 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     reservation: Reservation | None = None) -> None:
-        """Admit a request. Without a ``reservation``, reserve ``prompt + cap`` here and raise
-        AdmissionRejected when the pool cannot hold it. The engine owns the reservation
-        from now on and releases it when the request finishes or is aborted."""
+        """Admit a request. Without a ``reservation``, reserve ``prompt + cap`` here (pinning
+        the cached blocks its prompt begins with) and raise AdmissionRejected when the pool
+        cannot hold it. A given reservation must have been made for this prompt, and
+        without cached blocks when the request asks for ``prompt_logprobs``. The engine
+        owns the reservation from now on and releases it when the request finishes or is
+        aborted."""
+        # Prompt logprobs need every prompt position computed: no cached blocks.
+        use_cached = params.prompt_logprobs is None
         try:
             self.check_prompt(prompt_token_ids)
             self.check_params(params)
             cap = self.output_cap(len(prompt_token_ids), params)
             needed_blocks = self.ledger.blocks_for(len(prompt_token_ids) + cap)
-            if reservation is not None and reservation.num_blocks < needed_blocks:
-                raise BadInput(f"the reservation holds {reservation.num_blocks} blocks; prompt + "
-                               f"cap needs {needed_blocks}")
+            if reservation is not None:
+                self._check_reservation(reservation, prompt_token_ids, needed_blocks, use_cached)
         except BadInput:
             if reservation is not None:
                 self.ledger.release(reservation)
             raise
         if reservation is None:
-            reservation = self.ledger.try_reserve(len(prompt_token_ids) + cap)
+            tokens = len(prompt_token_ids) + cap
+            reservation = self.ledger.try_reserve(tokens, prompt_token_ids, use_cached=use_cached)
             if reservation is None:
-                raise AdmissionRejected(needed_blocks, self.ledger.free_blocks)
+                needed = self.ledger.blocks_needed(tokens, 1, prompt_token_ids, use_cached=use_cached)
+                raise AdmissionRejected(needed, self.ledger.free_blocks)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
@@ -119,6 +126,20 @@ class LLMEngine:
         if duplicate:
             self.ledger.release(reservation)
             raise BadInput(f"request id {request_id!r} is already in use")
+
+    @staticmethod
+    def _check_reservation(reservation: Reservation, prompt_token_ids: list[int],
+                           needed_blocks: int, use_cached: bool) -> None:
+        if reservation.num_blocks < needed_blocks:
+            raise BadInput(f"the reservation holds {reservation.num_blocks} blocks; prompt + "
+                           f"cap needs {needed_blocks}")
+        # Its cached blocks and keys were found from the prompt it was made for.
+        if (reservation.prompt_token_ids is not None
+                and list(reservation.prompt_token_ids) != list(prompt_token_ids)):
+            raise BadInput("the reservation was made for another prompt")
+        if reservation.num_cached_blocks and not use_cached:
+            raise BadInput("a request with prompt_logprobs needs every prompt position computed; "
+                           "its reservation must not use cached blocks")
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request; idempotent. A request not yet picked up is released at once;
@@ -174,10 +195,13 @@ class LLMEngine:
         self.consecutive_failed_steps = 0
         for chunk in batch.prefills:
             chunk.seq.num_computed_tokens += chunk.length
+            self.num_prefill_tokens += chunk.length
             if chunk.seq.prompt_logprobs is not None:
                 chunk.seq.prompt_logprobs += step.prompt_logprobs[chunk.seq.request_id]
         for seq in batch.decodes:
             seq.num_computed_tokens += 1
+        if self.ledger.enable_prefix_caching:  # before any of them finishes and releases
+            self._register_computed_blocks([c.seq for c in batch.prefills] + batch.decodes)
         seqs = batch.sampled  # a prompt still partly computed gets no token yet
         for seq, sampled in zip(seqs, self._sample(step.logits, seqs), strict=True):
             if isinstance(sampled, Exception):
@@ -191,6 +215,13 @@ class LLMEngine:
                 continue
             outputs.append(self._output(seq, [token_id]))
         return outputs
+
+    def _register_computed_blocks(self, seqs: list[Sequence]) -> None:
+        """Offer the blocks this step filled to the prefix cache."""
+        block_size = self.ledger.block_size
+        for seq in seqs:
+            if seq.num_computed_tokens // block_size > seq.reservation.num_registered_blocks:
+                self.ledger.register(seq.reservation, seq.token_ids, seq.num_computed_tokens)
 
     def _sample(self, logits: torch.Tensor,
                 seqs: list[Sequence]) -> list[tuple[int, TokenLogprobs | None] | Exception]:

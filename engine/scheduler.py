@@ -4,7 +4,9 @@ first the prompts already started, then waiting ones (first come, first served) 
 ``max_num_seqs`` allows.
 
 Every sequence was admitted with a reservation for its whole life, so scheduling never
-preempts: it only draws the physical blocks the step's tokens need from the ledger.
+preempts: it only draws the physical blocks the step's tokens need from the ledger. A
+prompt starts its first chunk after the blocks the prefix cache holds for it: those its
+reservation pinned at admission, and those cached since, pinned as it starts.
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ class Scheduler:
                 budget_tokens -= prefills[-1].length
         while self.waiting and len(self.running) < self.max_num_seqs and budget_tokens > 0:
             seq = self.waiting.popleft()
+            if seq.prompt_logprobs is None:  # it may start after blocks cached since admission
+                seq.num_computed_tokens = self.ledger.pin_cached(seq.reservation,
+                                                                 seq.prompt_token_ids)
             seq.status = SequenceStatus.RUNNING
             self.running[seq.request_id] = seq
             prefills.append(self._chunk(seq, budget_tokens))

@@ -37,7 +37,9 @@ class Sequence:
         self.reservation = reservation
         self.detokenizer = detokenizer
         self.generator = generator
-        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        # Tokens whose K/V are in the cache: from the start, the prefix its reservation
+        # found cached (none for a sequence only sampled from, without a reservation).
+        self.num_computed_tokens = 0 if reservation is None else reservation.num_cached_tokens
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.text = ""  # the output text so far, stop strings cut off
@@ -53,6 +55,11 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt and output tokens, as a new list."""
+        return self.prompt_token_ids + self.output_token_ids
 
     @property
     def prompt_computed(self) -> bool:

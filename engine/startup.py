@@ -53,7 +53,9 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     kv = measured_plan.kv
     pool_bytes = runner.allocate_kv_cache(kv.num_blocks, kv.dtype)
     log.info("KV pool: %d blocks x %d tokens (%d bytes)", kv.num_blocks, kv.block_size, pool_bytes)
-    return measured_plan, tokenizer, runner, KVLedger(kv.num_blocks, kv.block_size)
+    ledger = KVLedger(kv.num_blocks, kv.block_size,
+                      enable_prefix_caching=config.enable_prefix_caching)
+    return measured_plan, tokenizer, runner, ledger
 
 
 def torch_device(flag: str) -> torch.device:

@@ -161,6 +161,8 @@ _ENGINE = {
         "dtype": {"type": "string", "enum": list(DTYPES)},
         "kvCacheDtype": {"type": "string", "enum": list(KV_CACHE_DTYPES)},
         "enforceEager": {"type": "boolean"},
+        "enablePrefixCaching": {"type": "boolean", "description": "share computed prompt "
+                                "blocks between requests (default true)"},
         "seed": {"type": "integer", "minimum": 0},
     },
     "x-kubernetes-validations": [{

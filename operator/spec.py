@@ -40,6 +40,7 @@ _ENGINE_FIELDS = {
     "dtype": "dtype",
     "kvCacheDtype": "kv_cache_dtype",
     "enforceEager": "enforce_eager",
+    "enablePrefixCaching": "enable_prefix_caching",
     "seed": "seed",
 }
 _MEMORY_FIELDS = {

@@ -80,3 +80,38 @@ def test_scale_sim_runs_every_policy_on_one_trace():
     assert table.returncode == 0, table.stderr[-3000:]
     assert "| policy | completed |" in table.stdout
     assert all(f"| {name} |" in table.stdout for name in rows)
+
+
+def test_prefix_bench_runs_every_system_on_a_tiny_workload():
+    """bench/prefix.py with tiny parameters: each workload on each of its systems, the cache
+    skipping at least the shared system prompt's blocks, and the table from the report."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import prefix
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    command = [sys.executable, str(ROOT / "bench" / "prefix.py"), "--model", "tiny-llama",
+               "--requests", "3", "--concurrency", "2", "--output-tokens", "4",
+               "--system-prompt-tokens", "32", "--turns", "2", "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    rows = {(r["workload"], r["system"]): r for r in report["rows"]}
+    everyone = (prefix.CACHE_ON, prefix.CACHE_OFF, prefix.TRANSFORMERS)
+    assert set(rows) == ({(w, s) for w in (prefix.SHARED, prefix.MULTI_TURN) for s in everyone}
+                         | {(prefix.NO_SHARED, s) for s in everyone[:2]})
+    for r in rows.values():
+        assert r["requests"] > 0 and 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"]
+        assert r["output_tokens_per_cpu_s"] > 0 and r["admitted_at_once"] >= 1
+    for workload in (prefix.SHARED, prefix.MULTI_TURN, prefix.NO_SHARED):
+        off = rows[workload, prefix.CACHE_OFF]
+        assert off["prefill_tokens_computed"] == off["prompt_tokens"]
+    on = rows[prefix.SHARED, prefix.CACHE_ON]
+    assert on["prefill_tokens_computed"] <= on["prompt_tokens"] - 3 * 32
+    turns = rows[prefix.MULTI_TURN, prefix.CACHE_ON]
+    assert turns["prefill_tokens_computed"] < turns["prompt_tokens"]
+    assert rows[prefix.SHARED, prefix.TRANSFORMERS]["prefill_tokens_computed"] is None
+    assert report["transformers_prefix_sharing"] is True
+    assert len(report["targets"]) == 3 and report["targets"][1]["met"] is True
+    table = prefix.markdown(report["rows"], report["targets"])
+    assert f"| {prefix.SHARED} | {prefix.TRANSFORMERS} | 3 |" in table and "not exposed" in table

@@ -367,9 +367,13 @@ def test_random_adds_aborts_and_steps_never_over_commit_and_drain_to_zero(tiny_l
                 engine.step()
             ledger = engine.ledger
             assert ledger.reserved_blocks <= ledger.num_blocks
-            live = list(engine.scheduler.running.values()) + list(engine.scheduler.waiting)
+            live = (list(engine.scheduler.running.values()) + list(engine.scheduler.waiting)
+                    + list(engine._pending_adds.values()))
             assert all(s.reservation.used_blocks <= s.reservation.num_blocks for s in live)
-            assert ledger.used_blocks == sum(s.reservation.used_blocks for s in live)
+            # Prompts repeat, so cached prefix blocks are shared: each counts once.
+            assert ledger.used_blocks == len({b for s in live for b in s.block_ids})
+            assert ledger.reserved_blocks == ledger.used_blocks + sum(
+                s.reservation.draws_left for s in live)
         drain(engine)
         assert_pool_empty(engine)
 

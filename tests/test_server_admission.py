@@ -243,3 +243,53 @@ async def test_n_choices_beyond_the_pool_are_a_400_and_early_rejection_counts_th
     assert early is not None and early.status == 429
     adm.ledger.release(held.reservation)
     adm.done(held)
+
+
+def _cached_admission(num_blocks=10, block_size=16, max_model_len=160):
+    ledger = KVLedger(num_blocks, block_size, enable_prefix_caching=True)
+    return Admission(ledger, max_model_len=max_model_len, decode_tokens_per_s=lambda: 10.0,
+                     rng=random.Random(0))
+
+
+def _computed(ledger, prompt, tokens):
+    """A reservation whose prompt is computed and registered, as the engine leaves it."""
+    reservation = ledger.try_reserve(tokens, prompt)
+    ledger.grow(reservation, len(prompt))
+    ledger.register(reservation, prompt, len(prompt))
+    return reservation
+
+
+async def test_admit_with_the_prompt_pins_its_cached_blocks_and_counts_what_it_holds():
+    adm = _cached_admission()
+    prompt = list(range(40))                                     # 2 full blocks + 8 tokens
+    adm.ledger.release(_computed(adm.ledger, prompt, 48))        # now cached
+    two = await adm.admit("two", 40, 8, n=2, prompt_token_ids=prompt)
+    assert [r.num_cached_blocks for r in two.reservations] == [2, 2]
+    assert two.blocks == 2 + 2 * 1 and adm.ledger.reserved_blocks == 4  # shared blocks once
+    echo = await adm.admit("echo", 40, 8, prompt_token_ids=prompt, use_cached=False)
+    assert echo.reservation.num_cached_blocks == 0 and echo.blocks == 3
+    for ticket in (two, echo):
+        for reservation in ticket.reservations:
+            adm.ledger.release(reservation)
+        adm.done(ticket)
+    assert adm.ledger.reserved_blocks == 0
+
+
+async def test_early_rejection_leaves_room_for_what_the_cache_may_cover():
+    adm = _cached_admission()
+    prefix = list(range(32))
+    holder = _computed(adm.ledger, prefix, 32)                   # 2 blocks in use, 8 free
+    # Unset cap: 160 tokens = 10 blocks, but up to (40 - 1) // 16 = 2 of them may be
+    # cached blocks already in use, so 8 may be enough: tokenize and admit.
+    assert adm.early_rejection(40, None) is None
+    ticket = await adm.admit("fits", 40, 120, prompt_token_ids=prefix + [7] * 8)
+    assert ticket.reservation.num_cached_blocks == 2 and adm.ledger.free_blocks == 0
+    # Without caching the same request needs all 10: refused before tokenizing.
+    plain = _admission()
+    plain.ledger.try_reserve(32)
+    assert plain.early_rejection(40, None).status == 429
+    # With a cap a choice draws at least blocks_for(1 + cap), cached prefix or not.
+    adm.ledger.release(ticket.reservation)
+    adm.done(ticket)
+    assert adm.early_rejection(30, 128).status == 429            # 9 blocks, 8 free
+    adm.ledger.release(holder)

@@ -6,6 +6,11 @@ once, or after a FIFO wait of at most ``max_queue_wait_s``), and a refusal carri
 wait after which enough blocks are due back: the running requests' remaining caps at
 the observed decode rate, soonest first, with jitter so rejected clients do not return
 in lock-step. ``done`` forgets the request; the engine releases its blocks.
+
+With prefix caching the ledger pins the cached blocks the prompt begins with, so a
+request may claim fewer blocks than ``blocks_for(prompt + cap)``: a ticket counts the
+blocks it actually holds, and a refusal the blocks it would claim now. Whether a request
+is too large for the pool (400) never depends on what happens to be cached.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ class Ticket:
     request_id: str
     prompt_tokens: int
     cap_tokens: int
-    blocks: int                 # all choices together
+    blocks: int                 # held by all choices together (shared cached blocks once)
     reservations: list[Any]     # one per choice (``n``), each ``prompt + cap``
     admitted_at: float
     generated_tokens: int = 0   # by the choice furthest from its cap
@@ -49,17 +54,31 @@ class Ticket:
         return max(self.cap_tokens - self.generated_tokens, 0)
 
 
+def held_blocks(reservations: list[Any]) -> int:
+    """The blocks ``reservations`` (the choices of one request) hold or may draw: the
+    cached blocks they all pinned count once."""
+    cached = reservations[0].num_cached_blocks
+    return cached + sum(r.num_blocks - cached for r in reservations)
+
+
 @dataclass
 class _Waiter:
     tokens: int
     count: int
     blocks: int
-    future: asyncio.Future = field(repr=False)
+    prompt_token_ids: list[int] | None = field(repr=False)
+    use_cached: bool
+    future: asyncio.Future = field(init=False, repr=False)  # set when it joins the line
     gone: bool = False  # timed out or cancelled; skipped when it reaches the head
+
+    def try_reserve(self, ledger: Any) -> list[Any] | None:
+        return ledger.try_reserve_each(self.tokens, self.count, self.prompt_token_ids,
+                                       use_cached=self.use_cached)
 
 
 class Admission:
-    """Admits requests against ``ledger`` (``try_reserve``/``release``/``blocks_for``)."""
+    """Admits requests against ``ledger`` (a ``KVLedger``: ``try_reserve_each``,
+    ``blocks_needed``, ``blocks_for``, ``release``)."""
 
     def __init__(self, ledger: Any, *, max_model_len: int, max_queue_wait_s: float = 0.0,
                  max_num_seqs: int | None = None,
@@ -101,31 +120,38 @@ class Admission:
     def queue_length(self) -> int:
         return self._queued
 
-    async def admit(self, request_id: str, prompt_tokens: int, cap_tokens: int,
-                    n: int = 1) -> Ticket:
+    async def admit(self, request_id: str, prompt_tokens: int, cap_tokens: int, n: int = 1, *,
+                    prompt_token_ids: list[int] | None = None, use_cached: bool = True) -> Ticket:
         """Reserve ``prompt + cap`` tokens for each of ``n`` choices, all at once, or raise
-        a 429 ``ApiError`` with Retry-After."""
+        a 429 ``ApiError`` with Retry-After. With the prompt's ids the ledger pins the
+        cached blocks it begins with (unless ``use_cached`` is False: echoed prompt
+        logprobs need every position computed)."""
         tokens = prompt_tokens + cap_tokens
         blocks = self.ledger.blocks_for(tokens) * n
-        if blocks > self.ledger.num_blocks:
+        if blocks > self.ledger.num_blocks:  # as if nothing were cached: a verdict on the request
             choices = f" for {n} choices" if n > 1 else ""
             raise ApiError(400, f"the request needs {blocks} KV blocks ({tokens} tokens{choices}) "
                                 f"but the whole pool holds {self.ledger.num_blocks}; lower "
                                 f"max_tokens{' or n' if n > 1 else ''}",
                            code="kv_pool_too_small", param="max_tokens", reason="over_pool")
+        waiter = _Waiter(tokens, n, blocks, prompt_token_ids, use_cached)
         # Nobody overtakes a live waiter; departed ones (gone) do not count.
-        reservations = None if self._queued else self.ledger.try_reserve_each(tokens, n)
+        reservations = None if self._queued else waiter.try_reserve(self.ledger)
         if reservations is None:
-            reservations = await self._wait_in_line(tokens, n, blocks)
-        ticket = Ticket(request_id, prompt_tokens, cap_tokens, blocks, reservations,
-                        self._clock())
+            reservations = await self._wait_in_line(waiter)
+        ticket = Ticket(request_id, prompt_tokens, cap_tokens, held_blocks(reservations),
+                        reservations, self._clock())
         self.running[request_id] = ticket
         return ticket
 
-    async def _wait_in_line(self, tokens: int, count: int, blocks: int) -> list[Any]:
+    async def _wait_in_line(self, waiter: _Waiter) -> list[Any]:
+        # What it would claim now (its cached blocks considered), for the 429's estimate.
+        waiter.blocks = self.ledger.blocks_needed(waiter.tokens, waiter.count,
+                                                  waiter.prompt_token_ids,
+                                                  use_cached=waiter.use_cached)
         if self.max_queue_wait_s <= 0:
-            raise self.rejection(blocks)
-        waiter = _Waiter(tokens, count, blocks, asyncio.get_running_loop().create_future())
+            raise self.rejection(waiter.blocks)
+        waiter.future = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         self._queued += 1
         self.capacity_changed()  # departed waiters may have been all that was ahead
@@ -135,7 +161,7 @@ class Admission:
             if waiter.future.done():  # granted in the same instant the wait ran out
                 return waiter.future.result()
             waiter.gone = True
-            raise self.rejection(blocks) from None
+            raise self.rejection(waiter.blocks) from None
         except asyncio.CancelledError:
             granted = (waiter.future.done() and not waiter.future.cancelled()
                        and waiter.future.exception() is None)
@@ -154,15 +180,24 @@ class Admission:
         """The 429 for a request whose prompt is at most ``max_prompt_tokens`` long, when the
         answer cannot depend on its exact length; else None (tokenize and ``admit``).
 
-        Under overload this skips tokenizing: with the cap unset a request always needs
-        exactly ``max_model_len`` tokens; with a cap it needs at least ``1 + cap``.
+        Under overload this skips tokenizing, so the bound must hold whatever the prompt
+        and the cache hold. Each choice draws the blocks of ``prompt + cap`` its cached
+        hits do not cover, and hits are whole blocks before the prompt's last token: with
+        a cap, a choice draws at least ``blocks_for(1 + cap)``, cached or not; with the
+        cap unset it needs exactly ``max_model_len`` tokens, of which at most
+        ``(max_prompt_tokens - 1) // block_size`` blocks may be cached.
         """
         if self.max_queue_wait_s > 0 or max_prompt_tokens >= self.max_model_len:
             return None  # it would queue, or it might be a 413
         if requested is not None and max_prompt_tokens + requested > self.max_model_len:
             return None  # it might be a 400
-        least = n * self.ledger.blocks_for(self.max_model_len if requested is None
-                                           else 1 + requested)
+        if requested is None:
+            cached = 0
+            if self.ledger.enable_prefix_caching:
+                cached = (max_prompt_tokens - 1) // self.ledger.block_size
+            least = n * (self.ledger.blocks_for(self.max_model_len) - cached)
+        else:
+            least = n * self.ledger.blocks_for(1 + requested)
         if least <= self.ledger.free_blocks or least > self.ledger.num_blocks:
             return None
         return self.rejection(least)
@@ -174,7 +209,7 @@ class Admission:
             if head.gone:
                 self._waiters.popleft()
                 continue
-            reservations = self.ledger.try_reserve_each(head.tokens, head.count)
+            reservations = head.try_reserve(self.ledger)
             if reservations is None:
                 return  # strict FIFO: nobody overtakes the head
             self._waiters.popleft()

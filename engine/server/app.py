@@ -145,8 +145,18 @@ async def budget(request: web.Request) -> web.Response:
         "pool": {"block_size": ledger.block_size, "total_blocks": ledger.num_blocks,
                  "reserved_blocks": ledger.reserved_blocks, "used_blocks": ledger.used_blocks,
                  "free_blocks": ledger.free_blocks},
+        "prefix_cache": _prefix_cache(ledger),
         "queue": {"waiting": admission.queue_length, "running": len(admission.running),
                   "max_queue_wait_s": admission.max_queue_wait_s},
         "decode_tokens_per_s": state.engine.decode_tokens_per_s,
         "time": time.time(),
     })
+
+
+def _prefix_cache(ledger) -> dict:
+    """Whether the prefix cache is on, its evictable blocks, and its hit rate in prompt
+    tokens (None before the first lookup)."""
+    queries, hits = ledger.prefix_cache_queries, ledger.prefix_cache_hits
+    return {"enabled": ledger.enable_prefix_caching, "cached_blocks": ledger.cached_blocks,
+            "queries_tokens": queries, "hits_tokens": hits,
+            "hit_rate": hits / queries if queries else None}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # Reasons of kvledger_requests_failed_total exported at 0 from the start, so that a rate()
@@ -34,16 +34,25 @@ VLLM_ALIASES = {
 }
 
 
-class _LiveGauges:
-    """Collects gauges from callables at scrape time, and their vLLM-named aliases
-    (labelled ``model_name``, as vLLM labels them) once a model is served."""
+Reads = dict[str, tuple[str, Callable[[], float]]]  # name -> (help, read)
 
-    def __init__(self, gauges: dict[str, tuple[str, Callable[[], float]]],
+
+class _LiveGauges:
+    """Collects gauges and counters from callables at scrape time, and the gauges'
+    vLLM-named aliases (labelled ``model_name``, as vLLM labels them) once a model is
+    served."""
+
+    def __init__(self, gauges: Reads, counters: Reads,
                  model_name: Callable[[], str | None]) -> None:
         self._gauges = gauges
+        self._counters = counters
         self._model_name = model_name
 
     def collect(self):
+        for name, (help_text, read) in self._counters.items():
+            counter = CounterMetricFamily(name, help_text)
+            counter.add_metric([], float(read()))
+            yield counter
         values = {name: float(read()) for name, (_, read) in self._gauges.items()}
         for name, (help_text, _) in self._gauges.items():
             family = GaugeMetricFamily(name, help_text)
@@ -91,11 +100,12 @@ class ServerMetrics:
         """Count one request that failed on the server's side (5xx or a stream's error event)."""
         self.failed.labels(reason).inc()
 
-    def watch(self, gauges: dict[str, tuple[str, Callable[[], float]]], *,
+    def watch(self, gauges: Reads, *, counters: Reads | None = None,
               model_name: Callable[[], str | None]) -> None:
-        """Register scrape-time gauges, ``{name: (help, read)}``; those in ``VLLM_ALIASES``
-        are also exported under vLLM's names while ``model_name()`` is not None."""
-        self.registry.register(_LiveGauges(gauges, model_name))
+        """Register scrape-time gauges and counters (a counter's name without ``_total``),
+        ``{name: (help, read)}``; the gauges in ``VLLM_ALIASES`` are also exported under
+        vLLM's names while ``model_name()`` is not None."""
+        self.registry.register(_LiveGauges(gauges, counters or {}, model_name))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -77,7 +77,9 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
         echo = prompt if isinstance(prompt, str) else state.llm.tokenizer.decode(prompt_ids)
     p = _Prepared(req, f"{id_prefix}-{uuid.uuid4().hex}", prompt_ids, echo, arrived,
                   int(time.time()))
-    ticket = await state.admission.admit(p.request_id, len(prompt_ids), cap, req.n)
+    ticket = await state.admission.admit(p.request_id, len(prompt_ids), cap, req.n,
+                                         prompt_token_ids=prompt_ids,
+                                         use_cached=params[0].prompt_logprobs is None)
     state.metrics.admitted.inc()
     state.metrics.queue_wait.observe(time.monotonic() - arrived)
     state.metrics.prompt_tokens.inc(len(prompt_ids))

@@ -68,7 +68,8 @@ class ServerState:
             "kvledger_kv_blocks_total": ("KV blocks in the pool", ledger("num_blocks")),
             "kvledger_kv_blocks_reserved": ("KV blocks claimed by admitted requests",
                                             ledger("reserved_blocks")),
-            "kvledger_kv_blocks_used": ("KV blocks holding tokens", ledger("used_blocks")),
+            "kvledger_kv_blocks_used": ("KV blocks held by running requests (cached blocks "
+                                        "not included)", ledger("used_blocks")),
             "kvledger_kv_reserved_ratio": ("share of the KV blocks claimed by admitted "
                                            "requests, 0..1", self._kv_reserved_ratio),
             "kvledger_requests_waiting": ("requests waiting for a reservation", waiting),
@@ -77,6 +78,11 @@ class ServerState:
             "kvledger_requests_running": ("admitted requests not yet finished",
                                           lambda: len(self.admission.running)
                                           if self.admission else 0),
+        }, counters={
+            "kvledger_prefix_cache_queries": ("prompt tokens of requests that looked up the "
+                                              "prefix cache", ledger("prefix_cache_queries")),
+            "kvledger_prefix_cache_hits": ("prompt tokens found in the prefix cache (not "
+                                           "computed again)", ledger("prefix_cache_hits")),
         }, model_name=lambda: self.llm.model_name if self.llm else None)
 
     def _kv_reserved_ratio(self) -> float:
