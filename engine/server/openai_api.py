@@ -1,7 +1,7 @@
 """``POST /v1/completions`` and ``POST /v1/chat/completions``.
 
 One request's story: read -> parse -> tokenize -> effective cap -> reserve (or 429) ->
-generate -> answer (JSON or SSE). Parsing, rendering the chat template and tokenizing run
+generate -> answer (JSON or SSE, ``answers.py``). Parsing, rendering the chat template and tokenizing run
 on the server's worker threads, so a 4 MiB body never stalls the event loop; nothing is
 reserved until they are done, so a client that leaves meanwhile holds no blocks. The
 reservation goes to the engine when the request is added; closing the output stream in
@@ -12,37 +12,24 @@ then returns its blocks.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from kvledger.engine.async_engine import EngineDeadError
 from kvledger.engine.errors import BadInput
-from kvledger.engine.server.errors import ApiError, bad_request, sse_error_event
+from kvledger.engine.server import answers
+from kvledger.engine.server.errors import ApiError, bad_request
 from kvledger.engine.server.limits import decode_json
-from kvledger.engine.server.logprobs import chat_logprobs, completion_logprobs
 from kvledger.engine.server.protocol import GenerationRequest, parse_chat, parse_completion
 from kvledger.engine.server.state import STATE, ServerState
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Prepared:
-    req: GenerationRequest
-    request_id: str
-    prompt_ids: list[int]
-    echo: str | None          # completions' ``echo``: the prompt's text, else None
-    arrived: float
-    created: int
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -75,7 +62,7 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     echo = None
     if req.kind == "completion" and req.echo:
         echo = prompt if isinstance(prompt, str) else state.llm.tokenizer.decode(prompt_ids)
-    p = _Prepared(req, f"{id_prefix}-{uuid.uuid4().hex}", prompt_ids, echo, arrived,
+    p = answers.Prepared(req, f"{id_prefix}-{uuid.uuid4().hex}", prompt_ids, echo, arrived,
                   int(time.time()))
     ticket = await state.admission.admit(p.request_id, len(prompt_ids), cap, req.n,
                                          prompt_token_ids=prompt_ids,
@@ -90,8 +77,8 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
             streams.append(state.engine.generate(choice_id, prompt_ids, params[i], reservation))
         async with aclosing(_merged(streams)) as outputs:
             if req.stream:
-                return await _stream(request, state, p, ticket, outputs)
-            return await _whole(state, p, ticket, outputs)
+                return await answers.stream(request, state, p, ticket, outputs)
+            return await answers.whole(state, p, ticket, outputs)
     except EngineDeadError as exc:
         raise ApiError(503, str(exc), code="engine_dead", reason="engine_dead") from None
     except BadInput as exc:
@@ -238,171 +225,3 @@ async def _grammar(state: ServerState, req: GenerationRequest) -> Any:
     except GrammarError as exc:
         param = next(name for name in _CONSTRAINTS if getattr(req, name) is not None)
         raise bad_request(str(exc), param) from None
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-async def _whole(state: ServerState, p: _Prepared, ticket, outputs) -> web.Response:
-    finals: list = [None] * p.req.n
-    counts = [0] * p.req.n
-    async for index, output in outputs:
-        if not any(counts) and output.token_ids:
-            state.metrics.ttft.observe(time.monotonic() - p.arrived)
-        finals[index], counts[index] = output, len(output.token_ids)
-        state.admission.progress(ticket, min(counts))
-    failed = next((f for f in finals if f.finish_reason == "error"), None)
-    if failed is not None:  # the engine failed this request alone
-        raise ApiError(500, _failed_message(failed), code="request_error",
-                       reason="request_error")
-    chat = p.req.kind == "chat"
-    choices = [_chat_choice(state, p, i, f) if chat else _completion_choice(state, p, i, f)
-               for i, f in enumerate(finals)]
-    return web.json_response({"id": p.request_id,
-                              "object": "chat.completion" if chat else "text_completion",
-                              "created": p.created, "model": p.req.model, "choices": choices,
-                              "usage": _usage(len(p.prompt_ids), sum(counts))})
-
-
-def _chat_choice(state: ServerState, p: _Prepared, index: int, final) -> dict[str, Any]:
-    logprobs = None
-    if final.logprobs is not None:
-        logprobs = chat_logprobs(zip(final.token_ids, final.logprobs, strict=True),
-                                 _token_text(state, p.req))
-    return {"index": index, "message": {"role": "assistant", "content": final.text},
-            "logprobs": logprobs, "finish_reason": final.finish_reason}
-
-
-def _completion_choice(state: ServerState, p: _Prepared, index: int, final) -> dict[str, Any]:
-    return {"index": index, "text": (p.echo or "") + final.text,
-            "logprobs": _completion_logprobs(state, p, final, 0, True),
-            "finish_reason": final.finish_reason}
-
-
-def _completion_logprobs(state: ServerState, p: _Prepared, output, sent: int,
-                         with_prompt: bool) -> dict[str, list] | None:
-    """Output tokens ``sent:`` (and the prompt's, for ``echo``) in the completions shape."""
-    if output.logprobs is None:
-        return None
-    entries = list(zip(output.token_ids[sent:], output.logprobs[sent:], strict=True))
-    if with_prompt and output.prompt_logprobs is not None:
-        entries = list(zip(p.prompt_ids, output.prompt_logprobs, strict=True)) + entries
-    return completion_logprobs(entries, _token_text(state, p.req))
-
-
-def _token_text(state: ServerState, req: GenerationRequest):
-    """How logprobs name a token: its text, or vLLM's ``token_id:N`` when asked."""
-    return _token_id_text if req.return_tokens_as_token_ids else state.token_text
-
-
-def _token_id_text(token_id: int) -> str:
-    return f"token_id:{token_id}"
-
-
-@dataclass
-class _ChoiceStream:
-    """What one choice of a stream has sent so far."""
-
-    text: str = ""
-    tokens: int = 0
-    logprobs: int = 0
-    started: bool = False
-
-
-async def _stream(request: web.Request, state: ServerState, p: _Prepared, ticket,
-                  outputs) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
-    try:
-        await response.prepare(request)
-    except ConnectionError:  # gone before the headers: aclosing() aborts the request
-        return response
-    req = p.req
-    chat = req.kind == "chat"
-    obj = "chat.completion.chunk" if chat else "text_completion"
-    sent = [_ChoiceStream() for _ in range(req.n)]
-
-    def event(choices: list[dict[str, Any]], usage: bool = False) -> bytes:
-        payload = {"id": p.request_id, "object": obj, "created": p.created, "model": req.model,
-                   "choices": choices}
-        if usage:
-            payload["usage"] = _usage(len(p.prompt_ids), sum(c.tokens for c in sent))
-        return _sse(payload)
-
-    def chunk(index: int, delta: str | None, finish_reason: str | None,
-              logprobs: Any = None, role: bool = False) -> bytes:
-        if chat:
-            content: dict[str, Any] = {"role": "assistant"} if role else {}
-            if delta is not None:
-                content["content"] = delta
-            choice = {"index": index, "delta": content, "logprobs": logprobs,
-                      "finish_reason": finish_reason}
-        else:
-            choice = {"index": index, "text": delta or "", "logprobs": logprobs,
-                      "finish_reason": finish_reason}
-        return event([choice], usage=req.continuous_usage)
-
-    try:
-        if chat:
-            for index in range(req.n):
-                await response.write(chunk(index, "", None, role=True))
-        async for index, output in outputs:
-            choice = sent[index]
-            if not any(c.tokens for c in sent) and output.token_ids:
-                state.metrics.ttft.observe(time.monotonic() - p.arrived)
-            choice.tokens = len(output.token_ids)
-            state.admission.progress(ticket, min(c.tokens for c in sent))
-            if output.finished and output.finish_reason == "error":
-                await _end_with_error(state, response, 500, _failed_message(output),
-                                      "request_error")
-                return response
-            delta = ""
-            if output.text.startswith(choice.text):  # text already sent is never retracted
-                delta, choice.text = output.text[len(choice.text):], output.text
-            if not choice.started and p.echo is not None:
-                delta = p.echo + delta
-            logprobs = None
-            if output.logprobs is not None and len(output.logprobs) > choice.logprobs:
-                logprobs = (chat_logprobs(zip(output.token_ids[choice.logprobs:],
-                                              output.logprobs[choice.logprobs:], strict=True),
-                                          _token_text(state, req)) if chat
-                            else _completion_logprobs(state, p, output, choice.logprobs,
-                                                      not choice.started))
-                choice.logprobs = len(output.logprobs)
-            choice.started = True
-            if delta or logprobs is not None:
-                await response.write(chunk(index, delta, None, logprobs))
-            if output.finished:
-                await response.write(chunk(index, None if chat else "", output.finish_reason))
-        if req.include_usage:
-            await response.write(event([], usage=True))
-        await response.write(b"data: [DONE]\n\n")
-    except ConnectionError:  # the client went away; aclosing() aborts the request
-        pass
-    except EngineDeadError as exc:
-        await _end_with_error(state, response, 503, str(exc), "engine_dead")
-    except Exception:  # a bug after the 200 went out: the stream's last event says so
-        log.exception("unhandled error while streaming %s", p.request_id)
-        await _end_with_error(state, response, 500, "internal server error", "internal_error")
-    return response
-
-
-async def _end_with_error(state: ServerState, response: web.StreamResponse, status: int,
-                          message: str, code: str) -> None:
-    """A failure after the headers (status 200) went out: an error event, then ``[DONE]``
-    so clients' stream readers end normally. Counted here, as the app's middleware counts
-    those that still get their own status."""
-    state.metrics.count_failure(code)
-    with contextlib.suppress(ConnectionError):
-        await response.write(sse_error_event(status, message, code))
-        await response.write(b"data: [DONE]\n\n")
-
-
-def _failed_message(output) -> str:
-    return f"the engine failed this request ({output.error}); other requests are unaffected"
-
-
-def _sse(payload: dict) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"

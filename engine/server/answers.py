@@ -1,0 +1,206 @@
+"""A request's outputs as OpenAI's answer: one JSON body, or Server-Sent Events.
+
+``whole`` waits for every choice and answers once; ``stream`` writes each choice's new
+text (and its logprobs) as the engine produces it, then the usage and ``[DONE]``. A
+failure after the headers went out ends the stream with an error event and ``[DONE]``,
+so clients' stream readers end normally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from kvledger.engine.async_engine import EngineDeadError
+from kvledger.engine.server.errors import ApiError, sse_error_event
+from kvledger.engine.server.logprobs import chat_logprobs, completion_logprobs
+from kvledger.engine.server.protocol import GenerationRequest
+from kvledger.engine.server.state import ServerState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prepared:
+    """A request admitted and on its way: what its answer is built from."""
+
+    req: GenerationRequest
+    request_id: str
+    prompt_ids: list[int]
+    echo: str | None          # completions' ``echo``: the prompt's text, else None
+    arrived: float
+    created: int
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+async def whole(state: ServerState, p: Prepared, ticket, outputs) -> web.Response:
+    finals: list = [None] * p.req.n
+    counts = [0] * p.req.n
+    async for index, output in outputs:
+        if not any(counts) and output.token_ids:
+            state.metrics.ttft.observe(time.monotonic() - p.arrived)
+        finals[index], counts[index] = output, len(output.token_ids)
+        state.admission.progress(ticket, min(counts))
+    failed = next((f for f in finals if f.finish_reason == "error"), None)
+    if failed is not None:  # the engine failed this request alone
+        raise ApiError(500, _failed_message(failed), code="request_error",
+                       reason="request_error")
+    chat = p.req.kind == "chat"
+    choices = [_chat_choice(state, p, i, f) if chat else _completion_choice(state, p, i, f)
+               for i, f in enumerate(finals)]
+    return web.json_response({"id": p.request_id,
+                              "object": "chat.completion" if chat else "text_completion",
+                              "created": p.created, "model": p.req.model, "choices": choices,
+                              "usage": _usage(len(p.prompt_ids), sum(counts))})
+
+
+def _chat_choice(state: ServerState, p: Prepared, index: int, final) -> dict[str, Any]:
+    logprobs = None
+    if final.logprobs is not None:
+        logprobs = chat_logprobs(zip(final.token_ids, final.logprobs, strict=True),
+                                 _token_text(state, p.req))
+    return {"index": index, "message": {"role": "assistant", "content": final.text},
+            "logprobs": logprobs, "finish_reason": final.finish_reason}
+
+
+def _completion_choice(state: ServerState, p: Prepared, index: int, final) -> dict[str, Any]:
+    return {"index": index, "text": (p.echo or "") + final.text,
+            "logprobs": _completion_logprobs(state, p, final, 0, True),
+            "finish_reason": final.finish_reason}
+
+
+def _completion_logprobs(state: ServerState, p: Prepared, output, sent: int,
+                         with_prompt: bool) -> dict[str, list] | None:
+    """Output tokens ``sent:`` (and the prompt's, for ``echo``) in the completions shape."""
+    if output.logprobs is None:
+        return None
+    entries = list(zip(output.token_ids[sent:], output.logprobs[sent:], strict=True))
+    if with_prompt and output.prompt_logprobs is not None:
+        entries = list(zip(p.prompt_ids, output.prompt_logprobs, strict=True)) + entries
+    return completion_logprobs(entries, _token_text(state, p.req))
+
+
+def _token_text(state: ServerState, req: GenerationRequest):
+    """How logprobs name a token: its text, or vLLM's ``token_id:N`` when asked."""
+    return _token_id_text if req.return_tokens_as_token_ids else state.token_text
+
+
+def _token_id_text(token_id: int) -> str:
+    return f"token_id:{token_id}"
+
+
+@dataclass
+class _ChoiceStream:
+    """What one choice of a stream has sent so far."""
+
+    text: str = ""
+    tokens: int = 0
+    logprobs: int = 0
+    started: bool = False
+
+
+async def stream(request: web.Request, state: ServerState, p: Prepared, ticket,
+                  outputs) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+    try:
+        await response.prepare(request)
+    except ConnectionError:  # gone before the headers: aclosing() aborts the request
+        return response
+    req = p.req
+    chat = req.kind == "chat"
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    sent = [_ChoiceStream() for _ in range(req.n)]
+
+    def event(choices: list[dict[str, Any]], usage: bool = False) -> bytes:
+        payload = {"id": p.request_id, "object": obj, "created": p.created, "model": req.model,
+                   "choices": choices}
+        if usage:
+            payload["usage"] = _usage(len(p.prompt_ids), sum(c.tokens for c in sent))
+        return _sse(payload)
+
+    def chunk(index: int, delta: str | None, finish_reason: str | None,
+              logprobs: Any = None, role: bool = False) -> bytes:
+        if chat:
+            content: dict[str, Any] = {"role": "assistant"} if role else {}
+            if delta is not None:
+                content["content"] = delta
+            choice = {"index": index, "delta": content, "logprobs": logprobs,
+                      "finish_reason": finish_reason}
+        else:
+            choice = {"index": index, "text": delta or "", "logprobs": logprobs,
+                      "finish_reason": finish_reason}
+        return event([choice], usage=req.continuous_usage)
+
+    try:
+        if chat:
+            for index in range(req.n):
+                await response.write(chunk(index, "", None, role=True))
+        async for index, output in outputs:
+            choice = sent[index]
+            if not any(c.tokens for c in sent) and output.token_ids:
+                state.metrics.ttft.observe(time.monotonic() - p.arrived)
+            choice.tokens = len(output.token_ids)
+            state.admission.progress(ticket, min(c.tokens for c in sent))
+            if output.finished and output.finish_reason == "error":
+                await _end_with_error(state, response, 500, _failed_message(output),
+                                      "request_error")
+                return response
+            delta = ""
+            if output.text.startswith(choice.text):  # text already sent is never retracted
+                delta, choice.text = output.text[len(choice.text):], output.text
+            if not choice.started and p.echo is not None:
+                delta = p.echo + delta
+            logprobs = None
+            if output.logprobs is not None and len(output.logprobs) > choice.logprobs:
+                logprobs = (chat_logprobs(zip(output.token_ids[choice.logprobs:],
+                                              output.logprobs[choice.logprobs:], strict=True),
+                                          _token_text(state, req)) if chat
+                            else _completion_logprobs(state, p, output, choice.logprobs,
+                                                      not choice.started))
+                choice.logprobs = len(output.logprobs)
+            choice.started = True
+            if delta or logprobs is not None:
+                await response.write(chunk(index, delta, None, logprobs))
+            if output.finished:
+                await response.write(chunk(index, None if chat else "", output.finish_reason))
+        if req.include_usage:
+            await response.write(event([], usage=True))
+        await response.write(b"data: [DONE]\n\n")
+    except ConnectionError:  # the client went away; aclosing() aborts the request
+        pass
+    except EngineDeadError as exc:
+        await _end_with_error(state, response, 503, str(exc), "engine_dead")
+    except Exception:  # a bug after the 200 went out: the stream's last event says so
+        log.exception("unhandled error while streaming %s", p.request_id)
+        await _end_with_error(state, response, 500, "internal server error", "internal_error")
+    return response
+
+
+async def _end_with_error(state: ServerState, response: web.StreamResponse, status: int,
+                          message: str, code: str) -> None:
+    """A failure after the headers (status 200) went out: an error event, then ``[DONE]``
+    so clients' stream readers end normally. Counted here, as the app's middleware counts
+    those that still get their own status."""
+    state.metrics.count_failure(code)
+    with contextlib.suppress(ConnectionError):
+        await response.write(sse_error_event(status, message, code))
+        await response.write(b"data: [DONE]\n\n")
+
+
+def _failed_message(output) -> str:
+    return f"the engine failed this request ({output.error}); other requests are unaffected"
+
+
+def _sse(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
