@@ -72,17 +72,13 @@ def parse_args() -> argparse.Namespace:
 
 def train_tokenizer(path: Path, vocab: int, corpus_mb: int):
     """A byte-level BPE tokenizer of ``vocab`` tokens, trained once and cached at ``path``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer
+
+    from kvledger.engine.make_model import train_byte_level_bpe
 
     if path.is_file():
         return Tokenizer.from_file(str(path))
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tokenizer.train_from_iterator(python_sources(corpus_mb * 2**20), trainer)
+    tokenizer = train_byte_level_bpe(python_sources(corpus_mb * 2**20), vocab, SPECIAL_TOKENS)
     path.parent.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(path))
     return tokenizer

@@ -258,16 +258,26 @@ def _write_checkpoint(name: str, out: Path) -> None:
     _write_weights(name, config, out / "model.safetensors")
 
 
-def _train_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+def train_byte_level_bpe(lines, vocab_size: int, special_tokens: list[str]):
+    """A byte-level BPE ``tokenizers.Tokenizer`` of ``vocab_size`` tokens trained on the
+    strings ``lines`` (the built-in models' kind; bench/grammar_mask.py's 32k one too)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=TOKENIZER_VOCAB, special_tokens=SPECIAL_TOKENS,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    tokenizer.train_from_iterator(CORPUS.read_text().splitlines(), trainer)
+    tokenizer.train_from_iterator(lines, trainer)
+    return tokenizer
+
+
+def _train_tokenizer():
+    from tokenizers import processors
+
+    tokenizer = train_byte_level_bpe(CORPUS.read_text().splitlines(), TOKENIZER_VOCAB,
+                                     SPECIAL_TOKENS)
     bos = tokenizer.token_to_id("<s>")
     tokenizer.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])

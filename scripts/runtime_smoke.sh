@@ -152,27 +152,27 @@ while True:
     if time.monotonic() > deadline:
         sys.exit("serve: /ready did not answer 200 within 180 s")
     time.sleep(0.2)
-body = json.dumps({"model": "tiny-llama", "prompt": "Hello", "max_tokens": 8}).encode()
-request = urllib.request.Request(base + "/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-try:
-    with urllib.request.urlopen(request, timeout=60) as r:
-        answer = json.load(r)
-except urllib.error.HTTPError as exc:
-    sys.exit(f"serve: the completion answered {exc.code}: {exc.read()[:500]!r}")
+
+
+def post(path, body, what):
+    request = urllib.request.Request(base + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return json.load(r)
+    except urllib.error.HTTPError as exc:
+        sys.exit(f"serve: the {what} answered {exc.code}: {exc.read()[:500]!r}")
+
+
+answer = post("/v1/completions", {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 8},
+              "completion")
 if answer["usage"]["completion_tokens"] != 8:
     sys.exit(f"serve: the completion did not return 8 tokens: {answer}")
 # Structured output and logprobs: the grammar library and pydantic are runtime deps.
-body = json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}],
-                   "max_tokens": 64, "logprobs": True, "top_logprobs": 2,
-                   "response_format": {"type": "json_object"}}).encode()
-request = urllib.request.Request(base + "/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-try:
-    with urllib.request.urlopen(request, timeout=60) as r:
-        answer = json.load(r)
-except urllib.error.HTTPError as exc:
-    sys.exit(f"serve: the json_object chat answered {exc.code}: {exc.read()[:500]!r}")
+answer = post("/v1/chat/completions",
+              {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}],
+               "max_tokens": 64, "logprobs": True, "top_logprobs": 2,
+               "response_format": {"type": "json_object"}}, "json_object chat")
 choice = answer["choices"][0]
 if choice["finish_reason"] == "stop":
     json.loads(choice["message"]["content"])

@@ -49,7 +49,7 @@ GEN_DOCS = [
 
 # Only keys lm-eval consumes itself (until, max_gen_toks, do_sample, temperature): any
 # other generation_kwargs key is forwarded verbatim into the request body.
-_MC_YAML = """\
+_DATASET_YAML = """\
 task: {task}
 dataset_path: json
 dataset_kwargs:
@@ -57,6 +57,8 @@ dataset_kwargs:
     test: {data}
   cache_dir: {cache}
 test_split: test
+"""
+_MC_YAML = _DATASET_YAML + """\
 output_type: multiple_choice
 doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
 doc_to_choice: choices
@@ -66,14 +68,7 @@ metric_list:
     aggregation: mean
     higher_is_better: true
 """
-_GEN_YAML = """\
-task: {task}
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-  cache_dir: {cache}
-test_split: test
+_GEN_YAML = _DATASET_YAML + """\
 output_type: generate_until
 doc_to_text: "{{{{prompt}}}}"
 doc_to_target: "{{{{answer}}}}"
