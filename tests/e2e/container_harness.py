@@ -32,7 +32,7 @@ def require_podman() -> None:
     skip = os.environ.get("KVLEDGER_SKIP_CONTAINER_E2E") == "1"
     problem = None
     if shutil.which("podman") is None:
-        problem = "podman is not installed (apt-get install podman buildah runc mmdebstrap)"
+        problem = "podman is not installed (scripts/install_podman.sh installs it)"
     else:
         info = podman("info", check=False)
         if info.returncode != 0:
