@@ -27,9 +27,8 @@ class EngineDeadError(RuntimeError):
 class RequestStream:
     """Async iterator of one request's outputs; ``aclose()`` aborts it if unfinished."""
 
-    def __init__(self, owner: AsyncEngine, request_id: str, reservation: Any) -> None:
+    def __init__(self, owner: AsyncEngine, request_id: str) -> None:
         self.request_id = request_id
-        self.reservation = reservation
         self.queue: asyncio.Queue = asyncio.Queue()
         self.finished = False
         self.last: Any = None  # the latest output
@@ -65,6 +64,10 @@ class AsyncEngine:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self._streams: dict[str, RequestStream] = {}
+        # Every reservation handed to the engine, until the engine reports its request
+        # finished: a stream closed early leaves its abort pending in the engine, and if
+        # the engine dies first, only this still knows the blocks.
+        self._handed: dict[str, Any] = {}
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -118,7 +121,7 @@ class AsyncEngine:
             raise EngineDeadError("the engine is shutting down")
         if request_id in self._streams:
             raise ValueError(f"duplicate request id {request_id!r}")
-        stream = RequestStream(self, request_id, reservation)
+        stream = RequestStream(self, request_id)
         try:
             self.engine.add_request(request_id, prompt_token_ids, params, reservation=reservation)
         except BaseException:
@@ -126,6 +129,8 @@ class AsyncEngine:
                 self.engine.ledger.release(reservation)
             raise
         self._streams[request_id] = stream
+        if reservation is not None:
+            self._handed[request_id] = reservation
         self._wake.set()
         return stream
 
@@ -160,6 +165,8 @@ class AsyncEngine:
 
     def _deliver(self, outputs: list[Any]) -> None:
         for output in outputs:
+            if output.finished:  # the engine has released it
+                self._handed.pop(output.request_id, None)
             stream = self._streams.get(output.request_id)
             if stream is not None:
                 stream.queue.put_nowait(output)
@@ -167,11 +174,18 @@ class AsyncEngine:
             self.on_step_outputs(outputs)
 
     def _fail_all(self, exc: BaseException) -> None:
+        """The worker has stopped: release every reservation the engine still held
+        (streams closed with their abort still pending included) and fail every stream."""
         self.dead = exc
         error = EngineDeadError(f"the engine failed: {type(exc).__name__}: {exc}")
+        for reservation in self._handed.values():
+            self.engine.ledger.release(reservation)  # idempotent
+        self._handed.clear()
+        try:  # what the engine reserved itself (requests added without a reservation)
+            self.engine.abort_all()
+        except Exception:  # a step that raised may have left its queues half-updated
+            log.exception("releasing the dead engine's requests failed")
         for stream in self._streams.values():
-            if stream.reservation is not None:
-                self.engine.ledger.release(stream.reservation)
             stream.queue.put_nowait(error)
         if self.on_step_outputs is not None:
             self.on_step_outputs([])

@@ -208,6 +208,27 @@ class KVLedger:
         revived = sum(1 for block in hits if self._pool.ref_counts[block] == 0)
         return hits, (needed - len(hits)) * count + revived
 
+    def blocks_returned(self, groups: Sequence[Sequence[Reservation]]) -> list[int]:
+        """For groups of reservations released one group after another in this order,
+        what each release would add to ``free_blocks``: its undrawn claim, and each
+        block it holds whose last holder it is by then (a block also held by a later
+        group, or by a reservation in none, comes back later or not at all)."""
+        with self._lock:
+            holds: dict[int, int] = {}  # block -> holders left after the releases so far
+            returned = []
+            for group in groups:
+                freed = 0
+                for reservation in group:
+                    if reservation.released:
+                        continue
+                    freed += reservation.draws_left
+                    for block in reservation.block_ids:
+                        holds[block] = holds.get(block, self._pool.ref_counts[block]) - 1
+                        if holds[block] == 0:
+                            freed += 1
+                returned.append(freed)
+            return returned
+
     # -- the engine's verbs ---------------------------------------------------------------
     def pin_cached(self, reservation: Reservation, prompt_token_ids: Sequence[int]) -> int:
         """Before a reservation has drawn a block (its request is about to start): pin the

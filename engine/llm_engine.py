@@ -49,6 +49,7 @@ class LLMEngine:
         self.model_name = config.served_model_name or config.model
         self.scheduler = Scheduler(ledger, plan.max_num_seqs, plan.max_num_batched_tokens)
         self.sampler = Sampler(config.seed, runner.device, tokenizer.eos_token_ids)
+        self._shared_generator = self.sampler.generator  # unseeded rows draw from it
         self._lock = threading.Lock()
         self._pending_adds: dict[str, Sequence] = {}
         self._pending_aborts: list[str] = []
@@ -228,11 +229,16 @@ class LLMEngine:
         """The batch's tokens, with their logprobs where asked; when the batched call
         fails, each row alone, so a fault belongs to the sequence that raised it (its
         entry is the exception)."""
+        # The batched call may fail after some rows drew: their generators go back to
+        # where they stood, so each row alone draws what it would have in the batch and a
+        # seeded request never notices the fault of another.
+        states = self._generator_states(seqs)
         try:
             out = self.sampler(logits, seqs)
             return [(token_id, out.logprobs.get(row)) for row, token_id in enumerate(out.token_ids)]
         except Exception:
-            pass
+            for generator, state in states:
+                generator.set_state(state)
         tokens: list[tuple[int, TokenLogprobs | None] | Exception] = []
         for row, seq in enumerate(seqs):
             try:
@@ -241,6 +247,12 @@ class LLMEngine:
             except Exception as exc:
                 tokens.append(exc)
         return tokens
+
+    def _generator_states(self, seqs: list[Sequence]) -> list[tuple[torch.Generator, torch.Tensor]]:
+        """The state of every generator the sampled (not greedy) rows draw from."""
+        generators = {id(g): g for seq in seqs if not seq.params.greedy
+                      for g in (seq.generator or self._shared_generator,)}
+        return [(g, g.get_state()) for g in generators.values()]
 
     def _fail(self, seq: Sequence, stage: str, exc: BaseException, *,
               traceback: bool = True) -> RequestOutput:

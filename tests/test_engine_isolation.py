@@ -67,6 +67,38 @@ def test_a_sampling_fault_fails_that_request_alone(engine, reference, monkeypatc
     assert_pool_empty(engine)
 
 
+def test_a_sampling_fault_partway_through_the_batch_does_not_redraw_seeded_bystanders(
+        engine, monkeypatch):
+    """The batched sampler fails after a seeded row drew; the rows retried alone must draw
+    what they would have drawn in the batch, so the seeded request equals its solo run."""
+    seeded = SamplingParams(temperature=1.0, seed=11, max_tokens=10, ignore_eos=True)
+    faulty = SamplingParams(temperature=1.0, seed=3, max_tokens=10, ignore_eos=True)
+    short, long = [5, 17, 40, 9], [6, 17, 43, 9] * 3  # decodes go shortest context first
+    engine.add_request("alone", short, seeded)
+    solo = drain(engine)["alone"].token_ids
+    real_sample_row = engine.sampler._sample_row
+    calls: list[str] = []       # the rows drawn, in order
+    faults: list[list[str]] = []  # the rows drawn before each injected fault
+
+    def sample_row(logits, seq):
+        if seq.request_id == "faulty" and len(seq.output_token_ids) == 3:
+            faults.append(list(calls))
+            raise RuntimeError("injected fault after the seeded row drew")
+        calls.append(seq.request_id)
+        return real_sample_row(logits, seq)
+
+    monkeypatch.setattr(engine.sampler, "_sample_row", sample_row)
+    engine.add_request("seeded", short, seeded)
+    engine.add_request("faulty", long, faulty)
+    final = drain(engine)
+    # In the batched call the seeded row drew just before the faulty one raised.
+    assert faults and faults[0][-1] == "seeded"
+    assert final["faulty"].finish_reason == "error"
+    assert final["seeded"].finish_reason == "length"
+    assert final["seeded"].token_ids == solo
+    assert_pool_empty(engine)
+
+
 def test_a_detokenizer_fault_fails_that_request_alone(engine, reference, monkeypatch):
     real = engine.tokenizer.detokenizer
 

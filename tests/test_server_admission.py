@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import time
 
 import pytest
 
@@ -42,7 +43,7 @@ def test_prompt_at_the_context_is_413_and_explicit_overflow_is_400_naming_both()
 async def test_admit_reserves_prompt_plus_cap_and_release_returns_it():
     adm = _admission()
     ticket = await adm.admit("a", prompt_tokens=20, cap_tokens=30)  # 50 tokens -> 4 blocks
-    assert ticket.blocks == 4 and adm.ledger.reserved_blocks == 4
+    assert adm.ledger.reserved_blocks == 4
     adm.ledger.release(ticket.reservation)
     adm.done(ticket)
     assert adm.ledger.reserved_blocks == 0 and not adm.running
@@ -202,7 +203,7 @@ async def test_retry_after_of_a_timed_out_waiter_counts_the_waiters_queued_ahead
 async def test_n_choices_reserve_prompt_plus_cap_each_all_or_none():
     adm = _admission(num_blocks=10)
     ticket = await adm.admit("n2", prompt_tokens=20, cap_tokens=30, n=2)  # 2 x 4 blocks
-    assert ticket.blocks == 8 and adm.ledger.reserved_blocks == 8
+    assert adm.ledger.reserved_blocks == 8
     assert [r.num_blocks for r in ticket.reservations] == [4, 4]
     with pytest.raises(ApiError) as info:      # 2 blocks free: a 429, nothing taken
         await adm.admit("late", 20, 30, n=1)
@@ -265,9 +266,9 @@ async def test_admit_with_the_prompt_pins_its_cached_blocks_and_counts_what_it_h
     adm.ledger.release(_computed(adm.ledger, prompt, 48))        # now cached
     two = await adm.admit("two", 40, 8, n=2, prompt_token_ids=prompt)
     assert [r.num_cached_blocks for r in two.reservations] == [2, 2]
-    assert two.blocks == 2 + 2 * 1 and adm.ledger.reserved_blocks == 4  # shared blocks once
+    assert adm.ledger.reserved_blocks == 2 + 2 * 1  # shared blocks once
     echo = await adm.admit("echo", 40, 8, prompt_token_ids=prompt, use_cached=False)
-    assert echo.reservation.num_cached_blocks == 0 and echo.blocks == 3
+    assert echo.reservation.num_cached_blocks == 0 and adm.ledger.reserved_blocks == 4 + 3
     for ticket in (two, echo):
         for reservation in ticket.reservations:
             adm.ledger.release(reservation)
@@ -293,3 +294,76 @@ async def test_early_rejection_leaves_room_for_what_the_cache_may_cover():
     adm.done(ticket)
     assert adm.early_rejection(30, 128).status == 429            # 9 blocks, 8 free
     adm.ledger.release(holder)
+
+
+async def test_a_waiter_cancelled_as_it_is_granted_wakes_the_next_one():
+    adm = _admission(num_blocks=4, wait_s=5.0)
+    held = await adm.admit("held", 16, 48)                        # all 4 blocks
+    first = asyncio.create_task(adm.admit("first", 16, 48))       # needs 4: waits
+    second = asyncio.create_task(adm.admit("second", 16, 16))     # needs 2: behind first
+    await asyncio.sleep(0.05)
+    assert adm.queue_length == 2
+    first.cancel()                   # the client leaves ...
+    adm.ledger.release(held.reservation)
+    adm.done(held)                   # ... in the instant its 4 blocks are granted
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    started = time.monotonic()
+    ticket = await asyncio.wait_for(second, 2.0)  # not a 429 after the 5 s wait
+    assert time.monotonic() - started < 1.0
+    assert adm.ledger.reserved_blocks == 2 and adm.queue_length == 0
+    adm.ledger.release(ticket.reservation)
+    adm.done(ticket)
+    assert adm.ledger.reserved_blocks == 0
+
+
+async def test_a_head_waiter_that_leaves_lets_the_one_behind_it_in():
+    adm = _admission(num_blocks=4, wait_s=5.0)
+    held = await adm.admit("held", 16, 16)                         # 2 blocks, 2 free
+    head = asyncio.create_task(adm.admit("head", 16, 48))          # needs 4: waits
+    behind = asyncio.create_task(adm.admit("behind", 16, 16))      # 2 would fit: FIFO
+    await asyncio.sleep(0.05)
+    assert not behind.done()
+    head.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await head
+    ticket = await asyncio.wait_for(behind, 1.0)
+    for done in (held, ticket):
+        adm.ledger.release(done.reservation)
+        adm.done(done)
+    assert adm.ledger.reserved_blocks == 0 and adm.queue_length == 0
+
+
+async def test_retry_after_counts_a_shared_prefix_once_as_the_pool_really_frees_it():
+    """8 chats pin the same 24-block system prompt: the first to finish frees its own
+    blocks only; the prefix comes back with the last of them."""
+    block_size, prefix_blocks = 16, 24
+    ledger = KVLedger(64, block_size, enable_prefix_caching=True)
+    adm = Admission(ledger, max_model_len=1024, decode_tokens_per_s=lambda: 10.0,
+                    rng=random.Random(0))
+    system = list(range(prefix_blocks * block_size))
+    ledger.release(_computed(ledger, [*system, 1000], len(system) + 1))   # cached now
+    chats = []
+    for i in range(8):  # prompt 24 blocks + 4 tokens, cap 28 tokens: 2 blocks of their own
+        prompt = system + [2000 + i] * 4
+        ticket = await adm.admit(f"chat{i}", len(prompt), 28, prompt_token_ids=prompt)
+        assert ticket.reservation.num_cached_blocks == prefix_blocks
+        adm.progress(ticket, 27 - 3 * i)  # chat0 is due first (0.1 s), chat7 last (2.2 s)
+        chats.append(ticket)
+    assert ledger.reserved_blocks == prefix_blocks + 8 * 2
+    due_s = [t.remaining_tokens / 10.0 for t in chats]
+    # The truth: release the chats in the order they are due, and watch free_blocks.
+    free_after = []
+    for ticket in chats:
+        ledger.release(ticket.reservation)
+        free_after.append(ledger.free_blocks)
+    for ticket in chats:  # put them back as they were, to ask for estimates
+        ticket.reservations = [ledger.try_reserve(len(system) + 4 + 28, system + [2000] * 4)]
+    assert ledger.reserved_blocks == prefix_blocks + 8 * 2 and ledger.free_blocks == 24
+    for needed in (25, 30, 40, 41, 64):
+        truth = next(due_s[i] for i, free in enumerate(free_after) if free >= needed)
+        assert adm.estimate_wait_s(needed) == pytest.approx(truth), needed
+    # 40 of 64 free needs 16 more: seven chats' own blocks (14) are not enough; only the
+    # last chat, releasing the prefix too, gets there. Counting the prefix in every chat
+    # would have said the first one (0.1 s).
+    assert adm.estimate_wait_s(40) == pytest.approx(due_s[-1])

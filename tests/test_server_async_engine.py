@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 import pytest_asyncio
 from _server_helpers import make_llm
@@ -61,3 +64,28 @@ async def test_bad_request_releases_its_reservation_and_stop_refuses_new_work(ll
     await engine.stop()
     with pytest.raises(EngineDeadError):
         engine.generate("late", [5], _params(1), None)
+
+
+async def test_engine_death_releases_a_closed_stream_whose_abort_was_still_pending(
+        tiny_llama_dir, monkeypatch):
+    llm = make_llm(tiny_llama_dir)  # its own: this one is left dead
+    engine = AsyncEngine(llm)
+    engine.start()
+    stream = engine.generate("long", [5, 6, 7], _params(200), llm.ledger.try_reserve(203))
+    await stream.__anext__()
+    closed = threading.Event()
+
+    def dying_step():  # dies before it could apply the abort the closed stream left
+        closed.wait(10)
+        raise RuntimeError("injected engine death")
+
+    monkeypatch.setattr(llm, "step", dying_step)
+    await stream.aclose()  # the client went away: the abort waits for the next step
+    closed.set()
+    for _ in range(500):
+        if engine.dead is not None:
+            break
+        await asyncio.sleep(0.01)
+    assert isinstance(engine.dead, RuntimeError)
+    assert (llm.ledger.reserved_blocks, llm.ledger.used_blocks) == (0, 0)
+    assert not llm.has_unfinished_requests()

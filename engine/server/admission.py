@@ -8,8 +8,10 @@ the observed decode rate, soonest first, with jitter so rejected clients do not 
 in lock-step. ``done`` forgets the request; the engine releases its blocks.
 
 With prefix caching the ledger pins the cached blocks the prompt begins with, so a
-request may claim fewer blocks than ``blocks_for(prompt + cap)``: a ticket counts the
-blocks it actually holds, and a refusal the blocks it would claim now. Whether a request
+request may claim fewer blocks than ``blocks_for(prompt + cap)``: a refusal counts the
+blocks it would claim now, and its wait what each running request's release really gives
+back (the ledger's ``blocks_returned``: a prefix several chats pinned comes back with the
+last of them). Whether a request
 is too large for the pool (400) never depends on what happens to be cached.
 """
 
@@ -39,7 +41,6 @@ class Ticket:
     request_id: str
     prompt_tokens: int
     cap_tokens: int
-    blocks: int                 # held by all choices together (shared cached blocks once)
     reservations: list[Any]     # one per choice (``n``), each ``prompt + cap``
     admitted_at: float
     generated_tokens: int = 0   # by the choice furthest from its cap
@@ -52,13 +53,6 @@ class Ticket:
     @property
     def remaining_tokens(self) -> int:
         return max(self.cap_tokens - self.generated_tokens, 0)
-
-
-def held_blocks(reservations: list[Any]) -> int:
-    """The blocks ``reservations`` (the choices of one request) hold or may draw: the
-    cached blocks they all pinned count once."""
-    cached = reservations[0].num_cached_blocks
-    return cached + sum(r.num_blocks - cached for r in reservations)
 
 
 @dataclass
@@ -78,7 +72,7 @@ class _Waiter:
 
 class Admission:
     """Admits requests against ``ledger`` (a ``KVLedger``: ``try_reserve_each``,
-    ``blocks_needed``, ``blocks_for``, ``release``)."""
+    ``blocks_needed``, ``blocks_for``, ``blocks_returned``, ``release``)."""
 
     def __init__(self, ledger: Any, *, max_model_len: int, max_queue_wait_s: float = 0.0,
                  max_num_seqs: int | None = None,
@@ -139,8 +133,7 @@ class Admission:
         reservations = None if self._queued else waiter.try_reserve(self.ledger)
         if reservations is None:
             reservations = await self._wait_in_line(waiter)
-        ticket = Ticket(request_id, prompt_tokens, cap_tokens, held_blocks(reservations),
-                        reservations, self._clock())
+        ticket = Ticket(request_id, prompt_tokens, cap_tokens, reservations, self._clock())
         self.running[request_id] = ticket
         return ticket
 
@@ -155,11 +148,17 @@ class Admission:
         self._waiters.append(waiter)
         self._queued += 1
         self.capacity_changed()  # departed waiters may have been all that was ahead
+        admitted = False
         try:
-            return await asyncio.wait_for(asyncio.shield(waiter.future), self.max_queue_wait_s)
+            reservations = await asyncio.wait_for(asyncio.shield(waiter.future),
+                                                  self.max_queue_wait_s)
+            admitted = True
+            return reservations
         except TimeoutError:
             if waiter.future.done():  # granted in the same instant the wait ran out
-                return waiter.future.result()
+                reservations = waiter.future.result()
+                admitted = True
+                return reservations
             waiter.gone = True
             raise self.rejection(waiter.blocks) from None
         except asyncio.CancelledError:
@@ -174,6 +173,10 @@ class Admission:
                 waiter.future.cancel()
                 waiter.gone = True
                 self._queued -= 1
+            if not admitted:
+                # Blocks given back, or a place at the head of the line given up, may be
+                # all the next waiter needs; nothing else would wake it while the engine idles.
+                self.capacity_changed()
 
     def early_rejection(self, max_prompt_tokens: int, requested: int | None,
                         n: int = 1) -> ApiError | None:
@@ -253,11 +256,14 @@ class Admission:
             start = heapq.heappop(slots)
             end = start + ticket.remaining_tokens / rate
             heapq.heappush(slots, end)
-            due.append((end, ticket.blocks))
-        due.sort()
+            due.append((end, ticket))
+        due.sort(key=lambda item: item[0])
+        # What each release really gives back: a block shared with a later finisher (a
+        # cached prefix several chats pinned) comes back with the last of them.
+        returned = self.ledger.blocks_returned([ticket.reservations for _, ticket in due])
         freed = 0
-        for seconds, ticket_blocks in due:
-            freed += ticket_blocks
+        for (seconds, _), blocks in zip(due, returned, strict=True):
+            freed += blocks
             if freed >= deficit:
                 return seconds
         # Blocks held outside this server's tickets (or nothing running): the last return.
