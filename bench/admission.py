@@ -16,6 +16,9 @@ never trips and the engine's own ledger is exactly ``--pool-blocks`` and never
 over-committed (checked after every step). A 429'd client retries after the advertised
 delay (reservation's estimate; a fixed 100 ms for the baselines, which have none).
 
+Exit status 1, one line on stderr per failed check, when reservation over-committed its
+ledger after any step or failed a request mid-flight, in any round; 0 otherwise.
+
     .venv/bin/python bench/admission.py            # ~2 min on 2 CPU cores (3 rounds)
 """
 
@@ -26,6 +29,7 @@ import asyncio
 import math
 import random
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -57,6 +61,9 @@ class Result:
     wall_s: float = 0.0
     peak_pool_blocks: int = 0
     peak_reserved_blocks: int = 0
+    # Reserved blocks after each step that found the ledger over its pool (reservation):
+    # recorded, not raised, since the step callback runs where asyncio only logs exceptions.
+    over_committed: list[int] = field(default_factory=list)
 
     @property
     def goodput(self) -> float:
@@ -86,6 +93,27 @@ class PoolModel:
 
     def free(self, request_id: str) -> None:
         self.used -= self.held.pop(request_id, 0)
+
+
+def check_ledger(result: Result, reserved_blocks: int, pool_blocks: int) -> None:
+    """After a step: note the peak, and under reservation any over-commit of the pool."""
+    result.peak_reserved_blocks = max(result.peak_reserved_blocks, reserved_blocks)
+    if result.policy == "reservation" and reserved_blocks > pool_blocks:
+        result.over_committed.append(reserved_blocks)
+
+
+def failures(results: list[Result], pool_blocks: int) -> list[str]:
+    """One line per failed check of one round: reservation over-committed its ledger, or
+    failed a request mid-flight."""
+    lines = []
+    for r in results:
+        if r.over_committed:
+            lines.append(f"{r.policy}: ledger over-committed after {len(r.over_committed)} "
+                         f"step(s), up to {max(r.over_committed)}/{pool_blocks} blocks reserved")
+        if r.policy == "reservation" and r.failed_mid_flight:
+            lines.append(f"{r.policy}: {r.failed_mid_flight} request(s) failed mid-flight "
+                         "for lack of KV")
+    return lines
 
 
 def make_traffic(n: int, max_model_len: int, seed: int) -> list[tuple[list[int], int | None]]:
@@ -135,9 +163,7 @@ async def run_policy(policy: str, base: LLMEngine, args, traffic) -> Result:
 
     def after_step(_outputs) -> None:
         admission.capacity_changed()
-        result.peak_reserved_blocks = max(result.peak_reserved_blocks, ledger.reserved_blocks)
-        if policy == "reservation":
-            assert ledger.reserved_blocks <= args.pool_blocks, "ledger over-committed"
+        check_ledger(result, ledger.reserved_blocks, args.pool_blocks)
 
     async_engine.on_step_outputs = after_step
     async_engine.start()
@@ -212,7 +238,7 @@ async def run_policy(policy: str, base: LLMEngine, args, traffic) -> Result:
     return result
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--clients", type=int, default=16)
@@ -239,6 +265,7 @@ def main() -> None:
           f"{args.max_model_len}; {args.requests} requests from {args.clients} clients; "
           f"fixed cap {args.fixed_cap}")
     ratios: dict[str, list[float]] = {p: [] for p in POLICIES[:-1]}
+    failed: list[str] = []
     for round_index in range(args.rounds):  # interleaved: the machine is shared and noisy
         results = [asyncio.run(run_policy(p, base, args, traffic)) for p in POLICIES]
         print(f"\nround {round_index + 1}\n")
@@ -250,14 +277,18 @@ def main() -> None:
                   f"{r.never_completed} | {r.goodput:.0f} | {r.wasted_tokens} | "
                   f"{r.peak_pool_blocks}/{args.pool_blocks} | {r.wall_s:.1f} |")
         reservation = results[-1]
-        assert reservation.failed_mid_flight == 0, "reservation failed a request mid-flight"
+        failed += [f"round {round_index + 1}: {line}"
+                   for line in failures(results, args.pool_blocks)]
         for r in results[:-1]:
             ratios[r.policy].append(reservation.goodput / r.goodput if r.goodput else math.inf)
     print()
     for policy, values in ratios.items():
         print(f"reservation goodput / {policy} goodput: median {statistics.median(values):.2f}x "
               f"over {len(values)} rounds ({min(values):.2f}-{max(values):.2f})")
+    for line in failed:
+        print(f"admission: FAILED: {line}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

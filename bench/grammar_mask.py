@@ -22,6 +22,9 @@ This script measures it on a 32,000-token vocabulary:
 
 Every token of the document is checked to be allowed by the mask before it is accepted, so
 a library that masks wrongly fails the run instead of looking fast.
+
+Exit status 1, one line on stderr per failed check, when no library measured any case, or
+when llguidance (the library engine/grammar.py uses) was skipped or failed a case.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ CASES = {
                      "items": [1, 2, 3, {"k": False}], "note": "a \"quoted\" word and café"}),
 }
 MINUS_INF = torch.tensor(float("-inf"))
+REQUIRED = "llguidance"  # the library the engine uses: it must measure every case
 
 
 def parse_args() -> argparse.Namespace:
@@ -294,6 +298,22 @@ def print_table(results: dict) -> None:
                   f"| {row['accept_us']:.1f} |")
 
 
+def failures(results: dict) -> list[str]:
+    """One line per failed check: no library measured a case; llguidance skipped or failed."""
+    libraries = results["libraries"]
+    lines = []
+    if not any("error" not in row for result in libraries.values()
+               for row in result["cases"].values()):
+        lines.append("no grammar library produced a measurement (every one was skipped or "
+                     "failed)")
+    if REQUIRED not in libraries:
+        lines.append(f"{REQUIRED}, the library the engine uses, was skipped (not importable)")
+    else:
+        lines += [f"{REQUIRED}, the library the engine uses, failed {case}: {row['error']}"
+                  for case, row in libraries[REQUIRED]["cases"].items() if "error" in row]
+    return lines
+
+
 def main() -> int:
     args = parse_args()
     tokenizer = train_tokenizer(args.workdir / f"bpe-{args.vocab}.json", args.vocab,
@@ -317,7 +337,10 @@ def main() -> int:
         print(f"vocab {vocab_size}, {args.walks} walks per case, torch {torch.__version__} "
               f"({torch.get_num_threads()} threads); per token = fill + apply + accept")
         print_table(results)
-    return 0
+    failed = failures(results)
+    for line in failed:
+        print(f"grammar_mask: FAILED: {line}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

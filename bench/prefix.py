@@ -34,6 +34,12 @@ Measured per system and workload:
   transformers: requests between leaving its queue and finishing, from their lifespans
   (it allocates as it goes and evicts under pressure; it reserves nothing).
 
+Checked: each reply's token ids with the cache on equal those with it off for the same
+prompt (greedy: the cache may change the cost, never the tokens), over every workload.
+
+Exit status 1, one line on stderr per failed check, when a target prints NO or a reply
+differs; 0 otherwise.
+
 Not measured: output quality (random weights, greedy, EOS ignored, so each reply is
 exactly ``--output-tokens`` long), chat templates (prompts are raw token ids),
 tokenization, HTTP. Before each timed run, the system runs one extra conversation of its
@@ -115,6 +121,7 @@ class Run:
     admitted_at_once: int = 0
     wall_s: float = 0.0
     cpu_s: float = 0.0
+    replies: dict[tuple[int, ...], list[int]] = field(default_factory=dict)  # prompt -> reply
 
     def __iadd__(self, other: Run) -> Run:
         self.requests += other.requests
@@ -126,6 +133,7 @@ class Run:
         self.admitted_at_once = max(self.admitted_at_once, other.admitted_at_once)
         self.wall_s += other.wall_s
         self.cpu_s += other.cpu_s
+        self.replies.update(other.replies)
         return self
 
     def rates(self) -> tuple[float, float]:
@@ -258,6 +266,7 @@ def run_conversations(driver, conversations: list[Conversation], max_tokens: int
             conversation, turn, prompt = in_flight.pop(request_id)
             assert len(reply) == max_tokens, (request_id, len(reply))
             run.output_tokens += len(reply)
+            run.replies[tuple(prompt)] = list(reply)
             if turn + 1 < len(conversation.user_messages):
                 send(conversation, turn + 1, prompt + list(reply))
     return run
@@ -348,6 +357,33 @@ def targets(runs: dict[tuple[str, str], Run], pair_ratios: list[float],
                   f"{_slower(no_share_wall)})",
          "met": no_share >= 1 - TARGET_MAX_SLOWDOWN},
     ]
+
+
+def compare_replies(runs: dict[tuple[str, str], Run]) -> dict:
+    """Each kvledger request's reply with the cache on against the reply to the same prompt
+    with it off, over every workload: how many compared, how many differ (a prompt the other
+    system never sent, as after an earlier turn's reply differed, counts as differing)."""
+    compared = mismatched = 0
+    for workload, system in runs:
+        if system != CACHE_OFF or (workload, CACHE_ON) not in runs:
+            continue
+        on, off = runs[workload, CACHE_ON].replies, runs[workload, CACHE_OFF].replies
+        for prompt in on.keys() | off.keys():
+            compared += 1
+            mismatched += on.get(prompt) != off.get(prompt)
+    return {"compared": compared, "mismatched": mismatched}
+
+
+def failures(goals: list[dict], replies: dict) -> list[str]:
+    """One line per failed check: each target not met, and replies that differ."""
+    lines = [f"target not met: {g['target']} (measured {g['value']})"
+             for g in goals if not g["met"]]
+    if not replies["compared"]:
+        lines.append("greedy replies, prefix cache on vs off: no requests to compare")
+    elif replies["mismatched"]:
+        lines.append(f"greedy replies with the prefix cache differ from those without it: "
+                     f"{replies['mismatched']} of {replies['compared']} requests")
+    return lines
 
 
 def _slower(on_over_off: float) -> str:
@@ -470,18 +506,26 @@ def main() -> int:
               "transformers_pool_blocks": hf_blocks, "transformers_prefix_sharing": hf_sharing,
               "rows": [row(workload, system, run) for (workload, system), run in runs.items()],
               "targets": targets(runs, pair_ratios, args.system_prompt_tokens),
+              "greedy_replies": compare_replies(runs),
               "run_s": time.perf_counter() - started, "load_average": os.getloadavg()[0]}
     if args.json:
         print(json.dumps(report, indent=2))
-        return 0
-    print(f"model {args.model}, {args.threads} torch thread(s), concurrency {args.concurrency}, "
-          f"{args.output_tokens} output tokens per reply, system prompt "
-          f"{args.system_prompt_tokens} tokens, {args.turns} turns; KV pool {pool_blocks} blocks "
-          f"of {BLOCK_SIZE_TOKENS} tokens (transformers: {hf_blocks}, prefix sharing "
-          f"{'on' if hf_sharing else 'OFF'})\n")
-    print(markdown(report["rows"], report["targets"]))
-    print(f"\nran {report['run_s']:.0f} s; load average at the end {report['load_average']:.1f}")
-    return 0
+    else:
+        print(f"model {args.model}, {args.threads} torch thread(s), concurrency "
+              f"{args.concurrency}, {args.output_tokens} output tokens per reply, system prompt "
+              f"{args.system_prompt_tokens} tokens, {args.turns} turns; KV pool {pool_blocks} "
+              f"blocks of {BLOCK_SIZE_TOKENS} tokens (transformers: {hf_blocks}, prefix sharing "
+              f"{'on' if hf_sharing else 'OFF'})\n")
+        print(markdown(report["rows"], report["targets"]))
+        replies = report["greedy_replies"]
+        print(f"\ngreedy replies, prefix cache on vs off: {replies['compared']} requests "
+              f"compared, {replies['mismatched']} differ")
+        print(f"\nran {report['run_s']:.0f} s; load average at the end "
+              f"{report['load_average']:.1f}")
+    failed = failures(report["targets"], report["greedy_replies"])
+    for line in failed:
+        print(f"prefix: FAILED: {line}", file=sys.stderr, flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
