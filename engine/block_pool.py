@@ -28,6 +28,16 @@ def hash_block(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
     return _hash(parent, array("q", token_ids).tobytes())
 
 
+def salt_root(salt: str | bytes | None) -> BlockHash | None:
+    """The parent key of a salted prompt's first block (None: unsalted). Requests whose
+    salts differ never find each other's blocks, since every key chains from this one
+    (vLLM's ``cache_salt``)."""
+    if salt is None:
+        return None
+    data = salt.encode("utf-8", "surrogatepass") if isinstance(salt, str) else salt
+    return _hash(b"kvledger-cache-salt", data)
+
+
 def hash_blocks(token_ids: Sequence[int], block_size: int, num_blocks: int,
                 parent: BlockHash | None = None) -> list[BlockHash]:
     """The keys of the first ``num_blocks`` full blocks of ``token_ids``."""

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, fields
 
 from kvledger.engine.budget.hub import is_hub_uri, parse_uri
+from kvledger.engine.budget.hub_http import DEFAULT_HUB_TIMEOUT_S
 from kvledger.engine.errors import BadInput
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32")
@@ -22,6 +23,10 @@ DEFAULT_MAX_NUM_SEQS = 16
 # Without chunked prefill a whole prompt is one step, so the per-step token budget is
 # at least the context; 2048 keeps short-context models' activation peak realistic.
 MIN_DEFAULT_BATCHED_TOKENS = 2048
+# The compiled grammars of structured outputs (host memory): typical schemas compile to
+# well under 1 MiB, a hostile one to tens of MiB. Counted in the plan where the device's
+# memory is the host's (the CPU, a unified pool).
+DEFAULT_GRAMMAR_CACHE_BYTES = 128 * 2**20
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTPE]i?B?|[kKMGTPE]B|[kKMGTPE]|B)?\s*$")
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50, "E": 2**60}
@@ -77,11 +82,14 @@ class EngineConfig:
     unified_memory: bool = False
     seed: int = 0
     download_dir: str | None = None  # the hub cache of an hf:// model (fetch and serve)
+    grammar_cache_bytes: int = DEFAULT_GRAMMAR_CACHE_BYTES
+    hub_timeout_s: float = DEFAULT_HUB_TIMEOUT_S  # an hf:// model's metadata reads, in all
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
                      "num_gpu_blocks_override", "kv_cache_memory_bytes", "memory_limit_bytes",
-                     "device_memory_bytes", "container_memory_limit_bytes"):
+                     "device_memory_bytes", "container_memory_limit_bytes",
+                     "grammar_cache_bytes"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value <= 0):
@@ -115,6 +123,10 @@ class EngineConfig:
             parse_uri(self.model)  # a malformed hf:// uri is bad input before anything runs
         if self.download_dir is not None and not self.download_dir:
             raise BadInput("--download-dir must not be empty")
+        if (isinstance(self.hub_timeout_s, bool) or not isinstance(self.hub_timeout_s, int | float)
+                or not 0 < self.hub_timeout_s < float("inf")):
+            raise BadInput(f"--hub-timeout must be a positive number of seconds, got "
+                           f"{self.hub_timeout_s!r}")
 
     def to_flags(self) -> list[str]:
         """The command-line flags that reproduce this config (inverse of the parser)."""
@@ -137,6 +149,8 @@ _FLAG_NAMES = {
     "device_memory_bytes": "device-memory",
     "device_free_bytes": "device-free",
     "container_memory_limit_bytes": "container-memory-limit",
+    "grammar_cache_bytes": "grammar-cache-bytes",
+    "hub_timeout_s": "hub-timeout",
 }
 
 
@@ -158,6 +172,17 @@ def size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type for a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -175,6 +200,11 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                    help="checkpoint directory (config.json + safetensors), or a Hugging Face "
                         "Hub model hf://ORG/NAME[@REVISION] (token: $HF_TOKEN, mirror: "
                         "$HF_ENDPOINT)")
+    g.add_argument("--hub-timeout", dest="hub_timeout_s", type=positive_seconds,
+                   default=DEFAULT_HUB_TIMEOUT_S, metavar="SECONDS",
+                   help="an hf:// model's listing, config and safetensors headers must be read "
+                        f"within this (default {DEFAULT_HUB_TIMEOUT_S:g}; each file also within "
+                        "60 s), else one error line, exit 2")
     g.add_argument("--download-dir", default=None, metavar="DIR",
                    help="the hub cache an hf:// model is fetched into and served from "
                         "(default: huggingface_hub's, $HF_HUB_CACHE or $HF_HOME/hub)")
@@ -199,6 +229,11 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                    help="share the KV blocks of prompts that begin alike between requests, "
                         "as vLLM does by default")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--grammar-cache-bytes", type=size_arg, default=DEFAULT_GRAMMAR_CACHE_BYTES,
+                   metavar="SIZE",
+                   help="host memory the compiled grammars of structured outputs may hold "
+                        "(default 128MiB; least recently used out first; a schema larger on "
+                        "its own is a 400); counted in the plan on the CPU and unified memory")
     m = parser.add_argument_group("memory caps (the smallest one given wins)")
     m.add_argument("--memory-limit", dest="memory_limit_bytes", type=size_arg, default=None,
                    metavar="SIZE", help="hard limit on the engine's device memory, e.g. 40GiB")

@@ -9,31 +9,41 @@ Why llguidance: bench/grammar_mask.py, 32,000-token byte-level BPE, per token = 
 The apply (about 30 µs of each p50) is this module's, the same for all three.
 
 One ``GrammarCompiler`` per engine compiles a ``GrammarSpec`` into a ``Grammar`` (cached, and
-shared by every request with the same spec); each sequence gets its own ``GrammarMatcher``.
+shared by every request with the same spec) on threads of its own, within a time and a memory
+limit; each sequence gets its own ``GrammarMatcher``.
 EOS: the mask allows the EOS ids exactly when the text so far is complete, and only them once
 nothing can follow; accepting one terminates the matcher, which then accepts nothing.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
+import os
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
+from kvledger.engine.config import DEFAULT_GRAMMAR_CACHE_BYTES
 from kvledger.engine.errors import BadInput
 
-CACHE_SIZE = 64
+CACHE_ENTRIES = 64
 _MESSAGE_LIMIT = 200
 
 
 class GrammarError(BadInput):
     """A grammar the library refuses (bad schema, regex or choice list); HTTP 400."""
+
+
+class GrammarTooCostly(GrammarError):
+    """A grammar over one of the server's limits (compile time, memory); HTTP 400."""
 
 
 @dataclass(frozen=True)
@@ -46,31 +56,115 @@ class GrammarSpec:
     value: str | None = None
 
 
+def compile_workers() -> int:
+    """Threads that compile grammars: a quarter of the cores, 1 to 4. The library drops
+    the GIL while it compiles, so these never stall the event loop or the engine; the
+    cores left over keep serving while a client's heavy schemas compile."""
+    return max(1, min(4, (os.cpu_count() or 1) // 4))
+
+
 class GrammarCompiler:
     """One per engine: built from the engine's tokenizer, the EOS token ids and the model's
     vocab_size (logits width, may exceed the tokenizer's vocabulary: the extra ids are never
-    allowed). The library and its view of the tokenizer are set up on the first compile."""
+    allowed). The library and its view of the tokenizer are set up on the first compile.
 
-    def __init__(self, tokenizer: Any, eos_token_ids: set[int], vocab_size: int) -> None:
+    Compiles run on their own threads (``compile_workers``), never under a lock another
+    request waits on: a cached grammar is found at once however many others compile, and
+    the same spec asked twice at once is compiled once. The cache holds at most
+    ``CACHE_ENTRIES`` grammars and ``cache_bytes`` of their memory (each measured as the
+    growth of the process's heap while it compiled), least recently used out first; a
+    grammar larger than ``cache_bytes`` on its own is refused."""
+
+    def __init__(self, tokenizer: Any, eos_token_ids: set[int], vocab_size: int, *,
+                 cache_bytes: int = DEFAULT_GRAMMAR_CACHE_BYTES, workers: int | None = None) -> None:
         self._tokenizer = tokenizer
         self._eos_ids = frozenset(eos_token_ids)
         self._vocab_size = vocab_size
+        self.cache_bytes = cache_bytes
         self._llg_tokenizer: Any = None
         self._cache: OrderedDict[GrammarSpec, Grammar] = OrderedDict()
-        self._lock = threading.Lock()
+        self._cached_bytes = 0
+        self._compiling: dict[GrammarSpec, list] = {}  # spec -> [future, waiters]
+        self._lock = threading.Lock()  # the cache and the in-flight table only
+        self._tokenizer_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(workers or compile_workers(),
+                                        thread_name_prefix="kvledger-grammar")
 
-    def compile(self, spec: GrammarSpec) -> Grammar:
-        """The compiled grammar of ``spec`` (an LRU of 64); GrammarError if it is refused."""
+    @property
+    def cached_bytes(self) -> int:
+        return self._cached_bytes
+
+    def lookup(self, spec: GrammarSpec) -> Grammar | None:
+        """The cached grammar of ``spec``, if any (and it becomes the most recent)."""
         with self._lock:
             grammar = self._cache.get(spec)
-            if grammar is None:
-                grammar = self._compile(spec)
-                self._cache[spec] = grammar
-                if len(self._cache) > CACHE_SIZE:
-                    self._cache.popitem(last=False)
-            else:
+            if grammar is not None:
                 self._cache.move_to_end(spec)
             return grammar
+
+    def submit(self, spec: GrammarSpec) -> Future:
+        """A future of ``spec``'s grammar: done at once when cached, else the compile
+        already running or queued for it, or a new one. Its exception is a GrammarError
+        when the grammar is refused. A caller that stops waiting calls ``abandon``."""
+        with self._lock:
+            grammar = self._cache.get(spec)
+            if grammar is not None:
+                self._cache.move_to_end(spec)
+                done: Future = Future()
+                done.set_result(grammar)
+                return done
+            entry = self._compiling.get(spec)
+            if entry is None:
+                entry = self._compiling[spec] = [self._pool.submit(self._compile_and_cache, spec), 0]
+            entry[1] += 1
+            return entry[0]
+
+    def abandon(self, spec: GrammarSpec, future: Future) -> None:
+        """One waiter of ``submit(spec)`` gave up: a compile nobody waits for any more is
+        dropped if it has not started (a flood of distinct schemas whose clients left
+        must not queue up work), and finishes into the cache if it has."""
+        with self._lock:
+            entry = self._compiling.get(spec)
+            if entry is None or entry[0] is not future:
+                return
+            entry[1] -= 1
+            if entry[1] <= 0 and future.cancel():
+                del self._compiling[spec]
+
+    def compile(self, spec: GrammarSpec, timeout_s: float | None = None) -> Grammar:
+        """``spec``'s grammar, waiting for its compile (at most ``timeout_s``: then
+        GrammarTooCostly). GrammarError if it is refused."""
+        future = self.submit(spec)
+        try:
+            return future.result(timeout_s)
+        except FutureTimeout:
+            self.abandon(spec, future)
+            raise compile_timeout_error(spec, timeout_s) from None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _compile_and_cache(self, spec: GrammarSpec) -> Grammar:
+        try:
+            before = heap_bytes()
+            grammar = self._compile(spec)
+            grammar.nbytes = max(heap_bytes() - before, len(spec.value or ""))
+            if grammar.nbytes > self.cache_bytes:
+                raise GrammarTooCostly(
+                    f"the {spec.kind} compiles to {grammar.nbytes / 2**20:.1f} MiB, over the "
+                    f"server's limit of {self.cache_bytes / 2**20:.1f} MiB "
+                    "(--grammar-cache-bytes)")
+            with self._lock:
+                self._cache[spec] = grammar
+                self._cached_bytes += grammar.nbytes
+                while (len(self._cache) > CACHE_ENTRIES
+                       or self._cached_bytes > self.cache_bytes):
+                    _, evicted = self._cache.popitem(last=False)
+                    self._cached_bytes -= evicted.nbytes
+            return grammar
+        finally:
+            with self._lock:
+                self._compiling.pop(spec, None)
 
     def _compile(self, spec: GrammarSpec) -> Grammar:
         from llguidance import LLMatcher
@@ -81,16 +175,57 @@ class GrammarCompiler:
         matcher = LLMatcher(tokenizer, _grammar_source(spec), log_level=0)
         if matcher.is_error():
             raise GrammarError(f"invalid {spec.kind}: {_one_line(matcher.get_error())}")
-        return Grammar(matcher, self._eos_ids, self._vocab_size, (tokenizer.vocab_size + 31) // 32)
+        grammar = Grammar(matcher, self._eos_ids, self._vocab_size, (tokenizer.vocab_size + 31) // 32)
+        # A grammar the library accepts may still allow no output at all (a $ref cycle, an
+        # empty character class): the first mask tells, so the request is a 400 here.
+        probe = grammar.matcher()
+        probe.compute_mask()
+        if probe.dead_end:
+            raise GrammarError(f"the {spec.kind} allows no output: no token can start it")
+        return grammar
 
     def _library_tokenizer(self) -> Any:
-        if self._llg_tokenizer is None:
-            from llguidance import LLTokenizer
+        with self._tokenizer_lock:  # built once, by the first compile
+            if self._llg_tokenizer is None:
+                from llguidance import LLTokenizer
 
-            n_vocab = max(self._vocab_size, self._tokenizer.vocab_size)
-            self._llg_tokenizer = LLTokenizer(self._tokenizer.to_str(), n_vocab=n_vocab,
-                                              eos_token=sorted(self._eos_ids))
-        return self._llg_tokenizer
+                n_vocab = max(self._vocab_size, self._tokenizer.vocab_size)
+                self._llg_tokenizer = LLTokenizer(self._tokenizer.to_str(), n_vocab=n_vocab,
+                                                  eos_token=sorted(self._eos_ids))
+            return self._llg_tokenizer
+
+
+def compile_timeout_error(spec: GrammarSpec, timeout_s: float | None) -> GrammarTooCostly:
+    return GrammarTooCostly(f"the {spec.kind} did not compile within the server's limit of "
+                            f"{timeout_s:g} s (--grammar-compile-timeout)")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+@functools.cache
+def _mallinfo2() -> Any:
+    try:
+        function = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):  # not glibc >= 2.33
+        return None
+    function.restype = _MallInfo2
+    return function
+
+
+def heap_bytes() -> int:
+    """Bytes the process's allocator has handed out (glibc's mallinfo2: every arena and
+    the mmapped chunks), which the library's allocations land in; the resident set where
+    that is not available."""
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is not None:
+        info = mallinfo2()
+        return info.uordblks + info.hblkhd
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class Grammar:
@@ -98,6 +233,7 @@ class Grammar:
 
     def __init__(self, initial: Any, eos_ids: frozenset[int], vocab_size: int,
                  mask_words: int) -> None:
+        self.nbytes = 0  # the memory it holds, as measured when it was compiled
         self._initial = initial  # an LLMatcher that never advances; matchers are its copies
         self._eos_ids = eos_ids
         self._vocab_size = vocab_size
@@ -118,11 +254,21 @@ class GrammarMatcher:
         self._vocab_size = vocab_size
         self._bitmask = np.zeros(mask_words, dtype=np.int32)  # bit t: token t is allowed
         self._terminated = False
+        self.dead_end = False  # the grammar allows no further token (see ``compute_mask``)
+
+    def compute_mask(self) -> None:
+        """The allowed tokens of this position, into the bitmask. When the grammar allows
+        none (it cannot be satisfied from here, or the library ran out of its step
+        limits) ``dead_end`` is set: the request ends there, the client's constraint and
+        not a fault."""
+        self._matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
+        if self._matcher.is_error() or not self._bitmask.any():
+            self.dead_end = True
 
     def fill_mask(self, logits_row: torch.Tensor) -> None:
         """Set every disallowed token's logit to -inf, in place (a [vocab_size] row, on CPU
         or CUDA)."""
-        self._matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
+        self.compute_mask()
         # Bit i of word w is token 32 w + i: the words' bytes unpacked little-endian.
         bits = np.unpackbits(self._bitmask.view(np.uint8), count=logits_row.shape[-1],
                              bitorder="little")
@@ -131,7 +277,8 @@ class GrammarMatcher:
         torch.where(allowed, logits_row, _minus_inf(logits_row.device), out=logits_row)
 
     def accept(self, token_id: int) -> bool:
-        """Advance by ``token_id``; False, with the state unchanged, if it is not allowed."""
+        """Advance by ``token_id``; False, with the state unchanged, if it is not allowed
+        (and ``dead_end`` set when the library can take the grammar no further)."""
         if self._terminated or not 0 <= token_id < self._vocab_size:
             return False
         if token_id in self._eos_ids:
@@ -140,8 +287,13 @@ class GrammarMatcher:
             self._terminated = self._matcher.consume_token(token_id)
             return self._terminated
         # consume_token alone would leave the matcher in an error state on a refusal.
-        return self._matcher.validate_tokens([token_id]) == 1 and self._matcher.consume_token(
+        accepted = self._matcher.validate_tokens([token_id]) == 1 and self._matcher.consume_token(
             token_id)
+        if not accepted and self._matcher.is_error():
+            # The library gave up on the grammar (a limit of its parser, such as the items
+            # of one row): nothing can follow, the client's grammar's doing, not a fault.
+            self.dead_end = True
+        return accepted
 
     @property
     def is_terminated(self) -> bool:

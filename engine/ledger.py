@@ -56,20 +56,36 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from kvledger.engine.block_pool import BlockHash, BlockPool, hash_block, hash_blocks
+from kvledger.engine.block_pool import BlockHash, BlockPool, hash_block, hash_blocks, salt_root
 from kvledger.engine.errors import BadInput
+
+
+class PromptShare:
+    """The choices of one request (``n > 1``) share the full blocks of their prompt past
+    the cached hits, ``[start, end)``: the ``owner`` draws and computes them, the others
+    (``waiting``) pin them once computed (``share_prompt``) and never claim them. If the
+    owner is released before that, the first waiting one becomes the owner, and its
+    claim grows by the blocks it must now compute itself."""
+
+    __slots__ = ("end", "owner", "start", "waiting")
+
+    def __init__(self, owner: Reservation, waiting: list[Reservation], start: int, end: int) -> None:
+        self.owner, self.waiting, self.start, self.end = owner, waiting, start, end
 
 
 class Reservation:
     """A claim on ``num_blocks`` blocks: ``block_ids`` holds the pinned hits
     (``num_cached_blocks``, first) and the blocks drawn so far; ``draws_left`` more may be
-    drawn. ``block_hashes`` are the keys of its first full blocks known so far."""
+    drawn. ``block_hashes`` are the keys of its first full blocks known so far. ``share``:
+    the ``PromptShare`` of its request's choices, if they share their prompt."""
 
     __slots__ = ("block_hashes", "block_ids", "draws_left", "num_blocks", "num_cached_blocks",
-                 "num_cached_tokens", "num_registered_blocks", "prompt_token_ids", "released")
+                 "num_cached_tokens", "num_registered_blocks", "prompt_token_ids", "released",
+                 "root", "share")
 
     def __init__(self, num_blocks: int, hits: list[int], block_size: int,
-                 block_hashes: list[BlockHash], prompt_token_ids: Sequence[int] | None) -> None:
+                 block_hashes: list[BlockHash], prompt_token_ids: Sequence[int] | None,
+                 root: BlockHash | None = None) -> None:
         self.num_blocks = num_blocks
         self.block_ids = list(hits)
         self.num_cached_blocks = len(hits)
@@ -79,7 +95,20 @@ class Reservation:
         self.num_registered_blocks = len(hits)  # blocks before this one need no register()
         # The prompt the cache was consulted for (its keys made of): None when it was not.
         self.prompt_token_ids = prompt_token_ids
+        self.root = root  # the parent key of its first block: its cache salt (None: none)
+        self.share: PromptShare | None = None
         self.released = False
+
+    @property
+    def awaits_share(self) -> bool:
+        """Its prompt's shared blocks are still to be computed by another choice."""
+        return self.share is not None and self in self.share.waiting
+
+    @property
+    def awaited_blocks(self) -> int:
+        """The shared blocks it will pin rather than draw (0 once pinned, or for the owner):
+        ``len(block_ids) + draws_left + awaited_blocks == num_blocks``."""
+        return self.share.end - self.share.start if self.awaits_share else 0
 
     @property
     def used_blocks(self) -> int:
@@ -140,46 +169,80 @@ class KVLedger:
 
     # -- admission ----------------------------------------------------------------------
     def try_reserve(self, num_tokens: int, prompt_token_ids: Sequence[int] | None = None, *,
-                    use_cached: bool = True) -> Reservation | None:
+                    use_cached: bool = True, salt: str | None = None) -> Reservation | None:
         """Claim blocks for ``num_tokens`` tokens (prompt + cap), or return None when they
         are not free. See ``try_reserve_each``."""
-        reservations = self.try_reserve_each(num_tokens, 1, prompt_token_ids, use_cached=use_cached)
+        reservations = self.try_reserve_each(num_tokens, 1, prompt_token_ids,
+                                             use_cached=use_cached, salt=salt)
         return reservations[0] if reservations else None
 
     def try_reserve_each(self, num_tokens: int, count: int,
                          prompt_token_ids: Sequence[int] | None = None, *,
-                         use_cached: bool = True) -> list[Reservation] | None:
+                         use_cached: bool = True, salt: str | None = None) -> list[Reservation] | None:
         """``count`` reservations of ``num_tokens`` tokens each (one per choice of an
         ``n > 1`` request), all or none: None when they do not all fit now.
 
         With prefix caching on and the prompt's ids, each reservation pins the cached
         blocks its prompt begins with, unless ``use_cached`` is False (the request needs
-        every prompt position computed); the prompt's keys are kept for ``register``."""
-        needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached)
+        every prompt position computed); the prompt's keys are kept for ``register``. A
+        ``salt`` (vLLM's ``cache_salt``) keys its blocks apart: only a request with the
+        same salt finds them, or is found by it."""
+        root = salt_root(salt)
+        needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached,
+                                                root)
+        full = self._shareable(count, prompt_token_ids, use_cached)
         with self._lock:
             hits, cost = self._hits(hashes[:lookups or 0], needed, count)
+            shared = max(0, full - len(hits))
+            cost -= shared * (count - 1)
             if self._pool.num_in_use + self._outstanding + cost > self.num_blocks:
                 return None
             for block in hits:
                 self._pool.pin(block, count)
-            self._outstanding += (needed - len(hits)) * count
+            self._outstanding += (needed - len(hits)) * count - shared * (count - 1)
             if lookups is not None:  # the cache was usable for this prompt
                 self.prefix_cache_queries += len(prompt_token_ids) * count
                 self.prefix_cache_hits += len(hits) * self.block_size * count
         prompt = prompt_token_ids if self.enable_prefix_caching else None
-        return [Reservation(needed, hits, self.block_size, hashes, prompt) for _ in range(count)]
+        reservations = [Reservation(needed, hits, self.block_size, hashes, prompt, root)
+                        for _ in range(count)]
+        if shared:
+            share = PromptShare(reservations[0], reservations[1:], len(hits), len(hits) + shared)
+            for reservation in reservations:
+                reservation.share = share
+            for reservation in share.waiting:
+                reservation.draws_left -= shared
+        return reservations
+
+    def _shareable(self, count: int, prompt_token_ids: Sequence[int] | None,
+                   use_cached: bool) -> int:
+        """The full prompt blocks ``count`` choices can share: those before the block of
+        the prompt's last token, which each choice computes itself (its logits start it)."""
+        if count < 2 or not prompt_token_ids or not use_cached:
+            return 0
+        return (len(prompt_token_ids) - 1) // self.block_size
+
+    def blocks_for_choices(self, num_tokens: int, count: int, prompt_tokens: int,
+                           share: bool) -> int:
+        """What ``count`` choices of ``num_tokens`` (prompt + cap) claim with nothing
+        cached: the shared prompt blocks (``share``) once."""
+        shared = (prompt_tokens - 1) // self.block_size if share and count > 1 else 0
+        return self.blocks_for(num_tokens) * count - shared * (count - 1)
 
     def blocks_needed(self, num_tokens: int, count: int = 1,
                       prompt_token_ids: Sequence[int] | None = None, *,
-                      use_cached: bool = True) -> int:
+                      use_cached: bool = True, salt: str | None = None) -> int:
         """The blocks ``try_reserve_each`` would claim now (its draws, and the cached
         blocks it would pin); without a prompt or caching, ``count * blocks_for``."""
-        needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached)
+        needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached,
+                                                salt_root(salt))
+        full = self._shareable(count, prompt_token_ids, use_cached)
         with self._lock:
-            return self._hits(hashes[:lookups or 0], needed, count)[1]
+            hits, cost = self._hits(hashes[:lookups or 0], needed, count)
+            return cost - max(0, full - len(hits)) * (count - 1)
 
     def _prepare(self, num_tokens: int, count: int, prompt_token_ids: Sequence[int] | None,
-                 use_cached: bool) -> tuple[int, list[BlockHash], int | None]:
+                 use_cached: bool, root: BlockHash | None) -> tuple[int, list[BlockHash], int | None]:
         """Blocks per reservation, the keys of the prompt's full blocks (computed outside
         the lock: hashing is the slow part) and how many of them may be hits (None when
         the cache is not consulted at all)."""
@@ -191,7 +254,7 @@ class KVLedger:
             raise BadInput(f"a prompt of {len(prompt_token_ids)} tokens does not fit a "
                            f"reservation of {num_tokens}")
         bs = self.block_size
-        hashes = hash_blocks(prompt_token_ids, bs, len(prompt_token_ids) // bs)
+        hashes = hash_blocks(prompt_token_ids, bs, len(prompt_token_ids) // bs, root)
         # The last prompt token is always computed: it gives the first output's logits.
         lookups = (len(prompt_token_ids) - 1) // bs if use_cached else None
         return self.blocks_for(num_tokens), hashes, lookups
@@ -247,7 +310,7 @@ class KVLedger:
             return reservation.num_cached_tokens
         hashes = reservation.block_hashes
         if len(hashes) < lookups:
-            parent = hashes[-1] if hashes else None
+            parent = hashes[-1] if hashes else reservation.root
             hashes += hash_blocks(prompt_token_ids[len(hashes) * self.block_size:],
                                   self.block_size, lookups - len(hashes), parent)
         with self._lock:
@@ -290,7 +353,7 @@ class KVLedger:
         if not self.enable_prefix_caching or full <= reservation.num_registered_blocks:
             return
         bs, hashes = self.block_size, reservation.block_hashes
-        parent = hashes[-1] if hashes else None
+        parent = hashes[-1] if hashes else reservation.root
         for start in range(len(hashes) * bs, full * bs, bs):
             parent = hash_block(parent, token_ids[start:start + bs])
             hashes.append(parent)
@@ -301,12 +364,41 @@ class KVLedger:
                 self._pool.register(reservation.block_ids[i], hashes[i])
             reservation.num_registered_blocks = full
 
+    def share_prompt(self, owner: Reservation) -> list[Reservation]:
+        """Once ``owner`` has computed its prompt: pin its shared blocks for the choices
+        waiting for them, which then start after them. Returns those choices."""
+        with self._lock:
+            share = owner.share
+            if share is None or share.owner is not owner or not share.waiting or owner.released:
+                return []
+            blocks = owner.block_ids[share.start:share.end]
+            if len(blocks) != share.end - share.start:
+                raise RuntimeError("share_prompt() before the owner drew its prompt")  # engine bug
+            waiting, share.waiting = share.waiting, []
+            for reservation in waiting:
+                for block in blocks:
+                    self._pool.pin(block)
+                reservation.block_ids.extend(blocks)
+                reservation.num_cached_blocks = reservation.num_registered_blocks = share.end
+                reservation.num_cached_tokens = share.end * self.block_size
+            return waiting
+
     def release(self, reservation: Reservation) -> None:
-        """Give back the reservation's blocks and undrawn claim; a second call does nothing."""
+        """Give back the reservation's blocks and undrawn claim; a second call does nothing.
+        An owner of a prompt share released before sharing hands its claim on the shared
+        blocks to the first choice still waiting (see ``PromptShare``)."""
         with self._lock:
             if reservation.released:
                 return
             reservation.released = True
+            share = reservation.share
+            if share is not None and share.waiting:
+                if share.owner is reservation:
+                    share.owner = heir = share.waiting.pop(0)
+                    heir.draws_left += share.end - share.start
+                    self._outstanding += share.end - share.start
+                else:
+                    share.waiting.remove(reservation)
             # The tail first: it is evicted before the head, which stays useful without it.
             for block in reversed(reservation.block_ids):
                 self._pool.unpin(block)

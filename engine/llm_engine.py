@@ -199,6 +199,10 @@ class LLMEngine:
             self.num_prefill_tokens += chunk.length
             if chunk.seq.prompt_logprobs is not None:
                 chunk.seq.prompt_logprobs += step.prompt_logprobs[chunk.seq.request_id]
+            share = chunk.seq.reservation.share
+            if (share is not None and share.owner is chunk.seq.reservation
+                    and chunk.seq.num_computed_tokens >= share.end * self.ledger.block_size):
+                self.ledger.share_prompt(chunk.seq.reservation)  # before it can finish
         for seq in batch.decodes:
             seq.num_computed_tokens += 1
         if self.ledger.enable_prefix_caching:  # before any of them finishes and releases
@@ -302,6 +306,9 @@ class LLMEngine:
         """Add the sampled token and finish the sequence if it stops here. Raises when its
         grammar refuses the token (the caller fails this sequence alone)."""
         if seq.matcher is not None and not seq.matcher.accept(token_id):
+            if seq.matcher.dead_end:  # nothing could follow: the output ends here
+                self._finish(seq, "grammar")
+                return
             raise ValueError(f"the grammar does not allow token {token_id} here")
         seq.output_token_ids.append(token_id)
         if seq.logprobs is not None:
@@ -321,9 +328,12 @@ class LLMEngine:
         elif len(seq.output_token_ids) >= seq.max_tokens:
             reason = "length"
         if reason is not None:
-            self.scheduler.finish(seq, reason)
-            with self._lock:
-                self._known_ids.discard(seq.request_id)
+            self._finish(seq, reason)
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        with self._lock:
+            self._known_ids.discard(seq.request_id)
 
     @staticmethod
     def _cut_stop_string(seq: Sequence, new_chars: int) -> bool:

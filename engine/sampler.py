@@ -88,8 +88,9 @@ class Sampler:
 def process_logits(logits: torch.Tensor, seq: Sequence, eos_token_ids: frozenset[int]) -> torch.Tensor:
     """``seq``'s processed copy of its raw logits row ``[vocab]`` (``SamplingParams``
     says the order). Never all ``-inf``: the grammar's mask wins over min_tokens', and a
-    grammar that allows nothing leaves the raw row (its matcher then refuses the token,
-    which fails the request), so argmax and multinomial always get a token to pick."""
+    grammar that allows nothing leaves the raw row (its matcher, at a dead end, refuses
+    the token and the request finishes with ``"grammar"``), so argmax and multinomial
+    always get a token to pick."""
     params = seq.params
     row = logits.clone()
     vocab = row.shape[-1]

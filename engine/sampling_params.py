@@ -46,8 +46,9 @@ class SamplingParams:
     model's raw logits, before any processing (vLLM's default ``raw_logprobs``).
 
     ``grammar``: a compiled grammar whose ``matcher()`` gives each sequence a matcher with
-    ``fill_mask(logits_row)``, ``accept(token_id) -> bool`` and ``is_terminated``. A token
-    it does not accept fails the request; a terminated matcher finishes it with "stop".
+    ``fill_mask(logits_row)``, ``accept(token_id) -> bool``, ``is_terminated`` and
+    ``dead_end``. A terminated matcher finishes the request with "stop"; a token refused at
+    a dead end (the mask allowed nothing) with "grammar"; any other refused token fails it.
     """
 
     temperature: float = 1.0

@@ -1,7 +1,8 @@
 """Continuous batching with chunked prefill: each step decodes every running sequence,
 then spends the rest of ``max_num_batched_tokens`` on prompts, a chunk at a time:
 first the prompts already started, then waiting ones (first come, first served) while
-``max_num_seqs`` allows.
+``max_num_seqs`` allows. The choices of one request (``n > 1``) share their prompt's
+blocks: the others start once the first has computed them (``KVLedger.share_prompt``).
 
 Every sequence was admitted with a reservation for its whole life, so scheduling never
 preempts: it only draws the physical blocks the step's tokens need from the ledger. A
@@ -71,6 +72,8 @@ class Scheduler:
                 prefills.append(self._chunk(seq, budget_tokens))
                 budget_tokens -= prefills[-1].length
         while self.waiting and len(self.running) < self.max_num_seqs and budget_tokens > 0:
+            if self.waiting[0].reservation.awaits_share:
+                break  # another choice of its request is computing their prompt (FIFO)
             seq = self.waiting.popleft()
             if seq.prompt_logprobs is None:  # it may start after blocks cached since admission
                 seq.num_computed_tokens = self.ledger.pin_cached(seq.reservation,

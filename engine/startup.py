@@ -29,7 +29,7 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     engine. Raises DoesNotFit if either plan does not fit, BadInput for an unsupported
     or broken checkpoint. An hf:// model is loaded from the hub cache (``serving_source``:
     downloaded first when incomplete, unless HF_HUB_OFFLINE is set)."""
-    source = serving_source(config.model, config.download_dir)
+    source = serving_source(config.model, config.download_dir, hub_timeout_s=config.hub_timeout_s)
     model_config = ModelConfig.from_dir(source.path)  # refuses unsupported architectures
     device_memory = probe_device(config)  # before loading: free memory drops after
     plan = make_plan(config, device=device_memory, source=source)

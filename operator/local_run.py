@@ -50,6 +50,11 @@ CLUSTER_ONLY_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClass
 CLUSTER_ONLY_MODEL_FIELDS = ("tokenSecretRef", "endpoint", "cache")
 
 
+# A manifest is a few KiB; these bound what a hostile file can cost before it is refused.
+MAX_MANIFEST_BYTES = 1536 * 1024
+MAX_MANIFEST_DEPTH = 64
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("manifest", metavar="SERVICE.yaml", help="an InferenceService manifest")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on")
@@ -63,10 +68,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_manifest(path: str) -> dict[str, Any]:
-    """The one InferenceService in a YAML file; BadInput with a one-line reason otherwise."""
+    """The one InferenceService in a YAML file; BadInput with a one-line reason otherwise,
+    a file over ``MAX_MANIFEST_BYTES`` or nested deeper than ``MAX_MANIFEST_DEPTH``
+    included (checked on the event stream, before anything is built from it)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            docs = [d for d in yaml.safe_load_all(f) if d is not None]
+        with open(path, "rb") as f:
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise BadInput(f"{path} is over {MAX_MANIFEST_BYTES // 1024} KiB: too large for a "
+                           "manifest (a Kubernetes object is at most about 1.5 MiB)")
+        text = raw.decode("utf-8")
+        depth = deepest = 0
+        for event in yaml.parse(text):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                deepest = max(deepest, depth)
+                if deepest > MAX_MANIFEST_DEPTH:
+                    raise BadInput(f"{path} nests deeper than {MAX_MANIFEST_DEPTH} levels: "
+                                   "not an InferenceService manifest")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except OSError as exc:
         raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:

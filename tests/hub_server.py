@@ -18,7 +18,8 @@ Errors are the hub's: 404 with ``X-Error-Code: RepoNotFound``, ``RevisionNotFoun
 ``EntryNotFound``; a gated repo's files answer 401 without a bearer token and 403 with a wrong
 one (``X-Error-Code: GatedRepo``), while its metadata stays public; a token the server does
 not know (``tokens``) is a 401 "Invalid credentials" anywhere. ``fail_next(n)`` answers the
-next n requests 503. Body bytes served are counted per file (``served_bytes``).
+next n requests 503; ``drip_s``, ``redirect_loops`` and ``listed_sizes`` make a file's body
+come a byte at a time, its resolve redirect to itself, its listed size lie. Body bytes served are counted per file (``served_bytes``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import json
 import re
 import socket
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,6 +37,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 CHUNK_BYTES = 1 << 16
+LISTING = "<listing>"  # drip_s's key for the API's JSON answers
 LFS_POINTER_BYTES = 134
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
 
@@ -55,6 +58,11 @@ class HubServer:
         self.served: Counter[tuple[str, str]] = Counter()  # (repo_id, file) -> body bytes
         self.requests: list[tuple[str, str, str | None, int]] = []  # method, path, range, status
         self.tokens: set[str] = set()  # valid bearer tokens; any other one is a 401
+        # Misbehaviour, by file name: a byte every so many seconds; a redirect to itself;
+        # a size in the listing that is not the file's.
+        self.drip_s: dict[str, float] = {}
+        self.redirect_loops: set[str] = set()
+        self.listed_sizes: dict[str, int] = {}
         self._failures = 0
         self._lock = threading.Lock()
         self._meta: dict[Path, tuple[int, str, str]] = {}
@@ -199,6 +207,7 @@ class _Handler(BaseHTTPRequestHandler):
             entry = {"rfilename": name}
             if blobs:
                 size, blob, sha256 = self.hub.metadata(folder / name)
+                size = self.hub.listed_sizes.get(name, size)
                 entry |= {"size": size, "blobId": blob}
                 if is_lfs(name):
                     entry["lfs"] = {"size": size, "sha256": sha256, "pointerSize": LFS_POINTER_BYTES}
@@ -230,6 +239,8 @@ class _Handler(BaseHTTPRequestHandler):
         path = repo.commits[commit] / filename
         if not path.is_file():
             return self._error(404, "EntryNotFound", f"{filename} does not exist", commit=commit)
+        if filename in self.hub.redirect_loops:
+            return self._send(302, {"Location": self.path, "Content-Length": "0"})
         size, blob, sha256 = self.hub.metadata(path)
         headers = {"X-Repo-Commit": commit, "ETag": f'"{blob}"', "Accept-Ranges": "bytes"}
         if is_lfs(filename):
@@ -268,15 +279,20 @@ class _Handler(BaseHTTPRequestHandler):
                                       "Content-Type": "application/octet-stream"})
         if not self._body:
             return
+        drip_s = self.hub.drip_s.get(filename)
         with open(path, "rb") as f:
             f.seek(start)
             left = length
             while left > 0:
-                chunk = f.read(min(CHUNK_BYTES, left))
+                if drip_s is not None:
+                    time.sleep(drip_s)
+                chunk = f.read(1 if drip_s is not None else min(CHUNK_BYTES, left))
                 if not chunk:
                     break
                 try:
                     self.wfile.write(chunk)
+                    if drip_s is not None:
+                        self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):
                     break  # the client read what it wanted and hung up
                 self.hub.count(repo_id, filename, len(chunk))
@@ -285,8 +301,18 @@ class _Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, doc: object) -> None:
         raw = json.dumps(doc).encode()
         self._send(status, {"Content-Type": "application/json", "Content-Length": str(len(raw))})
-        if self._body:
-            self.wfile.write(raw)
+        if not self._body:
+            return
+        drip_s = self.hub.drip_s.get(LISTING)
+        if drip_s is None:
+            return self.wfile.write(raw)
+        for i in range(len(raw)):
+            time.sleep(drip_s)
+            try:
+                self.wfile.write(raw[i:i + 1])
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                return
 
     def _error(self, status: int, code: str, message: str, commit: str | None = None) -> None:
         raw = json.dumps({"error": message}).encode()

@@ -14,7 +14,7 @@ from kvledger.engine.budget import estimates
 from kvledger.engine.budget.checkpoint import ModelShape, WeightsInfo
 from kvledger.engine.budget.device import DeviceMemory
 from kvledger.engine.budget.plan import CLASSES, Measured, make_plan
-from kvledger.engine.config import EngineConfig
+from kvledger.engine.config import DEFAULT_GRAMMAR_CACHE_BYTES, EngineConfig
 from kvledger.engine.errors import BadInput
 
 GiB = 2**30
@@ -258,7 +258,14 @@ def test_defaults_and_estimates() -> None:
     assert p.classes["context"] == estimates.CUDA_CONTEXT_BYTES
     assert plan(enforce_eager=True).classes["cuda_graphs"] == 0
     cpu = plan(device=DeviceMemory("cpu", "host", 64 * GiB, 60 * GiB, False))
-    assert cpu.classes["cuda_graphs"] == 0 and cpu.classes["context"] == estimates.CPU_CONTEXT_BYTES
+    assert cpu.classes["cuda_graphs"] == 0
+    # The host's memory holds the compiled grammars too: counted where it is the device's.
+    assert cpu.classes["context"] == estimates.CPU_CONTEXT_BYTES + DEFAULT_GRAMMAR_CACHE_BYTES
+    small = plan(device=DeviceMemory("cpu", "host", 64 * GiB, 60 * GiB, False),
+                 grammar_cache_bytes=2**20)
+    assert small.classes["context"] == estimates.CPU_CONTEXT_BYTES + 2**20
+    unified = plan(device=DeviceMemory("cuda", "nvml", 128 * GiB, 120 * GiB, True))
+    assert unified.classes["context"] == estimates.CUDA_CONTEXT_BYTES + DEFAULT_GRAMMAR_CACHE_BYTES
 
 
 def test_measured_figures_replace_estimates() -> None:

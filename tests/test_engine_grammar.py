@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.grammar import GrammarCompiler, GrammarError, GrammarSpec
+from kvledger.engine.grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarTooCostly
 from kvledger.engine.tokenizer import Tokenizer
 
 SCHEMA = {"type": "object",
@@ -116,6 +116,64 @@ def test_a_refused_grammar_is_a_one_line_grammar_error(compiler, spec, expected)
     message = str(caught.value)
     assert re.match(expected, message), message
     assert "\n" not in message and len(message) <= 200
+
+
+UNSATISFIABLE = [
+    GrammarSpec("json_schema", json.dumps({"$defs": {"a": {"$ref": "#/$defs/b"},
+                                                     "b": {"$ref": "#/$defs/a"}},
+                                           "$ref": "#/$defs/a"}, sort_keys=True)),
+    GrammarSpec("regex", r"[^\x00-\x{10FFFF}]"),
+]
+
+
+@pytest.mark.parametrize("spec", UNSATISFIABLE, ids=["ref-cycle", "empty-class"])
+def test_a_grammar_that_allows_no_output_is_refused_when_compiled(compiler, spec):
+    with pytest.raises(GrammarError, match=f"^the {spec.kind} allows no output"):
+        compiler.compile(spec)
+
+
+def heavy_schema(seed: int, objects: int = 120) -> dict:
+    """An ``anyOf`` of objects with 30 pattern properties each: a second or more to compile
+    and tens of MiB compiled, where a typical schema takes milliseconds and kilobytes."""
+    return {"anyOf": [{"type": "object", "patternProperties": {
+        f"^s{seed}_{i}_{j}[a-z]{{2,8}}$": {"type": "string",
+                                           "pattern": f"^[a-f0-9]{{{j + 1},{j + 9}}}x{i}$"}
+        for j in range(30)}} for i in range(objects)]}
+
+
+def test_the_cache_is_bounded_in_bytes_and_a_grammar_over_it_is_refused(tokenizer):
+    probe = GrammarCompiler(tokenizer, tokenizer.eos_token_ids, tokenizer.vocab_size)
+    one = probe.compile(schema_spec(heavy_schema(20, objects=60))).nbytes
+    assert one > 2**20  # measured: the library's allocations while it compiled
+    bounded = GrammarCompiler(tokenizer, tokenizer.eos_token_ids, tokenizer.vocab_size,
+                              cache_bytes=int(one * 1.5))
+    first, second = (schema_spec(heavy_schema(seed, objects=60)) for seed in (21, 22))
+    bounded.compile(first)
+    assert bounded.lookup(first) is not None
+    kept = bounded.compile(second)
+    assert bounded.lookup(first) is None and bounded.lookup(second) is kept  # LRU out
+    assert bounded.cached_bytes <= bounded.cache_bytes
+    small = GrammarCompiler(tokenizer, tokenizer.eos_token_ids, tokenizer.vocab_size,
+                            cache_bytes=2**20)
+    with pytest.raises(GrammarTooCostly, match=r"over the server's limit of 1\.0 MiB "
+                                                r"\(--grammar-cache-bytes\)"):
+        small.compile(first)
+    assert small.compile(GrammarSpec("json_object")).nbytes < 2**20  # small ones still fit
+
+
+def test_compiles_run_at_once_per_spec_and_abandoned_queued_ones_are_dropped(tokenizer):
+    compiler = GrammarCompiler(tokenizer, tokenizer.eos_token_ids, tokenizer.vocab_size,
+                               workers=1)
+    running, queued = (schema_spec(heavy_schema(seed, objects=60)) for seed in (30, 31))
+    first = compiler.submit(running)
+    assert compiler.submit(running) is first  # the same spec twice: one compile
+    behind = compiler.submit(queued)          # waits for the one worker
+    compiler.abandon(queued, behind)
+    assert behind.cancelled()                 # nobody waits for it: never compiled
+    with pytest.raises(GrammarTooCostly, match="did not compile within"):
+        compiler.compile(schema_spec(heavy_schema(32, objects=60)), timeout_s=0.01)
+    assert first.result(timeout=60) is compiler.lookup(running)
+    compiler.close()
 
 
 def test_a_disallowed_token_is_refused_and_the_state_kept(tokenizer, compiler):

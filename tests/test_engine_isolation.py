@@ -99,6 +99,43 @@ def test_a_sampling_fault_partway_through_the_batch_does_not_redraw_seeded_bysta
     assert_pool_empty(engine)
 
 
+class _DeadEndMatcher:
+    """A grammar's state that allows anything for ``steps`` tokens, then nothing: what a
+    client's grammar does when it can be started but not finished."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps, self.dead_end, self.is_terminated = steps, False, False
+
+    def fill_mask(self, row) -> None:
+        if self.steps == 0:
+            self.dead_end = True  # the library allows nothing: the row is left raw
+
+    def accept(self, token_id: int) -> bool:
+        if self.steps == 0:
+            return False
+        self.steps -= 1
+        return True
+
+
+class _DeadEndGrammar:
+    def matcher(self):
+        return _DeadEndMatcher(3)
+
+
+def test_a_grammar_dead_end_finishes_the_request_as_grammar_not_as_a_fault(
+        engine, reference, caplog):
+    add_all(engine)
+    engine.add_request("dead", [7, 8, 9], SamplingParams(
+        temperature=0, max_tokens=12, ignore_eos=True, grammar=_DeadEndGrammar()))
+    with caplog.at_level("WARNING", logger="kvledger.engine"):
+        final = drain(engine)
+    assert final["dead"].finish_reason == "grammar" and final["dead"].error is None
+    assert len(final["dead"].token_ids) == 3  # what the grammar allowed
+    assert not caplog.records  # a client's constraint: nothing logged as a failure
+    assert_others_exact(final, reference, {"dead"})
+    assert_pool_empty(engine)
+
+
 def test_a_detokenizer_fault_fails_that_request_alone(engine, reference, monkeypatch):
     real = engine.tokenizer.detokenizer
 

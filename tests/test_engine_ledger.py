@@ -293,7 +293,7 @@ class PrefixLedgerMachine(RuleBasedStateMachine):
         self.next_id = 0
 
     @rule(prompt=st.lists(st.integers(0, 1), min_size=1, max_size=9), cap=st.integers(1, 4),
-          count=st.integers(1, 2), use_cached=st.booleans())
+          count=st.integers(1, 3), use_cached=st.booleans())
     def reserve(self, prompt, cap, count, use_cached):
         free_before = self.ledger.free_blocks
         claim = self.ledger.blocks_needed(len(prompt) + cap, count, prompt, use_cached=use_cached)
@@ -321,6 +321,8 @@ class PrefixLedgerMachine(RuleBasedStateMachine):
         engine registers what it filled after each step (``register`` also runs alone)."""
         req = self.live[data.draw(st.sampled_from(sorted(self.live)))]
         r, tokens = req["r"], req["tokens"]
+        if r.awaits_share:
+            return  # the engine starts it once another choice computed their prompt
         if req["computed"] < req["prompt"]:
             end = min(req["computed"] + chunk, req["prompt"])
         elif len(tokens) < req["capacity"]:
@@ -347,14 +349,30 @@ class PrefixLedgerMachine(RuleBasedStateMachine):
         """A request about to run pins the blocks cached since its admission."""
         req = self.live[data.draw(st.sampled_from(sorted(self.live)))]
         r = req["r"]
-        if not req["use_cached"] or len(r.block_ids) > r.num_cached_blocks:
-            return  # the engine pins only before a request's first draw
+        if not req["use_cached"] or len(r.block_ids) > r.num_cached_blocks or r.awaits_share:
+            return  # the engine pins only before a request's first draw, as it starts
         reserved = self.ledger.reserved_blocks
         req["computed"] = self.ledger.pin_cached(r, req["tokens"][:req["prompt"]])
         assert self.ledger.reserved_blocks <= reserved           # the claim never grows
         assert req["computed"] == r.num_cached_tokens < req["prompt"]
         for i, block in enumerate(r.block_ids):
             assert self.written[block] == tuple(req["tokens"][:(i + 1) * self.BLOCK])
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def share(self, data):
+        """The engine hands a request's computed prompt blocks to its other choices."""
+        req = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        r, share = req["r"], req["r"].share
+        if share is None or share.owner is not r or req["computed"] < share.end * self.BLOCK:
+            return
+        reserved = self.ledger.reserved_blocks
+        members = self.ledger.share_prompt(r)
+        assert self.ledger.reserved_blocks == reserved          # pinning shared blocks is free
+        for other in self.live.values():
+            if other["r"] in members:
+                other["computed"] = other["r"].num_cached_tokens
+                assert other["r"].block_ids[share.start:share.end] == r.block_ids[share.start:share.end]
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -367,7 +385,8 @@ class PrefixLedgerMachine(RuleBasedStateMachine):
     def draw_everything(self, data):
         """Draw a reservation's whole claim at once: admission promised it."""
         req = self.live[data.draw(st.sampled_from(sorted(self.live)))]
-        self.ledger.grow(req["r"], req["capacity"])
+        if not req["r"].awaits_share:
+            self.ledger.grow(req["r"], req["capacity"])
 
     @precondition(lambda self: self.live)
     @rule(data=st.data(), twice=st.booleans())
@@ -385,11 +404,15 @@ class PrefixLedgerMachine(RuleBasedStateMachine):
         assert ledger.reserved_blocks <= ledger.num_blocks
         assert ledger.used_blocks == len(set(held))
         assert ledger.reserved_blocks == ledger.used_blocks + sum(r.draws_left for r in reservations)
-        assert all(len(r.block_ids) + r.draws_left == r.num_blocks for r in reservations)
+        assert all(len(r.block_ids) + r.draws_left + r.awaited_blocks == r.num_blocks
+                   for r in reservations)
         for block in range(ledger.num_blocks):
             assert pool.ref_counts[block] == held.count(block)
-            if held.count(block) > 1:                           # shared only when cached
-                assert pool.is_registered(block)
+            holders = [r for r in reservations if block in r.block_ids]
+            if len(holders) > 1:  # shared only when cached, or by the choices of one request
+                one_request = (all(r.share is not None for r in holders)
+                               and len({id(r.share) for r in holders}) == 1)
+                assert pool.is_registered(block) or one_request
         # Every block is in exactly one state: in use, cached or free.
         free, cached = list(pool._free), list(pool._cached)
         assert sorted(free + cached + sorted(set(held))) == list(range(ledger.num_blocks))

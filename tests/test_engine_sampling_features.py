@@ -245,6 +245,8 @@ def test_prompt_logprobs_are_the_same_chunked_or_not_and_match_the_next_tokens(
 class ForcedMatcher:
     """Allows exactly ``expected[position]``; terminated after the last (EOS)."""
 
+    dead_end = False
+
     def __init__(self, expected: list[int]) -> None:
         self.expected, self.position = expected, 0
 
@@ -276,16 +278,18 @@ class ForcedGrammar:
 
 
 class NothingGrammar:
-    """Allows no token and accepts none."""
+    """Masks nothing yet accepts no token: a matcher at odds with its own mask (a bug, not
+    a dead end of the client's grammar), which fails its request alone."""
 
     def matcher(self):
         grammar = self
 
         class Matcher:
             is_terminated = False
+            dead_end = False
 
             def fill_mask(self, logits_row: torch.Tensor) -> None:
-                logits_row.fill_(NEG_INF)
+                pass
 
             def accept(self, token_id: int) -> bool:
                 grammar.refused = token_id

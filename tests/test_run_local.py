@@ -191,6 +191,22 @@ def test_unreadable_files_are_one_line_errors(text, expected, tmp_path, capsys):
     assert err.count("\n") == 1 and expected in err
 
 
+@pytest.mark.parametrize(("text", "expected"), [
+    ("[" * 200_000, "nests deeper than 64 levels"),
+    ("spec:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 80)) + "  " * 80 + "v: 1\n",
+     "nests deeper than 64 levels"),
+    ("# padding\n" * 200_000, "is over 1536 KiB: too large for a manifest"),
+], ids=["200KB-of-brackets", "deep-mapping", "2MB"])
+def test_oversized_and_overnested_manifests_are_one_line_errors(text, expected, tmp_path,
+                                                                 capsys):
+    started = time.monotonic()
+    assert kvledger(["run", write(tmp_path, text), "--preflight-only"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err[:300]
+    assert expected in err and "Traceback" not in err
+    assert time.monotonic() - started < 10  # refused from the first bytes, not parsed whole
+
+
 def test_a_binary_file_is_a_one_line_error(tmp_path, capsys):
     path = tmp_path / "service.yaml"
     path.write_bytes(b"\xff\xfe\x00garbage")

@@ -128,7 +128,7 @@ async def test_prompt_at_the_context_is_413_and_body_over_the_limit_is_413(aioht
 
 
 async def test_api_key(aiohttp_client, llm):
-    client = await start_app(aiohttp_client, llm, api_key="s3cret")
+    client = await start_app(aiohttp_client, llm, api_keys=("s3cret",))
     body = {"model": model_name(client), "prompt": "x", "max_tokens": 1}
     response = await client.post("/v1/completions", json=body)
     assert response.status == 401

@@ -138,7 +138,7 @@ async def test_huge_numbers_are_400_naming_the_field(aiohttp_client, llm, path, 
 ])
 async def test_authorization_bytes_are_compared_never_decoded(aiohttp_client, llm,
                                                               authorization, status):
-    client = await start_app(aiohttp_client, llm, api_key="clé")
+    client = await start_app(aiohttp_client, llm, api_keys=("clé",))
     body = _with_model(client, b'{"model": MODEL, "prompt": "hi", "max_tokens": 1}')
     reader, writer = await asyncio.open_connection("127.0.0.1", client.server.port)
     try:

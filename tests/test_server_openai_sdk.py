@@ -50,7 +50,7 @@ async def serve(aiohttp_server, llm):
 
 
 async def test_sdk_completion_chat_and_streams(serve):
-    app, client, _ = await serve(api_key="key")
+    app, client, _ = await serve(api_keys=("key",))
     name = app[STATE].model_name
     models = await client.models.list()
     assert [m.id for m in models.data] == [name]
@@ -84,7 +84,7 @@ async def test_sdk_completion_chat_and_streams(serve):
 
 
 async def test_sdk_sees_openai_errors(serve):
-    app, client, _ = await serve(api_key="key")
+    app, client, _ = await serve(api_keys=("key",))
     name = app[STATE].model_name
     with pytest.raises(openai.NotFoundError) as info:
         await client.completions.create(model="nope", prompt="x")

@@ -14,7 +14,9 @@ import argparse
 
 from kvledger.engine.budget.hub import is_hub_uri, parse_uri
 from kvledger.engine.budget.hub_cache import fetch
+from kvledger.engine.budget.hub_http import DEFAULT_HUB_TIMEOUT_S
 from kvledger.engine.budget.report import format_size
+from kvledger.engine.config import positive_seconds
 from kvledger.engine.errors import EXIT_OK, BadInput
 
 
@@ -24,6 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--download-dir", default=None, metavar="DIR",
                         help="the hub cache to download into (default: huggingface_hub's, "
                              "$HF_HUB_CACHE or $HF_HOME/hub)")
+    parser.add_argument("--hub-timeout", type=positive_seconds, default=DEFAULT_HUB_TIMEOUT_S,
+                        metavar="SECONDS",
+                        help="the listing and index must be read within this (default "
+                             f"{DEFAULT_HUB_TIMEOUT_S:g}); the downloads are not bounded by it")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -32,7 +38,7 @@ def main(args: argparse.Namespace) -> int:
                        f"{args.model!r} (a local directory needs no fetch)")
     if args.download_dir is not None and not args.download_dir:
         raise BadInput("--download-dir must not be empty")
-    result = fetch(parse_uri(args.model), args.download_dir)
+    result = fetch(parse_uri(args.model), args.download_dir, timeout_s=args.hub_timeout)
     print(f"fetched {result.model.uri} (commit {result.commit}): downloaded "
           f"{len(result.downloaded_files)} files, {format_size(result.downloaded_bytes)} "
           f"({result.downloaded_bytes} bytes), {result.cached_files} already cached; "

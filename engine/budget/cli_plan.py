@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    with planning_source(config.model, config.download_dir) as source:
+    with planning_source(config.model, config.download_dir,
+                         hub_timeout_s=config.hub_timeout_s) as source:
         plan = make_plan(config, source=source)
     if args.json:
         print(json.dumps(plan.to_json(), indent=2))

@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    with planning_source(config.model, config.download_dir) as source:
+    with planning_source(config.model, config.download_dir,
+                         hub_timeout_s=config.hub_timeout_s) as source:
         plan = make_plan(config, source=source)
         # The engine container refuses a checkpoint it cannot run (architecture, activation,
         # RoPE type) at once; refuse it here too, so the pod says so instead of crash-looping.

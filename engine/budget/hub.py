@@ -17,8 +17,17 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from urllib.parse import quote
 
-from kvledger.engine.budget.hub_http import TIMEOUT_S, read_small_file, with_retries
+from kvledger.engine.budget.hub_http import (
+    MAX_LISTING_BYTES,
+    Deadline,
+    command_deadline,
+    file_deadline,
+    read_small_file,
+    stream_get,
+    with_retries,
+)
 from kvledger.engine.errors import BadInput
 
 SCHEME = "hf://"
@@ -88,6 +97,7 @@ class RepoListing:
     sizes: dict[str, int]  # file path -> bytes
     endpoint: str
     token: str | None = None  # None: huggingface_hub's own (HF_TOKEN, or its token file)
+    deadline: Deadline | None = None  # the command's hub reads end by then (--hub-timeout)
 
     def where(self, filename: str = "") -> str:
         """How messages name a file: the uri, the short commit, the file."""
@@ -101,28 +111,44 @@ def hub_endpoint(endpoint: str | None = None) -> str:
     return (endpoint or constants.ENDPOINT).rstrip("/")
 
 
-def list_repo(model: HubModel, *, token: str | None = None,
-              endpoint: str | None = None) -> RepoListing:
+def list_repo(model: HubModel, *, token: str | None = None, endpoint: str | None = None,
+              timeout_s: float | None = None) -> RepoListing:
     """Resolve the revision to a commit and list the files there with their sizes, from the
-    hub's metadata (one request; the tree API when the hub gave no sizes)."""
+    hub's metadata (one request; the tree API when the hub gave no sizes). Every read made
+    with the listing ends within ``timeout_s`` from now (``--hub-timeout``)."""
     from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import ModelInfo
+    from huggingface_hub.utils import build_hf_headers
 
     endpoint = hub_endpoint(endpoint)
-    api = HfApi(endpoint=endpoint, token=token)
-    info = with_retries(lambda: api.model_info(model.repo_id, revision=model.revision,
-                                               files_metadata=True, timeout=TIMEOUT_S),
-                        model, endpoint)
-    if not isinstance(info.sha, str) or not is_commit(info.sha):
+    deadline = command_deadline(timeout_s)
+    url = f"{endpoint}/api/models/{model.repo_id}/revision/{quote(model.revision, safe='')}"
+    listing_deadline = file_deadline(deadline)
+    raw = with_retries(lambda: stream_get(url, build_hf_headers(token=token),
+                                          MAX_LISTING_BYTES + 1, listing_deadline,
+                                          params={"blobs": "true"}),
+                       model, endpoint, deadline=listing_deadline)
+    if len(raw) > MAX_LISTING_BYTES:
+        raise BadInput(f"{model.uri}: the hub at {endpoint} sent a listing over "
+                       f"{MAX_LISTING_BYTES} bytes")
+    data = parse_json(raw, f"{model.uri}: the hub's listing")
+    try:
+        info = ModelInfo(**data) if isinstance(data, dict) else None
+    except (TypeError, ValueError, KeyError, AttributeError):
+        info = None
+    if info is None or not isinstance(info.sha, str) or not is_commit(info.sha):
         raise BadInput(f"{model.uri}: the hub at {endpoint} answered without a commit for "
                        f"{model.revision!r}: is HF_ENDPOINT a Hugging Face Hub?")
     sizes = {s.rfilename: s.size for s in info.siblings or []}
     if any(size is None for size in sizes.values()):
         from huggingface_hub.hf_api import RepoFile
 
+        api = HfApi(endpoint=endpoint, token=token)
         tree = with_retries(lambda: list(api.list_repo_tree(
-            model.repo_id, recursive=True, revision=info.sha)), model, endpoint)
+            model.repo_id, recursive=True, revision=info.sha)), model, endpoint,
+            deadline=deadline)
         sizes = {f.path: f.size for f in tree if isinstance(f, RepoFile)}
-    return RepoListing(model, info.sha, sizes, endpoint, token)
+    return RepoListing(model, info.sha, sizes, endpoint, token, deadline)
 
 
 def weight_files(listing: RepoListing, index: object | None) -> list[str]:
@@ -173,9 +199,10 @@ def parse_json(raw: bytes, where: str) -> object:
         raise BadInput(f"{where} is not valid JSON: {exc}") from None
 
 
-def download_bytes(uri: str, *, token: str | None = None, endpoint: str | None = None) -> int:
+def download_bytes(uri: str, *, token: str | None = None, endpoint: str | None = None,
+                   timeout_s: float | None = None) -> int:
     """The bytes ``kvledger fetch`` would download for ``uri`` into an empty cache: the sum of
     the sizes of the files it fetches, from the hub's file metadata (and the safetensors
     index of a sharded model); no weights are read. BadInput with one line on any error."""
-    listing = list_repo(parse_uri(uri), token=token, endpoint=endpoint)
+    listing = list_repo(parse_uri(uri), token=token, endpoint=endpoint, timeout_s=timeout_s)
     return sum(listing.sizes[name] for name in engine_files(listing, read_index(listing)))

@@ -60,9 +60,12 @@ def repo_folder(cache: Path, model: HubModel) -> Path:
 
 
 def fetch(model: HubModel, download_dir: str | None = None, *, token: str | None = None,
-          endpoint: str | None = None) -> FetchResult:
-    """Download what the engine needs of ``model`` into the cache, unless already there."""
-    listing = list_repo(model, token=token, endpoint=endpoint)
+          endpoint: str | None = None, timeout_s: float | None = None) -> FetchResult:
+    """Download what the engine needs of ``model`` into the cache, unless already there.
+    The listing and the index are read within ``timeout_s`` (``--hub-timeout``); the
+    downloads themselves, whose time grows with the model, only within huggingface_hub's
+    per-read timeout."""
+    listing = list_repo(model, token=token, endpoint=endpoint, timeout_s=timeout_s)
     cache = cache_root(download_dir)
     snapshot = repo_folder(cache, model) / "snapshots" / listing.commit
     cached_index = snapshot / INDEX_FILE
@@ -170,7 +173,8 @@ def offline_snapshot(model: HubModel, download_dir: str | None) -> ModelSource:
     return ModelSource(str(snapshot), uri=model.uri, commit=commit)
 
 
-def serving_source(model: str, download_dir: str | None = None) -> ModelSource:
+def serving_source(model: str, download_dir: str | None = None, *,
+                   hub_timeout_s: float | None = None) -> ModelSource:
     """The directory the engine loads ``--model`` from: a local one as is; for an hf://
     model the cached snapshot, downloaded first when incomplete (unless HF_HUB_OFFLINE)."""
     if not is_hub_uri(model):
@@ -181,7 +185,7 @@ def serving_source(model: str, download_dir: str | None = None) -> ModelSource:
     _, _, missing = find_snapshot(hub_model, download_dir)
     if not missing or constants.is_offline_mode():
         return offline_snapshot(hub_model, download_dir)
-    result = fetch(hub_model, download_dir)
+    result = fetch(hub_model, download_dir, timeout_s=hub_timeout_s)
     log.info("%s: %d files (%d bytes) downloaded, %d already cached; serving %s",
              hub_model.uri, len(result.downloaded_files), result.downloaded_bytes,
              result.cached_files, result.path)

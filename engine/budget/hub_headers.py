@@ -41,7 +41,8 @@ PARALLEL_REQUESTS = 8
 
 
 @contextmanager
-def planning_source(model: str, download_dir: str | None = None) -> Iterator[ModelSource]:
+def planning_source(model: str, download_dir: str | None = None, *,
+                    hub_timeout_s: float | None = None) -> Iterator[ModelSource]:
     """Where the planner reads ``--model``: the directory itself; for an hf:// model the
     cached snapshot when ``HF_HUB_OFFLINE`` is set (``kvledger fetch`` put it there), else a
     header-only mirror that lives as long as the ``with`` block."""
@@ -55,17 +56,17 @@ def planning_source(model: str, download_dir: str | None = None) -> Iterator[Mod
 
         yield offline_snapshot(parse_uri(model), download_dir)
         return
-    with header_mirror(model) as source:
+    with header_mirror(model, timeout_s=hub_timeout_s) as source:
         yield source
 
 
 @contextmanager
-def header_mirror(uri: str, *, token: str | None = None,
-                  endpoint: str | None = None) -> Iterator[ModelSource]:
+def header_mirror(uri: str, *, token: str | None = None, endpoint: str | None = None,
+                  timeout_s: float | None = None) -> Iterator[ModelSource]:
     """A header-only sparse mirror of the hub model ``uri`` (see the module's docstring).
 
     A BadInput raised inside the block names the model, not the temporary directory."""
-    listing = list_repo(parse_uri(uri), token=token, endpoint=endpoint)
+    listing = list_repo(parse_uri(uri), token=token, endpoint=endpoint, timeout_s=timeout_s)
     try:
         tmp = tempfile.mkdtemp(prefix="kvledger-hub-")
     except OSError as exc:

@@ -266,7 +266,9 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
         "kv_cache": 0,
         "cuda_graphs": 0 if config.enforce_eager or on_cpu else _pick(
             measured.cuda_graph_bytes, estimates.cuda_graph_bytes(shape, config.max_num_seqs)),
-        "context": _pick(measured.context_bytes, estimates.context_bytes(device.kind)),
+        # Where the device's memory is the host's, the compiled grammars share it.
+        "context": _pick(measured.context_bytes, estimates.context_bytes(device.kind))
+        + (config.grammar_cache_bytes if on_cpu or device.unified else 0),
     }
     limit, source, margin = _limit(config, device)
     non_kv = sum(classes.values())

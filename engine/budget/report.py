@@ -120,7 +120,9 @@ def _breakdown(plan: Plan) -> list[str]:
              + f"peak @ max_num_batched_tokens={plan.max_num_batched_tokens}"),
         _row("KV cache", c["kv_cache"], kv_detail),
         _row("cuda graphs", c["cuda_graphs"], graphs_detail),
-        _row(context_label, c["context"], "measured" if "context" in measured else "estimate"),
+        _row(context_label, c["context"], ("measured" if "context" in measured else "estimate")
+             + (f" + grammar cache {cfg.grammar_cache_bytes / 2**20:.0f} MiB"
+                if plan.device.kind == "cpu" or plan.device.unified else "")),
         f"  KV pool: {kv.num_blocks} blocks x {kv.block_size} tokens, "
         f"{format_size(kv.bytes_per_block)} per block ({_pool_holds(plan)})",
     ]

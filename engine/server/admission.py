@@ -62,12 +62,13 @@ class _Waiter:
     blocks: int
     prompt_token_ids: list[int] | None = field(repr=False)
     use_cached: bool
+    salt: str | None = field(repr=False)
     future: asyncio.Future = field(init=False, repr=False)  # set when it joins the line
     gone: bool = False  # timed out or cancelled; skipped when it reaches the head
 
     def try_reserve(self, ledger: Any) -> list[Any] | None:
         return ledger.try_reserve_each(self.tokens, self.count, self.prompt_token_ids,
-                                       use_cached=self.use_cached)
+                                       use_cached=self.use_cached, salt=self.salt)
 
 
 class Admission:
@@ -115,20 +116,23 @@ class Admission:
         return self._queued
 
     async def admit(self, request_id: str, prompt_tokens: int, cap_tokens: int, n: int = 1, *,
-                    prompt_token_ids: list[int] | None = None, use_cached: bool = True) -> Ticket:
+                    prompt_token_ids: list[int] | None = None, use_cached: bool = True,
+                    salt: str | None = None) -> Ticket:
         """Reserve ``prompt + cap`` tokens for each of ``n`` choices, all at once, or raise
         a 429 ``ApiError`` with Retry-After. With the prompt's ids the ledger pins the
         cached blocks it begins with (unless ``use_cached`` is False: echoed prompt
-        logprobs need every position computed)."""
+        logprobs need every position computed), among those keyed with the same ``salt``."""
         tokens = prompt_tokens + cap_tokens
-        blocks = self.ledger.blocks_for(tokens) * n
+        # The choices share their prompt's full blocks (unless every position must be computed).
+        blocks = self.ledger.blocks_for_choices(tokens, n, prompt_tokens,
+                                                share=use_cached and prompt_token_ids is not None)
         if blocks > self.ledger.num_blocks:  # as if nothing were cached: a verdict on the request
             choices = f" for {n} choices" if n > 1 else ""
             raise ApiError(400, f"the request needs {blocks} KV blocks ({tokens} tokens{choices}) "
                                 f"but the whole pool holds {self.ledger.num_blocks}; lower "
                                 f"max_tokens{' or n' if n > 1 else ''}",
                            code="kv_pool_too_small", param="max_tokens", reason="over_pool")
-        waiter = _Waiter(tokens, n, blocks, prompt_token_ids, use_cached)
+        waiter = _Waiter(tokens, n, blocks, prompt_token_ids, use_cached, salt)
         # Nobody overtakes a live waiter; departed ones (gone) do not count.
         reservations = None if self._queued else waiter.try_reserve(self.ledger)
         if reservations is None:
@@ -141,7 +145,7 @@ class Admission:
         # What it would claim now (its cached blocks considered), for the 429's estimate.
         waiter.blocks = self.ledger.blocks_needed(waiter.tokens, waiter.count,
                                                   waiter.prompt_token_ids,
-                                                  use_cached=waiter.use_cached)
+                                                  use_cached=waiter.use_cached, salt=waiter.salt)
         if self.max_queue_wait_s <= 0:
             raise self.rejection(waiter.blocks)
         waiter.future = asyncio.get_running_loop().create_future()

@@ -14,13 +14,14 @@ from aiohttp import web
 
 from kvledger.engine.server.errors import ApiError, error_body
 from kvledger.engine.server.openai_api import chat_completions, completions
-from kvledger.engine.server.state import STATE, ServeOptions, ServerState
+from kvledger.engine.server.state import API_KEY_INDEX, STATE, ServeOptions, ServerState
 from kvledger.engine.server.tokenize_api import detokenize, tokenize, version
 
 log = logging.getLogger(__name__)
 
-# What an API key guards: the API and the tokenizer (each costs CPU); not the probes,
-# /metrics or /version.
+# What an API key guards: the API and the tokenizer (each costs CPU); not the probes or
+# /version. /metrics has a key of its own (--metrics-api-key), so a tenant's key cannot
+# read the prefix cache's counters.
 _KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize")
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
 
@@ -85,17 +86,30 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
 
 
 def _check_api_key(request: web.Request) -> None:
-    key = request.app[STATE].options.api_key
-    if key and request.path.startswith(_KEYED_PATHS):
-        given = request.headers.get("Authorization", "")
-        scheme, _, token = given.partition(" ")
-        # Bytes that are not UTF-8 arrive as surrogate escapes; "surrogatepass" encodes
-        # any str, so a hostile header is a wrong key, never a UnicodeEncodeError.
-        given_bytes, key_bytes = (text.encode("utf-8", "surrogatepass")
-                                  for text in (token.strip(), key))
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given_bytes, key_bytes):
-            raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
-                           code="invalid_api_key", reason="unauthorized")
+    """401 unless the request's bearer token is one of the keys that guard its path: the
+    API keys for ``_KEYED_PATHS``, the metrics key for ``/metrics``. The API key's index
+    is kept on the request (``API_KEY_INDEX``) for salting the prefix cache per key."""
+    options = request.app[STATE].options
+    if request.path == "/metrics":
+        keys = (options.metrics_api_key,) if options.metrics_api_key else ()
+    elif request.path.startswith(_KEYED_PATHS):
+        keys = options.api_keys
+    else:
+        return
+    if not keys:
+        return
+    given = request.headers.get("Authorization", "")
+    scheme, _, token = given.partition(" ")
+    # Bytes that are not UTF-8 arrive as surrogate escapes; "surrogatepass" encodes any
+    # str, so a hostile header is a wrong key, never a UnicodeEncodeError. Every key is
+    # compared, in constant time, so the time taken does not tell which one matched.
+    given_bytes = token.strip().encode("utf-8", "surrogatepass")
+    matched = [hmac.compare_digest(given_bytes, key.encode("utf-8", "surrogatepass"))
+               for key in keys]
+    if scheme.lower() != "bearer" or not any(matched):
+        raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                       code="invalid_api_key", reason="unauthorized")
+    request[API_KEY_INDEX] = matched.index(True)
 
 
 async def health(request: web.Request) -> web.Response:

@@ -16,12 +16,13 @@ from aiohttp import web
 
 from kvledger.engine.budget.hub import is_hub_uri, parse_uri
 from kvledger.engine.budget.hub_cache import offline_snapshot
-from kvledger.engine.config import add_engine_flags, config_from_args, size_arg
+from kvledger.engine.config import add_engine_flags, config_from_args, positive_seconds, size_arg
 from kvledger.engine.errors import BadInput, DoesNotFit, KvledgerError
 from kvledger.engine.server.app import build_app
 from kvledger.engine.server.slow_clients import make_runner
 from kvledger.engine.server.state import (
     DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S,
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_KEEPALIVE_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
@@ -42,21 +43,27 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _positive_seconds(text: str) -> float:
-    value = _seconds(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_flags(parser)
     s = parser.add_argument_group("server")
     s.add_argument("--host", default="0.0.0.0")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--api-key", default=os.environ.get("KVLEDGER_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1/* "
-                        "(default: $KVLEDGER_API_KEY; unset = no key)")
+    s.add_argument("--api-key", nargs="+", action="extend", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and "
+                        "/detokenize; several keys (repeat the flag, or list them) each open "
+                        "it (default: $KVLEDGER_API_KEY; unset = no key)")
+    s.add_argument("--api-key-file", default=None, metavar="PATH",
+                   help="more API keys, one per line (blank lines and # comments skipped), "
+                        "e.g. a mounted Secret")
+    s.add_argument("--cache-salt-per-key", action="store_true",
+                   help="key the prefix cache by API key too: requests under different keys "
+                        "never share KV blocks, so none can tell from its timing what another "
+                        "key's clients sent")
+    s.add_argument("--metrics-api-key", default=os.environ.get("KVLEDGER_METRICS_API_KEY"),
+                   metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /metrics (default: "
+                        "$KVLEDGER_METRICS_API_KEY; unset = open, as Prometheus expects; its "
+                        "prefix-cache counters tell how much of a guessed prompt was cached)")
     s.add_argument("--max-queue-wait", type=_seconds, default=0.0, metavar="SECONDS",
                    help="wait up to this long, FIFO, for KV blocks before answering 429 "
                         "(default 0: answer at once)")
@@ -64,15 +71,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="on SIGTERM, let in-flight requests run this long before aborting them")
     s.add_argument("--max-body-bytes", type=size_arg, default=DEFAULT_MAX_BODY_BYTES,
                    metavar="SIZE", help="larger request bodies get 413 (default 4MiB)")
-    s.add_argument("--header-timeout", type=_positive_seconds, default=DEFAULT_HEADER_TIMEOUT_S,
+    s.add_argument("--header-timeout", type=positive_seconds, default=DEFAULT_HEADER_TIMEOUT_S,
                    metavar="SECONDS", help="close a connection whose request headers take "
                    f"longer than this (default {DEFAULT_HEADER_TIMEOUT_S:g})")
-    s.add_argument("--body-timeout", type=_positive_seconds, default=DEFAULT_BODY_TIMEOUT_S,
+    s.add_argument("--body-timeout", type=positive_seconds, default=DEFAULT_BODY_TIMEOUT_S,
                    metavar="SECONDS", help="answer 408 to a request whose body takes longer "
                    f"than this after its headers (default {DEFAULT_BODY_TIMEOUT_S:g})")
     s.add_argument("--keepalive-timeout", type=_seconds, default=DEFAULT_KEEPALIVE_TIMEOUT_S,
                    metavar="SECONDS", help="close a keep-alive connection idle this long "
                    f"(default {DEFAULT_KEEPALIVE_TIMEOUT_S:g}; 0: one request per connection)")
+    s.add_argument("--grammar-compile-timeout", type=positive_seconds,
+                   default=DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S, metavar="SECONDS",
+                   help="a structured-output schema whose grammar takes longer than this to "
+                        f"compile is a 400 (default {DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S:g})")
     s.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))
 
@@ -91,12 +102,39 @@ def main(args: argparse.Namespace) -> int:
         if constants.is_offline_mode():
             # Not in the (read-only) cache: say so at once, before listening, not after.
             offline_snapshot(parse_uri(config.model), config.download_dir)
-    options = ServeOptions(api_key=args.api_key or None, max_queue_wait_s=args.max_queue_wait,
+    api_keys = _api_keys(args)
+    if args.cache_salt_per_key and len(api_keys) < 1:
+        raise BadInput("--cache-salt-per-key needs API keys (--api-key or --api-key-file)")
+    options = ServeOptions(api_keys=api_keys, salt_cache_per_key=args.cache_salt_per_key,
+                           metrics_api_key=args.metrics_api_key or None,
+                           max_queue_wait_s=args.max_queue_wait,
                            shutdown_grace_s=args.shutdown_grace,
                            max_body_bytes=args.max_body_bytes,
                            header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-                           keepalive_timeout_s=args.keepalive_timeout)
+                           keepalive_timeout_s=args.keepalive_timeout,
+                           grammar_compile_timeout_s=args.grammar_compile_timeout)
     return asyncio.run(_serve(config, options, args.host, args.port))
+
+
+def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    """--api-key's keys (else $KVLEDGER_API_KEY's) and --api-key-file's, in that order."""
+    keys = list(args.api_key or [])
+    if not keys and os.environ.get("KVLEDGER_API_KEY"):
+        keys.append(os.environ["KVLEDGER_API_KEY"])
+    if args.api_key_file is not None:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as file:
+                lines = file.read().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BadInput(f"--api-key-file {args.api_key_file}: cannot read it ({exc})") from None
+        from_file = [line.strip() for line in lines
+                     if line.strip() and not line.lstrip().startswith("#")]
+        if not from_file:
+            raise BadInput(f"--api-key-file {args.api_key_file} holds no key")
+        keys += from_file
+    if any(not key.strip() for key in keys):
+        raise BadInput("--api-key must not be empty")
+    return tuple(dict.fromkeys(keys))
 
 
 def _load_in_thread(config) -> asyncio.Future:

@@ -27,7 +27,7 @@ from kvledger.engine.server import answers
 from kvledger.engine.server.errors import ApiError, bad_request
 from kvledger.engine.server.limits import decode_json
 from kvledger.engine.server.protocol import GenerationRequest, parse_chat, parse_completion
-from kvledger.engine.server.state import STATE, ServerState
+from kvledger.engine.server.state import API_KEY_INDEX, STATE, ServerState
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,8 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
                   int(time.time()))
     ticket = await state.admission.admit(p.request_id, len(prompt_ids), cap, req.n,
                                          prompt_token_ids=prompt_ids,
-                                         use_cached=params[0].prompt_logprobs is None)
+                                         use_cached=params[0].prompt_logprobs is None,
+                                         salt=_cache_salt(request, state, req))
     state.metrics.admitted.inc()
     state.metrics.queue_wait.observe(time.monotonic() - arrived)
     state.metrics.prompt_tokens.inc(len(prompt_ids))
@@ -96,6 +97,18 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
             state.metrics.generation_tokens.inc(len(last.token_ids) if last else 0)
         state.admission.done(ticket)
         state.metrics.latency.observe(time.monotonic() - arrived)
+
+
+def _cache_salt(request: web.Request, state: ServerState, req: GenerationRequest) -> str | None:
+    """What keys this request's prefix-cache blocks apart: its ``cache_salt``, under its
+    API key's own with ``--cache-salt-per-key`` (so requests under different keys never
+    share a block, whatever salts their clients send); None: the shared cache."""
+    parts = []
+    if state.options.salt_cache_per_key and API_KEY_INDEX in request:
+        parts.append(f"key:{request[API_KEY_INDEX]}")
+    if req.cache_salt is not None:
+        parts.append("salt:" + req.cache_salt)
+    return "\0".join(parts) or None
 
 
 async def _merged(streams: list) -> AsyncIterator[tuple[int, Any]]:
@@ -213,15 +226,29 @@ _CONSTRAINTS = ("response_format", "structured_outputs", "guided_json", "guided_
 
 
 async def _grammar(state: ServerState, req: GenerationRequest) -> Any:
-    """The compiled output constraint, or None. Compiling a schema can take milliseconds
-    (cached after the first time), so it runs on a worker thread."""
+    """The compiled output constraint, or None: from the cache at once, else compiled on
+    the compiler's own threads (a heavy schema takes seconds there, never a thread or a
+    lock another request waits on) within ``--grammar-compile-timeout``, else a 400."""
     spec = req.grammar()
     if spec is None:
         return None
-    from kvledger.engine.grammar import GrammarError, GrammarSpec
+    from kvledger.engine.grammar import GrammarError, GrammarSpec, compile_timeout_error
 
+    compiler, spec = state.grammars, GrammarSpec(*spec)
     try:
-        return await state.off_loop(None, state.grammars.compile, GrammarSpec(*spec))
+        grammar = compiler.lookup(spec)
+        if grammar is not None:
+            return grammar
+        future = compiler.submit(spec)
+        timeout_s = state.options.grammar_compile_timeout_s
+        try:  # shielded: a timeout must not cancel a compile other requests wait for
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout_s)
+        except TimeoutError:
+            compiler.abandon(spec, future)
+            raise compile_timeout_error(spec, timeout_s) from None
+        except asyncio.CancelledError:
+            compiler.abandon(spec, future)
+            raise
     except GrammarError as exc:
         param = next(name for name in _CONSTRAINTS if getattr(req, name) is not None)
         raise bad_request(str(exc), param) from None

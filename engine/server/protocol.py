@@ -38,6 +38,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 128                 # OpenAI's limit on choices per request
 MAX_LOGPROBS = 20           # vLLM's default --max-logprobs
 MAX_LOGIT_BIAS = 1024       # entries in one request's logit_bias
+MAX_CACHE_SALT_CHARS = 1024  # vLLM suggests 43 (256 random bits, base64)
 
 # Accepted and dropped: they change nothing this server returns (OpenAI's bookkeeping
 # and routing hints). Each value is the type it must have.
@@ -133,6 +134,8 @@ class _Request(Strict):
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
+    # vLLM's: requests with different salts never share prefix-cache blocks
+    cache_salt: Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS)] | None = None
 
     @model_validator(mode="before")
     @classmethod

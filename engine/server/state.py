@@ -34,19 +34,25 @@ INLINE_BODY_BYTES = 8 * 1024
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
 DEFAULT_KEEPALIVE_TIMEOUT_S = 75.0
+# A schema whose grammar takes longer than this to compile is a 400 (a client's 570 KiB
+# anyOf took about 2 s on one core; typical schemas take milliseconds).
+DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S = 10.0
 # Threads that parse bodies, render chat templates and tokenize, off the event loop.
 PREPARE_THREADS = 4
 
 
 @dataclass(frozen=True)
 class ServeOptions:
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()       # any one of them opens /v1/*; none: no key needed
+    salt_cache_per_key: bool = False     # requests under different keys never share KV blocks
+    metrics_api_key: str | None = None   # None: /metrics is open (Prometheus' default)
     max_queue_wait_s: float = 0.0
     shutdown_grace_s: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     keepalive_timeout_s: float = DEFAULT_KEEPALIVE_TIMEOUT_S
+    grammar_compile_timeout_s: float = DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S
 
 
 class ServerState:
@@ -141,6 +147,8 @@ class ServerState:
         if self.engine is not None:
             await self.engine.stop()
         self._workers.shutdown(wait=False, cancel_futures=True)
+        if self._grammars is not None:
+            self._grammars.close()
 
     # -- per-request work ------------------------------------------------------------
     async def off_loop(self, body_bytes: int | None, fn, *args):
@@ -162,7 +170,8 @@ class ServerState:
 
             tokenizer = self.llm.tokenizer
             self._grammars = GrammarCompiler(tokenizer, tokenizer.eos_token_ids,
-                                             self.llm.runner.config.vocab_size)
+                                             self.llm.runner.config.vocab_size,
+                                             cache_bytes=self.llm.config.grammar_cache_bytes)
         return self._grammars
 
     def token_text(self, token_id: int) -> str:
@@ -196,3 +205,5 @@ class ServerState:
 
 
 STATE = web.AppKey("kvledger_state", ServerState)
+# Which of --api-key's keys opened this request (its position), when keys are set.
+API_KEY_INDEX = web.RequestKey("kvledger_api_key_index", int)
