@@ -75,17 +75,33 @@ def test_greedy_tokens_equal_the_cache_off_and_transformers(tiny_llama_dir, refe
     on = make_engine(tiny_llama_dir, **flags)
     off = make_engine(tiny_llama_dir, enable_prefix_caching=False, **flags)
     prompts = _prompts(on.runner.config.vocab_size, block_size)
+    # The same requests on both engines: a warm-up, then every prompt twice.
+    run(off, {"warm": prompts["whole"]})
     expected = {rid: out.token_ids for rid, out in run(off, prompts).items()}
     assert expected == {rid: reference(prompt) for rid, prompt in prompts.items()}
+    assert {rid: out.token_ids for rid, out in run(off, prompts).items()} == expected
+    total = sum(map(len, prompts.values()))
+    assert off.num_prefill_tokens == len(prompts["whole"]) + 2 * total  # computes every token
     assert off.ledger.cached_blocks == 0 and off.ledger.prefix_cache_hits == 0
 
+    # The full blocks each prompt finds cached (never the one holding its last token).
+    # First time: the warm-up's 3 blocks of the prefix for "whole" and "longer", the first
+    # one for "some", 2 for "exact" (its third holds its last token), none for "none".
+    first_hits = 3 + 3 + 1 + 0 + 2
+    # Sent again, every prompt finds all of its own full blocks before its last token.
+    again_hits = sum((len(prompt) - 1) // block_size for prompt in prompts.values())
+
     run(on, {"warm": prompts["whole"]})                         # caches the shared prefix
+    assert (on.num_prefill_tokens, on.ledger.prefix_cache_hits) == (len(prompts["whole"]), 0)
     first = run(on, prompts)                                    # hits: all, some or none
+    assert on.ledger.prefix_cache_hits == first_hits * block_size
     again = run(on, prompts)                                    # hits their own blocks too
     assert {rid: out.token_ids for rid, out in first.items()} == expected
     assert {rid: out.token_ids for rid, out in again.items()} == expected
-    assert on.ledger.prefix_cache_hits > 0
-    assert on.num_prefill_tokens < 3 * sum(map(len, prompts.values()))
+    hits = (first_hits + again_hits) * block_size
+    assert on.ledger.prefix_cache_hits == hits and on.ledger.evictions == 0
+    # Exactly the cached tokens were not computed: the cache off computed them all.
+    assert on.num_prefill_tokens == off.num_prefill_tokens - hits
     assert_idle(on)
     assert on.ledger.cached_blocks > 0
 
@@ -133,24 +149,67 @@ def test_a_resent_conversation_hits_the_blocks_of_the_reply(tiny_llama_dir):
 
 def test_cached_blocks_are_evicted_only_under_pressure_least_recently_released_first(
         tiny_llama_dir):
-    engine = make_engine(tiny_llama_dir, max_model_len=64, block_size=8,
-                         num_gpu_blocks_override=12)
+    flags = {"max_model_len": 64, "block_size": 8, "num_gpu_blocks_override": 12}
+    engine = make_engine(tiny_llama_dir, **flags)
+    off = make_engine(tiny_llama_dir, enable_prefix_caching=False, **flags)
     ledger = engine.ledger
     old, new = [11] * 24 + [1], [12] * 24 + [2]                 # 3 full blocks each
     one_token = SamplingParams(temperature=0, max_tokens=1)
-    run(engine, {"old": old}, one_token)
-    run(engine, {"new": new}, one_token)
+    tokens = {}
+
+    def both(request_id: str, prompt: list[int]) -> None:
+        """Run on the engine and on the cache off; the same greedy token."""
+        tokens[request_id] = run(engine, {request_id: prompt}, one_token)[request_id].token_ids
+        assert tokens[request_id] == run(off, {request_id: prompt}, one_token)[request_id].token_ids
+
+    both("old", old)
+    both("new", new)
     assert (ledger.cached_blocks, ledger.evictions) == (6, 0)
-    run(engine, {"filler": [13] * 40}, one_token)               # 5 blocks: the 6 free ones first
+    both("filler", [13] * 40)                                   # 5 blocks: the 6 free ones first
     assert ledger.evictions == 0
-    run(engine, {"pressure": [14] * 32}, one_token)             # 4 blocks: 1 free, 3 evicted
+    both("pressure", [14] * 32)                                 # 4 blocks: 1 free, 3 evicted
     assert ledger.evictions == 3
     hits = ledger.prefix_cache_hits
-    run(engine, {"new-again": new}, one_token)
+    both("new-again", new)
     assert ledger.prefix_cache_hits - hits == 24                # the recent one survived
-    run(engine, {"old-again": old}, one_token)
+    both("old-again", old)                                      # recomputed in evicted blocks
     assert ledger.prefix_cache_hits - hits == 24                # the old one was evicted
+    assert tokens["new-again"] == tokens["new"] and tokens["old-again"] == tokens["old"]
+    assert off.ledger.evictions == 0 and off.ledger.prefix_cache_hits == 0
     assert_idle(engine)
+
+
+def test_greedy_tokens_under_eviction_churn_equal_the_cache_off(tiny_llama_dir):
+    """A pool too small to keep what it caches: waves of requests evict blocks earlier waves
+    cached while they hit others (system prompts, re-sent conversations and their replies);
+    every request's greedy tokens equal those of the same requests with the cache off."""
+    flags = {"max_model_len": 64, "block_size": 4, "num_gpu_blocks_override": 16,
+             "max_num_seqs": 2}
+    on = make_engine(tiny_llama_dir, **flags)
+    off = make_engine(tiny_llama_dir, enable_prefix_caching=False, **flags)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    rng = random.Random(0)
+    words = lambda n: [rng.randrange(2, on.runner.config.vocab_size) for _ in range(n)]  # noqa: E731
+    systems = [words(10) for _ in range(3)]                     # 2 full blocks each, and 2 tokens
+    hits_after_evictions, previous = 0, None
+    for n in range(8):
+        # A system prompt's question, and the conversation of the wave before re-sent
+        # with its reply (at most 6 + 9 blocks: the cache off fits them in the pool too).
+        wave = {f"w{n}-ask": systems[n % 3] + words(rng.randrange(2, 7))}
+        if previous is None:
+            wave[f"w{n}-ask-too"] = systems[1] + words(3)
+        else:
+            wave[f"w{n}-chat"] = previous + words(2)
+        evictions, hits = on.ledger.evictions, on.ledger.prefix_cache_hits
+        got = {rid: out.token_ids for rid, out in run(on, wave, params).items()}
+        assert got == {rid: out.token_ids for rid, out in run(off, wave, params).items()}, wave
+        if evictions:
+            hits_after_evictions += on.ledger.prefix_cache_hits - hits
+        previous = wave[f"w{n}-ask"] + got[f"w{n}-ask"]
+    assert on.ledger.evictions >= 20 and hits_after_evictions >= 100  # real churn, real hits
+    assert on.num_prefill_tokens == off.num_prefill_tokens - on.ledger.prefix_cache_hits
+    assert off.ledger.evictions == 0
+    assert_idle(on)
 
 
 def test_prompt_logprobs_are_exact_with_the_cache_on(tiny_llama_dir):

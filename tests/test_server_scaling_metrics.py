@@ -5,6 +5,7 @@ picker), and the kv_cache_full rejections, exported at 0 before the first one.""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -14,10 +15,37 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvledger.engine.server.metrics import VLLM_ALIASES
 from kvledger.engine.server.state import STATE
 
+POOL_BLOCKS, BLOCK = 32, 16  # make_llm's pool
+
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama_dir):
     return make_llm(tiny_llama_dir)
+
+
+class _HeldEngine:
+    """Holds the engine's forward passes until ``release()``: admitted requests stay
+    admitted (running, their blocks reserved) for as long as the test looks at them."""
+
+    def __init__(self, llm, monkeypatch) -> None:
+        self._go = threading.Event()
+        execute = llm.runner.execute
+
+        def held(batch):
+            self._go.wait(60)
+            return execute(batch)
+
+        monkeypatch.setattr(llm.runner, "execute", held)
+
+    def release(self) -> None:
+        self._go.set()
+
+
+def _post_ids(client, prompt_ids: list[int], max_tokens: int) -> asyncio.Task:
+    """A completion of a prompt of known token ids, in flight as a task."""
+    return asyncio.create_task(client.post("/v1/completions", json={
+        "model": model_name(client), "prompt": prompt_ids, "max_tokens": max_tokens,
+        "temperature": 0, "ignore_eos": True}))
 
 
 async def _samples(client) -> dict[tuple[str, frozenset], float]:
@@ -46,72 +74,76 @@ def _assert_aliases_agree(samples: dict, client) -> None:
         assert _vllm(samples, alias, client) == samples[(name, frozenset())], alias
 
 
-async def test_reserved_ratio_is_reserved_over_total_blocks(aiohttp_client, llm):
+async def test_reserved_ratio_is_reserved_over_total_blocks(aiohttp_client, llm, monkeypatch):
     client = await start_app(aiohttp_client, llm)
-    ledger = client.app[STATE].llm.ledger
-    assert (await _settled(client, "kvledger_kv_blocks_reserved", 0))[
-        ("kvledger_kv_reserved_ratio", frozenset())] == 0.0
-    held = ledger.try_reserve(ledger.block_size * (ledger.num_blocks // 4))
+    idle = await _settled(client, "kvledger_kv_blocks_reserved", 0)
+    assert idle[("kvledger_kv_blocks_total", frozenset())] == POOL_BLOCKS
+    assert idle[("kvledger_kv_reserved_ratio", frozenset())] == 0.0
+    engine = _HeldEngine(llm, monkeypatch)
+    # prompt + max_tokens: 10 + 54 = 64 tokens = 4 blocks; 40 + 40 = 80 tokens = 5 blocks.
+    # The prompts share no block, so nothing is shared: 9 of the pool's 32 blocks.
+    requests = [_post_ids(client, list(range(100, 110)), 54),
+                _post_ids(client, list(range(200, 240)), 40)]
     try:
-        samples = await _samples(client)
-        ratio = samples[("kvledger_kv_reserved_ratio", frozenset())]
-        assert ratio == ledger.reserved_blocks / ledger.num_blocks == 0.25
-        assert _vllm(samples, "vllm:kv_cache_usage_perc", client) == 0.25
-        assert _vllm(samples, "vllm:gpu_cache_usage_perc", client) == 0.25
+        samples = await _settled(client, "kvledger_requests_running", 2)
+        assert samples[("kvledger_requests_running", frozenset())] == 2
+        assert samples[("kvledger_kv_blocks_reserved", frozenset())] == 4 + 5
+        assert samples[("kvledger_kv_reserved_ratio", frozenset())] == 9 / 32
+        assert _vllm(samples, "vllm:kv_cache_usage_perc", client) == 9 / 32
+        assert _vllm(samples, "vllm:gpu_cache_usage_perc", client) == 9 / 32
         _assert_aliases_agree(samples, client)
     finally:
-        ledger.release(held)
-    assert (await _settled(client, "kvledger_kv_reserved_ratio", 0.0))[
-        ("kvledger_kv_reserved_ratio", frozenset())] == 0.0
+        engine.release()
+        responses = await asyncio.gather(*requests)
+    assert [r.status for r in responses] == [200, 200]
+    samples = await _settled(client, "kvledger_kv_reserved_ratio", 0.0)
+    assert samples[("kvledger_kv_reserved_ratio", frozenset())] == 0.0
+    assert samples[("kvledger_kv_blocks_reserved", frozenset())] == 0
 
 
-async def test_a_queued_request_counts_as_waiting(aiohttp_client, llm):
+async def test_queued_requests_count_as_waiting(aiohttp_client, llm):
     client = await start_app(aiohttp_client, llm, max_queue_wait_s=5.0)
     state = client.app[STATE]
     ledger = state.llm.ledger
-    held = ledger.try_reserve(ledger.num_blocks * ledger.block_size)
-    request = asyncio.create_task(client.post("/v1/completions", json={
-        "model": model_name(client), "prompt": "x", "max_tokens": 2}))
+    held = ledger.try_reserve(POOL_BLOCKS * BLOCK)  # the whole pool: both requests queue
+    requests = [_post_ids(client, [7, 8], 2), _post_ids(client, [9, 10], 2)]
     try:
-        samples = await _settled(client, "kvledger_requests_waiting", 1)
-        assert samples[("kvledger_requests_waiting", frozenset())] == 1
-        assert samples[("kvledger_queue_length", frozenset())] == 1  # the older name
+        samples = await _settled(client, "kvledger_requests_waiting", 2)
+        assert samples[("kvledger_requests_waiting", frozenset())] == 2
+        assert samples[("kvledger_queue_length", frozenset())] == 2  # the older name
+        assert samples[("kvledger_requests_running", frozenset())] == 0
         assert samples[("kvledger_kv_reserved_ratio", frozenset())] == 1.0
-        assert _vllm(samples, "vllm:num_requests_waiting", client) == 1
+        assert _vllm(samples, "vllm:num_requests_waiting", client) == 2
         _assert_aliases_agree(samples, client)
     finally:
         ledger.release(held)
         state.admission.capacity_changed()  # what the engine's next step would do
-    assert (await request).status == 200
+    assert [(await r).status for r in requests] == [200, 200]
     samples = await _settled(client, "kvledger_requests_waiting", 0)
     assert _vllm(samples, "vllm:num_requests_waiting", client) == 0
 
 
 async def test_a_running_request_counts_as_running(aiohttp_client, llm, monkeypatch):
-    execute = llm.runner.execute
-
-    def slow(batch):  # each step >= 10 ms: 100 tokens run for over a second
-        time.sleep(0.01)
-        return execute(batch)
-
-    monkeypatch.setattr(llm.runner, "execute", slow)
     client = await start_app(aiohttp_client, llm)
-    ledger = client.app[STATE].llm.ledger
-    response = await client.post("/v1/completions", json={
-        "model": model_name(client), "prompt": "Tell me a story", "max_tokens": 100,
-        "ignore_eos": True, "stream": True})
+    engine = _HeldEngine(llm, monkeypatch)
+    # The reservation is prompt + cap, whole, from admission on: 20 + 100 tokens = 8 blocks.
+    request = _post_ids(client, list(range(300, 320)), 100)
+    try:
+        samples = await _settled(client, "kvledger_requests_running", 1)
+        assert samples[("kvledger_requests_running", frozenset())] == 1
+        assert _vllm(samples, "vllm:num_requests_running", client) == 1
+        assert samples[("kvledger_requests_waiting", frozenset())] == 0
+        assert samples[("kvledger_kv_blocks_reserved", frozenset())] == 8
+        assert samples[("kvledger_kv_reserved_ratio", frozenset())] == 8 / 32
+        _assert_aliases_agree(samples, client)
+    finally:
+        engine.release()
+        response = await request
     assert response.status == 200
-    await response.content.readuntil(b"\n\n")  # the first chunk: it is running
-    samples = await _samples(client)
-    assert samples[("kvledger_requests_running", frozenset())] == 1
-    assert _vllm(samples, "vllm:num_requests_running", client) == 1
-    # The reservation is prompt + cap, whole, from admission on.
-    assert samples[("kvledger_kv_reserved_ratio", frozenset())] == (
-        ledger.reserved_blocks / ledger.num_blocks) > 0
-    _assert_aliases_agree(samples, client)
-    await response.read()
+    assert (await response.json())["usage"]["completion_tokens"] == 100
     samples = await _settled(client, "kvledger_requests_running", 0)
     assert _vllm(samples, "vllm:num_requests_running", client) == 0
+    assert samples[("kvledger_kv_reserved_ratio", frozenset())] == 0.0
 
 
 async def test_kv_cache_full_is_exported_at_zero_and_counts_each_429(aiohttp_client, llm):
