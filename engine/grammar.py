@@ -17,6 +17,7 @@ nothing can follow; accepting one terminates the matcher, which then accepts not
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import json
@@ -57,9 +58,9 @@ class GrammarSpec:
 
 
 def compile_workers() -> int:
-    """Threads that compile grammars: a quarter of the cores, 1 to 4. The library drops
-    the GIL while it compiles, so these never stall the event loop or the engine; the
-    cores left over keep serving while a client's heavy schemas compile."""
+    """Threads that compile grammars: a quarter of the cores, 1 to 4, at the lowest
+    priority. The library drops the GIL while it compiles, so these never stall the event
+    loop or the engine, which take the cores first while a client's heavy schemas compile."""
     return max(1, min(4, (os.cpu_count() or 1) // 4))
 
 
@@ -88,7 +89,8 @@ class GrammarCompiler:
         self._lock = threading.Lock()  # the cache and the in-flight table only
         self._tokenizer_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(workers or compile_workers(),
-                                        thread_name_prefix="kvledger-grammar")
+                                        thread_name_prefix="kvledger-grammar",
+                                        initializer=_lowest_priority)
 
     @property
     def cached_bytes(self) -> int:
@@ -178,9 +180,7 @@ class GrammarCompiler:
         grammar = Grammar(matcher, self._eos_ids, self._vocab_size, (tokenizer.vocab_size + 31) // 32)
         # A grammar the library accepts may still allow no output at all (a $ref cycle, an
         # empty character class): the first mask tells, so the request is a 400 here.
-        probe = grammar.matcher()
-        probe.compute_mask()
-        if probe.dead_end:
+        if not grammar.first_mask_allows_output():
             raise GrammarError(f"the {spec.kind} allows no output: no token can start it")
         return grammar
 
@@ -193,6 +193,13 @@ class GrammarCompiler:
                 self._llg_tokenizer = LLTokenizer(self._tokenizer.to_str(), n_vocab=n_vocab,
                                                   eos_token=sorted(self._eos_ids))
             return self._llg_tokenizer
+
+
+def _lowest_priority() -> None:
+    """Run this (compile) thread at nice 19: the engine's step and the event loop, which
+    every request waits on, take the cores first, and compiles the time left over."""
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed: as is
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 def compile_timeout_error(spec: GrammarSpec, timeout_s: float | None) -> GrammarTooCostly:
@@ -242,6 +249,14 @@ class Grammar:
     def matcher(self) -> GrammarMatcher:
         return GrammarMatcher(self._initial.deep_copy(), self._eos_ids, self._vocab_size,
                               self._mask_words)
+
+    def first_mask_allows_output(self) -> bool:
+        """Compute the first position's mask on the matcher every sequence copies, which
+        keeps it: a heavy grammar's first mask (tens of ms) is paid here, on the compile
+        thread, and never in the engine's step. False when it allows no token at all."""
+        bitmask = np.zeros(self._mask_words, dtype=np.int32)
+        self._initial.unsafe_compute_mask_ptr(bitmask.ctypes.data, bitmask.nbytes)
+        return not self._initial.is_error() and bool(bitmask.any())
 
 
 class GrammarMatcher:
