@@ -440,8 +440,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-tokens", type=_positive_int, default=32)
     parser.add_argument("--system-prompt-tokens", type=_positive_int, default=384)
     parser.add_argument("--turns", type=_positive_int, default=4)
-    parser.add_argument("--overhead-runs", type=_positive_int, default=2,
-                        help="runs of the no-shared-prefix workload per kvledger system")
+    parser.add_argument("--overhead-runs", type=_positive_int, default=4,
+                        help="runs of the no-shared-prefix workload per kvledger system (one "
+                             "on/off pair varies by up to 8%% on a shared 2-core machine: "
+                             "fewer pairs cannot tell 3%%)")
     parser.add_argument("--pool-blocks", type=_positive_int, default=None,
                         help=f"KV pool in {BLOCK_SIZE_TOKENS}-token blocks, for every system")
     parser.add_argument("--threads", type=_positive_int, default=1,
