@@ -36,14 +36,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvledger.engine.async_engine import AsyncEngine
 from kvledger.engine.config import EngineConfig
-from kvledger.engine.ledger import KVLedger
-from kvledger.engine.llm_engine import LLMEngine
-from kvledger.engine.make_model import write_model
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.core.async_engine import AsyncEngine
+from kvledger.engine.core.engine import LLMEngine
+from kvledger.engine.kv.ledger import KVLedger
+from kvledger.engine.model.builtin import write_model
+from kvledger.engine.sampling.params import SamplingParams
 from kvledger.engine.server.admission import Admission
-from kvledger.engine.server.errors import ApiError
+from kvledger.engine.server.api_errors import ApiError
 
 POLICIES = ("fixed-cap", "prompt-only", "reservation")
 BASELINE_RETRY_S = 0.1

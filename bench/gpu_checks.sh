@@ -92,12 +92,12 @@ step 100 "gpu_memory_check small-llama bf16, fp8 KV, 64 x 2048, 4096-token steps
 # (c) ---------------------------------------------------------------------------------
 step 110 "engine tests on CUDA: greedy equality vs transformers (float32), meta-device runner" \
     env KVLEDGER_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
-    tests/test_engine_hf_equivalence.py tests/test_engine_device_paths.py
+    tests/engine/test_hf_equivalence.py tests/engine/test_device_paths.py
 step 60 "seeded and greedy sampling on CUDA, bf16 weights, bf16 and fp8 KV" "$PY" - <<'EOF'
 import tempfile
 
 from kvledger.engine import LLM, SamplingParams
-from kvledger.engine.make_model import write_model
+from kvledger.engine.model.builtin import write_model
 
 model_dir = str(write_model("tiny-llama", tempfile.mkdtemp()))
 for kv in ("auto", "fp8"):

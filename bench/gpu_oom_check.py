@@ -59,9 +59,9 @@ def main() -> int:
         print("error: gpu_oom_check needs a CUDA device (torch sees none)", file=sys.stderr)
         return 2
     from kvledger.engine.config import EngineConfig
-    from kvledger.engine.llm_engine import LLMEngine
-    from kvledger.engine.make_model import write_model
-    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.core.engine import LLMEngine
+    from kvledger.engine.model.builtin import write_model
+    from kvledger.engine.sampling.params import SamplingParams
 
     model_dir = write_model("small-llama", tempfile.mkdtemp(prefix="kvledger-oom-"))
     config = EngineConfig(model=str(model_dir), device="cuda", dtype="bfloat16",

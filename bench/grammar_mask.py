@@ -24,7 +24,7 @@ Every token of the document is checked to be allowed by the mask before it is ac
 a library that masks wrongly fails the run instead of looking fast.
 
 Exit status 1, one line on stderr per failed check, when no library measured any case, or
-when llguidance (the library engine/grammar.py uses) was skipped or failed a case.
+when llguidance (the library engine/sampling/grammar.py uses) was skipped or failed a case.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def train_tokenizer(path: Path, vocab: int, corpus_mb: int):
     """A byte-level BPE tokenizer of ``vocab`` tokens, trained once and cached at ``path``."""
     from tokenizers import Tokenizer
 
-    from kvledger.engine.make_model import train_byte_level_bpe
+    from kvledger.engine.model.builtin import train_byte_level_bpe
 
     if path.is_file():
         return Tokenizer.from_file(str(path))
@@ -215,7 +215,7 @@ LIBRARIES = [Xgrammar, Llguidance, OutlinesCore]
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """Set the logit of every token whose bit is 0 to -inf, in place, as engine/grammar.py
+    """Set the logit of every token whose bit is 0 to -inf, in place, as engine/sampling/grammar.py
     does (bit i of word w is token 32 w + i: numpy's little-endian unpack of the bytes)."""
     bits = np.unpackbits(bitmask.numpy().view(np.uint8), count=logits.shape[0], bitorder="little")
     torch.where(torch.from_numpy(bits).view(torch.bool), logits, MINUS_INF, out=logits)

@@ -128,9 +128,9 @@ def main() -> int:
     parser.add_argument("--cache", default="128MiB", help="--grammar-cache-bytes")
     args = parser.parse_args()
     from kvledger.engine.config import parse_size
-    from kvledger.engine.grammar import GrammarCompiler, GrammarSpec, compile_workers
-    from kvledger.engine.make_model import write_model
-    from kvledger.engine.tokenizer import Tokenizer
+    from kvledger.engine.model.builtin import write_model
+    from kvledger.engine.model.tokenizer import Tokenizer
+    from kvledger.engine.sampling.grammar import GrammarCompiler, GrammarSpec, compile_workers
 
     args.cache_bytes = parse_size(args.cache)
     args.workers = compile_workers()

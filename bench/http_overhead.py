@@ -47,7 +47,7 @@ async def serve(bare_port: int, kv_port: int, model_dir: str) -> None:
     import torch
 
     from kvledger.engine.config import EngineConfig
-    from kvledger.engine.llm_engine import LLMEngine
+    from kvledger.engine.core.engine import LLMEngine
     from kvledger.engine.server.app import build_app
     from kvledger.engine.server.state import STATE
 
@@ -94,7 +94,7 @@ async def load(url: str, body: dict, requests: int, concurrency: int) -> float:
 
 
 async def bench(args) -> None:
-    from kvledger.engine.make_model import write_model
+    from kvledger.engine.model.builtin import write_model
 
     model_dir = write_model("tiny-llama", tempfile.mkdtemp(prefix="kvledger-bench-"))
     bare_port, kv_port = free_port(), free_port()

@@ -34,9 +34,9 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from kvledger.engine.budget.checkpoint import read_weights
-from kvledger.engine.budget.plan import make_plan
 from kvledger.engine.config import EngineConfig
+from kvledger.engine.planner.checkpoint import read_weights
+from kvledger.engine.planner.plan import make_plan
 
 GiB = 2**30
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,

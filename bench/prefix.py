@@ -66,7 +66,7 @@ from pathlib import Path
 import torch
 from throughput import Clock  # bench/ is on sys.path: this script's own folder
 
-from kvledger.engine.make_model import MODELS, SPECIAL_TOKENS
+from kvledger.engine.model.builtin import MODELS, SPECIAL_TOKENS
 
 BLOCK_SIZE_TOKENS = 16            # kvledger's block and transformers' page: hits are whole blocks
 MAX_BATCHED_TOKENS = 2048         # tokens per forward pass, the same for both engines
@@ -487,7 +487,7 @@ def run_all(drivers: dict, args: argparse.Namespace,
 
 def main() -> int:
     args = parse_args()
-    from kvledger.engine.make_model import write_model
+    from kvledger.engine.model.builtin import write_model
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

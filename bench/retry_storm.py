@@ -22,7 +22,7 @@ import time
 import aiohttp
 from local_server import free_port, wait_ready
 
-from kvledger.engine.make_model import write_model
+from kvledger.engine.model.builtin import write_model
 
 
 async def run_load(base: str, model: str, honour: bool, args) -> tuple[int, int, float]:

@@ -65,9 +65,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from kvledger.engine.ledger import KVLedger
+from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.server.admission import Admission, Ticket
-from kvledger.engine.server.errors import ApiError
+from kvledger.engine.server.api_errors import ApiError
 
 MAX_MODEL_LEN = 8192
 BLOCK_SIZE = 16

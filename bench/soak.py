@@ -41,8 +41,8 @@ WARMUP_S = 10.0
 
 def serve_with_faults(argv: list[str]) -> int:
     """``kvledger serve`` whose sampler fails requests seeded FAULT_SEED (the child)."""
-    from kvledger.engine import sampler as sampler_module
     from kvledger.engine.cli import main
+    from kvledger.engine.sampling import sampler as sampler_module
 
     real = sampler_module.Sampler.__call__
 
@@ -222,7 +222,7 @@ async def _failed_requests_metric(base: str) -> float:
 
 
 async def bench(args: argparse.Namespace) -> int:
-    from kvledger.engine.make_model import write_model
+    from kvledger.engine.model.builtin import write_model
 
     model_dir = write_model("tiny-llama", Path(tempfile.mkdtemp(prefix="kvledger-soak-")) / "m")
     port = free_port()

@@ -122,7 +122,7 @@ def main() -> int:
     args = parser.parse_args()
     import json
 
-    from kvledger.engine.make_model import write_model
+    from kvledger.engine.model.builtin import write_model
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -1,4 +1,6 @@
-"""kvledger's in-pod engine: planner (``budget``), torch model, scheduler, server, CLI.
+"""kvledger's in-pod engine. Rooms: ``planner`` (the torch-free memory plan), ``core`` (the
+engine loop), ``kv`` (the ledger and block pool), ``model``, ``sampling``, ``server``; at
+the root the public ``LLM``/``SamplingParams`` API, the CLI dispatcher, config and errors.
 
 Importing this package must stay torch-free: the planner runs in a light init
 container. ``LLM`` and ``SamplingParams`` are resolved lazily on first access.
@@ -17,7 +19,7 @@ def __getattr__(name: str) -> Any:
 
         return LLM
     if name == "SamplingParams":
-        from kvledger.engine.sampling_params import SamplingParams
+        from kvledger.engine.sampling.params import SamplingParams
 
         return SamplingParams
     raise AttributeError(f"module 'kvledger.engine' has no attribute {name!r}")

@@ -15,15 +15,15 @@ from kvledger.engine.errors import EXIT_BAD_INPUT, BadInput, KvledgerError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "plan": ("kvledger.engine.budget.cli_plan", "print the memory budget of a declared run"),
-    "preflight": ("kvledger.engine.budget.cli_preflight",
+    "plan": ("kvledger.engine.planner.commands.plan", "print the memory budget of a declared run"),
+    "preflight": ("kvledger.engine.planner.commands.preflight",
                   "the init container: plan, write the plan JSON and a termination report"),
-    "fetch": ("kvledger.engine.budget.cli_fetch",
+    "fetch": ("kvledger.engine.planner.commands.fetch",
               "download an hf:// model's files the engine needs into the hub cache"),
-    "serve": ("kvledger.engine.server.cli", "plan (measured), load the model and serve HTTP"),
+    "serve": ("kvledger.engine.server.serve", "plan (measured), load the model and serve HTTP"),
     "run": ("kvledger.operator.local_run", "run an InferenceService manifest locally, no cluster"),
     "operator": ("kvledger.operator.main", "run the kopf operator"),
-    "make-model": ("kvledger.engine.make_model", "write a small built-in checkpoint"),
+    "make-model": ("kvledger.engine.model.builtin", "write a small built-in checkpoint"),
 }
 
 

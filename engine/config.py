@@ -10,9 +10,9 @@ import argparse
 import re
 from dataclasses import dataclass, fields
 
-from kvledger.engine.budget.hub import is_hub_uri, parse_uri
-from kvledger.engine.budget.hub_http import DEFAULT_HUB_TIMEOUT_S
 from kvledger.engine.errors import BadInput
+from kvledger.engine.planner.hub.reads import DEFAULT_HUB_TIMEOUT_S
+from kvledger.engine.planner.hub.repo import is_hub_uri, parse_uri
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")

@@ -6,10 +6,10 @@ from collections import deque
 from collections.abc import Sequence as Seq
 
 from kvledger.engine.config import EngineConfig
+from kvledger.engine.core.engine import LLMEngine
+from kvledger.engine.core.outputs import RequestOutput
 from kvledger.engine.errors import AdmissionRejected, BadInput
-from kvledger.engine.llm_engine import LLMEngine
-from kvledger.engine.outputs import RequestOutput
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sampling.params import SamplingParams
 
 
 class LLM:

@@ -67,7 +67,7 @@ _SIZE_OR_BYTES = {
     "pattern": SIZE_PATTERN,
 }
 
-# hf://ORG/NAME[@REVISION], as the engine parses it (engine/budget/hub.py): each name is
+# hf://ORG/NAME[@REVISION], as the engine parses it (engine/planner/hub/repo.py): each name is
 # letters, digits, '_', with single '-' or '.' between them; the revision is a branch, tag
 # or commit ('/' between parts, as refs/pr/1). The engine also caps a name at 96 characters.
 _HUB_NAME = r"[A-Za-z0-9_]([-.]?[A-Za-z0-9_])*"

@@ -236,7 +236,7 @@ async def download_size(memo: kopf.Memo, namespace: str, spec: dict[str, Any],
         return {"uri": uri, "downloadBytes": known["downloadBytes"]}
     token = await hub_token(memo, namespace, spec)
     # Torch-free, and imported here so that the operator starts without reading it.
-    from kvledger.engine.budget import hub
+    from kvledger.engine.planner.hub import repo as hub
 
     try:
         size = await asyncio.to_thread(hub.download_bytes, uri, token=token,

@@ -137,9 +137,9 @@ def main(args: argparse.Namespace) -> int:
         return _run_hub_model(name, spec, flags, args)
 
     # The planner is torch-free; importing it here keeps `run --help` instant.
-    from kvledger.engine.budget.plan import make_plan
-    from kvledger.engine.budget.report import render_report
-    from kvledger.engine.model_config import ModelConfig
+    from kvledger.engine.model.config import ModelConfig
+    from kvledger.engine.planner.plan import make_plan
+    from kvledger.engine.planner.report import render_report
 
     plan = make_plan(config)
     ModelConfig.from_dir(config.model)  # what `serve` would refuse at once (as the preflight)

@@ -23,7 +23,7 @@ IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
 WARNING_REASONS = {"DoesNotFit", "PreflightBadInput", "PreflightFailed", "InvalidSpec",
                    "OOMKilled", "EngineCrashLoop", "ImagePullFailed", "Unschedulable",
                    "FetchFailed", "ModelUnavailable"}
-# The pre-flight report (engine/budget/report.py): a headline, then one row per class.
+# The pre-flight report (engine/planner/report.py): a headline, then one row per class.
 _HEADLINE_RE = re.compile(r"^(?:fits|error): engine requires ([\d.]+ \w+), limit is ([\d.]+ \w+)"
                           r"(?: \((?:([\d.]+ \w+) to spare|short by ([\d.]+ \w+))\))?")
 _CLASS_ROWS = {"weights": "weights", "activations": "activations", "KV cache": "kvCache",

@@ -20,7 +20,7 @@ from kvledger.engine.server.state import STATE, ServeOptions
 
 def make_llm(model_dir: Path, **flags):
     """A CPU ``LLMEngine`` on the tiny model; small pools make 429s easy to reach."""
-    from kvledger.engine.llm_engine import LLMEngine
+    from kvledger.engine.core.engine import LLMEngine
 
     values = {"max_model_len": 256, "num_gpu_blocks_override": 32, "max_num_seqs": 8}
     values.update(flags)

@@ -15,7 +15,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def make_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    from kvledger.engine.make_model import write_model
+    from kvledger.engine.model.builtin import write_model
 
     written: dict[str, Path] = {}
 

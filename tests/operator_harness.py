@@ -1,6 +1,6 @@
 """Test harness: the real operator, in-process, against kmock's Kubernetes emulator over HTTP.
 
-Used by tests/test_operator_*.py (kmock is a test dependency, so this lives with the tests).
+Used by tests/operator/ and tests/test_docs.py (kmock is a test dependency, so this lives with the tests).
 kmock does not assign ``uid``, ``resourceVersion`` or ``generation``, so ``Cluster``
 sets them the way an API server would when a test creates or edits a resource.
 """
@@ -11,9 +11,11 @@ import asyncio
 import contextlib
 import itertools
 import os
+import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import kmock
@@ -23,6 +25,7 @@ import yaml
 from kvledger.operator.crd import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 from kvledger.operator.kube import KubeApi, object_path
 from kvledger.operator.main import operator_memo
+from kvledger.operator.render import LABEL
 
 
 class Emulator(kmock.KubernetesEmulator):
@@ -238,3 +241,55 @@ def local_argv(container: dict[str, Any], mounts: dict[str, str]) -> list[str]:
     assert container["command"][0] == "kvledger"
     return [sys.executable, "-m", "kvledger.engine.cli", *container["command"][1:],
             *(local(a) for a in container["args"])]
+
+
+NS = "default"
+FALLBACK_LOG_LINES = 80  # the kubelet's FallbackToLogsOnError keeps the log's tail
+
+
+def run_container(container: dict, pod_spec: dict, scratch: Path) -> dict:
+    """Run one container as a local process, as a kubelet would; its terminated state."""
+    volumes = {v["name"]: v for v in pod_spec["volumes"]}
+    mounts = {}
+    for mount in container["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        if "hostPath" in volume:
+            mounts[mount["mountPath"]] = volume["hostPath"]["path"]
+        else:
+            local = scratch / mount["name"]
+            local.mkdir(parents=True, exist_ok=True)
+            mounts[mount["mountPath"]] = str(local)
+    termination_file = scratch / "termination-log"
+    mounts[container["terminationMessagePath"]] = str(termination_file)
+
+    done = subprocess.run(local_argv(container, mounts), capture_output=True, text=True,
+                          timeout=60)
+    message = termination_file.read_text() if termination_file.exists() else ""
+    if not message and done.returncode != 0 \
+            and container["terminationMessagePolicy"] == "FallbackToLogsOnError":
+        message = "\n".join((done.stdout + done.stderr).splitlines()[-FALLBACK_LOG_LINES:])
+    return {"exitCode": done.returncode, "reason": "Completed" if done.returncode == 0 else "Error",
+            "message": message}
+
+
+async def deploy_and_run_preflight(cluster, name: str, model_root: Path, scratch: Path,
+                                   **spec) -> tuple[dict, dict]:
+    """Create the resource, take the rendered pod, run its ``preflight`` as a kubelet would,
+    and report the pod to the emulator; (pod spec, the container's terminated state)."""
+    manifest = service_manifest(name, NS, gpus=0, **spec)
+    manifest["spec"]["model"]["volume"] = {"hostPath": {"path": str(model_root)},
+                                           "mountPath": "/models"}
+    await cluster.create(API_VERSION, PLURAL, manifest)
+    deployment = await eventually(
+        lambda: cluster.stored("apps/v1", "deployments", NS, name), what="deployment")
+    pod_spec = deployment["spec"]["template"]["spec"]
+    [preflight] = pod_spec["initContainers"]
+    terminated = run_container(preflight, pod_spec, scratch)
+    await cluster.create("v1", "pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"{name}-0", "namespace": NS, "labels": {LABEL: name}},
+        "spec": pod_spec,
+        "status": {"phase": "Pending", "initContainerStatuses": [{
+            "name": "preflight", "ready": terminated["exitCode"] == 0, "restartCount": 0,
+            "state": {"terminated": terminated}}]}})
+    return pod_spec, terminated

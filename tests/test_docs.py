@@ -20,12 +20,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from operator_harness import describe, eventually, running_operator
-from test_operator_kubelet import deploy_and_run_preflight
+from operator_harness import deploy_and_run_preflight, describe, eventually, running_operator
 
 from kvledger.engine import cli
-from kvledger.engine.budget import device
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, EXIT_OK
+from kvledger.engine.planner import device
 from kvledger.operator.crd import API_VERSION, PLURAL
 from kvledger.operator.spec import local_model_path
 
@@ -167,7 +166,7 @@ def _run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def model_root(tmp_path_factory) -> Path:
     """A folder holding the built-in ``tiny-llama``, as the examples' hostPath does."""
-    from kvledger.engine.make_model import write_model
+    from kvledger.engine.model.builtin import write_model
 
     root = tmp_path_factory.mktemp("models")
     write_model("tiny-llama", root / "tiny-llama")

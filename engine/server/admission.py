@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvledger.engine.server.errors import ApiError
+from kvledger.engine.server.api_errors import ApiError
 
 MAX_RETRY_AFTER_S = 60.0       # past this a client should go elsewhere, not wait
 DEFAULT_DECODE_TOKENS_PER_S = 20.0  # before the first decode step is observed

@@ -17,8 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
-from kvledger.engine.async_engine import EngineDeadError
-from kvledger.engine.server.errors import ApiError, sse_error_event
+from kvledger.engine.core.async_engine import EngineDeadError
+from kvledger.engine.server.api_errors import ApiError, sse_error_event
 from kvledger.engine.server.logprobs import chat_logprobs, completion_logprobs
 from kvledger.engine.server.protocol import GenerationRequest
 from kvledger.engine.server.state import ServerState

@@ -12,7 +12,7 @@ import time
 
 from aiohttp import web
 
-from kvledger.engine.server.errors import ApiError, error_body
+from kvledger.engine.server.api_errors import ApiError, error_body
 from kvledger.engine.server.openai_api import chat_completions, completions
 from kvledger.engine.server.state import API_KEY_INDEX, STATE, ServeOptions, ServerState
 from kvledger.engine.server.tokenize_api import detokenize, tokenize, version

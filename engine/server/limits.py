@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from kvledger.engine.server.errors import bad_request
+from kvledger.engine.server.api_errors import bad_request
 
 # json.loads recurses once per level of nesting (RecursionError near 1,000); real
 # requests nest 4-5 levels.

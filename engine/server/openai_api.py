@@ -21,10 +21,10 @@ from typing import Any
 
 from aiohttp import web
 
-from kvledger.engine.async_engine import EngineDeadError
+from kvledger.engine.core.async_engine import EngineDeadError
 from kvledger.engine.errors import BadInput
 from kvledger.engine.server import answers
-from kvledger.engine.server.errors import ApiError, bad_request
+from kvledger.engine.server.api_errors import ApiError, bad_request
 from kvledger.engine.server.limits import decode_json
 from kvledger.engine.server.protocol import GenerationRequest, parse_chat, parse_completion
 from kvledger.engine.server.state import API_KEY_INDEX, STATE, ServerState
@@ -202,7 +202,7 @@ def _encode(state: ServerState, req: GenerationRequest, prompt: str | list[int])
 
 
 def _sampling_params(req: GenerationRequest, cap: int, grammar: Any, index: int) -> Any:
-    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.sampling.params import SamplingParams
 
     seed = req.seed
     if seed is not None and index:  # each choice draws its own tokens, reproducibly
@@ -232,7 +232,7 @@ async def _grammar(state: ServerState, req: GenerationRequest) -> Any:
     spec = req.grammar()
     if spec is None:
         return None
-    from kvledger.engine.grammar import GrammarError, GrammarSpec, compile_timeout_error
+    from kvledger.engine.sampling.grammar import GrammarError, GrammarSpec, compile_timeout_error
 
     compiler, spec = state.grammars, GrammarSpec(*spec)
     try:

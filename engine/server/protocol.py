@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from kvledger.engine.server.errors import ApiError, bad_request
+from kvledger.engine.server.api_errors import ApiError, bad_request
 from kvledger.engine.server.limits import (
     MAX_INT,
     MAX_MESSAGES,

@@ -9,7 +9,7 @@
 aiohttp (3.14) has no header timeout, so ``_Connection`` adds one to its per-connection
 protocol. It reads two of aiohttp's private fields, ``_waiter`` (set while the protocol
 waits for the next request's headers) and ``_request_count`` (requests parsed so far);
-tests/test_server_guard.py fails if an aiohttp release changes them.
+tests/server/test_guard.py fails if an aiohttp release changes them.
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ from typing import Any
 
 from aiohttp import web
 
-from kvledger.engine.async_engine import AsyncEngine
+from kvledger.engine.core.async_engine import AsyncEngine
 from kvledger.engine.server.admission import Admission
-from kvledger.engine.server.errors import ApiError
+from kvledger.engine.server.api_errors import ApiError
 from kvledger.engine.server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class ServerState:
     async def _warm_up(self) -> None:
         """One tiny greedy request through the whole path; its last (warm) decode step
         seeds the decode rate that Retry-After estimates use."""
-        from kvledger.engine.sampling_params import SamplingParams
+        from kvledger.engine.sampling.params import SamplingParams
 
         ids = self.llm.tokenizer.encode("Hello", add_special_tokens=True)[:8] or [0]
         params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
@@ -166,7 +166,7 @@ class ServerState:
     def grammars(self) -> Any:
         """The engine's ``GrammarCompiler``, built at the first constrained request."""
         if self._grammars is None:
-            from kvledger.engine.grammar import GrammarCompiler
+            from kvledger.engine.sampling.grammar import GrammarCompiler
 
             tokenizer = self.llm.tokenizer
             self._grammars = GrammarCompiler(tokenizer, tokenizer.eos_token_ids,

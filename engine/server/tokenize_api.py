@@ -15,7 +15,7 @@ from aiohttp import web
 from pydantic import Field, model_validator
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.server.errors import bad_request
+from kvledger.engine.server.api_errors import bad_request
 from kvledger.engine.server.limits import MAX_INT, decode_json
 from kvledger.engine.server.openai_api import read_body
 from kvledger.engine.server.protocol import ChatMessage, Strict, validate

@@ -31,7 +31,7 @@ import yaml
 from container_harness import MEASURED, podman
 
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT
-from kvledger.engine.make_model import write_model
+from kvledger.engine.model.builtin import write_model
 from kvledger.operator.crd import API_VERSION, KIND, validate_manifest
 from kvledger.operator.render import render_deployment
 from kvledger.operator.status import MEMORY_BUDGET, READY, compute_status, find_condition

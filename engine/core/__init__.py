@@ -1,0 +1,1 @@
+"""The engine loop: requests admitted against the ledger, scheduled, run, sampled, finished."""

@@ -1,0 +1,78 @@
+"""One request's state inside the engine: its tokens, its reservation, where it stands."""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from kvledger.engine.core.outputs import TokenLogprobs
+from kvledger.engine.kv.ledger import Reservation
+from kvledger.engine.model.tokenizer import IncrementalDetokenizer
+from kvledger.engine.sampling.params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"     # admitted (blocks reserved), not scheduled yet
+    RUNNING = "running"     # prefilling its prompt chunk by chunk, then decoding
+    FINISHED = "finished"   # reservation released
+
+
+class Sequence:
+    """A request from admission to finish. ``max_tokens`` is its output cap: the
+    reservation holds ``prompt + max_tokens`` tokens, so decoding never runs out of KV.
+
+    ``logprobs`` and ``prompt_logprobs`` are lists only when the request asked for them
+    (None otherwise, so a request that did not ask carries nothing); ``matcher`` is its
+    grammar's state, when it has a grammar."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 max_tokens: int, reservation: Reservation, detokenizer: IncrementalDetokenizer,
+                 generator: torch.Generator | None) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.output_token_ids: list[int] = []
+        self.params = params
+        self.max_tokens = max_tokens
+        self.reservation = reservation
+        self.detokenizer = detokenizer
+        self.generator = generator
+        # Tokens whose K/V are in the cache: from the start, the prefix its reservation
+        # found cached (none for a sequence only sampled from, without a reservation).
+        self.num_computed_tokens = 0 if reservation is None else reservation.num_cached_tokens
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: str | None = None
+        self.text = ""  # the output text so far, stop strings cut off
+        self.logprobs: list[TokenLogprobs] | None = None if params.logprobs is None else []
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = (
+            None if params.prompt_logprobs is None else [])
+        self.matcher = None if params.grammar is None else params.grammar.matcher()
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt and output tokens, as a new list."""
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def prompt_computed(self) -> bool:
+        return self.num_computed_tokens >= len(self.prompt_token_ids)
+
+    @property
+    def last_token_id(self) -> int:
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    @property
+    def block_ids(self) -> list[int]:
+        return self.reservation.block_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

@@ -1,0 +1,97 @@
+"""An engine's start-up, before it serves a token: plan on the device probed before
+anything is loaded (refuse if it cannot fit) -> load the weights -> profile a prefill and
+a mixed step -> re-plan with the measured figures (refuse again if that no longer fits)
+-> allocate the KV pool the plan sized. ``LLMEngine.from_config`` runs it."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.errors import BadInput, DoesNotFit
+from kvledger.engine.kv.ledger import KVLedger
+from kvledger.engine.model.config import ModelConfig
+from kvledger.engine.model.loader import load_model, weights_bytes
+from kvledger.engine.model.runner import TORCH_DTYPES, ModelRunner
+from kvledger.engine.model.tokenizer import Tokenizer
+from kvledger.engine.planner.device import DeviceMemory, probe_device
+from kvledger.engine.planner.hub.cache import serving_source
+from kvledger.engine.planner.plan import Measured, Plan, make_plan
+from kvledger.engine.planner.report import render_report
+
+log = logging.getLogger("kvledger.engine")
+
+
+def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]:
+    """The measured plan, tokenizer, model runner (KV pool allocated) and ledger of an
+    engine. Raises DoesNotFit if either plan does not fit, BadInput for an unsupported
+    or broken checkpoint. An hf:// model is loaded from the hub cache (``serving_source``:
+    downloaded first when incomplete, unless HF_HUB_OFFLINE is set)."""
+    source = serving_source(config.model, config.download_dir, hub_timeout_s=config.hub_timeout_s)
+    model_config = ModelConfig.from_dir(source.path)  # refuses unsupported architectures
+    device_memory = probe_device(config)  # before loading: free memory drops after
+    plan = make_plan(config, device=device_memory, source=source)
+    if not plan.fits:
+        raise DoesNotFit(render_report(plan), plan)
+    device = torch_device(config.device)
+    tokenizer = Tokenizer(source.path)
+    model = load_model(source.path, model_config, TORCH_DTYPES[plan.model_dtype], device)
+    runner = ModelRunner(model, device, plan.max_model_len, plan.kv.block_size)
+    measured = Measured(
+        weights_bytes=weights_bytes(model),
+        activation_peak_bytes=runner.profile(plan.max_num_batched_tokens, plan.max_model_len,
+                                             plan.max_num_seqs, plan.kv.dtype),
+        context_bytes=context_bytes(device, device_memory, config),
+        cuda_graph_bytes=0,  # the engine runs eagerly: it captures no CUDA graphs
+    )
+    measured_plan = make_plan(config, device=device_memory, measured=measured, source=source)
+    log_predicted_vs_measured(plan, measured_plan)
+    if not measured_plan.fits:
+        raise DoesNotFit(render_report(measured_plan), measured_plan)
+    kv = measured_plan.kv
+    pool_bytes = runner.allocate_kv_cache(kv.num_blocks, kv.dtype)
+    log.info("KV pool: %d blocks x %d tokens (%d bytes)", kv.num_blocks, kv.block_size, pool_bytes)
+    ledger = KVLedger(kv.num_blocks, kv.block_size,
+                      enable_prefix_caching=config.enable_prefix_caching)
+    return measured_plan, tokenizer, runner, ledger
+
+
+def torch_device(flag: str) -> torch.device:
+    if flag == "cuda" or (flag == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise BadInput("--device cuda, but torch sees no CUDA device (is this a CPU build of torch?)")
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def context_bytes(device: torch.device, probed: DeviceMemory, config: EngineConfig) -> int | None:
+    """Device memory this process took that torch's allocator does not hold (CUDA
+    context, cuBLAS handles); None on the CPU, where the planner's estimate stands.
+
+    The plan's limit is the memory free when ``probed`` was read, before this process
+    touched the device, so memory already in use then (other processes; on a unified
+    pool the OS and every host process) is outside the budget and must not count
+    again: the context is the drop in free memory since the probe, read the same way
+    (NVML, or host memory on a unified pool), less what the allocator reserves. Only a
+    what-if device, which has no such reading, falls back to ``total - free - reserved``
+    from ``cudaMemGetInfo``."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    reserved = torch.cuda.memory_reserved(device)
+    if probed.kind == "cuda":
+        now = probe_device(config)
+        if now.kind == "cuda":
+            return max(0, probed.free_bytes - now.free_bytes - reserved)
+    free, total = torch.cuda.mem_get_info(device)
+    return max(0, total - free - reserved)
+
+
+def log_predicted_vs_measured(predicted: Plan, measured: Plan) -> None:
+    for name, before in predicted.classes.items():
+        after = measured.classes[name]
+        source = "measured" if name in measured.measured else "estimated"
+        log.info("memory %-11s predicted %12d  %s %12d  (%+d)", name, before, source, after,
+                 after - before)

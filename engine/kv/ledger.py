@@ -1,0 +1,407 @@
+"""The KV reservation ledger: admission never over-commits the block pool, and requests
+whose prompts begin alike share the blocks of that prefix (prefix caching).
+
+Admitting a request reserves ``blocks_for(prompt + output cap)`` blocks for its whole
+life, so a running request can never run out of KV mid-decode. With prefix caching a
+reservation is two things: the cached blocks it pinned (its *hits*: the longest run of
+the prompt's full blocks already registered, found at admission and again as its request
+starts) and a count of blocks it may still *draw* (``blocks_for(prompt + cap) - hits``).
+
+Accounting. Each physical block is in use (held by a reservation), cached (held by none
+but registered, so it can be pinned again; see ``block_pool``) or free. The ledger keeps
+
+    in_use + outstanding <= num_blocks
+
+where ``outstanding`` is the draws all live reservations may still make:
+
+- admission adds the request's draws (per choice) and the hits it pins that were cached
+  (ref 0 -> 1; a hit already in use costs nothing, and ``n`` choices pinning the same
+  block count it once); it succeeds iff the sum stays within the pool. Cached blocks
+  thus count as free for admission, and a pinned block cannot be evicted;
+- a request about to start pins the blocks cached since its admission (``pin_cached``):
+  each replaces one of its draws, so the sum stays or drops;
+- a draw moves one block from outstanding to in use, leaving the sum unchanged; since
+  the drawing reservation had one outstanding, ``in_use < num_blocks``: a free or cached
+  block exists. An admitted request never fails to draw; a cached block is evicted, least
+  recently released first, only when no free block is left;
+- a release drops each of its blocks' reference counts (at zero a registered block is
+  cached, an unregistered one free) and gives up the draws it did not make.
+
+A pinned block is never written: hits are whole blocks before the prompt's last token
+(when every prompt block is cached the last hit is dropped, so at least one token is
+computed and gives the logits), the sequence starts its prefill after them and writes
+only blocks it drew. ``register`` makes a drawn block findable once it is full and its
+K/V computed (prompt blocks as chunks complete them, and blocks of generated tokens, so
+a chat that re-sends its history hits); when its key already names another block it
+stays private. A request that needs the logits of every prompt position
+(``prompt_logprobs``) reserves with ``use_cached=False``: no hits, though its blocks are
+still registered for others.
+
+Figures, as the server and its metrics read them: ``used_blocks`` = in use;
+``reserved_blocks`` = in use + outstanding; ``free_blocks`` = ``num_blocks -
+reserved_blocks``, what admission may still claim (cached blocks included);
+``cached_blocks`` = cached (evictable). ``prefix_cache_queries`` and
+``prefix_cache_hits`` count tokens, as vLLM does: the prompt tokens of requests that
+could use the cache, and the tokens of the blocks they pinned. With caching off nothing
+is ever shared and every figure is as it was before: each reservation claims
+``blocks_for(prompt + cap)``; so does one made without prompt ids, though its request
+may still pin cached blocks as it starts.
+
+Thread-safe: the HTTP server reserves and releases on the asyncio thread while the
+engine draws, registers and releases in its worker thread; one lock guards it all.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from kvledger.engine.errors import BadInput
+from kvledger.engine.kv.block_pool import BlockHash, BlockPool, hash_block, hash_blocks, salt_root
+
+
+class PromptShare:
+    """The choices of one request (``n > 1``) share the full blocks of their prompt past
+    the cached hits, ``[start, end)``: the ``owner`` draws and computes them, the others
+    (``waiting``) pin them once computed (``share_prompt``) and never claim them. If the
+    owner is released before that, the first waiting one becomes the owner, and its
+    claim grows by the blocks it must now compute itself."""
+
+    __slots__ = ("end", "owner", "start", "waiting")
+
+    def __init__(self, owner: Reservation, waiting: list[Reservation], start: int, end: int) -> None:
+        self.owner, self.waiting, self.start, self.end = owner, waiting, start, end
+
+
+class Reservation:
+    """A claim on ``num_blocks`` blocks: ``block_ids`` holds the pinned hits
+    (``num_cached_blocks``, first) and the blocks drawn so far; ``draws_left`` more may be
+    drawn. ``block_hashes`` are the keys of its first full blocks known so far. ``share``:
+    the ``PromptShare`` of its request's choices, if they share their prompt."""
+
+    __slots__ = ("block_hashes", "block_ids", "draws_left", "num_blocks", "num_cached_blocks",
+                 "num_cached_tokens", "num_registered_blocks", "prompt_token_ids", "released",
+                 "root", "share")
+
+    def __init__(self, num_blocks: int, hits: list[int], block_size: int,
+                 block_hashes: list[BlockHash], prompt_token_ids: Sequence[int] | None,
+                 root: BlockHash | None = None) -> None:
+        self.num_blocks = num_blocks
+        self.block_ids = list(hits)
+        self.num_cached_blocks = len(hits)
+        self.num_cached_tokens = len(hits) * block_size  # the sequence starts its prefill here
+        self.draws_left = num_blocks - len(hits)
+        self.block_hashes = list(block_hashes)
+        self.num_registered_blocks = len(hits)  # blocks before this one need no register()
+        # The prompt the cache was consulted for (its keys made of): None when it was not.
+        self.prompt_token_ids = prompt_token_ids
+        self.root = root  # the parent key of its first block: its cache salt (None: none)
+        self.share: PromptShare | None = None
+        self.released = False
+
+    @property
+    def awaits_share(self) -> bool:
+        """Its prompt's shared blocks are still to be computed by another choice."""
+        return self.share is not None and self in self.share.waiting
+
+    @property
+    def awaited_blocks(self) -> int:
+        """The shared blocks it will pin rather than draw (0 once pinned, or for the owner):
+        ``len(block_ids) + draws_left + awaited_blocks == num_blocks``."""
+        return self.share.end - self.share.start if self.awaits_share else 0
+
+    @property
+    def used_blocks(self) -> int:
+        return len(self.block_ids)
+
+    def __repr__(self) -> str:
+        if self.released:
+            return "Reservation(released)"
+        return (f"Reservation({self.used_blocks}/{self.num_blocks} used, "
+                f"{self.num_cached_blocks} cached)")
+
+
+class KVLedger:
+    """Verb-based allocator over ``num_blocks`` blocks of ``block_size`` tokens each:
+    ``try_reserve``, ``pin_cached``, ``grow``, ``register``, ``release`` (see the module
+    docstring)."""
+
+    def __init__(self, num_blocks: int, block_size: int, *,
+                 enable_prefix_caching: bool = False) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise BadInput(f"a KV pool needs >= 1 block of >= 1 token, got {num_blocks} x {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.prefix_cache_queries = 0  # tokens
+        self.prefix_cache_hits = 0     # tokens
+        self._pool = BlockPool(num_blocks)
+        self._outstanding = 0
+        self._lock = threading.Lock()
+
+    # -- figures ------------------------------------------------------------------------
+    @property
+    def used_blocks(self) -> int:
+        return self._pool.num_in_use
+
+    @property
+    def reserved_blocks(self) -> int:
+        with self._lock:  # two counters: read them together
+            return self._pool.num_in_use + self._outstanding
+
+    @property
+    def free_blocks(self) -> int:
+        return self.num_blocks - self.reserved_blocks
+
+    @property
+    def cached_blocks(self) -> int:
+        return self._pool.num_cached
+
+    @property
+    def evictions(self) -> int:
+        return self._pool.num_evictions
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def can_reserve(self, num_tokens: int) -> bool:
+        return self.blocks_for(num_tokens) <= self.free_blocks
+
+    # -- admission ----------------------------------------------------------------------
+    def try_reserve(self, num_tokens: int, prompt_token_ids: Sequence[int] | None = None, *,
+                    use_cached: bool = True, salt: str | None = None) -> Reservation | None:
+        """Claim blocks for ``num_tokens`` tokens (prompt + cap), or return None when they
+        are not free. See ``try_reserve_each``."""
+        reservations = self.try_reserve_each(num_tokens, 1, prompt_token_ids,
+                                             use_cached=use_cached, salt=salt)
+        return reservations[0] if reservations else None
+
+    def try_reserve_each(self, num_tokens: int, count: int,
+                         prompt_token_ids: Sequence[int] | None = None, *,
+                         use_cached: bool = True, salt: str | None = None) -> list[Reservation] | None:
+        """``count`` reservations of ``num_tokens`` tokens each (one per choice of an
+        ``n > 1`` request), all or none: None when they do not all fit now.
+
+        With prefix caching on and the prompt's ids, each reservation pins the cached
+        blocks its prompt begins with, unless ``use_cached`` is False (the request needs
+        every prompt position computed); the prompt's keys are kept for ``register``. A
+        ``salt`` (vLLM's ``cache_salt``) keys its blocks apart: only a request with the
+        same salt finds them, or is found by it."""
+        root = salt_root(salt)
+        needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached,
+                                                root)
+        full = self._shareable(count, prompt_token_ids, use_cached)
+        with self._lock:
+            hits, cost = self._hits(hashes[:lookups or 0], needed, count)
+            shared = max(0, full - len(hits))
+            cost -= shared * (count - 1)
+            if self._pool.num_in_use + self._outstanding + cost > self.num_blocks:
+                return None
+            for block in hits:
+                self._pool.pin(block, count)
+            self._outstanding += (needed - len(hits)) * count - shared * (count - 1)
+            if lookups is not None:  # the cache was usable for this prompt
+                self.prefix_cache_queries += len(prompt_token_ids) * count
+                self.prefix_cache_hits += len(hits) * self.block_size * count
+        prompt = prompt_token_ids if self.enable_prefix_caching else None
+        reservations = [Reservation(needed, hits, self.block_size, hashes, prompt, root)
+                        for _ in range(count)]
+        if shared:
+            share = PromptShare(reservations[0], reservations[1:], len(hits), len(hits) + shared)
+            for reservation in reservations:
+                reservation.share = share
+            for reservation in share.waiting:
+                reservation.draws_left -= shared
+        return reservations
+
+    def _shareable(self, count: int, prompt_token_ids: Sequence[int] | None,
+                   use_cached: bool) -> int:
+        """The full prompt blocks ``count`` choices can share: those before the block of
+        the prompt's last token, which each choice computes itself (its logits start it)."""
+        if count < 2 or not prompt_token_ids or not use_cached:
+            return 0
+        return (len(prompt_token_ids) - 1) // self.block_size
+
+    def blocks_for_choices(self, num_tokens: int, count: int, prompt_tokens: int,
+                           share: bool) -> int:
+        """What ``count`` choices of ``num_tokens`` (prompt + cap) claim with nothing
+        cached: the shared prompt blocks (``share``) once."""
+        shared = (prompt_tokens - 1) // self.block_size if share and count > 1 else 0
+        return self.blocks_for(num_tokens) * count - shared * (count - 1)
+
+    def blocks_needed(self, num_tokens: int, count: int = 1,
+                      prompt_token_ids: Sequence[int] | None = None, *,
+                      use_cached: bool = True, salt: str | None = None) -> int:
+        """The blocks ``try_reserve_each`` would claim now (its draws, and the cached
+        blocks it would pin); without a prompt or caching, ``count * blocks_for``."""
+        needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached,
+                                                salt_root(salt))
+        full = self._shareable(count, prompt_token_ids, use_cached)
+        with self._lock:
+            hits, cost = self._hits(hashes[:lookups or 0], needed, count)
+            return cost - max(0, full - len(hits)) * (count - 1)
+
+    def _prepare(self, num_tokens: int, count: int, prompt_token_ids: Sequence[int] | None,
+                 use_cached: bool, root: BlockHash | None) -> tuple[int, list[BlockHash], int | None]:
+        """Blocks per reservation, the keys of the prompt's full blocks (computed outside
+        the lock: hashing is the slow part) and how many of them may be hits (None when
+        the cache is not consulted at all)."""
+        if num_tokens < 1 or count < 1:
+            raise BadInput(f"a reservation needs at least one token, got {count} x {num_tokens}")
+        if not self.enable_prefix_caching or not prompt_token_ids:
+            return self.blocks_for(num_tokens), [], None
+        if len(prompt_token_ids) > num_tokens:
+            raise BadInput(f"a prompt of {len(prompt_token_ids)} tokens does not fit a "
+                           f"reservation of {num_tokens}")
+        bs = self.block_size
+        hashes = hash_blocks(prompt_token_ids, bs, len(prompt_token_ids) // bs, root)
+        # The last prompt token is always computed: it gives the first output's logits.
+        lookups = (len(prompt_token_ids) - 1) // bs if use_cached else None
+        return self.blocks_for(num_tokens), hashes, lookups
+
+    def _hits(self, hashes: list[BlockHash], needed: int, count: int) -> tuple[list[int], int]:
+        """The cached blocks the keys find (up to the first miss), and what admitting
+        ``count`` reservations with them would claim. Under the lock."""
+        hits = []
+        for block_hash in hashes:
+            block = self._pool.lookup(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        revived = sum(1 for block in hits if self._pool.ref_counts[block] == 0)
+        return hits, (needed - len(hits)) * count + revived
+
+    def blocks_returned(self, groups: Sequence[Sequence[Reservation]]) -> list[int]:
+        """For groups of reservations released one group after another in this order,
+        what each release would add to ``free_blocks``: its undrawn claim, and each
+        block it holds whose last holder it is by then (a block also held by a later
+        group, or by a reservation in none, comes back later or not at all)."""
+        with self._lock:
+            holds: dict[int, int] = {}  # block -> holders left after the releases so far
+            returned = []
+            for group in groups:
+                freed = 0
+                for reservation in group:
+                    if reservation.released:
+                        continue
+                    freed += reservation.draws_left
+                    for block in reservation.block_ids:
+                        holds[block] = holds.get(block, self._pool.ref_counts[block]) - 1
+                        if holds[block] == 0:
+                            freed += 1
+                returned.append(freed)
+            return returned
+
+    # -- the engine's verbs ---------------------------------------------------------------
+    def pin_cached(self, reservation: Reservation, prompt_token_ids: Sequence[int]) -> int:
+        """Before a reservation has drawn a block (its request is about to start): pin the
+        cached blocks its prompt begins with that were registered since admission. Each
+        one replaces a draw, so the claim never grows (it shrinks by one per block that
+        was already in use). Returns the prompt tokens now cached; does nothing with
+        caching off. Only for a request that may use cached blocks (no prompt logprobs)."""
+        start = reservation.num_cached_blocks
+        if not self.enable_prefix_caching or len(reservation.block_ids) > start:
+            return reservation.num_cached_tokens
+        if reservation.prompt_token_ids is None:  # reserved without its prompt: not counted yet
+            with self._lock:
+                self.prefix_cache_queries += len(prompt_token_ids)
+        lookups = (len(prompt_token_ids) - 1) // self.block_size
+        if start >= lookups:
+            return reservation.num_cached_tokens
+        hashes = reservation.block_hashes
+        if len(hashes) < lookups:
+            parent = hashes[-1] if hashes else reservation.root
+            hashes += hash_blocks(prompt_token_ids[len(hashes) * self.block_size:],
+                                  self.block_size, lookups - len(hashes), parent)
+        with self._lock:
+            if reservation.released:
+                return reservation.num_cached_tokens
+            for block_hash in hashes[start:lookups]:
+                block = self._pool.lookup(block_hash)
+                if block is None:
+                    break
+                self._pool.pin(block)
+                reservation.block_ids.append(block)
+                reservation.draws_left -= 1
+                self._outstanding -= 1
+            cached = len(reservation.block_ids)
+            self.prefix_cache_hits += (cached - start) * self.block_size
+            reservation.num_cached_blocks = reservation.num_registered_blocks = cached
+            reservation.num_cached_tokens = cached * self.block_size
+        return reservation.num_cached_tokens
+
+    def grow(self, reservation: Reservation, num_tokens: int) -> None:
+        """Make the reservation hold physical blocks for its first ``num_tokens`` tokens."""
+        needed = self.blocks_for(num_tokens)
+        if needed > reservation.num_blocks:
+            raise RuntimeError(f"{reservation!r} cannot hold {num_tokens} tokens")  # engine bug
+        if reservation.released:
+            raise RuntimeError("grow() on a released reservation")
+        with self._lock:
+            while len(reservation.block_ids) < needed:
+                # Never fails: in_use + outstanding <= num_blocks and this one is outstanding.
+                reservation.block_ids.append(self._pool.draw())
+                reservation.draws_left -= 1
+                self._outstanding -= 1
+
+    def register(self, reservation: Reservation, token_ids: Sequence[int],
+                 num_computed_tokens: int) -> None:
+        """Make the reservation's full blocks among its first ``num_computed_tokens``
+        tokens (whose K/V are now in the cache; ``token_ids`` are its tokens so far)
+        findable by later requests. Does nothing with caching off."""
+        full = min(num_computed_tokens // self.block_size, len(reservation.block_ids))
+        if not self.enable_prefix_caching or full <= reservation.num_registered_blocks:
+            return
+        bs, hashes = self.block_size, reservation.block_hashes
+        parent = hashes[-1] if hashes else reservation.root
+        for start in range(len(hashes) * bs, full * bs, bs):
+            parent = hash_block(parent, token_ids[start:start + bs])
+            hashes.append(parent)
+        with self._lock:
+            if reservation.released:
+                return
+            for i in range(reservation.num_registered_blocks, full):
+                self._pool.register(reservation.block_ids[i], hashes[i])
+            reservation.num_registered_blocks = full
+
+    def share_prompt(self, owner: Reservation) -> list[Reservation]:
+        """Once ``owner`` has computed its prompt: pin its shared blocks for the choices
+        waiting for them, which then start after them. Returns those choices."""
+        with self._lock:
+            share = owner.share
+            if share is None or share.owner is not owner or not share.waiting or owner.released:
+                return []
+            blocks = owner.block_ids[share.start:share.end]
+            if len(blocks) != share.end - share.start:
+                raise RuntimeError("share_prompt() before the owner drew its prompt")  # engine bug
+            waiting, share.waiting = share.waiting, []
+            for reservation in waiting:
+                for block in blocks:
+                    self._pool.pin(block)
+                reservation.block_ids.extend(blocks)
+                reservation.num_cached_blocks = reservation.num_registered_blocks = share.end
+                reservation.num_cached_tokens = share.end * self.block_size
+            return waiting
+
+    def release(self, reservation: Reservation) -> None:
+        """Give back the reservation's blocks and undrawn claim; a second call does nothing.
+        An owner of a prompt share released before sharing hands its claim on the shared
+        blocks to the first choice still waiting (see ``PromptShare``)."""
+        with self._lock:
+            if reservation.released:
+                return
+            reservation.released = True
+            share = reservation.share
+            if share is not None and share.waiting:
+                if share.owner is reservation:
+                    share.owner = heir = share.waiting.pop(0)
+                    heir.draws_left += share.end - share.start
+                    self._outstanding += share.end - share.start
+                else:
+                    share.waiting.remove(reservation)
+            # The tail first: it is evicted before the head, which stays useful without it.
+            for block in reversed(reservation.block_ids):
+                self._pool.unpin(block)
+            reservation.block_ids = []
+            self._outstanding -= reservation.draws_left
+            reservation.draws_left = 0

@@ -1,0 +1,1 @@
+"""The torch model: config, transformer (and MoE), loader, tokenizer, runner, built-in checkpoints."""

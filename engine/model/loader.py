@@ -1,0 +1,110 @@
+"""Load a checkpoint's safetensors (single file or sharded with an index) into CausalLM."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from kvledger.engine.errors import BadInput
+from kvledger.engine.model.config import ModelConfig
+from kvledger.engine.model.transformer import CausalLM
+
+# Buffers some older checkpoints carry that the engine recomputes.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise BadInput(f"{index}: bad safetensors index: {exc}") from None
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    shards = sorted(model_dir.glob("*.safetensors"))
+    if not shards:
+        raise BadInput(f"{model_dir}: no *.safetensors weights (pytorch .bin is not supported)")
+    return shards
+
+
+def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
+               device: torch.device) -> CausalLM:
+    """Build the model on the meta device, then assign the checkpoint's tensors in ``dtype``
+    on ``device``: no random init, no second copy of the weights."""
+    from safetensors import safe_open
+
+    model_dir = Path(model_dir)
+    with torch.device("meta"):
+        model = CausalLM(config)
+    state: dict[str, torch.Tensor] = {}
+    for path in checkpoint_files(model_dir):
+        if not path.is_file():
+            raise BadInput(f"{path}: listed in the index but missing")
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                    if not name.endswith(_IGNORED_SUFFIXES):
+                        state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+        except (OSError, RuntimeError) as exc:
+            raise BadInput(f"{path}: cannot read safetensors: {exc}") from None
+    if config.moe is not None:
+        state = _split_fused_experts(state, config)
+    if "lm_head.weight" not in state and config.tie_word_embeddings:
+        state["lm_head.weight"] = state.get("model.embed_tokens.weight")
+    shapes = {name: t.shape for name, t in model.state_dict().items()}
+    expected = set(shapes)
+    missing = sorted(expected - {k for k, v in state.items() if v is not None})
+    unexpected = sorted(set(state) - expected)
+    if missing or unexpected:
+        detail = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
+        raise BadInput(f"{model_dir}: checkpoint does not match {config.architecture}: {detail}")
+    for name, tensor in state.items():
+        want = shapes[name]
+        if tensor.shape != want:
+            raise BadInput(f"{model_dir}: {name} has shape {tuple(tensor.shape)}, config says {tuple(want)}")
+    model.load_state_dict(state, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.eval().requires_grad_(False)
+
+
+def _split_fused_experts(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Published MoE checkpoints name each expert's tensors (``experts.{i}.gate_proj``;
+    Mixtral's ``block_sparse_moe.experts.{i}.w1``); transformers 5 saves them fused when
+    asked to (``save_original_format=False``): ``mlp.experts.gate_up_proj`` ``[experts,
+    2 * inter, hidden]`` and ``mlp.experts.down_proj`` ``[experts, hidden, inter]``, the
+    router as ``mlp.gate.weight``. Split those into per-expert views (no copy)."""
+    mixtral = config.architecture == "MixtralForCausalLM"
+    block = ".block_sparse_moe." if mixtral else ".mlp."
+    gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        layer, fused, what = name.partition(".mlp.experts.")
+        if not fused or what not in ("gate_up_proj", "down_proj") or tensor.dim() != 3:
+            if mixtral and name.endswith(".mlp.gate.weight"):
+                name = name.replace(".mlp.", block)
+            out[name] = tensor
+            continue
+        for e, matrix in enumerate(tensor):
+            expert = f"{layer}{block}experts.{e}."
+            if what == "down_proj":
+                out[f"{expert}{down}.weight"] = matrix
+            else:
+                out[f"{expert}{gate}.weight"], out[f"{expert}{up}.weight"] = matrix.chunk(2)
+    return out
+
+
+def weights_bytes(model: CausalLM) -> int:
+    """Bytes of the resident parameters, a tied tensor counted once."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total

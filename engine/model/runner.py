@@ -1,0 +1,287 @@
+"""Turns a scheduled batch into tensors, runs the model, returns one logits row per
+sequence (and the prompt logprobs of the chunks that asked). Owns the paged KV cache:
+one tensor of ``[num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]``."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from kvledger.engine.core.outputs import TokenLogprobs
+from kvledger.engine.core.scheduler import ScheduledBatch
+from kvledger.engine.core.sequence import Sequence
+from kvledger.engine.model.transformer import (
+    AttentionMetadata,
+    CausalLM,
+    DecodeGroup,
+    PrefillSpan,
+    RotaryEmbedding,
+)
+from kvledger.engine.sampling.params import MAX_LOGPROBS
+from kvledger.engine.sampling.sampler import logprobs_of
+
+# One step's inputs: token ids, positions, attention metadata, the rows to return logits for.
+_Step = tuple[list[int], list[int], AttentionMetadata, list[int]]
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
+                "fp8_e5m2": torch.float8_e5m2}
+
+# Prompt logprobs are computed this many positions at a time, so a 2048-token chunk never
+# holds a [2048, vocab] float32 logits tensor (and its log_softmax) at once.
+PROMPT_LOGPROBS_ROWS = 256
+
+
+@dataclass
+class StepOutput:
+    logits: torch.Tensor  # float32 [len(batch.sampled), vocab], in ``batch.sampled``'s order
+    # By request id, for the prefill chunks whose request asked: one entry per prompt token
+    # this chunk predicts (the next one of each of its positions), None first for the
+    # prompt's first token. Empty when no chunk asked.
+    prompt_logprobs: dict[str, list[TokenLogprobs | None]]
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, device: torch.device, max_model_len: int,
+                 block_size: int) -> None:
+        self.model = model
+        self.config = model.config
+        self.device = device
+        self.dtype = model.lm_head.weight.dtype
+        self.block_size = block_size
+        self.rope = RotaryEmbedding(self.config, max_model_len, device, self.dtype)
+        self.kv_cache: torch.Tensor | None = None
+
+    def allocate_kv_cache(self, num_blocks: int, kv_dtype: str) -> int:
+        """Allocate the whole pool up front; returns its bytes."""
+        self.kv_cache = self._new_kv_cache(num_blocks, kv_dtype)
+        return self.kv_cache.numel() * self.kv_cache.element_size()
+
+    def _new_kv_cache(self, num_blocks: int, kv_dtype: str | None) -> torch.Tensor:
+        dtype = self.dtype if kv_dtype in ("auto", None) else TORCH_DTYPES[kv_dtype]
+        c = self.config
+        return torch.zeros(c.num_layers, 2, c.num_kv_heads, num_blocks, self.block_size,
+                           c.head_dim, dtype=dtype, device=self.device)
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> StepOutput:
+        """The logits of the last token of each prompt completed this step, then of each
+        decoding sequence; and the prompt logprobs of the chunks whose request asked,
+        from the same forward pass (they add no KV: only more logits rows)."""
+        input_ids, positions, slots, last_index = [], [], [], []
+        scored = []  # (sequence, its chunk's first row, first position, last position + 1)
+        for chunk in batch.prefills:
+            seq, start, end = chunk.seq, chunk.start, chunk.start + chunk.length
+            if seq.prompt_logprobs is not None:
+                # A position is scored when the token after it is a prompt token.
+                scored.append((seq, len(input_ids), start, min(end, seq.num_prompt_tokens - 1)))
+            input_ids += seq.prompt_token_ids[start:end]
+            positions += range(start, end)
+            slots += self._slots(seq.block_ids, start, end)
+            if chunk.completes_prompt:
+                last_index.append(len(input_ids) - 1)
+        for seq in batch.decodes:
+            position = seq.num_tokens - 1
+            input_ids.append(seq.last_token_id)
+            positions.append(position)
+            slots += self._slots(seq.block_ids, position, position + 1)
+            last_index.append(len(input_ids) - 1)
+        meta = self._metadata(batch, slots)
+        hidden = self._hidden(input_ids, positions, meta, self.kv_cache)
+        logits = self._logits(hidden, last_index)
+        prompt_logprobs = {seq.request_id: self._prompt_logprobs(hidden[row:row + stop - start],
+                                                                 seq, start)
+                           for seq, row, start, stop in scored}
+        return StepOutput(logits, prompt_logprobs)
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, seq: Sequence,
+                         start: int) -> list[TokenLogprobs | None]:
+        """Logprobs of the prompt tokens that ``hidden`` (positions ``start``, ``start +
+        1``...) predicts, ``PROMPT_LOGPROBS_ROWS`` positions at a time, each slice reduced
+        to ``TokenLogprobs`` before the next one's logits exist."""
+        entries: list[TokenLogprobs | None] = [None] if start == 0 else []
+        k = seq.params.prompt_logprobs
+        for first in range(0, hidden.shape[0], PROMPT_LOGPROBS_ROWS):
+            rows = hidden[first:first + PROMPT_LOGPROBS_ROWS]
+            begin = start + first + 1  # the first token these rows predict
+            targets = torch.tensor(seq.prompt_token_ids[begin:begin + rows.shape[0]],
+                                   dtype=torch.long, device=self.device)
+            entries += logprobs_of(self.model.logits(rows), targets, [k] * rows.shape[0])()
+        return entries
+
+    @torch.inference_mode()
+    def profile(self, num_tokens: int, max_model_len: int, max_num_seqs: int,
+                kv_dtype: str = "auto") -> int | None:
+        """The peak activation bytes of the heaviest engine steps, on CUDA; None elsewhere
+        (the CPU keeps no allocator statistics).
+
+        Two steps of ``num_tokens`` tokens are measured, the peak of both returned:
+
+        - prefill: whole prompts, no cache (the MLP and logits peak), then one slice of
+          prompt logprobs (``PROMPT_LOGPROBS_ROWS`` rows of logits, log_softmax, top k);
+        - mixed: ``min(max_num_seqs, num_tokens) - 1`` decodes at the full context plus
+          the rest of the budget as the last chunk of a prompt, which attends to its
+          cached context (whole prompts for what one chunk cannot take): what decode
+          attention gathers per layer (K and V of every sequence, in the KV dtype and
+          the model dtype) and the chunk's attention scores. A pure decode step gathers
+          no more than this.
+
+        The mixed step reads a one-block scratch cache through block tables that repeat
+        block 0: the gathered tensors have their real size, the pool is not needed. On
+        the CPU only the prefill step runs (it checks the model runs; nothing is
+        measured), so start-up stays cheap there.
+        """
+        cuda = self.device.type == "cuda"
+        steps = [self._profile_prefill(num_tokens, max_model_len)]
+        scratch = None
+        if self.device.type != "cpu":
+            steps.append(self._profile_mixed(num_tokens, max_model_len, max_num_seqs))
+            scratch = self._new_kv_cache(1, kv_dtype)
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            before = torch.cuda.memory_allocated(self.device)
+        for input_ids, positions, meta, last_index in steps:
+            # The prefill step has no cache (slot_mapping None); the mixed one the scratch.
+            cache = None if meta.slot_mapping is None else scratch
+            hidden = self._hidden(input_ids, positions, meta, cache)
+            logits = self._logits(hidden, last_index)
+            if cache is None:  # and a slice of prompt logprobs at its widest, while both live
+                rows = hidden[:PROMPT_LOGPROBS_ROWS]
+                targets = torch.zeros(rows.shape[0], dtype=torch.long, device=self.device)
+                # Queued only: the memory is what is measured; no copy back (meta has none).
+                logprobs_of(self.model.logits(rows), targets, [MAX_LOGPROBS] * rows.shape[0])
+            del hidden, logits
+        if not cuda:
+            return None
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        del scratch
+        # Hand the step's cached blocks back to the device: the pool is allocated next
+        # and the context is measured as device memory the allocator does not hold.
+        torch.cuda.empty_cache()
+        return peak
+
+    def _profile_prefill(self, num_tokens: int, max_model_len: int) -> _Step:
+        """Whole prompts of ``max_model_len - 1`` tokens (the longest a request has), the
+        last one shorter."""
+        longest = max(1, max_model_len - 1)
+        lengths = [longest] * (num_tokens // longest)
+        if num_tokens % longest:
+            lengths.append(num_tokens % longest)
+        positions = [p for n in lengths for p in range(n)]
+        last_index = [end - 1 for end in itertools.accumulate(lengths)]
+        meta = AttentionMetadata(None, [PrefillSpan(0, n, self._window_mask(n)) for n in lengths], [])
+        return [0] * num_tokens, positions, meta, last_index
+
+    def _profile_mixed(self, num_tokens: int, max_model_len: int, max_num_seqs: int) -> _Step:
+        """In ``execute``'s order: the longest later chunk there can be (a prompt's last
+        chunk, ending at position ``max_model_len - 1``), whole prompts with the rest of
+        the prompt budget if any, then the decodes at position ``max_model_len - 1``."""
+        bs = self.block_size
+        width = -(-max_model_len // bs)
+        num_decodes = min(max_num_seqs, num_tokens) - 1
+        rest = num_tokens - num_decodes
+        chunk = max(0, min(rest, max_model_len - 2))  # a later chunk starts at position >= 1
+        prefills, positions, last_index = [], [], []
+        if chunk:
+            start = max_model_len - 1 - chunk
+            prefills.append(self._prefill_span([0] * width, start, chunk))
+            positions, last_index = list(range(start, start + chunk)), [chunk - 1]
+        if rest > chunk:
+            _, more_positions, more, more_last = self._profile_prefill(rest - chunk, max_model_len)
+            prefills += more.prefills
+            positions += more_positions
+            last_index += [chunk + i for i in more_last]
+        groups = []
+        if num_decodes:
+            groups.append(self._decode_group([[0] * width] * num_decodes, [max_model_len] * num_decodes))
+            positions += [max_model_len - 1] * num_decodes
+            last_index += range(rest, num_tokens)
+        # Every token writes into the scratch block (repeated slots: the values do not matter).
+        slots = torch.arange(num_tokens, device=self.device) % bs
+        return [0] * num_tokens, positions, AttentionMetadata(slots, prefills, groups), last_index
+
+    def _hidden(self, input_ids: list[int], positions: list[int], meta: AttentionMetadata,
+                kv_cache: torch.Tensor | None) -> torch.Tensor:
+        """The final hidden state of every token ``[len(input_ids), hidden_size]``."""
+        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        cos, sin = self.rope.lookup(pos)
+        return self.model(ids, cos, sin, kv_cache, meta)
+
+    def _logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        return self.model.logits(hidden[index])
+
+    def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:
+        bs = self.block_size
+        return [block_ids[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def _metadata(self, batch: ScheduledBatch, slots: list[int]) -> AttentionMetadata:
+        groups, start = [], 0
+        for end in _group_bounds([len(s.block_ids) for s in batch.decodes]):
+            seqs = batch.decodes[start:end]
+            groups.append(self._decode_group([s.block_ids for s in seqs], [s.num_tokens for s in seqs]))
+            start = end
+        return AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
+            prefills=[self._prefill_span(c.seq.block_ids, c.start, c.length) for c in batch.prefills],
+            decode_groups=groups,
+        )
+
+    def _prefill_span(self, block_ids: list[int], start: int, length: int) -> PrefillSpan:
+        if start == 0:
+            return PrefillSpan(0, length, self._window_mask(length))
+        # A later chunk of a prompt: attend to the cache (earlier chunks and this one).
+        num_blocks = -(-(start + length) // self.block_size)
+        table = torch.tensor([block_ids[:num_blocks]], dtype=torch.long, device=self.device)
+        query = torch.arange(start, start + length, device=self.device)[:, None]
+        key = torch.arange(num_blocks * self.block_size, device=self.device)[None, :]
+        mask = key <= query
+        if self.config.sliding_window is not None:
+            mask &= key > query - self.config.sliding_window
+        return PrefillSpan(start, length, mask[None, None], table)
+
+    def _decode_group(self, tables: list[list[int]], contexts: list[int]) -> DecodeGroup:
+        """Sequences with these block tables and context lengths (tokens incl. this one)."""
+        width = max(len(table) for table in tables)
+        # Pad with block 0: the mask hides the padding, any valid index will do.
+        block_tables = torch.tensor([table + [0] * (width - len(table)) for table in tables],
+                                    dtype=torch.long, device=self.device)
+        context = torch.tensor(contexts, dtype=torch.long, device=self.device)
+        slot = torch.arange(width * self.block_size, device=self.device)[None, :]
+        mask = slot < context[:, None]
+        window = self.config.sliding_window
+        if window is not None:
+            mask &= slot > (context[:, None] - 1 - window)
+        return DecodeGroup(len(tables), block_tables, mask[:, None, None, :])
+
+    def _window_mask(self, length: int) -> torch.Tensor | None:
+        """Causal mask limited to the sliding window; None (plain causal) when it cannot bite."""
+        window = self.config.sliding_window
+        if window is None or length <= window:
+            return None
+        i = torch.arange(length, device=self.device)
+        return (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
+
+
+def _group_bounds(widths: list[int], max_groups: int = 4) -> list[int]:
+    """Split decodes, sorted by ascending width (blocks), into groups so that padding
+    each to its longest wastes little: repeatedly cut the first group where it saves the
+    most padded blocks, while a cut saves at least an eighth. Returns the groups' ends."""
+    ends = [len(widths)] if widths else []
+    while ends and len(ends) < max_groups:
+        n = ends[0]
+        cost = n * widths[n - 1]
+        best_k = min(range(1, n), default=None,
+                     key=lambda k: k * widths[k - 1] + (n - k) * widths[n - 1])
+        if best_k is None:
+            break
+        saved = cost - (best_k * widths[best_k - 1] + (n - best_k) * widths[n - 1])
+        if saved * 8 < cost:
+            break
+        ends.insert(0, best_k)
+    return ends

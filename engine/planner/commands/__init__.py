@@ -1,0 +1,1 @@
+"""The planner's commands: ``kvledger plan``, ``preflight`` and ``fetch``."""

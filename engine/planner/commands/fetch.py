@@ -1,0 +1,46 @@
+"""``kvledger fetch --model hf://ORG/NAME[@REVISION] [--download-dir DIR]``.
+
+Downloads the files the engine needs (config.json, the tokenizer and generation configs,
+model.safetensors or the index and its shards) into the hub cache, pinned to the commit
+the revision resolves to, and prints one line: what it downloaded and the snapshot's
+folder. Files already in the cache are not downloaded again, so a second run downloads
+nothing. Exit 0; bad input (unknown repo or revision, a gated repo without a token, no
+safetensors, the hub unreachable after bounded retries) is one ``error:`` line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from kvledger.engine.config import positive_seconds
+from kvledger.engine.errors import EXIT_OK, BadInput
+from kvledger.engine.planner.hub.cache import fetch
+from kvledger.engine.planner.hub.reads import DEFAULT_HUB_TIMEOUT_S
+from kvledger.engine.planner.hub.repo import is_hub_uri, parse_uri
+from kvledger.engine.planner.report import format_size
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, metavar="hf://ORG/NAME[@REVISION]",
+                        help="the hub model (token: $HF_TOKEN, mirror: $HF_ENDPOINT)")
+    parser.add_argument("--download-dir", default=None, metavar="DIR",
+                        help="the hub cache to download into (default: huggingface_hub's, "
+                             "$HF_HUB_CACHE or $HF_HOME/hub)")
+    parser.add_argument("--hub-timeout", type=positive_seconds, default=DEFAULT_HUB_TIMEOUT_S,
+                        metavar="SECONDS",
+                        help="the listing and index must be read within this (default "
+                             f"{DEFAULT_HUB_TIMEOUT_S:g}); the downloads are not bounded by it")
+
+
+def main(args: argparse.Namespace) -> int:
+    if not is_hub_uri(args.model):
+        raise BadInput(f"kvledger fetch: --model must be hf://ORG/NAME[@REVISION], got "
+                       f"{args.model!r} (a local directory needs no fetch)")
+    if args.download_dir is not None and not args.download_dir:
+        raise BadInput("--download-dir must not be empty")
+    result = fetch(parse_uri(args.model), args.download_dir, timeout_s=args.hub_timeout)
+    print(f"fetched {result.model.uri} (commit {result.commit}): downloaded "
+          f"{len(result.downloaded_files)} files, {format_size(result.downloaded_bytes)} "
+          f"({result.downloaded_bytes} bytes), {result.cached_files} already cached; "
+          f"snapshot {result.path}")
+    return EXIT_OK

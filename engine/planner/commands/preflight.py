@@ -1,0 +1,92 @@
+"""``kvledger preflight FLAGS [--plan-out P] [--termination-log P]``: the init container.
+
+It plans like ``kvledger plan`` (same output, same exit codes), writes the plan JSON to
+``--plan-out`` and a report of at most 4096 bytes to ``--termination-log``, where the
+kubelet picks it up for the pod's status. A termination log that cannot be written is a
+warning on stderr; the exit code stays the plan's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from kvledger.engine.config import add_engine_flags, config_from_args
+from kvledger.engine.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInput
+from kvledger.engine.model.config import ModelConfig
+from kvledger.engine.planner.hub.headers import planning_source
+from kvledger.engine.planner.plan import Plan, make_plan
+from kvledger.engine.planner.report import (
+    TERMINATION_LOG_MAX_BYTES,
+    render_report,
+    truncate_utf8,
+)
+
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_engine_flags(parser)
+    parser.add_argument("--plan-out", default=None, metavar="PATH",
+                        help="write the plan JSON here (parent folders are created)")
+    parser.add_argument("--termination-log", default=None, metavar="PATH",
+                        help="write a report of at most 4096 bytes here (default "
+                             f"{DEFAULT_TERMINATION_LOG}, when the kubelet has mounted it)")
+
+
+def main(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    with planning_source(config.model, config.download_dir,
+                         hub_timeout_s=config.hub_timeout_s) as source:
+        plan = make_plan(config, source=source)
+        # The engine container refuses a checkpoint it cannot run (architecture, activation,
+        # RoPE type) at once; refuse it here too, so the pod says so instead of crash-looping.
+        ModelConfig.from_dir(source.path)
+    report = render_report(plan)
+    print(report, end="", file=sys.stdout if plan.fits else sys.stderr)
+    if args.plan_out:
+        out = Path(args.plan_out)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(plan.to_json(), indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise BadInput(f"cannot write --plan-out {out}: {exc.strerror or exc}") from None
+    _write_termination_log(args.termination_log, termination_message(plan, report))
+    return EXIT_OK if plan.fits else EXIT_DOES_NOT_FIT
+
+
+def termination_message(plan: Plan, report: str) -> str:
+    """What the kubelet hands the operator, at most 4096 bytes.
+
+    A refusal is the human report (``kubectl describe`` shows it). A plan that fits is
+    its headline plus the plan JSON on one line, so the operator can fill
+    ``status.plan`` with exact bytes; the report alone when the JSON would not fit.
+    """
+    if plan.fits:
+        compact = json.dumps(plan.to_json(), separators=(",", ":"), sort_keys=True)
+        message = f"{report.splitlines()[0]}\n{compact}\n"
+        if len(message.encode("utf-8")) <= TERMINATION_LOG_MAX_BYTES:
+            return message
+    return truncate_utf8(report)
+
+
+def _write_termination_log(path: str | None, message: str) -> None:
+    """Write the message; a failure is only a warning.
+
+    The default path is written only when it exists: in a pod the kubelet mounts it, and
+    outside one we must not create files under /dev.
+    """
+    if path is None:
+        path = DEFAULT_TERMINATION_LOG
+        if not Path(path).exists():
+            print(f"warning: {path} does not exist (not in a pod?): the report is not written "
+                  "there", file=sys.stderr)
+            return
+    try:
+        with open(path, "w", encoding="utf-8") as log:
+            log.write(message)
+    except OSError as exc:
+        print(f"warning: cannot write the termination log {path}: {exc.strerror or exc}",
+              file=sys.stderr)

@@ -1,0 +1,105 @@
+"""The estimated budget classes, each a formula written down here and in docs/planner.md.
+
+The engine replaces these with what it measures (``Measured``) once it has loaded the
+weights and run a profiling step; the planner in the init container has only these.
+"""
+
+from __future__ import annotations
+
+from kvledger.engine.planner.checkpoint import ModelShape
+
+MiB = 2**20
+GiB = 2**30
+
+# Bytes per element of the dtype names the flags and config.json use.
+DTYPE_BYTES = {
+    "float32": 4, "float": 4, "fp32": 4,
+    "float16": 2, "half": 2, "fp16": 2,
+    "bfloat16": 2, "bf16": 2,
+    "float64": 8,
+    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+}
+# Canonical names for the aliases --dtype accepts.
+CANONICAL_DTYPE = {"float": "float32", "fp32": "float32", "half": "float16", "fp16": "float16",
+                   "bf16": "bfloat16", "fp8": "fp8_e4m3"}
+# safetensors dtype -> the torch dtype name it loads as (for the model's dtype).
+SAFETENSORS_FLOAT = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
+
+# Device context: the CUDA context, cuBLAS/cuDNN workspaces and the allocator's
+# fragmentation reserve that torch.cuda does not report as tensors ("non-torch memory"
+# in vLLM's profiler). 1 GiB is what a single-GPU vLLM process typically shows.
+CUDA_CONTEXT_BYTES = 1 * GiB
+# On the CPU: the interpreter, torch's and the tokenizer's runtime and the HTTP server.
+CPU_CONTEXT_BYTES = 512 * MiB
+
+# CUDA graphs: a shared memory pool plus per-graph, per-layer bookkeeping for each
+# captured batch size (1, 2, 4, 8, then every 8 up to min(max_num_seqs, 512), as vLLM).
+CUDA_GRAPH_POOL_BYTES = 256 * MiB
+CUDA_GRAPH_PER_LAYER_PER_SIZE_BYTES = 128 * 1024
+MAX_CAPTURE_BATCH = 512
+
+# Safety margin kept free when no cap is given: discrete memory is the engine's alone,
+# a unified pool is shared with the OS and every host process, so it keeps more.
+MARGIN_FRACTION = 0.02
+MARGIN_MIN_BYTES = 512 * MiB
+UNIFIED_MARGIN_FRACTION = 0.10
+UNIFIED_MARGIN_MIN_BYTES = 4 * GiB
+
+
+def activation_peak_bytes(shape: ModelShape, dtype_bytes: int, max_num_batched_tokens: int,
+                          max_num_seqs: int, context_tokens: int = 0,
+                          kv_dtype_bytes: int | None = None) -> int:
+    """Peak activation memory of one engine step of ``T = max_num_batched_tokens`` tokens.
+
+    Layers run one after another, so the peak is one layer's live tensors for all T tokens,
+    the logits of the step, and the K/V the decode attention gathers for one layer:
+
+        T * (4*hidden + (heads + 2*kv_heads)*head_dim + 3*intermediate) * dtype_bytes
+          + min(T, max_num_seqs) * vocab * 4 * 2
+          + max_num_seqs * context_tokens * kv_heads * head_dim * 2 * gather_bytes
+
+    4*hidden: residual, normed input, attention output, layer output; q, k and v; the
+    MLP's gate, up and their product. Logits are float32 for the last token of each
+    sequence, plus the probabilities the sampler computes from them. The engine's decode
+    attention gathers each running sequence's K and V (``context_tokens`` = max_model_len
+    rounded up to whole blocks) for one layer at a time, in the model dtype, plus the
+    gathered copy in the KV dtype when that differs: ``gather_bytes`` = dtype_bytes
+    (+ kv_dtype_bytes).
+    """
+    tokens = max_num_batched_tokens
+    per_token = (4 * shape.hidden_size
+                 + (shape.num_attention_heads + 2 * shape.num_kv_heads) * shape.head_dim
+                 + 3 * shape.intermediate_size)
+    logits_rows = min(tokens, max_num_seqs)
+    gather_bytes = dtype_bytes
+    if kv_dtype_bytes is not None and kv_dtype_bytes != dtype_bytes:
+        gather_bytes += kv_dtype_bytes
+    gather = max_num_seqs * context_tokens * shape.num_kv_heads * shape.head_dim * 2 * gather_bytes
+    return tokens * per_token * dtype_bytes + logits_rows * shape.vocab_size * 4 * 2 + gather
+
+
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    """The decode batch sizes captured as CUDA graphs (vLLM's default list)."""
+    limit = min(max_num_seqs, MAX_CAPTURE_BATCH)
+    sizes = [s for s in (1, 2, 4) if s <= limit]
+    sizes += list(range(8, limit + 1, 8))
+    return sizes or [1]
+
+
+def cuda_graph_bytes(shape: ModelShape, max_num_seqs: int) -> int:
+    """``256 MiB + len(capture sizes) * num_layers * 128 KiB``."""
+    return (CUDA_GRAPH_POOL_BYTES
+            + len(capture_sizes(max_num_seqs)) * shape.num_layers
+            * CUDA_GRAPH_PER_LAYER_PER_SIZE_BYTES)
+
+
+def context_bytes(device_kind: str) -> int:
+    """Device context: 1 GiB on a GPU (what-if devices are GPUs), 512 MiB on the CPU."""
+    return CPU_CONTEXT_BYTES if device_kind == "cpu" else CUDA_CONTEXT_BYTES
+
+
+def safety_margin_bytes(total_bytes: int, unified: bool) -> int:
+    """Kept free when no cap is given: max(512 MiB, 2% of total); unified max(4 GiB, 10%)."""
+    if unified:
+        return max(UNIFIED_MARGIN_MIN_BYTES, int(total_bytes * UNIFIED_MARGIN_FRACTION))
+    return max(MARGIN_MIN_BYTES, int(total_bytes * MARGIN_FRACTION))

@@ -1,0 +1,1 @@
+"""Hugging Face Hub models (``hf://``): listings, Range reads, the header mirror, the cache."""

@@ -1,0 +1,208 @@
+"""Models on the Hugging Face Hub: ``--model hf://ORG/NAME[@REVISION]``.
+
+What the planner (``hub_headers``: config.json and the safetensors headers over HTTP range
+requests), ``kvledger fetch`` and ``serve`` (``hub_cache``) share: the uri, the repo's
+listing at ONE commit (the revision is resolved once, so a branch that moves meanwhile
+cannot mix files of two commits) and the files the engine needs. ``hub_http`` reads files
+with bounded retries and turns the hub's errors into one line.
+
+huggingface_hub is imported inside the functions, so a local model never loads it. It
+reads ``HF_TOKEN``, ``HF_ENDPOINT``, ``HF_HOME`` and ``HF_HUB_OFFLINE`` itself; no token is
+ever printed or logged here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from urllib.parse import quote
+
+from kvledger.engine.errors import BadInput
+from kvledger.engine.planner.hub.reads import (
+    MAX_LISTING_BYTES,
+    Deadline,
+    command_deadline,
+    file_deadline,
+    read_small_file,
+    stream_get,
+    with_retries,
+)
+
+SCHEME = "hf://"
+DEFAULT_REVISION = "main"
+CONFIG_FILE = "config.json"
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# What the engine reads besides the weights (tokenizer, chat template, EOS ids).
+ENGINE_FILES = (CONFIG_FILE, "generation_config.json", "tokenizer.json",
+                "tokenizer_config.json", "special_tokens_map.json")
+
+_NAME = r"[A-Za-z0-9_.-]{1,96}"
+_URI = re.compile(rf"hf://(?P<repo>{_NAME}/{_NAME})(?:@(?P<rev>[^@]*))?")
+_REVISION = re.compile(r"[A-Za-z0-9_.\-/]{1,255}")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def is_hub_uri(text: str) -> bool:
+    """Whether ``--model`` names a hub model (``hf://...``) rather than a directory."""
+    return isinstance(text, str) and text.startswith(SCHEME)
+
+
+def is_commit(revision: str) -> bool:
+    """Whether a revision is a commit (40 hex digits), which no branch can move."""
+    return _COMMIT.fullmatch(revision) is not None
+
+
+@dataclass(frozen=True)
+class HubModel:
+    """A model repo on the hub at a revision (a branch, a tag or a commit)."""
+
+    repo_id: str
+    revision: str = DEFAULT_REVISION
+    uri: str = field(init=False)  # hf://ORG/NAME, with @REVISION unless it is main
+
+    def __post_init__(self) -> None:
+        suffix = "" if self.revision == DEFAULT_REVISION else f"@{self.revision}"
+        object.__setattr__(self, "uri", f"{SCHEME}{self.repo_id}{suffix}")
+
+
+def parse_uri(text: str) -> HubModel:
+    """``hf://ORG/NAME[@REVISION]`` -> HubModel; BadInput with one line when malformed."""
+    match = _URI.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise BadInput(f"bad hub model {text!r}: expected hf://ORG/NAME[@REVISION] (letters, "
+                       "digits, '-', '_' and '.'; at most 96 characters each)")
+    repo, revision = match["repo"], match["rev"]
+    for part in repo.split("/"):
+        if part[0] in ".-" or part[-1] in ".-" or ".." in part or "--" in part:
+            raise BadInput(f"bad hub model {text!r}: {part!r} may not start or end with '.' "
+                           "or '-', nor hold '..' or '--'")
+    if revision is None:
+        revision = DEFAULT_REVISION
+    elif (not _REVISION.fullmatch(revision) or ".." in revision or revision[0] in "/-"
+          or revision.endswith("/")):
+        raise BadInput(f"bad hub model {text!r}: the revision after '@' must be a branch, tag "
+                       "or commit (letters, digits, '-', '_', '.', '/')")
+    return HubModel(repo, revision)
+
+
+@dataclass(frozen=True)
+class RepoListing:
+    """A repo's files at one commit, with their sizes, and how to reach them."""
+
+    model: HubModel
+    commit: str  # the 40-hex commit the revision resolved to
+    sizes: dict[str, int]  # file path -> bytes
+    endpoint: str
+    token: str | None = None  # None: huggingface_hub's own (HF_TOKEN, or its token file)
+    deadline: Deadline | None = None  # the command's hub reads end by then (--hub-timeout)
+
+    def where(self, filename: str = "") -> str:
+        """How messages name a file: the uri, the short commit, the file."""
+        return f"{self.model.uri} (commit {self.commit[:12]}){' ' + filename if filename else ''}"
+
+
+def hub_endpoint(endpoint: str | None = None) -> str:
+    """``endpoint``, else huggingface_hub's (``HF_ENDPOINT``, else huggingface.co)."""
+    from huggingface_hub import constants
+
+    return (endpoint or constants.ENDPOINT).rstrip("/")
+
+
+def list_repo(model: HubModel, *, token: str | None = None, endpoint: str | None = None,
+              timeout_s: float | None = None) -> RepoListing:
+    """Resolve the revision to a commit and list the files there with their sizes, from the
+    hub's metadata (one request; the tree API when the hub gave no sizes). Every read made
+    with the listing ends within ``timeout_s`` from now (``--hub-timeout``)."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import ModelInfo
+    from huggingface_hub.utils import build_hf_headers
+
+    endpoint = hub_endpoint(endpoint)
+    deadline = command_deadline(timeout_s)
+    url = f"{endpoint}/api/models/{model.repo_id}/revision/{quote(model.revision, safe='')}"
+    listing_deadline = file_deadline(deadline)
+    raw = with_retries(lambda: stream_get(url, build_hf_headers(token=token),
+                                          MAX_LISTING_BYTES + 1, listing_deadline,
+                                          params={"blobs": "true"}),
+                       model, endpoint, deadline=listing_deadline)
+    if len(raw) > MAX_LISTING_BYTES:
+        raise BadInput(f"{model.uri}: the hub at {endpoint} sent a listing over "
+                       f"{MAX_LISTING_BYTES} bytes")
+    data = parse_json(raw, f"{model.uri}: the hub's listing")
+    try:
+        info = ModelInfo(**data) if isinstance(data, dict) else None
+    except (TypeError, ValueError, KeyError, AttributeError):
+        info = None
+    if info is None or not isinstance(info.sha, str) or not is_commit(info.sha):
+        raise BadInput(f"{model.uri}: the hub at {endpoint} answered without a commit for "
+                       f"{model.revision!r}: is HF_ENDPOINT a Hugging Face Hub?")
+    sizes = {s.rfilename: s.size for s in info.siblings or []}
+    if any(size is None for size in sizes.values()):
+        from huggingface_hub.hf_api import RepoFile
+
+        api = HfApi(endpoint=endpoint, token=token)
+        tree = with_retries(lambda: list(api.list_repo_tree(
+            model.repo_id, recursive=True, revision=info.sha)), model, endpoint,
+            deadline=deadline)
+        sizes = {f.path: f.size for f in tree if isinstance(f, RepoFile)}
+    return RepoListing(model, info.sha, sizes, endpoint, token, deadline)
+
+
+def weight_files(listing: RepoListing, index: object | None) -> list[str]:
+    """The safetensors the engine loads: the index and the shards it names, else
+    model.safetensors. ``index`` is the parsed index when the repo has one."""
+    if INDEX_FILE not in listing.sizes:
+        if SINGLE_FILE in listing.sizes:
+            return [SINGLE_FILE]
+        others = sorted(n for n in listing.sizes if n.endswith((".bin", ".pt", ".safetensors")))
+        hint = f" (found {', '.join(others[:3])})" if others else ""
+        raise BadInput(f"{listing.where()} has no {SINGLE_FILE} or {INDEX_FILE}: kvledger "
+                       f"loads only safetensors{hint}")
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if (not isinstance(weight_map, dict) or not weight_map
+            or not all(isinstance(v, str) for v in weight_map.values())):
+        raise BadInput(f"{listing.where(INDEX_FILE)}: needs a non-empty \"weight_map\" of "
+                       "tensor name -> shard file")
+    shards = list(dict.fromkeys(weight_map.values()))
+    for name in shards:
+        path = PurePosixPath(name)
+        if path.is_absolute() or ".." in path.parts or "\\" in name:
+            raise BadInput(f"{listing.where(INDEX_FILE)}: shard {name!r} is outside the repo")
+        if name not in listing.sizes:
+            raise BadInput(f"{listing.where(INDEX_FILE)} names shard {name!r}, which the repo "
+                           "does not have")
+    return [INDEX_FILE, *shards]
+
+
+def engine_files(listing: RepoListing, index: object | None) -> list[str]:
+    """Every file ``kvledger fetch`` downloads: config.json, the tokenizer and generation
+    configs that exist, and the weights."""
+    if CONFIG_FILE not in listing.sizes:
+        raise BadInput(f"{listing.where()} has no {CONFIG_FILE}: not a transformers checkpoint")
+    return [n for n in ENGINE_FILES if n in listing.sizes] + weight_files(listing, index)
+
+
+def read_index(listing: RepoListing) -> object | None:
+    """The parsed safetensors index, when the repo has one (read over HTTP)."""
+    if INDEX_FILE not in listing.sizes:
+        return None
+    return parse_json(read_small_file(listing, INDEX_FILE), listing.where(INDEX_FILE))
+
+
+def parse_json(raw: bytes, where: str) -> object:
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadInput(f"{where} is not valid JSON: {exc}") from None
+
+
+def download_bytes(uri: str, *, token: str | None = None, endpoint: str | None = None,
+                   timeout_s: float | None = None) -> int:
+    """The bytes ``kvledger fetch`` would download for ``uri`` into an empty cache: the sum of
+    the sizes of the files it fetches, from the hub's file metadata (and the safetensors
+    index of a sharded model); no weights are read. BadInput with one line on any error."""
+    listing = list_repo(parse_uri(uri), token=token, endpoint=endpoint, timeout_s=timeout_s)
+    return sum(listing.sizes[name] for name in engine_files(listing, read_index(listing)))

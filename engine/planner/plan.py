@@ -1,0 +1,340 @@
+"""The memory plan of a declared run: device bytes per class, the limit, the KV pool.
+
+Precedence (docs/planner.md, "Precedence"):
+
+- limit: the smallest cap given (``--memory-limit``, ``--gpu-memory-utilization`` x total);
+  with none, free device memory less a safety margin (wider on a unified pool).
+- KV pool: ``--num-gpu-blocks-override`` blocks; else ``--kv-cache-memory-bytes``; else,
+  with a cap, all that is left under it (vLLM); else exactly the declared workload,
+  ``max_num_seqs * ceil(max_model_len / block_size)`` blocks.
+- fits: the total is within the limit and the pool holds the declared workload (an
+  explicit pool size need only hold one ``max_model_len`` sequence).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from kvledger.engine.config import MIN_DEFAULT_BATCHED_TOKENS, EngineConfig
+from kvledger.engine.errors import BadInput
+from kvledger.engine.model.config import SUPPORTED_ARCHITECTURES
+from kvledger.engine.planner import estimates
+from kvledger.engine.planner.checkpoint import (
+    CASTABLE_DTYPES,
+    DTYPE_BITS,
+    ModelShape,
+    ModelSource,
+    WeightsInfo,
+    read_model_shape,
+    read_weights,
+)
+from kvledger.engine.planner.device import DeviceMemory, probe_device
+from kvledger.engine.planner.pool import (
+    ENGINE_RULE,
+    VLLM_RULE,
+    KVGeometry,
+    PoolGroup,
+    kv_geometry,
+)
+from kvledger.engine.planner.remedies import Remedy, find_remedies
+
+CLASSES = ("weights", "activations", "kv_cache", "cuda_graphs", "context")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Figures the engine measured; each one given replaces the planner's estimate."""
+
+    weights_bytes: int | None = None
+    activation_peak_bytes: int | None = None
+    context_bytes: int | None = None
+    cuda_graph_bytes: int | None = None
+
+    def given(self) -> tuple[str, ...]:
+        names = {"weights_bytes": "weights", "activation_peak_bytes": "activations",
+                 "context_bytes": "context", "cuda_graph_bytes": "cuda_graphs"}
+        return tuple(names[f.name] for f in dataclasses.fields(self)
+                     if getattr(self, f.name) is not None)
+
+
+@dataclass(frozen=True)
+class KVInfo:
+    block_size: int
+    num_blocks: int
+    bytes_per_block: int
+    bytes_per_token: int
+    dtype: str
+    pool_mode: str = "workload"  # "override" | "kv-cache-memory-bytes" | "cap" | "workload"
+    required_blocks: int = 0  # blocks the pool must hold for the run to fit
+    blocks_per_seq: int = 0  # one max_model_len sequence, every layer group together
+    layout: str = "full"  # as allocated: "full", "mla", "sliding", "sliding+full (hybrid)"
+    rule: str = ENGINE_RULE  # who allocates: ENGINE_RULE or VLLM_RULE (kv_pool)
+    note: str = ""  # the rule applied, in words
+    layers_per_block: int = 0  # a block is one page in each of this many layers
+    bytes_per_seq: int = 0  # blocks_per_seq * bytes_per_block
+    groups: tuple[PoolGroup, ...] = ()  # per kind of layer: layers, window, blocks per sequence
+
+
+@dataclass(frozen=True)
+class Plan:
+    fits: bool
+    limit_bytes: int
+    required_bytes: int
+    short_by_bytes: int
+    limit_source: str  # "--memory-limit" | "--gpu-memory-utilization" | "free-memory"
+    classes: dict[str, int]  # keys exactly CLASSES
+    kv: KVInfo
+    remedies: list[Remedy]
+    unified_memory: bool
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    warnings: list[str]
+    device: DeviceMemory
+    model_dtype: str  # the dtype floating weights are loaded in, e.g. "bfloat16"
+    config: EngineConfig
+    shape: ModelShape
+    weights: WeightsInfo
+    margin_bytes: int = 0  # kept free when the limit is free memory
+    measured: tuple[str, ...] = ()  # classes whose figure the engine measured
+    source: ModelSource | None = None  # where the checkpoint was read; a hub model's commit
+
+    def to_json(self) -> dict:
+        """The plan JSON of docs/architecture.md (bytes as integers), plus context keys."""
+        return {
+            "fits": self.fits,
+            "limit_bytes": self.limit_bytes,
+            "required_bytes": self.required_bytes,
+            "short_by_bytes": self.short_by_bytes,
+            "limit_source": self.limit_source,
+            "classes": dict(self.classes),
+            "kv": dataclasses.asdict(self.kv),
+            "remedies": [r.to_json() for r in self.remedies],
+            "unified_memory": self.unified_memory,
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "model_dtype": self.model_dtype,
+            "margin_bytes": self.margin_bytes,
+            "measured": list(self.measured),
+            "warnings": list(self.warnings),
+            "device": dataclasses.asdict(self.device),
+            "model": self._model_json(),
+        }
+
+    def _model_json(self) -> dict:
+        model = {"architecture": self.shape.architecture, "num_layers": self.shape.num_layers,
+                 "weights_dtype": self.weights.dtype, "num_tensors": self.weights.num_tensors}
+        if self.source is not None and self.source.uri is not None:
+            model |= {"uri": self.source.uri, "commit": self.source.commit}
+        return model
+
+
+def resolve_max_model_len(config: EngineConfig, shape: ModelShape) -> int:
+    """``--max-model-len``, or the model's ``max_position_embeddings``; never more than it."""
+    if config.max_model_len is None:
+        return shape.max_position_embeddings
+    if config.max_model_len > shape.max_position_embeddings:
+        raise BadInput(f"--max-model-len {config.max_model_len} is larger than the model's "
+                       f"max_position_embeddings ({shape.max_position_embeddings})")
+    return config.max_model_len
+
+
+def resolve_max_num_batched_tokens(config: EngineConfig, max_model_len: int) -> int:
+    """The flag, or ``max(max_model_len, 2048)`` (a whole prompt fits in one step)."""
+    if config.max_num_batched_tokens is not None:
+        return config.max_num_batched_tokens
+    return max(max_model_len, MIN_DEFAULT_BATCHED_TOKENS)
+
+
+def resolve_model_dtype(config: EngineConfig, shape: ModelShape, weights: WeightsInfo) -> str:
+    """``--dtype``; ``auto`` = config.json's torch_dtype, else the weights' float dtype."""
+    if config.dtype != "auto":
+        return estimates.CANONICAL_DTYPE.get(config.dtype, config.dtype)
+    name = estimates.CANONICAL_DTYPE.get(shape.torch_dtype, shape.torch_dtype)
+    if name in ("float32", "float16", "bfloat16", "float64"):
+        return name
+    # The float dtype holding the most bytes: packed payloads (MXFP4's U8 blocks) are not it.
+    floats = {d: n for d, n in weights.bytes_by_dtype.items() if d in estimates.SAFETENSORS_FLOAT}
+    if not floats:
+        return estimates.SAFETENSORS_FLOAT.get(weights.dtype, "float32")
+    return estimates.SAFETENSORS_FLOAT[max(floats, key=lambda d: floats[d])]
+
+
+def resolve_kv_dtype(config: EngineConfig, model_dtype: str) -> str:
+    """``--kv-cache-dtype``; ``auto`` = the model dtype; ``fp8`` = fp8_e4m3."""
+    if config.kv_cache_dtype == "auto":
+        return model_dtype
+    return estimates.CANONICAL_DTYPE.get(config.kv_cache_dtype, config.kv_cache_dtype)
+
+
+def loaded_weight_bytes(weights: WeightsInfo, model_dtype: str, *, quantized: bool = False) -> int:
+    """The checkpoint's bytes once floating tensors are cast to the model dtype; a quantized
+    checkpoint's (config.json's quantization_config) as stored, its F32 scales included."""
+    if quantized:
+        return weights.total_bytes
+    target_bits = estimates.DTYPE_BYTES[model_dtype] * 8
+    total = 0
+    for dtype, nbytes in weights.bytes_by_dtype.items():
+        if dtype in CASTABLE_DTYPES:
+            total += nbytes * target_bits // DTYPE_BITS[dtype]
+        else:
+            total += nbytes
+    return total if weights.bytes_by_dtype else weights.total_bytes
+
+
+def kv_rule(shape: ModelShape) -> str:
+    """ENGINE_RULE for an architecture kvledger's engine serves (plan what it allocates),
+    else VLLM_RULE (a what-if for a vLLM launch line)."""
+    return ENGINE_RULE if shape.architecture in SUPPORTED_ARCHITECTURES else VLLM_RULE
+
+
+def kv_layout_geometry(shape: ModelShape, config: EngineConfig, kv_dtype: str,
+                       max_model_len: int, max_num_batched_tokens: int) -> KVGeometry:
+    """The KV pool's block and what one sequence takes, by layout and rule (``kv_pool``)."""
+    return kv_geometry(shape.kv_layout(), shape.architecture, kv_rule(shape), config.block_size,
+                       estimates.DTYPE_BYTES[kv_dtype], max_model_len, max_num_batched_tokens)
+
+
+def make_plan(config: EngineConfig, *, device: DeviceMemory | None = None,
+              measured: Measured | None = None, shape: ModelShape | None = None,
+              weights: WeightsInfo | None = None, with_remedies: bool = True,
+              source: ModelSource | None = None) -> Plan:
+    """Plan ``config``. Never raises for "does not fit" (``fits`` is False, with remedies);
+    raises BadInput for bad input.
+
+    The engine passes the ``device`` it probed before loading anything (free memory
+    drops once weights are loaded) and ``measured`` figures once it has them. The
+    checkpoint is read from ``source.path`` when given (an hf:// model's local copy),
+    else from ``config.model``.
+    """
+    model_dir = source.path if source is not None else config.model
+    shape = shape if shape is not None else read_model_shape(model_dir)
+    weights = weights if weights is not None else read_weights(model_dir)
+    device = device if device is not None else probe_device(config)
+    measured = measured or Measured()
+
+    def replan(candidate: EngineConfig, weights_bytes: int | None = None) -> Plan:
+        m = measured if weights_bytes is None else dataclasses.replace(
+            measured, weights_bytes=weights_bytes)
+        return _budget(candidate, device, m, shape, weights)
+
+    plan = dataclasses.replace(_budget(config, device, measured, shape, weights), source=source)
+    if not plan.fits and with_remedies:
+        plan = dataclasses.replace(plan, remedies=find_remedies(plan, replan))
+    return plan
+
+
+def _limit(config: EngineConfig, device: DeviceMemory) -> tuple[int, str, int]:
+    """``(limit_bytes, limit_source, margin_bytes)``; the smallest cap wins."""
+    caps: list[tuple[int, str]] = []
+    if config.memory_limit_bytes is not None:
+        caps.append((config.memory_limit_bytes, "--memory-limit"))
+    if config.gpu_memory_utilization is not None:
+        caps.append((int(device.total_bytes * config.gpu_memory_utilization),
+                     "--gpu-memory-utilization"))
+    if caps:
+        limit, source = min(caps, key=lambda cap: cap[0])
+        return limit, source, 0
+    margin = estimates.safety_margin_bytes(device.total_bytes, device.unified)
+    return max(0, device.free_bytes - margin), "free-memory", margin
+
+
+def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
+            shape: ModelShape, weights: WeightsInfo) -> Plan:
+    max_model_len = resolve_max_model_len(config, shape)
+    batched_tokens = resolve_max_num_batched_tokens(config, max_model_len)
+    model_dtype = resolve_model_dtype(config, shape, weights)
+    kv_dtype = resolve_kv_dtype(config, model_dtype)
+    dtype_bytes = estimates.DTYPE_BYTES[model_dtype]
+    on_cpu = device.kind == "cpu"
+    geometry = kv_layout_geometry(shape, config, kv_dtype, max_model_len, batched_tokens)
+    blocks_per_seq = geometry.blocks_per_seq
+    # kvledger's engine gathers each sequence's K and V for decode attention; vLLM's paged
+    # kernels read the cache in place, so a what-if plan for vLLM has no such copy.
+    gathered_tokens = (-(-max_model_len // config.block_size) * config.block_size
+                       if geometry.rule == ENGINE_RULE else 0)
+
+    classes = {
+        "weights": _pick(measured.weights_bytes, loaded_weight_bytes(
+            weights, model_dtype, quantized=bool(shape.quantization))),
+        "activations": _pick(measured.activation_peak_bytes, estimates.activation_peak_bytes(
+            shape, dtype_bytes, batched_tokens, config.max_num_seqs,
+            context_tokens=gathered_tokens,
+            kv_dtype_bytes=estimates.DTYPE_BYTES[kv_dtype])),
+        "kv_cache": 0,
+        "cuda_graphs": 0 if config.enforce_eager or on_cpu else _pick(
+            measured.cuda_graph_bytes, estimates.cuda_graph_bytes(shape, config.max_num_seqs)),
+        # Where the device's memory is the host's, the compiled grammars share it.
+        "context": _pick(measured.context_bytes, estimates.context_bytes(device.kind))
+        + (config.grammar_cache_bytes if on_cpu or device.unified else 0),
+    }
+    limit, source, margin = _limit(config, device)
+    non_kv = sum(classes.values())
+
+    block_bytes = geometry.bytes_per_block
+    workload_blocks = config.max_num_seqs * blocks_per_seq
+    if config.num_gpu_blocks_override is not None:
+        mode, pool, needed = "override", config.num_gpu_blocks_override, blocks_per_seq
+    elif config.kv_cache_memory_bytes is not None:
+        mode, pool, needed = ("kv-cache-memory-bytes", config.kv_cache_memory_bytes // block_bytes,
+                              blocks_per_seq)
+    elif source != "free-memory":
+        mode, pool, needed = "cap", max(0, (limit - non_kv) // block_bytes), workload_blocks
+    else:
+        mode, pool, needed = "workload", workload_blocks, workload_blocks
+    num_blocks = max(pool, needed)  # short of `needed`, the run needs `needed`
+    classes["kv_cache"] = num_blocks * block_bytes
+    required = non_kv + classes["kv_cache"]
+    fits = required <= limit and pool >= needed
+
+    return Plan(
+        fits=fits,
+        limit_bytes=limit,
+        required_bytes=required,
+        short_by_bytes=max(0, required - limit),
+        limit_source=source,
+        classes=classes,
+        kv=KVInfo(block_size=config.block_size, num_blocks=num_blocks,
+                  bytes_per_block=block_bytes, bytes_per_token=geometry.bytes_per_token,
+                  dtype=kv_dtype, pool_mode=mode, required_blocks=needed,
+                  blocks_per_seq=blocks_per_seq, layout=geometry.layout, rule=geometry.rule,
+                  note=geometry.note, layers_per_block=geometry.layers_per_block,
+                  bytes_per_seq=blocks_per_seq * block_bytes, groups=geometry.groups),
+        remedies=[],
+        unified_memory=device.unified,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        warnings=_warnings(config, device, limit, source),
+        device=device,
+        model_dtype=model_dtype,
+        config=config,
+        shape=shape,
+        weights=weights,
+        margin_bytes=margin,
+        measured=measured.given(),
+    )
+
+
+def _pick(measured_value: int | None, estimate: int) -> int:
+    return estimate if measured_value is None else measured_value
+
+
+def _gib(n: int) -> str:
+    return f"{n / estimates.GiB:.1f} GiB"
+
+
+def _warnings(config: EngineConfig, device: DeviceMemory, limit: int, source: str) -> list[str]:
+    out = []
+    util = config.gpu_memory_utilization
+    if device.unified and util is not None:
+        out.append(f"--gpu-memory-utilization {util} on a unified memory pool is a fraction of "
+                   f"the WHOLE pool shared with the host ({_gib(device.total_bytes)}), not of "
+                   f"dedicated GPU memory: it leaves {_gib(device.total_bytes - int(device.total_bytes * util))} "
+                   "to the OS and every other process; prefer --memory-limit SIZE")
+    if source != "free-memory" and limit > device.free_bytes:
+        out.append(f"the limit ({source}, {_gib(limit)}) is more than the device's free memory "
+                   f"({_gib(device.free_bytes)}): allocation can fail at start-up")
+    return out

@@ -1,0 +1,202 @@
+"""The text of ``kvledger plan``: the breakdown per class, and on a refusal how far short
+and the remedies. Sizes are GiB with one decimal; a non-zero size under 0.1 GiB is shown
+in MiB (under 0.1 MiB in KiB) so that small models do not read as all zeros.
+"""
+
+from __future__ import annotations
+
+from kvledger.engine.planner.estimates import GiB, MiB
+from kvledger.engine.planner.layout import MLA, SLIDING
+from kvledger.engine.planner.plan import Plan
+from kvledger.engine.planner.pool import ENGINE_NOTE, ENGINE_RULE, PoolGroup
+from kvledger.engine.planner.remedies import Remedy
+
+TERMINATION_LOG_MAX_BYTES = 4096  # the kubelet keeps at most this much of the message
+SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64",
+               "fp8_e4m3": "fp8", "fp8_e5m2": "fp8_e5m2"}
+
+
+def format_size(n: int) -> str:
+    if 0 < abs(n) < MiB // 10:
+        return f"{n / 1024:.1f} KiB"
+    if 0 < abs(n) < GiB // 10:
+        return f"{n / MiB:.1f} MiB"
+    return f"{n / GiB:.1f} GiB"
+
+
+def render_report(plan: Plan) -> str:
+    """The whole report: headline, breakdown, remedies (refusal), limit, warnings."""
+    lines = [_headline(plan)]
+    lines += _breakdown(plan)
+    if not plan.fits:
+        lines += _remedy_lines(plan)
+    lines.append(_limit_line(plan))
+    lines += [f"warning: {w}" for w in plan.warnings]
+    return "\n".join(lines) + "\n"
+
+
+def truncate_utf8(text: str, max_bytes: int = TERMINATION_LOG_MAX_BYTES) -> str:
+    """At most ``max_bytes`` of UTF-8: whole lines from the top, never half a character."""
+    if len(text.encode("utf-8")) <= max_bytes:
+        return text
+    marker = "... (truncated)\n"
+    budget = max_bytes - len(marker.encode("utf-8"))
+    kept: list[str] = []
+    used = 0
+    for line in text.splitlines(keepends=True):
+        size = len(line.encode("utf-8"))
+        if used + size > budget:
+            break
+        kept.append(line)
+        used += size
+    if not kept:  # a first line longer than the budget: cut it at a character boundary
+        head = text.encode("utf-8")[:budget - 1].decode("utf-8", errors="ignore")
+        kept = [head.rstrip("\n") + "\n"]
+    return "".join(kept) + marker
+
+
+def _headline(plan: Plan) -> str:
+    need, limit = format_size(plan.required_bytes), format_size(plan.limit_bytes)
+    if plan.fits:
+        spare = format_size(plan.limit_bytes - plan.required_bytes)
+        return f"fits: engine requires {need}, limit is {limit} ({spare} to spare)"
+    if plan.short_by_bytes > 0:
+        return (f"error: engine requires {need}, limit is {limit} "
+                f"(short by {format_size(plan.short_by_bytes)})")
+    # Within the limit, yet refused: an explicit pool smaller than one sequence.
+    kv = plan.kv
+    source, pool = _explicit_pool(plan)
+    return (f"error: the KV pool of {pool} blocks ({source}) cannot hold one "
+            f"max_model_len={plan.max_model_len} sequence ({kv.required_blocks} blocks of "
+            f"{kv.block_size} tokens)")
+
+
+def _explicit_pool(plan: Plan) -> tuple[str, int]:
+    """The flag that sized the pool explicitly, and the blocks it gives."""
+    if plan.kv.pool_mode == "override":
+        return "--num-gpu-blocks-override", plan.config.num_gpu_blocks_override
+    return "--kv-cache-memory-bytes", plan.config.kv_cache_memory_bytes // plan.kv.bytes_per_block
+
+
+def _row(label: str, size: int, detail: str = "") -> str:
+    row = f"  {label:<16}{format_size(size):>9}"
+    return f"{row}   ({detail})" if detail else row
+
+
+def _breakdown(plan: Plan) -> list[str]:
+    c, kv, cfg = plan.classes, plan.kv, plan.config
+    measured = set(plan.measured)
+    weights_dtype = SHORT_DTYPE.get(plan.model_dtype, plan.model_dtype)
+    if plan.weights.dtype not in ("BF16", "F16", "F32", "F64"):
+        weights_dtype = plan.weights.dtype.lower()  # a quantized payload keeps its own dtype
+        if plan.shape.quantization:  # e.g. "mxfp4 (u8)": MXFP4 blocks and scales are U8
+            weights_dtype = f"{plan.shape.quantization} ({weights_dtype})"
+    kv_dtype = SHORT_DTYPE.get(kv.dtype, kv.dtype)
+    workload = f"max_model_len={plan.max_model_len} x max_num_seqs={plan.max_num_seqs}"
+    if kv.pool_mode == "cap" and plan.fits:
+        kv_detail = (f"{kv.num_blocks} blocks, all left under the cap, {kv_dtype}; "
+                     f"{workload} needs {kv.required_blocks} blocks")
+    elif kv.pool_mode in ("cap", "workload"):  # refused under a cap: what the workload needs
+        kv_detail = f"{workload}, {kv_dtype}"
+    else:
+        flag, pool = _explicit_pool(plan)
+        kv_detail = f"{pool} blocks from {flag}, {kv_dtype}"
+        if pool < kv.required_blocks:  # refused: the row and the pool line show what it needs
+            kv_detail = (f"{kv.required_blocks} blocks for one max_model_len sequence; {flag} "
+                         f"gives {pool}, {kv_dtype}")
+    if cfg.enforce_eager:
+        graphs_detail = "--enforce-eager"
+    elif plan.device.kind == "cpu":
+        graphs_detail = "none on the CPU"
+    else:
+        graphs_detail = "measured" if "cuda_graphs" in measured else "estimate"
+    context_label = "runtime context" if plan.device.kind == "cpu" else "cuda context"
+    if kv.layout != "full":
+        kv_detail += f", {kv.layout}"
+    lines = [
+        _row("weights", c["weights"], ("measured, " if "weights" in measured else "")
+             + f"{weights_dtype}, {plan.shape.num_layers} layers"),
+        _row("activations", c["activations"], ("measured " if "activations" in measured else "")
+             + f"peak @ max_num_batched_tokens={plan.max_num_batched_tokens}"),
+        _row("KV cache", c["kv_cache"], kv_detail),
+        _row("cuda graphs", c["cuda_graphs"], graphs_detail),
+        _row(context_label, c["context"], ("measured" if "context" in measured else "estimate")
+             + (f" + grammar cache {cfg.grammar_cache_bytes / 2**20:.0f} MiB"
+                if plan.device.kind == "cpu" or plan.device.unified else "")),
+        f"  KV pool: {kv.num_blocks} blocks x {kv.block_size} tokens, "
+        f"{format_size(kv.bytes_per_block)} per block ({_pool_holds(plan)})",
+    ]
+    if kv.rule != ENGINE_RULE or kv.note != ENGINE_NOTE:
+        lines.append(f"  KV layout: {_layout_text(plan)}")
+    return lines
+
+
+def _pool_holds(plan: Plan) -> str:
+    """What the pool holds: tokens of every layer, or blocks shared by layer groups."""
+    kv = plan.kv
+    tables = sum(g.num_groups for g in kv.groups)
+    if tables <= 1:
+        return f"{kv.num_blocks * kv.block_size} tokens"
+    return (f"{tables} block tables of {kv.layers_per_block} layers share it; one "
+            f"max_model_len sequence takes {kv.blocks_per_seq} blocks")
+
+
+def _group_text(group: PoolGroup, block_size: int, step_tokens: int) -> str:
+    if group.attention == MLA:
+        what = f"{group.num_layers} MLA layers x {group.head_size}-element latent (K only)"
+    else:
+        kind = "sliding-window" if group.attention == SLIDING else "full-attention"
+        what = (f"{group.num_layers} {kind} layers x {group.num_kv_heads} KV heads x "
+                f"{group.head_size}")
+    if group.attention == SLIDING:  # vLLM keeps the window and a step's new tokens
+        per_table = group.blocks_per_seq // group.num_groups
+        where = f" in each of {group.num_groups} block tables" if group.num_groups > 1 else ""
+        what += (f", window {group.sliding_window} + a step of {step_tokens} tokens "
+                 f"({per_table} blocks of {block_size} per sequence{where})")
+    return what
+
+
+def _layout_text(plan: Plan) -> str:
+    """The layout as allocated, its layer groups, per-token bytes and the rule applied."""
+    kv = plan.kv
+    groups = " + ".join(_group_text(g, kv.block_size, plan.max_num_batched_tokens)
+                        for g in kv.groups)
+    return f"{kv.layout}: {groups}, {kv.bytes_per_token} bytes per token; {kv.note}"
+
+
+def remedy_text(remedy: Remedy) -> tuple[str, str]:
+    """``(what to change, what it gives)`` of one remedy."""
+    if remedy.flag is None:
+        after = format_size(remedy.weights_bytes or 0)
+        return str(remedy.value), f"{remedy.note}; 4-bit weights -> {after}"
+    change = remedy.flag if remedy.value is None else f"{remedy.flag} {remedy.value}"
+    result = f"KV -> {format_size(remedy.kv_bytes)}"
+    return change, f"{remedy.note}, {result}" if remedy.note else result
+
+
+def _remedy_lines(plan: Plan) -> list[str]:
+    limit = format_size(plan.limit_bytes)
+    if not plan.remedies:
+        if plan.classes["weights"] > plan.limit_bytes:
+            why = f"the weights alone are {format_size(plan.classes['weights'])}"
+        else:
+            why = f"as declared it needs {format_size(plan.required_bytes)}"
+        return [f"  no single change of flags fits within {limit}: {why}"]
+    lines = [f"  to fit within {limit}, try one of:"]
+    for remedy in plan.remedies:
+        change, result = remedy_text(remedy)
+        lines.append(f"    {change:<25} ({result})")  # a long flag still gets its space
+    return lines
+
+
+def _limit_line(plan: Plan) -> str:
+    d = plan.device
+    pool = ", unified pool" if d.unified else ""
+    where = f"{d.name}, {format_size(d.total_bytes)} total, {format_size(d.free_bytes)} free{pool}"
+    if plan.limit_source == "free-memory":
+        return (f"  limit: free memory less a {format_size(plan.margin_bytes)} safety margin "
+                f"({where})")
+    if plan.limit_source == "--gpu-memory-utilization":
+        return (f"  limit: --gpu-memory-utilization {plan.config.gpu_memory_utilization} x "
+                f"{format_size(d.total_bytes)} ({where})")
+    return f"  limit: {plan.limit_source} {format_size(plan.limit_bytes)} ({where})"

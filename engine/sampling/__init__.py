@@ -1,0 +1,1 @@
+"""Choosing the next token: sampling parameters, the sampler, grammars."""

@@ -1,0 +1,158 @@
+"""Pick each sequence's next token from its logits: logits processing (bias, penalties,
+grammar, min_tokens) for the rows that ask, then greedy, temperature, top-k, top-p; and
+logprobs, from the raw logits, for the rows that ask.
+
+A request with a ``seed`` draws from its own generator, so its tokens do not depend on
+what else is in the batch; the others share the engine's generator. A batch of
+default requests costs what it did before any of these features: one argmax, the
+sampled rows, one copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from kvledger.engine.core.outputs import TokenLogprobs
+from kvledger.engine.core.sequence import Sequence
+from kvledger.engine.sampling.params import SamplingParams
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]                 # one per row
+    logprobs: dict[int, TokenLogprobs]   # by row, only for the rows whose request asked
+
+
+class Sampler:
+    def __init__(self, seed: int, device: torch.device, eos_token_ids: Iterable[int] = ()) -> None:
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.eos_token_ids = frozenset(eos_token_ids)  # masked out until min_tokens
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+        """``logits``: float32 ``[len(seqs), vocab]`` (raw), one row per sequence in order.
+        Returns each row's token, and the logprobs of the rows whose request asked.
+
+        Everything stays on the logits' device until the copies at the end: on CUDA a
+        step waits for the device once, however many rows it samples."""
+        raw = logits
+        processed, sampled, asked = [], [], []
+        for row, seq in enumerate(seqs):
+            params = seq.params
+            if params.processes_logits or (params.min_tokens
+                                           and len(seq.output_token_ids) < params.min_tokens):
+                processed.append(row)
+            if not params.greedy:
+                sampled.append(row)
+            if params.logprobs is not None:
+                asked.append(row)
+        if processed:
+            logits = logits.clone()
+            for row in processed:
+                logits[row] = process_logits(raw[row], seqs[row], self.eos_token_ids)
+        token_ids = logits.argmax(dim=-1)
+        if sampled:
+            drawn = torch.cat([self._sample_row(logits[row], seqs[row]) for row in sampled])
+            index = torch.tensor(sampled, dtype=torch.long, device=logits.device)
+            token_ids = token_ids.index_copy(0, index, drawn)
+        if not asked:
+            return SamplerOutput(token_ids.tolist(), {})
+        index = torch.tensor(asked, dtype=torch.long, device=logits.device)
+        read = logprobs_of(raw[index], token_ids[index], [seqs[row].params.logprobs for row in asked])
+        token_id_list = token_ids.tolist()  # the one wait for the device; the rest is copied
+        return SamplerOutput(token_id_list, dict(zip(asked, read(), strict=True)))
+
+    def _sample_row(self, logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
+        """One token id drawn from ``logits`` ``[vocab]``, as a ``[1]`` tensor."""
+        params = seq.params
+        logits = logits / params.temperature
+        if params.top_k > 0 and params.top_k < logits.shape[-1]:
+            kth = torch.topk(logits, params.top_k).values[-1]
+            logits = logits.masked_fill(logits < kth, NEG_INF)
+        probs = torch.softmax(logits, dim=-1)
+        if params.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            # Keep the smallest prefix whose mass reaches top_p (always the top token).
+            drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
+            drop[0] = False  # a top_p below float32's smallest (1e-300) would drop every token
+            sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        generator = seq.generator or self.generator
+        return torch.multinomial(probs, 1, generator=generator)
+
+
+def process_logits(logits: torch.Tensor, seq: Sequence, eos_token_ids: frozenset[int]) -> torch.Tensor:
+    """``seq``'s processed copy of its raw logits row ``[vocab]`` (``SamplingParams``
+    says the order). Never all ``-inf``: the grammar's mask wins over min_tokens', and a
+    grammar that allows nothing leaves the raw row (its matcher, at a dead end, refuses
+    the token and the request finishes with ``"grammar"``), so argmax and multinomial
+    always get a token to pick."""
+    params = seq.params
+    row = logits.clone()
+    vocab = row.shape[-1]
+    if params.logit_bias:
+        ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=row.device)
+        values = torch.tensor(list(params.logit_bias.values()), dtype=row.dtype, device=row.device)
+        row.index_add_(0, ids, values)
+    if params.has_penalties:
+        row = apply_penalties(row, seq.prompt_token_ids, seq.output_token_ids, params)
+    if seq.matcher is not None:
+        seq.matcher.fill_mask(row)
+    if len(seq.output_token_ids) < params.min_tokens:
+        stops = params.stop_token_set if params.ignore_eos else params.stop_token_set | eos_token_ids
+        ids = [t for t in stops if t < vocab]
+        if ids:
+            masked = row.index_fill(0, torch.tensor(ids, dtype=torch.long, device=row.device), NEG_INF)
+            row = torch.where((masked > NEG_INF).any(), masked, row)
+    return torch.where((row > NEG_INF).any(), row, logits)  # no sync: a device-side choice
+
+
+def apply_penalties(logits: torch.Tensor, prompt_token_ids: list[int], output_token_ids: list[int],
+                    params: SamplingParams) -> torch.Tensor:
+    """vLLM's penalties on one row ``[vocab]``: repetition over the prompt and output
+    (a seen token's logit divided by the penalty when positive, multiplied when not),
+    then frequency and presence over the output (``logit -= frequency * count +
+    presence * (count > 0)``). The counts are built on the logits' device."""
+    vocab, device = logits.shape[-1], logits.device
+    output = torch.tensor(output_token_ids, dtype=torch.long, device=device)
+    # scatter_add, not bincount: on CUDA bincount reads the largest id back (a sync).
+    counts = torch.zeros(vocab, dtype=torch.long, device=device).scatter_add_(
+        0, output, torch.ones_like(output))
+    if params.repetition_penalty != 1.0:
+        prompt = torch.tensor(prompt_token_ids, dtype=torch.long, device=device)
+        seen = (counts > 0).index_fill_(0, prompt, True)
+        penalty = params.repetition_penalty
+        logits = torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+    if params.frequency_penalty:
+        logits = logits - params.frequency_penalty * counts
+    if params.presence_penalty:
+        logits = logits - params.presence_penalty * (counts > 0)
+    return logits
+
+
+def logprobs_of(logits: torch.Tensor, targets: torch.Tensor,
+                num_top: list[int]) -> Callable[[], list[TokenLogprobs]]:
+    """Logprobs of raw ``logits`` ``[n, vocab]``: for row i, ``targets[i]``'s logprob and
+    rank and the ``num_top[i]`` most likely tokens. One log_softmax and one topk for all
+    rows, queued on the logits' device; returns a function that copies the results to
+    the host and builds the ``TokenLogprobs`` (call it after the step's other work is
+    queued, so the device is waited for once)."""
+    logprobs = torch.log_softmax(logits, dim=-1)
+    chosen = logprobs.gather(-1, targets[:, None])
+    ranks = (logprobs > chosen).sum(-1) + 1
+    k = min(max(num_top), logprobs.shape[-1])
+    top_values, top_ids = logprobs.topk(k, dim=-1) if k else (None, None)
+
+    def build() -> list[TokenLogprobs]:
+        values = top_values.tolist() if k else [[]] * len(num_top)
+        ids = top_ids.tolist() if k else [[]] * len(num_top)
+        return [TokenLogprobs(token_id, logprob, rank, list(zip(i[:n], v[:n], strict=True)))
+                for token_id, logprob, rank, i, v, n in zip(
+                    targets.tolist(), chosen[:, 0].tolist(), ranks.tolist(), ids, values, num_top,
+                    strict=True)]
+
+    return build

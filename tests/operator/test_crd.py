@@ -1,0 +1,330 @@
+"""The CRD: one source of truth (operator/crd.py), structural, examples valid, CEL rules
+evaluated by a CEL interpreter and matched by the Python checks ``kvledger run`` uses."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import celpy
+import pytest
+import yaml
+
+from kvledger.engine.errors import BadInput
+from kvledger.operator.crd import crd_manifest, crd_yaml, openapi_schema, validate_manifest
+from kvledger.operator.spec import check_rules
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("copy", ["crds/inferenceservice.yaml",
+                                  "charts/kvledger/crds/inferenceservice.yaml"])
+def test_crd_files_are_rendered_from_the_dict(copy):
+    text = (ROOT / copy).read_text()
+    assert text == crd_yaml(), f"{copy} is stale: python -m kvledger.operator.crd > {copy}"
+    assert yaml.safe_load(text) == crd_manifest()
+
+
+def test_crd_names_columns_and_subresources():
+    crd = crd_manifest()
+    assert crd["metadata"]["name"] == "inferenceservices.kvledger.dev"
+    assert "isvc" not in crd["spec"]["names"]["shortNames"]  # KServe's
+    [version] = crd["spec"]["versions"]
+    assert version["name"] == "v1alpha1"
+    assert version["subresources"] == {"status": {}, "scale": {
+        "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector"}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Ready", "Reason", "Fits", "Required", "Limit", "Endpoint", "Age"]
+
+
+def test_the_scale_subresource_paths_are_in_the_schema_with_the_types_it_needs():
+    """`kubectl scale` and autoscalers read and write these: an integer count each side and
+    a string label selector (the API server refuses a CRD whose paths point elsewhere)."""
+    schema = openapi_schema()["properties"]
+    for path, kind in ((".spec.replicas", "integer"), (".status.replicas", "integer"),
+                       (".status.selector", "string")):
+        top, field = path.strip(".").split(".")
+        assert schema[top]["properties"][field]["type"] == kind, path
+    assert schema["spec"]["properties"]["replicas"]["default"] == 1
+
+
+def test_autoscaling_fields_validate_with_their_defaults_and_types():
+    scaling = openapi_schema()["properties"]["spec"]["properties"]["autoscaling"]
+    assert scaling["required"] == ["maxReplicas"]
+    assert {k: v.get("default") for k, v in scaling["properties"].items()} == {
+        "minReplicas": 1, "maxReplicas": None, "metric": "kvReservedRatio", "target": None,
+        "provider": "hpa", "prometheus": None}
+    for ok in ({"maxReplicas": 4}, {"maxReplicas": 4, "target": "0.8"},
+               {"maxReplicas": 4, "target": "800m"}, {"maxReplicas": 4, "target": ".5"},
+               {"minReplicas": 0, "maxReplicas": 8, "metric": "requestsWaiting", "target": 6,
+                "provider": "keda", "prometheus": {"serverAddress": "http://prom:9090"}}):
+        validate_manifest(_doc(autoscaling=ok))
+    for bad, expected in [
+        ({}, "'maxReplicas' is a required property"),
+        ({"maxReplicas": 0}, "less than the minimum of 1"),
+        ({"maxReplicas": 4, "minReplicas": -1}, "less than the minimum of 0"),
+        ({"maxReplicas": 4, "metric": "cpu"}, "is not one of"),
+        ({"maxReplicas": 4, "provider": "knative"}, "is not one of"),
+        ({"maxReplicas": 4, "target": 0}, "less than the minimum of 1"),
+        ({"maxReplicas": 4, "target": "80%"}, "does not match"),
+        ({"maxReplicas": 4, "target": "1e3"}, "does not match"),
+        # A decimal is a quantity string, as in every custom resource (and the HPA's own).
+        ({"maxReplicas": 4, "target": 0.8},
+         '0.8 is neither an integer nor a string (write a decimal as a string, e.g. "0.8")'),
+        ({"maxReplicas": 4, "prometheus": {"serverAddress": "prom:9090"}}, "does not match"),
+        ({"maxReplicas": 4, "behavior": {}}, "unknown field(s)"),
+    ]:
+        with pytest.raises(BadInput, match=re.escape(expected)):
+            validate_manifest(_doc(autoscaling=bad))
+
+
+def _walk(schema: dict, path: str = ""):
+    yield path, schema
+    for name, sub in schema.get("properties", {}).items():
+        yield from _walk(sub, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        yield from _walk(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from _walk(schema["additionalProperties"], f"{path}{{}}")
+
+
+def test_schema_is_structural():
+    """The API server's structural rules that this schema could break: every node has a
+    type unless it is int-or-string or preserves unknown fields; an int-or-string anyOf is
+    exactly [{type: integer}, {type: string}] (value checks beside it, never inside)."""
+    for path, node in _walk(openapi_schema()):
+        if node.get("x-kubernetes-int-or-string"):
+            assert "type" not in node, path
+            assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}], path
+        else:
+            assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), path
+            assert "anyOf" not in node and "allOf" not in node, path
+
+
+def _doc(**spec) -> dict:
+    return {"apiVersion": "kvledger.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": "m"}, "spec": {"model": {"path": "/m"}, **spec}}
+
+
+# Every placement and environment field, as Kubernetes writes it in a pod.
+PLACEMENT = {
+    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4", "pool": "gpu"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                    {"key": "spot", "operator": "Equal", "value": "true",
+                     "effect": "NoExecute", "tolerationSeconds": 600}],
+    "affinity": {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "topology.kubernetes.io/zone", "operator": "In",
+                 "values": ["us-east-1a", "us-east-1b"]}]}]}},
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100, "podAffinityTerm": {
+                "topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": {"kvledger.dev/inferenceservice": "m"}}}}]}},
+    "priorityClassName": "inference-high",
+    "runtimeClassName": "nvidia",
+    "imagePullSecrets": [{"name": "registry"}],
+    "serviceAccountName": "llm-serving",
+    "env": [{"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:True"},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "api"}}}],
+    "envFrom": [{"configMapRef": {"name": "tuning"}}, {"secretRef": {"name": "extra",
+                                                                     "optional": True},
+                                                       "prefix": "EXTRA_"}],
+    "podAnnotations": {"prometheus.io/scrape": "true"},
+    "podLabels": {"team": "ml", "cost-center": "42"},
+}
+
+
+def test_placement_fields_validate_and_simple_ones_are_typed():
+    validate_manifest(_doc(**PLACEMENT))
+    check_rules(_doc(**PLACEMENT)["spec"])
+    for field, bad, expected in [
+        ("nodeSelector", {"pool": 1}, "is not of type 'string'"),
+        ("tolerations", [{"effect": "Sometimes", "operator": "Exists"}], "is not one of"),
+        ("tolerations", [{"operator": "Exists", "tolerationSeconds": "60"}],
+         "is not of type 'integer'"),
+        ("tolerations", [{"key": "k", "weight": 1}], "unknown field(s)"),
+        ("imagePullSecrets", [{}], "'name' is a required property"),
+        ("imagePullSecrets", ["registry"], "is not of type 'object'"),
+        ("priorityClassName", 7, "is not of type 'string'"),
+        ("env", [{"value": "x"}], "'name' is a required property"),
+        ("envFrom", [{"secretRef": {}}], "'name' is a required property"),
+        ("affinity", {"nodeAffinty": {}}, "unknown field(s)"),
+        ("podLabels", {"team": ["ml"]}, "is not of type 'string'"),
+    ]:
+        with pytest.raises(BadInput, match=re.escape(expected)):
+            validate_manifest(_doc(**{field: bad}))
+
+
+def test_hub_uri_pattern_matches_the_engines_parser():
+    from kvledger.engine.planner.hub.repo import parse_uri
+
+    for uri in ("hf://meta-llama/Llama-3.1-8B-Instruct", "hf://Qwen/Qwen2-0.5B@main",
+                "hf://org/m@refs/pr/1", "hf://org_x/m@0123456789abcdef0123456789abcdef01234567"):
+        validate_manifest(_doc(model={"uri": uri}))
+        parse_uri(uri)
+    for uri in ("hf://org", "hf://org/m/x", "hf://-org/m", "hf://org./m", "hf://o..rg/m",
+                "hf://org/m@", "hf://org/m@x/", "hf://org/m@x y", "s3://org/m", "org/m"):
+        with pytest.raises(BadInput, match=r"spec\.model\.uri"):
+            validate_manifest(_doc(model={"uri": uri}))
+        with pytest.raises(BadInput):
+            parse_uri(uri)
+
+
+def test_kv_cache_memory_bytes_takes_bytes_or_a_size():
+    doc = {"apiVersion": "kvledger.dev/v1alpha1", "kind": "InferenceService",
+           "metadata": {"name": "m"}, "spec": {"model": {"path": "/m"}, "memory": {}}}
+    for ok in (4294967296, "4Gi", "512MiB"):
+        doc["spec"]["memory"]["kvCacheMemoryBytes"] = ok
+        validate_manifest(doc)
+    for bad in (0, "lots", 1.5):
+        doc["spec"]["memory"]["kvCacheMemoryBytes"] = bad
+        with pytest.raises(BadInput, match="kvCacheMemoryBytes"):
+            validate_manifest(doc)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_validates(example):
+    doc = yaml.safe_load(example.read_text())
+    validate_manifest(doc)
+    check_rules(doc["spec"])
+
+
+def _rules():
+    """(schema path, rule, message) for every CEL rule in the CRD."""
+    for path, node in _walk(openapi_schema()):
+        for rule in node.get("x-kubernetes-validations", []):
+            yield path, rule["rule"], rule["message"]
+
+
+def _nodes(spec: dict, path: str) -> list:
+    """The values a rule at ``path`` applies to: ``a.b[]`` is every item of the list a.b."""
+    nodes = [{"spec": spec}]
+    for part in path.strip(".").split("."):
+        name, items = part.removesuffix("[]"), part.endswith("[]")
+        nodes = [n[name] for n in nodes if isinstance(n, dict) and name in n]
+        if items:
+            nodes = [item for n in nodes if isinstance(n, list) for item in n]
+    return nodes
+
+
+CASES = [
+    ({"model": {"path": "/models/m", "volume": {"hostPath": {"path": "/srv"},
+                                                "mountPath": "/models"}}}, True),
+    ({"model": {"path": "/data/m", "volume": {"hostPath": {"path": "/srv"},
+                                              "mountPath": "/models"}}}, False),
+    ({"model": {"path": "/models2/m", "volume": {"hostPath": {"path": "/srv"},
+                                                 "mountPath": "/models"}}}, False),
+    ({"model": {"path": "/models/m", "volume": {"mountPath": "/models"}}}, False),
+    ({"model": {"path": "/models/m", "volume": {
+        "hostPath": {"path": "/srv"}, "persistentVolumeClaim": {"claimName": "c"},
+        "mountPath": "/models"}}}, False),
+    ({"model": {"path": "/m"}, "engine": {"maxModelLen": 4096, "maxNumBatchedTokens": 1024}}, True),
+    ({"model": {"path": "/m"}, "engine": {"maxNumSeqs": 64, "maxNumBatchedTokens": 64}}, True),
+    ({"model": {"path": "/m"}, "engine": {"maxNumSeqs": 64, "maxNumBatchedTokens": 63}}, False),
+    ({"model": {"path": "/m"}, "engine": {"maxNumBatchedTokens": 16}}, True),
+    # A '..' segment could climb out of the mount, which the string checks cannot see.
+    ({"model": {"path": "/models/../etc", "volume": {"hostPath": {"path": "/srv"},
+                                                     "mountPath": "/models"}}}, False),
+    ({"model": {"path": "/models/a/../m", "volume": {"hostPath": {"path": "/srv"},
+                                                     "mountPath": "/models"}}}, False),
+    ({"model": {"path": "/models/m/..", "volume": {"hostPath": {"path": "/srv"},
+                                                   "mountPath": "/models"}}}, False),
+    ({"model": {"path": "/m/.."}}, False),
+    ({"model": {"path": "/models/..m/m..", "volume": {"hostPath": {"path": "/srv"},
+                                                      "mountPath": "/models"}}}, True),
+    ({"model": {"path": "/models/./m/", "volume": {"hostPath": {"path": "/srv"},
+                                                   "mountPath": "/models"}}}, True),
+    # Exactly one of path and uri; the hub's fields only with a uri, the volume only without.
+    ({"model": {"uri": "hf://org/m"}}, True),
+    ({"model": {"uri": "hf://org/m", "tokenSecretRef": {"name": "hf", "key": "token"},
+                "endpoint": "https://mirror.example", "cache": {
+                    "persistentVolumeClaim": {"claimName": "c"}}}}, True),
+    ({"model": {"uri": "hf://org/m", "path": "/m"}}, False),
+    ({"model": {"name": "m"}}, False),
+    ({"model": {"uri": "hf://org/m", "volume": {"hostPath": {"path": "/srv"},
+                                                "mountPath": "/models"}}}, False),
+    ({"model": {"path": "/m", "tokenSecretRef": {"name": "hf", "key": "token"}}}, False),
+    ({"model": {"path": "/m", "endpoint": "https://mirror.example"}}, False),
+    ({"model": {"path": "/m", "cache": {"persistentVolumeClaim": {"claimName": "c"}}}}, False),
+    # One GPU at most until tensor parallelism exists.
+    ({"model": {"path": "/m"}, "gpus": 0}, True),
+    ({"model": {"path": "/m"}, "gpus": 1}, True),
+    ({"model": {"path": "/m"}, "gpus": 2}, False),
+    # Tolerations as the API server would check them in the pod.
+    ({"model": {"path": "/m"}, "tolerations": [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "pool", "operator": "Equal", "value": "a100"},
+        {"key": "spot", "value": "true"},
+        {"operator": "Exists"},
+        {"key": "evict", "operator": "Exists", "effect": "NoExecute",
+         "tolerationSeconds": 300}]}, True),
+    ({"model": {"path": "/m"}, "tolerations": [{"operator": "Equal", "value": "x"}]}, False),
+    ({"model": {"path": "/m"}, "tolerations": [{"effect": "NoSchedule"}]}, False),
+    ({"model": {"path": "/m"}, "tolerations": [
+        {"key": "k", "operator": "Exists", "value": "v"}]}, False),
+    ({"model": {"path": "/m"}, "tolerations": [
+        {"key": "k", "operator": "Exists", "effect": "NoSchedule",
+         "tolerationSeconds": 60}]}, False),
+    ({"model": {"path": "/m"}, "env": [{"name": "A", "value": "1"}, {
+        "name": "B", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}, True),
+    ({"model": {"path": "/m"}, "env": [{"name": "A", "value": "1", "valueFrom": {
+        "fieldRef": {"fieldPath": "metadata.name"}}}]}, False),
+    ({"model": {"path": "/m"}, "envFrom": [{"secretRef": {"name": "s"}},
+                                           {"configMapRef": {"name": "c"}, "prefix": "X_"}]},
+     True),
+    ({"model": {"path": "/m"}, "envFrom": [{"secretRef": {"name": "s"},
+                                            "configMapRef": {"name": "c"}}]}, False),
+    ({"model": {"path": "/m"}, "envFrom": [{"prefix": "X_"}]}, False),
+    # Autoscaling: min <= max; scale to zero and a Prometheus address with KEDA only; a
+    # target above 0, and for the KV reserved ratio (a share of the pool) at most 1.
+    *[({"model": {"path": "/m"}, "autoscaling": {"maxReplicas": 4, **scaling}}, valid)
+      for scaling, valid in [
+          ({}, True),
+          ({"minReplicas": 4}, True),
+          ({"minReplicas": 5}, False),
+          ({"minReplicas": 0}, False),
+          ({"minReplicas": 0, "provider": "hpa"}, False),
+          ({"minReplicas": 0, "provider": "keda"}, True),
+          ({"provider": "keda", "prometheus": {"serverAddress": "http://prom:9090"}}, True),
+          ({"prometheus": {"serverAddress": "http://prom:9090"}}, False),
+          ({"target": "0.8"}, True),
+          ({"target": "800m"}, True),
+          ({"target": ".5"}, True),
+          ({"target": 1}, True),
+          ({"target": "1.0"}, True),
+          ({"target": "1000m"}, True),
+          ({"metric": "kvReservedRatio", "target": "0.95"}, True),
+          ({"target": 2}, False),
+          ({"target": "1.5"}, False),
+          ({"target": "1001m"}, False),
+          ({"target": "0"}, False),
+          ({"target": "0.000"}, False),
+          ({"target": "0m"}, False),
+          ({"metric": "requestsWaiting", "target": 2}, True),
+          ({"metric": "requestsWaiting", "target": "0.5"}, True),
+          ({"metric": "requestsWaiting", "target": "0.0"}, False),
+          ({"metric": "rejectionRate", "target": "2.5"}, True),
+          ({"metric": "rejectionRate", "target": 20}, True),
+      ]],
+]
+
+
+@pytest.mark.parametrize(("spec", "valid"), CASES)
+def test_cel_rules_and_python_checks_agree(spec, valid):
+    env = celpy.Environment()
+    cel_ok = True
+    for path, rule, _ in _rules():
+        # The API server evaluates a rule only where its field is set.
+        for node in _nodes(spec, path):
+            result = env.program(env.compile(rule)).evaluate({"self": celpy.json_to_cel(node)})
+            cel_ok = cel_ok and bool(result)
+    assert cel_ok is valid
+    if valid:
+        check_rules(spec)
+    else:
+        with pytest.raises(BadInput):
+            check_rules(spec)

@@ -1,0 +1,405 @@
+"""The real operator, in-process, against kmock's Kubernetes emulator over HTTP.
+
+One operator run is shared by the module; each test uses its own resource name.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import kopf
+import pytest
+import pytest_asyncio
+from operator_harness import eventually, running_operator, service_manifest
+
+from kvledger.engine.errors import BadInput
+from kvledger.engine.planner.hub import repo as hub
+from kvledger.operator import handlers
+from kvledger.operator.crd import API_VERSION, PLURAL
+from kvledger.operator.main import operator_memo
+from kvledger.operator.render import LABEL, cache_size_limit
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60),
+              pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")]
+
+NS = "default"
+REPORT = """\
+error: engine requires 83.9 GiB, limit is 40.0 GiB (short by 43.9 GiB)
+  weights          70.0 GiB   (bf16, 80 layers)
+  activations       1.4 GiB   (peak @ max_num_batched_tokens=8192)
+  KV cache         10.0 GiB   (max_model_len=32768 x max_num_seqs=1, bf16)
+  cuda graphs       2.0 GiB   (estimate)
+  runtime context   0.5 GiB   (estimate)
+  KV pool: 2048 blocks x 16 tokens, 5.0 MiB per block (32768 tokens)
+  --max-model-len 4096  (KV cache 1.3 GiB)
+  limit: --memory-limit 40.0 GiB
+"""
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def cluster():
+    async with running_operator(default_image="kvledger:test") as running:
+        yield running
+
+
+def condition(obj: dict | None, kind: str) -> dict:
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c["type"] == kind:
+            return c
+    return {}
+
+
+def pod(service: str, name: str, status: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "labels": {LABEL: service}},
+            "spec": {"containers": [{"name": "engine", "image": "kvledger:test"}]},
+            "status": status}
+
+
+def preflight_done(code: int, message: str = "") -> dict:
+    return {"name": "preflight", "ready": False, "restartCount": 0,
+            "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0
+                                     else "Error", "message": message}}}
+
+
+async def create_service(cluster, name: str, **spec) -> dict:
+    await cluster.create(API_VERSION, PLURAL, service_manifest(name, NS, **spec))
+    return await eventually(lambda: cluster.stored("apps/v1", "deployments", NS, name),
+                            what=f"deployment {name}")
+
+
+async def test_create_renders_owned_children_with_the_same_flags(cluster):
+    deployment = await create_service(cluster, "alpha", memory={"limit": "40Gi"},
+                                      engine={"maxModelLen": 2048}, gpus=1)
+    service = await eventually(lambda: cluster.stored("v1", "services", NS, "alpha"))
+    owner = cluster.stored(API_VERSION, PLURAL, NS, "alpha")
+    for child in (deployment, service):
+        [ref] = child["metadata"]["ownerReferences"]
+        assert ref["uid"] == owner["metadata"]["uid"]
+        assert ref["kind"] == "InferenceService" and ref["controller"] is True
+    pod_spec = deployment["spec"]["template"]["spec"]
+    [preflight], [engine] = pod_spec["initContainers"], pod_spec["containers"]
+    flags = preflight["args"][:preflight["args"].index("--plan-out")]
+    assert engine["args"][:len(flags)] == flags
+    assert flags[flags.index("--memory-limit") + 1] == str(40 * 2**30)
+    assert flags[flags.index("--max-model-len") + 1] == "2048"
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert engine["image"] == "kvledger:test"
+    assert service["spec"]["selector"] == {LABEL: "alpha"}
+    status = await eventually(lambda: (cluster.stored(API_VERSION, PLURAL, NS, "alpha") or {})
+                              .get("status"))
+    assert status["endpoint"] == "http://alpha.default.svc.cluster.local:8000"
+    assert condition({"status": status}, "Ready")["status"] == "False"
+
+
+async def test_preflight_refusal_lands_in_memory_budget_and_a_warning_event(cluster):
+    await create_service(cluster, "big", memory={"limit": "40Gi"})
+    await cluster.create("v1", "pods", pod("big", "big-1", {
+        "phase": "Pending",
+        "initContainerStatuses": [{
+            "name": "preflight", "restartCount": 2,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 3, "reason": "Error", "message": REPORT}},
+        }]}))
+
+    def refused():
+        obj = cluster.stored(API_VERSION, PLURAL, NS, "big")
+        return obj if condition(obj, "MemoryBudget").get("reason") == "DoesNotFit" else None
+
+    obj = await eventually(refused, what="MemoryBudget=False DoesNotFit")
+    budget, ready = condition(obj, "MemoryBudget"), condition(obj, "Ready")
+    assert budget["status"] == "False" and budget["message"] == REPORT.strip()
+    assert (ready["status"], ready["reason"]) == ("False", "DoesNotFit")
+    assert ready["message"] == REPORT.splitlines()[0]
+    assert obj["status"]["plan"] == {
+        "fits": False, "required": "83.9 GiB", "limit": "40.0 GiB", "shortBy": "43.9 GiB",
+        "classes": {"weights": "70.0 GiB", "activations": "1.4 GiB", "kvCache": "10.0 GiB",
+                    "cudaGraphs": "2.0 GiB", "context": "0.5 GiB"},
+        "kv": {"numBlocks": 2048, "blockSize": 16}}
+    [event] = await eventually(lambda: [e for e in cluster.events_for("big")
+                                        if e.get("type") == "Warning"], what="warning event")
+    assert event["reason"] == "DoesNotFit"
+    assert event["message"] == REPORT.splitlines()[0]
+
+
+async def test_crash_looping_engine_is_never_ready(cluster):
+    await create_service(cluster, "crashy")
+    ready_status = {"phase": "Running",
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                    "initContainerStatuses": [preflight_done(
+        0, "fits: engine requires 1.2 GiB, limit is 40.0 GiB (38.8 GiB to spare)\n")],
+                    "containerStatuses": [{"name": "engine", "ready": True, "restartCount": 0,
+                                           "state": {"running": {}}}]}
+    await cluster.create("v1", "pods", pod("crashy", "crashy-1", ready_status))
+
+    def ready_reason():
+        return condition(cluster.stored(API_VERSION, PLURAL, NS, "crashy"), "Ready").get("reason")
+
+    await eventually(lambda: ready_reason() == "Ready", what="Ready=True")
+    obj = cluster.stored(API_VERSION, PLURAL, NS, "crashy")
+    assert condition(obj, "MemoryBudget")["status"] == "True"
+    assert obj["status"]["plan"] == {"fits": True, "required": "1.2 GiB", "limit": "40.0 GiB",
+                                     "spare": "38.8 GiB"}
+    assert obj["status"]["readyReplicas"] == 1
+
+    # A second replica crash-loops while the first still serves: not Ready.
+    await cluster.create("v1", "pods", pod("crashy", "crashy-2", {
+        "phase": "Running",
+        "initContainerStatuses": [preflight_done(0)],
+        "containerStatuses": [{
+            "name": "engine", "ready": False, "restartCount": 4,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
+                                         "message": "RuntimeError: CUDA error"}}}]}))
+    await eventually(lambda: ready_reason() == "EngineCrashLoop", what="EngineCrashLoop")
+    ready = condition(cluster.stored(API_VERSION, PLURAL, NS, "crashy"), "Ready")
+    assert ready["status"] == "False"
+    assert "exit 1" in ready["message"] and "CUDA error" in ready["message"]
+
+    # Then it gets OOM-killed: the reason says so.
+    await cluster.patch("v1", "pods", NS, "crashy-2", {"status": {"containerStatuses": [{
+        "name": "engine", "ready": False, "restartCount": 5,
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}},
+        subresource="status")
+    await eventually(lambda: ready_reason() == "OOMKilled", what="OOMKilled")
+    # Events are posted asynchronously by kopf, after the status patch.
+    await eventually(lambda: {e["reason"] for e in cluster.events_for("crashy")
+                              if e.get("type") == "Warning"} >= {"EngineCrashLoop", "OOMKilled"},
+                     what="EngineCrashLoop and OOMKilled warning events")
+
+
+async def test_spec_update_rolls_the_deployment(cluster):
+    await create_service(cluster, "rolling", engine={"maxModelLen": 1024})
+    await cluster.patch(API_VERSION, PLURAL, NS, "rolling",
+                        {"spec": {"engine": {"maxModelLen": 4096}}}, bump_generation=True)
+
+    def rolled():
+        deployment = cluster.stored("apps/v1", "deployments", NS, "rolling")
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        return args[args.index("--max-model-len") + 1] == "4096"
+
+    await eventually(rolled, what="deployment with --max-model-len 4096")
+    init_args = cluster.stored("apps/v1", "deployments", NS, "rolling")[
+        "spec"]["template"]["spec"]["initContainers"][0]["args"]
+    assert init_args[init_args.index("--max-model-len") + 1] == "4096"
+    await eventually(lambda: cluster.stored(API_VERSION, PLURAL, NS, "rolling")
+                     ["status"].get("observedGeneration") == 2, what="observedGeneration 2")
+
+
+async def test_delete_removes_children(cluster):
+    await create_service(cluster, "doomed")
+    await eventually(lambda: cluster.stored("v1", "services", NS, "doomed"))
+    assert await cluster.delete(API_VERSION, PLURAL, NS, "doomed")
+    await eventually(lambda: cluster.stored(API_VERSION, PLURAL, NS, "doomed") is None,
+                     what="resource gone (finalizer released)")
+    await eventually(lambda: cluster.stored("apps/v1", "deployments", NS, "doomed") is None
+                     and cluster.stored("v1", "services", NS, "doomed") is None,
+                     what="children deleted")
+
+
+async def test_invalid_spec_is_a_permanent_invalid_spec_condition(cluster):
+    # "0Gi" passes the schema's SIZE pattern, but a zero limit can never work.
+    await cluster.create(API_VERSION, PLURAL, service_manifest("broken", NS,
+                                                               memory={"limit": "0Gi"}))
+
+    def invalid():
+        obj = cluster.stored(API_VERSION, PLURAL, NS, "broken")
+        return condition(obj, "Ready").get("reason") == "InvalidSpec" and obj
+
+    obj = await eventually(invalid, what="InvalidSpec")
+    assert "memory.limit" in condition(obj, "Ready")["message"]
+    assert cluster.stored("apps/v1", "deployments", NS, "broken") is None
+    events = await eventually(lambda: [e for e in cluster.events_for("broken")
+                                       if e.get("reason") == "InvalidSpec"])
+    assert len(events) == 1
+    # kopf writes last-handled-configuration only once the creation is concluded: after a
+    # retriable error it would not, and would call the handler again after a back-off.
+    await eventually(lambda: "last-handled-configuration" in str(
+        cluster.stored(API_VERSION, PLURAL, NS, "broken")["metadata"].get("annotations")),
+        what="kopf finished the creation")
+    assert len([e for e in cluster.events_for("broken") if e.get("reason") == "InvalidSpec"]) == 1
+    assert cluster.stored("apps/v1", "deployments", NS, "broken") is None
+
+
+async def test_more_than_one_gpu_is_an_invalid_spec(cluster):
+    await cluster.create(API_VERSION, PLURAL, service_manifest("two-gpus", NS, gpus=2))
+
+    def invalid():
+        obj = cluster.stored(API_VERSION, PLURAL, NS, "two-gpus")
+        return condition(obj, "Ready").get("reason") == "InvalidSpec" and obj
+
+    obj = await eventually(invalid, what="InvalidSpec")
+    assert condition(obj, "Ready")["message"].startswith(
+        "gpus must be 0 or 1: kvledger has no tensor parallelism yet")
+    assert cluster.stored("apps/v1", "deployments", NS, "two-gpus") is None
+
+
+async def test_fields_dropped_from_the_spec_leave_the_pod_template(cluster):
+    await create_service(cluster, "placed", nodeSelector={"pool": "a"}, priorityClassName="high",
+                         podLabels={"team": "x"}, podAnnotations={"note": "y"},
+                         env=[{"name": "A", "value": "1"}])
+    # `kubectl rollout restart` annotates the template: not ours to remove.
+    restart = {"kubectl.kubernetes.io/restartedAt": "2026-01-01T00:00:00Z"}
+    await cluster.patch("apps/v1", "deployments", NS, "placed",
+                        {"spec": {"template": {"metadata": {"annotations": restart}}}})
+    await cluster.patch(API_VERSION, PLURAL, NS, "placed", {"spec": {
+        "nodeSelector": None, "priorityClassName": None, "podLabels": None,
+        "podAnnotations": None, "env": None}}, bump_generation=True)
+
+    def dropped():
+        deployment = cluster.stored("apps/v1", "deployments", NS, "placed")
+        pod = deployment["spec"]["template"]["spec"]
+        return deployment if "nodeSelector" not in pod else None
+
+    template = (await eventually(dropped, what="nodeSelector removed"))["spec"]["template"]
+    assert "priorityClassName" not in template["spec"]
+    assert "team" not in template["metadata"]["labels"]
+    assert template["metadata"]["labels"][LABEL] == "placed"
+    assert template["metadata"]["annotations"] == restart
+    assert all("env" not in c for c in template["spec"]["containers"])
+
+
+GIB = 2**30
+TOKEN = "hf_not_a_real_token_0123456789"
+
+
+def token_secret(name: str, token: str = TOKEN) -> dict:
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NS},
+            "data": {"token": base64.b64encode(f"{token}\n".encode()).decode()}}
+
+
+def hub_model(uri: str, secret: str | None = None, **extra) -> dict:
+    model = {"uri": uri, "name": "m", **extra}
+    if secret is not None:
+        model["tokenSecretRef"] = {"name": secret, "key": "token"}
+    return model
+
+
+async def test_hub_model_is_sized_once_from_the_hub_with_the_secrets_token(cluster, monkeypatch):
+    asked = []
+
+    def download_bytes(uri: str, *, token: str | None = None,
+                       endpoint: str | None = None) -> int:
+        asked.append((uri, token, endpoint))
+        return 16 * GIB
+
+    monkeypatch.setattr(hub, "download_bytes", download_bytes)
+    await cluster.create("v1", "secrets", token_secret("hf-token"))
+    deployment = await create_service(
+        cluster, "hubby", model=hub_model("hf://org/m@v1", "hf-token",
+                                          endpoint="https://hf-mirror.example.com"))
+    assert asked == [("hf://org/m@v1", TOKEN, "https://hf-mirror.example.com")]
+    pod = deployment["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["initContainers"]] == ["preflight", "fetch"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["model-cache"]["emptyDir"] == {"sizeLimit": cache_size_limit(16 * GIB)}
+    obj = await eventually(lambda: (cluster.stored(API_VERSION, PLURAL, NS, "hubby") or {})
+                           .get("status", {}).get("model") and
+                           cluster.stored(API_VERSION, PLURAL, NS, "hubby"))
+    assert obj["status"]["model"] == {"uri": "hf://org/m@v1", "downloadBytes": 16 * GIB}
+
+    # A change that keeps the uri re-renders from status.model: the hub is not asked again.
+    await cluster.patch(API_VERSION, PLURAL, NS, "hubby",
+                        {"spec": {"engine": {"maxModelLen": 4096}}}, bump_generation=True)
+
+    def rolled():
+        args = cluster.stored("apps/v1", "deployments", NS, "hubby")[
+            "spec"]["template"]["spec"]["containers"][0]["args"]
+        return "--max-model-len" in args
+
+    await eventually(rolled, what="deployment with --max-model-len")
+    assert len(asked) == 1
+    # The token reaches the pods only through the Secret, and nothing the operator writes.
+    written = json.dumps([cluster.stored("apps/v1", "deployments", NS, "hubby"),
+                          cluster.stored(API_VERSION, PLURAL, NS, "hubby"),
+                          cluster.events_for("hubby")])
+    assert TOKEN not in written
+    assert '"secretKeyRef": {"name": "hf-token", "key": "token"}' in written
+
+
+async def test_hub_model_without_its_secret_or_hub_is_model_unavailable_until_both_are_there(
+        cluster, monkeypatch):
+    monkeypatch.setattr(handlers, "HUB_RETRY_DELAY_S", 0.3)
+    hub_down = {"now": True}
+
+    def download_bytes(uri: str, *, token: str | None = None,
+                       endpoint: str | None = None) -> int:
+        if hub_down["now"]:
+            raise BadInput(f"{uri}: cannot reach the hub at https://huggingface.co "
+                           f"(token {token} rejected)")
+        return GIB
+
+    monkeypatch.setattr(hub, "download_bytes", download_bytes)
+    await cluster.create(API_VERSION, PLURAL, service_manifest(
+        "gated", NS, model=hub_model("hf://org/gated", "gated-token")))
+    # Without a token at all, the engine's hint is put in the resource's words.
+    def gated(uri: str, **_) -> int:
+        raise BadInput(f"{uri} is gated: set HF_TOKEN to a token that has been granted access")
+
+    monkeypatch.setattr(hub, "download_bytes", gated)
+    await cluster.create(API_VERSION, PLURAL, service_manifest(
+        "tokenless", NS, model=hub_model("hf://org/gated")))
+    tokenless = await eventually(lambda: condition(cluster.stored(
+        API_VERSION, PLURAL, NS, "tokenless"), "Ready").get("message"), what="tokenless")
+    assert tokenless == ("cannot size hf://org/gated from the hub: hf://org/gated is gated: set "
+                         "HF_TOKEN to a token that has been granted access (on the cluster: "
+                         "spec.model.tokenSecretRef)")
+    monkeypatch.setattr(hub, "download_bytes", download_bytes)
+
+    def ready(message_part: str):
+        def check():
+            obj = cluster.stored(API_VERSION, PLURAL, NS, "gated")
+            ready = condition(obj, "Ready")
+            return ready if message_part in ready.get("message", "") else None
+        return check
+
+    first = await eventually(ready("Secret default/gated-token (model.tokenSecretRef) "
+                                   "does not exist"), what="ModelUnavailable: no Secret")
+    assert (first["status"], first["reason"]) == ("False", "ModelUnavailable")
+    assert cluster.stored("apps/v1", "deployments", NS, "gated") is None
+
+    await cluster.create("v1", "secrets", token_secret("gated-token"))
+    second = await eventually(ready("cannot reach the hub"), what="ModelUnavailable: hub down")
+    assert second["message"] == ("cannot size hf://org/gated from the hub: hf://org/gated: "
+                                 "cannot reach the hub at https://huggingface.co "
+                                 "(token <token> rejected)")
+    assert cluster.stored("apps/v1", "deployments", NS, "gated") is None
+
+    hub_down["now"] = False
+    deployment = await eventually(lambda: cluster.stored("apps/v1", "deployments", NS, "gated"),
+                                  what="deployment once the hub answers")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["model-cache"]["emptyDir"]["sizeLimit"] == cache_size_limit(GIB)
+    await eventually(lambda: condition(cluster.stored(API_VERSION, PLURAL, NS, "gated"),
+                                       "Ready").get("reason") == "Starting", what="Starting")
+    warnings = [e for e in cluster.events_for("gated") if e.get("type") == "Warning"]
+    assert [e["reason"] for e in warnings] == ["ModelUnavailable"]  # once, on the transition
+    assert TOKEN not in json.dumps([cluster.stored(API_VERSION, PLURAL, NS, "gated"),
+                                    cluster.events_for("gated")])
+
+
+async def test_the_resync_timer_sizes_a_hub_model_the_hub_could_not_size_before(cluster,
+                                                                               monkeypatch):
+    def down(uri: str, **_) -> int:
+        raise BadInput(f"{uri}: cannot reach the hub")
+
+    monkeypatch.setattr(hub, "download_bytes", down)
+    await cluster.create(API_VERSION, PLURAL, service_manifest(
+        "later", NS, model=hub_model("hf://org/later")))
+    await eventually(lambda: condition(cluster.stored(API_VERSION, PLURAL, NS, "later"),
+                                       "Ready").get("reason") == "ModelUnavailable",
+                     what="ModelUnavailable")
+    monkeypatch.setattr(hub, "download_bytes", lambda uri, **_: 3 * GIB)
+    # What the 60 s timer runs, run now (the handler's retry is still 60 s away).
+    obj = cluster.stored(API_VERSION, PLURAL, NS, "later")
+    await handlers.resync(name="later", namespace=NS, spec=kopf.Spec(kopf.Body(obj)),
+                          body=kopf.Body(obj), memo=operator_memo("kvledger:test", cluster.api),
+                          pods_by_service={})
+    deployment = cluster.stored("apps/v1", "deployments", NS, "later")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["model-cache"]["emptyDir"]["sizeLimit"] == cache_size_limit(3 * GIB)
+    obj = cluster.stored(API_VERSION, PLURAL, NS, "later")
+    assert obj["status"]["model"] == {"uri": "hf://org/later", "downloadBytes": 3 * GIB}
+    assert condition(obj, "Ready")["reason"] == "Starting"

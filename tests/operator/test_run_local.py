@@ -1,0 +1,353 @@
+"""``kvledger run SERVICE.yaml``: validate, pre-flight (refusal -> exit 3), then serve."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from _server_helpers import free_port
+
+from kvledger.engine.cli import main as kvledger
+from kvledger.engine.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT
+from kvledger.operator.local_run import local_config, serve_argv
+from kvledger.operator.spec import engine_config, local_model_path
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+TINY_EXAMPLES = sorted(p.name for p in EXAMPLES.glob("*.yaml") if "tiny-llama" in p.read_text())
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("models") / "tiny-llama"
+    assert kvledger(["make-model", "tiny-llama", str(path)]) == 0
+    return path
+
+
+def write(tmp_path: Path, doc: dict | str, name: str = "service.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc))
+    return str(path)
+
+
+def manifest(**spec) -> dict:
+    body = {"model": {"path": "/models/tiny-llama", "name": "tiny"}}
+    body.update(spec)
+    return {"apiVersion": "kvledger.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": "local"}, "spec": body}
+
+
+@pytest.mark.parametrize("example", TINY_EXAMPLES)
+def test_examples_preflight_locally(example, tiny_model, capsys):
+    code = kvledger(["run", str(EXAMPLES / example), "--preflight-only",
+                     "--model-path", str(tiny_model)])
+    out, err = capsys.readouterr()
+    if example == "does-not-fit.yaml":
+        assert code == EXIT_DOES_NOT_FIT
+        assert "pre-flight refused the plan" in err
+        assert "error: engine requires" in err and "limit is 64.0 MiB" in err
+        assert out == ""
+    else:
+        assert code == 0, err
+        assert "pre-flight passed" in out and "fits: engine requires" in out
+
+
+def test_hostpath_maps_the_pod_path_to_the_node_path():
+    spec = manifest()["spec"]
+    spec["model"]["volume"] = {"hostPath": {"path": "/srv/models"}, "mountPath": "/models"}
+    assert local_model_path(spec) == "/srv/models/tiny-llama"
+    spec["model"]["path"] = "/models"
+    assert local_model_path(spec) == "/srv/models"
+    spec["model"]["volume"] = {"persistentVolumeClaim": {"claimName": "m"}}
+    assert local_model_path(spec) == "/models"  # no local meaning: taken as is
+
+
+def test_run_reads_the_model_through_the_hostpath_volume(tiny_model, tmp_path, capsys):
+    doc = manifest(memory={"limit": "2Gi"}, gpus=0)
+    doc["spec"]["model"]["volume"] = {"hostPath": {"path": str(tiny_model.parent)},
+                                      "mountPath": "/models"}
+    assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == 0
+    assert "limit: --memory-limit 2.0 GiB" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("quantity", "expected"), [
+    ("2Gi", 2 * 2**30), ("2G", 2 * 10**9), ("2000M", 2 * 10**9), ("512Mi", 512 * 2**20),
+    (1073741824, 2**30), ("1073741824", 2**30), ("1e9", 10**9), ("1.5Gi", 3 * 2**29),
+    ("2048Ki", 2 * 2**20), ("1000k", 10**6), ("1500m", 2),  # millis round up, as Kubernetes
+])
+def test_the_container_memory_limit_is_read_as_a_kubernetes_quantity(quantity, expected):
+    config = local_config(manifest(gpus=0, resources={"limits": {"memory": quantity}})["spec"])
+    assert config.container_memory_limit_bytes == expected
+    assert config.memory_limit_bytes is None  # the device's size, not a cap
+
+
+def test_a_gpus_0_memory_limit_too_small_is_refused_as_the_pod_would_be(tiny_model, tmp_path,
+                                                                        capsys):
+    doc = manifest(gpus=0, resources={"limits": {"memory": "64Mi"}})
+    doc["spec"]["model"]["path"] = str(tiny_model)
+    assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == EXIT_DOES_NOT_FIT
+    err = capsys.readouterr().err
+    # 64 MiB less what the process holds, less the 0.5 GiB margin: nothing left.
+    assert "error: engine requires" in err and "limit is 0.0 GiB" in err
+    assert ("limit: free memory less a 0.5 GiB safety margin (host memory (container limit), "
+            "64.0 MiB total") in err
+
+
+def test_a_roomy_gpus_0_memory_limit_fits_and_is_the_devices_size(tiny_model, tmp_path, capsys):
+    doc = manifest(gpus=0, resources={"limits": {"memory": "4Gi"}})
+    doc["spec"]["model"]["path"] = str(tiny_model)
+    assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == 0
+    out = capsys.readouterr().out
+    assert "fits: engine requires" in out
+    assert "(host memory (container limit), 4.0 GiB total" in out
+    flags = local_config(doc["spec"]).to_flags()
+    assert flags[flags.index("--container-memory-limit") + 1] == str(4 * 2**30)
+    assert "--memory-limit" not in flags
+
+
+def test_model_path_is_normalised_and_dotdot_is_refused_by_run_and_operator():
+    from kvledger.engine.errors import BadInput
+    from kvledger.operator.render import engine_flags
+
+    spec = manifest()["spec"]
+    spec["model"]["path"] = "/models/./tiny-llama/"
+    spec["model"]["volume"] = {"hostPath": {"path": "/srv/models"}, "mountPath": "/models/"}
+    assert engine_config(spec).model == "/models/tiny-llama"
+    assert local_model_path(spec) == "/srv/models/tiny-llama"
+    spec["model"]["path"] = "/models/../etc"  # was /srv/etc here, /etc in the pod
+    with pytest.raises(BadInput, match=r"must not contain a '\.\.' segment"):
+        local_config(spec)
+    with pytest.raises(BadInput, match=r"must not contain a '\.\.' segment"):
+        engine_flags(spec)
+
+
+def test_local_device_is_the_cpu_only_when_the_spec_has_no_gpus():
+    assert local_config(manifest(gpus=0)["spec"]).device == "cpu"
+    assert local_config(manifest(gpus=1)["spec"]).device == "auto"
+    assert local_config(manifest()["spec"], "/elsewhere").model == "/elsewhere"
+
+
+@pytest.mark.parametrize(("doc", "expected"), [
+    (manifest(engine={"maxModelLen": 1024, "maxNumSeqs": 0}),
+     "spec.engine.maxNumSeqs: 0 is less than the minimum of 1"),
+    (manifest(memory={"limit": "lots"}), "spec.memory.limit: 'lots' does not match"),
+    (manifest(memory={"gpuMemoryUtilization": 1.5}),
+     "spec.memory.gpuMemoryUtilization: 1.5 is greater than the maximum of 1"),
+    (manifest(engine={"dtype": "int3"}), "spec.engine.dtype: 'int3' is not one of"),
+    (manifest(engine={"maxModelLen": 1024, "maxModelLength": 9}),
+     "spec.engine: unknown field(s) ('maxModelLength' was unexpected)"),
+    (manifest(engine={"maxNumSeqs": 32, "maxNumBatchedTokens": 16}),
+     "maxNumBatchedTokens must be at least maxNumSeqs"),
+    (manifest(memory={"limit": "0Gi"}), "memory.limit must be more than 0 bytes"),
+    (manifest(model={"path": "/models/../etc", "volume": {"hostPath": {"path": "/srv"}}}),
+     "model.path must not contain a '..' segment"),
+    (manifest(resources={"limits": {"memory": "lots"}}),
+     "spec.resources.limits.memory: 'lots' is not a Kubernetes quantity"),
+    (manifest(resources={"limits": {"memory": "2GiB"}}),
+     "spec.resources.limits.memory: '2GiB' is not a Kubernetes quantity"),
+    (manifest(resources={"limits": {"memory": "1e99"}}),
+     "spec.resources.limits.memory: '1e99' is out of range"),
+    (manifest(resources={"limits": {"memory": 0}}),
+     "spec.resources.limits.memory must be more than 0 bytes"),
+    ({**manifest(), "metadata": {"name": "Bad_Name"}}, "metadata.name: 'Bad_Name' does not match"),
+    (manifest(gpus=2), "gpus must be 0 or 1: kvledger has no tensor parallelism yet"),
+    (manifest(model={"uri": "hf://org/m", "path": "/m"}),
+     "set exactly one of model.path and model.uri"),
+    (manifest(model={"uri": "hf://org/m@"}), "spec.model.uri: 'hf://org/m@' does not match"),
+    (manifest(tolerations=[{"key": "k", "operator": "Exists", "value": "v"}]),
+     "a toleration with operator Exists takes no value"),
+    (manifest(nodeSelector={"pool": 1}), "spec.nodeSelector.pool: 1 is not of type 'string'"),
+    (manifest(autoscaling={"minReplicas": 0, "maxReplicas": 3}),
+     "autoscaling.minReplicas 0 (scale to zero) needs provider keda"),
+    (manifest(autoscaling={"maxReplicas": 3, "target": "2"}),
+     "autoscaling.target of kvReservedRatio is a share of the KV pool: at most 1"),
+    (manifest(autoscaling={"maxReplicas": 3, "target": 0.8}),
+     'spec.autoscaling.target: 0.8 is neither an integer nor a string (write a decimal as a '
+     'string, e.g. "0.8")'),
+    ({**manifest(), "kind": "Deployment"}, "manifest must be apiVersion: kvledger.dev/v1alpha1"),
+    ({k: v for k, v in manifest().items() if k != "spec"},
+     "invalid InferenceService at (top level): 'spec' is a required property"),
+])
+def test_bad_manifests_are_one_line_errors_with_exit_2(doc, expected, tmp_path, capsys):
+    assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert expected in err
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("spec: [unclosed", "is not valid YAML at line 1"),
+    ("---\nkind: A\n---\nkind: B\n", "must hold exactly one InferenceService, found 2"),
+])
+def test_unreadable_files_are_one_line_errors(text, expected, tmp_path, capsys):
+    assert kvledger(["run", write(tmp_path, text), "--preflight-only"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("[" * 200_000, "nests deeper than 64 levels"),
+    ("spec:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 80)) + "  " * 80 + "v: 1\n",
+     "nests deeper than 64 levels"),
+    ("# padding\n" * 200_000, "is over 1536 KiB: too large for a manifest"),
+], ids=["200KB-of-brackets", "deep-mapping", "2MB"])
+def test_oversized_and_overnested_manifests_are_one_line_errors(text, expected, tmp_path,
+                                                                 capsys):
+    started = time.monotonic()
+    assert kvledger(["run", write(tmp_path, text), "--preflight-only"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err[:300]
+    assert expected in err and "Traceback" not in err
+    assert time.monotonic() - started < 10  # refused from the first bytes, not parsed whole
+
+
+def test_a_binary_file_is_a_one_line_error(tmp_path, capsys):
+    path = tmp_path / "service.yaml"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    assert kvledger(["run", str(path), "--preflight-only"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not UTF-8 text" in err
+
+
+def test_missing_file_and_missing_model(tmp_path, capsys):
+    assert kvledger(["run", str(tmp_path / "nope.yaml")]) == EXIT_BAD_INPUT
+    assert "cannot read" in capsys.readouterr().err
+    doc = manifest()
+    doc["spec"]["model"]["path"] = str(tmp_path / "absent")
+    assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == EXIT_BAD_INPUT
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_serve_gets_the_flags_the_pod_gets(tiny_model):
+    spec = manifest(engine={"maxModelLen": 512, "kvCacheDtype": "fp8"},
+                    memory={"limit": "1Gi"})["spec"]
+    flags = engine_config(spec, model_path=str(tiny_model)).to_flags()
+    argv = serve_argv(flags, "127.0.0.1", 9000, spec)
+    assert argv[1:4] == ["-m", "kvledger.engine.cli", "serve"]
+    assert argv[4:-8] == flags
+    assert flags[flags.index("--max-model-len") + 1] == "512"
+    assert flags[flags.index("--memory-limit") + 1] == str(2**30)
+    assert flags[flags.index("--served-model-name") + 1] == "tiny"
+    assert argv[-4:] == ["--shutdown-grace", "30", "--max-queue-wait", "0"]
+    # spec.shutdownGraceSeconds and maxQueueWaitSeconds are serve's here as in the pod.
+    spec.update(shutdownGraceSeconds=90, maxQueueWaitSeconds=5)
+    assert serve_argv(flags, "127.0.0.1", 9000, spec)[-4:] == \
+        ["--shutdown-grace", "90", "--max-queue-wait", "5"]
+
+
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status, response.read()
+    except OSError:
+        return 0, b""
+
+
+@pytest.mark.timeout(120)
+def test_run_serves_the_manifest_and_stops_on_sigterm(tiny_model, tmp_path):
+    port = free_port()
+    doc = manifest(engine={"maxModelLen": 256, "maxNumSeqs": 2}, memory={"limit": "1Gi"},
+                   gpus=0, resources={"limits": {"memory": "4Gi"}})
+    doc["spec"]["model"]["path"] = str(tiny_model)
+    proc = subprocess.Popen([sys.executable, "-m", "kvledger.engine.cli", "run",
+                             write(tmp_path, doc), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while _get(f"http://127.0.0.1:{port}/ready")[0] != 200:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "server never became ready"
+            time.sleep(0.2)
+        status, body = _get(f"http://127.0.0.1:{port}/v1/models")
+        assert status == 200
+        assert [m["id"] for m in json.loads(body)["data"]] == ["tiny"]
+        # The exec'd engine read host memory as the pod's cgroup would show it.
+        device = json.loads(_get(f"http://127.0.0.1:{port}/v1/budget")[1])["plan"]["device"]
+        assert device["name"] == "host memory (container limit)"
+        assert device["total_bytes"] == 4 * 2**30
+        proc.send_signal(signal.SIGTERM)  # exec'd: the server itself gets it
+        assert proc.wait(timeout=30) == 0
+        output = proc.stdout.read()
+        assert "local: pre-flight passed" in output and "exec kvledger serve" in output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_cluster_only_fields_are_validated_then_ignored_and_it_says_so(tiny_model, tmp_path,
+                                                                       capsys):
+    doc = manifest(gpus=0, nodeSelector={"pool": "a"}, tolerations=[{"operator": "Exists"}],
+                   env=[{"name": "A", "value": "1"}], podLabels={"team": "x"})
+    doc["spec"]["model"]["path"] = str(tiny_model)
+    assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("local: ignored off the cluster: spec.nodeSelector, spec.tolerations, "
+                          "spec.env, spec.podLabels\n")
+    assert "pre-flight passed" in out
+
+
+def test_autoscaling_is_validated_then_ignored_off_the_cluster(tiny_model, tmp_path, capsys):
+    """One process serves locally: there is nothing to scale, and a line says so."""
+    doc = manifest(gpus=0, replicas=3, autoscaling={
+        "provider": "keda", "minReplicas": 0, "maxReplicas": 4, "metric": "rejectionRate",
+        "target": "0.5", "prometheus": {"serverAddress": "http://prom:9090"}})
+    doc["spec"]["model"]["path"] = str(tiny_model)
+    assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("local: ignored off the cluster: spec.autoscaling\n")
+    assert "pre-flight passed" in out
+
+
+def test_a_hub_model_is_preflighted_and_served_by_its_uri(tmp_path, capsys, monkeypatch):
+    """The uri goes to the pod's own pre-flight and to serve as --model; the Secret, mirror
+    and cache of the manifest are the cluster's (the shell's HF_TOKEN applies here)."""
+    from kvledger.engine.planner.commands import preflight as cli_preflight
+
+    ran, execs = [], []
+
+    def preflight(args):
+        ran.append(args)
+        print("fits: engine requires 1.0 GiB, limit is 2.0 GiB (1.0 GiB to spare)")
+        return 0
+
+    monkeypatch.setattr(cli_preflight, "main", preflight)
+    monkeypatch.setattr("os.execv", lambda path, argv: execs.append(argv))
+    doc = manifest(gpus=0, model={
+        "uri": "hf://org/m@v1", "name": "m", "tokenSecretRef": {"name": "hf", "key": "token"},
+        "endpoint": "https://mirror.example", "cache": {
+            "persistentVolumeClaim": {"claimName": "c"}}})
+    assert kvledger(["run", write(tmp_path, doc), "--port", "9001"]) == 1  # execv was faked
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == ("local: ignored off the cluster: spec.model.tokenSecretRef, "
+                                   "spec.model.endpoint, spec.model.cache")
+    [args] = ran
+    assert (args.model, args.served_model_name, args.device) == ("hf://org/m@v1", "m", "cpu")
+    assert args.download_dir is None  # the engine's default cache
+    [argv] = execs
+    assert argv[4:6] == ["--model", "hf://org/m@v1"] and "--download-dir" not in argv
+    assert "local: pre-flight passed" in out and "exec kvledger serve --model hf://org/m@v1" in out
+
+
+def test_a_hub_model_that_does_not_fit_exits_3(tmp_path, capsys, monkeypatch):
+    from kvledger.engine.planner.commands import preflight as cli_preflight
+
+    monkeypatch.setattr(cli_preflight, "main", lambda args: EXIT_DOES_NOT_FIT)
+    doc = manifest(gpus=0, model={"uri": "hf://org/m"})
+    assert kvledger(["run", write(tmp_path, doc)]) == EXIT_DOES_NOT_FIT
+    assert "local: pre-flight refused the plan" in capsys.readouterr().err
+
+
+def test_a_hub_model_with_model_path_runs_the_local_copy(tiny_model, tmp_path, capsys):
+    doc = manifest(gpus=0, model={"uri": "hf://org/tiny", "name": "tiny"})
+    assert kvledger(["run", write(tmp_path, doc), "--preflight-only",
+                     "--model-path", str(tiny_model)]) == 0
+    assert "fits: engine requires" in capsys.readouterr().out

@@ -1,0 +1,425 @@
+"""Precedence, the KV pool, vLLM's formula, remedies and measured figures."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from budget_checkpoints import write_checkpoint
+from safetensors.torch import load_file, save_file
+
+from kvledger.engine.config import DEFAULT_GRAMMAR_CACHE_BYTES, EngineConfig
+from kvledger.engine.errors import BadInput
+from kvledger.engine.planner import estimates
+from kvledger.engine.planner.checkpoint import ModelShape, WeightsInfo
+from kvledger.engine.planner.device import DeviceMemory
+from kvledger.engine.planner.plan import CLASSES, Measured, make_plan
+
+GiB = 2**30
+# Llama-3-8B's shape, with its real bf16 weight bytes.
+LLAMA_8B = ModelShape(architecture="LlamaForCausalLM", num_layers=32, num_attention_heads=32,
+                      num_kv_heads=8, head_dim=128, hidden_size=4096, intermediate_size=14336,
+                      vocab_size=128256, max_position_embeddings=8192, torch_dtype="bfloat16")
+WEIGHTS_8B = WeightsInfo(total_bytes=16_060_522_496, num_tensors=291, dtype="BF16", files=(),
+                         bytes_by_dtype={"BF16": 16_060_522_496})
+GPU_80 = DeviceMemory("what-if", "H100", 80 * GiB, 79 * GiB, False)
+
+
+def plan(device: DeviceMemory = GPU_80, measured: Measured | None = None,
+         shape: ModelShape = LLAMA_8B, weights: WeightsInfo = WEIGHTS_8B, **flags):
+    config = EngineConfig(model="/unused", **flags)
+    return make_plan(config, device=device, measured=measured, shape=shape, weights=weights)
+
+
+def block_bytes(shape: ModelShape = LLAMA_8B, block_size: int = 16, dtype_bytes: int = 2) -> int:
+    return 2 * block_size * shape.num_kv_heads * shape.head_dim * dtype_bytes * shape.num_layers
+
+
+def test_no_cap_limit_is_free_memory_less_margin_and_pool_is_the_workload() -> None:
+    p = plan(max_model_len=4096, max_num_seqs=8)
+    margin = max(512 * 2**20, int(80 * GiB * 0.02))
+    assert (p.limit_bytes, p.limit_source, p.margin_bytes) == (79 * GiB - margin, "free-memory", margin)
+    assert p.kv.pool_mode == "workload"
+    assert p.kv.num_blocks == 8 * 4096 // 16
+    assert p.classes["kv_cache"] == p.kv.num_blocks * block_bytes()
+    assert p.required_bytes == sum(p.classes.values())
+    assert set(p.classes) == set(CLASSES)
+    assert p.fits and p.short_by_bytes == 0
+
+
+def test_unified_pool_keeps_a_wider_margin() -> None:
+    unified = DeviceMemory("what-if", "GB10", 128 * GiB, 120 * GiB, True)
+    p = plan(device=unified, max_model_len=4096)
+    assert p.margin_bytes == int(128 * GiB * 0.10)
+    assert p.limit_bytes == 120 * GiB - p.margin_bytes
+    assert p.unified_memory
+    discrete = plan(device=dataclasses.replace(unified, unified=False), max_model_len=4096)
+    assert discrete.limit_bytes > p.limit_bytes
+    assert plan(device=DeviceMemory("what-if", "x", 16 * GiB, 16 * GiB, True),
+                max_model_len=4096).margin_bytes == 4 * GiB
+
+
+def test_memory_limit_caps_and_pool_takes_all_that_is_left() -> None:
+    p = plan(memory_limit_bytes=40 * GiB, max_model_len=4096, max_num_seqs=8)
+    assert (p.limit_bytes, p.limit_source, p.kv.pool_mode) == (40 * GiB, "--memory-limit", "cap")
+    non_kv = p.required_bytes - p.classes["kv_cache"]
+    assert p.kv.num_blocks == (40 * GiB - non_kv) // block_bytes()
+    assert p.fits and p.required_bytes <= p.limit_bytes
+
+
+def test_utilization_caps_a_fraction_of_total() -> None:
+    p = plan(gpu_memory_utilization=0.5, max_model_len=4096)
+    assert (p.limit_bytes, p.limit_source) == (40 * GiB, "--gpu-memory-utilization")
+
+
+@pytest.mark.parametrize(("limit", "util", "expect_bytes", "expect_source"), [
+    (30 * GiB, 0.5, 30 * GiB, "--memory-limit"),
+    (50 * GiB, 0.5, 40 * GiB, "--gpu-memory-utilization"),
+])
+def test_two_caps_the_smallest_wins(limit, util, expect_bytes, expect_source) -> None:
+    p = plan(memory_limit_bytes=limit, gpu_memory_utilization=util, max_model_len=4096)
+    assert (p.limit_bytes, p.limit_source) == (expect_bytes, expect_source)
+
+
+def test_override_without_cap_needs_one_sequence_under_free_memory() -> None:
+    p = plan(num_gpu_blocks_override=300, max_model_len=4096, max_num_seqs=64)
+    assert p.kv.pool_mode == "override" and p.kv.num_blocks == 300
+    assert p.kv.required_blocks == 256  # one 4096-token sequence, not 64 of them
+    assert p.classes["kv_cache"] == 300 * block_bytes()
+    assert p.limit_source == "free-memory" and p.fits
+
+
+def test_override_with_cap_must_fit_under_the_cap() -> None:
+    ok = plan(num_gpu_blocks_override=1000, memory_limit_bytes=24 * GiB, max_model_len=4096)
+    assert ok.kv.num_blocks == 1000 and ok.fits
+    too_big = plan(num_gpu_blocks_override=100_000, memory_limit_bytes=24 * GiB, max_model_len=4096)
+    assert not too_big.fits and too_big.short_by_bytes == too_big.required_bytes - 24 * GiB
+
+
+def test_override_smaller_than_one_sequence_does_not_fit() -> None:
+    p = plan(num_gpu_blocks_override=10, max_model_len=4096)
+    assert not p.fits and p.short_by_bytes == 0
+    assert [(r.flag, r.value) for r in p.remedies] == [("--max-model-len", 160),
+                                                       ("--num-gpu-blocks-override", 256)]
+
+
+def test_kv_cache_memory_bytes_sizes_the_pool() -> None:
+    p = plan(kv_cache_memory_bytes=4 * GiB, memory_limit_bytes=40 * GiB, max_model_len=4096)
+    assert p.kv.pool_mode == "kv-cache-memory-bytes"
+    assert p.kv.num_blocks == 4 * GiB // block_bytes()
+    assert p.limit_bytes == 40 * GiB and p.fits
+    override = plan(kv_cache_memory_bytes=4 * GiB, num_gpu_blocks_override=7, max_model_len=64)
+    assert override.kv.num_blocks == 7  # the override wins over the byte count
+
+
+@pytest.mark.parametrize("util", [0.3, 0.5, 0.9, 1.0])
+def test_pool_matches_vllm_formula(util: float) -> None:
+    """vLLM: available = total * util - weights - activation peak - non-torch; blocks =
+    available // bytes_per_block."""
+    measured = Measured(weights_bytes=15 * GiB + 123, activation_peak_bytes=2 * GiB + 7,
+                        context_bytes=GiB // 2, cuda_graph_bytes=GiB // 3)
+    for m in (measured, None):
+        p = plan(gpu_memory_utilization=util, measured=m, max_model_len=1024, max_num_seqs=4)
+        c = p.classes
+        available = int(80 * GiB * util) - c["weights"] - c["activations"] - (
+            c["context"] + c["cuda_graphs"])
+        assert p.kv.num_blocks == max(available // block_bytes(), p.kv.required_blocks)
+        if m is not None:
+            assert (c["weights"], c["activations"]) == (15 * GiB + 123, 2 * GiB + 7)
+            assert p.kv.num_blocks == (int(80 * GiB * util) - 15 * GiB - 123 - 2 * GiB - 7
+                                       - GiB // 2 - GiB // 3) // block_bytes()
+
+
+# --- vLLM's KV pool for MLA and hybrid layouts, derived from its code -------------------------
+# vllm/v1/kv_cache_interface.py: a layer's page is block_size tokens of 2 * kv_heads *
+# head_size elements (FullAttentionSpec, SlidingWindowSpec) or 1 * head_size for MLA's latent
+# (MLAAttentionSpec, num_kv_heads 1). vllm/v1/core/kv_cache_utils.py: layers of one spec form
+# one group, or, when specs differ, groups of group_size layers
+# (_get_kv_cache_groups_uniform_page_size); num_blocks = available // page // group_size
+# (get_kv_cache_config_from_groups, get_num_blocks); a request needs, per group, its spec's
+# max_memory_usage_bytes in pages (get_max_concurrency_for_kv_cache_config).
+
+def _vllm_pool(specs: list[tuple], block_size: int, dtype_bytes: int, available: int,
+               max_model_len: int, batched_tokens: int) -> tuple[int, int]:
+    """(num_blocks, blocks one request needs) as vLLM computes them, for per-layer specs
+    ``(kind, kv_heads, head_size, window)``; written from the functions named above."""
+    def page(spec):
+        kind, heads, size, _ = spec
+        return (1 if kind == "mla" else 2) * block_size * heads * size * dtype_bytes
+
+    def max_usage_pages(spec):
+        kind, _, _, window = spec
+        if kind != "sliding":
+            return -(-max_model_len // block_size)
+        return -(-min(window - 1 + batched_tokens, max_model_len) // block_size) + 1
+
+    by_spec: dict[tuple, list[int]] = {}
+    for layer, spec in enumerate(specs):
+        by_spec.setdefault(spec, []).append(layer)
+    counts = [len(layers) for layers in by_spec.values()]
+    if len(by_spec) == 1:
+        groups = [(spec, layers) for spec, layers in by_spec.items()]
+    else:
+        size = max(counts) if max(counts) < min(counts) * 1.5 else min(counts)
+        groups = []
+        for spec, layers in by_spec.items():
+            n = -(-len(layers) // size)
+            groups += [(spec, layers[i::n]) for i in range(n)]
+    group_size = max(len(layers) for _, layers in groups)
+    (page_bytes,) = {page(spec) for spec, _ in groups}
+    num_blocks = available // page_bytes // group_size
+    usage = group_size * sum(max_usage_pages(spec) * page_bytes for spec, _ in groups)
+    return num_blocks, -(-usage // (page_bytes * group_size))
+
+
+def _layout_shape(arch: str, layers: list[tuple], **numbers) -> ModelShape:
+    from kvledger.engine.planner.layout import AttentionLayout, LayerKV
+
+    layout = AttentionLayout(tuple(LayerKV(*spec) for spec in layers))
+    return ModelShape(arch, len(layers), numbers["heads"], numbers["kv_heads"],
+                      numbers["head_dim"], numbers["hidden"], numbers["intermediate"],
+                      numbers["vocab"], numbers["max_len"], "bfloat16", layout=layout)
+
+
+# DeepSeek-V3 (MLA latent 512 + 64), Gemma 3 27B (52 sliding over 1024, 10 full),
+# gpt-oss-120b (18 sliding over 128, 18 full): their attention as declared.
+VLLM_LAYOUTS = {
+    "DeepSeek-V3": _layout_shape("DeepseekV3ForCausalLM", [("mla", 1, 576, None)] * 61,
+                                 heads=128, kv_heads=128, head_dim=192, hidden=7168,
+                                 intermediate=18432, vocab=129280, max_len=163840),
+    "gemma-3-27b": _layout_shape(
+        "Gemma3ForConditionalGeneration",
+        [("full", 16, 128, None) if (i + 1) % 6 == 0 else ("sliding", 16, 128, 1024)
+         for i in range(62)],
+        heads=32, kv_heads=16, head_dim=128, hidden=5376, intermediate=21504, vocab=262208,
+        max_len=131072),
+    "gpt-oss-120b": _layout_shape(
+        "GptOssForCausalLM",
+        [("sliding", 8, 64, 128) if i % 2 == 0 else ("full", 8, 64, None) for i in range(36)],
+        heads=64, kv_heads=8, head_dim=64, hidden=2880, intermediate=2880, vocab=201088,
+        max_len=131072),
+}
+
+
+@pytest.mark.parametrize("name", list(VLLM_LAYOUTS))
+@pytest.mark.parametrize(("util", "max_model_len", "batched", "kv_dtype"), [
+    (0.9, 32768, 8192, "auto"), (0.5, 131072, 2048, "auto"), (0.95, 4096, 4096, "fp8"),
+    (1.0, 100, 256, "auto")])
+def test_pool_matches_vllm_for_mla_and_hybrid_layouts(name, util, max_model_len, batched,
+                                                      kv_dtype) -> None:
+    """At matched utilization: the same num_blocks as vLLM, and the plan fits exactly when
+    vLLM's maximum concurrency holds max_num_seqs requests."""
+    shape = VLLM_LAYOUTS[name]
+    weights = WeightsInfo(40 * GiB, 1, "BF16", (), {"BF16": 40 * GiB})
+    measured = Measured(activation_peak_bytes=3 * GiB, context_bytes=GiB, cuda_graph_bytes=GiB // 2)
+    device = DeviceMemory("what-if", "H200", 141 * GiB, 141 * GiB, False)
+    for seqs in (1, 16, 64, 256):
+        p = plan(device=device, measured=measured, shape=shape, weights=weights,
+                 gpu_memory_utilization=util, max_model_len=max_model_len, max_num_seqs=seqs,
+                 max_num_batched_tokens=max(batched, seqs), kv_cache_dtype=kv_dtype)
+        c = p.classes
+        available = int(141 * GiB * util) - c["weights"] - c["activations"] - (
+            c["context"] + c["cuda_graphs"])
+        specs = [(la.attention, la.num_kv_heads, la.head_size, la.sliding_window)
+                 for la in shape.kv_layout().layers]
+        blocks, per_request = _vllm_pool(specs, 16, 1 if kv_dtype == "fp8" else 2, available,
+                                         max_model_len, max(batched, seqs))
+        assert p.kv.blocks_per_seq == per_request
+        assert p.kv.num_blocks == max(blocks, p.kv.required_blocks)
+        assert p.fits == (blocks / per_request >= seqs)
+
+
+def test_kv_block_bytes_follow_dtype_and_round_to_whole_blocks() -> None:
+    p = plan(max_model_len=17, max_num_seqs=3)
+    assert p.kv.blocks_per_seq == 2 and p.kv.num_blocks == 6
+    assert p.kv.bytes_per_block == block_bytes() and p.kv.bytes_per_token == block_bytes() // 16
+    assert plan(max_model_len=17, kv_cache_dtype="fp8").kv.bytes_per_block == block_bytes(dtype_bytes=1)
+    assert plan(max_model_len=17, dtype="float32").kv.bytes_per_block == block_bytes(dtype_bytes=4)
+    assert plan(max_model_len=17, dtype="float32", kv_cache_dtype="bfloat16").kv.dtype == "bfloat16"
+    assert plan(max_model_len=17, block_size=32).kv.bytes_per_block == block_bytes(block_size=32)
+
+
+def test_explicit_dtype_casts_floating_weights_only() -> None:
+    mixed = WeightsInfo(total_bytes=1000 + 64, num_tensors=2, dtype="BF16", files=(),
+                        bytes_by_dtype={"BF16": 1000, "I32": 64})
+    assert plan(weights=mixed, max_model_len=64).classes["weights"] == 1064
+    assert plan(weights=mixed, max_model_len=64, dtype="float32").classes["weights"] == 2064
+
+
+def test_defaults_and_estimates() -> None:
+    p = plan()
+    assert p.max_model_len == 8192 and p.max_num_batched_tokens == 8192
+    assert plan(max_model_len=1024).max_num_batched_tokens == 2048
+    assert p.classes["activations"] == estimates.activation_peak_bytes(
+        LLAMA_8B, 2, 8192, 16, context_tokens=8192, kv_dtype_bytes=2)
+    assert p.classes["cuda_graphs"] == estimates.cuda_graph_bytes(LLAMA_8B, 16) > 0
+    assert p.classes["context"] == estimates.CUDA_CONTEXT_BYTES
+    assert plan(enforce_eager=True).classes["cuda_graphs"] == 0
+    cpu = plan(device=DeviceMemory("cpu", "host", 64 * GiB, 60 * GiB, False))
+    assert cpu.classes["cuda_graphs"] == 0
+    # The host's memory holds the compiled grammars too: counted where it is the device's.
+    assert cpu.classes["context"] == estimates.CPU_CONTEXT_BYTES + DEFAULT_GRAMMAR_CACHE_BYTES
+    small = plan(device=DeviceMemory("cpu", "host", 64 * GiB, 60 * GiB, False),
+                 grammar_cache_bytes=2**20)
+    assert small.classes["context"] == estimates.CPU_CONTEXT_BYTES + 2**20
+    unified = plan(device=DeviceMemory("cuda", "nvml", 128 * GiB, 120 * GiB, True))
+    assert unified.classes["context"] == estimates.CUDA_CONTEXT_BYTES + DEFAULT_GRAMMAR_CACHE_BYTES
+
+
+def test_measured_figures_replace_estimates() -> None:
+    m = Measured(weights_bytes=1, activation_peak_bytes=2, context_bytes=3, cuda_graph_bytes=4)
+    p = plan(measured=m, max_model_len=64)
+    assert [p.classes[k] for k in ("weights", "activations", "context", "cuda_graphs")] == [1, 2, 3, 4]
+    assert set(p.measured) == {"weights", "activations", "context", "cuda_graphs"}
+
+
+def test_max_model_len_above_the_model_is_bad_input() -> None:
+    with pytest.raises(BadInput, match="max_position_embeddings"):
+        plan(max_model_len=8193)
+
+
+def test_unified_pool_warns_about_utilization() -> None:
+    unified = DeviceMemory("what-if", "GB10", 128 * GiB, 120 * GiB, True)
+    p = plan(device=unified, gpu_memory_utilization=0.9, max_model_len=4096)
+    assert any("unified memory pool" in w and "WHOLE pool" in w for w in p.warnings)
+    assert not any("unified" in w for w in plan(gpu_memory_utilization=0.9).warnings)
+    assert not any("unified" in w for w in plan(device=unified, memory_limit_bytes=GiB * 40).warnings)
+
+
+# --- remedies -------------------------------------------------------------------------------
+
+def refused(**flags):
+    p = plan(**flags)
+    assert not p.fits
+    return p, {r.flag: r for r in p.remedies}
+
+
+def test_remedy_max_model_len_is_the_largest_that_fits() -> None:
+    flags = dict(memory_limit_bytes=24 * GiB, max_model_len=8192, max_num_seqs=16)
+    _, remedies = refused(**flags)
+    best = remedies["--max-model-len"].value
+    assert plan(**{**flags, "max_model_len": best}).fits
+    assert not plan(**{**flags, "max_model_len": best + 1}).fits
+    assert remedies["--max-model-len"].kv_bytes == plan(
+        **{**flags, "max_model_len": best}).classes["kv_cache"]
+
+
+def test_remedy_max_num_seqs_is_the_largest_that_fits() -> None:
+    flags = dict(memory_limit_bytes=24 * GiB, max_model_len=8192, max_num_seqs=16)
+    _, remedies = refused(**flags)
+    best = remedies["--max-num-seqs"].value
+    assert 1 <= best < 16
+    assert plan(**{**flags, "max_num_seqs": best}).fits
+    assert not plan(**{**flags, "max_num_seqs": best + 1}).fits
+
+
+def test_fp8_offered_only_when_it_closes_the_gap() -> None:
+    _, remedies = refused(memory_limit_bytes=24 * GiB, max_model_len=8192, max_num_seqs=16)
+    assert "--kv-cache-dtype" not in remedies  # 16 x 8192 in fp8 is still 8 GiB: not enough
+    _, remedies = refused(memory_limit_bytes=30 * GiB, max_model_len=8192, max_num_seqs=16)
+    fp8 = remedies["--kv-cache-dtype"]
+    with_fp8 = plan(memory_limit_bytes=30 * GiB, max_model_len=8192, kv_cache_dtype="fp8")
+    assert fp8.value == "fp8" and with_fp8.fits and fp8.kv_bytes == with_fp8.classes["kv_cache"]
+    assert with_fp8.kv.bytes_per_block == block_bytes(dtype_bytes=1)
+    _, remedies = refused(memory_limit_bytes=22 * GiB, max_model_len=8192, max_num_seqs=16,
+                          kv_cache_dtype="fp8")
+    assert "--kv-cache-dtype" not in remedies  # already one byte
+
+
+def test_quantization_when_weights_dominate_or_nothing_else_helps() -> None:
+    _, remedies = refused(memory_limit_bytes=16 * GiB, max_model_len=1024, max_num_seqs=1,
+                          enforce_eager=True)
+    quant = remedies[None]
+    assert quant.value == "a smaller quantization"
+    assert quant.weights_bytes == WEIGHTS_8B.total_bytes // 4
+    assert quant.note == "weights dominate this budget"
+    assert list(remedies) == [None]
+    # weights alone beyond the limit even at 4 bits: nothing is offered
+    _, remedies = refused(memory_limit_bytes=3 * GiB, max_model_len=1024, max_num_seqs=1)
+    assert remedies == {}
+
+
+def test_smaller_step_offered_when_activations_dominate_and_is_the_largest_that_fits() -> None:
+    # A step of 1M tokens: activations of ~hundreds of GiB, nothing else can close the gap
+    # (the report used to say "no single change of flags fits").
+    flags = dict(max_model_len=1024, max_num_seqs=8, max_num_batched_tokens=1_000_000)
+    p, remedies = refused(**flags)
+    assert p.classes["activations"] * 2 >= p.required_bytes
+    step = remedies["--max-num-batched-tokens"]
+    assert 8 <= step.value < 1_000_000 and step.note.startswith("activations -> ")
+    assert plan(**{**flags, "max_num_batched_tokens": step.value}).fits
+    assert not plan(**{**flags, "max_num_batched_tokens": step.value + 1}).fits
+    # Not offered when the activations are a small part and another change helps.
+    _, remedies = refused(memory_limit_bytes=24 * GiB, max_model_len=8192, max_num_seqs=16)
+    assert "--max-num-batched-tokens" not in remedies
+
+
+def test_enforce_eager_offered_when_graphs_tip_the_balance() -> None:
+    flags = dict(max_model_len=256, max_num_seqs=256)
+    eager = plan(**flags, enforce_eager=True)
+    margin = estimates.safety_margin_bytes(80 * GiB, False)
+    tight = DeviceMemory("what-if", "x", 80 * GiB, eager.required_bytes + margin, False)
+    p = plan(device=tight, **flags)
+    assert not p.fits and p.short_by_bytes == p.classes["cuda_graphs"]
+    remedy = next(r for r in p.remedies if r.flag == "--enforce-eager")
+    assert remedy.value is None and remedy.kv_bytes == eager.classes["kv_cache"]
+
+
+def test_remedies_are_only_computed_for_refusals() -> None:
+    assert plan(max_model_len=4096).remedies == []
+    assert plan(max_model_len=4096).to_json()["remedies"] == []
+
+
+def test_plan_json_keys() -> None:
+    doc = plan(memory_limit_bytes=24 * GiB, max_model_len=8192).to_json()
+    for key in ("fits", "limit_bytes", "required_bytes", "short_by_bytes", "limit_source",
+                "classes", "kv", "remedies", "unified_memory"):
+        assert key in doc
+    assert set(doc["classes"]) == set(CLASSES)
+    assert set(doc["kv"]) >= {"block_size", "num_blocks", "bytes_per_block", "bytes_per_token",
+                              "dtype"}
+    assert all(set(r) >= {"flag", "value", "kv_bytes"} for r in doc["remedies"])
+    assert all(isinstance(v, int) for v in doc["classes"].values())
+    assert math.isclose(doc["required_bytes"], sum(doc["classes"].values()))
+
+
+def test_quantization_with_a_shorter_context_when_nothing_else_helps() -> None:
+    flags = dict(memory_limit_bytes=12 * GiB, max_model_len=8192, max_num_seqs=8)
+    p = plan(**flags)
+    assert not p.fits and [r.flag for r in p.remedies] == [None]
+    (quant,) = p.remedies
+    (flag, best), = quant.also
+    assert flag == "--max-model-len" and "only smaller weights can help" in quant.note
+    quantized = Measured(weights_bytes=quant.weights_bytes)
+    assert plan(measured=quantized, **{**flags, "max_model_len": best}).fits
+    assert not plan(measured=quantized, **{**flags, "max_model_len": best + 1}).fits
+
+
+@pytest.mark.parametrize(("flag", "torch_dtype"), [("auto", "bfloat16"), ("float32", "float32"),
+                                                   ("half", "float16")])
+def test_weights_class_equals_tensors_loaded_in_the_model_dtype(tmp_path, flag, torch_dtype) -> None:
+    write_checkpoint(tmp_path, shards=2)
+    loaded = {}
+    for shard in tmp_path.glob("*.safetensors"):
+        loaded |= load_file(str(shard))
+    loaded["scale.int8"] = torch.ones(10, dtype=torch.int8)  # not cast: quantized payloads
+    save_file({"scale.int8": loaded["scale.int8"]}, str(tmp_path / "extra.safetensors"))
+    (tmp_path / "model.safetensors.index.json").unlink()  # plain glob of every file
+    target = getattr(torch, torch_dtype)
+    expected = sum((t.to(target) if t.is_floating_point() else t).nbytes for t in loaded.values())
+    p = make_plan(EngineConfig(model=str(tmp_path), dtype=flag), device=GPU_80)
+    assert p.classes["weights"] == expected
+    assert p.model_dtype == torch_dtype
+
+
+def test_activation_formula_by_hand() -> None:
+    tiny = ModelShape("LlamaForCausalLM", 2, 4, 2, 16, 64, 128, 256, 512, "bfloat16")
+    per_token = 4 * 64 + (4 + 2 * 2) * 16 + 3 * 128  # 768 elements
+    step = 100 * per_token * 2  # 100 tokens in bf16
+    logits = 4 * 256 * 4 * 2  # 4 sequences' last tokens, float32 logits + probabilities
+    gather = 4 * 32 * 2 * 16 * 2 * (2 + 1)  # 4 seqs x 32 tokens, K and V, bf16 + fp8 copy
+    assert estimates.activation_peak_bytes(tiny, 2, 100, 4, context_tokens=32,
+                                           kv_dtype_bytes=1) == step + logits + gather == 186368
+    assert estimates.activation_peak_bytes(tiny, 2, 100, 4) == step + logits

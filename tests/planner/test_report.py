@@ -1,0 +1,88 @@
+"""The text of ``kvledger plan``: layout like the issue's sample, numbers from the plan."""
+
+from __future__ import annotations
+
+import re
+
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.planner.checkpoint import ModelShape, WeightsInfo
+from kvledger.engine.planner.device import DeviceMemory
+from kvledger.engine.planner.plan import make_plan
+from kvledger.engine.planner.report import format_size, render_report
+
+GiB = 2**30
+SHAPE = ModelShape("Qwen2ForCausalLM", 64, 40, 8, 128, 5120, 27648, 152064, 32768, "bfloat16")
+WEIGHTS = WeightsInfo(int(61.2 * GiB), 771, "BF16", (), {"BF16": int(61.2 * GiB)})
+H100 = DeviceMemory("what-if", "H100", 80 * GiB, 80 * GiB, False)
+
+
+def report(device: DeviceMemory = H100, **flags) -> tuple[object, str]:
+    p = make_plan(EngineConfig(model="/x", **flags), device=device, shape=SHAPE, weights=WEIGHTS)
+    return p, render_report(p)
+
+
+def test_format_size() -> None:
+    assert format_size(int(83.94 * GiB)) == "83.9 GiB"
+    assert format_size(0) == "0.0 GiB"
+    assert format_size(3 * 2**20) == "3.0 MiB"
+    assert format_size(4096) == "4.0 KiB"
+
+
+def test_refusal_layout_matches_the_sample() -> None:
+    p, text = report(memory_limit_bytes=76 * GiB, max_model_len=16384, max_num_seqs=4,
+                     max_num_batched_tokens=16384)
+    lines = text.splitlines()
+    assert lines[0] == (f"error: engine requires {format_size(p.required_bytes)}, limit is 76.0 GiB "
+                        f"(short by {format_size(p.short_by_bytes)})")
+    assert lines[1] == "  weights          61.2 GiB   (bf16, 64 layers)"
+    assert re.fullmatch(r"  activations {7}\d\.\d GiB   \(peak @ max_num_batched_tokens=16384\)",
+                        lines[2])
+    assert lines[3] == ("  KV cache         16.0 GiB   (max_model_len=16384 x max_num_seqs=4, "
+                        "bf16)")
+    assert lines[4].startswith("  cuda graphs ") and lines[5].startswith("  cuda context ")
+    start = lines.index("  to fit within 76.0 GiB, try one of:")
+    remedy_lines = lines[start + 1:start + 1 + len(p.remedies)]
+    assert [ln.split()[0] for ln in remedy_lines] == ["--max-model-len", "--max-num-seqs",
+                                                      "--kv-cache-dtype", "a"]
+    for remedy, line in zip(p.remedies, remedy_lines, strict=True):
+        if remedy.flag:
+            assert line == f"    {remedy.flag + ' ' + str(remedy.value):<26}(KV -> " \
+                           f"{format_size(remedy.kv_bytes)})"
+    assert remedy_lines[-1].startswith("    a smaller quantization    (weights dominate this budget")
+
+
+def test_fits_report() -> None:
+    p, text = report(max_model_len=4096, max_num_seqs=2)
+    assert p.fits
+    assert text.startswith(f"fits: engine requires {format_size(p.required_bytes)}, limit is "
+                           f"{format_size(p.limit_bytes)}")
+    assert "try one of" not in text
+    assert "limit: free memory less a 1.6 GiB safety margin (H100" in text
+
+
+def test_nothing_fits_says_so() -> None:
+    _, text = report(memory_limit_bytes=10 * GiB, max_model_len=4096)
+    assert "no single change of flags fits within 10.0 GiB: the weights alone are 61.2 GiB" in text
+
+
+def test_explicit_pool_too_small_headline() -> None:
+    p, text = report(num_gpu_blocks_override=8, max_model_len=4096)
+    assert not p.fits
+    assert text.splitlines()[0] == ("error: the KV pool of 8 blocks (--num-gpu-blocks-override) "
+                                    "cannot hold one max_model_len=4096 sequence (256 blocks of "
+                                    "16 tokens)")
+    assert "    --num-gpu-blocks-override 256 (KV -> " in text  # a space after a long flag
+    kv_row = next(line for line in text.splitlines() if line.startswith("  KV cache"))
+    assert kv_row.endswith("(256 blocks for one max_model_len sequence; "
+                           "--num-gpu-blocks-override gives 8, bf16)")
+    assert format_size(p.kv.num_blocks * p.kv.bytes_per_block) in kv_row
+
+
+def test_unified_warning_and_cpu_labels() -> None:
+    gb10 = DeviceMemory("what-if", "GB10", 128 * GiB, 120 * GiB, True)
+    _, text = report(device=gb10, gpu_memory_utilization=0.9, max_model_len=4096)
+    assert "\nwarning: --gpu-memory-utilization 0.9 on a unified memory pool" in text
+    assert "unified pool" in text
+    cpu = DeviceMemory("cpu", "host memory", 256 * GiB, 250 * GiB, False)
+    _, text = report(device=cpu, max_model_len=4096)
+    assert "  runtime context " in text and "(none on the CPU)" in text

@@ -1,0 +1,227 @@
+"""The HTTP surface on a real tiny engine, through aiohttp's test client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from _server_helpers import make_llm, metric, model_name, start_app, wait_for_metric
+
+from kvledger.engine.server.app import build_app
+from kvledger.engine.server.state import STATE
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama_dir):
+    return make_llm(tiny_llama_dir)
+
+
+def _sse_events(raw: str) -> list:
+    events = [line[len("data: "):] for line in raw.split("\n\n") if line.startswith("data: ")]
+    return [e if e == "[DONE]" else json.loads(e) for e in events]
+
+
+async def test_completion_json_shape_usage_and_greedy_determinism(aiohttp_client, llm):
+    client = await start_app(aiohttp_client, llm)
+    body = {"model": model_name(client), "prompt": "Once upon a time", "max_tokens": 12,
+            "temperature": 0, "ignore_eos": True}
+    first = await (await client.post("/v1/completions", json=body)).json()
+    second = await (await client.post("/v1/completions", json=body)).json()
+    assert first["object"] == "text_completion" and first["id"].startswith("cmpl-")
+    choice = first["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["text"]
+    usage = first["usage"]
+    assert usage["completion_tokens"] == 12
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 12
+    assert second["choices"][0]["text"] == choice["text"]
+
+
+async def test_chat_and_stop_and_seed(aiohttp_client, llm):
+    client = await start_app(aiohttp_client, llm)
+    body = {"model": model_name(client), "messages": [{"role": "user", "content": "hi"}],
+            "max_completion_tokens": 8, "temperature": 1.0, "seed": 3, "ignore_eos": True}
+    a = await (await client.post("/v1/chat/completions", json=body)).json()
+    b = await (await client.post("/v1/chat/completions", json=body)).json()
+    assert a["object"] == "chat.completion"
+    assert a["choices"][0]["message"]["role"] == "assistant"
+    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+    assert a["usage"]["completion_tokens"] == 8
+
+
+async def test_streaming_completion_and_chat_end_with_usage_and_done(aiohttp_client, llm):
+    client = await start_app(aiohttp_client, llm)
+    name = model_name(client)
+    whole = await (await client.post("/v1/completions", json={
+        "model": name, "prompt": "The cat", "max_tokens": 10, "temperature": 0,
+        "ignore_eos": True})).json()
+    response = await client.post("/v1/completions", json={
+        "model": name, "prompt": "The cat", "max_tokens": 10, "temperature": 0,
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+    assert response.headers["Content-Type"].startswith("text/event-stream")
+    events = _sse_events(await response.text())
+    assert events[-1] == "[DONE]"
+    usage = events[-2]["usage"]
+    assert events[-2]["choices"] == [] and usage["completion_tokens"] == 10
+    chunks = events[:-2]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+
+    response = await client.post("/v1/chat/completions", json={
+        "model": name, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6,
+        "stream": True, "ignore_eos": True})
+    events = _sse_events(await response.text())
+    assert events[-1] == "[DONE]"
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+    assert all(e["object"] == "chat.completion.chunk" for e in events[:-1])
+
+
+@pytest.mark.parametrize("path, body, status, code", [
+    ("/v1/completions", b"{not json", 400, "invalid_json"),
+    ("/v1/completions", b'{"model": "MODEL", "prompt": "a\\ud800b"}', 400, "invalid_json"),
+    ("/v1/chat/completions", b'{"model": "MODEL", "messages": [{"role": "user", '
+     b'"content": "\\udfff"}]}', 400, "invalid_json"),
+    ("/v1/completions", b'{"model": "MODEL", "prompt": "\\ud83e\\udd99", "max_tokens": 1}',
+     200, None),
+    ("/v1/completions", b'{"prompt": "x"}', 400, "invalid_request"),
+    ("/v1/completions", b'{"model": "MODEL", "prompt": "x", "max_tokens": -4}', 400,
+     "invalid_request"),
+    ("/v1/completions", b'{"model": "MODEL", "prompt": "x", "max_tokens": 1.5}', 400,
+     "invalid_request"),
+    ("/v1/completions", b'{"model": "MODEL", "prompt": "x", "n": 0}', 400, "invalid_request"),
+    ("/v1/completions", b'{"model": "MODEL", "prompt": "x", "logit_bias": {"99999": 1}}', 400,
+     "invalid_request"),
+    ("/v1/completions", b'{"model": "MODEL", "prompt": [99999]}', 400, "invalid_request"),
+    ("/v1/completions", b'{"model": "other", "prompt": "x"}', 404, "model_not_found"),
+    ("/v1/chat/completions", b'{"model": "MODEL", "messages": "hi"}', 400, "invalid_request"),
+    ("/v1/completions", b'{"model": "MODEL", "prompt": [5, 6], "max_tokens": 255}', 400,
+     "context_length_exceeded"),
+    ("/v1/completions", b'{"model": "MODEL", "prompt": [5], "max_tokens": 255}', 200, None),
+])
+async def test_bad_input_gets_openai_error_bodies(aiohttp_client, llm, path, body, status, code):
+    client = await start_app(aiohttp_client, llm)
+    body = body.replace(b"MODEL", model_name(client).encode())
+    response = await client.post(path, data=body, headers={"Content-Type": "application/json"})
+    assert response.status == status
+    payload = await response.json()
+    if code is not None:
+        assert set(payload["error"]) >= {"message", "type", "code"}
+        assert payload["error"]["code"] == code
+    assert await wait_for_metric(client, "kvledger_kv_blocks_reserved", 0) == 0
+    if status >= 400:  # refused before admission: never counted as admitted
+        assert await metric(client, "kvledger_requests_admitted_total") == 0
+
+
+async def test_prompt_at_the_context_is_413_and_body_over_the_limit_is_413(aiohttp_client, llm):
+    client = await start_app(aiohttp_client, llm, max_body_bytes=2048)
+    response = await client.post("/v1/completions", json={"model": model_name(client),
+                                                          "prompt": [5] * 256})
+    assert response.status == 413
+    assert (await response.json())["error"]["code"] == "context_length_exceeded"
+    response = await client.post("/v1/completions", json={"model": model_name(client),
+                                                          "prompt": "x" * 5000})
+    assert response.status == 413
+    assert (await response.json())["error"]["code"] == "body_too_large"
+    assert await metric(client, "kvledger_requests_rejected_total",
+                        'reason="body_too_large"') == 1
+
+
+async def test_api_key(aiohttp_client, llm):
+    client = await start_app(aiohttp_client, llm, api_keys=("s3cret",))
+    body = {"model": model_name(client), "prompt": "x", "max_tokens": 1}
+    response = await client.post("/v1/completions", json=body)
+    assert response.status == 401
+    assert (await response.json())["error"]["code"] == "invalid_api_key"
+    response = await client.post("/v1/completions", json=body,
+                                 headers={"Authorization": "Bearer wrong"})
+    assert response.status == 401
+    response = await client.post("/v1/completions", json=body,
+                                 headers={"Authorization": "Bearer s3cret"})
+    assert response.status == 200
+    assert (await client.get("/health")).status == 200  # probes need no key
+
+
+async def test_models_budget_metrics(aiohttp_client, llm):
+    client = await start_app(aiohttp_client, llm)
+    models = await (await client.get("/v1/models")).json()
+    assert [m["id"] for m in models["data"]] == [model_name(client)]
+    budget = await (await client.get("/v1/budget")).json()
+    assert budget["pool"]["total_blocks"] == 32 and budget["pool"]["reserved_blocks"] == 0
+    assert budget["plan"]["kv"]["num_blocks"] == 32 and budget["plan"]["fits"] is True
+    assert budget["queue"] == {"waiting": 0, "running": 0, "max_queue_wait_s": 0.0}
+    text = await (await client.get("/metrics")).text()
+    for name in ("kvledger_kv_blocks_total 32.0", "kvledger_kv_blocks_reserved 0.0",
+                 "kvledger_kv_blocks_used 0.0", "kvledger_requests_admitted_total",
+                 "kvledger_request_latency_seconds_bucket",
+                 "kvledger_time_to_first_token_seconds_bucket",
+                 "kvledger_generation_tokens_total"):
+        assert name in text
+
+
+async def test_ready_is_503_until_the_model_is_attached(aiohttp_client, llm):
+    app = build_app()
+    client = await aiohttp_client(app)
+    assert (await client.get("/health")).status == 200
+    assert (await client.get("/ready")).status == 503
+    response = await client.post("/v1/completions", json={"model": "m", "prompt": "x"})
+    assert response.status == 503
+    assert (await response.json())["error"]["code"] == "not_ready"
+    await app[STATE].attach(llm)
+    assert (await client.get("/ready")).status == 200
+    assert (await client.get("/nowhere")).status == 404
+    assert (await (await client.get("/nowhere")).json())["error"]["code"] == "not_found"
+
+
+def test_prompt_token_bound_used_by_early_rejection_holds(tiny_llama_dir):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from kvledger.engine.model.tokenizer import Tokenizer
+    from kvledger.engine.server.openai_api import _ADDED_TOKENS_MAX
+
+    tokenizer = Tokenizer(tiny_llama_dir)
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.text(min_size=1, max_size=200))
+    def bound_holds(text):
+        assert len(tokenizer.encode(text)) <= len(text.encode()) + _ADDED_TOKENS_MAX
+
+    bound_holds()
+
+
+async def test_full_pool_refuses_with_the_same_answer_before_and_after_tokenizing(
+        aiohttp_client, llm):
+    client = await start_app(aiohttp_client, llm)
+    ledger = client.app[STATE].llm.ledger
+    held = ledger.try_reserve(ledger.block_size * (ledger.num_blocks - 1))  # 1 block free
+    try:
+        for body in ({"prompt": "short"}, {"prompt": [5, 6, 7]},
+                     {"prompt": "short", "max_tokens": 100},
+                     {"prompt": "word " * 40, "max_tokens": 100},  # tokenized first
+                     {"messages": [{"role": "user", "content": "hi"}]}):
+            path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+            response = await client.post(path, json={"model": model_name(client), **body})
+            assert response.status == 429
+            assert (await response.json())["error"]["code"] == "kv_cache_full"
+        response = await client.post("/v1/completions", json={  # 413 wins over 429
+            "model": model_name(client), "prompt": [5] * 256})
+        assert response.status == 413
+    finally:
+        ledger.release(held)
+
+
+async def test_max_queue_wait_holds_a_request_until_blocks_return(aiohttp_client, llm):
+    client = await start_app(aiohttp_client, llm, max_queue_wait_s=5.0)
+    ledger = client.app[STATE].llm.ledger
+    held = ledger.try_reserve(ledger.num_blocks * ledger.block_size)
+    request = asyncio.create_task(client.post("/v1/completions", json={
+        "model": model_name(client), "prompt": "x", "max_tokens": 2}))
+    assert await wait_for_metric(client, "kvledger_queue_length", 1) == 1
+    budget = await (await client.get("/v1/budget")).json()
+    assert budget["queue"]["waiting"] == 1
+    ledger.release(held)
+    client.app[STATE].admission.capacity_changed()  # what the engine's next step would do
+    response = await request
+    assert response.status == 200
+    assert await metric(client, "kvledger_queue_wait_seconds_count") == 1
