@@ -12,7 +12,7 @@ TORCH_PIN ?= torch==2.13.0
 # runtime-only check does that in its own VENV).
 EDITABLE ?= -e
 
-.PHONY: install install-test demo test lint image
+.PHONY: install install-test demo test lint image crd
 
 # The image (Dockerfile): IMAGE names it; BASE, TORCH_PIN and TORCH_INDEX_URL choose the
 # base and the torch build; IMAGE_BUILD_FLAGS adds engine flags (--volume, --build-arg).
@@ -41,6 +41,11 @@ lint: install-test
 
 test:
 	bash .ci/run
+
+# The CRD's two copies (crds/ and the chart's crds/), generated from operator/; a test and
+# scripts/helm_check.sh fail while either is stale.
+crd:
+	$(BIN)/python -m kvledger.operator.crd --write
 
 image:
 	$(CONTAINER_ENGINE) build -t $(IMAGE) \

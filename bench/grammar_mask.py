@@ -78,7 +78,7 @@ def train_tokenizer(path: Path, vocab: int, corpus_mb: int):
     """A byte-level BPE tokenizer of ``vocab`` tokens, trained once and cached at ``path``."""
     from tokenizers import Tokenizer
 
-    from kvledger.engine.model.builtin import train_byte_level_bpe
+    from kvledger.engine.model.bpe import train_byte_level_bpe
 
     if path.is_file():
         return Tokenizer.from_file(str(path))

@@ -28,7 +28,8 @@ MIN_DEFAULT_BATCHED_TOKENS = 2048
 # memory is the host's (the CPU, a unified pool).
 DEFAULT_GRAMMAR_CACHE_BYTES = 128 * 2**20
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTPE]i?B?|[kKMGTPE]B|[kKMGTPE]|B)?\s*$")
+# The size grammar (Kubernetes quantities); the CRD's pattern is built from it (operator/crd_schema.py).
+SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTPE]i?B?|[kKMGTPE]B|[kKMGTPE]|B)?\s*$")
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50, "E": 2**60}
 _DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
 
@@ -40,7 +41,7 @@ def parse_size(text: str | int) -> int:
         if text < 0:
             raise BadInput(f"size must not be negative: {text}")
         return text
-    match = _SIZE_RE.match(str(text))
+    match = SIZE_RE.match(str(text))
     if not match:
         raise BadInput(f"bad size {text!r}: use e.g. 40GiB, 40Gi, 40GB, 40G, 512MiB or plain bytes")
     number, unit = match.group(1), (match.group(2) or "")

@@ -34,7 +34,39 @@ class DoesNotFit(KvledgerError):
 
 
 class PromptTooLong(BadInput):
-    """The prompt is at or over the context limit (HTTP 413)."""
+    """The prompt is at or over the context limit: no room for one output token (HTTP 413)."""
+
+    def __init__(self, prompt_tokens: int, max_model_len: int) -> None:
+        super().__init__(f"the prompt has {prompt_tokens} tokens; the context limit is "
+                         f"{max_model_len}, which must also hold at least one output token")
+        self.prompt_tokens = prompt_tokens
+        self.max_model_len = max_model_len
+
+
+class CapTooLarge(BadInput):
+    """The prompt plus the requested output cap (``max_tokens``) exceed the context limit
+    (HTTP 400). ``room_tokens`` is the largest cap that fits."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+        super().__init__(f"max_tokens {max_tokens} + {prompt_tokens} prompt tokens exceed "
+                         f"the context limit of {max_model_len}")
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.max_model_len = max_model_len
+
+    @property
+    def room_tokens(self) -> int:
+        return self.max_model_len - self.prompt_tokens
+
+
+class PoolTooSmall(BadInput):
+    """A request needs more blocks than the whole KV pool holds, so it can never be admitted,
+    whatever is cached or running (HTTP 400)."""
+
+    def __init__(self, needed_blocks: int, pool_blocks: int) -> None:
+        super().__init__(f"a prompt needs {needed_blocks} KV blocks; the pool has {pool_blocks}")
+        self.needed_blocks = needed_blocks
+        self.pool_blocks = pool_blocks
 
 
 class AdmissionRejected(KvledgerError):

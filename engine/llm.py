@@ -44,11 +44,12 @@ class LLM:
                  ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in the order of ``prompts``.
 
-        Prompts are admitted as the KV ledger allows, so more prompts than the pool holds
-        at once simply wait their turn; one that could never fit raises BadInput. A prompt
-        the engine fails alone (a fault in its sampling, or in a forward pass it was part
-        of) comes back with ``finish_reason == "error"`` and ``error`` saying why; the
-        others are unaffected.
+        Every prompt is checked before anything runs (``LLMEngine.check_request``: BadInput
+        for one the model cannot run or the pool could never hold); then prompts are
+        admitted as the KV ledger allows, so more prompts than the pool holds at once
+        simply wait their turn. A prompt the engine fails alone (a fault in its sampling,
+        or in a forward pass it was part of) comes back with ``finish_reason == "error"``
+        and ``error`` saying why; the others are unaffected.
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -63,21 +64,18 @@ class LLM:
         queue = deque()
         for prompt, p in zip(prompts, params, strict=True):
             ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            engine.check_params(p)  # refused before anything runs, like a prompt too long
-            needed = engine.ledger.blocks_for(len(ids) + engine.output_cap(len(ids), p))
-            if needed > engine.ledger.num_blocks:
-                raise BadInput(f"a prompt needs {needed} KV blocks; the pool has {engine.ledger.num_blocks}")
+            request = engine.check_request(ids, p)
             self._counter += 1
-            queue.append((f"llm-{self._counter}", prompt, ids, p))
+            queue.append((f"llm-{self._counter}", prompt, request))
         order = [request_id for request_id, *_ in queue]
         texts = {request_id: prompt for request_id, prompt, *_ in queue if isinstance(prompt, str)}
         finished: dict[str, RequestOutput] = {}
         try:
             while queue or engine.has_unfinished_requests():
                 while queue:
-                    request_id, _, ids, p = queue[0]
+                    request_id, _, request = queue[0]
                     try:
-                        engine.add_request(request_id, ids, p)
+                        engine.add_request(request_id, request)
                     except AdmissionRejected:
                         break  # wait for running requests to release their blocks
                     queue.popleft()

@@ -22,9 +22,9 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from kvledger.operator.crd import API_VERSION, KIND
 from kvledger.operator.render import labels, selector_labels
-from kvledger.operator.spec import Autoscaling, autoscaling
+from kvledger.operator.resource import API_VERSION, KIND
+from kvledger.operator.spec import Autoscaling, ServiceSpec, as_spec
 
 # Where KEDA queries Prometheus unless spec.autoscaling.prometheus.serverAddress says:
 # the operator's --prometheus-url (env KVLEDGER_PROMETHEUS_URL), by default the Service
@@ -155,11 +155,11 @@ def render_scaled_object(name: str, namespace: str, settings: Autoscaling, *,
     }
 
 
-def pdb_wanted(spec: dict[str, Any]) -> bool:
+def pdb_wanted(spec: ServiceSpec | dict[str, Any]) -> bool:
     """A PodDisruptionBudget is owned while the resource can have more than one pod."""
-    settings = autoscaling(spec)
-    most = max(spec.get("replicas", 1), settings.max_replicas if settings else 0)
-    return most > 1
+    spec = as_spec(spec)
+    settings = spec.autoscaling
+    return max(spec.replicas, settings.max_replicas if settings else 0) > 1
 
 
 def render_pdb(name: str, namespace: str) -> dict[str, Any]:
@@ -183,12 +183,13 @@ OPTIONAL_CHILDREN = (("autoscaling/v2", "horizontalpodautoscalers"),
                      ("policy/v1", "poddisruptionbudgets"))
 
 
-def render_scaling(name: str, namespace: str, spec: dict[str, Any], *,
+def render_scaling(name: str, namespace: str, spec: ServiceSpec | dict[str, Any], *,
                    prometheus_url: str = DEFAULT_PROMETHEUS_URL,
                    ) -> dict[tuple[str, str], dict[str, Any] | None]:
     """Each optional child (``OPTIONAL_CHILDREN``) -> its body, or None where the spec
-    wants none (the caller deletes it). Raises BadInput for an invalid spec.autoscaling."""
-    settings = autoscaling(spec)
+    wants none (the caller deletes it). Raises BadInput for a spec dict that is invalid."""
+    spec = as_spec(spec)
+    settings = spec.autoscaling
     hpa = scaled = None
     if settings is not None and settings.provider == "hpa":
         hpa = render_hpa(name, namespace, settings)

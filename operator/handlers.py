@@ -36,9 +36,9 @@ import yaml
 
 from kvledger.engine.errors import BadInput
 from kvledger.operator import autoscaling, render, status
-from kvledger.operator.crd import API_VERSION, GROUP, PLURAL, VERSION
 from kvledger.operator.kube import KubeApi, KubeError, contains, object_path
-from kvledger.operator.spec import hub_uri, needs_download_size
+from kvledger.operator.resource import API_VERSION, DEFAULT_PORT, GROUP, PLURAL, VERSION
+from kvledger.operator.spec import ServiceSpec, parse_spec
 
 ISVC = (GROUP, VERSION, PLURAL)
 RECONCILE_INTERVAL_S = 60.0
@@ -200,11 +200,11 @@ async def apply_children(memo: kopf.Memo, name: str, namespace: str) -> dict[str
         owner = await memo.kube.get(object_path(API_VERSION, PLURAL, namespace, name))
         if owner is None or owner.get("metadata", {}).get("deletionTimestamp"):
             return None  # going: the garbage collector (or isvc_event) removes the children
-        spec, old_status = owner.get("spec") or {}, owner.get("status") or {}
-        render.engine_flags(spec)  # an invalid spec is refused before anything is asked
+        # Parsed once: an invalid spec is refused before anything is asked or applied.
+        spec = parse_spec(owner.get("spec") or {})
         optional = autoscaling.render_scaling(name, namespace, spec,
                                               prometheus_url=memo.prometheus_url)
-        model = await download_size(memo, namespace, spec, old_status)
+        model = await download_size(memo, namespace, spec, owner.get("status") or {})
         deployment = render.render_deployment(
             name, namespace, spec, default_image=memo.default_image,
             download_bytes=model["downloadBytes"] if model else None)
@@ -223,14 +223,14 @@ async def apply_children(memo: kopf.Memo, name: str, namespace: str) -> dict[str
         return model
 
 
-async def download_size(memo: kopf.Memo, namespace: str, spec: dict[str, Any],
+async def download_size(memo: kopf.Memo, namespace: str, spec: ServiceSpec,
                         status: dict[str, Any]) -> dict[str, Any] | None:
     """``{uri, downloadBytes}`` when the pod's emptyDir cache must be sized, else None:
     from ``status.model`` when this uri was asked before, else from the hub (a thread: the
     client blocks). Raises ModelUnavailable with a one-line reason."""
-    if not needs_download_size(spec):
+    if not spec.model.needs_download_size:
         return None
-    uri = hub_uri(spec)
+    uri = spec.model.uri
     known = status.get("model") or {}
     if known.get("uri") == uri and isinstance(known.get("downloadBytes"), int):
         return {"uri": uri, "downloadBytes": known["downloadBytes"]}
@@ -240,7 +240,7 @@ async def download_size(memo: kopf.Memo, namespace: str, spec: dict[str, Any],
 
     try:
         size = await asyncio.to_thread(hub.download_bytes, uri, token=token,
-                                       endpoint=spec["model"].get("endpoint"))
+                                       endpoint=spec.model.endpoint)
     except (BadInput, OSError) as exc:
         message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         if token:  # a message must never carry the token
@@ -251,28 +251,28 @@ async def download_size(memo: kopf.Memo, namespace: str, spec: dict[str, Any],
     return {"uri": uri, "downloadBytes": size}
 
 
-async def hub_token(memo: kopf.Memo, namespace: str, spec: dict[str, Any]) -> str | None:
+async def hub_token(memo: kopf.Memo, namespace: str, spec: ServiceSpec) -> str | None:
     """The token in the Secret key ``spec.model.tokenSecretRef`` names, or None without one.
 
     The operator reads it only to ask the hub for the download size; it is never logged,
     posted or stored (the pods get it through a secretKeyRef)."""
-    ref = spec["model"].get("tokenSecretRef")
-    if ref is None:
+    if spec.model.token_secret is None:
         return None
-    where = f"Secret {namespace}/{ref['name']}"
+    secret_name, key = spec.model.token_secret
+    where = f"Secret {namespace}/{secret_name}"
     try:
-        secret = await memo.kube.get(object_path("v1", "secrets", namespace, ref["name"]))
+        secret = await memo.kube.get(object_path("v1", "secrets", namespace, secret_name))
     except KubeError as exc:
         raise ModelUnavailable(f"cannot read {where} (model.tokenSecretRef): {exc}") from None
     if secret is None:
         raise ModelUnavailable(f"{where} (model.tokenSecretRef) does not exist")
-    encoded = (secret.get("data") or {}).get(ref["key"])
+    encoded = (secret.get("data") or {}).get(key)
     if encoded is None:
-        raise ModelUnavailable(f"{where} has no key {ref['key']!r} (model.tokenSecretRef)")
+        raise ModelUnavailable(f"{where} has no key {key!r} (model.tokenSecretRef)")
     try:
         return base64.b64decode(encoded, validate=True).decode("utf-8").strip() or None
     except (binascii.Error, UnicodeDecodeError):
-        raise ModelUnavailable(f"{where} key {ref['key']!r} is not a UTF-8 token") from None
+        raise ModelUnavailable(f"{where} key {key!r} is not a UTF-8 token") from None
 
 
 async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: kopf.Index,
@@ -290,10 +290,10 @@ async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: ko
         obj = await memo.kube.get(path)
         if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
             return
-        spec = obj.get("spec") or {}
+        raw = obj.get("spec") or {}
+        spec, spec_error = None, None
         try:
-            render.engine_flags(spec)
-            spec_error = None
+            spec = parse_spec(raw)
         except BadInput as exc:
             spec_error = str(exc)
         old = obj.get("status") or {}
@@ -301,7 +301,9 @@ async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: ko
         deployments = list((deployments_index or {}).get((namespace, name), []))
         new = status.compute_status(
             spec=spec, generation=obj.get("metadata", {}).get("generation"), old=old,
-            pods=pods, spec_error=spec_error, endpoint=render.endpoint(name, namespace, spec),
+            pods=pods, spec_error=spec_error,
+            endpoint=render.endpoint(name, namespace,
+                                     spec.port if spec else raw.get("port", DEFAULT_PORT)),
             model=model, model_error=model_error,
             replicas=deployments[0].get("replicas", 0) if deployments else 0,
             selector=render.pod_selector(name),

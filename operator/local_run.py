@@ -1,6 +1,6 @@
 """``kvledger run SERVICE.yaml``: the same InferenceService manifest, on this machine.
 
-1. validate it against the CRD schema (the dict in crd.py) and the CRD's cross-field rules;
+1. validate it against the CRD schema (crd.py) and the CRD's cross-field rules (spec_rules.py);
 2. run the pre-flight in-process with the flags the pod's containers would get: on a
    refusal, print the breakdown and remedies and exit 3, before loading anything;
 3. exec ``kvledger serve`` with those flags. exec replaces this process, so SIGTERM and
@@ -26,6 +26,7 @@ is nothing to scale), validated all the same, and a line says so.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from typing import Any
@@ -34,14 +35,9 @@ import yaml
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, BadInput
-from kvledger.operator.crd import DEFAULT_PORT, validate_manifest
-from kvledger.operator.spec import (
-    container_memory_limit,
-    engine_config,
-    hub_uri,
-    local_model_path,
-    serving_flags,
-)
+from kvledger.operator.crd import validate_manifest
+from kvledger.operator.resource import DEFAULT_PORT
+from kvledger.operator.spec import ServiceSpec, as_spec, local_model_path
 
 # What only a cluster gives meaning to: validated, then ignored by `kvledger run`.
 CLUSTER_ONLY_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName",
@@ -102,13 +98,16 @@ def load_manifest(path: str) -> dict[str, Any]:
     return validate_manifest(docs[0])
 
 
-def local_config(spec: dict[str, Any], model_path: str | None = None) -> EngineConfig:
+def local_config(spec: ServiceSpec | dict[str, Any], model_path: str | None = None,
+                 ) -> EngineConfig:
     """The pod's flags, for this machine: the model path mapped to a local one, the
     device left to auto-detect unless the spec asks for none (``gpus: 0`` -> the CPU), and
     host memory capped by the container's memory limit as the pod's cgroup caps it."""
-    device = "cpu" if spec.get("gpus", 1) == 0 else "auto"
-    return engine_config(spec, model_path=model_path or local_model_path(spec), device=device,
-                         container_memory_limit_bytes=container_memory_limit(spec))
+    spec = as_spec(spec)
+    return dataclasses.replace(
+        spec.engine, model=model_path or local_model_path(spec),
+        device="cpu" if spec.gpus == 0 else "auto",
+        container_memory_limit_bytes=spec.container_memory_limit_bytes)
 
 
 def ignored_fields(spec: dict[str, Any]) -> list[str]:
@@ -118,22 +117,23 @@ def ignored_fields(spec: dict[str, Any]) -> list[str]:
             + [f"spec.model.{field}" for field in CLUSTER_ONLY_MODEL_FIELDS if field in model])
 
 
-def serve_argv(flags: list[str], host: str, port: int, spec: dict[str, Any]) -> list[str]:
+def serve_argv(flags: list[str], host: str, port: int,
+               spec: ServiceSpec | dict[str, Any]) -> list[str]:
     """``serve`` with the pod's flags, its own ones (drain, queue) included."""
     return [sys.executable, "-m", "kvledger.engine.cli", "serve", *flags,
-            "--host", host, "--port", str(port), *serving_flags(spec)]
+            "--host", host, "--port", str(port), *as_spec(spec).serving_flags()]
 
 
 def main(args: argparse.Namespace) -> int:
     doc = load_manifest(args.manifest)
-    spec = doc["spec"]
+    spec = as_spec(doc["spec"])
     config = local_config(spec, args.model_path)
     flags = config.to_flags()
     name = doc["metadata"]["name"]
-    ignored = ignored_fields(spec)
+    ignored = ignored_fields(doc["spec"])
     if ignored:
         sys.stdout.write(f"{name}: ignored off the cluster: {', '.join(ignored)}\n")
-    if hub_uri(spec) is not None and args.model_path is None:
+    if spec.model.uri is not None and args.model_path is None:
         return _run_hub_model(name, spec, flags, args)
 
     # The planner is torch-free; importing it here keeps `run --help` instant.
@@ -150,15 +150,16 @@ def main(args: argparse.Namespace) -> int:
     return 0 if args.preflight_only else _exec_serve(name, spec, flags, args)
 
 
-def _run_hub_model(name: str, spec: dict[str, Any], flags: list[str],
+def _run_hub_model(name: str, spec: ServiceSpec, flags: list[str],
                    args: argparse.Namespace) -> int:
     """The pod's own pre-flight, ``kvledger preflight --model hf://...``, in-process (it
     reads the headers over HTTP and prints the report), then ``serve``."""
     from kvledger.engine.cli import build_parser
 
-    sys.stdout.write(f"{name}: pre-flight of {hub_uri(spec)} (headers over HTTP)\n")
+    sys.stdout.write(f"{name}: pre-flight of {spec.model.uri} (headers over HTTP)\n")
     sys.stdout.flush()
     preflight = build_parser("preflight").parse_args([*flags, "--termination-log", os.devnull])
+    preflight.log_plan_line = False  # a person reads it, not the operator
     code = preflight._module.main(preflight)  # bad input raises: one line, exit 2
     if code == EXIT_DOES_NOT_FIT:
         sys.stderr.write(f"{name}: pre-flight refused the plan\n")
@@ -168,9 +169,9 @@ def _run_hub_model(name: str, spec: dict[str, Any], flags: list[str],
     return 0 if args.preflight_only else _exec_serve(name, spec, flags, args)
 
 
-def _exec_serve(name: str, spec: dict[str, Any], flags: list[str],
+def _exec_serve(name: str, spec: ServiceSpec, flags: list[str],
                 args: argparse.Namespace) -> int:
-    port = args.port if args.port is not None else spec.get("port", DEFAULT_PORT)
+    port = args.port if args.port is not None else spec.port
     argv = serve_argv(flags, args.host, port, spec)
     sys.stdout.write(f"{name}: exec kvledger serve {' '.join(argv[4:])}\n")
     sys.stdout.flush()

@@ -8,7 +8,8 @@ loading a byte, with the refusal in its termination message. A hub model
 from headers read over HTTP, and only a plan that fits is downloaded.
 
 Nothing here does I/O: the hub model's download size, which sizes an emptyDir cache, is
-a parameter (the handler asks the hub).
+a parameter (the handler asks the hub). The spec is the parsed one (``spec.parse_spec``);
+the public renderers also take a manifest's spec dict and parse it.
 """
 
 from __future__ import annotations
@@ -17,15 +18,7 @@ import copy
 from importlib.metadata import version
 from typing import Any
 
-from kvledger.operator.crd import DEFAULT_MOUNT_PATH, DEFAULT_PORT
-from kvledger.operator.spec import (
-    cache_claim,
-    cluster_device,
-    engine_config,
-    hub_uri,
-    serving_flags,
-    shutdown_grace_s,
-)
+from kvledger.operator.spec import ServiceSpec, as_spec
 
 LABEL = "kvledger.dev/inferenceservice"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -55,19 +48,16 @@ CACHE_MARGIN_PERCENT = 5
 CACHE_MARGIN_BYTES = 2**30
 # With GPUs and no tolerations of the user's: GPU nodes are commonly tainted so.
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-# Pod fields passed through as they are written in the spec.
-_POD_FIELDS = ("nodeSelector", "affinity", "priorityClassName", "runtimeClassName",
-               "imagePullSecrets", "serviceAccountName")
 
 
-def engine_flags(spec: dict[str, Any]) -> list[str]:
+def engine_flags(spec: ServiceSpec | dict[str, Any]) -> list[str]:
     """The flags both containers get (raises BadInput for a spec that can never work)."""
-    return engine_config(spec, device=cluster_device(spec)).to_flags()
+    return as_spec(spec).engine.to_flags()
 
 
-def termination_grace_s(spec: dict[str, Any]) -> int:
+def termination_grace_s(spec: ServiceSpec) -> int:
     """The pod's ``terminationGracePeriodSeconds``: preStop sleep + drain + margin."""
-    return PRESTOP_SLEEP_S + shutdown_grace_s(spec) + TERMINATION_MARGIN_S
+    return PRESTOP_SLEEP_S + spec.shutdown_grace_s + TERMINATION_MARGIN_S
 
 
 def selector_labels(name: str) -> dict[str, str]:
@@ -99,9 +89,8 @@ def _container_security() -> dict[str, Any]:
     }
 
 
-def _gpu_limits(spec: dict[str, Any]) -> dict[str, Any]:
-    gpus = spec.get("gpus", 1)
-    return {GPU_RESOURCE: gpus} if gpus > 0 else {}
+def _gpu_limits(spec: ServiceSpec) -> dict[str, Any]:
+    return {GPU_RESOURCE: spec.gpus} if spec.gpus > 0 else {}
 
 
 def cache_size_limit(download_bytes: int) -> str:
@@ -110,7 +99,7 @@ def cache_size_limit(download_bytes: int) -> str:
     return f"{-(-limit // 2**20)}Mi"
 
 
-def _volumes(spec: dict[str, Any], download_bytes: int | None,
+def _volumes(spec: ServiceSpec, download_bytes: int | None,
              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(pod volumes, mounts of preflight and engine): the plan hand-over, scratch, model.
 
@@ -121,20 +110,17 @@ def _volumes(spec: dict[str, Any], download_bytes: int | None,
         {"name": "tmp", "emptyDir": {}},
     ]
     mounts: list[dict[str, Any]] = [{"name": "plan", "mountPath": PLAN_DIR}, _tmp_mount()]
-    model_volume = spec["model"].get("volume")
-    if model_volume:
-        if "persistentVolumeClaim" in model_volume:
-            source = {"persistentVolumeClaim": {
-                "claimName": model_volume["persistentVolumeClaim"]["claimName"],
-                "readOnly": True}}
+    model_volume = spec.model.volume
+    if model_volume is not None:
+        if model_volume.claim_name is not None:
+            source = {"persistentVolumeClaim": {"claimName": model_volume.claim_name,
+                                                "readOnly": True}}
         else:
-            source = {"hostPath": {"path": model_volume["hostPath"]["path"],
-                                   "type": "Directory"}}
+            source = {"hostPath": {"path": model_volume.host_path, "type": "Directory"}}
         volumes.append({"name": "model", **source})
-        mounts.append({"name": "model", "readOnly": True,
-                       "mountPath": model_volume.get("mountPath", DEFAULT_MOUNT_PATH)})
-    if hub_uri(spec) is not None:
-        claim = cache_claim(spec)
+        mounts.append({"name": "model", "readOnly": True, "mountPath": model_volume.mount_path})
+    if spec.model.uri is not None:
+        claim = spec.model.cache_claim
         if claim is not None:  # shared by replicas and restarts: fetch finds it done
             volumes.append({"name": "model-cache", "persistentVolumeClaim": {"claimName": claim}})
         else:
@@ -154,55 +140,55 @@ def _cache_mount(read_only: bool) -> dict[str, Any]:
     return {"name": "model-cache", "mountPath": CACHE_DIR, "readOnly": read_only}
 
 
-def _hub_env(spec: dict[str, Any]) -> list[dict[str, Any]]:
+def _hub_env(spec: ServiceSpec) -> list[dict[str, Any]]:
     """The env of the containers that talk to the hub (preflight, fetch): the token as a
     Secret reference (never a value in the pod spec or the args), and a mirror."""
-    model = spec["model"]
     env: list[dict[str, Any]] = []
-    if "tokenSecretRef" in model:
-        ref = model["tokenSecretRef"]
+    if spec.model.token_secret is not None:
+        name, key = spec.model.token_secret
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": ref["name"], "key": ref["key"]}}})
-    if "endpoint" in model:
-        env.append({"name": "HF_ENDPOINT", "value": model["endpoint"]})
+            "name": name, "key": key}}})
+    if spec.model.endpoint is not None:
+        env.append({"name": "HF_ENDPOINT", "value": spec.model.endpoint})
     return env
 
 
-def _with_env(container: dict[str, Any], spec: dict[str, Any],
+def _with_env(container: dict[str, Any], spec: ServiceSpec,
               ours: list[dict[str, Any]]) -> dict[str, Any]:
     """The user's env and envFrom, then ours; ours win over the same names."""
     names = {var["name"] for var in ours}
-    env = [copy.deepcopy(var) for var in spec.get("env") or [] if var["name"] not in names]
+    env = [copy.deepcopy(var) for var in spec.env if var["name"] not in names]
     env += ours
     if env:
         container["env"] = env
-    if spec.get("envFrom"):
-        container["envFrom"] = copy.deepcopy(spec["envFrom"])
+    if spec.env_from:
+        container["envFrom"] = copy.deepcopy(spec.env_from)
     return container
 
 
-def _placement(spec: dict[str, Any]) -> dict[str, Any]:
+def _placement(spec: ServiceSpec) -> dict[str, Any]:
     """The pod's placement fields, as the spec writes them; the GPU toleration by default."""
-    out = {field: copy.deepcopy(spec[field]) for field in _POD_FIELDS if field in spec}
-    if "tolerations" in spec:  # given, even empty: the user's choice
-        out["tolerations"] = copy.deepcopy(spec["tolerations"])
-    elif spec.get("gpus", 1) > 0:
+    out = copy.deepcopy(spec.pod_fields)
+    if spec.tolerations is not None:  # given, even empty: the user's choice
+        out["tolerations"] = copy.deepcopy(spec.tolerations)
+    elif spec.gpus > 0:
         out["tolerations"] = [dict(GPU_TOLERATION)]
     return out
 
 
-def render_pod_spec(spec: dict[str, Any], *, default_image: str = DEFAULT_IMAGE,
+def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = DEFAULT_IMAGE,
                     download_bytes: int | None = None) -> dict[str, Any]:
     """The pod: init containers ``preflight`` (and ``fetch`` for a hub model), then
     ``engine``. ``download_bytes`` is the hub model's download size, needed (and only
     used) when it is cached in an emptyDir. Raises BadInput for a spec that can never work."""
-    flags = engine_flags(spec)
-    uri = hub_uri(spec)
-    port = spec.get("port", DEFAULT_PORT)
-    image = spec.get("image") or default_image
+    spec = as_spec(spec)
+    flags = spec.engine.to_flags()
+    uri = spec.model.uri
+    port = spec.port
+    image = spec.image or default_image
     volumes, mounts = _volumes(spec, download_bytes)
     gpu_limits = _gpu_limits(spec)
-    engine_resources = {key: dict(value) for key, value in (spec.get("resources") or {}).items()}
+    engine_resources = {key: dict(value) for key, value in spec.resources.items()}
     if gpu_limits:
         engine_resources.setdefault("limits", {}).update(gpu_limits)
     hub_env = _hub_env(spec) if uri is not None else []
@@ -234,7 +220,7 @@ def render_pod_spec(spec: dict[str, Any], *, default_image: str = DEFAULT_IMAGE,
             "terminationMessagePolicy": "FallbackToLogsOnError",
             # CPU and host memory as the others (for quotas); a download needs no GPU.
             "resources": {key: {k: v for k, v in value.items() if k != GPU_RESOURCE}
-                          for key, value in (spec.get("resources") or {}).items()},
+                          for key, value in spec.resources.items()},
             "volumeMounts": [_tmp_mount(), _cache_mount(read_only=False)],
             "securityContext": _container_security(),
         }, spec, hub_env))
@@ -243,7 +229,7 @@ def render_pod_spec(spec: dict[str, Any], *, default_image: str = DEFAULT_IMAGE,
         "image": image,
         "command": ["kvledger", "serve"],
         "args": [*flags, *download, "--host", "0.0.0.0", "--port", str(port),
-                 *serving_flags(spec)],
+                 *spec.serving_flags()],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": engine_resources,
@@ -277,26 +263,27 @@ def render_pod_spec(spec: dict[str, Any], *, default_image: str = DEFAULT_IMAGE,
     }
 
 
-def render_deployment(name: str, namespace: str, spec: dict[str, Any], *,
+def render_deployment(name: str, namespace: str, spec: ServiceSpec | dict[str, Any], *,
                       default_image: str = DEFAULT_IMAGE,
                       download_bytes: int | None = None) -> dict[str, Any]:
     """The Deployment named as the resource (owner references are added by the caller).
 
-    ``download_bytes``: see ``render_pod_spec`` (``spec.needs_download_size`` says when).
+    ``download_bytes``: see ``render_pod_spec`` (``Model.needs_download_size`` says when).
     The pod template carries ``podLabels`` and ``podAnnotations``; the operator's labels
     win over podLabels of the same key (the selector and the Service depend on them)."""
-    template_meta: dict[str, Any] = {"labels": {**(spec.get("podLabels") or {}), **labels(name)}}
-    if spec.get("podAnnotations"):
-        template_meta["annotations"] = dict(spec["podAnnotations"])
+    spec = as_spec(spec)
+    template_meta: dict[str, Any] = {"labels": {**spec.pod_labels, **labels(name)}}
+    if spec.pod_annotations:
+        template_meta["annotations"] = dict(spec.pod_annotations)
     # With GPUs, a surge pod would wait for a GPU the old pod holds: replace in place.
     strategy = ({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
-                if spec.get("gpus", 1) > 0 else {"type": "RollingUpdate"})
+                if spec.gpus > 0 else {"type": "RollingUpdate"})
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
         "spec": {
-            "replicas": spec.get("replicas", 1),
+            "replicas": spec.replicas,
             "selector": {"matchLabels": selector_labels(name)},
             "strategy": strategy,
             "template": {
@@ -308,8 +295,9 @@ def render_deployment(name: str, namespace: str, spec: dict[str, Any], *,
     }
 
 
-def render_service(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
-    port = spec.get("port", DEFAULT_PORT)
+def render_service(name: str, namespace: str,
+                   spec: ServiceSpec | dict[str, Any]) -> dict[str, Any]:
+    port = as_spec(spec).port
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -322,5 +310,5 @@ def render_service(name: str, namespace: str, spec: dict[str, Any]) -> dict[str,
     }
 
 
-def endpoint(name: str, namespace: str, spec: dict[str, Any]) -> str:
-    return f"http://{name}.{namespace}.svc.cluster.local:{spec.get('port', DEFAULT_PORT)}"
+def endpoint(name: str, namespace: str, port: int) -> str:
+    return f"http://{name}.{namespace}.svc.cluster.local:{port}"

@@ -1,35 +1,38 @@
-"""From an InferenceService spec to the engine's flags: the seam between operator and pod.
+"""An InferenceService spec, parsed once into a frozen value: the seam between operator and pod.
 
-The init container (``kvledger preflight``), the engine container (``kvledger serve``)
-and ``kvledger run`` all get their flags from ``engine_config`` here, so the plan the
-pre-flight approves is the plan the engine runs.
+``parse_spec`` checks the CRD's rules (``spec_rules``), takes the CRD's defaults
+(``resource``) and builds the engine's flags, so the handlers parse a resource once per
+read and hand the value to the pure renderers and the status logic. The init container
+(``kvledger preflight``), the engine container (``kvledger serve``) and ``kvledger run``
+all get their flags from ``ServiceSpec.engine``, so the plan the pre-flight approves is
+the plan the engine runs.
 """
 
 from __future__ import annotations
 
-import math
+import copy
 import posixpath
-import re
-from dataclasses import dataclass
-from decimal import Decimal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
 from kvledger.engine.config import EngineConfig, parse_size
 from kvledger.engine.errors import BadInput
-from kvledger.operator.crd import (
+from kvledger.operator.quantity import quantity_bytes, target_value
+from kvledger.operator.resource import (
     AUTOSCALING_METRICS,
     AUTOSCALING_PROVIDERS,
+    DEFAULT_GPUS,
+    DEFAULT_MAX_QUEUE_WAIT_S,
+    DEFAULT_MIN_REPLICAS,
     DEFAULT_MOUNT_PATH,
+    DEFAULT_PORT,
+    DEFAULT_REPLICAS,
     DEFAULT_SHUTDOWN_GRACE_S,
-    GPUS_MESSAGE,
-    MIN_MAX_MESSAGE,
-    MIN_REPLICAS_MESSAGE,
-    PROMETHEUS_MESSAGE,
-    RATIO_MESSAGE,
-    TARGET_PATTERN,
-    TARGET_POSITIVE_MESSAGE,
+    DEFAULT_TARGETS,
 )
+from kvledger.operator.spec_rules import check_rules
 
 # spec.engine / spec.memory field -> EngineConfig field
 _ENGINE_FIELDS = {
@@ -47,60 +50,38 @@ _MEMORY_FIELDS = {
     "gpuMemoryUtilization": "gpu_memory_utilization",
     "numGpuBlocksOverride": "num_gpu_blocks_override",
 }
+# The pod's fields the spec passes through as Kubernetes writes them.
+POD_FIELDS = ("nodeSelector", "affinity", "priorityClassName", "runtimeClassName",
+              "imagePullSecrets", "serviceAccountName")
 
 
-def shutdown_grace_s(spec: dict[str, Any]) -> int:
-    """How long the engine lets in-flight requests run after SIGTERM (``--shutdown-grace``)."""
-    return spec.get("shutdownGraceSeconds", DEFAULT_SHUTDOWN_GRACE_S)
+@dataclass(frozen=True)
+class ModelVolume:
+    """``spec.model.volume``: exactly one of a claim and a host folder, and its mount."""
+
+    claim_name: str | None
+    host_path: str | None
+    mount_path: str
 
 
-def serving_flags(spec: dict[str, Any]) -> list[str]:
-    """``serve``'s own flags (the pod's and ``kvledger run``'s): the SIGTERM drain, and how
-    long a request may queue for a reservation before its 429 (0: none queue)."""
-    return ["--shutdown-grace", str(shutdown_grace_s(spec)),
-            "--max-queue-wait", str(spec.get("maxQueueWaitSeconds", 0))]
+@dataclass(frozen=True)
+class Model:
+    """``spec.model``: a checkpoint directory as the pod sees it (``path``) or a hub
+    model (``uri``, with its token's Secret key, its mirror and its cache's claim)."""
 
+    path: str | None
+    uri: str | None
+    name: str | None
+    volume: ModelVolume | None
+    token_secret: tuple[str, str] | None  # (Secret name, key)
+    endpoint: str | None
+    cache_claim: str | None  # None: an emptyDir sized from the download
 
-def check_rules(spec: dict[str, Any]) -> None:
-    """The CRD's cross-field (CEL) rules, for API servers and ``kvledger run`` that skip them."""
-    if spec.get("gpus", 1) > 1:
-        raise BadInput(GPUS_MESSAGE)
-    engine = spec.get("engine") or {}
-    if "maxNumBatchedTokens" in engine and "maxNumSeqs" in engine \
-            and engine["maxNumBatchedTokens"] < engine["maxNumSeqs"]:
-        raise BadInput("maxNumBatchedTokens must be at least maxNumSeqs (every running sequence decodes one token per step)")
-    model = spec.get("model") or {}
-    if ("path" in model) == ("uri" in model):
-        raise BadInput("set exactly one of model.path and model.uri")
-    if ".." in model.get("path", "").split("/"):
-        raise BadInput("model.path must not contain a '..' segment")
-    volume = model.get("volume")
-    if volume is not None:
-        if ("persistentVolumeClaim" in volume) == ("hostPath" in volume):
-            raise BadInput("set exactly one of persistentVolumeClaim and hostPath")
-        if "uri" in model:
-            raise BadInput("model.volume holds a model.path checkpoint; a model.uri is "
-                           "downloaded into model.cache")
-        mount = volume.get("mountPath", DEFAULT_MOUNT_PATH)
-        path = model.get("path", "")
-        if path != mount and not path.startswith(mount.rstrip("/") + "/"):
-            raise BadInput("model.path must lie under model.volume.mountPath")
-    if "uri" not in model and {"tokenSecretRef", "endpoint", "cache"} & model.keys():
-        raise BadInput("model.tokenSecretRef, model.endpoint and model.cache apply to a "
-                       "model.uri only")
-    for toleration in spec.get("tolerations") or []:
-        _check_toleration(toleration)
-    for var in spec.get("env") or []:
-        if "value" in var and "valueFrom" in var:
-            raise BadInput("an env var takes value or valueFrom, not both")
-    for source in spec.get("envFrom") or []:
-        if ("configMapRef" in source) == ("secretRef" in source):
-            raise BadInput("an envFrom entry takes exactly one of configMapRef and secretRef")
-    autoscaling(spec)
-
-
-# The per-pod target each metric holds when spec.autoscaling.target is not given.
-DEFAULT_TARGETS = {"kvReservedRatio": "0.8", "requestsWaiting": "4", "rejectionRate": "1"}
+    @property
+    def needs_download_size(self) -> bool:
+        """Whether rendering the pod needs the hub model's download size: an emptyDir
+        cache is sized from it; a claim has its own size."""
+        return self.uri is not None and self.cache_claim is None
 
 
 @dataclass(frozen=True)
@@ -115,91 +96,104 @@ class Autoscaling:
     server_address: str | None
 
 
-def autoscaling(spec: dict[str, Any]) -> Autoscaling | None:
-    """``spec.autoscaling`` with the CRD's defaults, or None without it. Raises BadInput for
-    what the CRD's rules refuse (the same words), and a target the metric cannot reach."""
-    scaling = spec.get("autoscaling")
-    if scaling is None:
-        return None
-    metric = scaling.get("metric", AUTOSCALING_METRICS[0])
-    provider = scaling.get("provider", AUTOSCALING_PROVIDERS[0])
-    if metric not in AUTOSCALING_METRICS or provider not in AUTOSCALING_PROVIDERS:
-        raise BadInput(f"autoscaling: unknown metric {metric!r} or provider {provider!r}")
-    low, high = scaling.get("minReplicas", 1), scaling.get("maxReplicas")
-    if not isinstance(high, int) or high < 1 or not isinstance(low, int) or low < 0:
-        raise BadInput("autoscaling.maxReplicas must be at least 1 and minReplicas at least 0")
-    if low > high:
-        raise BadInput(MIN_MAX_MESSAGE)
-    if low == 0 and provider != "keda":
-        raise BadInput(MIN_REPLICAS_MESSAGE)
-    if "prometheus" in scaling and provider != "keda":
-        raise BadInput(PROMETHEUS_MESSAGE)
-    target = target_value(scaling.get("target", DEFAULT_TARGETS[metric]))
-    if metric == "kvReservedRatio" and target > 1:
-        raise BadInput(RATIO_MESSAGE)
-    return Autoscaling(min_replicas=low, max_replicas=high, metric=metric, target=target,
-                       provider=provider,
-                       server_address=(scaling.get("prometheus") or {}).get("serverAddress"))
+@dataclass(frozen=True)
+class ServiceSpec:
+    """A spec that can work, its defaults taken. The pod's own objects (resources,
+    placement, env) are Kubernetes', copied as written; renderers copy them again."""
+
+    model: Model
+    engine: EngineConfig  # both containers' flags, for the pod's device
+    gpus: int = DEFAULT_GPUS
+    replicas: int = DEFAULT_REPLICAS
+    port: int = DEFAULT_PORT
+    shutdown_grace_s: int = DEFAULT_SHUTDOWN_GRACE_S
+    max_queue_wait_s: int = DEFAULT_MAX_QUEUE_WAIT_S
+    image: str | None = None
+    autoscaling: Autoscaling | None = None
+    # spec.resources.limits.memory in bytes: the engine container's cgroup limit.
+    container_memory_limit_bytes: int | None = None
+    resources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pod_fields: dict[str, Any] = field(default_factory=dict)  # POD_FIELDS that are set
+    tolerations: list[dict[str, Any]] | None = None  # None: not given (a GPU default)
+    env: list[dict[str, Any]] = field(default_factory=list)
+    env_from: list[dict[str, Any]] = field(default_factory=list)
+    pod_annotations: dict[str, str] = field(default_factory=dict)
+    pod_labels: dict[str, str] = field(default_factory=dict)
+
+    def serving_flags(self) -> list[str]:
+        """``serve``'s own flags (the pod's and ``kvledger run``'s): the SIGTERM drain, and
+        how long a request may queue for a reservation before its 429 (0: none queue)."""
+        return ["--shutdown-grace", str(self.shutdown_grace_s),
+                "--max-queue-wait", str(self.max_queue_wait_s)]
 
 
-def target_value(value: Any) -> Fraction:
-    """The exact number an autoscaling target names: ``4``, ``"0.8"``, ``"800m"``."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = str(value)
-    if not isinstance(value, str) or not re.fullmatch(TARGET_PATTERN, value):
-        raise BadInput(f"autoscaling.target: {value!r} is not a whole number, a decimal or "
-                       "thousandths (4, \"0.8\", \"800m\")")
-    number = (Fraction(int(value[:-1]), 1000) if value.endswith("m")
-              else Fraction(Decimal(value)))
-    if number <= 0:
-        raise BadInput(TARGET_POSITIVE_MESSAGE)
-    return number
+def cluster_device(gpus: int) -> str:
+    """In a pod the device is explicit: CUDA when GPUs are requested, else the CPU."""
+    return "cuda" if gpus > 0 else "cpu"
 
 
-def _check_toleration(toleration: dict[str, Any]) -> None:
-    operator = toleration.get("operator")
-    if not toleration.get("key") and operator != "Exists":
-        raise BadInput("a toleration without a key must have operator Exists")
-    if operator == "Exists" and toleration.get("value"):
-        raise BadInput("a toleration with operator Exists takes no value")
-    if "tolerationSeconds" in toleration and toleration.get("effect") != "NoExecute":
-        raise BadInput("tolerationSeconds applies to effect NoExecute only")
+def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
+    """The spec as a frozen value. Raises BadInput (one line) for a spec that can never
+    work: what the CRD's schema or rules refuse, and flags the engine refuses."""
+    scaling = _autoscaling(raw.get("autoscaling"))  # its field checks come before its rules
+    check_rules(raw)
+    model = _model(raw.get("model") or {})
+    gpus = raw.get("gpus", DEFAULT_GPUS)
+    limits = (raw.get("resources") or {}).get("limits") or {}
+    return ServiceSpec(
+        model=model,
+        engine=_engine_config(raw, model, cluster_device(gpus)),
+        gpus=gpus,
+        replicas=raw.get("replicas", DEFAULT_REPLICAS),
+        port=raw.get("port", DEFAULT_PORT),
+        shutdown_grace_s=raw.get("shutdownGraceSeconds", DEFAULT_SHUTDOWN_GRACE_S),
+        max_queue_wait_s=raw.get("maxQueueWaitSeconds", DEFAULT_MAX_QUEUE_WAIT_S),
+        image=raw.get("image") or None,
+        autoscaling=scaling,
+        container_memory_limit_bytes=(quantity_bytes("spec.resources.limits.memory",
+                                                     limits["memory"])
+                                      if "memory" in limits else None),
+        resources=copy.deepcopy(dict(raw.get("resources") or {})),
+        pod_fields={name: copy.deepcopy(raw[name]) for name in POD_FIELDS if name in raw},
+        tolerations=copy.deepcopy(raw["tolerations"]) if "tolerations" in raw else None,
+        env=copy.deepcopy(list(raw.get("env") or [])),
+        env_from=copy.deepcopy(list(raw.get("envFrom") or [])),
+        pod_annotations=dict(raw.get("podAnnotations") or {}),
+        pod_labels=dict(raw.get("podLabels") or {}),
+    )
 
 
-def hub_uri(spec: dict[str, Any]) -> str | None:
-    """``spec.model.uri`` (``hf://ORG/NAME[@REVISION]``), or None for a checkpoint directory."""
-    return (spec.get("model") or {}).get("uri")
+def as_spec(spec: ServiceSpec | Mapping[str, Any]) -> ServiceSpec:
+    """``spec`` parsed (``parse_spec``) unless it already is: the renderers' entry points
+    take either, for callers that hold a manifest's spec (scripts, tests)."""
+    return spec if isinstance(spec, ServiceSpec) else parse_spec(spec)
 
 
-def cache_claim(spec: dict[str, Any]) -> str | None:
-    """The claim a hub model is downloaded into (``spec.model.cache``), or None: an emptyDir."""
-    cache = (spec.get("model") or {}).get("cache") or {}
-    return (cache.get("persistentVolumeClaim") or {}).get("claimName")
+def _model(model: Mapping[str, Any]) -> Model:
+    volume = model.get("volume")
+    secret = model.get("tokenSecretRef")
+    return Model(
+        path=model.get("path"), uri=model.get("uri"), name=model.get("name"),
+        volume=None if volume is None else ModelVolume(
+            claim_name=(volume.get("persistentVolumeClaim") or {}).get("claimName"),
+            host_path=(volume.get("hostPath") or {}).get("path"),
+            mount_path=volume.get("mountPath", DEFAULT_MOUNT_PATH)),
+        token_secret=None if secret is None else (secret["name"], secret["key"]),
+        endpoint=model.get("endpoint"),
+        cache_claim=((model.get("cache") or {}).get("persistentVolumeClaim") or {})
+        .get("claimName"))
 
 
-def needs_download_size(spec: dict[str, Any]) -> bool:
-    """Whether rendering the pod needs the hub model's download size: an emptyDir cache is
-    sized from it; a claim has its own size."""
-    return hub_uri(spec) is not None and cache_claim(spec) is None
-
-
-def engine_config(spec: dict[str, Any], *, model_path: str | None = None,
-                  device: str = "auto",
-                  container_memory_limit_bytes: int | None = None) -> EngineConfig:
-    """The engine flags a spec declares. Raises BadInput for a spec that can never work."""
-    check_rules(spec)
-    model = spec.get("model") or {}
-    path = model.get("path")
+def _engine_config(raw: Mapping[str, Any], model: Model, device: str) -> EngineConfig:
     values: dict[str, Any] = {
-        "model": model_path or (posixpath.normpath(path) if path else model.get("uri", "")),
-        "served_model_name": model.get("name"),
+        "model": posixpath.normpath(model.path) if model.path else (model.uri or ""),
+        "served_model_name": model.name,
         "device": device,
-        "container_memory_limit_bytes": container_memory_limit_bytes,
     }
-    engine = spec.get("engine") or {}
+    engine = raw.get("engine") or {}
     values.update({ours: engine[theirs] for theirs, ours in _ENGINE_FIELDS.items()
                    if theirs in engine})
-    memory = spec.get("memory") or {}
+    memory = raw.get("memory") or {}
     values.update({ours: memory[theirs] for theirs, ours in _MEMORY_FIELDS.items()
                    if theirs in memory})
     if "limit" in memory:
@@ -213,79 +207,46 @@ def engine_config(spec: dict[str, Any], *, model_path: str | None = None,
         raise BadInput(f"invalid spec: {exc}") from None
 
 
-def _positive_size(field: str, value: Any) -> int:
+def _positive_size(field_name: str, value: Any) -> int:
     size = parse_size(value)
     if size <= 0:
-        raise BadInput(f"{field} must be more than 0 bytes, got {value!r}")
+        raise BadInput(f"{field_name} must be more than 0 bytes, got {value!r}")
     return size
 
 
-# A Kubernetes quantity (k8s.io/apimachinery resource.Quantity): a signed decimal number,
-# then a binary (Ki..Ei) or decimal (n, u, m, "", k, M..E) suffix or an exponent (e3, E-2).
-_QUANTITY_RE = re.compile(r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
-                          r"([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?")
-_QUANTITY_SCALE = {
-    **{unit: 2 ** (10 * (i + 1)) for i, unit in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-    **{unit: Fraction(10) ** exp for unit, exp in (("n", -9), ("u", -6), ("m", -3), ("", 0),
-                                                    ("k", 3), ("M", 6), ("G", 9), ("T", 12),
-                                                    ("P", 15), ("E", 18))},
-}
-
-
-def quantity_bytes(field: str, value: Any) -> int:
-    """Bytes in a Kubernetes memory quantity (``2Gi``, ``2G``, ``2000M``, ``512Mi``,
-    ``1e9``, ``1500m``, plain bytes), rounded up to a whole byte as Kubernetes does.
-    Raises BadInput naming ``field`` for anything else, or for no bytes at all."""
-    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-    match = _QUANTITY_RE.fullmatch(text) if isinstance(text, str) else None
-    if match is None:
-        raise BadInput(f"{field}: {value!r} is not a Kubernetes quantity "
-                       "(e.g. 2Gi, 2G, 2000M, 512Mi or plain bytes)")
-    sign, number, suffix = match.group(1), match.group(2), match.group(3) or ""
-    if suffix[:1] in ("e", "E") and len(suffix) > 1:
-        exponent = int(suffix[1:])
-        if abs(exponent) > 30:  # beyond any machine's memory (and Kubernetes' int64)
-            raise BadInput(f"{field}: {value!r} is out of range")
-        scale = Fraction(10) ** exponent
-    else:
-        scale = _QUANTITY_SCALE[suffix]
-    size = math.ceil(Fraction(Decimal(number)) * scale)
-    if sign == "-" or size <= 0:
-        raise BadInput(f"{field} must be more than 0 bytes, got {value!r}")
-    return size
-
-
-def container_memory_limit(spec: dict[str, Any]) -> int | None:
-    """The engine container's memory limit in bytes (``spec.resources.limits.memory``), the
-    cgroup limit its host memory reads are capped by in a pod; None when unset."""
-    limits = (spec.get("resources") or {}).get("limits") or {}
-    if "memory" not in limits:
+def _autoscaling(scaling: Mapping[str, Any] | None) -> Autoscaling | None:
+    """``spec.autoscaling`` with the CRD's defaults, or None without it. Raises BadInput for
+    fields the schema refuses; its cross-field rules are ``spec_rules``'."""
+    if scaling is None:
         return None
-    return quantity_bytes("spec.resources.limits.memory", limits["memory"])
+    metric = scaling.get("metric", AUTOSCALING_METRICS[0])
+    provider = scaling.get("provider", AUTOSCALING_PROVIDERS[0])
+    if metric not in AUTOSCALING_METRICS or provider not in AUTOSCALING_PROVIDERS:
+        raise BadInput(f"autoscaling: unknown metric {metric!r} or provider {provider!r}")
+    low, high = scaling.get("minReplicas", DEFAULT_MIN_REPLICAS), scaling.get("maxReplicas")
+    if not isinstance(high, int) or high < 1 or not isinstance(low, int) or low < 0:
+        raise BadInput("autoscaling.maxReplicas must be at least 1 and minReplicas at least 0")
+    return Autoscaling(min_replicas=low, max_replicas=high, metric=metric,
+                       target=target_value(scaling.get("target", DEFAULT_TARGETS[metric])),
+                       provider=provider,
+                       server_address=(scaling.get("prometheus") or {}).get("serverAddress"))
 
 
-def cluster_device(spec: dict[str, Any]) -> str:
-    """In a pod the device is explicit: CUDA when GPUs are requested, else the CPU."""
-    return "cuda" if spec.get("gpus", 1) > 0 else "cpu"
-
-
-def local_model_path(spec: dict[str, Any]) -> str:
+def local_model_path(spec: ServiceSpec | Mapping[str, Any]) -> str:
     """Where ``spec.model.path`` is on this machine, mapped the way the kubelet mounts it
     (a ``spec.model.uri`` is returned as it is).
 
     With a ``hostPath`` volume, the pod sees ``hostPath.path`` at ``mountPath``, so
     ``mountPath/x`` is ``hostPath.path/x`` here. Without a volume, or with a PVC (which has
     no meaning off the cluster), the path is taken as a local path. Paths are normalised
-    (``/models/./m/`` is ``/models/m``); ``check_rules`` refuses a ``..`` segment.
+    (``/models/./m/`` is ``/models/m``); the rules refuse a ``..`` segment.
     """
-    model = spec["model"]
-    if "path" not in model:
-        return model["uri"]  # the engine downloads it into its own cache
-    path = posixpath.normpath(model["path"])
-    volume = model.get("volume") or {}
-    host = (volume.get("hostPath") or {}).get("path")
-    if host is None:
+    model = as_spec(spec).model
+    if model.path is None:
+        return model.uri or ""  # the engine downloads it into its own cache
+    path = posixpath.normpath(model.path)
+    if model.volume is None or model.volume.host_path is None:
         return path
-    mount = posixpath.normpath(volume.get("mountPath", DEFAULT_MOUNT_PATH))
-    relative = posixpath.relpath(path, mount)
+    relative = posixpath.relpath(path, posixpath.normpath(model.volume.mount_path))
+    host = model.volume.host_path
     return host if relative == "." else posixpath.join(host, relative)

@@ -8,12 +8,11 @@ while a hub model's download size cannot be had.
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
 
 from kvledger.engine.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT
-from kvledger.operator.spec import hub_uri, needs_download_size
+from kvledger.engine.planner.report import PLAN_LINE_PREFIX, format_size, read_plan_line
+from kvledger.operator.spec import ServiceSpec, as_spec
 
 MEMORY_BUDGET = "MemoryBudget"
 READY = "Ready"
@@ -23,46 +22,14 @@ IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
 WARNING_REASONS = {"DoesNotFit", "PreflightBadInput", "PreflightFailed", "InvalidSpec",
                    "OOMKilled", "EngineCrashLoop", "ImagePullFailed", "Unschedulable",
                    "FetchFailed", "ModelUnavailable"}
-# The pre-flight report (engine/planner/report.py): a headline, then one row per class.
-_HEADLINE_RE = re.compile(r"^(?:fits|error): engine requires ([\d.]+ \w+), limit is ([\d.]+ \w+)"
-                          r"(?: \((?:([\d.]+ \w+) to spare|short by ([\d.]+ \w+))\))?")
-_CLASS_ROWS = {"weights": "weights", "activations": "activations", "KV cache": "kvCache",
-               "cuda graphs": "cudaGraphs", "cuda context": "context",
-               "runtime context": "context"}
-_ROW_RE = re.compile(r"^\s+(" + "|".join(_CLASS_ROWS) + r")\s+([\d.]+ \w+)")
-_POOL_RE = re.compile(r"^\s+KV pool: (\d+) blocks x (\d+) tokens")
-_UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
+NO_FIGURES = (f"(no plan figures: the pre-flight's message has no {PLAN_LINE_PREFIX.strip()} "
+              "line; is its image older than the operator's?)")
 
 
-def human_bytes(n: int) -> str:
-    value = float(n)
-    for unit in _UNITS:
-        if abs(value) < 1024 or unit == _UNITS[-1]:
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def parse_report(message: str) -> tuple[str, dict[str, Any] | None]:
-    """(first line, plan JSON if the message carries one) of a pre-flight termination message."""
-    text = (message or "").strip()
-    plan = None
-    for candidate in (text, *text.splitlines()):
-        candidate = candidate.strip()
-        if candidate.startswith("{"):
-            try:
-                parsed = json.loads(candidate)
-            except ValueError:
-                continue
-            if isinstance(parsed, dict) and "fits" in parsed:
-                plan = parsed
-                break
-    first_line = "" if text.startswith("{") else (text.splitlines() or [""])[0]
-    return first_line, plan
-
-
-def plan_status(plan: dict[str, Any]) -> dict[str, Any]:
-    """The plan JSON's numbers in camelCase, plus human sizes for the printer columns."""
+def plan_status(figures: dict[str, Any]) -> dict[str, Any]:
+    """The plan's figures (the pre-flight's plan line) in camelCase, plus human sizes for
+    the printer columns and a reader: ``required``, ``limit``, and ``spare`` or ``shortBy``,
+    written as the report writes them."""
     def camel(key: str) -> str:
         head, *rest = key.split("_")
         return head + "".join(part.capitalize() for part in rest)
@@ -74,36 +41,31 @@ def plan_status(plan: dict[str, Any]) -> dict[str, Any]:
             return [convert(v) for v in value]
         return value
 
-    out = convert(plan)
-    if isinstance(plan.get("required_bytes"), int):
-        out["required"] = human_bytes(plan["required_bytes"])
-    if isinstance(plan.get("limit_bytes"), int):
-        out["limit"] = human_bytes(plan["limit_bytes"])
+    out = convert(figures)
+    sizes = {"required": figures.get("required_bytes"), "limit": figures.get("limit_bytes")}
+    if figures.get("fits") and isinstance(sizes["required"], int) \
+            and isinstance(sizes["limit"], int):
+        sizes["spare"] = sizes["limit"] - sizes["required"]
+    if figures.get("short_by_bytes"):
+        sizes["shortBy"] = figures["short_by_bytes"]
+    out.update({key: format_size(n) for key, n in sizes.items() if isinstance(n, int)})
     return out
 
 
-def report_plan(report: str, fits: bool) -> dict[str, Any]:
-    """The printer-column sizes and per-class sizes a pre-flight report shows.
+def read_message(message: str, fits: bool) -> tuple[str, dict[str, Any]]:
+    """(the ``MemoryBudget`` message, ``status.plan``) of a pre-flight's termination message
+    (or log): the plan comes from its plan line, never from the report's words.
 
-    The termination message is the human report (at most 4096 bytes), not the plan JSON,
-    so sizes are the report's rounded ones (``required``, ``limit``, ``classes``).
-    """
-    out: dict[str, Any] = {"fits": fits}
-    classes: dict[str, str] = {}
-    for line in report.splitlines():
-        if (match := _HEADLINE_RE.match(line)) is not None:
-            out["required"], out["limit"] = match.group(1), match.group(2)
-            if match.group(3):
-                out["spare"] = match.group(3)
-            if match.group(4):
-                out["shortBy"] = match.group(4)
-        elif (match := _ROW_RE.match(line)) is not None:
-            classes[_CLASS_ROWS[match.group(1)]] = match.group(2)
-        elif (match := _POOL_RE.match(line)) is not None:
-            out["kv"] = {"numBlocks": int(match.group(1)), "blockSize": int(match.group(2))}
-    if classes:
-        out["classes"] = classes
-    return out
+    The condition's message is the report for a refusal, its headline for a plan that fits.
+    Without a plan line (an older image), ``status.plan`` is ``fits`` alone and the message
+    says the figures are missing."""
+    report, figures = read_plan_line(message)
+    report = report.strip()
+    said = report if not fits else (report.splitlines() or ["the plan fits"])[0]
+    if figures is not None:
+        return said, plan_status(figures)
+    separator = " " if fits else "\n"  # a headline stays one line
+    return f"{said}{separator}{NO_FIGURES}".strip(), {"fits": fits}
 
 
 def _terminated(container: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -197,7 +159,8 @@ def find_condition(conditions: list[dict[str, Any]], kind: str) -> dict[str, Any
     return next((c for c in conditions if c.get("type") == kind), None)
 
 
-def compute_status(*, spec: dict[str, Any], generation: int | None, old: dict[str, Any],
+def compute_status(*, spec: ServiceSpec | dict[str, Any] | None, generation: int | None,
+                   old: dict[str, Any],
                    pods: list[dict[str, Any]], spec_error: str | None,
                    endpoint: str, now: str, model: dict[str, Any] | None = None,
                    model_error: str | None = None, replicas: int = 0,
@@ -205,7 +168,8 @@ def compute_status(*, spec: dict[str, Any], generation: int | None, old: dict[st
     """The whole desired status from the pods' statuses (level-based: history-free).
 
     ``old`` is the current status (for transition times and what pods no longer show);
-    ``spec_error`` is set when the spec can never work. For a hub model cached in an
+    ``spec`` is the parsed spec (or a spec dict, parsed here), and ``spec_error`` is set
+    instead when the spec can never work. For a hub model cached in an
     emptyDir, ``model`` is its download size just had (``status.model``, else the old one)
     and ``model_error`` why it could not be had: until ``status.model`` holds the spec's
     uri, ``Ready`` stays ``ModelUnavailable`` once it is.
@@ -233,45 +197,46 @@ def compute_status(*, spec: dict[str, Any], generation: int | None, old: dict[st
         status.update(conditions=conditions, readyReplicas=0)
         return status
 
+    spec = as_spec(spec)
     outcomes = [o for o in (preflight_outcome(p) for p in pods) if o is not None]
     refusal = next((o for o in outcomes if o[0] != "Fits"), None)
     approval = next((o for o in outcomes if o[0] == "Fits"), None)
     if refusal is not None:
-        _, plan = parse_report(refusal[1])
-        set_condition(MEMORY_BUDGET, "False", refusal[0], refusal[1])
-        if refusal[0] == "DoesNotFit":
-            status["plan"] = plan_status(plan) if plan else report_plan(refusal[1], False)
+        reason, refused = refusal
+        if reason == "DoesNotFit":
+            refused, status["plan"] = read_message(refused, fits=False)
+        set_condition(MEMORY_BUDGET, "False", reason, refused)
     elif approval is not None:
-        first_line, plan = parse_report(approval[1])
-        set_condition(MEMORY_BUDGET, "True", "Fits", first_line or "the plan fits")
-        status["plan"] = plan_status(plan) if plan else report_plan(approval[1], True)
+        headline, status["plan"] = read_message(approval[1], fits=True)
+        set_condition(MEMORY_BUDGET, "True", "Fits", headline)
     elif find_condition(conditions, MEMORY_BUDGET) is None:
         set_condition(MEMORY_BUDGET, "Unknown", "Pending", "waiting for the pre-flight to run")
     if "plan" not in status and old.get("plan"):
         status["plan"] = old["plan"]
 
     record = model or old.get("model")
-    if hub_uri(spec) is None:
+    uri = spec.model.uri
+    if uri is None:
         if "model" in old:
             status["model"] = None  # no hub model any more: the merge patch removes it
     elif record:
         status["model"] = record
     model_problem = None
-    if needs_download_size(spec):
+    if spec.model.needs_download_size:
         before = find_condition(conditions, READY) or {}
         if model_error is not None:
             model_problem = model_error
-        elif (record or {}).get("uri") != hub_uri(spec) \
+        elif (record or {}).get("uri") != uri \
                 and before.get("reason") == "ModelUnavailable":
             model_problem = before.get("message", "")  # not had since: still unavailable
 
     ready_count = sum(pod_ready(p) for p in pods)
-    replicas = spec.get("replicas", 1)
+    replicas = spec.replicas
     problem = next((p for p in (pod_problem(pod) for pod in pods) if p is not None), None)
     if model_problem is not None:  # no pod of this spec can exist yet
         set_condition(READY, "False", "ModelUnavailable", model_problem)
     elif refusal is not None:
-        set_condition(READY, "False", refusal[0], refusal[1].splitlines()[0] if refusal[1] else "")
+        set_condition(READY, "False", refusal[0], (refused.splitlines() or [""])[0])
     elif problem is not None:
         set_condition(READY, "False", *problem)
     elif replicas == 0:

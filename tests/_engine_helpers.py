@@ -1,6 +1,6 @@
 """Helpers for the engine tests: a CPU (or KVLEDGER_TEST_DEVICE) engine on a built-in
-model, stepping it until idle, the pool's emptiness, transformers' greedy tokens for the
-same checkpoint, and a schema that is heavy to compile."""
+model, stepping it until idle, the pool's emptiness and evictions, transformers' greedy
+tokens for the same checkpoint, and a schema that is heavy to compile."""
 
 from __future__ import annotations
 
@@ -53,6 +53,12 @@ def drain(engine: LLMEngine, on_step=None) -> dict:
 
 def assert_pool_empty(engine: LLMEngine) -> None:
     assert (engine.ledger.reserved_blocks, engine.ledger.used_blocks) == (0, 0)
+
+
+def evictions(ledger) -> int:
+    """Cached blocks the ledger's pool has evicted: the pool's own counter, which only
+    tests read (no metric or endpoint serves it), so the ledger does not re-export it."""
+    return ledger._pool.num_evictions
 
 
 def heavy_schema(seed: int, objects: int = 120) -> dict:

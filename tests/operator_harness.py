@@ -22,10 +22,18 @@ import kmock
 import kopf
 import yaml
 
-from kvledger.operator.crd import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 from kvledger.operator.kube import KubeApi, object_path
 from kvledger.operator.main import operator_memo
 from kvledger.operator.render import LABEL
+from kvledger.operator.resource import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+)
 
 
 class Emulator(kmock.KubernetesEmulator):

@@ -4,7 +4,8 @@ The worker thread sleeps while the engine has nothing to do and wakes on any new
 or abort. ``generate`` is an async iterator of one request's ``RequestOutput``s; leaving
 it early (client gone, handler cancelled) aborts the request, and the engine then
 releases its reservation. If ``step()`` raises, every live request gets an
-``EngineDeadError`` and its reservation is released here, so no block is ever lost.
+``EngineDeadError`` and the engine releases every reservation it holds
+(``LLMEngine.abort_all``), so no block is ever lost.
 """
 
 from __future__ import annotations
@@ -64,10 +65,6 @@ class AsyncEngine:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self._streams: dict[str, RequestStream] = {}
-        # Every reservation handed to the engine, until the engine reports its request
-        # finished: a stream closed early leaves its abort pending in the engine, and if
-        # the engine dies first, only this still knows the blocks.
-        self._handed: dict[str, Any] = {}
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -106,31 +103,31 @@ class AsyncEngine:
         self._step_s = self._last_step_s
 
     # -- requests --------------------------------------------------------------------
-    def generate(self, request_id: str, prompt_token_ids: list[int], params: Any,
+    def generate(self, request_id: str, prompt: Any, params: Any = None,
                  reservation: Any = None) -> RequestStream:
-        """Add the request now and return the async iterator of its outputs.
+        """Add the request now (``LLMEngine.add_request``: ``prompt`` is token ids with
+        ``params``, or an ``EngineRequest``) and return the async iterator of its outputs;
+        close it (``aclosing``) to abort an unfinished request.
 
-        The request is in the engine when this returns, and from then on the engine owns
-        ``reservation`` (the caller must not release it): close the iterator (``aclosing``)
-        to abort an unfinished request. If ``add_request`` raises (``BadInput``), the
-        reservation is released here and the error propagates.
+        From this call on ``reservation`` is the engine's, the caller must not release it:
+        if this raises (a dead or stopping engine, a duplicate id, a request the engine
+        refuses) it has been released, else the engine releases it when the request
+        finishes or is aborted.
         """
+        refusal = None
         if self.dead is not None:
-            raise EngineDeadError(f"the engine has stopped: {self.dead}")
-        if self._stopping.is_set():
-            raise EngineDeadError("the engine is shutting down")
-        if request_id in self._streams:
-            raise ValueError(f"duplicate request id {request_id!r}")
-        stream = RequestStream(self, request_id)
-        try:
-            self.engine.add_request(request_id, prompt_token_ids, params, reservation=reservation)
-        except BaseException:
-            if reservation is not None:
+            refusal = EngineDeadError(f"the engine has stopped: {self.dead}")
+        elif self._stopping.is_set():
+            refusal = EngineDeadError("the engine is shutting down")
+        elif request_id in self._streams:
+            refusal = ValueError(f"duplicate request id {request_id!r}")
+        if refusal is not None:
+            if reservation is not None:  # refused before the engine saw it
                 self.engine.ledger.release(reservation)
-            raise
+            raise refusal
+        stream = RequestStream(self, request_id)
+        self.engine.add_request(request_id, prompt, params, reservation)  # releases it if refused
         self._streams[request_id] = stream
-        if reservation is not None:
-            self._handed[request_id] = reservation
         self._wake.set()
         return stream
 
@@ -165,8 +162,6 @@ class AsyncEngine:
 
     def _deliver(self, outputs: list[Any]) -> None:
         for output in outputs:
-            if output.finished:  # the engine has released it
-                self._handed.pop(output.request_id, None)
             stream = self._streams.get(output.request_id)
             if stream is not None:
                 stream.queue.put_nowait(output)
@@ -174,16 +169,13 @@ class AsyncEngine:
             self.on_step_outputs(outputs)
 
     def _fail_all(self, exc: BaseException) -> None:
-        """The worker has stopped: release every reservation the engine still held
-        (streams closed with their abort still pending included) and fail every stream."""
+        """The worker has stopped: the engine releases every reservation it still held
+        (streams closed with their abort still pending included); every stream fails."""
         self.dead = exc
         error = EngineDeadError(f"the engine failed: {type(exc).__name__}: {exc}")
-        for reservation in self._handed.values():
-            self.engine.ledger.release(reservation)  # idempotent
-        self._handed.clear()
-        try:  # what the engine reserved itself (requests added without a reservation)
+        try:
             self.engine.abort_all()
-        except Exception:  # a step that raised may have left its queues half-updated
+        except Exception:
             log.exception("releasing the dead engine's requests failed")
         for stream in self._streams.values():
             stream.queue.put_nowait(error)

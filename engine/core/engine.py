@@ -1,5 +1,6 @@
-"""The engine loop: admit requests against the KV ledger, then ``step()`` =
-schedule -> run the model -> sample -> postprocess.
+"""The engine loop: admit requests against the KV ledger (``check_request``, then
+``add_request``, which owns the reservation from then on), then ``step()`` = schedule ->
+run the model -> sample -> postprocess.
 
 ``add_request`` and ``abort_request`` may be called from any thread while ``step()`` runs
 in another: they are queued under a lock and applied at the start of the next step,
@@ -15,15 +16,17 @@ import torch
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.core.outputs import RequestOutput, TokenLogprobs
+from kvledger.engine.core.request import EngineRequest, check_reservation, output_cap
 from kvledger.engine.core.scheduler import ScheduledBatch, Scheduler
 from kvledger.engine.core.sequence import Sequence
-from kvledger.engine.errors import AdmissionRejected, BadInput, PromptTooLong
-from kvledger.engine.kv.ledger import KVLedger, Reservation
-from kvledger.engine.model.runner import ModelRunner
+from kvledger.engine.errors import AdmissionRejected, BadInput
+from kvledger.engine.kv.ledger import KVLedger
+from kvledger.engine.kv.reservation import Reservation
+from kvledger.engine.model.runner import ModelRunner, StepOutput
 from kvledger.engine.model.tokenizer import Tokenizer
 from kvledger.engine.planner.plan import Plan
 from kvledger.engine.sampling.params import SamplingParams
-from kvledger.engine.sampling.sampler import Sampler
+from kvledger.engine.sampling.sampler import Sampled, Sampler, sample_each
 
 log = logging.getLogger("kvledger.engine")
 
@@ -54,7 +57,8 @@ class LLMEngine:
         self._pending_adds: dict[str, Sequence] = {}
         self._pending_aborts: list[str] = []
         self._aborted: list[Sequence] = []  # finished by abort, reported by the next step
-        self._known_ids: set[str] = set()
+        # Every request added and not yet reported finished: what abort_all releases.
+        self._live: dict[str, Sequence] = {}
         self.consecutive_failed_steps = 0
         self.num_prefill_tokens = 0  # prompt tokens computed (not those found in the cache)
 
@@ -70,77 +74,74 @@ class LLMEngine:
 
     # -- admission (any thread) -------------------------------------------------------
 
-    def output_cap(self, num_prompt_tokens: int, params: SamplingParams) -> int:
-        """The most tokens the request may generate; what its reservation covers."""
-        if num_prompt_tokens >= self.max_model_len:
-            raise PromptTooLong(f"the prompt has {num_prompt_tokens} tokens; the context limit is "
-                                f"{self.max_model_len}, which must also hold at least one output token")
-        room = self.max_model_len - num_prompt_tokens
-        if params.max_tokens is None:
-            return room
-        if params.max_tokens > room:
-            raise BadInput(f"max_tokens {params.max_tokens} + {num_prompt_tokens} prompt tokens exceed "
-                           f"the context limit of {self.max_model_len}")
-        return params.max_tokens
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> EngineRequest:
+        """Every rule a request must meet, in this order: its prompt ids (``check_prompt``),
+        its params (``check_params``), the context cap (``output_cap``) and the pool
+        (``KVLedger.check_fits``); BadInput (PromptTooLong, CapTooLarge, PoolTooSmall...)
+        for the first it breaks."""
+        self.check_prompt(prompt_token_ids)
+        self.check_params(params)
+        cap = output_cap(self.max_model_len, len(prompt_token_ids), params.max_tokens)
+        self.ledger.check_fits(len(prompt_token_ids) + cap)
+        return EngineRequest(list(prompt_token_ids), params, cap)
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+    def check_prompt(self, prompt_token_ids: list[int]) -> None:
+        """BadInput unless the ids are a non-empty list of this model's token ids."""
+        if not prompt_token_ids:
+            raise BadInput("the prompt is empty")
+        vocab = self.runner.config.vocab_size
+        if not all(isinstance(t, int) and 0 <= t < vocab for t in prompt_token_ids):
+            raise BadInput(f"prompt token ids must be integers in [0, {vocab})")
+
+    def check_params(self, params: SamplingParams) -> None:
+        """BadInput unless ``params``' token ids are this model's (ids in ``logit_bias``)."""
+        vocab = self.runner.config.vocab_size
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise BadInput(f"logit_bias token ids must be in [0, {vocab}), got {max(params.logit_bias)}")
+
+    def add_request(self, request_id: str, prompt: list[int] | EngineRequest,
+                    params: SamplingParams | None = None,
                     reservation: Reservation | None = None) -> None:
-        """Admit a request. Without a ``reservation``, reserve ``prompt + cap`` here (pinning
-        the cached blocks its prompt begins with) and raise AdmissionRejected when the pool
-        cannot hold it. A given reservation must have been made for this prompt, and
-        without cached blocks when the request asks for ``prompt_logprobs``. The engine
-        owns the reservation from now on and releases it when the request finishes or is
-        aborted."""
-        # Prompt logprobs need every prompt position computed: no cached blocks.
-        use_cached = params.prompt_logprobs is None
+        """Admit a request: ``prompt`` is its token ids, checked here with ``params``
+        (``check_request``), or an ``EngineRequest`` already checked. Without a
+        ``reservation``, reserve ``prompt + cap`` here (pinning the cached blocks its prompt
+        begins with) and raise AdmissionRejected when the pool cannot hold it now. A given
+        reservation must have been made for this prompt (``check_reservation``).
+
+        From this call on the engine owns the reservation: it releases it at once if it
+        refuses the request, else when the request finishes or is aborted."""
         try:
-            self.check_prompt(prompt_token_ids)
-            self.check_params(params)
-            cap = self.output_cap(len(prompt_token_ids), params)
-            needed_blocks = self.ledger.blocks_for(len(prompt_token_ids) + cap)
-            if reservation is not None:
-                self._check_reservation(reservation, prompt_token_ids, needed_blocks, use_cached)
-        except BadInput:
+            request = prompt
+            if not isinstance(request, EngineRequest):
+                request = self.check_request(prompt, params)
+            if reservation is None:
+                reservation = self._reserve(request)
+            else:
+                check_reservation(reservation, request, self.ledger.blocks_for(request.num_tokens))
+            ids, params = request.prompt_token_ids, request.params
+            generator = None
+            if params.seed is not None:
+                generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+            # A grammar's matcher() runs here: whatever it raises, the blocks go back.
+            seq = Sequence(request_id, list(ids), params, request.cap_tokens, reservation,
+                           self.tokenizer.detokenizer(ids), generator)
+            with self._lock:  # check and claim the id in one step
+                if request_id in self._live:
+                    raise BadInput(f"request id {request_id!r} is already in use")
+                self._live[request_id] = self._pending_adds[request_id] = seq
+        except BaseException:
             if reservation is not None:
                 self.ledger.release(reservation)
             raise
-        if reservation is None:
-            tokens = len(prompt_token_ids) + cap
-            reservation = self.ledger.try_reserve(tokens, prompt_token_ids, use_cached=use_cached)
-            if reservation is None:
-                needed = self.ledger.blocks_needed(tokens, 1, prompt_token_ids, use_cached=use_cached)
-                raise AdmissionRejected(needed, self.ledger.free_blocks)
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
-        try:  # a grammar's matcher() runs here: whatever it raises, the blocks go back
-            seq = Sequence(request_id, list(prompt_token_ids), params, cap, reservation,
-                           self.tokenizer.detokenizer(prompt_token_ids), generator)
-        except BaseException:
-            self.ledger.release(reservation)
-            raise
-        with self._lock:  # check and claim the id in one step
-            duplicate = request_id in self._known_ids
-            if not duplicate:
-                self._known_ids.add(request_id)
-                self._pending_adds[request_id] = seq
-        if duplicate:
-            self.ledger.release(reservation)
-            raise BadInput(f"request id {request_id!r} is already in use")
 
-    @staticmethod
-    def _check_reservation(reservation: Reservation, prompt_token_ids: list[int],
-                           needed_blocks: int, use_cached: bool) -> None:
-        if reservation.num_blocks < needed_blocks:
-            raise BadInput(f"the reservation holds {reservation.num_blocks} blocks; prompt + "
-                           f"cap needs {needed_blocks}")
-        # Its cached blocks and keys were found from the prompt it was made for.
-        if (reservation.prompt_token_ids is not None
-                and list(reservation.prompt_token_ids) != list(prompt_token_ids)):
-            raise BadInput("the reservation was made for another prompt")
-        if reservation.num_cached_blocks and not use_cached:
-            raise BadInput("a request with prompt_logprobs needs every prompt position computed; "
-                           "its reservation must not use cached blocks")
+    def _reserve(self, request: EngineRequest) -> Reservation:
+        tokens, ids = request.num_tokens, request.prompt_token_ids
+        use_cached = request.uses_cached_blocks
+        reservation = self.ledger.try_reserve(tokens, ids, use_cached=use_cached)
+        if reservation is None:
+            needed = self.ledger.blocks_needed(tokens, 1, ids, use_cached=use_cached)
+            raise AdmissionRejected(needed, self.ledger.free_blocks)
+        return reservation
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request; idempotent. A request not yet picked up is released at once;
@@ -151,23 +152,22 @@ class LLMEngine:
             if seq is not None:
                 self.scheduler.finish(seq, "abort")  # only releases: it never reached the queues
                 self._aborted.append(seq)
-            elif request_id in self._known_ids:
+            elif request_id in self._live:
                 self._pending_aborts.append(request_id)
 
     def abort_all(self) -> None:
-        """Finish every request as aborted and release its blocks now, without stepping
-        (shutdown, an interrupted ``generate``, or after ``step()`` raised). Call it only
-        while no ``step()`` is running."""
+        """Finish every request the engine holds as aborted and release its blocks now,
+        without stepping (shutdown, an interrupted ``generate``, or after ``step()`` raised,
+        whatever state it left the queues in). Call it only while no ``step()`` runs."""
         with self._lock:
-            pending = list(self._pending_adds.values())
-            self._pending_adds.clear()
-            self._pending_aborts.clear()
-            self._aborted.clear()
-            self._known_ids.clear()
-        live = pending + list(self.scheduler.waiting) + list(self.scheduler.running.values())
+            live = list(self._live.values())
+            for held in (self._live, self._pending_adds, self._pending_aborts, self._aborted):
+                held.clear()
+        live += [*self.scheduler.waiting, *self.scheduler.running.values()]  # all live already
         self.scheduler.waiting.clear()
         for seq in live:
-            self.scheduler.finish(seq, "abort")
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
 
     def has_unfinished_requests(self) -> bool:
         with self._lock:
@@ -194,113 +194,44 @@ class LLMEngine:
         except Exception as exc:
             return outputs + self._fail_step(batch, exc)
         self.consecutive_failed_steps = 0
+        self._advance(batch, step)
+        seqs = batch.sampled  # a prompt still partly computed gets no token yet
+        sampled = sample_each(self.sampler, step.logits, seqs, self._shared_generator)
+        return outputs + [self._postprocess(seq, s) for seq, s in zip(seqs, sampled, strict=True)]
+
+    def _advance(self, batch: ScheduledBatch, step: StepOutput) -> None:
+        """The step's K/V are in the cache: count them computed, let the choices waiting for
+        a prompt their owner just finished pin it, and offer the filled blocks to the prefix
+        cache, all before any sequence can finish and release."""
         for chunk in batch.prefills:
-            chunk.seq.num_computed_tokens += chunk.length
+            seq = chunk.seq
+            seq.num_computed_tokens += chunk.length
             self.num_prefill_tokens += chunk.length
-            if chunk.seq.prompt_logprobs is not None:
-                chunk.seq.prompt_logprobs += step.prompt_logprobs[chunk.seq.request_id]
-            share = chunk.seq.reservation.share
-            if (share is not None and share.owner is chunk.seq.reservation
-                    and chunk.seq.num_computed_tokens >= share.end * self.ledger.block_size):
-                self.ledger.share_prompt(chunk.seq.reservation)  # before it can finish
+            if seq.prompt_logprobs is not None:
+                seq.prompt_logprobs += step.prompt_logprobs[seq.request_id]
+            share = seq.reservation.share
+            if (share is not None and share.owner is seq.reservation
+                    and seq.num_computed_tokens >= share.end * self.ledger.block_size):
+                self.ledger.share_prompt(seq.reservation)
         for seq in batch.decodes:
             seq.num_computed_tokens += 1
-        if self.ledger.enable_prefix_caching:  # before any of them finishes and releases
-            self._register_computed_blocks([c.seq for c in batch.prefills] + batch.decodes)
-        seqs = batch.sampled  # a prompt still partly computed gets no token yet
-        for seq, sampled in zip(seqs, self._sample(step.logits, seqs), strict=True):
-            if isinstance(sampled, Exception):
-                outputs.append(self._fail(seq, "sampling", sampled))
-                continue
-            token_id, logprobs = sampled
-            try:
-                self._append_token(seq, token_id, logprobs)
-            except Exception as exc:
-                outputs.append(self._fail(seq, "postprocessing", exc))
-                continue
-            outputs.append(self._output(seq, [token_id]))
-        return outputs
-
-    def _register_computed_blocks(self, seqs: list[Sequence]) -> None:
-        """Offer the blocks this step filled to the prefix cache."""
+        if not self.ledger.enable_prefix_caching:
+            return
         block_size = self.ledger.block_size
-        for seq in seqs:
+        for seq in [chunk.seq for chunk in batch.prefills] + batch.decodes:
             if seq.num_computed_tokens // block_size > seq.reservation.num_registered_blocks:
                 self.ledger.register(seq.reservation, seq.token_ids, seq.num_computed_tokens)
 
-    def _sample(self, logits: torch.Tensor,
-                seqs: list[Sequence]) -> list[tuple[int, TokenLogprobs | None] | Exception]:
-        """The batch's tokens, with their logprobs where asked; when the batched call
-        fails, each row alone, so a fault belongs to the sequence that raised it (its
-        entry is the exception)."""
-        # The batched call may fail after some rows drew: their generators go back to
-        # where they stood, so each row alone draws what it would have in the batch and a
-        # seeded request never notices the fault of another.
-        states = self._generator_states(seqs)
+    def _postprocess(self, seq: Sequence, sampled: Sampled | Exception) -> RequestOutput:
+        """Append the sampled token, or fail this sequence alone on a fault of its own."""
+        if isinstance(sampled, Exception):
+            return self._fail(seq, "sampling", sampled)
+        token_id, logprobs = sampled
         try:
-            out = self.sampler(logits, seqs)
-            return [(token_id, out.logprobs.get(row)) for row, token_id in enumerate(out.token_ids)]
-        except Exception:
-            for generator, state in states:
-                generator.set_state(state)
-        tokens: list[tuple[int, TokenLogprobs | None] | Exception] = []
-        for row, seq in enumerate(seqs):
-            try:
-                out = self.sampler(logits[row:row + 1], [seq])
-                tokens.append((out.token_ids[0], out.logprobs.get(0)))
-            except Exception as exc:
-                tokens.append(exc)
-        return tokens
-
-    def _generator_states(self, seqs: list[Sequence]) -> list[tuple[torch.Generator, torch.Tensor]]:
-        """The state of every generator the sampled (not greedy) rows draw from."""
-        generators = {id(g): g for seq in seqs if not seq.params.greedy
-                      for g in (seq.generator or self._shared_generator,)}
-        return [(g, g.get_state()) for g in generators.values()]
-
-    def _fail(self, seq: Sequence, stage: str, exc: BaseException, *,
-              traceback: bool = True) -> RequestOutput:
-        """Finish one request with ``"error"``; its reservation goes back at once."""
-        log.error("request %s failed in %s: %s: %s", seq.request_id, stage,
-                  type(exc).__name__, exc, exc_info=exc if traceback else None)
-        if not seq.is_finished:
-            self.scheduler.finish(seq, "error")
-        with self._lock:
-            self._known_ids.discard(seq.request_id)
-        output = self._output(seq, [])
-        output.error = f"{stage} failed: {type(exc).__name__}: {exc}"
-        return output
-
-    def _fail_step(self, batch: ScheduledBatch, exc: Exception) -> list[RequestOutput]:
-        """A failed forward pass: fail the requests it computed, free the allocator's cache."""
-        self.consecutive_failed_steps += 1
-        seqs = [chunk.seq for chunk in batch.prefills] + list(batch.decodes)
-        log.error("forward pass failed (%d in a row) for %d requests: %s: %s",
-                  self.consecutive_failed_steps, len(seqs), type(exc).__name__, exc,
-                  exc_info=exc)
-        outputs = [self._fail(seq, "forward pass", exc, traceback=False) for seq in seqs]
-        exc = None  # drop the traceback's frames, which hold the step's tensors
-        if self.runner.device.type == "cuda":
-            torch.cuda.empty_cache()
-        if self.consecutive_failed_steps >= MAX_CONSECUTIVE_FAILED_STEPS:
-            raise EngineFailed(f"{self.consecutive_failed_steps} forward passes failed in a "
-                               "row; the engine cannot make progress")
-        return outputs
-
-    def _apply_pending(self) -> list[Sequence]:
-        with self._lock:
-            aborts, self._pending_aborts = self._pending_aborts, []
-            adds, self._pending_adds = list(self._pending_adds.values()), {}
-            aborted, self._aborted = self._aborted, []
-        for request_id in aborts:
-            seq = self.scheduler.abort(request_id)
-            if seq is not None:
-                aborted.append(seq)
-        for seq in adds:
-            self.scheduler.add(seq)
-        with self._lock:
-            self._known_ids.difference_update(seq.request_id for seq in aborted)
-        return aborted
+            self._append_token(seq, token_id, logprobs)
+        except Exception as exc:
+            return self._fail(seq, "postprocessing", exc)
+        return self._output(seq, [token_id])
 
     def _append_token(self, seq: Sequence, token_id: int, logprobs: TokenLogprobs | None) -> None:
         """Add the sampled token and finish the sequence if it stops here. Raises when its
@@ -323,31 +254,12 @@ class LLMEngine:
             not params.ignore_eos and token_id in self.tokenizer.eos_token_ids))
         if stop_token or (seq.matcher is not None and seq.matcher.is_terminated) or (
                 checks_stops and new_text and params.stop_strings
-                and self._cut_stop_string(seq, len(new_text))):
+                and seq.cut_stop_string(len(new_text))):
             reason = "stop"
         elif len(seq.output_token_ids) >= seq.max_tokens:
             reason = "length"
         if reason is not None:
             self._finish(seq, reason)
-
-    def _finish(self, seq: Sequence, reason: str) -> None:
-        self.scheduler.finish(seq, reason)
-        with self._lock:
-            self._known_ids.discard(seq.request_id)
-
-    @staticmethod
-    def _cut_stop_string(seq: Sequence, new_chars: int) -> bool:
-        """Cut the text at the first stop string that the new text completes. Only the
-        new characters and the ``longest - 1`` before them are searched, so a token costs
-        the same however long the text has grown."""
-        params = seq.params
-        start = max(0, len(seq.text) - new_chars - params.longest_stop + 1)
-        hits = [(i, len(s)) for s in params.stop_strings if (i := seq.text.find(s, start)) >= 0]
-        if not hits:
-            return False
-        at, length = min(hits)
-        seq.text = seq.text[:at + length if params.include_stop_str_in_output else at]
-        return True
 
     def _output(self, seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
         text = seq.text
@@ -363,16 +275,53 @@ class LLMEngine:
             output.prompt_logprobs = seq.prompt_logprobs  # complete: it never changes again
         return output
 
-    def check_params(self, params: SamplingParams) -> None:
-        """BadInput unless ``params``' token ids are this model's (ids in ``logit_bias``)."""
-        vocab = self.runner.config.vocab_size
-        if params.logit_bias and max(params.logit_bias) >= vocab:
-            raise BadInput(f"logit_bias token ids must be in [0, {vocab}), got {max(params.logit_bias)}")
+    # -- finishing ----------------------------------------------------------------------
 
-    def check_prompt(self, prompt_token_ids: list[int]) -> None:
-        """BadInput unless the ids are a non-empty list of this model's token ids."""
-        if not prompt_token_ids:
-            raise BadInput("the prompt is empty")
-        vocab = self.runner.config.vocab_size
-        if not all(isinstance(t, int) and 0 <= t < vocab for t in prompt_token_ids):
-            raise BadInput(f"prompt token ids must be integers in [0, {vocab})")
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        with self._lock:
+            self._live.pop(seq.request_id, None)
+
+    def _fail(self, seq: Sequence, stage: str, exc: BaseException, *,
+              traceback: bool = True) -> RequestOutput:
+        """Finish one request with ``"error"``; its reservation goes back at once."""
+        log.error("request %s failed in %s: %s: %s", seq.request_id, stage,
+                  type(exc).__name__, exc, exc_info=exc if traceback else None)
+        if not seq.is_finished:
+            self._finish(seq, "error")
+        output = self._output(seq, [])
+        output.error = f"{stage} failed: {type(exc).__name__}: {exc}"
+        return output
+
+    def _fail_step(self, batch: ScheduledBatch, exc: Exception) -> list[RequestOutput]:
+        """A failed forward pass: fail the requests it computed, free the allocator's cache."""
+        self.consecutive_failed_steps += 1
+        seqs = [chunk.seq for chunk in batch.prefills] + list(batch.decodes)
+        log.error("forward pass failed (%d in a row) for %d requests: %s: %s",
+                  self.consecutive_failed_steps, len(seqs), type(exc).__name__, exc,
+                  exc_info=exc)
+        outputs = [self._fail(seq, "forward pass", exc, traceback=False) for seq in seqs]
+        exc = None  # drop the traceback's frames, which hold the step's tensors
+        if self.runner.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if self.consecutive_failed_steps >= MAX_CONSECUTIVE_FAILED_STEPS:
+            raise EngineFailed(f"{self.consecutive_failed_steps} forward passes failed in a "
+                               "row; the engine cannot make progress")
+        return outputs
+
+    def _apply_pending(self) -> list[Sequence]:
+        """Aborts, then adds, queued since the last step; the aborted sequences."""
+        with self._lock:
+            aborts, self._pending_aborts = self._pending_aborts, []
+            adds, self._pending_adds = list(self._pending_adds.values()), {}
+            aborted, self._aborted = self._aborted, []
+        for request_id in aborts:
+            seq = self.scheduler.abort(request_id)
+            if seq is not None:
+                aborted.append(seq)
+        for seq in adds:
+            self.scheduler.add(seq)
+        with self._lock:
+            for seq in aborted:
+                self._live.pop(seq.request_id, None)
+        return aborted

@@ -94,8 +94,9 @@ class Scheduler:
         return PrefillChunk(seq, start, min(seq.num_prompt_tokens - start, budget_tokens))
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        """Mark finished and release its blocks at once."""
-        if seq.status is SequenceStatus.RUNNING:
+        """Mark finished and release its blocks at once: the one place the engine releases
+        the reservation of a request it took."""
+        if self.running.get(seq.request_id) is seq:
             del self.running[seq.request_id]
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

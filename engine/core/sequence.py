@@ -7,7 +7,7 @@ import enum
 import torch
 
 from kvledger.engine.core.outputs import TokenLogprobs
-from kvledger.engine.kv.ledger import Reservation
+from kvledger.engine.kv.reservation import Reservation
 from kvledger.engine.model.tokenizer import IncrementalDetokenizer
 from kvledger.engine.sampling.params import SamplingParams
 
@@ -76,3 +76,16 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    def cut_stop_string(self, new_chars: int) -> bool:
+        """Cut the text at the first stop string that the ``new_chars`` last characters
+        complete. Only those and the ``longest - 1`` before them are searched, so a token
+        costs the same however long the text has grown."""
+        params = self.params
+        start = max(0, len(self.text) - new_chars - params.longest_stop + 1)
+        hits = [(i, len(s)) for s in params.stop_strings if (i := self.text.find(s, start)) >= 0]
+        if not hits:
+            return False
+        at, length = min(hits)
+        self.text = self.text[:at + length if params.include_stop_str_in_output else at]
+        return True

@@ -116,6 +116,3 @@ class BlockPool:
         self._by_hash[block_hash] = block
         self._hash_of[block] = block_hash
         return True
-
-    def is_registered(self, block: int) -> bool:
-        return self._hash_of[block] is not None

@@ -2,8 +2,9 @@
 
 Each is a real Hugging Face checkpoint directory (``config.json``, ``model.safetensors``,
 ``tokenizer.json`` trained on the bundled corpus, ``tokenizer_config.json`` with a chat
-template, ``generation_config.json``) with random weights from a fixed seed, so tests,
-demos and benchmarks go through the same loading path as a user's checkpoint.
+template, ``generation_config.json``) with random weights from a fixed seed (scaled for
+stable, varied greedy output: ``builtin_weights``), so tests, demos and benchmarks go
+through the same loading path as a user's checkpoint.
 
 The checkpoint is built in a hidden folder beside DIR and renamed into place once
 complete, so an interrupted run never leaves a half-written DIR. Files are 0644 and the
@@ -21,12 +22,12 @@ import os
 import shutil
 import tempfile
 import zlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.model.config import ModelConfig, MoEConfig
+from kvledger.engine.model.bpe import train_byte_level_bpe
+from kvledger.engine.model.builtin_weights import write_weights
 
 CORPUS = Path(__file__).parent / "data" / "corpus.txt"
 SPECIAL_TOKENS = ["<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
@@ -255,22 +256,7 @@ def _write_checkpoint(name: str, out: Path) -> None:
                 {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
                  "add_bos_token": True, "model_max_length": config["max_position_embeddings"],
                  "chat_template": CHAT_TEMPLATE})
-    _write_weights(name, config, out / "model.safetensors")
-
-
-def train_byte_level_bpe(lines, vocab_size: int, special_tokens: list[str]):
-    """A byte-level BPE ``tokenizers.Tokenizer`` of ``vocab_size`` tokens trained on the
-    strings ``lines`` (the built-in models' kind; bench/grammar_mask.py's 32k one too)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tokenizer.train_from_iterator(lines, trainer)
-    return tokenizer
+    write_weights(config, out / "model.safetensors", seed=zlib.crc32(name.encode()))
 
 
 def _train_tokenizer():
@@ -282,77 +268,6 @@ def _train_tokenizer():
     tokenizer.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
     return tokenizer
-
-
-def _write_weights(name: str, config: dict[str, Any], path: Path) -> None:
-    import torch
-    from safetensors.torch import save_file
-
-    gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
-    hidden = config["hidden_size"]
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    head_dim = config.get("head_dim") or hidden // heads
-    # A wider spread than HF's 0.02 keeps the logits' top two apart, so greedy equality
-    # tests compare tokens, not float rounding.
-    std = 0.06
-
-    def rand(*shape: int, scale: float = std) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen) * scale
-
-    # A tied lm_head reads logits off the embedding: keep it at the scale of the others,
-    # or the residual stream (mostly the input embedding) just predicts the same token.
-    embed_scale = 0.02 if config["tie_word_embeddings"] else 1.0
-    tensors = {"model.embed_tokens.weight": rand(config["vocab_size"], hidden, scale=embed_scale)}
-    model_type = config["model_type"]
-    moe = ModelConfig.from_dict(config).moe  # which layers have experts, as the engine reads it
-    for i in range(config["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        tensors[p + "self_attn.q_proj.weight"] = rand(heads * head_dim, hidden)
-        tensors[p + "self_attn.k_proj.weight"] = rand(kv_heads * head_dim, hidden)
-        tensors[p + "self_attn.v_proj.weight"] = rand(kv_heads * head_dim, hidden)
-        tensors[p + "self_attn.o_proj.weight"] = rand(hidden, heads * head_dim)
-        if model_type == "qwen2" or config["attention_bias"]:
-            for proj, rows in (("q", heads), ("k", kv_heads), ("v", kv_heads)):
-                tensors[p + f"self_attn.{proj}_proj.bias"] = rand(rows * head_dim, scale=0.2)
-        if config["attention_bias"] and model_type != "qwen2":  # Llama, Qwen3: o too
-            tensors[p + "self_attn.o_proj.bias"] = rand(hidden, scale=0.2)
-        if model_type in ("qwen3", "qwen3_moe"):
-            tensors[p + "self_attn.q_norm.weight"] = 1.0 + rand(head_dim, scale=0.1)
-            tensors[p + "self_attn.k_norm.weight"] = 1.0 + rand(head_dim, scale=0.1)
-        tensors.update(_feed_forward_weights(config, moe, i, p, rand))
-        tensors[p + "input_layernorm.weight"] = 1.0 + rand(hidden, scale=0.1)
-        tensors[p + "post_attention_layernorm.weight"] = 1.0 + rand(hidden, scale=0.1)
-    tensors["model.norm.weight"] = 1.0 + rand(hidden, scale=0.1)
-    if not config["tie_word_embeddings"]:
-        tensors["lm_head.weight"] = rand(config["vocab_size"], hidden)
-    save_file({k: v.contiguous() for k, v in sorted(tensors.items())}, str(path),
-              metadata={"format": "pt"})
-
-
-def _feed_forward_weights(config: dict[str, Any], moe: MoEConfig | None, layer: int, prefix: str,
-                          rand: Callable[..., Any]) -> dict[str, Any]:
-    """One layer's MLP, or its router and experts named one expert at a time as published
-    checkpoints are (transformers 5 fuses them into 3D tensors when it loads them)."""
-    hidden = config["hidden_size"]
-    if moe is None or layer not in moe.sparse_layers:
-        inter = config["intermediate_size"]
-        return {prefix + "mlp.gate_proj.weight": rand(inter, hidden),
-                prefix + "mlp.up_proj.weight": rand(inter, hidden),
-                prefix + "mlp.down_proj.weight": rand(hidden, inter)}
-    if config["model_type"] == "mixtral":
-        block, (gate, up, down) = prefix + "block_sparse_moe.", ("w1", "w3", "w2")
-    else:
-        block, (gate, up, down) = prefix + "mlp.", ("gate_proj", "up_proj", "down_proj")
-    inter = moe.intermediate_size
-    # A wider router keeps each token's k-th and (k+1)-th experts apart, as the logits';
-    # wider experts (narrower than a dense MLP) make their sum as large as a dense MLP's
-    # output, so a token routed wrong changes the next token.
-    tensors = {block + "gate.weight": rand(moe.num_experts, hidden, scale=0.2)}
-    for e in range(moe.num_experts):
-        tensors[block + f"experts.{e}.{gate}.weight"] = rand(inter, hidden, scale=0.12)
-        tensors[block + f"experts.{e}.{up}.weight"] = rand(inter, hidden, scale=0.12)
-        tensors[block + f"experts.{e}.{down}.weight"] = rand(hidden, inter, scale=0.12)
-    return tensors
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -2,18 +2,27 @@
 
 Supported: the Llama family (Llama 2/3, Mistral, Qwen2/2.5, Qwen3) and its
 mixture-of-experts variants (Mixtral, Qwen3-MoE). Anything else is refused by name
-instead of being run wrong.
+instead of being run wrong. The shape is ``hf_config``'s reading, the planner's too.
 """
 
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvledger.engine.errors import BadInput
+from kvledger.engine.planner.hf_config import (
+    FULL_ATTENTION,
+    SLIDING_ATTENTION,
+    HFConfig,
+    parse_config,
+    positive,
+    read_config_json,
+    text_config,
+)
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
@@ -66,17 +75,12 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
-        path = Path(model_dir) / "config.json"
-        if not path.is_file():
-            raise BadInput(f"{model_dir}: no config.json (expected a Hugging Face checkpoint directory)")
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise BadInput(f"{path}: not valid JSON: {exc}") from None
-        return cls.from_dict(raw)
+        return cls.from_dict(read_config_json(model_dir))
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+    def from_dict(cls, raw: Mapping[str, Any]) -> ModelConfig:
+        """The engine's config from a config.json object; BadInput for what it cannot run."""
+        raw = text_config(raw)
         archs = raw.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
@@ -96,74 +100,72 @@ class ModelConfig:
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise BadInput(f"unsupported rope_scaling type {rope_type!r}; "
                            f"kvledger supports {', '.join(SUPPORTED_ROPE_TYPES)}")
-        try:
-            hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
-            sliding = raw.get("sliding_window")
-            if arch.startswith("Qwen"):
-                sliding = _qwen_window(raw, arch)
-            bias = arch in _ATTENTION_BIAS and bool(raw.get("attention_bias", False))
-            return cls(
-                architecture=arch,
-                vocab_size=int(raw["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(raw["intermediate_size"]),
-                num_layers=int(raw["num_hidden_layers"]),
-                num_heads=heads,
-                num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-                head_dim=_head_dim(raw, arch, hidden, heads),
-                rms_norm_eps=_positive_float("rms_norm_eps", raw.get("rms_norm_eps", 1e-6)),
-                rope_theta=rope_theta,
-                rope_scaling=rope if rope_type != "default" else None,
-                max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-                qkv_bias=arch == "Qwen2ForCausalLM" or bias,
-                o_bias=bias,
-                sliding_window=_positive_int("sliding_window", sliding) if sliding else None,
-                qk_norm=arch in _QK_NORM,
-                moe=_moe(raw, arch),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BadInput(f"config.json: missing or bad field {exc}") from None
+        read = parse_config(raw, arch)
+        bias = arch in _ATTENTION_BIAS and bool(raw.get("attention_bias", False))
+        return cls(
+            architecture=arch,
+            vocab_size=read.vocab_size,
+            hidden_size=read.hidden_size,
+            intermediate_size=read.intermediate_size,
+            num_layers=read.num_layers,
+            num_heads=read.num_attention_heads,
+            num_kv_heads=read.num_kv_heads,
+            head_dim=read.head_dim,
+            rms_norm_eps=_positive_float("rms_norm_eps", raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_scaling=rope if rope_type != "default" else None,
+            max_position_embeddings=read.max_position_embeddings,
+            tie_word_embeddings=read.tie_word_embeddings,
+            qkv_bias=arch == "Qwen2ForCausalLM" or bias,
+            o_bias=bias,
+            sliding_window=_one_window(read),
+            qk_norm=arch in _QK_NORM,
+            moe=_moe(raw, arch, read.num_layers, read.intermediate_size),
+        )
 
 
-def _head_dim(raw: dict[str, Any], arch: str, hidden: int, heads: int) -> int:
-    if raw.get("head_dim"):
-        return _positive_int("head_dim", raw["head_dim"])
-    if arch == "Qwen3ForCausalLM" and hidden // heads != 128:
-        # transformers' Qwen3Config defaults to 128; the planner takes hidden / heads.
-        raise BadInput("config.json: Qwen3ForCausalLM without head_dim (transformers takes 128, "
-                       f"hidden_size / num_attention_heads is {hidden // heads}); set head_dim")
-    return hidden // heads
+def _one_window(read: HFConfig) -> int | None:
+    """The window every layer slides over, None when none slides; one on only some layers
+    is refused (the engine applies one window to every layer)."""
+    kinds = set(read.layer_types)
+    if kinds == {FULL_ATTENTION}:
+        return None
+    if kinds == {SLIDING_ATTENTION}:
+        return read.sliding_window
+    raise BadInput(f"unsupported: {read.architecture} use_sliding_window with a sliding window "
+                   "on only some layers (max_window_layers, layer_types); kvledger applies one "
+                   "window to every layer")
 
 
-def _moe(raw: dict[str, Any], arch: str) -> MoEConfig | None:
+def _moe(raw: Mapping[str, Any], arch: str, layers: int, intermediate_size: int) -> MoEConfig | None:
     """Mixtral: experts in every layer, top-k always renormalised. Qwen3-MoE: experts in
-    the layers ``(i + 1) % decoder_sparse_step == 0`` not in ``mlp_only_layers``."""
-    layers = int(raw["num_hidden_layers"])
+    the layers ``(i + 1) % decoder_sparse_step == 0`` not in ``mlp_only_layers``. Fields
+    left out take transformers' defaults (MixtralConfig's, Qwen3MoeConfig's)."""
     if arch == "MixtralForCausalLM":
-        num_experts, sparse = int(raw.get("num_local_experts", 8)), tuple(range(layers))
-        expert_size, normalize = int(raw["intermediate_size"]), True
+        num_experts, top_k = positive(raw, "num_local_experts", 8), 2
+        sparse, expert_size, normalize = tuple(range(layers)), intermediate_size, True
     elif arch == "Qwen3MoeForCausalLM":
-        num_experts = int(raw.get("num_experts", 128))
-        step = _positive_int("decoder_sparse_step", raw.get("decoder_sparse_step", 1))
+        if raw.get("num_experts") == 0:
+            return None  # every layer dense
+        num_experts, top_k = positive(raw, "num_experts", 128), 8
+        step = positive(raw, "decoder_sparse_step", 1)
         dense = raw.get("mlp_only_layers") or []
         if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
             raise BadInput(f"config.json 'mlp_only_layers' must be a list of layer indices, got {dense!r}")
         sparse = tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)
-        expert_size = _positive_int("moe_intermediate_size", raw.get("moe_intermediate_size", 768))
+        expert_size = positive(raw, "moe_intermediate_size", 768)
         normalize = bool(raw.get("norm_topk_prob", False))
-        if num_experts == 0 or not sparse:
-            return None  # every layer dense
+        if not sparse:
+            return None
     else:
         return None
-    num_experts = _positive_int("num_experts", num_experts)
-    top_k = _positive_int("num_experts_per_tok", raw.get("num_experts_per_tok", 2))
+    top_k = positive(raw, "num_experts_per_tok", top_k)
     if top_k > num_experts:
         raise BadInput(f"config.json 'num_experts_per_tok' {top_k} is more than the {num_experts} experts")
     return MoEConfig(num_experts, top_k, expert_size, normalize, sparse)
 
 
-def _refuse_unknown_routing(raw: dict[str, Any]) -> None:
+def _refuse_unknown_routing(raw: Mapping[str, Any]) -> None:
     """Experts routed any other way than a softmax over all of them then top-k (and
     shared experts) would load and run wrong: refuse them by name."""
     for key in ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts"):
@@ -189,29 +191,3 @@ def _positive_float(name: str, value: Any) -> float:
     if isinstance(value, bool) or not (0.0 < number < math.inf):
         raise BadInput(f"config.json {name!r} must be a positive number, got {value!r}")
     return number
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise BadInput(f"config.json {name!r} must be a positive integer, got {value!r}")
-    return value
-
-
-def _qwen_window(raw: dict[str, Any], arch: str) -> int | None:
-    """Qwen slides only with ``use_sliding_window``: Qwen3-MoE every layer, Qwen2 and Qwen3
-    the layers ``layer_types`` marks (without it, those ``>= max_window_layers``)."""
-    if not raw.get("use_sliding_window", False) or not raw.get("sliding_window"):
-        return None
-    if arch == "Qwen3MoeForCausalLM":
-        return raw["sliding_window"]
-    layers = int(raw["num_hidden_layers"])
-    types = raw.get("layer_types") or [
-        "sliding_attention" if i >= int(raw.get("max_window_layers", 28)) else "full_attention"
-        for i in range(layers)]
-    if set(types) == {"full_attention"}:
-        return None
-    if set(types) == {"sliding_attention"}:
-        return raw["sliding_window"]
-    raise BadInput(f"unsupported: {arch} use_sliding_window with a sliding window on only some "
-                   "layers (max_window_layers, layer_types); kvledger applies one window to "
-                   "every layer")

@@ -1,18 +1,26 @@
-"""What a checkpoint directory declares: the model's shape (config.json) and the bytes of
-its weights (safetensors headers only, see ``safetensors_header``; no tensor data is read).
+"""What a checkpoint directory declares: the model's shape (config.json, read by
+``hf_config`` as the engine reads it) and the bytes of its weights (safetensors headers
+only, see ``safetensors_header``; no tensor data is read).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kvledger.engine.errors import BadInput
+from kvledger.engine.planner.hf_config import (
+    checked_model_dir,
+    parse_config,
+    read_config_json,
+    read_json,
+    text_config,
+)
 from kvledger.engine.planner.layout import (
-    MLA_ARCHITECTURES,
     AttentionLayout,
     full_layout,
     pick_architecture,
@@ -31,13 +39,6 @@ INDEX_FILE = "model.safetensors.index.json"
 # Names whose tensor is the input embedding an ``lm_head`` is tied to.
 EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight",
                       "embeddings.weight")
-# transformers' defaults for fields a published config.json leaves out (Gemma 3's
-# multimodal checkpoints give only what differs from Gemma3TextConfig).
-CONFIG_DEFAULTS = {
-    "gemma3_text": {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
-                    "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
-                    "head_dim": 256, "max_position_embeddings": 131_072, "sliding_window": 4096},
-}
 
 
 @dataclass(frozen=True)
@@ -89,100 +90,39 @@ class WeightsInfo:
     skipped: tuple[str, ...] = ()
 
 
-def _model_dir(model_dir: str | os.PathLike) -> Path:
-    path = Path(model_dir)
-    if not path.exists():
-        raise BadInput(f"model directory {str(path)!r} does not exist")
-    if not path.is_dir():
-        raise BadInput(f"--model {str(path)!r} is not a directory")
-    if not os.access(path, os.R_OK | os.X_OK):
-        raise BadInput(f"model directory {str(path)!r} is not readable")
-    return path
-
-
-def _read_json(path: Path, what: str) -> object:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"{what} not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"cannot read {what} {path}: {exc}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BadInput(f"{what} {path} is not valid JSON: {exc}") from None
-
-
-def _read_config(model_dir: Path) -> dict:
-    config = _read_json(model_dir / "config.json", "config.json")
-    if not isinstance(config, dict):
-        raise BadInput(f"config.json in {model_dir} must be a JSON object")
-    # Multimodal configs nest the language model's numbers under text_config.
-    text = config.get("text_config")
-    if "num_hidden_layers" not in config and isinstance(text, dict):
-        merged = dict(text)
-        for key in ("architectures", "torch_dtype", "dtype", "tie_word_embeddings",
-                    "quantization_config"):
-            merged.setdefault(key, config.get(key))
-        config = merged
-    defaults = CONFIG_DEFAULTS.get(config.get("model_type"), {})
-    return {**defaults, **{k: v for k, v in config.items() if v is not None or k not in defaults}}
-
-
-def _positive(config: dict, key: str, default: object = None) -> int:
-    value = config.get(key, default)
-    if value is None:
-        raise BadInput(f"config.json has no {key!r}")
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise BadInput(f"config.json {key!r} must be a positive integer, got {value!r}")
-    return value
+def model_shape(config: Mapping[str, Any]) -> ModelShape:
+    """The shape of a config.json object, read as the first architecture the planner
+    models (``hf_config.parse_config``); BadInput on one it does not (named, never
+    planned as a Llama) and on a missing or bad field."""
+    read = parse_config(config, pick_architecture(config))
+    return ModelShape(
+        architecture=read.architecture,
+        num_layers=read.num_layers,
+        num_attention_heads=read.num_attention_heads,
+        num_kv_heads=read.num_kv_heads,
+        head_dim=read.head_dim,
+        hidden_size=read.hidden_size,
+        intermediate_size=read.intermediate_size,
+        vocab_size=read.vocab_size,
+        max_position_embeddings=read.max_position_embeddings,
+        torch_dtype=read.torch_dtype,
+        tie_word_embeddings=read.tie_word_embeddings,
+        layout=read_layout(read),
+        quantization=read.quantization,
+    )
 
 
 def read_model_shape(model_dir: str | os.PathLike) -> ModelShape:
-    """The shape from ``config.json``; BadInput on a missing, garbled or incomplete file,
-    and on an architecture the planner does not model (named, never planned as a Llama)."""
-    config = _read_config(_model_dir(model_dir))
-    hidden = _positive(config, "hidden_size")
-    heads = _positive(config, "num_attention_heads")
-    kv_heads = _positive(config, "num_key_value_heads", heads)
-    if config.get("head_dim") is None and hidden % heads:
-        raise BadInput(f"config.json hidden_size {hidden} is not divisible by "
-                       f"num_attention_heads {heads}, and there is no head_dim")
-    head_dim = _positive(config, "head_dim", hidden // heads)
-    if heads % kv_heads:
-        raise BadInput(f"config.json num_attention_heads {heads} is not a multiple of "
-                       f"num_key_value_heads {kv_heads}")
-    dtype = config.get("torch_dtype") or config.get("dtype") or ""
-    if not isinstance(dtype, str):
-        raise BadInput(f"config.json torch_dtype must be a string, got {dtype!r}")
-    num_layers = _positive(config, "num_hidden_layers")
-    arch = pick_architecture(config)
-    if arch in MLA_ARCHITECTURES:  # a query/key head is the no-RoPE part and the RoPE part
-        head_dim = _positive(config, "qk_nope_head_dim") + _positive(config, "qk_rope_head_dim")
-    quant = config.get("quantization_config")
-    method = quant.get("quant_method") if isinstance(quant, dict) else None
-    return ModelShape(
-        architecture=arch,
-        num_layers=num_layers,
-        num_attention_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        hidden_size=hidden,
-        intermediate_size=_positive(config, "intermediate_size", 4 * hidden),
-        vocab_size=_positive(config, "vocab_size"),
-        max_position_embeddings=_positive(config, "max_position_embeddings"),
-        torch_dtype=dtype,
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        layout=read_layout(config, arch, num_layers, kv_heads, head_dim),
-        quantization=method if isinstance(method, str) else "",
-    )
+    """The shape from ``model_dir``'s config.json; BadInput on a missing, garbled or
+    incomplete file (see ``model_shape``)."""
+    return model_shape(read_config_json(model_dir))
 
 
 def _shard_files(model_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
     """The files to read, and the index's weight_map when the checkpoint has one."""
     index_path = model_dir / INDEX_FILE
     if index_path.exists():
-        index = _read_json(index_path, INDEX_FILE)
+        index = read_json(index_path, INDEX_FILE)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if (not isinstance(weight_map, dict) or not weight_map
                 or not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items())):
@@ -211,7 +151,7 @@ def read_weights(model_dir: str | os.PathLike) -> WeightsInfo:
     in another shard, and an ``lm_head.weight`` stored beside the embedding it is tied
     to (``tie_word_embeddings``) is not counted, as the engine shares one tensor.
     """
-    path = _model_dir(model_dir)
+    path = checked_model_dir(model_dir)
     files, weight_map = _shard_files(path)
     chosen: dict[str, TensorInfo] = {}
     skipped: list[str] = []
@@ -253,7 +193,7 @@ def read_weights(model_dir: str | os.PathLike) -> WeightsInfo:
 
 def _tied(model_dir: Path) -> bool:
     try:
-        config = _read_config(model_dir)
+        config = text_config(read_config_json(model_dir))
     except BadInput:
         return False
     return bool(config.get("tie_word_embeddings", False))

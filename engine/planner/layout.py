@@ -1,4 +1,4 @@
-"""What each attention layer keeps per token, read from config.json by architecture.
+"""What each attention layer keeps per token, from config.json as ``hf_config`` reads it.
 
 A layout is one entry per layer, as the model declares it: full attention (K and V of
 every token), a sliding window (K and V of the last ``window`` tokens), or multi-head
@@ -13,26 +13,21 @@ from dataclasses import dataclass
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.config import SUPPORTED_ARCHITECTURES
+from kvledger.engine.planner.hf_config import (
+    MLA_ARCHITECTURES,
+    READ_ARCHITECTURES,
+    SLIDING_ATTENTION,
+    HFConfig,
+)
 
 FULL = "full"
 SLIDING = "sliding"
 MLA = "mla"
 
-# Grouped-/multi-query attention on every layer (a declared window noted, see _declared_window).
-FULL_ATTENTION_ARCHITECTURES = (
-    "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "GemmaForCausalLM")
-# Multi-head latent attention: DeepSeek-V2/V2-Lite, DeepSeek-V3/R1, Kimi-K2.
-MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
-# Sliding-window layers among full ones, per ``layer_types`` or the family's pattern.
-HYBRID_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM",
-                        "Gemma3ForConditionalGeneration", "GptOssForCausalLM")
-
 
 def planned_architectures() -> tuple[str, ...]:
     """Every architecture ``kvledger plan`` models; the engine's own are always among them."""
-    known = FULL_ATTENTION_ARCHITECTURES + MLA_ARCHITECTURES + HYBRID_ARCHITECTURES
-    return tuple(sorted(set(known) | set(SUPPORTED_ARCHITECTURES)))
+    return tuple(sorted(set(READ_ARCHITECTURES) | set(SUPPORTED_ARCHITECTURES)))
 
 
 @dataclass(frozen=True)
@@ -91,66 +86,21 @@ def pick_architecture(config: dict) -> str:
                    f"{', '.join(planned)}")
 
 
-def read_layout(config: dict, architecture: str, num_layers: int, num_kv_heads: int,
-                head_dim: int) -> AttentionLayout:
-    """The layout ``config`` declares for ``architecture`` (one of ``planned_architectures``)."""
-    if architecture in MLA_ARCHITECTURES:
-        latent = _positive(config, "kv_lora_rank") + _positive(config, "qk_rope_head_dim")
-        return AttentionLayout((LayerKV(MLA, 1, latent),) * num_layers)
-    types = _layer_types(config, architecture, num_layers)
-    window = _window(config, architecture) if SLIDING in types else None
-    layers = tuple(LayerKV(SLIDING, num_kv_heads, head_dim, window) if kind == SLIDING
-                   else LayerKV(FULL, num_kv_heads, head_dim) for kind in types)
+def read_layout(config: HFConfig) -> AttentionLayout:
+    """What each layer of ``config`` keeps per token: MLA's latent, or K and V of every
+    token or of the last ``sliding_window`` (``config.layer_types``)."""
+    if config.architecture in MLA_ARCHITECTURES:
+        latent = config.kv_lora_rank + config.qk_rope_head_dim
+        return AttentionLayout((LayerKV(MLA, 1, latent),) * config.num_layers)
+    kv_heads, head_dim = config.num_kv_heads, config.head_dim
+    layers = tuple(LayerKV(SLIDING, kv_heads, head_dim, config.sliding_window)
+                   if kind == SLIDING_ATTENTION else LayerKV(FULL, kv_heads, head_dim)
+                   for kind in config.layer_types)
     notes = ()
-    if architecture == "GptOssForCausalLM":
+    if config.architecture == "GptOssForCausalLM":
         notes = ("attention sinks: one learned logit per head and layer, stored with the "
                  "weights (counted there), no KV bytes",)
     return AttentionLayout(layers, notes)
-
-
-def _layer_types(config: dict, architecture: str, num_layers: int) -> list[str]:
-    """FULL or SLIDING per layer: ``layer_types`` when given, else the family's rule."""
-    declared = config.get("layer_types")
-    if declared is not None:
-        if not isinstance(declared, list) or len(declared) != num_layers:
-            raise BadInput(f"config.json 'layer_types' must list one type per layer "
-                           f"({num_layers}), got {declared!r}")
-        kinds = {"full_attention": FULL, "sliding_attention": SLIDING}
-        unknown = sorted({str(t) for t in declared if t not in kinds})
-        if unknown:
-            raise BadInput(f"config.json 'layer_types' has {', '.join(unknown)}: kvledger plans "
-                           "only full_attention and sliding_attention layers")
-        return [kinds[t] for t in declared]
-    if architecture in ("Gemma2ForCausalLM", "GptOssForCausalLM"):
-        return [SLIDING if i % 2 == 0 else FULL for i in range(num_layers)]  # even layers slide
-    if architecture.startswith("Gemma3"):
-        pattern = config.get("sliding_window_pattern", config.get("_sliding_window_pattern", 6))
-        if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern <= 0:
-            raise BadInput(f"config.json 'sliding_window_pattern' must be a positive integer, "
-                           f"got {pattern!r}")
-        return [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers)]
-    if architecture in ("MistralForCausalLM", "MixtralForCausalLM"):
-        return [SLIDING if config.get("sliding_window") else FULL] * num_layers
-    if architecture.startswith("Qwen") and config.get("use_sliding_window") \
-            and config.get("sliding_window"):
-        first = config.get("max_window_layers", 0)
-        return [SLIDING if i >= first else FULL for i in range(num_layers)]
-    return [FULL] * num_layers
-
-
-def _window(config: dict, architecture: str) -> int:
-    default = {"Gemma2ForCausalLM": 4096, "GptOssForCausalLM": 128}.get(
-        architecture, 4096 if architecture.startswith("Gemma3") else None)
-    return _positive(config, "sliding_window", default)
-
-
-def _positive(config: dict, key: str, default: object = None) -> int:
-    value = config.get(key, default)
-    if value is None:
-        value = default
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise BadInput(f"config.json {key!r} must be a positive integer, got {value!r}")
-    return value
 
 
 def declared_only(layout: AttentionLayout) -> str:

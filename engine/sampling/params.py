@@ -10,7 +10,8 @@ from kvledger.engine.errors import BadInput
 
 GREEDY_BELOW_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS
 MAX_LOGPROBS = 20                # vLLM's default --max-logprobs
-MAX_LOGIT_BIAS = 100.0           # OpenAI's bound on a logit_bias value
+MAX_LOGIT_BIAS_VALUE = 100.0     # OpenAI's bound on a logit_bias value (either sign)
+MAX_PENALTY = 2.0                # OpenAI's bound on presence and frequency penalties
 
 
 def _number(name: str, value: Any, low: float, high: float) -> float:
@@ -112,8 +113,9 @@ class SamplingParams:
                 raise BadInput(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {k!r}")
 
     def _check_processing(self) -> None:
-        self.presence_penalty = _number("presence_penalty", self.presence_penalty, -2.0, 2.0)
-        self.frequency_penalty = _number("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        bound = MAX_PENALTY
+        self.presence_penalty = _number("presence_penalty", self.presence_penalty, -bound, bound)
+        self.frequency_penalty = _number("frequency_penalty", self.frequency_penalty, -bound, bound)
         p = self.repetition_penalty
         if isinstance(p, bool) or not isinstance(p, int | float) or not (p > 0 and math.isfinite(p)):
             raise BadInput(f"repetition_penalty must be a finite number > 0, got {p!r}")
@@ -127,7 +129,8 @@ class SamplingParams:
             if not isinstance(self.logit_bias, dict) or not all(
                     _is_int(t) and t >= 0 for t in self.logit_bias):
                 raise BadInput("logit_bias must map non-negative token ids to numbers")
-            self.logit_bias = {t: _number(f"logit_bias[{t}]", v, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+            self.logit_bias = {t: _number(f"logit_bias[{t}]", v, -MAX_LOGIT_BIAS_VALUE,
+                                          MAX_LOGIT_BIAS_VALUE)
                                for t, v in self.logit_bias.items()}
         if self.grammar is not None and not callable(getattr(self.grammar, "matcher", None)):
             raise BadInput("grammar must be a compiled grammar with a matcher() method")

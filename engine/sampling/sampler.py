@@ -5,7 +5,7 @@ logprobs, from the raw logits, for the rows that ask.
 A request with a ``seed`` draws from its own generator, so its tokens do not depend on
 what else is in the batch; the others share the engine's generator. A batch of
 default requests costs what it did before any of these features: one argmax, the
-sampled rows, one copy.
+sampled rows, one copy. ``sample_each`` confines a fault to the row that raised it.
 """
 
 from __future__ import annotations
@@ -20,12 +20,42 @@ from kvledger.engine.core.sequence import Sequence
 from kvledger.engine.sampling.params import SamplingParams
 
 NEG_INF = float("-inf")
+Sampled = tuple[int, TokenLogprobs | None]  # one row's token, and its logprobs if asked
 
 
 @dataclass
 class SamplerOutput:
     token_ids: list[int]                 # one per row
     logprobs: dict[int, TokenLogprobs]   # by row, only for the rows whose request asked
+
+
+def sample_each(sampler: Callable[[torch.Tensor, list[Sequence]], SamplerOutput],
+                logits: torch.Tensor, seqs: list[Sequence],
+                shared_generator: torch.Generator) -> list[Sampled | Exception]:
+    """Each sequence's token from ``sampler`` (a ``Sampler``), with its logprobs where
+    asked; when the batched call fails, each row alone, so a fault belongs to the sequence
+    that raised it (its entry is the exception). ``shared_generator``: the one the rows
+    without a seed draw from."""
+    # The batched call may fail after some rows drew: their generators go back to where
+    # they stood, so each row alone draws what it would have in the batch and a seeded
+    # request never notices the fault of another.
+    generators = {id(g): g for seq in seqs if not seq.params.greedy
+                  for g in (seq.generator or shared_generator,)}
+    states = [(g, g.get_state()) for g in generators.values()]
+    try:
+        out = sampler(logits, seqs)
+        return [(token_id, out.logprobs.get(row)) for row, token_id in enumerate(out.token_ids)]
+    except Exception:
+        for generator, state in states:
+            generator.set_state(state)
+    tokens: list[Sampled | Exception] = []
+    for row, seq in enumerate(seqs):
+        try:
+            out = sampler(logits[row:row + 1], [seq])
+            tokens.append((out.token_ids[0], out.logprobs.get(0)))
+        except Exception as exc:
+            tokens.append(exc)
+    return tokens
 
 
 class Sampler:

@@ -1,11 +1,13 @@
 """Reservation admission: a request runs only once the KV ledger holds ``prompt + cap``.
 
 The story of one request: ``effective_cap`` turns the requested ``max_tokens`` into the
-cap (or refuses 413/400), ``admit`` reserves ``prompt + cap`` tokens of KV blocks (at
-once, or after a FIFO wait of at most ``max_queue_wait_s``), and a refusal carries the
-wait after which enough blocks are due back: the running requests' remaining caps at
-the observed decode rate, soonest first, with jitter so rejected clients do not return
-in lock-step. ``done`` forgets the request; the engine releases its blocks.
+cap (the engine's rule, ``output_cap``; its refusals are 413/400 here), ``admit``
+reserves ``prompt + cap`` tokens of KV blocks (400 when the pool could never hold them,
+the ledger's ``check_fits``; at once, or after a FIFO wait of at most
+``max_queue_wait_s``), and a refusal carries the wait after which enough blocks are due
+back: the running requests' remaining caps at the observed decode rate, soonest first,
+with jitter so rejected clients do not return in lock-step. ``done`` forgets the
+request; the engine releases the blocks it was handed, ``give_back`` any it never was.
 
 With prefix caching the ledger pins the cached blocks the prompt begins with, so a
 request may claim fewer blocks than ``blocks_for(prompt + cap)``: a refusal counts the
@@ -27,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvledger.engine.core.request import output_cap
+from kvledger.engine.errors import CapTooLarge, PoolTooSmall, PromptTooLong
 from kvledger.engine.server.api_errors import ApiError
 
 MAX_RETRY_AFTER_S = 60.0       # past this a client should go elsewhere, not wait
@@ -72,8 +76,9 @@ class _Waiter:
 
 
 class Admission:
-    """Admits requests against ``ledger`` (a ``KVLedger``: ``try_reserve_each``,
-    ``blocks_needed``, ``blocks_for``, ``blocks_returned``, ``release``)."""
+    """Admits requests against ``ledger`` (a ``KVLedger``: ``check_fits``,
+    ``try_reserve_each``, ``blocks_needed``, ``blocks_for``, ``blocks_returned``,
+    ``release``)."""
 
     def __init__(self, ledger: Any, *, max_model_len: int, max_queue_wait_s: float = 0.0,
                  max_num_seqs: int | None = None,
@@ -93,22 +98,22 @@ class Admission:
 
     # -- the cap -------------------------------------------------------------------
     def effective_cap(self, prompt_tokens: int, requested: int | None) -> int:
-        """The output cap this request is admitted with; 413/400 when it cannot fit."""
-        limit = self.max_model_len
-        if prompt_tokens >= limit:
-            raise ApiError(413, f"prompt is {prompt_tokens} tokens, at or over the context "
-                                f"limit of {limit} tokens", code="context_length_exceeded",
-                           param="prompt", reason="prompt_too_long")
-        room = limit - prompt_tokens
-        if requested is None:
-            return room
-        if requested > room:
-            raise ApiError(400, f"prompt ({prompt_tokens} tokens) + max_tokens ({requested}) = "
-                                f"{prompt_tokens + requested} exceeds the context limit of "
-                                f"{limit} tokens; lower max_tokens to at most {room}",
+        """The output cap this request is admitted with (``output_cap``); 413 when the
+        prompt fills the context, 400 when the requested cap overflows it."""
+        try:
+            return output_cap(self.max_model_len, prompt_tokens, requested)
+        except PromptTooLong as exc:
+            raise ApiError(413, f"prompt is {exc.prompt_tokens} tokens, at or over the context "
+                                f"limit of {exc.max_model_len} tokens",
+                           code="context_length_exceeded", param="prompt",
+                           reason="prompt_too_long") from None
+        except CapTooLarge as exc:
+            raise ApiError(400, f"prompt ({exc.prompt_tokens} tokens) + max_tokens "
+                                f"({exc.max_tokens}) = {exc.prompt_tokens + exc.max_tokens} "
+                                f"exceeds the context limit of {exc.max_model_len} tokens; "
+                                f"lower max_tokens to at most {exc.room_tokens}",
                            code="context_length_exceeded", param="max_tokens",
-                           reason="over_context")
-        return requested
+                           reason="over_context") from None
 
     # -- admit ---------------------------------------------------------------------
     @property
@@ -123,15 +128,16 @@ class Admission:
         cached blocks it begins with (unless ``use_cached`` is False: echoed prompt
         logprobs need every position computed), among those keyed with the same ``salt``."""
         tokens = prompt_tokens + cap_tokens
-        # The choices share their prompt's full blocks (unless every position must be computed).
-        blocks = self.ledger.blocks_for_choices(tokens, n, prompt_tokens,
-                                                share=use_cached and prompt_token_ids is not None)
-        if blocks > self.ledger.num_blocks:  # as if nothing were cached: a verdict on the request
+        try:  # the choices share their prompt's full blocks (unless every position is computed)
+            blocks = self.ledger.check_fits(tokens, n, prompt_tokens,
+                                            share=use_cached and prompt_token_ids is not None)
+        except PoolTooSmall as exc:
             choices = f" for {n} choices" if n > 1 else ""
-            raise ApiError(400, f"the request needs {blocks} KV blocks ({tokens} tokens{choices}) "
-                                f"but the whole pool holds {self.ledger.num_blocks}; lower "
-                                f"max_tokens{' or n' if n > 1 else ''}",
-                           code="kv_pool_too_small", param="max_tokens", reason="over_pool")
+            raise ApiError(400, f"the request needs {exc.needed_blocks} KV blocks ({tokens} "
+                                f"tokens{choices}) but the whole pool holds {exc.pool_blocks}; "
+                                f"lower max_tokens{' or n' if n > 1 else ''}",
+                           code="kv_pool_too_small", param="max_tokens",
+                           reason="over_pool") from None
         waiter = _Waiter(tokens, n, blocks, prompt_token_ids, use_cached, salt)
         # Nobody overtakes a live waiter; departed ones (gone) do not count.
         reservations = None if self._queued else waiter.try_reserve(self.ledger)
@@ -169,8 +175,7 @@ class Admission:
             granted = (waiter.future.done() and not waiter.future.cancelled()
                        and waiter.future.exception() is None)
             if granted:  # the client left just as its blocks came: give them back
-                for reservation in waiter.future.result():
-                    self.ledger.release(reservation)
+                self.give_back(waiter.future.result())
             raise
         finally:
             if not waiter.future.done():
@@ -235,8 +240,15 @@ class Admission:
     def progress(self, ticket: Ticket, generated_tokens: int) -> None:
         ticket.generated_tokens = generated_tokens
 
+    def give_back(self, reservations: list[Any]) -> None:
+        """Release reservations granted but never handed to the engine (the engine
+        releases those it was handed): the server's one release."""
+        for reservation in reservations:
+            self.ledger.release(reservation)
+
     def done(self, ticket: Ticket) -> None:
-        """Forget a finished request (the engine releases its blocks) and wake waiters."""
+        """Forget a finished request and wake waiters (the engine releases the reservations
+        it was handed, ``give_back`` the rest)."""
         self.running.pop(ticket.request_id, None)
         self.capacity_changed()
 

@@ -1,7 +1,8 @@
 """The aiohttp application: routes, API-key check, and OpenAI-shaped errors for everything.
 
 ``build_app(options)`` returns an app whose ``/health`` answers at once and whose
-``/ready`` is 503 until ``app[STATE].attach(llm_engine)`` has loaded and warmed the model.
+``/ready`` is 503 until ``app[STATE].attach(engine)`` (an ``LLMEngine``) has loaded and
+warmed the model.
 """
 
 from __future__ import annotations
@@ -114,9 +115,9 @@ def _check_api_key(request: web.Request) -> None:
 
 async def health(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    if state.engine is not None and state.engine.dead is not None:
-        return web.json_response({"status": "engine_dead", "error": str(state.engine.dead)},
-                                 status=503)
+    dead = state.async_engine.dead if state.async_engine is not None else None
+    if dead is not None:
+        return web.json_response({"status": "engine_dead", "error": str(dead)}, status=503)
     return web.json_response({"status": "ok"})
 
 
@@ -126,7 +127,7 @@ async def ready(request: web.Request) -> web.Response:
         return web.json_response({"status": "shutting_down"}, status=503)
     if not state.ready:
         return web.json_response({"status": "loading"}, status=503)
-    if state.engine.dead is not None:
+    if state.async_engine.dead is not None:
         return web.json_response({"status": "engine_dead"}, status=503)
     return web.json_response({"status": "ready", "model": state.model_name})
 
@@ -138,23 +139,23 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    if state.llm is None:
+    if state.engine is None:
         return web.json_response({"object": "list", "data": []})
     return web.json_response({"object": "list", "data": [{
         "id": state.model_name, "object": "model", "created": int(state.started_at),
-        "owned_by": "kvledger", "max_model_len": state.llm.max_model_len}]})
+        "owned_by": "kvledger", "max_model_len": state.engine.max_model_len}]})
 
 
 async def budget(request: web.Request) -> web.Response:
     """The plan the engine runs under and the pool's live state (read-only)."""
     state = request.app[STATE]
-    if state.llm is None:
+    if state.engine is None:
         raise ApiError(503, "the model is still loading", code="not_ready", reason="not_ready")
-    ledger, admission = state.llm.ledger, state.admission
-    plan = state.llm.plan.to_json() if state.llm.plan is not None else None
+    ledger, admission = state.engine.ledger, state.admission
+    plan = state.engine.plan.to_json() if state.engine.plan is not None else None
     return web.json_response({
         "model": state.model_name,
-        "max_model_len": state.llm.max_model_len,
+        "max_model_len": state.engine.max_model_len,
         "plan": plan,
         "pool": {"block_size": ledger.block_size, "total_blocks": ledger.num_blocks,
                  "reserved_blocks": ledger.reserved_blocks, "used_blocks": ledger.used_blocks,
@@ -162,7 +163,7 @@ async def budget(request: web.Request) -> web.Response:
         "prefix_cache": _prefix_cache(ledger),
         "queue": {"waiting": admission.queue_length, "running": len(admission.running),
                   "max_queue_wait_s": admission.max_queue_wait_s},
-        "decode_tokens_per_s": state.engine.decode_tokens_per_s,
+        "decode_tokens_per_s": state.async_engine.decode_tokens_per_s,
         "time": time.time(),
     })
 

@@ -1,12 +1,14 @@
 """``POST /v1/completions`` and ``POST /v1/chat/completions``.
 
 One request's story: read -> parse -> tokenize -> effective cap -> reserve (or 429) ->
-generate -> answer (JSON or SSE, ``answers.py``). Parsing, rendering the chat template and tokenizing run
-on the server's worker threads, so a 4 MiB body never stalls the event loop; nothing is
-reserved until they are done, so a client that leaves meanwhile holds no blocks. The
-reservation goes to the engine when the request is added; closing the output stream in
-``finally`` aborts an unfinished request (client gone, shutdown, error), and the engine
-then returns its blocks.
+generate -> answer (JSON or SSE, ``answers.py``). Parsing, rendering the chat template and
+tokenizing run on the server's worker threads, so a 4 MiB body never stalls the event
+loop; nothing is reserved until they are done, so a client that leaves meanwhile holds no
+blocks. Each of the engine's rules runs once, before admission (prompt ids, cap, params);
+the engine takes the ``EngineRequest`` as it is. Each reservation goes to the engine with
+its ``generate`` call; closing the output stream in ``finally`` aborts an unfinished
+request (client gone, shutdown, error), and the engine then returns its blocks;
+``Admission.give_back`` returns those never handed over.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from typing import Any
 from aiohttp import web
 
 from kvledger.engine.core.async_engine import EngineDeadError
+from kvledger.engine.core.request import EngineRequest
 from kvledger.engine.errors import BadInput
 from kvledger.engine.server import answers
 from kvledger.engine.server.api_errors import ApiError, bad_request
 from kvledger.engine.server.limits import decode_json
 from kvledger.engine.server.protocol import GenerationRequest, parse_chat, parse_completion
 from kvledger.engine.server.state import API_KEY_INDEX, STATE, ServerState
+from kvledger.engine.server.structured_outputs import constraint_field
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +57,18 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
         raise early
     prompt_ids = await state.off_loop(len(raw), _encode, state, req, prompt)
     cap = state.admission.effective_cap(len(prompt_ids), req.cap)
+    if not isinstance(prompt, list):  # the tokenizer's ids, checked once they fit the context
+        _check_prompt(state, prompt_ids)
     grammar = await _grammar(state, req)
     params = [_sampling_params(req, cap, grammar, i) for i in range(req.n)]
     try:  # before admission: token ids the model lacks (logit_bias) are a 400
-        state.llm.check_params(params[0])
+        state.engine.check_params(params[0])  # the choices differ in their seeds only
     except BadInput as exc:
         raise bad_request(str(exc), "logit_bias") from None
+    engine_requests = [EngineRequest(prompt_ids, p, cap) for p in params]  # every rule met
     echo = None
     if req.kind == "completion" and req.echo:
-        echo = prompt if isinstance(prompt, str) else state.llm.tokenizer.decode(prompt_ids)
+        echo = prompt if isinstance(prompt, str) else state.engine.tokenizer.decode(prompt_ids)
     p = answers.Prepared(req, f"{id_prefix}-{uuid.uuid4().hex}", prompt_ids, echo, arrived,
                   int(time.time()))
     ticket = await state.admission.admit(p.request_id, len(prompt_ids), cap, req.n,
@@ -72,10 +79,13 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     state.metrics.queue_wait.observe(time.monotonic() - arrived)
     state.metrics.prompt_tokens.inc(len(prompt_ids))
     streams: list = []
+    handed = 0
     try:
         for i, reservation in enumerate(ticket.reservations):
             choice_id = p.request_id if req.n == 1 else f"{p.request_id}-{i}"
-            streams.append(state.engine.generate(choice_id, prompt_ids, params[i], reservation))
+            handed = i + 1  # from this call on the engine owns it, even if it refuses it
+            streams.append(state.async_engine.generate(choice_id, engine_requests[i],
+                                                       reservation=reservation))
         async with aclosing(_merged(streams)) as outputs:
             if req.stream:
                 return await answers.stream(request, state, p, ticket, outputs)
@@ -85,10 +95,9 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     except BadInput as exc:
         raise bad_request(str(exc)) from None
     finally:
-        # The engine owns what it was handed (closing a stream aborts it); the rest is
-        # still ours. A release of one ``generate`` already released does nothing.
-        for reservation in ticket.reservations[len(streams):]:
-            state.admission.ledger.release(reservation)
+        # The engine releases what it was handed (closing a stream aborts it); the rest
+        # never left admission.
+        state.admission.give_back(ticket.reservations[handed:])
         for stream in streams:
             await stream.aclose()
             last = stream.last
@@ -175,7 +184,7 @@ _ADDED_TOKENS_MAX = 8
 def _prompt(state: ServerState, req: GenerationRequest) -> str:
     """A chat rendered as prompt text with the model's template."""
     try:
-        return state.llm.tokenizer.apply_chat_template(
+        return state.engine.tokenizer.apply_chat_template(
             req.template_messages, add_generation_prompt=req.add_generation_prompt)
     except BadInput as exc:
         raise bad_request(str(exc), "messages") from None
@@ -189,16 +198,22 @@ def _max_prompt_tokens(prompt: str | list[int]) -> int:
 
 def _encode(state: ServerState, req: GenerationRequest, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, list):
-        try:  # before admission: a request the model cannot run is never counted admitted
-            state.llm.check_prompt(prompt)
-        except BadInput as exc:
-            raise bad_request(str(exc), "prompt") from None
+        _check_prompt(state, prompt)  # the client's ids: before anything else looks at them
         return prompt
     # A rendered chat template already holds its special tokens (BOS included).
-    ids = state.llm.tokenizer.encode(prompt, add_special_tokens=req.kind != "chat")
+    ids = state.engine.tokenizer.encode(prompt, add_special_tokens=req.kind != "chat")
     if not ids:
         raise bad_request("the prompt encodes to zero tokens", "prompt")
     return ids
+
+
+def _check_prompt(state: ServerState, prompt_ids: list[int]) -> None:
+    """The engine's prompt rule, once per request and before admission: a request the
+    model cannot run is never counted admitted."""
+    try:
+        state.engine.check_prompt(prompt_ids)
+    except BadInput as exc:
+        raise bad_request(str(exc), "prompt") from None
 
 
 def _sampling_params(req: GenerationRequest, cap: int, grammar: Any, index: int) -> Any:
@@ -219,10 +234,6 @@ def _sampling_params(req: GenerationRequest, cap: int, grammar: Any, index: int)
             include_stop_str_in_output=req.include_stop_str_in_output, grammar=grammar)
     except BadInput as exc:
         raise bad_request(str(exc)) from None
-
-
-_CONSTRAINTS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
-                "guided_choice")
 
 
 async def _grammar(state: ServerState, req: GenerationRequest) -> Any:
@@ -250,5 +261,4 @@ async def _grammar(state: ServerState, req: GenerationRequest) -> Any:
             compiler.abandon(spec, future)
             raise
     except GrammarError as exc:
-        param = next(name for name in _CONSTRAINTS if getattr(req, name) is not None)
-        raise bad_request(str(exc), param) from None
+        raise bad_request(str(exc), constraint_field(req)) from None

@@ -2,103 +2,55 @@
 
 A field that would change the answer is either implemented (``n``, ``logprobs``,
 penalties, ``logit_bias``, ``response_format``...) or refused with a 400 naming it;
-a field nobody modelled is refused as unknown. Only the fields in ``IGNORED_FIELDS``,
-which change nothing a server like this one returns, are accepted and dropped. Types are
-strict (``"10"`` is not an integer, ``true`` is not 1), and sizes are bounded by
-``limits`` (messages, stop strings, 64-bit integers), each refusal naming its limit.
+a field nobody modelled is refused as unknown (``validation``: which fields are refused
+or dropped by name, and the 400 naming the field at fault). Types are strict (``"10"`` is
+not an integer, ``true`` is not 1), and sizes are bounded by ``limits`` (choices,
+messages, stop strings, 64-bit integers), each refusal naming its limit. The output
+constraint fields are read by ``structured_outputs``.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from kvledger.engine.server.api_errors import ApiError, bad_request
+from kvledger.engine.sampling.params import MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_PENALTY
 from kvledger.engine.server.limits import (
+    MAX_CACHE_SALT_CHARS,
     MAX_INT,
+    MAX_LOGIT_BIAS_ENTRIES,
     MAX_MESSAGES,
+    MAX_N,
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
     MAX_STOP_TOTAL_CHARS,
     shown,
 )
-
-ROLES = ("system", "developer", "user", "assistant", "tool")
-MAX_N = 128                 # OpenAI's limit on choices per request
-MAX_LOGPROBS = 20           # vLLM's default --max-logprobs
-MAX_LOGIT_BIAS = 1024       # entries in one request's logit_bias
-MAX_CACHE_SALT_CHARS = 1024  # vLLM suggests 43 (256 random bits, base64)
-
-# Accepted and dropped: they change nothing this server returns (OpenAI's bookkeeping
-# and routing hints). Each value is the type it must have.
-IGNORED_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "metadata": dict, "store": bool, "service_tier": str, "parallel_tool_calls": bool,
-    "prompt_cache_key": str, "safety_identifier": str, "modalities": list,
-}
-# Known fields this server does not implement: a 400 "not supported" unless the value
-# is one of the neutral ones listed (which means "off").
-UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
-    "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []),
-    "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
-    "audio": (None,), "prediction": (None,), "reasoning_effort": (None,),
-    "web_search_options": (None,), "min_p": (None, 0, 0.0), "use_beam_search": (None, False),
-    "length_penalty": (None, 1, 1.0), "truncate_prompt_tokens": (None,),
-    "skip_special_tokens": (None, True), "spaces_between_special_tokens": (None, True),
-    "continue_final_message": (None, False), "chat_template": (None,),
-    "chat_template_kwargs": (None, {}), "documents": (None, []), "priority": (None, 0),
-    "prompt_logprobs": (None,), "guided_grammar": (None,), "guided_decoding_backend": (None,),
-}
-# vLLM's chat ``echo`` repeats the last message; not implemented (completions' is).
-CHAT_UNSUPPORTED_FIELDS = {**UNSUPPORTED_FIELDS, "echo": (None, False)}
+from kvledger.engine.server.structured_outputs import (
+    ResponseFormat,
+    StructuredOutputs,
+    output_constraint,
+)
+from kvledger.engine.server.validation import (
+    CHAT_UNSUPPORTED_FIELDS,
+    UNSUPPORTED_FIELDS,
+    Refusal,
+    Strict,
+    known_fields,
+    validate,
+)
 
 PositiveInt = Annotated[int, Field(ge=1, le=MAX_INT)]
 TokenId = Annotated[int, Field(ge=0, le=MAX_INT)]
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+Penalty = Annotated[float, Field(ge=-MAX_PENALTY, le=MAX_PENALTY)]
 TopLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
-
-
-class Strict(BaseModel):
-    """Unknown fields refused, no coercion (``"10"`` is not 10), no NaN or infinity."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False,
-                              hide_input_in_errors=True)
 
 
 class StreamOptions(Strict):
     include_usage: bool = False
     continuous_usage_stats: bool = False
-
-
-class JsonSchemaFormat(Strict):
-    name: str = "response"
-    schema_: dict[str, Any] = Field(alias="schema")
-    description: str | None = None
-    strict: bool | None = None
-
-
-class ResponseFormat(Strict):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-
-class StructuredOutputs(Strict):
-    """vLLM's ``structured_outputs``: one of these constraints."""
-
-    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
-    regex: str | None = None
-    choice: list[str] | None = None
-    json_object: bool | None = None
 
 
 class _Request(Strict):
@@ -119,7 +71,8 @@ class _Request(Strict):
     stream_options: StreamOptions | None = None
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-MAX_LOGIT_BIAS_VALUE,
+                                                 le=MAX_LOGIT_BIAS_VALUE)]] | None = None
     response_format: ResponseFormat | None = None
     user: str | None = None
     # vLLM's extensions
@@ -140,22 +93,7 @@ class _Request(Strict):
     @model_validator(mode="before")
     @classmethod
     def _known_fields(cls, data: Any) -> Any:
-        """Refuse the known-but-unsupported fields by name; drop the ignored ones."""
-        if not isinstance(data, dict):
-            raise _Refusal("the request body must be a JSON object")
-        unsupported = cls.unsupported
-        if not (unsupported.keys() & data.keys() or IGNORED_FIELDS.keys() & data.keys()):
-            return data  # the common case: nothing to drop
-        data = dict(data)
-        for name in unsupported.keys() & data.keys():
-            value = data.pop(name)
-            if not any(value == v and type(value) is type(v) for v in unsupported[name]):
-                raise _Refusal(f"'{name}' is not supported by this server", name)
-        for name in IGNORED_FIELDS.keys() & data.keys():
-            value = data.pop(name)
-            if value is not None and not isinstance(value, IGNORED_FIELDS[name]):
-                raise _Refusal(f"'{name}' must be a {_type_name(IGNORED_FIELDS[name])}", name)
-        return data
+        return known_fields(data, cls.unsupported)
 
     @field_validator("stop")
     @classmethod
@@ -192,9 +130,9 @@ class _Request(Strict):
     def _logit_bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
         if bias is None:
             return None
-        if len(bias) > MAX_LOGIT_BIAS:
+        if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
             raise ValueError(f"'logit_bias' holds {len(bias)} entries; at most "
-                             f"{MAX_LOGIT_BIAS} are allowed")
+                             f"{MAX_LOGIT_BIAS_ENTRIES} are allowed")
         for key in bias:
             if not (key.isascii() and key.isdigit() and int(key) <= MAX_INT):
                 raise ValueError(f"keys must be token ids (\"123\"), got {shown(key)}")
@@ -203,21 +141,9 @@ class _Request(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> _Request:
         if self.stream_options is not None and not self.stream:
-            raise _Refusal("'stream_options' is only allowed when 'stream' is true",
+            raise Refusal("'stream_options' is only allowed when 'stream' is true",
                            "stream_options")
-        constraints = [name for name in ("response_format", "structured_outputs", "guided_json",
-                                         "guided_regex", "guided_choice")
-                       if getattr(self, name) is not None]
-        if self.response_format is not None and self.response_format.type == "text":
-            constraints.remove("response_format")
-        if len(constraints) > 1:
-            raise _Refusal(f"only one output constraint may be given, got "
-                           f"{', '.join(constraints)}", constraints[1])
-        if self.response_format is not None and self.response_format.type == "json_schema" \
-                and self.response_format.json_schema is None:
-            raise _Refusal("'response_format' of type json_schema needs 'json_schema': "
-                           "{\"name\": ..., \"schema\": {...}}", "response_format")
-        self._spec = self._constraint()  # checked (and its schema serialised) once
+        self._spec = output_constraint(self)  # checked (and its schema serialised) once
         return self
 
     # -- what the engine needs ------------------------------------------------------
@@ -243,24 +169,6 @@ class _Request(Strict):
     def grammar(self) -> tuple[str, str | None] | None:
         """The output constraint as ``(kind, value)`` (``GrammarSpec``'s fields), or None."""
         return self._spec
-
-    def _constraint(self) -> tuple[str, str | None] | None:
-        fmt = self.response_format
-        if fmt is not None and fmt.type == "json_object":
-            return "json_object", None
-        if fmt is not None and fmt.type == "json_schema":
-            return "json_schema", _schema_text(fmt.json_schema.schema_, "response_format")
-        so = self.structured_outputs
-        if so is None:
-            return _spec(self.guided_json, self.guided_regex, self.guided_choice,
-                         ("guided_json", "guided_regex", "guided_choice"))
-        given = [k for k in ("json_", "regex", "choice", "json_object") if getattr(so, k)]
-        if len(given) != 1:
-            raise _Refusal("'structured_outputs' must hold exactly one of json, regex, choice "
-                           "or json_object", "structured_outputs")
-        return _spec(so.json_, so.regex, so.choice, ("structured_outputs",) * 3) \
-            or ("json_object", None)
-
 
 class CompletionRequest(_Request):
     kind: ClassVar[str] = "completion"
@@ -343,7 +251,7 @@ class ChatRequest(_Request):
     @model_validator(mode="after")
     def _logprobs_given(self) -> ChatRequest:
         if self.top_logprobs is not None and not self.logprobs:
-            raise _Refusal("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+            raise Refusal("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         return self
 
     @property
@@ -368,97 +276,5 @@ def parse_chat(body: Any) -> ChatRequest:
     return validate(ChatRequest, body)
 
 
-class _Refusal(ValueError):
-    """A 400 raised inside validation, with the field it names."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message, self.param = message, param
-
-
-def validate(model: type[BaseModel], body: Any) -> Any:
-    """``model`` validated from ``body``, or the 400 naming the first field at fault."""
-    try:
-        return model.model_validate(body)
-    except _Refusal as exc:
-        raise bad_request(exc.message, exc.param) from None
-    except ValidationError as exc:
-        raise _first_error(exc) from None
-
-
-_TYPE_MESSAGES = {"int_type": "must be an integer", "float_type": "must be a number",
-                  "bool_type": "must be true or false", "string_type": "must be a string",
-                  "list_type": "must be a list", "dict_type": "must be a JSON object",
-                  "model_type": "must be a JSON object", "finite_number": "must be finite"}
-
-
-def _first_error(exc: ValidationError) -> ApiError:
-    error = exc.errors(include_url=False)[0]
-    cause = (error.get("ctx") or {}).get("error")
-    if isinstance(cause, _Refusal):
-        return bad_request(cause.message, cause.param)
-    param = _param(error["loc"])
-    if not param:
-        return bad_request("the request body must be a JSON object" if error["type"] ==
-                           "model_type" else str(cause or error["msg"]))
-    if error["type"] == "extra_forbidden":
-        return bad_request(f"unknown field '{param}': this server does not implement it",
-                           param)
-    if error["type"] == "missing":
-        return bad_request(f"missing required field '{param}'", param)
-    if error["type"] in _TYPE_MESSAGES:
-        return bad_request(f"'{param}' {_TYPE_MESSAGES[error['type']]}, got "
-                           f"{shown(error['input'])}", param)
-    message = str(cause) if isinstance(cause, ValueError) else error["msg"]
-    return bad_request(f"'{param}': {message}", param)
-
-
-def _param(loc: tuple[int | str, ...]) -> str:
-    """``("messages", 0, "role")`` -> ``messages[0].role``; pydantic's union branch
-    names (``str``, ``list[str]``) are dropped."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif "[" in part or part in ("str", "int", "float", "bool", "dict", "list"):
-            continue
-        else:
-            out += f".{part}" if out else part
-    return out
-
-
-def _schema_text(schema: dict[str, Any] | str, field: str) -> str:
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except ValueError:
-            raise _Refusal(f"'{field}' must hold a JSON schema object", field) from None
-    if not isinstance(schema, dict):
-        raise _Refusal(f"'{field}' must hold a JSON schema object", field)
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
-
-
-def _spec(schema: dict[str, Any] | str | None, regex: str | None, choice: list[str] | None,
-          fields: tuple[str, str, str]) -> tuple[str, str | None] | None:
-    """The one constraint given among a JSON schema, a regex and a choice list, or None."""
-    if schema is not None:
-        return "json_schema", _schema_text(schema, fields[0])
-    if regex is not None:
-        return "regex", regex
-    if choice is not None:
-        return _choice(choice, fields[2])
-    return None
-
-
-def _choice(options: list[str], field: str) -> tuple[str, str]:
-    if not options or not all(options):
-        raise _Refusal(f"'{field}' must be a non-empty list of non-empty strings", field)
-    return "choice", json.dumps(options)
-
-
 def _is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT
-
-
-def _type_name(kind: type | tuple[type, ...]) -> str:
-    return {dict: "JSON object", bool: "boolean", str: "string", list: "list"}.get(kind, "value")

@@ -190,14 +190,14 @@ async def _serve(config, options: ServeOptions, host: str, port: int) -> int:
             log.info("%s received while loading; exiting", stopped.result())
             return 0
         try:
-            llm = loading.result()
+            engine = loading.result()
         except DoesNotFit as exc:
             print(exc.report, file=sys.stderr)
             return exc.exit_code
-        await state.attach(llm)
+        await state.attach(engine)
         log.info("ready: serving %r (context %d tokens, %d KV blocks of %d tokens)",
-                 state.model_name, llm.max_model_len, llm.ledger.num_blocks,
-                 llm.ledger.block_size)
+                 state.model_name, engine.max_model_len, engine.ledger.num_blocks,
+                 engine.ledger.block_size)
         log.info("%s: draining (grace %.0fs)", await stopped, options.shutdown_grace_s)
         await state.drain()
         return 0

@@ -59,8 +59,8 @@ class ServerState:
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
         self.metrics = ServerMetrics()
-        self.llm: Any = None
-        self.engine: AsyncEngine | None = None
+        self.engine: Any = None                       # the LLMEngine, once loaded
+        self.async_engine: AsyncEngine | None = None  # its worker thread, driven from here
         self.admission: Admission | None = None
         self.ready = False
         self.draining = False
@@ -68,7 +68,8 @@ class ServerState:
         self._workers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="kvledger-prepare")
         self._grammars: Any = None
         self._token_texts: dict[int, str] = {}
-        ledger = lambda attr: lambda: getattr(self.llm.ledger, attr) if self.llm else 0  # noqa: E731
+        ledger = lambda attr: lambda: (getattr(self.engine.ledger, attr)  # noqa: E731
+                                       if self.engine else 0)
         waiting = lambda: self.admission.queue_length if self.admission else 0  # noqa: E731
         self.metrics.watch({
             "kvledger_kv_blocks_total": ("KV blocks in the pool", ledger("num_blocks")),
@@ -89,24 +90,24 @@ class ServerState:
                                               "prefix cache", ledger("prefix_cache_queries")),
             "kvledger_prefix_cache_hits": ("prompt tokens found in the prefix cache (not "
                                            "computed again)", ledger("prefix_cache_hits")),
-        }, model_name=lambda: self.llm.model_name if self.llm else None)
+        }, model_name=lambda: self.engine.model_name if self.engine else None)
 
     def _kv_reserved_ratio(self) -> float:
-        if self.llm is None:
+        if self.engine is None:
             return 0.0
-        return self.llm.ledger.reserved_blocks / self.llm.ledger.num_blocks
+        return self.engine.ledger.reserved_blocks / self.engine.ledger.num_blocks
 
     # -- lifecycle -------------------------------------------------------------------
-    async def attach(self, llm: Any, *, warm: bool = True) -> None:
-        """Start serving ``llm`` (an ``LLMEngine``): worker thread, admission, warm-up."""
-        self.llm = llm
-        self.engine = AsyncEngine(llm)
-        self.admission = Admission(llm.ledger, max_model_len=llm.max_model_len,
+    async def attach(self, engine: Any, *, warm: bool = True) -> None:
+        """Start serving ``engine`` (an ``LLMEngine``): worker thread, admission, warm-up."""
+        self.engine = engine
+        self.async_engine = driver = AsyncEngine(engine)
+        self.admission = Admission(engine.ledger, max_model_len=engine.max_model_len,
                                    max_queue_wait_s=self.options.max_queue_wait_s,
-                                   max_num_seqs=llm.plan.max_num_seqs,
-                                   decode_tokens_per_s=lambda: self.engine.decode_tokens_per_s)
-        self.engine.on_step_outputs = lambda _outputs: self.admission.capacity_changed()
-        self.engine.start()
+                                   max_num_seqs=engine.plan.max_num_seqs,
+                                   decode_tokens_per_s=lambda: driver.decode_tokens_per_s)
+        self.async_engine.on_step_outputs = lambda _outputs: self.admission.capacity_changed()
+        self.async_engine.start()
         if warm:
             await self._warm_up()
         self.ready = True
@@ -116,12 +117,12 @@ class ServerState:
         seeds the decode rate that Retry-After estimates use."""
         from kvledger.engine.sampling.params import SamplingParams
 
-        ids = self.llm.tokenizer.encode("Hello", add_special_tokens=True)[:8] or [0]
+        ids = self.engine.tokenizer.encode("Hello", add_special_tokens=True)[:8] or [0]
         params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-        reservation = self.llm.ledger.try_reserve(len(ids) + 4)
-        async for _ in self.engine.generate("kvledger-warmup", ids, params, reservation):
+        reservation = self.engine.ledger.try_reserve(len(ids) + 4)
+        async for _ in self.async_engine.generate("kvledger-warmup", ids, params, reservation):
             pass
-        self.engine.restart_rate()
+        self.async_engine.restart_rate()
 
     async def drain(self) -> None:
         """Stop admitting; give in-flight requests the grace period; abort the rest."""
@@ -136,7 +137,7 @@ class ServerState:
         if self.admission.running:
             log.warning("aborting %d requests still running after the %.0fs grace",
                         len(self.admission.running), self.options.shutdown_grace_s)
-        await self.engine.stop()
+        await self.async_engine.stop()
         # Handlers see their aborted outputs and finish their responses.
         deadline = time.monotonic() + 5.0
         while self.admission.running and time.monotonic() < deadline:
@@ -144,8 +145,8 @@ class ServerState:
 
     async def close(self) -> None:
         """Stop the engine and the worker threads (queued work is dropped)."""
-        if self.engine is not None:
-            await self.engine.stop()
+        if self.async_engine is not None:
+            await self.async_engine.stop()
         self._workers.shutdown(wait=False, cancel_futures=True)
         if self._grammars is not None:
             self._grammars.close()
@@ -168,17 +169,17 @@ class ServerState:
         if self._grammars is None:
             from kvledger.engine.sampling.grammar import GrammarCompiler
 
-            tokenizer = self.llm.tokenizer
+            tokenizer = self.engine.tokenizer
             self._grammars = GrammarCompiler(tokenizer, tokenizer.eos_token_ids,
-                                             self.llm.runner.config.vocab_size,
-                                             cache_bytes=self.llm.config.grammar_cache_bytes)
+                                             self.engine.runner.config.vocab_size,
+                                             cache_bytes=self.engine.config.grammar_cache_bytes)
         return self._grammars
 
     def token_text(self, token_id: int) -> str:
         """One token's text, as logprobs show it (cached: a vocabulary's worth at most)."""
         text = self._token_texts.get(token_id)
         if text is None:
-            text = self.llm.tokenizer.decode([token_id], skip_special_tokens=False)
+            text = self.engine.tokenizer.decode([token_id], skip_special_tokens=False)
             self._token_texts[token_id] = text
         return text
 
@@ -189,13 +190,13 @@ class ServerState:
                            reason="shutting_down")
         if not self.ready:
             raise ApiError(503, "the model is still loading", code="not_ready", reason="not_ready")
-        if self.engine.dead is not None:
-            raise ApiError(503, f"the engine has failed: {self.engine.dead}", code="engine_dead",
-                           reason="engine_dead")
+        if self.async_engine.dead is not None:
+            raise ApiError(503, f"the engine has failed: {self.async_engine.dead}",
+                           code="engine_dead", reason="engine_dead")
 
     @property
     def model_name(self) -> str:
-        return self.llm.model_name
+        return self.engine.model_name
 
     def check_model(self, name: str) -> None:
         if name != self.model_name:

@@ -18,8 +18,9 @@ from kvledger.engine.errors import BadInput
 from kvledger.engine.server.api_errors import bad_request
 from kvledger.engine.server.limits import MAX_INT, decode_json
 from kvledger.engine.server.openai_api import read_body
-from kvledger.engine.server.protocol import ChatMessage, Strict, validate
+from kvledger.engine.server.protocol import ChatMessage
 from kvledger.engine.server.state import STATE, ServerState
+from kvledger.engine.server.validation import Strict, validate
 
 
 class TokenizeRequest(Strict):
@@ -45,7 +46,7 @@ class DetokenizeRequest(Strict):
 async def tokenize(request: web.Request) -> web.Response:
     state, req, size = await _read(request, TokenizeRequest)
     ids = await state.off_loop(size, _tokenize, state, req)
-    body: dict[str, Any] = {"count": len(ids), "max_model_len": state.llm.max_model_len,
+    body: dict[str, Any] = {"count": len(ids), "max_model_len": state.engine.max_model_len,
                             "tokens": ids, "token_strs": None}
     if req.return_token_strs:
         body["token_strs"] = [state.token_text(t) for t in ids]
@@ -55,10 +56,10 @@ async def tokenize(request: web.Request) -> web.Response:
 async def detokenize(request: web.Request) -> web.Response:
     state, req, size = await _read(request, DetokenizeRequest)
     try:
-        state.llm.check_prompt(req.tokens or [0])
+        state.engine.check_prompt(req.tokens or [0])
     except BadInput as exc:
         raise bad_request(str(exc), "tokens") from None
-    text = await state.off_loop(size, state.llm.tokenizer.decode, req.tokens)
+    text = await state.off_loop(size, state.engine.tokenizer.decode, req.tokens)
     return web.json_response({"prompt": text})
 
 
@@ -82,7 +83,7 @@ def _parse(model, raw: bytes):
 
 
 def _tokenize(state, req: TokenizeRequest) -> list[int]:
-    tokenizer = state.llm.tokenizer
+    tokenizer = state.engine.tokenizer
     if req.messages is not None:
         try:
             text = tokenizer.apply_chat_template([m.as_template_input() for m in req.messages],

@@ -89,3 +89,17 @@ async def test_engine_death_releases_a_closed_stream_whose_abort_was_still_pendi
     assert isinstance(engine.dead, RuntimeError)
     assert (llm.ledger.reserved_blocks, llm.ledger.used_blocks) == (0, 0)
     assert not llm.has_unfinished_requests()
+
+
+async def test_from_the_call_on_a_reservation_is_the_engines_even_when_refused(llm, engine):
+    first = engine.generate("twice", [5, 6, 7], _params(50), llm.ledger.try_reserve(53))
+    duplicate = llm.ledger.try_reserve(53)
+    with pytest.raises(ValueError, match="duplicate"):  # refused before the engine saw it
+        engine.generate("twice", [5, 6, 7], _params(50), duplicate)
+    assert duplicate.released
+    await first.aclose()
+    await engine.stop()
+    late = llm.ledger.try_reserve(10)
+    with pytest.raises(EngineDeadError):
+        engine.generate("late", [5], _params(1), late)
+    assert late.released and llm.ledger.reserved_blocks == 0

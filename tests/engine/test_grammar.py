@@ -219,6 +219,7 @@ def test_compiled_grammars_are_cached_and_matchers_independent(tokenizer, compil
     assert tokenizer.encode("{", add_special_tokens=False)[0] in allowed(logits)
 
 
-def test_importing_the_module_does_not_import_the_library():
-    code = "import sys, kvledger.engine.sampling.grammar; assert 'llguidance' not in sys.modules"
+def test_importing_the_modules_does_not_import_the_library():
+    code = ("import sys, kvledger.engine.sampling.grammar, kvledger.engine.sampling.grammar_matcher; "
+            "assert 'llguidance' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from _engine_helpers import evictions
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -210,7 +211,7 @@ def test_sharing_counts_a_block_once_and_admission_counts_cached_blocks_as_free(
     # Cached blocks are free to admission: six blocks of new tokens fit, evicting both.
     everything = ledger.try_reserve(24, [60] * 20)
     ledger.grow(everything, 24)
-    assert ledger.evictions == 2 and ledger.cached_blocks == 0
+    assert evictions(ledger) == 2 and ledger.cached_blocks == 0
 
 
 def test_a_fully_cached_prompt_still_computes_its_last_block():
@@ -252,13 +253,13 @@ def test_eviction_waits_for_pressure_and_takes_the_least_recently_released_first
         r = ledger.try_reserve(6, prompt)
         _compute(ledger, r, prompt)
         ledger.release(r)
-    assert (ledger.cached_blocks, ledger.evictions) == (4, 0)
+    assert (ledger.cached_blocks, evictions(ledger)) == (4, 0)
     r = ledger.try_reserve(4, [20, 21, 22])                     # 2 never-used blocks: no eviction
     ledger.grow(r, 4)
-    assert (ledger.cached_blocks, ledger.evictions) == (4, 0)
+    assert (ledger.cached_blocks, evictions(ledger)) == (4, 0)
     more = ledger.try_reserve(4, [30, 31, 32])                  # now 2 must be evicted
     ledger.grow(more, 4)
-    assert ledger.evictions == 2
+    assert evictions(ledger) == 2
     ledger.release(r)
     ledger.release(more)
     assert ledger.try_reserve(6, old).num_cached_blocks == 0    # released first, evicted first
@@ -406,13 +407,14 @@ class PrefixLedgerMachine(RuleBasedStateMachine):
         assert ledger.reserved_blocks == ledger.used_blocks + sum(r.draws_left for r in reservations)
         assert all(len(r.block_ids) + r.draws_left + r.awaited_blocks == r.num_blocks
                    for r in reservations)
+        registered = set(pool._by_hash.values())  # findable under a prefix's key
         for block in range(ledger.num_blocks):
             assert pool.ref_counts[block] == held.count(block)
             holders = [r for r in reservations if block in r.block_ids]
             if len(holders) > 1:  # shared only when cached, or by the choices of one request
                 one_request = (all(r.share is not None for r in holders)
                                and len({id(r.share) for r in holders}) == 1)
-                assert pool.is_registered(block) or one_request
+                assert block in registered or one_request
         # Every block is in exactly one state: in use, cached or free.
         free, cached = list(pool._free), list(pool._cached)
         assert sorted(free + cached + sorted(set(held))) == list(range(ledger.num_blocks))

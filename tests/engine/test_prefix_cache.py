@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from _engine_helpers import DEVICE, hf_greedy
+from _engine_helpers import DEVICE, evictions, hf_greedy
 
 from kvledger.engine import LLM, SamplingParams
 from kvledger.engine.config import EngineConfig
@@ -99,7 +99,7 @@ def test_greedy_tokens_equal_the_cache_off_and_transformers(tiny_llama_dir, refe
     assert {rid: out.token_ids for rid, out in first.items()} == expected
     assert {rid: out.token_ids for rid, out in again.items()} == expected
     hits = (first_hits + again_hits) * block_size
-    assert on.ledger.prefix_cache_hits == hits and on.ledger.evictions == 0
+    assert on.ledger.prefix_cache_hits == hits and evictions(on.ledger) == 0
     # Exactly the cached tokens were not computed: the cache off computed them all.
     assert on.num_prefill_tokens == off.num_prefill_tokens - hits
     assert_idle(on)
@@ -164,18 +164,18 @@ def test_cached_blocks_are_evicted_only_under_pressure_least_recently_released_f
 
     both("old", old)
     both("new", new)
-    assert (ledger.cached_blocks, ledger.evictions) == (6, 0)
+    assert (ledger.cached_blocks, evictions(ledger)) == (6, 0)
     both("filler", [13] * 40)                                   # 5 blocks: the 6 free ones first
-    assert ledger.evictions == 0
+    assert evictions(ledger) == 0
     both("pressure", [14] * 32)                                 # 4 blocks: 1 free, 3 evicted
-    assert ledger.evictions == 3
+    assert evictions(ledger) == 3
     hits = ledger.prefix_cache_hits
     both("new-again", new)
     assert ledger.prefix_cache_hits - hits == 24                # the recent one survived
     both("old-again", old)                                      # recomputed in evicted blocks
     assert ledger.prefix_cache_hits - hits == 24                # the old one was evicted
     assert tokens["new-again"] == tokens["new"] and tokens["old-again"] == tokens["old"]
-    assert off.ledger.evictions == 0 and off.ledger.prefix_cache_hits == 0
+    assert evictions(off.ledger) == 0 and off.ledger.prefix_cache_hits == 0
     assert_idle(engine)
 
 
@@ -200,15 +200,15 @@ def test_greedy_tokens_under_eviction_churn_equal_the_cache_off(tiny_llama_dir):
             wave[f"w{n}-ask-too"] = systems[1] + words(3)
         else:
             wave[f"w{n}-chat"] = previous + words(2)
-        evictions, hits = on.ledger.evictions, on.ledger.prefix_cache_hits
+        evicted, hits = evictions(on.ledger), on.ledger.prefix_cache_hits
         got = {rid: out.token_ids for rid, out in run(on, wave, params).items()}
         assert got == {rid: out.token_ids for rid, out in run(off, wave, params).items()}, wave
-        if evictions:
+        if evicted:
             hits_after_evictions += on.ledger.prefix_cache_hits - hits
         previous = wave[f"w{n}-ask"] + got[f"w{n}-ask"]
-    assert on.ledger.evictions >= 20 and hits_after_evictions >= 100  # real churn, real hits
+    assert evictions(on.ledger) >= 20 and hits_after_evictions >= 100  # real churn, real hits
     assert on.num_prefill_tokens == off.num_prefill_tokens - on.ledger.prefix_cache_hits
-    assert off.ledger.evictions == 0
+    assert evictions(off.ledger) == 0
     assert_idle(on)
 
 

@@ -24,7 +24,7 @@ from kvledger.operator.autoscaling import (
 )
 from kvledger.operator.crd import validate_manifest
 from kvledger.operator.render import LABEL, pod_selector, render_deployment
-from kvledger.operator.spec import autoscaling
+from kvledger.operator.spec import parse_spec
 
 MODEL = {"model": {"path": "/models/m"}}
 HPA = ("autoscaling/v2", "horizontalpodautoscalers")
@@ -178,15 +178,15 @@ def test_status_selector_selects_the_deployments_pods():
 
 def test_no_autoscaling_no_autoscaler():
     assert rendered(MODEL) == {HPA: None, SCALED_OBJECT: None, PDB: None}
-    assert autoscaling(MODEL) is None
+    assert parse_spec(MODEL).autoscaling is None
 
 
 def test_defaults_are_the_crds():
-    settings = autoscaling(scaling(maxReplicas=3))
+    settings = parse_spec(scaling(maxReplicas=3)).autoscaling
     assert (settings.min_replicas, settings.metric, settings.target, settings.provider,
             settings.server_address) == (1, "kvReservedRatio", Fraction(4, 5), "hpa", None)
-    assert autoscaling(scaling(maxReplicas=3, metric="requestsWaiting")).target == 4
-    assert autoscaling(scaling(maxReplicas=3, metric="rejectionRate")).target == 1
+    assert parse_spec(scaling(maxReplicas=3, metric="requestsWaiting")).autoscaling.target == 4
+    assert parse_spec(scaling(maxReplicas=3, metric="rejectionRate")).autoscaling.target == 1
 
 
 @pytest.mark.parametrize(("fields", "message"), [

@@ -1,5 +1,7 @@
-"""The CRD: one source of truth (operator/crd.py), structural, examples valid, CEL rules
-evaluated by a CEL interpreter and matched by the Python checks ``kvledger run`` uses."""
+"""The CRD: one source of truth (operator/crd.py, crd_schema.py, spec_rules.py), generated
+into both copies by one command, structural, examples valid, CEL rules evaluated by a CEL
+interpreter and matched rule by rule by the Python checks the operator and ``kvledger run``
+use, and the grammars it shares with the engine derived from the engine's own."""
 
 from __future__ import annotations
 
@@ -10,20 +12,51 @@ import celpy
 import pytest
 import yaml
 
+from kvledger.engine.config import SIZE_RE, parse_size
 from kvledger.engine.errors import BadInput
-from kvledger.operator.crd import crd_manifest, crd_yaml, openapi_schema, validate_manifest
-from kvledger.operator.spec import check_rules
+from kvledger.engine.planner.hub.repo import HUB_URI_RE, parse_uri
+from kvledger.operator import crd
+from kvledger.operator.crd import (
+    CRD_FILES,
+    crd_manifest,
+    crd_yaml,
+    openapi_schema,
+    validate_manifest,
+)
+from kvledger.operator.crd_schema import HUB_URI_PATTERN, SIZE_PATTERN
+from kvledger.operator.spec import parse_spec
+from kvledger.operator.spec_rules import RULES, check_rules, nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 
-@pytest.mark.parametrize("copy", ["crds/inferenceservice.yaml",
-                                  "charts/kvledger/crds/inferenceservice.yaml"])
-def test_crd_files_are_rendered_from_the_dict(copy):
+@pytest.mark.parametrize("copy", CRD_FILES)
+def test_both_crd_files_are_generated_from_the_python(copy):
     text = (ROOT / copy).read_text()
-    assert text == crd_yaml(), f"{copy} is stale: python -m kvledger.operator.crd > {copy}"
+    assert text == crd_yaml(), f"{copy} is stale: run make crd"
     assert yaml.safe_load(text) == crd_manifest()
+    assert CRD_FILES == ("crds/inferenceservice.yaml",
+                         "charts/kvledger/crds/inferenceservice.yaml")
+    assert crd.stale_files(ROOT) == []
+
+
+def test_one_command_writes_both_copies_and_check_names_a_stale_one(tmp_path, capsys):
+    for name in CRD_FILES:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / CRD_FILES[1]).write_text("# an old copy\n")
+    assert crd.main(["--check", "--root", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"error: {name} is stale; run: make crd" for name in CRD_FILES]
+    assert crd.main(["--write", "--root", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == "".join(f"wrote {name}\n" for name in CRD_FILES)
+    for name in CRD_FILES:
+        assert (tmp_path / name).read_text() == crd_yaml()
+    assert crd.main(["--check", "--root", str(tmp_path)]) == 0
+    assert crd.main(["--write", "--root", str(tmp_path)]) == 0
+    assert "up to date: crds/inferenceservice.yaml" in capsys.readouterr().out
+    makefile = (ROOT / "Makefile").read_text()
+    assert "\ncrd:\n\t$(BIN)/python -m kvledger.operator.crd --write\n" in makefile
 
 
 def test_crd_names_columns_and_subresources():
@@ -159,19 +192,48 @@ def test_placement_fields_validate_and_simple_ones_are_typed():
             validate_manifest(_doc(**{field: bad}))
 
 
-def test_hub_uri_pattern_matches_the_engines_parser():
-    from kvledger.engine.planner.hub.repo import parse_uri
+GOOD_URIS = ("hf://meta-llama/Llama-3.1-8B-Instruct", "hf://Qwen/Qwen2-0.5B@main",
+             "hf://org/m@refs/pr/1", "hf://org_x/m@0123456789abcdef0123456789abcdef01234567")
+BAD_URIS = ("hf://org", "hf://org/m/x", "hf://-org/m", "hf://org./m", "hf://o..rg/m",
+            "hf://org/m@", "hf://org/m@x/", "hf://org/m@x y", "hf://org/m@a@b", "s3://org/m",
+            "org/m", f"hf://{'o' * 97}/m", "hf://org/m\n")
 
-    for uri in ("hf://meta-llama/Llama-3.1-8B-Instruct", "hf://Qwen/Qwen2-0.5B@main",
-                "hf://org/m@refs/pr/1", "hf://org_x/m@0123456789abcdef0123456789abcdef01234567"):
+
+def _api_server_matches(pattern: str, text: str) -> bool:
+    """A schema pattern as the API server reads it (Go's RE2: '$' is the end of the text,
+    where Python's also matches before a last newline)."""
+    return re.search(pattern.removesuffix("$") + r"\Z", text) is not None
+
+
+def test_the_uri_pattern_is_the_engines_regex_and_run_applies_the_engines_parser():
+    """The CRD's pattern accepts exactly what the engine's regex matches; what parse_uri
+    checks beyond it, `kvledger run` refuses at spec.model.uri with the engine's words."""
+    for uri in (*GOOD_URIS, *BAD_URIS):
+        assert _api_server_matches(HUB_URI_PATTERN, uri) == bool(HUB_URI_RE.fullmatch(uri)), uri
+    for uri in GOOD_URIS:
         validate_manifest(_doc(model={"uri": uri}))
         parse_uri(uri)
-    for uri in ("hf://org", "hf://org/m/x", "hf://-org/m", "hf://org./m", "hf://o..rg/m",
-                "hf://org/m@", "hf://org/m@x/", "hf://org/m@x y", "s3://org/m", "org/m"):
-        with pytest.raises(BadInput, match=r"spec\.model\.uri"):
-            validate_manifest(_doc(model={"uri": uri}))
-        with pytest.raises(BadInput):
+    for uri in BAD_URIS:
+        with pytest.raises(BadInput) as refused:
             parse_uri(uri)
+        with pytest.raises(BadInput, match=r"spec\.model\.uri") as invalid:
+            validate_manifest(_doc(model={"uri": uri}))
+        if re.search(HUB_URI_PATTERN, uri):  # past the pattern: the engine's own message
+            assert str(invalid.value) == f"invalid InferenceService at spec.model.uri: " \
+                                         f"{refused.value}"
+
+
+def test_the_size_pattern_is_the_engines_size_grammar():
+    """memory.limit and kvCacheMemoryBytes: the CRD's pattern is parse_size's regex, less
+    the whitespace a command line tolerates around a value and its unit."""
+    for text in ("40Gi", "40GiB", "40G", "40GB", "40g", "40gb", "40kB", "40k", "512MiB",
+                 "1.5Gi", "123", "7B", "1E", "1.5", "lots", "40Gib", "1.5.2G", "-1G", ".5G",
+                 "40i", "40KiBB", "4e9", "Gi", ""):
+        assert _api_server_matches(SIZE_PATTERN, text) == bool(SIZE_RE.match(text)), text
+    assert parse_size(" 40 Gi ") == 40 * 2**30 and not re.search(SIZE_PATTERN, "40 Gi")
+    # What parse_size checks past its regex is refused in its words, on the cluster too.
+    with pytest.raises(BadInput, match="a byte count must be a whole number"):
+        parse_spec({"model": {"path": "/m"}, "memory": {"limit": "1.5"}})
 
 
 def test_kv_cache_memory_bytes_takes_bytes_or_a_size():
@@ -200,15 +262,21 @@ def _rules():
             yield path, rule["rule"], rule["message"]
 
 
-def _nodes(spec: dict, path: str) -> list:
-    """The values a rule at ``path`` applies to: ``a.b[]`` is every item of the list a.b."""
-    nodes = [{"spec": spec}]
-    for part in path.strip(".").split("."):
-        name, items = part.removesuffix("[]"), part.endswith("[]")
-        nodes = [n[name] for n in nodes if isinstance(n, dict) and name in n]
-        if items:
-            nodes = [item for n in nodes if isinstance(n, list) for item in n]
-    return nodes
+def test_every_rule_of_the_table_is_in_the_crd_once_where_it_applies():
+    in_crd = sorted(_rules())
+    from_table = sorted((f".spec.{rule.path}", rule.cel, rule.message) for rule in RULES)
+    assert in_crd == from_table
+    assert len({rule.message for rule in RULES}) == len(RULES)
+
+
+def test_each_rule_message_is_written_once_in_the_operator():
+    """The table owns the messages: no other module of the operator spells one out."""
+    for source in sorted((ROOT / "operator").glob("*.py")):
+        if source.name == "spec_rules.py":
+            continue
+        text = " ".join(source.read_text().split())
+        for rule in RULES:
+            assert rule.message[:40] not in text, (source.name, rule.message)
 
 
 CASES = [
@@ -238,6 +306,15 @@ CASES = [
                                                       "mountPath": "/models"}}}, True),
     ({"model": {"path": "/models/./m/", "volume": {"hostPath": {"path": "/srv"},
                                                    "mountPath": "/models"}}}, True),
+    # A mountPath written with a trailing '/' holds what is under it.
+    ({"model": {"path": "/models/m", "volume": {"hostPath": {"path": "/srv"},
+                                                "mountPath": "/models/"}}}, True),
+    ({"model": {"path": "/models/", "volume": {"hostPath": {"path": "/srv"},
+                                               "mountPath": "/models/"}}}, True),
+    ({"model": {"path": "/models", "volume": {"hostPath": {"path": "/srv"},
+                                              "mountPath": "/models/"}}}, False),
+    ({"model": {"path": "/modelsx/m", "volume": {"hostPath": {"path": "/srv"},
+                                                 "mountPath": "/models/"}}}, False),
     # Exactly one of path and uri; the hub's fields only with a uri, the volume only without.
     ({"model": {"uri": "hf://org/m"}}, True),
     ({"model": {"uri": "hf://org/m", "tokenSecretRef": {"name": "hf", "key": "token"},
@@ -315,16 +392,21 @@ CASES = [
 
 @pytest.mark.parametrize(("spec", "valid"), CASES)
 def test_cel_rules_and_python_checks_agree(spec, valid):
+    """Rule by rule, on every node it applies to (the API server evaluates a rule only
+    where its field is set): the CEL's verdict is the Python check's."""
     env = celpy.Environment()
-    cel_ok = True
-    for path, rule, _ in _rules():
-        # The API server evaluates a rule only where its field is set.
-        for node in _nodes(spec, path):
-            result = env.program(env.compile(rule)).evaluate({"self": celpy.json_to_cel(node)})
-            cel_ok = cel_ok and bool(result)
-    assert cel_ok is valid
+    broken = []
+    for rule in RULES:
+        program = env.program(env.compile(rule.cel))
+        for node in nodes(spec, rule.path):
+            verdict = bool(program.evaluate({"self": celpy.json_to_cel(node)}))
+            assert verdict is bool(rule.holds(node)), (rule.message, node)
+            if not verdict:
+                broken.append(rule.message)
+    assert (not broken) == valid
     if valid:
         check_rules(spec)
+        parse_spec(spec)
     else:
-        with pytest.raises(BadInput):
+        with pytest.raises(BadInput, match=re.escape(broken[0])):
             check_rules(spec)

@@ -15,10 +15,11 @@ from operator_harness import eventually, running_operator, service_manifest
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.hub import repo as hub
+from kvledger.engine.planner.report import PLAN_LINE_PREFIX
 from kvledger.operator import handlers
-from kvledger.operator.crd import API_VERSION, PLURAL
 from kvledger.operator.main import operator_memo
 from kvledger.operator.render import LABEL, cache_size_limit
+from kvledger.operator.resource import API_VERSION, PLURAL
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60),
               pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")]
@@ -35,6 +36,20 @@ error: engine requires 83.9 GiB, limit is 40.0 GiB (short by 43.9 GiB)
   --max-model-len 4096  (KV cache 1.3 GiB)
   limit: --memory-limit 40.0 GiB
 """
+GIB = 2**30
+# The figures the pre-flight writes after its report (the plan line); the status takes its
+# sizes from them, not from the report's words.
+REFUSED = {"fits": False, "required_bytes": 90085289574, "limit_bytes": 40 * GIB,
+           "short_by_bytes": 90085289574 - 40 * GIB,
+           "classes": {"weights": 70 * GIB, "activations": 1503238554, "kv_cache": 10 * GIB,
+                       "cuda_graphs": 2 * GIB, "context": GIB // 2},
+           "kv": {"num_blocks": 2048, "block_size": 16}}
+FITS = {"fits": True, "required_bytes": 1288490189, "limit_bytes": 40 * GIB,
+        "short_by_bytes": 0}
+
+
+def plan_line(figures: dict) -> str:
+    return f"{PLAN_LINE_PREFIX}{json.dumps(figures)}\n"
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -100,7 +115,8 @@ async def test_preflight_refusal_lands_in_memory_budget_and_a_warning_event(clus
         "initContainerStatuses": [{
             "name": "preflight", "restartCount": 2,
             "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-            "lastState": {"terminated": {"exitCode": 3, "reason": "Error", "message": REPORT}},
+            "lastState": {"terminated": {"exitCode": 3, "reason": "Error",
+                                         "message": REPORT + plan_line(REFUSED)}},
         }]}))
 
     def refused():
@@ -113,10 +129,12 @@ async def test_preflight_refusal_lands_in_memory_budget_and_a_warning_event(clus
     assert (ready["status"], ready["reason"]) == ("False", "DoesNotFit")
     assert ready["message"] == REPORT.splitlines()[0]
     assert obj["status"]["plan"] == {
-        "fits": False, "required": "83.9 GiB", "limit": "40.0 GiB", "shortBy": "43.9 GiB",
-        "classes": {"weights": "70.0 GiB", "activations": "1.4 GiB", "kvCache": "10.0 GiB",
-                    "cudaGraphs": "2.0 GiB", "context": "0.5 GiB"},
-        "kv": {"numBlocks": 2048, "blockSize": 16}}
+        "fits": False, "requiredBytes": 90085289574, "limitBytes": 40 * GIB,
+        "shortByBytes": REFUSED["short_by_bytes"],
+        "classes": {"weights": 70 * GIB, "activations": 1503238554, "kvCache": 10 * GIB,
+                    "cudaGraphs": 2 * GIB, "context": GIB // 2},
+        "kv": {"numBlocks": 2048, "blockSize": 16},
+        "required": "83.9 GiB", "limit": "40.0 GiB", "shortBy": "43.9 GiB"}
     [event] = await eventually(lambda: [e for e in cluster.events_for("big")
                                         if e.get("type") == "Warning"], what="warning event")
     assert event["reason"] == "DoesNotFit"
@@ -128,7 +146,8 @@ async def test_crash_looping_engine_is_never_ready(cluster):
     ready_status = {"phase": "Running",
                     "conditions": [{"type": "Ready", "status": "True"}],
                     "initContainerStatuses": [preflight_done(
-        0, "fits: engine requires 1.2 GiB, limit is 40.0 GiB (38.8 GiB to spare)\n")],
+        0, "fits: engine requires 1.2 GiB, limit is 40.0 GiB (38.8 GiB to spare)\n"
+        + plan_line(FITS))],
                     "containerStatuses": [{"name": "engine", "ready": True, "restartCount": 0,
                                            "state": {"running": {}}}]}
     await cluster.create("v1", "pods", pod("crashy", "crashy-1", ready_status))
@@ -139,7 +158,9 @@ async def test_crash_looping_engine_is_never_ready(cluster):
     await eventually(lambda: ready_reason() == "Ready", what="Ready=True")
     obj = cluster.stored(API_VERSION, PLURAL, NS, "crashy")
     assert condition(obj, "MemoryBudget")["status"] == "True"
-    assert obj["status"]["plan"] == {"fits": True, "required": "1.2 GiB", "limit": "40.0 GiB",
+    assert obj["status"]["plan"] == {"fits": True, "requiredBytes": 1288490189,
+                                     "limitBytes": 40 * GIB, "shortByBytes": 0,
+                                     "required": "1.2 GiB", "limit": "40.0 GiB",
                                      "spare": "38.8 GiB"}
     assert obj["status"]["readyReplicas"] == 1
 

@@ -25,7 +25,8 @@ from operator_harness import (
 )
 
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT
-from kvledger.operator.crd import API_VERSION, PLURAL
+from kvledger.engine.planner.report import PLAN_LINE_PREFIX, TERMINATION_LOG_MAX_BYTES
+from kvledger.operator.resource import API_VERSION, PLURAL
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120),
               pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")]
@@ -53,7 +54,10 @@ async def test_kubelet_runs_the_rendered_preflight_and_describe_shows_why(cluste
         engine={"maxModelLen": 1024})
     assert terminated["exitCode"] == EXIT_DOES_NOT_FIT, terminated["message"]
     assert terminated["message"].startswith("error: engine requires")
-    assert (tmp_path / "plan" / "plan.json").exists()  # the hand-over on the emptyDir
+    assert len(terminated["message"].encode()) <= TERMINATION_LOG_MAX_BYTES
+    # The report for people, then the plan's figures on one line for the operator.
+    report, line = terminated["message"].rsplit(PLAN_LINE_PREFIX, 1)
+    handed_over = json.loads((tmp_path / "plan" / "plan.json").read_text())  # the emptyDir's
 
     def refused():
         obj = cluster.stored(API_VERSION, PLURAL, NS, "kubelet-demo")
@@ -65,9 +69,15 @@ async def test_kubelet_runs_the_rendered_preflight_and_describe_shows_why(cluste
     obj, [warning] = await eventually(refused, what="DoesNotFit condition and Warning event")
     assert warning["reason"] == "DoesNotFit"
     budget = next(c for c in obj["status"]["conditions"] if c["type"] == "MemoryBudget")
-    assert budget["message"] == terminated["message"].strip()
-    assert obj["status"]["plan"]["fits"] is False
-    assert obj["status"]["plan"]["limit"] == "64.0 MiB"
+    assert budget["message"] == report.strip()
+    plan = obj["status"]["plan"]
+    assert plan["fits"] is False and plan["limit"] == "64.0 MiB"
+    assert json.loads(line)["required_bytes"] == plan["requiredBytes"] \
+        == handed_over["required_bytes"]
+    assert (plan["limitBytes"], plan["shortByBytes"]) == (64 * 2**20,
+                                                          handed_over["short_by_bytes"])
+    assert plan["classes"]["kvCache"] == handed_over["classes"]["kv_cache"]
+    assert plan["kv"]["numBlocks"] == handed_over["kv"]["num_blocks"]
 
     text = describe(obj, cluster.events_for("kubelet-demo"))
     first_line = terminated["message"].splitlines()[0]

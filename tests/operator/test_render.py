@@ -23,7 +23,7 @@ from kvledger.operator.render import (
     render_deployment,
     render_service,
 )
-from kvledger.operator.spec import engine_config
+from kvledger.operator.spec import parse_spec
 
 SPEC = {
     "model": {"path": "/models/llama", "name": "llama",
@@ -48,7 +48,7 @@ def test_every_spec_field_becomes_its_flag_and_parses_back():
     parser = argparse.ArgumentParser()
     add_engine_flags(parser)
     parsed = config_from_args(parser.parse_args(flags))
-    assert parsed == engine_config(SPEC, device="cuda")
+    assert parsed == parse_spec(SPEC).engine  # the device is the pod's: a GPU
     assert (parsed.max_model_len, parsed.max_num_seqs, parsed.max_num_batched_tokens) == (
         8192, 32, 8192)
     assert (parsed.block_size, parsed.dtype, parsed.kv_cache_dtype) == (32, "bfloat16", "fp8")

@@ -17,7 +17,7 @@ from _server_helpers import free_port
 from kvledger.engine.cli import main as kvledger
 from kvledger.engine.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT
 from kvledger.operator.local_run import local_config, serve_argv
-from kvledger.operator.spec import engine_config, local_model_path
+from kvledger.operator.spec import local_model_path, parse_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TINY_EXAMPLES = sorted(p.name for p in EXAMPLES.glob("*.yaml") if "tiny-llama" in p.read_text())
@@ -118,7 +118,7 @@ def test_model_path_is_normalised_and_dotdot_is_refused_by_run_and_operator():
     spec = manifest()["spec"]
     spec["model"]["path"] = "/models/./tiny-llama/"
     spec["model"]["volume"] = {"hostPath": {"path": "/srv/models"}, "mountPath": "/models/"}
-    assert engine_config(spec).model == "/models/tiny-llama"
+    assert parse_spec(spec).engine.model == "/models/tiny-llama"
     assert local_model_path(spec) == "/srv/models/tiny-llama"
     spec["model"]["path"] = "/models/../etc"  # was /srv/etc here, /etc in the pod
     with pytest.raises(BadInput, match=r"must not contain a '\.\.' segment"):
@@ -159,7 +159,15 @@ def test_local_device_is_the_cpu_only_when_the_spec_has_no_gpus():
     (manifest(gpus=2), "gpus must be 0 or 1: kvledger has no tensor parallelism yet"),
     (manifest(model={"uri": "hf://org/m", "path": "/m"}),
      "set exactly one of model.path and model.uri"),
-    (manifest(model={"uri": "hf://org/m@"}), "spec.model.uri: 'hf://org/m@' does not match"),
+    # The schema's pattern is the engine's regex; the engine's parser says the rest.
+    (manifest(model={"uri": "hf://org/m@"}),
+     "spec.model.uri: bad hub model 'hf://org/m@': the revision after '@' must be a branch"),
+    (manifest(model={"uri": "hf://-org/m"}),
+     "spec.model.uri: bad hub model 'hf://-org/m': '-org' may not start or end with '.' or '-'"),
+    (manifest(model={"uri": "s3://org/m"}), "spec.model.uri: 's3://org/m' does not match"),
+    (manifest(model={"path": "/models/m", "volume": {"hostPath": {"path": "/srv"},
+                                                     "mountPath": "/data"}}),
+     "model.path must lie under model.volume.mountPath"),
     (manifest(tolerations=[{"key": "k", "operator": "Exists", "value": "v"}]),
      "a toleration with operator Exists takes no value"),
     (manifest(nodeSelector={"pool": 1}), "spec.nodeSelector.pool: 1 is not of type 'string'"),
@@ -227,7 +235,7 @@ def test_missing_file_and_missing_model(tmp_path, capsys):
 def test_serve_gets_the_flags_the_pod_gets(tiny_model):
     spec = manifest(engine={"maxModelLen": 512, "kvCacheDtype": "fp8"},
                     memory={"limit": "1Gi"})["spec"]
-    flags = engine_config(spec, model_path=str(tiny_model)).to_flags()
+    flags = local_config(spec, str(tiny_model)).to_flags()
     argv = serve_argv(flags, "127.0.0.1", 9000, spec)
     assert argv[1:4] == ["-m", "kvledger.engine.cli", "serve"]
     assert argv[4:-8] == flags

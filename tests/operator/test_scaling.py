@@ -14,9 +14,9 @@ import pytest_asyncio
 from operator_harness import eventually, running_operator, service_manifest
 
 from kvledger.operator import handlers
-from kvledger.operator.crd import API_VERSION, PLURAL
 from kvledger.operator.main import operator_memo
 from kvledger.operator.render import LABEL
+from kvledger.operator.resource import API_VERSION, PLURAL
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60),
               pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")]

@@ -2,23 +2,40 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
+from kvledger.engine.cli import main as kvledger
+from kvledger.engine.errors import EXIT_DOES_NOT_FIT
+from kvledger.engine.planner.report import PLAN_LINE_PREFIX, format_size
 from kvledger.operator.status import (
+    NO_FIGURES,
     compute_status,
-    human_bytes,
-    parse_report,
     plan_status,
     pod_problem,
     preflight_outcome,
-    report_plan,
+    read_message,
     transition_events,
     upsert_condition,
 )
 
-FITS = ("fits: engine requires 1.2 GiB, limit is 40.0 GiB (38.8 GiB to spare)\n"
-        "  weights           0.9 GiB   (bf16, 16 layers)\n"
-        "  KV cache          0.2 GiB   (max_model_len=1024 x max_num_seqs=8, bf16)\n"
-        "  cuda context      1.0 GiB   (estimate)\n"
-        "  KV pool: 512 blocks x 16 tokens, 32.0 KiB per block (8192 tokens)\n")
+GIB = 2**30
+REPORT = ("fits: engine requires 1.2 GiB, limit is 40.0 GiB (38.8 GiB to spare)\n"
+          "  weights           0.9 GiB   (bf16, 16 layers)\n"
+          "  KV cache          0.2 GiB   (max_model_len=1024 x max_num_seqs=8, bf16)\n"
+          "  cuda context      1.0 GiB   (estimate)\n"
+          "  KV pool: 512 blocks x 16 tokens, 32.0 KiB per block (8192 tokens)\n")
+FIGURES = {"fits": True, "required_bytes": 1288490189, "limit_bytes": 40 * GIB,
+           "short_by_bytes": 0, "classes": {"weights": 966367642, "kv_cache": 2**28},
+           "kv": {"num_blocks": 512, "block_size": 16}}
+
+
+def plan_line(figures: dict) -> str:
+    return PLAN_LINE_PREFIX + json.dumps(figures, separators=(",", ":")) + "\n"
+
+
+FITS = REPORT + plan_line(FIGURES)
 
 
 def preflight(code: int, message: str = "", *, last: bool = False) -> dict:
@@ -34,8 +51,9 @@ def engine(state: dict, last: dict | None = None, restarts: int = 0) -> dict:
 
 
 def status_of(pods: list[dict], old: dict | None = None, **kw) -> dict:
-    return compute_status(spec=kw.get("spec", {"replicas": 1}), generation=kw.get("generation", 3),
-                          old=old or {}, pods=pods, spec_error=kw.get("spec_error"),
+    return compute_status(spec=kw.get("spec", {"model": {"path": "/m"}, "replicas": 1}),
+                          generation=kw.get("generation", 3), old=old or {}, pods=pods,
+                          spec_error=kw.get("spec_error"),
                           endpoint="http://x.ns.svc.cluster.local:8000", now=kw.get("now", "T1"),
                           model=kw.get("model"), model_error=kw.get("model_error"))
 
@@ -46,7 +64,8 @@ def cond(status: dict, kind: str) -> dict:
 
 def test_preflight_outcomes_by_exit_code():
     assert preflight_outcome({}) is None
-    assert preflight_outcome({"initContainerStatuses": [preflight(0, FITS)]}) == ("Fits", FITS.strip())
+    assert preflight_outcome({"initContainerStatuses": [preflight(0, FITS)]}) == (
+        "Fits", FITS.strip())
     assert preflight_outcome({"initContainerStatuses": [preflight(3, "error: x", last=True)]}) \
         == ("DoesNotFit", "error: x")
     assert preflight_outcome({"initContainerStatuses": [preflight(2, "error: bad flag")]})[0] \
@@ -54,37 +73,98 @@ def test_preflight_outcomes_by_exit_code():
     assert preflight_outcome({"initContainerStatuses": [preflight(1)]})[0] == "PreflightFailed"
 
 
-def test_report_plan_reads_headline_classes_and_pool():
-    assert report_plan(FITS, True) == {
-        "fits": True, "required": "1.2 GiB", "limit": "40.0 GiB", "spare": "38.8 GiB",
-        "classes": {"weights": "0.9 GiB", "kvCache": "0.2 GiB", "context": "1.0 GiB"},
-        "kv": {"numBlocks": 512, "blockSize": 16}}
-    assert report_plan("error: engine requires 2.0 GiB, limit is 1.0 GiB (short by 1.0 GiB)",
-                       False) == {"fits": False, "required": "2.0 GiB", "limit": "1.0 GiB",
-                                  "shortBy": "1.0 GiB"}
+def test_the_plan_comes_from_the_plan_line_never_from_the_words():
+    """The report's sizes are rounded words; status.plan is the plan line's exact bytes,
+    even where the words say otherwise, with the human sizes written as the report does."""
+    said, plan = read_message(REPORT.replace("1.2 GiB", "9.9 GiB") + plan_line(FIGURES), True)
+    assert said == "fits: engine requires 9.9 GiB, limit is 40.0 GiB (38.8 GiB to spare)"
+    assert plan == {"fits": True, "requiredBytes": 1288490189, "limitBytes": 40 * GIB,
+                    "shortByBytes": 0, "classes": {"weights": 966367642, "kvCache": 2**28},
+                    "kv": {"numBlocks": 512, "blockSize": 16},
+                    "required": "1.2 GiB", "limit": "40.0 GiB", "spare": "38.8 GiB"}
+    refused = {**FIGURES, "fits": False, "limit_bytes": GIB, "short_by_bytes": 288490189}
+    assert plan_status(refused)["shortBy"] == format_size(288490189) == "0.3 GiB"
+    assert "spare" not in plan_status(refused)
 
 
-def test_plan_json_in_the_message_wins_and_is_camel_cased():
-    message = '{"fits": true, "required_bytes": 1073741824, "limit_bytes": 2147483648, ' \
-              '"classes": {"kv_cache": 5}}'
-    first_line, plan = parse_report(message)
-    assert first_line == "" and plan is not None
-    assert plan_status(plan) == {"fits": True, "requiredBytes": 2**30, "limitBytes": 2**31,
-                                 "classes": {"kvCache": 5}, "required": "1.0 GiB",
-                                 "limit": "2.0 GiB"}
-    assert human_bytes(512) == "512 B" and human_bytes(3 * 2**20) == "3.0 MiB"
+def test_without_a_plan_line_the_condition_says_the_figures_are_missing():
+    """An older image's pre-flight (or a log cut before the line): status.plan has only
+    fits, and the MemoryBudget message says why, after the report."""
+    said, plan = read_message(REPORT, True)
+    assert plan == {"fits": True}
+    assert said == f"{REPORT.splitlines()[0]} {NO_FIGURES}"
+    refusal = "error: engine requires 2.0 GiB, limit is 1.0 GiB (short by 1.0 GiB)\n  weights"
+    status = status_of([{"initContainerStatuses": [preflight(3, refusal)]}])
+    budget = cond(status, "MemoryBudget")
+    assert budget["message"] == f"{refusal}\n{NO_FIGURES}"
+    assert "kvledger-plan" in NO_FIGURES and status["plan"] == {"fits": False}
+    assert cond(status, "Ready")["message"] == refusal.splitlines()[0]
+    broken = REPORT + PLAN_LINE_PREFIX + '{"fits": tru\n'  # cut mid-line: no figures
+    assert read_message(broken, True)[1] == {"fits": True}
 
 
 def test_does_not_fit_sets_both_conditions_with_the_report():
-    report = "error: engine requires 83.9 GiB, limit is 40.0 GiB (short by 43.9 GiB)\n  weights  70.0 GiB"
-    status = status_of([{"initContainerStatuses": [preflight(3, report, last=True)]}])
+    report = ("error: engine requires 83.9 GiB, limit is 40.0 GiB (short by 43.9 GiB)\n"
+              "  weights          70.0 GiB   (bf16, 80 layers)\n")
+    figures = {"fits": False, "required_bytes": 90085289574, "limit_bytes": 40 * GIB,
+               "short_by_bytes": 90085289574 - 40 * GIB}
+    status = status_of([{"initContainerStatuses": [
+        preflight(3, report + plan_line(figures), last=True)]}])
     budget = cond(status, "MemoryBudget")
     assert (budget["status"], budget["reason"], budget["message"]) == (
-        "False", "DoesNotFit", report)
+        "False", "DoesNotFit", report.strip())
     ready = cond(status, "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "DoesNotFit")
     assert ready["message"] == report.splitlines()[0]
-    assert status["plan"]["fits"] is False and status["observedGeneration"] == 3
+    assert status["plan"] == {"fits": False, "requiredBytes": 90085289574,
+                              "limitBytes": 40 * GIB, "shortByBytes": figures["short_by_bytes"],
+                              "required": "83.9 GiB", "limit": "40.0 GiB", "shortBy": "43.9 GiB"}
+    assert status["observedGeneration"] == 3
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("models") / "tiny-llama"
+    assert kvledger(["make-model", "tiny-llama", str(path)]) == 0
+    return str(path)
+
+
+def test_the_real_preflights_message_and_log_give_the_plans_figures(tiny_llama, tmp_path,
+                                                                    capsys):
+    """`kvledger preflight` as the pod runs it, on a built-in model that does not fit: its
+    termination message (and its log, which the kubelet falls back to) give the status
+    the plan's exact figures, and the conditions its report."""
+    log, plan_out = tmp_path / "termination-log", tmp_path / "plan.json"
+    capsys.readouterr()
+    assert kvledger(["preflight", "--model", tiny_llama, "--device", "cpu", "--memory-limit",
+                     "64MiB", "--max-model-len", "1024", "--plan-out", str(plan_out),
+                     "--termination-log", str(log)]) == EXIT_DOES_NOT_FIT
+    logged = capsys.readouterr().err
+    planned = json.loads(plan_out.read_text())
+    message = log.read_text()
+    assert message == logged  # under 4096 bytes: nothing cut
+    report, line = message.rsplit(PLAN_LINE_PREFIX, 1)
+    assert report.startswith("error: engine requires ") and line.count("\n") == 1
+    for kubelet_said in (message, logged):
+        status = status_of([{"initContainerStatuses": [preflight(3, kubelet_said)]}])
+        budget = cond(status, "MemoryBudget")
+        assert (budget["reason"], budget["message"]) == ("DoesNotFit", report.strip())
+        assert cond(status, "Ready")["message"] == report.splitlines()[0]
+        plan = status["plan"]
+        assert plan["fits"] is False and plan["limitBytes"] == 64 * 2**20
+        assert (plan["requiredBytes"], plan["shortByBytes"]) == (
+            planned["required_bytes"], planned["short_by_bytes"])
+        assert plan["classes"] == {"weights": planned["classes"]["weights"],
+                                   "activations": planned["classes"]["activations"],
+                                   "kvCache": planned["classes"]["kv_cache"],
+                                   "cudaGraphs": planned["classes"]["cuda_graphs"],
+                                   "context": planned["classes"]["context"]}
+        assert plan["kv"]["numBlocks"] == planned["kv"]["num_blocks"] == 1024
+        assert (plan["required"], plan["limit"], plan["shortBy"]) == (
+            format_size(planned["required_bytes"]), "64.0 MiB",
+            format_size(planned["short_by_bytes"]))
+        assert report.startswith(f"error: engine requires {plan['required']}, limit is "
+                                 f"{plan['limit']} (short by {plan['shortBy']})")
 
 
 def _ready_pod(extra_engine: dict | None = None) -> dict:
@@ -129,7 +209,8 @@ def test_no_pods_keeps_the_last_budget_and_says_starting_or_scaled_to_zero():
     assert cond(later, "MemoryBudget") == cond(first, "MemoryBudget")
     assert later["plan"] == first["plan"]
     assert cond(later, "Ready")["reason"] == "Starting"
-    assert cond(status_of([], spec={"replicas": 0}), "Ready")["reason"] == "ScaledToZero"
+    assert cond(status_of([], spec={"model": {"path": "/m"}, "replicas": 0}),
+                "Ready")["reason"] == "ScaledToZero"
     fresh = status_of([])
     assert cond(fresh, "MemoryBudget")["status"] == "Unknown"
 
@@ -241,7 +322,8 @@ def test_the_scale_subresource_fields_are_always_written():
     invalid spec included (an HPA still reads them); ``readyReplicas`` counts ready pods."""
     ready = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
     for spec_error in (None, "gpus must be 0 or 1"):
-        status = compute_status(spec={"replicas": 3}, generation=1, old={}, pods=[ready],
+        status = compute_status(spec={"model": {"path": "/m"}, "replicas": 3}, generation=1,
+                                old={}, pods=[ready],
                                 spec_error=spec_error, endpoint="http://x", now="T1",
                                 replicas=2, selector="kvledger.dev/inferenceservice=x")
         assert (status["replicas"], status["selector"]) == (2, "kvledger.dev/inferenceservice=x")

@@ -209,14 +209,18 @@ def test_index_escaping_the_model_dir(tmp_path) -> None:
         read_weights(tmp_path)
 
 
+LLAMA = {"architectures": ["LlamaForCausalLM"]}
+
+
 @pytest.mark.parametrize(("config", "message"), [
-    (None, "config.json not found"),
+    (None, r"no config\.json \(expected a Hugging Face checkpoint directory\)"),
     ("{not json", "not valid JSON"),
     ("[1]", "must be a JSON object"),
-    (json.dumps({"hidden_size": 64}), "no 'num_attention_heads'"),
-    (json.dumps({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 0,
+    (json.dumps({"hidden_size": 64}), r"unsupported architecture \(none given\) for planning"),
+    (json.dumps({**LLAMA, "hidden_size": 64}), "no 'num_attention_heads'"),
+    (json.dumps({**LLAMA, "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 0,
                  "vocab_size": 10, "max_position_embeddings": 8}), "num_hidden_layers"),
-    (json.dumps({"hidden_size": 65, "num_attention_heads": 4, "num_hidden_layers": 1,
+    (json.dumps({**LLAMA, "hidden_size": 65, "num_attention_heads": 4, "num_hidden_layers": 1,
                  "vocab_size": 10, "max_position_embeddings": 8}), "not divisible"),
 ])
 def test_bad_config_is_bad_input(tmp_path, config, message: str) -> None:
@@ -248,3 +252,30 @@ def test_unreadable_shard_is_bad_input(tmp_path) -> None:
     (tmp_path / "model.safetensors").mkdir()  # a directory where a file should be
     with pytest.raises(BadInput, match="cannot read"):
         read_weights(tmp_path)
+
+
+# --- read as transformers reads it, as the engine does ------------------------------------
+
+def test_a_null_head_dim_is_hidden_size_over_heads(tmp_path) -> None:
+    """transformers writes ``"head_dim": null`` into Mixtral's (and others') config.json and
+    reads it as hidden_size / num_attention_heads; so does the engine."""
+    write_config(tmp_path, architectures=["MixtralForCausalLM"], head_dim=None,
+                 num_local_experts=4, num_experts_per_tok=2)
+    shape = read_model_shape(tmp_path)
+    assert shape.head_dim == 64 // 4 == shape.kv_layout().layers[0].head_size
+
+
+@pytest.mark.parametrize(("layers", "window_layers", "sliding"), [
+    (30, None, [28, 29]),  # transformers' Qwen2Config: max_window_layers 28 when left out
+    (4, None, []),
+    (4, 1, [1, 2, 3]),
+    (4, 0, [0, 1, 2, 3]),
+])
+def test_qwen2_max_window_layers_defaults_to_transformers_28(tmp_path, layers, window_layers,
+                                                             sliding) -> None:
+    extra = {} if window_layers is None else {"max_window_layers": window_layers}
+    write_config(tmp_path, architectures=["Qwen2ForCausalLM"], num_hidden_layers=layers,
+                 use_sliding_window=True, sliding_window=32, **extra)
+    kinds = read_model_shape(tmp_path).kv_layout().layers
+    assert [i for i, la in enumerate(kinds) if la.attention == "sliding"] == sliding
+    assert {la.sliding_window for la in kinds if la.attention == "sliding"} <= {32}

@@ -1,4 +1,5 @@
-"""Precedence, the KV pool, vLLM's formula, remedies and measured figures."""
+"""Precedence, the KV pool, vLLM's formula, remedies and measured figures (on
+Llama-3-8B's published shape; MLA and hybrid layouts: test_vllm_pool.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import pytest
 import torch
 from budget_checkpoints import write_checkpoint
+from published_models import published_shape, published_weights
 from safetensors.torch import load_file, save_file
 
 from kvledger.engine.config import DEFAULT_GRAMMAR_CACHE_BYTES, EngineConfig
@@ -18,12 +20,9 @@ from kvledger.engine.planner.device import DeviceMemory
 from kvledger.engine.planner.plan import CLASSES, Measured, make_plan
 
 GiB = 2**30
-# Llama-3-8B's shape, with its real bf16 weight bytes.
-LLAMA_8B = ModelShape(architecture="LlamaForCausalLM", num_layers=32, num_attention_heads=32,
-                      num_kv_heads=8, head_dim=128, hidden_size=4096, intermediate_size=14336,
-                      vocab_size=128256, max_position_embeddings=8192, torch_dtype="bfloat16")
-WEIGHTS_8B = WeightsInfo(total_bytes=16_060_522_496, num_tensors=291, dtype="BF16", files=(),
-                         bytes_by_dtype={"BF16": 16_060_522_496})
+# Llama-3-8B's shape, with its real bf16 weight bytes (16,060,522,496 in 291 tensors).
+LLAMA_8B = published_shape("Llama-3-8B")
+WEIGHTS_8B = published_weights("Llama-3-8B")
 GPU_80 = DeviceMemory("what-if", "H100", 80 * GiB, 79 * GiB, False)
 
 
@@ -130,105 +129,6 @@ def test_pool_matches_vllm_formula(util: float) -> None:
             assert (c["weights"], c["activations"]) == (15 * GiB + 123, 2 * GiB + 7)
             assert p.kv.num_blocks == (int(80 * GiB * util) - 15 * GiB - 123 - 2 * GiB - 7
                                        - GiB // 2 - GiB // 3) // block_bytes()
-
-
-# --- vLLM's KV pool for MLA and hybrid layouts, derived from its code -------------------------
-# vllm/v1/kv_cache_interface.py: a layer's page is block_size tokens of 2 * kv_heads *
-# head_size elements (FullAttentionSpec, SlidingWindowSpec) or 1 * head_size for MLA's latent
-# (MLAAttentionSpec, num_kv_heads 1). vllm/v1/core/kv_cache_utils.py: layers of one spec form
-# one group, or, when specs differ, groups of group_size layers
-# (_get_kv_cache_groups_uniform_page_size); num_blocks = available // page // group_size
-# (get_kv_cache_config_from_groups, get_num_blocks); a request needs, per group, its spec's
-# max_memory_usage_bytes in pages (get_max_concurrency_for_kv_cache_config).
-
-def _vllm_pool(specs: list[tuple], block_size: int, dtype_bytes: int, available: int,
-               max_model_len: int, batched_tokens: int) -> tuple[int, int]:
-    """(num_blocks, blocks one request needs) as vLLM computes them, for per-layer specs
-    ``(kind, kv_heads, head_size, window)``; written from the functions named above."""
-    def page(spec):
-        kind, heads, size, _ = spec
-        return (1 if kind == "mla" else 2) * block_size * heads * size * dtype_bytes
-
-    def max_usage_pages(spec):
-        kind, _, _, window = spec
-        if kind != "sliding":
-            return -(-max_model_len // block_size)
-        return -(-min(window - 1 + batched_tokens, max_model_len) // block_size) + 1
-
-    by_spec: dict[tuple, list[int]] = {}
-    for layer, spec in enumerate(specs):
-        by_spec.setdefault(spec, []).append(layer)
-    counts = [len(layers) for layers in by_spec.values()]
-    if len(by_spec) == 1:
-        groups = [(spec, layers) for spec, layers in by_spec.items()]
-    else:
-        size = max(counts) if max(counts) < min(counts) * 1.5 else min(counts)
-        groups = []
-        for spec, layers in by_spec.items():
-            n = -(-len(layers) // size)
-            groups += [(spec, layers[i::n]) for i in range(n)]
-    group_size = max(len(layers) for _, layers in groups)
-    (page_bytes,) = {page(spec) for spec, _ in groups}
-    num_blocks = available // page_bytes // group_size
-    usage = group_size * sum(max_usage_pages(spec) * page_bytes for spec, _ in groups)
-    return num_blocks, -(-usage // (page_bytes * group_size))
-
-
-def _layout_shape(arch: str, layers: list[tuple], **numbers) -> ModelShape:
-    from kvledger.engine.planner.layout import AttentionLayout, LayerKV
-
-    layout = AttentionLayout(tuple(LayerKV(*spec) for spec in layers))
-    return ModelShape(arch, len(layers), numbers["heads"], numbers["kv_heads"],
-                      numbers["head_dim"], numbers["hidden"], numbers["intermediate"],
-                      numbers["vocab"], numbers["max_len"], "bfloat16", layout=layout)
-
-
-# DeepSeek-V3 (MLA latent 512 + 64), Gemma 3 27B (52 sliding over 1024, 10 full),
-# gpt-oss-120b (18 sliding over 128, 18 full): their attention as declared.
-VLLM_LAYOUTS = {
-    "DeepSeek-V3": _layout_shape("DeepseekV3ForCausalLM", [("mla", 1, 576, None)] * 61,
-                                 heads=128, kv_heads=128, head_dim=192, hidden=7168,
-                                 intermediate=18432, vocab=129280, max_len=163840),
-    "gemma-3-27b": _layout_shape(
-        "Gemma3ForConditionalGeneration",
-        [("full", 16, 128, None) if (i + 1) % 6 == 0 else ("sliding", 16, 128, 1024)
-         for i in range(62)],
-        heads=32, kv_heads=16, head_dim=128, hidden=5376, intermediate=21504, vocab=262208,
-        max_len=131072),
-    "gpt-oss-120b": _layout_shape(
-        "GptOssForCausalLM",
-        [("sliding", 8, 64, 128) if i % 2 == 0 else ("full", 8, 64, None) for i in range(36)],
-        heads=64, kv_heads=8, head_dim=64, hidden=2880, intermediate=2880, vocab=201088,
-        max_len=131072),
-}
-
-
-@pytest.mark.parametrize("name", list(VLLM_LAYOUTS))
-@pytest.mark.parametrize(("util", "max_model_len", "batched", "kv_dtype"), [
-    (0.9, 32768, 8192, "auto"), (0.5, 131072, 2048, "auto"), (0.95, 4096, 4096, "fp8"),
-    (1.0, 100, 256, "auto")])
-def test_pool_matches_vllm_for_mla_and_hybrid_layouts(name, util, max_model_len, batched,
-                                                      kv_dtype) -> None:
-    """At matched utilization: the same num_blocks as vLLM, and the plan fits exactly when
-    vLLM's maximum concurrency holds max_num_seqs requests."""
-    shape = VLLM_LAYOUTS[name]
-    weights = WeightsInfo(40 * GiB, 1, "BF16", (), {"BF16": 40 * GiB})
-    measured = Measured(activation_peak_bytes=3 * GiB, context_bytes=GiB, cuda_graph_bytes=GiB // 2)
-    device = DeviceMemory("what-if", "H200", 141 * GiB, 141 * GiB, False)
-    for seqs in (1, 16, 64, 256):
-        p = plan(device=device, measured=measured, shape=shape, weights=weights,
-                 gpu_memory_utilization=util, max_model_len=max_model_len, max_num_seqs=seqs,
-                 max_num_batched_tokens=max(batched, seqs), kv_cache_dtype=kv_dtype)
-        c = p.classes
-        available = int(141 * GiB * util) - c["weights"] - c["activations"] - (
-            c["context"] + c["cuda_graphs"])
-        specs = [(la.attention, la.num_kv_heads, la.head_size, la.sliding_window)
-                 for la in shape.kv_layout().layers]
-        blocks, per_request = _vllm_pool(specs, 16, 1 if kv_dtype == "fp8" else 2, available,
-                                         max_model_len, max(batched, seqs))
-        assert p.kv.blocks_per_seq == per_request
-        assert p.kv.num_blocks == max(blocks, p.kv.required_blocks)
-        assert p.fits == (blocks / per_request >= seqs)
 
 
 def test_kv_block_bytes_follow_dtype_and_round_to_whole_blocks() -> None:

@@ -10,7 +10,12 @@ import pytest
 from budget_checkpoints import write_checkpoint
 
 from kvledger.engine.cli import main
-from kvledger.engine.planner.report import TERMINATION_LOG_MAX_BYTES, truncate_utf8
+from kvledger.engine.planner.report import (
+    PLAN_LINE_PREFIX,
+    TERMINATION_LOG_MAX_BYTES,
+    read_plan_line,
+    truncate_utf8,
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,17 +64,30 @@ def test_preflight_writes_plan_and_termination_log(model, tmp_path, capsys) -> N
     assert rc == 3
     doc = json.loads(plan_out.read_text())
     assert doc["fits"] is False and doc["short_by_bytes"] > 0
-    report = log.read_text()
-    assert report.startswith("error: engine requires ")
-    assert report == capsys.readouterr().err
+    message = log.read_text()
+    assert message.startswith("error: engine requires ")
+    assert message == capsys.readouterr().err  # the log has the plan line too
+    report, figures = read_plan_line(message)
+    assert message == report + message.splitlines(keepends=True)[-1]  # the line is last
+    assert figures == _figures(doc)
     assert main(["preflight", "--model", model, "--device-memory", "24GiB", "--plan-out",
                  str(plan_out), "--termination-log", str(log)]) == 0
     plan_doc = json.loads(plan_out.read_text())
     assert plan_doc["fits"] is True
-    headline, compact = log.read_text().splitlines()
-    assert headline.startswith("fits: ")
-    # The operator reads exact bytes for status.plan from the JSON line.
-    assert json.loads(compact) == plan_doc
+    message = log.read_text()
+    assert message == capsys.readouterr().out
+    *report, line = message.splitlines()
+    assert report[0].startswith("fits: ") and "  KV pool: " in message
+    # The operator reads exact bytes for status.plan from the plan line.
+    assert line.startswith(PLAN_LINE_PREFIX)
+    assert json.loads(line.removeprefix(PLAN_LINE_PREFIX)) == _figures(plan_doc)
+
+
+def _figures(plan_doc: dict) -> dict:
+    """The plan JSON less its free text: what the plan line carries."""
+    figures = {k: v for k, v in plan_doc.items() if k not in ("remedies", "warnings")}
+    figures["kv"] = {k: v for k, v in plan_doc["kv"].items() if k not in ("groups", "note")}
+    return figures
 
 
 def test_preflight_unwritable_termination_log_warns_and_keeps_exit_code(model, tmp_path,
@@ -82,15 +100,34 @@ def test_preflight_unwritable_termination_log_warns_and_keeps_exit_code(model, t
                  "--termination-log", str(bad)]) == 3
 
 
-def test_termination_log_is_at_most_4096_bytes(model, tmp_path) -> None:
-    log = tmp_path / "log"
+def test_termination_log_is_at_most_4096_bytes(model, tmp_path, capsys) -> None:
+    log, plan_out = tmp_path / "log", tmp_path / "plan.json"
     rc = main(["preflight", "--model", model, "--device-memory", "1GiB",
                "--gpu-memory-utilization", "0.5", "--unified-memory", "--termination-log",
-               str(log)])
+               str(log), "--plan-out", str(plan_out)])
     assert rc == 3
     data = log.read_bytes()
     assert len(data) <= TERMINATION_LOG_MAX_BYTES
     assert data.decode("utf-8").startswith("error: engine requires ")
+    assert read_plan_line(data.decode())[1] == _figures(json.loads(plan_out.read_text()))
+
+
+def test_a_long_report_is_cut_to_leave_the_plan_line_whole_and_last(model) -> None:
+    from kvledger.engine.config import EngineConfig
+    from kvledger.engine.planner.commands.preflight import termination_message
+    from kvledger.engine.planner.plan import make_plan
+    from kvledger.engine.planner.report import plan_figures, render_report
+
+    plan = make_plan(EngineConfig(model=model, device_memory_bytes=2**30,
+                                  memory_limit_bytes=2**20))
+    report = render_report(plan) + "".join(f"warning: {'w' * 70} {i}\n" for i in range(80))
+    message = termination_message(plan, report)
+    assert len(message.encode("utf-8")) <= TERMINATION_LOG_MAX_BYTES
+    cut, figures = read_plan_line(message)
+    assert cut.startswith(report.splitlines()[0]) and cut.endswith("... (truncated)\n")
+    assert figures == plan_figures(plan) and figures["fits"] is False
+    assert message.splitlines()[-1].startswith(PLAN_LINE_PREFIX)
+    assert len(message.encode("utf-8")) > TERMINATION_LOG_MAX_BYTES - 100  # no room wasted
 
 
 @pytest.mark.parametrize("char", ["a", "é", "模", "🦙"])

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import re
 
+from published_models import published_shape
+
 from kvledger.engine.config import EngineConfig
-from kvledger.engine.planner.checkpoint import ModelShape, WeightsInfo
+from kvledger.engine.planner.checkpoint import WeightsInfo
 from kvledger.engine.planner.device import DeviceMemory
 from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.planner.report import format_size, render_report
 
 GiB = 2**30
-SHAPE = ModelShape("Qwen2ForCausalLM", 64, 40, 8, 128, 5120, 27648, 152064, 32768, "bfloat16")
+SHAPE = published_shape("Qwen2.5-32B-Instruct")
 WEIGHTS = WeightsInfo(int(61.2 * GiB), 771, "BF16", (), {"BF16": int(61.2 * GiB)})
 H100 = DeviceMemory("what-if", "H100", 80 * GiB, 80 * GiB, False)
 

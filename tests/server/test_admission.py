@@ -39,6 +39,24 @@ def test_prompt_at_the_context_is_413_and_explicit_overflow_is_400_naming_both()
     assert info.value.param == "max_tokens"
 
 
+def test_the_engines_cap_rule_keeps_the_servers_answers():
+    """``effective_cap`` applies ``output_cap`` and maps its two refusals to these."""
+    adm = _admission(max_model_len=100)
+    with pytest.raises(ApiError) as info:
+        adm.effective_cap(100, 5)
+    error = info.value
+    assert (error.status, error.code, error.param, error.reason) == (
+        413, "context_length_exceeded", "prompt", "prompt_too_long")
+    assert error.message == "prompt is 100 tokens, at or over the context limit of 100 tokens"
+    with pytest.raises(ApiError) as info:
+        adm.effective_cap(60, 41)
+    error = info.value
+    assert (error.status, error.code, error.param, error.reason) == (
+        400, "context_length_exceeded", "max_tokens", "over_context")
+    assert error.message == ("prompt (60 tokens) + max_tokens (41) = 101 exceeds the context "
+                             "limit of 100 tokens; lower max_tokens to at most 40")
+
+
 async def test_admit_reserves_prompt_plus_cap_and_release_returns_it():
     adm = _admission()
     ticket = await adm.admit("a", prompt_tokens=20, cap_tokens=30)  # 50 tokens -> 4 blocks
@@ -142,6 +160,11 @@ async def test_request_larger_than_the_whole_pool_is_400():
     with pytest.raises(ApiError) as info:
         await adm.admit("huge", 100, 100)
     assert info.value.status == 400 and "2" in info.value.message
+    # The ledger's rule (``check_fits``), in the server's words.
+    assert info.value.message == ("the request needs 13 KV blocks (200 tokens) but the whole "
+                                  "pool holds 2; lower max_tokens")
+    assert (info.value.code, info.value.param, info.value.reason) == (
+        "kv_pool_too_small", "max_tokens", "over_pool")
 
 
 async def test_early_rejection_only_when_the_answer_cannot_depend_on_the_prompt():

@@ -127,6 +127,31 @@ async def test_prompt_at_the_context_is_413_and_body_over_the_limit_is_413(aioht
                         'reason="body_too_large"') == 1
 
 
+@pytest.mark.parametrize("prompt", [[5, 6, 7], "The river flows"])
+async def test_each_engine_rule_runs_once_per_request_before_admission(aiohttp_client, llm,
+                                                                       monkeypatch, prompt):
+    """The prompt's ids, the cap and the params are checked once for all ``n`` choices,
+    before anything is reserved; the engine takes the checked requests as they are."""
+    from kvledger.engine.core import engine as engine_module
+    from kvledger.engine.server import admission as admission_module
+
+    client = await start_app(aiohttp_client, llm)
+    calls = []
+
+    def counted(name, real):
+        return lambda *args: calls.append(name) or real(*args)
+
+    for name in ("check_prompt", "check_params", "check_request"):
+        monkeypatch.setattr(llm, name, counted(name, getattr(llm, name)))
+    for module in (engine_module, admission_module):
+        monkeypatch.setattr(module, "output_cap", counted("output_cap", module.output_cap))
+    response = await client.post("/v1/completions", json={
+        "model": model_name(client), "prompt": prompt, "max_tokens": 3, "n": 2,
+        "logit_bias": {"5": 1.0}})
+    assert response.status == 200 and len((await response.json())["choices"]) == 2
+    assert sorted(calls) == ["check_params", "check_prompt", "output_cap"]
+
+
 async def test_api_key(aiohttp_client, llm):
     client = await start_app(aiohttp_client, llm, api_keys=("s3cret",))
     body = {"model": model_name(client), "prompt": "x", "max_tokens": 1}
@@ -193,7 +218,7 @@ def test_prompt_token_bound_used_by_early_rejection_holds(tiny_llama_dir):
 async def test_full_pool_refuses_with_the_same_answer_before_and_after_tokenizing(
         aiohttp_client, llm):
     client = await start_app(aiohttp_client, llm)
-    ledger = client.app[STATE].llm.ledger
+    ledger = client.app[STATE].engine.ledger
     held = ledger.try_reserve(ledger.block_size * (ledger.num_blocks - 1))  # 1 block free
     try:
         for body in ({"prompt": "short"}, {"prompt": [5, 6, 7]},
@@ -213,7 +238,7 @@ async def test_full_pool_refuses_with_the_same_answer_before_and_after_tokenizin
 
 async def test_max_queue_wait_holds_a_request_until_blocks_return(aiohttp_client, llm):
     client = await start_app(aiohttp_client, llm, max_queue_wait_s=5.0)
-    ledger = client.app[STATE].llm.ledger
+    ledger = client.app[STATE].engine.ledger
     held = ledger.try_reserve(ledger.num_blocks * ledger.block_size)
     request = asyncio.create_task(client.post("/v1/completions", json={
         "model": model_name(client), "prompt": "x", "max_tokens": 2}))

@@ -99,7 +99,7 @@ async def test_sdk_sees_openai_errors(serve):
 
 async def test_sdk_retries_a_429_after_the_advertised_delay(serve):
     app, client, seen = await serve()
-    ledger = app[STATE].llm.ledger
+    ledger = app[STATE].engine.ledger
     held = ledger.try_reserve(ledger.num_blocks * ledger.block_size)  # the pool is full
 
     async def release_after_first_refusal() -> None:

@@ -1,9 +1,11 @@
 """``kvledger preflight FLAGS [--plan-out P] [--termination-log P]``: the init container.
 
-It plans like ``kvledger plan`` (same output, same exit codes), writes the plan JSON to
-``--plan-out`` and a report of at most 4096 bytes to ``--termination-log``, where the
-kubelet picks it up for the pod's status. A termination log that cannot be written is a
-warning on stderr; the exit code stays the plan's.
+It plans like ``kvledger plan`` (same report, same exit codes), writes the plan JSON to
+``--plan-out`` and a message of at most 4096 bytes to ``--termination-log``, where the
+kubelet picks it up for the pod's status: the report, then the plan's figures on one line
+(``kvledger-plan: {...}``, read by the operator), which the log gets after the report too.
+A termination log that cannot be written is a warning on stderr; the exit code stays the
+plan's.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from kvledger.engine.planner.hub.headers import planning_source
 from kvledger.engine.planner.plan import Plan, make_plan
 from kvledger.engine.planner.report import (
     TERMINATION_LOG_MAX_BYTES,
+    plan_line,
     render_report,
     truncate_utf8,
 )
@@ -32,8 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan-out", default=None, metavar="PATH",
                         help="write the plan JSON here (parent folders are created)")
     parser.add_argument("--termination-log", default=None, metavar="PATH",
-                        help="write a report of at most 4096 bytes here (default "
+                        help="write the report and the plan's figures, at most 4096 bytes, "
+                             "here (default "
                              f"{DEFAULT_TERMINATION_LOG}, when the kubelet has mounted it)")
+    # `kvledger run` turns it off: its pre-flight prints to a person, not to a pod's log.
+    parser.set_defaults(log_plan_line=True)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -45,7 +51,10 @@ def main(args: argparse.Namespace) -> int:
         # RoPE type) at once; refuse it here too, so the pod says so instead of crash-looping.
         ModelConfig.from_dir(source.path)
     report = render_report(plan)
-    print(report, end="", file=sys.stdout if plan.fits else sys.stderr)
+    # The log has the plan line too: the kubelet shows the log's tail when the termination
+    # log is empty (FallbackToLogsOnError), and a podman pod has no termination log at all.
+    logged = report + plan_line(plan) if getattr(args, "log_plan_line", True) else report
+    print(logged, end="", file=sys.stdout if plan.fits else sys.stderr)
     if args.plan_out:
         out = Path(args.plan_out)
         try:
@@ -58,18 +67,20 @@ def main(args: argparse.Namespace) -> int:
 
 
 def termination_message(plan: Plan, report: str) -> str:
-    """What the kubelet hands the operator, at most 4096 bytes.
+    """What the kubelet hands the operator, at most 4096 bytes: the report, cut at a line
+    to leave room, then the plan line (the plan's figures, exact bytes, for the operator).
 
-    A refusal is the human report (``kubectl describe`` shows it). A plan that fits is
-    its headline plus the plan JSON on one line, so the operator can fill
-    ``status.plan`` with exact bytes; the report alone when the JSON would not fit.
+    The report comes first because its first line is the headline a person reads first
+    (``kubectl describe``, the condition and the event the operator makes of it), and the
+    plan line last because a log's tail is what the kubelet keeps when it falls back to
+    the log. The line is about 1 KiB; were it ever over half the limit, the report alone
+    is written (the operator then says the figures are missing).
     """
-    if plan.fits:
-        compact = json.dumps(plan.to_json(), separators=(",", ":"), sort_keys=True)
-        message = f"{report.splitlines()[0]}\n{compact}\n"
-        if len(message.encode("utf-8")) <= TERMINATION_LOG_MAX_BYTES:
-            return message
-    return truncate_utf8(report)
+    line = plan_line(plan)
+    room = TERMINATION_LOG_MAX_BYTES - len(line.encode("utf-8"))
+    if room < TERMINATION_LOG_MAX_BYTES // 2:
+        return truncate_utf8(report)
+    return truncate_utf8(report, room) + line
 
 
 def _write_termination_log(path: str | None, message: str) -> None:

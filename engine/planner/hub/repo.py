@@ -40,7 +40,10 @@ ENGINE_FILES = (CONFIG_FILE, "generation_config.json", "tokenizer.json",
                 "tokenizer_config.json", "special_tokens_map.json")
 
 _NAME = r"[A-Za-z0-9_.-]{1,96}"
-_URI = re.compile(rf"hf://(?P<repo>{_NAME}/{_NAME})(?:@(?P<rev>[^@]*))?")
+# The uri grammar; the CRD's pattern is built from it (operator/crd_schema.py). parse_uri
+# checks what a regex without look-ahead cannot: no leading or trailing '.'/'-', no '..'
+# or '--' in a name, a revision's shape; on a cluster those come back as InvalidSpec.
+HUB_URI_RE = re.compile(rf"hf://(?P<repo>{_NAME}/{_NAME})(?:@(?P<rev>[^@]*))?")
 _REVISION = re.compile(r"[A-Za-z0-9_.\-/]{1,255}")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
@@ -70,7 +73,7 @@ class HubModel:
 
 def parse_uri(text: str) -> HubModel:
     """``hf://ORG/NAME[@REVISION]`` -> HubModel; BadInput with one line when malformed."""
-    match = _URI.fullmatch(text) if isinstance(text, str) else None
+    match = HUB_URI_RE.fullmatch(text) if isinstance(text, str) else None
     if match is None:
         raise BadInput(f"bad hub model {text!r}: expected hf://ORG/NAME[@REVISION] (letters, "
                        "digits, '-', '_' and '.'; at most 96 characters each)")

@@ -1,0 +1,67 @@
+"""A request as the engine takes it, and the context-cap rule.
+
+``output_cap`` is the one owner of the rule every caller applies to ``max_tokens``: a
+prompt at or over the context is too long (PromptTooLong), a cap over the room left is
+too large (CapTooLarge), and an unset cap is the rest of the context. The other rules a
+request meets have one owner each too: its token ids (``LLMEngine.check_prompt``,
+``LLMEngine.check_params``) and whether prompt + cap fits the pool
+(``KVLedger.check_fits``). ``LLMEngine.check_request`` applies them all, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvledger.engine.errors import BadInput, CapTooLarge, PromptTooLong
+from kvledger.engine.kv.reservation import Reservation
+from kvledger.engine.sampling.params import SamplingParams
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """A request that met every rule (``LLMEngine.check_request``, or a server that ran
+    the same checks in its own order): ``add_request`` takes it as it is."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    cap_tokens: int  # the most tokens it may generate
+
+    @property
+    def num_tokens(self) -> int:
+        """What its reservation covers: prompt + cap."""
+        return len(self.prompt_token_ids) + self.cap_tokens
+
+    @property
+    def uses_cached_blocks(self) -> bool:
+        """Prompt logprobs need every prompt position computed: no cached blocks."""
+        return self.params.prompt_logprobs is None
+
+
+def output_cap(max_model_len: int, num_prompt_tokens: int, max_tokens: int | None) -> int:
+    """The most tokens a request may generate: ``max_tokens``, or the rest of the context
+    when it is unset. PromptTooLong when the prompt leaves no room for one output token;
+    CapTooLarge when ``max_tokens`` is more than the room."""
+    if num_prompt_tokens >= max_model_len:
+        raise PromptTooLong(num_prompt_tokens, max_model_len)
+    room = max_model_len - num_prompt_tokens
+    if max_tokens is None:
+        return room
+    if max_tokens > room:
+        raise CapTooLarge(num_prompt_tokens, max_tokens, max_model_len)
+    return max_tokens
+
+
+def check_reservation(reservation: Reservation, request: EngineRequest,
+                      needed_blocks: int) -> None:
+    """BadInput unless ``reservation`` was made for ``request``: ``needed_blocks`` or more,
+    for its prompt, and without cached blocks when it needs every prompt position."""
+    if reservation.num_blocks < needed_blocks:
+        raise BadInput(f"the reservation holds {reservation.num_blocks} blocks; prompt + "
+                       f"cap needs {needed_blocks}")
+    # Its cached blocks and keys were found from the prompt it was made for.
+    if (reservation.prompt_token_ids is not None
+            and list(reservation.prompt_token_ids) != list(request.prompt_token_ids)):
+        raise BadInput("the reservation was made for another prompt")
+    if reservation.num_cached_blocks and not request.uses_cached_blocks:
+        raise BadInput("a request with prompt_logprobs needs every prompt position computed; "
+                       "its reservation must not use cached blocks")

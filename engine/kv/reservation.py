@@ -1,0 +1,76 @@
+"""A reservation: one request's claim on the KV pool, which the ledger (``ledger.py``)
+grants, grows and releases, under its lock; the engine only reads it (its blocks, where
+its prefill starts).
+
+With prefix caching a reservation is two things: the cached blocks it pinned (its *hits*:
+the longest run of the prompt's full blocks already registered, found at admission and
+again as its request starts) and a count of blocks it may still *draw*
+(``blocks_for(prompt + cap) - hits``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvledger.engine.kv.block_pool import BlockHash
+
+
+class PromptShare:
+    """The choices of one request (``n > 1``) share the full blocks of their prompt past
+    the cached hits, ``[start, end)``: the ``owner`` draws and computes them, the others
+    (``waiting``) pin them once computed (``share_prompt``) and never claim them. If the
+    owner is released before that, the first waiting one becomes the owner, and its
+    claim grows by the blocks it must now compute itself."""
+
+    __slots__ = ("end", "owner", "start", "waiting")
+
+    def __init__(self, owner: Reservation, waiting: list[Reservation], start: int, end: int) -> None:
+        self.owner, self.waiting, self.start, self.end = owner, waiting, start, end
+
+
+class Reservation:
+    """A claim on ``num_blocks`` blocks: ``block_ids`` holds the pinned hits
+    (``num_cached_blocks``, first) and the blocks drawn so far; ``draws_left`` more may be
+    drawn. ``block_hashes`` are the keys of its first full blocks known so far. ``share``:
+    the ``PromptShare`` of its request's choices, if they share their prompt."""
+
+    __slots__ = ("block_hashes", "block_ids", "draws_left", "num_blocks", "num_cached_blocks",
+                 "num_cached_tokens", "num_registered_blocks", "prompt_token_ids", "released",
+                 "root", "share")
+
+    def __init__(self, num_blocks: int, hits: list[int], block_size: int,
+                 block_hashes: list[BlockHash], prompt_token_ids: Sequence[int] | None,
+                 root: BlockHash | None = None) -> None:
+        self.num_blocks = num_blocks
+        self.block_ids = list(hits)
+        self.num_cached_blocks = len(hits)
+        self.num_cached_tokens = len(hits) * block_size  # the sequence starts its prefill here
+        self.draws_left = num_blocks - len(hits)
+        self.block_hashes = list(block_hashes)
+        self.num_registered_blocks = len(hits)  # blocks before this one need no register()
+        # The prompt the cache was consulted for (its keys made of): None when it was not.
+        self.prompt_token_ids = prompt_token_ids
+        self.root = root  # the parent key of its first block: its cache salt (None: none)
+        self.share: PromptShare | None = None
+        self.released = False
+
+    @property
+    def awaits_share(self) -> bool:
+        """Its prompt's shared blocks are still to be computed by another choice."""
+        return self.share is not None and self in self.share.waiting
+
+    @property
+    def awaited_blocks(self) -> int:
+        """The shared blocks it will pin rather than draw (0 once pinned, or for the owner):
+        ``len(block_ids) + draws_left + awaited_blocks == num_blocks``."""
+        return self.share.end - self.share.start if self.awaits_share else 0
+
+    @property
+    def used_blocks(self) -> int:
+        return len(self.block_ids)
+
+    def __repr__(self) -> str:
+        if self.released:
+            return "Reservation(released)"
+        return (f"Reservation({self.used_blocks}/{self.num_blocks} used, "
+                f"{self.num_cached_blocks} cached)")

@@ -1,0 +1,124 @@
+"""How a request body's fields are judged, before and after its model: the fields this
+server knows but does not implement are refused by name (or dropped, when they change
+nothing), and a failed validation becomes the 400 naming the first field at fault.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from kvledger.engine.server.api_errors import ApiError, bad_request
+from kvledger.engine.server.limits import shown
+
+# Accepted and dropped: they change nothing this server returns (OpenAI's bookkeeping
+# and routing hints). Each value is the type it must have.
+IGNORED_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "metadata": dict, "store": bool, "service_tier": str, "parallel_tool_calls": bool,
+    "prompt_cache_key": str, "safety_identifier": str, "modalities": list,
+}
+# Known fields this server does not implement: a 400 "not supported" unless the value
+# is one of the neutral ones listed (which means "off").
+UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
+    "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []),
+    "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
+    "audio": (None,), "prediction": (None,), "reasoning_effort": (None,),
+    "web_search_options": (None,), "min_p": (None, 0, 0.0), "use_beam_search": (None, False),
+    "length_penalty": (None, 1, 1.0), "truncate_prompt_tokens": (None,),
+    "skip_special_tokens": (None, True), "spaces_between_special_tokens": (None, True),
+    "continue_final_message": (None, False), "chat_template": (None,),
+    "chat_template_kwargs": (None, {}), "documents": (None, []), "priority": (None, 0),
+    "prompt_logprobs": (None,), "guided_grammar": (None,), "guided_decoding_backend": (None,),
+}
+# vLLM's chat ``echo`` repeats the last message; not implemented (completions' is).
+CHAT_UNSUPPORTED_FIELDS = {**UNSUPPORTED_FIELDS, "echo": (None, False)}
+
+
+class Strict(BaseModel):
+    """Unknown fields refused, no coercion (``"10"`` is not 10), no NaN or infinity."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False,
+                              hide_input_in_errors=True)
+
+
+class Refusal(ValueError):
+    """A 400 raised inside validation, with the field it names."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.param = message, param
+
+
+def known_fields(data: Any, unsupported: dict[str, tuple[Any, ...]]) -> Any:
+    """A model's "before" validation: refuse the known-but-unsupported fields by name,
+    drop the ignored ones."""
+    if not isinstance(data, dict):
+        raise Refusal("the request body must be a JSON object")
+    if not (unsupported.keys() & data.keys() or IGNORED_FIELDS.keys() & data.keys()):
+        return data  # the common case: nothing to drop
+    data = dict(data)
+    for name in unsupported.keys() & data.keys():
+        value = data.pop(name)
+        if not any(value == v and type(value) is type(v) for v in unsupported[name]):
+            raise Refusal(f"'{name}' is not supported by this server", name)
+    for name in IGNORED_FIELDS.keys() & data.keys():
+        value = data.pop(name)
+        if value is not None and not isinstance(value, IGNORED_FIELDS[name]):
+            raise Refusal(f"'{name}' must be a {_type_name(IGNORED_FIELDS[name])}", name)
+    return data
+
+
+def validate(model: type[BaseModel], body: Any) -> Any:
+    """``model`` validated from ``body``, or the 400 naming the first field at fault."""
+    try:
+        return model.model_validate(body)
+    except Refusal as exc:
+        raise bad_request(exc.message, exc.param) from None
+    except ValidationError as exc:
+        raise _first_error(exc) from None
+
+
+_TYPE_MESSAGES = {"int_type": "must be an integer", "float_type": "must be a number",
+                  "bool_type": "must be true or false", "string_type": "must be a string",
+                  "list_type": "must be a list", "dict_type": "must be a JSON object",
+                  "model_type": "must be a JSON object", "finite_number": "must be finite"}
+
+
+def _first_error(exc: ValidationError) -> ApiError:
+    error = exc.errors(include_url=False)[0]
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, Refusal):
+        return bad_request(cause.message, cause.param)
+    param = _param(error["loc"])
+    if not param:
+        return bad_request("the request body must be a JSON object" if error["type"] ==
+                           "model_type" else str(cause or error["msg"]))
+    if error["type"] == "extra_forbidden":
+        return bad_request(f"unknown field '{param}': this server does not implement it",
+                           param)
+    if error["type"] == "missing":
+        return bad_request(f"missing required field '{param}'", param)
+    if error["type"] in _TYPE_MESSAGES:
+        return bad_request(f"'{param}' {_TYPE_MESSAGES[error['type']]}, got "
+                           f"{shown(error['input'])}", param)
+    message = str(cause) if isinstance(cause, ValueError) else error["msg"]
+    return bad_request(f"'{param}': {message}", param)
+
+
+def _param(loc: tuple[int | str, ...]) -> str:
+    """``("messages", 0, "role")`` -> ``messages[0].role``; pydantic's union branch
+    names (``str``, ``list[str]``) are dropped."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif "[" in part or part in ("str", "int", "float", "bool", "dict", "list"):
+            continue
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+def _type_name(kind: type | tuple[type, ...]) -> str:
+    return {dict: "JSON object", bool: "boolean", str: "string", list: "list"}.get(kind, "value")

@@ -1,0 +1,280 @@
+"""The InferenceService's ``spec`` schema (OpenAPI v3, as the CRD writes it), one dict.
+
+Its cross-field rules come from ``spec_rules`` and its defaults from ``resource``; the
+grammars it shares with the engine are derived from the engine's own regexes, never
+written here a second time: a SIZE (``kvledger.engine.config``) and a hub uri
+(``kvledger.engine.planner.hub.repo``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from kvledger.engine.config import DTYPES, KV_CACHE_DTYPES, SIZE_RE
+from kvledger.engine.planner.hub.repo import HUB_URI_RE
+from kvledger.operator.quantity import TARGET_PATTERN
+from kvledger.operator.resource import (
+    AUTOSCALING_METRICS,
+    AUTOSCALING_PROVIDERS,
+    DEFAULT_GPUS,
+    DEFAULT_MAX_QUEUE_WAIT_S,
+    DEFAULT_MIN_REPLICAS,
+    DEFAULT_MOUNT_PATH,
+    DEFAULT_PORT,
+    DEFAULT_REPLICAS,
+    DEFAULT_SHUTDOWN_GRACE_S,
+)
+from kvledger.operator.spec_rules import validations
+
+
+def crd_pattern(owner: re.Pattern[str]) -> str:
+    """An owner's regex as a schema ``pattern``: anchored, its named groups plain (the API
+    server reads patterns with Go's RE2, ``kvledger run`` with Python's ``re``; both take
+    this), and without the whitespace a command line tolerates around a value."""
+    body = re.sub(r"\(\?P<\w+>", "(", owner.pattern).replace(r"\s*", "")
+    return f"^{body.removeprefix('^').removesuffix('$')}$"
+
+
+# A SIZE, as engine.config.parse_size reads it (40Gi, 40GiB, 40G, 512MiB, plain bytes).
+SIZE_PATTERN = crd_pattern(SIZE_RE)
+# hf://ORG/NAME[@REVISION], as the engine's parse_uri matches it before its own checks
+# (no leading or trailing '.' or '-' in a name, a revision's characters), which the
+# operator and `kvledger run` apply with the engine's message.
+HUB_URI_PATTERN = crd_pattern(HUB_URI_RE)
+
+
+def _int(minimum: int, description: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "integer", "minimum": minimum, "description": description, **extra}
+
+
+def _ruled(schema: dict[str, Any], path: str) -> dict[str, Any]:
+    """``schema`` with the cross-field rules of its node (``spec_rules``), if it has any."""
+    rules = validations(path)
+    return {**schema, "x-kubernetes-validations": rules} if rules else schema
+
+
+_SIZE = {"type": "string", "pattern": SIZE_PATTERN}
+# Structural int-or-string: the anyOf must be exactly these two bare types; value checks
+# sit beside it (minimum applies to the integer, pattern to the string), as for Quantity.
+INT_OR_STRING = [{"type": "integer"}, {"type": "string"}]
+_SIZE_OR_BYTES = {
+    "x-kubernetes-int-or-string": True,
+    "anyOf": INT_OR_STRING,
+    "minimum": 1,
+    "pattern": SIZE_PATTERN,
+}
+# A Secret's name is a DNS-1123 subdomain; a key is letters, digits, '-', '_' and '.'.
+_SECRET_NAME = {"type": "string", "minLength": 1, "maxLength": 253,
+                "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"}
+_SECRET_KEY = {"type": "string", "minLength": 1, "maxLength": 253,
+               "pattern": r"^[-._a-zA-Z0-9]+$"}
+_CLAIM = {"type": "object", "required": ["claimName"],
+          "properties": {"claimName": {"type": "string", "minLength": 1, "maxLength": 253}}}
+
+_MODEL = _ruled({
+    "type": "object",
+    "description": "The checkpoint (config.json, safetensors, tokenizer.json): a directory "
+                   "(path) or a Hugging Face Hub repository (uri); exactly one of the two.",
+    "properties": {
+        "path": {"type": "string", "pattern": "^/", "maxLength": 4096,
+                 "description": "Checkpoint directory as the pod sees it (under volume.mountPath)."},
+        "uri": {"type": "string", "pattern": HUB_URI_PATTERN, "maxLength": 512,
+                "description": "hf://ORG/NAME[@REVISION]: planned from its headers over HTTP, "
+                               "then downloaded by the fetch init container into the cache."},
+        "name": {"type": "string", "minLength": 1,
+                 "description": "Served model name (--served-model-name)."},
+        "volume": _ruled({
+            "type": "object",
+            "description": "Where the checkpoint lives; mounted read-only at mountPath.",
+            "properties": {
+                "persistentVolumeClaim": _CLAIM,
+                "hostPath": {
+                    "type": "object", "required": ["path"],
+                    "properties": {"path": {"type": "string", "pattern": "^/",
+                                            "maxLength": 4096}},
+                },
+                "mountPath": {"type": "string", "pattern": "^/", "maxLength": 4096,
+                              "default": DEFAULT_MOUNT_PATH},
+            },
+        }, "model.volume"),
+        "tokenSecretRef": {
+            "type": "object", "required": ["name", "key"],
+            "description": "The Secret key holding the Hub token (HF_TOKEN of the preflight "
+                           "and fetch containers; the operator reads it to size the cache).",
+            "properties": {"name": _SECRET_NAME, "key": _SECRET_KEY},
+        },
+        "endpoint": {"type": "string", "pattern": r"^https?://\S+$", "maxLength": 2048,
+                     "description": "A Hub mirror (HF_ENDPOINT of the preflight and fetch "
+                                    "containers), e.g. https://hf-mirror.example.com"},
+        "cache": {
+            "type": "object", "required": ["persistentVolumeClaim"],
+            "description": "Where the download goes, shared by replicas and restarts (default: "
+                           "an emptyDir per pod, sized from the checkpoint).",
+            "properties": {"persistentVolumeClaim": _CLAIM},
+        },
+    },
+}, "model")
+
+_ENGINE = _ruled({
+    "type": "object",
+    "description": "Workload flags, named as vLLM names them (camelCase).",
+    "properties": {
+        "maxModelLen": _int(1, "context limit in tokens (--max-model-len)"),
+        "maxNumSeqs": _int(1, "concurrent sequences (--max-num-seqs)"),
+        "maxNumBatchedTokens": _int(1, "tokens per engine step (--max-num-batched-tokens)"),
+        "blockSize": _int(1, "tokens per KV block (--block-size)", maximum=1024),
+        "dtype": {"type": "string", "enum": list(DTYPES)},
+        "kvCacheDtype": {"type": "string", "enum": list(KV_CACHE_DTYPES)},
+        "enforceEager": {"type": "boolean"},
+        "enablePrefixCaching": {"type": "boolean", "description": "share computed prompt "
+                                "blocks between requests (default true)"},
+        "seed": {"type": "integer", "minimum": 0},
+    },
+}, "engine")
+
+_MEMORY = {
+    "type": "object",
+    "description": "Memory caps; the smallest one given wins. None: auto-size to the workload.",
+    "properties": {
+        "limit": {**_SIZE, "description": "hard limit on device memory, e.g. 40Gi (--memory-limit)"},
+        "gpuMemoryUtilization": {
+            "type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1,
+            "description": "cap as a fraction of the device's total memory, in (0, 1]",
+        },
+        "numGpuBlocksOverride": _int(1, "exact KV pool size in blocks"),
+        "kvCacheMemoryBytes": {**_SIZE_OR_BYTES, "description": "KV pool size, e.g. 4Gi"},
+    },
+}
+
+_QUANTITY = {"x-kubernetes-int-or-string": True, "anyOf": INT_OR_STRING}
+
+_AUTOSCALING = _ruled({
+    "type": "object",
+    "description": "Scale spec.replicas on a per-pod metric: the operator owns an HPA (provider "
+                   "hpa) or a KEDA ScaledObject (provider keda) whose target is this resource's "
+                   "scale subresource.",
+    "required": ["maxReplicas"],
+    "properties": {
+        "minReplicas": _int(0, "fewest pods (0 only with provider keda)",
+                            default=DEFAULT_MIN_REPLICAS),
+        "maxReplicas": _int(1, "most pods"),
+        "metric": {"type": "string", "enum": list(AUTOSCALING_METRICS),
+                   "default": AUTOSCALING_METRICS[0],
+                   "description": "kvReservedRatio (share of KV blocks reserved, 0..1), "
+                                  "requestsWaiting (requests queued for a reservation) or "
+                                  "rejectionRate (429s for a full KV cache per second)"},
+        "target": {
+            "x-kubernetes-int-or-string": True, "anyOf": INT_OR_STRING,
+            "minimum": 1, "pattern": TARGET_PATTERN, "maxLength": 32,
+            "description": "per-pod average of the metric to hold, a quantity (4, \"0.8\", "
+                           "\"800m\"); default 0.8 for kvReservedRatio, 4 for "
+                           "requestsWaiting, 1 for rejectionRate",
+        },
+        "provider": {"type": "string", "enum": list(AUTOSCALING_PROVIDERS),
+                     "default": AUTOSCALING_PROVIDERS[0]},
+        "prometheus": {
+            "type": "object",
+            "description": "provider keda: where KEDA queries the metric (default: the "
+                           "operator's --prometheus-url)",
+            "properties": {"serverAddress": {"type": "string", "pattern": r"^https?://\S+$",
+                                             "maxLength": 2048}},
+        },
+    },
+}, "autoscaling")
+
+# Pod placement and environment, passed to the pod template as Kubernetes names them.
+# What is simple is typed; what Kubernetes' own schema makes huge (affinity terms, an env
+# var's valueFrom) keeps its unknown fields, and the API server checks it in the pod.
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_OPEN_OBJECT = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+_NAME_REF = {"type": "object", "required": ["name"],
+             "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 253}}}
+_TOLERATION = _ruled({
+    "type": "object",
+    "properties": {
+        "key": {"type": "string", "maxLength": 317},
+        "operator": {"type": "string", "enum": ["Exists", "Equal"]},
+        "value": {"type": "string", "maxLength": 63},
+        "effect": {"type": "string", "enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]},
+        "tolerationSeconds": {"type": "integer", "format": "int64"},
+    },
+}, "tolerations[]")
+_ENV_VAR = _ruled({
+    "type": "object", "required": ["name"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 4096},
+        "value": {"type": "string"},
+        "valueFrom": {**_OPEN_OBJECT, "description": "as in a container's env "
+                      "(secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef)"},
+    },
+}, "env[]")
+_ENV_SOURCE_REF = {"type": "object", "required": ["name"],
+                   "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 253},
+                                  "optional": {"type": "boolean"}}}
+_ENV_FROM = _ruled({
+    "type": "object",
+    "properties": {"prefix": {"type": "string"}, "configMapRef": _ENV_SOURCE_REF,
+                   "secretRef": _ENV_SOURCE_REF},
+}, "envFrom[]")
+_PLACEMENT = {
+    "nodeSelector": {**_STRING_MAP, "description": "the pod's nodeSelector"},
+    "tolerations": {"type": "array", "items": _TOLERATION, "maxItems": 64,
+                    "description": "the pod's tolerations (default with gpus > 0: "
+                                   "nvidia.com/gpu Exists NoSchedule)"},
+    "affinity": {
+        "type": "object", "description": "the pod's affinity, as Kubernetes writes it",
+        "properties": {"nodeAffinity": _OPEN_OBJECT, "podAffinity": _OPEN_OBJECT,
+                       "podAntiAffinity": _OPEN_OBJECT},
+    },
+    "priorityClassName": {"type": "string", "minLength": 1, "maxLength": 253},
+    "runtimeClassName": {"type": "string", "minLength": 1, "maxLength": 253},
+    "imagePullSecrets": {"type": "array", "items": _NAME_REF, "maxItems": 64},
+    "serviceAccountName": {"type": "string", "minLength": 1, "maxLength": 253,
+                           "description": "the pods' service account (its token is still not "
+                                          "mounted: neither container calls the API server)"},
+    "env": {"type": "array", "items": _ENV_VAR, "maxItems": 1024,
+            "description": "env of every container (preflight, fetch, engine); the "
+                           "operator's own HF_* variables win over the same names"},
+    "envFrom": {"type": "array", "items": _ENV_FROM, "maxItems": 64,
+                "description": "envFrom of every container"},
+    "podAnnotations": {**_STRING_MAP, "description": "annotations of the pod template"},
+    "podLabels": {**_STRING_MAP, "description": "labels of the pod template; the operator's "
+                  "own labels win over the same keys"},
+}
+
+SPEC_SCHEMA = {
+    "type": "object",
+    "required": ["model"],
+    "properties": {
+        "model": _MODEL,
+        "engine": _ENGINE,
+        "memory": _MEMORY,
+        "gpus": _ruled(_int(0, "GPUs per replica (nvidia.com/gpu); at most 1 until kvledger "
+                               "has tensor parallelism", default=DEFAULT_GPUS), "gpus"),
+        "replicas": _int(0, "pods serving this model (the scale subresource's; with "
+                            "autoscaling, the autoscaler writes it)", default=DEFAULT_REPLICAS),
+        "image": {"type": "string", "minLength": 1,
+                  "description": "kvledger image (default: the operator's configured image)"},
+        "port": _int(1, "HTTP port of the engine and the Service", maximum=65535,
+                     default=DEFAULT_PORT),
+        "shutdownGraceSeconds": _int(0, "on SIGTERM (scale-down, rollout, eviction), how "
+                                        "long in-flight requests may finish before they are "
+                                        "aborted (--shutdown-grace); the pod's grace is 20 s "
+                                        "more", maximum=3600, default=DEFAULT_SHUTDOWN_GRACE_S),
+        "maxQueueWaitSeconds": _int(0, "how long a request may wait in line for its KV "
+                                       "reservation before a 429 (--max-queue-wait; 0: "
+                                       "refused at once); what requestsWaiting autoscaling "
+                                       "counts", maximum=600, default=DEFAULT_MAX_QUEUE_WAIT_S),
+        "resources": {
+            "type": "object",
+            "description": "CPU and host memory of the engine container (GPUs come from gpus).",
+            "properties": {
+                "limits": {"type": "object", "additionalProperties": _QUANTITY},
+                "requests": {"type": "object", "additionalProperties": _QUANTITY},
+            },
+        },
+        **_PLACEMENT,
+        "autoscaling": _AUTOSCALING,
+    },
+}

@@ -1,0 +1,32 @@
+"""The InferenceService resource: its names, and its spec's defaults.
+
+The CRD (``crd_schema.py``) declares these defaults and the parsed spec (``spec.py``) falls
+back to them, so an API server that applied them and one that did not (or ``kvledger
+run``, which has none) give the same spec.
+"""
+
+from __future__ import annotations
+
+GROUP = "kvledger.dev"
+VERSION = "v1alpha1"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+SINGULAR = "inferenceservice"
+# KServe owns "isvc"; ours must not clash with it.
+SHORT_NAMES = ["kvis"]
+API_VERSION = f"{GROUP}/{VERSION}"
+
+DEFAULT_GPUS = 1
+DEFAULT_REPLICAS = 1
+DEFAULT_PORT = 8000
+DEFAULT_SHUTDOWN_GRACE_S = 30  # serve's own default
+DEFAULT_MAX_QUEUE_WAIT_S = 0  # serve's own default: a request is refused at once
+DEFAULT_MOUNT_PATH = "/models"
+
+# Autoscaling: what the HPA or KEDA scales the InferenceService on (autoscaling.py names
+# the Prometheus series), and who does it; the first of each is the default.
+AUTOSCALING_METRICS = ("kvReservedRatio", "requestsWaiting", "rejectionRate")
+AUTOSCALING_PROVIDERS = ("hpa", "keda")
+DEFAULT_MIN_REPLICAS = 1
+# The per-pod target each metric holds when spec.autoscaling.target is not given.
+DEFAULT_TARGETS = {"kvReservedRatio": "0.8", "requestsWaiting": "4", "rejectionRate": "1"}

@@ -1,0 +1,166 @@
+"""The spec's cross-field rules, each once: where it applies, its CEL, its message, its check.
+
+The CRD carries each rule as an ``x-kubernetes-validations`` entry (``validations``), so
+the API server refuses a spec at ``kubectl apply``; ``check_rules`` applies the same rules
+in Python with the same message, for ``kvledger run`` (no API server) and for the
+operator (an API server older than CEL validation skips them). A test evaluates every CEL
+expression with a CEL interpreter and checks that the two halves of each rule agree.
+
+A rule's ``path`` is the schema node it sits on, under ``spec`` (``a.b``: field b of
+field a; ``a[]``: each item of the list a). The CEL sees the node after the API server
+applied the CRD's defaults; a Python check is given the node as written, so it takes the
+CRD's default where the CEL relies on one (``mountPath``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvledger.engine.errors import BadInput
+from kvledger.operator.quantity import target_value
+from kvledger.operator.resource import AUTOSCALING_METRICS, DEFAULT_MOUNT_PATH
+
+
+@dataclass(frozen=True)
+class Rule:
+    path: str
+    cel: str
+    message: str
+    holds: Callable[[Any], bool]  # the CEL's verdict, in Python, on the same node
+
+
+def _under_mount(model: Mapping[str, Any]) -> bool:
+    if "volume" not in model or "path" not in model:
+        return True
+    mount = model["volume"].get("mountPath", DEFAULT_MOUNT_PATH)
+    path = model["path"]
+    return path == mount or path.startswith(mount if mount.endswith("/") else mount + "/")
+
+
+def _target_above_zero(scaling: Mapping[str, Any]) -> bool:
+    return "target" not in scaling or target_value(scaling["target"]) > 0
+
+
+def _ratio_at_most_one(scaling: Mapping[str, Any]) -> bool:
+    return (scaling.get("metric", AUTOSCALING_METRICS[0]) != "kvReservedRatio"
+            or "target" not in scaling or target_value(scaling["target"]) <= 1)
+
+
+RULES: tuple[Rule, ...] = (
+    # The engine runs on one device: a second GPU would be requested and sit idle.
+    Rule("gpus", "self <= 1",
+         "gpus must be 0 or 1: kvledger has no tensor parallelism yet, so the engine would "
+         "use one GPU of those requested",
+         lambda gpus: gpus <= 1),
+    Rule("engine",
+         "!has(self.maxNumBatchedTokens) || !has(self.maxNumSeqs)"
+         " || self.maxNumBatchedTokens >= self.maxNumSeqs",
+         "maxNumBatchedTokens must be at least maxNumSeqs (every running sequence decodes one "
+         "token per step)",
+         lambda engine: "maxNumBatchedTokens" not in engine or "maxNumSeqs" not in engine
+         or engine["maxNumBatchedTokens"] >= engine["maxNumSeqs"]),
+    Rule("model.volume", "has(self.persistentVolumeClaim) != has(self.hostPath)",
+         "set exactly one of persistentVolumeClaim and hostPath",
+         lambda volume: ("persistentVolumeClaim" in volume) != ("hostPath" in volume)),
+    Rule("model", "has(self.path) != has(self.uri)",
+         "set exactly one of model.path and model.uri",
+         lambda model: ("path" in model) != ("uri" in model)),
+    # Checked as strings, so a '..' could climb out of the mount: refuse the segment.
+    Rule("model", "!has(self.path) || !self.path.matches('(^|/)[.][.](/|$)')",
+         "model.path must not contain a '..' segment",
+         lambda model: ".." not in model.get("path", "").split("/")),
+    # A mountPath written with a trailing '/' holds the paths under it all the same.
+    Rule("model",
+         "!has(self.volume) || !has(self.path) || self.path == self.volume.mountPath"
+         " || self.path.startsWith(self.volume.mountPath.endsWith('/')"
+         " ? self.volume.mountPath : self.volume.mountPath + '/')",
+         "model.path must lie under model.volume.mountPath",
+         _under_mount),
+    Rule("model", "!has(self.uri) || !has(self.volume)",
+         "model.volume holds a model.path checkpoint; a model.uri is downloaded into "
+         "model.cache",
+         lambda model: "uri" not in model or "volume" not in model),
+    Rule("model",
+         "has(self.uri) || !(has(self.tokenSecretRef) || has(self.endpoint)"
+         " || has(self.cache))",
+         "model.tokenSecretRef, model.endpoint and model.cache apply to a model.uri only",
+         lambda model: "uri" in model
+         or not {"tokenSecretRef", "endpoint", "cache"} & model.keys()),
+    # What the API server would refuse in the pod, refused at `kubectl apply` instead.
+    Rule("tolerations[]",
+         "has(self.key) && self.key != '' || has(self.operator) && self.operator == 'Exists'",
+         "a toleration without a key must have operator Exists",
+         lambda toleration: bool(toleration.get("key"))
+         or toleration.get("operator") == "Exists"),
+    Rule("tolerations[]",
+         "!has(self.operator) || self.operator != 'Exists' || !has(self.value)"
+         " || self.value == ''",
+         "a toleration with operator Exists takes no value",
+         lambda toleration: toleration.get("operator") != "Exists"
+         or not toleration.get("value")),
+    Rule("tolerations[]",
+         "!has(self.tolerationSeconds) || has(self.effect) && self.effect == 'NoExecute'",
+         "tolerationSeconds applies to effect NoExecute only",
+         lambda toleration: "tolerationSeconds" not in toleration
+         or toleration.get("effect") == "NoExecute"),
+    Rule("env[]", "!has(self.value) || !has(self.valueFrom)",
+         "an env var takes value or valueFrom, not both",
+         lambda var: not ("value" in var and "valueFrom" in var)),
+    Rule("envFrom[]", "has(self.configMapRef) != has(self.secretRef)",
+         "an envFrom entry takes exactly one of configMapRef and secretRef",
+         lambda source: ("configMapRef" in source) != ("secretRef" in source)),
+    Rule("autoscaling", "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
+         "autoscaling.minReplicas must be at most autoscaling.maxReplicas",
+         lambda scaling: "minReplicas" not in scaling
+         or scaling["minReplicas"] <= scaling["maxReplicas"]),
+    Rule("autoscaling",
+         "!has(self.minReplicas) || self.minReplicas >= 1"
+         " || has(self.provider) && self.provider == 'keda'",
+         "autoscaling.minReplicas 0 (scale to zero) needs provider keda: an HPA cannot scale "
+         "to zero",
+         lambda scaling: scaling.get("minReplicas", 1) >= 1
+         or scaling.get("provider") == "keda"),
+    Rule("autoscaling", "!has(self.prometheus) || has(self.provider) && self.provider == 'keda'",
+         "autoscaling.prometheus applies to provider keda only (an HPA reads its Pods metric "
+         "through prometheus-adapter)",
+         lambda scaling: "prometheus" not in scaling or scaling.get("provider") == "keda"),
+    Rule("autoscaling",
+         "!has(self.target) || type(self.target) != string"
+         " || !self.target.matches('^[0.]*m?$')",
+         "autoscaling.target must be more than 0",
+         _target_above_zero),
+    # The metric defaults to kvReservedRatio (the API server defaults before it validates).
+    Rule("autoscaling",
+         f"(has(self.metric) ? self.metric : '{AUTOSCALING_METRICS[0]}') != 'kvReservedRatio'"
+         " || !has(self.target) || (type(self.target) == int ? self.target <= 1"
+         " : self.target.matches('^(0*([.][0-9]+)?|0*1([.]0+)?|0*[0-9]{1,3}m|0*1000m)$'))",
+         "autoscaling.target of kvReservedRatio is a share of the KV pool: at most 1 "
+         "(e.g. \"0.8\")",
+         _ratio_at_most_one),
+)
+
+
+def validations(path: str) -> list[dict[str, str]]:
+    """The CRD's ``x-kubernetes-validations`` of the schema node at ``path``."""
+    return [{"rule": rule.cel, "message": rule.message} for rule in RULES if rule.path == path]
+
+
+def nodes(spec: Mapping[str, Any], path: str) -> Iterator[Any]:
+    """The values of ``spec`` a rule at ``path`` applies to (none where a field is unset)."""
+    found: list[Any] = [spec]
+    for part in path.split("."):
+        name = part.removesuffix("[]")
+        found = [node[name] for node in found if isinstance(node, Mapping) and name in node]
+        if part.endswith("[]"):
+            found = [item for node in found if isinstance(node, list) for item in node]
+    yield from found
+
+
+def check_rules(spec: Mapping[str, Any]) -> None:
+    """Every rule, in Python; BadInput with the first broken rule's message."""
+    for rule in RULES:
+        for node in nodes(spec, rule.path):
+            if not rule.holds(node):
+                raise BadInput(rule.message)
