@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -100,11 +101,13 @@ def _split_fused_experts(state: dict[str, torch.Tensor], config: ModelConfig) ->
 
 
 def weights_bytes(model: CausalLM) -> int:
-    """Bytes of the resident parameters, a tied tensor counted once."""
+    """Bytes of the resident weights (parameters, and the packed weights the CPU's
+    linear layers hold as buffers), a tied tensor counted once."""
     seen: set[int] = set()
     total = 0
-    for p in model.parameters():
-        if p.data_ptr() not in seen:
-            seen.add(p.data_ptr())
-            total += p.numel() * p.element_size()
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        key = id(t) if t.is_mkldnn else t.data_ptr()  # an opaque oneDNN tensor has no pointer
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
     return total

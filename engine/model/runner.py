@@ -12,6 +12,7 @@ import torch
 from kvledger.engine.core.outputs import TokenLogprobs
 from kvledger.engine.core.scheduler import ScheduledBatch
 from kvledger.engine.core.sequence import Sequence
+from kvledger.engine.model.cpu_linear import pack_linears
 from kvledger.engine.model.transformer import (
     AttentionMetadata,
     CausalLM,
@@ -50,6 +51,7 @@ class ModelRunner:
         self.config = model.config
         self.device = device
         self.dtype = model.lm_head.weight.dtype
+        pack_linears(model, device)  # on the CPU: oneDNN's packed weights (cpu_linear.py)
         self.block_size = block_size
         self.rope = RotaryEmbedding(self.config, max_model_len, device, self.dtype)
         self.kv_cache: torch.Tensor | None = None

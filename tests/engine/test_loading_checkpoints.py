@@ -280,7 +280,9 @@ def test_dtype_flags_reach_the_weights_and_the_kv_pool(tiny_llama_dir, flags, we
 
     llm = LLM(str(tiny_llama_dir), max_model_len=64, max_num_seqs=2, device="cpu", **flags)
     runner = llm.engine.runner
-    assert runner.model.lm_head.weight.dtype == weight_dtype and runner.kv_cache.dtype == kv_dtype
+    weights = {t.dtype for t in (*runner.model.parameters(), *runner.model.buffers())
+               if t.dim() == 2}  # on the CPU the linear layers hold packed buffers
+    assert weights == {weight_dtype} and runner.kv_cache.dtype == kv_dtype
     assert llm.engine.plan.classes["kv_cache"] == runner.kv_cache.numel() * runner.kv_cache.element_size()
     out = llm.generate([[5, 6, 7, 8]], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
     assert len(out[0].token_ids) == 10

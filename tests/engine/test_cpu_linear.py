@@ -1,0 +1,54 @@
+"""The CPU's linear layers on oneDNN's packed weights: the same products as nn.Linear to
+float rounding, every untied layer swapped at start-up, the weights counted once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _engine_helpers import make_engine
+from torch import nn
+
+from kvledger.engine.model.cpu_linear import PackedLinear, pack_linears
+from kvledger.engine.model.loader import weights_bytes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_packed_layer_computes_what_nn_linear_computes(dtype, bias):
+    torch.manual_seed(0)
+    dense = nn.Linear(512, 1408, bias=bias).to(dtype).requires_grad_(False)
+    packed = PackedLinear(dense.weight, dense.bias)
+    for rows in (1, 2, 3, 8, 33, 300):
+        x = torch.randn(rows, 512, dtype=dtype)
+        want, got = dense(x).float(), packed(x).float()
+        assert got.shape == want.shape
+        tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+        assert (got - want).abs().max() <= tolerance * want.abs().max()
+    x = torch.randn(2, 3, 512, dtype=dtype)  # leading dimensions kept
+    assert packed(x).shape == (2, 3, 1408)
+
+
+def test_an_engine_on_the_cpu_runs_every_untied_linear_packed(make_model_dir):
+    for name in ("tiny-llama", "tiny-qwen3-moe"):
+        engine = make_engine(make_model_dir(name))
+        model = engine.runner.model
+        assert not any(isinstance(m, nn.Linear) for m in model.modules()
+                       if m is not model.lm_head)
+        assert sum(isinstance(m, PackedLinear) for m in model.modules()) > 0
+
+
+def test_tied_weights_and_other_devices_stay_dense():
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed_tokens = nn.Embedding(64, 16)
+            self.proj = nn.Linear(16, 16)
+            self.lm_head = nn.Linear(16, 64, bias=False)
+            self.lm_head.weight = self.embed_tokens.weight
+
+    model = Tied().requires_grad_(False)
+    before = weights_bytes(model)
+    assert pack_linears(model, torch.device("meta")) == 0
+    assert pack_linears(model, torch.device("cpu")) == 1  # proj; lm_head shares the embedding
+    assert isinstance(model.proj, PackedLinear) and isinstance(model.lm_head, nn.Linear)
+    assert weights_bytes(model) == before  # the packed copy replaced the dense weight
