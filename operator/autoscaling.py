@@ -49,7 +49,7 @@ class Metric:
 METRICS = {
     # Gauge, 0..1: the share of the KV pool promised to admitted requests.
     "kvReservedRatio": Metric("kvledger_kv_reserved_ratio", "kvledger_kv_reserved_ratio"),
-    # Gauge: requests queued for a reservation (--max-queue-wait).
+    # Gauge: requests in line for a reservation (--max-queue-len).
     "requestsWaiting": Metric("kvledger_requests_waiting", "kvledger_requests_waiting"),
     # Counter of 429s for a full KV cache, as a rate; the adapter rule names it so.
     "rejectionRate": Metric("kvledger_kv_cache_full_per_second",

@@ -18,7 +18,6 @@ from kvledger.operator.resource import (
     AUTOSCALING_METRICS,
     AUTOSCALING_PROVIDERS,
     DEFAULT_GPUS,
-    DEFAULT_MAX_QUEUE_WAIT_S,
     DEFAULT_MIN_REPLICAS,
     DEFAULT_MOUNT_PATH,
     DEFAULT_PORT,
@@ -264,8 +263,12 @@ SPEC_SCHEMA = {
                                         "more", maximum=3600, default=DEFAULT_SHUTDOWN_GRACE_S),
         "maxQueueWaitSeconds": _int(0, "how long a request may wait in line for its KV "
                                        "reservation before a 429 (--max-queue-wait; 0: "
-                                       "refused at once); what requestsWaiting autoscaling "
-                                       "counts", maximum=600, default=DEFAULT_MAX_QUEUE_WAIT_S),
+                                       "refused at once; not set: as long as it takes)",
+                                    maximum=600),
+        "maxQueueLength": _int(0, "how many requests may wait in line for their KV "
+                                  "reservations, FIFO; one more is a 429 (--max-queue-len; "
+                                  "0: refused at once; not set: 256); what requestsWaiting "
+                                  "autoscaling counts", maximum=100000),
         "resources": {
             "type": "object",
             "description": "CPU and host memory of the engine container (GPUs come from gpus).",

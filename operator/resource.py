@@ -20,7 +20,9 @@ DEFAULT_GPUS = 1
 DEFAULT_REPLICAS = 1
 DEFAULT_PORT = 8000
 DEFAULT_SHUTDOWN_GRACE_S = 30  # serve's own default
-DEFAULT_MAX_QUEUE_WAIT_S = 0  # serve's own default: a request is refused at once
+# Not set: serve's own defaults (a line of 256 requests, each waiting as long as it takes).
+DEFAULT_MAX_QUEUE_WAIT_S = None
+DEFAULT_MAX_QUEUE_LENGTH = None
 DEFAULT_MOUNT_PATH = "/models"
 
 # Autoscaling: what the HPA or KEDA scales the InferenceService on (autoscaling.py names

@@ -24,6 +24,7 @@ from kvledger.operator.resource import (
     AUTOSCALING_METRICS,
     AUTOSCALING_PROVIDERS,
     DEFAULT_GPUS,
+    DEFAULT_MAX_QUEUE_LENGTH,
     DEFAULT_MAX_QUEUE_WAIT_S,
     DEFAULT_MIN_REPLICAS,
     DEFAULT_MOUNT_PATH,
@@ -107,7 +108,8 @@ class ServiceSpec:
     replicas: int = DEFAULT_REPLICAS
     port: int = DEFAULT_PORT
     shutdown_grace_s: int = DEFAULT_SHUTDOWN_GRACE_S
-    max_queue_wait_s: int = DEFAULT_MAX_QUEUE_WAIT_S
+    max_queue_wait_s: int | None = DEFAULT_MAX_QUEUE_WAIT_S  # None: serve's default
+    max_queue_length: int | None = DEFAULT_MAX_QUEUE_LENGTH  # None: serve's default
     image: str | None = None
     autoscaling: Autoscaling | None = None
     # spec.resources.limits.memory in bytes: the engine container's cgroup limit.
@@ -122,9 +124,13 @@ class ServiceSpec:
 
     def serving_flags(self) -> list[str]:
         """``serve``'s own flags (the pod's and ``kvledger run``'s): the SIGTERM drain, and
-        how long a request may queue for a reservation before its 429 (0: none queue)."""
-        return ["--shutdown-grace", str(self.shutdown_grace_s),
-                "--max-queue-wait", str(self.max_queue_wait_s)]
+        the line a request may wait in for its reservation, when the spec sets it."""
+        flags = ["--shutdown-grace", str(self.shutdown_grace_s)]
+        if self.max_queue_wait_s is not None:
+            flags += ["--max-queue-wait", str(self.max_queue_wait_s)]
+        if self.max_queue_length is not None:
+            flags += ["--max-queue-len", str(self.max_queue_length)]
+        return flags
 
 
 def cluster_device(gpus: int) -> str:
@@ -148,6 +154,7 @@ def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
         port=raw.get("port", DEFAULT_PORT),
         shutdown_grace_s=raw.get("shutdownGraceSeconds", DEFAULT_SHUTDOWN_GRACE_S),
         max_queue_wait_s=raw.get("maxQueueWaitSeconds", DEFAULT_MAX_QUEUE_WAIT_S),
+        max_queue_length=raw.get("maxQueueLength", DEFAULT_MAX_QUEUE_LENGTH),
         image=raw.get("image") or None,
         autoscaling=scaling,
         container_memory_limit_bytes=(quantity_bytes("spec.resources.limits.memory",

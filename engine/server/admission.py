@@ -3,8 +3,11 @@
 The story of one request: ``effective_cap`` turns the requested ``max_tokens`` into the
 cap (the engine's rule, ``output_cap``; its refusals are 413/400 here), ``admit``
 reserves ``prompt + cap`` tokens of KV blocks (400 when the pool could never hold them,
-the ledger's ``check_fits``; at once, or after a FIFO wait of at most
-``max_queue_wait_s``), and a refusal carries the wait after which enough blocks are due
+the ledger's ``check_fits``), at once or after waiting in a FIFO line of at most
+``max_queue_len`` (for at most ``max_queue_wait_s``, when set). Nobody overtakes the head
+of the line, so the blocks that come back accumulate for the oldest waiter: a large
+promise waits for those ahead of it, never for every smaller one that arrives after it.
+A refusal (the line full, or the wait over) carries the wait after which enough blocks are due
 back: the running requests' remaining caps at the observed decode rate, soonest first,
 with jitter so rejected clients do not return in lock-step. ``done`` forgets the
 request; the engine releases the blocks it was handed, ``give_back`` any it never was.
@@ -33,6 +36,9 @@ from kvledger.engine.core.request import output_cap
 from kvledger.engine.errors import CapTooLarge, PoolTooSmall, PromptTooLong
 from kvledger.engine.server.api_errors import ApiError
 
+# At most this many requests wait in line for a reservation (--max-queue-len); one more is
+# a 429 whose Retry-After counts the blocks of every request ahead of it.
+DEFAULT_MAX_QUEUE_LEN = 256
 MAX_RETRY_AFTER_S = 60.0       # past this a client should go elsewhere, not wait
 DEFAULT_DECODE_TOKENS_PER_S = 20.0  # before the first decode step is observed
 JITTER_FRACTION = 0.25
@@ -80,14 +86,15 @@ class Admission:
     ``try_reserve_each``, ``blocks_needed``, ``blocks_for``, ``blocks_returned``,
     ``release``)."""
 
-    def __init__(self, ledger: Any, *, max_model_len: int, max_queue_wait_s: float = 0.0,
-                 max_num_seqs: int | None = None,
+    def __init__(self, ledger: Any, *, max_model_len: int, max_queue_wait_s: float | None = 0.0,
+                 max_queue_len: int = DEFAULT_MAX_QUEUE_LEN, max_num_seqs: int | None = None,
                  decode_tokens_per_s: Callable[[], float | None] = lambda: None,
                  rng: random.Random | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.ledger = ledger
         self.max_model_len = max_model_len
-        self.max_queue_wait_s = max_queue_wait_s
+        self.max_queue_wait_s = max_queue_wait_s  # None: as long as it takes
+        self.max_queue_len = max_queue_len
         self.max_num_seqs = max_num_seqs  # the engine runs at most this many at once
         self._decode_tokens_per_s = decode_tokens_per_s
         self._rng = rng or random.Random()
@@ -119,6 +126,16 @@ class Admission:
     @property
     def queue_length(self) -> int:
         return self._queued
+
+    @property
+    def queues(self) -> bool:
+        """Whether a request that cannot be reserved now may wait in line for it."""
+        return self.max_queue_len > 0 and (self.max_queue_wait_s is None
+                                           or self.max_queue_wait_s > 0)
+
+    @property
+    def queue_full(self) -> bool:
+        return self._queued >= self.max_queue_len
 
     async def admit(self, request_id: str, prompt_tokens: int, cap_tokens: int, n: int = 1, *,
                     prompt_token_ids: list[int] | None = None, use_cached: bool = True,
@@ -152,7 +169,7 @@ class Admission:
         waiter.blocks = self.ledger.blocks_needed(waiter.tokens, waiter.count,
                                                   waiter.prompt_token_ids,
                                                   use_cached=waiter.use_cached, salt=waiter.salt)
-        if self.max_queue_wait_s <= 0:
+        if not self.queues or self.queue_full:  # refused now; Retry-After counts those ahead
             raise self.rejection(waiter.blocks)
         waiter.future = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
@@ -199,7 +216,7 @@ class Admission:
         cap unset it needs exactly ``max_model_len`` tokens, of which at most
         ``(max_prompt_tokens - 1) // block_size`` blocks may be cached.
         """
-        if self.max_queue_wait_s > 0 or max_prompt_tokens >= self.max_model_len:
+        if (self.queues and not self.queue_full) or max_prompt_tokens >= self.max_model_len:
             return None  # it would queue, or it might be a 413
         if requested is not None and max_prompt_tokens + requested > self.max_model_len:
             return None  # it might be a 400
@@ -230,7 +247,7 @@ class Admission:
 
     def close(self, error: Exception) -> None:
         """Refuse every waiter with ``error`` (shutdown); later admits are the caller's to stop."""
-        self.max_queue_wait_s = 0.0
+        self.max_queue_len = 0
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.gone:

@@ -162,7 +162,8 @@ async def budget(request: web.Request) -> web.Response:
                  "free_blocks": ledger.free_blocks},
         "prefix_cache": _prefix_cache(ledger),
         "queue": {"waiting": admission.queue_length, "running": len(admission.running),
-                  "max_queue_wait_s": admission.max_queue_wait_s},
+                  "max_queue_wait_s": admission.max_queue_wait_s,
+                  "max_queue_len": admission.max_queue_len},
         "decode_tokens_per_s": state.async_engine.decode_tokens_per_s,
         "time": time.time(),
     })

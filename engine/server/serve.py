@@ -18,6 +18,7 @@ from kvledger.engine.config import add_engine_flags, config_from_args, positive_
 from kvledger.engine.errors import BadInput, DoesNotFit, KvledgerError
 from kvledger.engine.planner.hub.cache import offline_snapshot
 from kvledger.engine.planner.hub.repo import is_hub_uri, parse_uri
+from kvledger.engine.server.admission import DEFAULT_MAX_QUEUE_LEN
 from kvledger.engine.server.app import build_app
 from kvledger.engine.server.slow_clients import make_runner
 from kvledger.engine.server.state import (
@@ -43,6 +44,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_flags(parser)
     s = parser.add_argument_group("server")
@@ -64,9 +75,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="require 'Authorization: Bearer KEY' on /metrics (default: "
                         "$KVLEDGER_METRICS_API_KEY; unset = open, as Prometheus expects; its "
                         "prefix-cache counters tell how much of a guessed prompt was cached)")
-    s.add_argument("--max-queue-wait", type=_seconds, default=0.0, metavar="SECONDS",
-                   help="wait up to this long, FIFO, for KV blocks before answering 429 "
-                        "(default 0: answer at once)")
+    s.add_argument("--max-queue-len", type=_count, default=DEFAULT_MAX_QUEUE_LEN, metavar="N",
+                   help="requests that cannot be reserved now wait in one FIFO line of at most "
+                        f"N (default {DEFAULT_MAX_QUEUE_LEN}; nobody overtakes its head); a "
+                        "request that finds it full is a 429 (0: no line, answer at once)")
+    s.add_argument("--max-queue-wait", type=_seconds, default=None, metavar="SECONDS",
+                   help="a request waits in line at most this long before its 429 (default: "
+                        "as long as it takes, or until its client leaves; 0: answer at once)")
     s.add_argument("--shutdown-grace", type=_seconds, default=30.0, metavar="SECONDS",
                    help="on SIGTERM, let in-flight requests run this long before aborting them")
     s.add_argument("--max-body-bytes", type=size_arg, default=DEFAULT_MAX_BODY_BYTES,
@@ -108,6 +123,7 @@ def main(args: argparse.Namespace) -> int:
     options = ServeOptions(api_keys=api_keys, salt_cache_per_key=args.cache_salt_per_key,
                            metrics_api_key=args.metrics_api_key or None,
                            max_queue_wait_s=args.max_queue_wait,
+                           max_queue_len=args.max_queue_len,
                            shutdown_grace_s=args.shutdown_grace,
                            max_body_bytes=args.max_body_bytes,
                            header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,

@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from kvledger.engine.core.async_engine import AsyncEngine
-from kvledger.engine.server.admission import Admission
+from kvledger.engine.server.admission import DEFAULT_MAX_QUEUE_LEN, Admission
 from kvledger.engine.server.api_errors import ApiError
 from kvledger.engine.server.metrics import ServerMetrics
 
@@ -46,7 +46,8 @@ class ServeOptions:
     api_keys: tuple[str, ...] = ()       # any one of them opens /v1/*; none: no key needed
     salt_cache_per_key: bool = False     # requests under different keys never share KV blocks
     metrics_api_key: str | None = None   # None: /metrics is open (Prometheus' default)
-    max_queue_wait_s: float = 0.0
+    max_queue_wait_s: float | None = None  # None: a waiter waits as long as it takes
+    max_queue_len: int = DEFAULT_MAX_QUEUE_LEN
     shutdown_grace_s: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
@@ -104,6 +105,7 @@ class ServerState:
         self.async_engine = driver = AsyncEngine(engine)
         self.admission = Admission(engine.ledger, max_model_len=engine.max_model_len,
                                    max_queue_wait_s=self.options.max_queue_wait_s,
+                                   max_queue_len=self.options.max_queue_len,
                                    max_num_seqs=engine.plan.max_num_seqs,
                                    decode_tokens_per_s=lambda: driver.decode_tokens_per_s)
         self.async_engine.on_step_outputs = lambda _outputs: self.admission.capacity_changed()

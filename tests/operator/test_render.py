@@ -69,7 +69,7 @@ def test_preflight_and_engine_get_the_same_flags():
                                  "--termination-log", "/dev/termination-log"]
     assert engine["command"] == ["kvledger", "serve"]
     assert engine["args"] == [*flags, "--host", "0.0.0.0", "--port", "9000",
-                              "--shutdown-grace", "30", "--max-queue-wait", "0"]
+                              "--shutdown-grace", "30"]
     assert preflight["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert preflight["image"] == engine["image"]
 
@@ -243,7 +243,7 @@ def test_hub_pod_runs_preflight_then_fetch_then_engine():
                              "--download-dir", CACHE_DIR]
     assert engine["args"] == [*flags, "--download-dir", CACHE_DIR,
                               "--host", "0.0.0.0", "--port", "8000",
-                              "--shutdown-grace", "30", "--max-queue-wait", "0"]
+                              "--shutdown-grace", "30"]
     assert fetch["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert fetch["resources"] == {"requests": {"cpu": "4"}, "limits": {"memory": "32Gi"}}
     assert engine["resources"]["limits"]["nvidia.com/gpu"] == 1

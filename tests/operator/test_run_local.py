@@ -238,15 +238,15 @@ def test_serve_gets_the_flags_the_pod_gets(tiny_model):
     flags = local_config(spec, str(tiny_model)).to_flags()
     argv = serve_argv(flags, "127.0.0.1", 9000, spec)
     assert argv[1:4] == ["-m", "kvledger.engine.cli", "serve"]
-    assert argv[4:-8] == flags
+    assert argv[4:-6] == flags
     assert flags[flags.index("--max-model-len") + 1] == "512"
     assert flags[flags.index("--memory-limit") + 1] == str(2**30)
     assert flags[flags.index("--served-model-name") + 1] == "tiny"
-    assert argv[-4:] == ["--shutdown-grace", "30", "--max-queue-wait", "0"]
+    assert argv[-2:] == ["--shutdown-grace", "30"]  # the line: serve's own defaults
     # spec.shutdownGraceSeconds and maxQueueWaitSeconds are serve's here as in the pod.
-    spec.update(shutdownGraceSeconds=90, maxQueueWaitSeconds=5)
-    assert serve_argv(flags, "127.0.0.1", 9000, spec)[-4:] == \
-        ["--shutdown-grace", "90", "--max-queue-wait", "5"]
+    spec.update(shutdownGraceSeconds=90, maxQueueWaitSeconds=5, maxQueueLength=7)
+    assert serve_argv(flags, "127.0.0.1", 9000, spec)[-6:] == \
+        ["--shutdown-grace", "90", "--max-queue-wait", "5", "--max-queue-len", "7"]
 
 
 

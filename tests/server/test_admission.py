@@ -401,3 +401,64 @@ async def test_retry_after_counts_a_shared_prefix_once_as_the_pool_really_frees_
     # last chat, releasing the prefix too, gets there. Counting the prefix in every chat
     # would have said the first one (0.1 s).
     assert adm.estimate_wait_s(40) == pytest.approx(due_s[-1])
+
+
+async def test_a_large_promise_at_the_head_gets_the_blocks_as_they_come_back():
+    """Head-of-line reservation: smaller requests that arrive later wait behind it, so
+    returning blocks accumulate for it and it never starves."""
+    adm = _admission(num_blocks=10, wait_s=None)                   # no time limit
+    small = [await adm.admit(f"s{i}", 16, 16) for i in range(5)]    # 2 blocks each: full
+    big = asyncio.create_task(adm.admit("big", 16, 112))            # 8 blocks
+    await _until_queued(adm, 1)
+    late = [asyncio.create_task(adm.admit(f"late{i}", 16, 16)) for i in range(3)]
+    await _until_queued(adm, 4)
+    for ticket in small[:4]:  # 8 blocks come back, one request at a time
+        adm.give_back(ticket.reservations)
+        adm.done(ticket)
+        await asyncio.sleep(0)
+        assert not any(task.done() for task in late)  # a 2-block late-comer would fit
+    granted = await asyncio.wait_for(big, 10.0)
+    assert not any(task.done() for task in late) and adm.queue_length == 3
+    for ticket in (granted, small[4]):
+        adm.give_back(ticket.reservations)
+        adm.done(ticket)
+    for ticket in [await asyncio.wait_for(task, 10.0) for task in late]:
+        adm.give_back(ticket.reservations)
+        adm.done(ticket)
+    assert adm.ledger.reserved_blocks == 0 and adm.queue_length == 0
+
+
+async def test_a_full_line_is_a_429_counting_the_requests_ahead_of_it():
+    ledger = KVLedger(8, 16)
+    adm = Admission(ledger, max_model_len=160, max_queue_wait_s=None, max_queue_len=2,
+                    decode_tokens_per_s=lambda: 10.0, rng=random.Random(0))
+    held = await adm.admit("held", 16, 112)                          # all 8 blocks, 11.2 s
+    waiting = [asyncio.create_task(adm.admit(f"w{i}", 16, 48)) for i in range(2)]
+    await _until_queued(adm, 2)
+    with pytest.raises(ApiError) as info:
+        await adm.admit("third", 16, 16)                             # the line is full
+    assert info.value.status == 429 and adm.queue_length == 2
+    # Its 2 blocks come after the 4 + 4 of the two ahead: all 8 back when `held` ends.
+    retry_ms = int(info.value.headers["retry-after-ms"])
+    assert 11200 <= retry_ms <= 11200 * (1 + JITTER_FRACTION) + 250
+    assert adm.early_rejection(2, 16) is not None  # full line: refused before tokenizing
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)  # they leave the line
+    adm.give_back(held.reservations)
+    adm.done(held)
+    assert ledger.reserved_blocks == 0 and adm.queue_length == 0
+
+
+async def test_no_line_or_no_wait_means_refused_at_once():
+    for options in ({"max_queue_len": 0, "max_queue_wait_s": None},
+                    {"max_queue_len": 256, "max_queue_wait_s": 0.0}):
+        ledger = KVLedger(4, 16)
+        adm = Admission(ledger, max_model_len=160, rng=random.Random(0), **options)
+        held = await adm.admit("held", 16, 48)
+        assert not adm.queues
+        with pytest.raises(ApiError) as info:
+            await adm.admit("late", 16, 16)
+        assert info.value.status == 429 and adm.queue_length == 0
+        adm.give_back(held.reservations)
+        adm.done(held)

@@ -174,7 +174,8 @@ async def test_models_budget_metrics(aiohttp_client, llm):
     budget = await (await client.get("/v1/budget")).json()
     assert budget["pool"]["total_blocks"] == 32 and budget["pool"]["reserved_blocks"] == 0
     assert budget["plan"]["kv"]["num_blocks"] == 32 and budget["plan"]["fits"] is True
-    assert budget["queue"] == {"waiting": 0, "running": 0, "max_queue_wait_s": 0.0}
+    assert budget["queue"] == {"waiting": 0, "running": 0, "max_queue_wait_s": None,
+                               "max_queue_len": 256}
     text = await (await client.get("/metrics")).text()
     for name in ("kvledger_kv_blocks_total 32.0", "kvledger_kv_blocks_reserved 0.0",
                  "kvledger_kv_blocks_used 0.0", "kvledger_requests_admitted_total",
@@ -217,7 +218,7 @@ def test_prompt_token_bound_used_by_early_rejection_holds(tiny_llama_dir):
 
 async def test_full_pool_refuses_with_the_same_answer_before_and_after_tokenizing(
         aiohttp_client, llm):
-    client = await start_app(aiohttp_client, llm)
+    client = await start_app(aiohttp_client, llm, max_queue_len=0)  # no line: refused at once
     ledger = client.app[STATE].engine.ledger
     held = ledger.try_reserve(ledger.block_size * (ledger.num_blocks - 1))  # 1 block free
     try:

@@ -98,7 +98,7 @@ async def test_sdk_sees_openai_errors(serve):
 
 
 async def test_sdk_retries_a_429_after_the_advertised_delay(serve):
-    app, client, seen = await serve()
+    app, client, seen = await serve(max_queue_len=0)  # no line: a full pool is a 429 at once
     ledger = app[STATE].engine.ledger
     held = ledger.try_reserve(ledger.num_blocks * ledger.block_size)  # the pool is full
 

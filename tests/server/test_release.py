@@ -110,7 +110,7 @@ async def test_disconnect_while_queued_for_blocks_leaks_nothing(aiohttp_client, 
 
 async def test_burst_of_concurrent_requests_gets_200s_and_429s_and_returns_every_block(
         aiohttp_client, llm):
-    client = await start_app(aiohttp_client, llm)
+    client = await start_app(aiohttp_client, llm, max_queue_len=0)  # the 429s at once
     name = model_name(client)
     bodies = [{"model": name, "prompt": "word " * (1 + i % 5), "ignore_eos": True,
                "max_tokens": None if i % 3 == 0 else 4 + i % 7, "stream": i % 2 == 0}

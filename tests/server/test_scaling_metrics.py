@@ -147,7 +147,7 @@ async def test_a_running_request_counts_as_running(aiohttp_client, llm, monkeypa
 
 
 async def test_kv_cache_full_is_exported_at_zero_and_counts_each_429(aiohttp_client, llm):
-    client = await start_app(aiohttp_client, llm)
+    client = await start_app(aiohttp_client, llm, max_queue_len=0)  # refused at once
     full = ("kvledger_requests_rejected_total", frozenset({("reason", "kv_cache_full")}))
     assert (await _samples(client))[full] == 0  # present before any rejection
     ledger = client.app[STATE].engine.ledger
