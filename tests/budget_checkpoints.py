@@ -96,7 +96,8 @@ def write_raw_safetensors(path: Path, header: dict, data: bytes | int) -> None:
 
 # Bytes per element of the dtypes published checkpoints use (MXFP4 is stored as U8 blocks
 # and U8 scales, DeepSeek's fp8 as F8_E4M3 with F32 scales).
-ELEMENT_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "U8": 1, "I8": 1, "F8_E4M3": 1}
+ELEMENT_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "U8": 1, "I8": 1, "F8_E4M3": 1, "I32": 4,
+                 "I64": 8}
 
 
 def tensor_bytes(dtype: str, shape: list[int]) -> int:
@@ -130,3 +131,52 @@ def write_header_only(model_dir: Path, config: dict,
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (model_dir / "model.safetensors.index.json").write_text(json.dumps(index))
     return total
+
+
+# How each method stores one linear layer's weight [out, inp] (group size 32 where it has one):
+# the tensors that replace LAYER.weight, as the method's published checkpoints name them.
+_GROUP = 32
+QUANTIZED_LINEAR = {
+    # llm-compressor's / vLLM's fp8: fp8 values with per-tensor weight and input scales.
+    "fp8": lambda out, inp: {"weight": ("F8_E4M3", [out, inp]), "weight_scale": ("F32", []),
+                             "input_scale": ("F32", [])},
+    # AutoGPTQ: int4 packed eight to an int32 along the input, per-group zeros and scales.
+    "gptq": lambda out, inp: {"qweight": ("I32", [inp // 8, out]),
+                              "qzeros": ("I32", [inp // _GROUP, out // 8]),
+                              "scales": ("F16", [inp // _GROUP, out]), "g_idx": ("I32", [inp])},
+    # AutoAWQ: int4 packed along the output.
+    "awq": lambda out, inp: {"qweight": ("I32", [inp, out // 8]),
+                             "qzeros": ("I32", [inp // _GROUP, out // 8]),
+                             "scales": ("F16", [inp // _GROUP, out])},
+    # bitsandbytes nf4: two values a byte, the quantization state beside the weight.
+    "bitsandbytes": lambda out, inp: {
+        "weight": ("U8", [out * inp // 2, 1]), "weight.absmax": ("F32", [out * inp // 64]),
+        "weight.quant_map": ("F32", [16]), "weight.quant_state.bitsandbytes__nf4": ("U8", [84])},
+    # MXFP4: blocks of 32 four-bit values (16 bytes) and one U8 scale a block.
+    "mxfp4": lambda out, inp: {"weight_blocks": ("U8", [out, inp // 32, 16]),
+                               "weight_scales": ("U8", [out, inp // 32])},
+    # compressed-tensors' pack-quantized int4.
+    "compressed-tensors": lambda out, inp: {"weight_packed": ("I32", [out, inp // 8]),
+                                            "weight_scale": ("BF16", [out, inp // _GROUP]),
+                                            "weight_shape": ("I64", [2])},
+}
+
+
+def write_quantized(model_dir: Path, method: str, *, quantization_config: bool = True,
+                    **overrides) -> dict:
+    """A tiny Llama checkpoint (header only) whose linear layers are stored as ``method``
+    stores them (``QUANTIZED_LINEAR``), with ``quantization_config.quant_method`` =
+    ``method`` unless ``quantization_config`` is False (scales with nothing to say so)."""
+    config = {**TINY, **overrides}
+    if quantization_config:
+        config["quantization_config"] = {"quant_method": method}
+    tensors: dict[str, tuple[str, list[int]]] = {}
+    for name, shape in llama_shapes(config).items():
+        layer = name.removesuffix(".weight")
+        if layer.endswith("_proj") and method in QUANTIZED_LINEAR:
+            parts = QUANTIZED_LINEAR[method](*shape)
+            tensors |= {f"{layer}.{part}": spec for part, spec in parts.items()}
+        else:
+            tensors[name] = ("BF16", shape)
+    write_header_only(model_dir, config, tensors)
+    return config

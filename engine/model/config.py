@@ -27,6 +27,8 @@ from kvledger.engine.planner.hf_config import (
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+# What the engine's weights may be, said wherever a checkpoint is refused for its weights.
+SERVED_WEIGHTS = "kvledger's engine serves unquantized float16/bfloat16/float32 checkpoints only"
 # Near misses, refused with the reason rather than only the list above.
 _WHY_NOT = {
     "Qwen2MoeForCausalLM": "Qwen2-MoE's shared expert is not implemented",
@@ -87,6 +89,7 @@ class ModelConfig:
             why = next((f" ({_WHY_NOT[a]})" for a in archs if a in _WHY_NOT), "")
             raise BadInput(f"unsupported architecture {', '.join(archs) or '(none given)'}{why}; "
                            f"kvledger runs {', '.join(SUPPORTED_ARCHITECTURES)}")
+        _refuse_quantized(raw)
         if raw.get("hidden_act", "silu") != "silu":
             raise BadInput(f"unsupported hidden_act {raw['hidden_act']!r} (only silu)")
         if raw.get("mlp_bias"):
@@ -163,6 +166,21 @@ def _moe(raw: Mapping[str, Any], arch: str, layers: int, intermediate_size: int)
     if top_k > num_experts:
         raise BadInput(f"config.json 'num_experts_per_tok' {top_k} is more than the {num_experts} experts")
     return MoEConfig(num_experts, top_k, expert_size, normalize, sparse)
+
+
+def _refuse_quantized(raw: Mapping[str, Any]) -> None:
+    """Quantized weights (int4 with scales and zero points, fp8 with scales, packed MXFP4,
+    ...) would be cast to the model dtype as if they were values, or fail to load halfway:
+    refuse them by their method, before anything is loaded or allocated."""
+    quant = raw.get("quantization_config")
+    if quant is None:
+        return
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if isinstance(method, str) and method:
+        raise BadInput(f"checkpoint is quantized with {method!r} "
+                       f"(quantization_config.quant_method); {SERVED_WEIGHTS}")
+    raise BadInput(f"checkpoint is quantized (config.json has a quantization_config, with no "
+                   f"quant_method); {SERVED_WEIGHTS}")
 
 
 def _refuse_unknown_routing(raw: Mapping[str, Any]) -> None:

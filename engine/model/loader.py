@@ -10,10 +10,8 @@ import torch
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.config import ModelConfig
+from kvledger.engine.model.loadable import IGNORED_SUFFIXES, loaded_names
 from kvledger.engine.model.transformer import CausalLM
-
-# Buffers some older checkpoints carry that the engine recomputes.
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -49,7 +47,7 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                    if not name.endswith(_IGNORED_SUFFIXES):
+                    if not name.endswith(IGNORED_SUFFIXES):
                         state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
         except (OSError, RuntimeError) as exc:
             raise BadInput(f"{path}: cannot read safetensors: {exc}") from None
@@ -77,26 +75,19 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
 def _split_fused_experts(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Published MoE checkpoints name each expert's tensors (``experts.{i}.gate_proj``;
     Mixtral's ``block_sparse_moe.experts.{i}.w1``); transformers 5 saves them fused when
-    asked to (``save_original_format=False``): ``mlp.experts.gate_up_proj`` ``[experts,
-    2 * inter, hidden]`` and ``mlp.experts.down_proj`` ``[experts, hidden, inter]``, the
-    router as ``mlp.gate.weight``. Split those into per-expert views (no copy)."""
-    mixtral = config.architecture == "MixtralForCausalLM"
-    block = ".block_sparse_moe." if mixtral else ".mlp."
-    gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    asked to (``save_original_format=False``), the router as ``mlp.gate.weight``. Split
+    those into per-expert views (no copy), named as ``loaded_names`` says, which is also
+    what the pre-flight checks the headers against."""
     out: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
-        layer, fused, what = name.partition(".mlp.experts.")
-        if not fused or what not in ("gate_up_proj", "down_proj") or tensor.dim() != 3:
-            if mixtral and name.endswith(".mlp.gate.weight"):
-                name = name.replace(".mlp.", block)
-            out[name] = tensor
-            continue
-        for e, matrix in enumerate(tensor):
-            expert = f"{layer}{block}experts.{e}."
-            if what == "down_proj":
-                out[f"{expert}{down}.weight"] = matrix
-            else:
-                out[f"{expert}{gate}.weight"], out[f"{expert}{up}.weight"] = matrix.chunk(2)
+        names = loaded_names(name, tuple(tensor.shape), config)
+        if len(names) == 1:
+            out[names[0]] = tensor
+        elif name.endswith("down_proj"):  # [experts, hidden, inter]: each expert's down
+            out.update(zip(names, tensor.unbind(0), strict=True))
+        else:  # gate_up_proj, [experts, 2 * inter, hidden]: each expert's gate, then up
+            halves = (half for matrix in tensor for half in matrix.chunk(2))
+            out.update(zip(names, halves, strict=True))
     return out
 
 

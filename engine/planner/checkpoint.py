@@ -88,6 +88,8 @@ class WeightsInfo:
     bytes_by_dtype: dict[str, int] = field(default_factory=dict)
     # Names stored but not counted: duplicates across shards, an lm_head tied to the embedding.
     skipped: tuple[str, ...] = ()
+    # The tensors counted (name, dtype, shape), for the check that the engine can load them.
+    tensors: tuple[TensorInfo, ...] = ()
 
 
 def model_shape(config: Mapping[str, Any]) -> ModelShape:
@@ -188,6 +190,7 @@ def read_weights(model_dir: str | os.PathLike) -> WeightsInfo:
         files=tuple(str(f) for f in files),
         bytes_by_dtype=dict(by_dtype),
         skipped=tuple(skipped),
+        tensors=tuple(chosen.values()),
     )
 
 

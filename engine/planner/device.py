@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvledger.engine.config import EngineConfig
@@ -30,6 +30,9 @@ class DeviceMemory:
     total_bytes: int
     free_bytes: int
     unified: bool  # one pool shared with the host (GB10, GH200 ...)
+    # Whether it computes in bfloat16 (a GPU of compute capability 8.0 or later, as torch's
+    # is_bf16_supported); a what-if card is taken to. Decides --dtype auto's half precision.
+    bfloat16: bool = True
 
 
 def probe_device(config: EngineConfig) -> DeviceMemory:
@@ -55,7 +58,7 @@ def probe_device(config: EngineConfig) -> DeviceMemory:
 
 def _mark_unified(device: DeviceMemory, unified_flag: bool) -> DeviceMemory:
     if unified_flag and not device.unified:
-        return DeviceMemory(device.kind, device.name, device.total_bytes, device.free_bytes, True)
+        return replace(device, unified=True)
     return device
 
 
@@ -91,7 +94,7 @@ def probe_nvml(index: int | None = None, *,
         if total == 0:
             host = probe_host(container_limit_bytes=container_limit_bytes)
             total, free = host.total_bytes, host.free_bytes
-        return DeviceMemory("cuda", name, total, free, unified)
+        return DeviceMemory("cuda", name, total, free, unified, _computes_bfloat16(pynvml, handle))
     except pynvml.NVMLError:
         return None
     finally:
@@ -108,6 +111,16 @@ def _nvml_handle(pynvml, index: int | None):
             return pynvml.nvmlDeviceGetHandleByUUID(visible)
         index = int(visible) if visible.isdigit() else 0
     return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def _computes_bfloat16(pynvml, handle) -> bool:
+    """Compute capability 8.0 or later (Ampere on). A driver or pynvml that cannot say is
+    taken to, as a what-if card is; ``--dtype float16`` plans and runs a card that does not."""
+    try:
+        major, _minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+    except Exception:  # NVMLError, or no such query in this pynvml
+        return True
+    return int(major) >= 8
 
 
 def _addressing_mode(pynvml, handle) -> str:

@@ -3,12 +3,18 @@
 Precedence (docs/planner.md, "Precedence"):
 
 - limit: the smallest cap given (``--memory-limit``, ``--gpu-memory-utilization`` x total);
-  with none, free device memory less a safety margin (wider on a unified pool).
+  with none, free device memory less a safety margin (wider on a unified pool); a cap
+  above free memory does not fit (``limit``).
 - KV pool: ``--num-gpu-blocks-override`` blocks; else ``--kv-cache-memory-bytes``; else,
   with a cap, all that is left under it (vLLM); else exactly the declared workload,
   ``max_num_seqs * ceil(max_model_len / block_size)`` blocks.
-- fits: the total is within the limit and the pool holds the declared workload (an
-  explicit pool size need only hold one ``max_model_len`` sequence).
+- fits: the total is within the limit, the limit within free memory, and the pool holds
+  the declared workload (an explicit pool size need only hold one ``max_model_len``
+  sequence).
+
+A checkpoint of an architecture kvledger's engine serves is planned as the engine runs it,
+so one the engine cannot load (quantized weights, tensors it does not know) is bad input
+here, never a plan that "fits" (``model.loadable``).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from dataclasses import dataclass
 from kvledger.engine.config import MIN_DEFAULT_BATCHED_TOKENS, EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.config import SUPPORTED_ARCHITECTURES
+from kvledger.engine.model.loadable import loadable_config
 from kvledger.engine.planner import estimates
 from kvledger.engine.planner.checkpoint import (
     CASTABLE_DTYPES,
@@ -26,10 +33,18 @@ from kvledger.engine.planner.checkpoint import (
     ModelShape,
     ModelSource,
     WeightsInfo,
-    read_model_shape,
+    model_shape,
     read_weights,
 )
 from kvledger.engine.planner.device import DeviceMemory, probe_device
+from kvledger.engine.planner.dtypes import resolve_kv_dtype, resolve_model_dtype
+from kvledger.engine.planner.hf_config import read_config_json
+from kvledger.engine.planner.limit import (
+    FREE_MEMORY,
+    cap_above_free,
+    limit_warnings,
+    resolve_limit,
+)
 from kvledger.engine.planner.pool import (
     ENGINE_RULE,
     VLLM_RULE,
@@ -100,6 +115,11 @@ class Plan:
     measured: tuple[str, ...] = ()  # classes whose figure the engine measured
     source: ModelSource | None = None  # where the checkpoint was read; a hub model's commit
 
+    @property
+    def cap_above_free(self) -> bool:
+        """Refused because the cap given is more than the device's free memory."""
+        return cap_above_free(self.limit_bytes, self.limit_source, self.device)
+
     def to_json(self) -> dict:
         """The plan JSON of docs/architecture.md (bytes as integers), plus context keys."""
         return {
@@ -148,27 +168,6 @@ def resolve_max_num_batched_tokens(config: EngineConfig, max_model_len: int) -> 
     return max(max_model_len, MIN_DEFAULT_BATCHED_TOKENS)
 
 
-def resolve_model_dtype(config: EngineConfig, shape: ModelShape, weights: WeightsInfo) -> str:
-    """``--dtype``; ``auto`` = config.json's torch_dtype, else the weights' float dtype."""
-    if config.dtype != "auto":
-        return estimates.CANONICAL_DTYPE.get(config.dtype, config.dtype)
-    name = estimates.CANONICAL_DTYPE.get(shape.torch_dtype, shape.torch_dtype)
-    if name in ("float32", "float16", "bfloat16", "float64"):
-        return name
-    # The float dtype holding the most bytes: packed payloads (MXFP4's U8 blocks) are not it.
-    floats = {d: n for d, n in weights.bytes_by_dtype.items() if d in estimates.SAFETENSORS_FLOAT}
-    if not floats:
-        return estimates.SAFETENSORS_FLOAT.get(weights.dtype, "float32")
-    return estimates.SAFETENSORS_FLOAT[max(floats, key=lambda d: floats[d])]
-
-
-def resolve_kv_dtype(config: EngineConfig, model_dtype: str) -> str:
-    """``--kv-cache-dtype``; ``auto`` = the model dtype; ``fp8`` = fp8_e4m3."""
-    if config.kv_cache_dtype == "auto":
-        return model_dtype
-    return estimates.CANONICAL_DTYPE.get(config.kv_cache_dtype, config.kv_cache_dtype)
-
-
 def loaded_weight_bytes(weights: WeightsInfo, model_dtype: str, *, quantized: bool = False) -> int:
     """The checkpoint's bytes once floating tensors are cast to the model dtype; a quantized
     checkpoint's (config.json's quantization_config) as stored, its F32 scales included."""
@@ -197,6 +196,19 @@ def kv_layout_geometry(shape: ModelShape, config: EngineConfig, kv_dtype: str,
                        estimates.DTYPE_BYTES[kv_dtype], max_model_len, max_num_batched_tokens)
 
 
+def read_checkpoint(model_dir: str) -> tuple[ModelShape, WeightsInfo]:
+    """The shape and weights of the checkpoint in ``model_dir``. For an architecture
+    kvledger's engine serves, whose plan is the engine's, BadInput too when the engine
+    could not load it (``loadable_config``): ``serve`` would refuse it at start-up, so the
+    plan must not say it fits."""
+    raw = read_config_json(model_dir)
+    shape = model_shape(raw)
+    weights = read_weights(model_dir)
+    if kv_rule(shape) == ENGINE_RULE:
+        loadable_config(raw, weights.tensors)
+    return shape, weights
+
+
 def make_plan(config: EngineConfig, *, device: DeviceMemory | None = None,
               measured: Measured | None = None, shape: ModelShape | None = None,
               weights: WeightsInfo | None = None, with_remedies: bool = True,
@@ -206,19 +218,20 @@ def make_plan(config: EngineConfig, *, device: DeviceMemory | None = None,
 
     The engine passes the ``device`` it probed before loading anything (free memory
     drops once weights are loaded) and ``measured`` figures once it has them. The
-    checkpoint is read from ``source.path`` when given (an hf:// model's local copy),
-    else from ``config.model``.
+    checkpoint is read (``read_checkpoint``) from ``source.path`` when given (an hf://
+    model's local copy), else from ``config.model``, unless the caller gives both its
+    ``shape`` and ``weights`` (a plan without files).
     """
-    model_dir = source.path if source is not None else config.model
-    shape = shape if shape is not None else read_model_shape(model_dir)
-    weights = weights if weights is not None else read_weights(model_dir)
+    if shape is None or weights is None:
+        read_shape, read_weights_info = read_checkpoint(
+            source.path if source is not None else config.model)
+        shape = shape if shape is not None else read_shape
+        weights = weights if weights is not None else read_weights_info
     device = device if device is not None else probe_device(config)
     measured = measured or Measured()
 
-    def replan(candidate: EngineConfig, weights_bytes: int | None = None) -> Plan:
-        m = measured if weights_bytes is None else dataclasses.replace(
-            measured, weights_bytes=weights_bytes)
-        return _budget(candidate, device, m, shape, weights)
+    def replan(candidate: EngineConfig) -> Plan:
+        return _budget(candidate, device, measured, shape, weights)
 
     plan = dataclasses.replace(_budget(config, device, measured, shape, weights), source=source)
     if not plan.fits and with_remedies:
@@ -226,26 +239,11 @@ def make_plan(config: EngineConfig, *, device: DeviceMemory | None = None,
     return plan
 
 
-def _limit(config: EngineConfig, device: DeviceMemory) -> tuple[int, str, int]:
-    """``(limit_bytes, limit_source, margin_bytes)``; the smallest cap wins."""
-    caps: list[tuple[int, str]] = []
-    if config.memory_limit_bytes is not None:
-        caps.append((config.memory_limit_bytes, "--memory-limit"))
-    if config.gpu_memory_utilization is not None:
-        caps.append((int(device.total_bytes * config.gpu_memory_utilization),
-                     "--gpu-memory-utilization"))
-    if caps:
-        limit, source = min(caps, key=lambda cap: cap[0])
-        return limit, source, 0
-    margin = estimates.safety_margin_bytes(device.total_bytes, device.unified)
-    return max(0, device.free_bytes - margin), "free-memory", margin
-
-
 def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
             shape: ModelShape, weights: WeightsInfo) -> Plan:
     max_model_len = resolve_max_model_len(config, shape)
     batched_tokens = resolve_max_num_batched_tokens(config, max_model_len)
-    model_dtype = resolve_model_dtype(config, shape, weights)
+    model_dtype = resolve_model_dtype(config, shape, weights, device)
     kv_dtype = resolve_kv_dtype(config, model_dtype)
     dtype_bytes = estimates.DTYPE_BYTES[model_dtype]
     on_cpu = device.kind == "cpu"
@@ -270,7 +268,7 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
         "context": _pick(measured.context_bytes, estimates.context_bytes(device.kind))
         + (config.grammar_cache_bytes if on_cpu or device.unified else 0),
     }
-    limit, source, margin = _limit(config, device)
+    limit, source, margin = resolve_limit(config, device)
     non_kv = sum(classes.values())
 
     block_bytes = geometry.bytes_per_block
@@ -280,14 +278,14 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
     elif config.kv_cache_memory_bytes is not None:
         mode, pool, needed = ("kv-cache-memory-bytes", config.kv_cache_memory_bytes // block_bytes,
                               blocks_per_seq)
-    elif source != "free-memory":
+    elif source != FREE_MEMORY:
         mode, pool, needed = "cap", max(0, (limit - non_kv) // block_bytes), workload_blocks
     else:
         mode, pool, needed = "workload", workload_blocks, workload_blocks
     num_blocks = max(pool, needed)  # short of `needed`, the run needs `needed`
     classes["kv_cache"] = num_blocks * block_bytes
     required = non_kv + classes["kv_cache"]
-    fits = required <= limit and pool >= needed
+    fits = required <= limit and pool >= needed and not cap_above_free(limit, source, device)
 
     return Plan(
         fits=fits,
@@ -307,7 +305,7 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
         max_model_len=max_model_len,
         max_num_batched_tokens=batched_tokens,
         max_num_seqs=config.max_num_seqs,
-        warnings=_warnings(config, device, limit, source),
+        warnings=limit_warnings(config, device),
         device=device,
         model_dtype=model_dtype,
         config=config,
@@ -320,21 +318,3 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
 
 def _pick(measured_value: int | None, estimate: int) -> int:
     return estimate if measured_value is None else measured_value
-
-
-def _gib(n: int) -> str:
-    return f"{n / estimates.GiB:.1f} GiB"
-
-
-def _warnings(config: EngineConfig, device: DeviceMemory, limit: int, source: str) -> list[str]:
-    out = []
-    util = config.gpu_memory_utilization
-    if device.unified and util is not None:
-        out.append(f"--gpu-memory-utilization {util} on a unified memory pool is a fraction of "
-                   f"the WHOLE pool shared with the host ({_gib(device.total_bytes)}), not of "
-                   f"dedicated GPU memory: it leaves {_gib(device.total_bytes - int(device.total_bytes * util))} "
-                   "to the OS and every other process; prefer --memory-limit SIZE")
-    if source != "free-memory" and limit > device.free_bytes:
-        out.append(f"the limit ({source}, {_gib(limit)}) is more than the device's free memory "
-                   f"({_gib(device.free_bytes)}): allocation can fail at start-up")
-    return out

@@ -4,6 +4,10 @@ A remedy is offered only when the re-plan fits. ``--max-model-len`` and
 ``--max-num-seqs`` are the LARGEST values that fit, found by binary search over whole
 tokens / sequences (fitting only gets harder as either grows): re-planning with the value
 fits, and one token / one sequence more does not.
+
+None changes the weights: kvledger's engine serves unquantized checkpoints only, so "a
+smaller quantization" would lead straight to a checkpoint it refuses, and the bytes of one
+that vLLM would serve instead cannot be known from this checkpoint's headers.
 """
 
 from __future__ import annotations
@@ -13,34 +17,29 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvledger.engine.planner.checkpoint import DTYPE_BITS
 from kvledger.engine.planner.estimates import DTYPE_BYTES
 from kvledger.engine.planner.layout import SLIDING
+from kvledger.engine.planner.limit import largest_utilization
 
 if TYPE_CHECKING:
+    from kvledger.engine.config import EngineConfig
     from kvledger.engine.planner.plan import Plan
-
-# Bits per parameter of the "smaller quantization" we test the budget with (AWQ/GPTQ int4).
-QUANTIZED_BITS = 4
-QUANTIZATION = "a smaller quantization"
 
 
 @dataclass(frozen=True)
 class Remedy:
-    flag: str | None  # None for advice that is not one flag ("a smaller quantization")
-    value: int | str | None
+    flag: str
+    value: int | float | str | None  # None for a flag that takes no value (--enforce-eager)
     kv_bytes: int  # the KV cache class after the change
     note: str = ""
-    weights_bytes: int | None = None  # the weights class after the change, when it changes
-    also: tuple[tuple[str, int], ...] = ()  # other flag changes this remedy needs
+    also: tuple[tuple[str, int | float], ...] = ()  # other flag changes this remedy needs
 
     def to_json(self) -> dict:
         return {"flag": self.flag, "value": self.value, "kv_bytes": self.kv_bytes,
-                "note": self.note, "weights_bytes": self.weights_bytes,
-                "also": {flag: value for flag, value in self.also}}
+                "note": self.note, "also": {flag: value for flag, value in self.also}}
 
 
-Replan = Callable[..., "Plan"]  # replan(config, weights_bytes=None) -> Plan
+Replan = Callable[["EngineConfig"], "Plan"]
 
 
 def largest_fitting(fits: Callable[[int], bool], low: int, high: int) -> int | None:
@@ -57,6 +56,8 @@ def largest_fitting(fits: Callable[[int], bool], low: int, high: int) -> int | N
 
 
 def find_remedies(plan: Plan, replan: Replan) -> list[Remedy]:
+    if plan.cap_above_free:  # no other change helps while the cap cannot be allocated
+        return _cap_within_free(plan, replan)
     config = plan.config
     out: list[Remedy] = []
 
@@ -82,10 +83,26 @@ def find_remedies(plan: Plan, replan: Replan) -> list[Remedy]:
                               note="no CUDA graphs"))
     out += _bigger_explicit_pool(plan, with_)
     out += _smaller_step(plan, with_, others_help=bool(out))
-    quantized = _quantization(plan, replan, others_help=bool(out))
-    if quantized is not None:
-        out.append(quantized)
     return out
+
+
+def _cap_within_free(plan: Plan, replan: Replan) -> list[Remedy]:
+    """The cap that decides the limit, lowered to the device's free memory: the largest
+    ``--gpu-memory-utilization`` within it, or ``--memory-limit`` of all of it. Offered
+    alone when the run then fits; else each remedy of the lowered plan, together with it."""
+    if plan.limit_source == "--gpu-memory-utilization":
+        flag, value = "--gpu-memory-utilization", largest_utilization(plan.device)
+        field = "gpu_memory_utilization"
+    else:
+        flag, value, field = "--memory-limit", plan.device.free_bytes, "memory_limit_bytes"
+    if not value:  # nothing is free (or under 1% of it): no cap within it can run anything
+        return []
+    lowered = dataclasses.replace(plan.config, **{field: value})
+    candidate = replan(lowered)
+    if candidate.fits:
+        return [Remedy(flag, value, candidate.classes["kv_cache"])]
+    return [dataclasses.replace(r, also=((flag, value), *r.also))
+            for r in find_remedies(candidate, replan)]
 
 
 def _smaller_step(plan: Plan, with_: Callable[..., Plan], *, others_help: bool) -> list[Remedy]:
@@ -122,36 +139,3 @@ def _bigger_explicit_pool(plan: Plan, with_: Callable[..., Plan]) -> list[Remedy
                 return [Remedy("--kv-cache-memory-bytes", needed_bytes,
                                candidate.classes["kv_cache"])]
     return []
-
-
-def _quantization(plan: Plan, replan: Replan, *, others_help: bool) -> Remedy | None:
-    """Offered when weights dominate the budget, or nothing else helps, and weights at
-    QUANTIZED_BITS per parameter would fit: with the same flags, or else (when nothing
-    else helps) together with the largest ``--max-model-len`` that then fits."""
-    weights = plan.classes["weights"]
-    dominate = weights * 2 >= plan.required_bytes
-    if not dominate and others_help:
-        return None
-    params = sum(nbytes * 8 // DTYPE_BITS[d] for d, nbytes in plan.weights.bytes_by_dtype.items())
-    smaller = params * QUANTIZED_BITS // 8
-    if smaller >= weights:
-        return None
-    note = "weights dominate this budget" if dominate else "only smaller weights can help"
-    candidate = replan(plan.config, weights_bytes=smaller)
-    if candidate.fits:
-        return Remedy(None, QUANTIZATION, candidate.classes["kv_cache"], note=note,
-                      weights_bytes=smaller)
-    if others_help:
-        return None
-
-    def fits_with(n: int) -> bool:
-        return replan(dataclasses.replace(plan.config, max_model_len=n), weights_bytes=smaller).fits
-
-    best_len = largest_fitting(fits_with, 1, plan.max_model_len - 1)
-    if best_len is None:
-        return None
-    candidate = replan(dataclasses.replace(plan.config, max_model_len=best_len),
-                       weights_bytes=smaller)
-    return Remedy(None, QUANTIZATION, candidate.classes["kv_cache"],
-                  note=f"only smaller weights can help, with --max-model-len {best_len}",
-                  weights_bytes=smaller, also=(("--max-model-len", best_len),))

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 
+from kvledger.engine.planner.dtypes import half_precision_note
 from kvledger.engine.planner.estimates import GiB, MiB
 from kvledger.engine.planner.layout import MLA, SLIDING
+from kvledger.engine.planner.limit import largest_utilization
 from kvledger.engine.planner.plan import Plan
 from kvledger.engine.planner.pool import ENGINE_NOTE, ENGINE_RULE, PoolGroup
 from kvledger.engine.planner.remedies import Remedy
@@ -99,15 +101,38 @@ def _headline(plan: Plan) -> str:
     if plan.fits:
         spare = format_size(plan.limit_bytes - plan.required_bytes)
         return f"fits: engine requires {need}, limit is {limit} ({spare} to spare)"
-    if plan.short_by_bytes > 0:
+    if plan.short_by_bytes > 0:  # the run itself does not fit: that comes first
+        also = (f"; the limit is also more than the device's free memory "
+                f"({format_size(plan.device.free_bytes)})" if plan.cap_above_free else "")
         return (f"error: engine requires {need}, limit is {limit} "
-                f"(short by {format_size(plan.short_by_bytes)})")
+                f"(short by {format_size(plan.short_by_bytes)}){also}")
+    if plan.cap_above_free:
+        return _cap_headline(plan)
     # Within the limit, yet refused: an explicit pool smaller than one sequence.
     kv = plan.kv
     source, pool = _explicit_pool(plan)
     return (f"error: the KV pool of {pool} blocks ({source}) cannot hold one "
             f"max_model_len={plan.max_model_len} sequence ({kv.required_blocks} blocks of "
             f"{kv.block_size} tokens)")
+
+
+def _cap_headline(plan: Plan) -> str:
+    """A cap above free memory: the cap, the free memory, and the largest utilization
+    within it (vLLM refuses such a cap at start-up too)."""
+    d = plan.device
+    free = format_size(d.free_bytes)
+    refused = "the engine cannot allocate it"
+    if plan.limit_source == "--gpu-memory-utilization":
+        cap = (f"--gpu-memory-utilization {plan.config.gpu_memory_utilization} x "
+               f"{format_size(d.total_bytes)} = {format_size(plan.limit_bytes)}")
+        refused += ", and vLLM refuses to start"
+    else:
+        cap = f"--memory-limit {format_size(plan.limit_bytes)}"
+    util = largest_utilization(d)
+    fitting = (f"the largest --gpu-memory-utilization within it is {util:g}" if util
+               else "no --gpu-memory-utilization is within it")
+    return (f"error: the limit ({cap}) is more than the device's free memory ({free}): "
+            f"{refused}; {fitting} ({free} free of {format_size(d.total_bytes)})")
 
 
 def _explicit_pool(plan: Plan) -> tuple[str, int]:
@@ -167,6 +192,9 @@ def _breakdown(plan: Plan) -> list[str]:
     ]
     if kv.rule != ENGINE_RULE or kv.note != ENGINE_NOTE:
         lines.append(f"  KV layout: {_layout_text(plan)}")
+    dtype_note = half_precision_note(cfg, plan.shape, plan.weights, plan.model_dtype)
+    if dtype_note:
+        lines.append(f"  dtype: {dtype_note}")
     return lines
 
 
@@ -205,21 +233,23 @@ def _layout_text(plan: Plan) -> str:
 
 def remedy_text(remedy: Remedy) -> tuple[str, str]:
     """``(what to change, what it gives)`` of one remedy."""
-    if remedy.flag is None:
-        after = format_size(remedy.weights_bytes or 0)
-        return str(remedy.value), f"{remedy.note}; 4-bit weights -> {after}"
     change = remedy.flag if remedy.value is None else f"{remedy.flag} {remedy.value}"
+    change += "".join(f" {flag} {value}" for flag, value in remedy.also)
     result = f"KV -> {format_size(remedy.kv_bytes)}"
     return change, f"{remedy.note}, {result}" if remedy.note else result
 
 
 def _remedy_lines(plan: Plan) -> list[str]:
-    limit = format_size(plan.limit_bytes)
+    # Under a cap above free memory, what the remedies aim at is the free memory.
+    target = plan.device.free_bytes if plan.cap_above_free else plan.limit_bytes
+    limit = format_size(target)
     if not plan.remedies:
-        if plan.classes["weights"] > plan.limit_bytes:
+        if plan.classes["weights"] > target:
             why = f"the weights alone are {format_size(plan.classes['weights'])}"
-        else:
-            why = f"as declared it needs {format_size(plan.required_bytes)}"
+        else:  # the declared run, not a pool that fills a cap above free memory
+            declared = (plan.required_bytes - plan.classes["kv_cache"]
+                        + plan.kv.required_blocks * plan.kv.bytes_per_block)
+            why = f"as declared it needs {format_size(declared)}"
         return [f"  no single change of flags fits within {limit}: {why}"]
     lines = [f"  to fit within {limit}, try one of:"]
     for remedy in plan.remedies:

@@ -14,6 +14,7 @@ from kvledger.engine.cli import main as cli_main
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.builtin import MODELS
 from kvledger.engine.model.config import ModelConfig
+from kvledger.engine.model.loadable import loaded_names, tensor_names
 from kvledger.engine.model.loader import load_model, weights_bytes
 from kvledger.engine.model.tokenizer import Tokenizer
 from kvledger.engine.planner.checkpoint import read_weights
@@ -221,6 +222,36 @@ def test_experts_saved_fused_by_transformers_load_the_same(tmp_path, make_model_
             assert weights_bytes(model) == loaded_weight_bytes(read_weights(saved), "float32")
 
 
+@pytest.mark.parametrize("change", [{}, {"attention_bias": True}, {"tie_word_embeddings": True}])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_names_the_preflight_checks_are_the_models(make_model_dir, name, change):
+    """``tensor_names`` (torch-free, what the pre-flight checks a checkpoint's headers
+    against) is the state dict of the model the loader fills, for every built-in shape
+    and its biased and tied variants."""
+    from kvledger.engine.model.transformer import CausalLM
+
+    raw = {**json.loads((make_model_dir(name) / "config.json").read_text()), **change}
+    config = ModelConfig.from_dict(raw)
+    with torch.device("meta"):
+        model = CausalLM(config)
+    assert tensor_names(config) == set(model.state_dict())
+
+
+def test_fused_experts_are_named_as_the_loader_splits_them(make_model_dir):
+    config = ModelConfig.from_dir(make_model_dir("tiny-mixtral"))
+    experts = config.moe.num_experts
+    assert loaded_names("model.layers.1.mlp.experts.gate_up_proj", (experts, 8, 4), config) == \
+        tuple(f"model.layers.1.block_sparse_moe.experts.{e}.{p}.weight"
+              for e in range(experts) for p in ("w1", "w3"))
+    assert loaded_names("model.layers.1.mlp.experts.down_proj", (experts, 4, 4), config)[-1] == \
+        f"model.layers.1.block_sparse_moe.experts.{experts - 1}.w2.weight"
+    assert loaded_names("model.layers.1.mlp.gate.weight", (experts, 4), config) == \
+        ("model.layers.1.block_sparse_moe.gate.weight",)
+    # Not 3-D: not fused, and not a name the engine has (the pre-flight refuses it).
+    assert loaded_names("model.layers.1.mlp.experts.down_proj", (4, 4), config) == \
+        ("model.layers.1.mlp.experts.down_proj",)
+
+
 @pytest.mark.parametrize("change, message", [
     ({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
       "shared_expert_intermediate_size": 64}, "unsupported architecture Qwen2MoeForCausalLM"),
@@ -286,6 +317,24 @@ def test_dtype_flags_reach_the_weights_and_the_kv_pool(tiny_llama_dir, flags, we
     assert llm.engine.plan.classes["kv_cache"] == runner.kv_cache.numel() * runner.kv_cache.element_size()
     out = llm.generate([[5, 6, 7, 8]], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
     assert len(out[0].token_ids) == 10
+
+
+@pytest.mark.parametrize(("bfloat16", "expected"), [(True, torch.bfloat16), (False, torch.float16)])
+def test_a_float32_checkpoint_loads_in_half_precision_on_a_gpu(tiny_llama_dir, monkeypatch,
+                                                              bfloat16, expected):
+    """--dtype auto on a GPU (here its probe, the CPU standing in for its memory): the
+    engine loads the float32 built-in in the plan's half precision, as vLLM would run it."""
+    from kvledger.engine import LLM
+    from kvledger.engine.core import startup
+    from kvledger.engine.planner.device import DeviceMemory
+
+    gpu = DeviceMemory("cuda", "a GPU", 80 * 2**30, 79 * 2**30, False, bfloat16)
+    monkeypatch.setattr(startup, "probe_device", lambda config: gpu)
+    llm = LLM(str(tiny_llama_dir), max_model_len=64, max_num_seqs=2, device="cpu")
+    runner = llm.engine.runner
+    assert {t.dtype for t in runner.model.parameters()} == {expected}
+    assert runner.kv_cache.dtype == expected
+    assert llm.engine.plan.model_dtype == str(expected).removeprefix("torch.")
 
 
 def test_missing_files_are_one_line_bad_input(tmp_path, tiny_llama_dir):

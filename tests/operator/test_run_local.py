@@ -99,6 +99,30 @@ def test_a_gpus_0_memory_limit_too_small_is_refused_as_the_pod_would_be(tiny_mod
             "64.0 MiB total") in err
 
 
+@pytest.mark.parametrize("method", ["awq", "mxfp4"])
+def test_a_quantized_checkpoint_is_refused_by_the_preflight_before_serve(tmp_path, capsys,
+                                                                       monkeypatch, method):
+    """`kvledger run` pre-flights as the pod does: a quantized checkpoint is one line,
+    exit 2, and serve is never started (it would crash at loading)."""
+    from budget_checkpoints import write_quantized
+
+    from kvledger.operator import local_run
+
+    def no_serve(*args, **kwargs):
+        raise AssertionError("serve was started")
+
+    monkeypatch.setattr(local_run, "_exec_serve", no_serve)
+    write_quantized(tmp_path / "model", method)
+    doc = manifest(gpus=0)
+    doc["spec"]["model"]["path"] = str(tmp_path / "model")
+    assert kvledger(["run", write(tmp_path, doc)]) == EXIT_BAD_INPUT
+    out, err = capsys.readouterr()
+    assert err == (f"error: checkpoint is quantized with {method!r} "
+                   "(quantization_config.quant_method); kvledger's engine serves unquantized "
+                   "float16/bfloat16/float32 checkpoints only\n")
+    assert "pre-flight passed" not in out
+
+
 def test_a_roomy_gpus_0_memory_limit_fits_and_is_the_devices_size(tiny_model, tmp_path, capsys):
     doc = manifest(gpus=0, resources={"limits": {"memory": "4Gi"}})
     doc["spec"]["model"]["path"] = str(tiny_model)

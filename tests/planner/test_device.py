@@ -112,7 +112,8 @@ class FakeNVMLError(Exception):
     pass
 
 
-def fake_pynvml(monkeypatch, *, count=1, memory=(80 * GiB, 75 * GiB), mode=0, init_fails=False):
+def fake_pynvml(monkeypatch, *, count=1, memory=(80 * GiB, 75 * GiB), mode=0, init_fails=False,
+                capability=None):
     calls: dict[str, object] = {}
     m = types.ModuleType("pynvml")
     m.NVMLError = FakeNVMLError
@@ -136,6 +137,8 @@ def fake_pynvml(monkeypatch, *, count=1, memory=(80 * GiB, 75 * GiB), mode=0, in
     m.nvmlDeviceGetName = lambda h: b"NVIDIA H100 80GB HBM3"
     m.nvmlDeviceGetMemoryInfo = memory_info
     m.nvmlDeviceGetAddressingMode = lambda h: mode
+    if capability is not None:
+        m.nvmlDeviceGetCudaComputeCapability = lambda h: capability
     monkeypatch.setitem(sys.modules, "pynvml", m)
     return calls
 
@@ -185,3 +188,16 @@ def test_no_gpu_auto_falls_back_to_host_and_cuda_is_bad_input(monkeypatch) -> No
         probe_device(config(device="cuda"))
     fake_pynvml(monkeypatch, count=0)
     assert probe_nvml() is None
+
+
+@pytest.mark.parametrize(("capability", "bfloat16"), [((9, 0), True), ((8, 0), True),
+                                                      ((7, 5), False), ((7, 0), False),
+                                                      (None, True)])
+def test_nvml_says_whether_the_card_computes_in_bfloat16(monkeypatch, capability,
+                                                         bfloat16) -> None:
+    """Compute capability 8.0 on (torch's is_bf16_supported); a pynvml that cannot say is
+    taken to, as a what-if card is. It decides --dtype auto's half precision."""
+    fake_pynvml(monkeypatch, capability=capability)
+    assert probe_nvml().bfloat16 is bfloat16
+    assert probe_device(config(device="cuda", unified_memory=True)).bfloat16 is bfloat16
+    assert probe_device(config(device_memory_bytes=GiB)).bfloat16

@@ -269,7 +269,8 @@ def test_mla_without_its_latent_rank_is_bad_input(tmp_path) -> None:
 @pytest.mark.parametrize("name", ["gemma-2-9b", "gpt-oss-20b", "DeepSeek-V2-Lite"])
 def test_remedies_on_other_layouts_fit_and_one_more_does_not(checkpoints, name) -> None:
     model_dir = checkpoints[name][0]
-    base = EngineConfig(model=str(model_dir), device_memory_bytes=80 * GiB,
+    # A card as large as the roomiest cap: a cap above free memory never fits.
+    base = EngineConfig(model=str(model_dir), device_memory_bytes=1000 * GiB,
                         max_model_len=8192, max_num_seqs=64, max_num_batched_tokens=4096)
     roomy = make_plan(dataclasses.replace(base, memory_limit_bytes=1000 * GiB), with_remedies=False)
     # What the declared run needs: every class but the pool, and the workload's blocks.

@@ -17,6 +17,7 @@ from kvledger.engine.errors import BadInput
 from kvledger.engine.planner import estimates
 from kvledger.engine.planner.checkpoint import ModelShape, WeightsInfo
 from kvledger.engine.planner.device import DeviceMemory
+from kvledger.engine.planner.limit import largest_utilization
 from kvledger.engine.planner.plan import CLASSES, Measured, make_plan
 
 GiB = 2**30
@@ -188,6 +189,64 @@ def test_unified_pool_warns_about_utilization() -> None:
     assert not any("unified" in w for w in plan(device=unified, memory_limit_bytes=GiB * 40).warnings)
 
 
+# --- a cap above free memory ------------------------------------------------------------------
+
+GPU_20_FREE = DeviceMemory("what-if", "H100", 80 * GiB, 20 * GiB, False)
+
+
+def test_a_utilization_above_free_memory_does_not_fit() -> None:
+    """vLLM refuses to start when total x utilization is more than the free memory; so
+    does the plan (it used to say "fits" with a warning)."""
+    p = plan(device=GPU_20_FREE, gpu_memory_utilization=0.9, max_model_len=1024, max_num_seqs=4)
+    assert p.limit_bytes == int(80 * GiB * 0.9) and p.cap_above_free
+    assert not p.fits and p.required_bytes <= p.limit_bytes and p.warnings == []
+    (remedy,) = p.remedies
+    assert (remedy.flag, remedy.value, remedy.also) == ("--gpu-memory-utilization", 0.25, ())
+    lowered = plan(device=GPU_20_FREE, gpu_memory_utilization=0.25, max_model_len=1024,
+                   max_num_seqs=4)
+    assert lowered.fits and lowered.limit_bytes == 20 * GiB
+    assert remedy.kv_bytes == lowered.classes["kv_cache"]
+    assert not plan(device=GPU_20_FREE, gpu_memory_utilization=0.26, max_model_len=1024).fits
+
+
+def test_a_memory_limit_above_free_memory_does_not_fit() -> None:
+    p = plan(device=GPU_20_FREE, memory_limit_bytes=30 * GiB, max_model_len=1024)
+    assert p.cap_above_free and not p.fits
+    assert [(r.flag, r.value) for r in p.remedies] == [("--memory-limit", 20 * GiB)]
+    assert plan(device=GPU_20_FREE, memory_limit_bytes=20 * GiB, max_model_len=1024).fits
+    # The smallest cap decides: a utilization above free memory under a smaller limit fits.
+    assert plan(device=GPU_20_FREE, memory_limit_bytes=19 * GiB, gpu_memory_utilization=0.9,
+                max_model_len=1024).fits
+
+
+def test_under_a_lowered_cap_the_other_remedies_come_with_it() -> None:
+    flags = dict(gpu_memory_utilization=0.95, max_model_len=8192, max_num_seqs=64)
+    p = plan(device=GPU_20_FREE, **flags)
+    assert p.cap_above_free and p.remedies
+    assert all(r.also == (("--gpu-memory-utilization", 0.25),) for r in p.remedies)
+    best = next(r.value for r in p.remedies if r.flag == "--max-model-len")
+    lowered = {**flags, "gpu_memory_utilization": 0.25}
+    assert plan(device=GPU_20_FREE, **{**lowered, "max_model_len": best}).fits
+    assert not plan(device=GPU_20_FREE, **{**lowered, "max_model_len": best + 1}).fits
+
+
+@pytest.mark.parametrize(("total", "free", "largest"), [
+    (80 * GiB, 20 * GiB, 0.25),
+    (80 * GiB, 20 * GiB - 1, 0.24),  # rounded down, never above free
+    (10**12 + 7, 29 * 10**10, 0.28),
+    # free / total is exactly 0.54, but total x 0.54 in floating point is a byte above free
+    (14_073_748_835_532_900, 7_599_824_371_187_766, 0.53),
+    (80 * GiB, 80 * GiB, 1.0),
+    (80 * GiB, 500 * 2**20, 0.0),  # under 1%: none
+])
+def test_largest_utilization_within_free_memory(total, free, largest) -> None:
+    device = DeviceMemory("what-if", "x", total, free, False)
+    assert largest_utilization(device) == largest
+    assert int(total * largest) <= free
+    if largest < 1.0:
+        assert int(total * round(largest + 0.01, 2)) > free
+
+
 # --- remedies -------------------------------------------------------------------------------
 
 def refused(**flags):
@@ -228,16 +287,14 @@ def test_fp8_offered_only_when_it_closes_the_gap() -> None:
     assert "--kv-cache-dtype" not in remedies  # already one byte
 
 
-def test_quantization_when_weights_dominate_or_nothing_else_helps() -> None:
-    _, remedies = refused(memory_limit_bytes=16 * GiB, max_model_len=1024, max_num_seqs=1,
+def test_no_remedy_changes_the_weights() -> None:
+    """Only smaller weights could fit these (the engine serves unquantized checkpoints
+    only, so "a smaller quantization" is not offered): nothing is."""
+    p, remedies = refused(memory_limit_bytes=16 * GiB, max_model_len=1024, max_num_seqs=1,
                           enforce_eager=True)
-    quant = remedies[None]
-    assert quant.value == "a smaller quantization"
-    assert quant.weights_bytes == WEIGHTS_8B.total_bytes // 4
-    assert quant.note == "weights dominate this budget"
-    assert list(remedies) == [None]
-    # weights alone beyond the limit even at 4 bits: nothing is offered
-    _, remedies = refused(memory_limit_bytes=3 * GiB, max_model_len=1024, max_num_seqs=1)
+    assert remedies == {}
+    assert p.classes["weights"] * 2 >= p.required_bytes
+    _, remedies = refused(memory_limit_bytes=12 * GiB, max_model_len=8192, max_num_seqs=8)
     assert remedies == {}
 
 
@@ -285,22 +342,11 @@ def test_plan_json_keys() -> None:
     assert math.isclose(doc["required_bytes"], sum(doc["classes"].values()))
 
 
-def test_quantization_with_a_shorter_context_when_nothing_else_helps() -> None:
-    flags = dict(memory_limit_bytes=12 * GiB, max_model_len=8192, max_num_seqs=8)
-    p = plan(**flags)
-    assert not p.fits and [r.flag for r in p.remedies] == [None]
-    (quant,) = p.remedies
-    (flag, best), = quant.also
-    assert flag == "--max-model-len" and "only smaller weights can help" in quant.note
-    quantized = Measured(weights_bytes=quant.weights_bytes)
-    assert plan(measured=quantized, **{**flags, "max_model_len": best}).fits
-    assert not plan(measured=quantized, **{**flags, "max_model_len": best + 1}).fits
-
-
 @pytest.mark.parametrize(("flag", "torch_dtype"), [("auto", "bfloat16"), ("float32", "float32"),
                                                    ("half", "float16")])
 def test_weights_class_equals_tensors_loaded_in_the_model_dtype(tmp_path, flag, torch_dtype) -> None:
-    write_checkpoint(tmp_path, shards=2)
+    # A what-if architecture: kvledger's engine refuses a non-float tensor (model.loadable).
+    write_checkpoint(tmp_path, shards=2, architectures=["GemmaForCausalLM"])
     loaded = {}
     for shard in tmp_path.glob("*.safetensors"):
         loaded |= load_file(str(shard))
@@ -312,6 +358,25 @@ def test_weights_class_equals_tensors_loaded_in_the_model_dtype(tmp_path, flag, 
     p = make_plan(EngineConfig(model=str(tmp_path), dtype=flag), device=GPU_80)
     assert p.classes["weights"] == expected
     assert p.model_dtype == torch_dtype
+
+
+F32_WEIGHTS = dataclasses.replace(WEIGHTS_8B, dtype="F32", total_bytes=WEIGHTS_8B.total_bytes * 2,
+                                  bytes_by_dtype={"F32": WEIGHTS_8B.total_bytes * 2})
+F32_8B = dataclasses.replace(LLAMA_8B, torch_dtype="float32")
+
+
+@pytest.mark.parametrize(("device", "flag", "expected"), [
+    (GPU_80, "auto", "bfloat16"),  # vLLM's --dtype auto: half precision on a GPU
+    (dataclasses.replace(GPU_80, kind="cuda", bfloat16=False), "auto", "float16"),  # a V100
+    (DeviceMemory("cpu", "host", 64 * GiB, 60 * GiB, False), "auto", "float32"),
+    (GPU_80, "float32", "float32"),  # asked for
+])
+def test_a_float32_checkpoint_runs_in_half_precision_on_a_gpu(device, flag, expected) -> None:
+    p = plan(device=device, shape=F32_8B, weights=F32_WEIGHTS, dtype=flag, max_model_len=1024)
+    assert p.model_dtype == p.kv.dtype == expected
+    assert p.classes["weights"] == WEIGHTS_8B.total_bytes * estimates.DTYPE_BYTES[expected] // 2
+    # A 16-bit checkpoint is run as stored.
+    assert plan(device=device, max_model_len=1024).model_dtype == "bfloat16"
 
 
 def test_activation_formula_by_hand() -> None:

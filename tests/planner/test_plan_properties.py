@@ -14,6 +14,8 @@ from kvledger.engine.planner.layout import AttentionLayout, LayerKV
 from kvledger.engine.planner.plan import make_plan
 
 GiB = 2**30
+CAP_FIELDS = {"--gpu-memory-utilization": "gpu_memory_utilization",
+              "--memory-limit": "memory_limit_bytes"}
 
 
 @st.composite
@@ -42,7 +44,8 @@ def scenarios(draw):
     weights_bytes = draw(st.integers(1, 200 * GiB)) // 2 * 2
     weights = WeightsInfo(weights_bytes, 10, "BF16", (), {"BF16": weights_bytes})
     total = draw(st.integers(8, 200)) * GiB
-    device = DeviceMemory("what-if", "card", total, total, draw(st.booleans()))
+    free = draw(st.integers(0, total // GiB)) * GiB  # other processes may hold the rest
+    device = DeviceMemory("what-if", "card", total, free, draw(st.booleans()))
     flags = dict(
         model="/unused",
         max_num_batched_tokens=draw(st.one_of(st.none(), st.integers(256, 40000))),
@@ -71,14 +74,17 @@ def test_plan_invariants(scenario) -> None:
     if plan.fits:
         assert plan.required_bytes <= plan.limit_bytes and not plan.remedies
         assert plan.kv.num_blocks >= plan.max_num_seqs * plan.kv.blocks_per_seq
-    else:
-        assert plan.short_by_bytes > 0
-
-    def replan(**changes):
-        return make_plan(dataclasses.replace(config, **changes), device=device, shape=shape,
-                         weights=weights, with_remedies=False)
+    else:  # short of the limit, or held to a cap above free memory
+        assert plan.short_by_bytes > 0 or plan.cap_above_free
 
     for remedy in plan.remedies:
+        # A remedy's other changes (a cap lowered to free memory) hold for every check.
+        lowered = {CAP_FIELDS[flag]: value for flag, value in remedy.also}
+
+        def replan(lowered=lowered, **changes):
+            return make_plan(dataclasses.replace(config, **lowered, **changes), device=device,
+                             shape=shape, weights=weights, with_remedies=False)
+
         if remedy.flag == "--max-model-len":
             assert replan(max_model_len=remedy.value).fits
             assert not replan(max_model_len=remedy.value + 1).fits
@@ -92,3 +98,9 @@ def test_plan_invariants(scenario) -> None:
         elif remedy.flag == "--max-num-batched-tokens":
             assert replan(max_num_batched_tokens=remedy.value).fits
             assert not replan(max_num_batched_tokens=remedy.value + 1).fits
+        elif remedy.flag == "--gpu-memory-utilization":  # the largest within free memory
+            assert replan(gpu_memory_utilization=remedy.value).fits
+            assert replan(gpu_memory_utilization=remedy.value + 0.01).cap_above_free
+        elif remedy.flag == "--memory-limit":
+            assert replan(memory_limit_bytes=remedy.value).fits
+            assert replan(memory_limit_bytes=remedy.value + 1).cap_above_free

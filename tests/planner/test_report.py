@@ -44,13 +44,13 @@ def test_refusal_layout_matches_the_sample() -> None:
     assert lines[4].startswith("  cuda graphs ") and lines[5].startswith("  cuda context ")
     start = lines.index("  to fit within 76.0 GiB, try one of:")
     remedy_lines = lines[start + 1:start + 1 + len(p.remedies)]
+    # No "a smaller quantization": kvledger's engine serves unquantized checkpoints only.
     assert [ln.split()[0] for ln in remedy_lines] == ["--max-model-len", "--max-num-seqs",
-                                                      "--kv-cache-dtype", "a"]
+                                                      "--kv-cache-dtype"]
+    assert lines[start + 1 + len(p.remedies)].startswith("  limit: ")
     for remedy, line in zip(p.remedies, remedy_lines, strict=True):
-        if remedy.flag:
-            assert line == f"    {remedy.flag + ' ' + str(remedy.value):<26}(KV -> " \
-                           f"{format_size(remedy.kv_bytes)})"
-    assert remedy_lines[-1].startswith("    a smaller quantization    (weights dominate this budget")
+        assert line == f"    {remedy.flag + ' ' + str(remedy.value):<26}(KV -> " \
+                       f"{format_size(remedy.kv_bytes)})"
 
 
 def test_fits_report() -> None:
@@ -88,3 +88,54 @@ def test_unified_warning_and_cpu_labels() -> None:
     cpu = DeviceMemory("cpu", "host memory", 256 * GiB, 250 * GiB, False)
     _, text = report(device=cpu, max_model_len=4096)
     assert "  runtime context " in text and "(none on the CPU)" in text
+
+
+def test_a_cap_above_free_memory_is_refused_with_the_largest_utilization() -> None:
+    busy = DeviceMemory("what-if", "H100", 80 * GiB, 20 * GiB, False)
+    p, text = report(device=busy, gpu_memory_utilization=0.9, max_model_len=4096, max_num_seqs=2)
+    lines = text.splitlines()
+    assert lines[0] == ("error: the limit (--gpu-memory-utilization 0.9 x 80.0 GiB = 72.0 GiB) is "
+                        "more than the device's free memory (20.0 GiB): the engine cannot "
+                        "allocate it, and vLLM refuses to start; the largest "
+                        "--gpu-memory-utilization within it is 0.25 (20.0 GiB free of 80.0 GiB)")
+    assert "  no single change of flags fits within 20.0 GiB: the weights alone are 61.2 GiB" in lines
+    assert not any(line.startswith("warning: ") for line in lines)
+    roomy = DeviceMemory("what-if", "H200", 141 * GiB, 100 * GiB, False)
+    p, text = report(device=roomy, memory_limit_bytes=120 * GiB, max_model_len=4096)
+    lines = text.splitlines()
+    assert lines[0].startswith("error: the limit (--memory-limit 120.0 GiB) is more than the "
+                               "device's free memory (100.0 GiB)")
+    assert lines[0].endswith("device's free memory (100.0 GiB): the engine cannot allocate it; "
+                             "the largest --gpu-memory-utilization within it is 0.7 "
+                             "(100.0 GiB free of 141.0 GiB)")
+    start = lines.index("  to fit within 100.0 GiB, try one of:")
+    assert lines[start + 1] == (f"    --memory-limit {100 * GiB} (KV -> "
+                                f"{format_size(p.remedies[0].kv_bytes)})")
+
+
+def test_a_remedy_under_a_lowered_cap_names_both_flags() -> None:
+    busy = DeviceMemory("what-if", "H200", 141 * GiB, 100 * GiB, False)
+    p, text = report(device=busy, gpu_memory_utilization=0.95, max_model_len=32768,
+                     max_num_seqs=16)
+    remedy = next(r for r in p.remedies if r.flag == "--max-model-len")
+    assert remedy.also == (("--gpu-memory-utilization", 0.7),)
+    assert (f"    --max-model-len {remedy.value} --gpu-memory-utilization 0.7 (KV -> "
+            f"{format_size(remedy.kv_bytes)})") in text.splitlines()
+
+
+def test_the_report_says_why_a_float32_checkpoint_runs_in_half_precision(tmp_path) -> None:
+    from budget_checkpoints import write_checkpoint
+
+    write_checkpoint(tmp_path, torch_dtype="float32")
+    config = EngineConfig(model=str(tmp_path), max_model_len=256)
+    gpu = render_report(make_plan(config, device=H100))
+    assert "  weights " in gpu and "(bf16, 2 layers)" in gpu
+    assert ("  dtype: the float32 checkpoint runs in bfloat16 on a GPU, as vLLM's --dtype auto "
+            "runs it (bfloat16 where the GPU computes in it); --dtype float32 keeps float32"
+            ) in gpu.splitlines()
+    old = DeviceMemory("cuda", "Tesla V100", 32 * GiB, 32 * GiB, False, bfloat16=False)
+    assert "runs in float16 on a GPU, as vLLM's --dtype auto runs it (this GPU does not compute " \
+           "in bfloat16)" in render_report(make_plan(config, device=old))
+    cpu = render_report(make_plan(config, device=DeviceMemory("cpu", "host", 8 * GiB, 8 * GiB,
+                                                              False)))
+    assert "(fp32, 2 layers)" in cpu and "dtype:" not in cpu

@@ -40,3 +40,32 @@ def test_port_in_use_exits_1(tiny_llama_dir, capsys):
                      "--host", "127.0.0.1", "--port", str(port), "--log-level", "error"])
     assert code == 1
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("method", "quantization_config", "message"), [
+    ("fp8", True, "error: checkpoint is quantized with 'fp8' (quantization_config.quant_method); "),
+    ("gptq", True, "error: checkpoint is quantized with 'gptq' "),
+    ("bitsandbytes", True, "error: checkpoint is quantized with 'bitsandbytes' "),
+    ("fp8", False, "error: checkpoint has tensors kvledger's engine does not load for "
+                   "LlamaForCausalLM: 'model.layers.0.mlp.down_proj.input_scale', "),
+])
+def test_a_quantized_checkpoint_is_refused_before_loading(tmp_path, capsys, monkeypatch, method,
+                                                          quantization_config, message):
+    """The crash loop of a quantized checkpoint (the loader's `checkpoint does not match
+    LlamaForCausalLM: unexpected [...input_scale...]`, or weights cast as values): refused
+    by name, exit 2, before a tensor is read."""
+    from budget_checkpoints import write_quantized
+
+    from kvledger.engine.core import startup
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(startup, "load_model", no_loading)
+    write_quantized(tmp_path, method, quantization_config=quantization_config)
+    code = main(["serve", "--model", str(tmp_path), "--device", "cpu", "--host", "127.0.0.1",
+                 "--port", "0", "--log-level", "error"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(message) and err.count("\n") == 1, err
+    assert err.endswith("kvledger's engine serves unquantized float16/bfloat16/float32 "
+                        "checkpoints only\n")

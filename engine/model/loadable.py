@@ -1,0 +1,130 @@
+"""Whether kvledger's engine can load a checkpoint, told from its config.json and its
+safetensors headers alone (torch-free, as the planner is, and before a byte of tensor data
+is read).
+
+``loadable_config`` is the one check that ``plan`` (for an architecture the engine serves),
+``preflight``, ``run`` and ``serve`` make before anything is allocated or loaded: a
+checkpoint the loader would refuse halfway through, or load wrong (quantized weights cast
+as if they were values), is refused by name instead, so that a pod's pre-flight says why
+rather than its engine crash-looping. The names the engine loads are the loader's too
+(``loaded_names``, ``IGNORED_SUFFIXES``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kvledger.engine.errors import BadInput
+from kvledger.engine.model.config import SERVED_WEIGHTS, ModelConfig
+from kvledger.engine.planner.checkpoint import CASTABLE_DTYPES, TensorInfo
+
+# Buffers some older checkpoints carry that the engine recomputes.
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+FUSED_EXPERTS = ".mlp.experts."  # transformers 5's fused experts: LAYER.mlp.experts.WHAT
+_NAMED = 3  # tensors a refusal names
+
+
+def loadable_config(raw: Mapping[str, Any], tensors: Iterable[TensorInfo]) -> ModelConfig:
+    """The engine's config of a checkpoint it can load, from config.json's object ``raw``
+    and its safetensors headers' ``tensors``. BadInput, one line, naming why it cannot:
+    what ``ModelConfig.from_dict`` refuses (the architecture, activation, RoPE, routing, a
+    ``quantization_config``), tensors the loader would refuse as unexpected (the scales
+    of weights quantized without a quantization_config, another model's tensors), and
+    weights stored in a dtype that is not a float (the loader would cast them as values)."""
+    config = ModelConfig.from_dict(raw)
+    stored = [t for t in tensors if not t.name.endswith(IGNORED_SUFFIXES)]
+    unexpected = unexpected_tensors(stored, config)
+    if unexpected:
+        raise BadInput(f"checkpoint has tensors kvledger's engine does not load for "
+                       f"{config.architecture}: {_some(unexpected)} (quantized weights and "
+                       f"scales without a quantization_config, or another model's tensors); "
+                       f"{SERVED_WEIGHTS}")
+    packed = sorted(f"{t.name!r} as {t.dtype}" for t in stored if t.dtype not in CASTABLE_DTYPES)
+    if packed:
+        raise BadInput(f"checkpoint stores weights in a dtype that is not a float: "
+                       f"{_some(packed, quote=False)} (quantized weights?); {SERVED_WEIGHTS}")
+    return config
+
+
+def unexpected_tensors(tensors: Iterable[TensorInfo], config: ModelConfig) -> list[str]:
+    """The names of the stored ``tensors`` the loader would refuse for ``config``, sorted:
+    those that fill none of the engine's tensors (``loaded_names``, ``tensor_names``)."""
+    expected = tensor_names(config)
+    # Most names are the engine's as they are; only the others may be renamed or split.
+    others = (t for t in tensors if t.name not in expected)
+    return sorted(t.name for t in others if not t.name.endswith(IGNORED_SUFFIXES)
+                  and not expected.issuperset(loaded_names(t.name, t.shape, config)))
+
+
+def tensor_names(config: ModelConfig) -> frozenset[str]:
+    """Every tensor the engine's model holds for ``config``, named as Hugging Face's
+    checkpoints name them: the state dict of ``CausalLM(config)`` (a test holds the two
+    equal), known without building it, so without torch."""
+    names = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
+    for layer in range(config.num_layers):
+        prefix = f"model.layers.{layer}."
+        attention = prefix + "self_attn."
+        names |= {f"{attention}{p}_proj.weight" for p in "qkvo"}
+        if config.qkv_bias:
+            names |= {f"{attention}{p}_proj.bias" for p in "qkv"}
+        if config.o_bias:
+            names.add(attention + "o_proj.bias")
+        if config.qk_norm:
+            names |= {attention + "q_norm.weight", attention + "k_norm.weight"}
+        names |= {prefix + "input_layernorm.weight", prefix + "post_attention_layernorm.weight"}
+        names |= _feed_forward_names(config, layer, prefix)
+    return frozenset(names)
+
+
+def loaded_names(name: str, shape: tuple[int, ...], config: ModelConfig) -> tuple[str, ...]:
+    """The engine's tensors a stored tensor fills, in the order the loader splits it: its
+    own name; Mixtral's router saved as ``mlp.gate.weight``, renamed; or the experts that
+    transformers 5 saves fused (``save_original_format=False``): ``mlp.experts.gate_up_proj``
+    ``[experts, 2 * inter, hidden]`` is each expert's gate then up, ``mlp.experts.down_proj``
+    ``[experts, hidden, inter]`` each expert's down."""
+    if config.moe is None:
+        return (name,)
+    layer, fused, what = name.partition(FUSED_EXPERTS)
+    mixtral = config.architecture == "MixtralForCausalLM"
+    if not fused or what not in ("gate_up_proj", "down_proj") or len(shape) != 3:
+        if mixtral and name.endswith(".mlp.gate.weight"):
+            return (name.removesuffix("mlp.gate.weight") + "block_sparse_moe.gate.weight",)
+        return (name,)
+    block, (gate, up, down) = _block(config, layer + "."), _expert_projections(config)
+    experts = [f"{block}experts.{e}." for e in range(shape[0])]
+    if what == "down_proj":
+        return tuple(f"{e}{down}.weight" for e in experts)
+    return tuple(f"{e}{p}.weight" for e in experts for p in (gate, up))
+
+
+def _feed_forward_names(config: ModelConfig, layer: int, prefix: str) -> set[str]:
+    """One layer's MLP, or its router and every expert."""
+    block = _block(config, prefix)
+    moe = config.moe
+    if moe is None or layer not in moe.sparse_layers:
+        return {f"{block}{p}_proj.weight" for p in ("gate", "up", "down")}
+    return {block + "gate.weight"} | {f"{block}experts.{e}.{p}.weight"
+                                      for e in range(moe.num_experts)
+                                      for p in _expert_projections(config)}
+
+
+def _block(config: ModelConfig, prefix: str) -> str:
+    """Where a layer's feed-forward is: Mixtral's checkpoints name it block_sparse_moe,
+    everyone else's mlp."""
+    return prefix + ("block_sparse_moe." if config.architecture == "MixtralForCausalLM"
+                     else "mlp.")
+
+
+def _expert_projections(config: ModelConfig) -> tuple[str, str, str]:
+    """An expert's (gate, up, down) names: Mixtral's w1, w3, w2."""
+    if config.architecture == "MixtralForCausalLM":
+        return ("w1", "w3", "w2")
+    return ("gate_proj", "up_proj", "down_proj")
+
+
+def _some(names: list[str], *, quote: bool = True) -> str:
+    """The first few of ``names`` and how many more, for a one-line refusal."""
+    shown = ", ".join(repr(n) if quote else n for n in names[:_NAMED])
+    more = len(names) - _NAMED
+    return f"{shown} and {more} more" if more > 0 else shown

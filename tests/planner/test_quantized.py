@@ -1,0 +1,177 @@
+"""Quantized checkpoints: for an architecture kvledger's engine serves, refused by name
+(exit 2, one line) by ``plan`` and ``preflight`` before anything is planned, never a plan
+that "fits" for a checkpoint ``serve`` would refuse; a what-if architecture keeps its
+vLLM plan (``engine/model/loadable.py``). ``serve`` and ``run``: tests/server and
+tests/operator."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from budget_checkpoints import QUANTIZED_LINEAR, write_checkpoint, write_quantized
+from published_models import published_config, published_tensors
+
+from kvledger.engine.cli import main
+from kvledger.engine.errors import BadInput
+from kvledger.engine.model.config import SERVED_WEIGHTS, ModelConfig
+from kvledger.engine.model.loadable import loadable_config, unexpected_tensors
+from kvledger.engine.planner.checkpoint import read_weights
+from kvledger.engine.planner.plan import make_plan
+
+METHODS = ["fp8", "gptq", "awq", "bitsandbytes", "mxfp4", "compressed-tensors", "gguf", "hqq"]
+
+
+def _one_line_exit_2(argv: list[str], capsys) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured
+    assert captured.err.startswith("error: ") and "Traceback" not in captured.err
+    return captured.err[len("error: "):].rstrip("\n")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_plan_and_preflight_refuse_a_quantized_checkpoint_by_its_method(tmp_path, capsys,
+                                                                        method) -> None:
+    model = tmp_path / method
+    write_quantized(model, method)
+    expected = (f"checkpoint is quantized with {method!r} (quantization_config.quant_method); "
+                "kvledger's engine serves unquantized float16/bfloat16/float32 checkpoints only")
+    flags = ["--model", str(model), "--device-memory", "24GiB"]
+    assert _one_line_exit_2(["plan", *flags], capsys) == expected
+    assert _one_line_exit_2(["plan", *flags, "--json"], capsys) == expected
+    plan_out, log = tmp_path / "plan.json", tmp_path / "termination-log"
+    assert _one_line_exit_2(["preflight", *flags, "--plan-out", str(plan_out),
+                             "--termination-log", str(log)], capsys) == expected
+    assert not plan_out.exists() and not log.exists()  # refused before anything is planned
+
+
+def test_any_other_method_and_none_named_are_refused_too(tmp_path) -> None:
+    write_checkpoint(tmp_path, quantization_config={"quant_method": "quark", "bits": 8})
+    with pytest.raises(BadInput, match="quantized with 'quark'"):
+        make_plan_for(tmp_path)
+    write_checkpoint(tmp_path, quantization_config={"bits": 4})
+    with pytest.raises(BadInput, match=r"^checkpoint is quantized \(config.json has a "
+                                       r"quantization_config, with no quant_method\); kvledger's"):
+        make_plan_for(tmp_path)
+    write_checkpoint(tmp_path, quantization_config=None)  # transformers writes null for none
+    assert make_plan_for(tmp_path).fits
+
+
+def make_plan_for(model_dir):
+    from kvledger.engine.config import EngineConfig
+
+    return make_plan(EngineConfig(model=str(model_dir), device_memory_bytes=24 * 2**30))
+
+
+@pytest.mark.parametrize("method", ["fp8", "gptq", "awq", "bitsandbytes", "mxfp4",
+                                    "compressed-tensors"])
+def test_quantized_tensors_without_a_quantization_config_are_refused_by_name(
+        tmp_path, capsys, method) -> None:
+    """Scales (fp8's input_scale, GPTQ's qweight/qzeros/g_idx ...) with nothing in
+    config.json to say so: the loader would refuse them as unexpected, so the plan does."""
+    write_quantized(tmp_path, method, quantization_config=False)
+    flags = ["--model", str(tmp_path), "--device-memory", "24GiB"]
+    for command in ("plan", "preflight"):
+        line = _one_line_exit_2([command, *flags, "--termination-log", str(tmp_path / "log")]
+                                if command == "preflight" else [command, *flags], capsys)
+        assert line.startswith("checkpoint has tensors kvledger's engine does not load for "
+                               "LlamaForCausalLM: 'model.layers.0.mlp.down_proj.")
+        assert line.endswith(" more (quantized weights and scales without a "
+                             "quantization_config, or another model's tensors); "
+                             f"{SERVED_WEIGHTS}")
+        named = line.split(": ", 1)[1].split(" and ")[0].split(", ")
+        assert len(named) == 3
+        stored = set(QUANTIZED_LINEAR[method](64, 64)) - {"weight"}  # what the loader refuses
+        assert all(name.strip("'").startswith("model.layers.0.mlp.") for name in named)
+        assert {name.strip("'").split("_proj.")[1] for name in named} <= stored
+
+
+@pytest.mark.parametrize("dtype", ["F8_E4M3", "I8", "U8"])
+def test_weights_stored_as_no_float_are_refused(tmp_path, capsys, dtype) -> None:
+    """Names the engine knows, but not values it can cast: fp8 or int8 weights saved
+    without their scales or a quantization_config would load as garbage."""
+    from budget_checkpoints import TINY, llama_shapes, write_header_only
+
+    tensors = {name: ("BF16", shape) for name, shape in llama_shapes(TINY).items()}
+    for layer in range(2):
+        for proj in ("q", "k"):
+            name = f"model.layers.{layer}.self_attn.{proj}_proj.weight"
+            tensors[name] = (dtype, tensors[name][1])
+    write_header_only(tmp_path, TINY, tensors)
+    line = _one_line_exit_2(["plan", "--model", str(tmp_path), "--device-memory", "8GiB"],
+                            capsys)
+    assert line == (f"checkpoint stores weights in a dtype that is not a float: "
+                    f"'model.layers.0.self_attn.k_proj.weight' as {dtype}, "
+                    f"'model.layers.0.self_attn.q_proj.weight' as {dtype}, "
+                    f"'model.layers.1.self_attn.k_proj.weight' as {dtype} and 1 more "
+                    f"(quantized weights?); {SERVED_WEIGHTS}")
+
+
+def test_fp8_scales_are_named_when_the_dtype_is_a_float(tmp_path, capsys) -> None:
+    """The issue's crash: an fp8 checkpoint's input_scale and weight_scale beside weights
+    the engine knows; named even when the weights themselves are stored in bf16."""
+    config = json.loads(json.dumps(published_config("Llama-3-8B")))
+    config.update(num_hidden_layers=1, vocab_size=64, hidden_size=64, intermediate_size=128,
+                  num_attention_heads=4, num_key_value_heads=2)
+    tensors = published_tensors(config)
+    tensors |= {"model.layers.0.self_attn.q_proj.input_scale": ("F32", []),
+                "model.layers.0.self_attn.q_proj.weight_scale": ("F32", [])}
+    from budget_checkpoints import write_header_only
+
+    write_header_only(tmp_path, config, tensors)
+    line = _one_line_exit_2(["plan", "--model", str(tmp_path), "--device-memory", "8GiB"],
+                            capsys)
+    assert line.startswith("checkpoint has tensors kvledger's engine does not load for "
+                           "LlamaForCausalLM: 'model.layers.0.self_attn.q_proj.input_scale', "
+                           "'model.layers.0.self_attn.q_proj.weight_scale' (quantized weights and "
+                           "scales without a quantization_config, ")
+
+
+def test_the_refusal_through_a_subprocess_is_one_line(tmp_path) -> None:
+    write_quantized(tmp_path, "awq")
+    proc = subprocess.run([sys.executable, "-m", "kvledger.engine.cli", "plan", "--model",
+                           str(tmp_path), "--device-memory", "24GiB"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == ("error: checkpoint is quantized with 'awq' "
+                           f"(quantization_config.quant_method); {SERVED_WEIGHTS}\n")
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "DeepSeek-V3"])
+def test_a_what_if_architecture_keeps_its_vllm_plan(tmp_path, capsys, name) -> None:
+    """gpt-oss (MXFP4) and DeepSeek-V3 (fp8) are planned for vLLM as they are stored; the
+    report says that kvledger's engine does not serve them, and the pre-flight refuses
+    them by architecture (a pod never runs an engine that would crash)."""
+    config = published_config(name)
+    if name == "DeepSeek-V3":  # 3 dense layers, 2 of experts: enough
+        config["num_hidden_layers"] = 5
+    from budget_checkpoints import write_header_only
+
+    write_header_only(tmp_path, config, published_tensors(config))
+    assert main(["plan", "--model", str(tmp_path), "--device-memory", "192GiB",
+                 "--max-model-len", "4096"]) == 0
+    out = capsys.readouterr().out
+    quant = config["quantization_config"]["quant_method"]
+    assert f"kvledger's engine does not serve {config['architectures'][0]}" in out
+    assert f"({quant} (" in out  # the weights row names the method they are stored in
+    line = _one_line_exit_2(["preflight", "--model", str(tmp_path), "--device-memory",
+                             "192GiB", "--max-model-len", "4096", "--termination-log",
+                             str(tmp_path / "log")], capsys)
+    assert line.startswith(f"unsupported architecture {config['architectures'][0]}")
+
+
+def test_an_unquantized_checkpoint_has_nothing_unexpected(make_model_dir) -> None:
+    """Every built-in model (dense, biased, qk-norm, mixture-of-experts, tied) passes the
+    check: the engine's tensor names are its checkpoints'."""
+    from kvledger.engine.model.builtin import MODELS
+    from kvledger.engine.planner.hf_config import read_config_json
+
+    for name in MODELS:
+        model_dir = make_model_dir(name)
+        weights = read_weights(model_dir)
+        config = loadable_config(read_config_json(model_dir), weights.tensors)
+        assert config == ModelConfig.from_dir(model_dir)
+        assert unexpected_tensors(weights.tensors, config) == []
