@@ -95,6 +95,11 @@ class KVLedger:
     def cached_blocks(self) -> int:
         return self._pool.num_cached
 
+    @property
+    def evicted_blocks(self) -> int:
+        """Cached blocks evicted so far (a draw found no free block)."""
+        return self._pool.num_evictions
+
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

@@ -7,6 +7,16 @@ the ledger's ``check_fits``), at once or after waiting in a FIFO line of at most
 ``max_queue_len`` (for at most ``max_queue_wait_s``, when set). Nobody overtakes the head
 of the line, so the blocks that come back accumulate for the oldest waiter: a large
 promise waits for those ahead of it, never for every smaller one that arrives after it.
+While the head waits for blocks to come back, the ones already free would sit idle, so a
+later request may go ahead of the line (backfilling, as batch schedulers do it) when it
+fits in them now and will have finished, at one token per engine step, before the head
+can start: the head's start is the step by which the running requests, each decoding its
+remaining cap at a token a step, have given back what it lacks (a lower bound; a request
+that stops early only brings it closer). So nobody in line starts later than without
+backfilling, and blocks that strict FIFO leaves idle do work; a request that cannot finish
+in time waits its turn. ``prefill_tokens_per_step`` (the engine's token budget per step)
+counts a long prompt's prefill steps; backfilling stops while ``max_num_seqs`` requests
+are admitted, since one waiting for a seat would not decode at that rate.
 A refusal (the line full, or the wait over) carries the wait after which enough blocks are due
 back: the running requests' remaining caps at the observed decode rate, soonest first,
 with jitter so rejected clients do not return in lock-step. ``done`` forgets the
@@ -67,9 +77,13 @@ class Ticket:
 
 @dataclass
 class _Waiter:
+    request_id: str
+    prompt_tokens: int
+    cap_tokens: int
     tokens: int
     count: int
     blocks: int
+    steps: int                  # engine steps to finish once started: prefill chunks + cap
     prompt_token_ids: list[int] | None = field(repr=False)
     use_cached: bool
     salt: str | None = field(repr=False)
@@ -88,6 +102,7 @@ class Admission:
 
     def __init__(self, ledger: Any, *, max_model_len: int, max_queue_wait_s: float | None = 0.0,
                  max_queue_len: int = DEFAULT_MAX_QUEUE_LEN, max_num_seqs: int | None = None,
+                 prefill_tokens_per_step: int | None = None, backfill: bool = True,
                  decode_tokens_per_s: Callable[[], float | None] = lambda: None,
                  rng: random.Random | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -96,6 +111,9 @@ class Admission:
         self.max_queue_wait_s = max_queue_wait_s  # None: as long as it takes
         self.max_queue_len = max_queue_len
         self.max_num_seqs = max_num_seqs  # the engine runs at most this many at once
+        self.prefill_tokens_per_step = prefill_tokens_per_step
+        self.backfill = backfill
+        self.backfilled = 0  # requests admitted ahead of the line (kvledger_requests_backfilled_total)
         self._decode_tokens_per_s = decode_tokens_per_s
         self._rng = rng or random.Random()
         self._clock = clock
@@ -155,16 +173,29 @@ class Admission:
                                 f"lower max_tokens{' or n' if n > 1 else ''}",
                            code="kv_pool_too_small", param="max_tokens",
                            reason="over_pool") from None
-        waiter = _Waiter(tokens, n, blocks, prompt_token_ids, use_cached, salt)
-        # Nobody overtakes a live waiter; departed ones (gone) do not count.
-        reservations = None if self._queued else waiter.try_reserve(self.ledger)
+        steps = cap_tokens + (math.ceil(prompt_tokens / self.prefill_tokens_per_step) - 1
+                              if self.prefill_tokens_per_step else 0)
+        waiter = _Waiter(request_id, prompt_tokens, cap_tokens, tokens, n, blocks, steps,
+                         prompt_token_ids, use_cached, salt)
+        # Nobody overtakes a live waiter (departed ones do not count) unless it is done
+        # before the head could start.
+        if not self._queued:
+            reservations = waiter.try_reserve(self.ledger)
+        else:
+            reservations = self._backfill(waiter, self._head_start_step())
         if reservations is None:
-            reservations = await self._wait_in_line(waiter)
-        ticket = Ticket(request_id, prompt_tokens, cap_tokens, reservations, self._clock())
-        self.running[request_id] = ticket
+            return await self._wait_in_line(waiter)
+        return self._grant(waiter, reservations)
+
+    def _grant(self, waiter: _Waiter, reservations: list[Any]) -> Ticket:
+        """The admitted request's ticket, running from now: the line's next backfill
+        check counts its blocks as coming back when it finishes."""
+        ticket = Ticket(waiter.request_id, waiter.prompt_tokens, waiter.cap_tokens,
+                        reservations, self._clock())
+        self.running[waiter.request_id] = ticket
         return ticket
 
-    async def _wait_in_line(self, waiter: _Waiter) -> list[Any]:
+    async def _wait_in_line(self, waiter: _Waiter) -> Ticket:
         # What it would claim now (its cached blocks considered), for the 429's estimate.
         waiter.blocks = self.ledger.blocks_needed(waiter.tokens, waiter.count,
                                                   waiter.prompt_token_ids,
@@ -177,22 +208,22 @@ class Admission:
         self.capacity_changed()  # departed waiters may have been all that was ahead
         admitted = False
         try:
-            reservations = await asyncio.wait_for(asyncio.shield(waiter.future),
-                                                  self.max_queue_wait_s)
+            ticket = await asyncio.wait_for(asyncio.shield(waiter.future), self.max_queue_wait_s)
             admitted = True
-            return reservations
+            return ticket
         except TimeoutError:
             if waiter.future.done():  # granted in the same instant the wait ran out
-                reservations = waiter.future.result()
                 admitted = True
-                return reservations
+                return waiter.future.result()
             waiter.gone = True
             raise self.rejection(waiter.blocks) from None
         except asyncio.CancelledError:
             granted = (waiter.future.done() and not waiter.future.cancelled()
                        and waiter.future.exception() is None)
             if granted:  # the client left just as its blocks came: give them back
-                self.give_back(waiter.future.result())
+                ticket = waiter.future.result()
+                self.running.pop(ticket.request_id, None)
+                self.give_back(ticket.reservations)
             raise
         finally:
             if not waiter.future.done():
@@ -240,10 +271,54 @@ class Admission:
                 continue
             reservations = head.try_reserve(self.ledger)
             if reservations is None:
-                return  # strict FIFO: nobody overtakes the head
+                break
             self._waiters.popleft()
             self._queued -= 1
-            head.future.set_result(reservations)
+            head.future.set_result(self._grant(head, reservations))
+        else:
+            return
+        start = self._head_start_step()
+        for waiter in list(self._waiters)[1:]:
+            if start is None:
+                return
+            if waiter.gone:
+                continue
+            reservations = self._backfill(waiter, start)
+            if reservations is not None:
+                self._waiters.remove(waiter)
+                self._queued -= 1
+                waiter.future.set_result(self._grant(waiter, reservations))
+
+    def _head_start_step(self) -> int | None:
+        """The soonest engine step at which the head of the line can be reserved, if the
+        running requests decode their remaining caps at a token a step (early stops
+        only bring it closer); None when no live head waits or it cannot be told (blocks
+        held outside this server's tickets)."""
+        head = next((w for w in self._waiters if not w.gone), None)
+        if head is None:
+            return None
+        deficit = head.blocks - self.ledger.free_blocks
+        if deficit <= 0:
+            return 0
+        due = sorted(self.running.values(), key=lambda ticket: ticket.remaining_tokens)
+        returned = self.ledger.blocks_returned([ticket.reservations for ticket in due])
+        freed = 0
+        for ticket, blocks in zip(due, returned, strict=True):
+            freed += blocks
+            if freed >= deficit:
+                return ticket.remaining_tokens
+        return None
+
+    def _backfill(self, waiter: _Waiter, head_start: int | None) -> list[Any] | None:
+        """``waiter``'s reservations when it may go ahead of the line: it fits now and
+        finishes (with a step to spare) before the head can start; else None."""
+        if (not self.backfill or head_start is None or waiter.steps + 1 > head_start
+                or (self.max_num_seqs is not None and len(self.running) >= self.max_num_seqs)):
+            return None
+        reservations = waiter.try_reserve(self.ledger)
+        if reservations is not None:
+            self.backfilled += 1
+        return reservations
 
     def close(self, error: Exception) -> None:
         """Refuse every waiter with ``error`` (shutdown); later admits are the caller's to stop."""

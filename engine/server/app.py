@@ -163,7 +163,8 @@ async def budget(request: web.Request) -> web.Response:
         "prefix_cache": _prefix_cache(ledger),
         "queue": {"waiting": admission.queue_length, "running": len(admission.running),
                   "max_queue_wait_s": admission.max_queue_wait_s,
-                  "max_queue_len": admission.max_queue_len},
+                  "max_queue_len": admission.max_queue_len, "backfill": admission.backfill,
+                  "backfilled": admission.backfilled},
         "decode_tokens_per_s": state.async_engine.decode_tokens_per_s,
         "time": time.time(),
     })

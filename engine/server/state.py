@@ -48,6 +48,7 @@ class ServeOptions:
     metrics_api_key: str | None = None   # None: /metrics is open (Prometheus' default)
     max_queue_wait_s: float | None = None  # None: a waiter waits as long as it takes
     max_queue_len: int = DEFAULT_MAX_QUEUE_LEN
+    backfill: bool = True                # later requests done before the head may go first
     shutdown_grace_s: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
@@ -91,6 +92,11 @@ class ServerState:
                                               "prefix cache", ledger("prefix_cache_queries")),
             "kvledger_prefix_cache_hits": ("prompt tokens found in the prefix cache (not "
                                            "computed again)", ledger("prefix_cache_hits")),
+            "kvledger_requests_backfilled": ("requests admitted ahead of the line: they fit "
+                                             "in blocks already free and finish before the "
+                                             "head of the line can start",
+                                             lambda: self.admission.backfilled
+                                             if self.admission else 0),
         }, model_name=lambda: self.engine.model_name if self.engine else None)
 
     def _kv_reserved_ratio(self) -> float:
@@ -107,6 +113,8 @@ class ServerState:
                                    max_queue_wait_s=self.options.max_queue_wait_s,
                                    max_queue_len=self.options.max_queue_len,
                                    max_num_seqs=engine.plan.max_num_seqs,
+                                   prefill_tokens_per_step=engine.plan.max_num_batched_tokens,
+                                   backfill=self.options.backfill,
                                    decode_tokens_per_s=lambda: driver.decode_tokens_per_s)
         self.async_engine.on_step_outputs = lambda _outputs: self.admission.capacity_changed()
         self.async_engine.start()

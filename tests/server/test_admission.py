@@ -462,3 +462,80 @@ async def test_no_line_or_no_wait_means_refused_at_once():
         assert info.value.status == 429 and adm.queue_length == 0
         adm.give_back(held.reservations)
         adm.done(held)
+
+
+def _backfill_admission(backfill=True, max_num_seqs=None):
+    """10 blocks of 16 tokens; ``held`` (8 blocks) is 12 tokens from its cap and ``short``
+    (1 block) 8, so one block is free and a 10-block head can start in 12 steps."""
+    ledger = KVLedger(10, 16)
+    return Admission(ledger, max_model_len=160, max_queue_wait_s=None, backfill=backfill,
+                     max_num_seqs=max_num_seqs, decode_tokens_per_s=lambda: 10.0,
+                     rng=random.Random(0))
+
+
+async def _held_and_short(adm):
+    held = await adm.admit("held", 16, 112)
+    adm.progress(held, 100)
+    short = await adm.admit("short", 8, 8)
+    return held, short
+
+
+async def _finish(adm, *tickets):
+    for ticket in tickets:
+        adm.give_back(ticket.reservations)
+        adm.done(ticket)
+        await asyncio.sleep(0)
+
+
+async def test_a_request_done_before_the_head_can_start_goes_ahead_in_free_blocks():
+    """Backfilling: the head needs 10 blocks and gets them in 12 steps at the soonest; a
+    1-block request done in 8 steps takes the free block now, one done in 4 takes the
+    block an early finisher gives back, and neither delays the head."""
+    adm = _backfill_admission()
+    held, short = await _held_and_short(adm)
+    head = asyncio.create_task(adm.admit("head", 16, 144))       # 10 blocks
+    await _until_queued(adm, 1)
+    ahead = await asyncio.wait_for(adm.admit("ahead", 8, 8), 1.0)  # 1 block, 8 steps
+    assert adm.queue_length == 1 and adm.backfilled == 1
+    later = asyncio.create_task(adm.admit("later", 4, 4))        # nothing free: in line
+    await _until_queued(adm, 2)
+    await _finish(adm, short)                    # stopped early: its block goes ahead too
+    granted = await asyncio.wait_for(later, 1.0)
+    assert adm.backfilled == 2 and not head.done()
+    await _finish(adm, ahead, granted, held)
+    await _finish(adm, await asyncio.wait_for(head, 1.0))
+    assert adm.ledger.reserved_blocks == 0 and adm.queue_length == 0
+
+
+async def test_a_request_not_done_before_the_head_can_start_waits_its_turn():
+    adm = _backfill_admission()
+    held, short = await _held_and_short(adm)
+    head = asyncio.create_task(adm.admit("head", 16, 144))
+    await _until_queued(adm, 1)
+    too_long = asyncio.create_task(adm.admit("too-long", 4, 12))  # 1 block, but 12 steps
+    await _until_queued(adm, 2)
+    await _finish(adm, short)
+    assert not too_long.done() and adm.backfilled == 0
+    await _finish(adm, held)
+    head_ticket = await asyncio.wait_for(head, 1.0)
+    assert not too_long.done()  # behind the head, which holds the whole pool
+    await _finish(adm, head_ticket)
+    await _finish(adm, await asyncio.wait_for(too_long, 1.0))
+    assert adm.ledger.reserved_blocks == 0
+
+
+@pytest.mark.parametrize("options", [{"backfill": False}, {"max_num_seqs": 2}])
+async def test_no_backfill_when_off_or_when_every_seat_is_taken(options):
+    """--no-backfill is strict FIFO; at max_num_seqs a request would wait for a seat, not
+    decode a token a step, so it may not go ahead either."""
+    adm = _backfill_admission(**options)
+    held, short = await _held_and_short(adm)
+    head = asyncio.create_task(adm.admit("head", 16, 144))
+    await _until_queued(adm, 1)
+    ahead = asyncio.create_task(adm.admit("ahead", 8, 8))
+    await _until_queued(adm, 2)
+    assert adm.backfilled == 0 and adm.ledger.free_blocks == 1
+    await _finish(adm, held, short)
+    await _finish(adm, await asyncio.wait_for(head, 1.0))
+    await _finish(adm, await asyncio.wait_for(ahead, 1.0))
+    assert adm.ledger.reserved_blocks == 0
