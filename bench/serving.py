@@ -2,7 +2,8 @@
 flags and workloads, measured in the same run on this machine.
 
     .venv/bin/python bench/serving.py [--vllm PATH] [--overload-seconds 120] [--clients 48]
-        [--concurrency 1 3 8 32] [--rounds 2] [--deadline-seconds 300] [--seed 0] [--json]
+        [--concurrency 1 3 8 32] [--rounds 2] [--deadline-seconds 300] [--seed 0]
+        [--backfill-too] [--json]
     # ~15 min with vLLM; a quick one: --overload-seconds 30 --clients 16 --rounds 1
 
 Both servers: the built-in ``small-llama`` (fp32), ``--max-model-len 512
@@ -27,7 +28,9 @@ part run side by side (idle, neither takes CPU) and are loaded one at a time.
   completed request, requests past the deadline, 5xx; vLLM's preemptions and recomputed
   tokens (see ``vllm_recomputed_tokens``); kvledger's 429 counter, its reserved blocks
   once idle, and that it exports no preemption counter (it never preempts). The CPU
-  that other processes used meanwhile is printed too (``OtherCpu``).
+  that other processes used meanwhile is printed too (``OtherCpu``). ``--backfill-too``
+  runs the overload on ``kvledger serve --backfill`` as well, to show what backfilling
+  the line does; its figures are shown, not judged.
 
 Claims (exit 1, one ``serving: FAILED:`` line each, when one fails): kvledger's tok/s is
 at least vLLM's less ``NOISE_MARGIN`` at every concurrency; under overload kvledger's
@@ -65,6 +68,7 @@ from kvledger.engine.model.builtin import SPECIAL_TOKENS
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "small-llama"
+BACKFILL = "kvledger-backfill"  # kvledger serve --backfill (--backfill-too, overload only)
 VOCAB_SIZE = 1024
 SERVE_FLAGS = ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "32",
                "--block-size", "32", "--enforce-eager"]
@@ -379,10 +383,11 @@ def server_command(system: str, vllm: str | None, model_dir: str, port: int, blo
                    iteration_log: bool) -> tuple[list[str], dict]:
     pool = ["--num-gpu-blocks-override", str(blocks), "--host", "127.0.0.1", "--port", str(port),
             "--served-model-name", MODEL]
-    if system == "kvledger":
+    if system.startswith("kvledger"):
         kvledger = os.path.join(os.path.dirname(sys.executable), "kvledger")
+        backfill = ["--backfill"] if system == BACKFILL else []
         return ([kvledger, "serve", "--model", model_dir, "--device", "cpu", *SERVE_FLAGS, *pool,
-                 "--log-level", "warning"], {})
+                 *backfill, "--log-level", "warning"], {})
     quiet = ["--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"]
     details = ["--enable-logging-iteration-details"] if iteration_log else []
     return [*vllm_command(vllm), model_dir, *SERVE_FLAGS, *pool, *quiet, *details], VLLM_ENV
@@ -405,10 +410,10 @@ async def served(system: str, args, model_dir: str, tmp: Path, blocks: int, tag:
     log_path = tmp / f"{system}-{tag}.log"
     base = f"http://127.0.0.1:{port}"
     with running(command, log_path, env) as proc:
-        model = await wait_up(base, "/ready" if system == "kvledger" else "/health", proc,
+        model = await wait_up(base, "/ready" if system.startswith("kvledger") else "/health", proc,
                               log_path)
         samples = await scrape(base)
-        pool = (metric(samples, "kvledger_kv_blocks_total") if system == "kvledger" else
+        pool = (metric(samples, "kvledger_kv_blocks_total") if system.startswith("kvledger") else
                 next((float(labels["num_gpu_blocks"]) for name, labels, _ in samples
                       if name == "vllm:cache_config_info"), None))
         if pool != blocks:
@@ -537,7 +542,7 @@ async def sample_load(base: str, system: str, until: float) -> dict:
     running, kv_used = [], []
     while time.monotonic() < until:
         samples = await scrape(base)
-        if system == "kvledger":
+        if system.startswith("kvledger"):
             running.append(metric(samples, "kvledger_requests_running"))
             kv_used.append(metric(samples, "kvledger_kv_blocks_used")
                            / metric(samples, "kvledger_kv_blocks_total"))
@@ -577,13 +582,14 @@ async def overload_one(system: str, server: Server, groups: list[int], args) -> 
         load, outcomes = await asyncio.gather(
             sample_load(base, system, time.monotonic() + args.overload_seconds),
             overload_clients(base, server.model, args))
-    if system == "kvledger":
+    if system.startswith("kvledger"):
         samples = await idle_metrics(base, "kvledger_requests_running")
         figures = {
             "requests_rejected": metric(samples, "kvledger_requests_rejected_total"),
             "rejected_kv_cache_full": metric(samples, "kvledger_requests_rejected_total",
                                              reason="kv_cache_full"),
             "requests_failed": metric(samples, "kvledger_requests_failed_total"),
+            "backfilled": metric(samples, "kvledger_requests_backfilled_total"),
             "blocks_reserved_idle": metric(samples, "kvledger_kv_blocks_reserved"),
             "preemption_metrics": sorted({n for n, _, _ in samples if "preempt" in n}),
         }
@@ -622,12 +628,15 @@ def tables(report: dict) -> str:
     lines += ["", f"Other processes on the machine used {_cores(report['part1_other_cpu_cores'])} "
               "during part 1."]
     kv, vl = report["overload"]["kvledger"], report["overload"]["vllm"]
+    backfilled = report["overload"].get(BACKFILL)
     lines += ["", f"Part 2, overload ({OVERLOAD_POOL_BLOCKS} blocks of 32): {cfg['clients']} "
               f"clients for {cfg['overload_seconds']:g} s, deadline {cfg['deadline_seconds']:g} s",
-              "", "| | kvledger | vLLM |", "|---|---:|---:|"]
+              "", "| | kvledger | vLLM |" + (" kvledger --backfill |" if backfilled else ""),
+              "|---|---:|---:|" + ("---:|" if backfilled else "")]
 
     def row(label: str, show) -> None:
-        lines.append(f"| {label} | {show(kv)} | {'-' if vl is None else show(vl)} |")
+        extra = f" {show(backfilled)} |" if backfilled else ""
+        lines.append(f"| {label} | {show(kv)} | {'-' if vl is None else show(vl)} |{extra}")
 
     row("requests sent in the window", lambda r: r["sent"])
     row("completed within the window", lambda r: r["completed_in_window"])
@@ -650,13 +659,19 @@ def tables(report: dict) -> str:
     row("server failures (5xx)", lambda r: r["server_errors_5xx"])
     preemptions = "-" if vl is None else f"{vl['server']['preemptions']:g}"
     recomputed = "-" if vl is None else vl["server"]["recomputed_tokens"]
-    lines.append(f"| preemptions | none: no preemption counter | {preemptions} |")
-    lines.append(f"| recomputed tokens | 0: nothing is preempted | {recomputed} |")
-    lines.append(f"| kvledger_requests_rejected_total (kv_cache_full) | "
-                 f"{kv['server']['requests_rejected']:g} "
-                 f"({kv['server']['rejected_kv_cache_full']:g}) | - |")
-    lines.append(f"| kvledger_kv_blocks_reserved once idle | "
-                 f"{kv['server']['blocks_reserved_idle']:g} | - |")
+    lines.append(f"| preemptions | none: no preemption counter | {preemptions} |"
+                 + (" none |" if backfilled else ""))
+    lines.append(f"| recomputed tokens | 0: nothing is preempted | {recomputed} |"
+                 + (" 0 |" if backfilled else ""))
+
+    def own(label: str, show) -> None:
+        extra = f" {show(backfilled['server'])} |" if backfilled else ""
+        lines.append(f"| {label} | {show(kv['server'])} | - |{extra}")
+
+    own("kvledger_requests_rejected_total (kv_cache_full)",
+        lambda r: f"{r['requests_rejected']:g} ({r['rejected_kv_cache_full']:g})")
+    own("kvledger_requests_backfilled_total", lambda r: f"{r['backfilled']:g}")
+    own("kvledger_kv_blocks_reserved once idle", lambda r: f"{r['blocks_reserved_idle']:g}")
     lines.append("")
     for c in report["claims"]:
         lines.append(f"{'met   ' if c['met'] else 'FAILED'}  {c['claim']}: {c['measured']}")
@@ -674,7 +689,8 @@ async def bench(args) -> dict:
                         MODEL, model_dir], check=True, stdout=subprocess.DEVNULL)
         systems = ["kvledger"] + (["vllm"] if args.vllm else [])
         rates, part1_other_cpu = await part1(systems, args, model_dir, tmp)
-        loads = await overload(systems, args, model_dir, tmp)
+        loads = await overload(systems + ([BACKFILL] if args.backfill_too else []), args,
+                               model_dir, tmp)
     part1_rows = []
     for c in args.concurrency:
         (kv, kv_spread), (vllm, vllm_spread) = rates["kvledger"][c], rates.get("vllm", {}).get(
@@ -688,7 +704,8 @@ async def bench(args) -> dict:
                        "deadline_seconds": args.deadline_seconds, "seed": args.seed,
                        "noise_margin": NOISE_MARGIN},
             "vllm_found": bool(args.vllm), "part1": part1_rows,
-            "overload": {"kvledger": loads["kvledger"], "vllm": loads.get("vllm")},
+            "overload": {"kvledger": loads["kvledger"], "vllm": loads.get("vllm"),
+                         BACKFILL: loads.get(BACKFILL)},
             "claims": claims(part1_rows, loads["kvledger"], loads.get("vllm"))}
 
 
@@ -703,6 +720,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=48)
     parser.add_argument("--deadline-seconds", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backfill-too", action="store_true",
+                        help="also run the overload on kvledger serve --backfill")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     asked = args.vllm

@@ -77,14 +77,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "prefix-cache counters tell how much of a guessed prompt was cached)")
     s.add_argument("--max-queue-len", type=_count, default=DEFAULT_MAX_QUEUE_LEN, metavar="N",
                    help="requests that cannot be reserved now wait in one FIFO line of at most "
-                        f"N (default {DEFAULT_MAX_QUEUE_LEN}; nobody overtakes its head but a "
-                        "request that fits in free blocks and finishes before the head can "
-                        "start, see --no-backfill); a request that finds it full is a 429 (0: "
-                        "no line, answer at once)")
-    s.add_argument("--backfill", action=argparse.BooleanOptionalAction, default=True,
+                        f"N (default {DEFAULT_MAX_QUEUE_LEN}; nobody overtakes its head, unless "
+                        "--backfill); a request that finds it full is a 429 (0: no line, "
+                        "answer at once)")
+    s.add_argument("--backfill", action=argparse.BooleanOptionalAction, default=False,
                    help="let a request go ahead of the line when it fits in the blocks "
                         "already free and finishes, a token per step, before the head of the "
-                        "line can start (default on; --no-backfill: strict FIFO)")
+                        "line can start (default off: strict FIFO; short requests wait less, "
+                        "long ones more)")
     s.add_argument("--max-queue-wait", type=_seconds, default=None, metavar="SECONDS",
                    help="a request waits in line at most this long before its 429 (default: "
                         "as long as it takes, or until its client leaves; 0: answer at once)")

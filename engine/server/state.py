@@ -48,7 +48,7 @@ class ServeOptions:
     metrics_api_key: str | None = None   # None: /metrics is open (Prometheus' default)
     max_queue_wait_s: float | None = None  # None: a waiter waits as long as it takes
     max_queue_len: int = DEFAULT_MAX_QUEUE_LEN
-    backfill: bool = True                # later requests done before the head may go first
+    backfill: bool = False               # later requests done before the head may go first
     shutdown_grace_s: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S

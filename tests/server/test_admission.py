@@ -464,7 +464,7 @@ async def test_no_line_or_no_wait_means_refused_at_once():
         adm.done(held)
 
 
-def _backfill_admission(backfill=True, max_num_seqs=None):
+def _backfill_admission(backfill=True, max_num_seqs=None):  # backfill is off by default
     """10 blocks of 16 tokens; ``held`` (8 blocks) is 12 tokens from its cap and ``short``
     (1 block) 8, so one block is free and a 10-block head can start in 12 steps."""
     ledger = KVLedger(10, 16)
@@ -526,7 +526,7 @@ async def test_a_request_not_done_before_the_head_can_start_waits_its_turn():
 
 @pytest.mark.parametrize("options", [{"backfill": False}, {"max_num_seqs": 2}])
 async def test_no_backfill_when_off_or_when_every_seat_is_taken(options):
-    """--no-backfill is strict FIFO; at max_num_seqs a request would wait for a seat, not
+    """Off (the default) is strict FIFO; at max_num_seqs a request would wait for a seat, not
     decode a token a step, so it may not go ahead either."""
     adm = _backfill_admission(**options)
     held, short = await _held_and_short(adm)

@@ -175,7 +175,7 @@ async def test_models_budget_metrics(aiohttp_client, llm):
     assert budget["pool"]["total_blocks"] == 32 and budget["pool"]["reserved_blocks"] == 0
     assert budget["plan"]["kv"]["num_blocks"] == 32 and budget["plan"]["fits"] is True
     assert budget["queue"] == {"waiting": 0, "running": 0, "max_queue_wait_s": None,
-                               "max_queue_len": 256, "backfill": True, "backfilled": 0}
+                               "max_queue_len": 256, "backfill": False, "backfilled": 0}
     text = await (await client.get("/metrics")).text()
     for name in ("kvledger_kv_blocks_total 32.0", "kvledger_kv_blocks_reserved 0.0",
                  "kvledger_kv_blocks_used 0.0", "kvledger_requests_admitted_total",
@@ -254,7 +254,7 @@ async def test_max_queue_wait_holds_a_request_until_blocks_return(aiohttp_client
     assert await metric(client, "kvledger_queue_wait_seconds_count") == 1
 
 
-async def test_no_backfill_reaches_admission(aiohttp_client, llm):
-    client = await start_app(aiohttp_client, llm, backfill=False)
+async def test_backfill_reaches_admission(aiohttp_client, llm):
+    client = await start_app(aiohttp_client, llm, backfill=True)
     budget = await (await client.get("/v1/budget")).json()
-    assert budget["queue"]["backfill"] is False
+    assert budget["queue"]["backfill"] is True
