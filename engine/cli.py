@@ -10,6 +10,7 @@ import argparse
 import importlib
 import os
 import sys
+from importlib.metadata import version
 
 from kvledger.engine.errors import EXIT_BAD_INPUT, BadInput, KvledgerError
 
@@ -28,7 +29,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _usage() -> str:
-    lines = ["usage: kvledger COMMAND [FLAGS]", "", "commands:"]
+    lines = ["usage: kvledger COMMAND [FLAGS]", "       kvledger --version", "", "commands:"]
     lines += [f"  {name:<12} {help_text}" for name, (_, help_text) in SUBCOMMANDS.items()]
     lines += ["", "kvledger COMMAND --help shows a command's flags."]
     return "\n".join(lines)
@@ -64,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else EXIT_BAD_INPUT
+    if argv == ["--version"]:
+        # The installed distribution's version (pyproject.toml), as GET /version serves it.
+        print(f"kvledger {version('kvledger')}")
+        return 0
     if argv[0] not in SUBCOMMANDS:
         print(f"error: unknown command {argv[0]!r}\n\n{_usage()}", file=sys.stderr)
         return EXIT_BAD_INPUT

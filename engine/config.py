@@ -197,7 +197,9 @@ def _fraction(text: str) -> float:
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """The flags shared by plan/preflight/serve, named as vLLM names them."""
     g = parser.add_argument_group("model and workload")
-    g.add_argument("--model", required=True,
+    g.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                   help="the model, as `vllm serve MODEL` takes it: the same as --model")
+    g.add_argument("--model", default=None,
                    help="checkpoint directory (config.json + safetensors), or a Hugging Face "
                         "Hub model hf://ORG/NAME[@REVISION] (token: $HF_TOKEN, mirror: "
                         "$HF_ENDPOINT)")
@@ -225,7 +227,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=_positive_int, default=DEFAULT_BLOCK_SIZE)
     g.add_argument("--dtype", choices=DTYPES, default="auto")
     g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
-    g.add_argument("--enforce-eager", action="store_true")
+    g.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=False)
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="share the KV blocks of prompts that begin alike between requests, "
                         "as vLLM does by default")
@@ -238,7 +240,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     m = parser.add_argument_group("memory caps (the smallest one given wins)")
     m.add_argument("--memory-limit", dest="memory_limit_bytes", type=size_arg, default=None,
                    metavar="SIZE", help="hard limit on the engine's device memory, e.g. 40GiB")
-    m.add_argument("--gpu-memory-utilization", type=_fraction, default=None,
+    m.add_argument("--gpu-memory-utilization", "--device-memory-utilization", type=_fraction,
+                   default=None,
                    help="cap as a fraction of the device's TOTAL memory, in (0, 1]")
     m.add_argument("--num-gpu-blocks-override", type=_positive_int, default=None)
     m.add_argument("--kv-cache-memory-bytes", type=size_arg, default=None, metavar="SIZE")
@@ -262,4 +265,14 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
     """Build the config from parsed flags; unknown namespace attributes are ignored."""
     values = {f.name: getattr(args, f.name) for f in fields(EngineConfig) if hasattr(args, f.name)}
+    values["model"] = _model(getattr(args, "model_tag", None), getattr(args, "model", None))
     return EngineConfig(**values)
+
+
+def _model(positional: str | None, flag: str | None) -> str | None:
+    """``vllm serve MODEL`` and ``--model MODEL`` are one setting; two different models is
+    a launch line that means two things, so it is refused rather than one picked."""
+    if positional and flag and positional != flag:
+        raise BadInput(f"the model is given twice, {positional!r} and --model {flag!r}: "
+                       "give one")
+    return positional or flag

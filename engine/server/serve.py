@@ -30,6 +30,7 @@ from kvledger.engine.server.state import (
     STATE,
     ServeOptions,
 )
+from kvledger.engine.vllm_flags import add_vllm_flags
 
 log = logging.getLogger("kvledger.serve")
 
@@ -107,6 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"compile is a 400 (default {DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S:g})")
     s.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))
+    add_vllm_flags(parser)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -53,9 +53,11 @@ def test_closed_stdout_pipe_is_no_traceback(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(("argv", "flag"), [
-    (["plan", "--model", "/m", "--max-num-seq", "8"], "--max-num-seq 8"),
-    (["preflight", "--model", "/m", "--plan", "p.json"], "--plan p.json"),
-    (["serve", "--model", "/m", "--shutdown", "1"], "--shutdown 1"),
+    # The engine commands take the model as a positional too (`vllm serve MODEL`), so the
+    # stray value is read as one and the error names the flag alone.
+    (["plan", "--model", "/m", "--max-num-seq", "8"], "--max-num-seq"),
+    (["preflight", "--model", "/m", "--plan", "p.json"], "--plan"),
+    (["serve", "--model", "/m", "--shutdown", "1"], "--shutdown"),
     (["fetch", "--model", "hf://org/m", "--download", "/c"], "--download /c"),
     (["run", "service.yaml", "--preflight"], "--preflight"),
     (["make-model", "tiny-llama", "/m", "--forc"], "--forc"),

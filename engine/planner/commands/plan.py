@@ -16,11 +16,13 @@ from kvledger.engine.errors import EXIT_DOES_NOT_FIT, EXIT_OK
 from kvledger.engine.planner.hub.headers import planning_source
 from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.planner.report import render_report
+from kvledger.engine.vllm_flags import add_vllm_flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_flags(parser)
     parser.add_argument("--json", action="store_true", help="print only the plan JSON on stdout")
+    add_vllm_flags(parser)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ from kvledger.engine.planner.report import (
     render_report,
     truncate_utf8,
 )
+from kvledger.engine.vllm_flags import add_vllm_flags
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
@@ -40,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{DEFAULT_TERMINATION_LOG}, when the kubelet has mounted it)")
     # `kvledger run` turns it off: its pre-flight prints to a person, not to a pod's log.
     parser.set_defaults(log_plan_line=True)
+    add_vllm_flags(parser)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,0 +1,156 @@
+"""vLLM launch lines port as they are: each is planned (exit 0) or refused by name (exit 2,
+one line naming the flag), never argparse's ``unrecognized arguments`` (issue 23).
+
+The corpus is ``vllm serve`` lines from vLLM's docs and recipes, the hub model id
+replaced by a checkpoint the tests write (no network) and ``--device cpu`` added so the
+plan runs on this machine; context lengths are cut to the small model's 1024.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import pytest
+
+from kvledger.engine.cli import build_parser, main
+from kvledger.engine.config import config_from_args
+from kvledger.engine.errors import BadInput
+from kvledger.engine.vllm_flags import VLLM_SERVE_FLAGS
+
+ACCEPTED = None
+# (where the line comes from, the line after `vllm serve`, the flag it is refused by or None)
+LAUNCH_LINES = [
+    ("quickstart", "{model}", ACCEPTED),
+    ("quickstart: OpenAI-compatible server",
+     "{model} --dtype auto --api-key token-abc123", ACCEPTED),
+    ("serve --model form", "--model {model} --trust-remote-code", ACCEPTED),
+    ("engine args", "{model} --host 0.0.0.0 --port 8000 --max-num-seqs 256 "
+     "--uvicorn-log-level warning", ACCEPTED),
+    ("optimization: chunked prefill",
+     "{model} --enable-chunked-prefill --max-num-batched-tokens 2048", ACCEPTED),
+    ("memory: max-model-len",
+     "{model} --gpu-memory-utilization 0.9 --max-model-len 1024", ACCEPTED),
+    ("older recipes", "{model} --swap-space 16 --disable-log-requests", ACCEPTED),
+    ("prefix caching", "{model} --enable-prefix-caching --disable-log-stats", ACCEPTED),
+    ("served model name", "{model} --served-model-name llama --enforce-eager --seed 0 "
+     "--block-size 16", ACCEPTED),
+    ("distributed serving, one GPU",
+     "{model} --tensor-parallel-size 1 --pipeline-parallel-size 1 -dp 1", ACCEPTED),
+    ("recipes: trust remote code", "{model} --trust-remote-code --max-model-len 1024 "
+     "--dtype bfloat16 --disable-uvicorn-access-log", ACCEPTED),
+    ("distributed serving", "{model} --tensor-parallel-size 4", "--tensor-parallel-size"),
+    ("distributed serving: pipeline",
+     "{model} --pipeline-parallel-size 2", "--pipeline-parallel-size"),
+    ("DeepSeek-V3 recipe", "{model} -tp 8 --trust-remote-code", "-tp"),
+    ("data parallel deployment", "{model} --data-parallel-size 2", "--data-parallel-size"),
+    ("Qwen3 MoE recipe", "{model} -pp 2 --enable-expert-parallel", "-pp"),
+    ("quantization: AWQ", "{model} --quantization awq", "--quantization"),
+    ("quantization: FP8", "{model} --quantization fp8 --max-model-len 1024", "--quantization"),
+    ("LoRA adapters", "{model} --enable-lora --lora-modules sql-lora=/adapters/sql",
+     "--enable-lora"),
+    ("tool calling", "{model} --enable-auto-tool-choice --tool-call-parser llama3_json",
+     "--enable-auto-tool-choice"),
+    ("reasoning outputs", "{model} --reasoning-parser deepseek_r1", "--reasoning-parser"),
+    ("multimodal inputs", "{model} --limit-mm-per-prompt '{{\"image\": 2}}'",
+     "--limit-mm-per-prompt"),
+    ("Mistral", "{model} --tokenizer-mode mistral --config-format mistral "
+     "--load-format mistral", "--tokenizer-mode"),
+    ("speculative decoding", "{model} --speculative-config "
+     "'{{\"method\": \"ngram\", \"num_speculative_tokens\": 5}}'", "--speculative-config"),
+    ("gpt-oss recipe", "{model} --async-scheduling", "--async-scheduling"),
+    ("CPU offload", "{model} --cpu-offload-gb 10", "--cpu-offload-gb"),
+    ("sleep mode", "{model} --enable-sleep-mode", "--enable-sleep-mode"),
+    ("Gemma 2", "{model} --disable-sliding-window", "--disable-sliding-window"),
+]
+
+
+def _argv(line: str, model) -> list[str]:
+    return [*shlex.split(line.format(model=model)), "--device", "cpu"]
+
+
+@pytest.mark.parametrize(("source", "line", "refused_by"), LAUNCH_LINES,
+                         ids=[source for source, _, _ in LAUNCH_LINES])
+def test_launch_line_plans_or_is_refused_by_name(capsys, tiny_llama_dir, source, line,
+                                                 refused_by) -> None:
+    code = main(["plan", *_argv(line, tiny_llama_dir)])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments" not in err and "Traceback" not in err
+    if refused_by is None:
+        assert code == 0, err
+    else:
+        assert code == 2
+        assert err.count("\n") == 1 and re.match(f"error: {re.escape(refused_by)}[ :]", err)
+        assert "kvledger does not support" in err
+
+
+@pytest.mark.parametrize("command", ["preflight", "serve"])
+@pytest.mark.parametrize(("source", "line", "refused_by"), LAUNCH_LINES,
+                         ids=[source for source, _, _ in LAUNCH_LINES])
+def test_preflight_and_serve_read_the_line_as_plan_does(tiny_llama_dir, command, source,
+                                                        line, refused_by) -> None:
+    parser = build_parser(command)
+    if refused_by is None:
+        config = config_from_args(parser.parse_args(_argv(line, tiny_llama_dir)))
+        assert config.model == str(tiny_llama_dir)
+    else:
+        with pytest.raises(BadInput, match=f"^{re.escape(refused_by)}[ :].*kvledger does not support"):
+            parser.parse_args(_argv(line, tiny_llama_dir))
+
+
+@pytest.mark.parametrize("command", ["plan", "preflight", "serve"])
+def test_every_vllm_serve_flag_is_ruled(command) -> None:
+    """A flag vLLM adds later is refused as unsupported once listed; none is unrecognized."""
+    known = build_parser(command)._option_string_actions
+    missing = [flag for action in VLLM_SERVE_FLAGS for flag in action.split()
+               if flag not in known]
+    assert missing == []
+
+
+@pytest.mark.parametrize(("flag", "name"), [
+    ("--tensor-parallel-size", "tensor parallelism"), ("-tp", "tensor parallelism"),
+    ("--pipeline-parallel-size", "pipeline parallelism"), ("-pp", "pipeline parallelism"),
+    ("--data-parallel-size", "data parallelism"), ("-dp", "data parallelism")])
+def test_a_parallel_size_of_one_is_accepted_and_more_refused_by_name(flag, name) -> None:
+    parser = build_parser("plan")
+    assert config_from_args(parser.parse_args(["/m", flag, "1"])).model == "/m"
+    with pytest.raises(BadInput, match=f"^{flag} 2: kvledger does not support {name} yet"):
+        parser.parse_args(["/m", flag, "2"])
+
+
+def test_the_positional_model_is_the_model_flag() -> None:
+    parser = build_parser("serve")
+    assert config_from_args(parser.parse_args(["/m", "--port", "9000"])).model == "/m"
+    assert config_from_args(parser.parse_args(["/m", "--model", "/m"])).model == "/m"
+    with pytest.raises(BadInput, match="the model is given twice, '/m' and --model '/n'"):
+        config_from_args(parser.parse_args(["/m", "--model", "/n"]))
+    with pytest.raises(BadInput, match="--model is required"):
+        config_from_args(parser.parse_args([]))
+
+
+def test_vllm_aliases_of_kvledger_flags() -> None:
+    parser = build_parser("plan")
+    config = config_from_args(parser.parse_args(
+        ["/m", "--device-memory-utilization", "0.5", "--no-enforce-eager"]))
+    assert config.gpu_memory_utilization == 0.5 and config.enforce_eager is False
+    assert config_from_args(parser.parse_args(["/m", "--enforce-eager"])).enforce_eager
+
+
+def test_help_says_why_a_no_op_changes_nothing() -> None:
+    text = " ".join(build_parser("plan").format_help().split())
+    assert "--trust-remote-code vLLM's; accepted, changes nothing: kvledger runs its own code" in text
+    assert "--enable-chunked-prefill vLLM's; accepted, changes nothing" in text
+    assert "--enable-lora" not in text  # refused flags are not offered
+
+
+def test_a_flag_that_is_not_vllms_stays_a_one_line_error(capsys) -> None:
+    assert main(["plan", "/m", "--frobnicate"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--frobnicate" in err
+
+
+def test_version_prints_the_distribution_version(capsys) -> None:
+    from importlib.metadata import version
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"kvledger {version('kvledger')}\n"
