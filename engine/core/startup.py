@@ -10,6 +10,7 @@ import logging
 import torch
 
 from kvledger.engine.config import EngineConfig
+from kvledger.engine.core.cpu_threads import cap_torch_threads
 from kvledger.engine.errors import BadInput, DoesNotFit
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.model.config import ModelConfig
@@ -36,6 +37,7 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     if not plan.fits:
         raise DoesNotFit(render_report(plan), plan)
     device = torch_device(config.device)
+    cap_torch_threads(torch)  # a pod's CPU limit is a quota torch does not see
     tokenizer = Tokenizer(source.path)
     model = load_model(source.path, model_config, TORCH_DTYPES[plan.model_dtype], device)
     runner = ModelRunner(model, device, plan.max_model_len, plan.kv.block_size)
