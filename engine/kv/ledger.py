@@ -35,15 +35,13 @@ stays private. A request that needs the logits of every prompt position
 (``prompt_logprobs``) reserves with ``use_cached=False``: no hits, though its blocks are
 still registered for others.
 
-Figures, as the server and its metrics read them: ``used_blocks`` = in use;
-``reserved_blocks`` = in use + outstanding; ``free_blocks`` = ``num_blocks -
-reserved_blocks``, what admission may still claim (cached blocks included);
-``cached_blocks`` = cached (evictable). ``prefix_cache_queries`` and
-``prefix_cache_hits`` count tokens, as vLLM does: the prompt tokens of requests that
-could use the cache, and the tokens of the blocks they pinned. With caching off nothing
-is ever shared and every figure is as it was before: each reservation claims
-``blocks_for(prompt + cap)``; so does one made without prompt ids, though its request
-may still pin cached blocks as it starts.
+Figures: ``used_blocks`` = in use; ``reserved_blocks`` = in use + outstanding;
+``free_blocks`` = ``num_blocks - reserved_blocks``, what admission may still claim
+(cached blocks included); ``cached_blocks`` = cached (evictable); ``evicted_blocks``.
+``prefix_cache_queries``/``_hits`` count tokens, as vLLM does: the prompt tokens of
+requests that could use the cache, and those of the blocks they pinned. With caching off
+nothing is shared: each reservation claims ``blocks_for(prompt + cap)``; so does one made
+without prompt ids, though its request may still pin cached blocks as it starts.
 
 Thread-safe: the HTTP server reserves and releases on the asyncio thread while the
 engine draws, registers and releases in its worker thread; one lock guards it all.
@@ -96,8 +94,7 @@ class KVLedger:
         return self._pool.num_cached
 
     @property
-    def evicted_blocks(self) -> int:
-        """Cached blocks evicted so far (a draw found no free block)."""
+    def evicted_blocks(self) -> int:  # cached blocks a draw evicted, finding no free one
         return self._pool.num_evictions
 
     def blocks_for(self, num_tokens: int) -> int:

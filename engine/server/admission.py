@@ -7,20 +7,8 @@ the ledger's ``check_fits``), at once or after waiting in a FIFO line of at most
 ``max_queue_len`` (for at most ``max_queue_wait_s``, when set). Nobody overtakes the head
 of the line, so the blocks that come back accumulate for the oldest waiter: a large
 promise waits for those ahead of it, never for every smaller one that arrives after it.
-While the head waits for blocks to come back, the ones already free sit idle. With
-``backfill`` (``--backfill``, off by default) a later request may go ahead of the line
-(as batch schedulers backfill) when it
-fits in them now and will have finished, at one token per engine step, before the head
-can start: the head's start is the step by which the running requests, each decoding its
-remaining cap at a token a step, have given back what it lacks (a lower bound; a request
-that stops early only brings it closer). So, counted in steps, nobody in line starts later
-than without backfilling; a request that cannot finish in time waits its turn. Counted in
-seconds they can: each step is slower with more requests in it, and under bench/serving.py's
-overload backfilling cut the short requests' latency by 3.5x but raised the p99 by 29%, made
-latency depend on the size of the promise, and did not raise goodput; strict FIFO stays
-the default. ``prefill_tokens_per_step`` (the engine's token budget per step)
-counts a long prompt's prefill steps; backfilling stops while ``max_num_seqs`` requests
-are admitted, since one waiting for a seat would not decode at that rate.
+With ``--backfill`` a later request done before the head can start may go first
+(``due_back.py``).
 A refusal (the line full, or the wait over) carries the wait after which enough blocks are due
 back: the running requests' remaining caps at the observed decode rate, soonest first,
 with jitter so rejected clients do not return in lock-step. ``done`` forgets the
@@ -37,7 +25,6 @@ is too large for the pool (400) never depends on what happens to be cached.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import math
 import random
 import time
@@ -49,6 +36,7 @@ from typing import Any
 from kvledger.engine.core.request import output_cap
 from kvledger.engine.errors import CapTooLarge, PoolTooSmall, PromptTooLong
 from kvledger.engine.server.api_errors import ApiError
+from kvledger.engine.server.due_back import head_start_step, seconds_until_freed, steps_to_finish
 
 # At most this many requests wait in line for a reservation (--max-queue-len); one more is
 # a 429 whose Retry-After counts the blocks of every request ahead of it.
@@ -177,8 +165,7 @@ class Admission:
                                 f"lower max_tokens{' or n' if n > 1 else ''}",
                            code="kv_pool_too_small", param="max_tokens",
                            reason="over_pool") from None
-        steps = cap_tokens + (math.ceil(prompt_tokens / self.prefill_tokens_per_step) - 1
-                              if self.prefill_tokens_per_step else 0)
+        steps = steps_to_finish(prompt_tokens, cap_tokens, self.prefill_tokens_per_step)
         waiter = _Waiter(request_id, prompt_tokens, cap_tokens, tokens, n, blocks, steps,
                          prompt_token_ids, use_cached, salt)
         # Nobody overtakes a live waiter (departed ones do not count) unless it is done
@@ -294,24 +281,11 @@ class Admission:
                 waiter.future.set_result(self._grant(waiter, reservations))
 
     def _head_start_step(self) -> int | None:
-        """The soonest engine step at which the head of the line can be reserved, if the
-        running requests decode their remaining caps at a token a step (early stops
-        only bring it closer); None when no live head waits or it cannot be told (blocks
-        held outside this server's tickets)."""
+        """The soonest step the live head of the line can start (``head_start_step``);
+        None when none waits or it cannot be told."""
         head = next((w for w in self._waiters if not w.gone), None)
-        if head is None:
-            return None
-        deficit = head.blocks - self.ledger.free_blocks
-        if deficit <= 0:
-            return 0
-        due = sorted(self.running.values(), key=lambda ticket: ticket.remaining_tokens)
-        returned = self.ledger.blocks_returned([ticket.reservations for ticket in due])
-        freed = 0
-        for ticket, blocks in zip(due, returned, strict=True):
-            freed += blocks
-            if freed >= deficit:
-                return ticket.remaining_tokens
-        return None
+        return None if head is None else head_start_step(head.blocks, self.ledger,
+                                                         self.running.values())
 
     def _backfill(self, waiter: _Waiter, head_start: int | None) -> list[Any] | None:
         """``waiter``'s reservations when it may go ahead of the line: it fits now and
@@ -350,36 +324,16 @@ class Admission:
 
     # -- Retry-After ----------------------------------------------------------------
     def estimate_wait_s(self, blocks: int, ahead_blocks: int | None = None) -> float:
-        """Seconds until ``blocks`` (behind ``ahead_blocks`` already queued) can be reserved.
-
-        Admitted requests return their blocks when they reach their cap at the observed
-        per-sequence decode rate, at most ``max_num_seqs`` at a time in admission order
-        (the engine's own FIFO); they are taken soonest first until the deficit is met.
-        """
+        """Seconds until ``blocks`` (behind ``ahead_blocks`` already queued) can be reserved,
+        as the admitted requests reach their caps (``seconds_until_freed``)."""
         if ahead_blocks is None:
             ahead_blocks = sum(w.blocks for w in self._waiters if not w.gone)
         deficit = blocks + ahead_blocks - self.ledger.free_blocks
         if deficit <= 0:
             return 0.0
         rate = self._decode_tokens_per_s() or DEFAULT_DECODE_TOKENS_PER_S
-        slots = [0.0] * min(self.max_num_seqs or len(self.running), len(self.running))
-        due = []
-        for ticket in self.running.values():  # dicts keep admission order
-            start = heapq.heappop(slots)
-            end = start + ticket.remaining_tokens / rate
-            heapq.heappush(slots, end)
-            due.append((end, ticket))
-        due.sort(key=lambda item: item[0])
-        # What each release really gives back: a block shared with a later finisher (a
-        # cached prefix several chats pinned) comes back with the last of them.
-        returned = self.ledger.blocks_returned([ticket.reservations for _, ticket in due])
-        freed = 0
-        for (seconds, _), blocks in zip(due, returned, strict=True):
-            freed += blocks
-            if freed >= deficit:
-                return seconds
-        # Blocks held outside this server's tickets (or nothing running): the last return.
-        return due[-1][0] if due else 1.0
+        return seconds_until_freed(deficit, list(self.running.values()), self.ledger, rate,
+                                   self.max_num_seqs)
 
     def rejection(self, blocks: int, ahead_blocks: int | None = None) -> ApiError:
         """The 429 for a request of ``blocks``, with a jittered, estimated Retry-After."""
