@@ -173,8 +173,8 @@ class Admission:
         if not self._queued:
             reservations = waiter.try_reserve(self.ledger)
         else:
-            reservations = self._backfill(waiter, self._head_start_step())
-        if reservations is None:
+            reservations = self.backfill and self._backfill(waiter, self._head_start_step())
+        if not reservations:  # None, or False with backfilling off
             return await self._wait_in_line(waiter)
         return self._grant(waiter, reservations)
 
@@ -268,6 +268,8 @@ class Admission:
             head.future.set_result(self._grant(head, reservations))
         else:
             return
+        if not self.backfill:  # strict FIFO: nothing to work out on each step
+            return
         start = self._head_start_step()
         for waiter in list(self._waiters)[1:]:
             if start is None:
@@ -290,8 +292,8 @@ class Admission:
     def _backfill(self, waiter: _Waiter, head_start: int | None) -> list[Any] | None:
         """``waiter``'s reservations when it may go ahead of the line: it fits now and
         finishes (with a step to spare) before the head can start; else None."""
-        if (not self.backfill or head_start is None or waiter.steps + 1 > head_start
-                or (self.max_num_seqs is not None and len(self.running) >= self.max_num_seqs)):
+        seated = self.max_num_seqs is None or len(self.running) < self.max_num_seqs
+        if head_start is None or waiter.steps + 1 > head_start or not seated:
             return None
         reservations = waiter.try_reserve(self.ledger)
         if reservations is not None:
