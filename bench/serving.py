@@ -69,6 +69,8 @@ from kvledger.engine.model.builtin import SPECIAL_TOKENS
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "small-llama"
 BACKFILL = "kvledger-backfill"  # kvledger serve --backfill (--backfill-too, overload only)
+SAFE = "kvledger-safe"  # kvledger serve --admission safe (--safe-too, overload only)
+VARIANTS = {BACKFILL: ["--backfill"], SAFE: ["--admission", "safe"]}
 VOCAB_SIZE = 1024
 SERVE_FLAGS = ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "32",
                "--block-size", "32", "--enforce-eager"]
@@ -385,9 +387,9 @@ def server_command(system: str, vllm: str | None, model_dir: str, port: int, blo
             "--served-model-name", MODEL]
     if system.startswith("kvledger"):
         kvledger = os.path.join(os.path.dirname(sys.executable), "kvledger")
-        backfill = ["--backfill"] if system == BACKFILL else []
+        extra = VARIANTS.get(system, [])
         return ([kvledger, "serve", "--model", model_dir, "--device", "cpu", *SERVE_FLAGS, *pool,
-                 *backfill, "--log-level", "warning"], {})
+                 *extra, "--log-level", "warning"], {})
     quiet = ["--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"]
     details = ["--enable-logging-iteration-details"] if iteration_log else []
     return [*vllm_command(vllm), model_dir, *SERVE_FLAGS, *pool, *quiet, *details], VLLM_ENV
@@ -590,6 +592,7 @@ async def overload_one(system: str, server: Server, groups: list[int], args) -> 
                                              reason="kv_cache_full"),
             "requests_failed": metric(samples, "kvledger_requests_failed_total"),
             "backfilled": metric(samples, "kvledger_requests_backfilled_total"),
+            "draws_refused": metric(samples, "kvledger_kv_draws_refused_total"),
             "blocks_reserved_idle": metric(samples, "kvledger_kv_blocks_reserved"),
             "preemption_metrics": sorted({n for n, _, _ in samples if "preempt" in n}),
         }
@@ -628,14 +631,15 @@ def tables(report: dict) -> str:
     lines += ["", f"Other processes on the machine used {_cores(report['part1_other_cpu_cores'])} "
               "during part 1."]
     kv, vl = report["overload"]["kvledger"], report["overload"]["vllm"]
-    backfilled = report["overload"].get(BACKFILL)
+    variants = [(v, report["overload"][v]) for v in VARIANTS if report["overload"].get(v)]
     lines += ["", f"Part 2, overload ({OVERLOAD_POOL_BLOCKS} blocks of 32): {cfg['clients']} "
               f"clients for {cfg['overload_seconds']:g} s, deadline {cfg['deadline_seconds']:g} s",
-              "", "| | kvledger | vLLM |" + (" kvledger --backfill |" if backfilled else ""),
-              "|---|---:|---:|" + ("---:|" if backfilled else "")]
+              "", "| | kvledger | vLLM |" + "".join(f" kvledger {' '.join(VARIANTS[v])} |"
+                                                     for v, _ in variants),
+              "|---|---:|---:|" + "---:|" * len(variants)]
 
     def row(label: str, show) -> None:
-        extra = f" {show(backfilled)} |" if backfilled else ""
+        extra = "".join(f" {show(r)} |" for _, r in variants)
         lines.append(f"| {label} | {show(kv)} | {'-' if vl is None else show(vl)} |{extra}")
 
     row("requests sent in the window", lambda r: r["sent"])
@@ -660,17 +664,18 @@ def tables(report: dict) -> str:
     preemptions = "-" if vl is None else f"{vl['server']['preemptions']:g}"
     recomputed = "-" if vl is None else vl["server"]["recomputed_tokens"]
     lines.append(f"| preemptions | none: no preemption counter | {preemptions} |"
-                 + (" none |" if backfilled else ""))
+                 + " none |" * len(variants))
     lines.append(f"| recomputed tokens | 0: nothing is preempted | {recomputed} |"
-                 + (" 0 |" if backfilled else ""))
+                 + " 0 |" * len(variants))
 
     def own(label: str, show) -> None:
-        extra = f" {show(backfilled['server'])} |" if backfilled else ""
+        extra = "".join(f" {show(r['server'])} |" for _, r in variants)
         lines.append(f"| {label} | {show(kv['server'])} | - |{extra}")
 
     own("kvledger_requests_rejected_total (kv_cache_full)",
         lambda r: f"{r['requests_rejected']:g} ({r['rejected_kv_cache_full']:g})")
     own("kvledger_requests_backfilled_total", lambda r: f"{r['backfilled']:g}")
+    own("kvledger_kv_draws_refused_total (steps paused)", lambda r: f"{r['draws_refused']:g}")
     own("kvledger_kv_blocks_reserved once idle", lambda r: f"{r['blocks_reserved_idle']:g}")
     lines.append("")
     for c in report["claims"]:
@@ -689,8 +694,8 @@ async def bench(args) -> dict:
                         MODEL, model_dir], check=True, stdout=subprocess.DEVNULL)
         systems = ["kvledger"] + (["vllm"] if args.vllm else [])
         rates, part1_other_cpu = await part1(systems, args, model_dir, tmp)
-        loads = await overload(systems + ([BACKFILL] if args.backfill_too else []), args,
-                               model_dir, tmp)
+        variants = [BACKFILL] * args.backfill_too + [SAFE] * args.safe_too
+        loads = await overload(systems + variants, args, model_dir, tmp)
     part1_rows = []
     for c in args.concurrency:
         (kv, kv_spread), (vllm, vllm_spread) = rates["kvledger"][c], rates.get("vllm", {}).get(
@@ -705,7 +710,7 @@ async def bench(args) -> dict:
                        "noise_margin": NOISE_MARGIN},
             "vllm_found": bool(args.vllm), "part1": part1_rows,
             "overload": {"kvledger": loads["kvledger"], "vllm": loads.get("vllm"),
-                         BACKFILL: loads.get(BACKFILL)},
+                         **{v: loads.get(v) for v in VARIANTS}},
             "claims": claims(part1_rows, loads["kvledger"], loads.get("vllm"))}
 
 
@@ -722,6 +727,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backfill-too", action="store_true",
                         help="also run the overload on kvledger serve --backfill")
+    parser.add_argument("--safe-too", action="store_true",
+                        help="also run the overload on kvledger serve --admission safe")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     asked = args.vllm

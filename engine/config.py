@@ -17,6 +17,7 @@ from kvledger.engine.planner.hub.repo import is_hub_uri, parse_uri
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
 DEVICES = ("auto", "cuda", "cpu")
+ADMISSIONS = ("reserve", "safe")  # --admission: engine/kv/ledger.py and engine/kv/safety.py
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_NUM_SEQS = 16
@@ -72,6 +73,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
+    admission: str = "reserve"  # or "safe": over-commit KV while every request can finish
     gpu_memory_utilization: float | None = None
     num_gpu_blocks_override: int | None = None
     kv_cache_memory_bytes: int | None = None
@@ -101,6 +103,9 @@ class EngineConfig:
             raise BadInput(f"--max-num-batched-tokens {self.max_num_batched_tokens} is below "
                            f"--max-num-seqs {self.max_num_seqs}: every running sequence decodes "
                            "one token per step")
+        if self.admission not in ADMISSIONS:
+            raise BadInput(f"--admission must be one of {', '.join(ADMISSIONS)}, got "
+                           f"{self.admission!r}")
         if self.device_free_bytes is not None and self.device_free_bytes < 0:
             raise BadInput("--device-free must not be negative")
         if (self.device_free_bytes is not None and self.device_memory_bytes is not None
@@ -231,6 +236,14 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="share the KV blocks of prompts that begin alike between requests, "
                         "as vLLM does by default")
+    g.add_argument("--admission", choices=ADMISSIONS, default="reserve",
+                   help="reserve (default): a request is admitted once prompt + max_tokens of "
+                        "KV is free, and holds it to the end. safe: admitted while every "
+                        "request admitted can still reach its max_tokens in some order (the "
+                        "banker's algorithm); KV blocks are drawn as tokens need them and a "
+                        "request whose next block would break that pauses a step, keeping its "
+                        "KV: more requests run in the same pool, none is preempted or "
+                        "recomputed, none fails mid-decode")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--grammar-cache-bytes", type=size_arg, default=DEFAULT_GRAMMAR_CACHE_BYTES,
                    metavar="SIZE",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kvledger.engine.config import DTYPES, KV_CACHE_DTYPES, SIZE_RE
+from kvledger.engine.config import ADMISSIONS, DTYPES, KV_CACHE_DTYPES, SIZE_RE
 from kvledger.engine.planner.hub.repo import HUB_URI_RE
 from kvledger.operator.quantity import TARGET_PATTERN
 from kvledger.operator.resource import (
@@ -128,6 +128,11 @@ _ENGINE = _ruled({
         "enforceEager": {"type": "boolean"},
         "enablePrefixCaching": {"type": "boolean", "description": "share computed prompt "
                                 "blocks between requests (default true)"},
+        "admission": {"type": "string", "enum": list(ADMISSIONS),
+                      "description": "reserve (default): a request holds prompt + max_tokens of "
+                                     "KV from admission to its end; safe: more run at once, "
+                                     "admitted while every request can still reach its cap "
+                                     "(--admission)"},
         "seed": {"type": "integer", "minimum": 0},
     },
 }, "engine")

@@ -45,6 +45,7 @@ _ENGINE_FIELDS = {
     "kvCacheDtype": "kv_cache_dtype",
     "enforceEager": "enforce_eager",
     "enablePrefixCaching": "enable_prefix_caching",
+    "admission": "admission",
     "seed": "seed",
 }
 _MEMORY_FIELDS = {

@@ -5,7 +5,9 @@ first the prompts already started, then waiting ones (first come, first served) 
 blocks: the others start once the first has computed them (``KVLedger.share_prompt``).
 
 Every sequence was admitted with a reservation for its whole life, so scheduling never
-preempts: it only draws the physical blocks the step's tokens need from the ledger. A
+preempts: it only draws the physical blocks the step's tokens need from the ledger. With
+``--admission safe`` the ledger may refuse a draw that would leave some request unable to
+finish: that sequence pauses for the step, keeping its blocks, and is never recomputed. A
 prompt starts its first chunk after the blocks the prefix cache holds for it: those its
 reservation pinned at admission, and those cached since, pinned as it starts.
 """
@@ -82,10 +84,20 @@ class Scheduler:
             self.running[seq.request_id] = seq
             prefills.append(self._chunk(seq, budget_tokens))
             budget_tokens -= prefills[-1].length
+        return self._draw(prefills, decodes)
+
+    def _draw(self, prefills: list[PrefillChunk], decodes: list[Sequence]) -> ScheduledBatch:
+        """Draw the blocks this step's tokens need, oldest request first. Reserving, every
+        draw succeeds; over-committing (``--admission safe``) one may be refused: the
+        chunk shrinks to the blocks drawn and a decode pauses, keeping its blocks."""
+        wanted = {c.seq.request_id: c.start + c.length for c in prefills}
+        wanted.update((s.request_id, s.num_tokens) for s in decodes)  # a slot for its token
+        held = {request_id: self.ledger.grow(seq.reservation, wanted[request_id])
+                for request_id, seq in self.running.items() if request_id in wanted}
         for chunk in prefills:
-            self.ledger.grow(chunk.seq.reservation, chunk.start + chunk.length)
-        for seq in decodes:
-            self.ledger.grow(seq.reservation, seq.num_tokens)  # a slot for this step's token
+            chunk.length = min(chunk.length, held[chunk.seq.request_id] - chunk.start)
+        prefills = [c for c in prefills if c.length > 0]
+        decodes = [s for s in decodes if held[s.request_id] >= s.num_tokens]
         return ScheduledBatch(prefills, decodes)
 
     @staticmethod

@@ -56,7 +56,8 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     pool_bytes = runner.allocate_kv_cache(kv.num_blocks, kv.dtype)
     log.info("KV pool: %d blocks x %d tokens (%d bytes)", kv.num_blocks, kv.block_size, pool_bytes)
     ledger = KVLedger(kv.num_blocks, kv.block_size,
-                      enable_prefix_caching=config.enable_prefix_caching)
+                      enable_prefix_caching=config.enable_prefix_caching,
+                      overcommit=config.admission == "safe", max_live=measured_plan.max_num_seqs)
     return measured_plan, tokenizer, runner, ledger
 
 

@@ -7,41 +7,41 @@ running request can never run out of KV mid-decode.
 
 Accounting. Each physical block is in use (held by a reservation), cached (held by none
 but registered, so it can be pinned again; see ``block_pool``) or free. The ledger keeps
-
-    in_use + outstanding <= num_blocks
-
-where ``outstanding`` is the draws all live reservations may still make:
+``in_use + outstanding <= num_blocks``, ``outstanding`` being the draws all live
+reservations may still make:
 
 - admission adds the request's draws (per choice) and the hits it pins that were cached
   (ref 0 -> 1; a hit already in use costs nothing, and ``n`` choices pinning the same
   block count it once); it succeeds iff the sum stays within the pool. Cached blocks
   thus count as free for admission, and a pinned block cannot be evicted;
-- a request about to start pins the blocks cached since its admission (``pin_cached``):
-  each replaces one of its draws, so the sum stays or drops;
-- a draw moves one block from outstanding to in use, leaving the sum unchanged; since
-  the drawing reservation had one outstanding, ``in_use < num_blocks``: a free or cached
-  block exists. An admitted request never fails to draw; a cached block is evicted, least
-  recently released first, only when no free block is left;
+- a request about to start pins the blocks cached since its admission (``pin_cached``),
+  each in place of a draw;
+- a draw moves one block from outstanding to in use: it never fails, and evicts a cached
+  block, least recently released first, only when no free block is left;
 - a release drops each of its blocks' reference counts (at zero a registered block is
   cached, an unregistered one free) and gives up the draws it did not make.
+
+``--admission safe`` (``overcommit``) drops the invariant for a weaker one that keeps the
+promise: admissions, draws and pins are allowed while every live reservation can still
+reach its cap in some order (``safety.py``, the banker's algorithm); a draw that would
+break that is refused (``grow`` returns short) and its request pauses a step.
 
 A pinned block is never written: hits are whole blocks before the prompt's last token
 (when every prompt block is cached the last hit is dropped, so at least one token is
 computed and gives the logits), the sequence starts its prefill after them and writes
 only blocks it drew. ``register`` makes a drawn block findable once it is full and its
-K/V computed (prompt blocks as chunks complete them, and blocks of generated tokens, so
-a chat that re-sends its history hits); when its key already names another block it
-stays private. A request that needs the logits of every prompt position
-(``prompt_logprobs``) reserves with ``use_cached=False``: no hits, though its blocks are
-still registered for others.
+K/V computed (prompt blocks, and blocks of generated tokens, so a chat that re-sends its
+history hits); when its key already names another block it stays private. A request that
+needs the logits of every prompt position (``prompt_logprobs``) reserves with
+``use_cached=False``: no hits, though its blocks are still registered for others.
 
 Figures: ``used_blocks`` = in use; ``reserved_blocks`` = in use + outstanding;
 ``free_blocks`` = ``num_blocks - reserved_blocks``, what admission may still claim
-(cached blocks included); ``cached_blocks`` = cached (evictable); ``evicted_blocks``.
-``prefix_cache_queries``/``_hits`` count tokens, as vLLM does: the prompt tokens of
-requests that could use the cache, and those of the blocks they pinned. With caching off
-nothing is shared: each reservation claims ``blocks_for(prompt + cap)``; so does one made
-without prompt ids, though its request may still pin cached blocks as it starts.
+(cached blocks included; negative when over-committed); ``cached_blocks`` = cached
+(evictable); ``evicted_blocks``. ``prefix_cache_queries``/``_hits`` count tokens, as vLLM
+does. With caching off nothing is shared: each reservation claims ``blocks_for(prompt +
+cap)``; so does one made without prompt ids, though its request may still pin cached
+blocks as it starts.
 
 Thread-safe: the HTTP server reserves and releases on the asyncio thread while the
 engine draws, registers and releases in its worker thread; one lock guards it all.
@@ -54,7 +54,9 @@ from collections.abc import Sequence
 
 from kvledger.engine.errors import BadInput, PoolTooSmall
 from kvledger.engine.kv.block_pool import BlockHash, BlockPool, hash_block, hash_blocks, salt_root
+from kvledger.engine.kv.claims import blocks_for, prompt_keys, shareable_blocks
 from kvledger.engine.kv.reservation import PromptShare, Reservation
+from kvledger.engine.kv.safety import Overcommit
 
 
 class KVLedger:
@@ -62,8 +64,8 @@ class KVLedger:
     ``try_reserve``, ``pin_cached``, ``grow``, ``register``, ``release`` (see the module
     docstring)."""
 
-    def __init__(self, num_blocks: int, block_size: int, *,
-                 enable_prefix_caching: bool = False) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
+                 overcommit: bool = False, max_live: int | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise BadInput(f"a KV pool needs >= 1 block of >= 1 token, got {num_blocks} x {block_size}")
         self.num_blocks = num_blocks
@@ -73,6 +75,8 @@ class KVLedger:
         self.prefix_cache_hits = 0     # tokens
         self._pool = BlockPool(num_blocks)
         self._outstanding = 0
+        # --admission safe: admit and draw while every request can still finish (safety.py).
+        self.overcommit = Overcommit(num_blocks, block_size, max_live) if overcommit else None
         self._lock = threading.Lock()
 
     # -- figures ------------------------------------------------------------------------
@@ -94,11 +98,15 @@ class KVLedger:
         return self._pool.num_cached
 
     @property
+    def paused_reservations(self) -> int:  # refused a draw on their last try (--admission safe)
+        return len(self.overcommit.paused) if self.overcommit else 0
+
+    @property
     def evicted_blocks(self) -> int:  # cached blocks a draw evicted, finding no free one
         return self._pool.num_evictions
 
     def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return blocks_for(num_tokens, self.block_size)
 
     # -- admission ----------------------------------------------------------------------
     def try_reserve(self, num_tokens: int, prompt_token_ids: Sequence[int] | None = None, *,
@@ -123,12 +131,18 @@ class KVLedger:
         root = salt_root(salt)
         needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached,
                                                 root)
-        full = self._shareable(count, prompt_token_ids, use_cached)
+        full = self._shareable(count, len(prompt_token_ids or ()), use_cached)
         with self._lock:
             hits, cost = self._hits(hashes[:lookups or 0], needed, count)
             shared = max(0, full - len(hits))
             cost -= shared * (count - 1)
-            if self._pool.num_in_use + self._outstanding + cost > self.num_blocks:
+            if self.overcommit is None:
+                if self._pool.num_in_use + self._outstanding + cost > self.num_blocks:
+                    return None
+            elif not self.overcommit.admits(self._pool.num_in_use, self._outstanding,
+                                            self._pool.ref_counts, count, needed - len(hits),
+                                            hits, cost - (needed - len(hits)) * count,
+                                            len(prompt_token_ids or ()), num_tokens):
                 return None
             for block in hits:
                 self._pool.pin(block, count)
@@ -136,31 +150,31 @@ class KVLedger:
             if lookups is not None:  # the cache was usable for this prompt
                 self.prefix_cache_queries += len(prompt_token_ids) * count
                 self.prefix_cache_hits += len(hits) * self.block_size * count
-        prompt = prompt_token_ids if self.enable_prefix_caching else None
-        reservations = [Reservation(needed, hits, self.block_size, hashes, prompt, root)
-                        for _ in range(count)]
+            prompt = prompt_token_ids if self.enable_prefix_caching else None
+            reservations = [Reservation(needed, hits, self.block_size, hashes, prompt, root)
+                            for _ in range(count)]
+            if self.overcommit is not None:
+                self.overcommit.admit(reservations, len(prompt_token_ids or ()), num_tokens)
         if shared:
-            share = PromptShare(reservations[0], reservations[1:], len(hits), len(hits) + shared)
-            for reservation in reservations:
-                reservation.share = share
-            for reservation in share.waiting:
-                reservation.draws_left -= shared
+            PromptShare.begin(reservations, len(hits), len(hits) + shared)
         return reservations
-
-    def _shareable(self, count: int, prompt_token_ids: Sequence[int] | None,
-                   use_cached: bool) -> int:
-        """The full prompt blocks ``count`` choices can share: those before the block of
-        the prompt's last token, which each choice computes itself (its logits start it)."""
-        if count < 2 or not prompt_token_ids or not use_cached:
-            return 0
-        return (len(prompt_token_ids) - 1) // self.block_size
 
     def blocks_for_choices(self, num_tokens: int, count: int, prompt_tokens: int,
                            share: bool) -> int:
         """What ``count`` choices of ``num_tokens`` (prompt + cap) claim with nothing
         cached: the shared prompt blocks (``share``) once."""
-        shared = (prompt_tokens - 1) // self.block_size if share and count > 1 else 0
+        shared = self._shareable(count, prompt_tokens, share)
         return self.blocks_for(num_tokens) * count - shared * (count - 1)
+
+    def _shareable(self, count: int, prompt_tokens: int, share: bool) -> int:
+        # Over-committing, choices do not share: the safety check does not follow shares.
+        share = share and self.overcommit is None
+        return shareable_blocks(count, prompt_tokens, self.block_size, share)
+
+    def _prepare(self, num_tokens: int, count: int, prompt_token_ids: Sequence[int] | None,
+                 use_cached: bool, root: BlockHash | None) -> tuple[int, list[BlockHash], int | None]:
+        return prompt_keys(num_tokens, count, prompt_token_ids, self.block_size,
+                           caching=self.enable_prefix_caching, use_cached=use_cached, root=root)
 
     def check_fits(self, num_tokens: int, count: int = 1, prompt_tokens: int = 0, *,
                    share: bool = False) -> int:
@@ -179,28 +193,10 @@ class KVLedger:
         blocks it would pin); without a prompt or caching, ``count * blocks_for``."""
         needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached,
                                                 salt_root(salt))
-        full = self._shareable(count, prompt_token_ids, use_cached)
+        full = self._shareable(count, len(prompt_token_ids or ()), use_cached)
         with self._lock:
             hits, cost = self._hits(hashes[:lookups or 0], needed, count)
             return cost - max(0, full - len(hits)) * (count - 1)
-
-    def _prepare(self, num_tokens: int, count: int, prompt_token_ids: Sequence[int] | None,
-                 use_cached: bool, root: BlockHash | None) -> tuple[int, list[BlockHash], int | None]:
-        """Blocks per reservation, the keys of the prompt's full blocks (computed outside
-        the lock: hashing is the slow part) and how many of them may be hits (None when
-        the cache is not consulted at all)."""
-        if num_tokens < 1 or count < 1:
-            raise BadInput(f"a reservation needs at least one token, got {count} x {num_tokens}")
-        if not self.enable_prefix_caching or not prompt_token_ids:
-            return self.blocks_for(num_tokens), [], None
-        if len(prompt_token_ids) > num_tokens:
-            raise BadInput(f"a prompt of {len(prompt_token_ids)} tokens does not fit a "
-                           f"reservation of {num_tokens}")
-        bs = self.block_size
-        hashes = hash_blocks(prompt_token_ids, bs, len(prompt_token_ids) // bs, root)
-        # The last prompt token is always computed: it gives the first output's logits.
-        lookups = (len(prompt_token_ids) - 1) // bs if use_cached else None
-        return self.blocks_for(num_tokens), hashes, lookups
 
     def _hits(self, hashes: list[BlockHash], needed: int, count: int) -> tuple[list[int], int]:
         """The cached blocks the keys find (up to the first miss), and what admitting
@@ -259,10 +255,16 @@ class KVLedger:
         with self._lock:
             if reservation.released:
                 return reservation.num_cached_tokens
+            found = []
             for block_hash in hashes[start:lookups]:
                 block = self._pool.lookup(block_hash)
                 if block is None:
                     break
+                found.append(block)
+            if self.overcommit is not None and not self.overcommit.may_pin(
+                    reservation, found, self._pool.num_in_use, self._pool.ref_counts):
+                found = []  # it draws them instead, as the check allows
+            for block in found:
                 self._pool.pin(block)
                 reservation.block_ids.append(block)
                 reservation.draws_left -= 1
@@ -273,19 +275,31 @@ class KVLedger:
             reservation.num_cached_tokens = cached * self.block_size
         return reservation.num_cached_tokens
 
-    def grow(self, reservation: Reservation, num_tokens: int) -> None:
-        """Make the reservation hold physical blocks for its first ``num_tokens`` tokens."""
+    def grow(self, reservation: Reservation, num_tokens: int) -> int:
+        """Make the reservation hold physical blocks for its first ``num_tokens`` tokens;
+        returns the tokens it now holds blocks for: ``num_tokens``, or fewer under
+        ``--admission safe`` when a draw would leave some request unable to finish (the
+        reservation is then paused until a draw succeeds)."""
         needed = self.blocks_for(num_tokens)
         if needed > reservation.num_blocks:
             raise RuntimeError(f"{reservation!r} cannot hold {num_tokens} tokens")  # engine bug
         if reservation.released:
             raise RuntimeError("grow() on a released reservation")
+        safety = self.overcommit
         with self._lock:
             while len(reservation.block_ids) < needed:
-                # Never fails: in_use + outstanding <= num_blocks and this one is outstanding.
+                if safety is not None and not safety.may_draw(
+                        reservation, self._pool.num_in_use, self._outstanding,
+                        self._pool.ref_counts):
+                    safety.pause(reservation)
+                    return len(reservation.block_ids) * self.block_size
+                # Never fails: reserving, this draw is in outstanding; else checked above.
                 reservation.block_ids.append(self._pool.draw())
                 reservation.draws_left -= 1
                 self._outstanding -= 1
+            if safety is not None:
+                safety.advance(reservation, num_tokens)
+        return num_tokens
 
     def register(self, reservation: Reservation, token_ids: Sequence[int],
                  num_computed_tokens: int) -> None:
@@ -312,19 +326,9 @@ class KVLedger:
         waiting for them, which then start after them. Returns those choices."""
         with self._lock:
             share = owner.share
-            if share is None or share.owner is not owner or not share.waiting or owner.released:
+            if share is None or share.owner is not owner or owner.released:
                 return []
-            blocks = owner.block_ids[share.start:share.end]
-            if len(blocks) != share.end - share.start:
-                raise RuntimeError("share_prompt() before the owner drew its prompt")  # engine bug
-            waiting, share.waiting = share.waiting, []
-            for reservation in waiting:
-                for block in blocks:
-                    self._pool.pin(block)
-                reservation.block_ids.extend(blocks)
-                reservation.num_cached_blocks = reservation.num_registered_blocks = share.end
-                reservation.num_cached_tokens = share.end * self.block_size
-            return waiting
+            return share.hand_out(self._pool, self.block_size)
 
     def release(self, reservation: Reservation) -> None:
         """Give back the reservation's blocks and undrawn claim; a second call does nothing.
@@ -334,14 +338,10 @@ class KVLedger:
             if reservation.released:
                 return
             reservation.released = True
-            share = reservation.share
-            if share is not None and share.waiting:
-                if share.owner is reservation:
-                    share.owner = heir = share.waiting.pop(0)
-                    heir.draws_left += share.end - share.start
-                    self._outstanding += share.end - share.start
-                else:
-                    share.waiting.remove(reservation)
+            if self.overcommit is not None:
+                self.overcommit.forget(reservation)
+            if reservation.share is not None:
+                self._outstanding += reservation.share.leave(reservation)
             # The tail first: it is evicted before the head, which stays useful without it.
             for block in reversed(reservation.block_ids):
                 self._pool.unpin(block)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvledger.engine.kv.block_pool import BlockHash
+from kvledger.engine.kv.block_pool import BlockHash, BlockPool
 
 
 class PromptShare:
@@ -26,6 +26,44 @@ class PromptShare:
 
     def __init__(self, owner: Reservation, waiting: list[Reservation], start: int, end: int) -> None:
         self.owner, self.waiting, self.start, self.end = owner, waiting, start, end
+
+    @classmethod
+    def begin(cls, reservations: list[Reservation], start: int, end: int) -> None:
+        """The first of ``reservations`` computes blocks ``[start, end)``, the others will
+        pin them: their claims shrink by as many."""
+        share = cls(reservations[0], reservations[1:], start, end)
+        for reservation in reservations:
+            reservation.share = share
+        for reservation in share.waiting:
+            reservation.draws_left -= end - start
+
+    def hand_out(self, pool: BlockPool, block_size: int) -> list[Reservation]:
+        """The owner has computed the shared blocks: pin them for the waiting choices,
+        which then start after them. Returns those choices. Under the ledger's lock."""
+        blocks = self.owner.block_ids[self.start:self.end]
+        if self.waiting and len(blocks) != self.end - self.start:
+            raise RuntimeError("share_prompt() before the owner drew its prompt")  # engine bug
+        waiting, self.waiting = self.waiting, []
+        for reservation in waiting:
+            for block in blocks:
+                pool.pin(block)
+            reservation.block_ids.extend(blocks)
+            reservation.num_cached_blocks = reservation.num_registered_blocks = self.end
+            reservation.num_cached_tokens = self.end * block_size
+        return waiting
+
+    def leave(self, reservation: Reservation) -> int:
+        """``reservation`` is released: an owner hands its claim on the shared blocks to
+        the first choice still waiting. Returns the draws that adds to the ledger's
+        outstanding. Under the ledger's lock."""
+        if not self.waiting:
+            return 0
+        if self.owner is not reservation:
+            self.waiting.remove(reservation)
+            return 0
+        self.owner = heir = self.waiting.pop(0)
+        heir.draws_left += self.end - self.start
+        return self.end - self.start
 
 
 class Reservation:

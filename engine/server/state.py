@@ -87,7 +87,16 @@ class ServerState:
             "kvledger_requests_running": ("admitted requests not yet finished",
                                           lambda: len(self.admission.running)
                                           if self.admission else 0),
+            "kvledger_requests_paused": ("requests whose next KV block was refused at the "
+                                         "last step (--admission safe): they keep their "
+                                         "blocks and wait", ledger("paused_reservations")),
         }, counters={
+            "kvledger_kv_draws_refused": ("engine steps a request sat out because its next "
+                                          "KV block would have left another unable to finish "
+                                          "(--admission safe)",
+                                          lambda: self.engine.ledger.overcommit.refused_draws
+                                          if self.engine and self.engine.ledger.overcommit
+                                          else 0),
             "kvledger_prefix_cache_queries": ("prompt tokens of requests that looked up the "
                                               "prefix cache", ledger("prefix_cache_queries")),
             "kvledger_prefix_cache_hits": ("prompt tokens found in the prefix cache (not "

@@ -258,3 +258,22 @@ async def test_backfill_reaches_admission(aiohttp_client, llm):
     client = await start_app(aiohttp_client, llm, backfill=True)
     budget = await (await client.get("/v1/budget")).json()
     assert budget["queue"]["backfill"] is True
+
+
+async def test_safe_admission_over_http_serves_everyone_and_reports_itself(aiohttp_client,
+                                                                           tiny_llama_dir):
+    client = await start_app(aiohttp_client, make_llm(tiny_llama_dir, admission="safe"),
+                             max_queue_wait_s=60.0)
+    body = {"model": model_name(client), "prompt": "a b c", "temperature": 0,
+            "ignore_eos": True}
+    answers = await asyncio.gather(*(client.post("/v1/completions", json={
+        **body, "max_tokens": cap}) for cap in (200, 40, 120, 10, 200, 60)))
+    assert [a.status for a in answers] == [200] * 6
+    usage = [(await a.json())["usage"]["completion_tokens"] for a in answers]
+    assert usage == [200, 40, 120, 10, 200, 60]
+    budget = await (await client.get("/v1/budget")).json()
+    assert budget["pool"]["admission"] == "safe" and budget["pool"]["paused"] == 0
+    assert budget["pool"]["reserved_blocks"] == budget["pool"]["used_blocks"] == 0
+    exposition = await (await client.get("/metrics")).text()
+    assert "\nkvledger_requests_paused 0.0\n" in exposition
+    assert "\nkvledger_kv_draws_refused_total " in exposition
