@@ -260,7 +260,12 @@ async def _grammar(state: ServerState, req: GenerationRequest, tools: ToolPlan) 
     spec = ("lark", tools.grammar) if tools.grammar is not None else req.grammar()
     if spec is None:
         return None
-    from kvledger.engine.sampling.grammar import GrammarError, GrammarSpec, compile_timeout_error
+    from kvledger.engine.sampling.grammar import (
+        GrammarError,
+        GrammarSpec,
+        GrammarTooCostly,
+        compile_timeout_error,
+    )
 
     compiler, spec = state.grammars, GrammarSpec(*spec)
     try:
@@ -278,7 +283,9 @@ async def _grammar(state: ServerState, req: GenerationRequest, tools: ToolPlan) 
             compiler.abandon(spec, future)
             raise
     except GrammarError as exc:
-        if tools.grammar is not None:  # name the function whose schema was refused
+        if tools.grammar is None:
+            raise bad_request(str(exc), constraint_field(req)) from None
+        problem = None  # else name the function whose schema was refused, if one was
+        if not isinstance(exc, GrammarTooCostly):  # (one over the limits is not re-run)
             problem = await state.off_loop(None, schema_problem, req.tools)
-            raise bad_request(problem or str(exc), "tools") from None
-        raise bad_request(str(exc), constraint_field(req)) from None
+        raise bad_request(problem or f"the tool-call grammar of 'tools': {exc}", "tools") from None

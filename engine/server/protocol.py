@@ -41,6 +41,7 @@ from kvledger.engine.server.tool_protocol import (
     ToolChoice,
     ToolList,
     check_tool_choice,
+    template_tools,
 )
 from kvledger.engine.server.validation import (
     CHAT_UNSUPPORTED_FIELDS,
@@ -284,6 +285,10 @@ class ChatRequest(_Request):
     def _logprobs_given(self) -> ChatRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise Refusal("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return self
+
+    @model_validator(mode="after")
+    def _tools(self) -> ChatRequest:
         self.tool_choice = check_tool_choice(self.tools, self.tool_choice,
                                              "tool_choice" in self.model_fields_set)
         if self.calls_required and self.grammar() is not None:
@@ -308,10 +313,7 @@ class ChatRequest(_Request):
 
     @property
     def template_tools(self) -> list[dict[str, Any]] | None:
-        """``tools`` as Hugging Face chat templates take them (OpenAI's objects)."""
-        if not self.tools:
-            return None
-        return [t.model_dump(exclude_none=True) for t in self.tools]
+        return template_tools(self.tools)
 
     def logprobs_k(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

@@ -88,6 +88,11 @@ class ToolCallIn(Strict):
 ToolList = Annotated[list[Tool], Field(max_length=MAX_TOOLS)]
 
 
+def template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
+    """``tools`` as Hugging Face chat templates take them (OpenAI's objects); None: none."""
+    return [t.model_dump(exclude_none=True) for t in tools] if tools else None
+
+
 def check_tool_choice(tools: list[Tool] | None, choice: ToolChoice | None,
                       given: bool) -> ToolChoice:
     """The effective ``tool_choice`` of a chat request; a ``Refusal`` (400) naming the field

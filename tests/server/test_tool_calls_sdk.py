@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import aiohttp
 import jsonschema
 import openai
 import pytest
@@ -181,3 +182,26 @@ async def test_bad_tool_requests_are_400s_naming_the_problem(serve, body, messag
     with pytest.raises(openai.BadRequestError) as error:
         await client.chat.completions.create(model=name, messages=ASK, max_tokens=4, **body)
     assert message in error.value.message
+
+
+async def test_tokenize_counts_the_tools_as_chat_does(serve) -> None:
+    name, client = await serve()
+    chat = await client.chat.completions.create(model=name, messages=ASK, tools=TOOLS,
+                                                tool_choice="none", max_tokens=1)
+    url = str(client.base_url).removesuffix("/").removesuffix("/v1") + "/tokenize"
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url, json={"messages": ASK, "tools": TOOLS}) as response:
+            assert (await response.json())["count"] == chat.usage.prompt_tokens
+        async with session.post(url, json={"prompt": "x", "tools": TOOLS}) as response:
+            assert response.status == 400
+
+
+async def test_tool_schemas_over_the_compile_time_limit_are_a_400(serve) -> None:
+    """A fresh server's first compile also builds the library's view of the tokenizer:
+    far over 0.1 ms."""
+    name, client = await serve(grammar_compile_timeout_s=0.0001)
+    with pytest.raises(openai.BadRequestError) as error:
+        await client.chat.completions.create(model=name, messages=ASK, max_tokens=4,
+                                             tools=TOOLS, tool_choice="required")
+    assert error.value.body["param"] == "tools"
+    assert "--grammar-compile-timeout" in error.value.message
