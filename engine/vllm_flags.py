@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.config import SERVED_WEIGHTS
+from kvledger.engine.server.tool_parsers import PARSERS
 from kvledger.engine.vllm_serve_flags import VLLM_SERVE_FLAGS
 
 
@@ -126,8 +127,9 @@ RULES: dict[str, Rule] = {
                                "chat_template"),
     "--enable-lora": _refuse("LoRA adapters"),
     "--lora-modules": _refuse("LoRA adapters"),
-    "--enable-auto-tool-choice": _refuse("tool calling"),
-    "--tool-call-parser": _refuse("tool calling"),
+    "--enable-auto-tool-choice": _noop(_NOT_PLANNED.format("`kvledger serve`'s tool calling")),
+    "--tool-call-parser": _only(PARSERS, "that tool-call parser",
+                                _NOT_PLANNED.format("`kvledger serve`'s tool-call format")),
     "--reasoning-parser": _refuse("reasoning parsers"),
     "--enable-reasoning": _refuse("reasoning parsers"),
     "--speculative-config": _refuse("speculative decoding"),

@@ -32,11 +32,35 @@ from kvledger.engine.model.builtin_weights import write_weights
 CORPUS = Path(__file__).parent / "data" / "corpus.txt"
 SPECIAL_TOKENS = ["<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 TOKENIZER_VOCAB = 1024
+# Hermes-style tool calling, as Qwen2.5's: the tools in the system turn, each call as
+# <tool_call>{"name": ..., "arguments": ...}</tool_call>, tool results as user turns.
+# Without tools it renders exactly as it always has.
 CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
-    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ bos_token }}"
+    "{% if tools %}<|system|>\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|end|>\n"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
     "{{ raise_exception('unknown role ' + message['role']) }}{% endif %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'tool' %}"
+    "<|user|>\n<tool_response>\n{{ message['content'] }}\n</tool_response><|end|>\n"
+    "{% elif message['role'] == 'assistant' and message.tool_calls %}"
+    "<|assistant|>\n{{ message['content'] }}"
+    "{% for call in message.tool_calls %}"
+    "{% if message['content'] or not loop.first %}{{ '\\n' }}{% endif %}"
+    "<tool_call>\n{\"name\": \"{{ call.function.name }}\", \"arguments\": "
+    "{% if call.function.arguments is string %}{{ call.function.arguments }}"
+    "{% else %}{{ call.function.arguments | tojson }}{% endif %}}\n</tool_call>"
+    "{% endfor %}<|end|>\n"
+    "{% else %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 

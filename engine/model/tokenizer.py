@@ -59,14 +59,17 @@ class Tokenizer:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict[str, Any]],
-                            add_generation_prompt: bool = True) -> str:
+                            add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> str:
         """Render the chat as the model's prompt text. The template usually emits the BOS
-        token itself, so encode the result with ``add_special_tokens=False``."""
+        token itself, so encode the result with ``add_special_tokens=False``. ``tools``:
+        OpenAI's tool objects, as Hugging Face templates take them (None: no tools)."""
         if self._template is None:
             raise BadInput("this model has no chat template; use the completions API")
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+                                         tools=tools, bos_token=self.bos_token or "",
+                                         eos_token=self.eos_token or "")
         except BadInput:
             raise
         except Exception as exc:
@@ -130,6 +133,7 @@ def _compile_template(model_dir: Path, source: str | None):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise_template_error
     env.globals["strftime_now"] = _strftime_now  # Llama 3.x templates date prompts
+    env.filters["tojson"] = _tojson  # Hugging Face's: tool schemas render as plain JSON
     try:
         return env.from_string(source)
     except TemplateError as exc:
@@ -154,6 +158,13 @@ def _token_text(token: Any) -> str | None:
     if isinstance(token, dict):  # {"content": "<s>", "__type": "AddedToken", ...}
         return token.get("content")
     return token
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: Any = None, sort_keys: bool = False) -> str:
+    """Hugging Face's ``tojson`` (jinja2's own escapes ``<``, ``>`` and ``&`` for HTML)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
 
 
 def _strftime_now(fmt: str) -> str:

@@ -1,5 +1,5 @@
-"""Structured outputs: OpenAI ``response_format`` (json_object, json_schema), regex and choice
-constraints, applied as a logits mask on llguidance (imported on the first compile only).
+"""Structured outputs: OpenAI ``response_format`` (json_object, json_schema), regex, choice and
+Lark (tool calls) constraints, applied as a logits mask on llguidance (imported on the first compile only).
 
 Why llguidance: bench/grammar_mask.py, 32,000-token byte-level BPE, per token = fill the bitmask
 + apply it to a float32 [32000] CPU row + accept, json_schema/json_object, 2-core CPU:
@@ -47,9 +47,10 @@ class GrammarTooCostly(GrammarError):
 class GrammarSpec:
     """What to constrain the output to. ``value``: json_schema: the schema as a JSON string
     (sorted keys, so equal schemas hash equal); regex: the pattern; choice: ``json.dumps`` of
-    a list of strings; json_object: None."""
+    a list of strings; lark: a grammar in llguidance's Lark dialect (tool calls); json_object:
+    None."""
 
-    kind: Literal["json_object", "json_schema", "regex", "choice"]
+    kind: Literal["json_object", "json_schema", "regex", "choice", "lark"]
     value: str | None = None
 
 
@@ -250,6 +251,8 @@ def _grammar_source(spec: GrammarSpec) -> str:
             raise GrammarError(f"invalid json_schema: {_one_line(str(exc))}") from None
     if spec.kind == "regex":
         return LLMatcher.grammar_from_regex(spec.value)
+    if spec.kind == "lark":
+        return LLMatcher.grammar_from_lark(spec.value)
     if spec.kind == "choice":
         choices = _json_value(spec.value, "choice")
         if not (isinstance(choices, list) and choices

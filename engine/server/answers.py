@@ -22,6 +22,8 @@ from kvledger.engine.server.api_errors import ApiError, sse_error_event
 from kvledger.engine.server.logprobs import chat_logprobs, completion_logprobs
 from kvledger.engine.server.protocol import GenerationRequest
 from kvledger.engine.server.state import ServerState
+from kvledger.engine.server.tool_calls import NO_TOOLS, ToolPlan
+from kvledger.engine.server.tool_parsers import CallScanner, ToolCall
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,7 @@ class Prepared:
     echo: str | None          # completions' ``echo``: the prompt's text, else None
     arrived: float
     created: int
+    tools: ToolPlan = NO_TOOLS  # how a chat's tool calls are read from its text
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -69,8 +72,22 @@ def _chat_choice(state: ServerState, p: Prepared, index: int, final) -> dict[str
     if final.logprobs is not None:
         logprobs = chat_logprobs(zip(final.token_ids, final.logprobs, strict=True),
                                  _token_text(state, p.req))
-    return {"index": index, "message": {"role": "assistant", "content": final.text},
-            "logprobs": logprobs, "finish_reason": final.finish_reason}
+    message: dict[str, Any] = {"role": "assistant", "content": final.text}
+    scanner = p.tools.scanner()
+    if scanner is not None:  # the same reading a stream makes, all at once
+        scanner.feed(final.text, final=True)
+        message["content"] = scanner.content or (None if scanner.calls else "")
+        if scanner.calls:
+            message["tool_calls"] = [call.as_openai() for call in scanner.calls]
+    return {"index": index, "message": message, "logprobs": logprobs,
+            "finish_reason": _finish_reason(final.finish_reason, scanner)}
+
+
+def _finish_reason(reason: str | None, scanner: CallScanner | None) -> str | None:
+    """OpenAI's ``tool_calls`` when the model stopped after calling; else the engine's."""
+    if reason == "stop" and scanner is not None and scanner.calls:
+        return "tool_calls"
+    return reason
 
 
 def _completion_choice(state: ServerState, p: Prepared, index: int, final) -> dict[str, Any]:
@@ -107,6 +124,7 @@ class _ChoiceStream:
     tokens: int = 0
     logprobs: int = 0
     started: bool = False
+    scanner: CallScanner | None = None  # a chat with tools: reads calls from the text
 
 
 async def stream(request: web.Request, state: ServerState, p: Prepared, ticket,
@@ -120,7 +138,7 @@ async def stream(request: web.Request, state: ServerState, p: Prepared, ticket,
     req = p.req
     chat = req.kind == "chat"
     obj = "chat.completion.chunk" if chat else "text_completion"
-    sent = [_ChoiceStream() for _ in range(req.n)]
+    sent = [_ChoiceStream(scanner=p.tools.scanner()) for _ in range(req.n)]
 
     def event(choices: list[dict[str, Any]], usage: bool = False) -> bytes:
         payload = {"id": p.request_id, "object": obj, "created": p.created, "model": req.model,
@@ -130,11 +148,13 @@ async def stream(request: web.Request, state: ServerState, p: Prepared, ticket,
         return _sse(payload)
 
     def chunk(index: int, delta: str | None, finish_reason: str | None,
-              logprobs: Any = None, role: bool = False) -> bytes:
+              logprobs: Any = None, role: bool = False, call: dict | None = None) -> bytes:
         if chat:
             content: dict[str, Any] = {"role": "assistant"} if role else {}
             if delta is not None:
                 content["content"] = delta
+            if call is not None:
+                content["tool_calls"] = [call]
             choice = {"index": index, "delta": content, "logprobs": logprobs,
                       "finish_reason": finish_reason}
         else:
@@ -170,10 +190,22 @@ async def stream(request: web.Request, state: ServerState, p: Prepared, ticket,
                                                       not choice.started))
                 choice.logprobs = len(output.logprobs)
             choice.started = True
-            if delta or logprobs is not None:
-                await response.write(chunk(index, delta, None, logprobs))
+            if choice.scanner is None:
+                if delta or logprobs is not None:
+                    await response.write(chunk(index, delta, None, logprobs))
+            else:
+                for piece in choice.scanner.feed(choice.text, output.finished):
+                    if isinstance(piece, str):
+                        await response.write(chunk(index, piece, None, logprobs))
+                        logprobs = None
+                        continue
+                    for call in _call_deltas(piece, len(choice.scanner.calls) - 1):
+                        await response.write(chunk(index, None, None, call=call))
+                if logprobs is not None:
+                    await response.write(chunk(index, "", None, logprobs))
             if output.finished:
-                await response.write(chunk(index, None if chat else "", output.finish_reason))
+                reason = _finish_reason(output.finish_reason, choice.scanner)
+                await response.write(chunk(index, None if chat else "", reason))
         if req.include_usage:
             await response.write(event([], usage=True))
         await response.write(b"data: [DONE]\n\n")
@@ -185,6 +217,13 @@ async def stream(request: web.Request, state: ServerState, p: Prepared, ticket,
         log.exception("unhandled error while streaming %s", p.request_id)
         await _end_with_error(state, response, 500, "internal server error", "internal_error")
     return response
+
+
+def _call_deltas(call: ToolCall, index: int) -> list[dict[str, Any]]:
+    """OpenAI's deltas of one call: its index, id and name first, then its arguments."""
+    return [{"index": index, "id": call.id, "type": "function",
+             "function": {"name": call.name, "arguments": ""}},
+            {"index": index, "function": {"arguments": call.arguments}}]
 
 
 async def _end_with_error(state: ServerState, response: web.StreamResponse, status: int,

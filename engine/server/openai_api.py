@@ -32,6 +32,8 @@ from kvledger.engine.server.limits import decode_json
 from kvledger.engine.server.protocol import GenerationRequest, parse_chat, parse_completion
 from kvledger.engine.server.state import API_KEY_INDEX, STATE, ServerState
 from kvledger.engine.server.structured_outputs import constraint_field
+from kvledger.engine.server.tool_calls import NO_TOOLS, ToolPlan, schema_problem, tool_plan
+from kvledger.engine.server.validation import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     raw = await read_body(request)
     req = await state.off_loop(len(raw), _parse, parse, raw)
     state.check_model(req.model)
+    tools = _tool_plan(state, req)
     prompt = await state.off_loop(len(raw), _prompt, state, req) if req.kind == "chat" else req.prompt
     early = state.admission.early_rejection(_max_prompt_tokens(prompt), req.cap, req.n)
     if early is not None:  # a full pool refuses it whatever its exact length
@@ -59,7 +62,7 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     cap = state.admission.effective_cap(len(prompt_ids), req.cap)
     if not isinstance(prompt, list):  # the tokenizer's ids, checked once they fit the context
         _check_prompt(state, prompt_ids)
-    grammar = await _grammar(state, req)
+    grammar = await _grammar(state, req, tools)
     params = [_sampling_params(req, cap, grammar, i) for i in range(req.n)]
     try:  # before admission: token ids the model lacks (logit_bias) are a 400
         state.engine.check_params(params[0])  # the choices differ in their seeds only
@@ -70,7 +73,7 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     if req.kind == "completion" and req.echo:
         echo = prompt if isinstance(prompt, str) else state.engine.tokenizer.decode(prompt_ids)
     p = answers.Prepared(req, f"{id_prefix}-{uuid.uuid4().hex}", prompt_ids, echo, arrived,
-                  int(time.time()))
+                         int(time.time()), tools)
     ticket = await state.admission.admit(p.request_id, len(prompt_ids), cap, req.n,
                                          prompt_token_ids=prompt_ids,
                                          use_cached=params[0].prompt_logprobs is None,
@@ -185,7 +188,8 @@ def _prompt(state: ServerState, req: GenerationRequest) -> str:
     """A chat rendered as prompt text with the model's template."""
     try:
         return state.engine.tokenizer.apply_chat_template(
-            req.template_messages, add_generation_prompt=req.add_generation_prompt)
+            req.template_messages, add_generation_prompt=req.add_generation_prompt,
+            tools=req.template_tools)
     except BadInput as exc:
         raise bad_request(str(exc), "messages") from None
 
@@ -236,14 +240,32 @@ def _sampling_params(req: GenerationRequest, cap: int, grammar: Any, index: int)
         raise bad_request(str(exc)) from None
 
 
-async def _grammar(state: ServerState, req: GenerationRequest) -> Any:
+def _tool_plan(state: ServerState, req: GenerationRequest) -> ToolPlan:
+    """How a chat's ``tools`` are served (``tool_calls``); completions have none."""
+    if req.kind != "chat" or not req.tools:
+        return NO_TOOLS
+    try:
+        return tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls,
+                         auto_enabled=state.options.enable_auto_tool_choice,
+                         parser=state.options.tool_call_parser,
+                         chat_template=state.engine.tokenizer.chat_template)
+    except Refusal as exc:
+        raise bad_request(exc.message, exc.param) from None
+
+
+async def _grammar(state: ServerState, req: GenerationRequest, tools: ToolPlan) -> Any:
     """The compiled output constraint, or None: from the cache at once, else compiled on
     the compiler's own threads (a heavy schema takes seconds there, never a thread or a
     lock another request waits on) within ``--grammar-compile-timeout``, else a 400."""
-    spec = req.grammar()
+    spec = ("lark", tools.grammar) if tools.grammar is not None else req.grammar()
     if spec is None:
         return None
-    from kvledger.engine.sampling.grammar import GrammarError, GrammarSpec, compile_timeout_error
+    from kvledger.engine.sampling.grammar import (
+        GrammarError,
+        GrammarSpec,
+        GrammarTooCostly,
+        compile_timeout_error,
+    )
 
     compiler, spec = state.grammars, GrammarSpec(*spec)
     try:
@@ -261,4 +283,9 @@ async def _grammar(state: ServerState, req: GenerationRequest) -> Any:
             compiler.abandon(spec, future)
             raise
     except GrammarError as exc:
-        raise bad_request(str(exc), constraint_field(req)) from None
+        if tools.grammar is None:
+            raise bad_request(str(exc), constraint_field(req)) from None
+        problem = None  # else name the function whose schema was refused, if one was
+        if not isinstance(exc, GrammarTooCostly):  # (one over the limits is not re-run)
+            problem = await state.off_loop(None, schema_problem, req.tools)
+        raise bad_request(problem or f"the tool-call grammar of 'tools': {exc}", "tools") from None

@@ -11,6 +11,7 @@ constraint fields are read by ``structured_outputs``.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
@@ -31,7 +32,16 @@ from kvledger.engine.server.limits import (
 from kvledger.engine.server.structured_outputs import (
     ResponseFormat,
     StructuredOutputs,
+    constraint_field,
     output_constraint,
+)
+from kvledger.engine.server.tool_protocol import (
+    NamedToolChoice,
+    ToolCallIn,
+    ToolChoice,
+    ToolList,
+    check_tool_choice,
+    template_tools,
 )
 from kvledger.engine.server.validation import (
     CHAT_UNSUPPORTED_FIELDS,
@@ -93,7 +103,7 @@ class _Request(Strict):
     @model_validator(mode="before")
     @classmethod
     def _known_fields(cls, data: Any) -> Any:
-        return known_fields(data, cls.unsupported)
+        return known_fields(data, cls.unsupported, cls.model_fields.keys())
 
     @field_validator("stop")
     @classmethod
@@ -206,6 +216,8 @@ class ChatMessage(Strict):
     content: Any = None
     name: str | None = None
     refusal: None = None  # an assistant message may echo back OpenAI's null refusal
+    tool_calls: list[ToolCallIn] | None = None  # an assistant's calls, sent back
+    tool_call_id: str | None = None             # a tool message: the call it answers
 
     @field_validator("content", mode="before")
     @classmethod
@@ -225,10 +237,28 @@ class ChatMessage(Strict):
             return "".join(texts)
         raise ValueError("must be a string or a list of text parts")
 
-    def as_template_input(self) -> dict[str, str]:
-        message = {"role": self.role, "content": self.content}
+    @field_validator("tool_calls")
+    @classmethod
+    def _tool_calls(cls, calls: list[ToolCallIn] | None, info) -> list[ToolCallIn] | None:
+        if calls is not None and info.data.get("role") != "assistant":
+            raise ValueError("only assistant messages carry tool calls")
+        return calls
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _tool_call_id(cls, call_id: str | None, info) -> str | None:
+        if call_id is not None and info.data.get("role") != "tool":
+            raise ValueError("only tool messages answer a tool call")
+        return call_id
+
+    def as_template_input(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [c.as_template_input() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
 
 
@@ -239,6 +269,9 @@ class ChatRequest(_Request):
     logprobs: bool = False
     top_logprobs: TopLogprobs | None = None
     add_generation_prompt: bool = True
+    tools: ToolList | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -254,9 +287,33 @@ class ChatRequest(_Request):
             raise Refusal("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         return self
 
+    @model_validator(mode="after")
+    def _tools(self) -> ChatRequest:
+        self.tool_choice = check_tool_choice(self.tools, self.tool_choice,
+                                             "tool_choice" in self.model_fields_set)
+        if self.calls_required and self.grammar() is not None:
+            raise Refusal(f"'tool_choice' {self.tool_choice_label} constrains the output "
+                          f"itself; drop {constraint_field(self)}", "tool_choice")
+        return self
+
     @property
-    def template_messages(self) -> list[dict[str, str]]:
+    def calls_required(self) -> bool:
+        """The output must be tool calls (``"required"`` or a named function)."""
+        return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
+
+    @property
+    def tool_choice_label(self) -> str:
+        choice = self.tool_choice
+        return repr(choice.function.name) if isinstance(choice, NamedToolChoice) else \
+            json.dumps(choice)
+
+    @property
+    def template_messages(self) -> list[dict[str, Any]]:
         return [m.as_template_input() for m in self.messages]
+
+    @property
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        return template_tools(self.tools)
 
     def logprobs_k(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

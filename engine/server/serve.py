@@ -30,7 +30,8 @@ from kvledger.engine.server.state import (
     STATE,
     ServeOptions,
 )
-from kvledger.engine.vllm_flags import add_vllm_flags
+from kvledger.engine.server.tool_parsers import PARSERS
+from kvledger.engine.vllm_flags import RULES, add_vllm_flags, refusal
 
 log = logging.getLogger("kvledger.serve")
 
@@ -53,6 +54,13 @@ def _count(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
     return value
+
+
+def _tool_call_parser(name: str) -> str:
+    """One of ``PARSERS``; any other is refused by name as plan refuses it."""
+    if name not in PARSERS:
+        raise BadInput(refusal("--tool-call-parser", [name], RULES["--tool-call-parser"]))
+    return name
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,6 +114,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    default=DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S, metavar="SECONDS",
                    help="a structured-output schema whose grammar takes longer than this to "
                         f"compile is a 400 (default {DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S:g})")
+    s.add_argument("--enable-auto-tool-choice", action=argparse.BooleanOptionalAction,
+                   default=False,
+                   help="vLLM's: serve tool_choice \"auto\" (the model chooses; its calls are "
+                        "parsed with --tool-call-parser); without it \"auto\", the default "
+                        "when a request gives tools, is a 400")
+    s.add_argument("--tool-call-parser", type=_tool_call_parser, default=None, metavar="NAME",
+                   help=f"vLLM's: the tool-call format, one of {', '.join(PARSERS)} "
+                        "(default: the one the chat template shows, else hermes)")
     s.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))
     add_vllm_flags(parser)
@@ -118,6 +134,8 @@ def main(args: argparse.Namespace) -> int:
         raise BadInput(f"--port must be in 0..65535, got {args.port}")
     if args.max_body_bytes < 1:
         raise BadInput(f"--max-body-bytes must be at least 1 byte, got {args.max_body_bytes}")
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise BadInput("--enable-auto-tool-choice requires --tool-call-parser")
     config = config_from_args(args)
     if is_hub_uri(config.model):
         from huggingface_hub import constants
@@ -137,7 +155,9 @@ def main(args: argparse.Namespace) -> int:
                            max_body_bytes=args.max_body_bytes,
                            header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                            keepalive_timeout_s=args.keepalive_timeout,
-                           grammar_compile_timeout_s=args.grammar_compile_timeout)
+                           grammar_compile_timeout_s=args.grammar_compile_timeout,
+                           enable_auto_tool_choice=args.enable_auto_tool_choice,
+                           tool_call_parser=args.tool_call_parser)
     return asyncio.run(_serve(config, options, args.host, args.port))
 
 

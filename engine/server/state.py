@@ -55,6 +55,8 @@ class ServeOptions:
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     keepalive_timeout_s: float = DEFAULT_KEEPALIVE_TIMEOUT_S
     grammar_compile_timeout_s: float = DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S
+    enable_auto_tool_choice: bool = False  # vLLM's: tool_choice "auto" is served
+    tool_call_parser: str | None = None    # vLLM's: hermes, llama3_json; None: the template's
 
 
 class ServerState:

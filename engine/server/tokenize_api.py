@@ -20,6 +20,7 @@ from kvledger.engine.server.limits import MAX_INT, decode_json
 from kvledger.engine.server.openai_api import read_body
 from kvledger.engine.server.protocol import ChatMessage
 from kvledger.engine.server.state import STATE, ServerState
+from kvledger.engine.server.tool_protocol import ToolList, template_tools
 from kvledger.engine.server.validation import Strict, validate
 
 
@@ -27,6 +28,7 @@ class TokenizeRequest(Strict):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: ToolList | None = None            # vLLM's: rendered by the chat template too
     add_special_tokens: bool | None = None   # default: True for a prompt, False for a chat
     add_generation_prompt: bool = True
     return_token_strs: bool = False
@@ -35,6 +37,8 @@ class TokenizeRequest(Strict):
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of 'prompt' or 'messages'")
+        if self.tools is not None and self.messages is None:
+            raise ValueError("'tools' are rendered with 'messages' only")
         return self
 
 
@@ -87,7 +91,8 @@ def _tokenize(state, req: TokenizeRequest) -> list[int]:
     if req.messages is not None:
         try:
             text = tokenizer.apply_chat_template([m.as_template_input() for m in req.messages],
-                                                 add_generation_prompt=req.add_generation_prompt)
+                                                 add_generation_prompt=req.add_generation_prompt,
+                                                 tools=template_tools(req.tools))
         except BadInput as exc:
             raise bad_request(str(exc), "messages") from None
         return tokenizer.encode(text, add_special_tokens=bool(req.add_special_tokens))

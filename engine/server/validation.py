@@ -32,7 +32,9 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "prompt_logprobs": (None,), "guided_grammar": (None,), "guided_decoding_backend": (None,),
 }
 # vLLM's chat ``echo`` repeats the last message; not implemented (completions' is).
-CHAT_UNSUPPORTED_FIELDS = {**UNSUPPORTED_FIELDS, "echo": (None, False)}
+# Chat serves tools (``tool_protocol``); completions refuse them.
+CHAT_UNSUPPORTED_FIELDS = {**{k: v for k, v in UNSUPPORTED_FIELDS.items()
+                              if k not in ("tools", "tool_choice")}, "echo": (None, False)}
 
 
 class Strict(BaseModel):
@@ -50,9 +52,10 @@ class Refusal(ValueError):
         self.message, self.param = message, param
 
 
-def known_fields(data: Any, unsupported: dict[str, tuple[Any, ...]]) -> Any:
+def known_fields(data: Any, unsupported: dict[str, tuple[Any, ...]],
+                 declared: Any = ()) -> Any:
     """A model's "before" validation: refuse the known-but-unsupported fields by name,
-    drop the ignored ones."""
+    drop the ignored ones the model does not ``declare`` (chat's ``parallel_tool_calls``)."""
     if not isinstance(data, dict):
         raise Refusal("the request body must be a JSON object")
     if not (unsupported.keys() & data.keys() or IGNORED_FIELDS.keys() & data.keys()):
@@ -62,7 +65,7 @@ def known_fields(data: Any, unsupported: dict[str, tuple[Any, ...]]) -> Any:
         value = data.pop(name)
         if not any(value == v and type(value) is type(v) for v in unsupported[name]):
             raise Refusal(f"'{name}' is not supported by this server", name)
-    for name in IGNORED_FIELDS.keys() & data.keys():
+    for name in (IGNORED_FIELDS.keys() - set(declared)) & data.keys():
         value = data.pop(name)
         if value is not None and not isinstance(value, IGNORED_FIELDS[name]):
             raise Refusal(f"'{name}' must be a {_type_name(IGNORED_FIELDS[name])}", name)

@@ -50,7 +50,11 @@ LAUNCH_LINES = [
     ("LoRA adapters", "{model} --enable-lora --lora-modules sql-lora=/adapters/sql",
      "--enable-lora"),
     ("tool calling", "{model} --enable-auto-tool-choice --tool-call-parser llama3_json",
-     "--enable-auto-tool-choice"),
+     ACCEPTED),
+    ("Qwen2.5 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser hermes",
+     ACCEPTED),
+    ("tool calling: another parser", "{model} --tool-call-parser pythonic",
+     "--tool-call-parser"),
     ("reasoning outputs", "{model} --reasoning-parser deepseek_r1", "--reasoning-parser"),
     ("multimodal inputs", "{model} --limit-mm-per-prompt '{{\"image\": 2}}'",
      "--limit-mm-per-prompt"),
@@ -154,3 +158,15 @@ def test_version_prints_the_distribution_version(capsys) -> None:
 
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"kvledger {version('kvledger')}\n"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--tool-call-parser", "pythonic"], "error: --tool-call-parser pythonic: kvledger does "
+     "not support that tool-call parser (only hermes or llama3_json)"),
+    (["--enable-auto-tool-choice"], "error: --enable-auto-tool-choice requires "
+     "--tool-call-parser"),
+])
+def test_serve_refuses_tool_flags_it_cannot_honour(capsys, tiny_llama_dir, argv,
+                                                   message) -> None:
+    assert main(["serve", str(tiny_llama_dir), *argv, "--device", "cpu"]) == 2
+    assert capsys.readouterr().err == message + "\n"

@@ -173,7 +173,7 @@ def test_chat_logprobs():
     ({"model": "m", "messages": [{"role": "user", "content": "x", "tool_calls": []}]},
      "messages[0].tool_calls"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}],
-      "tools": [{"type": "function"}]}, "tools"),
+      "tools": [{"type": "function"}]}, "tools[0].function"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"},
      "tool_choice"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}],

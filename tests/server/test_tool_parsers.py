@@ -1,0 +1,119 @@
+"""Tool calls read back from text (``tool_parsers``) and the grammar that constrains them
+(``tool_calls``), without a model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvledger.engine.server.tool_calls import FORMATS, calls_grammar, template_parser, tool_plan
+from kvledger.engine.server.tool_parsers import CallScanner, ToolCall
+from kvledger.engine.server.tool_protocol import Tool
+from kvledger.engine.server.validation import Refusal
+
+WEATHER = Tool.model_validate({"type": "function", "function": {
+    "name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})
+TIME = Tool.model_validate({"type": "function", "function": {"name": "get_time"}})
+
+
+def _whole(parser: str, text: str, max_calls: int | None = None) -> CallScanner:
+    scanner = CallScanner(parser, max_calls)
+    scanner.feed(text, final=True)
+    return scanner
+
+
+def _streamed(parser: str, text: str, max_calls: int | None = None):
+    """The text fed a character at a time: the content and calls a stream sends."""
+    scanner = CallScanner(parser, max_calls)
+    pieces = []
+    for end in range(1, len(text) + 1):
+        pieces += scanner.feed(text[:end], final=end == len(text))
+    content = "".join(p for p in pieces if isinstance(p, str))
+    return content, [(c.name, c.arguments) for c in pieces if isinstance(c, ToolCall)]
+
+
+def _calls(scanner: CallScanner) -> list[tuple[str, str]]:
+    return [(c.name, c.arguments) for c in scanner.calls]
+
+
+HERMES = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+          '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+
+
+def test_hermes_calls_and_the_text_before_them() -> None:
+    scanner = _whole("hermes", HERMES)
+    assert _calls(scanner) == [("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]
+    assert scanner.content == "Let me look."
+    assert all(c.id.startswith("call_") for c in scanner.calls)
+    assert len({c.id for c in scanner.calls}) == 2
+
+
+@pytest.mark.parametrize("text", [
+    HERMES,
+    "no calls here < tool_call > at all <tool_",
+    '<tool_call>\n{"name": "f", "arguments": {"a": [1, 2]}}\n</tool_call> and after',
+    '<tool_call>{"name": "f", "arguments": {"x": "é"}}',  # unclosed: still a call
+    '<tool_call>\n{"name": "f", "arguments": {"a": \n</tool_call>',  # malformed: text
+])
+def test_a_stream_adds_up_to_the_whole_answer(text) -> None:
+    whole = _whole("hermes", text)
+    assert _streamed("hermes", text) == (whole.content, _calls(whole))
+
+
+def test_text_that_is_not_a_well_formed_call_stays_text() -> None:
+    for text in ('<tool_call>\n{"name": "f", "arguments": {"a": \n</tool_call>',
+                 '<tool_call>\n{"arguments": {}}\n</tool_call>',
+                 '<tool_call>\n{"name": "f", "arguments": "not an object"}\n</tool_call>'):
+        scanner = _whole("hermes", text)
+        assert (scanner.calls, scanner.content) == ([], text)
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
+    assert _calls(_whole("hermes", HERMES, max_calls=1)) == [("get_weather", '{"city": "Paris"}')]
+
+
+def test_llama3_json_calls() -> None:
+    text = ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Rome"}}; '
+            '{"name": "get_time", "parameters": {}}')
+    scanner = _whole("llama3_json", text)
+    assert _calls(scanner) == [("get_weather", '{"city": "Rome"}'), ("get_time", "{}")]
+    assert scanner.content == ""
+    assert _streamed("llama3_json", text) == ("", _calls(scanner))
+    for plain in ("The weather is fine.", '{"not": "a call"}'):
+        assert _whole("llama3_json", plain).content == plain
+        assert _streamed("llama3_json", plain) == (plain, [])
+
+
+def test_the_format_comes_from_the_flag_else_the_template() -> None:
+    assert template_parser("... <tool_call> ...") == "hermes"
+    assert template_parser("{{ '<|python_tag|>' }}") == "llama3_json"
+    assert template_parser(None) == "hermes"
+    plan = tool_plan([WEATHER], "required", True, auto_enabled=False, parser=None,
+                     chat_template="{{ '<|python_tag|>' }}")
+    assert plan.parser == "llama3_json" and '\\"parameters\\": ' in plan.grammar
+
+
+def test_auto_needs_the_server_flags() -> None:
+    with pytest.raises(Refusal, match="requires --enable-auto-tool-choice"):
+        tool_plan([WEATHER], "auto", True, auto_enabled=False, parser=None, chat_template=None)
+    plan = tool_plan([WEATHER], "auto", False, auto_enabled=True, parser="hermes",
+                     chat_template=None)
+    assert (plan.parser, plan.grammar, plan.max_calls) == ("hermes", None, 1)
+    none = tool_plan([WEATHER], "none", True, auto_enabled=True, parser="hermes",
+                     chat_template=None)
+    assert none.scanner() is None
+
+
+def test_the_grammar_holds_each_function_and_its_schema() -> None:
+    grammar = calls_grammar(FORMATS["hermes"], [WEATHER, TIME], parallel=False)
+    lines = grammar.splitlines()
+    assert lines[0] == "start: call" and lines[1] == "call: call_0 | call_1"
+    assert json.dumps('<tool_call>\n{"name": "get_weather", "arguments": ') in lines[2]
+    schema = json.loads(lines[3].removeprefix("args_0: %json "))
+    assert schema.pop("x-guidance")["whitespace_flexible"] is False
+    assert schema == WEATHER.function.schema
+    assert "additionalProperties" in lines[5]  # no parameters: no arguments
+    parallel = calls_grammar(FORMATS["hermes"], [WEATHER], parallel=True)
+    assert parallel.startswith('start: call ("\\n" call)*\n')
