@@ -18,8 +18,7 @@ With prefix caching the ledger pins the cached blocks the prompt begins with, so
 request may claim fewer blocks than ``blocks_for(prompt + cap)``: a refusal counts the
 blocks it would claim now, and its wait what each running request's release really gives
 back (the ledger's ``blocks_returned``: a prefix several chats pinned comes back with the
-last of them). Whether a request
-is too large for the pool (400) never depends on what happens to be cached.
+last of them). Whether a request is too large for the pool (400) never depends on the cache.
 """
 
 from __future__ import annotations
@@ -238,7 +237,8 @@ class Admission:
         cap unset it needs exactly ``max_model_len`` tokens, of which at most
         ``(max_prompt_tokens - 1) // block_size`` blocks may be cached.
         """
-        if (self.queues and not self.queue_full) or max_prompt_tokens >= self.max_model_len:
+        if ((self.queues and not self.queue_full) or max_prompt_tokens >= self.max_model_len
+                or self.ledger.overcommit is not None):  # (safe: free blocks do not decide)
             return None  # it would queue, or it might be a 413
         if requested is not None and max_prompt_tokens + requested > self.max_model_len:
             return None  # it might be a 400

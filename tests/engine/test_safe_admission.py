@@ -206,3 +206,17 @@ def test_a_sequence_refused_its_next_block_sits_out_and_its_tokens_do_not_change
     assert held_back  # b was refused blocks it needed...
     assert progress[1:7] == [0] * 6 and progress[7] > 0  # ...sat out, then went on
     assert_pool_empty(engine)
+
+
+def test_the_early_429_is_not_taken_when_free_blocks_do_not_decide():
+    """Reserving, a pool whose free blocks cannot hold the least a request could claim is
+    refused before tokenizing; over-committing, admission asks other questions, so the
+    request is tokenized and tried."""
+    from kvledger.engine.server.admission import Admission
+
+    for overcommit, early in ((False, True), (True, False)):
+        ledger = KVLedger(10, 16, overcommit=overcommit)
+        held = ledger.try_reserve(144)  # 9 of 10 blocks promised
+        admission = Admission(ledger, max_model_len=160, max_queue_len=0)
+        assert (admission.early_rejection(20, 40) is not None) is early
+        ledger.release(held)
