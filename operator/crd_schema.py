@@ -13,6 +13,7 @@ from typing import Any
 
 from kvledger.engine.config import ADMISSIONS, DTYPES, KV_CACHE_DTYPES, SIZE_RE
 from kvledger.engine.planner.hub.repo import HUB_URI_RE
+from kvledger.engine.server.tool_parsers import PARSERS
 from kvledger.operator.quantity import TARGET_PATTERN
 from kvledger.operator.resource import (
     AUTOSCALING_METRICS,
@@ -136,6 +137,20 @@ _ENGINE = _ruled({
         "seed": {"type": "integer", "minimum": 0},
     },
 }, "engine")
+
+_TOOLS = _ruled({
+    "type": "object",
+    "description": "OpenAI tool calling on /v1/chat/completions: \"required\" and named "
+                   "calls always work; \"auto\" needs these (vLLM's flags).",
+    "properties": {
+        "toolCallParser": {"type": "string", "enum": list(PARSERS),
+                           "description": "the format calls are written and parsed in "
+                                          "(--tool-call-parser; default: the chat template's)"},
+        "enableAutoToolChoice": {"type": "boolean",
+                                 "description": "let the model choose to call "
+                                                "(--enable-auto-tool-choice)"},
+    },
+}, "tools")
 
 _MEMORY = {
     "type": "object",
@@ -270,6 +285,7 @@ SPEC_SCHEMA = {
                                        "reservation before a 429 (--max-queue-wait; 0: "
                                        "refused at once; not set: as long as it takes)",
                                     maximum=600),
+        "tools": _TOOLS,
         "maxQueueLength": _int(0, "how many requests may wait in line for their KV "
                                   "reservations, FIFO; one more is a 429 (--max-queue-len; "
                                   "0: refused at once; not set: 256); what requestsWaiting "

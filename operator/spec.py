@@ -111,6 +111,8 @@ class ServiceSpec:
     shutdown_grace_s: int = DEFAULT_SHUTDOWN_GRACE_S
     max_queue_wait_s: int | None = DEFAULT_MAX_QUEUE_WAIT_S  # None: serve's default
     max_queue_length: int | None = DEFAULT_MAX_QUEUE_LENGTH  # None: serve's default
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
     image: str | None = None
     autoscaling: Autoscaling | None = None
     # spec.resources.limits.memory in bytes: the engine container's cgroup limit.
@@ -124,13 +126,17 @@ class ServiceSpec:
     pod_labels: dict[str, str] = field(default_factory=dict)
 
     def serving_flags(self) -> list[str]:
-        """``serve``'s own flags (the pod's and ``kvledger run``'s): the SIGTERM drain, and
-        the line a request may wait in for its reservation, when the spec sets it."""
+        """``serve``'s own flags (the pod's and ``kvledger run``'s): the SIGTERM drain, the
+        line a request may wait in for its reservation and tool calling, when set."""
         flags = ["--shutdown-grace", str(self.shutdown_grace_s)]
         if self.max_queue_wait_s is not None:
             flags += ["--max-queue-wait", str(self.max_queue_wait_s)]
         if self.max_queue_length is not None:
             flags += ["--max-queue-len", str(self.max_queue_length)]
+        if self.tool_call_parser is not None:
+            flags += ["--tool-call-parser", self.tool_call_parser]
+        if self.enable_auto_tool_choice:
+            flags += ["--enable-auto-tool-choice"]
         return flags
 
 
@@ -156,6 +162,8 @@ def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
         shutdown_grace_s=raw.get("shutdownGraceSeconds", DEFAULT_SHUTDOWN_GRACE_S),
         max_queue_wait_s=raw.get("maxQueueWaitSeconds", DEFAULT_MAX_QUEUE_WAIT_S),
         max_queue_length=raw.get("maxQueueLength", DEFAULT_MAX_QUEUE_LENGTH),
+        tool_call_parser=(raw.get("tools") or {}).get("toolCallParser"),
+        enable_auto_tool_choice=bool((raw.get("tools") or {}).get("enableAutoToolChoice")),
         image=raw.get("image") or None,
         autoscaling=scaling,
         container_memory_limit_bytes=(quantity_bytes("spec.resources.limits.memory",

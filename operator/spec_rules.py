@@ -111,6 +111,10 @@ RULES: tuple[Rule, ...] = (
     Rule("envFrom[]", "has(self.configMapRef) != has(self.secretRef)",
          "an envFrom entry takes exactly one of configMapRef and secretRef",
          lambda source: ("configMapRef" in source) != ("secretRef" in source)),
+    Rule("tools", "!has(self.enableAutoToolChoice) || !self.enableAutoToolChoice"
+         " || has(self.toolCallParser)",
+         "tools.enableAutoToolChoice needs tools.toolCallParser (the format \"auto\" parses)",
+         lambda tools: not tools.get("enableAutoToolChoice") or "toolCallParser" in tools),
     Rule("autoscaling", "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
          "autoscaling.minReplicas must be at most autoscaling.maxReplicas",
          lambda scaling: "minReplicas" not in scaling

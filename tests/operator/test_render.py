@@ -336,3 +336,14 @@ def test_rendered_children_of_every_field_pass_kubernetes_schema(name):
     for child in (render_deployment(name, "default", spec, download_bytes=16 * GIB),
                   render_service(name, "default", spec)):
         kubernetes_validate.validate(child, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_spec_tools_become_the_engine_flags_and_auto_needs_a_parser():
+    spec = {**SPEC, "tools": {"toolCallParser": "llama3_json", "enableAutoToolChoice": True}}
+    [engine] = pod_spec(spec)["containers"]
+    assert engine["args"][-3:] == ["--tool-call-parser", "llama3_json",
+                                   "--enable-auto-tool-choice"]
+    [preflight] = pod_spec(spec)["initContainers"]
+    assert "--tool-call-parser" not in preflight["args"]  # the server's, not the plan's
+    with pytest.raises(BadInput, match=r"tools\.enableAutoToolChoice needs tools\.toolCallParser"):
+        parse_spec({**SPEC, "tools": {"enableAutoToolChoice": True}})
