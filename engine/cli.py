@@ -13,6 +13,7 @@ import sys
 from importlib.metadata import version
 
 from kvledger.engine.errors import EXIT_BAD_INPUT, BadInput, KvledgerError
+from kvledger.engine.launch_line import dashed, with_config
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -26,6 +27,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("kvledger.operator.main", "run the kopf operator"),
     "make-model": ("kvledger.engine.model.builtin", "write a small built-in checkpoint"),
 }
+
+
+# The commands that take a vLLM launch line's flags.
+LAUNCH_LINE_COMMANDS = ("plan", "preflight", "fetch", "serve")
 
 
 def _usage() -> str:
@@ -73,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown command {argv[0]!r}\n\n{_usage()}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        args = build_parser(argv[0]).parse_args(argv[1:])
+        parser = build_parser(argv[0])
+        flags = argv[1:]
+        if argv[0] in LAUNCH_LINE_COMMANDS:  # vLLM's spellings: --max_model_len, --config
+            flags = with_config(dashed(flags), parser)
+        args = parser.parse_args(flags)
         return int(args._module.main(args) or 0)
     except KvledgerError as exc:
         print(f"error: {exc}", file=sys.stderr)

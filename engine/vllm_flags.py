@@ -114,6 +114,8 @@ RULES: dict[str, Rule] = {
     "--disable-fastapi-docs": _noop("kvledger serves no API docs pages"),
     "--use-tqdm-on-load": _noop("kvledger shows no progress bar while loading"),
     "--no-use-tqdm-on-load": _noop("kvledger shows no progress bar while loading"),
+    "--config": _noop("a YAML file of flags, read as vLLM reads it (the command line's "
+                      "own flags win; engine/launch_line.py)", nargs=1),
     # kvledger serve's own flags, given to plan or preflight.
     "--host": _noop(_NOT_PLANNED.format("`kvledger serve`'s address"), nargs=1),
     "--port": _noop(_NOT_PLANNED.format("`kvledger serve`'s port"), nargs=1),

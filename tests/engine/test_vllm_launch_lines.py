@@ -8,6 +8,7 @@ plan runs on this machine; context lengths are cut to the small model's 1024.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 
@@ -170,3 +171,25 @@ def test_serve_refuses_tool_flags_it_cannot_honour(capsys, tiny_llama_dir, argv,
                                                    message) -> None:
     assert main(["serve", str(tiny_llama_dir), *argv, "--device", "cpu"]) == 2
     assert capsys.readouterr().err == message + "\n"
+
+
+def test_underscored_flags_and_a_config_file_read_as_vllm_reads_them(tiny_llama_dir, tmp_path,
+                                                                     capsys):
+    """``--max_model_len`` is ``--max-model-len``; ``--config FILE.yaml`` holds flags the
+    command line overrides (vLLM's FlexibleArgumentParser)."""
+    config = tmp_path / "serve.yaml"
+    config.write_text("max_model_len: 64\nmax-num-seqs: 3\nenforce-eager: true\n"
+                      "enable-prefix-caching: false\nblock_size: 8\n")
+    line = [str(tiny_llama_dir), "--device", "cpu", "--config", str(config),
+            "--max_num_seqs=2", "--json"]
+    assert main(["plan", *line]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["max_model_len"], plan["max_num_seqs"], plan["kv"]["block_size"]) == (64, 2, 8)
+    for text, error in (("- a list\n", "expected a mapping"), ("a: [\n", "not valid YAML")):
+        config.write_text(text)
+        assert main(["plan", *line]) == 2
+        assert error in capsys.readouterr().err
+    assert main(["plan", str(tiny_llama_dir), "--config", str(tmp_path / "none.yaml")]) == 2
+    assert "No such file" in capsys.readouterr().err
+    assert main(["plan", str(tiny_llama_dir), "--config", str(tmp_path / "x.json")]) == 2
+    assert "a config file is YAML" in capsys.readouterr().err
