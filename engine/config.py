@@ -65,6 +65,7 @@ class EngineConfig:
 
     model: str
     served_model_name: str | None = None
+    served_model_aliases: tuple[str, ...] = ()  # more names it answers to (vLLM: the rest)
     max_model_len: int | None = None
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int | None = None
@@ -139,12 +140,14 @@ class EngineConfig:
         out: list[str] = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if value == f.default and f.name != "model":
-                continue
+            if (value == f.default and f.name != "model") or f.name == "served_model_aliases":
+                continue  # (the aliases follow the first name)
             flag = "--" + _FLAG_NAMES.get(f.name, f.name.replace("_", "-"))
             if isinstance(value, bool):
                 # Differs from the default: --flag for a default-off flag, --no-flag else.
                 out.append(flag if value else "--no-" + flag[2:])
+            elif f.name == "served_model_name":
+                out.extend([flag, value, *self.served_model_aliases])
             else:
                 out.extend([flag, str(value)])
         return out
@@ -216,7 +219,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--download-dir", default=None, metavar="DIR",
                    help="the hub cache an hf:// model is fetched into and served from "
                         "(default: huggingface_hub's, $HF_HUB_CACHE or $HF_HOME/hub)")
-    g.add_argument("--served-model-name", default=None)
+    g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="the name(s) requests use for the model (default: --model); with "
+                        "several, as in vLLM, any is accepted, /v1/models lists them all and "
+                        "answers carry the first")
     g.add_argument("--max-model-len", type=_positive_int, default=None,
                    help="context limit in tokens (default: the model's max_position_embeddings)")
     # vLLM's defaults: vllm/engine/arg_utils.py get_batch_defaults (`vllm serve` context).
@@ -279,6 +285,9 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     """Build the config from parsed flags; unknown namespace attributes are ignored."""
     values = {f.name: getattr(args, f.name) for f in fields(EngineConfig) if hasattr(args, f.name)}
     values["model"] = _model(getattr(args, "model_tag", None), getattr(args, "model", None))
+    names = values.get("served_model_name")
+    if isinstance(names, list):  # --served-model-name NAME [NAME ...]
+        values["served_model_name"], values["served_model_aliases"] = names[0], tuple(names[1:])
     return EngineConfig(**values)
 
 

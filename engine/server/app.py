@@ -142,8 +142,9 @@ async def models(request: web.Request) -> web.Response:
     if state.engine is None:
         return web.json_response({"object": "list", "data": []})
     return web.json_response({"object": "list", "data": [{
-        "id": state.model_name, "object": "model", "created": int(state.started_at),
-        "owned_by": "kvledger", "max_model_len": state.engine.max_model_len}]})
+        "id": name, "object": "model", "created": int(state.started_at),
+        "owned_by": "kvledger", "max_model_len": state.engine.max_model_len}
+        for name in state.model_names]})
 
 
 async def budget(request: web.Request) -> web.Response:

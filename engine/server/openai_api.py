@@ -53,6 +53,7 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     raw = await read_body(request)
     req = await state.off_loop(len(raw), _parse, parse, raw)
     state.check_model(req.model)
+    req.model = state.model_name  # answers carry the first served name, as vLLM's do
     tools = _tool_plan(state, req)
     prompt = await state.off_loop(len(raw), _prompt, state, req) if req.kind == "chat" else req.prompt
     early = state.admission.early_rejection(_max_prompt_tokens(prompt), req.cap, req.n)

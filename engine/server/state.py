@@ -219,8 +219,13 @@ class ServerState:
     def model_name(self) -> str:
         return self.engine.model_name
 
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Every name requests may use: the first is the one answers carry."""
+        return (self.engine.model_name, *self.engine.config.served_model_aliases)
+
     def check_model(self, name: str) -> None:
-        if name != self.model_name:
+        if name not in self.model_names:
             raise ApiError(404, f"the model {name!r} does not exist; this server serves "
                                 f"{self.model_name!r}", code="model_not_found", param="model",
                            reason="unknown_model")

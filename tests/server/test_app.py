@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 
 import pytest
 from _server_helpers import make_llm, metric, model_name, start_app, wait_for_metric
 
+from kvledger.engine.config import add_engine_flags, config_from_args
 from kvledger.engine.server.app import build_app
 from kvledger.engine.server.state import STATE
 
@@ -277,3 +279,22 @@ async def test_safe_admission_over_http_serves_everyone_and_reports_itself(aioht
     exposition = await (await client.get("/metrics")).text()
     assert "\nkvledger_requests_paused 0.0\n" in exposition
     assert "\nkvledger_kv_draws_refused_total " in exposition
+
+
+async def test_several_served_model_names_as_vllm_takes_them(aiohttp_client, tiny_llama_dir):
+    """``--served-model-name a b``: both accepted, both listed, answers carry the first."""
+    parser = argparse.ArgumentParser()
+    add_engine_flags(parser)
+    config = config_from_args(parser.parse_args(
+        [str(tiny_llama_dir), "--served-model-name", "first", "second"]))
+    assert (config.served_model_name, config.served_model_aliases) == ("first", ("second",))
+    assert config_from_args(parser.parse_args(config.to_flags())) == config
+    client = await start_app(aiohttp_client, make_llm(tiny_llama_dir, served_model_name="first",
+                                                      served_model_aliases=("second",)))
+    models = await (await client.get("/v1/models")).json()
+    assert [m["id"] for m in models["data"]] == ["first", "second"]
+    answer = await client.post("/v1/completions", json={"model": "second", "prompt": "a",
+                                                        "max_tokens": 2})
+    assert answer.status == 200 and (await answer.json())["model"] == "first"
+    refused = await client.post("/v1/completions", json={"model": "third", "prompt": "a"})
+    assert refused.status == 404
