@@ -1,0 +1,59 @@
+"""The bytes a checkpoint's weights take once the engine has loaded them, from the
+safetensors headers alone: the one rule the plan counts and the engine's loader follows
+(``model/loader.py``; tests hold the two equal).
+
+- Floating tensors are cast to the model dtype.
+- An FP8 checkpoint (``fp8_format``): its F8_E4M3 weights as stored, one byte each; its
+  scales in float32, whatever dtype they are stored in; everything else (embeddings, LM
+  head, norms, biases) cast to the model dtype.
+- ``--quantization fp8``: each linear layer's weight at one byte plus a float32 scale per
+  output channel (``fp8_format.on_load_bytes``); everything else cast to the model dtype.
+- A checkpoint quantized any other way (a vLLM what-if plan; the engine refuses it): as
+  stored, its scales included.
+"""
+
+from __future__ import annotations
+
+from kvledger.engine.model.fp8_format import (
+    FP8,
+    FP8_DTYPE,
+    SCALE_BYTES,
+    SCALE_SUFFIXES,
+    on_load_bytes,
+    quantized_on_load,
+)
+from kvledger.engine.planner import estimates
+from kvledger.engine.planner.checkpoint import CASTABLE_DTYPES, DTYPE_BITS, WeightsInfo
+
+
+def stored_fp8(quantization: str, weights: WeightsInfo) -> bool:
+    """Whether the checkpoint's quantization_config method is FP8 the engine serves as
+    stored: ``fp8``, or ``compressed-tensors`` holding F8_E4M3 tensors (its float-quantized
+    format; config.json says which, and ``fp8_format.fp8_method`` checks it)."""
+    return quantization == FP8 or (quantization == "compressed-tensors"
+                                   and FP8_DTYPE in weights.bytes_by_dtype)
+
+
+def loaded_weight_bytes(weights: WeightsInfo, model_dtype: str, *, quantization: str = "",
+                        quantize_fp8: bool = False) -> int:
+    """The checkpoint's bytes as the engine holds them in ``model_dtype``; ``quantization``
+    is config.json's quant_method ("" for none), ``quantize_fp8`` ``--quantization fp8``."""
+    fp8 = stored_fp8(quantization, weights)
+    if quantization and not fp8:
+        return weights.total_bytes
+    target_bits = estimates.DTYPE_BYTES[model_dtype] * 8
+    if not weights.tensors or not (fp8 or quantize_fp8):  # by dtype: every float is cast
+        total = sum(n * target_bits // DTYPE_BITS[d] if d in CASTABLE_DTYPES else n
+                    for d, n in weights.bytes_by_dtype.items())
+        return total if weights.bytes_by_dtype else weights.total_bytes
+    total = 0
+    for t in weights.tensors:
+        if t.name.endswith(SCALE_SUFFIXES):
+            total += SCALE_BYTES * (t.nbytes * 8 // DTYPE_BITS[t.dtype])
+        elif t.dtype not in CASTABLE_DTYPES:
+            total += t.nbytes
+        elif quantize_fp8 and not fp8 and quantized_on_load(t.name):
+            total += on_load_bytes(t.shape)
+        else:
+            total += t.nbytes * target_bits // DTYPE_BITS[t.dtype]
+    return total
