@@ -46,7 +46,7 @@ LAUNCH_LINES = [
     ("data parallel deployment", "{model} --data-parallel-size 2", "--data-parallel-size"),
     ("Qwen3 MoE recipe", "{model} -pp 2 --enable-expert-parallel", "-pp"),
     ("quantization: AWQ", "{model} --quantization awq", "--quantization"),
-    ("quantization: FP8", "{model} --quantization fp8 --max-model-len 1024", "--quantization"),
+    ("quantization: FP8", "{model} --quantization fp8 --max-model-len 1024", ACCEPTED),
     ("LoRA adapters", "{model} --enable-lora --lora-modules sql-lora=/adapters/sql",
      "--enable-lora"),
     ("tool calling", "{model} --enable-auto-tool-choice --tool-call-parser llama3_json",
