@@ -60,7 +60,7 @@ class Fp8Linear(nn.Module):
                 self.scaled_mm = False
         if self.input_scale is not None:
             x = quantize(x, self.input_scale).to(x.dtype) * self.input_scale.to(x.dtype)
-        weight = self.weight.to(x.dtype) * self.weight_scale.to(x.dtype)
+        weight = self.weight.to(x.dtype).mul_(self.weight_scale.to(x.dtype))  # one copy
         return F.linear(x, weight, self.bias)
 
     def _scaled_mm(self, x: torch.Tensor) -> torch.Tensor:

@@ -51,7 +51,7 @@ from kvledger.engine.planner.pool import (
     kv_geometry,
 )
 from kvledger.engine.planner.remedies import Remedy, find_remedies
-from kvledger.engine.planner.weight_bytes import loaded_weight_bytes
+from kvledger.engine.planner.weight_bytes import fp8_workspace_bytes, loaded_weight_bytes
 
 CLASSES = ("weights", "activations", "kv_cache", "cuda_graphs", "context")
 
@@ -240,12 +240,13 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
 
     classes = {
         "weights": _pick(measured.weights_bytes, loaded_weight_bytes(
-            weights, model_dtype, quantization=shape.quantization,
-            quantize_fp8=config.quantization == "fp8")),
+            weights, model_dtype, shape=shape,
+            quantize_fp8=config.quantization == "fp8")),  # planner/weight_bytes.py
         "activations": _pick(measured.activation_peak_bytes, estimates.activation_peak_bytes(
             shape, dtype_bytes, batched_tokens, config.max_num_seqs,
-            context_tokens=gathered_tokens,
-            kv_dtype_bytes=estimates.DTYPE_BYTES[kv_dtype])),
+            context_tokens=gathered_tokens, kv_dtype_bytes=estimates.DTYPE_BYTES[kv_dtype])
+            + fp8_workspace_bytes(shape, weights, dtype_bytes, batched_tokens,
+                                  quantize_fp8=config.quantization == "fp8")),
         "kv_cache": 0,
         "cuda_graphs": 0 if config.enforce_eager or on_cpu else _pick(
             measured.cuda_graph_bytes, estimates.cuda_graph_bytes(shape, config.max_num_seqs)),

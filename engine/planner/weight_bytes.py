@@ -14,6 +14,7 @@ safetensors headers alone: the one rule the plan counts and the engine's loader 
 
 from __future__ import annotations
 
+from kvledger.engine.model.config import SUPPORTED_ARCHITECTURES
 from kvledger.engine.model.fp8_format import (
     FP8,
     FP8_DTYPE,
@@ -23,23 +24,32 @@ from kvledger.engine.model.fp8_format import (
     quantized_on_load,
 )
 from kvledger.engine.planner import estimates
-from kvledger.engine.planner.checkpoint import CASTABLE_DTYPES, DTYPE_BITS, WeightsInfo
+from kvledger.engine.planner.checkpoint import (
+    CASTABLE_DTYPES,
+    DTYPE_BITS,
+    ModelShape,
+    WeightsInfo,
+)
 
 
-def stored_fp8(quantization: str, weights: WeightsInfo) -> bool:
-    """Whether the checkpoint's quantization_config method is FP8 the engine serves as
-    stored: ``fp8``, or ``compressed-tensors`` holding F8_E4M3 tensors (its float-quantized
-    format; config.json says which, and ``fp8_format.fp8_method`` checks it)."""
-    return quantization == FP8 or (quantization == "compressed-tensors"
-                                   and FP8_DTYPE in weights.bytes_by_dtype)
+def stored_fp8(shape: ModelShape, weights: WeightsInfo) -> bool:
+    """Whether the checkpoint is FP8 that kvledger's engine serves, for an architecture it
+    serves: quant_method ``fp8``, or ``compressed-tensors`` holding F8_E4M3 tensors (its
+    float-quantized format; ``fp8_format.fp8_method`` checks config.json). Another
+    architecture's FP8 (DeepSeek-V3's block-wise scales) is a vLLM what-if, as stored."""
+    if shape.architecture not in SUPPORTED_ARCHITECTURES:
+        return False
+    return shape.quantization == FP8 or (shape.quantization == "compressed-tensors"
+                                         and FP8_DTYPE in weights.bytes_by_dtype)
 
 
-def loaded_weight_bytes(weights: WeightsInfo, model_dtype: str, *, quantization: str = "",
-                        quantize_fp8: bool = False) -> int:
-    """The checkpoint's bytes as the engine holds them in ``model_dtype``; ``quantization``
-    is config.json's quant_method ("" for none), ``quantize_fp8`` ``--quantization fp8``."""
-    fp8 = stored_fp8(quantization, weights)
-    if quantization and not fp8:
+def loaded_weight_bytes(weights: WeightsInfo, model_dtype: str, *,
+                        shape: ModelShape | None = None, quantize_fp8: bool = False) -> int:
+    """The checkpoint's bytes as the engine holds them in ``model_dtype``; ``shape`` says
+    how config.json quantizes them (None: not at all), ``quantize_fp8`` is
+    ``--quantization fp8``."""
+    fp8 = shape is not None and stored_fp8(shape, weights)
+    if shape is not None and shape.quantization and not fp8:
         return weights.total_bytes
     target_bits = estimates.DTYPE_BYTES[model_dtype] * 8
     if not weights.tensors or not (fp8 or quantize_fp8):  # by dtype: every float is cast
@@ -57,3 +67,19 @@ def loaded_weight_bytes(weights: WeightsInfo, model_dtype: str, *, quantization:
         else:
             total += t.nbytes * target_bits // DTYPE_BITS[t.dtype]
     return total
+
+
+def fp8_workspace_bytes(shape: ModelShape, weights: WeightsInfo, dtype_bytes: int, tokens: int,
+                        *, quantize_fp8: bool) -> int:
+    """What FP8 layers add to a step's activations (``fp8_linear.Fp8Linear``): the largest
+    linear layer's weight dequantized to the model dtype (one at a time, freed after its
+    matmul), and with static input scales the widest input rounded through float32 and FP8
+    (``tokens`` rows). 0 for weights that are not FP8."""
+    if not (quantize_fp8 or stored_fp8(shape, weights)):
+        return 0
+    q_size = shape.num_attention_heads * shape.head_dim
+    widest_in = max(shape.hidden_size, q_size, shape.intermediate_size)
+    largest = max(shape.intermediate_size, q_size) * shape.hidden_size
+    static = any(t.name.endswith(".input_scale") for t in weights.tensors)
+    rounding = tokens * widest_in * (4 + 1 + dtype_bytes) if static else 0
+    return largest * dtype_bytes + rounding

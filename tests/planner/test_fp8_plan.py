@@ -37,7 +37,7 @@ def test_an_fp8_checkpoint_plans_at_its_stored_bytes(tmp_path, capsys) -> None:
     assert _plan(tmp_path, dtype="float32").classes["weights"] == stored + bf16
     assert fp8 * 2 > stored  # the linear layers are most of it: FP8 is the saving
     assert main(["plan", "--model", str(tmp_path), "--device-memory", "24GiB"]) == 0
-    assert "(fp8 (f8_e4m3)" in capsys.readouterr().out
+    assert "(fp8: linear layers f8_e4m3, the rest bf16" in capsys.readouterr().out
 
 
 def test_scales_stored_in_bf16_are_counted_as_the_float32_the_engine_holds(tmp_path) -> None:
@@ -71,6 +71,32 @@ def test_quantization_fp8_plans_llama_3_8b_at_its_fp8_size(tmp_path) -> None:
     linear = layers * (2 * hidden * hidden + 2 * kv * hidden + 3 * inter * hidden)
     channels = layers * (2 * hidden + 2 * kv + 2 * inter + hidden)
     assert bf16 - fp8 == linear - 4 * channels  # each weight: 2 bytes -> 1, plus the scales
+
+
+def test_fp8_layers_add_their_dequantization_workspace_to_activations(tmp_path) -> None:
+    """One layer's weight dequantized to bf16 at a time (the MLP's, the largest): dynamic
+    activations need nothing else."""
+    config = published_config("Llama-3-8B")
+    write_header_only(tmp_path, config, published_tensors(config))
+    plain = _plan(tmp_path, max_model_len=4096).classes["activations"]
+    fp8 = _plan(tmp_path, max_model_len=4096, quantization="fp8").classes["activations"]
+    assert fp8 - plain == 14336 * 4096 * 2
+
+
+def test_quantization_fp8_is_offered_when_only_fp8_weights_fit(tmp_path, capsys) -> None:
+    """bf16 Llama-3-8B on 16 GiB: nothing but smaller weights fits; the remedy is re-planned
+    as every remedy is, and the line it names plans as "fits"."""
+    config = published_config("Llama-3-8B")
+    write_header_only(tmp_path, config, published_tensors(config))
+    flags = {"device_memory_bytes": 16 * GiB, "max_model_len": 4096, "max_num_seqs": 2}
+    plan = make_plan(EngineConfig(model=str(tmp_path), **flags))
+    assert not plan.fits
+    assert [(r.flag, r.value) for r in plan.remedies] == [("--quantization", "fp8")]
+    assert "weights -> 8.5 GiB" in plan.remedies[0].note
+    argv = ["plan", "--model", str(tmp_path), "--device-memory", "16GiB", "--max-model-len",
+            "4096", "--max-num-seqs", "2"]
+    assert main(argv) == 3 and "--quantization fp8" in capsys.readouterr().err
+    assert main([*argv, "--quantization", "fp8"]) == 0
 
 
 @pytest.mark.parametrize("quant, why", [
