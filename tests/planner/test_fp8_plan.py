@@ -140,5 +140,5 @@ def test_quantization_other_than_fp8_is_refused_in_one_line(tmp_path, capsys) ->
     assert capsys.readouterr().err == (
         "error: --quantization awq: kvledger does not support vLLM's --quantization awq (only "
         "fp8, quantized on load; a checkpoint's own FP8 quantization_config needs no flag)\n")
-    with pytest.raises(BadInput, match="^--quantization gptq: kvledger does not support"):
+    with pytest.raises(BadInput, match=r"^--quantization gptq: kvledger does not support"):
         EngineConfig(model=str(tmp_path), quantization="gptq")
