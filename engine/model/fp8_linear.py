@@ -4,8 +4,8 @@ saving the planner counts) and are multiplied in the activations' dtype.
 Two ways to compute, by device:
 
 - Everywhere (the CPU, and CUDA without FP8 matmuls): dequantize the layer's weight to the
-  activations' dtype (``weight * weight_scale``), then ``F.linear``. The dequantized copy
-  is a transient of one layer, freed after its matmul. With a static ``input_scale`` the
+  activations' dtype (``weight * weight_scale``, ``dequantize``), then ``F.linear``. The
+  dequantized copy is a transient of one layer, freed after its matmul. With a static ``input_scale`` the
   input is first quantized to FP8 and back (``x / input_scale``, clamped to e4m3's range),
   as vLLM quantizes it, so the rounding is the one vLLM's kernels see; dynamic activations
   are not quantized here (weight-only FP8: the same weights, the activations exact).
@@ -30,6 +30,7 @@ from kvledger.engine.model.fp8_format import QUANTIZED_PROJECTIONS
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448
 _SCALED_MM_CAPABILITY = (8, 9)
+_E4M3_IN_FP16 = -16512  # 0xBF80 as int16: the sign, then the shifted exponent and mantissa
 log = logging.getLogger("kvledger.engine")
 
 
@@ -60,8 +61,7 @@ class Fp8Linear(nn.Module):
                 self.scaled_mm = False
         if self.input_scale is not None:
             x = quantize(x, self.input_scale).to(x.dtype) * self.input_scale.to(x.dtype)
-        weight = self.weight.to(x.dtype).mul_(self.weight_scale.to(x.dtype))  # one copy
-        return F.linear(x, weight, self.bias)
+        return F.linear(x, dequantize(self.weight, self.weight_scale, x.dtype), self.bias)
 
     def _scaled_mm(self, x: torch.Tensor) -> torch.Tensor:
         """FP8 x FP8 on the tensor cores; scales per tensor, or per token and per channel."""
@@ -91,6 +91,21 @@ def _scaled_mm_fits(layer: Fp8Linear, x: torch.Tensor) -> bool:
     if layer.in_features % 16 or layer.out_features % 16:
         return False
     return torch.cuda.get_device_capability(x.device) >= _SCALED_MM_CAPABILITY
+
+
+def dequantize(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``weight * scale`` in ``dtype``, equal to ``weight.to(dtype) * scale.to(dtype)``.
+
+    torch's float8 cast is scalar code on the CPU (9.6 ms for a 1408x512 matrix on the
+    development machine, against 1.3 ms here), so the bits are moved instead: e4m3fn
+    (``s eeee mmm``, bias 7) shifted into float16 (``s eeeee mmmmmmmmmm``, bias 15) is the
+    same value times 2^-8 for every finite e4m3 value, subnormals included; the 2^8 joins
+    the scale (a power of two: the product still rounds once). e4m3fn has no infinity,
+    and its NaN would read as +-480 (a checkpoint's weights have none). Transient: the
+    float16 bits, then the ``dtype`` copy (none for float16)."""
+    bits = weight.view(torch.int8).to(torch.int16)
+    bits.bitwise_left_shift_(7).bitwise_and_(_E4M3_IN_FP16)
+    return bits.view(torch.float16).to(dtype).mul_(scale.to(dtype) * 256)
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -245,7 +245,7 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
         "activations": _pick(measured.activation_peak_bytes, estimates.activation_peak_bytes(
             shape, dtype_bytes, batched_tokens, config.max_num_seqs,
             context_tokens=gathered_tokens, kv_dtype_bytes=estimates.DTYPE_BYTES[kv_dtype])
-            + fp8_workspace_bytes(shape, weights, dtype_bytes, batched_tokens,
+            + fp8_workspace_bytes(shape, weights, model_dtype, batched_tokens,
                                   quantize_fp8=config.quantization == "fp8")),
         "kv_cache": 0,
         "cuda_graphs": 0 if config.enforce_eager or on_cpu else _pick(

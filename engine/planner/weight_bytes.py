@@ -69,10 +69,11 @@ def loaded_weight_bytes(weights: WeightsInfo, model_dtype: str, *,
     return total
 
 
-def fp8_workspace_bytes(shape: ModelShape, weights: WeightsInfo, dtype_bytes: int, tokens: int,
+def fp8_workspace_bytes(shape: ModelShape, weights: WeightsInfo, model_dtype: str, tokens: int,
                         *, quantize_fp8: bool) -> int:
     """What FP8 layers add to a step's activations (``fp8_linear.Fp8Linear``): the largest
-    linear layer's weight dequantized to the model dtype (one at a time, freed after its
+    linear layer's weight dequantized (``fp8_linear.dequantize``: its float16 bits, then
+    the model dtype's copy unless that is float16; one layer at a time, freed after its
     matmul), and with static input scales the widest input rounded through float32 and FP8
     (``tokens`` rows). 0 for weights that are not FP8."""
     if not (quantize_fp8 or stored_fp8(shape, weights)):
@@ -81,5 +82,6 @@ def fp8_workspace_bytes(shape: ModelShape, weights: WeightsInfo, dtype_bytes: in
     widest_in = max(shape.hidden_size, q_size, shape.intermediate_size)
     largest = max(shape.intermediate_size, q_size) * shape.hidden_size
     static = any(t.name.endswith(".input_scale") for t in weights.tensors)
-    rounding = tokens * widest_in * (4 + 1 + dtype_bytes) if static else 0
-    return largest * dtype_bytes + rounding
+    rounding = tokens * widest_in * (4 + 1 + estimates.DTYPE_BYTES[model_dtype]) if static else 0
+    dequantized = 2 if model_dtype == "float16" else 2 + estimates.DTYPE_BYTES[model_dtype]
+    return largest * dequantized + rounding

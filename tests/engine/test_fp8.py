@@ -135,3 +135,17 @@ def test_quantization_fp8_on_load_is_planned_exactly_and_matches_its_dequantized
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16))
     for prompt, out in zip(prompts, outputs, strict=True):
         assert out.token_ids == hf_greedy(str(reference), prompt, 16), f"prompt of {len(prompt)}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dequantize_equals_torchs_float8_cast_for_every_finite_value(dtype):
+    """The bit shift into float16 (fp8_linear.dequantize) against torch's own cast, on all
+    254 finite e4m3fn values (subnormals and both zeros included), times a scale."""
+    from kvledger.engine.model.fp8_linear import dequantize
+
+    values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    finite = values[~values.float().isnan()].view(-1, 1)
+    assert finite.numel() == 254
+    for scale in (torch.tensor(1.0), torch.tensor(3.7e-3), torch.rand(254, 1) + 0.01):
+        expected = finite.to(dtype) * scale.to(dtype)
+        assert torch.equal(dequantize(finite, scale, dtype), expected)
