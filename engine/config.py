@@ -18,6 +18,7 @@ DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
 DEVICES = ("auto", "cuda", "cpu")
 ADMISSIONS = ("reserve", "safe")  # --admission: engine/kv/ledger.py and engine/kv/safety.py
+QUANTIZATIONS = ("fp8",)  # --quantization: what the engine quantizes to on load
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_NUM_SEQS = 16
@@ -72,6 +73,7 @@ class EngineConfig:
     block_size: int = DEFAULT_BLOCK_SIZE
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"
+    quantization: str | None = None  # "fp8": quantize the linear layers on load
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
     admission: str = "reserve"  # or "safe": over-commit KV while every request can finish
@@ -122,6 +124,8 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise BadInput(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                            f"got {self.kv_cache_dtype!r}")
+        if self.quantization is not None:
+            quantization_arg(self.quantization)
         if self.device not in DEVICES:
             raise BadInput(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if not self.model:
@@ -171,6 +175,15 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def quantization_arg(text: str) -> str:
+    """``--quantization``: fp8, or one line naming the method refused (BadInput, exit 2)."""
+    if text not in QUANTIZATIONS:
+        raise BadInput(f"--quantization {text}: kvledger does not support vLLM's "
+                       f"--quantization {text} (only fp8, quantized on load; a checkpoint's "
+                       "own FP8 quantization_config needs no flag)")
+    return text
 
 
 def size_arg(text: str) -> int:
@@ -238,6 +251,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=_positive_int, default=DEFAULT_BLOCK_SIZE)
     g.add_argument("--dtype", choices=DTYPES, default="auto")
     g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    g.add_argument("--quantization", "-q", type=quantization_arg, default=None, metavar="fp8",
+                   help="fp8: quantize the linear layers of a float16/bfloat16/float32 "
+                        "checkpoint to FP8 on load, one scale per output channel (embeddings, "
+                        "LM head and norms stay at --dtype); planned at that size")
     g.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=False)
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="share the KV blocks of prompts that begin alike between requests, "

@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.model.config import SERVED_WEIGHTS
 from kvledger.engine.server.tool_parsers import PARSERS
 from kvledger.engine.vllm_serve_flags import VLLM_SERVE_FLAGS
 
@@ -55,7 +54,6 @@ def _refuse(unsupported: str) -> Rule:
 
 _ONE_DEVICE = "kvledger serves a model on one device"
 _NOT_PLANNED = "{}; the plan does not depend on it"
-_QUANTIZATION = f"vLLM's --quantization ({SERVED_WEIGHTS})"
 
 # flag (as typed; a --no- form has its own rule where it differs) -> Rule
 RULES: dict[str, Rule] = {
@@ -74,8 +72,6 @@ RULES: dict[str, Rule] = {
     "--distributed-executor-backend": _only(["uni", "mp"], "vLLM's ray executor",
                                             _ONE_DEVICE + ", in one process"),
     "--disable-custom-all-reduce": _noop(_ONE_DEVICE + ": there is no all-reduce"),
-    # Quantization: the checkpoint's own quantization_config is refused by the loader too.
-    "--quantization": _refuse(_QUANTIZATION),
     "--cpu-offload-gb": _only(["0"], "offloading weights to the host",
                               "0 keeps every weight on the device, as kvledger does"),
     # Asks for what kvledger always does.

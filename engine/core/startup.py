@@ -39,7 +39,8 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     device = torch_device(config.device)
     cap_torch_threads(torch)  # a pod's CPU limit is a quota torch does not see
     tokenizer = Tokenizer(source.path)
-    model = load_model(source.path, model_config, TORCH_DTYPES[plan.model_dtype], device)
+    model = load_model(source.path, model_config, TORCH_DTYPES[plan.model_dtype], device,
+                       quantize_fp8=config.quantization == "fp8" and not model_config.quantization)
     runner = ModelRunner(model, device, plan.max_model_len, plan.kv.block_size)
     measured = Measured(
         weights_bytes=weights_bytes(model),

@@ -14,6 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from kvledger.engine.errors import BadInput
+from kvledger.engine.model.fp8_format import (
+    FP8,
+    SERVED_WEIGHTS,
+    fp8_method,
+)
 from kvledger.engine.planner.hf_config import (
     FULL_ATTENTION,
     SLIDING_ATTENTION,
@@ -27,8 +32,6 @@ from kvledger.engine.planner.hf_config import (
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
-# What the engine's weights may be, said wherever a checkpoint is refused for its weights.
-SERVED_WEIGHTS = "kvledger's engine serves unquantized float16/bfloat16/float32 checkpoints only"
 # Near misses, refused with the reason rather than only the list above.
 _WHY_NOT = {
     "Qwen2MoeForCausalLM": "Qwen2-MoE's shared expert is not implemented",
@@ -74,6 +77,7 @@ class ModelConfig:
     sliding_window: int | None
     qk_norm: bool = False  # RMSNorm over head_dim of each q and k head, before RoPE (Qwen3)
     moe: MoEConfig | None = None
+    quantization: str = ""  # "fp8": the checkpoint's linear layers are FP8 (fp8_format.py)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -89,7 +93,7 @@ class ModelConfig:
             why = next((f" ({_WHY_NOT[a]})" for a in archs if a in _WHY_NOT), "")
             raise BadInput(f"unsupported architecture {', '.join(archs) or '(none given)'}{why}; "
                            f"kvledger runs {', '.join(SUPPORTED_ARCHITECTURES)}")
-        _refuse_quantized(raw)
+        quantization = _quantization(raw)
         if raw.get("hidden_act", "silu") != "silu":
             raise BadInput(f"unsupported hidden_act {raw['hidden_act']!r} (only silu)")
         if raw.get("mlp_bias"):
@@ -124,6 +128,7 @@ class ModelConfig:
             sliding_window=_one_window(read),
             qk_norm=arch in _QK_NORM,
             moe=_moe(raw, arch, read.num_layers, read.intermediate_size),
+            quantization=quantization,
         )
 
 
@@ -168,13 +173,16 @@ def _moe(raw: Mapping[str, Any], arch: str, layers: int, intermediate_size: int)
     return MoEConfig(num_experts, top_k, expert_size, normalize, sparse)
 
 
-def _refuse_quantized(raw: Mapping[str, Any]) -> None:
-    """Quantized weights (int4 with scales and zero points, fp8 with scales, packed MXFP4,
-    ...) would be cast to the model dtype as if they were values, or fail to load halfway:
-    refuse them by their method, before anything is loaded or allocated."""
+def _quantization(raw: Mapping[str, Any]) -> str:
+    """"fp8" for the FP8 checkpoints the engine serves (``fp8_format``), "" for none. Other
+    quantized weights (int4 with scales and zero points, packed MXFP4, ...) would be cast
+    to the model dtype as if they were values, or fail to load halfway: refuse them by
+    their method, before anything is loaded or allocated."""
     quant = raw.get("quantization_config")
     if quant is None:
-        return
+        return ""
+    if isinstance(quant, dict) and fp8_method(quant):
+        return FP8
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     if isinstance(method, str) and method:
         raise BadInput(f"checkpoint is quantized with {method!r} "

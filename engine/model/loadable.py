@@ -17,6 +17,7 @@ from typing import Any
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.config import SERVED_WEIGHTS, ModelConfig
+from kvledger.engine.model.fp8_format import FP8_DTYPE, SCALE_SUFFIXES, quantized_linear
 from kvledger.engine.planner.checkpoint import CASTABLE_DTYPES, TensorInfo
 
 # Buffers some older checkpoints carry that the engine recomputes.
@@ -31,20 +32,37 @@ def loadable_config(raw: Mapping[str, Any], tensors: Iterable[TensorInfo]) -> Mo
     what ``ModelConfig.from_dict`` refuses (the architecture, activation, RoPE, routing, a
     ``quantization_config``), tensors the loader would refuse as unexpected (the scales
     of weights quantized without a quantization_config, another model's tensors), and
-    weights stored in a dtype that is not a float (the loader would cast them as values)."""
+    weights stored in a dtype that is not a float (the loader would cast them as values),
+    but for an FP8 checkpoint's quantized weights (F8_E4M3 with a ``weight_scale``)."""
     config = ModelConfig.from_dict(raw)
     stored = [t for t in tensors if not t.name.endswith(IGNORED_SUFFIXES)]
+    fp8 = _fp8_weights(stored) if config.quantization else set()
     unexpected = unexpected_tensors(stored, config)
     if unexpected:
         raise BadInput(f"checkpoint has tensors kvledger's engine does not load for "
                        f"{config.architecture}: {_some(unexpected)} (quantized weights and "
                        f"scales without a quantization_config, or another model's tensors); "
                        f"{SERVED_WEIGHTS}")
-    packed = sorted(f"{t.name!r} as {t.dtype}" for t in stored if t.dtype not in CASTABLE_DTYPES)
+    packed = sorted(f"{t.name!r} as {t.dtype}" for t in stored
+                    if t.dtype not in CASTABLE_DTYPES and t.name not in fp8)
     if packed:
         raise BadInput(f"checkpoint stores weights in a dtype that is not a float: "
                        f"{_some(packed, quote=False)} (quantized weights?); {SERVED_WEIGHTS}")
     return config
+
+
+def _fp8_weights(stored: list[TensorInfo]) -> set[str]:
+    """The FP8 weights of an FP8 checkpoint: F8_E4M3, with their scale. BadInput for a scale
+    whose weight is not F8_E4M3 (the loader would multiply a value by it)."""
+    dtypes = {t.name: t.dtype for t in stored}
+    scaled = {t.name.removesuffix(".weight_scale") + ".weight" for t in stored
+              if t.name.endswith(".weight_scale")}
+    wrong = sorted(f"{n!r} as {dtypes.get(n, 'missing')}" for n in scaled
+                   if dtypes.get(n) != FP8_DTYPE)
+    if wrong:
+        raise BadInput(f"FP8 checkpoint has a weight_scale for weights not stored as "
+                       f"{FP8_DTYPE}: {_some(wrong, quote=False)}; {SERVED_WEIGHTS}")
+    return scaled
 
 
 def unexpected_tensors(tensors: Iterable[TensorInfo], config: ModelConfig) -> list[str]:
@@ -58,9 +76,10 @@ def unexpected_tensors(tensors: Iterable[TensorInfo], config: ModelConfig) -> li
 
 
 def tensor_names(config: ModelConfig) -> frozenset[str]:
-    """Every tensor the engine's model holds for ``config``, named as Hugging Face's
+    """Every tensor the engine's model may hold for ``config``, named as Hugging Face's
     checkpoints name them: the state dict of ``CausalLM(config)`` (a test holds the two
-    equal), known without building it, so without torch."""
+    equal), known without building it, so without torch; for an FP8 checkpoint, each
+    quantized linear layer's scales too."""
     names = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
     for layer in range(config.num_layers):
         prefix = f"model.layers.{layer}."
@@ -74,6 +93,9 @@ def tensor_names(config: ModelConfig) -> frozenset[str]:
             names |= {attention + "q_norm.weight", attention + "k_norm.weight"}
         names |= {prefix + "input_layernorm.weight", prefix + "post_attention_layernorm.weight"}
         names |= _feed_forward_names(config, layer, prefix)
+    if config.quantization:  # an FP8 layer's scales (a layer left unquantized has none)
+        names |= {w.removesuffix(".weight") + s for w in names if quantized_linear(w)
+                  for s in SCALE_SUFFIXES}
     return frozenset(names)
 
 

@@ -10,6 +10,13 @@ import torch
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.config import ModelConfig
+from kvledger.engine.model.fp8_format import SCALE_SUFFIXES, quantized_linear
+from kvledger.engine.model.fp8_linear import (
+    FP8_DTYPE,
+    install_fp8_linears,
+    quantize_weight,
+    scale_shape,
+)
 from kvledger.engine.model.loadable import IGNORED_SUFFIXES, loaded_names
 from kvledger.engine.model.transformer import CausalLM
 
@@ -32,9 +39,12 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
-               device: torch.device) -> CausalLM:
+               device: torch.device, *, quantize_fp8: bool = False) -> CausalLM:
     """Build the model on the meta device, then assign the checkpoint's tensors in ``dtype``
-    on ``device``: no random init, no second copy of the weights."""
+    on ``device``: no random init, no second copy of the weights. An FP8 checkpoint's
+    weights stay FP8 and its scales float32, in ``Fp8Linear`` layers; ``quantize_fp8``
+    (``--quantization fp8``) quantizes an unquantized checkpoint's linear layers so, each
+    as it is read (the whole model is never held unquantized)."""
     from safetensors import safe_open
 
     model_dir = Path(model_dir)
@@ -48,11 +58,11 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
                     if not name.endswith(IGNORED_SUFFIXES):
-                        state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+                        state.update(_loaded(name, f.get_tensor(name), config, dtype, device,
+                                             quantize_fp8))
         except (OSError, RuntimeError) as exc:
             raise BadInput(f"{path}: cannot read safetensors: {exc}") from None
-    if config.moe is not None:
-        state = _split_fused_experts(state, config)
+    install_fp8_linears(model, state)
     if "lm_head.weight" not in state and config.tie_word_embeddings:
         state["lm_head.weight"] = state.get("model.embed_tokens.weight")
     shapes = {name: t.shape for name, t in model.state_dict().items()}
@@ -70,6 +80,29 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval().requires_grad_(False)
+
+
+def _loaded(name: str, tensor: torch.Tensor, config: ModelConfig, dtype: torch.dtype,
+            device: torch.device, quantize_fp8: bool) -> dict[str, torch.Tensor]:
+    """One stored tensor as the engine holds it, by the names it fills: floats in ``dtype``,
+    FP8 weights as they are, scales in float32 (``scale_shape``); fused experts split;
+    with ``quantize_fp8`` each linear layer's weight in FP8 beside its ``weight_scale``."""
+    if name.endswith(SCALE_SUFFIXES):
+        return {name: scale_shape(tensor).to(device)}
+    if tensor.dtype == FP8_DTYPE:
+        tensor = tensor.to(device)
+    else:
+        tensor = tensor.to(device=device, dtype=dtype)
+    pieces = {name: tensor} if config.moe is None else _split_fused_experts({name: tensor}, config)
+    if not quantize_fp8:
+        return pieces
+    out: dict[str, torch.Tensor] = {}
+    for piece, weight in pieces.items():
+        if quantized_linear(piece) and weight.dtype != FP8_DTYPE:
+            out[piece], out[piece.removesuffix("weight") + "weight_scale"] = quantize_weight(weight)
+        else:
+            out[piece] = weight
+    return out
 
 
 def _split_fused_experts(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:

@@ -28,8 +28,6 @@ from kvledger.engine.model.config import SUPPORTED_ARCHITECTURES
 from kvledger.engine.model.loadable import loadable_config
 from kvledger.engine.planner import estimates
 from kvledger.engine.planner.checkpoint import (
-    CASTABLE_DTYPES,
-    DTYPE_BITS,
     ModelShape,
     ModelSource,
     WeightsInfo,
@@ -53,6 +51,7 @@ from kvledger.engine.planner.pool import (
     kv_geometry,
 )
 from kvledger.engine.planner.remedies import Remedy, find_remedies
+from kvledger.engine.planner.weight_bytes import fp8_workspace_bytes, loaded_weight_bytes
 
 CLASSES = ("weights", "activations", "kv_cache", "cuda_graphs", "context")
 
@@ -168,21 +167,6 @@ def resolve_max_num_batched_tokens(config: EngineConfig, max_model_len: int) -> 
     return max(max_model_len, MIN_DEFAULT_BATCHED_TOKENS)
 
 
-def loaded_weight_bytes(weights: WeightsInfo, model_dtype: str, *, quantized: bool = False) -> int:
-    """The checkpoint's bytes once floating tensors are cast to the model dtype; a quantized
-    checkpoint's (config.json's quantization_config) as stored, its F32 scales included."""
-    if quantized:
-        return weights.total_bytes
-    target_bits = estimates.DTYPE_BYTES[model_dtype] * 8
-    total = 0
-    for dtype, nbytes in weights.bytes_by_dtype.items():
-        if dtype in CASTABLE_DTYPES:
-            total += nbytes * target_bits // DTYPE_BITS[dtype]
-        else:
-            total += nbytes
-    return total if weights.bytes_by_dtype else weights.total_bytes
-
-
 def kv_rule(shape: ModelShape) -> str:
     """ENGINE_RULE for an architecture kvledger's engine serves (plan what it allocates),
     else VLLM_RULE (a what-if for a vLLM launch line)."""
@@ -256,11 +240,13 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
 
     classes = {
         "weights": _pick(measured.weights_bytes, loaded_weight_bytes(
-            weights, model_dtype, quantized=bool(shape.quantization))),
+            weights, model_dtype, shape=shape,
+            quantize_fp8=config.quantization == "fp8")),  # planner/weight_bytes.py
         "activations": _pick(measured.activation_peak_bytes, estimates.activation_peak_bytes(
             shape, dtype_bytes, batched_tokens, config.max_num_seqs,
-            context_tokens=gathered_tokens,
-            kv_dtype_bytes=estimates.DTYPE_BYTES[kv_dtype])),
+            context_tokens=gathered_tokens, kv_dtype_bytes=estimates.DTYPE_BYTES[kv_dtype])
+            + fp8_workspace_bytes(shape, weights, model_dtype, batched_tokens,
+                                  quantize_fp8=config.quantization == "fp8")),
         "kv_cache": 0,
         "cuda_graphs": 0 if config.enforce_eager or on_cpu else _pick(
             measured.cuda_graph_bytes, estimates.cuda_graph_bytes(shape, config.max_num_seqs)),

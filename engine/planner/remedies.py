@@ -5,9 +5,10 @@ A remedy is offered only when the re-plan fits. ``--max-model-len`` and
 tokens / sequences (fitting only gets harder as either grows): re-planning with the value
 fits, and one token / one sequence more does not.
 
-None changes the weights: kvledger's engine serves unquantized checkpoints only, so "a
-smaller quantization" would lead straight to a checkpoint it refuses, and the bytes of one
-that vLLM would serve instead cannot be known from this checkpoint's headers.
+One changes the weights: ``--quantization fp8`` for an unquantized checkpoint (its linear
+layers in FP8 on load, planned at that size). None offers "a smaller quantization" of
+another checkpoint: the bytes of one cannot be known from this checkpoint's headers, and
+most such methods kvledger's engine refuses.
 """
 
 from __future__ import annotations
@@ -76,6 +77,12 @@ def find_remedies(plan: Plan, replan: Replan) -> list[Remedy]:
         fp8 = with_(kv_cache_dtype="fp8")
         if fp8.fits:
             out.append(Remedy("--kv-cache-dtype", "fp8", fp8.classes["kv_cache"]))
+    if not plan.shape.quantization and config.quantization is None:
+        quantized = with_(quantization="fp8")
+        if quantized.fits:
+            out.append(Remedy("--quantization", "fp8", quantized.classes["kv_cache"],
+                              note=f"linear layers in FP8 on load: weights -> "
+                                   f"{_size(quantized.classes['weights'])}"))
     if plan.classes["cuda_graphs"] > 0:
         eager = with_(enforce_eager=True)
         if eager.fits:
@@ -105,12 +112,16 @@ def _cap_within_free(plan: Plan, replan: Replan) -> list[Remedy]:
             for r in find_remedies(candidate, replan)]
 
 
+def _size(nbytes: int) -> str:
+    from kvledger.engine.planner.report import format_size  # report imports this module
+
+    return format_size(nbytes)
+
+
 def _smaller_step(plan: Plan, with_: Callable[..., Plan], *, others_help: bool) -> list[Remedy]:
     """The largest ``--max-num-batched-tokens`` that fits (never below ``--max-num-seqs``),
     offered when the activations are at least half the budget, when sliding-window layers
     hold a step's tokens on top of their window (vLLM's rule), or nothing else helps."""
-    from kvledger.engine.planner.report import format_size  # report imports this module
-
     dominate = plan.classes["activations"] * 2 >= plan.required_bytes
     sliding = any(group.attention == SLIDING for group in plan.kv.groups)
     if not dominate and not sliding and others_help:
@@ -121,7 +132,7 @@ def _smaller_step(plan: Plan, with_: Callable[..., Plan], *, others_help: bool) 
         return []
     candidate = with_(max_num_batched_tokens=best)
     return [Remedy("--max-num-batched-tokens", best, candidate.classes["kv_cache"],
-                   note=f"activations -> {format_size(candidate.classes['activations'])}")]
+                   note=f"activations -> {_size(candidate.classes['activations'])}")]
 
 
 def _bigger_explicit_pool(plan: Plan, with_: Callable[..., Plan]) -> list[Remedy]:

@@ -14,6 +14,7 @@ from kvledger.engine.planner.limit import largest_utilization
 from kvledger.engine.planner.plan import Plan
 from kvledger.engine.planner.pool import ENGINE_NOTE, ENGINE_RULE, PoolGroup
 from kvledger.engine.planner.remedies import Remedy
+from kvledger.engine.planner.weight_bytes import stored_fp8
 
 TERMINATION_LOG_MAX_BYTES = 4096  # the kubelet keeps at most this much of the message
 # The pre-flight's machine-readable line: the plan's figures as JSON after this prefix, last
@@ -151,7 +152,10 @@ def _breakdown(plan: Plan) -> list[str]:
     c, kv, cfg = plan.classes, plan.kv, plan.config
     measured = set(plan.measured)
     weights_dtype = SHORT_DTYPE.get(plan.model_dtype, plan.model_dtype)
-    if plan.weights.dtype not in ("BF16", "F16", "F32", "F64"):
+    if stored_fp8(plan.shape, plan.weights) or cfg.quantization == "fp8":
+        how = plan.shape.quantization or "--quantization fp8"
+        weights_dtype = f"{how}: linear layers f8_e4m3, the rest {weights_dtype}"
+    elif plan.weights.dtype not in ("BF16", "F16", "F32", "F64"):
         weights_dtype = plan.weights.dtype.lower()  # a quantized payload keeps its own dtype
         if plan.shape.quantization:  # e.g. "mxfp4 (u8)": MXFP4 blocks and scales are U8
             weights_dtype = f"{plan.shape.quantization} ({weights_dtype})"

@@ -106,6 +106,7 @@ def test_a_quantized_checkpoint_is_refused_by_the_preflight_before_serve(tmp_pat
     exit 2, and serve is never started (it would crash at loading)."""
     from budget_checkpoints import write_quantized
 
+    from kvledger.engine.model.config import SERVED_WEIGHTS
     from kvledger.operator import local_run
 
     def no_serve(*args, **kwargs):
@@ -118,8 +119,7 @@ def test_a_quantized_checkpoint_is_refused_by_the_preflight_before_serve(tmp_pat
     assert kvledger(["run", write(tmp_path, doc)]) == EXIT_BAD_INPUT
     out, err = capsys.readouterr()
     assert err == (f"error: checkpoint is quantized with {method!r} "
-                   "(quantization_config.quant_method); kvledger's engine serves unquantized "
-                   "float16/bfloat16/float32 checkpoints only\n")
+                   f"(quantization_config.quant_method); {SERVED_WEIGHTS}\n")
     assert "pre-flight passed" not in out
 
 

@@ -21,7 +21,8 @@ from kvledger.engine.model.loadable import loadable_config, unexpected_tensors
 from kvledger.engine.planner.checkpoint import read_weights
 from kvledger.engine.planner.plan import make_plan
 
-METHODS = ["fp8", "gptq", "awq", "bitsandbytes", "mxfp4", "compressed-tensors", "gguf", "hqq"]
+# fp8 is served (tests/planner/test_fp8_plan.py); compressed-tensors here is its W4A16.
+METHODS = ["gptq", "awq", "bitsandbytes", "mxfp4", "compressed-tensors", "gguf", "hqq"]
 
 
 def _one_line_exit_2(argv: list[str], capsys) -> str:
@@ -38,7 +39,10 @@ def test_plan_and_preflight_refuse_a_quantized_checkpoint_by_its_method(tmp_path
     model = tmp_path / method
     write_quantized(model, method)
     expected = (f"checkpoint is quantized with {method!r} (quantization_config.quant_method); "
-                "kvledger's engine serves unquantized float16/bfloat16/float32 checkpoints only")
+                "kvledger's engine serves unquantized float16/bfloat16/float32 checkpoints and "
+                "FP8 ones (quant_method 'fp8', or 'compressed-tensors' float-quantized: e4m3 "
+                "weights, per-tensor or per-channel scales)")
+    assert expected.endswith(SERVED_WEIGHTS)
     flags = ["--model", str(model), "--device-memory", "24GiB"]
     assert _one_line_exit_2(["plan", *flags], capsys) == expected
     assert _one_line_exit_2(["plan", *flags, "--json"], capsys) == expected

@@ -43,7 +43,7 @@ def test_port_in_use_exits_1(tiny_llama_dir, capsys):
 
 
 @pytest.mark.parametrize(("method", "quantization_config", "message"), [
-    ("fp8", True, "error: checkpoint is quantized with 'fp8' (quantization_config.quant_method); "),
+    ("awq", True, "error: checkpoint is quantized with 'awq' (quantization_config.quant_method); "),
     ("gptq", True, "error: checkpoint is quantized with 'gptq' "),
     ("bitsandbytes", True, "error: checkpoint is quantized with 'bitsandbytes' "),
     ("fp8", False, "error: checkpoint has tensors kvledger's engine does not load for "
@@ -57,6 +57,7 @@ def test_a_quantized_checkpoint_is_refused_before_loading(tmp_path, capsys, monk
     from budget_checkpoints import write_quantized
 
     from kvledger.engine.core import startup
+    from kvledger.engine.model.config import SERVED_WEIGHTS
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the weights were loaded")
@@ -67,5 +68,4 @@ def test_a_quantized_checkpoint_is_refused_before_loading(tmp_path, capsys, monk
                  "--port", "0", "--log-level", "error"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith(message) and err.count("\n") == 1, err
-    assert err.endswith("kvledger's engine serves unquantized float16/bfloat16/float32 "
-                        "checkpoints only\n")
+    assert err.endswith(f"; {SERVED_WEIGHTS}\n")

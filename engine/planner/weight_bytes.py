@@ -1,0 +1,87 @@
+"""The bytes a checkpoint's weights take once the engine has loaded them, from the
+safetensors headers alone: the one rule the plan counts and the engine's loader follows
+(``model/loader.py``; tests hold the two equal).
+
+- Floating tensors are cast to the model dtype.
+- An FP8 checkpoint (``fp8_format``): its F8_E4M3 weights as stored, one byte each; its
+  scales in float32, whatever dtype they are stored in; everything else (embeddings, LM
+  head, norms, biases) cast to the model dtype.
+- ``--quantization fp8``: each linear layer's weight at one byte plus a float32 scale per
+  output channel (``fp8_format.on_load_bytes``); everything else cast to the model dtype.
+- A checkpoint quantized any other way (a vLLM what-if plan; the engine refuses it): as
+  stored, its scales included.
+"""
+
+from __future__ import annotations
+
+from kvledger.engine.model.config import SUPPORTED_ARCHITECTURES
+from kvledger.engine.model.fp8_format import (
+    FP8,
+    FP8_DTYPE,
+    SCALE_BYTES,
+    SCALE_SUFFIXES,
+    on_load_bytes,
+    quantized_on_load,
+)
+from kvledger.engine.planner import estimates
+from kvledger.engine.planner.checkpoint import (
+    CASTABLE_DTYPES,
+    DTYPE_BITS,
+    ModelShape,
+    WeightsInfo,
+)
+
+
+def stored_fp8(shape: ModelShape, weights: WeightsInfo) -> bool:
+    """Whether the checkpoint is FP8 that kvledger's engine serves, for an architecture it
+    serves: quant_method ``fp8``, or ``compressed-tensors`` holding F8_E4M3 tensors (its
+    float-quantized format; ``fp8_format.fp8_method`` checks config.json). Another
+    architecture's FP8 (DeepSeek-V3's block-wise scales) is a vLLM what-if, as stored."""
+    if shape.architecture not in SUPPORTED_ARCHITECTURES:
+        return False
+    return shape.quantization == FP8 or (shape.quantization == "compressed-tensors"
+                                         and FP8_DTYPE in weights.bytes_by_dtype)
+
+
+def loaded_weight_bytes(weights: WeightsInfo, model_dtype: str, *,
+                        shape: ModelShape | None = None, quantize_fp8: bool = False) -> int:
+    """The checkpoint's bytes as the engine holds them in ``model_dtype``; ``shape`` says
+    how config.json quantizes them (None: not at all), ``quantize_fp8`` is
+    ``--quantization fp8``."""
+    fp8 = shape is not None and stored_fp8(shape, weights)
+    if shape is not None and shape.quantization and not fp8:
+        return weights.total_bytes
+    target_bits = estimates.DTYPE_BYTES[model_dtype] * 8
+    if not weights.tensors or not (fp8 or quantize_fp8):  # by dtype: every float is cast
+        total = sum(n * target_bits // DTYPE_BITS[d] if d in CASTABLE_DTYPES else n
+                    for d, n in weights.bytes_by_dtype.items())
+        return total if weights.bytes_by_dtype else weights.total_bytes
+    total = 0
+    for t in weights.tensors:
+        if t.name.endswith(SCALE_SUFFIXES):
+            total += SCALE_BYTES * (t.nbytes * 8 // DTYPE_BITS[t.dtype])
+        elif t.dtype not in CASTABLE_DTYPES:
+            total += t.nbytes
+        elif quantize_fp8 and not fp8 and quantized_on_load(t.name):
+            total += on_load_bytes(t.shape)
+        else:
+            total += t.nbytes * target_bits // DTYPE_BITS[t.dtype]
+    return total
+
+
+def fp8_workspace_bytes(shape: ModelShape, weights: WeightsInfo, model_dtype: str, tokens: int,
+                        *, quantize_fp8: bool) -> int:
+    """What FP8 layers add to a step's activations (``fp8_linear.Fp8Linear``): the largest
+    linear layer's weight dequantized (``fp8_linear.dequantize``: its float16 bits, then
+    the model dtype's copy unless that is float16; one layer at a time, freed after its
+    matmul), and with static input scales the widest input rounded through float32 and FP8
+    (``tokens`` rows). 0 for weights that are not FP8."""
+    if not (quantize_fp8 or stored_fp8(shape, weights)):
+        return 0
+    q_size = shape.num_attention_heads * shape.head_dim
+    widest_in = max(shape.hidden_size, q_size, shape.intermediate_size)
+    largest = max(shape.intermediate_size, q_size) * shape.hidden_size
+    static = any(t.name.endswith(".input_scale") for t in weights.tensors)
+    rounding = tokens * widest_in * (4 + 1 + estimates.DTYPE_BYTES[model_dtype]) if static else 0
+    dequantized = 2 if model_dtype == "float16" else 2 + estimates.DTYPE_BYTES[model_dtype]
+    return largest * dequantized + rounding
