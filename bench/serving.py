@@ -3,7 +3,7 @@ flags and workloads, measured in the same run on this machine.
 
     .venv/bin/python bench/serving.py [--vllm PATH] [--overload-seconds 120] [--clients 48]
         [--concurrency 1 3 8 32] [--rounds 2] [--deadline-seconds 300] [--seed 0]
-        [--backfill-too] [--json]
+        [--backfill-too] [--safe-too] [--json]
     # ~15 min with vLLM; a quick one: --overload-seconds 30 --clients 16 --rounds 1
 
 Both servers: the built-in ``small-llama`` (fp32), ``--max-model-len 512
@@ -30,7 +30,8 @@ part run side by side (idle, neither takes CPU) and are loaded one at a time.
   once idle, and that it exports no preemption counter (it never preempts). The CPU
   that other processes used meanwhile is printed too (``OtherCpu``). ``--backfill-too``
   runs the overload on ``kvledger serve --backfill`` as well, to show what backfilling
-  the line does; its figures are shown, not judged.
+  the line does, and ``--safe-too`` on ``kvledger serve --admission safe`` (safe
+  over-commitment; its paused steps are counted); their figures are shown, not judged.
 
 Claims (exit 1, one ``serving: FAILED:`` line each, when one fails): kvledger's tok/s is
 at least vLLM's less ``NOISE_MARGIN`` at every concurrency; under overload kvledger's
