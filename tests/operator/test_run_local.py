@@ -362,7 +362,7 @@ def test_a_hub_model_is_preflighted_and_served_by_its_uri(tmp_path, capsys, monk
     assert out.splitlines()[0] == ("local: ignored off the cluster: spec.model.tokenSecretRef, "
                                    "spec.model.endpoint, spec.model.cache")
     [args] = ran
-    assert (args.model, args.served_model_name, args.device) == ("hf://org/m@v1", "m", "cpu")
+    assert (args.model, args.served_model_name, args.device) == ("hf://org/m@v1", ["m"], "cpu")
     assert args.download_dir is None  # the engine's default cache
     [argv] = execs
     assert argv[4:6] == ["--model", "hf://org/m@v1"] and "--download-dir" not in argv
