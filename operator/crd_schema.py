@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kvledger.engine.config import ADMISSIONS, DTYPES, KV_CACHE_DTYPES, SIZE_RE
+from kvledger.engine.config import ADMISSIONS, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, SIZE_RE
 from kvledger.engine.planner.hub.repo import HUB_URI_RE
 from kvledger.engine.server.tool_parsers import PARSERS
 from kvledger.operator.quantity import TARGET_PATTERN
@@ -129,6 +129,9 @@ _ENGINE = _ruled({
         "enforceEager": {"type": "boolean"},
         "enablePrefixCaching": {"type": "boolean", "description": "share computed prompt "
                                 "blocks between requests (default true)"},
+        "quantization": {"type": "string", "enum": list(QUANTIZATIONS),
+                         "description": "quantize the linear layers to this format on load "
+                                        "(--quantization); a checkpoint's own FP8 needs none"},
         "admission": {"type": "string", "enum": list(ADMISSIONS),
                       "description": "reserve (default): a request holds prompt + max_tokens of "
                                      "KV from admission to its end; safe: more run at once, "

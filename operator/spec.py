@@ -46,6 +46,7 @@ _ENGINE_FIELDS = {
     "enforceEager": "enforce_eager",
     "enablePrefixCaching": "enable_prefix_caching",
     "admission": "admission",
+    "quantization": "quantization",
     "seed": "seed",
 }
 _MEMORY_FIELDS = {

@@ -31,7 +31,8 @@ SPEC = {
                          "mountPath": "/models"}},
     "engine": {"maxModelLen": 8192, "maxNumSeqs": 32, "maxNumBatchedTokens": 8192,
                "blockSize": 32, "dtype": "bfloat16", "kvCacheDtype": "fp8",
-               "enforceEager": True, "enablePrefixCaching": False, "admission": "safe"},
+               "enforceEager": True, "enablePrefixCaching": False, "admission": "safe",
+               "quantization": "fp8"},
     "memory": {"limit": "40Gi", "gpuMemoryUtilization": 0.9, "numGpuBlocksOverride": 4000,
                "kvCacheMemoryBytes": 8589934592},
     "gpus": 1, "replicas": 3, "port": 9000,
@@ -54,7 +55,7 @@ def test_every_spec_field_becomes_its_flag_and_parses_back():
     assert (parsed.block_size, parsed.dtype, parsed.kv_cache_dtype) == (32, "bfloat16", "fp8")
     assert parsed.enforce_eager and parsed.gpu_memory_utilization == 0.9
     assert not parsed.enable_prefix_caching and "--no-enable-prefix-caching" in flags
-    assert parsed.admission == "safe"
+    assert parsed.admission == "safe" and parsed.quantization == "fp8"
     assert parsed.memory_limit_bytes == 40 * 2**30
     assert parsed.num_gpu_blocks_override == 4000 and parsed.kv_cache_memory_bytes == 8 * 2**30
     assert (parsed.model, parsed.served_model_name, parsed.device) == (
