@@ -19,26 +19,11 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
+
+from engine_steps import interleaved
 
 BATCHES = (1, 2, 3, 4, 8, 16, 32)
 FLAT_LIMIT = 1.3  # step(3) / step(1)
-
-
-def step_ms(engine, batch: int, tag: str) -> float:
-    from kvledger.engine.sampling.params import SamplingParams
-
-    params = SamplingParams(temperature=0, max_tokens=130, ignore_eos=True)
-    for i in range(batch):
-        engine.add_request(f"{tag}-{i}", [5 + (i * 7 + j) % 900 for j in range(32)], params)
-    times, step = [], 0
-    while engine.has_unfinished_requests():
-        started = time.perf_counter()
-        engine.step()
-        step += 1
-        if 20 <= step <= 120:
-            times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
 
 
 def make_engine(model_dir: str, packed: bool):
@@ -70,11 +55,7 @@ def main() -> int:
     model_dir = str(write_model(args.model, tempfile.mkdtemp(prefix="kvledger-bench-")))
     engines = {"packed (oneDNN)": make_engine(model_dir, True),
                "nn.Linear (MKL)": make_engine(model_dir, False)}
-    runs: dict[tuple[str, int], list[float]] = {}
-    for round_ in range(args.rounds):
-        for batch in BATCHES:
-            for name, engine in engines.items():
-                runs.setdefault((name, batch), []).append(step_ms(engine, batch, f"{round_}-{batch}"))
+    runs = interleaved(engines, BATCHES, args.rounds, max_tokens=130, steps=range(20, 121))
     ms = {key: statistics.median(values) for key, values in runs.items()}
     print(f"model {args.model}, {torch.get_num_threads()} torch threads, fp32, decode step "
           f"p50 (ms) over {args.rounds} rounds")

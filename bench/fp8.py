@@ -18,29 +18,13 @@ saving there; on CUDA from compute capability 8.9 ``torch._scaled_mm`` runs inst
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
+
+from engine_steps import interleaved
 
 BATCHES = (1, 8)
 BYTES_LIMIT = 0.4  # fp8 weights / fp32 weights (small-llama: embeddings stay fp32)
-
-
-def step_ms(engine, batch: int, tag: str) -> float:
-    from kvledger.engine.sampling.params import SamplingParams
-
-    params = SamplingParams(temperature=0, max_tokens=70, ignore_eos=True)
-    for i in range(batch):
-        engine.add_request(f"{tag}-{i}", [5 + (i * 7 + j) % 900 for j in range(32)], params)
-    times, step = [], 0
-    while engine.has_unfinished_requests():
-        started = time.perf_counter()
-        engine.step()
-        step += 1
-        if 10 <= step <= 60:
-            times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
 
 
 def make_engine(model_dir: str, quantization: str | None):
@@ -73,13 +57,8 @@ def main() -> int:
 
     model_dir = str(write_model(args.model, tempfile.mkdtemp(prefix="kvledger-bench-")))
     engines = {"fp32": make_engine(model_dir, None), "fp8": make_engine(model_dir, "fp8")}
-    runs: dict[tuple[str, int], list[float]] = {}
-    for round_ in range(args.rounds):
-        for batch in BATCHES:
-            for name, engine in engines.items():
-                runs.setdefault((name, batch), []).append(step_ms(engine, batch, f"{round_}-{batch}"))
-                print(f"round {round_ + 1}, batch {batch}, {name}: {runs[(name, batch)][-1]:.1f} "
-                      "ms a step", file=sys.stderr, flush=True)
+    runs = interleaved(engines, BATCHES, args.rounds, max_tokens=70, steps=range(10, 61),
+                       progress=True)
     ms = {key: min(values) for key, values in runs.items()}  # the least disturbed round
     held = {name: weights_bytes(engine.runner.model) for name, engine in engines.items()}
     print(f"model {args.model}, {torch.get_num_threads()} torch threads, decode step p50, "

@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from kvledger.engine.kv.claims import blocks_for
+
 
 @dataclass
 class Claim:
@@ -69,7 +71,7 @@ def peak_blocks(timelines: Iterable[tuple[int, int]], block_size: int) -> int:
     timelines = [(start, max(total - start, 1)) for start, total in timelines]
     peak = 0
     for last in {left - 1 for _, left in timelines}:
-        held = sum(-(-(start + last + 1) // block_size)
+        held = sum(blocks_for(start + last + 1, block_size)
                    for start, left in timelines if left > last)
         peak = max(peak, held)
     return peak
