@@ -3,7 +3,7 @@ flags and workloads, measured in the same run on this machine.
 
     .venv/bin/python bench/serving.py [--vllm PATH] [--overload-seconds 120] [--clients 48]
         [--concurrency 1 3 8 32] [--rounds 2] [--deadline-seconds 300] [--seed 0]
-        [--backfill-too] [--safe-too] [--json]
+        [--backfill-too] [--reserve-too] [--json]
     # ~15 min with vLLM; a quick one: --overload-seconds 30 --clients 16 --rounds 1
 
 Both servers: the built-in ``small-llama`` (fp32), ``--max-model-len 512
@@ -30,8 +30,9 @@ part run side by side (idle, neither takes CPU) and are loaded one at a time.
   once idle, and that it exports no preemption counter (it never preempts). The CPU
   that other processes used meanwhile is printed too (``OtherCpu``). ``--backfill-too``
   runs the overload on ``kvledger serve --backfill`` as well, to show what backfilling
-  the line does, and ``--safe-too`` on ``kvledger serve --admission safe`` (safe
-  over-commitment; its paused steps are counted); their figures are shown, not judged.
+  the line does, and ``--reserve-too`` on ``kvledger serve --admission reserve`` (every
+  promise held from admission, where the default over-commits safely); their figures are
+  shown, not judged. kvledger's paused steps are counted.
 
 Claims (exit 1, one ``serving: FAILED:`` line each, when one fails): kvledger's tok/s is
 at least vLLM's less ``NOISE_MARGIN`` at every concurrency; under overload kvledger's
@@ -70,8 +71,8 @@ from kvledger.engine.model.builtin import SPECIAL_TOKENS
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "small-llama"
 BACKFILL = "kvledger-backfill"  # kvledger serve --backfill (--backfill-too, overload only)
-SAFE = "kvledger-safe"  # kvledger serve --admission safe (--safe-too, overload only)
-VARIANTS = {BACKFILL: ["--backfill"], SAFE: ["--admission", "safe"]}
+RESERVE = "kvledger-reserve"  # kvledger serve --admission reserve (--reserve-too, overload only)
+VARIANTS = {BACKFILL: ["--backfill"], RESERVE: ["--admission", "reserve"]}
 VOCAB_SIZE = 1024
 SERVE_FLAGS = ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "32",
                "--block-size", "32", "--enforce-eager"]
@@ -695,7 +696,7 @@ async def bench(args) -> dict:
                         MODEL, model_dir], check=True, stdout=subprocess.DEVNULL)
         systems = ["kvledger"] + (["vllm"] if args.vllm else [])
         rates, part1_other_cpu = await part1(systems, args, model_dir, tmp)
-        variants = [BACKFILL] * args.backfill_too + [SAFE] * args.safe_too
+        variants = [BACKFILL] * args.backfill_too + [RESERVE] * args.reserve_too
         loads = await overload(systems + variants, args, model_dir, tmp)
     part1_rows = []
     for c in args.concurrency:
@@ -728,8 +729,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backfill-too", action="store_true",
                         help="also run the overload on kvledger serve --backfill")
-    parser.add_argument("--safe-too", action="store_true",
-                        help="also run the overload on kvledger serve --admission safe")
+    parser.add_argument("--reserve-too", action="store_true",
+                        help="also run the overload on kvledger serve --admission reserve")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     asked = args.vllm

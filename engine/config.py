@@ -76,7 +76,7 @@ class EngineConfig:
     quantization: str | None = None  # "fp8": quantize the linear layers on load
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
-    admission: str = "reserve"  # or "safe": over-commit KV while every request can finish
+    admission: str = "safe"  # over-commit KV while every request can finish; or "reserve"
     gpu_memory_utilization: float | None = None
     num_gpu_blocks_override: int | None = None
     kv_cache_memory_bytes: int | None = None
@@ -259,14 +259,14 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="share the KV blocks of prompts that begin alike between requests, "
                         "as vLLM does by default")
-    g.add_argument("--admission", choices=ADMISSIONS, default="reserve",
-                   help="reserve (default): a request is admitted once prompt + max_tokens of "
-                        "KV is free, and holds it to the end. safe: admitted while every "
-                        "request admitted can still reach its max_tokens in some order (the "
-                        "banker's algorithm); KV blocks are drawn as tokens need them and a "
-                        "request whose next block would break that pauses a step, keeping its "
-                        "KV: more requests run in the same pool, none is preempted or "
-                        "recomputed, none fails mid-decode")
+    g.add_argument("--admission", choices=ADMISSIONS, default="safe",
+                   help="safe (default): a request is admitted while every request admitted "
+                        "can still reach its max_tokens in some order (the banker's "
+                        "algorithm); KV blocks are drawn as tokens need them and a request "
+                        "whose next block would break that pauses a step, keeping its KV: "
+                        "more requests run in the same pool, none is preempted or recomputed, "
+                        "none fails mid-decode. reserve: a request is admitted once prompt + "
+                        "max_tokens of KV is free, and holds it to the end")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--grammar-cache-bytes", type=size_arg, default=DEFAULT_GRAMMAR_CACHE_BYTES,
                    metavar="SIZE",

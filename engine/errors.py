@@ -70,13 +70,14 @@ class PoolTooSmall(BadInput):
 
 
 class AdmissionRejected(KvledgerError):
-    """The KV ledger cannot reserve ``prompt + output cap`` right now (HTTP 429).
+    """The KV ledger cannot admit ``prompt + output cap`` right now (HTTP 429); over-committing
+    (``--admission safe``) ``reason`` says why.
 
     Not a user error: the same request fits once running requests release blocks.
     """
 
-    def __init__(self, needed_blocks: int, free_blocks: int) -> None:
+    def __init__(self, needed_blocks: int, free_blocks: int, reason: str | None = None) -> None:
         super().__init__(f"KV cache full: the request needs {needed_blocks} blocks, "
-                         f"{free_blocks} are unreserved")
+                         + (f"and {reason}" if reason else f"{free_blocks} are unreserved"))
         self.needed_blocks = needed_blocks
         self.free_blocks = free_blocks

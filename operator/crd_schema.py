@@ -133,10 +133,10 @@ _ENGINE = _ruled({
                          "description": "quantize the linear layers to this format on load "
                                         "(--quantization); a checkpoint's own FP8 needs none"},
         "admission": {"type": "string", "enum": list(ADMISSIONS),
-                      "description": "reserve (default): a request holds prompt + max_tokens of "
-                                     "KV from admission to its end; safe: more run at once, "
-                                     "admitted while every request can still reach its cap "
-                                     "(--admission)"},
+                      "description": "safe (default): admitted while every request "
+                                     "admitted can still reach its cap, more run at once; "
+                                     "reserve: a request holds prompt + max_tokens of KV from "
+                                     "admission to its end (--admission)"},
         "seed": {"type": "integer", "minimum": 0},
     },
 }, "engine")

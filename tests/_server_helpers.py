@@ -27,6 +27,16 @@ def make_llm(model_dir: Path, **flags):
     return LLMEngine.from_config(EngineConfig(model=str(model_dir), device="cpu", **values))
 
 
+def fill_pool(ledger):
+    """Hold the whole pool as one request that has written all of it: no request is
+    admitted beside it, whether the ledger reserves or over-commits (``--admission safe``
+    admits beside a promise not yet written)."""
+    tokens = ledger.num_blocks * ledger.block_size
+    held = ledger.try_reserve(tokens)
+    assert ledger.grow(held, tokens) == tokens
+    return held
+
+
 async def start_app(aiohttp_client, llm, **options):
     """An aiohttp test client on a loaded, warmed app serving ``llm``."""
     app = build_app(ServeOptions(**options))

@@ -140,7 +140,8 @@ class LLMEngine:
         reservation = self.ledger.try_reserve(tokens, ids, use_cached=use_cached)
         if reservation is None:
             needed = self.ledger.blocks_needed(tokens, 1, ids, use_cached=use_cached)
-            raise AdmissionRejected(needed, self.ledger.free_blocks)
+            safety = self.ledger.overcommit
+            raise AdmissionRejected(needed, self.ledger.free_blocks, safety and safety.refusal)
         return reservation
 
     def abort_request(self, request_id: str) -> None:

@@ -58,6 +58,7 @@ class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.ref_counts = [0] * num_blocks
+        self.shared: set[int] = set()  # blocks held more than once (``ref_counts`` >= 2)
         self._hash_of: list[BlockHash | None] = [None] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
         self._cached: OrderedDict[int, None] = OrderedDict()  # least recently released first
@@ -95,13 +96,17 @@ class BlockPool:
             del self._cached[block]
             self.num_in_use += 1
         self.ref_counts[block] += times
+        if self.ref_counts[block] >= 2:
+            self.shared.add(block)
 
     def unpin(self, block: int) -> None:
         """Drop one hold; at zero a registered block is cached (most recent), others free."""
         if self.ref_counts[block] <= 0:
             raise RuntimeError(f"block {block} released more often than held")  # a ledger bug
         self.ref_counts[block] -= 1
-        if self.ref_counts[block] == 0:
+        if self.ref_counts[block] == 1:
+            self.shared.discard(block)
+        elif self.ref_counts[block] == 0:
             self.num_in_use -= 1
             if self._hash_of[block] is None:
                 self._free.append(block)

@@ -1,14 +1,14 @@
-"""The KV reservation ledger: admission never over-commits the block pool, and requests
-whose prompts begin alike share the blocks of that prefix (prefix caching).
+"""The KV reservation ledger: an admitted request can always reach its output cap, and
+requests whose prompts begin alike share the blocks of that prefix (prefix caching).
 
 Admitting a request reserves ``blocks_for(prompt + output cap)`` blocks for its whole
 life (a ``Reservation``: the cached blocks it pinned, and those it may still draw), so a
 running request can never run out of KV mid-decode.
 
 Accounting. Each physical block is in use (held by a reservation), cached (held by none
-but registered, so it can be pinned again; see ``block_pool``) or free. The ledger keeps
-``in_use + outstanding <= num_blocks``, ``outstanding`` being the draws all live
-reservations may still make:
+but registered, so it can be pinned again; see ``block_pool``) or free. Reserving
+(``--admission reserve``) the ledger keeps ``in_use + outstanding <= num_blocks``,
+``outstanding`` being the draws all live reservations may still make:
 
 - admission adds the request's draws (per choice) and the hits it pins that were cached
   (ref 0 -> 1; a hit already in use costs nothing, and ``n`` choices pinning the same
@@ -21,7 +21,7 @@ reservations may still make:
 - a release drops each of its blocks' reference counts (at zero a registered block is
   cached, an unregistered one free) and gives up the draws it did not make.
 
-``--admission safe`` (``overcommit``) drops the invariant for a weaker one that keeps the
+``--admission safe`` (``overcommit``, the default) keeps a weaker invariant that keeps the
 promise: admissions, draws and pins are allowed while every live reservation can still
 reach its cap in some order (``safety.py``, the banker's algorithm); a draw that would
 break that is refused (``grow`` returns short) and its request pauses a step.
@@ -75,8 +75,8 @@ class KVLedger:
         self.prefix_cache_hits = 0     # tokens
         self._pool = BlockPool(num_blocks)
         self._outstanding = 0
-        # --admission safe: admit and draw while every request can still finish (safety.py).
-        self.overcommit = Overcommit(num_blocks, block_size, max_live) if overcommit else None
+        self.overcommit = (Overcommit(num_blocks, block_size, max_live, self._pool)
+                           if overcommit else None)  # --admission safe (safety.py)
         self._lock = threading.Lock()
 
     # -- figures ------------------------------------------------------------------------
@@ -111,8 +111,7 @@ class KVLedger:
     # -- admission ----------------------------------------------------------------------
     def try_reserve(self, num_tokens: int, prompt_token_ids: Sequence[int] | None = None, *,
                     use_cached: bool = True, salt: str | None = None) -> Reservation | None:
-        """Claim blocks for ``num_tokens`` tokens (prompt + cap), or return None when they
-        are not free. See ``try_reserve_each``."""
+        """Claim blocks for ``num_tokens`` tokens (prompt + cap), or None: see ``try_reserve_each``."""
         reservations = self.try_reserve_each(num_tokens, 1, prompt_token_ids,
                                              use_cached=use_cached, salt=salt)
         return reservations[0] if reservations else None
@@ -131,7 +130,7 @@ class KVLedger:
         root = salt_root(salt)
         needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached,
                                                 root)
-        full = self._shareable(count, len(prompt_token_ids or ()), use_cached)
+        full = shareable_blocks(count, len(prompt_token_ids or ()), self.block_size, use_cached)
         with self._lock:
             hits, cost = self._hits(hashes[:lookups or 0], needed, count)
             shared = max(0, full - len(hits))
@@ -141,8 +140,9 @@ class KVLedger:
                     return None
             elif not self.overcommit.admits(self._pool.num_in_use, self._outstanding,
                                             self._pool.ref_counts, count, needed - len(hits),
-                                            hits, cost - (needed - len(hits)) * count,
-                                            len(prompt_token_ids or ()), num_tokens):
+                                            hits, cost - (needed - len(hits)) * count + shared
+                                            * (count - 1), len(prompt_token_ids or ()),
+                                            num_tokens, shared):
                 return None
             for block in hits:
                 self._pool.pin(block, count)
@@ -154,7 +154,8 @@ class KVLedger:
             reservations = [Reservation(needed, hits, self.block_size, hashes, prompt, root)
                             for _ in range(count)]
             if self.overcommit is not None:
-                self.overcommit.admit(reservations, len(prompt_token_ids or ()), num_tokens)
+                self.overcommit.admit(reservations, len(prompt_token_ids or ()), num_tokens,
+                                      shared)
         if shared:
             PromptShare.begin(reservations, len(hits), len(hits) + shared)
         return reservations
@@ -163,13 +164,8 @@ class KVLedger:
                            share: bool) -> int:
         """What ``count`` choices of ``num_tokens`` (prompt + cap) claim with nothing
         cached: the shared prompt blocks (``share``) once."""
-        shared = self._shareable(count, prompt_tokens, share)
+        shared = shareable_blocks(count, prompt_tokens, self.block_size, share)
         return self.blocks_for(num_tokens) * count - shared * (count - 1)
-
-    def _shareable(self, count: int, prompt_tokens: int, share: bool) -> int:
-        # Over-committing, choices do not share: the safety check does not follow shares.
-        share = share and self.overcommit is None
-        return shareable_blocks(count, prompt_tokens, self.block_size, share)
 
     def _prepare(self, num_tokens: int, count: int, prompt_token_ids: Sequence[int] | None,
                  use_cached: bool, root: BlockHash | None) -> tuple[int, list[BlockHash], int | None]:
@@ -193,7 +189,7 @@ class KVLedger:
         blocks it would pin); without a prompt or caching, ``count * blocks_for``."""
         needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached,
                                                 salt_root(salt))
-        full = self._shareable(count, len(prompt_token_ids or ()), use_cached)
+        full = shareable_blocks(count, len(prompt_token_ids or ()), self.block_size, use_cached)
         with self._lock:
             hits, cost = self._hits(hashes[:lookups or 0], needed, count)
             return cost - max(0, full - len(hits)) * (count - 1)
@@ -328,7 +324,11 @@ class KVLedger:
             share = owner.share
             if share is None or share.owner is not owner or owner.released:
                 return []
-            return share.hand_out(self._pool, self.block_size)
+            waiting = len(share.waiting)
+            handed = share.hand_out(self._pool, self.block_size,
+                                    self.overcommit and self.overcommit.may_share)
+            self._outstanding += (waiting - len(handed)) * (share.end - share.start)
+            return handed
 
     def release(self, reservation: Reservation) -> None:
         """Give back the reservation's blocks and undrawn claim; a second call does nothing.

@@ -10,7 +10,7 @@ again as its request starts) and a count of blocks it may still *draw*
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvledger.engine.kv.block_pool import BlockHash, BlockPool
 
@@ -37,20 +37,30 @@ class PromptShare:
         for reservation in share.waiting:
             reservation.draws_left -= end - start
 
-    def hand_out(self, pool: BlockPool, block_size: int) -> list[Reservation]:
+    def hand_out(self, pool: BlockPool, block_size: int,
+                 may_share: Callable[[Reservation, list[int]], bool] | None = None
+                 ) -> list[Reservation]:
         """The owner has computed the shared blocks: pin them for the waiting choices,
-        which then start after them. Returns those choices. Under the ledger's lock."""
+        which then start after them. Returns those choices; one ``may_share`` refuses
+        (``--admission safe``) leaves the share and will draw and compute its own, its
+        claim grown by as many. Under the ledger's lock."""
         blocks = self.owner.block_ids[self.start:self.end]
         if self.waiting and len(blocks) != self.end - self.start:
             raise RuntimeError("share_prompt() before the owner drew its prompt")  # engine bug
-        waiting, self.waiting = self.waiting, []
-        for reservation in waiting:
+        handed = []
+        while self.waiting:  # the others still count as awaiting while one is checked
+            reservation = self.waiting.pop(0)
+            if may_share is not None and not may_share(reservation, blocks):
+                reservation.share = None
+                reservation.draws_left += len(blocks)
+                continue
             for block in blocks:
                 pool.pin(block)
             reservation.block_ids.extend(blocks)
             reservation.num_cached_blocks = reservation.num_registered_blocks = self.end
             reservation.num_cached_tokens = self.end * block_size
-        return waiting
+            handed.append(reservation)
+        return handed
 
     def leave(self, reservation: Reservation) -> int:
         """``reservation`` is released: an owner hands its claim on the shared blocks to

@@ -1,14 +1,12 @@
-"""Reservation admission: a request runs only once the KV ledger holds ``prompt + cap``.
+"""Reservation admission: a request runs only once the KV ledger admits ``prompt + cap``.
 
 The story of one request: ``effective_cap`` turns the requested ``max_tokens`` into the
 cap (the engine's rule, ``output_cap``; its refusals are 413/400 here), ``admit``
 reserves ``prompt + cap`` tokens of KV blocks (400 when the pool could never hold them,
 the ledger's ``check_fits``), at once or after waiting in a FIFO line of at most
 ``max_queue_len`` (for at most ``max_queue_wait_s``, when set). Nobody overtakes the head
-of the line, so the blocks that come back accumulate for the oldest waiter: a large
-promise waits for those ahead of it, never for every smaller one that arrives after it.
-With ``--backfill`` a later request done before the head can start may go first
-(``due_back.py``).
+of the line, so the blocks that come back accumulate for the oldest waiter, never for a
+smaller late-comer; with ``--backfill`` one done before the head can start may go first.
 A refusal (the line full, or the wait over) carries the wait after which enough blocks are due
 back: the running requests' remaining caps at the observed decode rate, soonest first,
 with jitter so rejected clients do not return in lock-step. ``done`` forgets the
@@ -87,9 +85,7 @@ class _Waiter:
 
 
 class Admission:
-    """Admits requests against ``ledger`` (a ``KVLedger``: ``check_fits``,
-    ``try_reserve_each``, ``blocks_needed``, ``blocks_for``, ``blocks_returned``,
-    ``release``)."""
+    """Admits requests against ``ledger`` (a ``KVLedger``)."""
 
     def __init__(self, ledger: Any, *, max_model_len: int, max_queue_wait_s: float | None = 0.0,
                  max_queue_len: int = DEFAULT_MAX_QUEUE_LEN, max_num_seqs: int | None = None,
@@ -237,19 +233,19 @@ class Admission:
         cap unset it needs exactly ``max_model_len`` tokens, of which at most
         ``(max_prompt_tokens - 1) // block_size`` blocks may be cached.
         """
-        if ((self.queues and not self.queue_full) or max_prompt_tokens >= self.max_model_len
-                or self.ledger.overcommit is not None):  # (safe: free blocks do not decide)
+        if (self.queues and not self.queue_full) or max_prompt_tokens >= self.max_model_len:
             return None  # it would queue, or it might be a 413
+        fifo_full = self.queues and not self.backfill  # a full line nobody overtakes
         if requested is not None and max_prompt_tokens + requested > self.max_model_len:
             return None  # it might be a 400
-        if requested is None:
-            cached = 0
-            if self.ledger.enable_prefix_caching:
-                cached = (max_prompt_tokens - 1) // self.ledger.block_size
-            least = n * (self.ledger.blocks_for(self.max_model_len) - cached)
-        else:
-            least = n * self.ledger.blocks_for(1 + requested)
-        if least <= self.ledger.free_blocks or least > self.ledger.num_blocks:
+        cached = 0
+        if requested is None and self.ledger.enable_prefix_caching:
+            cached = (max_prompt_tokens - 1) // self.ledger.block_size
+        least = n * (self.ledger.blocks_for(self.max_model_len) - cached if requested is None
+                     else self.ledger.blocks_for(1 + requested))
+        # Free blocks decide unless the line is full, or when over-committing (safe).
+        fits = least <= self.ledger.free_blocks or self.ledger.overcommit is not None
+        if least > self.ledger.num_blocks or (fits and not fifo_full):
             return None
         return self.rejection(least)
 

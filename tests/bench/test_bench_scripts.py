@@ -236,3 +236,19 @@ def test_admission_bench_records_an_over_committed_ledger():
     assert len(admission.failures([baseline, reservation], 48)) == 1
     reservation.failed_mid_flight = 1
     assert len(admission.failures([baseline, reservation], 48)) == 2
+
+
+def test_safe_checks_runs_both_admissions_at_every_scale():
+    """bench/safe_checks.py, briefly: every scale both ways, the pool empty after each, no
+    step where nobody could advance, and the safe runs over-committed where 400 steps get
+    there (what they time; the largest pool takes longer to fill)."""
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "safe_checks.py"), "--steps",
+                             "400", "--json"], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads(result.stdout)
+    assert [(r["admission"], r["blocks"]) for r in rows] == [
+        (admission, blocks) for blocks in (2048, 8192, 65536) for admission in ("reserve", "safe")]
+    assert all(r["pool_empty_after"] and r["steps_nobody_advanced"] == 0 for r in rows)
+    assert all(r["overcommitted_steps"] > 0 for r in rows
+               if r["admission"] == "safe" and r["blocks"] < 65536)
+    assert all(r["overcommitted_steps"] == 0 for r in rows if r["admission"] == "reserve")

@@ -114,7 +114,7 @@ def test_prompt_at_or_over_the_context_is_refused_without_a_reservation(engine):
 
 
 def test_admission_is_rejected_when_prompt_plus_cap_does_not_fit(tiny_llama_dir):
-    engine = make_engine(tiny_llama_dir, num_gpu_blocks_override=10)
+    engine = make_engine(tiny_llama_dir, num_gpu_blocks_override=10, admission="reserve")
     engine.add_request("big", [5] * 60, SamplingParams(max_tokens=68))  # 8 blocks
     with pytest.raises(AdmissionRejected) as info:
         engine.add_request("next", [5] * 20, SamplingParams(max_tokens=20))  # 3 blocks
@@ -312,12 +312,16 @@ def test_many_lengths_decoded_in_groups_match_each_run_alone(tiny_llama_dir):
     assert {rid: out.token_ids for rid, out in together.items()} == alone
 
 
-def test_random_adds_aborts_and_steps_never_over_commit_and_drain_to_zero(tiny_llama_dir):
+@pytest.mark.parametrize("admission", ["reserve", "safe"])
+def test_random_adds_aborts_and_steps_never_over_commit_and_drain_to_zero(tiny_llama_dir,
+                                                                           admission):
+    """Reserving, the promises never exceed the pool; over-committing (safe), the blocks
+    held never do. Either way the accounts add up and the pool drains to zero."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
     engine = make_engine(tiny_llama_dir, max_num_seqs=3, max_num_batched_tokens=48,
-                         num_gpu_blocks_override=20, block_size=8)
+                         num_gpu_blocks_override=20, block_size=8, admission=admission)
     action = st.one_of(
         st.tuples(st.just("add"), st.integers(1, 60), st.integers(1, 40)),
         st.tuples(st.just("abort"), st.integers(0, 30), st.just(0)),
@@ -342,7 +346,8 @@ def test_random_adds_aborts_and_steps_never_over_commit_and_drain_to_zero(tiny_l
             else:
                 engine.step()
             ledger = engine.ledger
-            assert ledger.reserved_blocks <= ledger.num_blocks
+            held = ledger.reserved_blocks if admission == "reserve" else ledger.used_blocks
+            assert held <= ledger.num_blocks
             live = (list(engine.scheduler.running.values()) + list(engine.scheduler.waiting)
                     + list(engine._pending_adds.values()))
             assert all(s.reservation.used_blocks <= s.reservation.num_blocks for s in live)

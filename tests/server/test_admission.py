@@ -182,6 +182,32 @@ async def test_early_rejection_only_when_the_answer_cannot_depend_on_the_prompt(
     adm.done(held)
 
 
+async def test_a_full_line_refuses_early_whatever_the_prompt_over_committing_or_not():
+    """Nobody overtakes a live waiter (strict FIFO): once the line is full a request is a
+    429 before tokenizing, even one that would fit now; over-committing (--admission safe)
+    that is the only early refusal, since free blocks do not decide there."""
+    for safe in (False, True):
+        ledger = KVLedger(10, 16, overcommit=safe)
+        adm = Admission(ledger, max_model_len=160, max_queue_len=1, max_queue_wait_s=5.0,
+                        decode_tokens_per_s=lambda: 10.0, rng=random.Random(0))
+        held = await adm.admit("held", 16, 144)           # all 10 blocks promised
+        assert adm.early_rejection(20, 10) is None        # the line has room: it may wait
+        waiter = asyncio.ensure_future(adm.admit("waiter", 16, 144))
+        await asyncio.sleep(0)
+        assert adm.queue_full
+        early = adm.early_rejection(20, 10)               # 2 blocks: free or not, refused
+        assert early is not None and early.status == 429
+        assert adm.early_rejection(20, 200) is None       # might be a 400: tokenize
+        adm.backfill = True
+        assert (adm.early_rejection(20, 10) is None) is safe  # it might go first
+        ledger.release(held.reservation)
+        adm.done(held)
+        ticket = await waiter
+        ledger.release(ticket.reservation)
+        adm.done(ticket)
+        assert ledger.used_blocks == ledger.reserved_blocks == 0
+
+
 async def test_a_waiter_cancelled_in_the_instant_it_is_granted_gives_the_blocks_back():
     adm = _admission(num_blocks=4, wait_s=5.0)
     held = await adm.admit("held", 16, 48)

@@ -7,7 +7,7 @@ import asyncio
 import json
 
 import pytest
-from _server_helpers import make_llm, metric, model_name, start_app, wait_for_metric
+from _server_helpers import fill_pool, make_llm, metric, model_name, start_app, wait_for_metric
 
 from kvledger.engine.config import add_engine_flags, config_from_args
 from kvledger.engine.server.app import build_app
@@ -17,6 +17,12 @@ from kvledger.engine.server.state import STATE
 @pytest.fixture(scope="module")
 def llm(tiny_llama_dir):
     return make_llm(tiny_llama_dir)
+
+
+@pytest.fixture(scope="module")
+def reserving_llm(tiny_llama_dir):
+    """--admission reserve: free (unpromised) blocks decide admission."""
+    return make_llm(tiny_llama_dir, admission="reserve")
 
 
 def _sse_events(raw: str) -> list:
@@ -220,8 +226,9 @@ def test_prompt_token_bound_used_by_early_rejection_holds(tiny_llama_dir):
 
 
 async def test_full_pool_refuses_with_the_same_answer_before_and_after_tokenizing(
-        aiohttp_client, llm):
-    client = await start_app(aiohttp_client, llm, max_queue_len=0)  # no line: refused at once
+        aiohttp_client, reserving_llm):
+    # No line: refused at once. Reserving, the promise held decides, unwritten as it is.
+    client = await start_app(aiohttp_client, reserving_llm, max_queue_len=0)
     ledger = client.app[STATE].engine.ledger
     held = ledger.try_reserve(ledger.block_size * (ledger.num_blocks - 1))  # 1 block free
     try:
@@ -243,7 +250,7 @@ async def test_full_pool_refuses_with_the_same_answer_before_and_after_tokenizin
 async def test_max_queue_wait_holds_a_request_until_blocks_return(aiohttp_client, llm):
     client = await start_app(aiohttp_client, llm, max_queue_wait_s=5.0)
     ledger = client.app[STATE].engine.ledger
-    held = ledger.try_reserve(ledger.num_blocks * ledger.block_size)
+    held = fill_pool(ledger)
     request = asyncio.create_task(client.post("/v1/completions", json={
         "model": model_name(client), "prompt": "x", "max_tokens": 2}))
     assert await wait_for_metric(client, "kvledger_queue_length", 1) == 1

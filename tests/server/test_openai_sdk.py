@@ -7,7 +7,7 @@ import time
 
 import openai
 import pytest
-from _server_helpers import make_llm
+from _server_helpers import fill_pool, make_llm
 from aiohttp import web
 
 from kvledger.engine.server.app import build_app
@@ -100,7 +100,7 @@ async def test_sdk_sees_openai_errors(serve):
 async def test_sdk_retries_a_429_after_the_advertised_delay(serve):
     app, client, seen = await serve(max_queue_len=0)  # no line: a full pool is a 429 at once
     ledger = app[STATE].engine.ledger
-    held = ledger.try_reserve(ledger.num_blocks * ledger.block_size)  # the pool is full
+    held = fill_pool(ledger)  # the pool is full
 
     async def release_after_first_refusal() -> None:
         while not seen:

@@ -8,7 +8,7 @@ import time
 
 import aiohttp
 import pytest
-from _server_helpers import make_llm, metric, model_name, start_app, wait_for_metric
+from _server_helpers import fill_pool, make_llm, metric, model_name, start_app, wait_for_metric
 from aiohttp import web
 
 from kvledger.engine.server.app import build_app
@@ -94,7 +94,7 @@ async def test_disconnect_while_waiting_for_a_whole_answer_releases(aiohttp_clie
 async def test_disconnect_while_queued_for_blocks_leaks_nothing(aiohttp_client, llm):
     client = await start_app(aiohttp_client, llm, max_queue_wait_s=30.0)
     ledger = client.app[STATE].engine.ledger
-    held = ledger.try_reserve(ledger.num_blocks * ledger.block_size)  # the pool is full
+    held = fill_pool(ledger)  # the pool is full
     try:
         with pytest.raises(asyncio.TimeoutError):
             await client.post("/v1/completions", json=_long(client, False, max_tokens=4),

@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from _server_helpers import make_llm, model_name, start_app
+from _server_helpers import fill_pool, make_llm, model_name, start_app
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvledger.engine.server.metrics import VLLM_ALIASES
@@ -105,7 +105,7 @@ async def test_queued_requests_count_as_waiting(aiohttp_client, llm):
     client = await start_app(aiohttp_client, llm, max_queue_wait_s=5.0)
     state = client.app[STATE]
     ledger = state.engine.ledger
-    held = ledger.try_reserve(POOL_BLOCKS * BLOCK)  # the whole pool: both requests queue
+    held = fill_pool(ledger)  # the whole pool: both requests queue
     requests = [_post_ids(client, [7, 8], 2), _post_ids(client, [9, 10], 2)]
     try:
         samples = await _settled(client, "kvledger_requests_waiting", 2)
@@ -151,7 +151,7 @@ async def test_kv_cache_full_is_exported_at_zero_and_counts_each_429(aiohttp_cli
     full = ("kvledger_requests_rejected_total", frozenset({("reason", "kv_cache_full")}))
     assert (await _samples(client))[full] == 0  # present before any rejection
     ledger = client.app[STATE].engine.ledger
-    held = ledger.try_reserve(ledger.num_blocks * ledger.block_size)
+    held = fill_pool(ledger)
     try:
         response = await client.post("/v1/completions", json={
             "model": model_name(client), "prompt": "x", "max_tokens": 2})
