@@ -145,7 +145,9 @@ def refusal(flag: str, values: Sequence[str], rule: Rule | None) -> str:
     given = " ".join([flag, *values])
     if rule is None or not rule.unsupported:
         return f"{given}: kvledger does not support vLLM's {flag}"
-    accepted = f" (only {' or '.join(sorted(rule.accepts))})" if rule.accepts else ""
+    names = sorted(rule.accepts)
+    listed = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 2 else names)
+    accepted = f" (only {listed})" if names else ""
     return f"{given}: kvledger does not support {rule.unsupported}{accepted}"
 
 

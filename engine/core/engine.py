@@ -124,7 +124,7 @@ class LLMEngine:
                 generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
             # A grammar's matcher() runs here: whatever it raises, the blocks go back.
             seq = Sequence(request_id, list(ids), params, request.cap_tokens, reservation,
-                           self.tokenizer.detokenizer(ids), generator)
+                           self.tokenizer.detokenizer(ids, params.kept_special_ids), generator)
             with self._lock:  # check and claim the id in one step
                 if request_id in self._live:
                     raise BadInput(f"request id {request_id!r} is already in use")

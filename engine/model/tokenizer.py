@@ -75,21 +75,33 @@ class Tokenizer:
         except Exception as exc:
             raise BadInput(f"chat template failed: {exc}") from None
 
-    def detokenizer(self, prompt_token_ids: list[int]) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(self, prompt_token_ids)
+    def special_token_id(self, text: str) -> int | None:
+        """The id of the special token ``text`` (one decoding drops), else None."""
+        token_id = self._tok.token_to_id(text)
+        if token_id is None or self.decode([token_id]) != "":
+            return None
+        return token_id if self.decode([token_id], skip_special_tokens=False) == text else None
+
+    def detokenizer(self, prompt_token_ids: list[int],
+                    kept_special_ids: frozenset[int] = frozenset()) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self, prompt_token_ids, kept_special_ids)
 
 
 class IncrementalDetokenizer:
     """Streams text as tokens arrive, never splitting a multi-byte character.
 
     Decodes a short window (a few tokens of context + the new ones) each step, as vLLM
-    does, so the cost per token does not grow with the length of the output.
+    does, so the cost per token does not grow with the length of the output. Special
+    tokens are dropped, but for ``kept_special_ids``, whose text goes in where they come
+    (the text around them decodes as if they were not there).
     """
 
     _CONTEXT_TOKENS = 5
 
-    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int]) -> None:
+    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int],
+                 kept_special_ids: frozenset[int] = frozenset()) -> None:
         self._tokenizer = tokenizer
+        self._kept = kept_special_ids
         self._ids: list[int] = list(prompt_token_ids[-self._CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
@@ -97,6 +109,10 @@ class IncrementalDetokenizer:
 
     def add(self, token_id: int) -> str:
         """Append one token; return the text it completes (possibly empty)."""
+        if token_id in self._kept:
+            kept = self._tokenizer.decode([token_id], skip_special_tokens=False)
+            self.text += kept
+            return kept
         self._ids.append(token_id)
         decode = self._tokenizer.decode
         prefix = decode(self._ids[self._prefix_offset:self._read_offset])

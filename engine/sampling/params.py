@@ -69,6 +69,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     grammar: Any = None
+    # Special tokens whose text the output keeps (decoding drops the others): a tool-call
+    # format's markers, such as Mistral's [TOOL_CALLS], which its parser must see.
+    kept_special_ids: frozenset[int] = frozenset()
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
     # Derived once, so the per-token checks cost the same however long the output grows.
     longest_stop: int = field(init=False, repr=False, default=0)
@@ -103,6 +106,11 @@ class SamplingParams:
             raise BadInput("stop_token_ids must be a list of non-negative integers")
         self.stop_token_ids = list(ids)
         self.stop_token_set = frozenset(ids)
+        kept = self.kept_special_ids
+        if not isinstance(kept, set | frozenset | list | tuple) or not all(
+                _is_int(t) and t >= 0 for t in kept):
+            raise BadInput("kept_special_ids must be a set of non-negative token ids")
+        self.kept_special_ids = frozenset(kept)
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise BadInput(f"{name} must be true or false, got {getattr(self, name)!r}")

@@ -23,7 +23,7 @@ from kvledger.engine.server.logprobs import chat_logprobs, completion_logprobs
 from kvledger.engine.server.protocol import GenerationRequest
 from kvledger.engine.server.state import ServerState
 from kvledger.engine.server.tool_calls import NO_TOOLS, ToolPlan
-from kvledger.engine.server.tool_parsers import CallScanner, ToolCall
+from kvledger.engine.server.tool_parsers import ArgumentsDelta, CallScanner, ToolCall
 
 log = logging.getLogger(__name__)
 
@@ -199,8 +199,8 @@ async def stream(request: web.Request, state: ServerState, p: Prepared, ticket,
                         await response.write(chunk(index, piece, None, logprobs))
                         logprobs = None
                         continue
-                    for call in _call_deltas(piece, len(choice.scanner.calls) - 1):
-                        await response.write(chunk(index, None, None, call=call))
+                    call = _call_delta(piece, choice.scanner.index_of(piece))
+                    await response.write(chunk(index, None, None, call=call))
                 if logprobs is not None:
                     await response.write(chunk(index, "", None, logprobs))
             if output.finished:
@@ -219,11 +219,13 @@ async def stream(request: web.Request, state: ServerState, p: Prepared, ticket,
     return response
 
 
-def _call_deltas(call: ToolCall, index: int) -> list[dict[str, Any]]:
-    """OpenAI's deltas of one call: its index, id and name first, then its arguments."""
-    return [{"index": index, "id": call.id, "type": "function",
-             "function": {"name": call.name, "arguments": ""}},
-            {"index": index, "function": {"arguments": call.arguments}}]
+def _call_delta(piece: ToolCall | ArgumentsDelta, index: int | None) -> dict[str, Any]:
+    """OpenAI's delta of a call: its index, id and name first (``ToolCall``: named, no
+    arguments yet), then its arguments as they are written."""
+    if isinstance(piece, ArgumentsDelta):
+        return {"index": piece.index, "function": {"arguments": piece.text}}
+    return {"index": index, "id": piece.id, "type": "function",
+            "function": {"name": piece.name, "arguments": ""}}
 
 
 async def _end_with_error(state: ServerState, response: web.StreamResponse, status: int,

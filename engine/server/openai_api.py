@@ -32,7 +32,13 @@ from kvledger.engine.server.limits import decode_json
 from kvledger.engine.server.protocol import GenerationRequest, parse_chat, parse_completion
 from kvledger.engine.server.state import API_KEY_INDEX, STATE, ServerState
 from kvledger.engine.server.structured_outputs import constraint_field
-from kvledger.engine.server.tool_calls import NO_TOOLS, ToolPlan, schema_problem, tool_plan
+from kvledger.engine.server.tool_calls import (
+    NO_TOOLS,
+    ToolPlan,
+    control_token_ids,
+    schema_problem,
+    tool_plan,
+)
 from kvledger.engine.server.validation import Refusal
 
 log = logging.getLogger(__name__)
@@ -64,7 +70,7 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     if not isinstance(prompt, list):  # the tokenizer's ids, checked once they fit the context
         _check_prompt(state, prompt_ids)
     grammar = await _grammar(state, req, tools)
-    params = [_sampling_params(req, cap, grammar, i) for i in range(req.n)]
+    params = [_sampling_params(req, cap, grammar, i, tools.kept_ids) for i in range(req.n)]
     try:  # before admission: token ids the model lacks (logit_bias) are a 400
         state.engine.check_params(params[0])  # the choices differ in their seeds only
     except BadInput as exc:
@@ -221,7 +227,8 @@ def _check_prompt(state: ServerState, prompt_ids: list[int]) -> None:
         raise bad_request(str(exc), "prompt") from None
 
 
-def _sampling_params(req: GenerationRequest, cap: int, grammar: Any, index: int) -> Any:
+def _sampling_params(req: GenerationRequest, cap: int, grammar: Any, index: int,
+                     kept_special_ids: frozenset[int] = frozenset()) -> Any:
     from kvledger.engine.sampling.params import SamplingParams
 
     seed = req.seed
@@ -236,7 +243,8 @@ def _sampling_params(req: GenerationRequest, cap: int, grammar: Any, index: int)
             repetition_penalty=req.repetition_penalty, min_tokens=req.min_tokens,
             logit_bias=req.bias, logprobs=req.logprobs_k(),
             prompt_logprobs=req.prompt_logprobs_k(),
-            include_stop_str_in_output=req.include_stop_str_in_output, grammar=grammar)
+            include_stop_str_in_output=req.include_stop_str_in_output, grammar=grammar,
+            kept_special_ids=kept_special_ids)
     except BadInput as exc:
         raise bad_request(str(exc)) from None
 
@@ -249,7 +257,8 @@ def _tool_plan(state: ServerState, req: GenerationRequest) -> ToolPlan:
         return tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls,
                          auto_enabled=state.options.enable_auto_tool_choice,
                          parser=state.options.tool_call_parser,
-                         chat_template=state.engine.tokenizer.chat_template)
+                         chat_template=state.engine.tokenizer.chat_template,
+                         specials=control_token_ids(state.engine.tokenizer))
     except Refusal as exc:
         raise bad_request(exc.message, exc.param) from None
 

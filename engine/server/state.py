@@ -56,7 +56,7 @@ class ServeOptions:
     keepalive_timeout_s: float = DEFAULT_KEEPALIVE_TIMEOUT_S
     grammar_compile_timeout_s: float = DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S
     enable_auto_tool_choice: bool = False  # vLLM's: tool_choice "auto" is served
-    tool_call_parser: str | None = None    # vLLM's: hermes, llama3_json; None: the template's
+    tool_call_parser: str | None = None    # vLLM's: hermes, llama3_json, mistral; None: the template's
 
 
 class ServerState:

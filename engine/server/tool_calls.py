@@ -10,14 +10,21 @@ once per request, which parser reads the answer back and which grammar constrain
   (``%json``); one call with ``parallel_tool_calls: false``, else one or more.
 
 The format is ``--tool-call-parser``'s, else the one the model's chat template shows
-(``<tool_call>``: hermes; ``<|python_tag|>``: llama3_json), else hermes.
+(``<tool_call>``: hermes; ``[TOOL_CALLS]``: mistral; ``<|python_tag|>``: llama3_json),
+else hermes. A format's markers that the tokenizer holds as special tokens (Mistral's
+``[TOOL_CALLS]``, Llama's ``<|python_tag|>``) are kept in the text the parser reads
+(``ToolPlan.kept_ids``; decoding drops every other special token), and the grammar
+writes them as those tokens.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from dataclasses import dataclass
 
+from kvledger.engine.server.tool_formats import ARGS, CONTROL_TOKENS
 from kvledger.engine.server.tool_parsers import PARSERS, CallScanner
 from kvledger.engine.server.tool_protocol import NamedToolChoice, Tool
 from kvledger.engine.server.validation import Refusal
@@ -28,30 +35,42 @@ AUTO_NEEDS_FLAGS = ("\"auto\" tool choice requires --enable-auto-tool-choice and
 
 @dataclass(frozen=True)
 class CallFormat:
-    """How one call is written: ``prefix`` + ``{"name": ..., "<key>": ARGS}`` + ``suffix``,
-    several joined by ``separator``."""
+    """How calls are written: ``opening``, then each call as ``head`` + the name (a JSON
+    string when ``quoted``) + ``after_name`` + ARGS + ``tail``, several joined by
+    ``separator``, then ``closing``."""
 
-    prefix: str
-    suffix: str
+    opening: str
+    head: str
+    after_name: str
+    tail: str
     separator: str
-    arguments_key: str
+    closing: str = ""
+    quoted: bool = True
 
 
+_JSON_HEAD = '{"name": '
 FORMATS = {
-    "hermes": CallFormat("<tool_call>\n", "\n</tool_call>", "\n", "arguments"),
-    "llama3_json": CallFormat("", "", "; ", "parameters"),
+    "hermes": CallFormat("", "<tool_call>\n" + _JSON_HEAD, ', "arguments": ', "}\n</tool_call>",
+                         "\n"),
+    "llama3_json": CallFormat("", _JSON_HEAD, ', "parameters": ', "}", "; "),
+    # Mistral's tokenizers before v11: [TOOL_CALLS] and a JSON array of the calls.
+    "mistral": CallFormat("[TOOL_CALLS][", _JSON_HEAD, ', "arguments": ', "}", ", ", "]"),
 }
+# v11 and later (a tokenizer with the [ARGS] token): [TOOL_CALLS]name[ARGS]{...} each.
+MISTRAL_V11 = CallFormat("", "[TOOL_CALLS]", "[ARGS]", "", "", quoted=False)
 assert set(FORMATS) == set(PARSERS)
 
 
 @dataclass(frozen=True)
 class ToolPlan:
     """What serving one request's tools takes: the parser that reads calls back (None:
-    the answer is text) and the Lark grammar that constrains the output (None: free)."""
+    the answer is text), the Lark grammar that constrains the output (None: free), and
+    the special tokens the parser must see in the text."""
 
     parser: str | None
     grammar: str | None
     max_calls: int | None
+    kept_ids: frozenset[int] = frozenset()
 
     def scanner(self) -> CallScanner | None:
         return None if self.parser is None else CallScanner(self.parser, self.max_calls)
@@ -62,42 +81,70 @@ NO_TOOLS = ToolPlan(None, None, None)
 
 def template_parser(chat_template: str | None) -> str:
     """The call format a chat template shows; hermes when it shows none."""
-    if chat_template and "<|python_tag|>" in chat_template and "<tool_call>" not in chat_template:
+    template = chat_template or ""
+    if "<tool_call>" not in template and "[TOOL_CALLS]" in template:
+        return "mistral"
+    if "<tool_call>" not in template and "<|python_tag|>" in template:
         return "llama3_json"
     return "hermes"
 
 
+def control_token_ids(tokenizer) -> dict[str, int]:
+    """Each format's markers that ``tokenizer`` holds as special tokens, with their ids."""
+    markers = {m for ms in CONTROL_TOKENS.values() for m in ms}
+    ids = {m: tokenizer.special_token_id(m) for m in sorted(markers)}
+    return {m: i for m, i in ids.items() if i is not None}
+
+
 def tool_plan(tools: list[Tool] | None, choice, parallel: bool, *, auto_enabled: bool,
-              parser: str | None, chat_template: str | None) -> ToolPlan:
+              parser: str | None, chat_template: str | None,
+              specials: dict[str, int] | None = None) -> ToolPlan:
     """The plan of a request whose ``choice`` is ``check_tool_choice``'s; a ``Refusal``
-    (400) for ``"auto"`` on a server not started for it."""
+    (400) for ``"auto"`` on a server not started for it. ``specials``: the tokenizer's
+    ``control_token_ids``."""
     if not tools or choice == "none":
         return NO_TOOLS
+    specials = specials or {}
     max_calls = None if parallel else 1
     if choice == "auto":
         if not (auto_enabled and parser):
             raise Refusal(AUTO_NEEDS_FLAGS, "tool_choice")
-        return ToolPlan(parser, None, max_calls)
+        return ToolPlan(parser, None, max_calls, _kept(parser, specials))
     parser = parser or template_parser(chat_template)
     if isinstance(choice, NamedToolChoice):
         tools = [t for t in tools if t.function.name == choice.function.name]
-    return ToolPlan(parser, calls_grammar(FORMATS[parser], tools, parallel), max_calls)
+    fmt = MISTRAL_V11 if parser == "mistral" and ARGS in specials else FORMATS[parser]
+    return ToolPlan(parser, calls_grammar(fmt, tools, parallel, specials), max_calls,
+                    _kept(parser, specials))
 
 
-def calls_grammar(fmt: CallFormat, tools: list[Tool], parallel: bool) -> str:
+def _kept(parser: str, specials: dict[str, int]) -> frozenset[int]:
+    return frozenset(specials[m] for m in CONTROL_TOKENS[parser] if m in specials)
+
+
+def calls_grammar(fmt: CallFormat, tools: list[Tool], parallel: bool,
+                  specials: dict[str, int] | None = None) -> str:
     """A Lark grammar (llguidance's dialect) of one call, or one or more, to ``tools``:
-    the wrapper and the name are literals, the arguments ``%json`` of the schema."""
-    lines = ["start: call" + (f" ({_literal(fmt.separator)} call)*" if parallel else "")]
+    the wrapper and the name are literals (``specials``, the tokenizer's special tokens
+    among them, as those tokens), the arguments ``%json`` of the schema."""
+    specials = specials or {}
+    lark = functools.partial(_lark, specials=specials)
+    more = f"({_rule(lark(fmt.separator), 'call')})*" if parallel else ""
+    lines = ["start: " + _rule(lark(fmt.opening), "call", more, lark(fmt.closing))]
     alternatives = []
     for i, tool in enumerate(tools):
-        head = fmt.prefix + '{"name": ' + json.dumps(tool.function.name) + \
-            ', "' + fmt.arguments_key + '": '
+        name = tool.function.name
+        head = fmt.head + (json.dumps(name) if fmt.quoted else name) + fmt.after_name
         alternatives.append(f"call_{i}")
-        lines.append(f"call_{i}: {_literal(head)} args_{i} {_literal('}' + fmt.suffix)}")
+        lines.append(f"call_{i}: " + _rule(lark(head), f"args_{i}", lark(fmt.tail)))
         schema = {"x-guidance": _ARGUMENTS_LAYOUT, **tool.function.schema}
         lines.append(f"args_{i}: %json " + json.dumps(schema, sort_keys=True))
     lines.insert(1, "call: " + " | ".join(alternatives))
     return "\n".join(lines) + "\n"
+
+
+def _rule(*parts: str) -> str:
+    return " ".join(p for p in parts if p)
 
 
 # The arguments laid out as json.dumps writes them: a model with weak weights cannot pad
@@ -106,9 +153,14 @@ _ARGUMENTS_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ",
                      "key_separator": ": "}
 
 
-def _literal(text: str) -> str:
-    """``text`` as a Lark string literal (JSON's escapes are Lark's)."""
-    return json.dumps(text)
+def _lark(text: str, specials: dict[str, int]) -> str:
+    """``text`` as a Lark sequence: string literals (JSON's escapes are Lark's), and each
+    special token in it as a reference to that token (``<[id]>``); "" for no text."""
+    if not specials:
+        return json.dumps(text) if text else ""
+    pattern = "(" + "|".join(re.escape(m) for m in sorted(specials, key=len, reverse=True)) + ")"
+    parts = re.split(pattern, text)
+    return " ".join(f"<[{specials[p]}]>" if p in specials else json.dumps(p) for p in parts if p)
 
 
 def schema_problem(tools: list[Tool]) -> str | None:

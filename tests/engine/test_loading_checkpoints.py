@@ -377,3 +377,18 @@ def test_a_side_file_that_is_not_a_json_object_is_bad_input(tmp_path, tiny_llama
     (model / name).write_text("[1]")
     with pytest.raises(BadInput, match=re.escape(f"{name}: must be a JSON object, got list")):
         Tokenizer(model)
+
+
+def test_the_detokenizer_keeps_only_the_special_tokens_it_is_told(tiny_llama_dir):
+    """A tool parser's markers (``kept_special_ids``) stay in the text where they come;
+    every other special token is dropped, and the text around them decodes as before."""
+    tok = Tokenizer(tiny_llama_dir)
+    end, eos = tok.special_token_id("<|end|>"), tok.special_token_id("</s>")
+    assert tok.special_token_id("hello") is None and end is not None
+    words = tok.encode("The weather is mild. é", add_special_tokens=False)
+    ids = [*words[:3], end, *words[3:], eos]
+    for kept, shown in ((frozenset({end}), "<|end|>"), (frozenset(), "")):
+        detok = tok.detokenizer(tok.encode("Hi"), kept)
+        text = "".join(detok.add(i) for i in ids)
+        assert text == tok.decode(words[:3]) + shown + tok.decode(words[3:])
+        assert "</s>" not in text

@@ -54,6 +54,8 @@ LAUNCH_LINES = [
      ACCEPTED),
     ("Qwen2.5 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser hermes",
      ACCEPTED),
+    ("Mistral tool calling", "{model} --enable-auto-tool-choice --tool-call-parser mistral",
+     ACCEPTED),
     ("tool calling: another parser", "{model} --tool-call-parser pythonic",
      "--tool-call-parser"),
     ("reasoning outputs", "{model} --reasoning-parser deepseek_r1", "--reasoning-parser"),
@@ -165,7 +167,7 @@ def test_version_prints_the_distribution_version(capsys) -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--tool-call-parser", "pythonic"], "error: --tool-call-parser pythonic: kvledger does "
-     "not support that tool-call parser (only hermes or llama3_json)"),
+     "not support that tool-call parser (only hermes, llama3_json or mistral)"),
     (["--enable-auto-tool-choice"], "error: --enable-auto-tool-choice requires "
      "--tool-call-parser"),
 ])

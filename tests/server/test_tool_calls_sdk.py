@@ -136,6 +136,10 @@ async def test_auto_parses_what_the_model_wrote(serve) -> None:
         [call] = choice.message.tool_calls
         assert call.function.name == "get_weather"
         assert json.loads(call.function.arguments)["unit"] == "celsius"
+    chunks = [chunk async for chunk in await client.chat.completions.create(**body, stream=True)]
+    fragments = [c.choices[0].delta.tool_calls[0].function.arguments for c in chunks
+                 if c.choices and c.choices[0].delta.tool_calls]
+    assert fragments[0] == "" and len(fragments) > 3  # named, then the arguments in pieces
     free = await client.chat.completions.create(model=name, messages=ASK, tools=TOOLS,
                                                 max_tokens=8, tool_choice="auto")
     assert free.choices[0].message.tool_calls is None  # plain text stays text
@@ -205,3 +209,26 @@ async def test_tool_schemas_over_the_compile_time_limit_are_a_400(serve) -> None
                                              tools=TOOLS, tool_choice="required")
     assert error.value.body["param"] == "tools"
     assert "--grammar-compile-timeout" in error.value.message
+
+
+async def test_arguments_stream_in_fragments_as_they_are_generated(serve) -> None:
+    """The name first, then the arguments in many deltas (about a token each), which the
+    SDK assembles into the whole answer's call."""
+    name, client = await serve()
+    note = {"type": "object", "additionalProperties": False, "required": ["text"],
+            "properties": {"text": {"type": "string", "pattern": "^[a-z ]{40,60}$"}}}
+    tools = [{"type": "function", "function": {"name": "take_note", "parameters": note}}]
+    body = {"model": name, "messages": ASK, "tools": tools, "tool_choice": "required",
+            "max_tokens": 200, "temperature": 0, "parallel_tool_calls": False}
+    whole = (await client.chat.completions.create(**body)).choices[0]
+    [call] = whole.message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), note)
+    chunks = [chunk async for chunk in await client.chat.completions.create(**body, stream=True)]
+    deltas = [c.choices[0].delta.tool_calls[0] for c in chunks
+              if c.choices and c.choices[0].delta.tool_calls]
+    assert deltas[0].function.name == "take_note" and deltas[0].function.arguments == ""
+    fragments = [d.function.arguments for d in deltas[1:]]
+    assert len(fragments) > 10 and all(d.id is None and d.index == 0 for d in deltas[1:])
+    assert "".join(fragments) == call.function.arguments
+    streamed = await _streamed(client, **body)
+    assert streamed.message.tool_calls[0].function.arguments == call.function.arguments

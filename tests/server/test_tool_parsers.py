@@ -7,8 +7,14 @@ import json
 
 import pytest
 
-from kvledger.engine.server.tool_calls import FORMATS, calls_grammar, template_parser, tool_plan
-from kvledger.engine.server.tool_parsers import CallScanner, ToolCall
+from kvledger.engine.server.tool_calls import (
+    FORMATS,
+    MISTRAL_V11,
+    calls_grammar,
+    template_parser,
+    tool_plan,
+)
+from kvledger.engine.server.tool_parsers import ArgumentsDelta, CallScanner, ToolCall
 from kvledger.engine.server.tool_protocol import Tool
 from kvledger.engine.server.validation import Refusal
 
@@ -24,14 +30,27 @@ def _whole(parser: str, text: str, max_calls: int | None = None) -> CallScanner:
     return scanner
 
 
-def _streamed(parser: str, text: str, max_calls: int | None = None):
-    """The text fed a character at a time: the content and calls a stream sends."""
+def _pieces(parser: str, text: str, max_calls: int | None = None) -> list:
+    """The text fed a character at a time: what a stream sends."""
     scanner = CallScanner(parser, max_calls)
     pieces = []
     for end in range(1, len(text) + 1):
         pieces += scanner.feed(text[:end], final=end == len(text))
-    content = "".join(p for p in pieces if isinstance(p, str))
-    return content, [(c.name, c.arguments) for c in pieces if isinstance(c, ToolCall)]
+    return pieces
+
+
+def _streamed(parser: str, text: str, max_calls: int | None = None):
+    """The content and calls a stream sends, assembled as the SDK does: each call named
+    first (no arguments yet), then its arguments' fragments appended by index."""
+    content, calls = "", []
+    for piece in _pieces(parser, text, max_calls):
+        if isinstance(piece, str):
+            content += piece
+        elif isinstance(piece, ToolCall):
+            calls.append([piece.name, ""])
+        else:
+            calls[piece.index][1] += piece.text
+    return content, [tuple(c) for c in calls]
 
 
 def _calls(scanner: CallScanner) -> list[tuple[str, str]]:
@@ -63,15 +82,65 @@ def test_a_stream_adds_up_to_the_whole_answer(text) -> None:
 
 
 def test_text_that_is_not_a_well_formed_call_stays_text() -> None:
-    for text in ('<tool_call>\n{"name": "f", "arguments": {"a": \n</tool_call>',
-                 '<tool_call>\n{"arguments": {}}\n</tool_call>',
+    for text in ('<tool_call>\n{"arguments": {}}\n</tool_call>',
+                 '<tool_call>\n{"name": "f" "arguments": {}}\n</tool_call>',
                  '<tool_call>\n{"name": "f", "arguments": "not an object"}\n</tool_call>'):
         scanner = _whole("hermes", text)
         assert (scanner.calls, scanner.content) == ([], text)
 
 
+def test_a_named_call_is_a_call_even_if_its_arguments_break_off() -> None:
+    """Once named, a call has gone out to a stream: it stays a call, with the arguments
+    as far as they were written (the end tag, or the end of the text, ends them)."""
+    text = '<tool_call>\n{"name": "f", "arguments": {"a": \n</tool_call>'
+    assert _calls(_whole("hermes", text)) == [("f", '{"a":')]
+    assert _streamed("hermes", text) == ("", [("f", '{"a":')])
+    cut = '<tool_call>\n{"name": "f", "arguments": {"a": "Par'
+    assert _streamed("hermes", cut) == ("", [("f", '{"a": "Par')])
+
+
+def test_arguments_stream_as_they_are_written() -> None:
+    pieces = _pieces("hermes", HERMES)
+    first = next(i for i, p in enumerate(pieces) if isinstance(p, ToolCall))
+    assert pieces[first].name == "get_weather"
+    fragments = [p.text for p in pieces if isinstance(p, ArgumentsDelta) and p.index == 0]
+    assert len(fragments) > 10  # about one a character, as fed (a space waits for more)
+    assert "".join(fragments) == '{"city": "Paris"}'
+    braces = '<tool_call>{"name": "f", "arguments": {"s": "} {\\" ]"}}</tool_call>'
+    assert _streamed("hermes", braces) == ("", [("f", '{"s": "} {\\" ]"}')])
+
+
 def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
     assert _calls(_whole("hermes", HERMES, max_calls=1)) == [("get_weather", '{"city": "Paris"}')]
+    assert _streamed("hermes", HERMES, max_calls=1) == \
+        ("Let me look.", [("get_weather", '{"city": "Paris"}')])
+
+
+MISTRAL_V3 = ('Let me look. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+              '{"name": "get_time", "arguments": {}}]')
+MISTRAL_NEW = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}'
+
+
+@pytest.mark.parametrize("text", [MISTRAL_V3, MISTRAL_NEW])
+def test_mistral_calls_in_both_forms(text) -> None:
+    scanner = _whole("mistral", text)
+    assert _calls(scanner) == [("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]
+    assert scanner.content == ("Let me look." if text == MISTRAL_V3 else "")
+    assert all(c.id.isalnum() and len(c.id) == 9 for c in scanner.calls)  # as vLLM's
+    assert _streamed("mistral", text) == (scanner.content, _calls(scanner))
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), [
+    ("[TOOL_CALLS]not a call", "[TOOL_CALLS]not a call", []),
+    ("half a marker [TOOL_", "half a marker [TOOL_", []),
+    ('[TOOL_CALLS]{"name": "f", "arguments": {"a": 1}}', "", [("f", '{"a": 1}')]),
+    ('[TOOL_CALLS][{"arguments": {"a": 1}, "name": "f"}]', "", [("f", '{"a": 1}')]),
+    ('[TOOL_CALLS][{"nom": "f"}]', '[TOOL_CALLS][{"nom": "f"}]', []),
+])
+def test_mistral_text_that_is_not_a_call(text, content, calls) -> None:
+    scanner = _whole("mistral", text)
+    assert (scanner.content, _calls(scanner)) == (content, calls)
+    assert _streamed("mistral", text) == (content, calls)
 
 
 def test_llama3_json_calls() -> None:
@@ -90,6 +159,7 @@ def test_the_format_comes_from_the_flag_else_the_template() -> None:
     assert template_parser("... <tool_call> ...") == "hermes"
     assert template_parser("{{ '<|python_tag|>' }}") == "llama3_json"
     assert template_parser(None) == "hermes"
+    assert template_parser("[AVAILABLE_TOOLS] ... [TOOL_CALLS][") == "mistral"
     plan = tool_plan([WEATHER], "required", True, auto_enabled=False, parser=None,
                      chat_template="{{ '<|python_tag|>' }}")
     assert plan.parser == "llama3_json" and '\\"parameters\\": ' in plan.grammar
@@ -117,3 +187,17 @@ def test_the_grammar_holds_each_function_and_its_schema() -> None:
     assert "additionalProperties" in lines[5]  # no parameters: no arguments
     parallel = calls_grammar(FORMATS["hermes"], [WEATHER], parallel=True)
     assert parallel.startswith('start: call ("\\n" call)*\n')
+
+
+def test_mistral_grammars_write_the_special_tokens() -> None:
+    specials = {"[TOOL_CALLS]": 6, "[ARGS]": 7}
+    old = calls_grammar(FORMATS["mistral"], [WEATHER], parallel=True, specials=specials)
+    assert old.splitlines()[0] == 'start: <[6]> "[" call (", " call)* "]"'
+    new = calls_grammar(MISTRAL_V11, [WEATHER], parallel=False, specials=specials)
+    assert new.splitlines()[2] == 'call_0: <[6]> "get_weather" <[7]> args_0'
+    plan = tool_plan([WEATHER], "required", True, auto_enabled=False, parser=None,
+                     chat_template="[TOOL_CALLS]", specials=specials)
+    assert plan.parser == "mistral" and plan.kept_ids == {6, 7} and "<[7]>" in plan.grammar
+    hermes = tool_plan([WEATHER], "required", True, auto_enabled=False, parser="hermes",
+                       chat_template=None, specials=specials)
+    assert hermes.kept_ids == frozenset()  # hermes' markers are not special tokens here

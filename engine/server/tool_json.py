@@ -1,0 +1,177 @@
+"""A call's JSON read as the model writes it, for ``tool_formats``.
+
+``read_head`` reads the head of a call object, ``{"name": "...", "arguments": `` (the order
+every format's own examples write), as soon as it is complete, so a stream can send the
+name before the arguments exist. ``ArgumentsSpan`` then follows the arguments object as it
+grows: its end is the bracket that closes it, counted outside strings. ``read_call`` and
+``json_calls`` read whole calls in any key order (a head written otherwise waits for them).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+ARGUMENTS_KEYS = ("arguments", "parameters")
+_STRING = object()
+_KEY = object()
+
+
+def skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def literal_at(text: str, i: int, literal: str) -> int | Literal[False] | None:
+    """The position after ``literal`` at ``text[i]``; None while ``text`` ends inside a prefix
+    of it (more may make it); False when it is not there."""
+    if text.startswith(literal, i):
+        return i + len(literal)
+    return None if literal.startswith(text[i:]) else False
+
+
+def read_head(text: str, i: int, keys: tuple[str, ...] = ARGUMENTS_KEYS
+              ) -> tuple[str, int] | Literal[False] | None:
+    """``{"name": "<name>", "<key>": {`` at ``text[i]``: the name and the position of the
+    arguments' ``{``; None while the text so far may yet become it; False when it cannot."""
+    name = None
+    for step in ("{", '"name"', ":", _STRING, ",", _KEY, ":", "{"):
+        i = skip_space(text, i)
+        if i == len(text):
+            return None
+        if step is _STRING:
+            end = _string_end(text, i)
+            if end is None or end is False:
+                return end
+            try:
+                name = json.loads(text[i:end])
+            except ValueError:
+                return False
+            i = end
+            continue
+        options = [f'"{k}"' for k in keys] if step is _KEY else [step]
+        found = [literal_at(text, i, option) for option in options]
+        if any(found):
+            i = next(f for f in found if f)
+        elif any(f is None for f in found):
+            return None
+        else:
+            return False
+    return name, i - 1
+
+
+def _string_end(text: str, i: int) -> int | Literal[False] | None:
+    """The position after the JSON string at ``text[i]``; None: not closed yet."""
+    if text[i] != '"':
+        return False
+    escaped = False
+    for j in range(i + 1, len(text)):
+        if escaped:
+            escaped = False
+        elif text[j] == "\\":
+            escaped = True
+        elif text[j] == '"':
+            return j + 1
+    return None
+
+
+class ArgumentsSpan:
+    """The arguments object that opens at ``text[start]``, followed as the text grows.
+
+    ``advance`` reads on and says how much of the text is the arguments so far (trailing
+    whitespace held back: it may be the last of them). ``end`` is set once they are over:
+    after their closing bracket, or at ``stop`` (the format's end marker, outside strings)
+    when that comes first; ``closed`` tells the two apart."""
+
+    def __init__(self, start: int, stop: str | None = None) -> None:
+        self.start = start
+        self._stop = stop
+        self._pos = start
+        self._depth = 0
+        self._in_string = False
+        self._escaped = False
+        self.end: int | None = None
+        self.closed = False
+
+    def advance(self, text: str) -> int:
+        """Read ``text`` (the whole text so far); the position the arguments reach."""
+        i = self._pos
+        while self.end is None and i < len(text):
+            c = text[i]
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif c == "\\":
+                    self._escaped = True
+                elif c == '"':
+                    self._in_string = False
+            elif c == '"':
+                self._in_string = True
+            elif c in "{[":
+                self._depth += 1
+            elif c in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    self.end, self.closed = i + 1, True
+                    self._pos = i + 1
+                    return self.end
+            elif self._stop is not None and c == self._stop[0]:
+                found = literal_at(text, i, self._stop)
+                if found is None:  # maybe the end marker: wait for more
+                    break
+                if found:
+                    self.end = i
+            i += 1
+        self._pos = i
+        reached = self.end if self.end is not None else i
+        while reached > self.start and text[reached - 1] in " \t\r\n":
+            reached -= 1
+        return reached
+
+    def finish(self, text: str) -> int:
+        """The text ended with the arguments open (cut by ``max_tokens``): they end here."""
+        reached = self.advance(text)
+        if self.end is None:
+            self.end = len(text)
+        return reached
+
+
+def call_value(value: Any, keys: tuple[str, ...] = ARGUMENTS_KEYS) -> tuple[str, str] | None:
+    """``{"name": ..., <key>: {...}}`` as a name and its arguments' JSON text, else None."""
+    if not (isinstance(value, dict) and isinstance(value.get("name"), str)):
+        return None
+    arguments = next((value[k] for k in keys if k in value), None)
+    if not isinstance(arguments, dict):
+        return None
+    return value["name"], json.dumps(arguments, ensure_ascii=False)
+
+
+def read_call(text: str, keys: tuple[str, ...] = ARGUMENTS_KEYS) -> tuple[str, str] | None:
+    """A whole call object in ``text``, in any key order, or None."""
+    try:
+        return call_value(json.loads(text), keys)
+    except ValueError:
+        return None
+
+
+def json_calls(text: str, separators: str) -> list[tuple[str, str]] | None:
+    """Call objects one after another, apart by ``separators`` and whitespace (a JSON array
+    of them too, when ``separators`` has ','), or None if any part is not one."""
+    decoder = json.JSONDecoder()
+    calls, i = [], 0
+    while True:
+        while i < len(text) and text[i] in " \t\r\n" + separators:
+            i += 1
+        if i == len(text):
+            return calls or None
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except ValueError:
+            return None
+        values = value if isinstance(value, list) and "," in separators else [value]
+        for item in values:
+            call = call_value(item)
+            if call is None:
+                return None
+            calls.append(call)
