@@ -29,9 +29,10 @@ QUANTIZED_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "u
 # transformers 5's fused experts, quantized on load like the experts they are split into.
 _FUSED = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
 # What the engine's weights may be, said wherever a checkpoint is refused for its weights.
-SERVED_WEIGHTS = ("kvledger's engine serves unquantized float16/bfloat16/float32 checkpoints "
-                  "and FP8 ones (quant_method 'fp8', or 'compressed-tensors' float-quantized: "
-                  "e4m3 weights, per-tensor or per-channel scales)")
+SERVED_WEIGHTS = ("kvledger's engine serves unquantized float16/bfloat16/float32 checkpoints, "
+                  "FP8 ones (quant_method 'fp8', or 'compressed-tensors' float-quantized: "
+                  "e4m3 weights, per-tensor or per-channel scales) and 4-bit ones ('gptq', "
+                  "'awq' gemm, 'compressed-tensors' pack-quantized W4A16)")
 
 
 def fp8_method(quant: Mapping[str, Any]) -> bool:

@@ -17,6 +17,8 @@ from kvledger.engine.model.fp8_linear import (
     quantize_weight,
     scale_shape,
 )
+from kvledger.engine.model.int4_format import INT4_METHODS, layer_tensor
+from kvledger.engine.model.int4_linear import install_int4_linears
 from kvledger.engine.model.loadable import IGNORED_SUFFIXES, loaded_names
 from kvledger.engine.model.transformer import CausalLM
 
@@ -42,7 +44,8 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
                device: torch.device, *, quantize_fp8: bool = False) -> CausalLM:
     """Build the model on the meta device, then assign the checkpoint's tensors in ``dtype``
     on ``device``: no random init, no second copy of the weights. An FP8 checkpoint's
-    weights stay FP8 and its scales float32, in ``Fp8Linear`` layers; ``quantize_fp8``
+    weights stay FP8 and its scales float32, in ``Fp8Linear`` layers; a 4-bit checkpoint's
+    (GPTQ, AWQ, W4A16) tensors stay as stored, in ``Int4Linear`` layers; ``quantize_fp8``
     (``--quantization fp8``) quantizes an unquantized checkpoint's linear layers so, each
     as it is read (the whole model is never held unquantized)."""
     from safetensors import safe_open
@@ -62,7 +65,10 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
                                              quantize_fp8))
         except (OSError, RuntimeError) as exc:
             raise BadInput(f"{path}: cannot read safetensors: {exc}") from None
-    install_fp8_linears(model, state)
+    if config.quantization in INT4_METHODS:
+        install_int4_linears(model, state, config.quantization)
+    else:
+        install_fp8_linears(model, state)
     if "lm_head.weight" not in state and config.tie_word_embeddings:
         state["lm_head.weight"] = state.get("model.embed_tokens.weight")
     shapes = {name: t.shape for name, t in model.state_dict().items()}
@@ -86,7 +92,10 @@ def _loaded(name: str, tensor: torch.Tensor, config: ModelConfig, dtype: torch.d
             device: torch.device, quantize_fp8: bool) -> dict[str, torch.Tensor]:
     """One stored tensor as the engine holds it, by the names it fills: floats in ``dtype``,
     FP8 weights as they are, scales in float32 (``scale_shape``); fused experts split;
-    with ``quantize_fp8`` each linear layer's weight in FP8 beside its ``weight_scale``."""
+    with ``quantize_fp8`` each linear layer's weight in FP8 beside its ``weight_scale``;
+    a 4-bit layer's tensors as stored (``int4_format``)."""
+    if config.quantization in INT4_METHODS and layer_tensor(name, config.quantization):
+        return {name: tensor.to(device)}
     if name.endswith(SCALE_SUFFIXES):
         return {name: scale_shape(tensor).to(device)}
     if tensor.dtype == FP8_DTYPE:
