@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvledger.engine.errors import BadInput
+from kvledger.engine.model.fp8_format import check_kv_cache_scheme
 
 GPTQ, AWQ, W4A16 = "gptq", "awq", "w4a16"  # ModelConfig.quantization's names
 INT4_METHODS = (GPTQ, AWQ, W4A16)
@@ -71,6 +72,7 @@ def int4_method(quant: Mapping[str, Any]) -> str:
         _need(isinstance(groups, dict) and groups, "compressed-tensors without config_groups")
         for name, group in groups.items():
             _check_w4a16_group(name, group)
+        check_kv_cache_scheme(quant)
         return W4A16
     return ""
 

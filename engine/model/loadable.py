@@ -17,7 +17,13 @@ from typing import Any
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.config import SERVED_WEIGHTS, ModelConfig
-from kvledger.engine.model.fp8_format import FP8, FP8_DTYPE, SCALE_SUFFIXES, quantized_linear
+from kvledger.engine.model.fp8_format import (
+    FP8,
+    FP8_DTYPE,
+    KV_SCALE_SUFFIXES,
+    SCALE_SUFFIXES,
+    quantized_linear,
+)
 from kvledger.engine.model.int4_format import (
     INT4_METHODS,
     LAYER_TENSORS,
@@ -103,7 +109,7 @@ def _int4_tensors(stored: list[TensorInfo], method: str) -> set[str]:
 def unexpected_tensors(tensors: Iterable[TensorInfo], config: ModelConfig) -> list[str]:
     """The names of the stored ``tensors`` the loader would refuse for ``config``, sorted:
     those that fill none of the engine's tensors (``loaded_names``, ``tensor_names``)."""
-    expected = tensor_names(config)
+    expected = tensor_names(config) | kv_scale_names(config)
     # Most names are the engine's as they are; only the others may be renamed or split.
     others = (t for t in tensors if t.name not in expected)
     return sorted(t.name for t in others if not t.name.endswith(IGNORED_SUFFIXES)
@@ -136,6 +142,13 @@ def tensor_names(config: ModelConfig) -> frozenset[str]:
         names |= {f"{w.removesuffix('.weight')}.{p}" for w in names if quantized_linear(w)
                   for p in parts}
     return frozenset(names)
+
+
+def kv_scale_names(config: ModelConfig) -> frozenset[str]:
+    """Each layer's KV cache scales (``k_scale``, ``v_scale``; a ``kv_cache_scheme``), which
+    the loader reads as numbers for ``--kv-cache-dtype fp8``, not as the model's tensors."""
+    return frozenset(f"model.layers.{layer}{suffix}" for layer in range(config.num_layers)
+                     for suffix in KV_SCALE_SUFFIXES)
 
 
 def loaded_names(name: str, shape: tuple[int, ...], config: ModelConfig) -> tuple[str, ...]:

@@ -8,6 +8,8 @@ safetensors headers alone: the one rule the plan counts and the engine's loader 
   head, norms, biases) cast to the model dtype.
 - ``--quantization fp8``: each linear layer's weight at one byte plus a float32 scale per
   output channel (``fp8_format.on_load_bytes``); everything else cast to the model dtype.
+- A layer's KV cache scales (``k_scale``, ``v_scale``): nothing, the loader reads them as
+  numbers.
 - A 4-bit checkpoint (``int4_format``: GPTQ, AWQ, compressed-tensors W4A16): each
   quantized layer's tensors exactly as stored (codes, zeros, g_idx, scales in their own
   dtype); everything else (embeddings, LM head, norms, biases, unquantized layers) cast
@@ -22,6 +24,7 @@ from kvledger.engine.model.config import SUPPORTED_ARCHITECTURES
 from kvledger.engine.model.fp8_format import (
     FP8,
     FP8_DTYPE,
+    KV_SCALE_SUFFIXES,
     SCALE_BYTES,
     SCALE_SUFFIXES,
     on_load_bytes,
@@ -72,12 +75,15 @@ def loaded_weight_bytes(weights: WeightsInfo, model_dtype: str, *,
         return weights.total_bytes
     quantize_fp8 = quantize_fp8 and not (fp8 or int4)  # the engine keeps a checkpoint's own
     target_bits = estimates.DTYPE_BYTES[model_dtype] * 8
-    if not weights.tensors or not (fp8 or int4 or quantize_fp8):  # by dtype: floats are cast
+    kv_scales = any(t.name.endswith(KV_SCALE_SUFFIXES) for t in weights.tensors)
+    if not weights.tensors or not (fp8 or int4 or quantize_fp8 or kv_scales):  # by dtype
         total = sum(n * target_bits // DTYPE_BITS[d] if d in CASTABLE_DTYPES else n
                     for d, n in weights.bytes_by_dtype.items())
         return total if weights.bytes_by_dtype else weights.total_bytes
     total = 0
     for t in weights.tensors:
+        if t.name.endswith(KV_SCALE_SUFFIXES):
+            continue  # read as numbers by the loader, not held as tensors
         if int4 and layer_tensor(t.name, int4):
             total += t.nbytes
         elif t.name.endswith(SCALE_SUFFIXES):
