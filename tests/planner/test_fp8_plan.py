@@ -144,6 +144,7 @@ def test_quantization_other_than_fp8_is_refused_in_one_line(tmp_path, capsys) ->
                  "--quantization", "awq"]) == 2
     assert capsys.readouterr().err == (
         "error: --quantization awq: kvledger does not support vLLM's --quantization awq (only "
-        "fp8, quantized on load; a checkpoint's own FP8 quantization_config needs no flag)\n")
+        "fp8, quantized on load; a checkpoint's own FP8, GPTQ, AWQ or compressed-tensors "
+        "quantization_config needs no flag: drop it)\n")
     with pytest.raises(BadInput, match=r"^--quantization gptq: kvledger does not support"):
         EngineConfig(model=str(tmp_path), quantization="gptq")
