@@ -10,7 +10,7 @@ engine/model/int4_linear.py), in the same run.
 
 Each (format, batch) runs ``--rounds`` times, formats interleaved so anything else on the
 machine slows them alike; a run's figure is the median of its decode steps 10-60 (32-token
-prompts, greedy, EOS ignored), the reported figure the best round (on a shared machine a
+prompts, greedy, EOS ignored; ``--max-tokens 30``: steps 10-20), the reported figure the best round (on a shared machine a
 busy neighbour can slow one round several times over). The claims, checked (exit 1, one
 line each): each quantized engine holds exactly the weight bytes its plan counts, at most
 ``BYTES_LIMIT[format]`` of the float32 engine's; tokens/s is printed as a ratio of
@@ -76,6 +76,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--model", default="small-llama")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=70,
+                        help="tokens each request decodes; the window is steps 10 to this - 9")
     parser.add_argument("--formats", nargs="+", choices=FORMATS[1:], default=list(FORMATS[1:]),
                         help="the quantized formats to run beside fp32 (default: all)")
     args = parser.parse_args()
@@ -87,8 +89,8 @@ def main() -> int:
     model_dir = write_model(args.model, Path(tempfile.mkdtemp(prefix="kvledger-bench-")) / "fp32")
     setups = checkpoints(model_dir, ["fp32", *args.formats])
     engines = {fmt: make_engine(path, q) for fmt, (path, q) in setups.items()}
-    runs = interleaved(engines, BATCHES, args.rounds, max_tokens=70, steps=range(10, 61),
-                       progress=True)
+    runs = interleaved(engines, BATCHES, args.rounds, max_tokens=args.max_tokens,
+                       steps=range(10, args.max_tokens - 9), progress=True)
     ms = {key: min(values) for key, values in runs.items()}  # the least disturbed round
     held = {fmt: weights_bytes(engine.runner.model) for fmt, engine in engines.items()}
     print(f"model {args.model}, {torch.get_num_threads()} torch threads, decode step p50, "

@@ -5,8 +5,9 @@ activations' dtype, ``(code - zero) * scale``, then ``F.linear``.
 
 Per call, not cached: a cached dequantized copy would hold the weights at the model dtype
 again (8x the codes in float32) and undo the saving the plan counts. The transient is one
-layer's: its codes unpacked to int32, then the weight in the activations' dtype, and the
-zeros and scales gathered per input (``weight_workspace_bytes`` in the planner). Measured on the CPU by
+layer's: its codes unpacked to int32, then the weight in the activations' dtype (the zeros
+and scales broadcast over groups of consecutive inputs; gathered per input only for
+act-order GPTQ): ``int4_workspace_bytes`` in the planner. Measured on the CPU by
 ``bench/quantized.py`` (docs/benchmarks.md). The same path runs on CUDA (no int4 kernel is
 used yet).
 """
@@ -22,13 +23,16 @@ from kvledger.engine.model.fp8_format import QUANTIZED_PROJECTIONS
 from kvledger.engine.model.int4_format import AWQ, AWQ_ORDER, GPTQ, W4A16, layer_prefixes
 
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)  # nibble k of a word: bits 4k..4k+3
-_AWQ_COLUMNS = torch.tensor([AWQ_ORDER.index(k) for k in range(8)])  # output k's nibble
+# AWQ: output k of a word's eight is in nibble AWQ_ORDER.index(k); reading the nibbles in
+# that order unpacks them in output order, with no reordering copy.
+_AWQ_SHIFTS = torch.tensor([4 * AWQ_ORDER.index(k) for k in range(8)], dtype=torch.int32)
 
 
-def unpack_nibbles(packed: torch.Tensor, dim: int) -> torch.Tensor:
+def unpack_nibbles(packed: torch.Tensor, dim: int, shifts: torch.Tensor = _SHIFTS) -> torch.Tensor:
     """int32 words -> their eight 4-bit codes (0..15, int32), nibble ``k`` of word ``i``
-    at index ``8i + k`` along ``dim`` (0 or 1)."""
-    shifts = _SHIFTS.to(packed.device)
+    at index ``8i + k`` along ``dim`` (0 or 1); ``shifts`` the bit offset of each of the
+    eight (``_AWQ_SHIFTS``: AWQ's order)."""
+    shifts = shifts.to(packed.device)
     if dim == 0:
         codes = packed.unsqueeze(1) >> shifts.view(1, 8, 1)  # [rows, 8, cols]
         return codes.bitwise_and_(15).reshape(-1, packed.shape[1])
@@ -67,33 +71,42 @@ class Int4Linear(nn.Module):
         return F.linear(x, self.dequantized(x.dtype), self.bias)
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
-        """The weight ``[out, in]`` in ``dtype``: ``(code - zero) * scale`` per group."""
-        device = self.scales.device if self.method != W4A16 else self.weight_scale.device
-        groups = torch.arange(self.in_features, device=device) // self.group_size
+        """The weight ``[out, in]`` in ``dtype``: ``(code - zero) * scale`` per group.
+        Groups of consecutive inputs broadcast their zeros and scales over a view; only
+        act-order GPTQ (a ``g_idx`` that is not ``i // group_size``) gathers them per input."""
         if self.method == W4A16:  # [out, in]; codes and zeros stored + 8
             weight = unpack_nibbles(self.weight_packed, 1).to(dtype)
+            grouped = weight.view(self.out_features, -1, self.group_size)
             if self.weight_zero_point is not None:
-                weight.sub_(unpack_nibbles(self.weight_zero_point, 0).to(dtype)[:, groups])
+                grouped.sub_(unpack_nibbles(self.weight_zero_point, 0).to(dtype).unsqueeze(2))
             else:
-                weight.sub_(8)
-            return weight.mul_(self.weight_scale.to(dtype)[:, groups])
+                grouped.sub_(8)
+            grouped.mul_(self.weight_scale.to(dtype).unsqueeze(2))
+            return weight
         if self.method == GPTQ:  # [in, out]; zeros stored - 1
             weight = unpack_nibbles(self.qweight, 0).to(dtype)
             zeros = unpack_nibbles(self.qzeros, 1).to(dtype).add_(1)
-            if self.g_idx is not None:
-                groups = self.g_idx.long()
         else:  # AWQ, [in, out] in its nibble order
-            columns = _AWQ_COLUMNS.to(device)
-            weight = _awq_order(unpack_nibbles(self.qweight, 1), columns).to(dtype)
-            zeros = _awq_order(unpack_nibbles(self.qzeros, 1), columns).to(dtype)
-        weight.sub_(zeros[groups]).mul_(self.scales.to(dtype)[groups])
+            weight = unpack_nibbles(self.qweight, 1, _AWQ_SHIFTS).to(dtype)
+            zeros = unpack_nibbles(self.qzeros, 1, _AWQ_SHIFTS).to(dtype)
+        scales = self.scales.to(dtype)
+        if self._act_order():
+            groups = self.g_idx.long()
+            weight.sub_(zeros[groups]).mul_(scales[groups])
+        else:
+            grouped = weight.view(-1, self.group_size, self.out_features)
+            grouped.sub_(zeros.unsqueeze(1)).mul_(scales.unsqueeze(1))
         return weight.t()
 
-
-def _awq_order(codes: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-    """Codes unpacked in nibble order -> in output order (``AWQ_ORDER`` undone)."""
-    rows = codes.shape[0]
-    return codes.view(rows, -1, 8).index_select(2, columns).view(rows, -1)
+    def _act_order(self) -> bool:
+        """Whether GPTQ's ``g_idx`` groups the inputs other than consecutively (checked once:
+        the stored tensors do not change)."""
+        if getattr(self, "_act_order_known", None) is None:
+            g_idx = getattr(self, "g_idx", None)
+            consecutive = torch.arange(self.in_features, device=g_idx.device) // self.group_size \
+                if g_idx is not None else None
+            self._act_order_known = g_idx is not None and not torch.equal(g_idx.long(), consecutive)
+        return self._act_order_known
 
 
 def install_int4_linears(model: nn.Module, state: dict[str, torch.Tensor], method: str) -> int:
