@@ -1,5 +1,5 @@
 """Timing the engine's decode step in-process, shared by bench/decode_step.py and
-bench/fp8.py: each setup (a named ``LLMEngine``) decodes ``batch`` 32-token prompts,
+bench/quantized.py: each setup (a named ``LLMEngine``) decodes ``batch`` 32-token prompts,
 greedy with EOS ignored, and a run's figure is the median of its steps in a window after
 the prefill; setups are interleaved within each round so that anything else on the machine
 slows them alike."""

@@ -182,7 +182,8 @@ def quantization_arg(text: str) -> str:
     if text not in QUANTIZATIONS:
         raise BadInput(f"--quantization {text}: kvledger does not support vLLM's "
                        f"--quantization {text} (only fp8, quantized on load; a checkpoint's "
-                       "own FP8 quantization_config needs no flag)")
+                       "own FP8, GPTQ, AWQ or compressed-tensors quantization_config needs "
+                       "no flag: drop it)")
     return text
 
 

@@ -162,13 +162,30 @@ QUANTIZED_LINEAR = {
 }
 
 
-def write_quantized(model_dir: Path, method: str, *, quantization_config: bool = True,
+# The quantization_configs published 4-bit checkpoints carry (group size 32 here).
+PUBLISHED_4BIT = {
+    "gptq": {"quant_method": "gptq", "bits": 4, "group_size": _GROUP, "desc_act": True,
+             "sym": True, "checkpoint_format": "gptq", "lm_head": False},
+    "awq": {"quant_method": "awq", "bits": 4, "group_size": _GROUP, "zero_point": True,
+            "version": "gemm"},
+    "compressed-tensors": {"quant_method": "compressed-tensors", "format": "pack-quantized",
+                           "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                               "num_bits": 4, "type": "int", "symmetric": True,
+                               "strategy": "group", "group_size": _GROUP, "actorder": None},
+                               "input_activations": None}}, "ignore": ["lm_head"]},
+}
+
+
+def write_quantized(model_dir: Path, method: str, *, quantization_config: bool | dict = True,
                     **overrides) -> dict:
     """A tiny Llama checkpoint (header only) whose linear layers are stored as ``method``
     stores them (``QUANTIZED_LINEAR``), with ``quantization_config.quant_method`` =
-    ``method`` unless ``quantization_config`` is False (scales with nothing to say so)."""
+    ``method`` (a dict: that quantization_config) unless ``quantization_config`` is False
+    (scales with nothing to say so)."""
     config = {**TINY, **overrides}
-    if quantization_config:
+    if isinstance(quantization_config, dict):
+        config["quantization_config"] = quantization_config
+    elif quantization_config:
         config["quantization_config"] = {"quant_method": method}
     tensors: dict[str, tuple[str, list[int]]] = {}
     for name, shape in llama_shapes(config).items():

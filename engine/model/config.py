@@ -19,6 +19,7 @@ from kvledger.engine.model.fp8_format import (
     SERVED_WEIGHTS,
     fp8_method,
 )
+from kvledger.engine.model.int4_format import int4_method
 from kvledger.engine.planner.hf_config import (
     FULL_ATTENTION,
     SLIDING_ATTENTION,
@@ -77,7 +78,9 @@ class ModelConfig:
     sliding_window: int | None
     qk_norm: bool = False  # RMSNorm over head_dim of each q and k head, before RoPE (Qwen3)
     moe: MoEConfig | None = None
-    quantization: str = ""  # "fp8": the checkpoint's linear layers are FP8 (fp8_format.py)
+    # "fp8": the checkpoint's linear layers are FP8 (fp8_format.py); "gptq", "awq",
+    # "w4a16": 4-bit (int4_format.py); "": none
+    quantization: str = ""
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -174,15 +177,18 @@ def _moe(raw: Mapping[str, Any], arch: str, layers: int, intermediate_size: int)
 
 
 def _quantization(raw: Mapping[str, Any]) -> str:
-    """"fp8" for the FP8 checkpoints the engine serves (``fp8_format``), "" for none. Other
-    quantized weights (int4 with scales and zero points, packed MXFP4, ...) would be cast
-    to the model dtype as if they were values, or fail to load halfway: refuse them by
-    their method, before anything is loaded or allocated."""
+    """"fp8" for the FP8 checkpoints the engine serves (``fp8_format``), a 4-bit method's
+    name for the 4-bit ones (``int4_format``), "" for none. Other quantized weights
+    (bitsandbytes, GGUF, HQQ, packed MXFP4, other bit widths, ...) would be cast to the
+    model dtype as if they were values, or fail to load halfway: refuse them by their
+    method, before anything is loaded or allocated."""
     quant = raw.get("quantization_config")
     if quant is None:
         return ""
     if isinstance(quant, dict) and fp8_method(quant):
         return FP8
+    if isinstance(quant, dict) and int4_method(quant):
+        return int4_method(quant)
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     if isinstance(method, str) and method:
         raise BadInput(f"checkpoint is quantized with {method!r} "

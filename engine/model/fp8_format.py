@@ -22,6 +22,8 @@ FP8 = "fp8"
 FP8_DTYPE = "F8_E4M3"  # safetensors' name of torch.float8_e4m3fn
 SCALE_SUFFIXES = (".weight_scale", ".input_scale")
 SCALE_BYTES = 4  # scales are held in float32 whatever dtype they are stored in
+# A layer's KV cache scales (kv_cache_scheme; vLLM's names), read as numbers, not tensors.
+KV_SCALE_SUFFIXES = (".self_attn.k_scale", ".self_attn.v_scale")
 # The linear layers of a decoder layer that FP8 quantizes: attention, the MLP and each
 # expert; never the embeddings, the LM head, the norms or a mixture's router (vLLM's too).
 QUANTIZED_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
@@ -29,9 +31,10 @@ QUANTIZED_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "u
 # transformers 5's fused experts, quantized on load like the experts they are split into.
 _FUSED = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
 # What the engine's weights may be, said wherever a checkpoint is refused for its weights.
-SERVED_WEIGHTS = ("kvledger's engine serves unquantized float16/bfloat16/float32 checkpoints "
-                  "and FP8 ones (quant_method 'fp8', or 'compressed-tensors' float-quantized: "
-                  "e4m3 weights, per-tensor or per-channel scales)")
+SERVED_WEIGHTS = ("kvledger's engine serves unquantized float16/bfloat16/float32 checkpoints, "
+                  "FP8 ones (quant_method 'fp8', or 'compressed-tensors' float-quantized: "
+                  "e4m3 weights, per-tensor or per-channel scales) and 4-bit ones ('gptq', "
+                  "'awq' gemm, 'compressed-tensors' pack-quantized W4A16)")
 
 
 def fp8_method(quant: Mapping[str, Any]) -> bool:
@@ -50,14 +53,27 @@ def fp8_method(quant: Mapping[str, Any]) -> bool:
         return True
     if method != "compressed-tensors" or quant.get("format") != "float-quantized":
         return False
-    if quant.get("kv_cache_scheme"):
-        _refuse("a quantized KV cache (kv_cache_scheme)")
+    check_kv_cache_scheme(quant)
     groups = quant.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         _refuse("no config_groups")
     for name, group in groups.items():
         _check_group(name, group)
     return True
+
+
+def check_kv_cache_scheme(quant: Mapping[str, Any]) -> None:
+    """A ``kv_cache_scheme``, served as ``--kv-cache-dtype fp8`` with the checkpoint's
+    ``k_scale`` / ``v_scale`` (``KV_SCALE_SUFFIXES``): compressed-tensors' FP8 per tensor,
+    static, or AutoFP8's "static". BadInput naming any other (int8, per head, dynamic)."""
+    scheme = quant.get("kv_cache_scheme")
+    if not scheme or scheme == "static":
+        return
+    if (isinstance(scheme, dict) and scheme.get("num_bits") == 8
+            and scheme.get("type") == "float" and scheme.get("strategy", "tensor") == "tensor"
+            and not scheme.get("dynamic") and scheme.get("symmetric", True)):
+        return
+    _refuse(f"kv_cache_scheme {scheme!r} (FP8 per tensor, static scales only)")
 
 
 def _check_group(name: str, group: Any) -> None:

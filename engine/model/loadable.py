@@ -17,7 +17,19 @@ from typing import Any
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.config import SERVED_WEIGHTS, ModelConfig
-from kvledger.engine.model.fp8_format import FP8_DTYPE, SCALE_SUFFIXES, quantized_linear
+from kvledger.engine.model.fp8_format import (
+    FP8,
+    FP8_DTYPE,
+    KV_SCALE_SUFFIXES,
+    SCALE_SUFFIXES,
+    quantized_linear,
+)
+from kvledger.engine.model.int4_format import (
+    INT4_METHODS,
+    LAYER_TENSORS,
+    PACKED_DTYPES,
+    layer_prefixes,
+)
 from kvledger.engine.planner.checkpoint import CASTABLE_DTYPES, TensorInfo
 
 # Buffers some older checkpoints carry that the engine recomputes.
@@ -33,10 +45,14 @@ def loadable_config(raw: Mapping[str, Any], tensors: Iterable[TensorInfo]) -> Mo
     ``quantization_config``), tensors the loader would refuse as unexpected (the scales
     of weights quantized without a quantization_config, another model's tensors), and
     weights stored in a dtype that is not a float (the loader would cast them as values),
-    but for an FP8 checkpoint's quantized weights (F8_E4M3 with a ``weight_scale``)."""
+    but for an FP8 checkpoint's quantized weights (F8_E4M3 with a ``weight_scale``) and a
+    4-bit checkpoint's packed layers (``int4_format``: all their tensors, ints as ints)."""
     config = ModelConfig.from_dict(raw)
     stored = [t for t in tensors if not t.name.endswith(IGNORED_SUFFIXES)]
-    fp8 = _fp8_weights(stored) if config.quantization else set()
+    if config.quantization in INT4_METHODS:
+        quantized = _int4_tensors(stored, config.quantization)
+    else:
+        quantized = _fp8_weights(stored) if config.quantization == FP8 else set()
     unexpected = unexpected_tensors(stored, config)
     if unexpected:
         raise BadInput(f"checkpoint has tensors kvledger's engine does not load for "
@@ -44,7 +60,7 @@ def loadable_config(raw: Mapping[str, Any], tensors: Iterable[TensorInfo]) -> Mo
                        f"scales without a quantization_config, or another model's tensors); "
                        f"{SERVED_WEIGHTS}")
     packed = sorted(f"{t.name!r} as {t.dtype}" for t in stored
-                    if t.dtype not in CASTABLE_DTYPES and t.name not in fp8)
+                    if t.dtype not in CASTABLE_DTYPES and t.name not in quantized)
     if packed:
         raise BadInput(f"checkpoint stores weights in a dtype that is not a float: "
                        f"{_some(packed, quote=False)} (quantized weights?); {SERVED_WEIGHTS}")
@@ -65,10 +81,35 @@ def _fp8_weights(stored: list[TensorInfo]) -> set[str]:
     return scaled
 
 
+def _int4_tensors(stored: list[TensorInfo], method: str) -> set[str]:
+    """The packed tensors of a 4-bit checkpoint's quantized layers. BadInput for a layer
+    that misses one the loader needs, or holds one in the wrong dtype (codes, zeros and
+    g_idx int32; scales a float)."""
+    dtypes = {t.name: t.dtype for t in stored}
+    required, optional = LAYER_TENSORS[method]
+    wrong, names = [], set()
+    for layer in sorted(layer_prefixes(dtypes, method)):
+        for part in required + optional:
+            name = f"{layer}.{part}"
+            dtype = dtypes.get(name)
+            if dtype is None and part in optional:
+                continue
+            names.add(name)
+            scale = part in ("scales", "weight_scale")
+            if dtype is None or (dtype not in CASTABLE_DTYPES if scale else
+                                 dtype not in PACKED_DTYPES):
+                wrong.append(f"{name!r} as {dtype or 'missing'}")
+    if wrong:
+        raise BadInput(f"{method} checkpoint has 4-bit layers the engine cannot load: "
+                       f"{_some(wrong, quote=False)} (codes, zeros and g_idx int32, scales a "
+                       f"float); {SERVED_WEIGHTS}")
+    return names
+
+
 def unexpected_tensors(tensors: Iterable[TensorInfo], config: ModelConfig) -> list[str]:
     """The names of the stored ``tensors`` the loader would refuse for ``config``, sorted:
     those that fill none of the engine's tensors (``loaded_names``, ``tensor_names``)."""
-    expected = tensor_names(config)
+    expected = tensor_names(config) | kv_scale_names(config)
     # Most names are the engine's as they are; only the others may be renamed or split.
     others = (t for t in tensors if t.name not in expected)
     return sorted(t.name for t in others if not t.name.endswith(IGNORED_SUFFIXES)
@@ -79,7 +120,7 @@ def tensor_names(config: ModelConfig) -> frozenset[str]:
     """Every tensor the engine's model may hold for ``config``, named as Hugging Face's
     checkpoints name them: the state dict of ``CausalLM(config)`` (a test holds the two
     equal), known without building it, so without torch; for an FP8 checkpoint, each
-    quantized linear layer's scales too."""
+    quantized linear layer's scales too; for a 4-bit one, its packed tensors."""
     names = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
     for layer in range(config.num_layers):
         prefix = f"model.layers.{layer}."
@@ -93,10 +134,21 @@ def tensor_names(config: ModelConfig) -> frozenset[str]:
             names |= {attention + "q_norm.weight", attention + "k_norm.weight"}
         names |= {prefix + "input_layernorm.weight", prefix + "post_attention_layernorm.weight"}
         names |= _feed_forward_names(config, layer, prefix)
-    if config.quantization:  # an FP8 layer's scales (a layer left unquantized has none)
+    if config.quantization == FP8:  # an FP8 layer's scales (an unquantized layer has none)
         names |= {w.removesuffix(".weight") + s for w in names if quantized_linear(w)
                   for s in SCALE_SUFFIXES}
+    elif config.quantization in INT4_METHODS:  # a 4-bit layer's tensors, in its weight's stead
+        parts = sum(LAYER_TENSORS[config.quantization], ())
+        names |= {f"{w.removesuffix('.weight')}.{p}" for w in names if quantized_linear(w)
+                  for p in parts}
     return frozenset(names)
+
+
+def kv_scale_names(config: ModelConfig) -> frozenset[str]:
+    """Each layer's KV cache scales (``k_scale``, ``v_scale``; a ``kv_cache_scheme``), which
+    the loader reads as numbers for ``--kv-cache-dtype fp8``, not as the model's tensors."""
+    return frozenset(f"model.layers.{layer}{suffix}" for layer in range(config.num_layers)
+                     for suffix in KV_SCALE_SUFFIXES)
 
 
 def loaded_names(name: str, shape: tuple[int, ...], config: ModelConfig) -> tuple[str, ...]:

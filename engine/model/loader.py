@@ -10,13 +10,15 @@ import torch
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.config import ModelConfig
-from kvledger.engine.model.fp8_format import SCALE_SUFFIXES, quantized_linear
+from kvledger.engine.model.fp8_format import KV_SCALE_SUFFIXES, SCALE_SUFFIXES, quantized_linear
 from kvledger.engine.model.fp8_linear import (
     FP8_DTYPE,
     install_fp8_linears,
     quantize_weight,
     scale_shape,
 )
+from kvledger.engine.model.int4_format import INT4_METHODS, layer_tensor
+from kvledger.engine.model.int4_linear import install_int4_linears
 from kvledger.engine.model.loadable import IGNORED_SUFFIXES, loaded_names
 from kvledger.engine.model.transformer import CausalLM
 
@@ -42,7 +44,8 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
                device: torch.device, *, quantize_fp8: bool = False) -> CausalLM:
     """Build the model on the meta device, then assign the checkpoint's tensors in ``dtype``
     on ``device``: no random init, no second copy of the weights. An FP8 checkpoint's
-    weights stay FP8 and its scales float32, in ``Fp8Linear`` layers; ``quantize_fp8``
+    weights stay FP8 and its scales float32, in ``Fp8Linear`` layers; a 4-bit checkpoint's
+    (GPTQ, AWQ, W4A16) tensors stay as stored, in ``Int4Linear`` layers; ``quantize_fp8``
     (``--quantization fp8``) quantizes an unquantized checkpoint's linear layers so, each
     as it is read (the whole model is never held unquantized)."""
     from safetensors import safe_open
@@ -62,7 +65,11 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
                                              quantize_fp8))
         except (OSError, RuntimeError) as exc:
             raise BadInput(f"{path}: cannot read safetensors: {exc}") from None
-    install_fp8_linears(model, state)
+    kv_scales = {name: state.pop(name) for name in list(state) if name.endswith(KV_SCALE_SUFFIXES)}
+    if config.quantization in INT4_METHODS:
+        install_int4_linears(model, state, config.quantization)
+    else:
+        install_fp8_linears(model, state)
     if "lm_head.weight" not in state and config.tie_word_embeddings:
         state["lm_head.weight"] = state.get("model.embed_tokens.weight")
     shapes = {name: t.shape for name, t in model.state_dict().items()}
@@ -77,6 +84,7 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
         if tensor.shape != want:
             raise BadInput(f"{model_dir}: {name} has shape {tuple(tensor.shape)}, config says {tuple(want)}")
     model.load_state_dict(state, assign=True)
+    _set_kv_scales(model, kv_scales, model_dir)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval().requires_grad_(False)
@@ -86,7 +94,12 @@ def _loaded(name: str, tensor: torch.Tensor, config: ModelConfig, dtype: torch.d
             device: torch.device, quantize_fp8: bool) -> dict[str, torch.Tensor]:
     """One stored tensor as the engine holds it, by the names it fills: floats in ``dtype``,
     FP8 weights as they are, scales in float32 (``scale_shape``); fused experts split;
-    with ``quantize_fp8`` each linear layer's weight in FP8 beside its ``weight_scale``."""
+    with ``quantize_fp8`` each linear layer's weight in FP8 beside its ``weight_scale``;
+    a 4-bit layer's tensors as stored (``int4_format``); KV cache scales as stored."""
+    if name.endswith(KV_SCALE_SUFFIXES):
+        return {name: tensor}
+    if config.quantization in INT4_METHODS and layer_tensor(name, config.quantization):
+        return {name: tensor.to(device)}
     if name.endswith(SCALE_SUFFIXES):
         return {name: scale_shape(tensor).to(device)}
     if tensor.dtype == FP8_DTYPE:
@@ -103,6 +116,20 @@ def _loaded(name: str, tensor: torch.Tensor, config: ModelConfig, dtype: torch.d
         else:
             out[piece] = weight
     return out
+
+
+def _set_kv_scales(model: CausalLM, scales: dict[str, torch.Tensor], model_dir: Path) -> None:
+    """Each layer's ``k_scale`` / ``v_scale`` (one per tensor) onto its attention, as the
+    numbers an fp8 KV cache is divided by when written and multiplied by when read."""
+    for name, scale in scales.items():
+        if scale.numel() != 1 or not scale.is_floating_point():
+            raise BadInput(f"{model_dir}: {name} has shape {tuple(scale.shape)} as "
+                           f"{scale.dtype}; kvledger reads one float KV scale per layer")
+        attention, _, which = name.rpartition(".")
+        value = float(scale.float().reshape(()))
+        if not value > 0:
+            raise BadInput(f"{model_dir}: {name} is {value}; a KV scale must be positive")
+        setattr(model.get_submodule(attention), which, value)
 
 
 def _split_fused_experts(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:

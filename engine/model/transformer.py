@@ -117,9 +117,10 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.element_size() == 1 else t
 
 
-def _gather(kv_cache: torch.Tensor, block_tables: torch.Tensor,
-            dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of each row's blocks: ``[seqs, kv_heads, blocks * block_size, head_dim]``.
+def _gather(kv_cache: torch.Tensor, block_tables: torch.Tensor, dtype: torch.dtype,
+            scales: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of each row's blocks: ``[seqs, kv_heads, blocks * block_size, head_dim]``,
+    an fp8 cache's times its ``(k_scale, v_scale)``.
 
     One index_select (about 2x faster than advanced indexing on the CPU) over
     ``[2, kv_heads, num_blocks, block_size, head_dim]``; heads outermost keeps each
@@ -128,6 +129,8 @@ def _gather(kv_cache: torch.Tensor, block_tables: torch.Tensor,
     _, kv_heads, _, block_size, head_dim = kv_cache.shape
     kv = _as_bytes(kv_cache).index_select(2, block_tables.flatten()).view(kv_cache.dtype)
     kv = kv.view(2, kv_heads, num_seqs, width * block_size, head_dim).transpose(1, 2).to(dtype)
+    if kv_cache.element_size() == 1 and scales != (1.0, 1.0):
+        kv = kv * kv.new_tensor(scales).view(2, 1, 1, 1, 1)
     return kv[0], kv[1]
 
 
@@ -146,6 +149,8 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qk_norm = config.qk_norm
+        # An fp8 KV cache holds K / k_scale and V / v_scale: the checkpoint's (loader.py).
+        self.k_scale = self.v_scale = 1.0
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
@@ -159,9 +164,13 @@ class Attention(nn.Module):
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
 
+        scales = (self.k_scale, self.v_scale)
         if kv_cache is not None:  # [2 (K, V), kv_heads, num_blocks, block_size, head_dim]
             slots = _as_bytes(kv_cache).view(2, self.num_kv_heads, -1, self.head_dim)
-            kv = torch.stack((k, v)).transpose(1, 2).to(kv_cache.dtype)  # fp8 KV: cast
+            kv = torch.stack((k, v)).transpose(1, 2)
+            if kv_cache.element_size() == 1 and scales != (1.0, 1.0):  # fp8 KV: scaled
+                kv = kv / kv.new_tensor(scales).view(2, 1, 1, 1)
+            kv = kv.to(kv_cache.dtype)  # fp8 KV: cast (saturating at the format's largest)
             slots.index_copy_(2, meta.slot_mapping, _as_bytes(kv))
 
         out = torch.empty_like(q)
@@ -172,7 +181,7 @@ class Attention(nn.Module):
             if span.block_table is None:
                 ks, vs = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (k, v))
             else:
-                ks, vs = _gather(kv_cache, span.block_table, q.dtype)
+                ks, vs = _gather(kv_cache, span.block_table, q.dtype, scales)
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=span.mask,
                                                is_causal=span.mask is None, enable_gqa=True)
             out[start:end] = o[0].transpose(0, 1)
@@ -180,7 +189,7 @@ class Attention(nn.Module):
         group_size = self.num_heads // self.num_kv_heads
         for group in meta.decode_groups:
             end = start + group.num_seqs
-            kd, vd = _gather(kv_cache, group.block_tables, q.dtype)
+            kd, vd = _gather(kv_cache, group.block_tables, q.dtype, scales)
             # The query heads sharing a K/V head become that head's query rows: no
             # grouped-query support needed from the kernel, which would otherwise
             # repeat the gathered K/V per query head (the math fallback on CUDA does).

@@ -51,7 +51,11 @@ from kvledger.engine.planner.pool import (
     kv_geometry,
 )
 from kvledger.engine.planner.remedies import Remedy, find_remedies
-from kvledger.engine.planner.weight_bytes import fp8_workspace_bytes, loaded_weight_bytes
+from kvledger.engine.planner.weight_bytes import (
+    fp8_workspace_bytes,
+    int4_workspace_bytes,
+    loaded_weight_bytes,
+)
 
 CLASSES = ("weights", "activations", "kv_cache", "cuda_graphs", "context")
 
@@ -246,7 +250,8 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
             shape, dtype_bytes, batched_tokens, config.max_num_seqs,
             context_tokens=gathered_tokens, kv_dtype_bytes=estimates.DTYPE_BYTES[kv_dtype])
             + fp8_workspace_bytes(shape, weights, model_dtype, batched_tokens,
-                                  quantize_fp8=config.quantization == "fp8")),
+                                  quantize_fp8=config.quantization == "fp8")
+            + int4_workspace_bytes(shape, weights)),
         "kv_cache": 0,
         "cuda_graphs": 0 if config.enforce_eager or on_cpu else _pick(
             measured.cuda_graph_bytes, estimates.cuda_graph_bytes(shape, config.max_num_seqs)),

@@ -14,7 +14,7 @@ from kvledger.engine.planner.limit import largest_utilization
 from kvledger.engine.planner.plan import Plan
 from kvledger.engine.planner.pool import ENGINE_NOTE, ENGINE_RULE, PoolGroup
 from kvledger.engine.planner.remedies import Remedy
-from kvledger.engine.planner.weight_bytes import stored_fp8
+from kvledger.engine.planner.weight_bytes import stored_fp8, stored_int4
 
 TERMINATION_LOG_MAX_BYTES = 4096  # the kubelet keeps at most this much of the message
 # The pre-flight's machine-readable line: the plan's figures as JSON after this prefix, last
@@ -152,7 +152,10 @@ def _breakdown(plan: Plan) -> list[str]:
     c, kv, cfg = plan.classes, plan.kv, plan.config
     measured = set(plan.measured)
     weights_dtype = SHORT_DTYPE.get(plan.model_dtype, plan.model_dtype)
-    if stored_fp8(plan.shape, plan.weights) or cfg.quantization == "fp8":
+    if stored_int4(plan.shape, plan.weights):
+        weights_dtype = (f"{plan.shape.quantization}: linear layers 4-bit as stored, the rest "
+                         f"{weights_dtype}")
+    elif stored_fp8(plan.shape, plan.weights) or cfg.quantization == "fp8":
         how = plan.shape.quantization or "--quantization fp8"
         weights_dtype = f"{how}: linear layers f8_e4m3, the rest {weights_dtype}"
     elif plan.weights.dtype not in ("BF16", "F16", "F32", "F64"):

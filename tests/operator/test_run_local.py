@@ -99,7 +99,7 @@ def test_a_gpus_0_memory_limit_too_small_is_refused_as_the_pod_would_be(tiny_mod
             "64.0 MiB total") in err
 
 
-@pytest.mark.parametrize("method", ["awq", "mxfp4"])
+@pytest.mark.parametrize("method", ["bitsandbytes", "mxfp4"])
 def test_a_quantized_checkpoint_is_refused_by_the_preflight_before_serve(tmp_path, capsys,
                                                                        monkeypatch, method):
     """`kvledger run` pre-flights as the pod does: a quantized checkpoint is one line,

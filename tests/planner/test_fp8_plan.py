@@ -106,7 +106,12 @@ def test_quantization_fp8_is_offered_when_only_fp8_weights_fit(tmp_path, capsys)
       "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float", "strategy": "block"}}}},
      "config_groups.g.weights"),
     ({"quant_method": "compressed-tensors", "format": "float-quantized",
-      "kv_cache_scheme": {"num_bits": 8, "type": "float"}}, "a quantized KV cache"),
+      "kv_cache_scheme": {"num_bits": 8, "type": "int", "strategy": "tensor"}},
+     "kv_cache_scheme {'num_bits': 8, 'type': 'int', 'strategy': 'tensor'} (FP8 per tensor, "
+     "static scales only)"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized",
+      "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "head"}},
+     "kv_cache_scheme {'num_bits': 8, 'type': 'float', 'strategy': 'head'}"),
 ])
 def test_fp8_variants_the_engine_does_not_serve_are_refused_by_name(tmp_path, capsys, quant,
                                                                    why) -> None:
@@ -139,6 +144,7 @@ def test_quantization_other_than_fp8_is_refused_in_one_line(tmp_path, capsys) ->
                  "--quantization", "awq"]) == 2
     assert capsys.readouterr().err == (
         "error: --quantization awq: kvledger does not support vLLM's --quantization awq (only "
-        "fp8, quantized on load; a checkpoint's own FP8 quantization_config needs no flag)\n")
+        "fp8, quantized on load; a checkpoint's own FP8, GPTQ, AWQ or compressed-tensors "
+        "quantization_config needs no flag: drop it)\n")
     with pytest.raises(BadInput, match=r"^--quantization gptq: kvledger does not support"):
         EngineConfig(model=str(tmp_path), quantization="gptq")

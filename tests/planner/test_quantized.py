@@ -11,18 +11,29 @@ import subprocess
 import sys
 
 import pytest
-from budget_checkpoints import QUANTIZED_LINEAR, write_checkpoint, write_quantized
+from budget_checkpoints import (
+    PUBLISHED_4BIT,
+    QUANTIZED_LINEAR,
+    TINY,
+    llama_shapes,
+    tensor_bytes,
+    write_checkpoint,
+    write_quantized,
+)
 from published_models import published_config, published_tensors
 
 from kvledger.engine.cli import main
+from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.config import SERVED_WEIGHTS, ModelConfig
+from kvledger.engine.model.int4_format import SERVED_4BIT
 from kvledger.engine.model.loadable import loadable_config, unexpected_tensors
 from kvledger.engine.planner.checkpoint import read_weights
 from kvledger.engine.planner.plan import make_plan
 
-# fp8 is served (tests/planner/test_fp8_plan.py); compressed-tensors here is its W4A16.
-METHODS = ["gptq", "awq", "bitsandbytes", "mxfp4", "compressed-tensors", "gguf", "hqq"]
+# fp8 (tests/planner/test_fp8_plan.py) and 4-bit gptq, awq and compressed-tensors W4A16
+# (below) are served; these are not.
+METHODS = ["bitsandbytes", "mxfp4", "gguf", "hqq"]
 
 
 def _one_line_exit_2(argv: list[str], capsys) -> str:
@@ -39,9 +50,10 @@ def test_plan_and_preflight_refuse_a_quantized_checkpoint_by_its_method(tmp_path
     model = tmp_path / method
     write_quantized(model, method)
     expected = (f"checkpoint is quantized with {method!r} (quantization_config.quant_method); "
-                "kvledger's engine serves unquantized float16/bfloat16/float32 checkpoints and "
+                "kvledger's engine serves unquantized float16/bfloat16/float32 checkpoints, "
                 "FP8 ones (quant_method 'fp8', or 'compressed-tensors' float-quantized: e4m3 "
-                "weights, per-tensor or per-channel scales)")
+                "weights, per-tensor or per-channel scales) and 4-bit ones ('gptq', 'awq' gemm, "
+                "'compressed-tensors' pack-quantized W4A16)")
     assert expected.endswith(SERVED_WEIGHTS)
     flags = ["--model", str(model), "--device-memory", "24GiB"]
     assert _one_line_exit_2(["plan", *flags], capsys) == expected
@@ -50,6 +62,73 @@ def test_plan_and_preflight_refuse_a_quantized_checkpoint_by_its_method(tmp_path
     assert _one_line_exit_2(["preflight", *flags, "--plan-out", str(plan_out),
                              "--termination-log", str(log)], capsys) == expected
     assert not plan_out.exists() and not log.exists()  # refused before anything is planned
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq", "compressed-tensors"])
+def test_a_4bit_checkpoint_is_planned_as_stored_and_the_rest_at_the_model_dtype(
+        tmp_path, capsys, method) -> None:
+    """The packed layers' tensors (codes, zeros, g_idx, scales) count exactly as stored;
+    the embeddings, LM head and norms (stored bf16 here) at the model dtype asked for."""
+    write_quantized(tmp_path, method, quantization_config=PUBLISHED_4BIT[method])
+    packed = unquantized = 0
+    for name, shape in llama_shapes(TINY).items():
+        if name.removesuffix(".weight").endswith("_proj"):
+            packed += sum(tensor_bytes(*spec) for spec in QUANTIZED_LINEAR[method](*shape).values())
+        else:
+            unquantized += tensor_bytes("BF16", shape)
+    for dtype, factor in (("bfloat16", 1), ("float32", 2)):
+        plan = make_plan(EngineConfig(model=str(tmp_path), dtype=dtype,
+                                      device_memory_bytes=24 * 2**30))
+        assert plan.fits and plan.classes["weights"] == packed + factor * unquantized
+        workspace = max(TINY["intermediate_size"], TINY["hidden_size"]) * TINY["hidden_size"] * 8
+        write_checkpoint(tmp_path / "plain")
+        unquantized_plan = make_plan(EngineConfig(model=str(tmp_path / "plain"), dtype=dtype,
+                                                  device_memory_bytes=24 * 2**30))
+        assert plan.classes["activations"] == unquantized_plan.classes["activations"] + workspace
+    assert main(["plan", "--model", str(tmp_path), "--device-memory", "24GiB"]) == 0
+    assert f"{method}: linear layers 4-bit as stored, the rest bf16" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("quantization_config, what", [
+    ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "gptq bits 8"),
+    ({"quant_method": "gptq", "group_size": 128}, "gptq bits None"),
+    ({**PUBLISHED_4BIT["gptq"], "checkpoint_format": "gptq_v2"}, "gptq checkpoint_format 'gptq_v2'"),
+    ({**PUBLISHED_4BIT["gptq"], "lm_head": True}, "gptq lm_head true (a quantized LM head)"),
+    ({**PUBLISHED_4BIT["awq"], "version": "exllama"}, "awq version 'exllama'"),
+    ({**PUBLISHED_4BIT["awq"], "zero_point": False}, "awq zero_point false"),
+    ({**PUBLISHED_4BIT["awq"], "bits": 3}, "awq bits 3"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {
+        "group_0": {"weights": {"num_bits": 4, "type": "int", "strategy": "group",
+                                "group_size": 128, "actorder": "group"}}}},
+     "compressed-tensors config_groups.group_0.weights"),
+])
+def test_a_4bit_variant_the_engine_does_not_serve_is_refused_by_name(
+        tmp_path, capsys, quantization_config, what) -> None:
+    method = quantization_config["quant_method"]
+    write_quantized(tmp_path, method, quantization_config=quantization_config)
+    line = _one_line_exit_2(["plan", "--model", str(tmp_path), "--device-memory", "24GiB"], capsys)
+    assert line.startswith(f"checkpoint's 4-bit quantization has {what}")
+    assert line.endswith(f"; {SERVED_4BIT}")
+
+
+def test_a_4bit_layer_with_a_tensor_missing_or_of_the_wrong_dtype_is_refused(tmp_path, capsys):
+    from budget_checkpoints import write_header_only
+
+    config = {**TINY, "quantization_config": PUBLISHED_4BIT["gptq"]}
+    tensors = {}
+    for name, shape in llama_shapes(TINY).items():
+        layer = name.removesuffix(".weight")
+        if layer.endswith("_proj"):
+            tensors |= {f"{layer}.{p}": s for p, s in QUANTIZED_LINEAR["gptq"](*shape).items()}
+        else:
+            tensors[name] = ("BF16", shape)
+    del tensors["model.layers.0.mlp.up_proj.qzeros"]
+    tensors["model.layers.1.mlp.up_proj.qweight"] = ("F16", [16, 128])
+    write_header_only(tmp_path, config, tensors)
+    line = _one_line_exit_2(["plan", "--model", str(tmp_path), "--device-memory", "24GiB"], capsys)
+    assert line.startswith("gptq checkpoint has 4-bit layers the engine cannot load: "
+                           "'model.layers.0.mlp.up_proj.qzeros' as missing, "
+                           "'model.layers.1.mlp.up_proj.qweight' as F16 (codes, zeros")
 
 
 def test_any_other_method_and_none_named_are_refused_too(tmp_path) -> None:
@@ -135,13 +214,14 @@ def test_fp8_scales_are_named_when_the_dtype_is_a_float(tmp_path, capsys) -> Non
 
 
 def test_the_refusal_through_a_subprocess_is_one_line(tmp_path) -> None:
-    write_quantized(tmp_path, "awq")
+    write_quantized(tmp_path, "awq", quantization_config={"quant_method": "awq", "bits": 4,
+                                                          "version": "gemv"})
     proc = subprocess.run([sys.executable, "-m", "kvledger.engine.cli", "plan", "--model",
                            str(tmp_path), "--device-memory", "24GiB"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr == ("error: checkpoint is quantized with 'awq' "
-                           f"(quantization_config.quant_method); {SERVED_WEIGHTS}\n")
+    assert proc.stderr == ("error: checkpoint's 4-bit quantization has awq version 'gemv'; "
+                           f"{SERVED_4BIT}\n")
 
 
 @pytest.mark.parametrize("name", ["gpt-oss-20b", "DeepSeek-V3"])

@@ -43,8 +43,10 @@ def test_port_in_use_exits_1(tiny_llama_dir, capsys):
 
 
 @pytest.mark.parametrize(("method", "quantization_config", "message"), [
-    ("awq", True, "error: checkpoint is quantized with 'awq' (quantization_config.quant_method); "),
-    ("gptq", True, "error: checkpoint is quantized with 'gptq' "),
+    ("hqq", True, "error: checkpoint is quantized with 'hqq' (quantization_config.quant_method); "),
+    ("gguf", True, "error: checkpoint is quantized with 'gguf' "),
+    ("gptq", {"quant_method": "gptq", "bits": 8, "group_size": 128},
+     "error: checkpoint's 4-bit quantization has gptq bits 8; kvledger's engine serves 4-bit "),
     ("bitsandbytes", True, "error: checkpoint is quantized with 'bitsandbytes' "),
     ("fp8", False, "error: checkpoint has tensors kvledger's engine does not load for "
                    "LlamaForCausalLM: 'model.layers.0.mlp.down_proj.input_scale', "),
@@ -68,4 +70,6 @@ def test_a_quantized_checkpoint_is_refused_before_loading(tmp_path, capsys, monk
                  "--port", "0", "--log-level", "error"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith(message) and err.count("\n") == 1, err
-    assert err.endswith(f"; {SERVED_WEIGHTS}\n")
+    from kvledger.engine.model.int4_format import SERVED_4BIT
+
+    assert err.endswith(f"; {SERVED_4BIT if method == 'gptq' else SERVED_WEIGHTS}\n")
