@@ -30,6 +30,10 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     engine. Raises DoesNotFit if either plan does not fit, BadInput for an unsupported
     or broken checkpoint. An hf:// model is loaded from the hub cache (``serving_source``:
     downloaded first when incomplete, unless HF_HUB_OFFLINE is set)."""
+    if config.tensor_parallel_size > 1:
+        raise BadInput(f"--tensor-parallel-size {config.tensor_parallel_size}: kvledger's "
+                       "engine does not run tensor parallelism yet (kvledger plan and "
+                       "preflight plan it per GPU)")
     source = serving_source(config.model, config.download_dir, hub_timeout_s=config.hub_timeout_s)
     model_config = ModelConfig.from_dir(source.path)  # refuses unsupported architectures
     device_memory = probe_device(config)  # before loading: free memory drops after
