@@ -74,6 +74,7 @@ class EngineConfig:
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"
     quantization: str | None = None  # "fp8": quantize the linear layers on load
+    tensor_parallel_size: int = 1  # GPUs one model is sharded over; the plan is per GPU
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
     admission: str = "safe"  # over-commit KV while every request can finish; or "reserve"
@@ -92,7 +93,7 @@ class EngineConfig:
     hub_timeout_s: float = DEFAULT_HUB_TIMEOUT_S  # an hf:// model's metadata reads, in all
 
     def __post_init__(self) -> None:
-        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
+        for name in ("tensor_parallel_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
                      "num_gpu_blocks_override", "kv_cache_memory_bytes", "memory_limit_bytes",
                      "device_memory_bytes", "container_memory_limit_bytes",
                      "grammar_cache_bytes"):
@@ -256,6 +257,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                    help="fp8: quantize the linear layers of a float16/bfloat16/float32 "
                         "checkpoint to FP8 on load, one scale per output channel (embeddings, "
                         "LM head and norms stay at --dtype); planned at that size")
+    g.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1, metavar="N",
+                   help="shard the model over N GPUs of one machine, one process per GPU, as "
+                        "vLLM shards it; every figure of the plan is what one GPU holds "
+                        "(docs/planner.md, \"Tensor parallelism\")")
     g.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=False)
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="share the KV blocks of prompts that begin alike between requests, "

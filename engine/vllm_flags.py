@@ -52,13 +52,13 @@ def _refuse(unsupported: str) -> Rule:
     return Rule(unsupported=unsupported)
 
 
-_ONE_DEVICE = "kvledger serves a model on one device"
+_ONE_DEVICE = "kvledger serves a model on one machine (its GPUs by --tensor-parallel-size)"
 _NOT_PLANNED = "{}; the plan does not depend on it"
 
 # flag (as typed; a --no- form has its own rule where it differs) -> Rule
 RULES: dict[str, Rule] = {
-    # Parallelism: a size of 1 is what kvledger does; more is a later part of issue 23.
-    "--tensor-parallel-size": _only(["1"], "tensor parallelism yet", _ONE_DEVICE),
+    # Parallelism: --tensor-parallel-size is kvledger's own (engine/config.py); the others
+    # at 1 are what kvledger does.
     "--pipeline-parallel-size": _only(["1"], "pipeline parallelism yet", _ONE_DEVICE),
     "--data-parallel-size": _only(["1"], "data parallelism yet", _ONE_DEVICE),
     "--decode-context-parallel-size": _only(["1"], "context parallelism yet", _ONE_DEVICE),
@@ -70,8 +70,9 @@ RULES: dict[str, Rule] = {
     "--api-server-count": _only(["1"], "more than one API server process",
                                 "kvledger serves from one process"),
     "--distributed-executor-backend": _only(["uni", "mp"], "vLLM's ray executor",
-                                            _ONE_DEVICE + ", in one process"),
-    "--disable-custom-all-reduce": _noop(_ONE_DEVICE + ": there is no all-reduce"),
+                                            "kvledger starts one process per rank itself"),
+    "--disable-custom-all-reduce": _noop("kvledger's all-reduce is torch.distributed's "
+                                         "(NCCL, gloo on the CPU), never a custom one"),
     "--cpu-offload-gb": _only(["0"], "offloading weights to the host",
                               "0 keeps every weight on the device, as kvledger does"),
     # Asks for what kvledger always does.

@@ -272,8 +272,10 @@ SPEC_SCHEMA = {
         "model": _MODEL,
         "engine": _ENGINE,
         "memory": _MEMORY,
-        "gpus": _ruled(_int(0, "GPUs per replica (nvidia.com/gpu); at most 1 until kvledger "
-                               "has tensor parallelism", default=DEFAULT_GPUS), "gpus"),
+        "gpus": _ruled(_int(0, "GPUs per replica (nvidia.com/gpu), on one node: more than 1 "
+                               "shards the model over them (--tensor-parallel-size, planned "
+                               "per GPU, a memory-backed /dev/shm)",
+                            default=DEFAULT_GPUS), "gpus"),
         "replicas": _int(0, "pods serving this model (the scale subresource's; with "
                             "autoscaling, the autoscaler writes it)", default=DEFAULT_REPLICAS),
         "image": {"type": "string", "minLength": 1,

@@ -18,6 +18,7 @@ import copy
 from importlib.metadata import version
 from typing import Any
 
+from kvledger.operator.parallel import shm_mount, shm_volume
 from kvledger.operator.spec import ServiceSpec, as_spec
 
 LABEL = "kvledger.dev/inferenceservice"
@@ -187,6 +188,7 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
     port = spec.port
     image = spec.image or default_image
     volumes, mounts = _volumes(spec, download_bytes)
+    volumes += shm_volume(spec.gpus)  # the engine's ranks: NCCL's shared memory
     gpu_limits = _gpu_limits(spec)
     engine_resources = {key: dict(value) for key, value in spec.resources.items()}
     if gpu_limits:
@@ -233,7 +235,8 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": engine_resources,
-        "volumeMounts": mounts + ([_cache_mount(read_only=True)] if uri is not None else []),
+        "volumeMounts": mounts + ([_cache_mount(read_only=True)] if uri is not None else [])
+        + shm_mount(spec.gpus),
         "securityContext": _container_security(),
         # Loading a large checkpoint takes minutes: the startup probe holds off liveness.
         "startupProbe": {"httpGet": {"path": "/health", "port": "http"},

@@ -19,6 +19,7 @@ from typing import Any
 
 from kvledger.engine.config import EngineConfig, parse_size
 from kvledger.engine.errors import BadInput
+from kvledger.operator.parallel import tensor_parallel_size
 from kvledger.operator.quantity import quantity_bytes, target_value
 from kvledger.operator.resource import (
     AUTOSCALING_METRICS,
@@ -156,7 +157,7 @@ def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
     limits = (raw.get("resources") or {}).get("limits") or {}
     return ServiceSpec(
         model=model,
-        engine=_engine_config(raw, model, cluster_device(gpus)),
+        engine=_engine_config(raw, model, cluster_device(gpus), tensor_parallel_size(gpus)),
         gpus=gpus,
         replicas=raw.get("replicas", DEFAULT_REPLICAS),
         port=raw.get("port", DEFAULT_PORT),
@@ -201,11 +202,13 @@ def _model(model: Mapping[str, Any]) -> Model:
         .get("claimName"))
 
 
-def _engine_config(raw: Mapping[str, Any], model: Model, device: str) -> EngineConfig:
+def _engine_config(raw: Mapping[str, Any], model: Model, device: str,
+                   tensor_parallel_size: int) -> EngineConfig:
     values: dict[str, Any] = {
         "model": posixpath.normpath(model.path) if model.path else (model.uri or ""),
         "served_model_name": model.name,
         "device": device,
+        "tensor_parallel_size": tensor_parallel_size,  # one rank per GPU
     }
     engine = raw.get("engine") or {}
     values.update({ours: engine[theirs] for theirs, ours in _ENGINE_FIELDS.items()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvledger.engine.errors import BadInput
+from kvledger.operator.parallel import MAX_GPUS
 from kvledger.operator.quantity import target_value
 from kvledger.operator.resource import AUTOSCALING_METRICS, DEFAULT_MOUNT_PATH
 
@@ -49,11 +50,12 @@ def _ratio_at_most_one(scaling: Mapping[str, Any]) -> bool:
 
 
 RULES: tuple[Rule, ...] = (
-    # The engine runs on one device: a second GPU would be requested and sit idle.
-    Rule("gpus", "self <= 1",
-         "gpus must be 0 or 1: kvledger has no tensor parallelism yet, so the engine would "
-         "use one GPU of those requested",
-         lambda gpus: gpus <= 1),
+    # One pod, one node: the model is sharded over the node's GPUs (tensor parallelism).
+    Rule("gpus", f"self <= {MAX_GPUS}",
+         f"gpus must be at most {MAX_GPUS}: kvledger shards a model over the GPUs of one node "
+         "(tensor parallelism); serving across nodes (pipeline parallelism, multi-node) is "
+         "not supported",
+         lambda gpus: gpus <= MAX_GPUS),
     Rule("engine",
          "!has(self.maxNumBatchedTokens) || !has(self.maxNumSeqs)"
          " || self.maxNumBatchedTokens >= self.maxNumSeqs",

@@ -168,6 +168,13 @@ class AsyncEngine:
         if self.on_step_outputs is not None:
             self.on_step_outputs(outputs)
 
+    def fail(self, exc: BaseException) -> None:
+        """The engine is broken from outside its loop (a tensor-parallel rank is gone):
+        stop the worker and fail every request as if a step had raised ``exc``."""
+        self._stopping.set()
+        self._wake.set()
+        self._fail_all(exc)
+
     def _fail_all(self, exc: BaseException) -> None:
         """The worker has stopped: the engine releases every reservation it still held
         (streams closed with their abort still pending included); every stream fails."""

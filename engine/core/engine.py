@@ -192,6 +192,8 @@ class LLMEngine:
             return outputs
         try:
             step = self.runner.execute(batch)
+        except EngineFailed:  # a tensor-parallel rank is gone (core/ranks.py): no retry
+            raise
         except Exception as exc:
             return outputs + self._fail_step(batch, exc)
         self.consecutive_failed_steps = 0

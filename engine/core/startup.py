@@ -39,11 +39,15 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     device = torch_device(config.device)
     cap_torch_threads(torch)  # a pod's CPU limit is a quota torch does not see
     tokenizer = Tokenizer(source.path)
-    model = load_model(source.path, model_config, TORCH_DTYPES[plan.model_dtype], device,
-                       quantize_fp8=config.quantization == "fp8" and not model_config.quantization)
-    runner = ModelRunner(model, device, plan.max_model_len, plan.kv.block_size)
+    if config.tensor_parallel_size > 1:
+        runner = start_ranks(config, plan, source.path, model_config, device)
+    else:
+        model = load_model(source.path, model_config, TORCH_DTYPES[plan.model_dtype], device,
+                           quantize_fp8=config.quantization == "fp8"
+                           and not model_config.quantization)
+        runner = ModelRunner(model, device, plan.max_model_len, plan.kv.block_size)
     measured = Measured(
-        weights_bytes=weights_bytes(model),
+        weights_bytes=weights_bytes(runner.model),
         activation_peak_bytes=runner.profile(plan.max_num_batched_tokens, plan.max_model_len,
                                              plan.max_num_seqs, plan.kv.dtype),
         context_bytes=context_bytes(device, device_memory, config),
@@ -60,6 +64,34 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
                       enable_prefix_caching=config.enable_prefix_caching,
                       overcommit=config.admission == "safe", max_live=measured_plan.max_num_seqs)
     return measured_plan, tokenizer, runner, ledger
+
+
+def start_ranks(config: EngineConfig, plan: Plan, model_dir: str, model_config: ModelConfig,
+                device: torch.device):
+    """Rank 0's runner under ``--tensor-parallel-size N``: ranks 1..N-1 started as their own
+    processes (``core/ranks.py``), every rank holding its shard; BadInput for a model or
+    flag the engine cannot shard."""
+    from kvledger.engine.core.rank_worker import RankSpec
+    from kvledger.engine.core.ranks import RANK_TIMEOUT_S, RankedRunner, RankGroup, free_port
+    from kvledger.engine.model.tensor_parallel import check_engine_shardable
+
+    world = config.tensor_parallel_size
+    check_engine_shardable(model_config, world)
+    if config.quantization is not None:
+        raise BadInput(f"--tensor-parallel-size {world}: kvledger's engine does not shard "
+                       f"--quantization {config.quantization} yet")
+    if device.type == "cuda" and torch.cuda.device_count() < world:
+        raise BadInput(f"--tensor-parallel-size {world}: torch sees "
+                       f"{torch.cuda.device_count()} CUDA devices")
+    threads = max(1, torch.get_num_threads() // world) if device.type == "cpu" else None
+    spec = RankSpec(model_dir=model_dir, world=world, device=device.type,
+                    dtype=plan.model_dtype, max_model_len=plan.max_model_len,
+                    block_size=plan.kv.block_size, master_port=free_port(),
+                    timeout_s=RANK_TIMEOUT_S, threads=threads)
+    group = RankGroup(spec)
+    if threads:
+        torch.set_num_threads(threads)  # the ranks share this machine's cores
+    return RankedRunner(group.start(), group)
 
 
 def torch_device(flag: str) -> torch.device:

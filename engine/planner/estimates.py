@@ -32,6 +32,16 @@ CUDA_CONTEXT_BYTES = 1 * GiB
 # On the CPU: the interpreter, torch's and the tokenizer's runtime and the HTTP server.
 CPU_CONTEXT_BYTES = 512 * MiB
 
+# Tensor parallelism's communication buffers, per rank (N > 1): NCCL's, for the
+# all-reduce of every row-parallel layer. NCCL keeps NCCL_BUFFSIZE (4 MiB by default,
+# NCCL's documented default; env NCCL_BUFFSIZE) per channel for each of its two ring
+# neighbours, on up to 16 channels on an NVLink machine (NCCL_MAX_NCHANNELS can raise it),
+# 4 MiB x 16 x 2 = 128 MiB. On the CPU gloo allocates its buffers per call from the
+# tensors it sends (counted with the activations), nothing standing.
+NCCL_BUFFSIZE_BYTES = 4 * MiB
+NCCL_CHANNELS = 16
+NCCL_BYTES_PER_RANK = NCCL_BUFFSIZE_BYTES * NCCL_CHANNELS * 2
+
 # CUDA graphs: a shared memory pool plus per-graph, per-layer bookkeeping for each
 # captured batch size (1, 2, 4, 8, then every 8 up to min(max_num_seqs, 512), as vLLM).
 CUDA_GRAPH_POOL_BYTES = 256 * MiB
@@ -96,6 +106,12 @@ def cuda_graph_bytes(shape: ModelShape, max_num_seqs: int) -> int:
 def context_bytes(device_kind: str) -> int:
     """Device context: 1 GiB on a GPU (what-if devices are GPUs), 512 MiB on the CPU."""
     return CPU_CONTEXT_BYTES if device_kind == "cpu" else CUDA_CONTEXT_BYTES
+
+
+def comm_buffer_bytes(device_kind: str, tensor_parallel_size: int) -> int:
+    """One rank's standing communication buffers: ``NCCL_BYTES_PER_RANK`` on a GPU with
+    N > 1, else 0."""
+    return NCCL_BYTES_PER_RANK if tensor_parallel_size > 1 and device_kind != "cpu" else 0
 
 
 def safety_margin_bytes(total_bytes: int, unified: bool) -> int:

@@ -51,6 +51,7 @@ from kvledger.engine.planner.pool import (
     kv_geometry,
 )
 from kvledger.engine.planner.remedies import Remedy, find_remedies
+from kvledger.engine.planner.sharding import check_shardable, rank_shape
 from kvledger.engine.planner.weight_bytes import (
     fp8_workspace_bytes,
     int4_workspace_bytes,
@@ -117,6 +118,7 @@ class Plan:
     margin_bytes: int = 0  # kept free when the limit is free memory
     measured: tuple[str, ...] = ()  # classes whose figure the engine measured
     source: ModelSource | None = None  # where the checkpoint was read; a hub model's commit
+    tensor_parallel_size: int = 1  # every figure above is what one of these GPUs holds
 
     @property
     def cap_above_free(self) -> bool:
@@ -135,6 +137,7 @@ class Plan:
             "kv": dataclasses.asdict(self.kv),
             "remedies": [r.to_json() for r in self.remedies],
             "unified_memory": self.unified_memory,
+            "tensor_parallel_size": self.tensor_parallel_size,
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
@@ -228,7 +231,13 @@ def make_plan(config: EngineConfig, *, device: DeviceMemory | None = None,
 
 
 def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
-            shape: ModelShape, weights: WeightsInfo) -> Plan:
+            full_shape: ModelShape, weights: WeightsInfo) -> Plan:
+    """One GPU's budget; under ``--tensor-parallel-size`` N what one rank holds
+    (``sharding``), where the ranks share one memory (the CPU, a unified pool) against
+    1/N of the limit."""
+    tp = config.tensor_parallel_size
+    check_shardable(full_shape, tp)
+    shape = rank_shape(full_shape, tp)
     max_model_len = resolve_max_model_len(config, shape)
     batched_tokens = resolve_max_num_batched_tokens(config, max_model_len)
     model_dtype = resolve_model_dtype(config, shape, weights, device)
@@ -244,8 +253,8 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
 
     classes = {
         "weights": _pick(measured.weights_bytes, loaded_weight_bytes(
-            weights, model_dtype, shape=shape,
-            quantize_fp8=config.quantization == "fp8")),  # planner/weight_bytes.py
+            weights, model_dtype, shape=full_shape, quantize_fp8=config.quantization == "fp8",
+            tensor_parallel_size=tp)),  # planner/weight_bytes.py
         "activations": _pick(measured.activation_peak_bytes, estimates.activation_peak_bytes(
             shape, dtype_bytes, batched_tokens, config.max_num_seqs,
             context_tokens=gathered_tokens, kv_dtype_bytes=estimates.DTYPE_BYTES[kv_dtype])
@@ -256,10 +265,13 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
         "cuda_graphs": 0 if config.enforce_eager or on_cpu else _pick(
             measured.cuda_graph_bytes, estimates.cuda_graph_bytes(shape, config.max_num_seqs)),
         # Where the device's memory is the host's, the compiled grammars share it.
-        "context": _pick(measured.context_bytes, estimates.context_bytes(device.kind))
+        "context": _pick(measured.context_bytes, estimates.context_bytes(device.kind)
+                         + estimates.comm_buffer_bytes(device.kind, tp))
         + (config.grammar_cache_bytes if on_cpu or device.unified else 0),
     }
     limit, source, margin = resolve_limit(config, device)
+    if on_cpu or device.unified:  # N ranks in one memory: each has 1/N of the limit
+        limit //= tp
     non_kv = sum(classes.values())
 
     block_bytes = geometry.bytes_per_block
@@ -300,10 +312,11 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
         device=device,
         model_dtype=model_dtype,
         config=config,
-        shape=shape,
+        shape=full_shape,
         weights=weights,
         margin_bytes=margin,
         measured=measured.given(),
+        tensor_parallel_size=tp,
     )
 
 

@@ -5,6 +5,10 @@ A remedy is offered only when the re-plan fits. ``--max-model-len`` and
 tokens / sequences (fitting only gets harder as either grows): re-planning with the value
 fits, and one token / one sequence more does not.
 
+One spreads the model over more GPUs: the smallest ``--tensor-parallel-size`` up to
+``MAX_GPUS_PER_MACHINE`` that the model shards into and that fits, per GPU (on discrete
+GPUs only: ranks sharing one memory gain nothing).
+
 One changes the weights: ``--quantization fp8`` for an unquantized checkpoint (its linear
 layers in FP8 on load, planned at that size). None offers "a smaller quantization" of
 another checkpoint: the bytes of one cannot be known from this checkpoint's headers, and
@@ -18,9 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.estimates import DTYPE_BYTES
 from kvledger.engine.planner.layout import SLIDING
 from kvledger.engine.planner.limit import largest_utilization
+
+MAX_GPUS_PER_MACHINE = 8  # an 8-GPU node (DGX/HGX): the most one pod's GPUs can be
 
 if TYPE_CHECKING:
     from kvledger.engine.config import EngineConfig
@@ -83,6 +90,7 @@ def find_remedies(plan: Plan, replan: Replan) -> list[Remedy]:
             out.append(Remedy("--quantization", "fp8", quantized.classes["kv_cache"],
                               note=f"linear layers in FP8 on load: weights -> "
                                    f"{_size(quantized.classes['weights'])}"))
+    out += _more_gpus(plan, with_)
     if plan.classes["cuda_graphs"] > 0:
         eager = with_(enforce_eager=True)
         if eager.fits:
@@ -91,6 +99,22 @@ def find_remedies(plan: Plan, replan: Replan) -> list[Remedy]:
     out += _bigger_explicit_pool(plan, with_)
     out += _smaller_step(plan, with_, others_help=bool(out))
     return out
+
+
+def _more_gpus(plan: Plan, with_: Callable[..., Plan]) -> list[Remedy]:
+    """The smallest ``--tensor-parallel-size`` above this one that fits, re-planned."""
+    if plan.device.kind == "cpu" or plan.unified_memory:
+        return []
+    for size in range(plan.tensor_parallel_size + 1, MAX_GPUS_PER_MACHINE + 1):
+        try:
+            candidate = with_(tensor_parallel_size=size)
+        except BadInput:  # the model does not shard into this many
+            continue
+        if candidate.fits:
+            return [Remedy("--tensor-parallel-size", size, candidate.classes["kv_cache"],
+                           note=f"per GPU, x {size} GPUs: weights -> "
+                                f"{_size(candidate.classes['weights'])} each")]
+    return []
 
 
 def _cap_within_free(plan: Plan, replan: Replan) -> list[Remedy]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from kvledger.engine.planner.dtypes import half_precision_note
-from kvledger.engine.planner.estimates import GiB, MiB
+from kvledger.engine.planner.estimates import NCCL_BYTES_PER_RANK, GiB, MiB, comm_buffer_bytes
 from kvledger.engine.planner.layout import MLA, SLIDING
 from kvledger.engine.planner.limit import largest_utilization
 from kvledger.engine.planner.plan import Plan
@@ -99,6 +99,13 @@ def truncate_utf8(text: str, max_bytes: int = TERMINATION_LOG_MAX_BYTES) -> str:
 
 def _headline(plan: Plan) -> str:
     need, limit = format_size(plan.required_bytes), format_size(plan.limit_bytes)
+    tp = plan.tensor_parallel_size
+    if tp > 1:  # every figure is one rank's; ranks sharing one memory have 1/N of the limit
+        shared = plan.device.kind == "cpu" or plan.unified_memory
+        each, ranks = ("per rank", "ranks sharing one memory") if shared else ("per GPU", "GPUs")
+        need = (f"{need} {each}, x {tp} {ranks} ({format_size(plan.required_bytes * tp)} "
+                f"in all, --tensor-parallel-size {tp})")
+        limit += f" {each}"
     if plan.fits:
         spare = format_size(plan.limit_bytes - plan.required_bytes)
         return f"fits: engine requires {need}, limit is {limit} ({spare} to spare)"
@@ -192,6 +199,8 @@ def _breakdown(plan: Plan) -> list[str]:
         _row("KV cache", c["kv_cache"], kv_detail),
         _row("cuda graphs", c["cuda_graphs"], graphs_detail),
         _row(context_label, c["context"], ("measured" if "context" in measured else "estimate")
+             + (f" + NCCL buffers {NCCL_BYTES_PER_RANK // MiB} MiB"
+                if comm_buffer_bytes(plan.device.kind, plan.tensor_parallel_size) else "")
              + (f" + grammar cache {cfg.grammar_cache_bytes / 2**20:.0f} MiB"
                 if plan.device.kind == "cpu" or plan.device.unified else "")),
         f"  KV pool: {kv.num_blocks} blocks x {kv.block_size} tokens, "

@@ -38,6 +38,7 @@ from kvledger.engine.planner.checkpoint import (
     ModelShape,
     WeightsInfo,
 )
+from kvledger.engine.planner.sharding import rank_share, shard_bytes
 
 
 def stored_fp8(shape: ModelShape, weights: WeightsInfo) -> bool:
@@ -65,35 +66,42 @@ def stored_int4(shape: ModelShape, weights: WeightsInfo) -> str:
 
 
 def loaded_weight_bytes(weights: WeightsInfo, model_dtype: str, *,
-                        shape: ModelShape | None = None, quantize_fp8: bool = False) -> int:
+                        shape: ModelShape | None = None, quantize_fp8: bool = False,
+                        tensor_parallel_size: int = 1) -> int:
     """The checkpoint's bytes as the engine holds them in ``model_dtype``; ``shape`` says
     how config.json quantizes them (None: not at all), ``quantize_fp8`` is
-    ``--quantization fp8``."""
+    ``--quantization fp8``. With ``tensor_parallel_size`` N > 1 (and ``shape``): what one
+    rank holds, each tensor's share as ``sharding.rank_share`` says; a checkpoint known
+    only by its totals (no tensor names) is counted as 1/N of them, rounded up."""
+    tp = tensor_parallel_size if shape is not None else 1
     fp8 = shape is not None and stored_fp8(shape, weights)
     int4 = stored_int4(shape, weights) if shape is not None else ""
-    if shape is not None and shape.quantization and not (fp8 or int4):
-        return weights.total_bytes
+    as_stored = shape is not None and bool(shape.quantization) and not (fp8 or int4)
+    if as_stored and (tp == 1 or not weights.tensors):
+        return -(-weights.total_bytes // tp)
     quantize_fp8 = quantize_fp8 and not (fp8 or int4)  # the engine keeps a checkpoint's own
     target_bits = estimates.DTYPE_BYTES[model_dtype] * 8
     kv_scales = any(t.name.endswith(KV_SCALE_SUFFIXES) for t in weights.tensors)
-    if not weights.tensors or not (fp8 or int4 or quantize_fp8 or kv_scales):  # by dtype
+    if not weights.tensors or (not (fp8 or int4 or quantize_fp8 or kv_scales or as_stored)
+                               and tp == 1):
         total = sum(n * target_bits // DTYPE_BITS[d] if d in CASTABLE_DTYPES else n
-                    for d, n in weights.bytes_by_dtype.items())
-        return total if weights.bytes_by_dtype else weights.total_bytes
+                    for d, n in weights.bytes_by_dtype.items())  # by dtype: every float cast
+        return -(-(total if weights.bytes_by_dtype else weights.total_bytes) // tp)
     total = 0
     for t in weights.tensors:
         if t.name.endswith(KV_SCALE_SUFFIXES):
             continue  # read as numbers by the loader, not held as tensors
-        if int4 and layer_tensor(t.name, int4):
-            total += t.nbytes
+        if as_stored or (int4 and layer_tensor(t.name, int4)):
+            nbytes = t.nbytes
         elif t.name.endswith(SCALE_SUFFIXES):
-            total += SCALE_BYTES * (t.nbytes * 8 // DTYPE_BITS[t.dtype])
+            nbytes = SCALE_BYTES * (t.nbytes * 8 // DTYPE_BITS[t.dtype])
         elif t.dtype not in CASTABLE_DTYPES:
-            total += t.nbytes
+            nbytes = t.nbytes
         elif quantize_fp8 and not fp8 and quantized_on_load(t.name):
-            total += on_load_bytes(t.shape)
+            nbytes = on_load_bytes(t.shape)
         else:
-            total += t.nbytes * target_bits // DTYPE_BITS[t.dtype]
+            nbytes = t.nbytes * target_bits // DTYPE_BITS[t.dtype]
+        total += shard_bytes(nbytes, rank_share(t.name, t.shape, shape, tp)) if tp > 1 else nbytes
     return total
 
 

@@ -1,6 +1,6 @@
 """``kvledger serve``: listen at once (``/health``), plan and load, warm up (``/ready``), serve;
 on SIGTERM (or Ctrl-C's SIGINT) stop admitting, let in-flight requests finish within the
-grace, exit 0."""
+grace, exit 0; a tensor-parallel rank that dies: /health 503, every request failed, exit 1."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ from kvledger.engine.server.tool_parsers import PARSERS
 from kvledger.engine.vllm_flags import RULES, add_vllm_flags, refusal
 
 log = logging.getLogger("kvledger.serve")
+
+EXIT_RANK_LOST = 1  # a tensor-parallel rank died: the pod restarts as a whole
+RANK_LOST_GRACE_S = 2.0
 
 
 def _seconds(text: str) -> float:
@@ -243,10 +246,37 @@ async def _serve(config, options: ServeOptions, host: str, port: int) -> int:
         log.info("ready: serving %r (context %d tokens, %d KV blocks of %d tokens)",
                  state.model_name, engine.max_model_len, engine.ledger.num_blocks,
                  engine.ledger.block_size)
-        log.info("%s: draining (grace %.0fs)", await stopped, options.shutdown_grace_s)
+        lost = _rank_lost(engine, loop)
+        await asyncio.wait([stopped, lost], return_when=asyncio.FIRST_COMPLETED)
+        if lost.done():
+            return await _rank_lost_exit(state, lost.result())
+        log.info("%s: draining (grace %.0fs)", stopped.result(), options.shutdown_grace_s)
         await state.drain()
         return 0
     finally:
         if not stopped.done():
             stopped.cancel()
+        ranks = getattr(state.engine.runner, "ranks", None) if state.engine else None
+        if ranks is not None:
+            ranks.stop()
         await runner.cleanup()
+
+
+def _rank_lost(engine, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+    """Settled with the reason when a tensor-parallel rank is lost; never for one rank."""
+    lost = loop.create_future()
+    ranks = getattr(engine.runner, "ranks", None)
+    if ranks is not None:
+        ranks.on_lost(lambda reason: loop.call_soon_threadsafe(_settle, lost, reason, None))
+    return lost
+
+
+async def _rank_lost_exit(state, reason: str) -> int:
+    """A rank is gone: every request fails, /health answers 503 for
+    ``RANK_LOST_GRACE_S`` (so a probe sees why), then exit ``EXIT_RANK_LOST``."""
+    from kvledger.engine.core.ranks import RankLost
+
+    log.error("a tensor-parallel rank is lost (%s): failing every request and exiting", reason)
+    state.async_engine.fail(RankLost(reason))
+    await asyncio.sleep(RANK_LOST_GRACE_S)
+    return EXIT_RANK_LOST

@@ -327,10 +327,11 @@ CASES = [
     ({"model": {"path": "/m", "tokenSecretRef": {"name": "hf", "key": "token"}}}, False),
     ({"model": {"path": "/m", "endpoint": "https://mirror.example"}}, False),
     ({"model": {"path": "/m", "cache": {"persistentVolumeClaim": {"claimName": "c"}}}}, False),
-    # One GPU at most until tensor parallelism exists.
+    # The GPUs of one node: the model sharded over them.
     ({"model": {"path": "/m"}, "gpus": 0}, True),
     ({"model": {"path": "/m"}, "gpus": 1}, True),
-    ({"model": {"path": "/m"}, "gpus": 2}, False),
+    ({"model": {"path": "/m"}, "gpus": 8}, True),
+    ({"model": {"path": "/m"}, "gpus": 9}, False),
     # Tolerations as the API server would check them in the pod.
     ({"model": {"path": "/m"}, "tolerations": [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},

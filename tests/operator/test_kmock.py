@@ -244,17 +244,17 @@ async def test_invalid_spec_is_a_permanent_invalid_spec_condition(cluster):
     assert cluster.stored("apps/v1", "deployments", NS, "broken") is None
 
 
-async def test_more_than_one_gpu_is_an_invalid_spec(cluster):
-    await cluster.create(API_VERSION, PLURAL, service_manifest("two-gpus", NS, gpus=2))
+async def test_more_gpus_than_a_node_has_is_an_invalid_spec(cluster):
+    await cluster.create(API_VERSION, PLURAL, service_manifest("nine-gpus", NS, gpus=9))
 
     def invalid():
-        obj = cluster.stored(API_VERSION, PLURAL, NS, "two-gpus")
+        obj = cluster.stored(API_VERSION, PLURAL, NS, "nine-gpus")
         return condition(obj, "Ready").get("reason") == "InvalidSpec" and obj
 
     obj = await eventually(invalid, what="InvalidSpec")
     assert condition(obj, "Ready")["message"].startswith(
-        "gpus must be 0 or 1: kvledger has no tensor parallelism yet")
-    assert cluster.stored("apps/v1", "deployments", NS, "two-gpus") is None
+        "gpus must be at most 8: kvledger shards a model over the GPUs of one node")
+    assert cluster.stored("apps/v1", "deployments", NS, "nine-gpus") is None
 
 
 async def test_fields_dropped_from_the_spec_leave_the_pod_template(cluster):

@@ -166,9 +166,10 @@ def test_a_spec_that_can_never_work_raises_bad_input():
                       "engine": {"maxNumSeqs": 64, "maxNumBatchedTokens": 32}})
 
 
-def test_gpus_beyond_one_are_refused_until_tensor_parallelism():
-    with pytest.raises(BadInput, match="gpus must be 0 or 1: kvledger has no tensor parallelism"):
-        render_deployment("x", "ns", {"model": {"path": "/m"}, "gpus": 2})
+def test_gpus_beyond_one_node_are_refused_by_name():
+    with pytest.raises(BadInput, match="gpus must be at most 8: kvledger shards a model over "
+                                       "the GPUs of one node"):
+        render_deployment("x", "ns", {"model": {"path": "/m"}, "gpus": 9})
 
 
 # -- placement and environment ----------------------------------------------------------

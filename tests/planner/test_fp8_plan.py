@@ -91,7 +91,8 @@ def test_quantization_fp8_is_offered_when_only_fp8_weights_fit(tmp_path, capsys)
     flags = {"device_memory_bytes": 16 * GiB, "max_model_len": 4096, "max_num_seqs": 2}
     plan = make_plan(EngineConfig(model=str(tmp_path), **flags))
     assert not plan.fits
-    assert [(r.flag, r.value) for r in plan.remedies] == [("--quantization", "fp8")]
+    assert [(r.flag, r.value) for r in plan.remedies] == [("--quantization", "fp8"),
+                                                          ("--tensor-parallel-size", 2)]
     assert "weights -> 8.5 GiB" in plan.remedies[0].note
     argv = ["plan", "--model", str(tmp_path), "--device-memory", "16GiB", "--max-model-len",
             "4096", "--max-num-seqs", "2"]

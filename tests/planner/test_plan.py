@@ -289,13 +289,16 @@ def test_fp8_offered_only_when_it_closes_the_gap() -> None:
 
 def test_no_remedy_changes_the_weights() -> None:
     """Only smaller weights could fit these (the engine serves unquantized checkpoints
-    only, so "a smaller quantization" is not offered): nothing is."""
-    p, remedies = refused(memory_limit_bytes=16 * GiB, max_model_len=1024, max_num_seqs=1,
-                          enforce_eager=True)
-    assert remedies == {}
+    only, so "a smaller quantization" is not offered): only the same weights over more
+    GPUs are, re-planned (each GPU under the same --memory-limit)."""
+    flags = dict(memory_limit_bytes=16 * GiB, max_model_len=1024, max_num_seqs=1,
+                 enforce_eager=True)
+    p, remedies = refused(**flags)
+    assert set(remedies) == {"--tensor-parallel-size"}
+    assert plan(**flags, tensor_parallel_size=remedies["--tensor-parallel-size"].value).fits
     assert p.classes["weights"] * 2 >= p.required_bytes
     _, remedies = refused(memory_limit_bytes=12 * GiB, max_model_len=8192, max_num_seqs=8)
-    assert remedies == {}
+    assert set(remedies) == {"--tensor-parallel-size"}
 
 
 def test_smaller_step_offered_when_activations_dominate_and_is_the_largest_that_fits() -> None:

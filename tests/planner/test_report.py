@@ -46,10 +46,12 @@ def test_refusal_layout_matches_the_sample() -> None:
     remedy_lines = lines[start + 1:start + 1 + len(p.remedies)]
     # No "a smaller quantization": kvledger's engine serves unquantized checkpoints only.
     assert [ln.split()[0] for ln in remedy_lines] == ["--max-model-len", "--max-num-seqs",
-                                                      "--kv-cache-dtype"]
+                                                      "--kv-cache-dtype",
+                                                      "--tensor-parallel-size"]
     assert lines[start + 1 + len(p.remedies)].startswith("  limit: ")
     for remedy, line in zip(p.remedies, remedy_lines, strict=True):
-        assert line == f"    {remedy.flag + ' ' + str(remedy.value):<26}(KV -> " \
+        note = f"{remedy.note}, " if remedy.note else ""
+        assert line == f"    {remedy.flag + ' ' + str(remedy.value):<26}({note}KV -> " \
                        f"{format_size(remedy.kv_bytes)})"
 
 
@@ -98,7 +100,9 @@ def test_a_cap_above_free_memory_is_refused_with_the_largest_utilization() -> No
                         "more than the device's free memory (20.0 GiB): the engine cannot "
                         "allocate it, and vLLM refuses to start; the largest "
                         "--gpu-memory-utilization within it is 0.25 (20.0 GiB free of 80.0 GiB)")
-    assert "  no single change of flags fits within 20.0 GiB: the weights alone are 61.2 GiB" in lines
+    # Only smaller weights fit 20 GiB: the model over 4 GPUs, each under the lowered cap.
+    assert ("    --tensor-parallel-size 4 --gpu-memory-utilization 0.25 (per GPU, x 4 GPUs: "
+            "weights -> 15.3 GiB each, KV -> 3.0 GiB)") in lines
     assert not any(line.startswith("warning: ") for line in lines)
     roomy = DeviceMemory("what-if", "H200", 141 * GiB, 100 * GiB, False)
     p, text = report(device=roomy, memory_limit_bytes=120 * GiB, max_model_len=4096)

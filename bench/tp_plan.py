@@ -1,0 +1,62 @@
+"""The per-GPU plan of Llama-3-70B at --tensor-parallel-size 1, 2, 4 and 8 (the figures of
+README.md and docs/planner.md, "Tensor parallelism").
+
+Writes the sparse Llama-3-70B-shaped bf16 checkpoint of ``plan_speed.py`` (its real
+headers, no tensor data on disk) and runs ``kvledger plan`` on it for an 80 GiB GPU
+(what-if), 8192-token context, 16 sequences. Prints each report and a table; exits 1
+unless the per-GPU weights of N GPUs add up to no less than one GPU's (nothing lost in
+the split) and to at most 1% more (only the norms are held N times).
+
+    .venv/bin/python bench/tp_plan.py
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from plan_speed import write_sparse_checkpoint
+
+GiB = 2**30
+FLAGS = ["--device-memory", "80GiB", "--max-model-len", "8192", "--max-num-seqs", "16"]
+KVLEDGER = str(Path(sys.executable).with_name("kvledger"))
+
+
+def plan(model_dir: Path, tp: int, as_json: bool) -> tuple[int, str]:
+    argv = [KVLEDGER, "plan", str(model_dir), *FLAGS, "--tensor-parallel-size", str(tp)]
+    done = subprocess.run([*argv, "--json"] if as_json else argv, capture_output=True,
+                          text=True, timeout=120)
+    return done.returncode, done.stdout + done.stderr
+
+
+def main() -> int:
+    rows, ok = [], True
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp)
+        write_sparse_checkpoint(model_dir, shards=30)
+        for tp in (1, 2, 4, 8):
+            code, text = plan(model_dir, tp, as_json=False)
+            print(f"$ kvledger plan llama-3-70b {' '.join(FLAGS)} --tensor-parallel-size {tp}"
+                  f"   (exit {code})\n{text}")
+            _, raw = plan(model_dir, tp, as_json=True)
+            rows.append((tp, code, json.loads(raw)))
+    whole = rows[0][2]["classes"]["weights"]
+    print("| GPUs | fits | weights/GPU | KV/GPU | required/GPU | limit/GPU |")
+    print("|---|---|---|---|---|---|")
+    for tp, code, p in rows:
+        c = p["classes"]
+        print(f"| {tp} | {'yes' if p['fits'] else 'no'} (exit {code}) | "
+              f"{c['weights'] / GiB:.1f} GiB | {c['kv_cache'] / GiB:.1f} GiB | "
+              f"{p['required_bytes'] / GiB:.1f} GiB | {p['limit_bytes'] / GiB:.1f} GiB |")
+        if not whole <= c["weights"] * tp <= whole * 1.01:
+            print(f"FAIL: {tp} x {c['weights']} weight bytes per GPU against {whole} on one")
+            ok = False
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
