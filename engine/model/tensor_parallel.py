@@ -53,7 +53,8 @@ def check_engine_shardable(config, world: int) -> None:
     if any(w % world for w in widths):
         raise BadInput(f"{flag}: the MLP width does not split in {world}")
     if config.quantization:
-        raise BadInput(f"{flag}: kvledger's engine does not shard FP8 checkpoints yet")
+        raise BadInput(f"{flag}: kvledger's engine does not shard {config.quantization} "
+                       "checkpoints yet")
 
 
 def all_reduce_output(module: nn.Module, _inputs, output: torch.Tensor) -> torch.Tensor:

@@ -250,6 +250,10 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
     # kernels read the cache in place, so a what-if plan for vLLM has no such copy.
     gathered_tokens = (-(-max_model_len // config.block_size) * config.block_size
                        if geometry.rule == ENGINE_RULE else 0)
+    quantized = full_shape.quantization or config.quantization
+    if tp > 1 and quantized and geometry.rule == ENGINE_RULE:  # as engine/core/startup.py
+        raise BadInput(f"--tensor-parallel-size {tp}: kvledger's engine does not shard "
+                       f"{quantized} weights yet (serve them on one GPU, or unquantized)")
 
     classes = {
         "weights": _pick(measured.weights_bytes, loaded_weight_bytes(

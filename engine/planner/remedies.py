@@ -84,7 +84,8 @@ def find_remedies(plan: Plan, replan: Replan) -> list[Remedy]:
         fp8 = with_(kv_cache_dtype="fp8")
         if fp8.fits:
             out.append(Remedy("--kv-cache-dtype", "fp8", fp8.classes["kv_cache"]))
-    if not plan.shape.quantization and config.quantization is None:
+    # Quantized weights are not sharded (plan.py): on one GPU only.
+    if not plan.shape.quantization and config.quantization is None and config.tensor_parallel_size == 1:
         quantized = with_(quantization="fp8")
         if quantized.fits:
             out.append(Remedy("--quantization", "fp8", quantized.classes["kv_cache"],

@@ -180,3 +180,22 @@ def test_a_size_below_one_is_bad_input(tiny_llama_dir, capsys) -> None:
     assert "expected a positive integer" in capsys.readouterr().err
     with pytest.raises(BadInput, match="--tensor-parallel-size must be a positive integer"):
         EngineConfig(model="/m", tensor_parallel_size=0)
+
+
+def test_quantized_weights_are_not_sharded_and_the_plan_says_so_first(tiny_llama_dir, llama_70b,
+                                                                       tmp_path, capsys) -> None:
+    """The engine refuses to shard quantized weights at start-up; the pre-flight refuses the
+    same before anything starts (a plan that fits, then an engine that exits, would be a
+    crash loop). Unquantized, and on one GPU, they plan."""
+    from _fp8_checkpoints import write_fp8
+
+    fp8_dir, _ = write_fp8(tiny_llama_dir, tmp_path, per_channel=True, static=False)
+    for model, extra, named in ((fp8_dir, [], "fp8"),
+                                (llama_70b, ["--quantization", "fp8"], "fp8")):
+        argv = ["plan", str(model), "--device-memory", "80GiB", *extra]
+        assert main([*argv, "-tp", "2"]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"error: --tensor-parallel-size 2: kvledger's engine does not shard "
+                       f"{named} weights yet (serve them on one GPU, or unquantized)\n")
+        assert main([*argv, "--max-model-len", "512"]) in (0, 3)
+        capsys.readouterr()
