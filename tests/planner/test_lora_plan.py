@@ -42,3 +42,38 @@ def test_max_lora_rank_is_one_of_vllms(rank) -> None:
 
     with pytest.raises(BadInput, match=f"--max-lora-rank {rank}: must be one of"):
         plan(enable_lora=True, max_lora_rank=rank)
+
+
+def test_lora_flags_round_trip_and_parse_vllms_forms() -> None:
+    import argparse
+
+    from kvledger.engine.config import EngineConfig, add_engine_flags, config_from_args
+    from kvledger.engine.lora_config import LoraModule
+
+    parser = argparse.ArgumentParser()
+    add_engine_flags(parser)
+    config = config_from_args(parser.parse_args([
+        "/m", "--enable-lora", "--max-loras", "2", "--max-lora-rank", "64",
+        "--max-cpu-loras", "3", "--lora-modules", "sql=/a/sql",
+        '{"name": "chat", "path": "hf://org/chat", "base_model_name": "llama"}']))
+    assert config.lora_modules == (LoraModule("sql", "/a/sql"),
+                                   LoraModule("chat", "hf://org/chat", "llama"))
+    assert (config.max_loras, config.max_lora_rank, config.max_cpu_loras) == (2, 64, 3)
+    assert config_from_args(parser.parse_args(config.to_flags())) == config
+    assert EngineConfig(model="/m").to_flags() == ["--model", "/m"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--enable-lora", "--lora-modules", "nopath"], "expected NAME=PATH or JSON"),
+    (["--enable-lora", "--lora-modules", '{"name": "x"}'], "the JSON form is"),
+    (["--lora-modules", "a=/a"], "--lora-modules needs --enable-lora"),
+    (["--enable-lora", "--max-loras", "0"], "--max-loras must be a positive integer"),
+    (["--enable-lora", "--fully-sharded-loras"], "--fully-sharded-loras"),
+    (["--enable-lora", "--lora-dtype", "float16"], "another dtype for LoRA adapters"),
+])
+def test_bad_lora_flags_are_one_line_exit_2(argv, message, tmp_path, capsys) -> None:
+    from kvledger.engine.cli import main
+
+    assert main(["plan", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
