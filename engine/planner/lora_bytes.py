@@ -2,7 +2,7 @@
 
 With ``--enable-lora`` the engine holds, for every projection an adapter may target (q,
 k, v, o, gate, up, down) of every layer, an A stack ``[max_loras, max_lora_rank, in]`` and
-a B stack ``[max_loras, out, max_lora_rank]`` in the model's dtype (as vLLM preallocates
+a B stack ``[max_loras, max_lora_rank, out]`` in the model's dtype (as vLLM preallocates
 for every supported module, whatever the adapters target): ``max_loras x max_lora_rank x
 (in + out) x dtype bytes`` per module per layer, allocated before the KV pool. Adapters
 add no KV. ``module_shapes`` is the one owner of the projections and their sizes; the
