@@ -10,8 +10,9 @@ of its adapter's slot (none for a base row), and each row's scaling; each wrappe
 then adds ``scaling * ((x A_all^T) * mask) B_all`` with two matmuls over all slots at once
 (``A_all``, ``B_all``: the stacks viewed as one ``max_loras * max_lora_rank`` matrix), so a
 step costs the same few operations however its rows mix adapters, and a base row gets an
-exact zero added. (Grouping rows by slot instead took an ``index_select`` and an
-``index_add_`` per slot per layer: on a busy 2-core CPU, 20x the base model's time.)
+exact zero added. (Grouping rows by slot instead takes an ``index_select`` and an
+``index_add_`` per slot per layer: many more operations per step, which is what costs on a
+busy CPU.)
 """
 
 from __future__ import annotations
