@@ -3,14 +3,14 @@ engine loop), ``kv`` (the ledger and block pool), ``model``, ``sampling``, ``ser
 the root the public ``LLM``/``SamplingParams`` API, the CLI dispatcher, config and errors.
 
 Importing this package must stay torch-free: the planner runs in a light init
-container. ``LLM`` and ``SamplingParams`` are resolved lazily on first access.
+container. ``LLM``, ``SamplingParams`` and ``LoRARequest`` are resolved lazily on first access.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LLM", "SamplingParams"]
+__all__ = ["LLM", "LoRARequest", "SamplingParams"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,4 +22,8 @@ def __getattr__(name: str) -> Any:
         from kvledger.engine.sampling.params import SamplingParams
 
         return SamplingParams
+    if name == "LoRARequest":  # torch-free
+        from kvledger.engine.lora_config import LoRARequest
+
+        return LoRARequest
     raise AttributeError(f"module 'kvledger.engine' has no attribute {name!r}")

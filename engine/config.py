@@ -11,6 +11,13 @@ import re
 from dataclasses import dataclass, fields
 
 from kvledger.engine.errors import BadInput
+from kvledger.engine.lora_config import (
+    DEFAULT_MAX_LORA_RANK,
+    DEFAULT_MAX_LORAS,
+    LoraModule,
+    add_lora_flags,
+    check_lora_flags,
+)
 from kvledger.engine.planner.hub.reads import DEFAULT_HUB_TIMEOUT_S
 from kvledger.engine.planner.hub.repo import is_hub_uri, parse_uri
 
@@ -91,6 +98,11 @@ class EngineConfig:
     download_dir: str | None = None  # the hub cache of an hf:// model (fetch and serve)
     grammar_cache_bytes: int = DEFAULT_GRAMMAR_CACHE_BYTES
     hub_timeout_s: float = DEFAULT_HUB_TIMEOUT_S  # an hf:// model's metadata reads, in all
+    enable_lora: bool = False  # LoRA adapters: engine/lora_config.py
+    lora_modules: tuple[LoraModule, ...] = ()
+    max_loras: int = DEFAULT_MAX_LORAS
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
+    max_cpu_loras: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
@@ -139,6 +151,9 @@ class EngineConfig:
                 or not 0 < self.hub_timeout_s < float("inf")):
             raise BadInput(f"--hub-timeout must be a positive number of seconds, got "
                            f"{self.hub_timeout_s!r}")
+        object.__setattr__(self, "lora_modules", tuple(self.lora_modules))
+        check_lora_flags(self.enable_lora, self.lora_modules, self.max_loras,
+                         self.max_lora_rank, self.max_cpu_loras)
 
     def to_flags(self) -> list[str]:
         """The command-line flags that reproduce this config (inverse of the parser)."""
@@ -153,6 +168,8 @@ class EngineConfig:
                 out.append(flag if value else "--no-" + flag[2:])
             elif f.name == "served_model_name":
                 out.extend([flag, value, *self.served_model_aliases])
+            elif f.name == "lora_modules":
+                out.extend([flag, *(m.as_flag() for m in value)])
             else:
                 out.extend([flag, str(value)])
         return out
@@ -302,6 +319,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                         "min(MemAvailable, SIZE less this process's memory). The device's "
                         "size, not a cap like --memory-limit; `kvledger run` passes "
                         "spec.resources.limits.memory")
+    add_lora_flags(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -311,6 +329,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     names = values.get("served_model_name")
     if isinstance(names, list):  # --served-model-name NAME [NAME ...]
         values["served_model_name"], values["served_model_aliases"] = names[0], tuple(names[1:])
+    if values.get("lora_modules") is None:
+        values.pop("lora_modules", None)
     return EngineConfig(**values)
 
 

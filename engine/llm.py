@@ -9,6 +9,7 @@ from kvledger.engine.config import EngineConfig
 from kvledger.engine.core.engine import LLMEngine
 from kvledger.engine.core.outputs import RequestOutput
 from kvledger.engine.errors import AdmissionRejected, BadInput
+from kvledger.engine.lora_config import LoRARequest
 from kvledger.engine.sampling.params import SamplingParams
 
 
@@ -40,14 +41,17 @@ class LLM:
         return self.generate(prompts, sampling_params)
 
     def generate(self, prompts: str | list[int] | Seq[str | list[int]],
-                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None
+                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+                 lora_request: LoRARequest | Seq[LoRARequest | None] | None = None
                  ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in the order of ``prompts``.
 
         Every prompt is checked before anything runs (``LLMEngine.check_request``: BadInput
         for one the model cannot run or the pool could never hold); then prompts are
         admitted as the KV ledger allows, so more prompts than the pool holds at once
-        simply wait their turn. A prompt the engine fails alone (a fault in its sampling,
+        simply wait their turn. ``lora_request`` (vLLM's) runs every prompt with that LoRA
+        adapter, or each with its own (a list; None for the base model); the engine needs
+        ``enable_lora=True``. A prompt the engine fails alone (a fault in its sampling,
         or in a forward pass it was part of) comes back with ``finish_reason == "error"``
         and ``error`` saying why; the others are unaffected.
         """
@@ -60,11 +64,15 @@ class LLM:
                   else list(sampling_params))
         if len(params) != len(prompts):
             raise BadInput(f"{len(prompts)} prompts but {len(params)} sampling params")
+        loras = (list(lora_request) if isinstance(lora_request, list | tuple)
+                 else [lora_request] * len(prompts))
+        if len(loras) != len(prompts):
+            raise BadInput(f"{len(prompts)} prompts but {len(loras)} LoRA requests")
         engine = self.engine
         queue = deque()
-        for prompt, p in zip(prompts, params, strict=True):
+        for prompt, p, lora in zip(prompts, params, loras, strict=True):
             ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            request = engine.check_request(ids, p)
+            request = engine.check_request(ids, p, lora)
             self._counter += 1
             queue.append((f"llm-{self._counter}", prompt, request))
         order = [request_id for request_id, *_ in queue]

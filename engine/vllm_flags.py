@@ -98,7 +98,8 @@ RULES: dict[str, Rule] = {
     "--use-v2-block-manager": _noop("kvledger's KV cache is paged in blocks already"),
     "--disable-frontend-multiprocessing": _noop("kvledger serves from one process"),
     "--disable-cascade-attn": _noop("kvledger has no cascade attention"),
-    "--no-enable-lora": _noop("kvledger serves no LoRA adapters"),
+    "--lora-dtype": _only(["auto"], "another dtype for LoRA adapters",
+                          "adapters run in the model's dtype"),
     "--no-enable-sleep-mode": _noop("kvledger has no sleep mode"),
     "--no-enable-log-requests": _noop("kvledger does not log requests"),
     "--disable-log-requests": _noop("kvledger does not log requests"),
@@ -124,8 +125,6 @@ RULES: dict[str, Rule] = {
     "--hf-token": _refuse("--hf-token: set $HF_TOKEN"),
     "--chat-template": _refuse("--chat-template: it uses tokenizer_config.json's "
                                "chat_template"),
-    "--enable-lora": _refuse("LoRA adapters"),
-    "--lora-modules": _refuse("LoRA adapters"),
     "--enable-auto-tool-choice": _noop(_NOT_PLANNED.format("`kvledger serve`'s tool calling")),
     "--tool-call-parser": _only(PARSERS, "that tool-call parser",
                                 _NOT_PLANNED.format("`kvledger serve`'s tool-call format")),

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from kvledger.engine.config import ADMISSIONS, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, SIZE_RE
+from kvledger.engine.lora_config import LORA_NAME_RE, LORA_RANKS
 from kvledger.engine.planner.hub.repo import HUB_URI_RE
 from kvledger.engine.server.tool_parsers import PARSERS
 from kvledger.operator.quantity import TARGET_PATTERN
@@ -138,8 +139,29 @@ _ENGINE = _ruled({
                                      "reserve: a request holds prompt + max_tokens of KV from "
                                      "admission to its end (--admission)"},
         "seed": {"type": "integer", "minimum": 0},
+        "enableLora": {"type": "boolean", "description": "serve LoRA adapters (--enable-lora; "
+                       "on with spec.adapters; alone, for adapters loaded at run time)"},
+        "maxLoras": _int(1, "adapters in one batch: the slots preallocated (--max-loras, "
+                            "default 1)"),
+        "maxLoraRank": {"type": "integer", "enum": list(LORA_RANKS),
+                        "description": "the largest adapter rank (--max-lora-rank, default 16)"},
+        "maxCpuLoras": _int(1, "adapters held in host memory (--max-cpu-loras)"),
     },
 }, "engine")
+
+_ADAPTER = {
+    "type": "object", "required": ["name", "uri"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 128,
+                 "pattern": LORA_NAME_RE.pattern,
+                 "description": "the name requests give in `model`"},
+        "uri": {"type": "string", "maxLength": 4096,
+                "pattern": f"^(/.*|{HUB_URI_PATTERN[1:-1]})$",
+                "description": "hf://ORG/NAME[@REVISION] (with a hub model: downloaded by the "
+                               "fetch init container into its cache) or a PEFT adapter "
+                               "directory as the pod sees it (e.g. on model.volume)"},
+    },
+}
 
 _TOOLS = _ruled({
     "type": "object",
@@ -291,6 +313,10 @@ SPEC_SCHEMA = {
                                        "refused at once; not set: as long as it takes)",
                                     maximum=600),
         "tools": _TOOLS,
+        "adapters": {"type": "array", "items": _ADAPTER, "maxItems": 256,
+                     "description": "LoRA adapters served beside the model (--enable-lora "
+                                    "--lora-modules NAME=URI); the pre-flight plans their "
+                                    "slots (engine.maxLoras x engine.maxLoraRank)"},
         "maxQueueLength": _int(0, "how many requests may wait in line for their KV "
                                   "reservations, FIFO; one more is a 429 (--max-queue-len; "
                                   "0: refused at once; not set: 256); what requestsWaiting "

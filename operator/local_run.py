@@ -35,9 +35,10 @@ import yaml
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, BadInput
+from kvledger.engine.planner.hub.repo import is_hub_uri
 from kvledger.operator.crd import validate_manifest
 from kvledger.operator.resource import DEFAULT_PORT
-from kvledger.operator.spec import ServiceSpec, as_spec, local_model_path
+from kvledger.operator.spec import ServiceSpec, as_spec, local_model_path, local_path
 
 # What only a cluster gives meaning to: validated, then ignored by `kvledger run`.
 CLUSTER_ONLY_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName",
@@ -102,10 +103,14 @@ def local_config(spec: ServiceSpec | dict[str, Any], model_path: str | None = No
                  ) -> EngineConfig:
     """The pod's flags, for this machine: the model path mapped to a local one, the
     device left to auto-detect unless the spec asks for none (``gpus: 0`` -> the CPU), and
-    host memory capped by the container's memory limit as the pod's cgroup caps it."""
+    host memory capped by the container's memory limit as the pod's cgroup caps it.
+    Adapter directories (``spec.adapters``) are mapped as the model's path is."""
     spec = as_spec(spec)
+    adapters = tuple(m if is_hub_uri(m.path) else
+                     dataclasses.replace(m, path=local_path(spec.model, m.path))
+                     for m in spec.engine.lora_modules)
     return dataclasses.replace(
-        spec.engine, model=model_path or local_model_path(spec),
+        spec.engine, model=model_path or local_model_path(spec), lora_modules=adapters,
         device="cpu" if spec.gpus == 0 else "auto",
         container_memory_limit_bytes=spec.container_memory_limit_bytes)
 

@@ -19,7 +19,7 @@ from importlib.metadata import version
 from typing import Any
 
 from kvledger.operator.parallel import shm_mount, shm_volume
-from kvledger.operator.spec import ServiceSpec, as_spec
+from kvledger.operator.spec import ServiceSpec, as_spec, hub_adapters
 
 LABEL = "kvledger.dev/inferenceservice"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -217,7 +217,8 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
             "name": "fetch",
             "image": image,
             "command": ["kvledger", "fetch"],
-            "args": ["--model", uri, *download],
+            "args": ["--model", uri, *download,
+                     *(["--lora-modules", *adapters] if (adapters := hub_adapters(spec)) else [])],
             # A failure's one-line error is the log's tail: the operator shows it.
             "terminationMessagePolicy": "FallbackToLogsOnError",
             # CPU and host memory as the others (for quotas); a download needs no GPU.

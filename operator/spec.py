@@ -19,6 +19,8 @@ from typing import Any
 
 from kvledger.engine.config import EngineConfig, parse_size
 from kvledger.engine.errors import BadInput
+from kvledger.engine.lora_config import LoraModule
+from kvledger.engine.planner.hub.repo import is_hub_uri
 from kvledger.operator.parallel import tensor_parallel_size
 from kvledger.operator.quantity import quantity_bytes, target_value
 from kvledger.operator.resource import (
@@ -49,6 +51,10 @@ _ENGINE_FIELDS = {
     "admission": "admission",
     "quantization": "quantization",
     "seed": "seed",
+    "enableLora": "enable_lora",
+    "maxLoras": "max_loras",
+    "maxLoraRank": "max_lora_rank",
+    "maxCpuLoras": "max_cpu_loras",
 }
 _MEMORY_FIELDS = {
     "gpuMemoryUtilization": "gpu_memory_utilization",
@@ -221,10 +227,35 @@ def _engine_config(raw: Mapping[str, Any], model: Model, device: str,
     if "kvCacheMemoryBytes" in memory:
         values["kv_cache_memory_bytes"] = _positive_size("memory.kvCacheMemoryBytes",
                                                          memory["kvCacheMemoryBytes"])
+    adapters = _adapters(raw.get("adapters") or [], model)
+    if adapters:  # spec.adapters: --enable-lora --lora-modules NAME=URI ...
+        values.update(enable_lora=True, lora_modules=adapters)
     try:
         return EngineConfig(**values)
     except TypeError as exc:  # a wrongly typed value the schema would have caught
         raise BadInput(f"invalid spec: {exc}") from None
+
+
+def _adapters(raw: list[Mapping[str, Any]], model: Model) -> tuple[LoraModule, ...]:
+    """``spec.adapters`` as ``--lora-modules``: a hub adapter is fetched with a hub model
+    into its cache (the fetch init container), a directory is read where the pod sees it."""
+    out = []
+    for adapter in raw:
+        name, uri = adapter.get("name"), adapter.get("uri", "")
+        if is_hub_uri(uri) and model.uri is None:
+            raise BadInput(f"spec.adapters {name}: a hub adapter ({uri}) is downloaded into a "
+                           "hub model's cache (spec.model.uri); with spec.model.path, put the "
+                           "adapter on the model's volume and give its directory")
+        if not is_hub_uri(uri) and (not uri.startswith("/") or ".." in uri.split("/")):
+            raise BadInput(f"spec.adapters {name}: uri must be hf://ORG/NAME[@REVISION] or an "
+                           f"absolute directory without '..', got {uri!r}")
+        out.append(LoraModule(name, posixpath.normpath(uri) if uri.startswith("/") else uri))
+    return tuple(out)
+
+
+def hub_adapters(spec: ServiceSpec) -> list[str]:
+    """``--lora-modules`` items of the adapters the fetch init container downloads."""
+    return [m.as_flag() for m in spec.engine.lora_modules if is_hub_uri(m.path)]
 
 
 def _positive_size(field_name: str, value: Any) -> int:
@@ -264,7 +295,12 @@ def local_model_path(spec: ServiceSpec | Mapping[str, Any]) -> str:
     model = as_spec(spec).model
     if model.path is None:
         return model.uri or ""  # the engine downloads it into its own cache
-    path = posixpath.normpath(model.path)
+    return local_path(model, model.path)
+
+
+def local_path(model: Model, pod_path: str) -> str:
+    """Where a path the pod sees (on ``spec.model.volume``) is on this machine."""
+    path = posixpath.normpath(pod_path)
     if model.volume is None or model.volume.host_path is None:
         return path
     relative = posixpath.relpath(path, posixpath.normpath(model.volume.mount_path))

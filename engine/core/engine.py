@@ -15,6 +15,7 @@ import threading
 import torch
 
 from kvledger.engine.config import EngineConfig
+from kvledger.engine.core.lora_registry import LoraRegistry
 from kvledger.engine.core.outputs import RequestOutput, TokenLogprobs
 from kvledger.engine.core.request import EngineRequest, check_reservation, output_cap
 from kvledger.engine.core.scheduler import ScheduledBatch, Scheduler
@@ -22,6 +23,8 @@ from kvledger.engine.core.sequence import Sequence
 from kvledger.engine.errors import AdmissionRejected, BadInput
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.kv.reservation import Reservation
+from kvledger.engine.lora_config import LoRARequest
+from kvledger.engine.model.lora_adapter import LoraAdapter
 from kvledger.engine.model.runner import ModelRunner, StepOutput
 from kvledger.engine.model.tokenizer import Tokenizer
 from kvledger.engine.planner.plan import Plan
@@ -50,7 +53,10 @@ class LLMEngine:
         self.ledger = ledger
         self.max_model_len = plan.max_model_len
         self.model_name = config.served_model_name or config.model
-        self.scheduler = Scheduler(ledger, plan.max_num_seqs, plan.max_num_batched_tokens)
+        # With --enable-lora: the adapters served and loaded; a batch holds max_loras at most.
+        self.loras = LoraRegistry(config, runner.config) if config.enable_lora else None
+        self.scheduler = Scheduler(ledger, plan.max_num_seqs, plan.max_num_batched_tokens,
+                                   config.max_loras if config.enable_lora else None)
         self.sampler = Sampler(config.seed, runner.device, tokenizer.eos_token_ids)
         self._shared_generator = self.sampler.generator  # unseeded rows draw from it
         self._lock = threading.Lock()
@@ -74,16 +80,26 @@ class LLMEngine:
 
     # -- admission (any thread) -------------------------------------------------------
 
-    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> EngineRequest:
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams,
+                      lora_request: LoRARequest | None = None) -> EngineRequest:
         """Every rule a request must meet, in this order: its prompt ids (``check_prompt``),
-        its params (``check_params``), the context cap (``output_cap``) and the pool
-        (``KVLedger.check_fits``); BadInput (PromptTooLong, CapTooLarge, PoolTooSmall...)
-        for the first it breaks."""
+        its params (``check_params``), the context cap (``output_cap``), the pool
+        (``KVLedger.check_fits``) and its adapter (``resolve_lora``); BadInput
+        (PromptTooLong, CapTooLarge, PoolTooSmall...) for the first it breaks."""
         self.check_prompt(prompt_token_ids)
         self.check_params(params)
         cap = output_cap(self.max_model_len, len(prompt_token_ids), params.max_tokens)
         self.ledger.check_fits(len(prompt_token_ids) + cap)
-        return EngineRequest(list(prompt_token_ids), params, cap)
+        return EngineRequest(list(prompt_token_ids), params, cap, self.resolve_lora(lora_request))
+
+    def resolve_lora(self, lora_request: LoRARequest | None) -> LoraAdapter | None:
+        """The loaded adapter a request asks for (BadInput when it cannot run here)."""
+        if lora_request is None:
+            return None
+        if self.loras is None:
+            raise BadInput(f"LoRA adapter {lora_request.lora_name!r} requested, but the "
+                           "engine runs without --enable-lora")
+        return self.loras.resolve(lora_request)
 
     def check_prompt(self, prompt_token_ids: list[int]) -> None:
         """BadInput unless the ids are a non-empty list of this model's token ids."""
@@ -125,6 +141,7 @@ class LLMEngine:
             # A grammar's matcher() runs here: whatever it raises, the blocks go back.
             seq = Sequence(request_id, list(ids), params, request.cap_tokens, reservation,
                            self.tokenizer.detokenizer(ids, params.kept_special_ids), generator)
+            seq.lora = request.lora
             with self._lock:  # check and claim the id in one step
                 if request_id in self._live:
                     raise BadInput(f"request id {request_id!r} is already in use")
@@ -137,9 +154,10 @@ class LLMEngine:
     def _reserve(self, request: EngineRequest) -> Reservation:
         tokens, ids = request.num_tokens, request.prompt_token_ids
         use_cached = request.uses_cached_blocks
-        reservation = self.ledger.try_reserve(tokens, ids, use_cached=use_cached)
+        salt = request.lora_salt
+        reservation = self.ledger.try_reserve(tokens, ids, use_cached=use_cached, salt=salt)
         if reservation is None:
-            needed = self.ledger.blocks_needed(tokens, 1, ids, use_cached=use_cached)
+            needed = self.ledger.blocks_needed(tokens, 1, ids, use_cached=use_cached, salt=salt)
             safety = self.ledger.overcommit
             raise AdmissionRejected(needed, self.ledger.free_blocks, safety and safety.refusal)
         return reservation

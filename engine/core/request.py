@@ -11,10 +11,14 @@ request meets have one owner each too: its token ids (``LLMEngine.check_prompt``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvledger.engine.errors import BadInput, CapTooLarge, PromptTooLong
 from kvledger.engine.kv.reservation import Reservation
 from kvledger.engine.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from kvledger.engine.model.lora_adapter import LoraAdapter
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,13 @@ class EngineRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     cap_tokens: int  # the most tokens it may generate
+    lora: LoraAdapter | None = None  # its LoRA adapter; None: the base model
+
+    @property
+    def lora_salt(self) -> str | None:
+        """What keys an adapter's prefix-cache blocks apart from the base model's and other
+        adapters' (their K/V differ for the same tokens); None for the base model."""
+        return None if self.lora is None else f"lora:{self.lora.lora_int_id}"
 
     @property
     def num_tokens(self) -> int:

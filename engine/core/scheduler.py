@@ -50,8 +50,13 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, ledger: KVLedger, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, ledger: KVLedger, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_loras: int | None = None) -> None:
         self.ledger = ledger
+        self.max_loras = max_loras  # adapters running at once (--max-loras); None: no LoRA
+        # The adapters of the running and the waiting sequences, by name, as of the last
+        # step: what /metrics reads from another thread (replaced whole, never mutated).
+        self.lora_names: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -73,10 +78,18 @@ class Scheduler:
             if not seq.prompt_computed and budget_tokens > 0:
                 prefills.append(self._chunk(seq, budget_tokens))
                 budget_tokens -= prefills[-1].length
+        # The adapters running, by object: a reloaded adapter takes a slot of its own.
+        adapters = {id(s.lora) for s in running if s.lora is not None}
+        no_slot: list[Sequence] = []  # their adapter finds no free slot: they wait, in order
         while self.waiting and len(self.running) < self.max_num_seqs and budget_tokens > 0:
             if self.waiting[0].reservation.awaits_share:
                 break  # another choice of its request is computing their prompt (FIFO)
             seq = self.waiting.popleft()
+            if seq.lora is not None and id(seq.lora) not in adapters:
+                if len(adapters) >= self.max_loras:
+                    no_slot.append(seq)
+                    continue
+                adapters.add(id(seq.lora))
             if seq.prompt_logprobs is None:  # it may start after blocks cached since admission
                 seq.num_computed_tokens = self.ledger.pin_cached(seq.reservation,
                                                                  seq.prompt_token_ids)
@@ -84,7 +97,13 @@ class Scheduler:
             self.running[seq.request_id] = seq
             prefills.append(self._chunk(seq, budget_tokens))
             budget_tokens -= prefills[-1].length
+        self.waiting.extendleft(reversed(no_slot))
+        self._note_adapters()
         return self._draw(prefills, decodes)
+
+    def _note_adapters(self) -> None:
+        if self.max_loras is not None:
+            self.lora_names = (_adapter_names(self.running.values()), _adapter_names(self.waiting))
 
     def _draw(self, prefills: list[PrefillChunk], decodes: list[Sequence]) -> ScheduledBatch:
         """Draw the blocks this step's tokens need, oldest request first. Reserving, every
@@ -113,6 +132,8 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         self.ledger.release(seq.reservation)
+        if seq.lora is not None:
+            self._note_adapters()
 
     def abort(self, request_id: str) -> Sequence | None:
         """Remove a waiting or running sequence; None when it is not here (already done)."""
@@ -124,3 +145,7 @@ class Scheduler:
             self.waiting.remove(seq)  # O(n), but aborts are rare and never on the step path
         self.finish(seq, "abort")
         return seq
+
+
+def _adapter_names(seqs) -> tuple[str, ...]:
+    return tuple(sorted({s.lora.name for s in seqs if s.lora is not None}))

@@ -47,6 +47,7 @@ class Sequence:
         self.prompt_logprobs: list[TokenLogprobs | None] | None = (
             None if params.prompt_logprobs is None else [])
         self.matcher = None if params.grammar is None else params.grammar.matcher()
+        self.lora = None  # its LoRA adapter (engine/model/lora_adapter.py), None: the base
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -32,6 +32,9 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     downloaded first when incomplete, unless HF_HUB_OFFLINE is set)."""
     source = serving_source(config.model, config.download_dir, hub_timeout_s=config.hub_timeout_s)
     model_config = ModelConfig.from_dir(source.path)  # refuses unsupported architectures
+    if config.enable_lora and model_config.moe is not None:
+        raise BadInput(f"--enable-lora: kvledger serves LoRA adapters on dense models; "
+                       f"{model_config.architecture} is a mixture of experts")
     device_memory = probe_device(config)  # before loading: free memory drops after
     plan = make_plan(config, device=device_memory, source=source)
     if not plan.fits:
@@ -57,6 +60,10 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     log_predicted_vs_measured(plan, measured_plan)
     if not measured_plan.fits:
         raise DoesNotFit(render_report(measured_plan), measured_plan)
+    if config.enable_lora:  # the adapter slots, as the plan's lora class counts them
+        lora_bytes = runner.enable_lora(config.max_loras, config.max_lora_rank)
+        log.info("LoRA: %d adapter slots at rank %d (%d bytes)", config.max_loras,
+                 config.max_lora_rank, lora_bytes)
     kv = measured_plan.kv
     pool_bytes = runner.allocate_kv_cache(kv.num_blocks, kv.dtype)
     log.info("KV pool: %d blocks x %d tokens (%d bytes)", kv.num_blocks, kv.block_size, pool_bytes)

@@ -13,6 +13,7 @@ from kvledger.engine.core.outputs import TokenLogprobs
 from kvledger.engine.core.scheduler import ScheduledBatch
 from kvledger.engine.core.sequence import Sequence
 from kvledger.engine.model.cpu_linear import pack_linears
+from kvledger.engine.model.lora import LoraSlots
 from kvledger.engine.model.transformer import (
     AttentionMetadata,
     CausalLM,
@@ -55,6 +56,12 @@ class ModelRunner:
         self.block_size = block_size
         self.rope = RotaryEmbedding(self.config, max_model_len, device, self.dtype)
         self.kv_cache: torch.Tensor | None = None
+        self.lora: LoraSlots | None = None  # with --enable-lora: the adapter slots
+
+    def enable_lora(self, max_loras: int, max_lora_rank: int) -> int:
+        """Preallocate the adapter slots (after the packed base layers); returns their bytes."""
+        self.lora = LoraSlots(self.model, max_loras, max_lora_rank, self.dtype, self.device)
+        return self.lora.bytes
 
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: str) -> int:
         """Allocate the whole pool up front; returns its bytes."""
@@ -91,6 +98,9 @@ class ModelRunner:
             slots += self._slots(seq.block_ids, position, position + 1)
             last_index.append(len(input_ids) - 1)
         meta = self._metadata(batch, slots)
+        if self.lora is not None:
+            meta.lora = self.lora.batch([(c.seq.lora, c.length) for c in batch.prefills]
+                                        + [(s.lora, 1) for s in batch.decodes])
         hidden = self._hidden(input_ids, positions, meta, self.kv_cache)
         logits = self._logits(hidden, last_index)
         prompt_logprobs = {seq.request_id: self._prompt_logprobs(hidden[row:row + stop - start],

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvledger.engine.model.config import ModelConfig
+from kvledger.engine.model.lora import LoraBatch, project
 from kvledger.engine.model.moe import MixtralExpert, SparseMoE
 
 
@@ -56,6 +57,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor | None
     prefills: list[PrefillSpan]
     decode_groups: list[DecodeGroup]
+    lora: LoraBatch | None = None  # the rows that carry an adapter (engine/model/lora.py)
 
 
 class RMSNorm(nn.Module):
@@ -155,9 +157,10 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        lora = meta.lora
+        q = project(self.q_proj, x, lora).view(num_tokens, self.num_heads, self.head_dim)
+        k = project(self.k_proj, x, lora).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = project(self.v_proj, x, lora).view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
@@ -197,7 +200,7 @@ class Attention(nn.Module):
             o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=group.mask)
             out[start:end] = o.view(group.num_seqs, self.num_heads, self.head_dim)
             start = end
-        return self.o_proj(out.view(num_tokens, -1))
+        return project(self.o_proj, out.view(num_tokens, -1), lora)
 
 
 class MLP(nn.Module):
@@ -209,8 +212,9 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
+        gate, up = project(self.gate_proj, x, lora), project(self.up_proj, x, lora)
+        return project(self.down_proj, F.silu(gate) * up, lora)
 
 
 class DecoderLayer(nn.Module):
@@ -231,7 +235,9 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, kv_cache, meta):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
         feed_forward = self._modules[self.feed_forward_name]
-        return x + feed_forward(self.post_attention_layernorm(x))
+        h = self.post_attention_layernorm(x)
+        # LoRA adapts dense MLPs only (--enable-lora refuses mixture-of-experts models).
+        return x + (feed_forward(h) if meta.lora is None else feed_forward(h, meta.lora))
 
 
 class Decoder(nn.Module):

@@ -43,6 +43,7 @@ from kvledger.engine.planner.limit import (
     limit_warnings,
     resolve_limit,
 )
+from kvledger.engine.planner.lora_bytes import lora_slot_bytes, module_shapes
 from kvledger.engine.planner.pool import (
     ENGINE_RULE,
     VLLM_RULE,
@@ -58,7 +59,7 @@ from kvledger.engine.planner.weight_bytes import (
     loaded_weight_bytes,
 )
 
-CLASSES = ("weights", "activations", "kv_cache", "cuda_graphs", "context")
+CLASSES = ("weights", "activations", "kv_cache", "cuda_graphs", "context", "lora")
 
 
 @dataclass(frozen=True)
@@ -272,6 +273,7 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
         "context": _pick(measured.context_bytes, estimates.context_bytes(device.kind)
                          + estimates.comm_buffer_bytes(device.kind, tp))
         + (config.grammar_cache_bytes if on_cpu or device.unified else 0),
+        "lora": _lora_bytes(config, shape, dtype_bytes),  # the adapter slots; 0 without LoRA
     }
     limit, source, margin = resolve_limit(config, device)
     if on_cpu or device.unified:  # N ranks in one memory: each has 1/N of the limit
@@ -322,6 +324,16 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
         measured=measured.given(),
         tensor_parallel_size=tp,
     )
+
+
+def _lora_bytes(config: EngineConfig, shape: ModelShape, dtype_bytes: int) -> int:
+    """What ``--enable-lora`` preallocates: ``planner/lora_bytes.py``."""
+    if not config.enable_lora:
+        return 0
+    shapes = module_shapes(shape.hidden_size, shape.num_attention_heads, shape.num_kv_heads,
+                           shape.head_dim, shape.intermediate_size)
+    return lora_slot_bytes(shapes, shape.num_layers, config.max_loras, config.max_lora_rank,
+                           dtype_bytes)
 
 
 def _pick(measured_value: int | None, estimate: int) -> int:

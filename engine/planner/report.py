@@ -203,6 +203,9 @@ def _breakdown(plan: Plan) -> list[str]:
                 if comm_buffer_bytes(plan.device.kind, plan.tensor_parallel_size) else "")
              + (f" + grammar cache {cfg.grammar_cache_bytes / 2**20:.0f} MiB"
                 if plan.device.kind == "cpu" or plan.device.unified else "")),
+        *([_row("LoRA adapters", c["lora"], f"{cfg.max_loras} slots x rank "
+                f"{cfg.max_lora_rank}, every projection of {plan.shape.num_layers} layers")]
+          if cfg.enable_lora else []),
         f"  KV pool: {kv.num_blocks} blocks x {kv.block_size} tokens, "
         f"{format_size(kv.bytes_per_block)} per block ({_pool_holds(plan)})",
     ]

@@ -14,6 +14,7 @@ import time
 from aiohttp import web
 
 from kvledger.engine.server.api_errors import ApiError, error_body
+from kvledger.engine.server.lora_routes import LoraCollector, add_routes, model_cards
 from kvledger.engine.server.openai_api import chat_completions, completions
 from kvledger.engine.server.state import API_KEY_INDEX, STATE, ServeOptions, ServerState
 from kvledger.engine.server.tokenize_api import detokenize, tokenize, version
@@ -32,6 +33,7 @@ def build_app(options: ServeOptions | None = None) -> web.Application:
     app = web.Application(middlewares=[_errors],
                           client_max_size=options.max_body_bytes)
     app[STATE] = ServerState(options)
+    app[STATE].metrics.registry.register(LoraCollector(app[STATE]))
     app.on_cleanup.append(_close)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
@@ -43,6 +45,7 @@ def build_app(options: ServeOptions | None = None) -> web.Application:
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/version", version)
+    add_routes(app)  # /v1/load_lora_adapter, /v1/unload_lora_adapter
     return app
 
 
@@ -141,10 +144,7 @@ async def models(request: web.Request) -> web.Response:
     state = request.app[STATE]
     if state.engine is None:
         return web.json_response({"object": "list", "data": []})
-    return web.json_response({"object": "list", "data": [{
-        "id": name, "object": "model", "created": int(state.started_at),
-        "owned_by": "kvledger", "max_model_len": state.engine.max_model_len}
-        for name in state.model_names]})
+    return web.json_response({"object": "list", "data": model_cards(state)})
 
 
 async def budget(request: web.Request) -> web.Response:

@@ -58,8 +58,9 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     state.check_accepting()
     raw = await read_body(request)
     req = await state.off_loop(len(raw), _parse, parse, raw)
-    state.check_model(req.model)
-    req.model = state.model_name  # answers carry the first served name, as vLLM's do
+    lora = state.check_model(req.model)  # a LoRA adapter's request, or None: the base model
+    # Answers carry the adapter's name, else the first served name, as vLLM's do.
+    req.model = state.model_name if lora is None else lora.lora_name
     tools = _tool_plan(state, req)
     prompt = await state.off_loop(len(raw), _prompt, state, req) if req.kind == "chat" else req.prompt
     early = state.admission.early_rejection(_max_prompt_tokens(prompt), req.cap, req.n)
@@ -75,7 +76,8 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
         state.engine.check_params(params[0])  # the choices differ in their seeds only
     except BadInput as exc:
         raise bad_request(str(exc), "logit_bias") from None
-    engine_requests = [EngineRequest(prompt_ids, p, cap) for p in params]  # every rule met
+    adapter = None if lora is None else await _adapter(state, lora)
+    engine_requests = [EngineRequest(prompt_ids, p, cap, adapter) for p in params]  # rules met
     echo = None
     if req.kind == "completion" and req.echo:
         echo = prompt if isinstance(prompt, str) else state.engine.tokenizer.decode(prompt_ids)
@@ -84,8 +86,11 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     ticket = await state.admission.admit(p.request_id, len(prompt_ids), cap, req.n,
                                          prompt_token_ids=prompt_ids,
                                          use_cached=params[0].prompt_logprobs is None,
-                                         salt=_cache_salt(request, state, req))
+                                         salt=_cache_salt(request, state, req,
+                                                          engine_requests[0].lora_salt))
     state.metrics.admitted.inc()
+    if lora is not None:
+        state.engine.loras.count(lora.lora_name)
     state.metrics.queue_wait.observe(time.monotonic() - arrived)
     state.metrics.prompt_tokens.inc(len(prompt_ids))
     streams: list = []
@@ -118,11 +123,21 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
         state.metrics.latency.observe(time.monotonic() - arrived)
 
 
-def _cache_salt(request: web.Request, state: ServerState, req: GenerationRequest) -> str | None:
-    """What keys this request's prefix-cache blocks apart: its ``cache_salt``, under its
-    API key's own with ``--cache-salt-per-key`` (so requests under different keys never
-    share a block, whatever salts their clients send); None: the shared cache."""
-    parts = []
+async def _adapter(state: ServerState, lora) -> Any:
+    """The loaded adapter (read from disk again, off the loop, if the host cache let it go)."""
+    try:
+        return await state.off_loop(None, state.engine.resolve_lora, lora)
+    except BadInput as exc:
+        raise bad_request(str(exc), "model") from None
+
+
+def _cache_salt(request: web.Request, state: ServerState, req: GenerationRequest,
+                lora_salt: str | None) -> str | None:
+    """What keys this request's prefix-cache blocks apart: its LoRA adapter's (whose K/V
+    differ from the base model's), its ``cache_salt``, under its API key's own with
+    ``--cache-salt-per-key`` (so requests under different keys never share a block,
+    whatever salts their clients send); None: the shared cache."""
+    parts = [] if lora_salt is None else [lora_salt]
     if state.options.salt_cache_per_key and API_KEY_INDEX in request:
         parts.append(f"key:{request[API_KEY_INDEX]}")
     if req.cache_salt is not None:

@@ -125,6 +125,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--tool-call-parser", type=_tool_call_parser, default=None, metavar="NAME",
                    help=f"vLLM's: the tool-call format, one of {', '.join(PARSERS)} "
                         "(default: the one the chat template shows, else hermes)")
+    s.add_argument("--allow-runtime-lora-updating", action="store_true",
+                   help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (with "
+                        "--enable-lora), as vLLM does when $VLLM_ALLOW_RUNTIME_LORA_UPDATING "
+                        "is true (that variable is read too)")
     s.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))
     add_vllm_flags(parser)
@@ -160,7 +164,8 @@ def main(args: argparse.Namespace) -> int:
                            keepalive_timeout_s=args.keepalive_timeout,
                            grammar_compile_timeout_s=args.grammar_compile_timeout,
                            enable_auto_tool_choice=args.enable_auto_tool_choice,
-                           tool_call_parser=args.tool_call_parser)
+                           tool_call_parser=args.tool_call_parser,
+                           allow_runtime_lora_updating=args.allow_runtime_lora_updating)
     return asyncio.run(_serve(config, options, args.host, args.port))
 
 

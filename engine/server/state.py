@@ -57,6 +57,7 @@ class ServeOptions:
     grammar_compile_timeout_s: float = DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S
     enable_auto_tool_choice: bool = False  # vLLM's: tool_choice "auto" is served
     tool_call_parser: str | None = None    # vLLM's: hermes, llama3_json, mistral; None: the template's
+    allow_runtime_lora_updating: bool = False  # /v1/load_lora_adapter (server/lora_routes.py)
 
 
 class ServerState:
@@ -224,11 +225,19 @@ class ServerState:
         """Every name requests may use: the first is the one answers carry."""
         return (self.engine.model_name, *self.engine.config.served_model_aliases)
 
-    def check_model(self, name: str) -> None:
-        if name not in self.model_names:
-            raise ApiError(404, f"the model {name!r} does not exist; this server serves "
-                                f"{self.model_name!r}", code="model_not_found", param="model",
-                           reason="unknown_model")
+    def check_model(self, name: str) -> Any:
+        """None for the base model (any of its names), else the ``LoRARequest`` of the
+        adapter ``name`` names; 404 naming it when neither."""
+        if name in self.model_names:
+            return None
+        loras = self.engine.loras
+        served = {} if loras is None else loras.served
+        if name in served:
+            return served[name]
+        more = f" and {len(served)} LoRA adapters" if served else ""
+        raise ApiError(404, f"the model {name!r} does not exist (no model or LoRA adapter has "
+                            f"that name); this server serves {self.model_name!r}{more}",
+                       code="model_not_found", param="model", reason="unknown_model")
 
 
 STATE = web.AppKey("kvledger_state", ServerState)

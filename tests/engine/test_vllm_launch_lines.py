@@ -49,8 +49,10 @@ LAUNCH_LINES = [
     ("Qwen3 MoE recipe", "{model} -pp 2 --enable-expert-parallel", "-pp"),
     ("quantization: AWQ", "{model} --quantization awq", "--quantization"),
     ("quantization: FP8", "{model} --quantization fp8 --max-model-len 1024", ACCEPTED),
-    ("LoRA adapters", "{model} --enable-lora --lora-modules sql-lora=/adapters/sql",
-     "--enable-lora"),
+    ("LoRA adapters", "{model} --enable-lora --lora-modules sql-lora=/adapters/sql "
+     "--max-loras 2 --max-lora-rank 32 --max-cpu-loras 4 --lora-dtype auto", ACCEPTED),
+    ("LoRA adapters: fully sharded", "{model} --enable-lora --fully-sharded-loras",
+     "--fully-sharded-loras"),
     ("tool calling", "{model} --enable-auto-tool-choice --tool-call-parser llama3_json",
      ACCEPTED),
     ("Qwen2.5 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser hermes",
@@ -149,7 +151,7 @@ def test_help_says_why_a_no_op_changes_nothing() -> None:
     text = " ".join(build_parser("plan").format_help().split())
     assert "--trust-remote-code vLLM's; accepted, changes nothing: kvledger runs its own code" in text
     assert "--enable-chunked-prefill vLLM's; accepted, changes nothing" in text
-    assert "--enable-lora" not in text  # refused flags are not offered
+    assert "--enable-sleep-mode" not in text  # refused flags are not offered
 
 
 def test_a_flag_that_is_not_vllms_stays_a_one_line_error(capsys) -> None:

@@ -158,7 +158,8 @@ def test_the_real_preflights_message_and_log_give_the_plans_figures(tiny_llama, 
                                    "activations": planned["classes"]["activations"],
                                    "kvCache": planned["classes"]["kv_cache"],
                                    "cudaGraphs": planned["classes"]["cuda_graphs"],
-                                   "context": planned["classes"]["context"]}
+                                   "context": planned["classes"]["context"],
+                                   "lora": 0}  # no --enable-lora
         assert plan["kv"]["numBlocks"] == planned["kv"]["num_blocks"] == 1024
         assert (plan["required"], plan["limit"], plan["shortBy"]) == (
             format_size(planned["required_bytes"]), "64.0 MiB",

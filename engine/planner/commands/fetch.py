@@ -4,7 +4,8 @@ Downloads the files the engine needs (config.json, the tokenizer and generation 
 model.safetensors or the index and its shards) into the hub cache, pinned to the commit
 the revision resolves to, and prints one line: what it downloaded and the snapshot's
 folder. Files already in the cache are not downloaded again, so a second run downloads
-nothing. Exit 0; bad input (unknown repo or revision, a gated repo without a token, no
+nothing. ``--lora-modules NAME=hf://...`` downloads those LoRA adapters too
+(adapter_config.json, adapter_model.safetensors) into the same cache. Exit 0; bad input (unknown repo or revision, a gated repo without a token, no
 safetensors, the hub unreachable after bounded retries) is one ``error:`` line, exit 2.
 """
 
@@ -14,6 +15,8 @@ import argparse
 
 from kvledger.engine.config import positive_seconds
 from kvledger.engine.errors import EXIT_OK, BadInput
+from kvledger.engine.lora_config import lora_module_arg
+from kvledger.engine.planner.hub.adapters import adapter_directory
 from kvledger.engine.planner.hub.cache import fetch
 from kvledger.engine.planner.hub.reads import DEFAULT_HUB_TIMEOUT_S
 from kvledger.engine.planner.hub.repo import is_hub_uri, parse_uri
@@ -30,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="SECONDS",
                         help="the listing and index must be read within this (default "
                              f"{DEFAULT_HUB_TIMEOUT_S:g}); the downloads are not bounded by it")
+    parser.add_argument("--lora-modules", nargs="+", type=lora_module_arg, default=[],
+                        metavar="NAME=hf://ORG/NAME[@REVISION]",
+                        help="LoRA adapters on the hub to download into the same cache")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -43,4 +49,10 @@ def main(args: argparse.Namespace) -> int:
           f"{len(result.downloaded_files)} files, {format_size(result.downloaded_bytes)} "
           f"({result.downloaded_bytes} bytes), {result.cached_files} already cached; "
           f"snapshot {result.path}")
+    for adapter in args.lora_modules:
+        if not is_hub_uri(adapter.path):
+            raise BadInput(f"kvledger fetch: --lora-modules {adapter.name}={adapter.path}: a "
+                           "local adapter directory needs no fetch")
+        where = adapter_directory(adapter.path, args.download_dir, hub_timeout_s=args.hub_timeout)
+        print(f"fetched LoRA adapter {adapter.name} ({adapter.path}): {where}")
     return EXIT_OK
