@@ -87,6 +87,9 @@ def start_ranks(config: EngineConfig, plan: Plan, model_dir: str, model_config: 
     if config.quantization is not None:
         raise BadInput(f"--tensor-parallel-size {world}: kvledger's engine does not shard "
                        f"--quantization {config.quantization} yet")
+    if config.enable_lora:
+        raise BadInput(f"--enable-lora: kvledger's engine does not serve LoRA adapters with "
+                       f"--tensor-parallel-size {world} yet")
     if device.type == "cuda" and torch.cuda.device_count() < world:
         raise BadInput(f"--tensor-parallel-size {world}: torch sees "
                        f"{torch.cuda.device_count()} CUDA devices")

@@ -255,6 +255,13 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
     if tp > 1 and quantized and geometry.rule == ENGINE_RULE:  # as engine/core/startup.py
         raise BadInput(f"--tensor-parallel-size {tp}: kvledger's engine does not shard "
                        f"{quantized} weights yet (serve them on one GPU, or unquantized)")
+    if config.enable_lora and geometry.rule == ENGINE_RULE:  # as engine/core/startup.py
+        if tp > 1:
+            raise BadInput(f"--enable-lora: kvledger's engine does not serve LoRA adapters "
+                           f"with --tensor-parallel-size {tp} yet")
+        if any(".experts." in t.name for t in weights.tensors):
+            raise BadInput(f"--enable-lora: kvledger serves LoRA adapters on dense models; "
+                           f"{full_shape.architecture} is a mixture of experts")
 
     classes = {
         "weights": _pick(measured.weights_bytes, loaded_weight_bytes(

@@ -77,3 +77,20 @@ def test_bad_lora_flags_are_one_line_exit_2(argv, message, tmp_path, capsys) -> 
     assert main(["plan", str(tmp_path), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_pre_flight_refuses_lora_where_the_engine_would(make_model_dir, capsys) -> None:
+    """What the engine refuses at start-up (LoRA on a mixture of experts, LoRA with
+    tensor parallelism), the plan refuses first, by name (exit 2): never "fits", then an
+    engine that exits."""
+    from kvledger.engine.cli import main
+
+    cases = ((make_model_dir("tiny-mixtral"), [], "is a mixture of experts"),
+             (make_model_dir("tiny-llama"), ["-tp", "2"],
+              "does not serve LoRA adapters with --tensor-parallel-size 2 yet"))
+    for model_dir, extra, why in cases:
+        assert main(["plan", str(model_dir), "--device", "cpu", "--enable-lora", *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --enable-lora: ") and why in err and err.count("\n") == 1
+    assert main(["plan", str(make_model_dir("tiny-llama")), "--device", "cpu",
+                 "--enable-lora"]) == 0
