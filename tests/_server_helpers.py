@@ -37,6 +37,19 @@ def fill_pool(ledger):
     return held
 
 
+async def start_sdk(aiohttp_server, llm, clients: list, **options):
+    """An app serving ``llm`` on a real port and an ``openai.AsyncOpenAI`` client for it
+    (appended to ``clients``, for the caller to close): ``(model name, client)``."""
+    import openai
+
+    app = build_app(ServeOptions(**options))
+    server = await aiohttp_server(app, host="127.0.0.1")
+    await app[STATE].attach(llm)
+    client = openai.AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key="k", max_retries=0)
+    clients.append(client)
+    return app[STATE].model_name, client
+
+
 async def start_app(aiohttp_client, llm, **options):
     """An aiohttp test client on a loaded, warmed app serving ``llm``."""
     app = build_app(ServeOptions(**options))

@@ -9,10 +9,7 @@ import aiohttp
 import jsonschema
 import openai
 import pytest
-from _server_helpers import make_llm
-
-from kvledger.engine.server.app import build_app
-from kvledger.engine.server.state import STATE, ServeOptions
+from _server_helpers import make_llm, start_sdk
 
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
            "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
@@ -37,13 +34,7 @@ async def serve(aiohttp_server, llm):
     clients = []
 
     async def start(**options):
-        app = build_app(ServeOptions(**options))
-        server = await aiohttp_server(app, host="127.0.0.1")
-        await app[STATE].attach(llm)
-        client = openai.AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key="k",
-                                    max_retries=0)
-        clients.append(client)
-        return app[STATE].model_name, client
+        return await start_sdk(aiohttp_server, llm, clients, **options)
 
     yield start
     for client in clients:

@@ -12,14 +12,12 @@ import jsonschema
 import openai
 import pytest
 from _engine_helpers import drain
-from _server_helpers import make_llm
+from _server_helpers import make_llm, start_sdk
 from _tool_checkpoints import write_mistral_tools
 from test_tool_calls_sdk import ASK, SCHEMAS, TOOLS, _streamed
 
 from kvledger.engine.sampling.grammar import GrammarCompiler, GrammarSpec
 from kvledger.engine.sampling.params import SamplingParams
-from kvledger.engine.server.app import build_app
-from kvledger.engine.server.state import STATE, ServeOptions
 from kvledger.engine.server.tool_calls import control_token_ids, tool_plan
 from kvledger.engine.server.tool_protocol import Tool
 
@@ -40,13 +38,7 @@ async def serve(aiohttp_server, mistral_llm):
     clients = []
 
     async def start(**options):
-        app = build_app(ServeOptions(**options))
-        server = await aiohttp_server(app, host="127.0.0.1")
-        await app[STATE].attach(llm)
-        client = openai.AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key="k",
-                                    max_retries=0)
-        clients.append(client)
-        return app[STATE].model_name, client
+        return await start_sdk(aiohttp_server, llm, clients, **options)
 
     yield version, llm, start
     for client in clients:
