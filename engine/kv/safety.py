@@ -14,15 +14,10 @@ The pool may then hold the tokens of more requests than their promises would all
 Admitting every request the check allows would fill the pool with prompts that mostly
 wait (measured: 16 running, most of them paused, a third of the reservation's goodput). So
 admission asks more: the blocks every admitted request would hold, each decoding a token a
-step until its cap and then releasing (``peak_blocks``), must not exceed the pool by more
-than a sixteenth of it (``OVERBOOK_DIVISOR``). Within the pool nobody would pause while the
-requests run as projected; the sixteenth lets the head of the line start a little sooner, at
-the price of a few pauses near the projected peak, where the newest requests sit out a step
-or two until an older one releases (simulated on bench/serving.py's overload: 0 -> 2 blocks
-of 32 took the mean running from 3.7 to 4.0 and goodput up 3-4%, p99 no worse; 4 blocks
-paused three times as often and gave the gain back). The check above covers every pause
-and the rest (a prompt that waited for a seat, a chunked prefill), so the guarantee never
-rests on the projection.
+step until its cap and then releasing, must never exceed the pool (``peak_blocks``). Then
+nobody pauses while the requests run as projected; the check above covers the rest (a
+prompt that waited for a seat, a chunked prefill), so the guarantee never rests on the
+projection.
 
 With one kind of resource the check is a sort: taking the request that needs least first
 never hurts (each release only adds blocks), so the state is safe iff that greedy order
@@ -34,9 +29,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-
-# Admission may project a peak this share of the pool over it (see the module docstring).
-OVERBOOK_DIVISOR = 16
 
 
 @dataclass
@@ -135,8 +127,8 @@ class Overcommit:
     it must keep able to finish) and the paused ones (refused a draw on their last try),
     and answers whether an admission, a draw or a pin keeps the state safe.
 
-    An admission that over-commits also needs the projected peak within the pool and its
-    ``overbook`` (``peak_blocks``, ``OVERBOOK_DIVISOR``) and at most ``max_live`` reservations (the engine's ``max_num_seqs``:
+    An admission that over-commits also needs the projected peak within the pool
+    (``peak_blocks``) and at most ``max_live`` reservations (the engine's ``max_num_seqs``:
     every admitted request has a seat, so the one that can finish is among those
     scheduled); none is admitted while one is paused (it is not kept waiting by newer
     ones)."""
@@ -147,7 +139,6 @@ class Overcommit:
         self.pool = pool  # the ledger's BlockPool (its ``shared`` blocks, for ``may_share``)
         self.block_size = block_size
         self.max_live = max_live
-        self.overbook = num_blocks // OVERBOOK_DIVISOR  # blocks the projection may overshoot
         self.live: dict = {}      # Reservation -> [tokens held, prompt + cap, held with another]
         self.paused: set = set()
         self.refused_draws = 0    # a sequence paused for a step (kvledger_kv_draws_refused_total)
@@ -179,11 +170,9 @@ class Overcommit:
             peak = peak_blocks(timelines, self.block_size)
             pins = {block: count for block in hits}
             new = [Claim(need, hits) for _ in range(count)]
-            if peak > self.num_blocks + self.overbook:
+            if peak > self.num_blocks:
                 self.refusal = (f"run to their caps, the admitted requests and this one would "
-                                f"hold {peak} blocks at once, more than the pool's {self.num_blocks}"
-                                + (f" and the {self.overbook} admission may overbook"
-                                   if self.overbook else ""))
+                                f"hold {peak} blocks at once, more than the pool's {self.num_blocks}")
             elif not self._safe_after(in_use + revived, ref_counts, pins, new, {}):
                 self.refusal = "admitting it could leave an admitted request unable to reach its cap"
             else:

@@ -94,13 +94,13 @@ def test_peak_blocks_sweep_equals_counting_every_step(timelines, block_size):
     assert peak_blocks(timelines, block_size) == by_step
 
 
-def _simulate(seed: int, caching: bool, num_blocks: int = 12) -> list[int]:
+def _simulate(seed: int, caching: bool) -> list[int]:
     """Requests arrive at random; each step every live one asks for a slot for its next
     token, oldest first. Returns what each grow gave, in order; asserts that some request
     advances each step and all of them finish."""
     rng = random.Random(seed)
-    block_size, ledger = 4, KVLedger(num_blocks, 4, enable_prefix_caching=caching,
-                                     overcommit=True, max_live=6)
+    block_size, ledger = 4, KVLedger(12, 4, enable_prefix_caching=caching, overcommit=True,
+                                     max_live=6)
     prefixes = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [7] * 6, [11, 12]]
     live, arrivals, steps, grown = [], 40, 0, []
     while arrivals or live:
@@ -134,36 +134,9 @@ def _simulate(seed: int, caching: bool, num_blocks: int = 12) -> list[int]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10_000), caching=st.booleans(), num_blocks=st.sampled_from([12, 48]))
-def test_every_admitted_request_reaches_its_cap_without_a_failed_draw(seed, caching, num_blocks):
-    _simulate(seed, caching, num_blocks)  # 48 blocks: admission overbooks 3
-
-
-def test_admission_overbooks_a_sixteenth_of_the_pool_and_pauses_make_up_for_it():
-    ledger = KVLedger(32, 4, overcommit=True)
-    assert ledger.overcommit.overbook == 2
-    first, second = ledger.try_reserve(64, [1, 2, 3, 4]), ledger.try_reserve(64, [5, 6, 7, 8])
-    # A third of 48 tokens would bring all three to 12 blocks at its last step: 36 > 32 + 2.
-    assert ledger.try_reserve(48, [9, 10, 11, 12]) is None
-    assert ledger.overcommit.refusal == (
-        "run to their caps, the admitted requests and this one would hold 36 blocks at once, "
-        "more than the pool's 32 and the 2 admission may overbook")
-    # One of 44 tokens: 11 blocks each at its last step, 33 <= 32 + 2, so it is admitted,
-    # though all three cannot hold their 44th token at once.
-    third = ledger.try_reserve(44, [9, 10, 11, 12])
-    assert third is not None
-    live, paused_steps = [[first, 0, 64], [second, 0, 64], [third, 0, 44]], 0
-    while live:
-        for entry in list(live):  # a token a step each, the oldest first (the engine's order)
-            reservation, tokens, total = entry
-            entry[1] = ledger.grow(reservation, max(tokens + 1, 4))
-            paused_steps += entry[1] == tokens
-            if entry[1] == total:
-                ledger.release(reservation)
-                live.remove(entry)
-        assert ledger.used_blocks <= 32
-    assert paused_steps == ledger.overcommit.refused_draws > 0
-    assert ledger.used_blocks == ledger.reserved_blocks == 0
+@given(seed=st.integers(0, 10_000), caching=st.booleans())
+def test_every_admitted_request_reaches_its_cap_without_a_failed_draw(seed, caching):
+    _simulate(seed, caching)
 
 
 def _simulate_choices(seed: int) -> tuple[int, int]:
