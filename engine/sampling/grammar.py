@@ -27,6 +27,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 from kvledger.engine.config import DEFAULT_GRAMMAR_CACHE_BYTES
 from kvledger.engine.errors import BadInput
 from kvledger.engine.sampling.grammar_matcher import Grammar
@@ -80,6 +82,7 @@ class GrammarCompiler:
         self._vocab_size = vocab_size
         self.cache_bytes = cache_bytes
         self._llg_tokenizer: Any = None
+        self._special_ids = np.zeros(0, dtype=np.int64)  # set with _llg_tokenizer
         self._cache: OrderedDict[GrammarSpec, Grammar] = OrderedDict()
         self._cached_bytes = 0
         self._compiling: dict[GrammarSpec, list] = {}  # spec -> [future, waiters]
@@ -174,10 +177,16 @@ class GrammarCompiler:
         matcher = LLMatcher(tokenizer, _grammar_source(spec), log_level=0)
         if matcher.is_error():
             raise GrammarError(f"invalid {spec.kind}: {_one_line(matcher.get_error())}")
-        grammar = Grammar(matcher, self._eos_ids, self._vocab_size, (tokenizer.vocab_size + 31) // 32)
+        grammar = Grammar(matcher, self._eos_ids, self._vocab_size,
+                          (tokenizer.vocab_size + 31) // 32, self._special_ids)
         # A grammar the library accepts may still allow no output at all (a $ref cycle, an
         # empty character class): the first mask tells, so the request is a 400 here.
         if not grammar.first_mask_allows_output():
+            if grammar.refused_specials:
+                spelled = tokenizer.decode_str(grammar.refused_specials[:1])
+                raise GrammarError(f"the {spec.kind} allows no output: its text starts with "
+                                   f"{spelled!r}, a special token of the tokenizer, which "
+                                   f"constrained text cannot produce")
             raise GrammarError(f"the {spec.kind} allows no output: no token can start it")
         return grammar
 
@@ -187,8 +196,13 @@ class GrammarCompiler:
                 from llguidance import LLTokenizer
 
                 n_vocab = max(self._vocab_size, self._tokenizer.vocab_size)
-                self._llg_tokenizer = LLTokenizer(self._tokenizer.to_str(), n_vocab=n_vocab,
-                                                  eos_token=sorted(self._eos_ids))
+                tokenizer = LLTokenizer(self._tokenizer.to_str(), n_vocab=n_vocab,
+                                        eos_token=sorted(self._eos_ids))
+                self._special_ids = np.array(
+                    [i for i in range(tokenizer.vocab_size)
+                     if i not in self._eos_ids and tokenizer.is_special_token(i)],
+                    dtype=np.int64)
+                self._llg_tokenizer = tokenizer
             return self._llg_tokenizer
 
 

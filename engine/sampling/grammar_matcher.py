@@ -4,6 +4,13 @@ position and the tokens it accepts (llguidance's ``LLMatcher``, built by
 
 EOS: the mask allows the EOS ids exactly when the text so far is complete, and only them
 once nothing can follow; accepting one terminates the matcher, which then accepts nothing.
+
+Special tokens: where a grammar's text spells one (a regex or a choice matching
+``<|user|>`` or ``<s>``), the library's mask allows the special token, since the
+tokenizer would split that text into it, but refuses it when it comes (text is never a
+special token). Such a bit is cleared here, so the mask and ``accept`` agree: the grammar
+cannot be satisfied there, which is a dead end (or a 400 at compile, when it is the first
+position). A lark grammar that names the token (``<|user|>``) still gets it.
 """
 
 from __future__ import annotations
@@ -19,16 +26,18 @@ class Grammar:
     """A compiled grammar: immutable, shared by every request with the same spec."""
 
     def __init__(self, initial: Any, eos_ids: frozenset[int], vocab_size: int,
-                 mask_words: int) -> None:
+                 mask_words: int, special_ids: np.ndarray) -> None:
         self.nbytes = 0  # the memory it holds, as measured when it was compiled
         self._initial = initial  # an LLMatcher that never advances; matchers are its copies
         self._eos_ids = eos_ids
         self._vocab_size = vocab_size
         self._mask_words = mask_words
+        self._special_ids = special_ids  # the tokenizer's special tokens but the EOS ids
+        self.refused_specials: list[int] = []  # those the first mask allowed, then cleared
 
     def matcher(self) -> GrammarMatcher:
         return GrammarMatcher(self._initial.deep_copy(), self._eos_ids, self._vocab_size,
-                              self._mask_words)
+                              self._mask_words, self._special_ids)
 
     def first_mask_allows_output(self) -> bool:
         """Compute the first position's mask on the matcher every sequence copies, which
@@ -36,15 +45,19 @@ class Grammar:
         thread, and never in the engine's step. False when it allows no token at all."""
         bitmask = np.zeros(self._mask_words, dtype=np.int32)
         self._initial.unsafe_compute_mask_ptr(bitmask.ctypes.data, bitmask.nbytes)
-        return not self._initial.is_error() and bool(bitmask.any())
+        if self._initial.is_error():
+            return False
+        self.refused_specials = _clear_refused_specials(self._initial, bitmask, self._special_ids)
+        return bool(bitmask.any())
 
 
 class GrammarMatcher:
     """The grammar's state for one sequence. Not thread-safe: the engine's step thread only."""
 
     def __init__(self, matcher: Any, eos_ids: frozenset[int], vocab_size: int,
-                 mask_words: int) -> None:
+                 mask_words: int, special_ids: np.ndarray) -> None:
         self._matcher = matcher
+        self._special_ids = special_ids
         self._eos_ids = eos_ids
         self._vocab_size = vocab_size
         self._bitmask = np.zeros(mask_words, dtype=np.int32)  # bit t: token t is allowed
@@ -57,6 +70,8 @@ class GrammarMatcher:
         limits) ``dead_end`` is set: the request ends there, the client's constraint and
         not a fault."""
         self._matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
+        if not self._matcher.is_error():
+            _clear_refused_specials(self._matcher, self._bitmask, self._special_ids)
         if self._matcher.is_error() or not self._bitmask.any():
             self.dead_end = True
 
@@ -94,6 +109,21 @@ class GrammarMatcher:
     def is_terminated(self) -> bool:
         """An EOS id was accepted: the output is complete and nothing more is allowed."""
         return self._terminated
+
+
+def _clear_refused_specials(matcher: Any, bitmask: np.ndarray,
+                            special_ids: np.ndarray) -> list[int]:
+    """Clear the bit of each special token the mask allows but ``matcher`` would refuse
+    (see the module's docstring); their ids. A few vectorised operations when none is
+    allowed, as in almost every step."""
+    if not special_ids.size:
+        return []
+    words = bitmask.view(np.uint32)
+    allowed = special_ids[(words[special_ids >> 5] >> (special_ids & 31)) & 1 == 1]
+    refused = [t for t in allowed.tolist() if matcher.validate_tokens([t]) != 1]
+    for token_id in refused:
+        words[token_id >> 5] &= ~np.uint32(1 << (token_id & 31))
+    return refused
 
 
 @functools.cache

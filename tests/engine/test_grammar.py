@@ -223,3 +223,42 @@ def test_importing_the_modules_does_not_import_the_library():
     code = ("import sys, kvledger.engine.sampling.grammar, kvledger.engine.sampling.grammar_matcher; "
             "assert 'llguidance' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_text_that_spells_a_special_token_is_refused_when_compiled(compiler):
+    """The library's mask allows the special token such text tokenizes to, and refuses it
+    when it comes: the grammar allows no output, a 400 that names the token."""
+    for spec in (GrammarSpec("regex", r"<\|user\|>hello"), GrammarSpec("choice", '["<s>"]')):
+        with pytest.raises(GrammarError, match=f"^the {spec.kind} allows no output: its text "
+                                               f"starts with '<"):
+            compiler.compile(spec)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_special_token_spelled_after_some_text_is_a_dead_end_not_a_refusal(tokenizer, compiler,
+                                                                             seed):
+    """Every token the mask allows is accepted; where the text would turn into a special
+    token the mask allows nothing and the matcher is at a dead end (the request ends with
+    "grammar"), never a token refused, which fails the request."""
+    matcher = compiler.compile(GrammarSpec("regex", r"hi<\|user\|>")).matcher()
+    generator = torch.Generator().manual_seed(seed)
+    ids: list[int] = []
+    while not matcher.dead_end:
+        logits = torch.randn(tokenizer.vocab_size, generator=generator)
+        matcher.fill_mask(logits)
+        if matcher.dead_end:
+            break
+        token = int(logits.argmax())
+        assert matcher.accept(token), f"a token the mask allowed was refused after {ids}"
+        ids.append(token)
+    assert tokenizer.decode(ids) == "hi"
+    assert not allowed(logits)
+
+
+def test_a_lark_grammar_may_still_ask_for_a_special_token_by_name(tokenizer, compiler):
+    user = tokenizer.encode("<|user|>", add_special_tokens=False)
+    assert len(user) == 1 and user[0] not in tokenizer.eos_token_ids
+    matcher = compiler.compile(GrammarSpec("lark", 'start: "hi" <|user|>')).matcher()
+    ids, _ = decode(matcher, tokenizer.vocab_size, seed=0)
+    assert tokenizer.decode(ids[:-2]) == "hi" and ids[-2:-1] == user
+    assert ids[-1] in tokenizer.eos_token_ids

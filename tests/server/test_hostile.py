@@ -56,6 +56,24 @@ async def test_a_grammar_no_output_can_satisfy_is_a_400_not_a_500(aiohttp_client
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+async def test_grammar_text_that_spells_a_special_token_is_a_400_or_a_dead_end(aiohttp_client,
+                                                                                  llm, caplog):
+    """A regex whose text the tokenizer turns into a special token: at the start, a 400
+    naming it; after some text, a 200 that ends there with "grammar". Never a 500."""
+    client = await start_app(aiohttp_client, llm)
+    failed = await metric(client, FAILED, 'reason="request_error"')
+    with caplog.at_level(logging.WARNING):
+        status, body = await _post(client, "/v1/completions", _body(
+            prompt="x", guided_regex="<\\|user\\|>hi"))
+        assert status == 400 and "'<|user|>', a special token" in body["error"]["message"]
+        status, body = await _post(client, "/v1/completions", _body(
+            prompt="x", max_tokens=8, guided_regex="hi<\\|user\\|>"))
+    assert status == 200, body
+    assert body["choices"][0]["text"] == "hi" and body["choices"][0]["finish_reason"] == "grammar"
+    assert await metric(client, FAILED, 'reason="request_error"') == failed
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
 async def test_a_schema_over_the_compile_time_limit_is_a_400_naming_it(aiohttp_client, llm):
     client = await start_app(aiohttp_client, llm, grammar_compile_timeout_s=0.2)
     status, body = await _post(client, "/v1/completions", _body(
