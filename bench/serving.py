@@ -3,7 +3,7 @@ flags and workloads, measured in the same run on this machine.
 
     .venv/bin/python bench/serving.py [--vllm PATH] [--overload-seconds 120] [--clients 48]
         [--concurrency 1 3 8 32] [--rounds 2] [--deadline-seconds 300] [--seed 0]
-        [--backfill-too] [--reserve-too] [--json]
+        [--overload-rounds 1] [--backfill-too] [--reserve-too] [--json]
     # ~15 min with vLLM; a quick one: --overload-seconds 30 --clients 16 --rounds 1
 
 Both servers: the built-in ``small-llama`` (fp32), ``--max-model-len 512
@@ -22,7 +22,11 @@ part run side by side (idle, neither takes CPU) and are loaded one at a time.
   ``max_tokens`` drawn from 64/128/256/448, the same seeded sequence for both servers); a
   429 is retried after its ``retry-after-ms`` (else ``Retry-After`` s); a request is given
   up ``--deadline-seconds`` after its first attempt. Requests sent in the window run to
-  the end (the drain), so every latency is counted, the slow ones too. Measured:
+  the end (the drain), so every latency is counted, the slow ones too. ``--overload-rounds
+  N`` loads each server N times, in A-B-B-A order, round r with seed ``--seed + r`` (a
+  round never meets the prefix cache of the one before), and pools them: goodput over N
+  windows, percentiles over every request; each round's goodput and p99 are shown too.
+  Measured:
   requests completed within the window, goodput (their output tokens / window), latency
   (first attempt to answer) p50/p99 overall and by ``max_tokens``, 429s, attempts per
   completed request, requests past the deadline, 5xx; vLLM's preemptions and recomputed
@@ -203,8 +207,9 @@ class Outcome:
     rejected_429: int = 0
 
 
-def summarize(outcomes: list[Outcome], window_s: float) -> dict:
-    """The overload figures of one server."""
+def summarize(outcomes: list[Outcome], window_s: float, rounds: int = 1) -> dict:
+    """The overload figures of one server: over ``rounds`` windows of ``window_s`` when
+    ``outcomes`` pools several rounds (each outcome timed from its own round's start)."""
     done = [o for o in outcomes if o.result == "completed"]
     in_window = [o for o in done if o.finished_s <= window_s]
     latencies = [o.finished_s - o.started_s for o in done]
@@ -218,7 +223,7 @@ def summarize(outcomes: list[Outcome], window_s: float) -> dict:
         "sent": len(outcomes),
         "completed_in_window": len(in_window),
         "completed_after_window": len(done) - len(in_window),
-        "goodput_tok_s": sum(o.output_tokens for o in in_window) / window_s,
+        "goodput_tok_s": sum(o.output_tokens for o in in_window) / (window_s * rounds),
         "p50_s": percentile(latencies, 0.5), "p99_s": percentile(latencies, 0.99),
         "by_max_tokens": by_cap,
         "rejected_429": sum(o.rejected_429 for o in outcomes),
@@ -489,9 +494,9 @@ def pooled_rate(runs: list[tuple[int, float]]) -> tuple[float, float]:
     return (sum(t for t, _ in runs) / sum(s for _, s in runs), max(rates) / min(rates) - 1)
 
 
-async def overload_clients(base: str, model: str, args) -> list[Outcome]:
-    """``args.clients`` clients sending for ``args.overload_seconds``; every request sent
-    runs to its answer or its deadline."""
+async def overload_clients(base: str, model: str, args, seed: int) -> list[Outcome]:
+    """``args.clients`` clients sending ``seed``'s requests for ``args.overload_seconds``;
+    every request sent runs to its answer or its deadline."""
     outcomes: list[Outcome] = []
     start = time.monotonic()
     window_end = start + args.overload_seconds
@@ -530,7 +535,7 @@ async def overload_clients(base: str, model: str, args) -> list[Outcome]:
                                     max(0.0, deadline - time.monotonic())))
 
     async def client(session, index: int) -> None:
-        for prompt, max_tokens in client_requests(args.seed, index):
+        for prompt, max_tokens in client_requests(seed, index):
             if time.monotonic() >= window_end:
                 return
             await one(session, prompt, max_tokens)
@@ -569,25 +574,47 @@ async def idle_metrics(base: str, running_gauge: str) -> list:
     return samples
 
 
+def round_order(systems: list[str], index: int) -> list[str]:
+    """The order the servers are loaded in round ``index``: A-B, then B-A, and so on, so
+    neither always runs on a machine the other has just warmed (or heated)."""
+    return list(systems) if index % 2 == 0 else list(reversed(systems))
+
+
 async def overload(systems: list[str], args, model_dir: str, tmp: Path) -> dict[str, dict]:
-    """Each system's overload figures; the servers side by side, loaded one at a time."""
+    """Each system's overload figures, pooled over ``args.overload_rounds`` rounds; the
+    servers side by side, loaded one at a time."""
     async with contextlib.AsyncExitStack() as stack:
         servers = {s: await stack.enter_async_context(
             served(s, args, model_dir, tmp, OVERLOAD_POOL_BLOCKS, "overload")) for s in systems}
         groups = [server.process_group for server in servers.values()]
-        return {s: await overload_one(s, servers[s], groups, args) for s in systems}
+        rounds: dict[str, list[dict]] = {s: [] for s in systems}
+        for index in range(args.overload_rounds):
+            for system in round_order(systems, index):
+                rounds[system].append(await overload_round(
+                    system, servers[system], groups, args, args.seed + index))
+        return {s: await pooled(s, servers[s], rounds[s], args) for s in systems}
 
 
-async def overload_one(system: str, server: Server, groups: list[int], args) -> dict:
-    base = server.base
-    warmup = part1_prompt(args.seed)
-    await closed_loop(base, server.model, warmup, 2, 2, 32)
+async def overload_round(system: str, server: Server, groups: list[int], args,
+                         seed: int) -> dict:
+    """One round on one server: its outcomes, load means and other processes' CPU, once
+    every request has been answered and the server is idle again."""
+    await closed_loop(server.base, server.model, part1_prompt(args.seed), 2, 2, 32)  # warm-up
     with OtherCpu(groups) as other:
         load, outcomes = await asyncio.gather(
-            sample_load(base, system, time.monotonic() + args.overload_seconds),
-            overload_clients(base, server.model, args))
+            sample_load(server.base, system, time.monotonic() + args.overload_seconds),
+            overload_clients(server.base, server.model, args, seed))
+    await idle_metrics(server.base, "kvledger_requests_running" if system.startswith("kvledger")
+                       else "vllm:num_requests_running")
+    return {"outcomes": outcomes, **load, "other_cpu_cores": other.cores}
+
+
+async def pooled(system: str, server: Server, rounds: list[dict], args) -> dict:
+    """The figures of every round together (the server's counters are totals since it
+    started, so over every round), and each round's goodput and p99."""
+    outcomes = [o for r in rounds for o in r["outcomes"]]
+    samples = await scrape(server.base)
     if system.startswith("kvledger"):
-        samples = await idle_metrics(base, "kvledger_requests_running")
         figures = {
             "requests_rejected": metric(samples, "kvledger_requests_rejected_total"),
             "rejected_kv_cache_full": metric(samples, "kvledger_requests_rejected_total",
@@ -599,9 +626,9 @@ async def overload_one(system: str, server: Server, groups: list[int], args) -> 
             "preemption_metrics": sorted({n for n, _, _ in samples if "preempt" in n}),
         }
     else:
-        samples = await idle_metrics(base, "vllm:num_requests_running")
         fed = iteration_tokens(server.log_path.read_text(errors="replace"))
-        sent = 2 * len(warmup) + sum(o.prompt_tokens for o in outcomes if o.attempts)
+        warmups = 2 * len(part1_prompt(args.seed)) * len(rounds)
+        sent = warmups + sum(o.prompt_tokens for o in outcomes if o.attempts)
         figures = {
             "preemptions": metric(samples, "vllm:num_preemptions_total"),
             "recomputed_tokens": vllm_recomputed_tokens(samples, fed),
@@ -610,8 +637,14 @@ async def overload_one(system: str, server: Server, groups: list[int], args) -> 
             "requests_failed": metric(samples, "vllm:request_success_total",
                                       finished_reason="error"),
         }
-    return {**summarize(outcomes, args.overload_seconds), **load, "server": figures,
-            "other_cpu_cores": other.cores}
+    per_round = [summarize(r["outcomes"], args.overload_seconds) for r in rounds]
+    return {**summarize(outcomes, args.overload_seconds, len(rounds)),
+            "mean_running": sum(r["mean_running"] for r in rounds) / len(rounds),
+            "mean_kv_used": sum(r["mean_kv_used"] for r in rounds) / len(rounds),
+            "rounds": [{"goodput_tok_s": r["goodput_tok_s"], "p50_s": r["p50_s"],
+                        "p99_s": r["p99_s"]} for r in per_round],
+            "server": figures,
+            "other_cpu_cores": max(r["other_cpu_cores"] for r in rounds)}
 
 
 # -- report -----------------------------------------------------------------------------
@@ -635,7 +668,9 @@ def tables(report: dict) -> str:
     kv, vl = report["overload"]["kvledger"], report["overload"]["vllm"]
     variants = [(v, report["overload"][v]) for v in VARIANTS if report["overload"].get(v)]
     lines += ["", f"Part 2, overload ({OVERLOAD_POOL_BLOCKS} blocks of 32): {cfg['clients']} "
-              f"clients for {cfg['overload_seconds']:g} s, deadline {cfg['deadline_seconds']:g} s",
+              f"clients for {cfg['overload_seconds']:g} s, deadline {cfg['deadline_seconds']:g} s"
+              + (f", {cfg['overload_rounds']} rounds (A-B-B-A) pooled"
+                 if cfg["overload_rounds"] > 1 else ""),
               "", "| | kvledger | vLLM |" + "".join(f" kvledger {' '.join(VARIANTS[v])} |"
                                                      for v, _ in variants),
               "|---|---:|---:|" + "---:|" * len(variants)]
@@ -649,6 +684,10 @@ def tables(report: dict) -> str:
     row("completed after it (drain)", lambda r: f"{r['completed_after_window']} "
         f"({r['drain_s']:.0f} s)")
     row("goodput, output tok/s", lambda r: f"{r['goodput_tok_s']:.1f}")
+    if cfg["overload_rounds"] > 1:
+        row("goodput of each round", lambda r: " / ".join(
+            f"{x['goodput_tok_s']:.1f}" for x in r["rounds"]))
+        row("p99 of each round", lambda r: " / ".join(_s(x["p99_s"]) for x in r["rounds"]))
     row("sequences running, mean over the window", lambda r: f"{r['mean_running']:.1f}")
     row("KV pool holding tokens, mean", lambda r: f"{r['mean_kv_used']:.0%}")
     row("latency p50 / p99", lambda r: f"{_s(r['p50_s'])} / {_s(r['p99_s'])}")
@@ -707,7 +746,7 @@ async def bench(args) -> dict:
                            "kvledger_spread": kv_spread, "vllm_spread": vllm_spread})
     return {"part1_other_cpu_cores": part1_other_cpu,
             "config": {"overload_seconds": args.overload_seconds, "clients": args.clients,
-                       "rounds": args.rounds,
+                       "rounds": args.rounds, "overload_rounds": args.overload_rounds,
                        "deadline_seconds": args.deadline_seconds, "seed": args.seed,
                        "noise_margin": NOISE_MARGIN},
             "vllm_found": bool(args.vllm), "part1": part1_rows,
@@ -716,15 +755,24 @@ async def bench(args) -> dict:
             "claims": claims(part1_rows, loads["kvledger"], loads.get("vllm"))}
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--vllm", help="a vllm executable (default: on PATH, else "
                         "../vllm-venv/bin/vllm beside this repository)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 3, 8, 32])
-    parser.add_argument("--rounds", type=int, default=2,
+    parser.add_argument("--rounds", type=_positive, default=2,
                         help="A-B-B-A rounds of part 1 at each concurrency")
     parser.add_argument("--overload-seconds", type=float, default=120.0)
-    parser.add_argument("--clients", type=int, default=48)
+    parser.add_argument("--overload-rounds", type=_positive, default=1,
+                        help="overload rounds per server (A-B-B-A, seed + round), pooled")
+    parser.add_argument("--clients", type=_positive, default=48)
     parser.add_argument("--deadline-seconds", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backfill-too", action="store_true",

@@ -190,3 +190,17 @@ def test_part1_rates_are_pooled_over_runs():
     rate, spread = serving.pooled_rate([(256, 2.0), (256, 2.0), (512, 4.0), (256, 4.0)])
     assert rate == 1280 / 12
     assert spread == pytest.approx(128 / 64 - 1)
+
+
+def test_rounds_pool_their_windows_and_alternate_the_order():
+    first = [_outcome(64, 0, 4), _outcome(448, 2, 14)]
+    second = [_outcome(128, 0, 6), _outcome(256, 1, 9)]
+    pooled = serving.summarize(first + second, window_s=10, rounds=2)
+    assert pooled["goodput_tok_s"] == (64 + 128 + 256) / 20 == (
+        serving.summarize(first, 10)["goodput_tok_s"]
+        + serving.summarize(second, 10)["goodput_tok_s"]) / 2
+    assert pooled["completed_in_window"] == 3 and pooled["p99_s"] == 12
+    systems = ["kvledger", "vllm", "kvledger-reserve"]
+    assert [serving.round_order(systems, i)[0] for i in range(4)] == [
+        "kvledger", "kvledger-reserve", "kvledger", "kvledger-reserve"]
+    assert serving.round_order(systems, 1) == systems[::-1]
