@@ -252,3 +252,16 @@ def test_safe_checks_runs_both_admissions_at_every_scale():
     assert all(r["overcommitted_steps"] > 0 for r in rows
                if r["admission"] == "safe" and r["blocks"] < 65536)
     assert all(r["overcommitted_steps"] == 0 for r in rows if r["admission"] == "reserve")
+
+
+def test_cpu_contention_measures_a_decode_in_a_process_of_its_own(tiny_llama_dir):
+    """bench/cpu_contention.py's measurement (what each setting's fresh process runs)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import cpu_contention
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    args = type("Args", (), {"sequences": 2, "tokens": 4, "nice": 19})()
+    for busy in (False, True):
+        assert cpu_contention.measure(str(tiny_llama_dir), {"OMP_NUM_THREADS": "1"}, busy,
+                                      args) > 0
