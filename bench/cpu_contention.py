@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 SETTINGS = {
     "default": {},
@@ -35,8 +36,6 @@ BUSY = "while True: pass"
 
 def decode_tokens_per_s(model_dir: str, sequences: int, tokens: int) -> float:
     """This process's figure (run by the child processes)."""
-    import time
-
     from kvledger.engine.llm import LLM
     from kvledger.engine.sampling.params import SamplingParams
 

@@ -181,9 +181,10 @@ class GrammarCompiler:
                           (tokenizer.vocab_size + 31) // 32, self._special_ids)
         # A grammar the library accepts may still allow no output at all (a $ref cycle, an
         # empty character class): the first mask tells, so the request is a 400 here.
-        if not grammar.first_mask_allows_output():
-            if grammar.refused_specials:
-                spelled = tokenizer.decode_str(grammar.refused_specials[:1])
+        allows_output, refused_specials = grammar.first_mask()
+        if not allows_output:
+            if refused_specials:
+                spelled = tokenizer.decode_str(refused_specials[:1])
                 raise GrammarError(f"the {spec.kind} allows no output: its text starts with "
                                    f"{spelled!r}, a special token of the tokenizer, which "
                                    f"constrained text cannot produce")

@@ -33,22 +33,22 @@ class Grammar:
         self._vocab_size = vocab_size
         self._mask_words = mask_words
         self._special_ids = special_ids  # the tokenizer's special tokens but the EOS ids
-        self.refused_specials: list[int] = []  # those the first mask allowed, then cleared
 
     def matcher(self) -> GrammarMatcher:
         return GrammarMatcher(self._initial.deep_copy(), self._eos_ids, self._vocab_size,
                               self._mask_words, self._special_ids)
 
-    def first_mask_allows_output(self) -> bool:
+    def first_mask(self) -> tuple[bool, list[int]]:
         """Compute the first position's mask on the matcher every sequence copies, which
         keeps it: a heavy grammar's first mask (tens of ms) is paid here, on the compile
-        thread, and never in the engine's step. False when it allows no token at all."""
+        thread, and never in the engine's step. Whether it allows any token, and the
+        special tokens it allowed that the library would refuse (cleared from it)."""
         bitmask = np.zeros(self._mask_words, dtype=np.int32)
         self._initial.unsafe_compute_mask_ptr(bitmask.ctypes.data, bitmask.nbytes)
         if self._initial.is_error():
-            return False
-        self.refused_specials = _clear_refused_specials(self._initial, bitmask, self._special_ids)
-        return bool(bitmask.any())
+            return False, []
+        refused = _clear_refused_specials(self._initial, bitmask, self._special_ids)
+        return bool(bitmask.any()), refused
 
 
 class GrammarMatcher:
@@ -70,9 +70,11 @@ class GrammarMatcher:
         limits) ``dead_end`` is set: the request ends there, the client's constraint and
         not a fault."""
         self._matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
-        if not self._matcher.is_error():
-            _clear_refused_specials(self._matcher, self._bitmask, self._special_ids)
-        if self._matcher.is_error() or not self._bitmask.any():
+        if self._matcher.is_error():
+            self.dead_end = True
+            return
+        _clear_refused_specials(self._matcher, self._bitmask, self._special_ids)
+        if not self._bitmask.any():
             self.dead_end = True
 
     def fill_mask(self, logits_row: torch.Tensor) -> None:
