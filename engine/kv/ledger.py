@@ -1,9 +1,8 @@
 """The KV reservation ledger: an admitted request can always reach its output cap, and
 requests whose prompts begin alike share the blocks of that prefix (prefix caching).
 
-Admitting a request reserves ``blocks_for(prompt + output cap)`` blocks for its whole
-life (a ``Reservation``: the cached blocks it pinned, and those it may still draw), so a
-running request can never run out of KV mid-decode.
+Admitting a request reserves ``blocks_for(prompt + cap)`` blocks for its life (a
+``Reservation``: cached blocks it pinned, those it may draw): it never runs out mid-decode.
 
 Accounting. Each physical block is in use (held by a reservation), cached (held by none
 but registered, so it can be pinned again; see ``block_pool``) or free. Reserving
@@ -37,14 +36,12 @@ needs the logits of every prompt position (``prompt_logprobs``) reserves with
 
 Figures: ``used_blocks`` = in use; ``reserved_blocks`` = in use + outstanding;
 ``free_blocks`` = ``num_blocks - reserved_blocks``, what admission may still claim
-(cached blocks included; negative when over-committed); ``cached_blocks`` = cached
-(evictable); ``evicted_blocks``. ``prefix_cache_queries``/``_hits`` count tokens, as vLLM
-does. With caching off nothing is shared: each reservation claims ``blocks_for(prompt +
-cap)``; so does one made without prompt ids, though its request may still pin cached
-blocks as it starts.
+(cached included; negative when over-committed); ``cached_blocks`` (evictable);
+``evicted_blocks``; ``prefix_cache_queries``/``_hits`` in tokens, as vLLM. With caching
+off (or no prompt ids) each reservation claims ``blocks_for(prompt + cap)``.
 
-Thread-safe: the HTTP server reserves and releases on the asyncio thread while the
-engine draws, registers and releases in its worker thread; one lock guards it all.
+Thread-safe: the server reserves and releases on the asyncio thread, the engine draws,
+registers and releases in its worker thread; one lock guards it all.
 """
 
 from __future__ import annotations
@@ -107,6 +104,11 @@ class KVLedger:
 
     def blocks_for(self, num_tokens: int) -> int:
         return blocks_for(num_tokens, self.block_size)
+
+    def timelines(self) -> list[tuple[int, ...]] | None:
+        """Over-committing, the live reservations as admission projects them (``peak_blocks``)."""
+        with self._lock:
+            return self.overcommit and [tuple(t) for t in self.overcommit.live.values()]
 
     # -- admission ----------------------------------------------------------------------
     def try_reserve(self, num_tokens: int, prompt_token_ids: Sequence[int] | None = None, *,
@@ -272,10 +274,8 @@ class KVLedger:
         return reservation.num_cached_tokens
 
     def grow(self, reservation: Reservation, num_tokens: int) -> int:
-        """Make the reservation hold physical blocks for its first ``num_tokens`` tokens;
-        returns the tokens it now holds blocks for: ``num_tokens``, or fewer under
-        ``--admission safe`` when a draw would leave some request unable to finish (the
-        reservation is then paused until a draw succeeds)."""
+        """Hold blocks for the reservation's first ``num_tokens`` tokens; returns the tokens
+        held: fewer when a safe admission refuses a draw (it pauses until one succeeds)."""
         needed = self.blocks_for(num_tokens)
         if needed > reservation.num_blocks:
             raise RuntimeError(f"{reservation!r} cannot hold {num_tokens} tokens")  # engine bug

@@ -1,37 +1,25 @@
 """When the running requests give their blocks back: in engine steps, for backfilling the
-admission line, and in seconds, for Retry-After (``seconds_until_freed``).
+admission line (``projection``), and in seconds, for Retry-After (``seconds_until_freed``).
 
-Backfilling (``--backfill``, off by default). While the head of the line waits for blocks to come back, the ones already free sit idle.
-With backfilling a later request may go ahead of the line (as batch schedulers backfill)
-when it fits in them now and will have finished, at one token per engine step, before the
-head can start: the head's start is the step by which the running requests, each decoding
-its remaining cap at a token a step, have given back what it lacks (a lower bound; a
-request that stops early only brings it closer). So, counted in steps, nobody in line
-starts later than without backfilling; a request that cannot finish in time waits its
-turn. Counted in seconds they can: each step is slower with more requests in it, and under
-bench/serving.py's overload backfilling cut the short requests' latency by 3.5x but raised
-the p99 by 29%, made latency depend on the size of the promise, and did not raise goodput;
-strict FIFO stays the default. A long prompt's prefill takes a step per
-``prefill_tokens_per_step`` (the engine's token budget); ``Admission`` stops backfilling
-while ``max_num_seqs`` requests are admitted, since one waiting for a seat would not decode
-at that rate.
+Backfilling (``--backfill``, off by default). While the head of the line waits for blocks
+to come back, some of the pool sits idle. With backfilling, ``Admission`` plans the first
+``BACKFILL_DEPTH`` requests in line, in line order, each at the soonest step it could start
+in the pool's projected holdings around the plans before it (``kv/projection.py``:
+admission's own projection, every request writing a token a step until its cap), and
+starts one whose plan is now: batch schedulers call this conservative backfilling. A
+request that goes ahead only takes room no earlier plan uses, so, counted in engine steps,
+none of those before it starts later than planned (requests that stop early only bring
+the plans closer); one further back may. Not while ``max_num_seqs`` requests are
+admitted: one waiting for a seat would not decode a token a step.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Iterable
 from typing import Any
 
-
-def steps_to_finish(prompt_tokens: int, cap_tokens: int,
-                    prefill_tokens_per_step: int | None) -> int:
-    """Engine steps a request takes once started: its prefill chunks, the first of which
-    yields its first token, then a step per further token."""
-    if not prefill_tokens_per_step:
-        return cap_tokens
-    return cap_tokens + math.ceil(prompt_tokens / prefill_tokens_per_step) - 1
+from kvledger.engine.kv.projection import Projection
 
 
 def first_covering(due: list[tuple[float, Any]], deficit: int, ledger: Any) -> float | None:
@@ -49,15 +37,22 @@ def first_covering(due: list[tuple[float, Any]], deficit: int, ledger: Any) -> f
     return None
 
 
-def head_start_step(head_blocks: int, ledger: Any, running: Iterable[Any]) -> int | None:
-    """The soonest step at which ``head_blocks`` can be reserved, if the ``running``
-    tickets decode their remaining caps at a token a step; None when that cannot be told
-    (blocks held outside those tickets)."""
-    deficit = head_blocks - ledger.free_blocks
-    if deficit <= 0:
-        return 0
-    due = sorted(((t.remaining_tokens, t) for t in running), key=lambda item: item[0])
-    return first_covering(due, deficit, ledger)
+def projection(ledger: Any, running: Iterable[Any]) -> Projection:
+    """The pool's holdings over the steps ahead, as admission projects them: over-committing,
+    the ledger's live reservations, each drawing as it writes; reserving, each ``running``
+    ticket's reservation until its cap, counted with what its release really frees (soonest
+    first; the rest, such as a prefix a request outside them pins, is held beyond)."""
+    timelines = ledger.timelines()
+    if timelines is not None:
+        plan = Projection(ledger.num_blocks, ledger.block_size, grows=True)
+        plan.add_growing(timelines)
+        return plan
+    tickets = sorted(running, key=lambda ticket: ticket.remaining_tokens)
+    returned = ledger.blocks_returned([ticket.reservations for ticket in tickets])
+    plan = Projection(ledger.num_blocks, ledger.block_size, grows=False,
+                      held_beyond=ledger.reserved_blocks - sum(returned))
+    plan.add_flat(returned, [ticket.remaining_tokens for ticket in tickets])
+    return plan
 
 
 def seconds_until_freed(deficit: int, tickets: list[Any], ledger: Any, rate: float,

@@ -93,10 +93,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--backfill); a request that finds it full is a 429 (0: no line, "
                         "answer at once)")
     s.add_argument("--backfill", action=argparse.BooleanOptionalAction, default=False,
-                   help="let a request go ahead of the line when it fits in the blocks "
-                        "already free and finishes, a token per step, before the head of the "
-                        "line can start (default off: strict FIFO; short requests wait less, "
-                        "long ones more)")
+                   help="plan the first 4 in line at their soonest starts, as the KV pool "
+                        "is projected (a token per step), and let one planned for now go "
+                        "first: it delays none of those plans (default off: strict FIFO)")
     s.add_argument("--max-queue-wait", type=_seconds, default=None, metavar="SECONDS",
                    help="a request waits in line at most this long before its 429 (default: "
                         "as long as it takes, or until its client leaves; 0: answer at once)")

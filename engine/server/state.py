@@ -125,10 +125,9 @@ class ServerState:
                                    max_queue_wait_s=self.options.max_queue_wait_s,
                                    max_queue_len=self.options.max_queue_len,
                                    max_num_seqs=engine.plan.max_num_seqs,
-                                   prefill_tokens_per_step=engine.plan.max_num_batched_tokens,
                                    backfill=self.options.backfill,
                                    decode_tokens_per_s=lambda: driver.decode_tokens_per_s)
-        self.async_engine.on_step_outputs = lambda _outputs: self.admission.capacity_changed()
+        self.async_engine.on_step_outputs = lambda _: self.admission.capacity_changed(step=True)
         self.async_engine.start()
         if warm:
             await self._warm_up()

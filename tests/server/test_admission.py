@@ -198,8 +198,8 @@ async def test_a_full_line_refuses_early_whatever_the_prompt_over_committing_or_
         early = adm.early_rejection(20, 10)               # 2 blocks: free or not, refused
         assert early is not None and early.status == 429
         assert adm.early_rejection(20, 200) is None       # might be a 400: tokenize
-        adm.backfill = True
-        assert (adm.early_rejection(20, 10) is None) is safe  # it might go first
+        adm.backfill = True                               # it plans only those in line
+        assert adm.early_rejection(20, 10) is not None
         ledger.release(held.reservation)
         adm.done(held)
         ticket = await waiter
@@ -538,7 +538,7 @@ async def test_a_request_not_done_before_the_head_can_start_waits_its_turn():
     held, short = await _held_and_short(adm)
     head = asyncio.create_task(adm.admit("head", 16, 144))
     await _until_queued(adm, 1)
-    too_long = asyncio.create_task(adm.admit("too-long", 4, 12))  # 1 block, but 12 steps
+    too_long = asyncio.create_task(adm.admit("too-long", 3, 13))  # 1 block, but 13 steps
     await _until_queued(adm, 2)
     await _finish(adm, short)
     assert not too_long.done() and adm.backfilled == 0
@@ -548,6 +548,81 @@ async def test_a_request_not_done_before_the_head_can_start_waits_its_turn():
     await _finish(adm, head_ticket)
     await _finish(adm, await asyncio.wait_for(too_long, 1.0))
     assert adm.ledger.reserved_blocks == 0
+
+
+async def test_backfilling_delays_none_of_the_first_in_line_not_only_the_head():
+    """Reserving, 10 blocks: r1 holds 4 for 10 more steps, r2 5 for 40, one is free. The
+    head (10 blocks) is planned at step 40, w2 (5 blocks, 20 steps) at 10, between them.
+    w3 (1 block, 15 steps) fits now and is done before the head starts, but would take
+    a block w2 needs at step 10: it waits. w4 (1 block, 10 steps) is done by then: it goes."""
+    adm = _backfill_admission()
+    r1, r2 = await adm.admit("r1", 16, 48), await adm.admit("r2", 16, 64)
+    adm.progress(r1, 38)
+    adm.progress(r2, 24)
+    line = [asyncio.create_task(adm.admit(name, prompt, cap))
+            for name, prompt, cap in (("head", 16, 144), ("w2", 60, 20), ("w3", 1, 15))]
+    await _until_queued(adm, 3)
+    w4 = await asyncio.wait_for(adm.admit("w4", 6, 10), 1.0)
+    head, w2, w3 = line
+    assert adm.backfilled == 1 and not any(task.done() for task in line)
+    await _finish(adm, r1, w4)                   # w2's 5 blocks are free 10 steps early
+    w2_ticket = await asyncio.wait_for(w2, 1.0)
+    assert adm.backfilled == 2 and not head.done() and not w3.done()
+    await _finish(adm, w2_ticket, r2)
+    await _finish_as_granted(adm, head, w3)
+    assert adm.ledger.reserved_blocks == 0 and adm.queue_length == 0
+
+
+async def test_over_committed_backfilling_plans_by_the_projection_not_the_free_blocks():
+    """Safe admission, 10 blocks of 16: r (16 + 144 tokens) has written 96, so it holds 7
+    blocks at the next step and 10 by its cap, 64 steps on: no block is free to reserve.
+    The head (16 + 64) would hold 3 by step 16, with r's 8 over the pool: it waits for r.
+    A 1-block request of 8 steps fits beside r and is gone before the head's start."""
+    ledger = KVLedger(10, 16, overcommit=True)
+    adm = Admission(ledger, max_model_len=160, max_queue_wait_s=None, backfill=True,
+                    decode_tokens_per_s=lambda: 10.0, rng=random.Random(0))
+    running = await adm.admit("r", 16, 144)
+    ledger.grow(running.reservation, 96)
+    adm.progress(running, 80)
+    assert ledger.free_blocks == 0
+    head = asyncio.create_task(adm.admit("head", 16, 64))
+    await _until_queued(adm, 1)
+    longer = asyncio.create_task(adm.admit("longer", 16, 48))   # 4 blocks by step 32
+    await _until_queued(adm, 2)
+    short = await asyncio.wait_for(adm.admit("short", 8, 8), 1.0)
+    assert adm.backfilled == 1 and not head.done() and not longer.done()
+    await _finish(adm, short, running)
+    await _finish_as_granted(adm, head, longer)
+    assert ledger.used_blocks == ledger.reserved_blocks == 0
+
+
+async def test_after_an_engine_step_the_plan_is_redone_once_nine_times_its_cost_passed(
+        monkeypatch):
+    """Called after every engine step, backfilling replans no more than a tenth of the
+    time; a release or a new waiter (a call without ``step``) always replans."""
+    now = [0.0]
+    adm = Admission(KVLedger(10, 16), max_model_len=160, max_queue_wait_s=None,
+                    backfill=True, clock=lambda: now[0], rng=random.Random(0))
+    held = await adm.admit("held", 16, 144)
+    waiter = asyncio.create_task(adm.admit("waiter", 16, 16))
+    await _until_queued(adm, 1)
+    plans = []
+
+    def plan():  # a plan that takes 2 ms
+        plans.append(now[0])
+        now[0] += 0.002
+
+    monkeypatch.setattr(adm, "_backfill_line", plan)
+    adm.capacity_changed(step=True)                 # due: plans, then not before +18 ms
+    now[0] += 0.017
+    adm.capacity_changed(step=True)
+    assert len(plans) == 1
+    adm.capacity_changed()                          # not a step: plans
+    now[0] += 0.019
+    adm.capacity_changed(step=True)
+    assert len(plans) == 3
+    await _finish(adm, held)
+    await _finish(adm, await asyncio.wait_for(waiter, 1.0))
 
 
 @pytest.mark.parametrize("options", [{"backfill": False}, {"max_num_seqs": 2}])
@@ -561,7 +636,16 @@ async def test_no_backfill_when_off_or_when_every_seat_is_taken(options):
     ahead = asyncio.create_task(adm.admit("ahead", 8, 8))
     await _until_queued(adm, 2)
     assert adm.backfilled == 0 and adm.ledger.free_blocks == 1
-    await _finish(adm, held, short)
-    await _finish(adm, await asyncio.wait_for(head, 1.0))
-    await _finish(adm, await asyncio.wait_for(ahead, 1.0))
+    await _finish(adm, held, short)  # a seat came free first: "ahead" may then go first
+    await _finish_as_granted(adm, head, ahead)
     assert adm.ledger.reserved_blocks == 0
+
+
+async def _finish_as_granted(adm, *tasks):
+    """Finish each admission task as soon as it is granted, in whatever order."""
+    pending = set(tasks)
+    while pending:
+        done, pending = await asyncio.wait(pending, timeout=1.0,
+                                           return_when=asyncio.FIRST_COMPLETED)
+        assert done, "nobody was granted"
+        await _finish(adm, *[task.result() for task in done])
