@@ -108,7 +108,7 @@ class KVLedger:
     def timelines(self) -> list[tuple[int, ...]] | None:
         """Over-committing, the live reservations as admission projects them (``peak_blocks``)."""
         with self._lock:
-            return self.overcommit and [tuple(t) for t in self.overcommit.live.values()]
+            return None if self.overcommit is None else [*map(tuple, self.overcommit.live.values())]
 
     # -- admission ----------------------------------------------------------------------
     def try_reserve(self, num_tokens: int, prompt_token_ids: Sequence[int] | None = None, *,

@@ -81,7 +81,7 @@ class Projection:
         """The soonest step a request of ``count`` choices from ``prompt`` to ``total``
         tokens could start; None if never. Reserving (``grows`` False) it holds its
         ``blocks`` from the start, else each choice writes a token a step."""
-        life = total - min(prompt, total - 1)
+        life = _life(prompt, total)
         held = self.holdings()
         steps = np.arange(len(held))
         if not self.grows:
@@ -101,7 +101,12 @@ class Projection:
         if self.grows:
             self.add_growing([(prompt, total, 0)] * count, start)
         else:
-            self.add_flat([blocks], [total - min(prompt, total - 1)], start)
+            self.add_flat([blocks], [_life(prompt, total)], start)
+
+
+def _life(prompt: int, total: int) -> int:
+    """Steps a request from ``prompt`` tokens to ``total`` lives (one at its cap: one)."""
+    return total - min(prompt, total - 1)
 
 
 def _first_allowed(lows: np.ndarray, highs: np.ndarray) -> int:

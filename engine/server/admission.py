@@ -275,7 +275,8 @@ class Admission:
         if self.backfill and (not step or self._clock() >= self._next_plan):
             began = self._clock()
             self._backfill_line()
-            self._next_plan = self._clock() + 9 * (self._clock() - began)
+            ended = self._clock()
+            self._next_plan = ended + 9 * (ended - began)
 
     def _backfill_line(self) -> None:
         """Plan the first ``BACKFILL_DEPTH`` live waiters in line order, each at its soonest
