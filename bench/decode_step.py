@@ -1,6 +1,7 @@
 """What one decode step costs as the batch grows: the engine's step time with 1, 2, 3, 4,
 8, 16 and 32 sequences decoding, with the CPU's linear layers on oneDNN's packed weights
-(the default, engine/model/cpu_linear.py) and on ``nn.Linear`` (MKL), in the same run.
+(the default, engine/model/cpu_linear.py), on ``nn.Linear`` (MKL), and packed with each
+layer's q/k/v and gate/up apart instead of fused (engine/model/fusion.py), in the same run.
 
     .venv/bin/python bench/decode_step.py [--model small-llama] [--rounds 3]
 
@@ -10,7 +11,7 @@ the machine slows both alike; a run's figure is the median of its decode steps 2
 the rounds. The claims, checked (exit 1, one line each): a step with 3 sequences costs at
 most 1.3x a step with 1 (reading the weights dominates, so it should stay nearly flat;
 MKL's small-batch products made it 1.5-1.7x), and the packed layers are faster than
-``nn.Linear`` at every batch size.
+``nn.Linear`` at every batch size. What fusing the projections saves is shown, not judged.
 """
 
 from __future__ import annotations
@@ -26,21 +27,24 @@ BATCHES = (1, 2, 3, 4, 8, 16, 32)
 FLAT_LIMIT = 1.3  # step(3) / step(1)
 
 
-def make_engine(model_dir: str, packed: bool):
+def make_engine(model_dir: str, packed: bool, fused: bool = True):
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.core.engine import LLMEngine
     from kvledger.engine.model import runner
 
-    if not packed:  # the engine as before: every linear layer on nn.Linear
+    if not packed:  # every linear layer on nn.Linear
         runner.pack_linears = lambda model, device: 0
+    if not fused:  # q/k/v and gate/up as separate layers
+        runner.fuse_projections = lambda model: 0
     try:
         return LLMEngine.from_config(EngineConfig(
             model=model_dir, device="cpu", max_model_len=512, max_num_seqs=32,
             block_size=32, num_gpu_blocks_override=1024, enable_prefix_caching=False))
     finally:
         from kvledger.engine.model.cpu_linear import pack_linears
+        from kvledger.engine.model.fusion import fuse_projections
 
-        runner.pack_linears = pack_linears
+        runner.pack_linears, runner.fuse_projections = pack_linears, fuse_projections
 
 
 def main() -> int:
@@ -54,17 +58,20 @@ def main() -> int:
 
     model_dir = str(write_model(args.model, tempfile.mkdtemp(prefix="kvledger-bench-")))
     engines = {"packed (oneDNN)": make_engine(model_dir, True),
-               "nn.Linear (MKL)": make_engine(model_dir, False)}
+               "nn.Linear (MKL)": make_engine(model_dir, False),
+               "packed, apart": make_engine(model_dir, True, fused=False)}
     runs = interleaved(engines, BATCHES, args.rounds, max_tokens=130, steps=range(20, 121))
     ms = {key: statistics.median(values) for key, values in runs.items()}
     print(f"model {args.model}, {torch.get_num_threads()} torch threads, fp32, decode step "
           f"p50 (ms) over {args.rounds} rounds")
-    print(f"{'batch':>5} {'packed ms':>10} {'tok/s':>8} {'nn.Linear ms':>13} {'tok/s':>8} {'ratio':>6}")
+    print(f"{'batch':>5} {'packed ms':>10} {'tok/s':>8} {'nn.Linear ms':>13} {'tok/s':>8} "
+          f"{'ratio':>6} {'apart ms':>9} {'fused saves':>12}")
     names = list(engines)
     for batch in BATCHES:
-        packed, dense = ms[(names[0], batch)], ms[(names[1], batch)]
+        packed, dense, apart = (ms[(name, batch)] for name in names)
         print(f"{batch:>5} {packed:>10.2f} {batch / packed * 1000:>8.1f} {dense:>13.2f} "
-              f"{batch / dense * 1000:>8.1f} {dense / packed:>5.2f}x")
+              f"{batch / dense * 1000:>8.1f} {dense / packed:>5.2f}x {apart:>9.2f} "
+              f"{100 * (apart - packed) / apart:>11.1f}%")
     problems = []
     flat = ms[(names[0], 3)] / ms[(names[0], 1)]
     print(f"step(3) / step(1): packed {flat:.2f}x, nn.Linear "

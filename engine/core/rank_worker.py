@@ -33,6 +33,7 @@ class RankSpec:
     master_port: int
     timeout_s: float  # a collective not done by then fails (a rank is gone)
     threads: int | None = None  # torch threads for this rank (None: torch's default)
+    fuse: bool = True  # fused projections (model/fusion.py); not with --enable-lora
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def build_runner(spec: RankSpec, rank: int) -> Any:
     model = shard_model(model, Ranks(rank, spec.world))
     device = torch.device(f"cuda:{rank}") if spec.device == "cuda" else torch.device("cpu")
     model = model.to(device)
-    return ModelRunner(model, device, spec.max_model_len, spec.block_size)
+    return ModelRunner(model, device, spec.max_model_len, spec.block_size, fuse=spec.fuse)
 
 
 def follow(spec: RankSpec, rank: int, conn: Any) -> int:

@@ -48,7 +48,8 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
         model = load_model(source.path, model_config, TORCH_DTYPES[plan.model_dtype], device,
                            quantize_fp8=config.quantization == "fp8"
                            and not model_config.quantization)
-        runner = ModelRunner(model, device, plan.max_model_len, plan.kv.block_size)
+        runner = ModelRunner(model, device, plan.max_model_len, plan.kv.block_size,
+                             fuse=not config.enable_lora)
     measured = Measured(
         weights_bytes=weights_bytes(runner.model),
         activation_peak_bytes=runner.profile(plan.max_num_batched_tokens, plan.max_model_len,
@@ -97,7 +98,7 @@ def start_ranks(config: EngineConfig, plan: Plan, model_dir: str, model_config: 
     spec = RankSpec(model_dir=model_dir, world=world, device=device.type,
                     dtype=plan.model_dtype, max_model_len=plan.max_model_len,
                     block_size=plan.kv.block_size, master_port=free_port(),
-                    timeout_s=RANK_TIMEOUT_S, threads=threads)
+                    timeout_s=RANK_TIMEOUT_S, threads=threads, fuse=not config.enable_lora)
     group = RankGroup(spec)
     if threads:
         torch.set_num_threads(threads)  # the ranks share this machine's cores

@@ -13,6 +13,7 @@ from kvledger.engine.core.outputs import TokenLogprobs
 from kvledger.engine.core.scheduler import ScheduledBatch
 from kvledger.engine.core.sequence import Sequence
 from kvledger.engine.model.cpu_linear import pack_linears
+from kvledger.engine.model.fusion import fuse_projections
 from kvledger.engine.model.lora import LoraSlots
 from kvledger.engine.model.transformer import (
     AttentionMetadata,
@@ -47,11 +48,15 @@ class StepOutput:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, device: torch.device, max_model_len: int,
-                 block_size: int) -> None:
+                 block_size: int, *, fuse: bool = True) -> None:
+        """``fuse``: q/k/v and gate/up as one layer each (fusion.py); False for an engine
+        that will ``enable_lora``, whose adapters add to each projection."""
         self.model = model
         self.config = model.config
         self.device = device
         self.dtype = model.lm_head.weight.dtype
+        if fuse:
+            fuse_projections(model)
         pack_linears(model, device)  # on the CPU: oneDNN's packed weights (cpu_linear.py)
         self.block_size = block_size
         self.rope = RotaryEmbedding(self.config, max_model_len, device, self.dtype)

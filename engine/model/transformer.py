@@ -147,6 +147,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, kv_size, bias=config.qkv_bias)
         self.v_proj = nn.Linear(hidden, kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(q_size, hidden, bias=config.o_bias)
+        self.qkv_proj: nn.Module | None = None  # q, k and v as one layer (fusion.py)
         if config.qk_norm:  # Qwen3: per head, over head_dim
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -158,9 +159,13 @@ class Attention(nn.Module):
                 kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = x.shape[0]
         lora = meta.lora
-        q = project(self.q_proj, x, lora).view(num_tokens, self.num_heads, self.head_dim)
-        k = project(self.k_proj, x, lora).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = project(self.v_proj, x, lora).view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split(self.fused_sizes, dim=-1)
+        else:
+            q, k, v = (project(p, x, lora) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
@@ -211,9 +216,13 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_proj: nn.Module | None = None  # gate and up as one layer (fusion.py)
 
     def forward(self, x: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
-        gate, up = project(self.gate_proj, x, lora), project(self.up_proj, x, lora)
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).split(self.fused_sizes, dim=-1)
+        else:
+            gate, up = project(self.gate_proj, x, lora), project(self.up_proj, x, lora)
         return project(self.down_proj, F.silu(gate) * up, lora)
 
 
