@@ -31,7 +31,8 @@ part run side by side (idle, neither takes CPU) and are loaded one at a time.
   (first attempt to answer) p50/p99 overall and by ``max_tokens``, 429s, attempts per
   completed request, requests past the deadline, 5xx; vLLM's preemptions and recomputed
   tokens (see ``vllm_recomputed_tokens``); kvledger's 429 counter, its reserved blocks
-  once idle, and that it exports no preemption counter (it never preempts). The CPU
+  once idle, its engine steps' mean time and tokens per step, and that it
+  exports no preemption counter (it never preempts). The CPU
   that other processes used meanwhile is printed too (``OtherCpu``). ``--backfill-too``
   runs the overload on ``kvledger serve --backfill`` as well, to show what backfilling
   the line does, and ``--reserve-too`` on ``kvledger serve --admission reserve`` (every
@@ -164,6 +165,17 @@ def metric(samples, name: str, **labels: str) -> float | None:
     values = [value for n, have, value in samples
               if n == name and all(have.get(k) == v for k, v in labels.items())]
     return sum(values) if values else None
+
+
+def engine_steps(samples) -> dict:
+    """kvledger's engine steps that produced tokens, since it started (warm-ups included):
+    their mean wall time and tokens (one per sequence given one), from
+    kvledger_engine_steps_total, _step_seconds_total and _step_tokens_total."""
+    steps = metric(samples, "kvledger_engine_steps_total") or 0.0
+    seconds = metric(samples, "kvledger_engine_step_seconds_total") or 0.0
+    tokens = metric(samples, "kvledger_engine_step_tokens_total") or 0.0
+    return {"step_ms": 1000 * seconds / steps if steps else 0.0,
+            "tokens_per_step": tokens / steps if steps else 0.0}
 
 
 def iteration_tokens(log: str) -> int:
@@ -623,6 +635,7 @@ async def pooled(system: str, server: Server, rounds: list[dict], args) -> dict:
             "backfilled": metric(samples, "kvledger_requests_backfilled_total"),
             "draws_refused": metric(samples, "kvledger_kv_draws_refused_total"),
             "blocks_reserved_idle": metric(samples, "kvledger_kv_blocks_reserved"),
+            **engine_steps(samples),
             "preemption_metrics": sorted({n for n, _, _ in samples if "preempt" in n}),
         }
     else:
@@ -718,6 +731,8 @@ def tables(report: dict) -> str:
     own("kvledger_requests_backfilled_total", lambda r: f"{r['backfilled']:g}")
     own("kvledger_kv_draws_refused_total (steps paused)", lambda r: f"{r['draws_refused']:g}")
     own("kvledger_kv_blocks_reserved once idle", lambda r: f"{r['blocks_reserved_idle']:g}")
+    own("engine step, mean ms; tokens a step, mean",
+        lambda r: f"{r['step_ms']:.2f}; {r['tokens_per_step']:.2f}")
     lines.append("")
     for c in report["claims"]:
         lines.append(f"{'met   ' if c['met'] else 'FAILED'}  {c['claim']}: {c['measured']}")

@@ -73,6 +73,8 @@ class AsyncEngine:
         self.on_step_outputs = None  # optional callback(outputs) on the loop thread
         self._step_s: float | None = None  # EWMA of the time of steps that decoded
         self._last_step_s: float | None = None
+        # Steps that produced tokens, their wall time and tokens (kvledger_engine_step*_total).
+        self.steps, self.step_seconds, self.step_tokens = 0, 0.0, 0
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -153,6 +155,10 @@ class AsyncEngine:
                 self._loop.call_soon_threadsafe(self._fail_all, exc)
                 return
             elapsed = time.perf_counter() - started
+            tokens = sum(len(o.new_token_ids) for o in outputs)
+            if tokens:
+                self.steps, self.step_tokens = self.steps + 1, self.step_tokens + tokens
+                self.step_seconds += elapsed
             if any(not o.finished and o.new_token_ids for o in outputs):
                 self._last_step_s = elapsed
                 self._step_s = (elapsed if self._step_s is None

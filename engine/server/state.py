@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -104,12 +105,20 @@ class ServerState:
                                               "prefix cache", ledger("prefix_cache_queries")),
             "kvledger_prefix_cache_hits": ("prompt tokens found in the prefix cache (not "
                                            "computed again)", ledger("prefix_cache_hits")),
-            "kvledger_requests_backfilled": ("requests admitted ahead of the line: they fit "
-                                             "in blocks already free and finish before the "
-                                             "head of the line can start",
+            "kvledger_engine_steps": ("engine steps that produced tokens", self._driver("steps")),
+            "kvledger_engine_step_seconds": ("wall time of the engine steps that produced "
+                                             "tokens", self._driver("step_seconds")),
+            "kvledger_engine_step_tokens": ("tokens those steps produced, one per sequence "
+                                            "given one", self._driver("step_tokens")),
+            "kvledger_requests_backfilled": ("requests admitted ahead of the line (--backfill): "
+                                             "they start now and delay the plans of none "
+                                             "of the first in line",
                                              lambda: self.admission.backfilled
                                              if self.admission else 0),
         }, model_name=lambda: self.engine.model_name if self.engine else None)
+
+    def _driver(self, attr: str) -> Callable[[], float]:
+        return lambda: getattr(self.async_engine, attr) if self.async_engine else 0
 
     def _kv_reserved_ratio(self) -> float:
         if self.engine is None:

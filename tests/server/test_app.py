@@ -194,6 +194,20 @@ async def test_models_budget_metrics(aiohttp_client, llm):
         assert name in text
 
 
+async def test_engine_step_counters_count_the_steps_that_produced_tokens(aiohttp_client, llm):
+    client = await start_app(aiohttp_client, llm)
+    before = {name: await metric(client, f"kvledger_engine_{name}_total")
+              for name in ("steps", "step_seconds", "step_tokens")}
+    body = {"model": model_name(client), "prompt": [5, 6, 7], "max_tokens": 9,
+            "ignore_eos": True, "temperature": 0}
+    answer = await (await client.post("/v1/completions", json=body)).json()
+    assert answer["usage"]["completion_tokens"] == 9
+    after = {name: await metric(client, f"kvledger_engine_{name}_total") for name in before}
+    assert after["steps"] - before["steps"] == 9  # one token a step: the prefill's, then 8
+    assert after["step_tokens"] - before["step_tokens"] == 9
+    assert after["step_seconds"] > before["step_seconds"]
+
+
 async def test_ready_is_503_until_the_model_is_attached(aiohttp_client, llm):
     app = build_app()
     client = await aiohttp_client(app)
