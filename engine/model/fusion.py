@@ -1,13 +1,11 @@
 """Fused projections: each attention's q, k and v as one linear layer, each MLP's gate and
 up as one, as vLLM fuses them (``QKVParallelLinear``, ``MergedColumnParallelLinear``).
 
-A decode step multiplies a handful of rows by every weight matrix, and each product has a
-fixed cost besides reading its weights. On the 2-core development machine, with
-small-llama's shapes and 4 rows on oneDNN's packed weights (``cpu_linear.py``), q, k and
-v took 179 us one after another and 81 us as one product; gate and up 189 us and 92 us:
-about 1.5 ms of a 12-15 ms decode step over its 8 layers. One product computes each
-output from the same row and weights, so the result is the separate products' to float
-rounding (``tests/engine/test_fusion.py``).
+A decode step multiplies a handful of rows by every weight matrix: its cost is reading the
+weights plus a fixed cost per product, so the same weights in fewer, larger products cost
+less (docs/benchmarks.md, "Fused projections"). One product computes each output from the
+same row and weights, so the result is the separate products' to float rounding
+(``tests/engine/test_fusion.py``).
 
 Fused after loading (the checkpoint's names load as they are) and after tensor-parallel
 sharding (each rank fuses its own shards), before the CPU packs the weights. Only plain
