@@ -148,6 +148,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden, kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(q_size, hidden, bias=config.o_bias)
         self.qkv_proj: nn.Module | None = None  # q, k and v as one layer (fusion.py)
+        self.fused_sizes: list[int] | None = None  # its outputs' split
         if config.qk_norm:  # Qwen3: per head, over head_dim
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -217,6 +218,7 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
         self.gate_up_proj: nn.Module | None = None  # gate and up as one layer (fusion.py)
+        self.fused_sizes: list[int] | None = None  # its outputs' split
 
     def forward(self, x: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
         if self.gate_up_proj is not None:

@@ -42,13 +42,7 @@ def test_fused_projections_compute_what_the_parts_computed(dtype, qkv_bias, pack
     want = {"q": attn.q_proj(x), "k": attn.k_proj(x), "v": attn.v_proj(x),
             "gate": mlp.gate_proj(x), "up": mlp.up_proj(x)}
     before = weights_bytes(attn) + weights_bytes(mlp)
-
-    class Holder(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.attn, self.mlp = attn, mlp
-
-    holder = Holder()
+    holder = nn.ModuleDict({"attn": attn, "mlp": mlp})
     assert fuse_projections(holder) == 2
     if packed:
         assert pack_linears(holder, torch.device("cpu")) == 4  # qkv, o, gate_up, down
@@ -97,12 +91,6 @@ def test_layers_that_are_not_plain_linear_stay_apart():
     attn.k_proj = nn.Identity()  # as an fp8 or int4 layer would be: not nn.Linear
     mlp = MLP(config.hidden_size, config.intermediate_size)
     mlp.up_proj = mlp.up_proj.to(torch.bfloat16)  # mixed dtypes do not fuse
-
-    class Holder(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.attn, self.mlp = attn, mlp
-
-    assert fuse_projections(Holder()) == 0
+    assert fuse_projections(nn.ModuleDict({"attn": attn, "mlp": mlp})) == 0
     assert attn.qkv_proj is None and mlp.gate_up_proj is None
     assert isinstance(attn.q_proj, nn.Linear) and isinstance(mlp.gate_proj, nn.Linear)
