@@ -274,7 +274,9 @@ class ModelRunner:
         window = self.config.sliding_window
         if window is not None:
             mask &= slot > (context[:, None] - 1 - window)
-        return DecodeGroup(len(tables), block_tables, mask[:, None, None, :])
+        additive = torch.zeros(mask.shape, dtype=self.dtype, device=self.device)
+        return DecodeGroup(len(tables), block_tables,
+                           additive.masked_fill_(~mask, float("-inf"))[:, None, None, :])
 
     def _window_mask(self, length: int) -> torch.Tensor | None:
         """Causal mask limited to the sliding window; None (plain causal) when it cannot bite."""

@@ -42,7 +42,9 @@ class DecodeGroup:
 
     num_seqs: int
     block_tables: torch.Tensor  # [num_seqs, max_blocks]
-    mask: torch.Tensor          # [num_seqs, 1, 1, max_blocks * block_size], True = attend
+    # [num_seqs, 1, 1, max_blocks * block_size], additive: 0 attend, -inf not (a bool mask
+    # would be turned into this by every layer's attention call)
+    mask: torch.Tensor
 
 
 @dataclass
@@ -68,13 +70,16 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if dtype == torch.float32:  # one fused op, the same figures as the lines below
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
 
 class RotaryEmbedding:
-    """cos/sin tables for every position up to ``max_positions``, computed as HF does."""
+    """cos/sin tables for every position up to ``max_positions``, computed as HF does;
+    ``sin``'s first half negated, so that ``rotate(x)`` is one ``roll`` (``_rope``)."""
 
     def __init__(self, config: ModelConfig, max_positions: int, device: torch.device,
                  dtype: torch.dtype) -> None:
@@ -84,7 +89,8 @@ class RotaryEmbedding:
         freqs = torch.arange(max_positions).float()[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = emb.cos().to(device=device, dtype=dtype)
-        self.sin = emb.sin().to(device=device, dtype=dtype)
+        sign = torch.ones(dim).index_fill_(0, torch.arange(dim // 2), -1.0)
+        self.sin = (emb.sin() * sign).to(device=device, dtype=dtype)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos[positions], self.sin[positions]
@@ -109,9 +115,11 @@ def _scale_inv_freq(inv_freq: torch.Tensor, scaling: dict | None) -> torch.Tenso
     return torch.where(medium, smoothed, scaled)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's ``x * cos + rotate_half(x) * sin``, figure for figure, in four ops:
+    ``rotate_half(x)`` is ``x``'s halves swapped with the first negated, and ``sin`` (from
+    ``RotaryEmbedding``) carries that sign."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -160,29 +168,40 @@ class Attention(nn.Module):
                 kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = x.shape[0]
         lora = meta.lora
-        if self.qkv_proj is not None:
-            q, k, v = self.qkv_proj(x).split(self.fused_sizes, dim=-1)
-        else:
-            q, k, v = (project(p, x, lora) for p in (self.q_proj, self.k_proj, self.v_proj))
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        if self.qkv_proj is not None and not self.qk_norm:  # q and k side by side: one rope
+            qkv = self.qkv_proj(x)
+            qk = _rope(qkv[:, :(heads + kv_heads) * head_dim].view(num_tokens, -1, head_dim),
+                       cos, sin)
+            q, k = qk[:, :heads], qk[:, heads:]
+            v = qkv[:, (heads + kv_heads) * head_dim:].view(num_tokens, kv_heads, head_dim)
+        else:
+            if self.qkv_proj is not None:
+                q, k, v = self.qkv_proj(x).split(self.fused_sizes, dim=-1)
+            else:
+                q, k, v = (project(p, x, lora) for p in (self.q_proj, self.k_proj, self.v_proj))
+            q = q.view(num_tokens, heads, head_dim)
+            k = k.view(num_tokens, kv_heads, head_dim)
+            v = v.view(num_tokens, kv_heads, head_dim)
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
 
         scales = (self.k_scale, self.v_scale)
-        if kv_cache is not None:  # [2 (K, V), kv_heads, num_blocks, block_size, head_dim]
-            slots = _as_bytes(kv_cache).view(2, self.num_kv_heads, -1, self.head_dim)
+        if kv_cache is not None and kv_cache.element_size() > 1:
+            # [2 (K, V), kv_heads, num_blocks, block_size, head_dim]: each token's slot.
+            slots = kv_cache.view(2, kv_heads, -1, head_dim)
+            slots[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1).to(kv_cache.dtype))
+            slots[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1).to(kv_cache.dtype))
+        elif kv_cache is not None:  # fp8: scaled, cast (saturating), written as bytes
+            slots = _as_bytes(kv_cache).view(2, kv_heads, -1, head_dim)
             kv = torch.stack((k, v)).transpose(1, 2)
-            if kv_cache.element_size() == 1 and scales != (1.0, 1.0):  # fp8 KV: scaled
+            if scales != (1.0, 1.0):
                 kv = kv / kv.new_tensor(scales).view(2, 1, 1, 1)
-            kv = kv.to(kv_cache.dtype)  # fp8 KV: cast (saturating at the format's largest)
-            slots.index_copy_(2, meta.slot_mapping, _as_bytes(kv))
+            slots.index_copy_(2, meta.slot_mapping, _as_bytes(kv.to(kv_cache.dtype)))
 
-        out = torch.empty_like(q)
+        out = torch.empty(num_tokens, heads, head_dim, dtype=q.dtype, device=q.device)
         start = 0
         for span in meta.prefills:
             end = start + span.length
@@ -225,7 +244,7 @@ class MLP(nn.Module):
             gate, up = self.gate_up_proj(x).split(self.fused_sizes, dim=-1)
         else:
             gate, up = project(self.gate_proj, x, lora), project(self.up_proj, x, lora)
-        return project(self.down_proj, F.silu(gate) * up, lora)
+        return project(self.down_proj, F.silu(gate).mul_(up), lora)
 
 
 class DecoderLayer(nn.Module):
@@ -248,7 +267,7 @@ class DecoderLayer(nn.Module):
         feed_forward = self._modules[self.feed_forward_name]
         h = self.post_attention_layernorm(x)
         # LoRA adapts dense MLPs only (--enable-lora refuses mixture-of-experts models).
-        return x + (feed_forward(h) if meta.lora is None else feed_forward(h, meta.lora))
+        return x.add_(feed_forward(h) if meta.lora is None else feed_forward(h, meta.lora))
 
 
 class Decoder(nn.Module):
