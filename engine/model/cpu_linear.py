@@ -15,6 +15,8 @@ docs/benchmarks.md).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -41,25 +43,36 @@ class PackedLinear(nn.Module):
         return out.view(*x.shape[:-1], self.out_features)
 
 
+@functools.cache
+def packable(dtype: torch.dtype) -> bool:
+    """Whether this CPU's oneDNN packs weights of ``dtype``: float32 anywhere; bfloat16
+    only with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT, so not on an AVX2-only CPU, where
+    torch refuses the reorder and MKL's path stays."""
+    if dtype not in PACKED_DTYPES or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype),
+                                                PACK_FOR_ROWS)
+    except RuntimeError:
+        return False
+    return True
+
+
 def pack_linears(model: nn.Module, device: torch.device) -> int:
     """Swap each ``nn.Linear`` of ``model`` on the CPU for a ``PackedLinear``; returns how
-    many. Nothing changes on another device, without oneDNN, for other dtypes, or for a
-    layer whose weight is shared (tied embeddings: a packed copy would hold it twice)."""
-    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+    many. Nothing changes on another device, for a dtype this CPU's oneDNN cannot pack
+    (``packable``), or for a layer whose weight is shared (tied embeddings: a packed copy
+    would hold it twice)."""
+    if device.type != "cpu":
         return 0
     shared = {id(p) for name, p in model.named_parameters(remove_duplicate=False)
               if name.endswith("embed_tokens.weight")}
     swaps = []
     for parent in model.modules():
         for name, child in parent.named_children():
-            if (isinstance(child, nn.Linear) and child.weight.dtype in PACKED_DTYPES
+            if (isinstance(child, nn.Linear) and packable(child.weight.dtype)
                     and id(child.weight) not in shared):
                 swaps.append((parent, name, child))
-    try:
-        packed = [(parent, name, PackedLinear(child.weight, child.bias))
-                  for parent, name, child in swaps]
-    except RuntimeError:  # this CPU's oneDNN cannot pack the dtype: keep MKL's path
-        return 0
-    for parent, name, module in packed:
-        setattr(parent, name, module)
-    return len(packed)
+    for parent, name, child in swaps:
+        setattr(parent, name, PackedLinear(child.weight, child.bias))
+    return len(swaps)

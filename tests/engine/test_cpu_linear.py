@@ -8,13 +8,16 @@ import torch
 from _engine_helpers import make_engine
 from torch import nn
 
-from kvledger.engine.model.cpu_linear import PackedLinear, pack_linears
+from kvledger.engine.model import cpu_linear
+from kvledger.engine.model.cpu_linear import PackedLinear, pack_linears, packable
 from kvledger.engine.model.loader import weights_bytes
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [True, False])
 def test_a_packed_layer_computes_what_nn_linear_computes(dtype, bias):
+    if not packable(dtype):  # bfloat16 needs AVX-512 or AVX-NE-CONVERT
+        pytest.skip(f"this CPU's oneDNN cannot pack {dtype}")
     torch.manual_seed(0)
     dense = nn.Linear(512, 1408, bias=bias).to(dtype).requires_grad_(False)
     packed = PackedLinear(dense.weight, dense.bias)
@@ -52,3 +55,28 @@ def test_tied_weights_and_other_devices_stay_dense():
     assert pack_linears(model, torch.device("cpu")) == 1  # proj; lm_head shares the embedding
     assert isinstance(model.proj, PackedLinear) and isinstance(model.lm_head, nn.Linear)
     assert weights_bytes(model) == before  # the packed copy replaced the dense weight
+
+
+def test_a_dtype_this_cpu_cannot_pack_stays_dense_and_the_rest_is_packed(monkeypatch):
+    """On an AVX2-only CPU torch refuses to reorder bfloat16 weights: those layers keep
+    nn.Linear (MKL) while float32 layers beside them are packed."""
+    reorder = torch.ops.mkldnn._reorder_linear_weight
+
+    def avx2_only(weight, rows):
+        if weight.dtype == torch.bfloat16:
+            raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support "
+                               "avx_ne_convert or avx512bw, avx512vl and avx512dq")
+        return reorder(weight, rows)
+
+    monkeypatch.setattr(cpu_linear.torch.ops.mkldnn, "_reorder_linear_weight", avx2_only)
+    packable.cache_clear()
+    try:
+        assert packable(torch.float32) and not packable(torch.bfloat16)
+        model = nn.ModuleDict({"f32": nn.Linear(16, 32), "bf16": nn.Linear(16, 32).bfloat16()})
+        assert pack_linears(model, torch.device("cpu")) == 1
+        assert isinstance(model["f32"], PackedLinear) and isinstance(model["bf16"], nn.Linear)
+        x = torch.randn(3, 16, dtype=torch.bfloat16)
+        assert model["bf16"](x).shape == (3, 32)
+    finally:
+        monkeypatch.undo()
+        packable.cache_clear()
