@@ -1,6 +1,7 @@
 """What one decode step costs as the batch grows: the engine's step time with 1, 2, 3, 4,
 8, 16 and 32 sequences decoding, with the CPU's linear layers on oneDNN's packed weights
-(the default, engine/model/cpu_linear.py), on ``nn.Linear`` (MKL), and packed with each
+(engine/model/cpu_linear.py; the engine's default where its start-up measurement finds
+them faster, forced here), on ``nn.Linear`` (MKL), and packed with each
 layer's q/k/v and gate/up apart instead of fused (engine/model/fusion.py), in the same run.
 
     .venv/bin/python bench/decode_step.py [--model small-llama] [--rounds 3]
@@ -17,6 +18,7 @@ MKL's small-batch products made it 1.5-1.7x), and the packed layers are faster t
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import tempfile
@@ -32,7 +34,9 @@ def make_engine(model_dir: str, packed: bool, fused: bool = True):
     from kvledger.engine.core.engine import LLMEngine
     from kvledger.engine.model import runner
 
-    if not packed:  # every linear layer on nn.Linear
+    if packed:  # every linear layer packed, whatever the start-up measurement would say
+        runner.pack_linears = functools.partial(runner.pack_linears, measure=False)
+    else:  # every linear layer on nn.Linear
         runner.pack_linears = lambda model, device: 0
     if not fused:  # q/k/v and gate/up as separate layers
         runner.fuse_projections = lambda model: 0

@@ -11,11 +11,20 @@ and 163 us at M=32, the same numbers as ``F.linear`` to float rounding (a relati
 So a step costs nearly the same for one sequence or a few, as it should while the
 weights dominate (``tests/engine/test_cpu_linear.py``; the step figures are in
 docs/benchmarks.md).
+
+Not on every CPU, though: on one machine the packed step ran at 0.72x ``nn.Linear``'s
+speed for one to three rows. So whether packing pays is measured at start-up
+(``packing_pays``) on the model's own layers, and the engine keeps the faster.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -24,6 +33,18 @@ from torch import nn
 # this one was as fast as each batch's own from 1 to 256 rows (within ~10%).
 PACK_FOR_ROWS = 8
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
+# The start-up measurement: the first layers holding up to SAMPLE_BYTES of weights, more
+# than a CPU's last-level cache, so that they stream from memory as in a step, run at
+# each of SAMPLE_ROWS rows, dense and packed in turn, the best of SAMPLE_REPEATS sweeps.
+# Packing stays unless the dense sweeps' sum is the smaller. With under
+# MEASURE_MIN_BYTES of weights in all, everything sits in cache and the timings would
+# say nothing of a step: packed, unmeasured.
+SAMPLE_BYTES = 128 << 20
+MEASURE_MIN_BYTES = 32 << 20
+SAMPLE_ROWS = (1, 4, 16)
+SAMPLE_REPEATS = 5
+
+log = logging.getLogger("kvledger.engine")
 
 
 class PackedLinear(nn.Module):
@@ -58,11 +79,52 @@ def packable(dtype: torch.dtype) -> bool:
     return True
 
 
-def pack_linears(model: nn.Module, device: torch.device) -> int:
-    """Swap each ``nn.Linear`` of ``model`` on the CPU for a ``PackedLinear``; returns how
-    many. Nothing changes on another device, for a dtype this CPU's oneDNN cannot pack
-    (``packable``), or for a layer whose weight is shared (tied embeddings: a packed copy
-    would hold it twice)."""
+def _weight_bytes(layer: nn.Linear) -> int:
+    return layer.weight.numel() * layer.weight.element_size()
+
+
+def sweep_seconds(layers: Sequence[nn.Module], rows: int) -> float:
+    """The best of ``SAMPLE_REPEATS`` passes of ``rows`` rows through every layer in
+    turn (each on its own input: the layers need not chain)."""
+    inputs = [torch.randn(rows, layer.in_features, dtype=dtype)
+              for layer, dtype in zip(layers, _dtypes(layers), strict=True)]
+    best = math.inf
+    with torch.inference_mode():
+        for _ in range(SAMPLE_REPEATS):
+            start = time.perf_counter()
+            for layer, x in zip(layers, inputs, strict=True):
+                layer(x)
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _dtypes(layers: Sequence[nn.Module]) -> list[torch.dtype]:
+    return [(layer.weight if isinstance(layer, nn.Linear) else layer.packed).dtype
+            for layer in layers]
+
+
+def packing_pays(dense: Sequence[nn.Linear], packed: Sequence[PackedLinear]) -> bool:
+    """Whether ``packed`` (the same layers as ``dense``, packed) ran the sample faster:
+    dense and packed sweeps alternate at each of ``SAMPLE_ROWS`` rows, so a machine that
+    speeds up or slows down meanwhile touches both alike."""
+    dense_s = packed_s = 0.0
+    for rows in SAMPLE_ROWS:
+        dense_s += sweep_seconds(dense, rows)
+        packed_s += sweep_seconds(packed, rows)
+    pays = packed_s <= dense_s
+    log.info("CPU linear layers: %s (oneDNN packed %.2f ms against nn.Linear %.2f ms over "
+             "%d layers at %s rows)", "packed" if pays else "left on nn.Linear",
+             packed_s * 1e3, dense_s * 1e3, len(dense), "/".join(map(str, SAMPLE_ROWS)))
+    return pays
+
+
+def pack_linears(model: nn.Module, device: torch.device, *, measure: bool = True) -> int:
+    """Swap each ``nn.Linear`` of ``model`` on the CPU for a ``PackedLinear``, when
+    ``packing_pays`` on a sample of them (``measure``; False packs unmeasured); returns
+    how many. Nothing changes on another device, for a dtype this CPU's oneDNN cannot
+    pack (``packable``), or for a layer whose weight is shared (tied embeddings: a packed
+    copy would hold it twice). The sample's packed copies live beside the dense weights
+    while it is measured: at most ``SAMPLE_BYTES`` more, for a moment."""
     if device.type != "cpu":
         return 0
     shared = {id(p) for name, p in model.named_parameters(remove_duplicate=False)
@@ -73,6 +135,18 @@ def pack_linears(model: nn.Module, device: torch.device) -> int:
             if (isinstance(child, nn.Linear) and packable(child.weight.dtype)
                     and id(child.weight) not in shared):
                 swaps.append((parent, name, child))
-    for parent, name, child in swaps:
-        setattr(parent, name, PackedLinear(child.weight, child.bias))
-    return len(swaps)
+    sample: list[nn.Linear] = []
+    if measure and sum(_weight_bytes(child) for *_, child in swaps) >= MEASURE_MIN_BYTES:
+        while len(sample) < len(swaps) and sum(map(_weight_bytes, sample)) < SAMPLE_BYTES:
+            sample.append(swaps[len(sample)][2])
+    packed = [PackedLinear(layer.weight, layer.bias) for layer in sample]
+    if sample and not packing_pays(sample, packed):
+        return 0
+    del sample
+    count, todo, ready = len(swaps), deque(swaps), deque(packed)
+    del swaps, packed
+    while todo:  # a layer at a time, so that each dense weight goes once it is packed
+        parent, name, child = todo.popleft()
+        setattr(parent, name, ready.popleft() if ready else
+                PackedLinear(child.weight, child.bias))
+    return count

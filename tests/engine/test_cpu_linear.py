@@ -80,3 +80,48 @@ def test_a_dtype_this_cpu_cannot_pack_stays_dense_and_the_rest_is_packed(monkeyp
     finally:
         monkeypatch.undo()
         packable.cache_clear()
+
+
+def _layers(n: int) -> nn.ModuleDict:
+    return nn.ModuleDict({f"l{i}": nn.Linear(64, 64) for i in range(n)}).requires_grad_(False)
+
+
+@pytest.mark.parametrize("packed_faster", [True, False])
+def test_packing_is_kept_only_where_the_start_up_sample_ran_faster(monkeypatch, packed_faster):
+    """A model large enough to measure: the first layers up to SAMPLE_BYTES are timed
+    dense and packed, and all are packed only when packed ran the sample faster."""
+    layer_bytes = 64 * 64 * 4
+    monkeypatch.setattr(cpu_linear, "MEASURE_MIN_BYTES", 6 * layer_bytes)
+    monkeypatch.setattr(cpu_linear, "SAMPLE_BYTES", 3 * layer_bytes)
+    timed = []
+
+    def sweep(layers, rows):
+        timed.append((rows, [type(layer) for layer in layers]))
+        packed = isinstance(layers[0], PackedLinear)
+        return 1.0 if packed == packed_faster else 2.0
+
+    monkeypatch.setattr(cpu_linear, "sweep_seconds", sweep)
+    model = _layers(8)
+    assert pack_linears(model, torch.device("cpu")) == 8 * packed_faster
+    assert all(isinstance(m, PackedLinear if packed_faster else nn.Linear)
+               for m in model.values())
+    # dense then packed at each sample row count, over the first three layers
+    assert [(rows, kinds[0]) for rows, kinds in timed] == [
+        (rows, kind) for rows in cpu_linear.SAMPLE_ROWS for kind in (nn.Linear, PackedLinear)]
+    assert all(len(kinds) == 3 for _, kinds in timed)
+
+    timed.clear()  # a smaller model, or measure=False: packed without timing anything
+    assert pack_linears(_layers(5), torch.device("cpu")) == 5
+    assert pack_linears(_layers(8), torch.device("cpu"), measure=False) == 8
+    assert timed == []
+
+
+def test_the_start_up_sample_runs_both_forms_and_logs_its_choice(caplog):
+    dense = list(_layers(4).values())
+    packed = [PackedLinear(layer.weight, layer.bias) for layer in dense]
+    assert cpu_linear.sweep_seconds(dense, 4) > 0 and cpu_linear.sweep_seconds(packed, 4) > 0
+    with caplog.at_level("INFO", logger="kvledger.engine"):
+        pays = cpu_linear.packing_pays(dense, packed)
+    assert pays in (True, False)
+    assert ("packed (oneDNN" if pays else "left on nn.Linear (oneDNN") in caplog.text
+    assert "over 4 layers at 1/4/16 rows" in caplog.text
