@@ -776,8 +776,8 @@ async def bench(args) -> dict:
                            "vllm_tok_s": vllm, "ratio": None if vllm is None else kv / vllm,
                            "kvledger_spread": kv_spread, "vllm_spread": vllm_spread})
     return {"part1_other_cpu_cores": part1_other_cpu,
-            "config": {"device": args.device, "overload_seconds": args.overload_seconds, "clients": args.clients,
-                       "rounds": args.rounds, "overload_rounds": args.overload_rounds,
+            "config": {"device": args.device, "overload_seconds": args.overload_seconds,
+                       "clients": args.clients, "rounds": args.rounds, "overload_rounds": args.overload_rounds,
                        "deadline_seconds": args.deadline_seconds, "seed": args.seed,
                        "noise_margin": NOISE_MARGIN},
             "vllm_found": bool(args.vllm), "part1": part1_rows,

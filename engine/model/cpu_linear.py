@@ -86,8 +86,10 @@ def _weight_bytes(layer: nn.Linear) -> int:
 def sweep_seconds(layers: Sequence[nn.Module], rows: int) -> float:
     """The best of ``SAMPLE_REPEATS`` passes of ``rows`` rows through every layer in
     turn (each on its own input: the layers need not chain)."""
-    inputs = [torch.randn(rows, layer.in_features, dtype=dtype)
-              for layer, dtype in zip(layers, _dtypes(layers), strict=True)]
+    inputs = []
+    for layer in layers:
+        weight = layer.weight if isinstance(layer, nn.Linear) else layer.packed
+        inputs.append(torch.randn(rows, layer.in_features, dtype=weight.dtype))
     best = math.inf
     with torch.inference_mode():
         for _ in range(SAMPLE_REPEATS):
@@ -96,11 +98,6 @@ def sweep_seconds(layers: Sequence[nn.Module], rows: int) -> float:
                 layer(x)
             best = min(best, time.perf_counter() - start)
     return best
-
-
-def _dtypes(layers: Sequence[nn.Module]) -> list[torch.dtype]:
-    return [(layer.weight if isinstance(layer, nn.Linear) else layer.packed).dtype
-            for layer in layers]
 
 
 def packing_pays(dense: Sequence[nn.Linear], packed: Sequence[PackedLinear]) -> bool:
@@ -137,8 +134,12 @@ def pack_linears(model: nn.Module, device: torch.device, *, measure: bool = True
                 swaps.append((parent, name, child))
     sample: list[nn.Linear] = []
     if measure and sum(_weight_bytes(child) for *_, child in swaps) >= MEASURE_MIN_BYTES:
-        while len(sample) < len(swaps) and sum(map(_weight_bytes, sample)) < SAMPLE_BYTES:
-            sample.append(swaps[len(sample)][2])
+        held = 0
+        for *_, child in swaps:  # the first layers, until SAMPLE_BYTES are held
+            if held >= SAMPLE_BYTES:
+                break
+            sample.append(child)
+            held += _weight_bytes(child)
     packed = [PackedLinear(layer.weight, layer.bias) for layer in sample]
     if sample and not packing_pays(sample, packed):
         return 0
