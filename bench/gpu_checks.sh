@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The engine's CUDA checks in ONE bounded run (a few minutes; the step limits add up to
-# 8.9 minutes) on a GPU machine with no internet, this repo copied, maybe no venv:
+# 9.2 minutes) on a GPU machine with no internet, this repo copied, maybe no venv:
 #
 #     bash bench/gpu_checks.sh 2>&1 | tee gpu_checks.log
 #
-# With this workplace's device tool: run(command="bash bench/gpu_checks.sh 2>&1 | tee
-# $OUT/gpu_checks.log", timeout_s=570); nothing needs carrying.
+# With this workplace's device tool: first `bash bench/gpu_wheels.sh` here (the image has no
+# pydantic, which `kvledger serve` needs), then run(command="bash bench/gpu_checks.sh 2>&1 |
+# tee $OUT/gpu_checks.log", timeout_s=590, carry=[".whl"]).
 #
 # (a) Python: the repo's .venv when its torch sees CUDA, else the machine's python3 and
 #     its torch; kvledger is imported from this tree (no install). Wheels of anything
@@ -71,14 +72,15 @@ print(f"python {sys.version.split()[0]} ({sys.executable}); torch {torch.__versi
       f"CUDA {torch.version.cuda}, device: "
       f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'NONE'}")
 missing = []
-for name in ("safetensors", "tokenizers", "jinja2", "pynvml", "aiohttp", "pytest", "transformers"):
+for name in ("safetensors", "tokenizers", "jinja2", "pynvml", "aiohttp", "pydantic",
+             "prometheus_client", "pytest", "transformers"):
     try:
         module = importlib.import_module(name)
         print(f"  {name} {getattr(module, '__version__', '?')}")
     except ImportError:
         missing.append(name)
 if missing:
-    print(f"  missing: {', '.join(missing)} (carry wheels in .whl/)")
+    print(f"  missing: {', '.join(missing)} (carry wheels in .whl/: bench/gpu_wheels.sh)")
 import kvledger.engine  # noqa: F401  (fails here if the tree cannot be imported)
 if not torch.cuda.is_available():
     sys.exit("error: torch sees no CUDA device")
@@ -106,15 +108,15 @@ step 60 "gpu_memory_check tiny-llama bf16" \
     "$PY" bench/gpu_memory_check.py --model tiny-llama --dtype bfloat16
 step 90 "gpu_memory_check small-llama bf16" \
     "$PY" bench/gpu_memory_check.py --model small-llama --dtype bfloat16
-step 100 "gpu_memory_check small-llama bf16, fp8 KV, 64 x 2048, 4096-token steps" \
+step 90 "gpu_memory_check small-llama bf16, fp8 KV, 64 x 2048, 4096-token steps" \
     "$PY" bench/gpu_memory_check.py --model small-llama --dtype bfloat16 --kv-cache-dtype fp8 \
     --max-model-len 2048 --max-num-seqs 64 --max-num-batched-tokens 4096
 
 # (c) ---------------------------------------------------------------------------------
-step 110 "engine tests on CUDA: greedy equality vs transformers (float32), meta-device runner" \
+step 150 "engine tests on CUDA: greedy equality vs transformers (float32), meta-device runner" \
     env KVLEDGER_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
     tests/engine/test_hf_equivalence.py tests/engine/test_device_paths.py
-step 60 "seeded and greedy sampling on CUDA, bf16 weights, bf16 and fp8 KV" "$PY" - <<'EOF'
+step 50 "seeded and greedy sampling on CUDA, bf16 weights, bf16 and fp8 KV" "$PY" - <<'EOF'
 import tempfile
 
 from kvledger.engine import LLM, SamplingParams
@@ -185,5 +187,5 @@ step 20 "kvledger plan on this GPU (NVML), --gpu-memory-utilization 0.9, JSON" \
 rm -rf "$models"
 
 # (e) ---------------------------------------------------------------------------------
-step 45 "a real out-of-memory on CUDA while requests run" "$PY" bench/gpu_oom_check.py
+step 40 "a real out-of-memory on CUDA while requests run" "$PY" bench/gpu_oom_check.py
 finish

@@ -64,8 +64,11 @@ def main() -> int:
     from kvledger.engine.sampling.params import SamplingParams
 
     model_dir = write_model("small-llama", tempfile.mkdtemp(prefix="kvledger-oom-"))
+    # No prefix cache: the reference run would leave prompts 4-7 cached, and computing
+    # only their tails later could move a bf16 logit enough to flip a greedy token.
     config = EngineConfig(model=str(model_dir), device="cuda", dtype="bfloat16",
-                          max_model_len=1024, max_num_seqs=4, num_gpu_blocks_override=512)
+                          max_model_len=1024, max_num_seqs=4, num_gpu_blocks_override=512,
+                          enable_prefix_caching=False)
     engine = LLMEngine.from_config(config)
     params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
     device = engine.runner.device

@@ -221,9 +221,12 @@ class Attention(nn.Module):
             # The query heads sharing a K/V head become that head's query rows: no
             # grouped-query support needed from the kernel, which would otherwise
             # repeat the gathered K/V per query head (the math fallback on CUDA does).
-            qd = q[start:end].view(group.num_seqs, self.num_kv_heads, group_size, self.head_dim)
-            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=group.mask)
-            out[start:end] = o.view(group.num_seqs, self.num_heads, self.head_dim)
+            shape = (group.num_seqs, self.num_kv_heads, group_size, self.head_dim)
+            o = F.scaled_dot_product_attention(q[start:end].view(shape), kd, vd,
+                                               attn_mask=group.mask)
+            # Copied, not viewed: CUDA's memory-efficient kernel returns its output with
+            # heads and rows transposed in memory, so (kv head, row) cannot fold by view.
+            out[start:end].view(shape).copy_(o)
             start = end
         return project(self.o_proj, out.view(num_tokens, -1), lora)
 

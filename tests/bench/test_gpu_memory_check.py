@@ -84,3 +84,14 @@ def test_peak_over_the_measured_plan_alone_fails(check) -> None:
     assert [(c.what, c.plan) for c in comparisons if not c.within] == [("peak", "measured")]
     assert check.verdict(comparisons) == (
         "within plan: NO: peak over the measured plan by 10 bytes")
+
+
+def test_what_the_allocator_holds_beyond_the_tensors_must_fit_in_the_margin(check) -> None:
+    # 512-byte rounding and an unsplit segment remainder: held, but no tensor asked for it.
+    within = check.compare_allocator(margin_bytes=4096, requested_peak=5400, reserved_peak=9000)
+    assert (within.what, within.plan, within.measured_bytes, within.within) == (
+        "allocator", "margin", 3600, True)
+    over = check.compare_allocator(margin_bytes=4096, requested_peak=5400, reserved_peak=9497)
+    assert not over.within
+    assert check.verdict([*_all(check), over]) == (
+        "within plan: NO: allocator over the plan's safety margin by 1 bytes")

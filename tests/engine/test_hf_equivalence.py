@@ -4,7 +4,8 @@ for every architecture the engine runs: dense (Llama, Mistral, Qwen2, Qwen3) and
 mixture-of-experts (Mixtral, Qwen3-MoE), whose routing depends on the batch's tokens.
 
 Both run on the CPU, or on ``KVLEDGER_TEST_DEVICE`` (``cuda``: bench/gpu_checks.sh), in
-float32 (the built-in checkpoints' dtype)."""
+float32 (the built-in checkpoints' dtype), asked for: ``--dtype auto`` would serve them in
+bfloat16 on a GPU."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ ALL_SHAPES = ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-mi
 def test_greedy_tokens_equal_transformers_with_concurrent_batching(make_model_dir, name):
     model_dir = make_model_dir(name)
     # Fewer sequences than prompts: requests join and leave the batch between steps.
-    llm = LLM(str(model_dir), max_model_len=256, max_num_seqs=5, device=DEVICE)
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=256, max_num_seqs=5, device=DEVICE)
     prompts = _prompts(llm.engine.runner.config.vocab_size, 12, seed=len(name))
     max_tokens = [40 - 3 * i for i in range(len(prompts))]
     params = [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens]
@@ -49,8 +50,8 @@ def test_chunked_prefill_tokens_equal_transformers(make_model_dir, name):
     cache of earlier chunks (and, for Mistral, across the sliding window); a chunk's
     tokens are routed to experts alongside other prompts' chunks and decodes."""
     model_dir = make_model_dir(name)
-    llm = LLM(str(model_dir), max_model_len=256, max_num_seqs=4, max_num_batched_tokens=24,
-              device=DEVICE)
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=256, max_num_seqs=4,
+              max_num_batched_tokens=24, device=DEVICE)
     prompts = [p for p in _prompts(llm.engine.runner.config.vocab_size, 12, seed=7) if len(p) > 24]
     assert len(prompts) >= 4
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=30))
@@ -87,7 +88,7 @@ def test_llama_with_attention_bias_and_tied_embeddings_matches(tmp_path, tiny_ll
         tensors[name.replace(".weight", ".bias")] = torch.randn(rows, generator=gen) * 0.2
     save_file(tensors, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
 
-    llm = LLM(str(model_dir), max_model_len=128, max_num_seqs=3, device=DEVICE)
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=128, max_num_seqs=3, device=DEVICE)
     prompts = _prompts(config["vocab_size"], 8, seed=5)
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12))
     for prompt, out in zip(prompts, outputs, strict=True):
@@ -109,8 +110,8 @@ def test_qwen3_variants_match(tmp_path, monkeypatch, name, change):
     config = {**make_model.MODELS[name], **change}
     monkeypatch.setitem(make_model.MODELS, name, config)
     model_dir = make_model.write_model(name, tmp_path / name)
-    llm = LLM(str(model_dir), max_model_len=128, max_num_seqs=3, max_num_batched_tokens=32,
-              device=DEVICE)
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=128, max_num_seqs=3,
+              max_num_batched_tokens=32, device=DEVICE)
     if "decoder_sparse_step" in change:  # experts in layer 1 only, as transformers builds it
         assert [type(layer.mlp).__name__ for layer in llm.engine.runner.model.model.layers] == \
             ["MLP", "SparseMoE", "MLP"]

@@ -59,3 +59,31 @@ def test_a_decode_groups_mask_is_additive_over_each_rows_context():
     assert mask.dtype == runner.dtype and mask.shape == (2, 12)
     attend = torch.arange(12)[None, :] < torch.tensor([5, 9])[:, None]
     assert torch.equal(mask == 0, attend) and bool(torch.isneginf(mask[~attend]).all())
+
+
+def test_decode_attention_takes_an_output_laid_out_heads_and_rows_transposed(
+        tiny_llama_dir, monkeypatch):
+    """CUDA's memory-efficient kernel (float32 with a mask) returns ``[seqs, kv_heads,
+    rows, head_dim]`` as a transposed view of ``[seqs, rows, kv_heads, head_dim]``; the
+    engine must take that layout (tiny-llama: 2 K/V heads of 2 query heads each) and
+    decode the same tokens."""
+    from kvledger.engine import LLM, SamplingParams
+    from kvledger.engine.model import transformer
+
+    def greedy() -> list[list[int]]:
+        llm = LLM(str(tiny_llama_dir), max_model_len=128, max_num_seqs=3, device="cpu")
+        params = SamplingParams(temperature=0, max_tokens=12)
+        return [o.token_ids for o in llm.generate([[5, 6, 7], [9] * 20, [11, 12]], params)]
+
+    expected = greedy()
+    sdpa = transformer.F.scaled_dot_product_attention
+    laid_out = []
+
+    def efficient_layout(*args, **kwargs):
+        o = sdpa(*args, **kwargs)
+        laid_out.append(o.shape)
+        return o.transpose(1, 2).contiguous().transpose(1, 2)
+
+    monkeypatch.setattr(transformer.F, "scaled_dot_product_attention", efficient_layout)
+    assert greedy() == expected
+    assert any(shape[2] == 2 and shape[1] == 2 for shape in laid_out)  # decode groups ran
