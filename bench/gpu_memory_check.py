@@ -144,11 +144,8 @@ def main() -> int:
         allocated = torch.cuda.memory_allocated
 
         def requested(key: str = "current") -> int:
-            """Bytes the live tensors asked for (``peak``: since the last reset); the
-            allocator's own figure where this torch keeps no such statistic."""
-            fallback = allocated if key == "current" else torch.cuda.max_memory_allocated
-            return torch.cuda.memory_stats(device).get(f"requested_bytes.all.{key}",
-                                                       fallback(device))
+            """Bytes the live tensors asked for (``peak``: since the last reset)."""
+            return torch.cuda.memory_stats(device)[f"requested_bytes.all.{key}"]
 
         base, base_reserved = requested(), torch.cuda.memory_reserved(device)
         model = load_model(model_dir, ModelConfig.from_dir(model_dir),

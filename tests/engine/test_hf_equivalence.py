@@ -18,6 +18,11 @@ from _engine_helpers import DEVICE, hf_greedy
 from kvledger.engine import LLM, SamplingParams
 
 
+def _llm(model_dir, **kwargs) -> LLM:
+    """The engine on ``DEVICE``, in float32 as transformers runs (auto: bf16 on a GPU)."""
+    return LLM(str(model_dir), dtype="float32", device=DEVICE, **kwargs)
+
+
 def _prompts(vocab_size: int, count: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     lengths = [1, 2, 7, 16, 17, 33, 50, 80] + [rng.randint(3, 90) for _ in range(count - 8)]
@@ -32,7 +37,7 @@ ALL_SHAPES = ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-mi
 def test_greedy_tokens_equal_transformers_with_concurrent_batching(make_model_dir, name):
     model_dir = make_model_dir(name)
     # Fewer sequences than prompts: requests join and leave the batch between steps.
-    llm = LLM(str(model_dir), dtype="float32", max_model_len=256, max_num_seqs=5, device=DEVICE)
+    llm = _llm(model_dir, max_model_len=256, max_num_seqs=5)
     prompts = _prompts(llm.engine.runner.config.vocab_size, 12, seed=len(name))
     max_tokens = [40 - 3 * i for i in range(len(prompts))]
     params = [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens]
@@ -50,8 +55,7 @@ def test_chunked_prefill_tokens_equal_transformers(make_model_dir, name):
     cache of earlier chunks (and, for Mistral, across the sliding window); a chunk's
     tokens are routed to experts alongside other prompts' chunks and decodes."""
     model_dir = make_model_dir(name)
-    llm = LLM(str(model_dir), dtype="float32", max_model_len=256, max_num_seqs=4,
-              max_num_batched_tokens=24, device=DEVICE)
+    llm = _llm(model_dir, max_model_len=256, max_num_seqs=4, max_num_batched_tokens=24)
     prompts = [p for p in _prompts(llm.engine.runner.config.vocab_size, 12, seed=7) if len(p) > 24]
     assert len(prompts) >= 4
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=30))
@@ -88,7 +92,7 @@ def test_llama_with_attention_bias_and_tied_embeddings_matches(tmp_path, tiny_ll
         tensors[name.replace(".weight", ".bias")] = torch.randn(rows, generator=gen) * 0.2
     save_file(tensors, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
 
-    llm = LLM(str(model_dir), dtype="float32", max_model_len=128, max_num_seqs=3, device=DEVICE)
+    llm = _llm(model_dir, max_model_len=128, max_num_seqs=3)
     prompts = _prompts(config["vocab_size"], 8, seed=5)
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12))
     for prompt, out in zip(prompts, outputs, strict=True):
@@ -110,8 +114,7 @@ def test_qwen3_variants_match(tmp_path, monkeypatch, name, change):
     config = {**make_model.MODELS[name], **change}
     monkeypatch.setitem(make_model.MODELS, name, config)
     model_dir = make_model.write_model(name, tmp_path / name)
-    llm = LLM(str(model_dir), dtype="float32", max_model_len=128, max_num_seqs=3,
-              max_num_batched_tokens=32, device=DEVICE)
+    llm = _llm(model_dir, max_model_len=128, max_num_seqs=3, max_num_batched_tokens=32)
     if "decoder_sparse_step" in change:  # experts in layer 1 only, as transformers builds it
         assert [type(layer.mlp).__name__ for layer in llm.engine.runner.model.model.layers] == \
             ["MLP", "SparseMoE", "MLP"]
