@@ -9,12 +9,14 @@ cost must stay small beside a step's forward pass at a GPU's hundreds of request
 tens of thousands of blocks.
 
 This runs one seeded workload per scale with no model: each simulated step first tries
-to admit the oldest waiting request (strict FIFO, at most ``max_num_seqs`` live), then
-every live request writes one token (``grow``), and those at their caps release. Prompts
+to admit the oldest waiting request (strict FIFO, at most ``max_num_seqs`` live; it is
+seated at once), then asks the ledger for the request to run first (``head``, as the
+scheduler does each step), then every live request writes one token (``grow``), the
+head first, and those at their caps release. Prompts
 are one of 8 system prompts of 256 tokens then 16-256 of their own (prefix caching on, so
 the system prompts' blocks are shared), caps 64-2048 (a quarter of them unset, up to the
 4096-token context), 16 tokens a block; the queue never empties. Measured per scale: the mean wall time of an admission
-attempt and of a ``grow`` that draws a block, the ledger's time per step (every call),
+attempt, of a ``head`` and of a ``grow`` that draws a block, the ledger's time per step (every call),
 how often the pool was over-committed, and the mean live requests. ``--admission
 reserve`` runs the same workload for comparison.
 
@@ -46,7 +48,7 @@ def run(max_live: int, num_blocks: int, steps: int, safe: bool, seed: int) -> di
                       max_live=max_live)
     systems = [[rng.randrange(1, 32000) for _ in range(256)] for _ in range(8)]
     live: list[list] = []  # [reservation, tokens written, prompt + cap]
-    admit_s, draw_s, step_s = [], [], 0.0
+    admit_s, draw_s, head_s, step_s = [], [], [], 0.0
     overcommitted = live_sum = stuck = 0
     head = None
     for _ in range(steps):
@@ -61,8 +63,14 @@ def run(max_live: int, num_blocks: int, steps: int, safe: bool, seed: int) -> di
             reservation = ledger.try_reserve(head[1], head[0])
             admit_s.append(time.perf_counter() - started)
         if reservation is not None:
+            ledger.seat(reservation)
             live.append([reservation, reservation.num_cached_tokens, head[1], head[0]])
             head = None
+        began = time.perf_counter()
+        first = ledger.head()
+        head_s.append(time.perf_counter() - began)
+        if first is not None:  # it draws first, as the scheduler runs it
+            live.sort(key=lambda entry: entry[0] is not first)
         advanced = False
         for entry in list(live):
             reservation, written, total, prompt = entry
@@ -91,6 +99,7 @@ def run(max_live: int, num_blocks: int, steps: int, safe: bool, seed: int) -> di
         "max_num_seqs": max_live, "blocks": num_blocks,
         "admission_check_ms": round(ms * sum(admit_s) / max(len(admit_s), 1), 3),
         "draw_ms": round(ms * sum(draw_s) / max(len(draw_s), 1), 4),
+        "head_ms": round(ms * sum(head_s) / max(len(head_s), 1), 3),
         "ledger_ms_per_step": round(ms * step_s / steps, 3),
         "overcommitted_steps": round(overcommitted / steps, 2),
         "mean_live": round(live_sum / steps, 1),
@@ -112,12 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        print("| admission | live at most | blocks | admission check | draw | ledger per step "
-              "| over-committed steps | mean live |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        print("| admission | live at most | blocks | admission check | head | draw "
+              "| ledger per step | over-committed steps | mean live |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
             print(f"| {r['admission']} | {r['max_num_seqs']} | {r['blocks']} | "
-                  f"{r['admission_check_ms']} ms | {r['draw_ms']} ms | "
+                  f"{r['admission_check_ms']} ms | {r['head_ms']} ms | {r['draw_ms']} ms | "
                   f"{r['ledger_ms_per_step']} ms | {r['overcommitted_steps']:.0%} | "
                   f"{r['mean_live']} |")
     failed = [r for r in rows if not r["pool_empty_after"] or r["steps_nobody_advanced"]]

@@ -19,6 +19,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 _EWMA = 0.2  # weight of the newest step in the decode-rate average
+# After a step that ran nothing though requests are in (a request still being handed
+# over heads the order), wait this long or until woken rather than spin.
+IDLE_STEP_WAIT_S = 0.005
 
 
 class EngineDeadError(RuntimeError):
@@ -165,6 +168,10 @@ class AsyncEngine:
                                 else (1 - _EWMA) * self._step_s + _EWMA * elapsed)
             # Even an empty step may have released blocks (aborts), so always report.
             self._loop.call_soon_threadsafe(self._deliver, outputs)
+            if not outputs and self.engine.stall_watch.idle_steps:
+                # Nothing ran: only a new request, an abort or a release can change that.
+                self._wake.wait(timeout=IDLE_STEP_WAIT_S)
+                self._wake.clear()
 
     def _deliver(self, outputs: list[Any]) -> None:
         for output in outputs:

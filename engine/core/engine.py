@@ -20,6 +20,7 @@ from kvledger.engine.core.outputs import RequestOutput, TokenLogprobs
 from kvledger.engine.core.request import EngineRequest, check_reservation, output_cap
 from kvledger.engine.core.scheduler import ScheduledBatch, Scheduler
 from kvledger.engine.core.sequence import Sequence
+from kvledger.engine.core.stall import StallWatch
 from kvledger.engine.errors import AdmissionRejected, BadInput
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.kv.reservation import Reservation
@@ -67,6 +68,7 @@ class LLMEngine:
         self._live: dict[str, Sequence] = {}
         self.consecutive_failed_steps = 0
         self.num_prefill_tokens = 0  # prompt tokens computed (not those found in the cache)
+        self.stall_watch = StallWatch()  # requests here and none advancing: a bug, made loud
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -155,7 +157,8 @@ class LLMEngine:
         tokens, ids = request.num_tokens, request.prompt_token_ids
         use_cached = request.uses_cached_blocks
         salt = request.lora_salt
-        reservation = self.ledger.try_reserve(tokens, ids, use_cached=use_cached, salt=salt)
+        reservation = self.ledger.try_reserve(tokens, ids, use_cached=use_cached, salt=salt,
+                                              adapter=request.lora)
         if reservation is None:
             needed = self.ledger.blocks_needed(tokens, 1, ids, use_cached=use_cached, salt=salt)
             safety = self.ledger.overcommit
@@ -206,6 +209,10 @@ class LLMEngine:
         row raise ``EngineFailed``: then the engine itself is broken."""
         outputs = [self._output(seq, []) for seq in self._apply_pending()]
         batch = self.scheduler.schedule()
+        if self.stall_watch.observe(not batch.is_empty, self.scheduler.has_unfinished()):
+            log.error("engine stalled: %s while %d requests run and %d wait; %s",
+                      self.stall_watch.describe(), len(self.scheduler.running),
+                      len(self.scheduler.waiting), self.ledger.describe())
         if batch.is_empty:
             return outputs
         try:

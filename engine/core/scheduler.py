@@ -1,15 +1,21 @@
 """Continuous batching with chunked prefill: each step decodes every running sequence,
 then spends the rest of ``max_num_batched_tokens`` on prompts, a chunk at a time:
 first the prompts already started, then waiting ones (first come, first served) while
-``max_num_seqs`` allows. The choices of one request (``n > 1``) share their prompt's
-blocks: the others start once the first has computed them (``KVLedger.share_prompt``).
+``max_num_seqs`` and the adapter slots (``--max-loras``) allow. The choices of one request
+(``n > 1``) share their prompt's blocks: the others start once the first has computed
+them (``KVLedger.share_prompt``); until then they keep their place in line, and those
+behind them go on.
 
 Every sequence was admitted with a reservation for its whole life, so scheduling never
 preempts: it only draws the physical blocks the step's tokens need from the ledger. With
-``--admission safe`` the ledger may refuse a draw that would leave some request unable to
-finish: that sequence pauses for the step, keeping its blocks, and is never recomputed. A
-prompt starts its first chunk after the blocks the prefix cache holds for it: those its
-reservation pinned at admission, and those cached since, pinned as it starts.
+``--admission safe`` the ledger may refuse a draw (or a seat) that would leave some
+request unable to finish: that sequence pauses for the step, keeping its blocks, and is
+never recomputed; its chunk shrinks to what it drew, so it holds none of the budget.
+Progress rests on the ledger's ``head``, a request that can finish now, which each step
+runs first: seated past the line if it waits, drawing and taking its tokens before any
+other (``kv/safety.py``). A prompt starts its first chunk after the blocks the prefix
+cache holds for it: those its reservation pinned at admission, and those cached since,
+pinned as it starts.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from dataclasses import dataclass
 
 from kvledger.engine.core.sequence import Sequence, SequenceStatus
 from kvledger.engine.kv.ledger import KVLedger
+from kvledger.engine.kv.reservation import Reservation
 
 
 @dataclass
@@ -61,63 +68,111 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: dict[str, Sequence] = {}  # insertion-ordered; O(1) removal
+        self._seq_of: dict[Reservation, Sequence] = {}  # every sequence here, by reservation
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        self._seq_of[seq.reservation] = seq
 
     def schedule(self) -> ScheduledBatch:
+        """This step's prompt chunks and decodes, their blocks drawn (see the module
+        docstring). Over-committing, the ledger's ``head`` goes first: seated if it waits,
+        then drawing before anyone else, so the request the safety check proved able to
+        finish always progresses (``kv/safety.py``)."""
+        head = self._seat_head()
         running = self.running.values()
-        # Shortest context first: the runner pads each group of decodes to its longest.
-        decodes = sorted((s for s in running if s.prompt_computed), key=lambda s: s.num_tokens)
-        budget_tokens = self.max_num_batched_tokens - len(decodes)
+        decoding = [s for s in running if s.prompt_computed]
+        # One token a step for each decode; prompts share the rest, a chunk at a time.
+        budget_tokens = self.max_num_batched_tokens - len(decoding)
         prefills: list[PrefillChunk] = []
+        if head is not None and not head.prompt_computed:
+            budget_tokens -= self._add_chunk(prefills, head, budget_tokens)
+        elif head is not None:
+            decoding.remove(head)
+            decoding.insert(0, head)
+        # A slot for each decode's token; one the ledger refuses pauses, its token unspent.
+        decodes = [s for s in decoding if self._grow(s, s.num_tokens) >= s.num_tokens]
+        budget_tokens += len(decoding) - len(decodes)
         for seq in running:  # prompts started in an earlier step go on first
-            if not seq.prompt_computed and budget_tokens > 0:
-                prefills.append(self._chunk(seq, budget_tokens))
-                budget_tokens -= prefills[-1].length
-        # The adapters running, by object: a reloaded adapter takes a slot of its own.
-        adapters = {id(s.lora) for s in running if s.lora is not None}
-        no_slot: list[Sequence] = []  # their adapter finds no free slot: they wait, in order
+            if budget_tokens <= 0:
+                break
+            if not seq.prompt_computed and seq is not head:
+                budget_tokens -= self._add_chunk(prefills, seq, budget_tokens)
+        adapters = self._adapters()
+        passed: list[Sequence] = []  # they cannot start yet: they keep their place in line
         while self.waiting and len(self.running) < self.max_num_seqs and budget_tokens > 0:
-            if self.waiting[0].reservation.awaits_share:
-                break  # another choice of its request is computing their prompt (FIFO)
             seq = self.waiting.popleft()
-            if seq.lora is not None and id(seq.lora) not in adapters:
-                if len(adapters) >= self.max_loras:
-                    no_slot.append(seq)
-                    continue
+            if (seq.reservation.awaits_share  # another choice is computing their prompt
+                    or not self._slot_for(seq, adapters) or not self._seat(seq)):
+                passed.append(seq)
+                continue
+            if seq.lora is not None:
                 adapters.add(id(seq.lora))
-            if seq.prompt_logprobs is None:  # it may start after blocks cached since admission
-                seq.num_computed_tokens = self.ledger.pin_cached(seq.reservation,
-                                                                 seq.prompt_token_ids)
-            seq.status = SequenceStatus.RUNNING
-            self.running[seq.request_id] = seq
-            prefills.append(self._chunk(seq, budget_tokens))
-            budget_tokens -= prefills[-1].length
-        self.waiting.extendleft(reversed(no_slot))
+            budget_tokens -= self._add_chunk(prefills, seq, budget_tokens)
+        self.waiting.extendleft(reversed(passed))
         self._note_adapters()
-        return self._draw(prefills, decodes)
+        # The runner pads each group of decodes to its longest: shortest context first.
+        return ScheduledBatch(prefills, sorted(decodes, key=lambda s: s.num_tokens))
+
+    def _seat_head(self) -> Sequence | None:
+        """The sequence of the ledger's head, seated now if it was waiting in line (the
+        check counted a seat and an adapter slot for it); None when there is none, or its
+        request is not the engine's yet (a server still handing it over)."""
+        reservation = self.ledger.head()
+        seq = None if reservation is None else self._seq_of.get(reservation)
+        if seq is None or seq.status is SequenceStatus.RUNNING:
+            return seq
+        # The check counted a seat and a slot for it, and never heads with a choice
+        # awaiting its prompt (the one computing it needs no more and runs).
+        if (reservation.awaits_share or len(self.running) >= self.max_num_seqs
+                or not self._slot_for(seq, self._adapters()) or not self._seat(seq)):
+            return None
+        self.waiting.remove(seq)  # O(n), only over-committed with the head in line
+        return seq
+
+    def _adapters(self) -> set[int]:
+        """The adapters running, by object: a reloaded adapter takes a slot of its own."""
+        return {id(s.lora) for s in self.running.values() if s.lora is not None}
+
+    def _slot_for(self, seq: Sequence, adapters: set[int]) -> bool:
+        """Whether ``seq``'s adapter runs already or finds a free slot (``--max-loras``)."""
+        return seq.lora is None or id(seq.lora) in adapters or len(adapters) < self.max_loras
+
+    def _seat(self, seq: Sequence) -> bool:
+        """Take a seat for ``seq`` if the ledger allows it (``KVLedger.seat``); it starts
+        its prompt after the blocks cached for it since admission."""
+        if not self.ledger.seat(seq.reservation):
+            return False
+        if seq.prompt_logprobs is None:
+            seq.num_computed_tokens = self.ledger.pin_cached(seq.reservation, seq.prompt_token_ids)
+        seq.status = SequenceStatus.RUNNING
+        self.running[seq.request_id] = seq
+        return True
+
+    def _grow(self, seq: Sequence, num_tokens: int) -> int:
+        """Draw the blocks for ``seq``'s first ``num_tokens`` tokens; the tokens it holds.
+        Reserving, every draw succeeds; over-committing (``--admission safe``) one may be
+        refused, and the sequence pauses, keeping its blocks."""
+        return self.ledger.grow(seq.reservation, num_tokens)
+
+    def _add_chunk(self, prefills: list[PrefillChunk], seq: Sequence, budget_tokens: int) -> int:
+        """Add ``seq``'s next prompt chunk within ``budget_tokens``, shrunk to the blocks
+        it could draw (none: it pauses and adds nothing); the tokens it takes."""
+        if budget_tokens <= 0:
+            return 0
+        chunk = self._chunk(seq, budget_tokens)
+        chunk.length = min(chunk.length, self._grow(seq, chunk.start + chunk.length) - chunk.start)
+        if chunk.length <= 0:
+            return 0
+        prefills.append(chunk)
+        return chunk.length
 
     def _note_adapters(self) -> None:
         if self.max_loras is not None:
             self.lora_names = (_adapter_names(self.running.values()), _adapter_names(self.waiting))
-
-    def _draw(self, prefills: list[PrefillChunk], decodes: list[Sequence]) -> ScheduledBatch:
-        """Draw the blocks this step's tokens need, oldest request first. Reserving, every
-        draw succeeds; over-committing (``--admission safe``) one may be refused: the
-        chunk shrinks to the blocks drawn and a decode pauses, keeping its blocks."""
-        wanted = {c.seq.request_id: c.start + c.length for c in prefills}
-        wanted.update((s.request_id, s.num_tokens) for s in decodes)  # a slot for its token
-        held = {request_id: self.ledger.grow(seq.reservation, wanted[request_id])
-                for request_id, seq in self.running.items() if request_id in wanted}
-        for chunk in prefills:
-            chunk.length = min(chunk.length, held[chunk.seq.request_id] - chunk.start)
-        prefills = [c for c in prefills if c.length > 0]
-        decodes = [s for s in decodes if held[s.request_id] >= s.num_tokens]
-        return ScheduledBatch(prefills, decodes)
 
     @staticmethod
     def _chunk(seq: Sequence, budget_tokens: int) -> PrefillChunk:
@@ -131,6 +186,7 @@ class Scheduler:
             del self.running[seq.request_id]
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+        self._seq_of.pop(seq.reservation, None)
         self.ledger.release(seq.reservation)
         if seq.lora is not None:
             self._note_adapters()

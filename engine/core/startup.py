@@ -70,7 +70,8 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     log.info("KV pool: %d blocks x %d tokens (%d bytes)", kv.num_blocks, kv.block_size, pool_bytes)
     ledger = KVLedger(kv.num_blocks, kv.block_size,
                       enable_prefix_caching=config.enable_prefix_caching,
-                      overcommit=config.admission == "safe", max_live=measured_plan.max_num_seqs)
+                      overcommit=config.admission == "safe", max_live=measured_plan.max_num_seqs,
+                      max_adapters=config.max_loras if config.enable_lora else None)
     return measured_plan, tokenizer, runner, ledger
 
 

@@ -62,7 +62,8 @@ class KVLedger:
     docstring)."""
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
-                 overcommit: bool = False, max_live: int | None = None) -> None:
+                 overcommit: bool = False, max_live: int | None = None,
+                 max_adapters: int | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise BadInput(f"a KV pool needs >= 1 block of >= 1 token, got {num_blocks} x {block_size}")
         self.num_blocks = num_blocks
@@ -72,7 +73,7 @@ class KVLedger:
         self.prefix_cache_hits = 0     # tokens
         self._pool = BlockPool(num_blocks)
         self._outstanding = 0
-        self.overcommit = (Overcommit(num_blocks, block_size, max_live, self._pool)
+        self.overcommit = (Overcommit(num_blocks, block_size, max_live, self._pool, max_adapters)
                            if overcommit else None)  # --admission safe (safety.py)
         self._lock = threading.Lock()
 
@@ -112,15 +113,17 @@ class KVLedger:
 
     # -- admission ----------------------------------------------------------------------
     def try_reserve(self, num_tokens: int, prompt_token_ids: Sequence[int] | None = None, *,
-                    use_cached: bool = True, salt: str | None = None) -> Reservation | None:
+                    use_cached: bool = True, salt: str | None = None,
+                    adapter: object | None = None) -> Reservation | None:
         """Claim blocks for ``num_tokens`` tokens (prompt + cap), or None: see ``try_reserve_each``."""
         reservations = self.try_reserve_each(num_tokens, 1, prompt_token_ids,
-                                             use_cached=use_cached, salt=salt)
+                                             use_cached=use_cached, salt=salt, adapter=adapter)
         return reservations[0] if reservations else None
 
     def try_reserve_each(self, num_tokens: int, count: int,
                          prompt_token_ids: Sequence[int] | None = None, *,
-                         use_cached: bool = True, salt: str | None = None) -> list[Reservation] | None:
+                         use_cached: bool = True, salt: str | None = None,
+                         adapter: object | None = None) -> list[Reservation] | None:
         """``count`` reservations of ``num_tokens`` tokens each (one per choice of an
         ``n > 1`` request), all or none: None when they do not all fit now.
 
@@ -128,7 +131,8 @@ class KVLedger:
         blocks its prompt begins with, unless ``use_cached`` is False (the request needs
         every prompt position computed); the prompt's keys are kept for ``register``. A
         ``salt`` (vLLM's ``cache_salt``) keys its blocks apart: only a request with the
-        same salt finds them, or is found by it."""
+        same salt finds them, or is found by it. ``adapter``: the request's LoRA adapter
+        (None: the base model), for the slot it will take: one per adapter object."""
         root = salt_root(salt)
         needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached,
                                                 root)
@@ -144,7 +148,7 @@ class KVLedger:
                                             self._pool.ref_counts, count, needed - len(hits),
                                             hits, cost - (needed - len(hits)) * count + shared
                                             * (count - 1), len(prompt_token_ids or ()),
-                                            num_tokens, shared):
+                                            num_tokens, shared, adapter):
                 return None
             for block in hits:
                 self._pool.pin(block, count)
@@ -153,8 +157,8 @@ class KVLedger:
                 self.prefix_cache_queries += len(prompt_token_ids) * count
                 self.prefix_cache_hits += len(hits) * self.block_size * count
             prompt = prompt_token_ids if self.enable_prefix_caching else None
-            reservations = [Reservation(needed, hits, self.block_size, hashes, prompt, root)
-                            for _ in range(count)]
+            reservations = [Reservation(needed, hits, self.block_size, hashes, prompt, root,
+                                        adapter) for _ in range(count)]
             if self.overcommit is not None:
                 self.overcommit.admit(reservations, len(prompt_token_ids or ()), num_tokens,
                                       shared)
@@ -230,6 +234,41 @@ class KVLedger:
             return returned
 
     # -- the engine's verbs ---------------------------------------------------------------
+    def seat(self, reservation: Reservation) -> bool:
+        """Its request is about to be scheduled (it takes a seat, and a slot for its
+        adapter): True, unless over-committing that could leave a request that must finish
+        first without a seat or slot (it then waits in line)."""
+        with self._lock:
+            if reservation.released:
+                return False
+            if self.overcommit is not None and not reservation.seated and not (
+                    self.overcommit.may_seat(reservation, self._pool.num_in_use,
+                                             self._outstanding, self._pool.ref_counts)):
+                return False
+            reservation.seated = True
+            return True
+
+    def head(self) -> Reservation | None:
+        """Over-committing, the reservation to run first this step: its draws, a seat and
+        a slot for its adapter are what the safety check counted on (``safety.py``).
+        None when every promise can be drawn at once, or when reserving."""
+        if self.overcommit is None:
+            return None
+        with self._lock:
+            return self.overcommit.head(self._pool.num_in_use, self._outstanding)
+
+    def describe(self) -> str:
+        """One line of the pool's state, for a log."""
+        with self._lock:
+            live = self.overcommit.live if self.overcommit else {}
+            seated = sum(1 for r in live if r.seated)
+            return (f"pool {self.num_blocks} blocks x {self.block_size} tokens: "
+                    f"{self._pool.num_in_use} in use, {self._pool.num_cached} cached, "
+                    f"{self._outstanding} more promised; "
+                    + (f"{len(live)} reservations live ({seated} seated), "
+                       f"{len(self.overcommit.paused)} paused"
+                       if self.overcommit else "reserving"))
+
     def pin_cached(self, reservation: Reservation, prompt_token_ids: Sequence[int]) -> int:
         """Before a reservation has drawn a block (its request is about to start): pin the
         cached blocks its prompt begins with that were registered since admission. Each

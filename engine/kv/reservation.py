@@ -80,15 +80,17 @@ class Reservation:
     """A claim on ``num_blocks`` blocks: ``block_ids`` holds the pinned hits
     (``num_cached_blocks``, first) and the blocks drawn so far; ``draws_left`` more may be
     drawn. ``block_hashes`` are the keys of its first full blocks known so far. ``share``:
-    the ``PromptShare`` of its request's choices, if they share their prompt."""
+    the ``PromptShare`` of its request's choices, if they share their prompt. ``adapter``:
+    its request's LoRA adapter (None: the base model), which takes one of the engine's
+    adapter slots (one per adapter object) while it is ``seated`` (scheduled: ``KVLedger.seat``)."""
 
-    __slots__ = ("block_hashes", "block_ids", "draws_left", "num_blocks", "num_cached_blocks",
-                 "num_cached_tokens", "num_registered_blocks", "prompt_token_ids", "released",
-                 "root", "share")
+    __slots__ = ("adapter", "block_hashes", "block_ids", "draws_left", "num_blocks",
+                 "num_cached_blocks", "num_cached_tokens", "num_registered_blocks",
+                 "prompt_token_ids", "released", "root", "seated", "share")
 
     def __init__(self, num_blocks: int, hits: list[int], block_size: int,
                  block_hashes: list[BlockHash], prompt_token_ids: Sequence[int] | None,
-                 root: BlockHash | None = None) -> None:
+                 root: BlockHash | None = None, adapter: object | None = None) -> None:
         self.num_blocks = num_blocks
         self.block_ids = list(hits)
         self.num_cached_blocks = len(hits)
@@ -100,6 +102,8 @@ class Reservation:
         self.prompt_token_ids = prompt_token_ids
         self.root = root  # the parent key of its first block: its cache salt (None: none)
         self.share: PromptShare | None = None
+        self.adapter = adapter
+        self.seated = False
         self.released = False
 
     @property

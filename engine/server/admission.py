@@ -79,12 +79,14 @@ class _Waiter:
     prompt_token_ids: list[int] | None = field(repr=False)
     use_cached: bool
     salt: str | None = field(repr=False)
+    adapter: Any = field(repr=False)  # its LoRA adapter (None: the base model)
     future: asyncio.Future = field(init=False, repr=False)  # set when it joins the line
     gone: bool = False  # timed out or cancelled; skipped when it reaches the head
 
     def try_reserve(self, ledger: Any) -> list[Any] | None:
         return ledger.try_reserve_each(self.tokens, self.count, self.prompt_token_ids,
-                                       use_cached=self.use_cached, salt=self.salt)
+                                       use_cached=self.use_cached, salt=self.salt,
+                                       adapter=self.adapter)
 
     def place_in(self, plan: Any) -> int | None:
         """Its soonest start in ``plan`` (a ``Projection``), where it is then placed."""
@@ -155,11 +157,12 @@ class Admission:
 
     async def admit(self, request_id: str, prompt_tokens: int, cap_tokens: int, n: int = 1, *,
                     prompt_token_ids: list[int] | None = None, use_cached: bool = True,
-                    salt: str | None = None) -> Ticket:
+                    salt: str | None = None, adapter: Any = None) -> Ticket:
         """Reserve ``prompt + cap`` tokens for each of ``n`` choices, all at once, or raise
         a 429 ``ApiError`` with Retry-After. With the prompt's ids the ledger pins the
         cached blocks it begins with (unless ``use_cached`` is False: echoed prompt
-        logprobs need every position computed), among those keyed with the same ``salt``."""
+        logprobs need every position computed), among those keyed with the same ``salt``.
+        ``adapter``: its LoRA adapter, which takes one of the engine's slots while it runs."""
         tokens = prompt_tokens + cap_tokens
         try:  # the choices share their prompt's full blocks (unless every position is computed)
             blocks = self.ledger.check_fits(tokens, n, prompt_tokens,
@@ -172,7 +175,7 @@ class Admission:
                            code="kv_pool_too_small", param="max_tokens",
                            reason="over_pool") from None
         waiter = _Waiter(request_id, prompt_tokens, cap_tokens, tokens, n, blocks,
-                         prompt_token_ids, use_cached, salt)
+                         prompt_token_ids, use_cached, salt, adapter)
         # Nobody overtakes a live waiter (departed ones do not count): it joins the line,
         # whose backfilling may start it at once.
         reservations = None if self._queued else waiter.try_reserve(self.ledger)

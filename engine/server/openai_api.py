@@ -87,7 +87,8 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
                                          prompt_token_ids=prompt_ids,
                                          use_cached=params[0].prompt_logprobs is None,
                                          salt=_cache_salt(request, state, req,
-                                                          engine_requests[0].lora_salt))
+                                                          engine_requests[0].lora_salt),
+                                         adapter=adapter)
     state.metrics.admitted.inc()
     if lora is not None:
         state.engine.loras.count(lora.lora_name)

@@ -94,6 +94,9 @@ class ServerState:
             "kvledger_requests_paused": ("requests whose next KV block was refused at the "
                                          "last step (--admission safe): they keep their "
                                          "blocks and wait", ledger("paused_reservations")),
+            "kvledger_engine_stalled": ("1 while the engine holds requests and none has "
+                                        "progressed for a while (a bug: /health is 503)",
+                                        self._stall("stalled")),
         }, counters={
             "kvledger_kv_draws_refused": ("engine steps a request sat out because its next "
                                           "KV block would have left another unable to finish "
@@ -105,6 +108,8 @@ class ServerState:
                                               "prefix cache", ledger("prefix_cache_queries")),
             "kvledger_prefix_cache_hits": ("prompt tokens found in the prefix cache (not "
                                            "computed again)", ledger("prefix_cache_hits")),
+            "kvledger_engine_stalls": ("times the engine stalled (kvledger_engine_stalled)",
+                                       self._stall("stalls")),
             "kvledger_engine_steps": ("engine steps that produced tokens", self._driver("steps")),
             "kvledger_engine_step_seconds": ("wall time of the engine steps that produced "
                                              "tokens", self._driver("step_seconds")),
@@ -116,6 +121,9 @@ class ServerState:
                                              lambda: self.admission.backfilled
                                              if self.admission else 0),
         }, model_name=lambda: self.engine.model_name if self.engine else None)
+
+    def _stall(self, attr: str) -> Callable[[], float]:
+        return lambda: getattr(self.engine.stall_watch, attr) if self.engine else 0
 
     def _driver(self, attr: str) -> Callable[[], float]:
         return lambda: getattr(self.async_engine, attr) if self.async_engine else 0

@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvledger.engine.errors import BadInput
+from kvledger.engine.kv.banker import Claim, completion_order_exists
 from kvledger.engine.kv.claims import blocks_for
 from kvledger.engine.kv.ledger import KVLedger
-from kvledger.engine.kv.safety import Claim, Overcommit, completion_order_exists, peak_blocks
+from kvledger.engine.kv.safety import Overcommit, peak_blocks
 from kvledger.engine.sampling.params import SamplingParams
 
 
@@ -192,7 +193,7 @@ def test_a_share_that_would_strand_a_request_is_refused_and_that_choice_draws_it
     needs 1) the share is safe."""
 
     class Held:
-        awaited_blocks = 0
+        awaited_blocks, adapter, seated = 0, None, True
 
         def __init__(self, need, blocks):
             self.draws_left, self.block_ids = need, blocks
@@ -232,7 +233,7 @@ def test_a_margin_of_m_grants_m_draws_before_checking_again():
     safety._margin_after = lambda *args: full_checks.append(1) or check(*args)
 
     class Held:  # a reservation as the check sees it
-        awaited_blocks = 0
+        awaited_blocks, adapter, seated = 0, None, True
 
         def __init__(self, need, blocks):
             self.draws_left, self.block_ids = need, blocks

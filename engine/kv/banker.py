@@ -1,0 +1,117 @@
+"""The banker's check behind safe over-commitment (``safety.py``): given what each live
+request holds and may still need, is there an order in which every one can finish? Pure
+arithmetic on blocks, seats and LoRA adapter slots; no pool, no lock.
+
+Finishing only gives resources back, so any request that can get what it needs may go
+first without harming the others, and the check is greedy: with blocks alone it is a
+sort (the least need first); a waiting request that finds no free seat or slot on its
+turn is set aside until a finished one gives one back (then every one set aside can go,
+since blocks only grow). A block several requests hold (a cached prefix) comes back with
+the last of them; a slot comes back with the last running request of its adapter.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass
+class Claim:
+    """A live request as the check sees it: ``need`` more blocks it may draw, the
+    ``blocks`` it holds (shared ones too), ``fresh`` blocks it would hold only it; its
+    LoRA ``adapter`` (None: the base model) and whether it is ``seated`` (running: it holds
+    a seat and its adapter's slot), else it waits for both."""
+
+    need: int
+    blocks: Sequence[int] = ()
+    fresh: int = 0
+    adapter: Hashable | None = None
+    seated: bool = True
+
+
+def completion_margin(unused_blocks: int, claims: Sequence[Claim], ref_counts: Sequence[int],
+                      pins: Mapping[int, int] | None = None, shared: set[int] | None = None,
+                      *, seats: int | None = None, slots: int | None = None) -> int | None:
+    """The least slack of the completion order: the fewest blocks any claim would find
+    beyond its need on its turn, or None when no order lets every claim finish (the state
+    is not safe; see the module docstring). ``unused_blocks``: free and cached
+    (evictable) blocks; ``ref_counts``: each block's holders now, plus ``pins`` more;
+    ``shared``: the blocks held more than once (the pool keeps them; found when None);
+    ``seats`` and ``slots``: the engine's seats and adapter slots in all (None: no limit).
+
+    One draw lowers every claim's slack by at most one (the claims before the drawer in
+    the order find one block fewer; the drawer needs one fewer; those after it get the
+    block back with it) and changes no seat or slot, so a state whose margin is ``m``
+    stays safe for ``m`` more draws by anyone, in any order, with nothing checked
+    (``Overcommit.may_draw``)."""
+    pins = pins or {}
+    if shared is None:
+        shared = {block for claim in claims for block in claim.blocks if ref_counts[block] > 1}
+    several = shared.union(pins) if pins else shared  # the rest have one claim alone
+    # Claims holding the same shared blocks (one system prompt's) form a group: its blocks
+    # lose the group's holds when its last member has gone, none of them sooner.
+    keys = [frozenset(several.intersection(c.blocks)) if several else _NONE for c in claims]
+    members = Counter(keys)
+    left = dict(members)
+    holders: dict[int, int] = {}
+    # Seats and slots: a seated claim gives its seat back, and its adapter's slot with the
+    # last seated claim of that adapter; one waiting takes them only for its own turn.
+    # With no claim waiting for them, nobody needs them: they are not followed.
+    limited = (seats is not None or slots is not None) and not all(c.seated for c in claims)
+    free_seats = None if seats is None else seats - sum(1 for c in claims if c.seated)
+    running = Counter(c.adapter for c in claims if c.seated and c.adapter is not None
+                      ) if limited else Counter()
+    free_slots = None if slots is None else slots - len(running)
+
+    def can_start(claim: Claim) -> bool:
+        return claim.seated or ((free_seats is None or free_seats > 0) and (
+            claim.adapter is None or free_slots is None or free_slots > 0
+            or running[claim.adapter] > 0))
+
+    available = margin = unused_blocks
+    order = sorted(range(len(claims)), key=lambda i: claims[i].need)
+    aside: list[int] = []  # their blocks are there, a seat or a slot is not (yet)
+    at = 0
+    while at < len(order) or aside:
+        ready = next((k for k, i in enumerate(aside) if can_start(claims[i])), None) if aside else None
+        if ready is not None:
+            index = aside.pop(ready)
+        elif at == len(order) or claims[order[at]].need > available:
+            return None  # nobody can finish: the rest need more than will ever come back
+        else:
+            index, at = order[at], at + 1
+            if limited and not can_start(claims[index]):
+                aside.append(index)
+                continue
+        claim, key = claims[index], keys[index]
+        margin = min(margin, available - claim.need)
+        # What it drew (``fresh``: its own until it releases it) and what it alone holds.
+        available += claim.fresh + len(claim.blocks) - len(key)
+        if limited and claim.seated:
+            free_seats = None if free_seats is None else free_seats + 1
+            if claim.adapter is not None:
+                running[claim.adapter] -= 1
+                if not running[claim.adapter] and free_slots is not None:
+                    free_slots += 1
+        if not key:
+            continue
+        left[key] -= 1
+        if left[key]:
+            continue
+        for block in key:
+            held = holders.get(block, ref_counts[block] + pins.get(block, 0)) - members[key]
+            holders[block] = held
+            available += held == 0
+    return margin
+
+
+_NONE: frozenset[int] = frozenset()
+
+
+def completion_order_exists(unused_blocks: int, claims: Sequence[Claim],
+                            ref_counts: Sequence[int], pins: Mapping[int, int] | None = None,
+                            **resources: int | None) -> bool:
+    """Whether every claim can reach its cap in some order (see the module docstring)."""
+    return completion_margin(unused_blocks, claims, ref_counts, pins, **resources) is not None
