@@ -14,6 +14,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from kvledger.engine import json_text
 from kvledger.engine.errors import BadInput
 
 # vLLM's defaults (vllm/config/lora.py): one adapter in a batch, rank up to 16.
@@ -74,7 +75,7 @@ def lora_module_arg(text: str) -> LoraModule:
     try:
         if text.lstrip().startswith("{"):
             try:
-                raw = json.loads(text)
+                raw = json_text.loads(text)
             except ValueError as exc:
                 raise BadInput(f"--lora-modules {text}: not valid JSON ({exc})") from None
             unknown = set(raw) - {"name", "path", "base_model_name"} if isinstance(raw, dict) else ()

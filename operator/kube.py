@@ -14,6 +14,8 @@ from typing import Any
 import aiohttp
 import kopf
 
+from kvledger.engine import json_text
+
 _MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
 # The body last applied to a child, as kubectl's last-applied-configuration: a merge patch
 # leaves a key it does not name, so a field dropped from the desired state (a nodeSelector
@@ -121,7 +123,7 @@ class KubeApi:
 def _last_applied(live: dict[str, Any]) -> dict[str, Any]:
     text = ((live.get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED)
     try:
-        last = json.loads(text) if text else {}
+        last = json_text.loads(text) if text else {}
     except ValueError:
         return {}
     return last if isinstance(last, dict) else {}

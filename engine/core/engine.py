@@ -44,6 +44,14 @@ class EngineFailed(RuntimeError):
     """The engine cannot make progress (see ``MAX_CONSECUTIVE_FAILED_STEPS``)."""
 
 
+class NonFiniteLogits(ArithmeticError):
+    """One request's logits came out NaN or infinite: its own (its adapter's, its input's)."""
+
+    def __init__(self) -> None:
+        super().__init__("the model's logits for this request are not finite (NaN or "
+                         "infinity): its LoRA adapter or its input overflowed")
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, plan: Plan, tokenizer: Tokenizer,
                  runner: ModelRunner, ledger: KVLedger) -> None:
@@ -55,7 +63,8 @@ class LLMEngine:
         self.max_model_len = plan.max_model_len
         self.model_name = config.served_model_name or config.model
         # With --enable-lora: the adapters served and loaded; a batch holds max_loras at most.
-        self.loras = LoraRegistry(config, runner.config) if config.enable_lora else None
+        self.loras = (LoraRegistry(config, runner.config, runner.dtype) if config.enable_lora
+                      else None)
         self.scheduler = Scheduler(ledger, plan.max_num_seqs, plan.max_num_batched_tokens,
                                    config.max_loras if config.enable_lora else None)
         self.sampler = Sampler(config.seed, runner.device, tokenizer.eos_token_ids)
@@ -223,8 +232,17 @@ class LLMEngine:
             return outputs + self._fail_step(batch, exc)
         self.consecutive_failed_steps = 0
         self._advance(batch, step)
-        seqs = batch.sampled  # a prompt still partly computed gets no token yet
-        sampled = sample_each(self.sampler, step.logits, seqs, self._shared_generator)
+        seqs, logits = batch.sampled, step.logits  # a prompt partly computed gets no token yet
+        # The runtime guard: a row whose logits are not finite (an adapter or an input that
+        # overflowed) fails its request alone; the blocks it computed leave the cache.
+        finite = torch.isfinite(logits.amax(dim=1)).tolist() if seqs else []
+        if not all(finite):
+            outputs += [self._fail(seq, "forward pass", NonFiniteLogits(), traceback=False,
+                                   uncache=True)
+                        for seq, ok in zip(seqs, finite, strict=True) if not ok]
+            rows = [row for row, ok in enumerate(finite) if ok]
+            seqs, logits = [seqs[row] for row in rows], logits[rows]
+        sampled = sample_each(self.sampler, logits, seqs, self._shared_generator)
         return outputs + [self._postprocess(seq, s) for seq, s in zip(seqs, sampled, strict=True)]
 
     def _advance(self, batch: ScheduledBatch, step: StepOutput) -> None:
@@ -305,18 +323,19 @@ class LLMEngine:
 
     # -- finishing ----------------------------------------------------------------------
 
-    def _finish(self, seq: Sequence, reason: str) -> None:
-        self.scheduler.finish(seq, reason)
+    def _finish(self, seq: Sequence, reason: str, *, uncache: bool = False) -> None:
+        self.scheduler.finish(seq, reason, uncache=uncache)
         with self._lock:
             self._live.pop(seq.request_id, None)
 
     def _fail(self, seq: Sequence, stage: str, exc: BaseException, *,
-              traceback: bool = True) -> RequestOutput:
-        """Finish one request with ``"error"``; its reservation goes back at once."""
+              traceback: bool = True, uncache: bool = False) -> RequestOutput:
+        """Finish one request with ``"error"``; its reservation goes back at once (the
+        blocks it computed out of the prefix cache too, with ``uncache``)."""
         log.error("request %s failed in %s: %s: %s", seq.request_id, stage,
                   type(exc).__name__, exc, exc_info=exc if traceback else None)
         if not seq.is_finished:
-            self._finish(seq, "error")
+            self._finish(seq, "error", uncache=uncache)
         output = self._output(seq, [])
         output.error = f"{stage} failed: {type(exc).__name__}: {exc}"
         return output

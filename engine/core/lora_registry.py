@@ -13,11 +13,13 @@ import itertools
 import threading
 from collections import OrderedDict
 
+import torch
+
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.lora_config import LoraModule, LoRARequest
 from kvledger.engine.model.config import ModelConfig
-from kvledger.engine.model.lora_adapter import LoraAdapter, load_adapter
+from kvledger.engine.model.lora_adapter import LoraAdapter, load_adapter, max_weights_bytes
 
 # Adapters served by name take ids above this, apart from the ids Python API callers pick.
 SERVED_ID_BASE = 1_000_000
@@ -32,9 +34,11 @@ class UnknownAdapter(BadInput):
 
 
 class LoraRegistry:
-    def __init__(self, config: EngineConfig, model_config: ModelConfig) -> None:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.config = config
         self.model_config = model_config
+        self.dtype = dtype  # the slots' (the model's): an adapter's weights must fit it
         self.max_cpu_loras = config.max_cpu_loras or config.max_loras
         self._lock = threading.Lock()  # the server's loop and the engine thread both read
         self._served: dict[str, LoRARequest] = {}
@@ -79,6 +83,7 @@ class LoraRegistry:
             if request is None:
                 raise UnknownAdapter(name)
             self._host.pop(request.lora_int_id, None)
+            self.requests_total.pop(name, None)  # no series left behind for a name gone
         return request
 
     def resolve(self, request: LoRARequest) -> LoraAdapter:
@@ -94,7 +99,7 @@ class LoraRegistry:
                 self._host.move_to_end(request.lora_int_id)
                 return adapter
         adapter = load_adapter(request, self._directory(request), self.model_config,
-                               self.config.max_lora_rank)
+                               self.config.max_lora_rank, self.dtype)
         with self._lock:
             self._host[request.lora_int_id] = adapter
             while len(self._host) > self.max_cpu_loras:
@@ -103,10 +108,13 @@ class LoraRegistry:
 
     def count(self, name: str) -> None:
         with self._lock:
-            self.requests_total[name] = self.requests_total.get(name, 0) + 1
+            if name in self._served:
+                self.requests_total[name] = self.requests_total.get(name, 0) + 1
 
     def _directory(self, request: LoRARequest) -> str:
         from kvledger.engine.planner.hub.adapters import adapter_directory
 
         return adapter_directory(request.lora_path, self.config.download_dir,
-                                 hub_timeout_s=self.config.hub_timeout_s)
+                                 hub_timeout_s=self.config.hub_timeout_s,
+                                 max_weights_bytes=max_weights_bytes(
+                                     self.model_config, self.config.max_lora_rank))

@@ -69,7 +69,8 @@ def batch_view(batch: Any) -> Any:
 
     return ScheduledBatch(
         prefills=[PrefillChunk(seq_view(c.seq, True), c.start, c.length) for c in batch.prefills],
-        decodes=[seq_view(seq, False) for seq in batch.decodes])
+        decodes=[seq_view(seq, False) for seq in batch.decodes],
+        fresh_blocks=list(batch.fresh_blocks))
 
 
 def init_ranks(spec: RankSpec, rank: int) -> None:

@@ -21,7 +21,7 @@ pinned as it starts.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvledger.engine.core.sequence import Sequence, SequenceStatus
 from kvledger.engine.kv.ledger import KVLedger
@@ -45,6 +45,9 @@ class PrefillChunk:
 class ScheduledBatch:
     prefills: list[PrefillChunk]
     decodes: list[Sequence]    # one token each, shortest context first
+    # Blocks drawn this step: the runner zeroes them before writing, so what a block held
+    # for its last owner never enters its new owner's attention (stale positions included).
+    fresh_blocks: list[int] = field(default_factory=list)
 
     @property
     def sampled(self) -> list[Sequence]:
@@ -69,6 +72,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: dict[str, Sequence] = {}  # insertion-ordered; O(1) removal
         self._seq_of: dict[Reservation, Sequence] = {}  # every sequence here, by reservation
+        self._fresh: list[int] = []  # blocks drawn by the step being scheduled
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -82,6 +86,7 @@ class Scheduler:
         docstring). Over-committing, the ledger's ``head`` goes first: seated if it waits,
         then drawing before anyone else, so the request the safety check proved able to
         finish always progresses (``kv/safety.py``)."""
+        self._fresh = []
         head = self._seat_head()
         running = self.running.values()
         decoding = [s for s in running if s.prompt_computed]
@@ -115,7 +120,7 @@ class Scheduler:
         self.waiting.extendleft(reversed(passed))
         self._note_adapters()
         # The runner pads each group of decodes to its longest: shortest context first.
-        return ScheduledBatch(prefills, sorted(decodes, key=lambda s: s.num_tokens))
+        return ScheduledBatch(prefills, sorted(decodes, key=lambda s: s.num_tokens), self._fresh)
 
     def _seat_head(self) -> Sequence | None:
         """The sequence of the ledger's head, seated now if it was waiting in line (the
@@ -156,7 +161,11 @@ class Scheduler:
         """Draw the blocks for ``seq``'s first ``num_tokens`` tokens; the tokens it holds.
         Reserving, every draw succeeds; over-committing (``--admission safe``) one may be
         refused, and the sequence pauses, keeping its blocks."""
-        return self.ledger.grow(seq.reservation, num_tokens)
+        block_ids = seq.reservation.block_ids
+        drawn = len(block_ids)
+        held = self.ledger.grow(seq.reservation, num_tokens)
+        self._fresh += block_ids[drawn:]
+        return held
 
     def _add_chunk(self, prefills: list[PrefillChunk], seq: Sequence, budget_tokens: int) -> int:
         """Add ``seq``'s next prompt chunk within ``budget_tokens``, shrunk to the blocks
@@ -179,15 +188,16 @@ class Scheduler:
         start = seq.num_computed_tokens
         return PrefillChunk(seq, start, min(seq.num_prompt_tokens - start, budget_tokens))
 
-    def finish(self, seq: Sequence, reason: str) -> None:
+    def finish(self, seq: Sequence, reason: str, *, uncache: bool = False) -> None:
         """Mark finished and release its blocks at once: the one place the engine releases
-        the reservation of a request it took."""
+        the reservation of a request it took. ``uncache``: the blocks it computed leave
+        the prefix cache (``KVLedger.release``)."""
         if self.running.get(seq.request_id) is seq:
             del self.running[seq.request_id]
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         self._seq_of.pop(seq.reservation, None)
-        self.ledger.release(seq.reservation)
+        self.ledger.release(seq.reservation, uncache=uncache)
         if seq.lora is not None:
             self._note_adapters()
 

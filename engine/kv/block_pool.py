@@ -113,6 +113,18 @@ class BlockPool:
             else:
                 self._cached[block] = None
 
+    def forget(self, block: int) -> None:
+        """Make ``block`` findable no more (its K/V are not to be trusted); held by none,
+        it is free rather than cached."""
+        block_hash = self._hash_of[block]
+        if block_hash is None:
+            return
+        del self._by_hash[block_hash]
+        self._hash_of[block] = None
+        if self.ref_counts[block] == 0:
+            del self._cached[block]
+            self._free.append(block)
+
     def register(self, block: int, block_hash: BlockHash) -> bool:
         """Make a full, computed block findable under ``block_hash``; False (it stays
         private) when another block already holds that key."""

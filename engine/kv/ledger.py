@@ -369,13 +369,18 @@ class KVLedger:
             self._outstanding += (waiting - len(handed)) * (share.end - share.start)
             return handed
 
-    def release(self, reservation: Reservation) -> None:
+    def release(self, reservation: Reservation, *, uncache: bool = False) -> None:
         """Give back the reservation's blocks and undrawn claim; a second call does nothing.
         An owner of a prompt share released before sharing hands its claim on the shared
-        blocks to the first choice still waiting (see ``PromptShare``)."""
+        blocks to the first choice still waiting (see ``PromptShare``). ``uncache``: the
+        blocks it computed are not to be found by later requests (its forward pass went
+        non-finite: their K/V may be too)."""
         with self._lock:
             if reservation.released:
                 return
+            if uncache:
+                for block in reservation.block_ids[reservation.num_cached_blocks:]:
+                    self._pool.forget(block)
             reservation.released = True
             if self.overcommit is not None:
                 self.overcommit.forget(reservation)

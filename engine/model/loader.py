@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 
 import torch
 
+from kvledger.engine import json_text
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.config import ModelConfig
 from kvledger.engine.model.fp8_format import KV_SCALE_SUFFIXES, SCALE_SUFFIXES, quantized_linear
@@ -27,7 +27,7 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = json_text.loads(index.read_text())["weight_map"]
         except (OSError, ValueError, KeyError) as exc:
             raise BadInput(f"{index}: bad safetensors index: {exc}") from None
         return [model_dir / name for name in sorted(set(weight_map.values()))]

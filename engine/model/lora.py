@@ -5,14 +5,19 @@ of every layer is wrapped in a ``LoraLinear`` holding preallocated A and B stack
 ``max_loras`` slots at ``max_lora_rank`` (as vLLM preallocates; the planner counts
 exactly these bytes). An adapter is copied into a free slot when a batch needs it and
 stays there until its slot is wanted by another. Each step, ``LoraSlots.batch`` builds
-one mask ``[rows, max_loras * max_lora_rank]`` that keeps, for each row, the rank columns
-of its adapter's slot (none for a base row), and each row's scaling; each wrapped layer
-then adds ``scaling * ((x A_all^T) * mask) B_all`` with two matmuls over all slots at once
-(``A_all``, ``B_all``: the stacks viewed as one ``max_loras * max_lora_rank`` matrix), so a
-step costs the same few operations however its rows mix adapters, and a base row gets an
-exact zero added. (Grouping rows by slot instead takes an ``index_select`` and an
-``index_add_`` per slot per layer: many more operations per step, which is what costs on a
-busy CPU.)
+one bool ``[rows, max_loras * max_lora_rank]`` that is true on the rank columns of a row's
+slot (nowhere for a base row), and each row's scaling; each wrapped layer then computes
+``h = x A_all^T`` over all slots at once (``A_all``, ``B_all``: the stacks viewed as one
+``max_loras * max_lora_rank`` matrix), *selects* each row's own columns of ``h`` with
+``where`` (never a multiplication by a 0/1 mask: ``NaN x 0`` is NaN, so an adapter whose
+product overflows would reach every row), and adds ``scaling * h B_all``. The other
+slots' columns of a row are then exact zeros, and the B stacks hold finite values only
+(an adapter is refused at load otherwise, and a slot is filled with its finite values
+alone), so they add exact zeros: a row's delta is its own adapter's, and a base row's is
+zero. Two products per layer however the rows mix adapters, as few operations as the
+masked form. (Grouping rows by slot instead takes an ``index_select`` and an
+``index_add_`` per slot per layer: many more operations per step, which is what costs on
+a busy CPU; so does a ``where`` of each slot's delta over the full output.)
 """
 
 from __future__ import annotations
@@ -30,11 +35,11 @@ from kvledger.engine.planner.lora_bytes import LORA_TARGETS, module_shapes
 
 @dataclass
 class LoraBatch:
-    """One step's rows by adapter slot: ``mask [rows, max_loras * max_lora_rank]`` is 1 on
-    the rank columns of a row's slot (0 elsewhere, everywhere for a base row), ``scale
-    [rows, 1]`` its adapter's scaling (0 for a base row)."""
+    """One step's rows by adapter slot: ``columns [rows, max_loras * max_lora_rank]`` is
+    true on the rank columns of a row's slot (nowhere for a base row), ``scale [rows, 1]``
+    its adapter's scaling (0 for a base row)."""
 
-    mask: torch.Tensor
+    columns: torch.Tensor
     scale: torch.Tensor
 
 
@@ -56,7 +61,7 @@ class LoraLinear(nn.Module):
         out = self.base(x)
         if lora is None:
             return out
-        hidden = (x @ self._a_all.T) * lora.mask
+        hidden = torch.where(lora.columns, x @ self._a_all.T, 0.0)  # selected, not masked
         # PEFT's order: the delta times the scaling, then added.
         return out.addcmul_(hidden @ self._b_all, lora.scale)
 
@@ -118,9 +123,9 @@ class LoraSlots:
             scale_of_row += [0.0 if adapter is None else adapter.scaling] * count
         row_slot = torch.tensor(slot_of_row, device=self.device)
         column_slot = torch.arange(self.max_loras * rank, device=self.device) // rank
-        mask = (row_slot[:, None] == column_slot[None, :]).to(self.dtype)
+        columns = row_slot[:, None] == column_slot[None, :]
         scale = torch.tensor(scale_of_row, dtype=self.dtype, device=self.device)[:, None]
-        return LoraBatch(mask, scale)
+        return LoraBatch(columns, scale)
 
     def _place(self, adapters: dict[int, LoraAdapter]) -> dict[int, int]:
         """Each adapter's slot, loading those not in one into a free slot or the least
@@ -151,3 +156,7 @@ class LoraSlots:
                 a, b = weights
                 module.lora_a[slot, :a.shape[0]].copy_(a)
                 module.lora_b[slot, :a.shape[0]].copy_(b.T)
+        # B must be finite for the other slots' zero columns to add exact zeros (module
+        # docstring): the loader refused anything else; a fault since is zeroed here.
+        for module in self.modules.values():
+            torch.nan_to_num_(module.lora_b[slot], nan=0.0, posinf=0.0, neginf=0.0)

@@ -102,6 +102,9 @@ class ModelRunner:
             positions.append(position)
             slots += self._slots(seq.block_ids, position, position + 1)
             last_index.append(len(input_ids) - 1)
+        if batch.fresh_blocks:  # new to their owner: nothing of a last owner's stays
+            blocks = torch.tensor(batch.fresh_blocks, dtype=torch.long, device=self.device)
+            self.kv_cache.view(torch.uint8).index_fill_(3, blocks, 0)
         meta = self._metadata(batch, slots)
         if self.lora is not None:
             meta.lora = self.lora.batch([(c.seq.lora, c.length) for c in batch.prefills]
@@ -265,8 +268,9 @@ class ModelRunner:
     def _decode_group(self, tables: list[list[int]], contexts: list[int]) -> DecodeGroup:
         """Sequences with these block tables and context lengths (tokens incl. this one)."""
         width = max(len(table) for table in tables)
-        # Pad with block 0: the mask hides the padding, any valid index will do.
-        block_tables = torch.tensor([table + [0] * (width - len(table)) for table in tables],
+        # Padded with the row's own first block, never another's: the mask hides the
+        # padding, and what a row reads is its own (an additive mask cannot cancel a NaN).
+        block_tables = torch.tensor([table + table[:1] * (width - len(table)) for table in tables],
                                     dtype=torch.long, device=self.device)
         context = torch.tensor(contexts, dtype=torch.long, device=self.device)
         slot = torch.arange(width * self.block_size, device=self.device)[None, :]

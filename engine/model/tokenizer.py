@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kvledger.engine import json_text
 from kvledger.engine.errors import BadInput
 
 
@@ -162,7 +163,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text())
+        data = json_text.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise BadInput(f"{path}: not valid JSON: {exc}") from None
     if not isinstance(data, dict):

@@ -11,13 +11,13 @@ states (sizes, heads, layers, vocabulary, context) are required.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvledger.engine import json_text
 from kvledger.engine.errors import BadInput
 
 # The families read, by how their attention is laid out. Grouped-/multi-query attention:
@@ -98,8 +98,8 @@ def read_json(path: Path, what: str) -> object:
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"cannot read {what} {path}: {exc}") from None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
+        return json_text.loads(text)
+    except ValueError as exc:
         raise BadInput(f"{what} {path} is not valid JSON: {exc}") from None
 
 

@@ -9,12 +9,12 @@ is one ``safe_open`` can load, and its bytes are exactly the loaded tensors'.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from pathlib import Path
 from typing import NamedTuple
 
+from kvledger.engine import json_text
 from kvledger.engine.errors import BadInput
 
 # Bits per element of every dtype safetensors knows (0.4 .. 0.8).
@@ -63,7 +63,7 @@ def read_safetensors_header(path: str | os.PathLike) -> list[TensorInfo]:
     except OSError as exc:
         raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
-        header = json.loads(raw.decode("utf-8"))
+        header = json_text.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise BadInput(f"{path}: corrupt safetensors header: not valid JSON ({exc})") from None
     if not isinstance(header, dict):
@@ -72,7 +72,7 @@ def read_safetensors_header(path: str | os.PathLike) -> list[TensorInfo]:
     if raw.count(b'"data_offsets"') != entries:
         # A name given twice (JSON keeps the last one) or an odd header: re-parse strictly.
         try:
-            header = json.loads(raw, object_pairs_hook=_no_duplicate_keys)
+            header = json_text.loads(raw, object_pairs_hook=_no_duplicate_keys)
         except ValueError as exc:
             raise BadInput(f"{path}: corrupt safetensors header: {exc}") from None
     spans: list[tuple[int, int, str]] = []
@@ -131,9 +131,20 @@ def _tensor_info(path: Path, name: str, entry: object) -> TensorInfo:
         numel *= d
     bits = numel * DTYPE_BITS[dtype]
     if bits % 8 or bits // 8 != offsets[1] - offsets[0]:
-        raise BadInput(f"{path}: tensor {name!r} {dtype}{shape} needs {bits / 8:g} bytes but "
-                       f"its data_offsets span {offsets[1] - offsets[0]}")
+        size = f"{_digits(bits // 8)} bytes" if bits % 8 == 0 else f"{_digits(bits)} bits"
+        raise BadInput(f"{path}: tensor {name!r} {dtype}{_shape_text(shape)} needs {size} but "
+                       f"its data_offsets span {_digits(offsets[1] - offsets[0])}")
     return TensorInfo(name, dtype, tuple(shape), bits // 8)
+
+
+def _digits(n: int) -> str:
+    """``n`` in at most 20 characters (a hostile header's numbers have hundreds of digits)."""
+    text = str(n)
+    return text if len(text) <= 20 else f"{text[:3]}...({len(text)} digits)"
+
+
+def _shape_text(shape: list[int]) -> str:
+    return "[" + ", ".join(_digits(d) for d in shape) + "]"
 
 
 def _check_offsets(path: Path, spans: list[tuple[int, int, str]], data_bytes: int) -> None:

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from kvledger.engine import json_text
 from kvledger.engine.config import DEFAULT_GRAMMAR_CACHE_BYTES
 from kvledger.engine.errors import BadInput
 from kvledger.engine.sampling.grammar_matcher import Grammar
@@ -279,7 +280,7 @@ def _grammar_source(spec: GrammarSpec) -> str:
 
 def _json_value(text: str, kind: str) -> Any:
     try:
-        return json.loads(text)
+        return json_text.loads(text)
     except ValueError as exc:
         raise GrammarError(f"invalid {kind}: not JSON: {exc}") from None
 

@@ -1,6 +1,6 @@
 """LoRA adapters over HTTP, as vLLM serves them: a request names an adapter in ``model``;
 ``/v1/models`` lists the base model and each adapter (``parent`` the base, ``root`` its
-path); ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` change the set at
+hub uri, or its name: never a path on the server); ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` change the set at
 run time, only when ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` is true or ``kvledger serve
 --allow-runtime-lora-updating`` is given (else, as in vLLM, there is no such route: 404).
 
@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.lora_config import LoraModule
+from kvledger.engine.planner.hub.repo import is_hub_uri
 from kvledger.engine.server.api_errors import ApiError, bad_request
 from kvledger.engine.server.limits import decode_json
 from kvledger.engine.server.state import STATE, ServerState
@@ -46,7 +47,8 @@ def model_cards(state: ServerState) -> list[dict[str, Any]]:
     cards = [{"id": name, **card, "root": engine.config.model, "parent": None}
              for name in state.model_names]
     if engine.loras is not None:
-        cards += [{"id": name, **card, "root": lora.lora_path, "parent": state.model_name}
+        cards += [{"id": name, **card, "root": lora.lora_path if is_hub_uri(lora.lora_path)
+                   else name, "parent": state.model_name}
                   for name, lora in engine.loras.served.items()]
     return cards
 
@@ -58,8 +60,9 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
         raise bad_request("Both 'lora_name' and 'lora_path' must be provided.", "lora_name")
     try:
         module = LoraModule(name, path)
-        # Reading and checking the adapter is file I/O and tensor work: off the loop.
-        await state.off_loop(None, state.engine.loras.add, module)
+        # Reading and checking the adapter is file (or hub) I/O and tensor work: off the
+        # loop, on the adapters' own threads.
+        await state.load_adapter(state.engine.loras.add, module)
     except BadInput as exc:
         raise bad_request(str(exc), "lora_path") from None
     return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")

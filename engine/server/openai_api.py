@@ -127,7 +127,7 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
 async def _adapter(state: ServerState, lora) -> Any:
     """The loaded adapter (read from disk again, off the loop, if the host cache let it go)."""
     try:
-        return await state.off_loop(None, state.engine.resolve_lora, lora)
+        return await state.load_adapter(state.engine.resolve_lora, lora)
     except BadInput as exc:
         raise bad_request(str(exc), "model") from None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,10 @@ DEFAULT_KEEPALIVE_TIMEOUT_S = 75.0
 DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S = 10.0
 # Threads that parse bodies, render chat templates and tokenize, off the event loop.
 PREPARE_THREADS = 4
+# Threads that read LoRA adapters (from disk, or a hub that may be slow or never answer):
+# their own, at most this many, so a stuck adapter load never holds up parsing and
+# tokenizing; daemon threads, so one stuck until --hub-timeout never holds up shutdown.
+ADAPTER_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,7 @@ class ServerState:
         self.draining = False
         self.started_at = time.time()
         self._workers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="kvledger-prepare")
+        self._adapter_threads: asyncio.Semaphore | None = None  # made on the loop
         self._grammars: Any = None
         self._token_texts: dict[int, str] = {}
         ledger = lambda attr: lambda: (getattr(self.engine.ledger, attr)  # noqa: E731
@@ -200,6 +206,33 @@ class ServerState:
         if body_bytes is not None and body_bytes <= INLINE_BODY_BYTES:
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
+
+    async def load_adapter(self, fn, *args):
+        """``fn(*args)`` that reads a LoRA adapter, on a daemon thread of its own, at most
+        ``ADAPTER_THREADS`` at once. A thread keeps its place until ``fn`` returns, even
+        when the request that started it is gone."""
+        loop = asyncio.get_running_loop()
+        if self._adapter_threads is None:
+            self._adapter_threads = asyncio.Semaphore(ADAPTER_THREADS)
+        threads = self._adapter_threads
+        await threads.acquire()
+        future = loop.create_future()
+
+        def settle(ok: bool, value) -> None:
+            threads.release()
+            if not future.done():
+                (future.set_result if ok else future.set_exception)(value)
+
+        def run() -> None:
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # handed to the awaiting request, as an executor would
+                loop.call_soon_threadsafe(settle, False, exc)
+            else:
+                loop.call_soon_threadsafe(settle, True, result)
+
+        threading.Thread(target=run, name="kvledger-adapter", daemon=True).start()
+        return await future
 
     @property
     def grammars(self) -> Any:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from kvledger.engine import json_text
 from kvledger.engine.server.validation import Refusal, Strict
 
 # The fields that constrain the output, in the order a refusal names them.
@@ -76,7 +77,7 @@ def constraint_field(req: Any) -> str:
 def _schema_text(schema: dict[str, Any] | str, field: str) -> str:
     if isinstance(schema, str):
         try:
-            schema = json.loads(schema)
+            schema = json_text.loads(schema)
         except ValueError:
             raise Refusal(f"'{field}' must hold a JSON schema object", field) from None
     if not isinstance(schema, dict):

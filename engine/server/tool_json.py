@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
+from kvledger.engine import json_text
+
 ARGUMENTS_KEYS = ("arguments", "parameters")
 _STRING = object()
 _KEY = object()
@@ -45,7 +47,7 @@ def read_head(text: str, i: int, keys: tuple[str, ...] = ARGUMENTS_KEYS
             if end is None or end is False:
                 return end
             try:
-                name = json.loads(text[i:end])
+                name = json_text.loads(text[i:end])
             except ValueError:
                 return False
             i = end
@@ -150,7 +152,7 @@ def call_value(value: Any, keys: tuple[str, ...] = ARGUMENTS_KEYS) -> tuple[str,
 def read_call(text: str, keys: tuple[str, ...] = ARGUMENTS_KEYS) -> tuple[str, str] | None:
     """A whole call object in ``text``, in any key order, or None."""
     try:
-        return call_value(json.loads(text), keys)
+        return call_value(json_text.loads(text), keys)
     except ValueError:
         return None
 

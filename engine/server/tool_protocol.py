@@ -10,12 +10,12 @@ rule (``tool_calls.tool_plan``).
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
+from kvledger.engine import json_text
 from kvledger.engine.server.limits import shown
 from kvledger.engine.server.validation import Refusal, Strict
 
@@ -78,7 +78,7 @@ class ToolCallIn(Strict):
         # Hugging Face templates take the arguments as an object (Qwen's and Llama's
         # ``tojson`` them) or as the string; an object is what both render right.
         try:
-            arguments: Any = json.loads(self.function.arguments)
+            arguments: Any = json_text.loads(self.function.arguments)
         except ValueError:
             arguments = self.function.arguments
         return {"id": self.id, "type": "function",

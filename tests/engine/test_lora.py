@@ -7,6 +7,7 @@ refused by name."""
 from __future__ import annotations
 
 import pytest
+import torch
 from _engine_helpers import hf_greedy, make_engine
 from _lora_helpers import peft_greedy, write_adapter
 
@@ -103,7 +104,7 @@ def test_served_adapters_are_checked_at_start(make_model_dir, tmp_path):
     assert list(engine.loras.served) == ["good"]
     assert engine.runner.lora.bytes == engine.plan.classes["lora"] > 0  # planned as allocated
     wide = write_adapter(tmp_path / "wide", model_dir, rank=32)
-    with pytest.raises(BadInput, match=r"'wide' .*rank 32 is over --max-lora-rank 16"):
+    with pytest.raises(BadInput, match=r"'wide'.*rank 32 is over --max-lora-rank 16"):
         make_engine(model_dir, enable_lora=True, lora_modules=(LoraModule("wide", str(wide)),))
 
 
@@ -113,21 +114,59 @@ def test_served_adapters_are_checked_at_start(make_model_dir, tmp_path):
      r"target module 'embed_tokens' is not one kvledger adapts"),
     (lambda d, m: write_adapter(d, m, use_dora=True), r"use_dora"),
     (lambda d, m: write_adapter(d, m, bias="all"), r"bias 'all'"),
-    (lambda d, m: d, r"no such directory"),
+    (lambda d, m: d, r"not a PEFT LoRA adapter directory this server can read"),
+    (lambda d, m: write_adapter(d, m, scale=float("nan")), r"lora_A holds values that are not finite"),
+    (lambda d, m: write_adapter(d, m, alpha=float("nan")), r"lora_alpha must be a finite number"),
+    (lambda d, m: write_adapter(d, m, alpha=float("inf")), r"lora_alpha must be a finite number"),
+    (lambda d, m: write_adapter(d, m, target_modules=[["q_proj"]]),
+     r"target_modules must be a list of module names"),
+    (lambda d, m: _nested_config(write_adapter(d, m)), r"adapter_config.json: JSON nested too deeply"),
+    (lambda d, m: _int_weights(write_adapter(d, m)), r"is I32; LoRA weights must be one of F32"),
 ])
 def test_adapters_that_cannot_run_are_refused_by_name(make_model_dir, tmp_path, make, message):
     model_dir = make_model_dir("tiny-llama")
     llm = _llm(model_dir)
     path = make(tmp_path / "bad", model_dir)
-    with pytest.raises(BadInput, match=r"LoRA adapter 'bad' .*" + message):
+    with pytest.raises(BadInput, match=r"LoRA adapter 'bad'.*" + message):
         llm.generate([PROMPTS[0]], GREEDY, lora_request=LoRARequest("bad", 1, str(path)))
     assert not llm.engine.has_unfinished_requests()
+
+
+def _nested_config(path):
+    (path / "adapter_config.json").write_text("[" * 100_000 + "]" * 100_000)
+    return path
+
+
+def _int_weights(path):
+    """The same tensors, as 32-bit integers."""
+    from safetensors.torch import load_file, save_file
+
+    weights = path / "adapter_model.safetensors"
+    save_file({k: v.to(torch.int32) for k, v in load_file(str(weights)).items()}, str(weights))
+    return path
+
+
+def test_an_adapter_of_the_wrong_shape_is_refused_from_its_header(make_model_dir, tmp_path,
+                                                                  monkeypatch):
+    """The shapes and dtypes are checked from the safetensors header before any tensor is
+    read: a wrong file costs its header, whatever its size."""
+    import safetensors
+
+    other = write_adapter(tmp_path / "other", make_model_dir("tiny-qwen2"))
+    llm = _llm(make_model_dir("tiny-llama"))
+
+    def read_nothing(*args, **kwargs):
+        raise AssertionError("tensor data read before the header was checked")
+
+    monkeypatch.setattr(safetensors, "safe_open", read_nothing)
+    with pytest.raises(BadInput, match=r"'qwen'.*lora_A \(8, \d+\) .*needs"):
+        llm.generate([PROMPTS[0]], GREEDY, lora_request=LoRARequest("qwen", 1, str(other)))
 
 
 def test_an_adapter_for_another_base_model_is_refused_by_its_shapes(make_model_dir, tmp_path):
     other = write_adapter(tmp_path / "other", make_model_dir("tiny-qwen2"))
     llm = _llm(make_model_dir("tiny-llama"))
-    with pytest.raises(BadInput, match=r"'qwen' .*lora_A \(8, \d+\) .*needs"):
+    with pytest.raises(BadInput, match=r"'qwen'.*lora_A \(8, \d+\) .*needs"):
         llm.generate([PROMPTS[0]], GREEDY, lora_request=LoRARequest("qwen", 1, str(other)))
 
 

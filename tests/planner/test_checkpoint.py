@@ -177,6 +177,11 @@ def _one_file(tmp_path, header_bytes: bytes, data: bytes = b"") -> None:
                                              "data_offsets": [0, 2]}}).encode(), b"\0" * 5),
      "bytes after the last tensor"),
     (lambda p: write_config(p), "no *.safetensors"),
+    # Hostile headers: nested past the parser's recursion, a dimension of 400 digits.
+    (lambda p: _one_file(p, b"[" * 200_000 + b"]" * 200_000), "JSON nested too deeply"),
+    (lambda p: _one_file(p, json.dumps({"w": {"dtype": "F32", "shape": [10**400],
+                                             "data_offsets": [0, 4]}}).encode(), b"\0" * 4),
+     r"F32\[100\.\.\.\(401 digits\)\] needs 400\.\.\.\(401 digits\) bytes"),
 ])
 def test_corrupt_checkpoints_are_bad_input(tmp_path, make, message: str) -> None:
     make(tmp_path)
@@ -216,6 +221,7 @@ LLAMA = {"architectures": ["LlamaForCausalLM"]}
     (None, r"no config\.json \(expected a Hugging Face checkpoint directory\)"),
     ("{not json", "not valid JSON"),
     ("[1]", "must be a JSON object"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
     (json.dumps({"hidden_size": 64}), r"unsupported architecture \(none given\) for planning"),
     (json.dumps({**LLAMA, "hidden_size": 64}), "no 'num_attention_heads'"),
     (json.dumps({**LLAMA, "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 0,

@@ -164,6 +164,28 @@ def test_a_corrupt_header_names_the_model_not_a_temporary_folder(tmp_path) -> No
     assert "corrupt safetensors header" in line and "kvledger-hub-" not in line
 
 
+@pytest.mark.parametrize("file", ["config.json", "model.safetensors.index.json"])
+def test_json_nested_past_the_parser_is_one_line_exit_2(tmp_path, file) -> None:
+    """A hub repository whose config.json or safetensors index is nested 100,000 deep:
+    what parses it says so in one line, exit 2: plan both, fetch and the operator's
+    download size the index (fetch downloads config.json as it is)."""
+    repo = tmp_path / "repo"
+    write_checkpoint(repo, shards=2)
+    (repo / file).write_text("[" * 100_000 + "]" * 100_000)
+    with HubServer() as server:
+        server.add_commit("kvledger/deep", repo)
+        env = hub_env(server.url, tmp_path)
+        verbs = [["plan", "--model", "hf://kvledger/deep", "--device-memory", "8GiB"]]
+        if file.endswith("index.json"):
+            verbs.append(["fetch", "--model", "hf://kvledger/deep"])
+        for argv in verbs:
+            line = one_error_line(kvledger(env, *argv))
+            assert "nested too deeply" in line, line
+        if file.endswith("index.json"):
+            with pytest.raises(BadInput, match="nested too deeply"):
+                download_bytes("hf://kvledger/deep", endpoint=server.url)
+
+
 # -- fetch --------------------------------------------------------------------------------
 
 

@@ -20,9 +20,12 @@ ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 def adapter_directory(path: str, download_dir: str | None = None, *,
-                      hub_timeout_s: float | None = None) -> str:
+                      hub_timeout_s: float | None = None,
+                      max_weights_bytes: int | None = None) -> str:
     """The directory an adapter is read from: a local one as is; for an hf:// adapter its
-    snapshot in the hub cache, downloaded first when incomplete (unless HF_HUB_OFFLINE)."""
+    snapshot in the hub cache, downloaded first when incomplete (unless HF_HUB_OFFLINE),
+    refused before a byte is downloaded when its weights file is over
+    ``max_weights_bytes`` (the most an adapter the engine can serve takes)."""
     if not is_hub_uri(path):
         return path
     from huggingface_hub import constants
@@ -43,6 +46,10 @@ def adapter_directory(path: str, download_dir: str | None = None, *,
     if missing:
         raise BadInput(f"{listing.where()} has no {missing[0]}: not a PEFT LoRA adapter "
                        "kvledger can load")
+    size = listing.sizes[ADAPTER_FILES[1]]
+    if max_weights_bytes is not None and size > max_weights_bytes:
+        raise BadInput(f"{listing.where()}: {ADAPTER_FILES[1]} is {size} bytes; an adapter "
+                       f"this engine can serve is at most {max_weights_bytes}")
     snapshot = Path(repo_dir) / "snapshots" / listing.commit
     wanted = [name for name in ADAPTER_FILES if not (snapshot / name).is_file()]
     if wanted:

@@ -13,12 +13,12 @@ ever printed or logged here.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from urllib.parse import quote
 
+from kvledger.engine import json_text
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.hub.reads import (
     MAX_LISTING_BYTES,
@@ -197,7 +197,7 @@ def read_index(listing: RepoListing) -> object | None:
 
 def parse_json(raw: bytes, where: str) -> object:
     try:
-        return json.loads(raw.decode("utf-8"))
+        return json_text.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise BadInput(f"{where} is not valid JSON: {exc}") from None
 
