@@ -102,12 +102,14 @@ _MODEL = _ruled({
         "tokenSecretRef": {
             "type": "object", "required": ["name", "key"],
             "description": "The Secret key holding the Hub token (HF_TOKEN of the preflight "
-                           "and fetch containers; the operator reads it to size the cache).",
+                           "and fetch containers; the operator never reads it, so the model "
+                           "is sized in the pod and an emptyDir cache has no sizeLimit).",
             "properties": {"name": _SECRET_NAME, "key": _SECRET_KEY},
         },
         "endpoint": {"type": "string", "pattern": r"^https?://\S+$", "maxLength": 2048,
-                     "description": "A Hub mirror (HF_ENDPOINT of the preflight and fetch "
-                                    "containers), e.g. https://hf-mirror.example.com"},
+                     "description": "A Hub mirror (HF_ENDPOINT of the pod's containers), one "
+                                    "of those the operator's Helm value hub.endpoints allows; "
+                                    "https with a token"},
         "cache": {
             "type": "object", "required": ["persistentVolumeClaim"],
             "description": "Where the download goes, shared by replicas and restarts (default: "
@@ -278,8 +280,10 @@ _PLACEMENT = {
                            "description": "the pods' service account (its token is still not "
                                           "mounted: neither container calls the API server)"},
     "env": {"type": "array", "items": _ENV_VAR, "maxItems": 1024,
-            "description": "env of every container (preflight, fetch, engine); the "
-                           "operator's own HF_* variables win over the same names"},
+            "description": "env of every container (preflight, fetch, engine); names that "
+                           "change the engine's security are the operator's (VLLM_*, "
+                           "KVLEDGER_*, HF_ENDPOINT, HF_TOKEN, HUGGING_FACE_HUB_TOKEN, "
+                           "HF_HUB_OFFLINE): use the spec's fields"},
     "envFrom": {"type": "array", "items": _ENV_FROM, "maxItems": 64,
                 "description": "envFrom of every container"},
     "podAnnotations": {**_STRING_MAP, "description": "annotations of the pod template"},
@@ -287,7 +291,7 @@ _PLACEMENT = {
                   "own labels win over the same keys"},
 }
 
-SPEC_SCHEMA = {
+SPEC_SCHEMA = _ruled({
     "type": "object",
     "required": ["model"],
     "properties": {
@@ -329,7 +333,17 @@ SPEC_SCHEMA = {
                 "requests": {"type": "object", "additionalProperties": _QUANTITY},
             },
         },
+        "apiKeySecretRef": {
+            "type": "object", "required": ["name", "key"],
+            "description": "The Secret key holding the API key /v1/* requires (the engine's "
+                           "KVLEDGER_API_KEY; clients send 'Authorization: Bearer KEY')",
+            "properties": {"name": _SECRET_NAME, "key": _SECRET_KEY},
+        },
+        "allowRuntimeLoraUpdating": {
+            "type": "boolean",
+            "description": "serve /v1/load_lora_adapter and /v1/unload_lora_adapter "
+                           "(--allow-runtime-lora-updating; needs apiKeySecretRef)"},
         **_PLACEMENT,
         "autoscaling": _AUTOSCALING,
     },
-}
+}, "")

@@ -14,19 +14,23 @@
   no finalizer of ours) and covers API servers without a garbage collector. kopf adds
   its own finalizer for the timer, to stop it cleanly.
 - a hub model cached in an emptyDir: the pod's ``sizeLimit`` comes from the checkpoint's
-  download size, asked of the hub once per uri (with the token of
-  ``spec.model.tokenSecretRef``) and kept in ``status.model``. When the hub cannot answer,
-  no pod is rendered: ``Ready=False/ModelUnavailable``, asked again in 60 s.
+  download size, asked of the hub once per uri, with no token, at the hub endpoint the
+  admin allows, and kept in ``status.model``. When the hub cannot answer, no pod is
+  rendered: ``Ready=False/ModelUnavailable``, asked again in 60 s. A model that needs a
+  token (``spec.model.tokenSecretRef``) is sized in its pod: the operator reads no Secret
+  (it would otherwise hand whoever may create a resource every Secret of the namespace),
+  and its emptyDir gets no ``sizeLimit`` (``spec.model.cache``, a claim, sizes it).
+- what only the cluster admin may choose (``policy.py``: images, host folders, priority
+  classes, control-plane nodes, hub endpoints) is checked before anything is applied:
+  ``Ready=False/PolicyDenied`` naming the Helm value, and nothing rendered.
 
 Shared state travels in ``memo`` (set by ``main`` or a test): ``kube`` (KubeApi),
-``default_image``, ``prometheus_url``, ``status_locks`` and ``apply_locks``.
+``default_image``, ``prometheus_url``, ``policy``, ``status_locks`` and ``apply_locks``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import datetime
 import logging
 from typing import Any
@@ -37,6 +41,7 @@ import yaml
 from kvledger.engine.errors import BadInput
 from kvledger.operator import autoscaling, render, status
 from kvledger.operator.kube import KubeApi, KubeError, contains, object_path
+from kvledger.operator.policy import Policy, PolicyDenied
 from kvledger.operator.resource import API_VERSION, DEFAULT_PORT, GROUP, PLURAL, VERSION
 from kvledger.operator.spec import ServiceSpec, parse_spec
 
@@ -66,6 +71,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.scanning.disabled = True
     memo.setdefault("default_image", render.DEFAULT_IMAGE)
     memo.setdefault("prometheus_url", autoscaling.DEFAULT_PROMETHEUS_URL)
+    memo.setdefault("policy", Policy())
     memo.setdefault("status_locks", {})
     memo.setdefault("apply_locks", {})
     memo.setdefault("kube", KubeApi())
@@ -168,6 +174,7 @@ async def deployment_changed(labels: kopf.Labels, namespace: str, memo: kopf.Mem
 
 # Every child, in the order they go when the resource does.
 CHILDREN = (("apps/v1", "deployments"), ("v1", "services"), *autoscaling.OPTIONAL_CHILDREN)
+NETWORK_POLICY = ("networking.k8s.io/v1", "networkpolicies")  # with networkPolicy.enabled
 
 
 @kopf.on.event(*ISVC)
@@ -177,7 +184,8 @@ async def isvc_event(type: str, name: str, namespace: str, memo: kopf.Memo,
         return
     memo.status_locks.pop((namespace, name), None)
     memo.apply_locks.pop((namespace, name), None)
-    for api_version, plural in CHILDREN:
+    children = (*CHILDREN, NETWORK_POLICY) if memo.policy.network_policy is not None else CHILDREN
+    for api_version, plural in children:
         if await memo.kube.delete(object_path(api_version, plural, namespace, name)):
             logger.info(f"deleted {plural[:-1]} {namespace}/{name}")
 
@@ -202,14 +210,19 @@ async def apply_children(memo: kopf.Memo, name: str, namespace: str) -> dict[str
             return None  # going: the garbage collector (or isvc_event) removes the children
         # Parsed once: an invalid spec is refused before anything is asked or applied.
         spec = parse_spec(owner.get("spec") or {})
+        memo.policy.check(spec, memo.default_image)  # PolicyDenied: nothing is applied
         optional = autoscaling.render_scaling(name, namespace, spec,
                                               prometheus_url=memo.prometheus_url)
-        model = await download_size(memo, namespace, spec, owner.get("status") or {})
+        model = await download_size(memo, spec, owner.get("status") or {})
         deployment = render.render_deployment(
             name, namespace, spec, default_image=memo.default_image,
-            download_bytes=model["downloadBytes"] if model else None)
+            download_bytes=model.get("downloadBytes") if model else None,
+            hub_endpoint=memo.policy.hub_endpoint(spec))
         service = render.render_service(name, namespace, spec)
         wanted = [body for body in optional.values() if body is not None]
+        allowed = memo.policy.network_policy
+        if allowed is not None:  # the admin's networkPolicy.enabled
+            wanted.append(render.render_network_policy(name, namespace, spec, allowed))
         kopf.adopt([deployment, service, *wanted], owner=kopf.Body(owner))
         # Unwanted first: an HPA and a ScaledObject never scale the resource together.
         for (api_version, plural), body in optional.items():
@@ -220,59 +233,38 @@ async def apply_children(memo: kopf.Memo, name: str, namespace: str) -> dict[str
         for (api_version, plural), body in optional.items():
             if body is not None:
                 await memo.kube.apply(api_version, plural, body)
+        if allowed is not None:
+            await memo.kube.apply(*NETWORK_POLICY, wanted[-1])
         return model
 
 
-async def download_size(memo: kopf.Memo, namespace: str, spec: ServiceSpec,
+async def download_size(memo: kopf.Memo, spec: ServiceSpec,
                         status: dict[str, Any]) -> dict[str, Any] | None:
     """``{uri, downloadBytes}`` when the pod's emptyDir cache must be sized, else None:
-    from ``status.model`` when this uri was asked before, else from the hub (a thread: the
-    client blocks). Raises ModelUnavailable with a one-line reason."""
+    from ``status.model`` when this uri was asked before, else from the hub, with no token,
+    at the endpoint the admin allows (a thread: the client blocks). A model that needs a
+    token is sized in its pod: ``{uri}`` alone, and the emptyDir gets no limit. Raises
+    ModelUnavailable with a one-line reason."""
     if not spec.model.needs_download_size:
         return None
     uri = spec.model.uri
+    if spec.model.token_secret is not None:
+        return {"uri": uri}  # the operator reads no Secret: the pod's fetch sizes it
     known = status.get("model") or {}
     if known.get("uri") == uri and isinstance(known.get("downloadBytes"), int):
         return {"uri": uri, "downloadBytes": known["downloadBytes"]}
-    token = await hub_token(memo, namespace, spec)
     # Torch-free, and imported here so that the operator starts without reading it.
     from kvledger.engine.planner.hub import repo as hub
 
     try:
-        size = await asyncio.to_thread(hub.download_bytes, uri, token=token,
-                                       endpoint=spec.model.endpoint)
+        size = await asyncio.to_thread(hub.download_bytes, uri,
+                                       endpoint=memo.policy.hub_endpoint(spec))
     except (BadInput, OSError) as exc:
         message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        if token:  # a message must never carry the token
-            message = message.replace(token, "<token>")
-        elif "HF_TOKEN" in message:  # the engine's hint, in the resource's words
+        if "HF_TOKEN" in message:  # the engine's hint, in the resource's words
             message += " (on the cluster: spec.model.tokenSecretRef)"
         raise ModelUnavailable(f"cannot size {uri} from the hub: {message}") from None
     return {"uri": uri, "downloadBytes": size}
-
-
-async def hub_token(memo: kopf.Memo, namespace: str, spec: ServiceSpec) -> str | None:
-    """The token in the Secret key ``spec.model.tokenSecretRef`` names, or None without one.
-
-    The operator reads it only to ask the hub for the download size; it is never logged,
-    posted or stored (the pods get it through a secretKeyRef)."""
-    if spec.model.token_secret is None:
-        return None
-    secret_name, key = spec.model.token_secret
-    where = f"Secret {namespace}/{secret_name}"
-    try:
-        secret = await memo.kube.get(object_path("v1", "secrets", namespace, secret_name))
-    except KubeError as exc:
-        raise ModelUnavailable(f"cannot read {where} (model.tokenSecretRef): {exc}") from None
-    if secret is None:
-        raise ModelUnavailable(f"{where} (model.tokenSecretRef) does not exist")
-    encoded = (secret.get("data") or {}).get(key)
-    if encoded is None:
-        raise ModelUnavailable(f"{where} has no key {key!r} (model.tokenSecretRef)")
-    try:
-        return base64.b64decode(encoded, validate=True).decode("utf-8").strip() or None
-    except (binascii.Error, UnicodeDecodeError):
-        raise ModelUnavailable(f"{where} key {key!r} is not a UTF-8 token") from None
 
 
 async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: kopf.Index,
@@ -291,9 +283,12 @@ async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: ko
         if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
             return
         raw = obj.get("spec") or {}
-        spec, spec_error = None, None
+        spec, spec_error, spec_reason = None, None, "InvalidSpec"
         try:
             spec = parse_spec(raw)
+            memo.policy.check(spec, memo.default_image)
+        except PolicyDenied as exc:
+            spec, spec_error, spec_reason = None, str(exc), "PolicyDenied"
         except BadInput as exc:
             spec_error = str(exc)
         old = obj.get("status") or {}
@@ -301,7 +296,7 @@ async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: ko
         deployments = list((deployments_index or {}).get((namespace, name), []))
         new = status.compute_status(
             spec=spec, generation=obj.get("metadata", {}).get("generation"), old=old,
-            pods=pods, spec_error=spec_error,
+            pods=pods, spec_error=spec_error, spec_reason=spec_reason,
             endpoint=render.endpoint(name, namespace,
                                      spec.port if spec else raw.get("port", DEFAULT_PORT)),
             model=model, model_error=model_error,

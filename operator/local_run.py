@@ -43,7 +43,8 @@ from kvledger.operator.spec import ServiceSpec, as_spec, local_model_path, local
 # What only a cluster gives meaning to: validated, then ignored by `kvledger run`.
 CLUSTER_ONLY_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName",
                        "runtimeClassName", "imagePullSecrets", "serviceAccountName", "env",
-                       "envFrom", "podAnnotations", "podLabels", "autoscaling")
+                       "envFrom", "podAnnotations", "podLabels", "autoscaling",
+                       "apiKeySecretRef")  # locally: serve's --api-key or KVLEDGER_API_KEY
 CLUSTER_ONLY_MODEL_FIELDS = ("tokenSecretRef", "endpoint", "cache")
 
 

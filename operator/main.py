@@ -10,6 +10,7 @@ import kopf
 
 from kvledger.operator import autoscaling, render
 from kvledger.operator.kube import KubeApi
+from kvledger.operator.policy import POLICY_ENV, Policy
 
 LOG_FORMATS = {"text": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL,
                "json": kopf.LogFormat.JSON}
@@ -35,14 +36,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def operator_memo(default_image: str, kube: KubeApi | None = None, *,
-                  prometheus_url: str = autoscaling.DEFAULT_PROMETHEUS_URL) -> kopf.Memo:
+                  prometheus_url: str = autoscaling.DEFAULT_PROMETHEUS_URL,
+                  policy: Policy | None = None) -> kopf.Memo:
     """The state the handlers share (see handlers.py)."""
     return kopf.Memo(default_image=default_image, prometheus_url=prometheus_url,
-                     status_locks={}, apply_locks={}, kube=kube or KubeApi())
+                     policy=policy or Policy(), status_locks={}, apply_locks={},
+                     kube=kube or KubeApi())
 
 
 def main(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose, log_format=LOG_FORMATS[args.log_format])
+    # What only the cluster admin may allow (the chart writes its policy and hub values):
+    # a bad one stops the operator here, with one line.
+    policy = Policy.from_json(os.environ.get(POLICY_ENV))
     from kvledger.operator import handlers  # registers the handlers
 
     # Fail fast with one line, not kopf's retry loop, when there is no cluster to talk to.
@@ -52,5 +58,6 @@ def main(args: argparse.Namespace) -> int:
     asyncio.run(kopf.operator(
         clusterwide=not args.namespace, namespaces=args.namespace, standalone=True,
         liveness_endpoint=args.liveness,
-        memo=operator_memo(args.engine_image, prometheus_url=args.prometheus_url)))
+        memo=operator_memo(args.engine_image, prometheus_url=args.prometheus_url,
+                           policy=policy)))
     return 0

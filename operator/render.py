@@ -19,6 +19,7 @@ from importlib.metadata import version
 from typing import Any
 
 from kvledger.operator.parallel import shm_mount, shm_volume
+from kvledger.operator.policy import DEFAULT_HUB_ENDPOINT
 from kvledger.operator.spec import ServiceSpec, as_spec, hub_adapters
 
 LABEL = "kvledger.dev/inferenceservice"
@@ -124,12 +125,9 @@ def _volumes(spec: ServiceSpec, download_bytes: int | None,
         claim = spec.model.cache_claim
         if claim is not None:  # shared by replicas and restarts: fetch finds it done
             volumes.append({"name": "model-cache", "persistentVolumeClaim": {"claimName": claim}})
-        else:
-            if download_bytes is None:
-                raise ValueError("a hub model without model.cache needs its download size "
-                                 "(download_bytes) to size the emptyDir cache")
-            volumes.append({"name": "model-cache",
-                            "emptyDir": {"sizeLimit": cache_size_limit(download_bytes)}})
+        else:  # a model sized in its pod (it needs a token) has no limit
+            volumes.append({"name": "model-cache", "emptyDir": {} if download_bytes is None
+                            else {"sizeLimit": cache_size_limit(download_bytes)}})
     return volumes, mounts
 
 
@@ -141,22 +139,38 @@ def _cache_mount(read_only: bool) -> dict[str, Any]:
     return {"name": "model-cache", "mountPath": CACHE_DIR, "readOnly": read_only}
 
 
-def _hub_env(spec: ServiceSpec) -> list[dict[str, Any]]:
-    """The env of the containers that talk to the hub (preflight, fetch): the token as a
-    Secret reference (never a value in the pod spec or the args), and a mirror."""
-    env: list[dict[str, Any]] = []
+def _secret_env(name: str, ref: tuple[str, str]) -> dict[str, Any]:
+    """An env var from a Secret key: never a value in the pod spec or the args."""
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref[0], "key": ref[1]}}}
+
+
+def _hub_env(spec: ServiceSpec, hub_endpoint: str) -> list[dict[str, Any]]:
+    """The env of the containers that talk to the hub (preflight, fetch): the endpoint the
+    admin allows (set here, so an envFrom cannot send the token elsewhere) and the token."""
+    env = [{"name": "HF_ENDPOINT", "value": hub_endpoint}]
     if spec.model.token_secret is not None:
-        name, key = spec.model.token_secret
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": name, "key": key}}})
-    if spec.model.endpoint is not None:
-        env.append({"name": "HF_ENDPOINT", "value": spec.model.endpoint})
+        env.append(_secret_env("HF_TOKEN", spec.model.token_secret))
+    return env
+
+
+def _engine_env(spec: ServiceSpec, hub_endpoint: str) -> list[dict[str, Any]]:
+    """The engine's security settings, from the spec's own fields alone: set here, so an
+    envFrom cannot turn runtime adapter loading on or send a hub token elsewhere."""
+    env = [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+            "value": "true" if spec.allow_runtime_lora_updating else "false"}]
+    if spec.api_key_secret is not None:
+        env.append(_secret_env("KVLEDGER_API_KEY", spec.api_key_secret))
+    if spec.model.uri is not None or spec.allow_runtime_lora_updating:  # it may ask the hub
+        env.append({"name": "HF_ENDPOINT", "value": hub_endpoint})
+    if spec.model.uri is not None:  # the model is in the cache fetch filled
+        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
     return env
 
 
 def _with_env(container: dict[str, Any], spec: ServiceSpec,
               ours: list[dict[str, Any]]) -> dict[str, Any]:
-    """The user's env and envFrom, then ours; ours win over the same names."""
+    """The user's env and envFrom, then ours; ours win over the same names (and over the
+    envFrom's: a container's env comes after its envFrom)."""
     names = {var["name"] for var in ours}
     env = [copy.deepcopy(var) for var in spec.env if var["name"] not in names]
     env += ours
@@ -178,10 +192,13 @@ def _placement(spec: ServiceSpec) -> dict[str, Any]:
 
 
 def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = DEFAULT_IMAGE,
-                    download_bytes: int | None = None) -> dict[str, Any]:
+                    download_bytes: int | None = None,
+                    hub_endpoint: str | None = None) -> dict[str, Any]:
     """The pod: init containers ``preflight`` (and ``fetch`` for a hub model), then
-    ``engine``. ``download_bytes`` is the hub model's download size, needed (and only
-    used) when it is cached in an emptyDir. Raises BadInput for a spec that can never work."""
+    ``engine``. ``download_bytes`` is the hub model's download size, which sizes its
+    emptyDir cache (None: not known, no limit); ``hub_endpoint`` where the pods talk to the
+    hub (the admin's choice, ``policy.Policy.hub_endpoint``; None: the spec's
+    ``model.endpoint``, else the public hub). Raises BadInput for a spec that can never work."""
     spec = as_spec(spec)
     flags = spec.engine.to_flags()
     uri = spec.model.uri
@@ -193,7 +210,8 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
     engine_resources = {key: dict(value) for key, value in spec.resources.items()}
     if gpu_limits:
         engine_resources.setdefault("limits", {}).update(gpu_limits)
-    hub_env = _hub_env(spec) if uri is not None else []
+    hub_endpoint = hub_endpoint or spec.model.endpoint or DEFAULT_HUB_ENDPOINT
+    hub_env = _hub_env(spec, hub_endpoint) if uri is not None else []
     preflight = _with_env({
         "name": "preflight",
         "image": image,
@@ -248,7 +266,7 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
                            "periodSeconds": 5, "failureThreshold": 2},
         # The image is Debian's or Ubuntu's: coreutils' sleep is there (see PRESTOP_SLEEP_S).
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_S)]}}},
-    }, spec, [{"name": "HF_HUB_OFFLINE", "value": "1"}] if uri is not None else [])
+    }, spec, _engine_env(spec, hub_endpoint))
     return {
         "terminationGracePeriodSeconds": termination_grace_s(spec),
         # Neither container talks to the API server.
@@ -268,11 +286,11 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
 
 
 def render_deployment(name: str, namespace: str, spec: ServiceSpec | dict[str, Any], *,
-                      default_image: str = DEFAULT_IMAGE,
-                      download_bytes: int | None = None) -> dict[str, Any]:
+                      default_image: str = DEFAULT_IMAGE, download_bytes: int | None = None,
+                      hub_endpoint: str | None = None) -> dict[str, Any]:
     """The Deployment named as the resource (owner references are added by the caller).
 
-    ``download_bytes``: see ``render_pod_spec`` (``Model.needs_download_size`` says when).
+    ``download_bytes`` and ``hub_endpoint``: see ``render_pod_spec``.
     The pod template carries ``podLabels`` and ``podAnnotations``; the operator's labels
     win over podLabels of the same key (the selector and the Service depend on them)."""
     spec = as_spec(spec)
@@ -293,8 +311,31 @@ def render_deployment(name: str, namespace: str, spec: ServiceSpec | dict[str, A
             "template": {
                 "metadata": template_meta,
                 "spec": render_pod_spec(spec, default_image=default_image,
-                                        download_bytes=download_bytes),
+                                        download_bytes=download_bytes,
+                                        hub_endpoint=hub_endpoint),
             },
+        },
+    }
+
+
+def render_network_policy(name: str, namespace: str, spec: ServiceSpec | dict[str, Any],
+                          allow_namespaces: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The NetworkPolicy named as the resource (with the admin's ``networkPolicy.enabled``):
+    its pods admit, on the engine's port only, the pods of their own namespace and of
+    ``allow_namespaces`` (a gateway's, the metrics scraper's), and nothing else. The
+    kubelet's probes come from the node, which a NetworkPolicy does not filter."""
+    spec = as_spec(spec)
+    sources: list[dict[str, Any]] = [{"podSelector": {}}]  # this namespace's pods
+    sources += [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": other}}}
+                for other in allow_namespaces]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(name)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": sources, "ports": [{"protocol": "TCP", "port": spec.port}]}],
         },
     }
 

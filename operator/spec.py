@@ -132,6 +132,8 @@ class ServiceSpec:
     env_from: list[dict[str, Any]] = field(default_factory=list)
     pod_annotations: dict[str, str] = field(default_factory=dict)
     pod_labels: dict[str, str] = field(default_factory=dict)
+    api_key_secret: tuple[str, str] | None = None  # (Secret name, key): KVLEDGER_API_KEY
+    allow_runtime_lora_updating: bool = False
 
     def serving_flags(self) -> list[str]:
         """``serve``'s own flags (the pod's and ``kvledger run``'s): the SIGTERM drain, the
@@ -145,6 +147,8 @@ class ServiceSpec:
             flags += ["--tool-call-parser", self.tool_call_parser]
         if self.enable_auto_tool_choice:
             flags += ["--enable-auto-tool-choice"]
+        if self.allow_runtime_lora_updating:
+            flags += ["--allow-runtime-lora-updating"]
         return flags
 
 
@@ -184,6 +188,8 @@ def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
         env_from=copy.deepcopy(list(raw.get("envFrom") or [])),
         pod_annotations=dict(raw.get("podAnnotations") or {}),
         pod_labels=dict(raw.get("podLabels") or {}),
+        api_key_secret=_secret_ref(raw.get("apiKeySecretRef")),
+        allow_runtime_lora_updating=bool(raw.get("allowRuntimeLoraUpdating")),
     )
 
 
@@ -193,16 +199,19 @@ def as_spec(spec: ServiceSpec | Mapping[str, Any]) -> ServiceSpec:
     return spec if isinstance(spec, ServiceSpec) else parse_spec(spec)
 
 
+def _secret_ref(ref: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    return None if ref is None else (ref["name"], ref["key"])
+
+
 def _model(model: Mapping[str, Any]) -> Model:
     volume = model.get("volume")
-    secret = model.get("tokenSecretRef")
     return Model(
         path=model.get("path"), uri=model.get("uri"), name=model.get("name"),
         volume=None if volume is None else ModelVolume(
             claim_name=(volume.get("persistentVolumeClaim") or {}).get("claimName"),
             host_path=(volume.get("hostPath") or {}).get("path"),
             mount_path=volume.get("mountPath", DEFAULT_MOUNT_PATH)),
-        token_secret=None if secret is None else (secret["name"], secret["key"]),
+        token_secret=_secret_ref(model.get("tokenSecretRef")),
         endpoint=model.get("endpoint"),
         cache_claim=((model.get("cache") or {}).get("persistentVolumeClaim") or {})
         .get("claimName"))
@@ -230,6 +239,8 @@ def _engine_config(raw: Mapping[str, Any], model: Model, device: str,
     adapters = _adapters(raw.get("adapters") or [], model)
     if adapters:  # spec.adapters: --enable-lora --lora-modules NAME=URI ...
         values.update(enable_lora=True, lora_modules=adapters)
+    if raw.get("allowRuntimeLoraUpdating"):  # adapters loaded at run time need LoRA on
+        values["enable_lora"] = True
     try:
         return EngineConfig(**values)
     except TypeError as exc:  # a wrongly typed value the schema would have caught

@@ -6,8 +6,8 @@ in Python with the same message, for ``kvledger run`` (no API server) and for th
 operator (an API server older than CEL validation skips them). A test evaluates every CEL
 expression with a CEL interpreter and checks that the two halves of each rule agree.
 
-A rule's ``path`` is the schema node it sits on, under ``spec`` (``a.b``: field b of
-field a; ``a[]``: each item of the list a). The CEL sees the node after the API server
+A rule's ``path`` is the schema node it sits on, under ``spec`` (``""``: the spec itself;
+``a.b``: field b of field a; ``a[]``: each item of the list a). The CEL sees the node after the API server
 applied the CRD's defaults; a Python check is given the node as written, so it takes the
 CRD's default where the CEL relies on one (``mountPath``).
 """
@@ -49,7 +49,32 @@ def _ratio_at_most_one(scaling: Mapping[str, Any]) -> bool:
             or "target" not in scaling or target_value(scaling["target"]) <= 1)
 
 
+# Env names the operator owns: what the engine and the hub client read that changes who
+# may reach what (an API key, runtime adapter loading, where the hub token goes). They
+# come from the spec's own fields, and the pod sets them itself, over any envFrom.
+OWNED_ENV_PREFIXES = ("VLLM_", "KVLEDGER_")
+OWNED_ENV_NAMES = ("HF_ENDPOINT", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE")
+
+
+def _env_name_free(var: Mapping[str, Any]) -> bool:
+    name = var.get("name", "")
+    return not name.startswith(OWNED_ENV_PREFIXES) and name not in OWNED_ENV_NAMES
+
+
 RULES: tuple[Rule, ...] = (
+    Rule("", "!has(self.allowRuntimeLoraUpdating) || !self.allowRuntimeLoraUpdating"
+         " || has(self.apiKeySecretRef)",
+         "allowRuntimeLoraUpdating needs apiKeySecretRef: loading adapters at run time is "
+         "for clients that hold the API key",
+         lambda spec: not spec.get("allowRuntimeLoraUpdating") or "apiKeySecretRef" in spec),
+    Rule("env[]",
+         " && ".join([f"!self.name.startsWith('{p}')" for p in OWNED_ENV_PREFIXES]
+                     + ["!(self.name in [" + ", ".join(f"'{n}'" for n in OWNED_ENV_NAMES)
+                        + "])"]),
+         "env names VLLM_*, KVLEDGER_*, HF_ENDPOINT, HF_TOKEN, HUGGING_FACE_HUB_TOKEN and "
+         "HF_HUB_OFFLINE are the operator's: use apiKeySecretRef, allowRuntimeLoraUpdating, "
+         "model.endpoint and model.tokenSecretRef",
+         _env_name_free),
     # One pod, one node: the model is sharded over the node's GPUs (tensor parallelism).
     Rule("gpus", f"self <= {MAX_GPUS}",
          f"gpus must be at most {MAX_GPUS}: kvledger shards a model over the GPUs of one node "
@@ -156,7 +181,7 @@ def validations(path: str) -> list[dict[str, str]]:
 def nodes(spec: Mapping[str, Any], path: str) -> Iterator[Any]:
     """The values of ``spec`` a rule at ``path`` applies to (none where a field is unset)."""
     found: list[Any] = [spec]
-    for part in path.split("."):
+    for part in path.split(".") if path else ():
         name = part.removesuffix("[]")
         found = [node[name] for node in found if isinstance(node, Mapping) and name in node]
         if part.endswith("[]"):

@@ -20,6 +20,7 @@ IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
                       "ErrImageNeverPull"}
 # Ready=False reasons that deserve a Warning event on the resource.
 WARNING_REASONS = {"DoesNotFit", "PreflightBadInput", "PreflightFailed", "InvalidSpec",
+                   "PolicyDenied",
                    "OOMKilled", "EngineCrashLoop", "ImagePullFailed", "Unschedulable",
                    "FetchFailed", "ModelUnavailable"}
 NO_FIGURES = (f"(no plan figures: the pre-flight's message has no {PLAN_LINE_PREFIX.strip()} "
@@ -164,12 +165,14 @@ def compute_status(*, spec: ServiceSpec | dict[str, Any] | None, generation: int
                    pods: list[dict[str, Any]], spec_error: str | None,
                    endpoint: str, now: str, model: dict[str, Any] | None = None,
                    model_error: str | None = None, replicas: int = 0,
-                   selector: str | None = None) -> dict[str, Any]:
+                   selector: str | None = None,
+                   spec_reason: str = "InvalidSpec") -> dict[str, Any]:
     """The whole desired status from the pods' statuses (level-based: history-free).
 
     ``old`` is the current status (for transition times and what pods no longer show);
     ``spec`` is the parsed spec (or a spec dict, parsed here), and ``spec_error`` is set
-    instead when the spec can never work. For a hub model cached in an
+    instead when the spec can never work (``spec_reason``: InvalidSpec, or PolicyDenied
+    for what the cluster admin's policy does not allow). For a hub model cached in an
     emptyDir, ``model`` is its download size just had (``status.model``, else the old one)
     and ``model_error`` why it could not be had: until ``status.model`` holds the spec's
     uri, ``Ready`` stays ``ModelUnavailable`` once it is.
@@ -193,7 +196,7 @@ def compute_status(*, spec: ServiceSpec | dict[str, Any] | None, generation: int
         conditions = upsert_condition(conditions, condition, now)
 
     if spec_error is not None:
-        set_condition(READY, "False", "InvalidSpec", spec_error)
+        set_condition(READY, "False", spec_reason, spec_error)
         status.update(conditions=conditions, readyReplicas=0)
         return status
 

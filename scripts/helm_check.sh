@@ -72,6 +72,36 @@ if grep -q '^kind: \(PodMonitor\|ServiceMonitor\)$' "$OUT/cluster-wide.yaml"; th
     exit 1
 fi
 
+check policy --set networkPolicy.enabled=true --set 'networkPolicy.allowNamespaces={monitoring}' \
+    --set 'policy.images={registry.example.com/ml/}' --set 'policy.hostPaths={/srv/models}' \
+    --set 'hub.endpoints={https://hf-mirror.example.com}'
+# The operator reads no Secret in any install; its policy is the values', as the operator
+# parses it; NetworkPolicies are managed only when turned on.
+"$PY" - "$OUT" <<'PYEOF'
+import sys
+import yaml
+from kvledger.operator.policy import Policy
+
+out = sys.argv[1]
+for name, network in (("cluster-wide", None), ("namespaced", None), ("policy", ("monitoring",))):
+    docs = [d for d in yaml.safe_load_all(open(f"{out}/{name}.yaml")) if d]
+    rules = [r for d in docs if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]]
+    assert not any("secrets" in r["resources"] for r in rules), f"{name}: a Secret rule"
+    managed = any("networkpolicies" in r["resources"] for r in rules)
+    assert managed == (network is not None), f"{name}: networkpolicies rule {managed}"
+    [operator] = [d for d in docs if d["kind"] == "Deployment"]
+    env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+    policy = Policy.from_json(env["KVLEDGER_POLICY"])
+    assert policy.network_policy == network, (name, policy)
+    if name == "policy":
+        assert policy == Policy(images=("registry.example.com/ml/",), host_paths=("/srv/models",),
+                                hub_endpoints=("https://hf-mirror.example.com",),
+                                network_policy=("monitoring",)), policy
+    else:
+        assert policy == Policy(), (name, policy)
+PYEOF
+echo "ok: policy (no Secret read; KVLEDGER_POLICY parses to the values)"
+
 check monitors --set metrics.podMonitor.enabled=true --set metrics.serviceMonitor.enabled=true \
     --set metrics.podMonitor.labels.release=kube-prometheus-stack \
     --set metrics.serviceMonitor.scrapeTimeout=10s

@@ -41,7 +41,12 @@ class Emulator(kmock.KubernetesEmulator):
 
     _generated = itertools.count(1)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.asked: list[tuple[str, str]] = []  # (method, resource plural) of every request
+
     async def _handle(self, request: kmock.Request) -> Any:
+        self.asked.append((request.method.value, str(getattr(request.resource, "plural", ""))))
         meta = request.data.get("metadata") if isinstance(request.data, dict) else None
         if (request.method == kmock.method.POST and isinstance(meta, dict)
                 and "name" not in meta and meta.get("generateName")):
@@ -159,8 +164,10 @@ async def emulated_cluster() -> AsyncIterator[Cluster]:
 
 
 @contextlib.asynccontextmanager
-async def running_operator(default_image: str = "kvledger:test") -> AsyncIterator[Cluster]:
-    """The emulator and the real operator in this event loop (login via KUBECONFIG)."""
+async def running_operator(default_image: str = "kvledger:test",
+                           policy=None) -> AsyncIterator[Cluster]:
+    """The emulator and the real operator in this event loop (login via KUBECONFIG), under
+    ``policy`` (an ``operator.policy.Policy``; the Helm chart's defaults when None)."""
     from kvledger.operator import handlers  # noqa: F401  (registers the handlers)
 
     async with emulated_cluster() as cluster:
@@ -169,7 +176,7 @@ async def running_operator(default_image: str = "kvledger:test") -> AsyncIterato
         stop, ready = asyncio.Event(), asyncio.Event()
         task = asyncio.create_task(kopf.operator(
             clusterwide=True, standalone=True, stop_flag=stop, ready_flag=ready,
-            memo=operator_memo(default_image)))
+            memo=operator_memo(default_image, policy=policy)))
         try:
             await asyncio.wait_for(ready.wait(), timeout=20)
             yield cluster

@@ -16,6 +16,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from kvledger.engine import cli
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, EXIT_OK
 from kvledger.engine.planner import device
 from kvledger.operator.crd import API_VERSION, PLURAL
+from kvledger.operator.policy import Policy
 from kvledger.operator.spec import local_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -248,7 +250,8 @@ async def test_describe_excerpt_is_what_the_operator_reports(model_root, tmp_pat
     manifest = yaml.safe_load(DOES_NOT_FIT.read_text())
     name, spec = manifest["metadata"]["name"], dict(manifest["spec"])
     spec.pop("gpus", None)  # the helper runs the pod on the CPU: gpus 0
-    async with running_operator() as cluster:
+    # The helper mounts the model from the temporary folder (hostPath): the admin allows it.
+    async with running_operator(policy=Policy(host_paths=(tempfile.gettempdir(),))) as cluster:
         _, terminated = await deploy_and_run_preflight(cluster, name, model_root, tmp_path,
                                                        **spec)
         assert terminated["exitCode"] == EXIT_DOES_NOT_FIT, terminated["message"]

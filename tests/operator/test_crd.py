@@ -264,7 +264,8 @@ def _rules():
 
 def test_every_rule_of_the_table_is_in_the_crd_once_where_it_applies():
     in_crd = sorted(_rules())
-    from_table = sorted((f".spec.{rule.path}", rule.cel, rule.message) for rule in RULES)
+    from_table = sorted((".spec" + (f".{rule.path}" if rule.path else ""), rule.cel, rule.message)
+                        for rule in RULES)
     assert in_crd == from_table
     assert len({rule.message for rule in RULES}) == len(RULES)
 
@@ -327,6 +328,19 @@ CASES = [
     ({"model": {"path": "/m", "tokenSecretRef": {"name": "hf", "key": "token"}}}, False),
     ({"model": {"path": "/m", "endpoint": "https://mirror.example"}}, False),
     ({"model": {"path": "/m", "cache": {"persistentVolumeClaim": {"claimName": "c"}}}}, False),
+    # Env names the operator owns come from the spec's own fields, never from env.
+    ({"model": {"path": "/m"}, "env": [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+                                        "value": "true"}]}, False),
+    ({"model": {"path": "/m"}, "env": [{"name": "KVLEDGER_API_KEY", "value": ""}]}, False),
+    ({"model": {"path": "/m"}, "env": [{"name": "HF_ENDPOINT", "value": "http://x"}]}, False),
+    ({"model": {"path": "/m"}, "env": [{"name": "HF_TOKEN", "value": "t"}]}, False),
+    ({"model": {"path": "/m"}, "env": [{"name": "HF_HOME", "value": "/tmp/hf"},
+                                       {"name": "MY_VLLM_FLAG", "value": "1"}]}, True),
+    # Runtime adapter loading is for clients holding the API key.
+    ({"model": {"path": "/m"}, "allowRuntimeLoraUpdating": True}, False),
+    ({"model": {"path": "/m"}, "allowRuntimeLoraUpdating": True,
+      "apiKeySecretRef": {"name": "keys", "key": "api"}}, True),
+    ({"model": {"path": "/m"}, "allowRuntimeLoraUpdating": False}, True),
     # The GPUs of one node: the model sharded over them.
     ({"model": {"path": "/m"}, "gpus": 0}, True),
     ({"model": {"path": "/m"}, "gpus": 1}, True),

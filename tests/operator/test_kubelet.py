@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from operator_harness import (
 
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT
 from kvledger.engine.planner.report import PLAN_LINE_PREFIX, TERMINATION_LOG_MAX_BYTES
+from kvledger.operator.policy import Policy
 from kvledger.operator.resource import API_VERSION, PLURAL
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120),
@@ -35,7 +37,10 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def cluster():
-    async with running_operator() as running:
+    # The models are written under the temporary folder, mounted as hostPath volumes: a
+    # folder the admin allows (the operator's Helm value policy.hostPaths).
+    policy = Policy(host_paths=(tempfile.gettempdir(),))
+    async with running_operator(policy=policy) as running:
         yield running
 
 

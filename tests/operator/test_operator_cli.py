@@ -67,3 +67,12 @@ def test_no_cluster_is_one_line_and_exit_2(kubeconfig, expected, tmp_path):
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 2
     assert done.stderr.startswith(expected) and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_bad_policy_stops_the_operator_with_one_line(tmp_path):
+    env = {**os.environ, "HOME": str(tmp_path), "KVLEDGER_POLICY": '{"hostPaths": ["srv"]}'}
+    result = subprocess.run([sys.executable, "-m", "kvledger.engine.cli", "operator"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("error: KVLEDGER_POLICY: hostPaths must be absolute "
+                                     "folders")

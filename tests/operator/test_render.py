@@ -174,6 +174,10 @@ def test_gpus_beyond_one_node_are_refused_by_name():
 
 # -- placement and environment ----------------------------------------------------------
 
+# What every engine container sets itself, after the user's env (runtime adapter loading
+# off unless the spec's own field turns it on).
+ENGINE_ENV = [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "false"}]
+
 def test_placement_fields_pass_through_to_the_pod_as_kubernetes_names_them():
     deployment = render_deployment("llama", "ml", {**SPEC, **PLACEMENT})
     template = deployment["spec"]["template"]
@@ -187,9 +191,12 @@ def test_placement_fields_pass_through_to_the_pod_as_kubernetes_names_them():
                                               "app.kubernetes.io/name": "kvledger",
                                               "app.kubernetes.io/instance": "llama",
                                               "app.kubernetes.io/managed-by": "kvledger-operator"}
-    for container in (*pod["initContainers"], *pod["containers"]):
+    for container in pod["initContainers"]:
         assert container["env"] == PLACEMENT["env"], container["name"]
         assert container["envFrom"] == PLACEMENT["envFrom"], container["name"]
+    [engine] = pod["containers"]
+    assert engine["env"] == [*PLACEMENT["env"], *ENGINE_ENV]  # its own settings last: they win
+    assert engine["envFrom"] == PLACEMENT["envFrom"]
     # Copies, not the spec's own objects: the manifest may be mutated by the caller.
     pod["nodeSelector"]["pool"] = "changed"
     assert PLACEMENT["nodeSelector"]["pool"] == "gpu"
@@ -211,7 +218,8 @@ def test_gpu_pods_tolerate_the_gpu_taint_unless_tolerations_are_given():
     mine = [{"key": "pool", "operator": "Equal", "value": "h100", "effect": "NoSchedule"}]
     assert pod_spec({**SPEC, "tolerations": mine})["tolerations"] == mine
     assert "nodeSelector" not in pod_spec(SPEC) and "affinity" not in pod_spec(SPEC)
-    assert "env" not in pod_spec(SPEC)["containers"][0]
+    assert pod_spec(SPEC)["containers"][0]["env"] == ENGINE_ENV
+    assert "env" not in pod_spec(SPEC)["initContainers"][0]
 
 
 # -- hub models -------------------------------------------------------------------------
@@ -258,16 +266,33 @@ def test_hub_token_and_mirror_reach_only_the_containers_that_talk_to_the_hub():
     for name in ("preflight", "fetch"):
         assert _env(containers[name]) == {"HF_TOKEN": token,
                                           "HF_ENDPOINT": "https://hf-mirror.example.com"}
-    assert _env(containers["engine"]) == {"HF_HUB_OFFLINE": "1"}
+    assert _env(containers["engine"]) == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "false",
+                                          "HF_ENDPOINT": "https://hf-mirror.example.com",
+                                          "HF_HUB_OFFLINE": "1"}
     assert "hf-token" not in str([c["args"] for c in containers.values()])
-    # The operator's own HF_* win over the user's env of the same name; the rest passes.
-    spec = {**HUB, "env": [{"name": "HF_TOKEN", "value": "x"}, {"name": "HF_HUB_OFFLINE",
-                                                                  "value": "0"},
-                           {"name": "A", "value": "1"}]}
+    # The endpoint the admin allows (policy.Policy.hub_endpoint), when the handler gives it.
+    pinned = _containers(pod_spec_of(HUB, download_bytes=GIB,
+                                     hub_endpoint="https://hf.internal.example"))
+    assert {_env(c)["HF_ENDPOINT"] for c in pinned.values()} == {"https://hf.internal.example"}
+    # The user's other env passes (names the operator owns are refused by the rules).
+    spec = {**HUB, "env": [{"name": "A", "value": "1"}]}
     containers = _containers(pod_spec_of(spec, download_bytes=GIB))
-    assert _env(containers["fetch"]) == {"HF_HUB_OFFLINE": "0", "A": "1", "HF_TOKEN": token,
+    assert _env(containers["fetch"]) == {"A": "1", "HF_TOKEN": token,
                                          "HF_ENDPOINT": "https://hf-mirror.example.com"}
-    assert _env(containers["engine"]) == {"HF_TOKEN": "x", "A": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def test_the_engines_security_settings_come_from_the_spec_and_win_over_env_from():
+    """envFrom (a ConfigMap the author writes) cannot turn runtime adapter loading on, drop
+    the API key or send the hub token elsewhere: the container's own env, which comes after
+    its envFrom, sets each of them from the spec's fields."""
+    spec = {**SPEC, "envFrom": [{"configMapRef": {"name": "anything"}}],
+            "apiKeySecretRef": {"name": "keys", "key": "api"}, "allowRuntimeLoraUpdating": True}
+    [engine] = pod_spec(spec)["containers"]
+    assert _env(engine) == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true",
+                            "KVLEDGER_API_KEY": {"secretKeyRef": {"name": "keys", "key": "api"}},
+                            "HF_ENDPOINT": "https://huggingface.co"}
+    assert "--allow-runtime-lora-updating" in engine["args"] and "--enable-lora" in engine["args"]
+    assert _env(pod_spec(SPEC)["containers"][0]) == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "false"}
 
 
 def test_hub_cache_is_written_by_fetch_and_read_only_for_the_engine():
@@ -290,9 +315,10 @@ def test_hub_cache_is_written_by_fetch_and_read_only_for_the_engine():
                                       "persistentVolumeClaim": {"claimName": "hf-cache"}}
 
 
-def test_an_emptydir_cache_needs_the_download_size():
-    with pytest.raises(ValueError, match="needs its download size"):
-        pod_spec_of(HUB)
+def test_an_emptydir_cache_of_a_model_sized_in_its_pod_has_no_limit():
+    """A model behind a token is sized in its pod (the operator reads no Secret)."""
+    volumes = {v["name"]: v for v in pod_spec_of(HUB)["volumes"]}
+    assert volumes["model-cache"] == {"name": "model-cache", "emptyDir": {}}
 
 
 @pytest.mark.parametrize(("download_bytes", "limit"), [

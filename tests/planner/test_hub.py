@@ -363,3 +363,49 @@ def test_offline_plan_uses_the_cache_or_says_to_fetch(hub, tmp_path) -> None:
     hub.served.clear()
     assert kvledger(offline, *argv).returncode == 0
     assert hub.served_bytes("kvledger/tiny-llama") == 0
+
+
+def test_a_redirect_to_another_host_does_not_carry_the_token() -> None:
+    """The hub sends large files to a CDN on another host: the reads follow, and the token
+    stays behind (huggingface_hub's session drops Authorization across origins)."""
+    import http.server
+    import threading
+
+    from huggingface_hub.utils import build_hf_headers
+
+    from kvledger.engine.planner.hub.reads import Deadline, stream_get
+
+    seen: list[tuple[str, str | None]] = []
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(("other host", self.headers.get("Authorization")))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):
+            pass
+
+    other = http.server.HTTPServer(("127.0.0.2", 0), Other)
+
+    class Hub(Other):
+        def do_GET(self):
+            seen.append(("hub", self.headers.get("Authorization")))
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.2:{other.server_port}/blob")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    hub_host = http.server.HTTPServer(("127.0.0.1", 0), Hub)
+    for server in (other, hub_host):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        body = stream_get(f"http://127.0.0.1:{hub_host.server_port}/f",
+                          build_hf_headers(token=TOKEN), 2, Deadline.after(10, "test"))
+    finally:
+        other.shutdown()
+        hub_host.shutdown()
+    assert body == b"ok"
+    assert seen == [("hub", f"Bearer {TOKEN}"), ("other host", None)]

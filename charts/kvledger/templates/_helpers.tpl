@@ -45,13 +45,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   resources: [pods]
   verbs: [get, list, watch]
 {{- /*
-  A hub model cached in an emptyDir (spec.model.uri, no model.cache) is sized from its
-  download size, asked of the hub with the token in the Secret spec.model.tokenSecretRef
-  names: get only (no list or watch), once per uri; never logged, posted or stored.
+  No Secret is read: a hub model behind a token is sized in its pod, which gets the token
+  through a secretKeyRef (the kubelet reads it, with the pod's rights).
 */}}
-- apiGroups: [""]
-  resources: [secrets]
-  verbs: [get]
+{{- if .Values.networkPolicy.enabled }}
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch, delete]
+{{- end }}
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create]

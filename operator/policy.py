@@ -1,0 +1,199 @@
+"""What only a cluster admin may choose, from the operator's Helm values (``policy`` and
+``hub``), never from a resource's spec: whoever may create an InferenceService gets no
+more than their namespace already allows them.
+
+- images: ``spec.image`` only from the listed repositories (the operator's engine image's
+  always); any other image is code the admin did not approve, run with the pod's rights;
+- ``hostPath`` model volumes only under the listed folders (none by default): a host
+  folder is the node's, not the namespace's;
+- ``priorityClassName`` only from the listed classes (none by default): a class such as
+  ``system-cluster-critical`` preempts other tenants' pods;
+- control-plane placement (a ``node-role.kubernetes.io/control-plane`` or ``master`` node
+  selector, affinity term or toleration, or a toleration of every taint) only when
+  allowed;
+- ``spec.model.endpoint`` only from the listed hub endpoints (the public hub by default),
+  over https when a token goes with it: the pods send ``HF_TOKEN`` there;
+- with ``networkPolicy.enabled``, each service gets a NetworkPolicy that admits only its
+  own namespace's pods and those of the listed namespaces (a gateway's, the metrics
+  scraper's) to the engine's port (``render.render_network_policy``).
+
+A refusal is a ``PolicyDenied`` (a BadInput) whose one line names the field and the Helm
+value to change; the operator shows it as ``Ready=False/PolicyDenied`` and an event. The
+engine's own security settings are not pass-through at all (``spec_rules``: env names the
+operator owns) and are rendered explicitly so an ``envFrom`` cannot set them (``render``).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from kvledger.engine.errors import BadInput
+from kvledger.operator.spec import ServiceSpec
+
+DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
+POLICY_ENV = "KVLEDGER_POLICY"  # the operator's: the chart writes policy and hub values there
+CONTROL_PLANE_KEYS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
+
+
+class PolicyDenied(BadInput):
+    """The spec asks for what only the cluster admin may allow (the Helm value named)."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    images: tuple[str, ...] = ()             # repositories (or prefixes ending in '/')
+    host_paths: tuple[str, ...] = ()         # hostPath folders allowed, and what is below
+    priority_classes: tuple[str, ...] = ()
+    control_plane: bool = False
+    hub_endpoints: tuple[str, ...] = (DEFAULT_HUB_ENDPOINT,)
+    # None: no NetworkPolicy; else the namespaces, besides the service's own, admitted.
+    network_policy: tuple[str, ...] | None = None
+
+    @classmethod
+    def from_json(cls, text: str | None) -> Policy:
+        """The policy in the operator's ``KVLEDGER_POLICY`` (the chart writes its values
+        there); the defaults without one. BadInput naming what is wrong."""
+        if not text:
+            return cls()
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise BadInput(f"KVLEDGER_POLICY is not JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise BadInput("KVLEDGER_POLICY must be a JSON object")
+        unknown = sorted(set(raw) - {"images", "hostPaths", "priorityClasses", "controlPlane",
+                                     "hubEndpoints", "networkPolicy"})
+        if unknown:
+            raise BadInput(f"KVLEDGER_POLICY: unknown key {unknown[0]!r}")
+        endpoints = _strings(raw, "hubEndpoints", (DEFAULT_HUB_ENDPOINT,))
+        for endpoint in endpoints:
+            if urlsplit(endpoint).scheme not in ("http", "https") or not urlsplit(endpoint).netloc:
+                raise BadInput(f"KVLEDGER_POLICY: hubEndpoints: {endpoint!r} is not an "
+                               "http(s) URL")
+        host_paths = _strings(raw, "hostPaths", ())
+        if any(not p.startswith("/") for p in host_paths):
+            raise BadInput("KVLEDGER_POLICY: hostPaths must be absolute folders")
+        control_plane = raw.get("controlPlane", False)
+        if not isinstance(control_plane, bool):
+            raise BadInput("KVLEDGER_POLICY: controlPlane must be true or false")
+        network = raw.get("networkPolicy") or {}
+        if not isinstance(network, dict) or not isinstance(network.get("enabled", False), bool):
+            raise BadInput("KVLEDGER_POLICY: networkPolicy must be {enabled: true|false, "
+                           "allowNamespaces: [...]}")
+        return cls(images=_strings(raw, "images", ()),
+                   host_paths=tuple(posixpath.normpath(p) for p in host_paths),
+                   priority_classes=_strings(raw, "priorityClasses", ()),
+                   control_plane=control_plane,
+                   hub_endpoints=tuple(e.rstrip("/") for e in endpoints),
+                   network_policy=_strings(network, "allowNamespaces", ())
+                   if network.get("enabled") else None)
+
+    def check(self, spec: ServiceSpec, default_image: str) -> None:
+        """PolicyDenied for the first thing ``spec`` asks that this policy does not allow."""
+        if spec.image is not None and not _image_allowed(spec.image,
+                                                         (*self.images, _repository(default_image))):
+            raise PolicyDenied(f"spec.image {spec.image} is not allowed: images are the "
+                               "cluster admin's choice (the operator's Helm value "
+                               f"policy.images; allowed now: {_listed(self.images, default_image)})")
+        volume = spec.model.volume
+        if volume is not None and volume.host_path is not None and not any(
+                _under(volume.host_path, folder) for folder in self.host_paths):
+            raise PolicyDenied(f"spec.model.volume.hostPath {volume.host_path} is not allowed: "
+                               "host folders are the cluster admin's choice (the operator's "
+                               f"Helm value policy.hostPaths; allowed now: "
+                               f"{', '.join(self.host_paths) or 'none'})")
+        priority = spec.pod_fields.get("priorityClassName")
+        if priority is not None and priority not in self.priority_classes:
+            raise PolicyDenied(f"spec.priorityClassName {priority} is not allowed: priority "
+                               "classes are the cluster admin's choice (the operator's Helm "
+                               "value policy.priorityClasses; allowed now: "
+                               f"{', '.join(self.priority_classes) or 'none'})")
+        if not self.control_plane and (where := _control_plane(spec)):
+            raise PolicyDenied(f"{where} places the pods on control-plane nodes: only the "
+                               "cluster admin may allow that (the operator's Helm value "
+                               "policy.controlPlane)")
+        endpoint = spec.model.endpoint
+        if endpoint is not None:
+            if endpoint.rstrip("/") not in self.hub_endpoints:
+                raise PolicyDenied(f"spec.model.endpoint {endpoint} is not allowed: the pods "
+                                   "send the hub token there, so hub endpoints are the "
+                                   "cluster admin's choice (the operator's Helm value "
+                                   f"hub.endpoints; allowed now: {', '.join(self.hub_endpoints)})")
+            if spec.model.token_secret is not None and urlsplit(endpoint).scheme != "https":
+                raise PolicyDenied(f"spec.model.endpoint {endpoint}: a token "
+                                   "(spec.model.tokenSecretRef) is sent over https only")
+
+    def hub_endpoint(self, spec: ServiceSpec) -> str:
+        """The hub endpoint the pods talk to: the spec's (allowed by ``check``), else the
+        first the admin listed."""
+        return spec.model.endpoint or self.hub_endpoints[0]
+
+
+def _strings(raw: Mapping[str, Any], key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    value = raw.get(key, list(default))
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise BadInput(f"KVLEDGER_POLICY: {key} must be a list of non-empty strings")
+    return tuple(value)
+
+
+def _repository(image: str) -> str:
+    """``image`` without its tag or digest."""
+    name = image.split("@", 1)[0]
+    slash = name.rfind("/")
+    colon = name.rfind(":")
+    return name[:colon] if colon > slash else name
+
+
+def _image_allowed(image: str, allowed: Sequence[str]) -> bool:
+    """An entry allows its repository with any tag or digest, or, ending in '/', every
+    image under it."""
+    return any(image.startswith(entry) if entry.endswith("/") else _repository(image) == entry
+               for entry in allowed)
+
+
+def _listed(images: Sequence[str], default_image: str) -> str:
+    return ", ".join(dict.fromkeys((_repository(default_image), *images)))
+
+
+def _under(path: str, folder: str) -> bool:
+    path = posixpath.normpath(path)
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _control_plane(spec: ServiceSpec) -> str | None:
+    """The field that puts the pods on control-plane nodes, if one does."""
+    selector = spec.pod_fields.get("nodeSelector") or {}
+    if any(key in CONTROL_PLANE_KEYS for key in selector):
+        return "spec.nodeSelector"
+    for toleration in spec.tolerations or []:
+        key = toleration.get("key") or ""
+        if key in CONTROL_PLANE_KEYS or (not key and toleration.get("operator") == "Exists"):
+            return "spec.tolerations"
+    node = (spec.pod_fields.get("affinity") or {}).get("nodeAffinity") or {}
+    if any(e.get("key") in CONTROL_PLANE_KEYS and e.get("operator") in ("In", "Exists")
+           for e in _match_expressions(node)):
+        return "spec.affinity.nodeAffinity"
+    return None
+
+
+def _match_expressions(node: Any) -> list[dict[str, Any]]:
+    """Every ``matchExpressions`` item under a nodeAffinity, required and preferred (a
+    walk with a stack of its own: however deep the object, no recursion limit)."""
+    found: list[dict[str, Any]] = []
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if key == "matchExpressions" and isinstance(value, list):
+                    found += [e for e in value if isinstance(e, dict)]
+                else:
+                    stack.append(value)
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
