@@ -21,7 +21,12 @@ The attacks (issue 39):
 - four runtime ``hf://`` adapter loads against a hub that never answers: a completion
   and a ``/tokenize`` meanwhile answer within 2 s;
 - ``kvledger plan`` on a checkpoint whose safetensors header is nested 200,000 deep, or
-  has a dimension of 10**400: exit 2 and one ``error:`` line.
+  has a dimension of 10**400: exit 2 and one ``error:`` line;
+- the operator (the real one, against kmock's Kubernetes emulator, the chart's default
+  policy): resources asking for a ``hostPath`` of ``/``, an image of their own,
+  ``system-cluster-critical``, control-plane nodes, ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``
+  in their env, runtime adapter loading without an API key, or their own hub endpoint
+  for a token: each refused (no Deployment), and no Secret read by the operator at all.
 """
 
 from __future__ import annotations
@@ -187,6 +192,53 @@ def plan_attacks(folder: Path, failed: list[str]) -> None:
             failed.append(f"plan on a header {name}: exit {run.returncode}, {len(lines)} lines")
 
 
+OPERATOR_ATTACKS = {
+    "hostPath /": {"model": {"path": "/models/m", "volume": {"hostPath": {"path": "/"},
+                                                             "mountPath": "/models"}}},
+    "an image of its own": {"image": "docker.io/attacker/miner:latest"},
+    "system-cluster-critical": {"priorityClassName": "system-cluster-critical"},
+    "control-plane nodes": {"nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+                            "tolerations": [{"operator": "Exists"}]},
+    "runtime adapter loading through env": {
+        "env": [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "true"}]},
+    "runtime adapter loading without a key": {"allowRuntimeLoraUpdating": True},
+    "a token sent to its own endpoint": {"model": {
+        "uri": "hf://org/m", "tokenSecretRef": {"name": "hf-token", "key": "token"},
+        "endpoint": "https://attacker.example"}},
+}
+
+
+async def operator_attacks(failed: list[str]) -> None:
+    from operator_harness import eventually, running_operator, service_manifest
+
+    from kvledger.operator.resource import API_VERSION, PLURAL
+
+    async with running_operator(default_image="ghcr.io/kvledger/kvledger:0.1.0") as cluster:
+        await cluster.create("v1", "secrets", {
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "hf-token", "namespace": "default"},
+            "data": {"token": "aGZfc2VjcmV0"}})
+        for i, (attack, spec) in enumerate(OPERATOR_ATTACKS.items()):
+            name = f"attack-{i}"
+            await cluster.create(API_VERSION, PLURAL, service_manifest(name, **spec))
+
+            def ready(name=name):
+                obj = cluster.stored(API_VERSION, PLURAL, "default", name) or {}
+                return next((c for c in (obj.get("status") or {}).get("conditions") or []
+                             if c["type"] == "Ready"), None)
+
+            condition = await eventually(ready, what=f"{attack}: Ready", timeout_s=20)
+            applied = cluster.stored("apps/v1", "deployments", "default", name) is not None
+            print(f"operator, {attack}: {condition['reason']}, deployment "
+                  f"{'applied' if applied else 'none'}: {condition['message'][:100]}")
+            if applied or condition["reason"] not in ("PolicyDenied", "InvalidSpec"):
+                failed.append(f"operator, {attack}: {condition['reason']}, applied {applied}")
+        secret_reads = [a for a in cluster.emulator.asked if a[1] == "secrets" and a[0] != "POST"]
+        print(f"operator, Secrets read: {len(secret_reads)}")
+        if secret_reads:
+            failed.append(f"the operator read Secrets: {secret_reads}")
+
+
 def main() -> int:
     failed: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -211,6 +263,7 @@ def main() -> int:
             proc.wait(30)
             hub_socket.close()
         plan_attacks(folder, failed)
+    asyncio.run(operator_attacks(failed))
     for failure in failed:
         print(f"hostile_isolation: FAILED: {failure}", file=sys.stderr)
     return 1 if failed else 0

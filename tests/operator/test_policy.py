@@ -174,3 +174,59 @@ async def test_with_network_policies_on_each_service_gets_one_and_it_goes_with_i
         await cluster.delete(API_VERSION, PLURAL, NS, "fenced")
         await eventually(lambda: cluster.stored("networking.k8s.io/v1", "networkpolicies",
                                                 NS, "fenced") is None, what="NetworkPolicy gone")
+
+
+# Pod Security Admission's "restricted" profile (Kubernetes' pod security standards), the
+# checks that concern what the operator renders.
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                      "persistentVolumeClaim", "projected", "secret"}
+
+
+def restricted_violations(pod: dict) -> list[str]:
+    found = []
+    pod_context = pod.get("securityContext") or {}
+    for field in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(field):
+            found.append(field)
+    for volume in pod.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            found.append(f"volume {volume['name']}: {sorted(kinds)}")
+    for container in (*pod.get("initContainers", []), *pod["containers"]):
+        context = container.get("securityContext") or {}
+        name = container["name"]
+        if context.get("privileged"):
+            found.append(f"{name}: privileged")
+        if context.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{name}: allowPrivilegeEscalation not false")
+        capabilities = context.get("capabilities") or {}
+        if "ALL" not in capabilities.get("drop", []):
+            found.append(f"{name}: capabilities not dropped")
+        if set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}:
+            found.append(f"{name}: capabilities added")
+        if not (context.get("runAsNonRoot", pod_context.get("runAsNonRoot"))):
+            found.append(f"{name}: runAsNonRoot")
+        if context.get("runAsUser", pod_context.get("runAsUser")) == 0:
+            found.append(f"{name}: runAsUser 0")
+        seccomp = (context.get("seccompProfile") or pod_context.get("seccompProfile") or {})
+        if seccomp.get("type") not in ("RuntimeDefault", "Localhost"):
+            found.append(f"{name}: seccompProfile")
+        if any("hostPort" in port for port in container.get("ports", [])):
+            found.append(f"{name}: hostPort")
+    return found
+
+
+@pytest.mark.parametrize("spec", [
+    BASE,
+    {"model": {"uri": "hf://org/m", "tokenSecretRef": {"name": "t", "key": "k"}}, "gpus": 2},
+    {**BASE, "apiKeySecretRef": {"name": "k", "key": "api"}, "allowRuntimeLoraUpdating": True,
+     "envFrom": [{"configMapRef": {"name": "c"}}]},
+], ids=["claim", "hub-tensor-parallel", "api-key"])
+def test_rendered_pods_meet_pod_security_restricted(spec):
+    from kvledger.operator.render import render_deployment
+
+    pod = render_deployment("m", "team-a", spec, download_bytes=2**30)["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == []
+    # The one exception, and only when the admin allows it: a host folder.
+    host = render_deployment("m", "team-a", HOST)["spec"]["template"]["spec"]
+    assert restricted_violations(host) == ["volume model: ['hostPath']"]
