@@ -38,6 +38,7 @@ demo: install
 
 lint: install-test
 	$(BIN)/ruff check .
+	bash scripts/import_contracts.sh
 
 test:
 	bash .ci/run

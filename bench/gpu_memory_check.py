@@ -113,13 +113,13 @@ def main() -> int:
               f"(torch {torch.__version__}); run it on a GPU machine", file=sys.stderr)
         return 2
 
+    from kvledger.engine.checkpoint.model_config import ModelConfig
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.core.engine import LLMEngine
+    from kvledger.engine.core.runner import TORCH_DTYPES, ModelRunner
     from kvledger.engine.core.startup import context_bytes
     from kvledger.engine.model.builtin import write_model
-    from kvledger.engine.model.config import ModelConfig
     from kvledger.engine.model.loader import load_model
-    from kvledger.engine.model.runner import TORCH_DTYPES, ModelRunner
     from kvledger.engine.planner.device import probe_device
     from kvledger.engine.planner.plan import make_plan
     from kvledger.engine.sampling.params import SamplingParams

@@ -34,8 +34,8 @@ from pathlib import Path
 
 from safetensors import safe_open
 
+from kvledger.engine.checkpoint.contents import read_weights
 from kvledger.engine.config import EngineConfig
-from kvledger.engine.planner.checkpoint import read_weights
 from kvledger.engine.planner.plan import make_plan
 
 GiB = 2**30

@@ -10,6 +10,8 @@ import argparse
 import re
 from dataclasses import dataclass, fields
 
+from kvledger.engine.checkpoint.hub.reads import DEFAULT_HUB_TIMEOUT_S
+from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
 from kvledger.engine.errors import BadInput
 from kvledger.engine.lora_config import (
     DEFAULT_MAX_LORA_RANK,
@@ -18,8 +20,6 @@ from kvledger.engine.lora_config import (
     add_lora_flags,
     check_lora_flags,
 )
-from kvledger.engine.planner.hub.reads import DEFAULT_HUB_TIMEOUT_S
-from kvledger.engine.planner.hub.repo import is_hub_uri, parse_uri
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")

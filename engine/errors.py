@@ -81,3 +81,16 @@ class AdmissionRejected(KvledgerError):
                          + (f"and {reason}" if reason else f"{free_blocks} are unreserved"))
         self.needed_blocks = needed_blocks
         self.free_blocks = free_blocks
+
+
+class EngineFailed(RuntimeError):
+    """The engine cannot make progress (``core/engine.py``'s ``MAX_CONSECUTIVE_FAILED_STEPS``
+    failed forward passes in a row, or a tensor-parallel rank gone)."""
+
+
+class NonFiniteLogits(ArithmeticError):
+    """One request's logits came out NaN or infinite: its own (its adapter's, its input's)."""
+
+    def __init__(self) -> None:
+        super().__init__("the model's logits for this request are not finite (NaN or "
+                         "infinity): its LoRA adapter or its input overflowed")

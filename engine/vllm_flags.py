@@ -16,8 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.server.tool_parsers import PARSERS
 from kvledger.engine.vllm_serve_flags import VLLM_SERVE_FLAGS
+
+# vLLM's --tool-call-parser names kvledger reads calls in (server/tool_formats.py holds
+# their readers, one per name; a test checks the two agree).
+PARSERS = ("hermes", "llama3_json", "mistral")
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from kvledger.engine.checkpoint.hub.uri import parse_uri
 from kvledger.engine.errors import BadInput
-from kvledger.engine.planner.hub.repo import parse_uri
 from kvledger.operator.crd_schema import SPEC_SCHEMA
 from kvledger.operator.resource import (
     API_VERSION,

@@ -3,7 +3,7 @@
 Its cross-field rules come from ``spec_rules`` and its defaults from ``resource``; the
 grammars it shares with the engine are derived from the engine's own regexes, never
 written here a second time: a SIZE (``kvledger.engine.config``) and a hub uri
-(``kvledger.engine.planner.hub.repo``).
+(``kvledger.engine.checkpoint.hub.repo``).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from kvledger.engine.checkpoint.hub.uri import HUB_URI_RE
 from kvledger.engine.config import ADMISSIONS, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, SIZE_RE
 from kvledger.engine.lora_config import LORA_NAME_RE, LORA_RANKS
-from kvledger.engine.planner.hub.repo import HUB_URI_RE
-from kvledger.engine.server.tool_parsers import PARSERS
+from kvledger.engine.vllm_flags import PARSERS
 from kvledger.operator.quantity import TARGET_PATTERN
 from kvledger.operator.resource import (
     AUTOSCALING_METRICS,

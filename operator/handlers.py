@@ -41,7 +41,7 @@ import yaml
 from kvledger.engine.errors import BadInput
 from kvledger.operator import autoscaling, render, status
 from kvledger.operator.kube import KubeApi, KubeError, contains, object_path
-from kvledger.operator.policy import Policy, PolicyDenied
+from kvledger.operator.policy import Policy, PolicyDenied, render_network_policy
 from kvledger.operator.resource import API_VERSION, DEFAULT_PORT, GROUP, PLURAL, VERSION
 from kvledger.operator.spec import ServiceSpec, parse_spec
 
@@ -222,7 +222,7 @@ async def apply_children(memo: kopf.Memo, name: str, namespace: str) -> dict[str
         wanted = [body for body in optional.values() if body is not None]
         allowed = memo.policy.network_policy
         if allowed is not None:  # the admin's networkPolicy.enabled
-            wanted.append(render.render_network_policy(name, namespace, spec, allowed))
+            wanted.append(render_network_policy(name, namespace, spec, allowed))
         kopf.adopt([deployment, service, *wanted], owner=kopf.Body(owner))
         # Unwanted first: an HPA and a ScaledObject never scale the resource together.
         for (api_version, plural), body in optional.items():
@@ -254,7 +254,7 @@ async def download_size(memo: kopf.Memo, spec: ServiceSpec,
     if known.get("uri") == uri and isinstance(known.get("downloadBytes"), int):
         return {"uri": uri, "downloadBytes": known["downloadBytes"]}
     # Torch-free, and imported here so that the operator starts without reading it.
-    from kvledger.engine.planner.hub import repo as hub
+    from kvledger.engine.checkpoint.hub import repo as hub
 
     try:
         size = await asyncio.to_thread(hub.download_bytes, uri,

@@ -33,9 +33,9 @@ from typing import Any
 
 import yaml
 
+from kvledger.engine.checkpoint.hub.uri import is_hub_uri
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, BadInput
-from kvledger.engine.planner.hub.repo import is_hub_uri
 from kvledger.operator.crd import validate_manifest
 from kvledger.operator.resource import DEFAULT_PORT
 from kvledger.operator.spec import ServiceSpec, as_spec, local_model_path, local_path
@@ -143,7 +143,7 @@ def main(args: argparse.Namespace) -> int:
         return _run_hub_model(name, spec, flags, args)
 
     # The planner is torch-free; importing it here keeps `run --help` instant.
-    from kvledger.engine.model.config import ModelConfig
+    from kvledger.engine.checkpoint.model_config import ModelConfig
     from kvledger.engine.planner.plan import make_plan
     from kvledger.engine.planner.report import render_report
 

@@ -15,7 +15,7 @@ more than their namespace already allows them.
   over https when a token goes with it: the pods send ``HF_TOKEN`` there;
 - with ``networkPolicy.enabled``, each service gets a NetworkPolicy that admits only its
   own namespace's pods and those of the listed namespaces (a gateway's, the metrics
-  scraper's) to the engine's port (``render.render_network_policy``).
+  scraper's) to the engine's port (``render_network_policy``, pure like ``render``'s).
 
 A refusal is a ``PolicyDenied`` (a BadInput) whose one line names the field and the Helm
 value to change; the operator shows it as ``Ready=False/PolicyDenied`` and an event. The
@@ -33,9 +33,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvledger.engine.errors import BadInput
-from kvledger.operator.spec import ServiceSpec
+from kvledger.operator.render import labels, selector_labels
+from kvledger.operator.resource import DEFAULT_HUB_ENDPOINT
+from kvledger.operator.spec import ServiceSpec, as_spec
 
-DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
 POLICY_ENV = "KVLEDGER_POLICY"  # the operator's: the chart writes policy and hub values there
 CONTROL_PLANE_KEYS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 
@@ -197,3 +198,25 @@ def _match_expressions(node: Any) -> list[dict[str, Any]]:
         elif isinstance(item, list):
             stack.extend(item)
     return found
+
+
+def render_network_policy(name: str, namespace: str, spec: ServiceSpec | dict[str, Any],
+                          allow_namespaces: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The NetworkPolicy named as the resource (with the admin's ``networkPolicy.enabled``):
+    its pods admit, on the engine's port only, the pods of their own namespace and of
+    ``allow_namespaces`` (a gateway's, the metrics scraper's), and nothing else. The
+    kubelet's probes come from the node, which a NetworkPolicy does not filter."""
+    spec = as_spec(spec)
+    sources: list[dict[str, Any]] = [{"podSelector": {}}]  # this namespace's pods
+    sources += [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": other}}}
+                for other in allow_namespaces]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(name)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": sources, "ports": [{"protocol": "TCP", "port": spec.port}]}],
+        },
+    }

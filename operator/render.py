@@ -19,7 +19,7 @@ from importlib.metadata import version
 from typing import Any
 
 from kvledger.operator.parallel import shm_mount, shm_volume
-from kvledger.operator.policy import DEFAULT_HUB_ENDPOINT
+from kvledger.operator.resource import DEFAULT_HUB_ENDPOINT
 from kvledger.operator.spec import ServiceSpec, as_spec, hub_adapters
 
 LABEL = "kvledger.dev/inferenceservice"
@@ -314,28 +314,6 @@ def render_deployment(name: str, namespace: str, spec: ServiceSpec | dict[str, A
                                         download_bytes=download_bytes,
                                         hub_endpoint=hub_endpoint),
             },
-        },
-    }
-
-
-def render_network_policy(name: str, namespace: str, spec: ServiceSpec | dict[str, Any],
-                          allow_namespaces: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The NetworkPolicy named as the resource (with the admin's ``networkPolicy.enabled``):
-    its pods admit, on the engine's port only, the pods of their own namespace and of
-    ``allow_namespaces`` (a gateway's, the metrics scraper's), and nothing else. The
-    kubelet's probes come from the node, which a NetworkPolicy does not filter."""
-    spec = as_spec(spec)
-    sources: list[dict[str, Any]] = [{"podSelector": {}}]  # this namespace's pods
-    sources += [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": other}}}
-                for other in allow_namespaces]
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
-        "spec": {
-            "podSelector": {"matchLabels": selector_labels(name)},
-            "policyTypes": ["Ingress"],
-            "ingress": [{"from": sources, "ports": [{"protocol": "TCP", "port": spec.port}]}],
         },
     }
 

@@ -24,6 +24,9 @@ DEFAULT_SHUTDOWN_GRACE_S = 30  # serve's own default
 DEFAULT_MAX_QUEUE_WAIT_S = None
 DEFAULT_MAX_QUEUE_LENGTH = None
 DEFAULT_MOUNT_PATH = "/models"
+# Where the pods talk to the hub when neither the spec nor the admin (Helm hub.endpoints)
+# names another.
+DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
 
 # Autoscaling: what the HPA or KEDA scales the InferenceService on (autoscaling.py names
 # the Prometheus series), and who does it; the first of each is the default.

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from kvledger.engine.checkpoint.hub.uri import is_hub_uri
 from kvledger.engine.config import EngineConfig, parse_size
 from kvledger.engine.errors import BadInput
 from kvledger.engine.lora_config import LoraModule
-from kvledger.engine.planner.hub.repo import is_hub_uri
 from kvledger.operator.parallel import tensor_parallel_size
 from kvledger.operator.quantity import quantity_bytes, target_value
 from kvledger.operator.resource import (

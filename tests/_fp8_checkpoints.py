@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from kvledger.engine.model.fp8_format import quantized_linear
+from kvledger.engine.checkpoint.fp8_format import quantized_linear
 
 E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max
 # The static input scale every quantized layer gets: 448 * 0.02 = 8.96, above most of a

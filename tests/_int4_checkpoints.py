@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from kvledger.engine.model.fp8_format import quantized_linear
+from kvledger.engine.checkpoint.fp8_format import quantized_linear
 
 AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's: nibble k holds output 8c + order[k]
 

@@ -16,9 +16,9 @@ import torch
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.core.engine import LLMEngine
 from kvledger.engine.core.request import EngineRequest
+from kvledger.engine.core.runner import StepOutput
 from kvledger.engine.core.scheduler import ScheduledBatch, Scheduler
 from kvledger.engine.kv.ledger import KVLedger
-from kvledger.engine.model.runner import StepOutput
 from kvledger.engine.model.tokenizer import Tokenizer
 from kvledger.engine.sampling.params import SamplingParams
 

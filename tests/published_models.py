@@ -11,7 +11,7 @@ from pathlib import Path
 
 from budget_checkpoints import tensor_bytes
 
-from kvledger.engine.planner.checkpoint import ModelShape, WeightsInfo, model_shape
+from kvledger.engine.checkpoint.contents import ModelShape, WeightsInfo, model_shape
 
 PUBLISHED = Path(__file__).parent / "data" / "published"
 

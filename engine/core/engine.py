@@ -16,19 +16,20 @@ import torch
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.core.lora_registry import LoraRegistry
-from kvledger.engine.core.outputs import RequestOutput, TokenLogprobs
+from kvledger.engine.core.outputs import RequestOutput
 from kvledger.engine.core.request import EngineRequest, check_reservation, output_cap
+from kvledger.engine.core.runner import ModelRunner, StepOutput
 from kvledger.engine.core.scheduler import ScheduledBatch, Scheduler
 from kvledger.engine.core.sequence import Sequence
 from kvledger.engine.core.stall import StallWatch
-from kvledger.engine.errors import AdmissionRejected, BadInput
+from kvledger.engine.errors import AdmissionRejected, BadInput, EngineFailed, NonFiniteLogits
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.kv.reservation import Reservation
 from kvledger.engine.lora_config import LoRARequest
 from kvledger.engine.model.lora_adapter import LoraAdapter
-from kvledger.engine.model.runner import ModelRunner, StepOutput
 from kvledger.engine.model.tokenizer import Tokenizer
 from kvledger.engine.planner.plan import Plan
+from kvledger.engine.sampling.logprobs import TokenLogprobs
 from kvledger.engine.sampling.params import SamplingParams
 from kvledger.engine.sampling.sampler import Sampled, Sampler, sample_each
 
@@ -38,18 +39,6 @@ log = logging.getLogger("kvledger.engine")
 # out-of-memory fails its step's requests, three in a row (each after emptying the
 # allocator's cache) mean the device cannot run even a smaller step.
 MAX_CONSECUTIVE_FAILED_STEPS = 3
-
-
-class EngineFailed(RuntimeError):
-    """The engine cannot make progress (see ``MAX_CONSECUTIVE_FAILED_STEPS``)."""
-
-
-class NonFiniteLogits(ArithmeticError):
-    """One request's logits came out NaN or infinite: its own (its adapter's, its input's)."""
-
-    def __init__(self) -> None:
-        super().__init__("the model's logits for this request are not finite (NaN or "
-                         "infinity): its LoRA adapter or its input overflowed")
 
 
 class LLMEngine:
@@ -218,10 +207,8 @@ class LLMEngine:
         row raise ``EngineFailed``: then the engine itself is broken."""
         outputs = [self._output(seq, []) for seq in self._apply_pending()]
         batch = self.scheduler.schedule()
-        if self.stall_watch.observe(not batch.is_empty, self.scheduler.has_unfinished()):
-            log.error("engine stalled: %s while %d requests run and %d wait; %s",
-                      self.stall_watch.describe(), len(self.scheduler.running),
-                      len(self.scheduler.waiting), self.ledger.describe())
+        self.stall_watch.observe(not batch.is_empty, self.scheduler.has_unfinished(),
+                                 self.scheduler.describe)
         if batch.is_empty:
             return outputs
         try:
@@ -232,17 +219,8 @@ class LLMEngine:
             return outputs + self._fail_step(batch, exc)
         self.consecutive_failed_steps = 0
         self._advance(batch, step)
-        seqs, logits = batch.sampled, step.logits  # a prompt partly computed gets no token yet
-        # The runtime guard: a row whose logits are not finite (an adapter or an input that
-        # overflowed) fails its request alone; the blocks it computed leave the cache.
-        finite = torch.isfinite(logits.amax(dim=1)).tolist() if seqs else []
-        if not all(finite):
-            outputs += [self._fail(seq, "forward pass", NonFiniteLogits(), traceback=False,
-                                   uncache=True)
-                        for seq, ok in zip(seqs, finite, strict=True) if not ok]
-            rows = [row for row, ok in enumerate(finite) if ok]
-            seqs, logits = [seqs[row] for row in rows], logits[rows]
-        sampled = sample_each(self.sampler, logits, seqs, self._shared_generator)
+        seqs = batch.sampled  # a prompt still partly computed gets no token yet
+        sampled = sample_each(self.sampler, step.logits, seqs, self._shared_generator)
         return outputs + [self._postprocess(seq, s) for seq, s in zip(seqs, sampled, strict=True)]
 
     def _advance(self, batch: ScheduledBatch, step: StepOutput) -> None:
@@ -269,7 +247,10 @@ class LLMEngine:
                 self.ledger.register(seq.reservation, seq.token_ids, seq.num_computed_tokens)
 
     def _postprocess(self, seq: Sequence, sampled: Sampled | Exception) -> RequestOutput:
-        """Append the sampled token, or fail this sequence alone on a fault of its own."""
+        """Append the sampled token, or fail this sequence alone on a fault of its own (logits
+        that are not finite: the blocks it computed leave the prefix cache too)."""
+        if isinstance(sampled, NonFiniteLogits):
+            return self._fail(seq, "forward pass", sampled, traceback=False, uncache=True)
         if isinstance(sampled, Exception):
             return self._fail(seq, "sampling", sampled)
         token_id, logprobs = sampled

@@ -15,10 +15,10 @@ from collections import OrderedDict
 
 import torch
 
+from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.lora_config import LoraModule, LoRARequest
-from kvledger.engine.model.config import ModelConfig
 from kvledger.engine.model.lora_adapter import LoraAdapter, load_adapter, max_weights_bytes
 
 # Adapters served by name take ids above this, apart from the ids Python API callers pick.
@@ -112,7 +112,7 @@ class LoraRegistry:
                 self.requests_total[name] = self.requests_total.get(name, 0) + 1
 
     def _directory(self, request: LoRARequest) -> str:
-        from kvledger.engine.planner.hub.adapters import adapter_directory
+        from kvledger.engine.checkpoint.hub.adapters import adapter_directory
 
         return adapter_directory(request.lora_path, self.config.download_dir,
                                  hub_timeout_s=self.config.hub_timeout_s,

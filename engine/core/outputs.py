@@ -4,16 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-@dataclass
-class TokenLogprobs:
-    """One position's logprobs, from the model's raw logits (before temperature,
-    penalties, bias and grammar masks: vLLM's ``raw_logprobs``)."""
-
-    token_id: int      # the token at this position (sampled, or the prompt's)
-    logprob: float
-    rank: int          # 1 = the most likely token at this position
-    top: list[tuple[int, float]]   # the k most likely (token_id, logprob), best first; [] when k == 0
+from kvledger.engine.sampling.logprobs import TokenLogprobs
 
 
 @dataclass

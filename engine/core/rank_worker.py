@@ -96,9 +96,9 @@ def build_runner(spec: RankSpec, rank: int) -> Any:
     """This rank's shard, on its device, in a model runner."""
     import torch
 
-    from kvledger.engine.model.config import ModelConfig
+    from kvledger.engine.checkpoint.model_config import ModelConfig
+    from kvledger.engine.core.runner import TORCH_DTYPES, ModelRunner
     from kvledger.engine.model.loader import load_model
-    from kvledger.engine.model.runner import TORCH_DTYPES, ModelRunner
     from kvledger.engine.model.tensor_parallel import Ranks, shard_model
 
     config = ModelConfig.from_dir(spec.model_dir)

@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvledger.engine.core.engine import EngineFailed
 from kvledger.engine.core.rank_worker import RankSpec, batch_view, build_runner, init_ranks
 from kvledger.engine.core.rank_worker import main as worker_main
+from kvledger.engine.errors import EngineFailed
 
 log = logging.getLogger("kvledger.engine")
 

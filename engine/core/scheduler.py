@@ -77,6 +77,11 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def describe(self) -> str:
+        """One line of what is here, for a log."""
+        return (f"{len(self.running)} requests run and {len(self.waiting)} wait; "
+                f"{self.ledger.describe()}")
+
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
         self._seq_of[seq.reservation] = seq

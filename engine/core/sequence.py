@@ -6,9 +6,9 @@ import enum
 
 import torch
 
-from kvledger.engine.core.outputs import TokenLogprobs
 from kvledger.engine.kv.reservation import Reservation
 from kvledger.engine.model.tokenizer import IncrementalDetokenizer
+from kvledger.engine.sampling.logprobs import TokenLogprobs
 from kvledger.engine.sampling.params import SamplingParams
 
 

@@ -13,8 +13,11 @@ order for a moment: that is well under either threshold.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
+
+log = logging.getLogger("kvledger.engine")
 
 STALL_STEPS = 100
 STALL_SECONDS = 20.0  # the engine's liveness probe then restarts the pod within 30 s more
@@ -34,8 +37,9 @@ class StallWatch:
         self.stalled = False
         self.stalls = 0                 # times it became stalled (kvledger_engine_stalls_total)
 
-    def observe(self, progressed: bool, has_work: bool) -> bool:
-        """Record a step; True on the step the engine becomes stalled (log it then)."""
+    def observe(self, progressed: bool, has_work: bool, state: Callable[[], str] = str) -> bool:
+        """Record a step; True on the step the engine becomes stalled, which is logged then
+        as one ERROR line with ``state()`` (the engine's queues and ledger)."""
         if progressed or not has_work:
             self.idle_steps, self.idle_since, self.stalled = 0, None, False
             return False
@@ -47,6 +51,7 @@ class StallWatch:
                 now - self.idle_since < self.min_seconds):
             return False
         self.stalled, self.stalls = True, self.stalls + 1
+        log.error("engine stalled: %s while %s", self.describe(), state())
         return True
 
     def describe(self) -> str:

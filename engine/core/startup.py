@@ -9,16 +9,16 @@ import logging
 
 import torch
 
+from kvledger.engine.checkpoint.hub.cache import serving_source
+from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.core.cpu_threads import cap_torch_threads
+from kvledger.engine.core.runner import TORCH_DTYPES, ModelRunner
 from kvledger.engine.errors import BadInput, DoesNotFit
 from kvledger.engine.kv.ledger import KVLedger
-from kvledger.engine.model.config import ModelConfig
 from kvledger.engine.model.loader import load_model, weights_bytes
-from kvledger.engine.model.runner import TORCH_DTYPES, ModelRunner
 from kvledger.engine.model.tokenizer import Tokenizer
 from kvledger.engine.planner.device import DeviceMemory, probe_device
-from kvledger.engine.planner.hub.cache import serving_source
 from kvledger.engine.planner.plan import Measured, Plan, make_plan
 from kvledger.engine.planner.report import render_report
 

@@ -47,64 +47,94 @@ def completion_margin(unused_blocks: int, claims: Sequence[Claim], ref_counts: S
     stays safe for ``m`` more draws by anyone, in any order, with nothing checked
     (``Overcommit.may_draw``)."""
     pins = pins or {}
-    if shared is None:
-        shared = {block for claim in claims for block in claim.blocks if ref_counts[block] > 1}
-    several = shared.union(pins) if pins else shared  # the rest have one claim alone
-    # Claims holding the same shared blocks (one system prompt's) form a group: its blocks
-    # lose the group's holds when its last member has gone, none of them sooner.
-    keys = [frozenset(several.intersection(c.blocks)) if several else _NONE for c in claims]
-    members = Counter(keys)
-    left = dict(members)
-    holders: dict[int, int] = {}
-    # Seats and slots: a seated claim gives its seat back, and its adapter's slot with the
-    # last seated claim of that adapter; one waiting takes them only for its own turn.
-    # With no claim waiting for them, nobody needs them: they are not followed.
-    limited = (seats is not None or slots is not None) and not all(c.seated for c in claims)
-    free_seats = None if seats is None else seats - sum(1 for c in claims if c.seated)
-    running = Counter(c.adapter for c in claims if c.seated and c.adapter is not None
-                      ) if limited else Counter()
-    free_slots = None if slots is None else slots - len(running)
-
-    def can_start(claim: Claim) -> bool:
-        return claim.seated or ((free_seats is None or free_seats > 0) and (
-            claim.adapter is None or free_slots is None or free_slots > 0
-            or running[claim.adapter] > 0))
-
+    groups = _SharedBlocks(claims, ref_counts, pins, shared)
+    seating = _Seating(claims, seats, slots)
     available = margin = unused_blocks
     order = sorted(range(len(claims)), key=lambda i: claims[i].need)
     aside: list[int] = []  # their blocks are there, a seat or a slot is not (yet)
     at = 0
     while at < len(order) or aside:
-        ready = next((k for k, i in enumerate(aside) if can_start(claims[i])), None) if aside else None
+        ready = next((k for k, i in enumerate(aside) if seating.can_start(claims[i])),
+                     None) if aside else None
         if ready is not None:
             index = aside.pop(ready)
         elif at == len(order) or claims[order[at]].need > available:
             return None  # nobody can finish: the rest need more than will ever come back
         else:
             index, at = order[at], at + 1
-            if limited and not can_start(claims[index]):
+            if not seating.can_start(claims[index]):
                 aside.append(index)
                 continue
-        claim, key = claims[index], keys[index]
+        claim = claims[index]
         margin = min(margin, available - claim.need)
-        # What it drew (``fresh``: its own until it releases it) and what it alone holds.
-        available += claim.fresh + len(claim.blocks) - len(key)
-        if limited and claim.seated:
-            free_seats = None if free_seats is None else free_seats + 1
-            if claim.adapter is not None:
-                running[claim.adapter] -= 1
-                if not running[claim.adapter] and free_slots is not None:
-                    free_slots += 1
-        if not key:
-            continue
-        left[key] -= 1
-        if left[key]:
-            continue
-        for block in key:
-            held = holders.get(block, ref_counts[block] + pins.get(block, 0)) - members[key]
-            holders[block] = held
-            available += held == 0
+        available += groups.returned(index)
+        seating.finish(claim)
     return margin
+
+
+class _SharedBlocks:
+    """What a claim gives back when it finishes: what it drew (``fresh``: its own until it
+    releases it), the blocks it alone holds, and, as the last member of a group of claims
+    holding the same shared blocks (one system prompt's), those whose every hold that
+    group was. A block only one claim holds is counted, not followed."""
+
+    def __init__(self, claims: Sequence[Claim], ref_counts: Sequence[int],
+                 pins: Mapping[int, int], shared: set[int] | None) -> None:
+        if shared is None:
+            shared = {block for claim in claims for block in claim.blocks
+                      if ref_counts[block] > 1}
+        several = shared.union(pins) if pins else shared  # the rest have one claim alone
+        self.claims, self.ref_counts, self.pins = claims, ref_counts, pins
+        self.keys = [frozenset(several.intersection(c.blocks)) if several else _NONE
+                     for c in claims]
+        self.members = Counter(self.keys)
+        self.left = dict(self.members)
+        self.holders: dict[int, int] = {}
+
+    def returned(self, index: int) -> int:
+        claim, key = self.claims[index], self.keys[index]
+        back = claim.fresh + len(claim.blocks) - len(key)
+        if not key:
+            return back
+        self.left[key] -= 1
+        if self.left[key]:
+            return back
+        for block in key:
+            held = (self.holders.get(block, self.ref_counts[block] + self.pins.get(block, 0))
+                    - self.members[key])
+            self.holders[block] = held
+            back += held == 0
+        return back
+
+
+class _Seating:
+    """Seats and adapter slots: a seated claim gives its seat back, and its adapter's slot
+    with the last seated claim of that adapter; one waiting takes them only for its own
+    turn. With no claim waiting, nobody needs them, and they are not followed."""
+
+    def __init__(self, claims: Sequence[Claim], seats: int | None, slots: int | None) -> None:
+        self.followed = (seats is not None or slots is not None) and not all(
+            c.seated for c in claims)
+        self.free_seats = None if seats is None else seats - sum(1 for c in claims if c.seated)
+        self.running = Counter(c.adapter for c in claims if c.seated and c.adapter is not None
+                               ) if self.followed else Counter()
+        self.free_slots = None if slots is None else slots - len(self.running)
+
+    def can_start(self, claim: Claim) -> bool:
+        return not self.followed or claim.seated or (
+            (self.free_seats is None or self.free_seats > 0)
+            and (claim.adapter is None or self.free_slots is None or self.free_slots > 0
+                 or self.running[claim.adapter] > 0))
+
+    def finish(self, claim: Claim) -> None:
+        if not self.followed or not claim.seated:
+            return
+        if self.free_seats is not None:
+            self.free_seats += 1
+        if claim.adapter is not None:
+            self.running[claim.adapter] -= 1
+            if not self.running[claim.adapter] and self.free_slots is not None:
+                self.free_slots += 1
 
 
 _NONE: frozenset[int] = frozenset()

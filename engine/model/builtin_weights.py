@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvledger.engine.model.config import ModelConfig, MoEConfig
+from kvledger.engine.checkpoint.model_config import ModelConfig, MoEConfig
 
 # Linear layers: wider than HF's 0.02, so each step's top two logits stand apart.
 STD = 0.06

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvledger.engine.model.fp8_format import QUANTIZED_PROJECTIONS
+from kvledger.engine.checkpoint.fp8_format import QUANTIZED_PROJECTIONS
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448

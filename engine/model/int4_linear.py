@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvledger.engine.checkpoint.fp8_format import QUANTIZED_PROJECTIONS
+from kvledger.engine.checkpoint.int4_format import AWQ, AWQ_ORDER, GPTQ, W4A16, layer_prefixes
 from kvledger.engine.errors import BadInput
-from kvledger.engine.model.fp8_format import QUANTIZED_PROJECTIONS
-from kvledger.engine.model.int4_format import AWQ, AWQ_ORDER, GPTQ, W4A16, layer_prefixes
 
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)  # nibble k of a word: bits 4k..4k+3
 # AWQ: output k of a word's eight is in nibble AWQ_ORDER.index(k); reading the nibbles in

@@ -8,18 +8,22 @@ from pathlib import Path
 import torch
 
 from kvledger.engine import json_text
+from kvledger.engine.checkpoint.fp8_format import (
+    KV_SCALE_SUFFIXES,
+    SCALE_SUFFIXES,
+    quantized_linear,
+)
+from kvledger.engine.checkpoint.int4_format import INT4_METHODS, layer_tensor
+from kvledger.engine.checkpoint.loadable import IGNORED_SUFFIXES, loaded_names
+from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.errors import BadInput
-from kvledger.engine.model.config import ModelConfig
-from kvledger.engine.model.fp8_format import KV_SCALE_SUFFIXES, SCALE_SUFFIXES, quantized_linear
 from kvledger.engine.model.fp8_linear import (
     FP8_DTYPE,
     install_fp8_linears,
     quantize_weight,
     scale_shape,
 )
-from kvledger.engine.model.int4_format import INT4_METHODS, layer_tensor
 from kvledger.engine.model.int4_linear import install_int4_linears
-from kvledger.engine.model.loadable import IGNORED_SUFFIXES, loaded_names
 from kvledger.engine.model.transformer import CausalLM
 
 

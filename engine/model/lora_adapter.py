@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 
 from kvledger.engine import json_text
+from kvledger.engine.checkpoint.model_config import ModelConfig
+from kvledger.engine.checkpoint.safetensors_header import TensorInfo, read_safetensors_header
 from kvledger.engine.errors import BadInput
 from kvledger.engine.lora_config import LoRARequest
-from kvledger.engine.model.config import ModelConfig
 from kvledger.engine.planner.lora_bytes import LORA_TARGETS, module_shapes
-from kvledger.engine.planner.safetensors_header import TensorInfo, read_safetensors_header
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvledger.engine.model.config import ModelConfig
+from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.model.lora import LoraBatch, project
 from kvledger.engine.model.moe import MixtralExpert, SparseMoE
 

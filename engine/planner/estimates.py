@@ -6,7 +6,7 @@ weights and run a profiling step; the planner in the init container has only the
 
 from __future__ import annotations
 
-from kvledger.engine.planner.checkpoint import ModelShape
+from kvledger.engine.checkpoint.contents import ModelShape
 
 MiB = 2**20
 GiB = 2**30
@@ -119,3 +119,11 @@ def safety_margin_bytes(total_bytes: int, unified: bool) -> int:
     if unified:
         return max(UNIFIED_MARGIN_MIN_BYTES, int(total_bytes * UNIFIED_MARGIN_FRACTION))
     return max(MARGIN_MIN_BYTES, int(total_bytes * MARGIN_FRACTION))
+
+
+def format_size(n: int) -> str:
+    if 0 < abs(n) < MiB // 10:
+        return f"{n / 1024:.1f} KiB"
+    if 0 < abs(n) < GiB // 10:
+        return f"{n / MiB:.1f} MiB"
+    return f"{n / GiB:.1f} GiB"

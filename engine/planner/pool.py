@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 
+from kvledger.engine.checkpoint.layout import FULL, SLIDING, AttentionLayout, LayerKV, declared_only
 from kvledger.engine.errors import BadInput
-from kvledger.engine.planner.layout import FULL, SLIDING, AttentionLayout, LayerKV, declared_only
 
 ENGINE_RULE = "kvledger-engine"
 VLLM_RULE = "vllm-hybrid-kv-cache-manager"

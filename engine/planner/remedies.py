@@ -19,35 +19,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvledger.engine.checkpoint.layout import SLIDING
 from kvledger.engine.errors import BadInput
-from kvledger.engine.planner.estimates import DTYPE_BYTES
-from kvledger.engine.planner.layout import SLIDING
+from kvledger.engine.planner.estimates import DTYPE_BYTES, format_size
 from kvledger.engine.planner.limit import largest_utilization
+from kvledger.engine.planner.record import Plan, Remedy
 
 MAX_GPUS_PER_MACHINE = 8  # an 8-GPU node (DGX/HGX): the most one pod's GPUs can be
 
 if TYPE_CHECKING:
     from kvledger.engine.config import EngineConfig
-    from kvledger.engine.planner.plan import Plan
 
 
-@dataclass(frozen=True)
-class Remedy:
-    flag: str
-    value: int | float | str | None  # None for a flag that takes no value (--enforce-eager)
-    kv_bytes: int  # the KV cache class after the change
-    note: str = ""
-    also: tuple[tuple[str, int | float], ...] = ()  # other flag changes this remedy needs
-
-    def to_json(self) -> dict:
-        return {"flag": self.flag, "value": self.value, "kv_bytes": self.kv_bytes,
-                "note": self.note, "also": {flag: value for flag, value in self.also}}
-
-
-Replan = Callable[["EngineConfig"], "Plan"]
+Replan = Callable[["EngineConfig"], Plan]
 
 
 def largest_fitting(fits: Callable[[int], bool], low: int, high: int) -> int | None:
@@ -138,8 +124,6 @@ def _cap_within_free(plan: Plan, replan: Replan) -> list[Remedy]:
 
 
 def _size(nbytes: int) -> str:
-    from kvledger.engine.planner.report import format_size  # report imports this module
-
     return format_size(nbytes)
 
 

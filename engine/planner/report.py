@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import json
 
+from kvledger.engine.checkpoint.layout import MLA, SLIDING
 from kvledger.engine.planner.dtypes import half_precision_note
-from kvledger.engine.planner.estimates import NCCL_BYTES_PER_RANK, GiB, MiB, comm_buffer_bytes
-from kvledger.engine.planner.layout import MLA, SLIDING
+from kvledger.engine.planner.estimates import (
+    NCCL_BYTES_PER_RANK,
+    MiB,
+    comm_buffer_bytes,
+    format_size,
+)
 from kvledger.engine.planner.limit import largest_utilization
-from kvledger.engine.planner.plan import Plan
 from kvledger.engine.planner.pool import ENGINE_NOTE, ENGINE_RULE, PoolGroup
-from kvledger.engine.planner.remedies import Remedy
+from kvledger.engine.planner.record import Plan, Remedy
 from kvledger.engine.planner.weight_bytes import stored_fp8, stored_int4
 
 TERMINATION_LOG_MAX_BYTES = 4096  # the kubelet keeps at most this much of the message
@@ -25,14 +29,6 @@ PLAN_LINE_PREFIX = "kvledger-plan: "
 _FREE_TEXT, _KV_FREE_TEXT = ("remedies", "warnings"), ("groups", "note")
 SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64",
                "fp8_e4m3": "fp8", "fp8_e5m2": "fp8_e5m2"}
-
-
-def format_size(n: int) -> str:
-    if 0 < abs(n) < MiB // 10:
-        return f"{n / 1024:.1f} KiB"
-    if 0 < abs(n) < GiB // 10:
-        return f"{n / MiB:.1f} MiB"
-    return f"{n / GiB:.1f} GiB"
 
 
 def render_report(plan: Plan) -> str:

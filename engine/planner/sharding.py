@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from kvledger.engine.checkpoint.contents import ModelShape
+from kvledger.engine.checkpoint.layout import MLA, AttentionLayout
 from kvledger.engine.errors import BadInput
-from kvledger.engine.planner.checkpoint import ModelShape
-from kvledger.engine.planner.layout import MLA, AttentionLayout
 
 VOCAB_PADDING = 64  # vLLM: vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE
 

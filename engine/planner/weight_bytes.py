@@ -20,8 +20,13 @@ safetensors headers alone: the one rule the plan counts and the engine's loader 
 
 from __future__ import annotations
 
-from kvledger.engine.model.config import SUPPORTED_ARCHITECTURES
-from kvledger.engine.model.fp8_format import (
+from kvledger.engine.checkpoint.contents import (
+    CASTABLE_DTYPES,
+    DTYPE_BITS,
+    ModelShape,
+    WeightsInfo,
+)
+from kvledger.engine.checkpoint.fp8_format import (
     FP8,
     FP8_DTYPE,
     KV_SCALE_SUFFIXES,
@@ -30,14 +35,9 @@ from kvledger.engine.model.fp8_format import (
     on_load_bytes,
     quantized_on_load,
 )
-from kvledger.engine.model.int4_format import AWQ, GPTQ, W4A16, layer_tensor
+from kvledger.engine.checkpoint.int4_format import AWQ, GPTQ, W4A16, layer_tensor
+from kvledger.engine.checkpoint.model_config import SUPPORTED_ARCHITECTURES
 from kvledger.engine.planner import estimates
-from kvledger.engine.planner.checkpoint import (
-    CASTABLE_DTYPES,
-    DTYPE_BITS,
-    ModelShape,
-    WeightsInfo,
-)
 from kvledger.engine.planner.sharding import rank_share, shard_bytes
 
 

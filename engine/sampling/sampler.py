@@ -12,15 +12,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
-from kvledger.engine.core.outputs import TokenLogprobs
-from kvledger.engine.core.sequence import Sequence
+from kvledger.engine.errors import NonFiniteLogits
+from kvledger.engine.sampling.logprobs import TokenLogprobs, logprobs_of
 from kvledger.engine.sampling.params import SamplingParams
 
 NEG_INF = float("-inf")
 Sampled = tuple[int, TokenLogprobs | None]  # one row's token, and its logprobs if asked
+
+
+class Sequence(Protocol):
+    """What the sampler reads of a request (``core.sequence.Sequence`` is one)."""
+
+    params: SamplingParams
+    generator: torch.Generator | None
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    matcher: Any  # its grammar's state (grammar_matcher), or None
 
 
 @dataclass
@@ -34,8 +45,16 @@ def sample_each(sampler: Callable[[torch.Tensor, list[Sequence]], SamplerOutput]
                 shared_generator: torch.Generator) -> list[Sampled | Exception]:
     """Each sequence's token from ``sampler`` (a ``Sampler``), with its logprobs where
     asked; when the batched call fails, each row alone, so a fault belongs to the sequence
-    that raised it (its entry is the exception). ``shared_generator``: the one the rows
-    without a seed draw from."""
+    that raised it (its entry is the exception). A row whose logits are not finite (its
+    adapter or its input overflowed) is not sampled: its entry is ``NonFiniteLogits``.
+    ``shared_generator``: the one the rows without a seed draw from."""
+    # NaN anywhere in a row makes its max NaN; +inf makes it inf: one pass finds both.
+    finite = torch.isfinite(logits.amax(dim=1)).tolist() if seqs else []
+    if not all(finite):
+        rows = [row for row, ok in enumerate(finite) if ok]
+        kept = iter(sample_each(sampler, logits[rows], [seqs[row] for row in rows],
+                                shared_generator))
+        return [next(kept) if ok else NonFiniteLogits() for ok in finite]
     # The batched call may fail after some rows drew: their generators go back to where
     # they stood, so each row alone draws what it would have in the batch and a seeded
     # request never notices the fault of another.
@@ -162,27 +181,3 @@ def apply_penalties(logits: torch.Tensor, prompt_token_ids: list[int], output_to
     if params.presence_penalty:
         logits = logits - params.presence_penalty * (counts > 0)
     return logits
-
-
-def logprobs_of(logits: torch.Tensor, targets: torch.Tensor,
-                num_top: list[int]) -> Callable[[], list[TokenLogprobs]]:
-    """Logprobs of raw ``logits`` ``[n, vocab]``: for row i, ``targets[i]``'s logprob and
-    rank and the ``num_top[i]`` most likely tokens. One log_softmax and one topk for all
-    rows, queued on the logits' device; returns a function that copies the results to
-    the host and builds the ``TokenLogprobs`` (call it after the step's other work is
-    queued, so the device is waited for once)."""
-    logprobs = torch.log_softmax(logits, dim=-1)
-    chosen = logprobs.gather(-1, targets[:, None])
-    ranks = (logprobs > chosen).sum(-1) + 1
-    k = min(max(num_top), logprobs.shape[-1])
-    top_values, top_ids = logprobs.topk(k, dim=-1) if k else (None, None)
-
-    def build() -> list[TokenLogprobs]:
-        values = top_values.tolist() if k else [[]] * len(num_top)
-        ids = top_ids.tolist() if k else [[]] * len(num_top)
-        return [TokenLogprobs(token_id, logprob, rank, list(zip(i[:n], v[:n], strict=True)))
-                for token_id, logprob, rank, i, v, n in zip(
-                    targets.tolist(), chosen[:, 0].tolist(), ranks.tolist(), ids, values, num_top,
-                    strict=True)]
-
-    return build

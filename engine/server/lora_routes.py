@@ -19,9 +19,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from kvledger.engine.checkpoint.hub.repo import is_hub_uri
 from kvledger.engine.errors import BadInput
 from kvledger.engine.lora_config import LoraModule
-from kvledger.engine.planner.hub.repo import is_hub_uri
 from kvledger.engine.server.api_errors import ApiError, bad_request
 from kvledger.engine.server.limits import decode_json
 from kvledger.engine.server.state import STATE, ServerState

@@ -14,10 +14,10 @@ import threading
 
 from aiohttp import web
 
+from kvledger.engine.checkpoint.hub.cache import offline_snapshot
+from kvledger.engine.checkpoint.hub.repo import is_hub_uri, parse_uri
 from kvledger.engine.config import add_engine_flags, config_from_args, positive_seconds, size_arg
 from kvledger.engine.errors import BadInput, DoesNotFit, KvledgerError
-from kvledger.engine.planner.hub.cache import offline_snapshot
-from kvledger.engine.planner.hub.repo import is_hub_uri, parse_uri
 from kvledger.engine.server.admission import DEFAULT_MAX_QUEUE_LEN
 from kvledger.engine.server.app import build_app
 from kvledger.engine.server.slow_clients import make_runner
@@ -30,8 +30,7 @@ from kvledger.engine.server.state import (
     STATE,
     ServeOptions,
 )
-from kvledger.engine.server.tool_parsers import PARSERS
-from kvledger.engine.vllm_flags import RULES, add_vllm_flags, refusal
+from kvledger.engine.vllm_flags import PARSERS, RULES, add_vllm_flags, refusal
 
 log = logging.getLogger("kvledger.serve")
 

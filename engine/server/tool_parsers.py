@@ -21,8 +21,9 @@ from kvledger.engine.server.tool_formats import (
     OpenCall,
     ToolCall,
 )
+from kvledger.engine.vllm_flags import PARSERS
 
-PARSERS = tuple(READERS)
+assert set(PARSERS) == set(READERS), "a --tool-call-parser name without its reader"
 __all__ = ["CONTROL_TOKENS", "PARSERS", "ArgumentsDelta", "CallScanner", "ToolCall"]
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvledger.engine.checkpoint.model_config import ModelConfig
+from kvledger.engine.core.runner import ModelRunner
 from kvledger.engine.core.scheduler import Scheduler
 from kvledger.engine.core.sequence import Sequence
 from kvledger.engine.kv.ledger import KVLedger
-from kvledger.engine.model.config import ModelConfig
 from kvledger.engine.model.loader import load_model
-from kvledger.engine.model.runner import ModelRunner
 from kvledger.engine.model.transformer import CausalLM
 from kvledger.engine.sampling.params import SamplingParams
 from kvledger.engine.sampling.sampler import Sampler

@@ -277,7 +277,7 @@ def test_an_interrupted_generate_releases_its_blocks(tiny_llama_dir, monkeypatch
 
 
 def test_a_run_that_fits_on_paper_but_not_as_measured_is_refused(tiny_llama_dir, monkeypatch):
-    from kvledger.engine.model.runner import ModelRunner
+    from kvledger.engine.core.runner import ModelRunner
 
     # The estimate fits in 1 GiB; a profile step that peaks at 4 GiB does not.
     monkeypatch.setattr(ModelRunner, "profile", lambda self, *a: 4 * 2**30)
@@ -288,7 +288,7 @@ def test_a_run_that_fits_on_paper_but_not_as_measured_is_refused(tiny_llama_dir,
 
 
 def test_decode_groups_cut_padding_and_cover_every_sequence():
-    from kvledger.engine.model.runner import _group_bounds
+    from kvledger.engine.core.runner import _group_bounds
 
     assert _group_bounds([]) == [] and _group_bounds([3]) == [1] and _group_bounds([5] * 6) == [6]
     assert _group_bounds([1, 1, 1, 1, 10, 10]) == [4, 6]

@@ -21,8 +21,8 @@ from _engine_helpers import hf_greedy
 from _fp8_checkpoints import STATIC_INPUT_SCALE, write_fp8
 
 from kvledger.engine import LLM, SamplingParams
+from kvledger.engine.checkpoint.fp8_format import quantized_linear
 from kvledger.engine.config import EngineConfig
-from kvledger.engine.model.fp8_format import quantized_linear
 from kvledger.engine.model.fp8_linear import Fp8Linear, quantize
 from kvledger.engine.model.loader import weights_bytes
 from kvledger.engine.planner.plan import make_plan

@@ -11,8 +11,8 @@ import torch
 from _engine_helpers import make_engine
 from torch import nn
 
+from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.model.builtin import MODELS
-from kvledger.engine.model.config import ModelConfig
 from kvledger.engine.model.cpu_linear import PackedLinear, pack_linears, packable
 from kvledger.engine.model.fusion import fuse_projections
 from kvledger.engine.model.loader import weights_bytes

@@ -1,4 +1,4 @@
-"""config.json read once (``kvledger.engine.planner.hf_config``): the planner and the engine
+"""config.json read once (``kvledger.engine.checkpoint.hf_config``): the planner and the engine
 read every config alike, as transformers reads it, and the engine refuses by name what it
 cannot run."""
 
@@ -9,12 +9,12 @@ import json
 import pytest
 import torch
 
+from kvledger.engine.checkpoint.contents import model_shape
+from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.builtin import MODELS
-from kvledger.engine.model.config import ModelConfig
 from kvledger.engine.model.loader import load_model
-from kvledger.engine.planner.checkpoint import model_shape
 from kvledger.engine.planner.device import DeviceMemory
 from kvledger.engine.planner.plan import make_plan
 

@@ -10,14 +10,14 @@ import re
 import pytest
 import torch
 
+from kvledger.engine.checkpoint.contents import read_weights
+from kvledger.engine.checkpoint.loadable import loaded_names, tensor_names
+from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.cli import main as cli_main
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.builtin import MODELS
-from kvledger.engine.model.config import ModelConfig
-from kvledger.engine.model.loadable import loaded_names, tensor_names
 from kvledger.engine.model.loader import load_model, weights_bytes
 from kvledger.engine.model.tokenizer import Tokenizer
-from kvledger.engine.planner.checkpoint import read_weights
 from kvledger.engine.planner.plan import loaded_weight_bytes
 
 

@@ -12,12 +12,13 @@ import torch
 import transformers
 from _engine_helpers import make_engine
 
+from kvledger.engine.core import runner as model_runner
 from kvledger.engine.core.engine import LLMEngine
 from kvledger.engine.core.sequence import Sequence
 from kvledger.engine.errors import BadInput
-from kvledger.engine.model import runner as model_runner
+from kvledger.engine.sampling.logprobs import logprobs_of
 from kvledger.engine.sampling.params import SamplingParams
-from kvledger.engine.sampling.sampler import apply_penalties, logprobs_of, process_logits
+from kvledger.engine.sampling.sampler import apply_penalties, process_logits
 
 NEG_INF = float("-inf")
 PROMPT = [17, 300, 42, 901, 77, 5, 640, 12, 250, 99, 1000, 3, 64, 128, 511]

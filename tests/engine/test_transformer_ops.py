@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvledger.engine.checkpoint.model_config import ModelConfig
+from kvledger.engine.core.runner import ModelRunner
 from kvledger.engine.model.builtin import MODELS
-from kvledger.engine.model.config import ModelConfig
-from kvledger.engine.model.runner import ModelRunner
 from kvledger.engine.model.transformer import CausalLM, RMSNorm, RotaryEmbedding, _rope
 
 

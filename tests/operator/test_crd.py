@@ -12,9 +12,9 @@ import celpy
 import pytest
 import yaml
 
+from kvledger.engine.checkpoint.hub.repo import HUB_URI_RE, parse_uri
 from kvledger.engine.config import SIZE_RE, parse_size
 from kvledger.engine.errors import BadInput
-from kvledger.engine.planner.hub.repo import HUB_URI_RE, parse_uri
 from kvledger.operator import crd
 from kvledger.operator.crd import (
     CRD_FILES,

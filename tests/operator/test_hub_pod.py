@@ -77,7 +77,7 @@ class Kubelet:
 
 
 def hub_pod(hub: HubServer, repo: str, tmp_path: Path, **spec) -> tuple[dict, Kubelet]:
-    from kvledger.engine.planner.hub.repo import download_bytes
+    from kvledger.engine.checkpoint.hub.repo import download_bytes
 
     uri = f"hf://{repo}"
     full = {"model": {"uri": uri, "name": "tiny", "endpoint": hub.url,

@@ -13,8 +13,8 @@ import pytest
 import pytest_asyncio
 from operator_harness import eventually, running_operator, service_manifest
 
+from kvledger.engine.checkpoint.hub import repo as hub
 from kvledger.engine.errors import BadInput
-from kvledger.engine.planner.hub import repo as hub
 from kvledger.engine.planner.report import PLAN_LINE_PREFIX
 from kvledger.operator import handlers
 from kvledger.operator.main import operator_memo

@@ -139,18 +139,21 @@ async def test_the_operator_applies_nothing_the_policy_refuses_and_says_why(clus
                 return c
         return None
 
-    ready = await eventually(refused, what="Ready=False/PolicyDenied")
+    ready = await eventually(refused, what="Ready=False/PolicyDenied", timeout_s=30)
     assert ready["status"] == "False"
     assert ready["message"].startswith("spec.model.volume.hostPath / is not allowed")
     assert cluster.stored("apps/v1", "deployments", NS, "rooted") is None
-    events = [e for e in cluster.events_for("rooted") if e.get("reason") == "PolicyDenied"]
-    assert events and events[0]["type"] == "Warning"
+    events = await eventually(lambda: [e for e in cluster.events_for("rooted")
+                                       if e.get("reason") == "PolicyDenied"],
+                              what="a PolicyDenied event", timeout_s=30)
+    assert events[0]["type"] == "Warning"
 
 
 def test_the_network_policy_admits_the_namespace_and_the_listed_ones_on_the_port():
     import kubernetes_validate
 
-    from kvledger.operator.render import LABEL, render_network_policy
+    from kvledger.operator.policy import render_network_policy
+    from kvledger.operator.render import LABEL
 
     policy = render_network_policy("llama", "team-a", {**BASE, "port": 9000}, ("monitoring",))
     kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)

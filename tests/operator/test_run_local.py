@@ -106,7 +106,7 @@ def test_a_quantized_checkpoint_is_refused_by_the_preflight_before_serve(tmp_pat
     exit 2, and serve is never started (it would crash at loading)."""
     from budget_checkpoints import write_quantized
 
-    from kvledger.engine.model.config import SERVED_WEIGHTS
+    from kvledger.engine.checkpoint.model_config import SERVED_WEIGHTS
     from kvledger.operator import local_run
 
     def no_serve(*args, **kwargs):

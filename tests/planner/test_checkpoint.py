@@ -13,13 +13,13 @@ from safetensors import safe_open
 from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import load_file, save_file, save_model
 
-from kvledger.engine.errors import BadInput
-from kvledger.engine.planner.checkpoint import (
+from kvledger.engine.checkpoint.contents import (
     DTYPE_BITS,
     read_model_shape,
     read_safetensors_header,
     read_weights,
 )
+from kvledger.engine.errors import BadInput
 
 
 def loaded_bytes(model_dir) -> int:
@@ -247,7 +247,7 @@ def test_missing_model_dir_is_bad_input(tmp_path) -> None:
 def test_unreadable_model_dir_is_bad_input(tmp_path, monkeypatch) -> None:
     # chmod cannot lock out root (these tests may run as root), so deny the access check.
     write_checkpoint(tmp_path)
-    monkeypatch.setattr("kvledger.engine.planner.checkpoint.os.access", lambda *a, **k: False)
+    monkeypatch.setattr("kvledger.engine.checkpoint.contents.os.access", lambda *a, **k: False)
     with pytest.raises(BadInput, match="is not readable"):
         read_weights(tmp_path)
 

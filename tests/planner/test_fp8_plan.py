@@ -10,11 +10,11 @@ import pytest
 from budget_checkpoints import write_header_only, write_quantized
 from published_models import published_config, published_tensors
 
+from kvledger.engine.checkpoint.contents import read_weights
+from kvledger.engine.checkpoint.model_config import SERVED_WEIGHTS
 from kvledger.engine.cli import main
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
-from kvledger.engine.model.config import SERVED_WEIGHTS
-from kvledger.engine.planner.checkpoint import read_weights
 from kvledger.engine.planner.plan import make_plan
 
 GiB = 2**30

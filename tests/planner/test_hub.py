@@ -17,8 +17,8 @@ from _hub_helpers import hub_env, kvledger, one_error_line, point_hub_at
 from budget_checkpoints import write_checkpoint
 from hub_server import HubServer, closed_port_url
 
+from kvledger.engine.checkpoint.hub.repo import HubModel, download_bytes, is_hub_uri, parse_uri
 from kvledger.engine.errors import BadInput
-from kvledger.engine.planner.hub.repo import HubModel, download_bytes, is_hub_uri, parse_uri
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -290,7 +290,7 @@ def test_bad_models_are_one_line_exit_2(hub, tmp_path, uri, message) -> None:
 _TIMED_KVLEDGER = """
 import json, sys, time, types
 import httpx2, huggingface_hub, huggingface_hub.hf_api
-from kvledger.engine.planner.hub import reads as hub_http
+from kvledger.engine.checkpoint.hub import reads as hub_http
 from kvledger.engine.cli import main
 
 pauses = []
@@ -313,7 +313,7 @@ sys.exit(rc)
 
 
 def test_a_dead_endpoint_fails_after_bounded_retries(tmp_path) -> None:
-    from kvledger.engine.planner.hub.reads import TIMEOUT_S
+    from kvledger.engine.checkpoint.hub.reads import TIMEOUT_S
 
     endpoint = closed_port_url()
     for argv in (["fetch", "--model", "hf://org/name"], ["plan", "--model", "hf://org/name"]):
@@ -373,7 +373,7 @@ def test_a_redirect_to_another_host_does_not_carry_the_token() -> None:
 
     from huggingface_hub.utils import build_hf_headers
 
-    from kvledger.engine.planner.hub.reads import Deadline, stream_get
+    from kvledger.engine.checkpoint.hub.reads import Deadline, stream_get
 
     seen: list[tuple[str, str | None]] = []
 

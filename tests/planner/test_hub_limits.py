@@ -13,10 +13,10 @@ import pytest
 from _hub_helpers import hub_env, kvledger, one_error_line, point_hub_at
 from hub_server import LISTING, HubServer
 
+from kvledger.engine.checkpoint.hub import reads as hub_http
+from kvledger.engine.checkpoint.hub.headers import header_mirror
+from kvledger.engine.checkpoint.hub.repo import download_bytes
 from kvledger.engine.errors import BadInput
-from kvledger.engine.planner.hub import reads as hub_http
-from kvledger.engine.planner.hub.headers import header_mirror
-from kvledger.engine.planner.hub.repo import download_bytes
 
 
 @pytest.fixture

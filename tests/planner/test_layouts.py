@@ -14,10 +14,10 @@ import pytest
 from budget_checkpoints import write_header_only
 from published_models import parameter_count, published_config, published_tensors
 
+from kvledger.engine.checkpoint.model_config import SUPPORTED_ARCHITECTURES
 from kvledger.engine.cli import main
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
-from kvledger.engine.model.config import SUPPORTED_ARCHITECTURES
 from kvledger.engine.planner.device import DeviceMemory
 from kvledger.engine.planner.plan import Plan, make_plan
 from kvledger.engine.planner.pool import ENGINE_RULE, VLLM_RULE

@@ -12,13 +12,14 @@ from budget_checkpoints import write_checkpoint
 from published_models import published_shape, published_weights
 from safetensors.torch import load_file, save_file
 
+from kvledger.engine.checkpoint.contents import ModelShape, WeightsInfo
 from kvledger.engine.config import DEFAULT_GRAMMAR_CACHE_BYTES, EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner import estimates
-from kvledger.engine.planner.checkpoint import ModelShape, WeightsInfo
 from kvledger.engine.planner.device import DeviceMemory
 from kvledger.engine.planner.limit import largest_utilization
-from kvledger.engine.planner.plan import CLASSES, Measured, make_plan
+from kvledger.engine.planner.plan import make_plan
+from kvledger.engine.planner.record import CLASSES, Measured
 
 GiB = 2**30
 # Llama-3-8B's shape, with its real bf16 weight bytes (16,060,522,496 in 291 tensors).

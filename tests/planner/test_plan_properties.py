@@ -7,10 +7,10 @@ import dataclasses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvledger.engine.checkpoint.contents import ModelShape, WeightsInfo
+from kvledger.engine.checkpoint.layout import AttentionLayout, LayerKV
 from kvledger.engine.config import EngineConfig
-from kvledger.engine.planner.checkpoint import ModelShape, WeightsInfo
 from kvledger.engine.planner.device import DeviceMemory
-from kvledger.engine.planner.layout import AttentionLayout, LayerKV
 from kvledger.engine.planner.plan import make_plan
 
 GiB = 2**30

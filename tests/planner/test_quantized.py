@@ -1,7 +1,7 @@
 """Quantized checkpoints: for an architecture kvledger's engine serves, refused by name
 (exit 2, one line) by ``plan`` and ``preflight`` before anything is planned, never a plan
 that "fits" for a checkpoint ``serve`` would refuse; a what-if architecture keeps its
-vLLM plan (``engine/model/loadable.py``). ``serve`` and ``run``: tests/server and
+vLLM plan (``engine/checkpoint/loadable.py``). ``serve`` and ``run``: tests/server and
 tests/operator."""
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from budget_checkpoints import (
 )
 from published_models import published_config, published_tensors
 
+from kvledger.engine.checkpoint.contents import read_weights
+from kvledger.engine.checkpoint.int4_format import SERVED_4BIT
+from kvledger.engine.checkpoint.loadable import loadable_config, unexpected_tensors
+from kvledger.engine.checkpoint.model_config import SERVED_WEIGHTS, ModelConfig
 from kvledger.engine.cli import main
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
-from kvledger.engine.model.config import SERVED_WEIGHTS, ModelConfig
-from kvledger.engine.model.int4_format import SERVED_4BIT
-from kvledger.engine.model.loadable import loadable_config, unexpected_tensors
-from kvledger.engine.planner.checkpoint import read_weights
 from kvledger.engine.planner.plan import make_plan
 
 # fp8 (tests/planner/test_fp8_plan.py) and 4-bit gptq, awq and compressed-tensors W4A16
@@ -250,8 +250,8 @@ def test_a_what_if_architecture_keeps_its_vllm_plan(tmp_path, capsys, name) -> N
 def test_an_unquantized_checkpoint_has_nothing_unexpected(make_model_dir) -> None:
     """Every built-in model (dense, biased, qk-norm, mixture-of-experts, tied) passes the
     check: the engine's tensor names are its checkpoints'."""
+    from kvledger.engine.checkpoint.hf_config import read_config_json
     from kvledger.engine.model.builtin import MODELS
-    from kvledger.engine.planner.hf_config import read_config_json
 
     for name in MODELS:
         model_dir = make_model_dir(name)

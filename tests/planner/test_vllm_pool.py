@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from published_models import published_shape
 
+from kvledger.engine.checkpoint.contents import WeightsInfo
 from kvledger.engine.config import EngineConfig
-from kvledger.engine.planner.checkpoint import WeightsInfo
 from kvledger.engine.planner.device import DeviceMemory
 from kvledger.engine.planner.plan import Measured, make_plan
 

@@ -58,8 +58,8 @@ def test_a_quantized_checkpoint_is_refused_before_loading(tmp_path, capsys, monk
     by name, exit 2, before a tensor is read."""
     from budget_checkpoints import write_quantized
 
+    from kvledger.engine.checkpoint.model_config import SERVED_WEIGHTS
     from kvledger.engine.core import startup
-    from kvledger.engine.model.config import SERVED_WEIGHTS
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the weights were loaded")
@@ -70,6 +70,6 @@ def test_a_quantized_checkpoint_is_refused_before_loading(tmp_path, capsys, monk
                  "--port", "0", "--log-level", "error"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith(message) and err.count("\n") == 1, err
-    from kvledger.engine.model.int4_format import SERVED_4BIT
+    from kvledger.engine.checkpoint.int4_format import SERVED_4BIT
 
     assert err.endswith(f"; {SERVED_4BIT if method == 'gptq' else SERVED_WEIGHTS}\n")

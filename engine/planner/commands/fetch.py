@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 
+from kvledger.engine.checkpoint.hub.adapters import adapter_directory
+from kvledger.engine.checkpoint.hub.cache import fetch
+from kvledger.engine.checkpoint.hub.reads import DEFAULT_HUB_TIMEOUT_S
+from kvledger.engine.checkpoint.hub.repo import is_hub_uri, parse_uri
 from kvledger.engine.config import positive_seconds
 from kvledger.engine.errors import EXIT_OK, BadInput
 from kvledger.engine.lora_config import lora_module_arg
-from kvledger.engine.planner.hub.adapters import adapter_directory
-from kvledger.engine.planner.hub.cache import fetch
-from kvledger.engine.planner.hub.reads import DEFAULT_HUB_TIMEOUT_S
-from kvledger.engine.planner.hub.repo import is_hub_uri, parse_uri
 from kvledger.engine.planner.report import format_size
 
 

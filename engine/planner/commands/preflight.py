@@ -15,10 +15,10 @@ import json
 import sys
 from pathlib import Path
 
+from kvledger.engine.checkpoint.hub.headers import planning_source
+from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.config import add_engine_flags, config_from_args
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInput
-from kvledger.engine.model.config import ModelConfig
-from kvledger.engine.planner.hub.headers import planning_source
 from kvledger.engine.planner.plan import Plan, make_plan
 from kvledger.engine.planner.report import (
     TERMINATION_LOG_MAX_BYTES,

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvledger.engine.errors import BadInput
-from kvledger.engine.planner.hub.cache import (
+from kvledger.engine.checkpoint.hub.cache import (
     _read_ref,
     _snapshot_download,
     _write_ref,
     cache_root,
     repo_folder,
 )
-from kvledger.engine.planner.hub.repo import is_commit, is_hub_uri, list_repo, parse_uri
+from kvledger.engine.checkpoint.hub.repo import is_commit, is_hub_uri, list_repo, parse_uri
+from kvledger.engine.errors import BadInput
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 

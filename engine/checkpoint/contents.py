@@ -12,25 +12,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvledger.engine.errors import BadInput
-from kvledger.engine.planner.hf_config import (
+from kvledger.engine.checkpoint.hf_config import (
     checked_model_dir,
     parse_config,
     read_config_json,
     read_json,
     text_config,
 )
-from kvledger.engine.planner.layout import (
+from kvledger.engine.checkpoint.layout import (
     AttentionLayout,
     full_layout,
     pick_architecture,
     read_layout,
 )
-from kvledger.engine.planner.safetensors_header import (  # noqa: F401 - re-exported
+from kvledger.engine.checkpoint.safetensors_header import (  # noqa: F401 - re-exported
     DTYPE_BITS,
     TensorInfo,
     read_safetensors_header,
 )
+from kvledger.engine.errors import BadInput
 
 # Floating dtypes an explicit ``--dtype`` casts at load time; the others (quantized
 # payloads, scales, integer tensors) are loaded as stored.

@@ -16,10 +16,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvledger.engine.errors import BadInput
-from kvledger.engine.planner.checkpoint import ModelSource
-from kvledger.engine.planner.hub.reads import hub_error
-from kvledger.engine.planner.hub.repo import (
+from kvledger.engine.checkpoint.contents import ModelSource
+from kvledger.engine.checkpoint.hub.reads import hub_error
+from kvledger.engine.checkpoint.hub.repo import (
     CONFIG_FILE,
     INDEX_FILE,
     SINGLE_FILE,
@@ -33,6 +32,7 @@ from kvledger.engine.planner.hub.repo import (
     parse_uri,
     read_index,
 )
+from kvledger.engine.errors import BadInput
 
 log = logging.getLogger("kvledger.hub")
 

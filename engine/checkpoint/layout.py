@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvledger.engine.errors import BadInput
-from kvledger.engine.model.config import SUPPORTED_ARCHITECTURES
-from kvledger.engine.planner.hf_config import (
+from kvledger.engine.checkpoint.hf_config import (
     MLA_ARCHITECTURES,
     READ_ARCHITECTURES,
     SLIDING_ATTENTION,
     HFConfig,
 )
+from kvledger.engine.checkpoint.model_config import SUPPORTED_ARCHITECTURES
+from kvledger.engine.errors import BadInput
 
 FULL = "full"
 SLIDING = "sliding"

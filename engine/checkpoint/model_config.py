@@ -13,14 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvledger.engine.errors import BadInput
-from kvledger.engine.model.fp8_format import (
+from kvledger.engine.checkpoint.fp8_format import (
     FP8,
     SERVED_WEIGHTS,
     fp8_method,
 )
-from kvledger.engine.model.int4_format import int4_method
-from kvledger.engine.planner.hf_config import (
+from kvledger.engine.checkpoint.hf_config import (
     FULL_ATTENTION,
     SLIDING_ATTENTION,
     HFConfig,
@@ -29,6 +27,8 @@ from kvledger.engine.planner.hf_config import (
     read_config_json,
     text_config,
 )
+from kvledger.engine.checkpoint.int4_format import int4_method
+from kvledger.engine.errors import BadInput
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")

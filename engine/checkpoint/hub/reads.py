@@ -12,13 +12,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 from urllib.parse import quote
 
+from kvledger.engine.checkpoint.hub.uri import HubModel
 from kvledger.engine.errors import BadInput
-
-if TYPE_CHECKING:
-    from kvledger.engine.planner.hub.repo import HubModel, RepoListing
 
 # Bounded retries on connection errors, timeouts, 429 and 5xx: ATTEMPTS tries with a
 # doubling pause from FIRST_PAUSE_S, so a dead endpoint fails in under 2 s plus timeouts.
@@ -61,6 +59,22 @@ class DeadlineExceeded(Exception):
     def __init__(self, deadline: Deadline) -> None:
         super().__init__(deadline.name)
         self.deadline = deadline
+
+
+@dataclass(frozen=True)
+class RepoListing:
+    """A repo's files at one commit, with their sizes, and how to reach them."""
+
+    model: HubModel
+    commit: str  # the 40-hex commit the revision resolved to
+    sizes: dict[str, int]  # file path -> bytes
+    endpoint: str
+    token: str | None = None  # None: huggingface_hub's own (HF_TOKEN, or its token file)
+    deadline: Deadline | None = None  # the command's hub reads end by then (--hub-timeout)
+
+    def where(self, filename: str = "") -> str:
+        """How messages name a file: the uri, the short commit, the file."""
+        return f"{self.model.uri} (commit {self.commit[:12]}){' ' + filename if filename else ''}"
 
 
 def command_deadline(seconds: float | None) -> Deadline:

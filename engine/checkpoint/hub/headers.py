@@ -19,10 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from kvledger.engine.errors import BadInput
-from kvledger.engine.planner.checkpoint import ModelSource
-from kvledger.engine.planner.hub.reads import read_range, read_small_file
-from kvledger.engine.planner.hub.repo import (
+from kvledger.engine.checkpoint.contents import ModelSource
+from kvledger.engine.checkpoint.hub.reads import read_range, read_small_file
+from kvledger.engine.checkpoint.hub.repo import (
     CONFIG_FILE,
     INDEX_FILE,
     RepoListing,
@@ -32,7 +31,8 @@ from kvledger.engine.planner.hub.repo import (
     parse_json,
     parse_uri,
 )
-from kvledger.engine.planner.safetensors_header import MAX_HEADER_BYTES
+from kvledger.engine.checkpoint.safetensors_header import MAX_HEADER_BYTES
+from kvledger.engine.errors import BadInput
 
 # The first request of each shard asks for this many bytes: most headers fit (as
 # huggingface_hub's own header reader assumes), so one request per shard usually does.
@@ -52,7 +52,7 @@ def planning_source(model: str, download_dir: str | None = None, *,
     from huggingface_hub import constants
 
     if constants.is_offline_mode():
-        from kvledger.engine.planner.hub.cache import offline_snapshot
+        from kvledger.engine.checkpoint.hub.cache import offline_snapshot
 
         yield offline_snapshot(parse_uri(model), download_dir)
         return

@@ -15,22 +15,22 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kvledger.engine.errors import BadInput
-from kvledger.engine.model.config import SERVED_WEIGHTS, ModelConfig
-from kvledger.engine.model.fp8_format import (
+from kvledger.engine.checkpoint.contents import CASTABLE_DTYPES, TensorInfo
+from kvledger.engine.checkpoint.fp8_format import (
     FP8,
     FP8_DTYPE,
     KV_SCALE_SUFFIXES,
     SCALE_SUFFIXES,
     quantized_linear,
 )
-from kvledger.engine.model.int4_format import (
+from kvledger.engine.checkpoint.int4_format import (
     INT4_METHODS,
     LAYER_TENSORS,
     PACKED_DTYPES,
     layer_prefixes,
 )
-from kvledger.engine.planner.checkpoint import CASTABLE_DTYPES, TensorInfo
+from kvledger.engine.checkpoint.model_config import SERVED_WEIGHTS, ModelConfig
+from kvledger.engine.errors import BadInput
 
 # Buffers some older checkpoints carry that the engine recomputes.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import torch
 
-from kvledger.engine.core.outputs import TokenLogprobs
 from kvledger.engine.core.scheduler import ScheduledBatch
 from kvledger.engine.core.sequence import Sequence
 from kvledger.engine.model.cpu_linear import pack_linears
@@ -22,8 +21,8 @@ from kvledger.engine.model.transformer import (
     PrefillSpan,
     RotaryEmbedding,
 )
+from kvledger.engine.sampling.logprobs import TokenLogprobs, logprobs_of
 from kvledger.engine.sampling.params import MAX_LOGPROBS
-from kvledger.engine.sampling.sampler import logprobs_of
 
 # One step's inputs: token ids, positions, attention metadata, the rows to return logits for.
 _Step = tuple[list[int], list[int], AttentionMetadata, list[int]]

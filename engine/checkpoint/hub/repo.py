@@ -13,98 +13,36 @@ ever printed or logged here.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from urllib.parse import quote
 
 from kvledger.engine import json_text
-from kvledger.engine.errors import BadInput
-from kvledger.engine.planner.hub.reads import (
+from kvledger.engine.checkpoint.hub.reads import (
     MAX_LISTING_BYTES,
-    Deadline,
+    RepoListing,
     command_deadline,
     file_deadline,
     read_small_file,
     stream_get,
     with_retries,
 )
+from kvledger.engine.checkpoint.hub.uri import (  # noqa: F401 - the uri's names, re-exported
+    DEFAULT_REVISION,
+    HUB_URI_RE,
+    SCHEME,
+    HubModel,
+    is_commit,
+    is_hub_uri,
+    parse_uri,
+)
+from kvledger.engine.errors import BadInput
 
-SCHEME = "hf://"
-DEFAULT_REVISION = "main"
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # What the engine reads besides the weights (tokenizer, chat template, EOS ids).
 ENGINE_FILES = (CONFIG_FILE, "generation_config.json", "tokenizer.json",
                 "tokenizer_config.json", "special_tokens_map.json")
-
-_NAME = r"[A-Za-z0-9_.-]{1,96}"
-# The uri grammar; the CRD's pattern is built from it (operator/crd_schema.py). parse_uri
-# checks what a regex without look-ahead cannot: no leading or trailing '.'/'-', no '..'
-# or '--' in a name, a revision's shape; on a cluster those come back as InvalidSpec.
-HUB_URI_RE = re.compile(rf"hf://(?P<repo>{_NAME}/{_NAME})(?:@(?P<rev>[^@]*))?")
-_REVISION = re.compile(r"[A-Za-z0-9_.\-/]{1,255}")
-_COMMIT = re.compile(r"[0-9a-f]{40}")
-
-
-def is_hub_uri(text: str) -> bool:
-    """Whether ``--model`` names a hub model (``hf://...``) rather than a directory."""
-    return isinstance(text, str) and text.startswith(SCHEME)
-
-
-def is_commit(revision: str) -> bool:
-    """Whether a revision is a commit (40 hex digits), which no branch can move."""
-    return _COMMIT.fullmatch(revision) is not None
-
-
-@dataclass(frozen=True)
-class HubModel:
-    """A model repo on the hub at a revision (a branch, a tag or a commit)."""
-
-    repo_id: str
-    revision: str = DEFAULT_REVISION
-    uri: str = field(init=False)  # hf://ORG/NAME, with @REVISION unless it is main
-
-    def __post_init__(self) -> None:
-        suffix = "" if self.revision == DEFAULT_REVISION else f"@{self.revision}"
-        object.__setattr__(self, "uri", f"{SCHEME}{self.repo_id}{suffix}")
-
-
-def parse_uri(text: str) -> HubModel:
-    """``hf://ORG/NAME[@REVISION]`` -> HubModel; BadInput with one line when malformed."""
-    match = HUB_URI_RE.fullmatch(text) if isinstance(text, str) else None
-    if match is None:
-        raise BadInput(f"bad hub model {text!r}: expected hf://ORG/NAME[@REVISION] (letters, "
-                       "digits, '-', '_' and '.'; at most 96 characters each)")
-    repo, revision = match["repo"], match["rev"]
-    for part in repo.split("/"):
-        if part[0] in ".-" or part[-1] in ".-" or ".." in part or "--" in part:
-            raise BadInput(f"bad hub model {text!r}: {part!r} may not start or end with '.' "
-                           "or '-', nor hold '..' or '--'")
-    if revision is None:
-        revision = DEFAULT_REVISION
-    elif (not _REVISION.fullmatch(revision) or ".." in revision or revision[0] in "/-"
-          or revision.endswith("/")):
-        raise BadInput(f"bad hub model {text!r}: the revision after '@' must be a branch, tag "
-                       "or commit (letters, digits, '-', '_', '.', '/')")
-    return HubModel(repo, revision)
-
-
-@dataclass(frozen=True)
-class RepoListing:
-    """A repo's files at one commit, with their sizes, and how to reach them."""
-
-    model: HubModel
-    commit: str  # the 40-hex commit the revision resolved to
-    sizes: dict[str, int]  # file path -> bytes
-    endpoint: str
-    token: str | None = None  # None: huggingface_hub's own (HF_TOKEN, or its token file)
-    deadline: Deadline | None = None  # the command's hub reads end by then (--hub-timeout)
-
-    def where(self, filename: str = "") -> str:
-        """How messages name a file: the uri, the short commit, the file."""
-        return f"{self.model.uri} (commit {self.commit[:12]}){' ' + filename if filename else ''}"
 
 
 def hub_endpoint(endpoint: str | None = None) -> str:

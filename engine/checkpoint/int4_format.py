@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvledger.engine.checkpoint.fp8_format import check_kv_cache_scheme
 from kvledger.engine.errors import BadInput
-from kvledger.engine.model.fp8_format import check_kv_cache_scheme
 
 GPTQ, AWQ, W4A16 = "gptq", "awq", "w4a16"  # ModelConfig.quantization's names
 INT4_METHODS = (GPTQ, AWQ, W4A16)
