@@ -48,7 +48,9 @@ def completion_margin(unused_blocks: int, claims: Sequence[Claim], ref_counts: S
     (``Overcommit.may_draw``)."""
     pins = pins or {}
     groups = _SharedBlocks(claims, ref_counts, pins, shared)
+    keys = groups.keys
     seating = _Seating(claims, seats, slots)
+    followed = seating.followed  # the hot path checks no seat nor slot when none is needed
     available = margin = unused_blocks
     order = sorted(range(len(claims)), key=lambda i: claims[i].need)
     aside: list[int] = []  # their blocks are there, a seat or a slot is not (yet)
@@ -62,21 +64,24 @@ def completion_margin(unused_blocks: int, claims: Sequence[Claim], ref_counts: S
             return None  # nobody can finish: the rest need more than will ever come back
         else:
             index, at = order[at], at + 1
-            if not seating.can_start(claims[index]):
+            if followed and not seating.can_start(claims[index]):
                 aside.append(index)
                 continue
-        claim = claims[index]
+        claim, key = claims[index], keys[index]
         margin = min(margin, available - claim.need)
-        available += groups.returned(index)
-        seating.finish(claim)
+        # What it drew (``fresh``: its own until it releases it) and what it alone holds.
+        available += claim.fresh + len(claim.blocks) - len(key)
+        if key:
+            available += groups.release(key)
+        if followed:
+            seating.finish(claim)
     return margin
 
 
 class _SharedBlocks:
-    """What a claim gives back when it finishes: what it drew (``fresh``: its own until it
-    releases it), the blocks it alone holds, and, as the last member of a group of claims
-    holding the same shared blocks (one system prompt's), those whose every hold that
-    group was. A block only one claim holds is counted, not followed."""
+    """Claims holding the same shared blocks (one system prompt's) form a group: as its
+    last member finishes, the group gives back those blocks whose every hold it was. A
+    block only one claim holds is counted with that claim, not followed."""
 
     def __init__(self, claims: Sequence[Claim], ref_counts: Sequence[int],
                  pins: Mapping[int, int], shared: set[int] | None) -> None:
@@ -84,21 +89,20 @@ class _SharedBlocks:
             shared = {block for claim in claims for block in claim.blocks
                       if ref_counts[block] > 1}
         several = shared.union(pins) if pins else shared  # the rest have one claim alone
-        self.claims, self.ref_counts, self.pins = claims, ref_counts, pins
+        self.ref_counts, self.pins = ref_counts, pins
         self.keys = [frozenset(several.intersection(c.blocks)) if several else _NONE
                      for c in claims]
         self.members = Counter(self.keys)
         self.left = dict(self.members)
         self.holders: dict[int, int] = {}
 
-    def returned(self, index: int) -> int:
-        claim, key = self.claims[index], self.keys[index]
-        back = claim.fresh + len(claim.blocks) - len(key)
-        if not key:
-            return back
+    def release(self, key: frozenset[int]) -> int:
+        """A member of group ``key`` finished: the blocks that come back (none until its
+        last member has)."""
         self.left[key] -= 1
         if self.left[key]:
-            return back
+            return 0
+        back = 0
         for block in key:
             held = (self.holders.get(block, self.ref_counts[block] + self.pins.get(block, 0))
                     - self.members[key])
@@ -121,13 +125,13 @@ class _Seating:
         self.free_slots = None if slots is None else slots - len(self.running)
 
     def can_start(self, claim: Claim) -> bool:
-        return not self.followed or claim.seated or (
+        return claim.seated or (
             (self.free_seats is None or self.free_seats > 0)
             and (claim.adapter is None or self.free_slots is None or self.free_slots > 0
                  or self.running[claim.adapter] > 0))
 
     def finish(self, claim: Claim) -> None:
-        if not self.followed or not claim.seated:
+        if not claim.seated:
             return
         if self.free_seats is not None:
             self.free_seats += 1
