@@ -52,7 +52,7 @@ MUTANTS = {
         "engine/kv/safety.py", "        if sharers:\n            self.live[sharers[0]][2] = 0",
         "        if False:\n            self.live[sharers[0]][2] = 0"),
     "seats and slots left out of the check's order": (
-        "engine/kv/banker.py", "            if not can_start(claims[index]):",
+        "engine/kv/banker.py", "            if followed and not seating.can_start(claims[index]):",
         "            if False:"),
     "a choice awaiting its prompt stops the line": (
         "engine/core/scheduler.py",
