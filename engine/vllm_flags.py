@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from kvledger.engine.errors import BadInput
 from kvledger.engine.vllm_serve_flags import VLLM_SERVE_FLAGS
 
-# vLLM's --tool-call-parser names kvledger reads calls in (server/tool_formats.py holds
+# vLLM's --tool-call-parser names kvledger reads calls in (server/tools/formats.py holds
 # their readers, one per name; a test checks the two agree).
 PARSERS = ("hermes", "llama3_json", "mistral")
 

@@ -22,8 +22,8 @@ from kvledger.engine.server.api_errors import ApiError, sse_error_event
 from kvledger.engine.server.logprobs import chat_logprobs, completion_logprobs
 from kvledger.engine.server.protocol import GenerationRequest
 from kvledger.engine.server.state import ServerState
-from kvledger.engine.server.tool_calls import NO_TOOLS, ToolPlan
-from kvledger.engine.server.tool_parsers import ArgumentsDelta, CallScanner, ToolCall
+from kvledger.engine.server.tools.calls import NO_TOOLS, ToolPlan
+from kvledger.engine.server.tools.parsers import ArgumentsDelta, CallScanner, ToolCall
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def _chat_choice(state: ServerState, p: Prepared, index: int, final) -> dict[str
 
 
 def _finish_reason(reason: str | None, scanner: CallScanner | None) -> str | None:
-    """OpenAI's ``tool_calls`` when the model stopped after calling; else the engine's."""
+    """OpenAI's ``calls`` when the model stopped after calling; else the engine's."""
     if reason == "stop" and scanner is not None and scanner.calls:
         return "tool_calls"
     return reason

@@ -32,7 +32,7 @@ from kvledger.engine.server.limits import decode_json
 from kvledger.engine.server.protocol import GenerationRequest, parse_chat, parse_completion
 from kvledger.engine.server.state import API_KEY_INDEX, STATE, ServerState
 from kvledger.engine.server.structured_outputs import constraint_field
-from kvledger.engine.server.tool_calls import (
+from kvledger.engine.server.tools.calls import (
     NO_TOOLS,
     ToolPlan,
     control_token_ids,
@@ -266,7 +266,7 @@ def _sampling_params(req: GenerationRequest, cap: int, grammar: Any, index: int,
 
 
 def _tool_plan(state: ServerState, req: GenerationRequest) -> ToolPlan:
-    """How a chat's ``tools`` are served (``tool_calls``); completions have none."""
+    """How a chat's ``tools`` are served (``calls``); completions have none."""
     if req.kind != "chat" or not req.tools:
         return NO_TOOLS
     try:

@@ -35,7 +35,7 @@ from kvledger.engine.server.structured_outputs import (
     constraint_field,
     output_constraint,
 )
-from kvledger.engine.server.tool_protocol import (
+from kvledger.engine.server.tools.protocol import (
     NamedToolChoice,
     ToolCallIn,
     ToolChoice,

@@ -20,7 +20,7 @@ from kvledger.engine.server.limits import MAX_INT, decode_json
 from kvledger.engine.server.openai_api import read_body
 from kvledger.engine.server.protocol import ChatMessage
 from kvledger.engine.server.state import STATE, ServerState
-from kvledger.engine.server.tool_protocol import ToolList, template_tools
+from kvledger.engine.server.tools.protocol import ToolList, template_tools
 from kvledger.engine.server.validation import Strict, validate
 
 

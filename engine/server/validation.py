@@ -32,7 +32,7 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "prompt_logprobs": (None,), "guided_grammar": (None,), "guided_decoding_backend": (None,),
 }
 # vLLM's chat ``echo`` repeats the last message; not implemented (completions' is).
-# Chat serves tools (``tool_protocol``); completions refuse them.
+# Chat serves tools (``protocol``); completions refuse them.
 CHAT_UNSUPPORTED_FIELDS = {**{k: v for k, v in UNSUPPORTED_FIELDS.items()
                               if k not in ("tools", "tool_choice")}, "echo": (None, False)}
 

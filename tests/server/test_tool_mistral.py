@@ -18,8 +18,8 @@ from test_tool_calls_sdk import ASK, SCHEMAS, TOOLS, _streamed
 
 from kvledger.engine.sampling.grammar import GrammarCompiler, GrammarSpec
 from kvledger.engine.sampling.params import SamplingParams
-from kvledger.engine.server.tool_calls import control_token_ids, tool_plan
-from kvledger.engine.server.tool_protocol import Tool
+from kvledger.engine.server.tools.calls import control_token_ids, tool_plan
+from kvledger.engine.server.tools.protocol import Tool
 
 MISTRAL_ID = re.compile(r"^[A-Za-z0-9]{9}$")
 

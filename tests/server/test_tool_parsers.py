@@ -1,5 +1,5 @@
-"""Tool calls read back from text (``tool_parsers``) and the grammar that constrains them
-(``tool_calls``), without a model."""
+"""Tool calls read back from text (``parsers``) and the grammar that constrains them
+(``calls``), without a model."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import json
 
 import pytest
 
-from kvledger.engine.server.tool_calls import (
+from kvledger.engine.server.tools.calls import (
     FORMATS,
     MISTRAL_V11,
     calls_grammar,
     template_parser,
     tool_plan,
 )
-from kvledger.engine.server.tool_parsers import ArgumentsDelta, CallScanner, ToolCall
-from kvledger.engine.server.tool_protocol import Tool
+from kvledger.engine.server.tools.parsers import ArgumentsDelta, CallScanner, ToolCall
+from kvledger.engine.server.tools.protocol import Tool
 from kvledger.engine.server.validation import Refusal
 
 WEATHER = Tool.model_validate({"type": "function", "function": {

@@ -1,4 +1,4 @@
-"""A tool-calling conversation as a request reads it (``tool_protocol``) and as the built-in
+"""A tool-calling conversation as a request reads it (``protocol``) and as the built-in
 chat template renders it, the same text as transformers renders from the same checkpoint."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 once per request, which parser reads the answer back and which grammar constrains it.
 
 - ``"none"``: the tools are in the prompt (vLLM's default), the answer is text.
-- ``"auto"``: the model chooses; its text is parsed (``tool_parsers``). As in vLLM, the
+- ``"auto"``: the model chooses; its text is parsed (``parsers``). As in vLLM, the
   server must be started with ``--enable-auto-tool-choice`` and a parser, else a 400.
 - ``"required"`` or a named function: the output is constrained by a Lark grammar
   (llguidance, compiled like any structured output) to calls in the model family's own
@@ -24,9 +24,9 @@ import json
 import re
 from dataclasses import dataclass
 
-from kvledger.engine.server.tool_formats import ARGS, CONTROL_TOKENS
-from kvledger.engine.server.tool_parsers import PARSERS, CallScanner
-from kvledger.engine.server.tool_protocol import NamedToolChoice, Tool
+from kvledger.engine.server.tools.formats import ARGS, CONTROL_TOKENS
+from kvledger.engine.server.tools.parsers import PARSERS, CallScanner
+from kvledger.engine.server.tools.protocol import NamedToolChoice, Tool
 from kvledger.engine.server.validation import Refusal
 
 AUTO_NEEDS_FLAGS = ("\"auto\" tool choice requires --enable-auto-tool-choice and "

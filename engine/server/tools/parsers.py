@@ -1,4 +1,4 @@
-"""Tool calls read back from a model's text, in the format of its family (``tool_formats``:
+"""Tool calls read back from a model's text, in the format of its family (``formats``:
 hermes, llama3_json, mistral).
 
 One ``CallScanner`` reads a choice's text as it grows, for streamed and whole answers
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvledger.engine.server.tool_formats import (
+from kvledger.engine.server.tools.formats import (
     CALL_IDS,
     CONTROL_TOKENS,
     READERS,

@@ -1,6 +1,6 @@
 """OpenAI's tool-calling fields of a chat request, as pydantic models: ``tools`` (function
 definitions with JSON-schema ``parameters``), ``tool_choice``, ``parallel_tool_calls``, and
-the assistant ``tool_calls`` and ``tool_call_id`` a conversation sends back.
+the assistant ``calls`` and ``tool_call_id`` a conversation sends back.
 
 ``check_tool_choice`` owns the rules that need no model: a ``tool_choice`` needs ``tools``;
 a named function must be declared; no tools means ``"none"``, tools without a choice mean

@@ -1,4 +1,4 @@
-"""A call's JSON read as the model writes it, for ``tool_formats``.
+"""A call's JSON read as the model writes it, for ``formats``.
 
 ``read_head`` reads the head of a call object, ``{"name": "...", "arguments": `` (the order
 every format's own examples write), as soon as it is complete, so a stream can send the

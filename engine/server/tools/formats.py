@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvledger.engine.server.tool_json import (
+from kvledger.engine.server.tools.call_json import (
     ArgumentsSpan,
     json_calls,
     literal_at,
