@@ -17,15 +17,15 @@ from kvledger.engine.launch_line import dashed, with_config
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "plan": ("kvledger.engine.planner.commands.plan", "print the memory budget of a declared run"),
-    "preflight": ("kvledger.engine.planner.commands.preflight",
+    "plan": ("kvledger.engine.commands.plan", "print the memory budget of a declared run"),
+    "preflight": ("kvledger.engine.commands.preflight",
                   "the init container: plan, write the plan JSON and a termination report"),
-    "fetch": ("kvledger.engine.planner.commands.fetch",
+    "fetch": ("kvledger.engine.commands.fetch",
               "download an hf:// model's files the engine needs into the hub cache"),
-    "serve": ("kvledger.engine.server.serve", "plan (measured), load the model and serve HTTP"),
+    "serve": ("kvledger.engine.commands.serve", "plan (measured), load the model and serve HTTP"),
     "run": ("kvledger.operator.local_run", "run an InferenceService manifest locally, no cluster"),
     "operator": ("kvledger.operator.main", "run the kopf operator"),
-    "make-model": ("kvledger.engine.model.builtin", "write a small built-in checkpoint"),
+    "make-model": ("kvledger.engine.commands.make_model", "write a small built-in checkpoint"),
 }
 
 

@@ -1,4 +1,5 @@
-"""``kvledger make-model NAME DIR``: small built-in checkpoints, written deterministically.
+"""Small built-in checkpoints, written deterministically (``kvledger make-model NAME DIR``:
+``commands/make_model.py``).
 
 Each is a real Hugging Face checkpoint directory (``config.json``, ``model.safetensors``,
 ``tokenizer.json`` trained on the bundled corpus, ``tokenizer_config.json`` with a chat
@@ -13,7 +14,6 @@ folder 0755 whatever the umask: a pod running as another user reads it from a ho
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import filecmp
@@ -112,25 +112,6 @@ MODELS: dict[str, dict[str, Any]] = {
                     "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 2048,
                     "rope_theta": 10000.0},
 }
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", help=f"one of: {', '.join(MODELS)}")
-    parser.add_argument("dir", help="output directory: created (or filled, if empty); one that "
-                                    "already holds this very checkpoint is left as is, and "
-                                    "anything else is refused unless --force")
-    parser.add_argument("--force", action="store_true",
-                        help="replace a DIR that holds anything else (its old contents are "
-                             "removed only once the new checkpoint is complete)")
-
-
-def main(args: argparse.Namespace) -> int:
-    out, written = install_model(args.name, args.dir, force=args.force)
-    if written:
-        print(f"wrote {args.name} to {out}")
-    else:
-        print(f"{args.name} is already in {out} (the same bytes); nothing written")
-    return 0
 
 
 def write_model(name: str, out_dir: str | Path, *, force: bool = False) -> Path:

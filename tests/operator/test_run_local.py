@@ -342,7 +342,7 @@ def test_autoscaling_is_validated_then_ignored_off_the_cluster(tiny_model, tmp_p
 def test_a_hub_model_is_preflighted_and_served_by_its_uri(tmp_path, capsys, monkeypatch):
     """The uri goes to the pod's own pre-flight and to serve as --model; the Secret, mirror
     and cache of the manifest are the cluster's (the shell's HF_TOKEN applies here)."""
-    from kvledger.engine.planner.commands import preflight as cli_preflight
+    from kvledger.engine.commands import preflight as cli_preflight
 
     ran, execs = [], []
 
@@ -370,7 +370,7 @@ def test_a_hub_model_is_preflighted_and_served_by_its_uri(tmp_path, capsys, monk
 
 
 def test_a_hub_model_that_does_not_fit_exits_3(tmp_path, capsys, monkeypatch):
-    from kvledger.engine.planner.commands import preflight as cli_preflight
+    from kvledger.engine.commands import preflight as cli_preflight
 
     monkeypatch.setattr(cli_preflight, "main", lambda args: EXIT_DOES_NOT_FIT)
     doc = manifest(gpus=0, model={"uri": "hf://org/m"})

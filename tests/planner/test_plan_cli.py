@@ -113,8 +113,8 @@ def test_termination_log_is_at_most_4096_bytes(model, tmp_path, capsys) -> None:
 
 
 def test_a_long_report_is_cut_to_leave_the_plan_line_whole_and_last(model) -> None:
+    from kvledger.engine.commands.preflight import termination_message
     from kvledger.engine.config import EngineConfig
-    from kvledger.engine.planner.commands.preflight import termination_message
     from kvledger.engine.planner.plan import make_plan
     from kvledger.engine.planner.report import plan_figures, render_report
 
@@ -203,8 +203,8 @@ def test_refusal_through_a_subprocess(model) -> None:
 
 
 def test_planner_does_not_load_torch() -> None:
-    code = ("import sys, kvledger.engine.planner.plan, kvledger.engine.planner.commands.plan, "
-            "kvledger.engine.planner.commands.preflight, kvledger.engine.planner.report; "
+    code = ("import sys, kvledger.engine.planner.plan, kvledger.engine.commands.plan, "
+            "kvledger.engine.commands.preflight, kvledger.engine.planner.report; "
             "assert 'torch' not in sys.modules, 'torch'; "
             "assert 'aiohttp' not in sys.modules, 'aiohttp'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -221,7 +221,7 @@ def test_plan_command_does_not_load_torch(model) -> None:
 
 def test_preflight_default_termination_log_is_not_created(model, capsys, monkeypatch,
                                                          tmp_path) -> None:
-    from kvledger.engine.planner.commands import preflight as cli_preflight
+    from kvledger.engine.commands import preflight as cli_preflight
 
     default = tmp_path / "termination-log"
     monkeypatch.setattr(cli_preflight, "DEFAULT_TERMINATION_LOG", str(default))

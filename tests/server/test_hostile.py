@@ -14,7 +14,7 @@ import pytest
 from _engine_helpers import heavy_schema
 from _server_helpers import make_llm, metric, start_app
 
-from kvledger.engine.server.serve import _api_keys, add_arguments
+from kvledger.engine.commands.serve import _api_keys, add_arguments
 
 HITS = "kvledger_prefix_cache_hits_total"
 FAILED = "kvledger_requests_failed_total"

@@ -1,1 +1,0 @@
-"""The planner's commands: ``kvledger plan``, ``preflight`` and ``fetch``."""
