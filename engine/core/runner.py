@@ -160,6 +160,10 @@ class ModelRunner:
             scratch = self._new_kv_cache(1, kv_dtype)
         if cuda:
             torch.cuda.synchronize(self.device)
+            # cuBLAS's workspace (32 MiB on Hopper) is taken at the first matmul and kept:
+            # freed here, it is taken again inside the measured steps and counted with
+            # them, whatever ran a matmul before (the planner counts it there too).
+            torch._C._cuda_clearCublasWorkspaces()
             torch.cuda.reset_peak_memory_stats(self.device)
             before = torch.cuda.memory_allocated(self.device)
         for input_ids, positions, meta, last_index in steps:

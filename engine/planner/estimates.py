@@ -6,6 +6,9 @@ weights and run a profiling step; the planner in the init container has only the
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 from kvledger.engine.checkpoint.contents import ModelShape
 
 MiB = 2**20
@@ -25,12 +28,20 @@ CANONICAL_DTYPE = {"float": "float32", "fp32": "float32", "half": "float16", "fp
 # safetensors dtype -> the torch dtype name it loads as (for the model's dtype).
 SAFETENSORS_FLOAT = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
 
-# Device context: the CUDA context, cuBLAS/cuDNN workspaces and the allocator's
+# Device context: the CUDA context, cuDNN's handles and the allocator's
 # fragmentation reserve that torch.cuda does not report as tensors ("non-torch memory"
 # in vLLM's profiler). 1 GiB is what a single-GPU vLLM process typically shows.
 CUDA_CONTEXT_BYTES = 1 * GiB
 # On the CPU: the interpreter, torch's and the tokenizer's runtime and the HTTP server.
 CPU_CONTEXT_BYTES = 512 * MiB
+
+# cuBLAS's workspace: torch gives each (handle, stream) one from its caching allocator at
+# the first matmul and keeps it for the process's life. Its size is CUBLAS_WORKSPACE_CONFIG
+# (":KiB:count" pairs, summed) when set, else torch's default: 32 MiB on Hopper and later
+# (":4096:8"), 8.125 MiB before (":4096:2:16:8"). The planner does not know the GPU's
+# generation before it starts, so it counts the larger; measured exactly 32 MiB on an H200
+# (bench/gpu_checks.sh).
+CUBLAS_DEFAULT_WORKSPACE_BYTES = 4096 * 1024 * 8
 
 # Tensor parallelism's communication buffers, per rank (N > 1): NCCL's, for the
 # all-reduce of every row-parallel layer. NCCL keeps NCCL_BUFFSIZE (4 MiB by default,
@@ -106,6 +117,21 @@ def cuda_graph_bytes(shape: ModelShape, max_num_seqs: int) -> int:
 def context_bytes(device_kind: str) -> int:
     """Device context: 1 GiB on a GPU (what-if devices are GPUs), 512 MiB on the CPU."""
     return CPU_CONTEXT_BYTES if device_kind == "cpu" else CUDA_CONTEXT_BYTES
+
+
+def matmul_workspace_bytes(device_kind: str, env: Mapping[str, str] | None = None) -> int:
+    """cuBLAS's standing workspace on a GPU (see ``CUBLAS_DEFAULT_WORKSPACE_BYTES``), from
+    CUBLAS_WORKSPACE_CONFIG when it is set and reads as ``:SIZE_KiB:COUNT`` pairs; 0 on the
+    CPU."""
+    if device_kind == "cpu":
+        return 0
+    config = (os.environ if env is None else env).get("CUBLAS_WORKSPACE_CONFIG", "")
+    numbers = config.split(":")[1:]
+    if config.startswith(":") and numbers and len(numbers) % 2 == 0 \
+            and all(n.isdigit() for n in numbers):
+        return sum(int(size) * 1024 * int(count)
+                   for size, count in zip(numbers[::2], numbers[1::2]))
+    return CUBLAS_DEFAULT_WORKSPACE_BYTES
 
 
 def comm_buffer_bytes(device_kind: str, tensor_parallel_size: int) -> int:

@@ -173,7 +173,8 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
             context_tokens=gathered_tokens, kv_dtype_bytes=estimates.DTYPE_BYTES[kv_dtype])
             + fp8_workspace_bytes(shape, weights, model_dtype, batched_tokens,
                                   quantize_fp8=config.quantization == "fp8")
-            + int4_workspace_bytes(shape, weights)),
+            + int4_workspace_bytes(shape, weights)
+            + estimates.matmul_workspace_bytes(device.kind)),
         "kv_cache": 0,
         "cuda_graphs": 0 if config.enforce_eager or on_cpu else _pick(
             measured.cuda_graph_bytes, estimates.cuda_graph_bytes(shape, config.max_num_seqs)),

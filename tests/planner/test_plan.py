@@ -22,6 +22,7 @@ from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.planner.record import CLASSES, Measured
 
 GiB = 2**30
+MiB = 2**20
 # Llama-3-8B's shape, with its real bf16 weight bytes (16,060,522,496 in 291 tensors).
 LLAMA_8B = published_shape("Llama-3-8B")
 WEIGHTS_8B = published_weights("Llama-3-8B")
@@ -155,7 +156,7 @@ def test_defaults_and_estimates() -> None:
     assert p.max_model_len == 8192 and p.max_num_batched_tokens == 8192
     assert plan(max_model_len=1024).max_num_batched_tokens == 2048
     assert p.classes["activations"] == estimates.activation_peak_bytes(
-        LLAMA_8B, 2, 8192, 16, context_tokens=8192, kv_dtype_bytes=2)
+        LLAMA_8B, 2, 8192, 16, context_tokens=8192, kv_dtype_bytes=2) + 32 * MiB
     assert p.classes["cuda_graphs"] == estimates.cuda_graph_bytes(LLAMA_8B, 16) > 0
     assert p.classes["context"] == estimates.CUDA_CONTEXT_BYTES
     assert plan(enforce_eager=True).classes["cuda_graphs"] == 0
@@ -392,3 +393,20 @@ def test_activation_formula_by_hand() -> None:
     assert estimates.activation_peak_bytes(tiny, 2, 100, 4, context_tokens=32,
                                            kv_dtype_bytes=1) == step + logits + gather == 186368
     assert estimates.activation_peak_bytes(tiny, 2, 100, 4) == step + logits
+
+
+def test_a_gpu_plan_counts_cublas_workspace() -> None:
+    """torch takes cuBLAS's workspace from its allocator at the first matmul and keeps it:
+    32 MiB measured on an H200 beside the profiled step (bench/gpu_checks.sh)."""
+    assert estimates.matmul_workspace_bytes("cuda", {}) == 32 * MiB
+    assert estimates.matmul_workspace_bytes("what-if", {}) == 32 * MiB
+    assert estimates.matmul_workspace_bytes("cpu", {}) == 0
+    older = {"CUBLAS_WORKSPACE_CONFIG": ":4096:2:16:8"}  # torch's default before Hopper
+    assert estimates.matmul_workspace_bytes("cuda", older) == 4096 * 1024 * 2 + 16 * 1024 * 8
+    assert estimates.matmul_workspace_bytes("cuda", {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}) == 128 * 1024
+    for unreadable in (":4096", "4096:8", ":a:8", ""):  # torch's own default then
+        assert estimates.matmul_workspace_bytes(
+            "cuda", {"CUBLAS_WORKSPACE_CONFIG": unreadable}) == 32 * MiB
+    gpu = plan(max_model_len=1024)
+    cpu = plan(max_model_len=1024, device=DeviceMemory("cpu", "host", 64 * GiB, 64 * GiB, True))
+    assert gpu.classes["activations"] - cpu.classes["activations"] == 32 * MiB

@@ -102,7 +102,7 @@ def test_a_cap_above_free_memory_is_refused_with_the_largest_utilization() -> No
                         "--gpu-memory-utilization within it is 0.25 (20.0 GiB free of 80.0 GiB)")
     # Only smaller weights fit 20 GiB: the model over 4 GPUs, each under the lowered cap.
     assert ("    --tensor-parallel-size 4 --gpu-memory-utilization 0.25 (per GPU, x 4 GPUs: "
-            "weights -> 15.3 GiB each, KV -> 3.0 GiB)") in lines
+            "weights -> 15.3 GiB each, KV -> 2.9 GiB)") in lines
     assert not any(line.startswith("warning: ") for line in lines)
     roomy = DeviceMemory("what-if", "H200", 141 * GiB, 100 * GiB, False)
     p, text = report(device=roomy, memory_limit_bytes=120 * GiB, max_model_len=4096)
