@@ -125,13 +125,13 @@ def one_run(model_dir: Path, rng: random.Random, tally: Tally, check: bool) -> N
             for reservation in [r for r in sat_out if r not in ledger.overcommit.paused]:
                 del sat_out[reservation]
             if scheduler.has_unfinished() and len(engine.runner.batches) == ran:
-                tally.failures.append(f"a step computed nothing: {ledger.describe()}")
+                tally.failures.append(f"a step computed nothing: {scheduler.describe()}")
                 return
             if check and not brute_force_safe(engine):
-                tally.failures.append(f"unsafe state: {ledger.describe()}")
+                tally.failures.append(f"unsafe state: {scheduler.describe()}")
                 return
         if live or ledger.used_blocks or ledger.reserved_blocks or ledger.overcommit.live:
-            tally.failures.append(f"unfinished at the end ({sorted(live)}): {ledger.describe()}")
+            tally.failures.append(f"unfinished at the end ({sorted(live)}): {scheduler.describe()}")
     finally:
         safety.peak_blocks = real_peak
         tally.runs += 1

@@ -15,9 +15,10 @@ import threading
 import torch
 
 from kvledger.engine.config import EngineConfig
+from kvledger.engine.core import request as rules
 from kvledger.engine.core.lora_registry import LoraRegistry
 from kvledger.engine.core.outputs import RequestOutput
-from kvledger.engine.core.request import EngineRequest, check_reservation, output_cap
+from kvledger.engine.core.request import EngineRequest
 from kvledger.engine.core.runner import ModelRunner, StepOutput
 from kvledger.engine.core.scheduler import ScheduledBatch, Scheduler
 from kvledger.engine.core.sequence import Sequence
@@ -35,9 +36,8 @@ from kvledger.engine.sampling.sampler import Sampled, Sampler, sample_each
 
 log = logging.getLogger("kvledger.engine")
 
-# Failed forward passes in a row after which the engine is broken, not unlucky: one
-# out-of-memory fails its step's requests, three in a row (each after emptying the
-# allocator's cache) mean the device cannot run even a smaller step.
+# Failed forward passes in a row after which the engine is broken, not unlucky: one out-of-memory
+# fails its step's requests; three in a row (the cache emptied after each) mean none can run.
 MAX_CONSECUTIVE_FAILED_STEPS = 3
 
 
@@ -88,7 +88,7 @@ class LLMEngine:
         (PromptTooLong, CapTooLarge, PoolTooSmall...) for the first it breaks."""
         self.check_prompt(prompt_token_ids)
         self.check_params(params)
-        cap = output_cap(self.max_model_len, len(prompt_token_ids), params.max_tokens)
+        cap = rules.output_cap(self.max_model_len, len(prompt_token_ids), params.max_tokens)
         self.ledger.check_fits(len(prompt_token_ids) + cap)
         return EngineRequest(list(prompt_token_ids), params, cap, self.resolve_lora(lora_request))
 
@@ -103,17 +103,11 @@ class LLMEngine:
 
     def check_prompt(self, prompt_token_ids: list[int]) -> None:
         """BadInput unless the ids are a non-empty list of this model's token ids."""
-        if not prompt_token_ids:
-            raise BadInput("the prompt is empty")
-        vocab = self.runner.config.vocab_size
-        if not all(isinstance(t, int) and 0 <= t < vocab for t in prompt_token_ids):
-            raise BadInput(f"prompt token ids must be integers in [0, {vocab})")
+        rules.check_prompt_ids(prompt_token_ids, self.runner.config.vocab_size)
 
     def check_params(self, params: SamplingParams) -> None:
         """BadInput unless ``params``' token ids are this model's (ids in ``logit_bias``)."""
-        vocab = self.runner.config.vocab_size
-        if params.logit_bias and max(params.logit_bias) >= vocab:
-            raise BadInput(f"logit_bias token ids must be in [0, {vocab}), got {max(params.logit_bias)}")
+        rules.check_param_ids(params, self.runner.config.vocab_size)
 
     def add_request(self, request_id: str, prompt: list[int] | EngineRequest,
                     params: SamplingParams | None = None,
@@ -133,7 +127,8 @@ class LLMEngine:
             if reservation is None:
                 reservation = self._reserve(request)
             else:
-                check_reservation(reservation, request, self.ledger.blocks_for(request.num_tokens))
+                rules.check_reservation(reservation, request,
+                                        self.ledger.blocks_for(request.num_tokens))
             ids, params = request.prompt_token_ids, request.params
             generator = None
             if params.seed is not None:

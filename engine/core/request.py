@@ -3,8 +3,9 @@
 ``output_cap`` is the one owner of the rule every caller applies to ``max_tokens``: a
 prompt at or over the context is too long (PromptTooLong), a cap over the room left is
 too large (CapTooLarge), and an unset cap is the rest of the context. The other rules a
-request meets have one owner each too: its token ids (``LLMEngine.check_prompt``,
-``LLMEngine.check_params``) and whether prompt + cap fits the pool
+request meets have one owner each too: its token ids (``check_prompt_ids``,
+``check_param_ids``, which ``LLMEngine.check_prompt``/``check_params`` apply with the
+model's vocabulary) and whether prompt + cap fits the pool
 (``KVLedger.check_fits``). ``LLMEngine.check_request`` applies them all, once.
 """
 
@@ -60,6 +61,22 @@ def output_cap(max_model_len: int, num_prompt_tokens: int, max_tokens: int | Non
     if max_tokens > room:
         raise CapTooLarge(num_prompt_tokens, max_tokens, max_model_len)
     return max_tokens
+
+
+def check_prompt_ids(prompt_token_ids: list[int], vocab_size: int) -> None:
+    """BadInput unless the ids are a non-empty list of token ids under ``vocab_size``."""
+    if not prompt_token_ids:
+        raise BadInput("the prompt is empty")
+    if not all(isinstance(t, int) and 0 <= t < vocab_size for t in prompt_token_ids):
+        raise BadInput(f"prompt token ids must be integers in [0, {vocab_size})")
+
+
+def check_param_ids(params: SamplingParams, vocab_size: int) -> None:
+    """BadInput unless the token ids ``params`` names (``logit_bias``'s) are under
+    ``vocab_size``."""
+    if params.logit_bias and max(params.logit_bias) >= vocab_size:
+        raise BadInput(f"logit_bias token ids must be in [0, {vocab_size}), "
+                       f"got {max(params.logit_bias)}")
 
 
 def check_reservation(reservation: Reservation, request: EngineRequest,

@@ -78,9 +78,12 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def describe(self) -> str:
-        """One line of what is here, for a log."""
-        return (f"{len(self.running)} requests run and {len(self.waiting)} wait; "
-                f"{self.ledger.describe()}")
+        """One line of what is here and of the pool, for a log."""
+        ledger = self.ledger
+        return (f"{len(self.running)} requests run and {len(self.waiting)} wait; pool "
+                f"{ledger.num_blocks} blocks x {ledger.block_size} tokens: "
+                f"{ledger.used_blocks} in use, {ledger.cached_blocks} cached, "
+                f"{ledger.reserved_blocks} reserved, {ledger.paused_reservations} paused")
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)

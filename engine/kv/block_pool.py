@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 BlockHash = bytes
 
@@ -73,6 +73,16 @@ class BlockPool:
     def lookup(self, block_hash: BlockHash) -> int | None:
         """The block registered under ``block_hash`` (in use or cached), if any."""
         return self._by_hash.get(block_hash)
+
+    def find(self, hashes: Iterable[BlockHash]) -> list[int]:
+        """The blocks registered under ``hashes``, in order, up to the first missing one."""
+        found = []
+        for block_hash in hashes:
+            block = self._by_hash.get(block_hash)
+            if block is None:
+                break
+            found.append(block)
+        return found
 
     def draw(self) -> int:
         """A block to write, held once: a free one, else the least recently released

@@ -22,6 +22,36 @@ def shareable_blocks(count: int, prompt_tokens: int, block_size: int, share: boo
     return (prompt_tokens - 1) // block_size
 
 
+def choices_blocks(num_tokens: int, count: int, prompt_tokens: int, block_size: int,
+                   share: bool) -> int:
+    """What ``count`` choices of ``num_tokens`` (prompt + cap) claim with nothing cached:
+    the shared prompt blocks (``share``) once."""
+    shared = shareable_blocks(count, prompt_tokens, block_size, share)
+    return blocks_for(num_tokens, block_size) * count - shared * (count - 1)
+
+
+def returned_in_order(groups: Sequence[Sequence], ref_counts: Sequence[int]) -> list[int]:
+    """For groups of reservations released one group after another in this order, what
+    each release would add to the free blocks: its undrawn claim, and each block it holds
+    whose last holder it is by then (``ref_counts``: each block's holders now; a block
+    also held by a later group, or by a reservation in none, comes back later or not at
+    all)."""
+    holds: dict[int, int] = {}  # block -> holders left after the releases so far
+    returned = []
+    for group in groups:
+        freed = 0
+        for reservation in group:
+            if reservation.released:
+                continue
+            freed += reservation.draws_left
+            for block in reservation.block_ids:
+                holds[block] = holds.get(block, ref_counts[block]) - 1
+                if holds[block] == 0:
+                    freed += 1
+        returned.append(freed)
+    return returned
+
+
 def prompt_keys(num_tokens: int, count: int, prompt_token_ids: Sequence[int] | None,
                 block_size: int, *, caching: bool, use_cached: bool,
                 root: BlockHash | None) -> tuple[int, list[BlockHash], int | None]:
@@ -40,3 +70,15 @@ def prompt_keys(num_tokens: int, count: int, prompt_token_ids: Sequence[int] | N
     # The last prompt token is always computed: it gives the first output's logits.
     lookups = (len(prompt_token_ids) - 1) // block_size if use_cached else None
     return needed, hashes, lookups
+
+
+def extend_keys(hashes: list[BlockHash], root: BlockHash | None, token_ids: Sequence[int],
+                block_size: int, count: int) -> list[BlockHash]:
+    """``hashes``, the keys of a reservation's first full blocks known so far (chained from
+    ``root``, its salt), extended in place to the first ``count`` full blocks of
+    ``token_ids``; returned."""
+    if len(hashes) < count:
+        parent = hashes[-1] if hashes else root
+        hashes += hash_blocks(token_ids[len(hashes) * block_size:], block_size,
+                              count - len(hashes), parent)
+    return hashes

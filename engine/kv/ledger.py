@@ -50,8 +50,8 @@ import threading
 from collections.abc import Sequence
 
 from kvledger.engine.errors import BadInput, PoolTooSmall
-from kvledger.engine.kv.block_pool import BlockHash, BlockPool, hash_block, hash_blocks, salt_root
-from kvledger.engine.kv.claims import blocks_for, prompt_keys, shareable_blocks
+from kvledger.engine.kv import claims
+from kvledger.engine.kv.block_pool import BlockHash, BlockPool, salt_root
 from kvledger.engine.kv.reservation import PromptShare, Reservation
 from kvledger.engine.kv.safety import Overcommit
 
@@ -104,7 +104,7 @@ class KVLedger:
         return self._pool.num_evictions
 
     def blocks_for(self, num_tokens: int) -> int:
-        return blocks_for(num_tokens, self.block_size)
+        return claims.blocks_for(num_tokens, self.block_size)
 
     def timelines(self) -> list[tuple[int, ...]] | None:
         """Over-committing, the live reservations as admission projects them (``peak_blocks``)."""
@@ -136,7 +136,8 @@ class KVLedger:
         root = salt_root(salt)
         needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached,
                                                 root)
-        full = shareable_blocks(count, len(prompt_token_ids or ()), self.block_size, use_cached)
+        full = claims.shareable_blocks(count, len(prompt_token_ids or ()), self.block_size,
+                                       use_cached)
         with self._lock:
             hits, cost = self._hits(hashes[:lookups or 0], needed, count)
             shared = max(0, full - len(hits))
@@ -168,14 +169,12 @@ class KVLedger:
 
     def blocks_for_choices(self, num_tokens: int, count: int, prompt_tokens: int,
                            share: bool) -> int:
-        """What ``count`` choices of ``num_tokens`` (prompt + cap) claim with nothing
-        cached: the shared prompt blocks (``share``) once."""
-        shared = shareable_blocks(count, prompt_tokens, self.block_size, share)
-        return self.blocks_for(num_tokens) * count - shared * (count - 1)
+        """``claims.choices_blocks`` for this pool's block size."""
+        return claims.choices_blocks(num_tokens, count, prompt_tokens, self.block_size, share)
 
     def _prepare(self, num_tokens: int, count: int, prompt_token_ids: Sequence[int] | None,
                  use_cached: bool, root: BlockHash | None) -> tuple[int, list[BlockHash], int | None]:
-        return prompt_keys(num_tokens, count, prompt_token_ids, self.block_size,
+        return claims.prompt_keys(num_tokens, count, prompt_token_ids, self.block_size,
                            caching=self.enable_prefix_caching, use_cached=use_cached, root=root)
 
     def check_fits(self, num_tokens: int, count: int = 1, prompt_tokens: int = 0, *,
@@ -195,7 +194,8 @@ class KVLedger:
         blocks it would pin); without a prompt or caching, ``count * blocks_for``."""
         needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached,
                                                 salt_root(salt))
-        full = shareable_blocks(count, len(prompt_token_ids or ()), self.block_size, use_cached)
+        full = claims.shareable_blocks(count, len(prompt_token_ids or ()), self.block_size,
+                                       use_cached)
         with self._lock:
             hits, cost = self._hits(hashes[:lookups or 0], needed, count)
             return cost - max(0, full - len(hits)) * (count - 1)
@@ -203,35 +203,14 @@ class KVLedger:
     def _hits(self, hashes: list[BlockHash], needed: int, count: int) -> tuple[list[int], int]:
         """The cached blocks the keys find (up to the first miss), and what admitting
         ``count`` reservations with them would claim. Under the lock."""
-        hits = []
-        for block_hash in hashes:
-            block = self._pool.lookup(block_hash)
-            if block is None:
-                break
-            hits.append(block)
+        hits = self._pool.find(hashes)
         revived = sum(1 for block in hits if self._pool.ref_counts[block] == 0)
         return hits, (needed - len(hits)) * count + revived
 
     def blocks_returned(self, groups: Sequence[Sequence[Reservation]]) -> list[int]:
-        """For groups of reservations released one group after another in this order,
-        what each release would add to ``free_blocks``: its undrawn claim, and each
-        block it holds whose last holder it is by then (a block also held by a later
-        group, or by a reservation in none, comes back later or not at all)."""
+        """``claims.returned_in_order`` against the pool's holders now."""
         with self._lock:
-            holds: dict[int, int] = {}  # block -> holders left after the releases so far
-            returned = []
-            for group in groups:
-                freed = 0
-                for reservation in group:
-                    if reservation.released:
-                        continue
-                    freed += reservation.draws_left
-                    for block in reservation.block_ids:
-                        holds[block] = holds.get(block, self._pool.ref_counts[block]) - 1
-                        if holds[block] == 0:
-                            freed += 1
-                returned.append(freed)
-            return returned
+            return claims.returned_in_order(groups, self._pool.ref_counts)
 
     # -- the engine's verbs ---------------------------------------------------------------
     def seat(self, reservation: Reservation) -> bool:
@@ -257,18 +236,6 @@ class KVLedger:
         with self._lock:
             return self.overcommit.head(self._pool.num_in_use, self._outstanding)
 
-    def describe(self) -> str:
-        """One line of the pool's state, for a log."""
-        with self._lock:
-            live = self.overcommit.live if self.overcommit else {}
-            seated = sum(1 for r in live if r.seated)
-            return (f"pool {self.num_blocks} blocks x {self.block_size} tokens: "
-                    f"{self._pool.num_in_use} in use, {self._pool.num_cached} cached, "
-                    f"{self._outstanding} more promised; "
-                    + (f"{len(live)} reservations live ({seated} seated), "
-                       f"{len(self.overcommit.paused)} paused"
-                       if self.overcommit else "reserving"))
-
     def pin_cached(self, reservation: Reservation, prompt_token_ids: Sequence[int]) -> int:
         """Before a reservation has drawn a block (its request is about to start): pin the
         cached blocks its prompt begins with that were registered since admission. Each
@@ -284,20 +251,12 @@ class KVLedger:
         lookups = (len(prompt_token_ids) - 1) // self.block_size
         if start >= lookups:
             return reservation.num_cached_tokens
-        hashes = reservation.block_hashes
-        if len(hashes) < lookups:
-            parent = hashes[-1] if hashes else reservation.root
-            hashes += hash_blocks(prompt_token_ids[len(hashes) * self.block_size:],
-                                  self.block_size, lookups - len(hashes), parent)
+        hashes = claims.extend_keys(reservation.block_hashes, reservation.root, prompt_token_ids,
+                             self.block_size, lookups)
         with self._lock:
             if reservation.released:
                 return reservation.num_cached_tokens
-            found = []
-            for block_hash in hashes[start:lookups]:
-                block = self._pool.lookup(block_hash)
-                if block is None:
-                    break
-                found.append(block)
+            found = self._pool.find(hashes[start:lookups])
             if self.overcommit is not None and not self.overcommit.may_pin(
                     reservation, found, self._pool.num_in_use, self._pool.ref_counts):
                 found = []  # it draws them instead, as the check allows
@@ -344,11 +303,8 @@ class KVLedger:
         full = min(num_computed_tokens // self.block_size, len(reservation.block_ids))
         if not self.enable_prefix_caching or full <= reservation.num_registered_blocks:
             return
-        bs, hashes = self.block_size, reservation.block_hashes
-        parent = hashes[-1] if hashes else reservation.root
-        for start in range(len(hashes) * bs, full * bs, bs):
-            parent = hash_block(parent, token_ids[start:start + bs])
-            hashes.append(parent)
+        hashes = claims.extend_keys(reservation.block_hashes, reservation.root, token_ids,
+                             self.block_size, full)
         with self._lock:
             if reservation.released:
                 return

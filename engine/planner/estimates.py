@@ -130,7 +130,7 @@ def matmul_workspace_bytes(device_kind: str, env: Mapping[str, str] | None = Non
     if config.startswith(":") and numbers and len(numbers) % 2 == 0 \
             and all(n.isdigit() for n in numbers):
         return sum(int(size) * 1024 * int(count)
-                   for size, count in zip(numbers[::2], numbers[1::2]))
+                   for size, count in zip(numbers[::2], numbers[1::2], strict=True))
     return CUBLAS_DEFAULT_WORKSPACE_BYTES
 
 

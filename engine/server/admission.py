@@ -23,7 +23,6 @@ last of them). Whether a request is too large for the pool (400) never depends o
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 from collections import deque
@@ -34,14 +33,12 @@ from typing import Any
 from kvledger.engine.core.request import output_cap
 from kvledger.engine.errors import CapTooLarge, PoolTooSmall, PromptTooLong
 from kvledger.engine.server.api_errors import ApiError
-from kvledger.engine.server.due_back import projection, seconds_until_freed
+from kvledger.engine.server.due_back import projection, retry_after, seconds_until_freed
 
 # At most this many requests wait in line for a reservation (--max-queue-len); one more is
 # a 429 whose Retry-After counts the blocks of every request ahead of it.
 DEFAULT_MAX_QUEUE_LEN = 256
-MAX_RETRY_AFTER_S = 60.0       # past this a client should go elsewhere, not wait
 DEFAULT_DECODE_TOKENS_PER_S = 20.0  # before the first decode step is observed
-JITTER_FRACTION = 0.25
 # With --backfill: how many in line are planned. Simulated on bench/serving.py's overload,
 # 4 gave 4% more goodput at the same p99; 16, 9% more at a 13% longer p99.
 BACKFILL_DEPTH = 4
@@ -342,12 +339,7 @@ class Admission:
 
     def rejection(self, blocks: int, ahead_blocks: int | None = None) -> ApiError:
         """The 429 for a request of ``blocks``, with a jittered, estimated Retry-After."""
-        wait_s = self.estimate_wait_s(blocks, ahead_blocks)
-        jittered = wait_s * (1.0 + self._rng.uniform(0.0, JITTER_FRACTION))
-        jittered += self._rng.uniform(0.05, 0.25)  # spread clients whose estimate was ~0
-        jittered = min(jittered, MAX_RETRY_AFTER_S)
-        headers = {"Retry-After": str(max(1, math.ceil(jittered))),
-                   "retry-after-ms": str(max(1, round(jittered * 1000)))}
+        jittered, headers = retry_after(self.estimate_wait_s(blocks, ahead_blocks), self._rng)
         return ApiError(429, f"the KV cache cannot hold this request now ({blocks} blocks needed, "
                              f"{self.ledger.free_blocks} free); retry in {jittered:.1f}s",
                         code="kv_cache_full", reason="kv_cache_full", headers=headers)

@@ -16,10 +16,15 @@ admitted: one waiting for a seat would not decode a token a step.
 from __future__ import annotations
 
 import heapq
+import math
+import random
 from collections.abc import Iterable
 from typing import Any
 
 from kvledger.engine.kv.projection import Projection
+
+MAX_RETRY_AFTER_S = 60.0  # past this a client should go elsewhere, not wait
+JITTER_FRACTION = 0.25
 
 
 def first_covering(due: list[tuple[float, Any]], deficit: int, ledger: Any) -> float | None:
@@ -73,3 +78,14 @@ def seconds_until_freed(deficit: int, tickets: list[Any], ledger: Any, rate: flo
     if seconds is not None:
         return seconds
     return due[-1][0] if due else 1.0
+
+
+def retry_after(wait_s: float, rng: random.Random) -> tuple[float, dict[str, str]]:
+    """A 429's wait: ``wait_s`` plus up to ``JITTER_FRACTION`` of it and 0.05-0.25 s (so
+    clients told the same do not come back together, those told ~0 included), at most
+    ``MAX_RETRY_AFTER_S``; and its headers, ``Retry-After`` in whole seconds and
+    ``retry-after-ms`` (OpenAI's SDKs read it), each at least 1."""
+    jittered = wait_s * (1.0 + rng.uniform(0.0, JITTER_FRACTION))
+    jittered = min(jittered + rng.uniform(0.05, 0.25), MAX_RETRY_AFTER_S)
+    return jittered, {"Retry-After": str(max(1, math.ceil(jittered))),
+                      "retry-after-ms": str(max(1, round(jittered * 1000)))}

@@ -50,8 +50,8 @@ def run_until_idle(engine, max_steps: int = 2000) -> dict[str, str]:
             if out.finished:
                 reasons[out.request_id] = out.finish_reason
         assert len(engine.runner.batches) > ran or not engine.scheduler.has_unfinished(), (
-            f"a step with requests computed nothing: {engine.ledger.describe()}")
-    raise AssertionError(f"not idle after {max_steps} steps: {engine.ledger.describe()}")
+            f"a step with requests computed nothing: {engine.scheduler.describe()}")
+    raise AssertionError(f"not idle after {max_steps} steps: {engine.scheduler.describe()}")
 
 
 # -- the deadlocks this was built against --------------------------------------------
@@ -253,7 +253,7 @@ class SafeProgress(RuleBasedStateMachine):
             self.idle_steps += 1
         else:
             self.idle_steps = 0
-        assert self.idle_steps == 0, f"no request progressed: {engine.ledger.describe()}"
+        assert self.idle_steps == 0, f"no request progressed: {engine.scheduler.describe()}"
         if head is not None and not head.released:  # it finished, or computed a token
             seq = engine.scheduler._seq_of[head]
             assert seq.num_computed_tokens > before, "the head did not progress"
@@ -267,7 +267,7 @@ class SafeProgress(RuleBasedStateMachine):
         assert 0 <= ledger.used_blocks <= ledger.num_blocks
         for seq in engine.scheduler.running.values():
             assert len(seq.block_ids) * ledger.block_size >= seq.num_computed_tokens
-        assert brute_force_safe(engine), f"unsafe: {ledger.describe()}"
+        assert brute_force_safe(engine), f"unsafe: {engine.scheduler.describe()}"
 
     def teardown(self):
         engine = self.engine

@@ -10,8 +10,9 @@ import random
 import pytest
 
 from kvledger.engine.kv.ledger import KVLedger
-from kvledger.engine.server.admission import JITTER_FRACTION, Admission
+from kvledger.engine.server.admission import Admission
 from kvledger.engine.server.api_errors import ApiError
+from kvledger.engine.server.due_back import JITTER_FRACTION
 
 
 def _admission(num_blocks=10, block_size=16, max_model_len=160, rate=10.0, wait_s=0.0):

@@ -140,7 +140,7 @@ async def test_each_engine_rule_runs_once_per_request_before_admission(aiohttp_c
                                                                        monkeypatch, prompt):
     """The prompt's ids, the cap and the params are checked once for all ``n`` choices,
     before anything is reserved; the engine takes the checked requests as they are."""
-    from kvledger.engine.core import engine as engine_module
+    from kvledger.engine.core import request as request_module
     from kvledger.engine.server import admission as admission_module
 
     client = await start_app(aiohttp_client, llm)
@@ -151,7 +151,7 @@ async def test_each_engine_rule_runs_once_per_request_before_admission(aiohttp_c
 
     for name in ("check_prompt", "check_params", "check_request"):
         monkeypatch.setattr(llm, name, counted(name, getattr(llm, name)))
-    for module in (engine_module, admission_module):
+    for module in (request_module, admission_module):  # the engine calls request's own
         monkeypatch.setattr(module, "output_cap", counted("output_cap", module.output_cap))
     response = await client.post("/v1/completions", json={
         "model": model_name(client), "prompt": prompt, "max_tokens": 3, "n": 2,
