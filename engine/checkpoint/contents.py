@@ -8,11 +8,12 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from kvledger.engine.checkpoint.hf_config import (
+    HFConfig,
     checked_model_dir,
     parse_config,
     read_config_json,
@@ -54,7 +55,9 @@ class ModelSource:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The numbers of config.json the budget depends on."""
+    """The numbers of config.json the budget depends on: THE record of a model's shape.
+    The engine's ``ModelConfig`` (model_config.py) is this record plus what its layers
+    need; both are filled from one reading of config.json (``shape_fields``)."""
 
     architecture: str
     num_layers: int
@@ -96,22 +99,14 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
     """The shape of a config.json object, read as the first architecture the planner
     models (``hf_config.parse_config``); BadInput on one it does not (named, never
     planned as a Llama) and on a missing or bad field."""
-    read = parse_config(config, pick_architecture(config))
-    return ModelShape(
-        architecture=read.architecture,
-        num_layers=read.num_layers,
-        num_attention_heads=read.num_attention_heads,
-        num_kv_heads=read.num_kv_heads,
-        head_dim=read.head_dim,
-        hidden_size=read.hidden_size,
-        intermediate_size=read.intermediate_size,
-        vocab_size=read.vocab_size,
-        max_position_embeddings=read.max_position_embeddings,
-        torch_dtype=read.torch_dtype,
-        tie_word_embeddings=read.tie_word_embeddings,
-        layout=read_layout(read),
-        quantization=read.quantization,
-    )
+    return ModelShape(**shape_fields(parse_config(config, pick_architecture(config))))
+
+
+def shape_fields(read: HFConfig) -> dict[str, Any]:
+    """``ModelShape``'s fields from one reading of config.json (``hf_config.parse_config``):
+    each as read, the layout worked out from the layer types."""
+    named = {f.name for f in fields(ModelShape)} - {"layout"}
+    return {**{name: getattr(read, name) for name in named}, "layout": read_layout(read)}
 
 
 def read_model_shape(model_dir: str | os.PathLike) -> ModelShape:

@@ -30,6 +30,9 @@ MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 HYBRID_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM",
                         "Gemma3ForConditionalGeneration", "GptOssForCausalLM")
 READ_ARCHITECTURES = FULL_ATTENTION_ARCHITECTURES + MLA_ARCHITECTURES + HYBRID_ARCHITECTURES
+# The architectures kvledger's engine runs (model_config.py checks the rest of their config).
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                           "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
 
 # transformers' ``layer_types`` values.
 FULL_ATTENTION = "full_attention"

@@ -15,9 +15,9 @@ from kvledger.engine.checkpoint.hf_config import (
     MLA_ARCHITECTURES,
     READ_ARCHITECTURES,
     SLIDING_ATTENTION,
+    SUPPORTED_ARCHITECTURES,
     HFConfig,
 )
-from kvledger.engine.checkpoint.model_config import SUPPORTED_ARCHITECTURES
 from kvledger.engine.errors import BadInput
 
 FULL = "full"

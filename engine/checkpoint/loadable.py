@@ -49,10 +49,10 @@ def loadable_config(raw: Mapping[str, Any], tensors: Iterable[TensorInfo]) -> Mo
     4-bit checkpoint's packed layers (``int4_format``: all their tensors, ints as ints)."""
     config = ModelConfig.from_dict(raw)
     stored = [t for t in tensors if not t.name.endswith(IGNORED_SUFFIXES)]
-    if config.quantization in INT4_METHODS:
-        quantized = _int4_tensors(stored, config.quantization)
+    if config.weight_format in INT4_METHODS:
+        quantized = _int4_tensors(stored, config.weight_format)
     else:
-        quantized = _fp8_weights(stored) if config.quantization == FP8 else set()
+        quantized = _fp8_weights(stored) if config.weight_format == FP8 else set()
     unexpected = unexpected_tensors(stored, config)
     if unexpected:
         raise BadInput(f"checkpoint has tensors kvledger's engine does not load for "
@@ -134,11 +134,11 @@ def tensor_names(config: ModelConfig) -> frozenset[str]:
             names |= {attention + "q_norm.weight", attention + "k_norm.weight"}
         names |= {prefix + "input_layernorm.weight", prefix + "post_attention_layernorm.weight"}
         names |= _feed_forward_names(config, layer, prefix)
-    if config.quantization == FP8:  # an FP8 layer's scales (an unquantized layer has none)
+    if config.weight_format == FP8:  # an FP8 layer's scales (an unquantized layer has none)
         names |= {w.removesuffix(".weight") + s for w in names if quantized_linear(w)
                   for s in SCALE_SUFFIXES}
-    elif config.quantization in INT4_METHODS:  # a 4-bit layer's tensors, in its weight's stead
-        parts = sum(LAYER_TENSORS[config.quantization], ())
+    elif config.weight_format in INT4_METHODS:  # a 4-bit layer's tensors, in its weight's stead
+        parts = sum(LAYER_TENSORS[config.weight_format], ())
         names |= {f"{w.removesuffix('.weight')}.{p}" for w in names if quantized_linear(w)
                   for p in parts}
     return frozenset(names)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvledger.engine.checkpoint.contents import ModelShape, shape_fields
 from kvledger.engine.checkpoint.fp8_format import (
     FP8,
     SERVED_WEIGHTS,
@@ -21,6 +22,7 @@ from kvledger.engine.checkpoint.fp8_format import (
 from kvledger.engine.checkpoint.hf_config import (
     FULL_ATTENTION,
     SLIDING_ATTENTION,
+    SUPPORTED_ARCHITECTURES,
     HFConfig,
     parse_config,
     positive,
@@ -30,8 +32,6 @@ from kvledger.engine.checkpoint.hf_config import (
 from kvledger.engine.checkpoint.int4_format import int4_method
 from kvledger.engine.errors import BadInput
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 # Near misses, refused with the reason rather than only the list above.
 _WHY_NOT = {
@@ -58,29 +58,24 @@ class MoEConfig:
     sparse_layers: tuple[int, ...]  # the layers with experts; the others have a dense MLP
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int  # the dense MLP's (Mixtral: each expert's)
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig(ModelShape):
+    """The model's shape (``ModelShape``, the planner's record: ``intermediate_size`` is
+    the dense MLP's, Mixtral's each expert's) and what the engine's layers need besides,
+    read from the same config.json in one pass (``shape_fields``)."""
+
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: dict[str, Any] | None
-    max_position_embeddings: int
-    tie_word_embeddings: bool
     qkv_bias: bool
     o_bias: bool
     sliding_window: int | None
     qk_norm: bool = False  # RMSNorm over head_dim of each q and k head, before RoPE (Qwen3)
     moe: MoEConfig | None = None
-    # "fp8": the checkpoint's linear layers are FP8 (fp8_format.py); "gptq", "awq",
-    # "w4a16": 4-bit (int4_format.py); "": none
-    quantization: str = ""
+    # How the linear layers are stored, as the engine loads them: "fp8" (fp8_format.py);
+    # "gptq", "awq", "w4a16": 4-bit (int4_format.py); "": not quantized. (``quantization``,
+    # the shape's, is config.json's quant_method as written, e.g. "compressed-tensors".)
+    weight_format: str = ""
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -96,7 +91,7 @@ class ModelConfig:
             why = next((f" ({_WHY_NOT[a]})" for a in archs if a in _WHY_NOT), "")
             raise BadInput(f"unsupported architecture {', '.join(archs) or '(none given)'}{why}; "
                            f"kvledger runs {', '.join(SUPPORTED_ARCHITECTURES)}")
-        quantization = _quantization(raw)
+        weight_format = _weight_format(raw)
         if raw.get("hidden_act", "silu") != "silu":
             raise BadInput(f"unsupported hidden_act {raw['hidden_act']!r} (only silu)")
         if raw.get("mlp_bias"):
@@ -113,25 +108,16 @@ class ModelConfig:
         read = parse_config(raw, arch)
         bias = arch in _ATTENTION_BIAS and bool(raw.get("attention_bias", False))
         return cls(
-            architecture=arch,
-            vocab_size=read.vocab_size,
-            hidden_size=read.hidden_size,
-            intermediate_size=read.intermediate_size,
-            num_layers=read.num_layers,
-            num_heads=read.num_attention_heads,
-            num_kv_heads=read.num_kv_heads,
-            head_dim=read.head_dim,
+            **shape_fields(read),
             rms_norm_eps=_positive_float("rms_norm_eps", raw.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=rope if rope_type != "default" else None,
-            max_position_embeddings=read.max_position_embeddings,
-            tie_word_embeddings=read.tie_word_embeddings,
             qkv_bias=arch == "Qwen2ForCausalLM" or bias,
             o_bias=bias,
             sliding_window=_one_window(read),
             qk_norm=arch in _QK_NORM,
             moe=_moe(raw, arch, read.num_layers, read.intermediate_size),
-            quantization=quantization,
+            weight_format=weight_format,
         )
 
 
@@ -176,7 +162,7 @@ def _moe(raw: Mapping[str, Any], arch: str, layers: int, intermediate_size: int)
     return MoEConfig(num_experts, top_k, expert_size, normalize, sparse)
 
 
-def _quantization(raw: Mapping[str, Any]) -> str:
+def _weight_format(raw: Mapping[str, Any]) -> str:
     """"fp8" for the FP8 checkpoints the engine serves (``fp8_format``), a 4-bit method's
     name for the 4-bit ones (``int4_format``), "" for none. Other quantized weights
     (bitsandbytes, GGUF, HQQ, packed MXFP4, other bit widths, ...) would be cast to the

@@ -47,7 +47,7 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     else:
         model = load_model(source.path, model_config, TORCH_DTYPES[plan.model_dtype], device,
                            quantize_fp8=config.quantization == "fp8"
-                           and not model_config.quantization)
+                           and not model_config.weight_format)
         runner = ModelRunner(model, device, plan.max_model_len, plan.kv.block_size,
                              fuse=not config.enable_lora)
     measured = Measured(

@@ -43,7 +43,7 @@ def write_weights(config: dict[str, Any], path: Path, *, seed: int) -> None:
         return torch.randn(*shape, generator=gen) * scale
 
     engine = ModelConfig.from_dict(config)  # the shape and experts as the engine reads them
-    hidden, heads, kv_heads = engine.hidden_size, engine.num_heads, engine.num_kv_heads
+    hidden, heads, kv_heads = engine.hidden_size, engine.num_attention_heads, engine.num_kv_heads
     head_dim, tied = engine.head_dim, engine.tie_word_embeddings
     embed_scale = TIED_EMBEDDING_STD if tied else 1.0
     tensors = {"model.embed_tokens.weight": rand(engine.vocab_size, hidden, scale=embed_scale)}

@@ -70,8 +70,8 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
         except (OSError, RuntimeError) as exc:
             raise BadInput(f"{path}: cannot read safetensors: {exc}") from None
     kv_scales = {name: state.pop(name) for name in list(state) if name.endswith(KV_SCALE_SUFFIXES)}
-    if config.quantization in INT4_METHODS:
-        install_int4_linears(model, state, config.quantization)
+    if config.weight_format in INT4_METHODS:
+        install_int4_linears(model, state, config.weight_format)
     else:
         install_fp8_linears(model, state)
     if "lm_head.weight" not in state and config.tie_word_embeddings:
@@ -102,7 +102,7 @@ def _loaded(name: str, tensor: torch.Tensor, config: ModelConfig, dtype: torch.d
     a 4-bit layer's tensors as stored (``int4_format``); KV cache scales as stored."""
     if name.endswith(KV_SCALE_SUFFIXES):
         return {name: tensor}
-    if config.quantization in INT4_METHODS and layer_tensor(name, config.quantization):
+    if config.weight_format in INT4_METHODS and layer_tensor(name, config.weight_format):
         return {name: tensor.to(device)}
     if name.endswith(SCALE_SUFFIXES):
         return {name: scale_shape(tensor).to(device)}

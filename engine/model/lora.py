@@ -80,7 +80,7 @@ class LoraSlots:
         config = model.config
         self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
         self.device, self.dtype = device, dtype
-        shapes = module_shapes(config.hidden_size, config.num_heads, config.num_kv_heads,
+        shapes = module_shapes(config.hidden_size, config.num_attention_heads, config.num_kv_heads,
                                config.head_dim, config.intermediate_size)
         self.modules: dict[tuple[int, str], LoraLinear] = {}
         for index, layer in enumerate(model.model.layers):

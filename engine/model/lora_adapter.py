@@ -66,7 +66,7 @@ class AdapterNotFound(BadInput):
 def max_weights_bytes(config: ModelConfig, max_lora_rank: int) -> int:
     """The largest ``adapter_model.safetensors`` an adapter of rank ``max_lora_rank`` on this
     model can be: every target of every layer in float32, plus a header's worth."""
-    shapes = module_shapes(config.hidden_size, config.num_heads, config.num_kv_heads,
+    shapes = module_shapes(config.hidden_size, config.num_attention_heads, config.num_kv_heads,
                            config.head_dim, config.intermediate_size)
     per_layer = sum(max_lora_rank * (fan_in + fan_out) for fan_in, fan_out in shapes.values())
     return per_layer * config.num_layers * 4 + 2**20
@@ -94,7 +94,7 @@ def load_adapter(request: LoRARequest, directory: str | Path, config: ModelConfi
     if size > (largest := max_weights_bytes(config, max_lora_rank)):
         raise BadInput(f"{where}: {WEIGHTS_FILE} is {size} bytes; an adapter of rank at most "
                        f"{max_lora_rank} on this model is at most {largest}")
-    shapes = module_shapes(config.hidden_size, config.num_heads, config.num_kv_heads,
+    shapes = module_shapes(config.hidden_size, config.num_attention_heads, config.num_kv_heads,
                            config.head_dim, config.intermediate_size)
     names = _check_header(weights_path, where, config, rank, targets, shapes)
     weights = {}

@@ -46,14 +46,14 @@ def check_engine_shardable(config, world: int) -> None:
     ``world`` ranks; the planner's ``check_shardable`` refuses the same shapes first."""
     flag = f"--tensor-parallel-size {world}"
     kv = config.num_kv_heads
-    if config.num_heads % world or (kv % world if kv >= world else world % kv):
-        raise BadInput(f"{flag}: {config.num_heads} attention heads and {kv} KV heads cannot "
-                       f"be split in {world}")
+    if config.num_attention_heads % world or (kv % world if kv >= world else world % kv):
+        raise BadInput(f"{flag}: {config.num_attention_heads} attention heads and {kv} KV "
+                       f"heads cannot be split in {world}")
     widths = [config.intermediate_size] + ([config.moe.intermediate_size] if config.moe else [])
     if any(w % world for w in widths):
         raise BadInput(f"{flag}: the MLP width does not split in {world}")
-    if config.quantization:
-        raise BadInput(f"{flag}: kvledger's engine does not shard {config.quantization} "
+    if config.weight_format:
+        raise BadInput(f"{flag}: kvledger's engine does not shard {config.weight_format} "
                        "checkpoints yet")
 
 
@@ -168,7 +168,7 @@ def shard_model(model: CausalLM, ranks: Ranks) -> CausalLM:
     moe = config.moe and dataclasses.replace(
         config.moe, intermediate_size=config.moe.intermediate_size // ranks.world)
     model.config = dataclasses.replace(
-        config, num_heads=config.num_heads // ranks.world,
+        config, num_attention_heads=config.num_attention_heads // ranks.world,
         num_kv_heads=max(1, config.num_kv_heads // ranks.world),
         intermediate_size=config.intermediate_size // ranks.world, moe=moe)
     return model

@@ -147,10 +147,10 @@ def _gather(kv_cache: torch.Tensor, block_tables: torch.Tensor, dtype: torch.dty
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_kv_heads
         self.head_dim = config.head_dim
-        hidden, q_size, kv_size = config.hidden_size, config.num_heads * config.head_dim, \
-            config.num_kv_heads * config.head_dim
+        hidden, head_dim = config.hidden_size, config.head_dim
+        q_size, kv_size = config.num_attention_heads * head_dim, config.num_kv_heads * head_dim
         self.q_proj = nn.Linear(hidden, q_size, bias=config.qkv_bias)
         self.k_proj = nn.Linear(hidden, kv_size, bias=config.qkv_bias)
         self.v_proj = nn.Linear(hidden, kv_size, bias=config.qkv_bias)

@@ -5,11 +5,13 @@ cannot run."""
 from __future__ import annotations
 
 import json
+from dataclasses import fields
+from pathlib import Path
 
 import pytest
 import torch
 
-from kvledger.engine.checkpoint.contents import model_shape
+from kvledger.engine.checkpoint.contents import ModelShape, model_shape
 from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
@@ -71,7 +73,7 @@ def _planner_reading(model_dir) -> dict:
 
 def _engine_reading(config: ModelConfig) -> dict:
     return {"architecture": config.architecture, "layers": config.num_layers,
-            "heads": config.num_heads, "kv_heads": config.num_kv_heads,
+            "heads": config.num_attention_heads, "kv_heads": config.num_kv_heads,
             "head_dim": config.head_dim, "hidden": config.hidden_size,
             "intermediate": config.intermediate_size, "vocab": config.vocab_size,
             "context": config.max_position_embeddings, "tied": config.tie_word_embeddings,
@@ -102,6 +104,11 @@ def test_the_planner_and_the_engine_read_a_config_alike(checkpoint, name):
     config = ModelConfig.from_dir(model_dir)
     planned = _planner_reading(model_dir)
     assert planned == _engine_reading(config) == _transformers_reading(model_dir)
+    # One record: the engine's config is the planner's shape, field for field, plus its own.
+    raw = json.loads((Path(model_dir) / "config.json").read_text())
+    assert isinstance(config, ModelShape)
+    assert ({f.name: getattr(config, f.name) for f in fields(ModelShape)}
+            == {f.name: getattr(model_shape(raw), f.name) for f in fields(ModelShape)})
     model = load_model(model_dir, config, torch.float32, torch.device("cpu"))
     attention = model.model.layers[0].self_attn
     assert attention.q_proj.weight.shape[0] == planned["heads"] * planned["head_dim"]

@@ -48,7 +48,7 @@ def test_greedy_tokens_at_tp_2_equal_one_rank(make_model_dir, architecture, name
     assert two == one
     config = llm.engine.runner.config  # rank 0's shard: its heads, its KV pool
     whole = llm.engine.plan.shape
-    assert config.num_heads == whole.num_attention_heads // 2
+    assert config.num_attention_heads == whole.num_attention_heads // 2
     assert config.num_kv_heads == max(1, whole.num_kv_heads // 2)
     assert llm.engine.runner.kv_cache.shape[2] == config.num_kv_heads
     assert llm.engine.plan.tensor_parallel_size == 2
