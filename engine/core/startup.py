@@ -32,9 +32,8 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     downloaded first when incomplete, unless HF_HUB_OFFLINE is set)."""
     source = serving_source(config.model, config.download_dir, hub_timeout_s=config.hub_timeout_s)
     model_config = ModelConfig.from_dir(source.path)  # refuses unsupported architectures
-    if config.enable_lora and model_config.moe is not None:
-        raise BadInput(f"--enable-lora: kvledger serves LoRA adapters on dense models; "
-                       f"{model_config.architecture} is a mixture of experts")
+    # What the engine can run beyond that is the plan's verdict (planner/support.py),
+    # given before anything is loaded.
     device_memory = probe_device(config)  # before loading: free memory drops after
     plan = make_plan(config, device=device_memory, source=source)
     if not plan.fits:
@@ -43,7 +42,7 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     cap_torch_threads(torch)  # a pod's CPU limit is a quota torch does not see
     tokenizer = Tokenizer(source.path)
     if config.tensor_parallel_size > 1:
-        runner = start_ranks(config, plan, source.path, model_config, device)
+        runner = start_ranks(config, plan, source.path, device)
     else:
         model = load_model(source.path, model_config, TORCH_DTYPES[plan.model_dtype], device,
                            quantize_fp8=config.quantization == "fp8"
@@ -75,23 +74,14 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     return measured_plan, tokenizer, runner, ledger
 
 
-def start_ranks(config: EngineConfig, plan: Plan, model_dir: str, model_config: ModelConfig,
-                device: torch.device):
+def start_ranks(config: EngineConfig, plan: Plan, model_dir: str, device: torch.device):
     """Rank 0's runner under ``--tensor-parallel-size N``: ranks 1..N-1 started as their own
-    processes (``core/ranks.py``), every rank holding its shard; BadInput for a model or
-    flag the engine cannot shard."""
+    processes (``core/ranks.py``), every rank holding its shard; BadInput when torch sees
+    fewer than N CUDA devices (what cannot be sharded, the plan refused first)."""
     from kvledger.engine.core.rank_worker import RankSpec
     from kvledger.engine.core.ranks import RANK_TIMEOUT_S, RankedRunner, RankGroup, free_port
-    from kvledger.engine.model.tensor_parallel import check_engine_shardable
 
-    world = config.tensor_parallel_size
-    check_engine_shardable(model_config, world)
-    if config.quantization is not None:
-        raise BadInput(f"--tensor-parallel-size {world}: kvledger's engine does not shard "
-                       f"--quantization {config.quantization} yet")
-    if config.enable_lora:
-        raise BadInput(f"--enable-lora: kvledger's engine does not serve LoRA adapters with "
-                       f"--tensor-parallel-size {world} yet")
+    world = config.tensor_parallel_size  # shardable: the plan said so (planner/support.py)
     if device.type == "cuda" and torch.cuda.device_count() < world:
         raise BadInput(f"--tensor-parallel-size {world}: torch sees "
                        f"{torch.cuda.device_count()} CUDA devices")

@@ -24,8 +24,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from kvledger.engine.errors import BadInput
 from kvledger.engine.model.transformer import CausalLM
+from kvledger.engine.planner.sharding import check_shardable
 
 
 @dataclass(frozen=True)
@@ -39,22 +39,6 @@ class Ranks:
         """This rank's equal share of ``size`` rows (size divisible by world)."""
         step = size // self.world
         return slice(self.rank * step, (self.rank + 1) * step)
-
-
-def check_engine_shardable(config, world: int) -> None:
-    """BadInput naming why the engine cannot split ``config`` (a ``ModelConfig``) in
-    ``world`` ranks; the planner's ``check_shardable`` refuses the same shapes first."""
-    flag = f"--tensor-parallel-size {world}"
-    kv = config.num_kv_heads
-    if config.num_attention_heads % world or (kv % world if kv >= world else world % kv):
-        raise BadInput(f"{flag}: {config.num_attention_heads} attention heads and {kv} KV "
-                       f"heads cannot be split in {world}")
-    widths = [config.intermediate_size] + ([config.moe.intermediate_size] if config.moe else [])
-    if any(w % world for w in widths):
-        raise BadInput(f"{flag}: the MLP width does not split in {world}")
-    if config.weight_format:
-        raise BadInput(f"{flag}: kvledger's engine does not shard {config.weight_format} "
-                       "checkpoints yet")
 
 
 def all_reduce_output(module: nn.Module, _inputs, output: torch.Tensor) -> torch.Tensor:
@@ -149,7 +133,9 @@ def shard_model(model: CausalLM, ranks: Ranks) -> CausalLM:
     if ranks.world == 1:
         return model
     config = model.config
-    check_engine_shardable(config, ranks.world)
+    # The plan refused what the engine cannot split (planner/support.py) before anything
+    # loaded; a model given here directly is held to the same rule.
+    check_shardable(config, ranks.world, config.moe and config.moe.intermediate_size)
     for layer in model.model.layers:
         _shard_attention(layer.self_attn, ranks)
         layer.self_attn.register_forward_hook(all_reduce_output)

@@ -52,6 +52,7 @@ from kvledger.engine.planner.pool import (
 from kvledger.engine.planner.record import KVInfo, Measured, Plan
 from kvledger.engine.planner.remedies import find_remedies
 from kvledger.engine.planner.sharding import check_shardable, rank_shape
+from kvledger.engine.planner.support import check_engine_run, expert_width
 from kvledger.engine.planner.weight_bytes import (
     fp8_workspace_bytes,
     int4_workspace_bytes,
@@ -138,7 +139,7 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
     (``sharding``), where the ranks share one memory (the CPU, a unified pool) against
     1/N of the limit."""
     tp = config.tensor_parallel_size
-    check_shardable(full_shape, tp)
+    check_shardable(full_shape, tp, expert_width(weights))
     shape = rank_shape(full_shape, tp)
     max_model_len = resolve_max_model_len(config, shape)
     batched_tokens = resolve_max_num_batched_tokens(config, max_model_len)
@@ -152,17 +153,8 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
     # kernels read the cache in place, so a what-if plan for vLLM has no such copy.
     gathered_tokens = (-(-max_model_len // config.block_size) * config.block_size
                        if geometry.rule == ENGINE_RULE else 0)
-    quantized = full_shape.quantization or config.quantization
-    if tp > 1 and quantized and geometry.rule == ENGINE_RULE:  # as engine/core/startup.py
-        raise BadInput(f"--tensor-parallel-size {tp}: kvledger's engine does not shard "
-                       f"{quantized} weights yet (serve them on one GPU, or unquantized)")
-    if config.enable_lora and geometry.rule == ENGINE_RULE:  # as engine/core/startup.py
-        if tp > 1:
-            raise BadInput(f"--enable-lora: kvledger's engine does not serve LoRA adapters "
-                           f"with --tensor-parallel-size {tp} yet")
-        if any(".experts." in t.name for t in weights.tensors):
-            raise BadInput(f"--enable-lora: kvledger serves LoRA adapters on dense models; "
-                           f"{full_shape.architecture} is a mixture of experts")
+    if geometry.rule == ENGINE_RULE:  # what kvledger's engine runs (planner/support.py)
+        check_engine_run(config, full_shape, weights)
 
     classes = {
         "weights": _pick(measured.weights_bytes, loaded_weight_bytes(

@@ -12,7 +12,8 @@ vLLM shards it (Megatron-style tensor parallelism):
 - norms, routers and anything not named above replicated (never under-counted).
 
 Refused by name (BadInput, exit 2): an N that does not divide the attention heads, the KV
-heads (or that they do not divide), or the MLP width; ``check_shardable`` is the one owner.
+heads (or that they do not divide), or an MLP width (the experts' too); ``check_shardable``
+is the one owner, which the engine's sharding asks as well.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
     return max(1, num_kv_heads // tp)
 
 
-def check_shardable(shape: ModelShape, tp: int) -> None:
-    """BadInput naming why ``shape`` cannot be split over ``tp`` GPUs as vLLM splits it."""
+def check_shardable(shape: ModelShape, tp: int, expert_width: int | None = None) -> None:
+    """BadInput naming why ``shape`` cannot be split over ``tp`` GPUs as vLLM splits it
+    (``expert_width``: each routed expert's MLP width, which splits too). The planner
+    and the engine's sharding both ask it."""
     if tp == 1:
         return
     flag = f"--tensor-parallel-size {tp}"
@@ -50,9 +53,10 @@ def check_shardable(shape: ModelShape, tp: int) -> None:
     if not _mla(shape) and (kv % tp if kv >= tp else tp % kv):
         raise BadInput(f"{flag}: {shape.architecture} has {kv} KV heads; the size must divide "
                        f"them, or be a multiple of them (each head then on {tp} // {kv} GPUs)")
-    if shape.intermediate_size % tp:
-        raise BadInput(f"{flag}: {shape.architecture}'s MLP width {shape.intermediate_size} "
-                       f"does not divide into {tp} equal shards")
+    for width in (shape.intermediate_size, expert_width):
+        if width is not None and width % tp:
+            raise BadInput(f"{flag}: {shape.architecture}'s MLP width {width} does not "
+                           f"divide into {tp} equal shards")
 
 
 def rank_shape(shape: ModelShape, tp: int) -> ModelShape:
