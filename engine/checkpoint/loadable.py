@@ -16,26 +16,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kvledger.engine.checkpoint.contents import CASTABLE_DTYPES, TensorInfo
-from kvledger.engine.checkpoint.fp8_format import (
-    FP8,
-    FP8_DTYPE,
-    KV_SCALE_SUFFIXES,
-    SCALE_SUFFIXES,
-    quantized_linear,
-)
-from kvledger.engine.checkpoint.int4_format import (
-    INT4_METHODS,
-    LAYER_TENSORS,
-    PACKED_DTYPES,
-    layer_prefixes,
-)
+from kvledger.engine.checkpoint.fp8_format import KV_SCALE_SUFFIXES, quantized_linear
 from kvledger.engine.checkpoint.model_config import SERVED_WEIGHTS, ModelConfig
+from kvledger.engine.checkpoint.weight_formats import WEIGHT_FORMATS, some
 from kvledger.engine.errors import BadInput
 
 # Buffers some older checkpoints carry that the engine recomputes.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 FUSED_EXPERTS = ".mlp.experts."  # transformers 5's fused experts: LAYER.mlp.experts.WHAT
-_NAMED = 3  # tensors a refusal names
 
 
 def loadable_config(raw: Mapping[str, Any], tensors: Iterable[TensorInfo]) -> ModelConfig:
@@ -49,61 +37,20 @@ def loadable_config(raw: Mapping[str, Any], tensors: Iterable[TensorInfo]) -> Mo
     4-bit checkpoint's packed layers (``int4_format``: all their tensors, ints as ints)."""
     config = ModelConfig.from_dict(raw)
     stored = [t for t in tensors if not t.name.endswith(IGNORED_SUFFIXES)]
-    if config.weight_format in INT4_METHODS:
-        quantized = _int4_tensors(stored, config.weight_format)
-    else:
-        quantized = _fp8_weights(stored) if config.weight_format == FP8 else set()
+    weight_format = WEIGHT_FORMATS.get(config.weight_format)
+    quantized = weight_format.quantized_tensors(stored) if weight_format else set()
     unexpected = unexpected_tensors(stored, config)
     if unexpected:
         raise BadInput(f"checkpoint has tensors kvledger's engine does not load for "
-                       f"{config.architecture}: {_some(unexpected)} (quantized weights and "
+                       f"{config.architecture}: {some(unexpected)} (quantized weights and "
                        f"scales without a quantization_config, or another model's tensors); "
                        f"{SERVED_WEIGHTS}")
     packed = sorted(f"{t.name!r} as {t.dtype}" for t in stored
                     if t.dtype not in CASTABLE_DTYPES and t.name not in quantized)
     if packed:
         raise BadInput(f"checkpoint stores weights in a dtype that is not a float: "
-                       f"{_some(packed, quote=False)} (quantized weights?); {SERVED_WEIGHTS}")
+                       f"{some(packed, quote=False)} (quantized weights?); {SERVED_WEIGHTS}")
     return config
-
-
-def _fp8_weights(stored: list[TensorInfo]) -> set[str]:
-    """The FP8 weights of an FP8 checkpoint: F8_E4M3, with their scale. BadInput for a scale
-    whose weight is not F8_E4M3 (the loader would multiply a value by it)."""
-    dtypes = {t.name: t.dtype for t in stored}
-    scaled = {t.name.removesuffix(".weight_scale") + ".weight" for t in stored
-              if t.name.endswith(".weight_scale")}
-    wrong = sorted(f"{n!r} as {dtypes.get(n, 'missing')}" for n in scaled
-                   if dtypes.get(n) != FP8_DTYPE)
-    if wrong:
-        raise BadInput(f"FP8 checkpoint has a weight_scale for weights not stored as "
-                       f"{FP8_DTYPE}: {_some(wrong, quote=False)}; {SERVED_WEIGHTS}")
-    return scaled
-
-
-def _int4_tensors(stored: list[TensorInfo], method: str) -> set[str]:
-    """The packed tensors of a 4-bit checkpoint's quantized layers. BadInput for a layer
-    that misses one the loader needs, or holds one in the wrong dtype (codes, zeros and
-    g_idx int32; scales a float)."""
-    dtypes = {t.name: t.dtype for t in stored}
-    required, optional = LAYER_TENSORS[method]
-    wrong, names = [], set()
-    for layer in sorted(layer_prefixes(dtypes, method)):
-        for part in required + optional:
-            name = f"{layer}.{part}"
-            dtype = dtypes.get(name)
-            if dtype is None and part in optional:
-                continue
-            names.add(name)
-            scale = part in ("scales", "weight_scale")
-            if dtype is None or (dtype not in CASTABLE_DTYPES if scale else
-                                 dtype not in PACKED_DTYPES):
-                wrong.append(f"{name!r} as {dtype or 'missing'}")
-    if wrong:
-        raise BadInput(f"{method} checkpoint has 4-bit layers the engine cannot load: "
-                       f"{_some(wrong, quote=False)} (codes, zeros and g_idx int32, scales a "
-                       f"float); {SERVED_WEIGHTS}")
-    return names
 
 
 def unexpected_tensors(tensors: Iterable[TensorInfo], config: ModelConfig) -> list[str]:
@@ -134,13 +81,10 @@ def tensor_names(config: ModelConfig) -> frozenset[str]:
             names |= {attention + "q_norm.weight", attention + "k_norm.weight"}
         names |= {prefix + "input_layernorm.weight", prefix + "post_attention_layernorm.weight"}
         names |= _feed_forward_names(config, layer, prefix)
-    if config.weight_format == FP8:  # an FP8 layer's scales (an unquantized layer has none)
-        names |= {w.removesuffix(".weight") + s for w in names if quantized_linear(w)
-                  for s in SCALE_SUFFIXES}
-    elif config.weight_format in INT4_METHODS:  # a 4-bit layer's tensors, in its weight's stead
-        parts = sum(LAYER_TENSORS[config.weight_format], ())
-        names |= {f"{w.removesuffix('.weight')}.{p}" for w in names if quantized_linear(w)
-                  for p in parts}
+    weight_format = WEIGHT_FORMATS.get(config.weight_format)
+    if weight_format is not None:  # a quantized layer's scales or packed tensors
+        names |= {n for w in list(names) if quantized_linear(w)
+                  for n in weight_format.layer_tensors(w)}
     return frozenset(names)
 
 
@@ -195,10 +139,3 @@ def _expert_projections(config: ModelConfig) -> tuple[str, str, str]:
     if config.architecture == "MixtralForCausalLM":
         return ("w1", "w3", "w2")
     return ("gate_proj", "up_proj", "down_proj")
-
-
-def _some(names: list[str], *, quote: bool = True) -> str:
-    """The first few of ``names`` and how many more, for a one-line refusal."""
-    shown = ", ".join(repr(n) if quote else n for n in names[:_NAMED])
-    more = len(names) - _NAMED
-    return f"{shown} and {more} more" if more > 0 else shown

@@ -14,11 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kvledger.engine.checkpoint.contents import ModelShape, shape_fields
-from kvledger.engine.checkpoint.fp8_format import (
-    FP8,
-    SERVED_WEIGHTS,
-    fp8_method,
-)
+from kvledger.engine.checkpoint.fp8_format import SERVED_WEIGHTS
 from kvledger.engine.checkpoint.hf_config import (
     FULL_ATTENTION,
     SLIDING_ATTENTION,
@@ -29,7 +25,7 @@ from kvledger.engine.checkpoint.hf_config import (
     read_config_json,
     text_config,
 )
-from kvledger.engine.checkpoint.int4_format import int4_method
+from kvledger.engine.checkpoint.weight_formats import declared_format
 from kvledger.engine.errors import BadInput
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
@@ -163,18 +159,17 @@ def _moe(raw: Mapping[str, Any], arch: str, layers: int, intermediate_size: int)
 
 
 def _weight_format(raw: Mapping[str, Any]) -> str:
-    """"fp8" for the FP8 checkpoints the engine serves (``fp8_format``), a 4-bit method's
-    name for the 4-bit ones (``int4_format``), "" for none. Other quantized weights
+    """The name of the served format config.json declares (``weight_formats``: "fp8",
+    "gptq", "awq", "w4a16"), "" for none. Other quantized weights
     (bitsandbytes, GGUF, HQQ, packed MXFP4, other bit widths, ...) would be cast to the
     model dtype as if they were values, or fail to load halfway: refuse them by their
     method, before anything is loaded or allocated."""
     quant = raw.get("quantization_config")
     if quant is None:
         return ""
-    if isinstance(quant, dict) and fp8_method(quant):
-        return FP8
-    if isinstance(quant, dict) and int4_method(quant):
-        return int4_method(quant)
+    served = declared_format(quant) if isinstance(quant, dict) else None
+    if served is not None:
+        return served.name
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     if isinstance(method, str) and method:
         raise BadInput(f"checkpoint is quantized with {method!r} "

@@ -7,8 +7,8 @@ Per call, not cached: a cached dequantized copy would hold the weights at the mo
 again (8x the codes in float32) and undo the saving the plan counts. The transient is one
 layer's: its codes unpacked to int32, then the weight in the activations' dtype (the zeros
 and scales broadcast over groups of consecutive inputs; gathered per input only for
-act-order GPTQ): ``int4_workspace_bytes`` in the planner. Measured on the CPU by
-``bench/quantized.py`` (docs/benchmarks.md). The same path runs on CUDA (no int4 kernel is
+act-order GPTQ): ``Int4Weights.workspace_bytes`` in checkpoint/weight_formats.py. Measured
+on the CPU by ``bench/quantized.py`` (docs/benchmarks.md). The same path runs on CUDA (no int4 kernel is
 used yet).
 """
 

@@ -13,9 +13,9 @@ from kvledger.engine.checkpoint.fp8_format import (
     SCALE_SUFFIXES,
     quantized_linear,
 )
-from kvledger.engine.checkpoint.int4_format import INT4_METHODS, layer_tensor
 from kvledger.engine.checkpoint.loadable import IGNORED_SUFFIXES, loaded_names
 from kvledger.engine.checkpoint.model_config import ModelConfig
+from kvledger.engine.checkpoint.weight_formats import WEIGHT_FORMATS
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.fp8_linear import (
     FP8_DTYPE,
@@ -70,9 +70,10 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
         except (OSError, RuntimeError) as exc:
             raise BadInput(f"{path}: cannot read safetensors: {exc}") from None
     kv_scales = {name: state.pop(name) for name in list(state) if name.endswith(KV_SCALE_SUFFIXES)}
-    if config.weight_format in INT4_METHODS:
-        install_int4_linears(model, state, config.weight_format)
-    else:
+    served = WEIGHT_FORMATS.get(config.weight_format)
+    if served is not None and served.packed:  # 4-bit layers, in their weights' stead
+        install_int4_linears(model, state, served.name)
+    else:  # FP8 weights, stored or quantized on load (none: nothing to install)
         install_fp8_linears(model, state)
     if "lm_head.weight" not in state and config.tie_word_embeddings:
         state["lm_head.weight"] = state.get("model.embed_tokens.weight")
@@ -102,7 +103,8 @@ def _loaded(name: str, tensor: torch.Tensor, config: ModelConfig, dtype: torch.d
     a 4-bit layer's tensors as stored (``int4_format``); KV cache scales as stored."""
     if name.endswith(KV_SCALE_SUFFIXES):
         return {name: tensor}
-    if config.weight_format in INT4_METHODS and layer_tensor(name, config.weight_format):
+    served = WEIGHT_FORMATS.get(config.weight_format)
+    if served is not None and served.kept_as_stored(name):
         return {name: tensor.to(device)}
     if name.endswith(SCALE_SUFFIXES):
         return {name: scale_shape(tensor).to(device)}

@@ -53,11 +53,7 @@ from kvledger.engine.planner.record import KVInfo, Measured, Plan
 from kvledger.engine.planner.remedies import find_remedies
 from kvledger.engine.planner.sharding import check_shardable, rank_shape
 from kvledger.engine.planner.support import check_engine_run, expert_width
-from kvledger.engine.planner.weight_bytes import (
-    fp8_workspace_bytes,
-    int4_workspace_bytes,
-    loaded_weight_bytes,
-)
+from kvledger.engine.planner.weight_bytes import dequantization_bytes, loaded_weight_bytes
 
 
 def resolve_max_model_len(config: EngineConfig, shape: ModelShape) -> int:
@@ -163,9 +159,8 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
         "activations": _pick(measured.activation_peak_bytes, estimates.activation_peak_bytes(
             shape, dtype_bytes, batched_tokens, config.max_num_seqs,
             context_tokens=gathered_tokens, kv_dtype_bytes=estimates.DTYPE_BYTES[kv_dtype])
-            + fp8_workspace_bytes(shape, weights, model_dtype, batched_tokens,
-                                  quantize_fp8=config.quantization == "fp8")
-            + int4_workspace_bytes(shape, weights)
+            + dequantization_bytes(shape, weights, model_dtype, batched_tokens,
+                                   quantize_fp8=config.quantization == "fp8")
             + estimates.matmul_workspace_bytes(device.kind)),
         "kv_cache": 0,
         "cuda_graphs": 0 if config.enforce_eager or on_cpu else _pick(

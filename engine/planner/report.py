@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from kvledger.engine.checkpoint.layout import MLA, SLIDING
+from kvledger.engine.checkpoint.weight_formats import run_format
 from kvledger.engine.planner.dtypes import half_precision_note
 from kvledger.engine.planner.estimates import (
     NCCL_BYTES_PER_RANK,
@@ -18,7 +19,6 @@ from kvledger.engine.planner.estimates import (
 from kvledger.engine.planner.limit import largest_utilization
 from kvledger.engine.planner.pool import ENGINE_NOTE, ENGINE_RULE, PoolGroup
 from kvledger.engine.planner.record import Plan, Remedy
-from kvledger.engine.planner.weight_bytes import stored_fp8, stored_int4
 
 TERMINATION_LOG_MAX_BYTES = 4096  # the kubelet keeps at most this much of the message
 # The pre-flight's machine-readable line: the plan's figures as JSON after this prefix, last
@@ -155,12 +155,10 @@ def _breakdown(plan: Plan) -> list[str]:
     c, kv, cfg = plan.classes, plan.kv, plan.config
     measured = set(plan.measured)
     weights_dtype = SHORT_DTYPE.get(plan.model_dtype, plan.model_dtype)
-    if stored_int4(plan.shape, plan.weights):
-        weights_dtype = (f"{plan.shape.quantization}: linear layers 4-bit as stored, the rest "
-                         f"{weights_dtype}")
-    elif stored_fp8(plan.shape, plan.weights) or cfg.quantization == "fp8":
-        how = plan.shape.quantization or "--quantization fp8"
-        weights_dtype = f"{how}: linear layers f8_e4m3, the rest {weights_dtype}"
+    served = run_format(plan.shape, plan.weights, cfg.quantization == "fp8")
+    if served is not None:
+        how = plan.shape.quantization or f"--quantization {served.name}"
+        weights_dtype = f"{how}: {served.label}, the rest {weights_dtype}"
     elif plan.weights.dtype not in ("BF16", "F16", "F32", "F64"):
         weights_dtype = plan.weights.dtype.lower()  # a quantized payload keeps its own dtype
         if plan.shape.quantization:  # e.g. "mxfp4 (u8)": MXFP4 blocks and scales are U8

@@ -12,6 +12,7 @@ the CRD's rules in operator/spec_rules.py refuse the same at ``kubectl apply``).
 from __future__ import annotations
 
 from kvledger.engine.checkpoint.contents import ModelShape, WeightsInfo
+from kvledger.engine.checkpoint.weight_formats import run_format
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
 
@@ -20,6 +21,9 @@ RULE_OWNERS = {
     "the architectures, activations, RoPE types and quantization methods the engine runs":
         ("checkpoint/model_config.py", "ModelConfig.from_dict",
          "unsupported architecture {', '.join(archs)"),
+    "the quantized weight formats served, and all the planner and the loader ask of one":
+        ("checkpoint/weight_formats.py", "Int4Weights.quantized_tensors",
+         "4-bit layers the engine cannot load"),
     "heads, KV heads and MLP widths split over --tensor-parallel-size":
         ("planner/sharding.py", "check_shardable", "cannot share equally"),
     "quantized weights are not sharded":
@@ -57,7 +61,8 @@ def check_engine_run(config: EngineConfig, shape: ModelShape, weights: WeightsIn
     models only."""
     tp = config.tensor_parallel_size
     quantized = shape.quantization or config.quantization
-    if tp > 1 and quantized:
+    served = run_format(shape, weights, config.quantization == "fp8")
+    if tp > 1 and quantized and not (served is not None and served.can_shard):
         raise BadInput(f"--tensor-parallel-size {tp}: kvledger's engine does not shard "
                        f"{quantized} weights yet (serve them on one GPU, or unquantized)")
     if config.enable_lora and tp > 1:

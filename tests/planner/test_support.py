@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,25 @@ def test_an_expert_width_that_does_not_split_is_refused_by_the_planner_too():
     with pytest.raises(BadInput, match="MLP width 96 does not divide into 64"):
         check_shardable(dataclasses.replace(SHAPE, num_attention_heads=64, num_kv_heads=64,
                                             intermediate_size=512), 64, expert_width(moe))
+
+
+def test_each_weight_format_has_one_owner():
+    """Every served format answers every question in checkpoint/weight_formats.py; nothing
+    else in the planner, the pre-flight or the loader branches on a format's name (a new
+    format is a class there and its torch layer in model/)."""
+    from kvledger.engine.checkpoint import weight_formats
+
+    assert set(weight_formats.WEIGHT_FORMATS) == {"fp8", "gptq", "awq", "w4a16"}
+    for served in weight_formats.WEIGHT_FORMATS.values():
+        for question in ("declared", "stored", "quantized_tensors", "layer_tensors",
+                         "kept_as_stored", "workspace_bytes"):
+            assert callable(getattr(served, question)), (served.name, question)
+        assert served.label and isinstance(served.can_shard, bool)
+    owners = {"checkpoint/fp8_format.py", "checkpoint/int4_format.py",
+              "checkpoint/weight_formats.py", "model/fp8_linear.py", "model/int4_linear.py"}
+    branching = re.compile(r"INT4_METHODS|LAYER_TENSORS\[|== (FP8|GPTQ|AWQ|W4A16)\b|"
+                           r"in \(GPTQ|fp8_method\(|int4_method\(")
+    found = [f"{p.relative_to(ENGINE)}: {m.group()}" for p in ENGINE.rglob("*.py")
+             if p.relative_to(ENGINE).as_posix() not in owners
+             for m in branching.finditer(p.read_text())]
+    assert not found, found
