@@ -141,8 +141,6 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
     batched_tokens = resolve_max_num_batched_tokens(config, max_model_len)
     model_dtype = resolve_model_dtype(config, shape, weights, device)
     kv_dtype = resolve_kv_dtype(config, model_dtype)
-    dtype_bytes = estimates.DTYPE_BYTES[model_dtype]
-    on_cpu = device.kind == "cpu"
     geometry = kv_layout_geometry(shape, config, kv_dtype, max_model_len, batched_tokens)
     blocks_per_seq = geometry.blocks_per_seq
     # kvledger's engine gathers each sequence's K and V for decode attention; vLLM's paged
@@ -152,7 +150,55 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
     if geometry.rule == ENGINE_RULE:  # what kvledger's engine runs (planner/support.py)
         check_engine_run(config, full_shape, weights)
 
-    classes = {
+    classes = _classes(config, device, measured, full_shape, shape, weights, model_dtype,
+                       kv_dtype, batched_tokens, gathered_tokens)
+    limit, source, margin = resolve_limit(config, device)
+    if device.kind == "cpu" or device.unified:  # N ranks in one memory: 1/N of the limit each
+        limit //= tp
+    non_kv = sum(classes.values())
+
+    block_bytes = geometry.bytes_per_block
+    mode, pool, needed = _pool(config, blocks_per_seq, block_bytes, limit - non_kv, source)
+    num_blocks = max(pool, needed)  # short of `needed`, the run needs `needed`
+    classes["kv_cache"] = num_blocks * block_bytes
+    required = non_kv + classes["kv_cache"]
+    fits = required <= limit and pool >= needed and not cap_above_free(limit, source, device)
+
+    return Plan(
+        fits=fits,
+        limit_bytes=limit,
+        required_bytes=required,
+        short_by_bytes=max(0, required - limit),
+        limit_source=source,
+        classes=classes,
+        kv=KVInfo(block_size=config.block_size, num_blocks=num_blocks, dtype=kv_dtype,
+                  pool_mode=mode, required_blocks=needed, **_geometry_fields(geometry)),
+        remedies=[],
+        unified_memory=device.unified,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        warnings=limit_warnings(config, device),
+        device=device,
+        model_dtype=model_dtype,
+        config=config,
+        shape=full_shape,
+        weights=weights,
+        margin_bytes=margin,
+        measured=measured.given(),
+        tensor_parallel_size=tp,
+    )
+
+
+def _classes(config: EngineConfig, device: DeviceMemory, measured: Measured,
+             full_shape: ModelShape, shape: ModelShape, weights: WeightsInfo, model_dtype: str,
+             kv_dtype: str, batched_tokens: int, gathered_tokens: int) -> dict[str, int]:
+    """Every class but the KV cache (0 here): measured where the engine measured it, else
+    estimated (``estimates``, ``weight_bytes``); ``shape`` is one rank's."""
+    tp = config.tensor_parallel_size
+    on_cpu = device.kind == "cpu"
+    dtype_bytes = estimates.DTYPE_BYTES[model_dtype]
+    return {
         "weights": _pick(measured.weights_bytes, loaded_weight_bytes(
             weights, model_dtype, shape=full_shape, quantize_fp8=config.quantization == "fp8",
             tensor_parallel_size=tp)),  # planner/weight_bytes.py
@@ -171,55 +217,33 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
         + (config.grammar_cache_bytes if on_cpu or device.unified else 0),
         "lora": _lora_bytes(config, shape, dtype_bytes),  # the adapter slots; 0 without LoRA
     }
-    limit, source, margin = resolve_limit(config, device)
-    if on_cpu or device.unified:  # N ranks in one memory: each has 1/N of the limit
-        limit //= tp
-    non_kv = sum(classes.values())
 
-    block_bytes = geometry.bytes_per_block
+
+def _pool(config: EngineConfig, blocks_per_seq: int, block_bytes: int, room_bytes: int,
+          source: str) -> tuple[str, int, int]:
+    """(mode, blocks the pool is given, blocks the run needs): a declared pool
+    (``--num-gpu-blocks-override``, ``--kv-cache-memory-bytes``) needs one whole sequence;
+    under a cap the pool is all the ``room_bytes`` left; else the declared workload."""
     workload_blocks = config.max_num_seqs * blocks_per_seq
     if config.num_gpu_blocks_override is not None:
-        mode, pool, needed = "override", config.num_gpu_blocks_override, blocks_per_seq
-    elif config.kv_cache_memory_bytes is not None:
-        mode, pool, needed = ("kv-cache-memory-bytes", config.kv_cache_memory_bytes // block_bytes,
-                              blocks_per_seq)
-    elif source != FREE_MEMORY:
-        mode, pool, needed = "cap", max(0, (limit - non_kv) // block_bytes), workload_blocks
-    else:
-        mode, pool, needed = "workload", workload_blocks, workload_blocks
-    num_blocks = max(pool, needed)  # short of `needed`, the run needs `needed`
-    classes["kv_cache"] = num_blocks * block_bytes
-    required = non_kv + classes["kv_cache"]
-    fits = required <= limit and pool >= needed and not cap_above_free(limit, source, device)
+        return "override", config.num_gpu_blocks_override, blocks_per_seq
+    if config.kv_cache_memory_bytes is not None:
+        return ("kv-cache-memory-bytes", config.kv_cache_memory_bytes // block_bytes,
+                blocks_per_seq)
+    if source != FREE_MEMORY:
+        return "cap", max(0, room_bytes // block_bytes), workload_blocks
+    return "workload", workload_blocks, workload_blocks
 
-    return Plan(
-        fits=fits,
-        limit_bytes=limit,
-        required_bytes=required,
-        short_by_bytes=max(0, required - limit),
-        limit_source=source,
-        classes=classes,
-        kv=KVInfo(block_size=config.block_size, num_blocks=num_blocks,
-                  bytes_per_block=block_bytes, bytes_per_token=geometry.bytes_per_token,
-                  dtype=kv_dtype, pool_mode=mode, required_blocks=needed,
-                  blocks_per_seq=blocks_per_seq, layout=geometry.layout, rule=geometry.rule,
-                  note=geometry.note, layers_per_block=geometry.layers_per_block,
-                  bytes_per_seq=blocks_per_seq * block_bytes, groups=geometry.groups),
-        remedies=[],
-        unified_memory=device.unified,
-        max_model_len=max_model_len,
-        max_num_batched_tokens=batched_tokens,
-        max_num_seqs=config.max_num_seqs,
-        warnings=limit_warnings(config, device),
-        device=device,
-        model_dtype=model_dtype,
-        config=config,
-        shape=full_shape,
-        weights=weights,
-        margin_bytes=margin,
-        measured=measured.given(),
-        tensor_parallel_size=tp,
-    )
+
+def _geometry_fields(geometry: KVGeometry) -> dict[str, object]:
+    """KVInfo's fields that the layout's geometry (``pool.kv_layout_geometry``) gives."""
+    return {"bytes_per_block": geometry.bytes_per_block,
+            "bytes_per_token": geometry.bytes_per_token,
+            "blocks_per_seq": geometry.blocks_per_seq, "layout": geometry.layout,
+            "rule": geometry.rule, "note": geometry.note,
+            "layers_per_block": geometry.layers_per_block,
+            "bytes_per_seq": geometry.blocks_per_seq * geometry.bytes_per_block,
+            "groups": geometry.groups}
 
 
 def _lora_bytes(config: EngineConfig, shape: ModelShape, dtype_bytes: int) -> int:
