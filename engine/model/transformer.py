@@ -166,42 +166,57 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
+        q, k, v = self._qkv(x, cos.unsqueeze(1), sin.unsqueeze(1), meta.lora)
+        if kv_cache is not None:
+            self._write_cache(kv_cache, k, v, meta.slot_mapping)
+        out = self._attend(q, k, v, kv_cache, meta)
+        return project(self.o_proj, out.view(x.shape[0], -1), meta.lora)
+
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             lora: LoraBatch | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q ``[tokens, heads, head_dim]``, k and v ``[tokens, kv_heads, head_dim]``, RoPE
+        applied (after Qwen3's per-head norm)."""
         num_tokens = x.shape[0]
-        lora = meta.lora
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         if self.qkv_proj is not None and not self.qk_norm:  # q and k side by side: one rope
             qkv = self.qkv_proj(x)
             qk = _rope(qkv[:, :(heads + kv_heads) * head_dim].view(num_tokens, -1, head_dim),
                        cos, sin)
-            q, k = qk[:, :heads], qk[:, heads:]
             v = qkv[:, (heads + kv_heads) * head_dim:].view(num_tokens, kv_heads, head_dim)
+            return qk[:, :heads], qk[:, heads:], v
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split(self.fused_sizes, dim=-1)
         else:
-            if self.qkv_proj is not None:
-                q, k, v = self.qkv_proj(x).split(self.fused_sizes, dim=-1)
-            else:
-                q, k, v = (project(p, x, lora) for p in (self.q_proj, self.k_proj, self.v_proj))
-            q = q.view(num_tokens, heads, head_dim)
-            k = k.view(num_tokens, kv_heads, head_dim)
-            v = v.view(num_tokens, kv_heads, head_dim)
-            if self.qk_norm:
-                q, k = self.q_norm(q), self.k_norm(k)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            q, k, v = (project(p, x, lora) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q = q.view(num_tokens, heads, head_dim)
+        k = k.view(num_tokens, kv_heads, head_dim)
+        v = v.view(num_tokens, kv_heads, head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return _rope(q, cos, sin), _rope(k, cos, sin), v
 
+    def _write_cache(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     slot_mapping: torch.Tensor) -> None:
+        """Each token's K and V into its slot of ``kv_cache`` ``[2 (K, V), kv_heads,
+        num_blocks, block_size, head_dim]``; an fp8 cache holds them scaled and cast
+        (saturating), written as bytes."""
+        if kv_cache.element_size() > 1:
+            slots = kv_cache.view(2, self.num_kv_heads, -1, self.head_dim)
+            slots[0].index_copy_(1, slot_mapping, k.transpose(0, 1).to(kv_cache.dtype))
+            slots[1].index_copy_(1, slot_mapping, v.transpose(0, 1).to(kv_cache.dtype))
+            return
+        slots = _as_bytes(kv_cache).view(2, self.num_kv_heads, -1, self.head_dim)
+        kv = torch.stack((k, v)).transpose(1, 2)
+        if (self.k_scale, self.v_scale) != (1.0, 1.0):
+            kv = kv / kv.new_tensor((self.k_scale, self.v_scale)).view(2, 1, 1, 1)
+        slots.index_copy_(2, slot_mapping, _as_bytes(kv.to(kv_cache.dtype)))
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
+        """Each prefill span over its own K/V (or its cached blocks), then each decode
+        group over its gathered blocks: ``[tokens, heads, head_dim]``."""
         scales = (self.k_scale, self.v_scale)
-        if kv_cache is not None and kv_cache.element_size() > 1:
-            # [2 (K, V), kv_heads, num_blocks, block_size, head_dim]: each token's slot.
-            slots = kv_cache.view(2, kv_heads, -1, head_dim)
-            slots[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1).to(kv_cache.dtype))
-            slots[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1).to(kv_cache.dtype))
-        elif kv_cache is not None:  # fp8: scaled, cast (saturating), written as bytes
-            slots = _as_bytes(kv_cache).view(2, kv_heads, -1, head_dim)
-            kv = torch.stack((k, v)).transpose(1, 2)
-            if scales != (1.0, 1.0):
-                kv = kv / kv.new_tensor(scales).view(2, 1, 1, 1)
-            slots.index_copy_(2, meta.slot_mapping, _as_bytes(kv.to(kv_cache.dtype)))
-
-        out = torch.empty(num_tokens, heads, head_dim, dtype=q.dtype, device=q.device)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous: o_proj views it
         start = 0
         for span in meta.prefills:
             end = start + span.length
@@ -228,7 +243,7 @@ class Attention(nn.Module):
             # heads and rows transposed in memory, so (kv head, row) cannot fold by view.
             out[start:end].view(shape).copy_(o)
             start = end
-        return project(self.o_proj, out.view(num_tokens, -1), lora)
+        return out
 
 
 class MLP(nn.Module):
