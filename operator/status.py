@@ -8,6 +8,7 @@ while a hub model's download size cannot be had.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from kvledger.engine.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT
@@ -201,45 +202,15 @@ def compute_status(*, spec: ServiceSpec | dict[str, Any] | None, generation: int
         return status
 
     spec = as_spec(spec)
-    outcomes = [o for o in (preflight_outcome(p) for p in pods) if o is not None]
-    refusal = next((o for o in outcomes if o[0] != "Fits"), None)
-    approval = next((o for o in outcomes if o[0] == "Fits"), None)
-    if refusal is not None:
-        reason, refused = refusal
-        if reason == "DoesNotFit":
-            refused, status["plan"] = read_message(refused, fits=False)
-        set_condition(MEMORY_BUDGET, "False", reason, refused)
-    elif approval is not None:
-        headline, status["plan"] = read_message(approval[1], fits=True)
-        set_condition(MEMORY_BUDGET, "True", "Fits", headline)
-    elif find_condition(conditions, MEMORY_BUDGET) is None:
-        set_condition(MEMORY_BUDGET, "Unknown", "Pending", "waiting for the pre-flight to run")
-    if "plan" not in status and old.get("plan"):
-        status["plan"] = old["plan"]
-
-    record = model or old.get("model")
-    uri = spec.model.uri
-    if uri is None:
-        if "model" in old:
-            status["model"] = None  # no hub model any more: the merge patch removes it
-    elif record:
-        status["model"] = record
-    model_problem = None
-    if spec.model.needs_download_size:
-        before = find_condition(conditions, READY) or {}
-        if model_error is not None:
-            model_problem = model_error
-        elif (record or {}).get("uri") != uri \
-                and before.get("reason") == "ModelUnavailable":
-            model_problem = before.get("message", "")  # not had since: still unavailable
-
+    refusal = _memory_budget(pods, old, status, set_condition)
+    model_problem = _model_status(spec, model, model_error, old, status)
     ready_count = sum(pod_ready(p) for p in pods)
     replicas = spec.replicas
     problem = next((p for p in (pod_problem(pod) for pod in pods) if p is not None), None)
     if model_problem is not None:  # no pod of this spec can exist yet
         set_condition(READY, "False", "ModelUnavailable", model_problem)
     elif refusal is not None:
-        set_condition(READY, "False", refusal[0], (refused.splitlines() or [""])[0])
+        set_condition(READY, "False", refusal[0], (refusal[1].splitlines() or [""])[0])
     elif problem is not None:
         set_condition(READY, "False", *problem)
     elif replicas == 0:
@@ -250,6 +221,51 @@ def compute_status(*, spec: ServiceSpec | dict[str, Any] | None, generation: int
         set_condition(READY, "False", "Starting", f"0/{replicas} replicas ready")
     status.update(conditions=conditions, readyReplicas=ready_count)
     return status
+
+
+def _memory_budget(pods: list[dict[str, Any]], old: dict[str, Any], status: dict[str, Any],
+                   set_condition: Callable[[str, str, str, str], None]) -> tuple[str, str] | None:
+    """``MemoryBudget`` (and ``status.plan``) from the pods' pre-flights: a refusal's
+    reason and message when one refused (None when none did)."""
+    outcomes = [o for o in (preflight_outcome(p) for p in pods) if o is not None]
+    refusal = next((o for o in outcomes if o[0] != "Fits"), None)
+    approval = next((o for o in outcomes if o[0] == "Fits"), None)
+    if refusal is not None:
+        reason, refused = refusal
+        if reason == "DoesNotFit":
+            refused, status["plan"] = read_message(refused, fits=False)
+        set_condition(MEMORY_BUDGET, "False", reason, refused)
+        refusal = (reason, refused)
+    elif approval is not None:
+        headline, status["plan"] = read_message(approval[1], fits=True)
+        set_condition(MEMORY_BUDGET, "True", "Fits", headline)
+    elif find_condition(list(old.get("conditions") or []), MEMORY_BUDGET) is None:
+        set_condition(MEMORY_BUDGET, "Unknown", "Pending", "waiting for the pre-flight to run")
+    if "plan" not in status and old.get("plan"):
+        status["plan"] = old["plan"]
+    return refusal
+
+
+def _model_status(spec: ServiceSpec, model: dict[str, Any] | None, model_error: str | None,
+                  old: dict[str, Any], status: dict[str, Any]) -> str | None:
+    """``status.model`` for a hub model, and why it cannot be had yet (None: it can, or
+    the spec needs no download size): until ``status.model`` holds the spec's uri, a
+    ``ModelUnavailable`` Ready stays so."""
+    record = model or old.get("model")
+    uri = spec.model.uri
+    if uri is None:
+        if "model" in old:
+            status["model"] = None  # no hub model any more: the merge patch removes it
+    elif record:
+        status["model"] = record
+    if not spec.model.needs_download_size:
+        return None
+    if model_error is not None:
+        return model_error
+    before = find_condition(list(old.get("conditions") or []), READY) or {}
+    if (record or {}).get("uri") != uri and before.get("reason") == "ModelUnavailable":
+        return before.get("message", "")  # not had since: still unavailable
+    return None
 
 
 def transition_events(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
