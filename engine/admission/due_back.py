@@ -1,5 +1,6 @@
 """When the running requests give their blocks back: in engine steps, for backfilling the
-admission line (``projection``), and in seconds, for Retry-After (``seconds_until_freed``, ``jittered_wait_s``).
+admission line (``projection``), and in seconds, for a refusal's wait, the server's
+Retry-After (``seconds_until_freed``, ``jittered_wait_s``).
 
 Backfilling (``--backfill``, off by default). While the head of the line waits for blocks
 to come back, some of the pool sits idle. With backfilling, ``Admission`` plans the first

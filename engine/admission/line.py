@@ -8,9 +8,9 @@ tokens of KV blocks (PoolTooSmall when the pool could never hold them, the ledge
 of the line, so the blocks that come back accumulate for the oldest waiter, never for a
 smaller late-comer; with ``--backfill`` one whose start would delay none of the first
 ``BACKFILL_DEPTH`` in line may go first (``due_back``).
-A refusal (KVCacheFull: the line full, or the wait over) carries the wait after which enough
-blocks are due back: the running requests' remaining caps at the observed decode rate, soonest first,
-with jitter so rejected clients do not return in lock-step. ``done`` forgets the
+A refusal (KVCacheFull: the line full, or the wait over) carries the wait after which
+enough blocks are due back: the running requests' remaining caps at the observed decode
+rate, soonest first, with jitter so rejected clients do not return in lock-step. ``done`` forgets the
 request; the engine releases the blocks it was handed, ``give_back`` any it never was.
 The server awaits ``admit``; ``LLM.generate``, which steps the engine itself, lines up with
 ``line_up`` and hands each ticket over as ``capacity_changed`` grants it. The errors are
@@ -272,7 +272,7 @@ class Admission:
 
     def give_back(self, reservations: list[Reservation]) -> None:
         """Release reservations granted but never handed to the engine (the engine
-        releases those it was handed): the server's one release."""
+        releases those it was handed): the one release of the server and ``LLM``."""
         for reservation in reservations:
             self.ledger.release(reservation)
 
@@ -282,7 +282,7 @@ class Admission:
         self.running.pop(ticket.request_id, None)
         self.capacity_changed()
 
-    # -- Retry-After ----------------------------------------------------------------
+    # -- the refusal's wait (the server's Retry-After) ---------------------------------
     def estimate_wait_s(self, blocks: int, ahead_blocks: int | None = None) -> float:
         """Seconds until ``blocks`` (behind ``ahead_blocks`` already queued) can be reserved,
         as the admitted requests reach their caps (``seconds_until_freed``)."""
