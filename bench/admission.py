@@ -36,14 +36,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvledger.engine.admission.line import Admission
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.core.async_engine import AsyncEngine
 from kvledger.engine.core.engine import LLMEngine
+from kvledger.engine.errors import KVCacheFull
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.model.builtin import write_model
 from kvledger.engine.sampling.params import SamplingParams
-from kvledger.engine.server.admission import Admission
-from kvledger.engine.server.api_errors import ApiError
+from kvledger.engine.server.api_errors import retry_headers
 
 POLICIES = ("fixed-cap", "prompt-only", "reservation")
 BASELINE_RETRY_S = 0.1
@@ -180,9 +181,9 @@ async def run_policy(policy: str, base: LLMEngine, args, traffic) -> Result:
                 try:
                     ticket = await admission.admit(request_id, len(prompt), effective_cap)
                     break
-                except ApiError as exc:
+                except KVCacheFull as exc:
                     result.rejected_429 += 1
-                    await asyncio.sleep(int(exc.headers["retry-after-ms"]) / 1000)
+                    await asyncio.sleep(int(retry_headers(exc.wait_s)["retry-after-ms"]) / 1000)
             elif baseline.admit(request_id, len(prompt)):
                 break
             else:

@@ -3,7 +3,7 @@ kvledger's real ``Admission`` and ``KVLedger`` on a virtual clock.
 
 There is no cluster here, so the engines are modelled and the admission is not: every
 429 and every Retry-After comes from ``Admission`` (``early_rejection``, ``effective_cap``,
-``admit`` with ``max_queue_wait_s=0``), which reserves prompt + cap in a ``KVLedger`` of
+``line_up`` with ``max_queue_wait_s=0``), which reserves prompt + cap in a ``KVLedger`` of
 ``--pool-blocks`` blocks; finished requests are released and ``done``; decode progress is
 reported with ``progress`` and physical blocks drawn with ``grow``, as the server does.
 Four policies run on the same seeded trace:
@@ -63,11 +63,13 @@ import random
 import statistics
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from kvledger.engine.admission.line import Admission, Ticket
+from kvledger.engine.errors import KVCacheFull
 from kvledger.engine.kv.ledger import KVLedger
-from kvledger.engine.server.admission import Admission, Ticket
-from kvledger.engine.server.api_errors import ApiError
+from kvledger.engine.server.api_errors import retry_headers
 
 MAX_MODEL_LEN = 8192
 BLOCK_SIZE = 16
@@ -184,15 +186,11 @@ class Sequence:
 
 
 def admit_now(admission: Admission, request_id: str, prompt_tokens: int, cap_tokens: int) -> Ticket:
-    """``Admission.admit`` run to its end without an event loop: with ``max_queue_wait_s=0``
-    it reserves at once or raises its 429 ``ApiError``, and never suspends."""
-    coroutine = admission.admit(request_id, prompt_tokens, cap_tokens)
-    try:
-        coroutine.send(None)
-    except StopIteration as stop:
-        return stop.value
-    coroutine.close()
-    raise RuntimeError("Admission.admit suspended; the simulation needs max_queue_wait_s=0")
+    """``Admission.line_up`` without an event loop: with ``max_queue_wait_s=0`` nobody joins
+    the line, so it reserves at once or raises KVCacheFull (the server's 429)."""
+    granted: Future[Ticket] = Future()
+    admission.line_up(request_id, prompt_tokens, cap_tokens, granted)
+    return granted.result(timeout=0)
 
 
 class Replica:
@@ -243,10 +241,8 @@ class Replica:
                 raise early
             cap = self.admission.effective_cap(request.prompt_tokens, request.max_tokens)
             ticket = admit_now(self.admission, str(request.id), request.prompt_tokens, cap)
-        except ApiError as error:
-            if error.status != 429:
-                raise  # the trace fits the context and the pool: anything else is a bug
-            return int(error.headers["retry-after-ms"]) / 1000
+        except KVCacheFull as error:  # the trace fits the context and the pool: nothing else
+            return int(retry_headers(error.wait_s)["retry-after-ms"]) / 1000
         self._queue.append(Sequence(job, ticket))
         self._fill_slots()
         return None

@@ -63,10 +63,13 @@ class PoolTooSmall(BadInput):
     """A request needs more blocks than the whole KV pool holds, so it can never be admitted,
     whatever is cached or running (HTTP 400)."""
 
-    def __init__(self, needed_blocks: int, pool_blocks: int) -> None:
+    def __init__(self, needed_blocks: int, pool_blocks: int, *, num_tokens: int = 0,
+                 count: int = 1) -> None:
         super().__init__(f"a prompt needs {needed_blocks} KV blocks; the pool has {pool_blocks}")
         self.needed_blocks = needed_blocks
         self.pool_blocks = pool_blocks
+        self.num_tokens = num_tokens  # prompt + cap of each choice
+        self.count = count            # the choices (``n``) that each need them
 
 
 class AdmissionRejected(KvledgerError):
@@ -81,6 +84,22 @@ class AdmissionRejected(KvledgerError):
                          + (f"and {reason}" if reason else f"{free_blocks} are unreserved"))
         self.needed_blocks = needed_blocks
         self.free_blocks = free_blocks
+
+
+class KVCacheFull(AdmissionRejected):
+    """The admission line refuses a request now (its line is full, it may not wait, or its
+    wait ran out): ``needed_blocks`` are not free, and ``wait_s`` is the jittered wait after
+    which enough of them are due back (HTTP 429 with Retry-After). ``reason`` names the
+    limit for ``kvledger_requests_rejected_total``."""
+
+    reason = "kv_cache_full"
+
+    def __init__(self, needed_blocks: int, free_blocks: int, wait_s: float) -> None:
+        KvledgerError.__init__(self, f"the KV cache cannot hold this request now ({needed_blocks} "
+                                     f"blocks needed, {free_blocks} free); retry in {wait_s:.1f}s")
+        self.needed_blocks = needed_blocks
+        self.free_blocks = free_blocks
+        self.wait_s = wait_s
 
 
 class EngineFailed(RuntimeError):

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence as Seq
+from concurrent.futures import Future
 
+from kvledger.engine.admission.line import Admission, Ticket
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.core.engine import LLMEngine
 from kvledger.engine.core.outputs import RequestOutput
-from kvledger.engine.errors import AdmissionRejected, BadInput
+from kvledger.engine.core.request import EngineRequest
+from kvledger.engine.errors import BadInput
 from kvledger.engine.lora_config import LoRARequest
 from kvledger.engine.sampling.params import SamplingParams
 
@@ -48,10 +51,10 @@ class LLM:
 
         Every prompt is checked before anything runs (``LLMEngine.check_request``: BadInput
         for one the model cannot run or the pool could never hold); then prompts are
-        admitted as the KV ledger allows, so more prompts than the pool holds at once
-        simply wait their turn. ``lora_request`` (vLLM's) runs every prompt with that LoRA
-        adapter, or each with its own (a list; None for the base model); the engine needs
-        ``enable_lora=True``. A prompt the engine fails alone (a fault in its sampling,
+        admitted in order as the KV ledger allows (the server's ``Admission``, its line
+        uncapped), so more prompts than the pool holds at once simply wait their turn.
+        ``lora_request`` (vLLM's) runs every prompt with that LoRA adapter, or each with its
+        own (a list; None for the base model); the engine needs ``enable_lora=True``. A prompt the engine fails alone (a fault in its sampling,
         or in a forward pass it was part of) comes back with ``finish_reason == "error"``
         and ``error`` saying why; the others are unaffected.
         """
@@ -69,29 +72,56 @@ class LLM:
         if len(loras) != len(prompts):
             raise BadInput(f"{len(prompts)} prompts but {len(loras)} LoRA requests")
         engine = self.engine
-        queue = deque()
+        requests = []
         for prompt, p, lora in zip(prompts, params, loras, strict=True):
             ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             request = engine.check_request(ids, p, lora)
             self._counter += 1
-            queue.append((f"llm-{self._counter}", prompt, request))
-        order = [request_id for request_id, *_ in queue]
-        texts = {request_id: prompt for request_id, prompt, *_ in queue if isinstance(prompt, str)}
+            requests.append((f"llm-{self._counter}", request))
+        texts = {request_id: prompt for (request_id, _), prompt in zip(requests, prompts,
+                                                                      strict=True)
+                 if isinstance(prompt, str)}
+        finished = self._run(requests, texts)
+        return [finished[request_id] for request_id, _ in requests]
+
+    def _run(self, requests: list[tuple[str, EngineRequest]],
+             texts: dict[str, str]) -> dict[str, RequestOutput]:
+        """Admit ``requests`` through the server's own admission line, in order, with no cap
+        on the line nor on the wait: each is handed to the engine as its reservation is
+        granted, and the line moves on after every step (finished requests gave their blocks
+        back; over-committing, running ones drew theirs). The server awaits ``Admission.admit``
+        on its event loop; here grants arrive in plain futures, since this loop steps the
+        engine itself."""
+        engine = self.engine
+        admission = Admission(engine.ledger, max_model_len=engine.max_model_len,
+                              max_queue_wait_s=None, max_queue_len=None)
+        line: deque[tuple[str, EngineRequest, Future[Ticket]]] = deque()
+        tickets: dict[str, Ticket] = {}
         finished: dict[str, RequestOutput] = {}
         try:
-            while queue or engine.has_unfinished_requests():
-                while queue:
-                    request_id, _, request = queue[0]
-                    try:
-                        engine.add_request(request_id, request)
-                    except AdmissionRejected:
-                        break  # wait for running requests to release their blocks
-                    queue.popleft()
+            for request_id, request in requests:
+                granted: Future[Ticket] = Future()
+                admission.line_up(request_id, len(request.prompt_token_ids), request.cap_tokens,
+                                  granted, prompt_token_ids=request.prompt_token_ids,
+                                  use_cached=request.uses_cached_blocks, salt=request.lora_salt,
+                                  adapter=request.lora)
+                line.append((request_id, request, granted))
+            while line or engine.has_unfinished_requests():
+                while line and line[0][2].done():  # granted, in line order
+                    request_id, request, granted = line.popleft()
+                    tickets[request_id] = ticket = granted.result()
+                    engine.add_request(request_id, request, reservation=ticket.reservation)
                 for out in engine.step():
                     if out.finished:
                         out.prompt = texts.get(out.request_id)
                         finished[out.request_id] = out
+                        admission.done(tickets.pop(out.request_id))
+                # Over-committing, the ledger's verdict on the head moves as requests write.
+                admission.capacity_changed()
         except BaseException:  # Ctrl-C or a failed step: give every block back
             engine.abort_all()
+            for _, _, granted in line:
+                if granted.done():  # granted, never handed to the engine
+                    admission.give_back(granted.result().reservations)
             raise
-        return [finished[request_id] for request_id in order]
+        return finished

@@ -11,11 +11,11 @@ import logging
 import os
 import sys
 
+from kvledger.engine.admission.line import DEFAULT_MAX_QUEUE_LEN
 from kvledger.engine.checkpoint.hub.cache import offline_snapshot
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
 from kvledger.engine.config import add_engine_flags, config_from_args, positive_seconds, size_arg
 from kvledger.engine.errors import BadInput
-from kvledger.engine.server.admission import DEFAULT_MAX_QUEUE_LEN
 from kvledger.engine.server.serve import serve
 from kvledger.engine.server.state import (
     DEFAULT_BODY_TIMEOUT_S,

@@ -14,7 +14,16 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from kvledger.engine.core.outputs import RequestOutput
+from kvledger.engine.core.request import EngineRequest
+from kvledger.engine.kv.reservation import Reservation
+from kvledger.engine.sampling.params import SamplingParams
+
+if TYPE_CHECKING:  # the engine pulls torch in
+    from kvledger.engine.core.engine import LLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -33,15 +42,15 @@ class RequestStream:
 
     def __init__(self, owner: AsyncEngine, request_id: str) -> None:
         self.request_id = request_id
-        self.queue: asyncio.Queue = asyncio.Queue()
+        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self.finished = False
-        self.last: Any = None  # the latest output
+        self.last: RequestOutput | None = None  # the latest output
         self._owner = owner
 
     def __aiter__(self) -> RequestStream:
         return self
 
-    async def __anext__(self) -> Any:
+    async def __anext__(self) -> RequestOutput:
         if self.finished:
             raise StopAsyncIteration
         item = await self.queue.get()
@@ -65,7 +74,7 @@ class RequestStream:
 class AsyncEngine:
     """``start()`` the worker, ``generate()`` per request, ``stop()`` at shutdown."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self._streams: dict[str, RequestStream] = {}
         self._wake = threading.Event()
@@ -73,7 +82,8 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.dead: BaseException | None = None
-        self.on_step_outputs = None  # optional callback(outputs) on the loop thread
+        # Called on the loop thread with each step's outputs (admission's capacity_changed).
+        self.on_step_outputs: Callable[[list[RequestOutput]], None] | None = None
         self._step_s: float | None = None  # EWMA of the time of steps that decoded
         self._last_step_s: float | None = None
         # Steps that produced tokens, their wall time and tokens (kvledger_engine_step*_total).
@@ -108,8 +118,9 @@ class AsyncEngine:
         self._step_s = self._last_step_s
 
     # -- requests --------------------------------------------------------------------
-    def generate(self, request_id: str, prompt: Any, params: Any = None,
-                 reservation: Any = None) -> RequestStream:
+    def generate(self, request_id: str, prompt: list[int] | EngineRequest,
+                 params: SamplingParams | None = None,
+                 reservation: Reservation | None = None) -> RequestStream:
         """Add the request now (``LLMEngine.add_request``: ``prompt`` is token ids with
         ``params``, or an ``EngineRequest``) and return the async iterator of its outputs;
         close it (``aclosing``) to abort an unfinished request.
@@ -173,7 +184,7 @@ class AsyncEngine:
                 self._wake.wait(timeout=IDLE_STEP_WAIT_S)
                 self._wake.clear()
 
-    def _deliver(self, outputs: list[Any]) -> None:
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is not None:

@@ -115,8 +115,8 @@ class LLMEngine:
         """Admit a request: ``prompt`` is its token ids, checked here with ``params``
         (``check_request``), or an ``EngineRequest`` already checked. Without a
         ``reservation``, reserve ``prompt + cap`` here (pinning the cached blocks its prompt
-        begins with) and raise AdmissionRejected when the pool cannot hold it now. A given
-        reservation must have been made for this prompt (``check_reservation``).
+        begins with) or raise AdmissionRejected now, no line (``LLM`` and the server admit
+        through ``Admission``); a given one must be for this prompt (``check_reservation``).
 
         From this call on the engine owns the reservation: it releases it at once if it
         refuses the request, else when the request finishes or is aborted."""

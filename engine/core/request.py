@@ -1,9 +1,8 @@
-"""A request as the engine takes it, and the context-cap rule.
+"""A request as the engine takes it, and the rules it must meet.
 
-``output_cap`` is the one owner of the rule every caller applies to ``max_tokens``: a
-prompt at or over the context is too long (PromptTooLong), a cap over the room left is
-too large (CapTooLarge), and an unset cap is the rest of the context. The other rules a
-request meets have one owner each too: its token ids (``check_prompt_ids``,
+The context cap's rule, ``output_cap``, is admission's (``admission/cap.py``; imported
+here, where the engine's ``check_request`` applies it). The other rules a request meets
+have one owner each too: its token ids (``check_prompt_ids``,
 ``check_param_ids``, which ``LLMEngine.check_prompt``/``check_params`` apply with the
 model's vocabulary) and whether prompt + cap fits the pool
 (``KVLedger.check_fits``). ``LLMEngine.check_request`` applies them all, once.
@@ -14,9 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvledger.engine.errors import BadInput, CapTooLarge, PromptTooLong
+from kvledger.engine.admission.cap import output_cap
+from kvledger.engine.errors import BadInput
 from kvledger.engine.kv.reservation import Reservation
 from kvledger.engine.sampling.params import SamplingParams
+
+__all__ = ["EngineRequest", "check_param_ids", "check_prompt_ids", "check_reservation",
+           "output_cap"]
 
 if TYPE_CHECKING:
     from kvledger.engine.model.lora_adapter import LoraAdapter
@@ -47,20 +50,6 @@ class EngineRequest:
     def uses_cached_blocks(self) -> bool:
         """Prompt logprobs need every prompt position computed: no cached blocks."""
         return self.params.prompt_logprobs is None
-
-
-def output_cap(max_model_len: int, num_prompt_tokens: int, max_tokens: int | None) -> int:
-    """The most tokens a request may generate: ``max_tokens``, or the rest of the context
-    when it is unset. PromptTooLong when the prompt leaves no room for one output token;
-    CapTooLarge when ``max_tokens`` is more than the room."""
-    if num_prompt_tokens >= max_model_len:
-        raise PromptTooLong(num_prompt_tokens, max_model_len)
-    room = max_model_len - num_prompt_tokens
-    if max_tokens is None:
-        return room
-    if max_tokens > room:
-        raise CapTooLarge(num_prompt_tokens, max_tokens, max_model_len)
-    return max_tokens
 
 
 def check_prompt_ids(prompt_token_ids: list[int], vocab_size: int) -> None:

@@ -184,7 +184,7 @@ class KVLedger:
         the request, never on the moment."""
         blocks = self.blocks_for_choices(num_tokens, count, prompt_tokens, share)
         if blocks > self.num_blocks:
-            raise PoolTooSmall(blocks, self.num_blocks)
+            raise PoolTooSmall(blocks, self.num_blocks, num_tokens=num_tokens, count=count)
         return blocks
 
     def blocks_needed(self, num_tokens: int, count: int = 1,

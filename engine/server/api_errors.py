@@ -2,13 +2,17 @@
 
 Every refusal the server makes is an ``ApiError``; the app's middleware turns it (and
 aiohttp's own HTTP exceptions) into a JSON response, so no client ever sees a traceback.
+Admission's refusals are the engine's errors; ``admission_error`` maps them.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
 from aiohttp import web
+
+from kvledger.engine.errors import CapTooLarge, KVCacheFull, PoolTooSmall, PromptTooLong
 
 # OpenAI's error "type" per status; the "code" says which rule refused the request.
 _TYPES = {
@@ -63,3 +67,34 @@ def bad_request(message: str, param: str | None = None, code: str = "invalid_req
 def sse_error_event(status: int, message: str, code: str) -> bytes:
     """An error delivered inside an already-started stream (headers are gone)."""
     return b"data: " + json.dumps(error_body(status, message, code)).encode() + b"\n\n"
+
+
+def retry_headers(wait_s: float) -> dict[str, str]:
+    """A 429's headers for a wait of ``wait_s``: ``Retry-After`` in whole seconds and
+    ``retry-after-ms`` (OpenAI's SDKs read it), each at least 1."""
+    return {"Retry-After": str(max(1, math.ceil(wait_s))),
+            "retry-after-ms": str(max(1, round(wait_s * 1000)))}
+
+
+def admission_error(exc: PromptTooLong | CapTooLarge | PoolTooSmall | KVCacheFull) -> ApiError:
+    """The HTTP answer to admission's refusal ``exc``: 413 for a prompt that fills the context,
+    400 for a cap over it or a request the pool could never hold, 429 with Retry-After for
+    one the KV cache cannot hold now."""
+    if isinstance(exc, PromptTooLong):
+        return ApiError(413, f"prompt is {exc.prompt_tokens} tokens, at or over the context "
+                             f"limit of {exc.max_model_len} tokens",
+                        code="context_length_exceeded", param="prompt", reason="prompt_too_long")
+    if isinstance(exc, CapTooLarge):
+        return ApiError(400, f"prompt ({exc.prompt_tokens} tokens) + max_tokens "
+                             f"({exc.max_tokens}) = {exc.prompt_tokens + exc.max_tokens} "
+                             f"exceeds the context limit of {exc.max_model_len} tokens; "
+                             f"lower max_tokens to at most {exc.room_tokens}",
+                        code="context_length_exceeded", param="max_tokens", reason="over_context")
+    if isinstance(exc, PoolTooSmall):
+        choices = f" for {exc.count} choices" if exc.count > 1 else ""
+        return ApiError(400, f"the request needs {exc.needed_blocks} KV blocks ({exc.num_tokens} "
+                             f"tokens{choices}) but the whole pool holds {exc.pool_blocks}; "
+                             f"lower max_tokens{' or n' if exc.count > 1 else ''}",
+                        code="kv_pool_too_small", param="max_tokens", reason="over_pool")
+    return ApiError(429, str(exc), code="kv_cache_full", reason=exc.reason,
+                    headers=retry_headers(exc.wait_s))

@@ -1,7 +1,8 @@
 """``POST /v1/completions`` and ``POST /v1/chat/completions``.
 
 One request's story: read -> parse -> tokenize -> effective cap -> reserve (or 429) ->
-generate -> answer (JSON or SSE, ``answers.py``). Parsing, rendering the chat template and
+generate -> answer (JSON or SSE, ``answers.py``). Admission (``kvledger.engine.admission``)
+refuses with the engine's errors, which ``api_errors.admission_error`` maps to 413/400/429. Parsing, rendering the chat template and
 tokenizing run on the server's worker threads, so a 4 MiB body never stalls the event
 loop; nothing is reserved until they are done, so a client that leaves meanwhile holds no
 blocks. Each of the engine's rules runs once, before admission (prompt ids, cap, params);
@@ -23,11 +24,12 @@ from typing import Any
 
 from aiohttp import web
 
+from kvledger.engine.admission.ticket import Ticket
 from kvledger.engine.core.async_engine import EngineDeadError
 from kvledger.engine.core.request import EngineRequest
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, CapTooLarge, KVCacheFull, PoolTooSmall, PromptTooLong
 from kvledger.engine.server import answers
-from kvledger.engine.server.api_errors import ApiError, bad_request
+from kvledger.engine.server.api_errors import ApiError, admission_error, bad_request
 from kvledger.engine.server.limits import decode_json
 from kvledger.engine.server.protocol import GenerationRequest, parse_chat, parse_completion
 from kvledger.engine.server.state import API_KEY_INDEX, STATE, ServerState
@@ -65,9 +67,12 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     prompt = await state.off_loop(len(raw), _prompt, state, req) if req.kind == "chat" else req.prompt
     early = state.admission.early_rejection(_max_prompt_tokens(prompt), req.cap, req.n)
     if early is not None:  # a full pool refuses it whatever its exact length
-        raise early
+        raise admission_error(early)
     prompt_ids = await state.off_loop(len(raw), _encode, state, req, prompt)
-    cap = state.admission.effective_cap(len(prompt_ids), req.cap)
+    try:
+        cap = state.admission.effective_cap(len(prompt_ids), req.cap)
+    except (PromptTooLong, CapTooLarge) as exc:
+        raise admission_error(exc) from None
     if not isinstance(prompt, list):  # the tokenizer's ids, checked once they fit the context
         _check_prompt(state, prompt_ids)
     grammar = await _grammar(state, req, tools)
@@ -83,12 +88,8 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
         echo = prompt if isinstance(prompt, str) else state.engine.tokenizer.decode(prompt_ids)
     p = answers.Prepared(req, f"{id_prefix}-{uuid.uuid4().hex}", prompt_ids, echo, arrived,
                          int(time.time()), tools)
-    ticket = await state.admission.admit(p.request_id, len(prompt_ids), cap, req.n,
-                                         prompt_token_ids=prompt_ids,
-                                         use_cached=params[0].prompt_logprobs is None,
-                                         salt=_cache_salt(request, state, req,
-                                                          engine_requests[0].lora_salt),
-                                         adapter=adapter)
+    ticket = await _admit(state, p.request_id, engine_requests,
+                          _cache_salt(request, state, req, engine_requests[0].lora_salt))
     state.metrics.admitted.inc()
     if lora is not None:
         state.engine.loras.count(lora.lora_name)
@@ -122,6 +123,21 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
             state.metrics.generation_tokens.inc(len(last.token_ids) if last else 0)
         state.admission.done(ticket)
         state.metrics.latency.observe(time.monotonic() - arrived)
+
+
+async def _admit(state: ServerState, request_id: str, choices: list[EngineRequest],
+                 salt: str | None) -> Ticket:
+    """Admission's ticket for the ``choices`` of one request (each ``prompt + cap``, keyed
+    with ``salt`` in the prefix cache); its refusals as HTTP errors (400, 429)."""
+    first = choices[0]
+    try:
+        return await state.admission.admit(request_id, len(first.prompt_token_ids),
+                                           first.cap_tokens, len(choices),
+                                           prompt_token_ids=first.prompt_token_ids,
+                                           use_cached=first.uses_cached_blocks, salt=salt,
+                                           adapter=first.lora)
+    except (PoolTooSmall, KVCacheFull) as exc:
+        raise admission_error(exc) from None
 
 
 async def _adapter(state: ServerState, lora) -> Any:

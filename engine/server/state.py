@@ -14,14 +14,21 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from aiohttp import web
 
+from kvledger.engine.admission.line import DEFAULT_MAX_QUEUE_LEN, Admission
 from kvledger.engine.core.async_engine import AsyncEngine
-from kvledger.engine.server.admission import DEFAULT_MAX_QUEUE_LEN, Admission
+from kvledger.engine.lora_config import LoRARequest
 from kvledger.engine.server.api_errors import ApiError
 from kvledger.engine.server.metrics import ServerMetrics
+
+if TYPE_CHECKING:  # the engine and the grammar compiler pull torch and xgrammar in
+    from kvledger.engine.core.engine import LLMEngine
+    from kvledger.engine.sampling.grammar import GrammarCompiler
+
+R = TypeVar("R")
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +77,7 @@ class ServerState:
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
         self.metrics = ServerMetrics()
-        self.engine: Any = None                       # the LLMEngine, once loaded
+        self.engine: LLMEngine | None = None          # once loaded
         self.async_engine: AsyncEngine | None = None  # its worker thread, driven from here
         self.admission: Admission | None = None
         self.ready = False
@@ -78,7 +85,7 @@ class ServerState:
         self.started_at = time.time()
         self._workers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="kvledger-prepare")
         self._adapter_threads: asyncio.Semaphore | None = None  # made on the loop
-        self._grammars: Any = None
+        self._grammars: GrammarCompiler | None = None
         self._token_texts: dict[int, str] = {}
         ledger = lambda attr: lambda: (getattr(self.engine.ledger, attr)  # noqa: E731
                                        if self.engine else 0)
@@ -140,8 +147,8 @@ class ServerState:
         return self.engine.ledger.reserved_blocks / self.engine.ledger.num_blocks
 
     # -- lifecycle -------------------------------------------------------------------
-    async def attach(self, engine: Any, *, warm: bool = True) -> None:
-        """Start serving ``engine`` (an ``LLMEngine``): worker thread, admission, warm-up."""
+    async def attach(self, engine: LLMEngine, *, warm: bool = True) -> None:
+        """Start serving ``engine``: worker thread, admission, warm-up."""
         self.engine = engine
         self.async_engine = driver = AsyncEngine(engine)
         self.admission = Admission(engine.ledger, max_model_len=engine.max_model_len,
@@ -196,7 +203,7 @@ class ServerState:
             self._grammars.close()
 
     # -- per-request work ------------------------------------------------------------
-    async def off_loop(self, body_bytes: int | None, fn, *args):
+    async def off_loop(self, body_bytes: int | None, fn: Callable[..., R], *args: object) -> R:
         """``fn(*args)`` for a request of ``body_bytes``: on a worker thread when the body
         is large (or ``None``: work whose cost the body's size does not bound). Parsing a 4 MiB body, rendering a chat and tokenizing take up to seconds
         of CPU, during which ``/health`` and every stream must still answer; the GIL is
@@ -207,7 +214,7 @@ class ServerState:
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
 
-    async def load_adapter(self, fn, *args):
+    async def load_adapter(self, fn: Callable[..., R], *args: object) -> R:
         """``fn(*args)`` that reads a LoRA adapter, on a daemon thread of its own, at most
         ``ADAPTER_THREADS`` at once. A thread keeps its place until ``fn`` returns, even
         when the request that started it is gone."""
@@ -235,7 +242,7 @@ class ServerState:
         return await future
 
     @property
-    def grammars(self) -> Any:
+    def grammars(self) -> GrammarCompiler:
         """The engine's ``GrammarCompiler``, built at the first constrained request."""
         if self._grammars is None:
             from kvledger.engine.sampling.grammar import GrammarCompiler
@@ -274,7 +281,7 @@ class ServerState:
         """Every name requests may use: the first is the one answers carry."""
         return (self.engine.model_name, *self.engine.config.served_model_aliases)
 
-    def check_model(self, name: str) -> Any:
+    def check_model(self, name: str) -> LoRARequest | None:
         """None for the base model (any of its names), else the ``LoRARequest`` of the
         adapter ``name`` names; 404 naming it when neither."""
         if name in self.model_names:

@@ -10,9 +10,9 @@ import random
 import pytest
 from _engine_helpers import assert_pool_empty, drain, make_engine
 
+from kvledger.engine.admission.line import Admission
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.sampling.params import SamplingParams
-from kvledger.engine.server.admission import Admission
 
 BLOCK = 16
 

@@ -355,7 +355,7 @@ def test_the_early_429_is_not_taken_when_free_blocks_do_not_decide():
     """Reserving, a pool whose free blocks cannot hold the least a request could claim is
     refused before tokenizing; over-committing, admission asks other questions, so the
     request is tokenized and tried."""
-    from kvledger.engine.server.admission import Admission
+    from kvledger.engine.admission.line import Admission
 
     for overcommit, early in ((False, True), (True, False)):
         ledger = KVLedger(10, 16, overcommit=overcommit)

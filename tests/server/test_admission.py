@@ -1,18 +1,37 @@
-"""Reservation admission against the real KV ledger: caps, 413/400/429, FIFO wait,
-Retry-After estimated from the running requests, and no leaked blocks."""
+"""Reservation admission against the real KV ledger: caps, 413/400/429 (admission's
+refusals as the server answers them, ``admission_error``), FIFO wait, Retry-After estimated
+from the running requests, and no leaked blocks."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 
+from kvledger.engine.admission.due_back import JITTER_FRACTION
+from kvledger.engine.admission.line import Admission
+from kvledger.engine.errors import CapTooLarge, KVCacheFull, PoolTooSmall, PromptTooLong
 from kvledger.engine.kv.ledger import KVLedger
-from kvledger.engine.server.admission import Admission
-from kvledger.engine.server.api_errors import ApiError
-from kvledger.engine.server.due_back import JITTER_FRACTION
+from kvledger.engine.server.api_errors import ApiError, admission_error
+
+
+@dataclass
+class _Answer:
+    value: ApiError | None = None
+
+
+@contextlib.contextmanager
+def refused() -> Iterator[_Answer]:
+    """Expects admission's refusal; ``.value`` is the server's answer to it."""
+    answer = _Answer()
+    with pytest.raises((PromptTooLong, CapTooLarge, PoolTooSmall, KVCacheFull)) as info:
+        yield answer
+    answer.value = admission_error(info.value)
 
 
 def _admission(num_blocks=10, block_size=16, max_model_len=160, rate=10.0, wait_s=0.0):
@@ -30,10 +49,10 @@ def test_effective_cap_unset_is_the_rest_of_the_context():
 
 def test_prompt_at_the_context_is_413_and_explicit_overflow_is_400_naming_both():
     adm = _admission(max_model_len=100)
-    with pytest.raises(ApiError) as info:
+    with refused() as info:
         adm.effective_cap(100, None)
     assert info.value.status == 413 and "100" in info.value.message
-    with pytest.raises(ApiError) as info:
+    with refused() as info:
         adm.effective_cap(60, 41)
     assert info.value.status == 400
     assert "60" in info.value.message and "41" in info.value.message
@@ -43,13 +62,13 @@ def test_prompt_at_the_context_is_413_and_explicit_overflow_is_400_naming_both()
 def test_the_engines_cap_rule_keeps_the_servers_answers():
     """``effective_cap`` applies ``output_cap`` and maps its two refusals to these."""
     adm = _admission(max_model_len=100)
-    with pytest.raises(ApiError) as info:
+    with refused() as info:
         adm.effective_cap(100, 5)
     error = info.value
     assert (error.status, error.code, error.param, error.reason) == (
         413, "context_length_exceeded", "prompt", "prompt_too_long")
     assert error.message == "prompt is 100 tokens, at or over the context limit of 100 tokens"
-    with pytest.raises(ApiError) as info:
+    with refused() as info:
         adm.effective_cap(60, 41)
     error = info.value
     assert (error.status, error.code, error.param, error.reason) == (
@@ -76,7 +95,7 @@ async def test_429_carries_whole_seconds_and_ms_estimated_from_remaining_caps():
     assert adm.estimate_wait_s(8) == pytest.approx(6.4)   # needs both
     adm.progress(slow, 34)                                # 30 left -> 3.0 s
     assert adm.estimate_wait_s(8) == pytest.approx(3.0)
-    with pytest.raises(ApiError) as info:
+    with refused() as info:
         await adm.admit("c", 16, 100)  # 8 blocks
     error = info.value
     assert error.status == 429 and error.code == "kv_cache_full"
@@ -90,7 +109,7 @@ async def test_429_carries_whole_seconds_and_ms_estimated_from_remaining_caps():
 async def test_retry_after_is_jittered_across_clients():
     adm = _admission(num_blocks=4, rate=10.0)
     await adm.admit("a", 16, 48)
-    delays = {adm.rejection(4).headers["retry-after-ms"] for _ in range(20)}
+    delays = {admission_error(adm.rejection(4)).headers["retry-after-ms"] for _ in range(20)}
     assert len(delays) > 10
 
 
@@ -127,7 +146,7 @@ async def _until_queued(adm: Admission, waiters: int) -> None:
 async def test_queue_wait_times_out_with_429_and_cancelled_waiters_leak_nothing():
     adm = _admission(num_blocks=4, wait_s=0.2)
     held = await adm.admit("held", 16, 48)
-    with pytest.raises(ApiError) as info:
+    with refused() as info:
         await adm.admit("late", 16, 16)  # waits its 0.2 s in line, then gives up
     assert info.value.status == 429 and adm.queue_length == 0
     # The next waiter leaves by cancellation alone: its wait could not run out first,
@@ -158,7 +177,7 @@ async def test_close_refuses_waiters_with_503():
 
 async def test_request_larger_than_the_whole_pool_is_400():
     adm = _admission(num_blocks=2, max_model_len=1000)
-    with pytest.raises(ApiError) as info:
+    with refused() as info:
         await adm.admit("huge", 100, 100)
     assert info.value.status == 400 and "2" in info.value.message
     # The ledger's rule (``check_fits``), in the server's words.
@@ -172,8 +191,8 @@ async def test_early_rejection_only_when_the_answer_cannot_depend_on_the_prompt(
     adm = _admission(num_blocks=10, max_model_len=160)   # 160 tokens = 10 blocks
     assert adm.early_rejection(20, None) is None          # empty pool: tokenize and admit
     held = await adm.admit("held", 16, 16)                # 2 blocks held, 8 free
-    early = adm.early_rejection(20, None)                 # unset cap: needs all 10 blocks
-    assert early is not None and early.status == 429 and int(early.headers["Retry-After"]) >= 1
+    early = admission_error(adm.early_rejection(20, None))  # unset cap: all 10 blocks
+    assert early.status == 429 and int(early.headers["Retry-After"]) >= 1
     assert adm.early_rejection(20, 100) is None           # 1 + 100 tokens fits in 8 blocks
     assert adm.early_rejection(160, None) is None         # might be a 413: tokenize
     assert adm.early_rejection(100, 100) is None          # might be a 400: tokenize
@@ -197,7 +216,7 @@ async def test_a_full_line_refuses_early_whatever_the_prompt_over_committing_or_
         await asyncio.sleep(0)
         assert adm.queue_full
         early = adm.early_rejection(20, 10)               # 2 blocks: free or not, refused
-        assert early is not None and early.status == 429
+        assert early is not None and admission_error(early).status == 429
         assert adm.early_rejection(20, 200) is None       # might be a 400: tokenize
         adm.backfill = True                               # it plans only those in line
         assert adm.early_rejection(20, 10) is not None
@@ -250,7 +269,7 @@ async def test_retry_after_of_a_timed_out_waiter_counts_the_waiters_queued_ahead
     await asyncio.sleep(0.05)
     assert adm.queue_length == 1
     adm.max_queue_wait_s = 0.1  # the next request gives up long before `ahead` does
-    with pytest.raises(ApiError) as info:
+    with refused() as info:
         await adm.admit("behind", 16, 16)     # needs 2
     # Alone, its 2 blocks are back with `soon` at 1.0 s; behind `ahead`'s 4 it needs 6,
     # which only `late` returning at 4.8 s provides.
@@ -268,7 +287,7 @@ async def test_n_choices_reserve_prompt_plus_cap_each_all_or_none():
     ticket = await adm.admit("n2", prompt_tokens=20, cap_tokens=30, n=2)  # 2 x 4 blocks
     assert adm.ledger.reserved_blocks == 8
     assert [r.num_blocks for r in ticket.reservations] == [4, 4]
-    with pytest.raises(ApiError) as info:      # 2 blocks free: a 429, nothing taken
+    with refused() as info:      # 2 blocks free: a 429, nothing taken
         await adm.admit("late", 20, 30, n=1)
     assert info.value.status == 429 and adm.ledger.reserved_blocks == 8
     for reservation in ticket.reservations:
@@ -298,13 +317,13 @@ async def test_n_choices_are_admitted_together_or_wait_together():
 
 async def test_n_choices_beyond_the_pool_are_a_400_and_early_rejection_counts_them():
     adm = _admission(num_blocks=10)
-    with pytest.raises(ApiError) as info:
+    with refused() as info:
         await adm.admit("huge", 16, 48, n=3)   # 3 x 4 blocks > 10
     assert info.value.status == 400 and "3 choices" in info.value.message
     held = await adm.admit("held", 16, 48)     # 6 blocks free
     assert adm.early_rejection(20, 31, n=1) is None   # 1 + 31 tokens: 2 blocks fit
     early = adm.early_rejection(20, 31, n=4)          # 4 x 2 = 8 blocks do not
-    assert early is not None and early.status == 429
+    assert early is not None and admission_error(early).status == 429
     adm.ledger.release(held.reservation)
     adm.done(held)
 
@@ -351,11 +370,11 @@ async def test_early_rejection_leaves_room_for_what_the_cache_may_cover():
     # Without caching the same request needs all 10: refused before tokenizing.
     plain = _admission()
     plain.ledger.try_reserve(32)
-    assert plain.early_rejection(40, None).status == 429
+    assert admission_error(plain.early_rejection(40, None)).status == 429
     # With a cap a choice draws at least blocks_for(1 + cap), cached prefix or not.
     adm.ledger.release(ticket.reservation)
     adm.done(ticket)
-    assert adm.early_rejection(30, 128).status == 429            # 9 blocks, 8 free
+    assert admission_error(adm.early_rejection(30, 128)).status == 429            # 9 blocks, 8 free
     adm.ledger.release(holder)
 
 
@@ -462,7 +481,7 @@ async def test_a_full_line_is_a_429_counting_the_requests_ahead_of_it():
     held = await adm.admit("held", 16, 112)                          # all 8 blocks, 11.2 s
     waiting = [asyncio.create_task(adm.admit(f"w{i}", 16, 48)) for i in range(2)]
     await _until_queued(adm, 2)
-    with pytest.raises(ApiError) as info:
+    with refused() as info:
         await adm.admit("third", 16, 16)                             # the line is full
     assert info.value.status == 429 and adm.queue_length == 2
     # Its 2 blocks come after the 4 + 4 of the two ahead: all 8 back when `held` ends.
@@ -484,7 +503,7 @@ async def test_no_line_or_no_wait_means_refused_at_once():
         adm = Admission(ledger, max_model_len=160, rng=random.Random(0), **options)
         held = await adm.admit("held", 16, 48)
         assert not adm.queues
-        with pytest.raises(ApiError) as info:
+        with refused() as info:
             await adm.admit("late", 16, 16)
         assert info.value.status == 429 and adm.queue_length == 0
         adm.give_back(held.reservations)
@@ -650,3 +669,29 @@ async def _finish_as_granted(adm, *tasks):
                                            return_when=asyncio.FIRST_COMPLETED)
         assert done, "nobody was granted"
         await _finish(adm, *[task.result() for task in done])
+
+
+def test_line_up_without_an_event_loop_grants_in_line_order():
+    """``LLM.generate``'s use: plain futures, no cap on the line nor the wait; each grant
+    comes from ``capacity_changed`` as blocks return, the head first."""
+    from concurrent.futures import Future
+
+    ledger = KVLedger(4, 16)
+    adm = Admission(ledger, max_model_len=160, max_queue_wait_s=None, max_queue_len=None)
+    futures = {name: Future() for name in ("a", "b", "c")}
+    adm.line_up("a", 16, 48, futures["a"])            # all 4 blocks, at once
+    adm.line_up("b", 16, 48, futures["b"])            # 4 blocks: waits
+    adm.line_up("c", 8, 8, futures["c"])              # 1 block, but behind b
+    assert futures["a"].done() and not futures["b"].done() and not futures["c"].done()
+    assert adm.queue_length == 2 and adm.queues and not adm.queue_full
+    first = futures["a"].result()
+    ledger.release(first.reservation)
+    adm.done(first)
+    assert futures["b"].done() and not futures["c"].done()
+    second = futures["b"].result()
+    ledger.release(second.reservation)
+    adm.done(second)
+    third = futures["c"].result()
+    ledger.release(third.reservation)
+    adm.done(third)
+    assert ledger.reserved_blocks == 0 and adm.queue_length == 0 and not adm.running

@@ -140,8 +140,8 @@ async def test_each_engine_rule_runs_once_per_request_before_admission(aiohttp_c
                                                                        monkeypatch, prompt):
     """The prompt's ids, the cap and the params are checked once for all ``n`` choices,
     before anything is reserved; the engine takes the checked requests as they are."""
+    from kvledger.engine.admission import line as admission_module
     from kvledger.engine.core import request as request_module
-    from kvledger.engine.server import admission as admission_module
 
     client = await start_app(aiohttp_client, llm)
     calls = []

@@ -1,5 +1,6 @@
 """When the running requests give their blocks back: in engine steps, for backfilling the
-admission line (``projection``), and in seconds, for Retry-After (``seconds_until_freed``).
+admission line (``projection``), and in seconds, for a refusal's wait, the server's
+Retry-After (``seconds_until_freed``, ``jittered_wait_s``).
 
 Backfilling (``--backfill``, off by default). While the head of the line waits for blocks
 to come back, some of the pool sits idle. With backfilling, ``Admission`` plans the first
@@ -16,18 +17,31 @@ admitted: one waiting for a seat would not decode a token a step.
 from __future__ import annotations
 
 import heapq
-import math
 import random
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
+from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.kv.projection import Projection
+from kvledger.engine.kv.reservation import Reservation
 
 MAX_RETRY_AFTER_S = 60.0  # past this a client should go elsewhere, not wait
 JITTER_FRACTION = 0.25
 
 
-def first_covering(due: list[tuple[float, Any]], deficit: int, ledger: Any) -> float | None:
+class Holder(Protocol):
+    """A running request as these estimates see it (``Ticket`` is one): the reservations it
+    holds and the tokens it may still write before its cap."""
+
+    @property
+    def reservations(self) -> Sequence[Reservation]: ...
+
+    @property
+    def remaining_tokens(self) -> int: ...
+
+
+def first_covering(due: list[tuple[float, Holder]], deficit: int,
+                   ledger: KVLedger) -> float | None:
     """The time of the release, in ``due`` ((time, ticket), soonest first), by which
     ``deficit`` blocks have come back, each release counted with what it really frees (a
     block shared with a later finisher, such as a cached prefix several chats pinned,
@@ -42,7 +56,7 @@ def first_covering(due: list[tuple[float, Any]], deficit: int, ledger: Any) -> f
     return None
 
 
-def projection(ledger: Any, running: Iterable[Any]) -> Projection:
+def projection(ledger: KVLedger, running: Iterable[Holder]) -> Projection:
     """The pool's holdings over the steps ahead, as admission projects them: over-committing,
     the ledger's live reservations, each drawing as it writes; reserving, each ``running``
     ticket's reservation until its cap, counted with what its release really frees (soonest
@@ -60,14 +74,14 @@ def projection(ledger: Any, running: Iterable[Any]) -> Projection:
     return plan
 
 
-def seconds_until_freed(deficit: int, tickets: list[Any], ledger: Any, rate: float,
+def seconds_until_freed(deficit: int, tickets: list[Holder], ledger: KVLedger, rate: float,
                         max_num_seqs: int | None) -> float:
     """Seconds until ``deficit`` blocks are back: ``tickets`` (in admission order) reach
     their caps at ``rate`` tokens/s each, at most ``max_num_seqs`` decoding at a time in
     that order (the engine's own FIFO), taken soonest first; the last return when they
     never cover it (blocks held outside these tickets), 1 s when nothing runs."""
     slots = [0.0] * min(max_num_seqs or len(tickets), len(tickets))
-    due = []
+    due: list[tuple[float, Holder]] = []
     for ticket in tickets:
         start = heapq.heappop(slots)
         end = start + ticket.remaining_tokens / rate
@@ -80,12 +94,9 @@ def seconds_until_freed(deficit: int, tickets: list[Any], ledger: Any, rate: flo
     return due[-1][0] if due else 1.0
 
 
-def retry_after(wait_s: float, rng: random.Random) -> tuple[float, dict[str, str]]:
-    """A 429's wait: ``wait_s`` plus up to ``JITTER_FRACTION`` of it and 0.05-0.25 s (so
+def jittered_wait_s(wait_s: float, rng: random.Random) -> float:
+    """A refusal's wait: ``wait_s`` plus up to ``JITTER_FRACTION`` of it and 0.05-0.25 s (so
     clients told the same do not come back together, those told ~0 included), at most
-    ``MAX_RETRY_AFTER_S``; and its headers, ``Retry-After`` in whole seconds and
-    ``retry-after-ms`` (OpenAI's SDKs read it), each at least 1."""
+    ``MAX_RETRY_AFTER_S``. (The server writes it as Retry-After, ``api_errors.retry_headers``.)"""
     jittered = wait_s * (1.0 + rng.uniform(0.0, JITTER_FRACTION))
-    jittered = min(jittered + rng.uniform(0.05, 0.25), MAX_RETRY_AFTER_S)
-    return jittered, {"Retry-After": str(max(1, math.ceil(jittered))),
-                      "retry-after-ms": str(max(1, round(jittered * 1000)))}
+    return min(jittered + rng.uniform(0.05, 0.25), MAX_RETRY_AFTER_S)
