@@ -127,10 +127,10 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--cache", default="128MiB", help="--grammar-cache-bytes")
     args = parser.parse_args()
-    from kvledger.engine.config import parse_size
     from kvledger.engine.model.builtin import write_model
     from kvledger.engine.model.tokenizer import Tokenizer
     from kvledger.engine.sampling.grammar import GrammarCompiler, GrammarSpec, compile_workers
+    from kvledger.engine.settings import parse_size
 
     args.cache_bytes = parse_size(args.cache)
     args.workers = compile_workers()

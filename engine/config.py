@@ -1,14 +1,16 @@
 """The engine's flags (vLLM's names) as one validated dataclass.
 
-``add_engine_flags`` is shared by ``plan``, ``preflight``, ``serve`` and ``run`` so the
-operator can hand the init container and the engine container the same argument list.
+Each field is declared once, with ``setting(...)`` (``engine/settings.py``): its flag, its
+kind, its ``--help`` line and its CRD field. ``add_engine_flags`` (shared by ``plan``,
+``preflight``, ``serve`` and ``run``, so the operator can hand the init container and the
+engine container the same argument list), ``EngineConfig.to_flags``, and the operator's
+CRD schema and spec mapping are generated from those declarations.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass
 
 from kvledger.engine.checkpoint.hub.reads import DEFAULT_HUB_TIMEOUT_S
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
@@ -16,9 +18,31 @@ from kvledger.engine.errors import BadInput
 from kvledger.engine.lora_config import (
     DEFAULT_MAX_LORA_RANK,
     DEFAULT_MAX_LORAS,
+    LORA_RANKS,
     LoraModule,
-    add_lora_flags,
     check_lora_flags,
+    lora_module_arg,
+)
+from kvledger.engine.settings import (
+    BYTES,
+    FRACTION,
+    FREE_SIZE,
+    INTEGER,
+    ON,
+    PATH,
+    POSITIVE_INT,
+    SECONDS,
+    SIZE,
+    SWITCH,
+    TEXT,
+    Crd,
+    Kind,
+    add_setting_flags,
+    check_settings,
+    choice,
+    render_flags,
+    setting,
+    values_from_args,
 )
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32")
@@ -37,163 +61,6 @@ MIN_DEFAULT_BATCHED_TOKENS = 2048
 # memory is the host's (the CPU, a unified pool).
 DEFAULT_GRAMMAR_CACHE_BYTES = 128 * 2**20
 
-# The size grammar (Kubernetes quantities); the CRD's pattern is built from it (operator/crd_schema.py).
-SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTPE]i?B?|[kKMGTPE]B|[kKMGTPE]|B)?\s*$")
-_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50, "E": 2**60}
-_DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes from a SIZE: ``40GiB``/``40Gi`` (binary), ``40GB``/``40G`` (decimal), ``512MiB``,
-    or plain bytes, as Kubernetes quantities. Raises BadInput on anything else."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text < 0:
-            raise BadInput(f"size must not be negative: {text}")
-        return text
-    match = SIZE_RE.match(str(text))
-    if not match:
-        raise BadInput(f"bad size {text!r}: use e.g. 40GiB, 40Gi, 40GB, 40G, 512MiB or plain bytes")
-    number, unit = match.group(1), (match.group(2) or "")
-    unit = unit.upper()
-    if unit in ("", "B"):
-        scale = 1
-    elif "I" in unit:
-        scale = _BINARY[unit[0]]
-    else:
-        scale = _DECIMAL[unit[0]]
-    value = float(number) * scale
-    if scale == 1 and "." in number:
-        raise BadInput(f"bad size {text!r}: a byte count must be a whole number")
-    return int(value)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Every flag the planner and engine read. ``None`` means "derive it" (see docs/planner.md)."""
-
-    model: str
-    served_model_name: str | None = None
-    served_model_aliases: tuple[str, ...] = ()  # more names it answers to (vLLM: the rest)
-    max_model_len: int | None = None
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_num_batched_tokens: int | None = None
-    block_size: int = DEFAULT_BLOCK_SIZE
-    dtype: str = "auto"
-    kv_cache_dtype: str = "auto"
-    quantization: str | None = None  # "fp8": quantize the linear layers on load
-    tensor_parallel_size: int = 1  # GPUs one model is sharded over; the plan is per GPU
-    enforce_eager: bool = False
-    enable_prefix_caching: bool = True
-    admission: str = "safe"  # over-commit KV while every request can finish; or "reserve"
-    gpu_memory_utilization: float | None = None
-    num_gpu_blocks_override: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    memory_limit_bytes: int | None = None
-    device: str = "auto"
-    device_memory_bytes: int | None = None
-    device_free_bytes: int | None = None
-    container_memory_limit_bytes: int | None = None
-    unified_memory: bool = False
-    seed: int = 0
-    download_dir: str | None = None  # the hub cache of an hf:// model (fetch and serve)
-    grammar_cache_bytes: int = DEFAULT_GRAMMAR_CACHE_BYTES
-    hub_timeout_s: float = DEFAULT_HUB_TIMEOUT_S  # an hf:// model's metadata reads, in all
-    enable_lora: bool = False  # LoRA adapters: engine/lora_config.py
-    lora_modules: tuple[LoraModule, ...] = ()
-    max_loras: int = DEFAULT_MAX_LORAS
-    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
-    max_cpu_loras: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("tensor_parallel_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                     "num_gpu_blocks_override", "kv_cache_memory_bytes", "memory_limit_bytes",
-                     "device_memory_bytes", "container_memory_limit_bytes",
-                     "grammar_cache_bytes"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value <= 0):
-                flag = _FLAG_NAMES.get(name, name.replace("_", "-"))
-                raise BadInput(f"--{flag} must be a positive integer, got {value!r}")
-        if (self.max_num_batched_tokens is not None
-                and self.max_num_batched_tokens < self.max_num_seqs):
-            raise BadInput(f"--max-num-batched-tokens {self.max_num_batched_tokens} is below "
-                           f"--max-num-seqs {self.max_num_seqs}: every running sequence decodes "
-                           "one token per step")
-        if self.admission not in ADMISSIONS:
-            raise BadInput(f"--admission must be one of {', '.join(ADMISSIONS)}, got "
-                           f"{self.admission!r}")
-        if self.device_free_bytes is not None and self.device_free_bytes < 0:
-            raise BadInput("--device-free must not be negative")
-        if (self.device_free_bytes is not None and self.device_memory_bytes is not None
-                and self.device_free_bytes > self.device_memory_bytes):
-            raise BadInput("--device-free cannot exceed --device-memory")
-        if self.device_free_bytes is not None and self.device_memory_bytes is None:
-            raise BadInput("--device-free needs --device-memory")
-        util = self.gpu_memory_utilization
-        if util is not None and not (0.0 < util <= 1.0):
-            raise BadInput(f"--gpu-memory-utilization must be in (0, 1], got {util}")
-        if self.dtype not in DTYPES:
-            raise BadInput(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise BadInput(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
-                           f"got {self.kv_cache_dtype!r}")
-        if self.quantization is not None:
-            quantization_arg(self.quantization)
-        if self.device not in DEVICES:
-            raise BadInput(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        if not self.model:
-            raise BadInput("--model is required")
-        if is_hub_uri(self.model):
-            parse_uri(self.model)  # a malformed hf:// uri is bad input before anything runs
-        if self.download_dir is not None and not self.download_dir:
-            raise BadInput("--download-dir must not be empty")
-        if (isinstance(self.hub_timeout_s, bool) or not isinstance(self.hub_timeout_s, int | float)
-                or not 0 < self.hub_timeout_s < float("inf")):
-            raise BadInput(f"--hub-timeout must be a positive number of seconds, got "
-                           f"{self.hub_timeout_s!r}")
-        object.__setattr__(self, "lora_modules", tuple(self.lora_modules))
-        check_lora_flags(self.enable_lora, self.lora_modules, self.max_loras,
-                         self.max_lora_rank, self.max_cpu_loras)
-
-    def to_flags(self) -> list[str]:
-        """The command-line flags that reproduce this config (inverse of the parser)."""
-        out: list[str] = []
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if (value == f.default and f.name != "model") or f.name == "served_model_aliases":
-                continue  # (the aliases follow the first name)
-            flag = "--" + _FLAG_NAMES.get(f.name, f.name.replace("_", "-"))
-            if isinstance(value, bool):
-                # Differs from the default: --flag for a default-off flag, --no-flag else.
-                out.append(flag if value else "--no-" + flag[2:])
-            elif f.name == "served_model_name":
-                out.extend([flag, value, *self.served_model_aliases])
-            elif f.name == "lora_modules":
-                out.extend([flag, *(m.as_flag() for m in value)])
-            else:
-                out.extend([flag, str(value)])
-        return out
-
-
-_FLAG_NAMES = {
-    "memory_limit_bytes": "memory-limit",
-    "device_memory_bytes": "device-memory",
-    "device_free_bytes": "device-free",
-    "container_memory_limit_bytes": "container-memory-limit",
-    "grammar_cache_bytes": "grammar-cache-bytes",
-    "hub_timeout_s": "hub-timeout",
-}
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
 
 def quantization_arg(text: str) -> str:
     """``--quantization``: fp8, or one line naming the method refused (BadInput, exit 2)."""
@@ -205,133 +72,230 @@ def quantization_arg(text: str) -> str:
     return text
 
 
-def size_arg(text: str) -> int:
-    """argparse type for a SIZE flag."""
-    try:
-        return parse_size(text)
-    except BadInput as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+# The --help groups, in the order they are listed.
+WORKLOAD = "model and workload"
+MEMORY = "memory caps (the smallest one given wins)"
+DEVICE = "device (what-if planning without the card)"
+LORA = "LoRA adapters (vLLM's flags)"
+
+QUANTIZATION = Kind("choice", parse=quantization_arg,
+                    check=lambda _flag, value: quantization_arg(value), values=QUANTIZATIONS)
+NAMES = Kind("text", nargs="+", metavar="NAME")  # the aliases follow the first (to_flags)
+LORA_MODULES = Kind("lora-modules", parse=lora_module_arg, nargs="+", metavar="NAME=PATH",
+                    render=lambda modules: [m.as_flag() for m in modules])
+# The LoRA counts are checked together (lora_config.check_lora_flags), as vLLM does.
+LORA_COUNT = Kind("positive", parse=int)
+LORA_RANK = Kind("choice", parse=int, values=LORA_RANKS)
 
 
-def positive_seconds(text: str) -> float:
-    """argparse type for a positive, finite number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
-    return value
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every flag the planner and engine read. ``None`` means "derive it" (see docs/planner.md).
 
+    One declaration per field (``setting``): its default, its flag, its kind, its help and,
+    for the InferenceService's ``spec.engine``/``spec.memory``, its CRD field."""
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
-    if not (0.0 < value <= 1.0):
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
-    return value
-
-
-def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags shared by plan/preflight/serve, named as vLLM names them."""
-    g = parser.add_argument_group("model and workload")
-    g.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
-                   help="the model, as `vllm serve MODEL` takes it: the same as --model")
-    g.add_argument("--model", default=None,
-                   help="checkpoint directory (config.json + safetensors), or a Hugging Face "
-                        "Hub model hf://ORG/NAME[@REVISION] (token: $HF_TOKEN, mirror: "
-                        "$HF_ENDPOINT)")
-    g.add_argument("--hub-timeout", dest="hub_timeout_s", type=positive_seconds,
-                   default=DEFAULT_HUB_TIMEOUT_S, metavar="SECONDS",
-                   help="an hf:// model's listing, config and safetensors headers must be read "
-                        f"within this (default {DEFAULT_HUB_TIMEOUT_S:g}; each file also within "
-                        "60 s), else one error line, exit 2")
-    g.add_argument("--download-dir", default=None, metavar="DIR",
-                   help="the hub cache an hf:// model is fetched into and served from "
-                        "(default: huggingface_hub's, $HF_HUB_CACHE or $HF_HOME/hub)")
-    g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
-                   help="the name(s) requests use for the model (default: --model); with "
-                        "several, as in vLLM, any is accepted, /v1/models lists them all and "
-                        "answers carry the first")
-    g.add_argument("--max-model-len", type=_positive_int, default=None,
-                   help="context limit in tokens (default: the model's max_position_embeddings)")
+    model: str = setting(
+        MISSING, "--model", TEXT, group=WORKLOAD,
+        help="checkpoint directory (config.json + safetensors), or a Hugging Face Hub model "
+             "hf://ORG/NAME[@REVISION] (token: $HF_TOKEN, mirror: $HF_ENDPOINT)")
+    hub_timeout_s: float = setting(
+        DEFAULT_HUB_TIMEOUT_S, "--hub-timeout", SECONDS, group=WORKLOAD,
+        help="an hf:// model's listing, config and safetensors headers must be read within "
+             f"this (default {DEFAULT_HUB_TIMEOUT_S:g}; each file also within 60 s), else one "
+             "error line, exit 2")
+    download_dir: str | None = setting(
+        None, "--download-dir", PATH, metavar="DIR", group=WORKLOAD,
+        help="the hub cache an hf:// model is fetched into and served from (default: "
+             "huggingface_hub's, $HF_HUB_CACHE or $HF_HOME/hub)")
+    served_model_name: str | None = setting(
+        None, "--served-model-name", NAMES, group=WORKLOAD,
+        help="the name(s) requests use for the model (default: --model); with several, as in "
+             "vLLM, any is accepted, /v1/models lists them all and answers carry the first")
+    served_model_aliases: tuple[str, ...] = setting(  # the rest of --served-model-name
+        (), None, TEXT, group=WORKLOAD)
+    max_model_len: int | None = setting(
+        None, "--max-model-len", POSITIVE_INT, group=WORKLOAD,
+        help="context limit in tokens (default: the model's max_position_embeddings)",
+        crd=Crd("engine", "context limit in tokens (--max-model-len)"))
     # vLLM's defaults: vllm/engine/arg_utils.py get_batch_defaults (`vllm serve` context).
-    g.add_argument("--max-num-seqs", type=_positive_int, default=DEFAULT_MAX_NUM_SEQS,
-                   help=f"sequences running at once (default {DEFAULT_MAX_NUM_SEQS}; "
-                        "vllm serve's is 256, 1024 on a GPU of 70 GiB or more other than an "
-                        "A100, 128 on a CPU)")
-    g.add_argument("--max-num-batched-tokens", type=_positive_int, default=None,
-                   help="tokens per engine step (default max(max_model_len, "
-                        f"{MIN_DEFAULT_BATCHED_TOKENS}): a whole prompt is one step; "
-                        "vllm serve's is 2048, 8192 on a GPU of 70 GiB or more other than an "
-                        "A100, as it splits prompts into chunks)")
-    g.add_argument("--block-size", type=_positive_int, default=DEFAULT_BLOCK_SIZE)
-    g.add_argument("--dtype", choices=DTYPES, default="auto")
-    g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
-    g.add_argument("--quantization", "-q", type=quantization_arg, default=None, metavar="fp8",
-                   help="fp8: quantize the linear layers of a float16/bfloat16/float32 "
-                        "checkpoint to FP8 on load, one scale per output channel (embeddings, "
-                        "LM head and norms stay at --dtype); planned at that size")
-    g.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1, metavar="N",
-                   help="shard the model over N GPUs of one machine, one process per GPU, as "
-                        "vLLM shards it; every figure of the plan is what one GPU holds "
-                        "(docs/planner.md, \"Tensor parallelism\")")
-    g.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=False)
-    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                   help="share the KV blocks of prompts that begin alike between requests, "
-                        "as vLLM does by default")
-    g.add_argument("--admission", choices=ADMISSIONS, default="safe",
-                   help="safe (default): a request is admitted while every request admitted "
-                        "can still reach its max_tokens in some order (the banker's "
-                        "algorithm); KV blocks are drawn as tokens need them and a request "
-                        "whose next block would break that pauses a step, keeping its KV: "
-                        "more requests run in the same pool, none is preempted or recomputed, "
-                        "none fails mid-decode. reserve: a request is admitted once prompt + "
-                        "max_tokens of KV is free, and holds it to the end")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--grammar-cache-bytes", type=size_arg, default=DEFAULT_GRAMMAR_CACHE_BYTES,
-                   metavar="SIZE",
-                   help="host memory the compiled grammars of structured outputs may hold "
-                        "(default 128MiB; least recently used out first; a schema larger on "
-                        "its own is a 400); counted in the plan on the CPU and unified memory")
-    m = parser.add_argument_group("memory caps (the smallest one given wins)")
-    m.add_argument("--memory-limit", dest="memory_limit_bytes", type=size_arg, default=None,
-                   metavar="SIZE", help="hard limit on the engine's device memory, e.g. 40GiB")
-    m.add_argument("--gpu-memory-utilization", "--device-memory-utilization", type=_fraction,
-                   default=None,
-                   help="cap as a fraction of the device's TOTAL memory, in (0, 1]")
-    m.add_argument("--num-gpu-blocks-override", type=_positive_int, default=None)
-    m.add_argument("--kv-cache-memory-bytes", type=size_arg, default=None, metavar="SIZE")
-    d = parser.add_argument_group("device (what-if planning without the card)")
-    d.add_argument("--device", choices=DEVICES, default="auto")
-    d.add_argument("--device-memory", dest="device_memory_bytes", type=size_arg, default=None,
-                   metavar="SIZE", help="plan for a device with this much total memory")
-    d.add_argument("--device-free", dest="device_free_bytes", type=size_arg, default=None,
-                   metavar="SIZE", help="free memory on that device (default: all of it)")
-    d.add_argument("--unified-memory", action="store_true",
-                   help="the device shares one memory pool with the host (GB10, GH200, ...)")
-    d.add_argument("--container-memory-limit", dest="container_memory_limit_bytes",
-                   type=size_arg, default=None, metavar="SIZE",
-                   help="read host memory (--device cpu, or a unified pool) as a container "
-                        "with this memory limit sees it: total min(MemTotal, SIZE), free "
-                        "min(MemAvailable, SIZE less this process's memory). The device's "
-                        "size, not a cap like --memory-limit; `kvledger run` passes "
-                        "spec.resources.limits.memory")
-    add_lora_flags(parser)
+    max_num_seqs: int = setting(
+        DEFAULT_MAX_NUM_SEQS, "--max-num-seqs", POSITIVE_INT, group=WORKLOAD,
+        help=f"sequences running at once (default {DEFAULT_MAX_NUM_SEQS}; vllm serve's is 256, "
+             "1024 on a GPU of 70 GiB or more other than an A100, 128 on a CPU)",
+        crd=Crd("engine", "concurrent sequences (--max-num-seqs)"))
+    max_num_batched_tokens: int | None = setting(
+        None, "--max-num-batched-tokens", POSITIVE_INT, group=WORKLOAD,
+        help=f"tokens per engine step (default max(max_model_len, {MIN_DEFAULT_BATCHED_TOKENS}): "
+             "a whole prompt is one step; vllm serve's is 2048, 8192 on a GPU of 70 GiB or "
+             "more other than an A100, as it splits prompts into chunks)",
+        crd=Crd("engine", "tokens per engine step (--max-num-batched-tokens)"))
+    block_size: int = setting(
+        DEFAULT_BLOCK_SIZE, "--block-size", POSITIVE_INT, group=WORKLOAD,
+        help=f"tokens per KV block (default {DEFAULT_BLOCK_SIZE})",
+        crd=Crd("engine", "tokens per KV block (--block-size)", schema={"maximum": 1024}))
+    dtype: str = setting(
+        "auto", "--dtype", choice(DTYPES), group=WORKLOAD,
+        help="the model dtype (default auto: the checkpoint's, a float32 one in half "
+             "precision on a GPU, as vLLM runs it)",
+        crd=Crd("engine"))
+    kv_cache_dtype: str = setting(
+        "auto", "--kv-cache-dtype", choice(KV_CACHE_DTYPES), group=WORKLOAD,
+        help="the KV cache's dtype (default auto: the model dtype; fp8 is fp8_e4m3, one byte)",
+        crd=Crd("engine"))
+    tensor_parallel_size: int = setting(  # the operator sets it from spec.gpus
+        1, "--tensor-parallel-size", POSITIVE_INT, aliases=("-tp",), metavar="N", group=WORKLOAD,
+        help="shard the model over N GPUs of one machine, one process per GPU, as vLLM shards "
+             "it; every figure of the plan is what one GPU holds (docs/planner.md, \"Tensor "
+             "parallelism\")")
+    enforce_eager: bool = setting(
+        False, "--enforce-eager", SWITCH, group=WORKLOAD,
+        help="plan no memory for CUDA graphs, as vLLM's eager mode captures none (kvledger's "
+             "engine always runs eagerly)",
+        crd=Crd("engine"))
+    enable_prefix_caching: bool = setting(
+        True, "--enable-prefix-caching", SWITCH, group=WORKLOAD,
+        help="share the KV blocks of prompts that begin alike between requests, as vLLM does "
+             "by default",
+        crd=Crd("engine", "share computed prompt blocks between requests (default true)"))
+    quantization: str | None = setting(  # "fp8": quantize the linear layers on load
+        None, "--quantization", QUANTIZATION, aliases=("-q",), metavar="fp8", group=WORKLOAD,
+        help="fp8: quantize the linear layers of a float16/bfloat16/float32 checkpoint to FP8 "
+             "on load, one scale per output channel (embeddings, LM head and norms stay at "
+             "--dtype); planned at that size",
+        crd=Crd("engine", "quantize the linear layers to this format on load (--quantization); "
+                          "a checkpoint's own FP8 needs none"))
+    admission: str = setting(
+        "safe", "--admission", choice(ADMISSIONS), group=WORKLOAD,
+        help="safe (default): a request is admitted while every request admitted can still "
+             "reach its max_tokens in some order (the banker's algorithm); KV blocks are drawn "
+             "as tokens need them and a request whose next block would break that pauses a "
+             "step, keeping its KV: more requests run in the same pool, none is preempted or "
+             "recomputed, none fails mid-decode. reserve: a request is admitted once prompt + "
+             "max_tokens of KV is free, and holds it to the end",
+        crd=Crd("engine", "safe (default): admitted while every request admitted can still "
+                          "reach its cap, more run at once; reserve: a request holds prompt + "
+                          "max_tokens of KV from admission to its end (--admission)"))
+    memory_limit_bytes: int | None = setting(
+        None, "--memory-limit", SIZE, group=MEMORY,
+        help="hard limit on the engine's device memory, e.g. 40GiB",
+        crd=Crd("memory", "hard limit on device memory, e.g. 40Gi (--memory-limit)",
+                name="limit"))
+    gpu_memory_utilization: float | None = setting(
+        None, "--gpu-memory-utilization", FRACTION, aliases=("--device-memory-utilization",),
+        group=MEMORY, help="cap as a fraction of the device's TOTAL memory, in (0, 1]",
+        crd=Crd("memory", "cap as a fraction of the device's total memory, in (0, 1]"))
+    num_gpu_blocks_override: int | None = setting(
+        None, "--num-gpu-blocks-override", POSITIVE_INT, group=MEMORY,
+        help="exact KV pool size in blocks (wins over --kv-cache-memory-bytes and the caps)",
+        crd=Crd("memory", "exact KV pool size in blocks"))
+    kv_cache_memory_bytes: int | None = setting(
+        None, "--kv-cache-memory-bytes", BYTES, group=MEMORY,
+        help="KV pool size, e.g. 4GiB (wins over the caps, which else size the pool)",
+        crd=Crd("memory", "KV pool size, e.g. 4Gi"))
+    device: str = setting(  # the operator sets it from spec.gpus
+        "auto", "--device", choice(DEVICES), group=DEVICE,
+        help="where to plan and run (default auto: CUDA when a GPU is visible, else the CPU)")
+    device_memory_bytes: int | None = setting(
+        None, "--device-memory", SIZE, group=DEVICE,
+        help="plan for a device with this much total memory")
+    device_free_bytes: int | None = setting(
+        None, "--device-free", FREE_SIZE, group=DEVICE,
+        help="free memory on that device (default: all of it)")
+    unified_memory: bool = setting(
+        False, "--unified-memory", ON, group=DEVICE,
+        help="the device shares one memory pool with the host (GB10, GH200, ...)")
+    container_memory_limit_bytes: int | None = setting(
+        None, "--container-memory-limit", SIZE, group=DEVICE,
+        help="read host memory (--device cpu, or a unified pool) as a container with this "
+             "memory limit sees it: total min(MemTotal, SIZE), free min(MemAvailable, SIZE "
+             "less this process's memory). The device's size, not a cap like --memory-limit; "
+             "`kvledger run` passes spec.resources.limits.memory")
+    seed: int = setting(
+        0, "--seed", INTEGER, group=WORKLOAD,
+        help="the seed of random sampling (default 0)",
+        crd=Crd("engine", schema={"minimum": 0}))
+    grammar_cache_bytes: int = setting(
+        DEFAULT_GRAMMAR_CACHE_BYTES, "--grammar-cache-bytes", BYTES, group=WORKLOAD,
+        help="host memory the compiled grammars of structured outputs may hold (default "
+             "128MiB; least recently used out first; a schema larger on its own is a 400); "
+             "counted in the plan on the CPU and unified memory")
+    enable_lora: bool = setting(  # LoRA adapters: engine/lora_config.py
+        False, "--enable-lora", SWITCH, group=LORA,
+        help="serve LoRA adapters beside the base model: a request names one in `model`; "
+             "adapters and the base run in the same batch",
+        crd=Crd("engine", "serve LoRA adapters (--enable-lora; on with spec.adapters; alone, "
+                          "for adapters loaded at run time)"))
+    lora_modules: tuple[LoraModule, ...] = setting(  # the operator sets it from spec.adapters
+        (), "--lora-modules", LORA_MODULES, group=LORA,
+        help="adapters served from the start: NAME=PATH (a PEFT directory with "
+             "adapter_config.json and adapter_model.safetensors, or hf://ORG/NAME[@REVISION]) "
+             "or JSON {\"name\", \"path\", \"base_model_name\"}")
+    max_loras: int = setting(
+        DEFAULT_MAX_LORAS, "--max-loras", LORA_COUNT, group=LORA,
+        help=f"adapters in one batch (default {DEFAULT_MAX_LORAS}): the slots the engine "
+             "preallocates; a request whose adapter finds no slot waits",
+        crd=Crd("engine", "adapters in one batch: the slots preallocated (--max-loras, "
+                          "default 1)"))
+    max_lora_rank: int = setting(
+        DEFAULT_MAX_LORA_RANK, "--max-lora-rank", LORA_RANK, group=LORA,
+        help=f"the largest rank an adapter may have (default {DEFAULT_MAX_LORA_RANK}; one of "
+             f"{', '.join(map(str, LORA_RANKS))}); each slot is preallocated at this rank",
+        crd=Crd("engine", "the largest adapter rank (--max-lora-rank, default 16)"))
+    max_cpu_loras: int | None = setting(
+        None, "--max-cpu-loras", LORA_COUNT, group=LORA,
+        help="adapters held loaded in host memory (default --max-loras); others are read from "
+             "disk again when a request needs them",
+        crd=Crd("engine", "adapters held in host memory (--max-cpu-loras)"))
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise BadInput("--model is required")
+        check_settings(self)  # each value in its kind's domain
+        if (self.max_num_batched_tokens is not None
+                and self.max_num_batched_tokens < self.max_num_seqs):
+            raise BadInput(f"--max-num-batched-tokens {self.max_num_batched_tokens} is below "
+                           f"--max-num-seqs {self.max_num_seqs}: every running sequence decodes "
+                           "one token per step")
+        if (self.device_free_bytes is not None and self.device_memory_bytes is not None
+                and self.device_free_bytes > self.device_memory_bytes):
+            raise BadInput("--device-free cannot exceed --device-memory")
+        if self.device_free_bytes is not None and self.device_memory_bytes is None:
+            raise BadInput("--device-free needs --device-memory")
+        if is_hub_uri(self.model):
+            parse_uri(self.model)  # a malformed hf:// uri is bad input before anything runs
+        object.__setattr__(self, "lora_modules", tuple(self.lora_modules))
+        check_lora_flags(self.enable_lora, self.lora_modules, self.max_loras,
+                         self.max_lora_rank, self.max_cpu_loras)
+
+    def to_flags(self) -> list[str]:
+        """The command-line flags that reproduce this config (inverse of the parser)."""
+        flags = render_flags(self)
+        if self.served_model_aliases and self.served_model_name is not None:
+            after_name = flags.index("--served-model-name") + 2
+            flags[after_name:after_name] = self.served_model_aliases
+        return flags
 
 
-def config_from_args(args: argparse.Namespace) -> EngineConfig:
+def add_engine_flags(parser: argparse.ArgumentParser,
+                     config_type: type[EngineConfig] = EngineConfig) -> None:
+    """The flags shared by plan/preflight/serve, named as vLLM names them: ``vllm serve``'s
+    positional MODEL, then one flag per setting of ``config_type`` (a subclass adds its own)."""
+    workload = parser.add_argument_group(WORKLOAD)
+    workload.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                          help="the model, as `vllm serve MODEL` takes it: the same as --model")
+    add_setting_flags(parser, config_type, {WORKLOAD: workload})
+
+
+def config_from_args(args: argparse.Namespace,
+                     config_type: type[EngineConfig] = EngineConfig) -> EngineConfig:
     """Build the config from parsed flags; unknown namespace attributes are ignored."""
-    values = {f.name: getattr(args, f.name) for f in fields(EngineConfig) if hasattr(args, f.name)}
+    values = values_from_args(args, config_type)
     values["model"] = _model(getattr(args, "model_tag", None), getattr(args, "model", None))
     names = values.get("served_model_name")
     if isinstance(names, list):  # --served-model-name NAME [NAME ...]
         values["served_model_name"], values["served_model_aliases"] = names[0], tuple(names[1:])
-    if values.get("lora_modules") is None:
-        values.pop("lora_modules", None)
-    return EngineConfig(**values)
+    return config_type(**values)
 
 
 def _model(positional: str | None, flag: str | None) -> str | None:

@@ -3,6 +3,7 @@
 "base_model_name"}``), ``--max-loras``, ``--max-lora-rank``, ``--max-cpu-loras``; and
 ``LoRARequest``, the per-request adapter of the Python API.
 
+The flags themselves are declared with the other settings (``engine/config.py``).
 Torch-free: the planner reads these (the memory the engine preallocates for the adapter
 slots, ``planner/lora_bytes.py``); the engine loads the adapters (``model/lora_adapter.py``).
 """
@@ -112,26 +113,3 @@ def check_lora_flags(enable_lora: bool, modules: tuple[LoraModule, ...], max_lor
     if twice:
         raise BadInput(f"--lora-modules names {twice[0]!r} twice")
 
-
-def add_lora_flags(parser: argparse.ArgumentParser) -> None:
-    """vLLM's LoRA flags (``engine/config.py`` holds their values)."""
-    g = parser.add_argument_group("LoRA adapters (vLLM's flags)")
-    g.add_argument("--enable-lora", action=argparse.BooleanOptionalAction, default=False,
-                   help="serve LoRA adapters beside the base model: a request names one in "
-                        "`model`; adapters and the base run in the same batch")
-    g.add_argument("--lora-modules", nargs="+", type=lora_module_arg, default=None,
-                   metavar="NAME=PATH",
-                   help="adapters served from the start: NAME=PATH (a PEFT directory with "
-                        "adapter_config.json and adapter_model.safetensors, or "
-                        "hf://ORG/NAME[@REVISION]) or JSON {\"name\", \"path\", "
-                        "\"base_model_name\"}")
-    g.add_argument("--max-loras", type=int, default=DEFAULT_MAX_LORAS,
-                   help=f"adapters in one batch (default {DEFAULT_MAX_LORAS}): the slots the "
-                        "engine preallocates; a request whose adapter finds no slot waits")
-    g.add_argument("--max-lora-rank", type=int, default=DEFAULT_MAX_LORA_RANK,
-                   help=f"the largest rank an adapter may have (default "
-                        f"{DEFAULT_MAX_LORA_RANK}; one of {', '.join(map(str, LORA_RANKS))}); "
-                        "each slot is preallocated at this rank")
-    g.add_argument("--max-cpu-loras", type=int, default=None,
-                   help="adapters held loaded in host memory (default --max-loras); others "
-                        "are read from disk again when a request needs them")

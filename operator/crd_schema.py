@@ -2,8 +2,9 @@
 
 Its cross-field rules come from ``spec_rules`` and its defaults from ``resource``; the
 grammars it shares with the engine are derived from the engine's own regexes, never
-written here a second time: a SIZE (``kvledger.engine.config``) and a hub uri
-(``kvledger.engine.checkpoint.hub.repo``).
+written here a second time: a SIZE (``kvledger.engine.settings``) and a hub uri
+(``kvledger.engine.checkpoint.hub.repo``). ``spec.engine`` and ``spec.memory`` are generated
+from the engine's settings (``EngineConfig``'s declarations, ``engine/settings.py``).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import re
 from typing import Any
 
 from kvledger.engine.checkpoint.hub.uri import HUB_URI_RE
-from kvledger.engine.config import ADMISSIONS, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, SIZE_RE
-from kvledger.engine.lora_config import LORA_NAME_RE, LORA_RANKS
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.lora_config import LORA_NAME_RE
+from kvledger.engine.settings import SIZE_RE, Setting, settings_of
 from kvledger.engine.vllm_flags import PARSERS
 from kvledger.operator.quantity import TARGET_PATTERN
 from kvledger.operator.resource import (
@@ -37,7 +39,7 @@ def crd_pattern(owner: re.Pattern[str]) -> str:
     return f"^{body.removeprefix('^').removesuffix('$')}$"
 
 
-# A SIZE, as engine.config.parse_size reads it (40Gi, 40GiB, 40G, 512MiB, plain bytes).
+# A SIZE, as engine.settings.parse_size reads it (40Gi, 40GiB, 40G, 512MiB, plain bytes).
 SIZE_PATTERN = crd_pattern(SIZE_RE)
 # hf://ORG/NAME[@REVISION], as the engine's parse_uri matches it before its own checks
 # (no leading or trailing '.' or '-' in a name, a revision's characters), which the
@@ -59,12 +61,42 @@ _SIZE = {"type": "string", "pattern": SIZE_PATTERN}
 # Structural int-or-string: the anyOf must be exactly these two bare types; value checks
 # sit beside it (minimum applies to the integer, pattern to the string), as for Quantity.
 INT_OR_STRING = [{"type": "integer"}, {"type": "string"}]
-_SIZE_OR_BYTES = {
-    "x-kubernetes-int-or-string": True,
-    "anyOf": INT_OR_STRING,
-    "minimum": 1,
-    "pattern": SIZE_PATTERN,
+_SIZE_OR_BYTES = {"x-kubernetes-int-or-string": True, "anyOf": INT_OR_STRING, "minimum": 1,
+                  "pattern": SIZE_PATTERN}
+# What each kind of engine setting (engine/settings.py) is in OpenAPI; "choice" is an enum.
+KIND_SCHEMAS: dict[str, dict[str, Any]] = {
+    "integer": {"type": "integer"},
+    "positive": {"type": "integer", "minimum": 1},
+    "boolean": {"type": "boolean"},
+    "fraction": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1},
+    "seconds": {"type": "number", "minimum": 0, "exclusiveMinimum": True},
+    "size": _SIZE,
+    "bytes": _SIZE_OR_BYTES,
+    "text": {"type": "string", "minLength": 1},
 }
+
+
+def setting_schema(declared: Setting) -> dict[str, Any]:
+    """A setting's CRD property: its kind's schema, its description, its own keys."""
+    kind, crd = declared.kind, declared.crd
+    if kind.domain == "choice":
+        typed = "integer" if all(isinstance(v, int) for v in kind.values) else "string"
+        schema = {"type": typed, "enum": list(kind.values)}
+    else:
+        schema = dict(KIND_SCHEMAS[kind.domain])
+    if crd is not None and crd.description:
+        schema["description"] = crd.description
+    return {**schema, **(crd.schema if crd is not None else {})}
+
+
+def setting_properties(section: str, config_type: type[EngineConfig] = EngineConfig) -> dict:
+    """``spec.<section>``'s properties: one per setting of ``config_type`` declared there,
+    in the order of its fields."""
+    return {declared.spec_name: setting_schema(declared)
+            for _, declared in settings_of(config_type)
+            if declared.crd is not None and declared.crd.section == section}
+
+
 # A Secret's name is a DNS-1123 subdomain; a key is letters, digits, '-', '_' and '.'.
 _SECRET_NAME = {"type": "string", "minLength": 1, "maxLength": 253,
                 "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"}
@@ -122,33 +154,7 @@ _MODEL = _ruled({
 _ENGINE = _ruled({
     "type": "object",
     "description": "Workload flags, named as vLLM names them (camelCase).",
-    "properties": {
-        "maxModelLen": _int(1, "context limit in tokens (--max-model-len)"),
-        "maxNumSeqs": _int(1, "concurrent sequences (--max-num-seqs)"),
-        "maxNumBatchedTokens": _int(1, "tokens per engine step (--max-num-batched-tokens)"),
-        "blockSize": _int(1, "tokens per KV block (--block-size)", maximum=1024),
-        "dtype": {"type": "string", "enum": list(DTYPES)},
-        "kvCacheDtype": {"type": "string", "enum": list(KV_CACHE_DTYPES)},
-        "enforceEager": {"type": "boolean"},
-        "enablePrefixCaching": {"type": "boolean", "description": "share computed prompt "
-                                "blocks between requests (default true)"},
-        "quantization": {"type": "string", "enum": list(QUANTIZATIONS),
-                         "description": "quantize the linear layers to this format on load "
-                                        "(--quantization); a checkpoint's own FP8 needs none"},
-        "admission": {"type": "string", "enum": list(ADMISSIONS),
-                      "description": "safe (default): admitted while every request "
-                                     "admitted can still reach its cap, more run at once; "
-                                     "reserve: a request holds prompt + max_tokens of KV from "
-                                     "admission to its end (--admission)"},
-        "seed": {"type": "integer", "minimum": 0},
-        "enableLora": {"type": "boolean", "description": "serve LoRA adapters (--enable-lora; "
-                       "on with spec.adapters; alone, for adapters loaded at run time)"},
-        "maxLoras": _int(1, "adapters in one batch: the slots preallocated (--max-loras, "
-                            "default 1)"),
-        "maxLoraRank": {"type": "integer", "enum": list(LORA_RANKS),
-                        "description": "the largest adapter rank (--max-lora-rank, default 16)"},
-        "maxCpuLoras": _int(1, "adapters held in host memory (--max-cpu-loras)"),
-    },
+    "properties": setting_properties("engine"),
 }, "engine")
 
 _ADAPTER = {
@@ -182,15 +188,7 @@ _TOOLS = _ruled({
 _MEMORY = {
     "type": "object",
     "description": "Memory caps; the smallest one given wins. None: auto-size to the workload.",
-    "properties": {
-        "limit": {**_SIZE, "description": "hard limit on device memory, e.g. 40Gi (--memory-limit)"},
-        "gpuMemoryUtilization": {
-            "type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1,
-            "description": "cap as a fraction of the device's total memory, in (0, 1]",
-        },
-        "numGpuBlocksOverride": _int(1, "exact KV pool size in blocks"),
-        "kvCacheMemoryBytes": {**_SIZE_OR_BYTES, "description": "KV pool size, e.g. 4Gi"},
-    },
+    "properties": setting_properties("memory"),
 }
 
 _QUANTITY = {"x-kubernetes-int-or-string": True, "anyOf": INT_OR_STRING}

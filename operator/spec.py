@@ -18,9 +18,10 @@ from fractions import Fraction
 from typing import Any
 
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri
-from kvledger.engine.config import EngineConfig, parse_size
+from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.lora_config import LoraModule
+from kvledger.engine.settings import parse_size, settings_of
 from kvledger.operator.parallel import tensor_parallel_size
 from kvledger.operator.quantity import quantity_bytes, target_value
 from kvledger.operator.resource import (
@@ -38,28 +39,6 @@ from kvledger.operator.resource import (
 )
 from kvledger.operator.spec_rules import check_rules
 
-# spec.engine / spec.memory field -> EngineConfig field
-_ENGINE_FIELDS = {
-    "maxModelLen": "max_model_len",
-    "maxNumSeqs": "max_num_seqs",
-    "maxNumBatchedTokens": "max_num_batched_tokens",
-    "blockSize": "block_size",
-    "dtype": "dtype",
-    "kvCacheDtype": "kv_cache_dtype",
-    "enforceEager": "enforce_eager",
-    "enablePrefixCaching": "enable_prefix_caching",
-    "admission": "admission",
-    "quantization": "quantization",
-    "seed": "seed",
-    "enableLora": "enable_lora",
-    "maxLoras": "max_loras",
-    "maxLoraRank": "max_lora_rank",
-    "maxCpuLoras": "max_cpu_loras",
-}
-_MEMORY_FIELDS = {
-    "gpuMemoryUtilization": "gpu_memory_utilization",
-    "numGpuBlocksOverride": "num_gpu_blocks_override",
-}
 # The pod's fields the spec passes through as Kubernetes writes them.
 POD_FIELDS = ("nodeSelector", "affinity", "priorityClassName", "runtimeClassName",
               "imagePullSecrets", "serviceAccountName")
@@ -225,17 +204,7 @@ def _engine_config(raw: Mapping[str, Any], model: Model, device: str,
         "device": device,
         "tensor_parallel_size": tensor_parallel_size,  # one rank per GPU
     }
-    engine = raw.get("engine") or {}
-    values.update({ours: engine[theirs] for theirs, ours in _ENGINE_FIELDS.items()
-                   if theirs in engine})
-    memory = raw.get("memory") or {}
-    values.update({ours: memory[theirs] for theirs, ours in _MEMORY_FIELDS.items()
-                   if theirs in memory})
-    if "limit" in memory:
-        values["memory_limit_bytes"] = _positive_size("memory.limit", memory["limit"])
-    if "kvCacheMemoryBytes" in memory:
-        values["kv_cache_memory_bytes"] = _positive_size("memory.kvCacheMemoryBytes",
-                                                         memory["kvCacheMemoryBytes"])
+    values.update(spec_settings(raw))
     adapters = _adapters(raw.get("adapters") or [], model)
     if adapters:  # spec.adapters: --enable-lora --lora-modules NAME=URI ...
         values.update(enable_lora=True, lora_modules=adapters)
@@ -245,6 +214,24 @@ def _engine_config(raw: Mapping[str, Any], model: Model, device: str,
         return EngineConfig(**values)
     except TypeError as exc:  # a wrongly typed value the schema would have caught
         raise BadInput(f"invalid spec: {exc}") from None
+
+
+def spec_settings(raw: Mapping[str, Any], config_type: type[EngineConfig] = EngineConfig
+                  ) -> dict[str, Any]:
+    """The config's values ``spec.engine`` and ``spec.memory`` set: each setting of
+    ``config_type`` declared in the CRD (``engine/settings.py``), by its spec name; a SIZE
+    is read as bytes, more than 0."""
+    values: dict[str, Any] = {}
+    for f, declared in settings_of(config_type):
+        crd, name = declared.crd, declared.spec_name
+        section = (raw.get(crd.section) or {}) if crd is not None else {}
+        if name not in section:
+            continue
+        value = section[name]
+        if declared.kind.domain in ("size", "bytes"):
+            value = _positive_size(f"{crd.section}.{name}", value)
+        values[f.name] = value
+    return values
 
 
 def _adapters(raw: list[Mapping[str, Any]], model: Model) -> tuple[LoraModule, ...]:

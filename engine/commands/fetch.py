@@ -17,10 +17,10 @@ from kvledger.engine.checkpoint.hub.adapters import adapter_directory
 from kvledger.engine.checkpoint.hub.cache import fetch
 from kvledger.engine.checkpoint.hub.reads import DEFAULT_HUB_TIMEOUT_S
 from kvledger.engine.checkpoint.hub.repo import is_hub_uri, parse_uri
-from kvledger.engine.config import positive_seconds
 from kvledger.engine.errors import EXIT_OK, BadInput
 from kvledger.engine.lora_config import lora_module_arg
 from kvledger.engine.planner.report import format_size
+from kvledger.engine.settings import positive_seconds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

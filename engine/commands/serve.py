@@ -14,7 +14,7 @@ import sys
 from kvledger.engine.admission.line import DEFAULT_MAX_QUEUE_LEN
 from kvledger.engine.checkpoint.hub.cache import offline_snapshot
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
-from kvledger.engine.config import add_engine_flags, config_from_args, positive_seconds, size_arg
+from kvledger.engine.config import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
 from kvledger.engine.server.serve import serve
 from kvledger.engine.server.state import (
@@ -25,6 +25,7 @@ from kvledger.engine.server.state import (
     DEFAULT_MAX_BODY_BYTES,
     ServeOptions,
 )
+from kvledger.engine.settings import positive_seconds, size_arg
 from kvledger.engine.vllm_flags import PARSERS, RULES, add_vllm_flags, refusal
 
 

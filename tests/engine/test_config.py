@@ -6,8 +6,9 @@ import argparse
 
 import pytest
 
-from kvledger.engine.config import EngineConfig, add_engine_flags, config_from_args, parse_size
+from kvledger.engine.config import EngineConfig, add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
+from kvledger.engine.settings import parse_size
 
 
 @pytest.mark.parametrize(

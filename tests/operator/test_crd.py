@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from kvledger.engine.checkpoint.hub.repo import HUB_URI_RE, parse_uri
-from kvledger.engine.config import SIZE_RE, parse_size
 from kvledger.engine.errors import BadInput
+from kvledger.engine.settings import SIZE_RE, parse_size
 from kvledger.operator import crd
 from kvledger.operator.crd import (
     CRD_FILES,
