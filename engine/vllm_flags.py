@@ -126,8 +126,12 @@ RULES: dict[str, Rule] = {
     "--tokenizer": _refuse("a separate tokenizer: it reads the model's tokenizer.json"),
     "--revision": _refuse("--revision: name it in the model, --model hf://ORG/NAME@REVISION"),
     "--hf-token": _refuse("--hf-token: set $HF_TOKEN"),
-    "--chat-template": _refuse("--chat-template: it uses tokenizer_config.json's "
-                               "chat_template"),
+    "--chat-template": _noop(_NOT_PLANNED.format("`kvledger serve`'s chat template"),
+                             nargs=1),
+    "--trust-request-chat-template": _noop(_NOT_PLANNED.format(
+        "`kvledger serve`'s trust in a request's chat template")),
+    "--default-chat-template-kwargs": _noop(_NOT_PLANNED.format(
+        "`kvledger serve`'s chat template variables"), nargs=1),
     "--enable-auto-tool-choice": _noop(_NOT_PLANNED.format("`kvledger serve`'s tool calling")),
     "--tool-call-parser": _only(PARSERS, "that tool-call parser",
                                 _NOT_PLANNED.format("`kvledger serve`'s tool-call format")),

@@ -11,11 +11,13 @@ import logging
 import os
 import sys
 
+from kvledger.engine import json_text
 from kvledger.engine.admission.line import DEFAULT_MAX_QUEUE_LEN
 from kvledger.engine.checkpoint.hub.cache import offline_snapshot
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
 from kvledger.engine.config import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
+from kvledger.engine.model.chat_template import compiled, template_argument
 from kvledger.engine.server.serve import serve
 from kvledger.engine.server.state import (
     DEFAULT_BODY_TIMEOUT_S,
@@ -54,6 +56,27 @@ def _tool_call_parser(name: str) -> str:
     if name not in PARSERS:
         raise BadInput(refusal("--tool-call-parser", [name], RULES["--tool-call-parser"]))
     return name
+
+
+def _chat_template(value: str) -> str:
+    """--chat-template's template, read and compiled now: a bad one exits 2 before the
+    server listens."""
+    source = template_argument(value)
+    try:
+        compiled(source)
+    except BadInput as exc:
+        raise BadInput(f"--chat-template: {exc}") from None
+    return source
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json_text.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({exc})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -114,6 +137,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--tool-call-parser", type=_tool_call_parser, default=None, metavar="NAME",
                    help=f"vLLM's: the tool-call format, one of {', '.join(PARSERS)} "
                         "(default: the one the chat template shows, else hermes)")
+    s.add_argument("--chat-template", type=_chat_template, default=None, metavar="FILE|TEMPLATE",
+                   help="vLLM's: render every chat with this jinja2 template (a file's path, or "
+                        "the template itself) instead of the model's (chat_template.jinja, "
+                        "additional_chat_templates/, tokenizer_config.json's chat_template)")
+    s.add_argument("--trust-request-chat-template", action=argparse.BooleanOptionalAction,
+                   default=False,
+                   help="vLLM's: let a request's own chat_template render it (a template is "
+                        "code the server runs; default off: such a request is a 400)")
+    s.add_argument("--default-chat-template-kwargs", type=_json_object, default={},
+                   metavar="JSON",
+                   help="vLLM's: variables every chat template render gets (e.g. "
+                        "'{\"enable_thinking\": false}'); a request's chat_template_kwargs "
+                        "override them")
     s.add_argument("--allow-runtime-lora-updating", action="store_true",
                    help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (with "
                         "--enable-lora), as vLLM does when $VLLM_ALLOW_RUNTIME_LORA_UPDATING "
@@ -154,7 +190,10 @@ def main(args: argparse.Namespace) -> int:
                            grammar_compile_timeout_s=args.grammar_compile_timeout,
                            enable_auto_tool_choice=args.enable_auto_tool_choice,
                            tool_call_parser=args.tool_call_parser,
-                           allow_runtime_lora_updating=args.allow_runtime_lora_updating)
+                           allow_runtime_lora_updating=args.allow_runtime_lora_updating,
+                           chat_template=args.chat_template,
+                           trust_request_chat_template=args.trust_request_chat_template,
+                           default_chat_template_kwargs=args.default_chat_template_kwargs)
     return asyncio.run(serve(config, options, args.host, args.port))
 
 

@@ -34,7 +34,7 @@ SPECIAL_TOKENS = ["<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|e
 TOKENIZER_VOCAB = 1024
 # Hermes-style tool calling, as Qwen2.5's: the tools in the system turn, each call as
 # <tool_call>{"name": ..., "arguments": ...}</tool_call>, tool results as user turns.
-# Without tools it renders exactly as it always has.
+# Without tools it renders exactly as it always has; OpenAI's developer role is a system turn.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% if tools %}<|system|>\n"
@@ -47,7 +47,7 @@ CHAT_TEMPLATE = (
     "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|end|>\n"
     "{% endif %}"
     "{% for message in messages %}"
-    "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
+    "{% if message['role'] not in ['system', 'developer', 'user', 'assistant', 'tool'] %}"
     "{{ raise_exception('unknown role ' + message['role']) }}{% endif %}"
     "{% if tools and loop.first and message['role'] == 'system' %}"
     "{% elif message['role'] == 'tool' %}"
@@ -60,7 +60,8 @@ CHAT_TEMPLATE = (
     "{% if call.function.arguments is string %}{{ call.function.arguments }}"
     "{% else %}{{ call.function.arguments | tojson }}{% endif %}}\n</tool_call>"
     "{% endfor %}<|end|>\n"
-    "{% else %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n{% endif %}"
+    "{% else %}<|{{ 'system' if message['role'] == 'developer' else message['role'] }}|>\n"
+    "{{ message['content'] }}<|end|>\n{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 

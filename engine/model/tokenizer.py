@@ -1,14 +1,14 @@
 """Tokenizer of a checkpoint directory: ``tokenizer.json`` via the ``tokenizers`` library,
-the chat template from ``tokenizer_config.json`` rendered with jinja2."""
+its chat templates (``chat_template``: where transformers reads them, rendered with jinja2)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from kvledger.engine import json_text
 from kvledger.engine.errors import BadInput
+from kvledger.engine.model import chat_template
 
 
 class Tokenizer:
@@ -32,7 +32,8 @@ class Tokenizer:
         self.tokenizer_config = _read_json(model_dir / "tokenizer_config.json")
         self.bos_token = _token_text(self.tokenizer_config.get("bos_token"))
         self.eos_token = _token_text(self.tokenizer_config.get("eos_token"))
-        self.chat_template = _chat_template(model_dir, self.tokenizer_config.get("chat_template"))
+        self.chat_templates = chat_template.read_templates(
+            model_dir, self.tokenizer_config.get("chat_template"))
         self.eos_token_ids: set[int] = set()
         if self.eos_token is not None and self.token_to_id(self.eos_token) is not None:
             self.eos_token_ids.add(self.token_to_id(self.eos_token))
@@ -40,7 +41,19 @@ class Tokenizer:
                        _read_json(model_dir / "config.json")):
             eos = source.get("eos_token_id")
             self.eos_token_ids.update([eos] if isinstance(eos, int) else (eos or []))
-        self._template = _compile_template(model_dir, self.chat_template)  # bad: fail at load
+        for name, source in self.chat_templates.items():  # a bad one fails here, at load
+            _check_template(f"{model_dir}: chat template {name!r}", source)
+
+    @property
+    def chat_template(self) -> str | None:
+        """The template a chat without tools renders with (None: the model has none)."""
+        return chat_template.pick(self.chat_templates, tools=False)
+
+    def use_chat_template(self, source: str, where: str = "--chat-template") -> None:
+        """Render every chat with ``source`` instead of the checkpoint's (vLLM's
+        ``--chat-template``); BadInput when it is not valid jinja2."""
+        _check_template(where, source)
+        self.chat_templates = {chat_template.DEFAULT: source}
 
     @property
     def vocab_size(self) -> int:
@@ -61,20 +74,25 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, Any]],
                             add_generation_prompt: bool = True,
-                            tools: list[dict[str, Any]] | None = None) -> str:
+                            tools: list[dict[str, Any]] | None = None, *,
+                            template: str | None = None,
+                            kwargs: dict[str, Any] | None = None,
+                            continue_final_message: bool = False) -> str:
         """Render the chat as the model's prompt text. The template usually emits the BOS
         token itself, so encode the result with ``add_special_tokens=False``. ``tools``:
-        OpenAI's tool objects, as Hugging Face templates take them (None: no tools)."""
-        if self._template is None:
-            raise BadInput("this model has no chat template; use the completions API")
-        try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         tools=tools, bos_token=self.bos_token or "",
-                                         eos_token=self.eos_token or "")
-        except BadInput:
-            raise
-        except Exception as exc:
-            raise BadInput(f"chat template failed: {exc}") from None
+        OpenAI's tool objects, as Hugging Face templates take them (None: no tools);
+        ``template``: a request's own (else the model's); ``kwargs``: its
+        ``chat_template_kwargs``; ``continue_final_message``: the last message left open
+        (``chat_template.render``)."""
+        source = template or chat_template.pick(self.chat_templates, tools=bool(tools))
+        if source is None:
+            raise BadInput("this model has no chat template (chat_template.jinja or "
+                           "tokenizer_config.json's chat_template); pass --chat-template, or "
+                           "use the completions API")
+        return chat_template.render(source, messages, add_generation_prompt=add_generation_prompt,
+                                    tools=tools, bos_token=self.bos_token or "",
+                                    eos_token=self.eos_token or "", kwargs=kwargs,
+                                    continue_final_message=continue_final_message)
 
     def special_token_id(self, text: str) -> int | None:
         """The id of the special token ``text`` (one decoding drops), else None."""
@@ -127,36 +145,11 @@ class IncrementalDetokenizer:
         return new_text
 
 
-def _chat_template(model_dir: Path, value: Any) -> str | None:
-    """tokenizer_config.json's ``chat_template``: a string, or a list of named templates
-    (``[{"name": "default", "template": ...}, ...]``) of which the default is used."""
-    where = f"{model_dir / 'tokenizer_config.json'}: chat_template"
-    if isinstance(value, list):
-        if not all(isinstance(t, dict) and isinstance(t.get("template"), str) for t in value):
-            raise BadInput(f"{where} must be a string or a list of {{name, template}} objects")
-        named = {t.get("name"): t["template"] for t in value}
-        value = named.get("default") or next(iter(named.values()), None)
-    if value is not None and not isinstance(value, str):
-        raise BadInput(f"{where} must be a string, got {type(value).__name__}")
-    return value or None
-
-
-def _compile_template(model_dir: Path, source: str | None):
-    if source is None:
-        return None
-    from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = _raise_template_error
-    env.globals["strftime_now"] = _strftime_now  # Llama 3.x templates date prompts
-    env.filters["tojson"] = _tojson  # Hugging Face's: tool schemas render as plain JSON
+def _check_template(where: str, source: str) -> None:
     try:
-        return env.from_string(source)
-    except TemplateError as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise BadInput(f"{model_dir / 'tokenizer_config.json'}: chat_template is not a valid "
-                       f"jinja2 template: {message}") from None
+        chat_template.compiled(source)
+    except BadInput as exc:
+        raise BadInput(f"{where}: {exc}") from None
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -175,20 +168,3 @@ def _token_text(token: Any) -> str | None:
     if isinstance(token, dict):  # {"content": "<s>", "__type": "AddedToken", ...}
         return token.get("content")
     return token
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: Any = None, sort_keys: bool = False) -> str:
-    """Hugging Face's ``tojson`` (jinja2's own escapes ``<``, ``>`` and ``&`` for HTML)."""
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
-
-
-def _strftime_now(fmt: str) -> str:
-    import datetime
-
-    return datetime.datetime.now().strftime(fmt)
-
-
-def _raise_template_error(message: str) -> None:
-    raise BadInput(f"chat template: {message}")

@@ -28,10 +28,17 @@ from kvledger.engine.admission.ticket import Ticket
 from kvledger.engine.core.async_engine import EngineDeadError
 from kvledger.engine.core.request import EngineRequest
 from kvledger.engine.errors import BadInput, CapTooLarge, KVCacheFull, PoolTooSmall, PromptTooLong
+from kvledger.engine.model.chat_template import compiled
 from kvledger.engine.server import answers
 from kvledger.engine.server.api_errors import ApiError, admission_error, bad_request
 from kvledger.engine.server.limits import decode_json
-from kvledger.engine.server.protocol import GenerationRequest, parse_chat, parse_completion
+from kvledger.engine.server.protocol import (
+    ChatRequest,
+    ChatTemplateOptions,
+    GenerationRequest,
+    parse_chat,
+    parse_completion,
+)
 from kvledger.engine.server.state import API_KEY_INDEX, STATE, ServerState
 from kvledger.engine.server.structured_outputs import constraint_field
 from kvledger.engine.server.tools.calls import (
@@ -223,14 +230,36 @@ def _parse(parse, raw: bytes) -> GenerationRequest:
 _ADDED_TOKENS_MAX = 8
 
 
-def _prompt(state: ServerState, req: GenerationRequest) -> str:
-    """A chat rendered as prompt text with the model's template."""
+def render_chat(state: ServerState, req: ChatTemplateOptions, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None) -> str:
+    """A chat rendered as prompt text: with the request's own template only under
+    ``--trust-request-chat-template`` (as vLLM), its ``chat_template_kwargs`` over
+    ``--default-chat-template-kwargs``; a 400 naming the field when it cannot be."""
+    options = state.options
+    if req.chat_template is not None and not options.trust_request_chat_template:
+        raise bad_request("a chat_template in the request needs the server's "
+                          "--trust-request-chat-template (a template is code the server "
+                          "runs); without it the model's template renders every chat",
+                          "chat_template")
+    kwargs = {**options.default_chat_template_kwargs, **(req.chat_template_kwargs or {})}
+    if req.chat_template is not None:
+        try:
+            compiled(req.chat_template)
+        except BadInput as exc:
+            raise bad_request(str(exc), "chat_template") from None
     try:
         return state.engine.tokenizer.apply_chat_template(
-            req.template_messages, add_generation_prompt=req.add_generation_prompt,
-            tools=req.template_tools)
+            messages, add_generation_prompt=req.add_generation_prompt, tools=tools,
+            template=req.chat_template, kwargs=kwargs,
+            continue_final_message=req.continue_final_message)
     except BadInput as exc:
-        raise bad_request(str(exc), "messages") from None
+        param = "chat_template_kwargs" if "chat_template_kwargs" in str(exc) else "messages"
+        raise bad_request(str(exc), param) from None
+
+
+def _prompt(state: ServerState, req: ChatRequest) -> str:
+    """A chat rendered as prompt text (``render_chat``)."""
+    return render_chat(state, req, req.template_messages, req.template_tools)
 
 
 def _max_prompt_tokens(prompt: str | list[int]) -> int:

@@ -13,8 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
@@ -71,6 +71,9 @@ class ServeOptions:
     enable_auto_tool_choice: bool = False  # vLLM's: tool_choice "auto" is served
     tool_call_parser: str | None = None    # vLLM's: hermes, llama3_json, mistral; None: the template's
     allow_runtime_lora_updating: bool = False  # /v1/load_lora_adapter (server/lora_routes.py)
+    chat_template: str | None = None     # vLLM's --chat-template: renders every chat instead
+    trust_request_chat_template: bool = False  # a request's own chat_template may render
+    default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # under a request's
 
 
 class ServerState:
@@ -149,6 +152,8 @@ class ServerState:
     # -- lifecycle -------------------------------------------------------------------
     async def attach(self, engine: LLMEngine, *, warm: bool = True) -> None:
         """Start serving ``engine``: worker thread, admission, warm-up."""
+        if self.options.chat_template is not None:  # checked when the flag was read
+            engine.tokenizer.use_chat_template(self.options.chat_template)
         self.engine = engine
         self.async_engine = driver = AsyncEngine(engine)
         self.admission = Admission(engine.ledger, max_model_len=engine.max_model_len,

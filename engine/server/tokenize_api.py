@@ -17,20 +17,19 @@ from pydantic import Field, model_validator
 from kvledger.engine.errors import BadInput
 from kvledger.engine.server.api_errors import bad_request
 from kvledger.engine.server.limits import MAX_INT, decode_json
-from kvledger.engine.server.openai_api import read_body
-from kvledger.engine.server.protocol import ChatMessage
+from kvledger.engine.server.openai_api import read_body, render_chat
+from kvledger.engine.server.protocol import ChatMessage, ChatTemplateOptions
 from kvledger.engine.server.state import STATE, ServerState
 from kvledger.engine.server.tools.protocol import ToolList, template_tools
 from kvledger.engine.server.validation import Strict, validate
 
 
-class TokenizeRequest(Strict):
+class TokenizeRequest(ChatTemplateOptions):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     tools: ToolList | None = None            # vLLM's: rendered by the chat template too
     add_special_tokens: bool | None = None   # default: True for a prompt, False for a chat
-    add_generation_prompt: bool = True
     return_token_strs: bool = False
 
     @model_validator(mode="after")
@@ -89,12 +88,8 @@ def _parse(model, raw: bytes):
 def _tokenize(state, req: TokenizeRequest) -> list[int]:
     tokenizer = state.engine.tokenizer
     if req.messages is not None:
-        try:
-            text = tokenizer.apply_chat_template([m.as_template_input() for m in req.messages],
-                                                 add_generation_prompt=req.add_generation_prompt,
-                                                 tools=template_tools(req.tools))
-        except BadInput as exc:
-            raise bad_request(str(exc), "messages") from None
+        text = render_chat(state, req, [m.as_template_input() for m in req.messages],
+                           template_tools(req.tools))
         return tokenizer.encode(text, add_special_tokens=bool(req.add_special_tokens))
     special = True if req.add_special_tokens is None else req.add_special_tokens
     return tokenizer.encode(req.prompt, add_special_tokens=special)

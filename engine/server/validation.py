@@ -27,8 +27,7 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "web_search_options": (None,), "min_p": (None, 0, 0.0), "use_beam_search": (None, False),
     "length_penalty": (None, 1, 1.0), "truncate_prompt_tokens": (None,),
     "skip_special_tokens": (None, True), "spaces_between_special_tokens": (None, True),
-    "continue_final_message": (None, False), "chat_template": (None,),
-    "chat_template_kwargs": (None, {}), "documents": (None, []), "priority": (None, 0),
+    "documents": (None, []), "priority": (None, 0),
     "prompt_logprobs": (None,), "guided_grammar": (None,), "guided_decoding_backend": (None,),
 }
 # vLLM's chat ``echo`` repeats the last message; not implemented (completions' is).
