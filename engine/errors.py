@@ -34,7 +34,7 @@ class DoesNotFit(KvledgerError):
 
 
 class PromptTooLong(BadInput):
-    """The prompt is at or over the context limit: no room for one output token (HTTP 413)."""
+    """The prompt is at or over the context limit: no room for one output token (HTTP 400)."""
 
     def __init__(self, prompt_tokens: int, max_model_len: int) -> None:
         super().__init__(f"the prompt has {prompt_tokens} tokens; the context limit is "

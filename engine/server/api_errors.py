@@ -77,12 +77,15 @@ def retry_headers(wait_s: float) -> dict[str, str]:
 
 
 def admission_error(exc: PromptTooLong | CapTooLarge | PoolTooSmall | KVCacheFull) -> ApiError:
-    """The HTTP answer to admission's refusal ``exc``: 413 for a prompt that fills the context,
-    400 for a cap over it or a request the pool could never hold, 429 with Retry-After for
-    one the KV cache cannot hold now."""
+    """The HTTP answer to admission's refusal ``exc``: 400 ``context_length_exceeded`` for a
+    prompt that fills the context (as vLLM and OpenAI answer it: the SDKs raise
+    ``BadRequestError``) or a cap over it, 400 for a request the pool could never hold, 429
+    with Retry-After for one the KV cache cannot hold now."""
     if isinstance(exc, PromptTooLong):
-        return ApiError(413, f"prompt is {exc.prompt_tokens} tokens, at or over the context "
-                             f"limit of {exc.max_model_len} tokens",
+        return ApiError(400, f"This model's maximum context length is {exc.max_model_len} "
+                             f"tokens. However, your prompt contains {exc.prompt_tokens} input "
+                             f"tokens, which leaves no room for an output token. Please reduce "
+                             f"the length of the input prompt.",
                         code="context_length_exceeded", param="prompt", reason="prompt_too_long")
     if isinstance(exc, CapTooLarge):
         return ApiError(400, f"prompt ({exc.prompt_tokens} tokens) + max_tokens "

@@ -2,7 +2,7 @@
 
 One request's story: read -> parse -> tokenize -> effective cap -> reserve (or 429) ->
 generate -> answer (JSON or SSE, ``answers.py``). Admission (``kvledger.engine.admission``)
-refuses with the engine's errors, which ``api_errors.admission_error`` maps to 413/400/429. Parsing, rendering the chat template and
+refuses with the engine's errors, which ``api_errors.admission_error`` maps to 400/429. Parsing, rendering the chat template and
 tokenizing run on the server's worker threads, so a 4 MiB body never stalls the event
 loop; nothing is reserved until they are done, so a client that leaves meanwhile holds no
 blocks. Each of the engine's rules runs once, before admission (prompt ids, cap, params);
@@ -226,7 +226,7 @@ def _parse(parse, raw: bytes) -> GenerationRequest:
 # A tokenizer emits at most one token per UTF-8 byte plus a few it adds itself (BOS, a
 # SentencePiece word prefix); this bound lets a full pool refuse before tokenizing. A
 # normalizer that expands text (NFKC ligatures) could break it; the cost is only that a
-# request which deserved a 413/400 gets a 429 first, and its retry the 413/400.
+# request which deserved a 400 gets a 429 first, and its retry the 400.
 _ADDED_TOKENS_MAX = 8
 
 

@@ -1,4 +1,4 @@
-"""Reservation admission against the real KV ledger: caps, 413/400/429 (admission's
+"""Reservation admission against the real KV ledger: caps, 400/429 (admission's
 refusals as the server answers them, ``admission_error``), FIFO wait, Retry-After estimated
 from the running requests, and no leaked blocks."""
 
@@ -47,11 +47,11 @@ def test_effective_cap_unset_is_the_rest_of_the_context():
     assert adm.effective_cap(30, 5) == 5
 
 
-def test_prompt_at_the_context_is_413_and_explicit_overflow_is_400_naming_both():
+def test_prompt_at_the_context_is_400_and_explicit_overflow_is_400_naming_both():
     adm = _admission(max_model_len=100)
     with refused() as info:
         adm.effective_cap(100, None)
-    assert info.value.status == 413 and "100" in info.value.message
+    assert info.value.status == 400 and "100" in info.value.message
     with refused() as info:
         adm.effective_cap(60, 41)
     assert info.value.status == 400
@@ -66,8 +66,10 @@ def test_the_engines_cap_rule_keeps_the_servers_answers():
         adm.effective_cap(100, 5)
     error = info.value
     assert (error.status, error.code, error.param, error.reason) == (
-        413, "context_length_exceeded", "prompt", "prompt_too_long")
-    assert error.message == "prompt is 100 tokens, at or over the context limit of 100 tokens"
+        400, "context_length_exceeded", "prompt", "prompt_too_long")
+    assert error.message == ("This model's maximum context length is 100 tokens. However, "
+                             "your prompt contains 100 input tokens, which leaves no room for "
+                             "an output token. Please reduce the length of the input prompt.")
     with refused() as info:
         adm.effective_cap(60, 41)
     error = info.value
@@ -194,7 +196,7 @@ async def test_early_rejection_only_when_the_answer_cannot_depend_on_the_prompt(
     early = admission_error(adm.early_rejection(20, None))  # unset cap: all 10 blocks
     assert early.status == 429 and int(early.headers["Retry-After"]) >= 1
     assert adm.early_rejection(20, 100) is None           # 1 + 100 tokens fits in 8 blocks
-    assert adm.early_rejection(160, None) is None         # might be a 413: tokenize
+    assert adm.early_rejection(160, None) is None         # might be too long: tokenize
     assert adm.early_rejection(100, 100) is None          # might be a 400: tokenize
     adm.max_queue_wait_s = 1.0
     assert adm.early_rejection(20, None) is None          # it would queue instead

@@ -121,12 +121,17 @@ async def test_bad_input_gets_openai_error_bodies(aiohttp_client, llm, path, bod
         assert await metric(client, "kvledger_requests_admitted_total") == 0
 
 
-async def test_prompt_at_the_context_is_413_and_body_over_the_limit_is_413(aiohttp_client, llm):
+async def test_prompt_at_the_context_is_400_and_body_over_the_limit_is_413(aiohttp_client, llm):
+    """A prompt that fills the context is vLLM's and OpenAI's 400 (the SDKs' BadRequestError);
+    a body over --max-body-bytes stays a 413."""
     client = await start_app(aiohttp_client, llm, max_body_bytes=2048)
     response = await client.post("/v1/completions", json={"model": model_name(client),
                                                           "prompt": [5] * 256})
-    assert response.status == 413
-    assert (await response.json())["error"]["code"] == "context_length_exceeded"
+    assert response.status == 400
+    error = (await response.json())["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
+    assert error["message"].startswith("This model's maximum context length is 256 tokens. "
+                                       "However, your prompt contains 256 input tokens")
     response = await client.post("/v1/completions", json={"model": model_name(client),
                                                           "prompt": "x" * 5000})
     assert response.status == 413
@@ -254,9 +259,9 @@ async def test_full_pool_refuses_with_the_same_answer_before_and_after_tokenizin
             response = await client.post(path, json={"model": model_name(client), **body})
             assert response.status == 429
             assert (await response.json())["error"]["code"] == "kv_cache_full"
-        response = await client.post("/v1/completions", json={  # 413 wins over 429
+        response = await client.post("/v1/completions", json={  # the 400 wins over 429
             "model": model_name(client), "prompt": [5] * 256})
-        assert response.status == 413
+        assert response.status == 400
     finally:
         ledger.release(held)
 
