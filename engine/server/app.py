@@ -25,6 +25,17 @@ log = logging.getLogger(__name__)
 # /version. /metrics has a key of its own (--metrics-api-key), so a tenant's key cannot
 # read the prefix cache's counters.
 _KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize")
+# vLLM's endpoints kvledger does not serve, each answered 501 naming what it is and what
+# kvledger serves instead (rather than a bare 404 that reads like a wrong base URL).
+UNSERVED = {
+    "/v1/embeddings": "embeddings (an embedding model's pooled output)",
+    "/v1/responses": "OpenAI's Responses API",
+    "/v1/audio/transcriptions": "speech to text", "/v1/audio/translations": "speech to text",
+    "/pooling": "pooling models' outputs", "/classify": "classification",
+    "/score": "scoring", "/v1/score": "scoring", "/rerank": "reranking",
+    "/v1/rerank": "reranking", "/v2/rerank": "reranking",
+}
+SERVED = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize")
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
 
 
@@ -46,7 +57,15 @@ def build_app(options: ServeOptions | None = None) -> web.Application:
     app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/version", version)
     add_routes(app)  # /v1/load_lora_adapter, /v1/unload_lora_adapter
+    for path in UNSERVED:
+        app.router.add_route("*", path, _unserved)
     return app
+
+
+async def _unserved(request: web.Request) -> web.Response:
+    raise ApiError(501, f"kvledger does not serve {request.path} ({UNSERVED[request.path]}); "
+                        f"it serves text generation: {', '.join(SERVED)}",
+                   code="not_implemented", reason="not_implemented")
 
 
 async def _close(app: web.Application) -> None:
