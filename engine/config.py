@@ -215,6 +215,15 @@ class EngineConfig:
         0, "--seed", INTEGER, group=WORKLOAD,
         help="the seed of random sampling (default 0)",
         crd=Crd("engine", schema={"minimum": 0}))
+    generation_config: str = setting(
+        "auto", "--generation-config", PATH, metavar="auto|vllm|DIR", group=WORKLOAD,
+        help="vLLM's: the sampling defaults (temperature, top_p, top_k, min_p, "
+             "repetition_penalty, presence/frequency_penalty, max_new_tokens) of requests "
+             "that do not set them: 'auto' (default) the model's generation_config.json, "
+             "'vllm' none, DIR that folder's generation_config.json",
+        crd=Crd("engine", "sampling defaults for requests that do not set them: auto (the "
+                          "model's generation_config.json), vllm (none) or a folder "
+                          "(--generation-config)"))
     grammar_cache_bytes: int = setting(
         DEFAULT_GRAMMAR_CACHE_BYTES, "--grammar-cache-bytes", BYTES, group=WORKLOAD,
         help="host memory the compiled grammars of structured outputs may hold (default "

@@ -16,6 +16,7 @@ from kvledger.engine.core.cpu_threads import cap_torch_threads
 from kvledger.engine.core.runner import TORCH_DTYPES, ModelRunner
 from kvledger.engine.errors import BadInput, DoesNotFit
 from kvledger.engine.kv.ledger import KVLedger
+from kvledger.engine.model.generation_config import describe as describe_defaults
 from kvledger.engine.model.loader import load_model, weights_bytes
 from kvledger.engine.model.tokenizer import Tokenizer
 from kvledger.engine.planner.device import DeviceMemory, probe_device
@@ -40,7 +41,8 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
         raise DoesNotFit(render_report(plan), plan)
     device = torch_device(config.device)
     cap_torch_threads(torch)  # a pod's CPU limit is a quota torch does not see
-    tokenizer = Tokenizer(source.path)
+    tokenizer = Tokenizer(source.path, config.generation_config)
+    log.info("%s", describe_defaults(tokenizer.sampling_defaults, config.generation_config))
     if config.tensor_parallel_size > 1:
         runner = start_ranks(config, plan, source.path, device)
     else:

@@ -1,5 +1,6 @@
 """Tokenizer of a checkpoint directory: ``tokenizer.json`` via the ``tokenizers`` library,
-its chat templates (``chat_template``: where transformers reads them, rendered with jinja2)."""
+its chat templates (``chat_template``: where transformers reads them, rendered with jinja2),
+and what ``generation_config.json`` says of generating (EOS ids, sampling defaults)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from typing import Any
 from kvledger.engine import json_text
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model import chat_template
+from kvledger.engine.model.generation_config import AUTO, sampling_defaults
 
 
 class Tokenizer:
     """``encode``/``decode``, ``apply_chat_template`` and the set of EOS token ids."""
 
-    def __init__(self, model_dir: str | Path) -> None:
+    def __init__(self, model_dir: str | Path, generation_config: str = AUTO) -> None:
         from tokenizers import Tokenizer as HFTokenizer
 
         model_dir = Path(model_dir)
@@ -37,6 +39,9 @@ class Tokenizer:
         self.eos_token_ids: set[int] = set()
         if self.eos_token is not None and self.token_to_id(self.eos_token) is not None:
             self.eos_token_ids.add(self.token_to_id(self.eos_token))
+        # The model's published sampling defaults (``generation_config``), for requests
+        # that leave them unset; ``generation_config`` is --generation-config.
+        self.sampling_defaults = sampling_defaults(model_dir, generation_config)
         for source in (_read_json(model_dir / "generation_config.json"),
                        _read_json(model_dir / "config.json")):
             eos = source.get("eos_token_id")

@@ -32,7 +32,9 @@ class SamplingParams:
     ``temperature == 0`` (or below 1e-5) is greedy. ``max_tokens=None`` means "up to the context limit".
     Stop strings are cut from the returned text (kept with ``include_stop_str_in_output``);
     stop token ids and EOS end the request with ``finish_reason == "stop"`` (the token is
-    kept in ``token_ids``). ``top_k`` -1 or 0 is off.
+    kept in ``token_ids``). ``top_k`` -1 or 0 is off. A sampled token is drawn, as vLLM
+    draws it, from the logits divided by ``temperature``, less the tokens whose probability
+    is under ``min_p`` times the top one's, then ``top_k``, then ``top_p``.
 
     Logits processing, in vLLM's order, for the requests that ask: ``logit_bias`` added,
     ``repetition_penalty`` (over prompt and output: a seen token's logit divided by it
@@ -55,6 +57,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
     seed: int | None = None
     max_tokens: int | None = None
     stop: list[str] | str | None = None
@@ -91,6 +94,7 @@ class SamplingParams:
             raise BadInput(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not _is_int(self.top_k) or self.top_k < -1:
             raise BadInput(f"top_k must be -1 or 0 (off) or a positive integer, got {self.top_k!r}")
+        self.min_p = _number("min_p", self.min_p, 0.0, 1.0)
         if self.seed is not None and (not _is_int(self.seed)
                                       or not -2**63 <= self.seed < 2**64):  # torch.Generator's range
             raise BadInput(f"seed must be a 64-bit integer, got {self.seed!r}")

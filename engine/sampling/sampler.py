@@ -119,6 +119,9 @@ class Sampler:
         """One token id drawn from ``logits`` ``[vocab]``, as a ``[1]`` tensor."""
         params = seq.params
         logits = logits / params.temperature
+        if params.min_p > 0.0:  # probability under min_p x the top one's: out (never the top)
+            probs = torch.softmax(logits, dim=-1)
+            logits = logits.masked_fill(probs < params.min_p * probs.max(), NEG_INF)
         if params.top_k > 0 and params.top_k < logits.shape[-1]:
             kth = torch.topk(logits, params.top_k).values[-1]
             logits = logits.masked_fill(logits < kth, NEG_INF)

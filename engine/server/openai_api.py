@@ -72,18 +72,21 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     req.model = state.model_name if lora is None else lora.lora_name
     tools = _tool_plan(state, req)
     prompt = await state.off_loop(len(raw), _prompt, state, req) if req.kind == "chat" else req.prompt
+    defaults = state.engine.tokenizer.sampling_defaults  # the model's (--generation-config)
     early = state.admission.early_rejection(_max_prompt_tokens(prompt), req.cap, req.n)
     if early is not None:  # a full pool refuses it whatever its exact length
         raise admission_error(early)
     prompt_ids = await state.off_loop(len(raw), _encode, state, req, prompt)
     try:
-        cap = state.admission.effective_cap(len(prompt_ids), req.cap)
+        cap = _default_cap(state.admission.effective_cap(len(prompt_ids), req.cap), req.cap,
+                           defaults)
     except (PromptTooLong, CapTooLarge) as exc:
         raise admission_error(exc) from None
     if not isinstance(prompt, list):  # the tokenizer's ids, checked once they fit the context
         _check_prompt(state, prompt_ids)
     grammar = await _grammar(state, req, tools)
-    params = [_sampling_params(req, cap, grammar, i, tools.kept_ids) for i in range(req.n)]
+    params = [_sampling_params(req, cap, grammar, i, defaults, tools.kept_ids)
+              for i in range(req.n)]
     try:  # before admission: token ids the model lacks (logit_bias) are a 400
         state.engine.check_params(params[0])  # the choices differ in their seeds only
     except BadInput as exc:
@@ -288,20 +291,35 @@ def _check_prompt(state: ServerState, prompt_ids: list[int]) -> None:
         raise bad_request(str(exc), "prompt") from None
 
 
+def _default_cap(cap: int, requested: int | None, defaults: dict[str, Any]) -> int:
+    """``cap`` (the request's, or the rest of the context when it set none), at most the
+    model's ``max_new_tokens`` when the request set none (vLLM's fallback)."""
+    default = defaults.get("max_tokens")
+    return min(cap, default) if requested is None and default is not None else cap
+
+
+# Each sampling field a request may leave unset, and vLLM's neutral value for it.
+_NEUTRAL = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
+            "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+
+
 def _sampling_params(req: GenerationRequest, cap: int, grammar: Any, index: int,
+                     defaults: dict[str, Any],
                      kept_special_ids: frozenset[int] = frozenset()) -> Any:
+    """One choice's SamplingParams: each field the request set, else the model's default
+    (``defaults``: its generation_config.json), else vLLM's neutral value."""
     from kvledger.engine.sampling.params import SamplingParams
 
     seed = req.seed
     if seed is not None and index:  # each choice draws its own tokens, reproducibly
         seed = (seed + index) % 2**64
+    sampling = {name: value if (value := getattr(req, name)) is not None
+                else defaults.get(name, neutral) for name, neutral in _NEUTRAL.items()}
     try:
         return SamplingParams(
-            temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=seed,
+            **sampling, seed=seed,
             max_tokens=cap, stop=req.stop or None, stop_token_ids=req.stop_token_ids,
-            ignore_eos=req.ignore_eos, presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty,
-            repetition_penalty=req.repetition_penalty, min_tokens=req.min_tokens,
+            ignore_eos=req.ignore_eos, min_tokens=req.min_tokens,
             logit_bias=req.bias, logprobs=req.logprobs_k(),
             prompt_logprobs=req.prompt_logprobs_k(),
             include_stop_str_in_output=req.include_stop_str_in_output, grammar=grammar,

@@ -73,21 +73,23 @@ class _Request(Strict):
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    # Sampling: None (unset) takes the model's default (--generation-config), else vLLM's.
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     seed: Annotated[int, Field(ge=-(2**63), lt=2**64)] | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: Penalty = 0.0
-    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-MAX_LOGIT_BIAS_VALUE,
                                                  le=MAX_LOGIT_BIAS_VALUE)]] | None = None
     response_format: ResponseFormat | None = None
     user: str | None = None
     # vLLM's extensions
-    top_k: Annotated[int, Field(ge=-1, le=MAX_INT)] = -1
-    repetition_penalty: Annotated[float, Field(gt=0.0, le=100.0)] = 1.0
+    top_k: Annotated[int, Field(ge=-1, le=MAX_INT)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=100.0)] | None = None
     min_tokens: Annotated[int, Field(ge=0, le=MAX_INT)] = 0
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False

@@ -24,7 +24,7 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []),
     "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
     "audio": (None,), "prediction": (None,), "reasoning_effort": (None,),
-    "web_search_options": (None,), "min_p": (None, 0, 0.0), "use_beam_search": (None, False),
+    "web_search_options": (None,), "use_beam_search": (None, False),
     "length_penalty": (None, 1, 1.0), "truncate_prompt_tokens": (None,),
     "skip_special_tokens": (None, True), "spaces_between_special_tokens": (None, True),
     "documents": (None, []), "priority": (None, 0),

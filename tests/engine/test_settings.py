@@ -39,6 +39,7 @@ DECLARED = {
     "unified_memory": ("--unified-memory", None),
     "container_memory_limit_bytes": ("--container-memory-limit", None),  # spec.resources
     "seed": ("--seed", "engine.seed"),
+    "generation_config": ("--generation-config", "engine.generationConfig"),
     "grammar_cache_bytes": ("--grammar-cache-bytes", None),
     "enable_lora": ("--enable-lora", "engine.enableLora"),
     "lora_modules": ("--lora-modules", None),  # from spec.adapters

@@ -88,7 +88,7 @@ def test_chat_prefers_max_completion_tokens_and_joins_text_parts():
     # Known fields this server does not implement, by name...
     ({"model": "m", "prompt": "x", "best_of": 2}, "best_of"),
     ({"model": "m", "prompt": "x", "suffix": "end"}, "suffix"),
-    ({"model": "m", "prompt": "x", "min_p": 0.1}, "min_p"),
+    ({"model": "m", "prompt": "x", "min_p": 1.5}, "min_p"),
     ({"model": "m", "prompt": "x", "use_beam_search": True}, "use_beam_search"),
     ({"model": "m", "prompt": "x", "skip_special_tokens": False}, "skip_special_tokens"),
     ({"model": "m", "prompt": "x", "prompt_logprobs": 1}, "prompt_logprobs"),

@@ -1,0 +1,70 @@
+"""A model's published sampling defaults (``generation_config.json``), applied as vLLM
+applies them (``--generation-config``): ``auto`` (vLLM's default) reads the model's own
+file, ``vllm`` ignores it, a folder reads that folder's. A request's own value always wins;
+one it leaves unset takes the model's default, else the neutral one.
+
+What is read (vLLM's list): ``temperature``, ``top_p``, ``top_k``, ``min_p``,
+``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, and ``max_new_tokens``
+(the default and the most for ``max_tokens``).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from kvledger.engine import json_text
+from kvledger.engine.errors import BadInput
+
+AUTO, VLLM = "auto", "vllm"
+FILE = "generation_config.json"
+# generation_config.json's name -> SamplingParams' (max_new_tokens is max_tokens there)
+READ = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+        "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+        "frequency_penalty": "frequency_penalty", "max_new_tokens": "max_tokens"}
+
+
+def sampling_defaults(model_dir: str | Path, source: str = AUTO) -> dict[str, Any]:
+    """The defaults ``source`` gives (SamplingParams' names; every one the file holds, as
+    vLLM reads it through transformers 5): {} for ``vllm`` or a model without the file.
+    BadInput for a folder that is not there, a file that is not JSON, or a value of the
+    wrong type."""
+    if source == VLLM:
+        return {}
+    folder = Path(model_dir) if source == AUTO else Path(source)
+    if source != AUTO and not folder.is_dir():
+        raise BadInput(f"--generation-config {source}: not 'auto', 'vllm' or a folder")
+    path = folder / FILE
+    if not path.is_file():
+        return {}
+    try:
+        raw = json_text.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise BadInput(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise BadInput(f"{path}: must be a JSON object, got {type(raw).__name__}")
+    defaults = {}
+    for name, param in READ.items():
+        value = raw.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise BadInput(f"{path}: {name} must be a number, got {value!r}")
+        if param in ("top_k", "max_tokens"):
+            if value != int(value):
+                raise BadInput(f"{path}: {name} must be a whole number, got {value!r}")
+            value = int(value)
+        defaults[param] = value
+    return defaults
+
+
+def describe(defaults: dict[str, Any], source: str) -> str:
+    """The start-up line that says which defaults apply."""
+    where = "the model's generation_config.json" if source == AUTO else source
+    if not defaults:
+        return "sampling defaults: vLLM's neutral ones (" + (
+            "--generation-config vllm" if source == VLLM else f"none in {where}") + ")"
+    shown = ", ".join(f"{k}={v}" for k, v in defaults.items())
+    return (f"sampling defaults from {where} for requests that do not set them: {shown} "
+            f"(--generation-config vllm to use vLLM's neutral ones)")

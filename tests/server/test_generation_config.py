@@ -1,0 +1,93 @@
+"""A model's published sampling defaults (``generation_config.json``), applied as vLLM
+applies them (``--generation-config auto|vllm|DIR``), and vLLM's ``min_p``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from _server_helpers import make_llm, model_name, start_app
+
+from kvledger.engine.errors import BadInput
+from kvledger.engine.model.generation_config import sampling_defaults
+from kvledger.engine.sampling.params import SamplingParams
+
+# What a model card might publish: greedy by top_k 1, and a default output length.
+PUBLISHED = {"bos_token_id": 1, "eos_token_id": 2, "top_k": 1, "temperature": 0.7,
+             "max_new_tokens": 5}
+
+
+@pytest.fixture(scope="module")
+def published_dir(tiny_llama_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("published")
+    for path in tiny_llama_dir.iterdir():
+        shutil.copy(path, out / path.name)
+    (out / "generation_config.json").write_text(json.dumps(PUBLISHED))
+    return out
+
+
+def test_defaults_are_read_as_vllm_reads_them(published_dir, tmp_path):
+    assert sampling_defaults(published_dir) == {"top_k": 1, "temperature": 0.7, "max_tokens": 5}
+    assert sampling_defaults(published_dir, "vllm") == {}
+    (tmp_path / "generation_config.json").write_text(json.dumps({"top_p": 0.8, "min_p": 0.1}))
+    assert sampling_defaults(published_dir, str(tmp_path)) == {"top_p": 0.8, "min_p": 0.1}
+    with pytest.raises(BadInput, match="not 'auto', 'vllm' or a folder"):
+        sampling_defaults(published_dir, str(tmp_path / "missing"))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"top_k": "many"}))
+    with pytest.raises(BadInput, match="top_k must be a number"):
+        sampling_defaults(published_dir, str(tmp_path))
+
+
+async def _texts(client, count: int, **body) -> list[str]:
+    texts = []
+    for _ in range(count):
+        response = await client.post("/v1/completions", json={
+            "model": model_name(client), "prompt": "Once upon a time", **body})
+        assert response.status == 200, await response.text()
+        answer = await response.json()
+        texts.append((answer["choices"][0]["text"], answer["usage"]["completion_tokens"]))
+    return texts
+
+
+async def test_unset_fields_take_the_models_defaults(aiohttp_client, published_dir, caplog):
+    with caplog.at_level(logging.INFO, logger="kvledger.engine"):
+        llm = make_llm(published_dir)
+    assert any("sampling defaults from the model's generation_config.json" in r.message
+               and "top_k=1" in r.message for r in caplog.records)
+    client = await start_app(aiohttp_client, llm)
+    # top_k 1 from the file: three unparameterised requests give one text, of 5 tokens
+    plain = await _texts(client, 3)
+    assert len(set(plain)) == 1 and plain[0][1] == 5
+    # a request's own values win: max_tokens 8, and top_k -1 samples again
+    assert (await _texts(client, 1, max_tokens=8))[0][1] == 8
+    sampled = await _texts(client, 4, top_k=-1, temperature=1.0, max_tokens=16)
+    assert len(set(sampled)) > 1
+
+
+async def test_generation_config_vllm_ignores_the_file(aiohttp_client, published_dir):
+    client = await start_app(aiohttp_client, make_llm(published_dir, generation_config="vllm"))
+    texts = await _texts(client, 4, max_tokens=16)
+    assert len(set(texts)) > 1  # vLLM's neutral defaults: temperature 1, no top_k
+
+
+def test_min_p_keeps_only_tokens_near_the_top():
+    """min_p 1 leaves only the most likely token: sampling then equals greedy."""
+    from kvledger.engine.sampling.sampler import Sampler
+
+    class Seq:
+        def __init__(self, params):
+            self.params, self.generator = params, None
+
+    sampler = Sampler(0, torch.device("cpu"), frozenset())
+    logits = torch.randn(64, generator=torch.Generator().manual_seed(1))
+    near = SamplingParams(temperature=1.0, min_p=1.0)
+    drawn = {int(sampler._sample_row(logits, Seq(near))) for _ in range(20)}
+    assert drawn == {int(logits.argmax())}
+    wide = SamplingParams(temperature=1.0, min_p=0.0)
+    assert len({int(sampler._sample_row(logits, Seq(wide))) for _ in range(50)}) > 1
+    with pytest.raises(BadInput, match="min_p must be a number in"):
+        SamplingParams(min_p=1.5)
