@@ -13,7 +13,7 @@ import argparse
 from dataclasses import MISSING, dataclass
 
 from kvledger.engine.checkpoint.hub.reads import DEFAULT_HUB_TIMEOUT_S
-from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
+from kvledger.engine.checkpoint.hub.uri import is_hub_uri, model_reference, parse_uri
 from kvledger.engine.errors import BadInput
 from kvledger.engine.lora_config import (
     DEFAULT_MAX_LORA_RANK,
@@ -300,7 +300,10 @@ def config_from_args(args: argparse.Namespace,
                      config_type: type[EngineConfig] = EngineConfig) -> EngineConfig:
     """Build the config from parsed flags; unknown namespace attributes are ignored."""
     values = values_from_args(args, config_type)
-    values["model"] = _model(getattr(args, "model_tag", None), getattr(args, "model", None))
+    given = _model(getattr(args, "model_tag", None), getattr(args, "model", None))
+    values["model"] = model_reference(given) if given else given
+    if values["model"] != given and not values.get("served_model_name"):
+        values["served_model_name"] = [given]  # requests name it as launched, as in vLLM
     names = values.get("served_model_name")
     if isinstance(names, list):  # --served-model-name NAME [NAME ...]
         values["served_model_name"], values["served_model_aliases"] = names[0], tuple(names[1:])

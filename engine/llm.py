@@ -7,6 +7,7 @@ from collections.abc import Sequence as Seq
 from concurrent.futures import Future
 
 from kvledger.engine.admission.line import Admission, Ticket
+from kvledger.engine.checkpoint.hub.uri import model_reference
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.core.engine import LLMEngine
 from kvledger.engine.core.outputs import RequestOutput
@@ -21,8 +22,11 @@ class LLM:
     e.g. ``LLM("/models/x", max_model_len=512, max_num_seqs=8, device="cpu")``."""
 
     def __init__(self, model: str, **flags) -> None:
+        resolved = model_reference(str(model))  # a bare ORG/NAME is a hub model, as in vLLM
+        if resolved != str(model):
+            flags.setdefault("served_model_name", str(model))
         try:
-            config = EngineConfig(model=str(model), **flags)
+            config = EngineConfig(model=resolved, **flags)
         except TypeError as exc:
             raise BadInput(f"unknown engine flag: {exc}") from None
         self.engine = LLMEngine.from_config(config)

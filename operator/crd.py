@@ -32,6 +32,7 @@ from kvledger.operator.resource import (
     SINGULAR,
     VERSION,
 )
+from kvledger.operator.spec_rules import BARE_HUB_ID
 
 # The generated copies, from the repository's root.
 CRD_FILES = ("crds/inferenceservice.yaml", "charts/kvledger/crds/inferenceservice.yaml")
@@ -204,6 +205,8 @@ def validate_manifest(doc: Any) -> dict[str, Any]:
     if errors:
         error = errors[0]
         where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+        if where == "spec.model.uri" and "://" not in str(error.instance):
+            raise BadInput(f"invalid InferenceService at {where}: {BARE_HUB_ID}")
         raise BadInput(f"invalid InferenceService at {where}: {_short(error)}")
     uri = doc["spec"]["model"].get("uri")
     if uri is not None:

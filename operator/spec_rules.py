@@ -32,6 +32,11 @@ class Rule:
     holds: Callable[[Any], bool]  # the CEL's verdict, in Python, on the same node
 
 
+BARE_HUB_ID = ("model.uri is a hub uri, hf://ORG/NAME[@REVISION]: for the hub id ORG/NAME "
+               "write hf://ORG/NAME (the bare id is a launch line's shorthand, not a "
+               "manifest's)")
+
+
 def _under_mount(model: Mapping[str, Any]) -> bool:
     if "volume" not in model or "path" not in model:
         return True
@@ -94,6 +99,9 @@ RULES: tuple[Rule, ...] = (
     Rule("model", "has(self.path) != has(self.uri)",
          "set exactly one of model.path and model.uri",
          lambda model: ("path" in model) != ("uri" in model)),
+    # `vllm serve ORG/NAME` takes a bare hub id; a manifest names the scheme.
+    Rule("model", "!has(self.uri) || self.uri.contains('://')", BARE_HUB_ID,
+         lambda model: "uri" not in model or "://" in str(model["uri"])),
     # Checked as strings, so a '..' could climb out of the mount: refuse the segment.
     Rule("model", "!has(self.path) || !self.path.matches('(^|/)[.][.](/|$)')",
          "model.path must not contain a '..' segment",

@@ -17,6 +17,7 @@ from kvledger.engine.checkpoint.hub.adapters import adapter_directory
 from kvledger.engine.checkpoint.hub.cache import fetch
 from kvledger.engine.checkpoint.hub.reads import DEFAULT_HUB_TIMEOUT_S
 from kvledger.engine.checkpoint.hub.repo import is_hub_uri, parse_uri
+from kvledger.engine.checkpoint.hub.uri import model_reference
 from kvledger.engine.errors import EXIT_OK, BadInput
 from kvledger.engine.lora_config import lora_module_arg
 from kvledger.engine.planner.report import format_size
@@ -25,7 +26,8 @@ from kvledger.engine.settings import positive_seconds
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="hf://ORG/NAME[@REVISION]",
-                        help="the hub model (token: $HF_TOKEN, mirror: $HF_ENDPOINT)")
+                        help="the hub model, hf://ORG/NAME or the bare ORG/NAME as vLLM takes "
+                             "it (token: $HF_TOKEN, mirror: $HF_ENDPOINT)")
     parser.add_argument("--download-dir", default=None, metavar="DIR",
                         help="the hub cache to download into (default: huggingface_hub's, "
                              "$HF_HUB_CACHE or $HF_HOME/hub)")
@@ -39,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    args.model = model_reference(args.model)  # a bare ORG/NAME, as `vllm serve` takes it
     if not is_hub_uri(args.model):
         raise BadInput(f"kvledger fetch: --model must be hf://ORG/NAME[@REVISION], got "
                        f"{args.model!r} (a local directory needs no fetch)")

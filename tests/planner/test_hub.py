@@ -6,6 +6,7 @@ pod would run it; the hub's answers and the bytes it sent are checked on the ser
 
 from __future__ import annotations
 
+import argparse
 import json
 import struct
 import subprocess
@@ -18,7 +19,9 @@ from budget_checkpoints import write_checkpoint
 from hub_server import HubServer, closed_port_url
 
 from kvledger.engine.checkpoint.hub.repo import HubModel, download_bytes, is_hub_uri, parse_uri
+from kvledger.engine.config import config_from_args
 from kvledger.engine.errors import BadInput
+from kvledger.operator.crd import validate_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -409,3 +412,38 @@ def test_a_redirect_to_another_host_does_not_carry_the_token() -> None:
         hub_host.shutdown()
     assert body == b"ok"
     assert seen == [("hub", f"Bearer {TOKEN}"), ("other host", None)]
+
+
+def test_a_bare_hub_id_is_a_hub_model_as_vllm_takes_it(hub, tmp_path, monkeypatch) -> None:
+    """`vllm serve ORG/NAME`: plan, preflight and fetch take the bare id (an existing local
+    path first, else the hub), the same path as hf://; the CRD refuses it naming hf://."""
+    env = hub_env(hub.url, tmp_path)
+    monkeypatch.chdir(tmp_path)  # no local folder of that name here
+    bare = kvledger(env, "plan", "kvledger/tiny-sharded", "--device", "cpu",
+                    "--max-model-len", "256", "--json")
+    assert bare.returncode == 0, bare.stderr
+    uri = kvledger(env, "plan", "--model", "hf://kvledger/tiny-sharded", "--device", "cpu",
+                   "--max-model-len", "256", "--json")
+    doc, uri_doc = json.loads(bare.stdout), json.loads(uri.stdout)
+    assert doc["model"]["uri"] == "hf://kvledger/tiny-sharded"
+    assert {k: doc[k] for k in ("classes", "kv", "fits")} == {k: uri_doc[k] for k in
+                                                               ("classes", "kv", "fits")}
+    fetched = kvledger(env, "fetch", "--model", "kvledger/tiny-sharded", "--download-dir",
+                       str(tmp_path / "cache"))
+    assert fetched.returncode == 0 and "fetched hf://kvledger/tiny-sharded" in fetched.stdout
+    # An existing folder of that name is the local model, as in vLLM.
+    local = tmp_path / "kvledger" / "tiny-sharded"
+    local.parent.mkdir()
+    local.symlink_to(next(iter(hub.repos["kvledger/tiny-sharded"].commits.values())))
+    here = kvledger(env, "plan", "kvledger/tiny-sharded", "--device", "cpu",
+                    "--max-model-len", "256", "--json")
+    assert here.returncode == 0, here.stderr
+    assert "uri" not in json.loads(here.stdout)["model"]
+    # The served name is the id as launched (what a vLLM client sends as "model").
+    config = config_from_args(argparse.Namespace(model_tag="Qwen/Qwen2.5-0.5B", model=None))
+    assert (config.model, config.served_model_name) == ("hf://Qwen/Qwen2.5-0.5B",
+                                                       "Qwen/Qwen2.5-0.5B")
+    manifest = {"apiVersion": "kvledger.dev/v1alpha1", "kind": "InferenceService",
+                "metadata": {"name": "bare"}, "spec": {"model": {"uri": "Qwen/Qwen2.5-0.5B"}}}
+    with pytest.raises(BadInput, match="for the hub id ORG/NAME write hf://ORG/NAME"):
+        validate_manifest(manifest)

@@ -3,6 +3,7 @@ here talks to the hub."""
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -18,6 +19,22 @@ _NAME = r"[A-Za-z0-9_.-]{1,96}"
 HUB_URI_RE = re.compile(rf"hf://(?P<repo>{_NAME}/{_NAME})(?:@(?P<rev>[^@]*))?")
 _REVISION = re.compile(r"[A-Za-z0-9_.\-/]{1,255}")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+# A bare hub id as `vllm serve ORG/NAME` takes it (the revision after '@' is kvledger's).
+BARE_ID_RE = re.compile(rf"{_NAME}/{_NAME}(?:@[^@]*)?")
+
+
+def model_reference(text: str) -> str:
+    """A launch line's model as vLLM resolves it: an existing local path as it is, a bare
+    hub id ``ORG/NAME[@REVISION]`` as ``hf://ORG/NAME[@REVISION]`` (the same path as an
+    ``hf://`` model from there on), anything else as it is (a missing folder is refused
+    later, by name)."""
+    if not isinstance(text, str) or is_hub_uri(text) or os.path.exists(text):
+        return text
+    if BARE_ID_RE.fullmatch(text) and not text.startswith((".", "~")):
+        return SCHEME + text
+    return text
 
 
 def is_hub_uri(text: str) -> bool:
