@@ -224,6 +224,10 @@ class EngineConfig:
         crd=Crd("engine", "sampling defaults for requests that do not set them: auto (the "
                           "model's generation_config.json), vllm (none) or a folder "
                           "(--generation-config)"))
+    tokenizer: str | None = setting(
+        None, "--tokenizer", PATH, metavar="DIR", group=WORKLOAD,
+        help="vLLM's: read the tokenizer (tokenizer.json, tokenizer_config.json, chat "
+             "templates) from this folder instead of the model's")
     grammar_cache_bytes: int = setting(
         DEFAULT_GRAMMAR_CACHE_BYTES, "--grammar-cache-bytes", BYTES, group=WORKLOAD,
         help="host memory the compiled grammars of structured outputs may hold (default "

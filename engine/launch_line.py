@@ -15,12 +15,19 @@ from kvledger.engine.errors import BadInput
 
 
 def dashed(argv: list[str]) -> list[str]:
-    """``--max_model_len=5`` -> ``--max-model-len=5``: only a flag's name, never a value."""
+    """``--max_model_len=5`` -> ``--max-model-len=5`` (only a flag's name, never a value),
+    and vLLM's ``-O3``, ``-O=3``, ``-O 3`` (and the older ``-O.level=3``) ->
+    ``--optimization-level 3``, as vLLM's own parser rewrites them."""
     out = []
-    for arg in argv:
+    for i, arg in enumerate(argv):
         if arg.startswith("--") and "_" in arg.split("=", 1)[0]:
             name, sep, value = arg.partition("=")
             arg = name.replace("_", "-") + sep + value
+        elif arg.startswith("-O") and arg != "-O":
+            out.append("--optimization-level")
+            arg = arg[3:] if arg[2] == "=" else arg[2:]
+        elif arg == "-O" and i + 1 < len(argv) and argv[i + 1] in ("0", "1", "2", "3"):
+            arg = "--optimization-level"
         out.append(arg)
     return out
 

@@ -37,6 +37,7 @@ class Rule:
     unsupported: str = ""
     accepts: frozenset[str] = frozenset()
     nargs: int | str = "*"
+    read: bool = False  # accepted and read (``why`` says how), not a no-op
 
     @property
     def refused_always(self) -> bool:
@@ -57,6 +58,8 @@ def _refuse(unsupported: str) -> Rule:
 
 _ONE_DEVICE = "kvledger serves a model on one machine (its GPUs by --tensor-parallel-size)"
 _NOT_PLANNED = "{}; the plan does not depend on it"
+_EAGER = ("kvledger runs eagerly: no torch.compile or CUDA graphs for an optimization or "
+          "compilation level to tune")
 
 # flag (as typed; a --no- form has its own rule where it differs) -> Rule
 RULES: dict[str, Rule] = {
@@ -106,7 +109,7 @@ RULES: dict[str, Rule] = {
     "--no-enable-sleep-mode": _noop("kvledger has no sleep mode"),
     "--no-enable-log-requests": _noop("kvledger does not log requests"),
     "--disable-log-requests": _noop("kvledger does not log requests"),
-    "--enable-log-requests": _refuse("logging requests"),
+    "--enable-log-requests": _noop(_NOT_PLANNED.format("`kvledger serve`'s request log")),
     "--disable-log-stats": _noop("kvledger logs no periodic engine stats; /metrics serves "
                                  "them"),
     "--disable-uvicorn-access-log": _noop("kvledger writes no HTTP access log"),
@@ -115,15 +118,25 @@ RULES: dict[str, Rule] = {
     "--disable-fastapi-docs": _noop("kvledger serves no API docs pages"),
     "--use-tqdm-on-load": _noop("kvledger shows no progress bar while loading"),
     "--no-use-tqdm-on-load": _noop("kvledger shows no progress bar while loading"),
-    "--config": _noop("a YAML file of flags, read as vLLM reads it (the command line's "
-                      "own flags win; engine/launch_line.py)", nargs=1),
+    "--config": Rule(why="a YAML file of flags, read as vLLM reads it (the command line's "
+                         "own flags win; engine/launch_line.py)", nargs=1, read=True),
+    "--optimization-level": _noop(_EAGER, nargs=1),  # -O0..3, -O.level=N (launch_line)
+    "--compilation-config": _noop(_EAGER, nargs=1),
+    "--calculate-kv-scales": _refuse("computing fp8 KV cache scales as it runs: an fp8 KV "
+                                     "cache is divided by the checkpoint's k_scale/v_scale, "
+                                     "else 1.0"),
+    "--hf-overrides": _refuse("overriding config.json's fields: edit the checkpoint's "
+                              "config.json, which the planner and the engine both read"),
     # kvledger serve's own flags, given to plan or preflight.
     "--host": _noop(_NOT_PLANNED.format("`kvledger serve`'s address"), nargs=1),
     "--port": _noop(_NOT_PLANNED.format("`kvledger serve`'s port"), nargs=1),
     "--api-key": _noop(_NOT_PLANNED.format("`kvledger serve`'s API keys"), nargs="+"),
     "--log-level": _noop(_NOT_PLANNED.format("`kvledger serve`'s log level"), nargs=1),
     # Refused with a pointer to what kvledger does instead.
-    "--tokenizer": _refuse("a separate tokenizer: it reads the model's tokenizer.json"),
+    "--return-tokens-as-token-ids": _noop(_NOT_PLANNED.format(
+        "`kvledger serve`'s logprobs' token names")),
+    "--enable-prompt-tokens-details": _noop(_NOT_PLANNED.format("`kvledger serve`'s usage")),
+    "--max-logprobs": _noop(_NOT_PLANNED.format("`kvledger serve`'s logprobs limit"), nargs=1),
     "--revision": _refuse("--revision: name it in the model, --model hf://ORG/NAME@REVISION"),
     "--hf-token": _refuse("--hf-token: set $HF_TOKEN"),
     "--chat-template": _noop(_NOT_PLANNED.format("`kvledger serve`'s chat template"),
@@ -180,6 +193,8 @@ def _help(rule: Rule | None) -> str:
     if rule.accepts:
         return (f"vLLM's; {' or '.join(sorted(rule.accepts))} changes nothing ({rule.why}); "
                 f"anything else is refused")
+    if rule.read:
+        return f"vLLM's: {rule.why}"
     return f"vLLM's; accepted, changes nothing: {rule.why}"
 
 
@@ -212,3 +227,20 @@ def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(*form, action=_VllmFlag, rule=rule, nargs=nargs,
                                dest="_vllm_" + form[0].lstrip("-").replace("-", "_"),
                                default=argparse.SUPPRESS, metavar=metavar, help=_help(rule))
+
+
+def verdicts(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each of vLLM's flags (its first spelling) as ``parser`` takes it: ``implemented``
+    (the command's own flag, or read), ``no-op`` or ``refused``."""
+    actions = parser._option_string_actions
+    out = {}
+    for spelled in VLLM_SERVE_FLAGS:
+        flag = _forms(spelled)[0][0]
+        action = actions[flag]
+        if not isinstance(action, _VllmFlag):
+            out[flag] = "implemented"
+        elif action.rule is None or action.rule.refused_always:
+            out[flag] = "refused"
+        else:
+            out[flag] = "implemented" if action.rule.read else "no-op"
+    return out

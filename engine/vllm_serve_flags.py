@@ -152,6 +152,6 @@ VLLM_SERVE_FLAGS: tuple[str, ...] = (
     # Removed from vllm serve by 0.32, still in recipes and older docs.
     '--disable-log-requests', '--swap-space', '--max-seq-len-to-capture',
     '--guided-decoding-backend', '--num-scheduler-steps', '--use-v2-block-manager',
-    '--disable-frontend-multiprocessing', '--enable-reasoning',
+    '--disable-frontend-multiprocessing', '--enable-reasoning', '--calculate-kv-scales',
 )
 

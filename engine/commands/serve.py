@@ -18,6 +18,7 @@ from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
 from kvledger.engine.config import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.chat_template import compiled, template_argument
+from kvledger.engine.sampling.params import MAX_LOGPROBS
 from kvledger.engine.server.serve import serve
 from kvledger.engine.server.state import (
     DEFAULT_BODY_TIMEOUT_S,
@@ -69,6 +70,18 @@ def _chat_template(value: str) -> str:
     return source
 
 
+def _max_logprobs(text: str) -> int:
+    """--max-logprobs: 0..MAX_LOGPROBS; vLLM's -1 (the vocabulary) is refused by name."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 0 <= value <= MAX_LOGPROBS:
+        raise BadInput(f"--max-logprobs {text}: kvledger reports at most {MAX_LOGPROBS} "
+                       f"logprobs per token (0-{MAX_LOGPROBS})")
+    return value
+
+
 def _json_object(text: str) -> dict:
     try:
         value = json_text.loads(text)
@@ -82,8 +95,9 @@ def _json_object(text: str) -> dict:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_flags(parser)
     s = parser.add_argument_group("server")
-    s.add_argument("--host", default="0.0.0.0")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--host", default="0.0.0.0",
+                   help="the address to listen on (default 0.0.0.0: every interface)")
+    s.add_argument("--port", type=int, default=8000, help="the port to listen on (default 8000)")
     s.add_argument("--api-key", nargs="+", action="extend", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and "
                         "/detokenize; several keys (repeat the flag, or list them) each open "
@@ -155,7 +169,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--enable-lora), as vLLM does when $VLLM_ALLOW_RUNTIME_LORA_UPDATING "
                         "is true (that variable is read too)")
     s.add_argument("--log-level", default="info",
-                   choices=("debug", "info", "warning", "error"))
+                   choices=("debug", "info", "warning", "error"),
+                   help="the server's log level (default info)")
+    s.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction,
+                   default=False,
+                   help="vLLM's: log a line per admitted request (its id, prompt tokens, "
+                        "max_tokens, n, model and sampling parameters; never the prompt's text)")
+    s.add_argument("--return-tokens-as-token-ids", action=argparse.BooleanOptionalAction,
+                   default=False,
+                   help="vLLM's: logprobs name their tokens token_id:N for every request (a "
+                        "request's own return_tokens_as_token_ids does it for that request)")
+    s.add_argument("--enable-prompt-tokens-details", action=argparse.BooleanOptionalAction,
+                   default=False,
+                   help="vLLM's: answers' usage carry prompt_tokens_details.cached_tokens, the "
+                        "prompt tokens found in the prefix cache")
+    s.add_argument("--max-logprobs", type=_max_logprobs, default=MAX_LOGPROBS, metavar="N",
+                   help=f"vLLM's: the most logprobs a request may ask per token (default and "
+                        f"most {MAX_LOGPROBS}); more is a 400")
     add_vllm_flags(parser)
 
 
@@ -191,6 +221,10 @@ def main(args: argparse.Namespace) -> int:
                            enable_auto_tool_choice=args.enable_auto_tool_choice,
                            tool_call_parser=args.tool_call_parser,
                            allow_runtime_lora_updating=args.allow_runtime_lora_updating,
+                           log_requests=args.enable_log_requests,
+                           return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+                           prompt_tokens_details=args.enable_prompt_tokens_details,
+                           max_logprobs=args.max_logprobs,
                            chat_template=args.chat_template,
                            trust_request_chat_template=args.trust_request_chat_template,
                            default_chat_template_kwargs=args.default_chat_template_kwargs)

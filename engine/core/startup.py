@@ -10,6 +10,7 @@ import logging
 import torch
 
 from kvledger.engine.checkpoint.hub.cache import serving_source
+from kvledger.engine.checkpoint.hub.uri import is_hub_uri, model_reference
 from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.core.cpu_threads import cap_torch_threads
@@ -41,7 +42,8 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
         raise DoesNotFit(render_report(plan), plan)
     device = torch_device(config.device)
     cap_torch_threads(torch)  # a pod's CPU limit is a quota torch does not see
-    tokenizer = Tokenizer(source.path, config.generation_config)
+    tokenizer = Tokenizer(source.path, config.generation_config,
+                          tokenizer_folder(config.tokenizer))
     log.info("%s", describe_defaults(tokenizer.sampling_defaults, config.generation_config))
     if config.tensor_parallel_size > 1:
         runner = start_ranks(config, plan, source.path, device)
@@ -96,6 +98,17 @@ def start_ranks(config: EngineConfig, plan: Plan, model_dir: str, device: torch.
     if threads:
         torch.set_num_threads(threads)  # the ranks share this machine's cores
     return RankedRunner(group.start(), group)
+
+
+def tokenizer_folder(given: str | None) -> str | None:
+    """--tokenizer's folder; BadInput for a hub id, which would need its own download."""
+    if given is None:
+        return None
+    if is_hub_uri(model_reference(given)):
+        raise BadInput(f"--tokenizer {given}: kvledger reads a tokenizer from a folder; "
+                       f"fetch the hub repo first (kvledger fetch --model {given}) and pass "
+                       f"its snapshot folder")
+    return given
 
 
 def torch_device(flag: str) -> torch.device:

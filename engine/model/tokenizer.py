@@ -16,13 +16,18 @@ from kvledger.engine.model.generation_config import AUTO, sampling_defaults
 class Tokenizer:
     """``encode``/``decode``, ``apply_chat_template`` and the set of EOS token ids."""
 
-    def __init__(self, model_dir: str | Path, generation_config: str = AUTO) -> None:
+    def __init__(self, model_dir: str | Path, generation_config: str = AUTO,
+                 tokenizer_dir: str | Path | None = None) -> None:
+        """The tokenizer files (tokenizer.json, tokenizer_config.json, chat templates) from
+        ``tokenizer_dir`` (vLLM's ``--tokenizer``; default the model's folder), what
+        generating needs (generation_config.json, config.json) from ``model_dir``."""
         from tokenizers import Tokenizer as HFTokenizer
 
         model_dir = Path(model_dir)
-        path = model_dir / "tokenizer.json"
+        files = Path(tokenizer_dir) if tokenizer_dir is not None else model_dir
+        path = files / "tokenizer.json"
         if not path.is_file():
-            raise BadInput(f"{model_dir}: no tokenizer.json (kvledger needs a fast tokenizer file)")
+            raise BadInput(f"{files}: no tokenizer.json (kvledger needs a fast tokenizer file)")
         try:
             self._tok = HFTokenizer.from_file(str(path))
         except Exception as exc:  # the library raises a bare Exception on bad files
@@ -31,11 +36,11 @@ class Tokenizer:
         # throughout (seconds for a 4 MiB prompt), which would stall the server's event
         # loop even from a worker thread. ``_fast`` skips the offsets nobody reads.
         self._encode_batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
-        self.tokenizer_config = _read_json(model_dir / "tokenizer_config.json")
+        self.tokenizer_config = _read_json(files / "tokenizer_config.json")
         self.bos_token = _token_text(self.tokenizer_config.get("bos_token"))
         self.eos_token = _token_text(self.tokenizer_config.get("eos_token"))
         self.chat_templates = chat_template.read_templates(
-            model_dir, self.tokenizer_config.get("chat_template"))
+            files, self.tokenizer_config.get("chat_template"))
         self.eos_token_ids: set[int] = set()
         if self.eos_token is not None and self.token_to_id(self.eos_token) is not None:
             self.eos_token_ids.add(self.token_to_id(self.eos_token))
@@ -47,7 +52,7 @@ class Tokenizer:
             eos = source.get("eos_token_id")
             self.eos_token_ids.update([eos] if isinstance(eos, int) else (eos or []))
         for name, source in self.chat_templates.items():  # a bad one fails here, at load
-            _check_template(f"{model_dir}: chat template {name!r}", source)
+            _check_template(f"{files}: chat template {name!r}", source)
 
     @property
     def chat_template(self) -> str | None:

@@ -151,6 +151,14 @@ class SamplingParams:
         self.processes_logits = bool(self.has_penalties or self.logit_bias
                                      or self.grammar is not None)
 
+    def summary(self) -> str:
+        """How it samples, in one line (a request log's; never its stop strings' text)."""
+        return (f"temperature {self.temperature:g}, top_p {self.top_p:g}, top_k {self.top_k}, "
+                f"min_p {self.min_p:g}, repetition_penalty {self.repetition_penalty:g}, "
+                f"presence_penalty {self.presence_penalty:g}, frequency_penalty "
+                f"{self.frequency_penalty:g}, seed {self.seed}, {len(self.stop_strings)} stop "
+                f"strings, logprobs {self.logprobs}, grammar {self.grammar is not None}")
+
     @property
     def greedy(self) -> bool:
         # vLLM's rule: a temperature this small is greedy; dividing the logits by it

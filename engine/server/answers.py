@@ -39,11 +39,19 @@ class Prepared:
     arrived: float
     created: int
     tools: ToolPlan = NO_TOOLS  # how a chat's tool calls are read from its text
+    # Prompt tokens found in the prefix cache, reported as usage.prompt_tokens_details
+    # (--enable-prompt-tokens-details); None: not reported.
+    cached_tokens: int | None = None
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def _usage(p: Prepared, completion_tokens: int) -> dict[str, Any]:
+    prompt_tokens = len(p.prompt_ids)
+    usage: dict[str, Any] = {"prompt_tokens": prompt_tokens,
+                             "completion_tokens": completion_tokens,
+                             "total_tokens": prompt_tokens + completion_tokens}
+    if p.cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": p.cached_tokens}
+    return usage
 
 
 async def whole(state: ServerState, p: Prepared, ticket, outputs) -> web.Response:
@@ -64,7 +72,7 @@ async def whole(state: ServerState, p: Prepared, ticket, outputs) -> web.Respons
     return web.json_response({"id": p.request_id,
                               "object": "chat.completion" if chat else "text_completion",
                               "created": p.created, "model": p.req.model, "choices": choices,
-                              "usage": _usage(len(p.prompt_ids), sum(counts))})
+                              "usage": _usage(p, sum(counts))})
 
 
 def _chat_choice(state: ServerState, p: Prepared, index: int, final) -> dict[str, Any]:
@@ -109,7 +117,8 @@ def _completion_logprobs(state: ServerState, p: Prepared, output, sent: int,
 
 def _token_text(state: ServerState, req: GenerationRequest):
     """How logprobs name a token: its text, or vLLM's ``token_id:N`` when asked."""
-    return _token_id_text if req.return_tokens_as_token_ids else state.token_text
+    return (_token_id_text if req.return_tokens_as_token_ids
+            or state.options.return_tokens_as_token_ids else state.token_text)
 
 
 def _token_id_text(token_id: int) -> str:
@@ -144,7 +153,7 @@ async def stream(request: web.Request, state: ServerState, p: Prepared, ticket,
         payload = {"id": p.request_id, "object": obj, "created": p.created, "model": req.model,
                    "choices": choices}
         if usage:
-            payload["usage"] = _usage(len(p.prompt_ids), sum(c.tokens for c in sent))
+            payload["usage"] = _usage(p, sum(c.tokens for c in sent))
         return _sse(payload)
 
     def chunk(index: int, delta: str | None, finish_reason: str | None,

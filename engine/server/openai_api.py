@@ -70,6 +70,7 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     lora = state.check_model(req.model)  # a LoRA adapter's request, or None: the base model
     # Answers carry the adapter's name, else the first served name, as vLLM's do.
     req.model = state.model_name if lora is None else lora.lora_name
+    _check_logprobs(state, req)
     tools = _tool_plan(state, req)
     prompt = await state.off_loop(len(raw), _prompt, state, req) if req.kind == "chat" else req.prompt
     defaults = state.engine.tokenizer.sampling_defaults  # the model's (--generation-config)
@@ -101,6 +102,12 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     ticket = await _admit(state, p.request_id, engine_requests,
                           _cache_salt(request, state, req, engine_requests[0].lora_salt))
     state.metrics.admitted.inc()
+    if state.options.prompt_tokens_details:
+        cached = ticket.reservations[0].num_cached_blocks * state.engine.ledger.block_size
+        p.cached_tokens = min(cached, len(prompt_ids))
+    if state.options.log_requests:  # ids, sizes and parameters; never the prompt's text
+        log.info("request %s: %d prompt tokens, max_tokens %d, n %d, model %r, %s",
+                 p.request_id, len(prompt_ids), cap, req.n, req.model, params[0].summary())
     if lora is not None:
         state.engine.loras.count(lora.lora_name)
     state.metrics.queue_wait.observe(time.monotonic() - arrived)
@@ -289,6 +296,16 @@ def _check_prompt(state: ServerState, prompt_ids: list[int]) -> None:
         state.engine.check_prompt(prompt_ids)
     except BadInput as exc:
         raise bad_request(str(exc), "prompt") from None
+
+
+def _check_logprobs(state: ServerState, req: GenerationRequest) -> None:
+    """A 400 for more logprobs per token than ``--max-logprobs`` allows."""
+    limit = state.options.max_logprobs
+    asked = max(req.logprobs_k() or 0, req.prompt_logprobs_k() or 0)
+    if asked > limit:
+        param = "top_logprobs" if req.kind == "chat" else "logprobs"
+        raise bad_request(f"{asked} logprobs per token asked for; this server reports at most "
+                          f"{limit} (--max-logprobs)", param)
 
 
 def _default_cap(cap: int, requested: int | None, defaults: dict[str, Any]) -> int:

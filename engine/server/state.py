@@ -71,6 +71,10 @@ class ServeOptions:
     enable_auto_tool_choice: bool = False  # vLLM's: tool_choice "auto" is served
     tool_call_parser: str | None = None    # vLLM's: hermes, llama3_json, mistral; None: the template's
     allow_runtime_lora_updating: bool = False  # /v1/load_lora_adapter (server/lora_routes.py)
+    log_requests: bool = False            # vLLM's --enable-log-requests: a line per request
+    return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens token_id:N
+    prompt_tokens_details: bool = False   # vLLM's: usage.prompt_tokens_details.cached_tokens
+    max_logprobs: int = 20                # vLLM's --max-logprobs (at most 20 here)
     chat_template: str | None = None     # vLLM's --chat-template: renders every chat instead
     trust_request_chat_template: bool = False  # a request's own chat_template may render
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # under a request's

@@ -40,6 +40,7 @@ DECLARED = {
     "container_memory_limit_bytes": ("--container-memory-limit", None),  # spec.resources
     "seed": ("--seed", "engine.seed"),
     "generation_config": ("--generation-config", "engine.generationConfig"),
+    "tokenizer": ("--tokenizer", None),
     "grammar_cache_bytes": ("--grammar-cache-bytes", None),
     "enable_lora": ("--enable-lora", "engine.enableLora"),
     "lora_modules": ("--lora-modules", None),  # from spec.adapters

@@ -18,6 +18,7 @@ import pytest
 from kvledger.engine.cli import build_parser, main
 from kvledger.engine.config import config_from_args
 from kvledger.engine.errors import BadInput
+from kvledger.engine.launch_line import dashed
 from kvledger.engine.vllm_flags import VLLM_SERVE_FLAGS
 
 ACCEPTED = None
@@ -72,6 +73,17 @@ LAUNCH_LINES = [
     ("CPU offload", "{model} --cpu-offload-gb 10", "--cpu-offload-gb"),
     ("sleep mode", "{model} --enable-sleep-mode", "--enable-sleep-mode"),
     ("Gemma 2", "{model} --disable-sliding-window", "--disable-sliding-window"),
+    ("optimization level", "{model} -O3", ACCEPTED),
+    ("optimization level, spaced", "{model} -O 2 --compilation-config '{{\"level\": 3}}'",
+     ACCEPTED),
+    ("compilation level, older vLLM", "{model} -O.level=3 -O=1", ACCEPTED),
+    ("request logging and token details", "{model} --enable-log-requests --max-logprobs 5 "
+     "--return-tokens-as-token-ids --enable-prompt-tokens-details", ACCEPTED),
+    ("a separate tokenizer", "{model} --tokenizer {model}", ACCEPTED),
+    ("fp8 KV scales", "{model} --kv-cache-dtype fp8 --calculate-kv-scales",
+     "--calculate-kv-scales"),
+    ("config overrides", "{model} --hf-overrides '{{\"rope_scaling\": null}}'",
+     "--hf-overrides"),
 ]
 
 
@@ -103,11 +115,11 @@ def test_preflight_and_serve_read_the_line_as_plan_does(tiny_llama_dir, command,
                                                         line, refused_by) -> None:
     parser = build_parser(command)
     if refused_by is None:
-        config = config_from_args(parser.parse_args(_argv(line, tiny_llama_dir)))
+        config = config_from_args(parser.parse_args(dashed(_argv(line, tiny_llama_dir))))
         assert config.model == str(tiny_llama_dir)
     else:
         with pytest.raises(BadInput, match=f"^{re.escape(refused_by)}[ :].*kvledger does not support"):
-            parser.parse_args(_argv(line, tiny_llama_dir))
+            parser.parse_args(dashed(_argv(line, tiny_llama_dir)))
 
 
 @pytest.mark.parametrize("command", ["plan", "preflight", "serve"])
@@ -145,6 +157,16 @@ def test_vllm_aliases_of_kvledger_flags() -> None:
         ["/m", "--device-memory-utilization", "0.5", "--no-enforce-eager"]))
     assert config.gpu_memory_utilization == 0.5 and config.enforce_eager is False
     assert config_from_args(parser.parse_args(["/m", "--enforce-eager"])).enforce_eager
+
+
+def test_every_flag_has_a_help_line() -> None:
+    for command in ("plan", "preflight", "serve", "fetch"):
+        parser = build_parser(command)
+        silent = [a.option_strings for a in parser._actions
+                  if a.option_strings and not a.help]
+        assert silent == [], command
+    text = " ".join(build_parser("serve").format_help().split())
+    assert "--config VALUE vLLM's: a YAML file of flags, read as vLLM reads it" in text
 
 
 def test_help_says_why_a_no_op_changes_nothing() -> None:
@@ -199,3 +221,22 @@ def test_underscored_flags_and_a_config_file_read_as_vllm_reads_them(tiny_llama_
     assert "No such file" in capsys.readouterr().err
     assert main(["plan", str(tiny_llama_dir), "--config", str(tmp_path / "x.json")]) == 2
     assert "a config file is YAML" in capsys.readouterr().err
+
+
+def test_the_shares_the_docs_give_are_the_parsers() -> None:
+    """README's and docs/coming-from-vllm.md's counts of vLLM's flags are what serve does."""
+    from collections import Counter
+    from pathlib import Path
+
+    from kvledger.engine.vllm_flags import verdicts
+
+    counts = Counter(verdicts(build_parser("serve")).values())
+    root = Path(__file__).resolve().parents[2]
+    readme = " ".join((root / "README.md").read_text().split())
+    page = " ".join((root / "docs" / "coming-from-vllm.md").read_text().split())
+    total = sum(counts.values())
+    assert (f"of vLLM 0.32's {total} serve flags, {counts['implemented']} implemented, "
+            f"{counts['no-op']} no-ops and {counts['refused']} refused") in readme
+    assert (f"Of vLLM 0.32's {total} `vllm serve` flags, {counts['implemented']} are "
+            f"implemented, {counts['no-op']} are accepted") in page
+    assert f"and {counts['refused']} are refused by name" in page
