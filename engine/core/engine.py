@@ -101,8 +101,7 @@ class LLMEngine:
                            "engine runs without --enable-lora")
         return self.loras.resolve(lora_request)
 
-    def check_prompt(self, prompt_token_ids: list[int]) -> None:
-        """BadInput unless the ids are a non-empty list of this model's token ids."""
+    def check_prompt(self, prompt_token_ids: list[int]) -> None:  # request.check_prompt_ids
         rules.check_prompt_ids(prompt_token_ids, self.runner.config.vocab_size)
 
     def check_params(self, params: SamplingParams) -> None:
@@ -135,7 +134,8 @@ class LLMEngine:
                 generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
             # A grammar's matcher() runs here: whatever it raises, the blocks go back.
             seq = Sequence(request_id, list(ids), params, request.cap_tokens, reservation,
-                           self.tokenizer.detokenizer(ids, params.kept_special_ids), generator)
+                           self.tokenizer.detokenizer(ids, params.kept_special_ids,
+                                                      params.skip_special_tokens), generator)
             seq.lora = request.lora
             with self._lock:  # check and claim the id in one step
                 if request_id in self._live:

@@ -112,8 +112,10 @@ class Tokenizer:
         return token_id if self.decode([token_id], skip_special_tokens=False) == text else None
 
     def detokenizer(self, prompt_token_ids: list[int],
-                    kept_special_ids: frozenset[int] = frozenset()) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(self, prompt_token_ids, kept_special_ids)
+                    kept_special_ids: frozenset[int] = frozenset(),
+                    skip_special_tokens: bool = True) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self, prompt_token_ids, kept_special_ids,
+                                      skip_special_tokens)
 
 
 class IncrementalDetokenizer:
@@ -122,15 +124,18 @@ class IncrementalDetokenizer:
     Decodes a short window (a few tokens of context + the new ones) each step, as vLLM
     does, so the cost per token does not grow with the length of the output. Special
     tokens are dropped, but for ``kept_special_ids``, whose text goes in where they come
-    (the text around them decodes as if they were not there).
+    (the text around them decodes as if they were not there), and all of them with
+    ``skip_special_tokens`` False (vLLM's request field).
     """
 
     _CONTEXT_TOKENS = 5
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int],
-                 kept_special_ids: frozenset[int] = frozenset()) -> None:
+                 kept_special_ids: frozenset[int] = frozenset(),
+                 skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
         self._kept = kept_special_ids
+        self._skip = skip_special_tokens
         self._ids: list[int] = list(prompt_token_ids[-self._CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
@@ -144,8 +149,8 @@ class IncrementalDetokenizer:
             return kept
         self._ids.append(token_id)
         decode = self._tokenizer.decode
-        prefix = decode(self._ids[self._prefix_offset:self._read_offset])
-        full = decode(self._ids[self._prefix_offset:])
+        prefix = decode(self._ids[self._prefix_offset:self._read_offset], self._skip)
+        full = decode(self._ids[self._prefix_offset:], self._skip)
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""  # an incomplete UTF-8 sequence, or a special token: wait
         new_text = full[len(prefix):]

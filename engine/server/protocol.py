@@ -94,6 +94,7 @@ class _Request(Strict):
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:123"
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | str | None = None

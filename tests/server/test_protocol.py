@@ -90,7 +90,7 @@ def test_chat_prefers_max_completion_tokens_and_joins_text_parts():
     ({"model": "m", "prompt": "x", "suffix": "end"}, "suffix"),
     ({"model": "m", "prompt": "x", "min_p": 1.5}, "min_p"),
     ({"model": "m", "prompt": "x", "use_beam_search": True}, "use_beam_search"),
-    ({"model": "m", "prompt": "x", "skip_special_tokens": False}, "skip_special_tokens"),
+    ({"model": "m", "prompt": "x", "skip_special_tokens": "no"}, "skip_special_tokens"),
     ({"model": "m", "prompt": "x", "prompt_logprobs": 1}, "prompt_logprobs"),
     # ... and fields nobody modelled, as unknown.
     ({"model": "m", "prompt": "x", "temprature": 0.5}, "temprature"),

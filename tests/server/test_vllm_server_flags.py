@@ -73,3 +73,14 @@ def test_a_separate_tokenizer_folder(tiny_llama_dir, tmp_path):
         make_llm(model)
     with pytest.raises(BadInput, match="reads a tokenizer from a folder"):
         make_llm(tiny_llama_dir, tokenizer="Org/tokenizer-on-the-hub")
+
+
+async def test_skip_special_tokens_false_keeps_their_text(aiohttp_client, llm):
+    client = await start_app(aiohttp_client, llm)
+    special = llm.tokenizer.token_to_id("<|system|>")
+    body = {"prompt": "Once upon", "max_tokens": 2, "logit_bias": {str(special): 100},
+            "ignore_eos": True, "temperature": 0}
+    status, kept = await _complete(client, skip_special_tokens=False, **body)
+    assert status == 200 and kept["choices"][0]["text"] == "<|system|><|system|>"
+    status, dropped = await _complete(client, **body)
+    assert status == 200 and dropped["choices"][0]["text"] == ""
