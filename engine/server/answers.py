@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +19,7 @@ from aiohttp import web
 from kvledger.engine.core.async_engine import EngineDeadError
 from kvledger.engine.server.api_errors import ApiError, sse_error_event
 from kvledger.engine.server.logprobs import chat_logprobs, completion_logprobs
+from kvledger.engine.server.metrics import RequestTimeline
 from kvledger.engine.server.protocol import GenerationRequest
 from kvledger.engine.server.state import ServerState
 from kvledger.engine.server.tools.calls import NO_TOOLS, ToolPlan
@@ -36,7 +36,7 @@ class Prepared:
     request_id: str
     prompt_ids: list[int]
     echo: str | None          # completions' ``echo``: the prompt's text, else None
-    arrived: float
+    timeline: RequestTimeline  # its measurement points, for the metrics
     created: int
     tools: ToolPlan = NO_TOOLS  # how a chat's tool calls are read from its text
     # Prompt tokens found in the prefix cache, reported as usage.prompt_tokens_details
@@ -58,9 +58,8 @@ async def whole(state: ServerState, p: Prepared, ticket, outputs) -> web.Respons
     finals: list = [None] * p.req.n
     counts = [0] * p.req.n
     async for index, output in outputs:
-        if not any(counts) and output.token_ids:
-            state.metrics.ttft.observe(time.monotonic() - p.arrived)
         finals[index], counts[index] = output, len(output.token_ids)
+        p.timeline.generated(sum(counts))
         state.admission.progress(ticket, min(counts))
     failed = next((f for f in finals if f.finish_reason == "error"), None)
     if failed is not None:  # the engine failed this request alone
@@ -177,9 +176,8 @@ async def stream(request: web.Request, state: ServerState, p: Prepared, ticket,
                 await response.write(chunk(index, "", None, role=True))
         async for index, output in outputs:
             choice = sent[index]
-            if not any(c.tokens for c in sent) and output.token_ids:
-                state.metrics.ttft.observe(time.monotonic() - p.arrived)
             choice.tokens = len(output.token_ids)
+            p.timeline.generated(sum(c.tokens for c in sent))
             state.admission.progress(ticket, min(c.tokens for c in sent))
             if output.finished and output.finish_reason == "error":
                 await _end_with_error(state, response, 500, _failed_message(output),

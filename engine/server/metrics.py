@@ -6,10 +6,13 @@ disagree with the blocks actually reserved.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from kvledger.engine.server.vllm_metrics import ENGINE_INDEX, LABELS, CacheInfo, VllmSeries
 
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # Reasons of kvledger_requests_failed_total exported at 0 from the start, so that a rate()
@@ -26,11 +29,14 @@ REJECTION_REASONS = ("kv_cache_full", "prompt_too_long", "over_context", "over_p
 # Extension's model server protocol), so one routes to kvledger with no configuration.
 # KV usage is the reserved ratio: what kvledger has promised, which is what decides
 # whether the next request is admitted. gpu_cache_usage_perc is the older name.
+# Counters' names are without ``_total``, as prometheus_client takes them.
 VLLM_ALIASES = {
     "vllm:num_requests_waiting": "kvledger_requests_waiting",
     "vllm:num_requests_running": "kvledger_requests_running",
     "vllm:kv_cache_usage_perc": "kvledger_kv_reserved_ratio",
     "vllm:gpu_cache_usage_perc": "kvledger_kv_reserved_ratio",
+    "vllm:prefix_cache_queries": "kvledger_prefix_cache_queries",
+    "vllm:prefix_cache_hits": "kvledger_prefix_cache_hits",
 }
 
 
@@ -38,8 +44,8 @@ Reads = dict[str, tuple[str, Callable[[], float]]]  # name -> (help, read)
 
 
 class _LiveGauges:
-    """Collects gauges and counters from callables at scrape time, and the gauges'
-    vLLM-named aliases (labelled ``model_name``, as vLLM labels them) once a model is
+    """Collects gauges and counters from callables at scrape time, and their vLLM-named
+    aliases (labelled ``model_name`` and ``engine``, as vLLM labels them) once a model is
     served."""
 
     def __init__(self, gauges: Reads, counters: Reads,
@@ -49,11 +55,13 @@ class _LiveGauges:
         self._model_name = model_name
 
     def collect(self):
-        for name, (help_text, read) in self._counters.items():
-            counter = CounterMetricFamily(name, help_text)
-            counter.add_metric([], float(read()))
-            yield counter
+        # Each read once: an alias never disagrees with its source.
+        counts = {name: float(read()) for name, (_, read) in self._counters.items()}
         values = {name: float(read()) for name, (_, read) in self._gauges.items()}
+        for name, (help_text, _) in self._counters.items():
+            counter = CounterMetricFamily(name, help_text)
+            counter.add_metric([], counts[name])
+            yield counter
         for name, (help_text, _) in self._gauges.items():
             family = GaugeMetricFamily(name, help_text)
             family.add_metric([], values[name])
@@ -62,10 +70,10 @@ class _LiveGauges:
         if model is None:
             return
         for alias, name in VLLM_ALIASES.items():
-            if name in values:  # read once above: an alias never disagrees with its source
-                family = GaugeMetricFamily(alias, f"{name}, under vLLM's name",
-                                           labels=["model_name"])
-                family.add_metric([model], values[name])
+            kind = CounterMetricFamily if name in counts else GaugeMetricFamily
+            if name in counts or name in values:
+                family = kind(alias, f"{name}, under vLLM's name", labels=list(LABELS))
+                family.add_metric([model, ENGINE_INDEX], counts.get(name, values.get(name)))
                 yield family
 
 
@@ -95,6 +103,16 @@ class ServerMetrics:
             self.failed.labels(reason)
         self.queue_wait = Histogram("kvledger_queue_wait_seconds", "time spent waiting for a "
                                     "KV reservation", buckets=LATENCY_BUCKETS_S, registry=r)
+        self.vllm: VllmSeries | None = None  # once a model is served
+
+    def serve_model(self, model_name: str, max_model_len: int, cache: CacheInfo) -> None:
+        """Export vLLM's request series for the model now served (once: one model a server)."""
+        if self.vllm is None:
+            self.vllm = VllmSeries(self.registry, model_name, max_model_len, cache)
+
+    def timeline(self, arrived: float) -> RequestTimeline:
+        """The measurement points of one request that arrived at ``arrived`` (monotonic)."""
+        return RequestTimeline(self, arrived)
 
     def count_failure(self, reason: str) -> None:
         """Count one request that failed on the server's side (5xx or a stream's error event)."""
@@ -109,3 +127,66 @@ class ServerMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class RequestTimeline:
+    """One request's timings, taken once each and observed into both kvledger's series and
+    vLLM's: arrival, admission (its KV reservation granted), each output that carried new
+    tokens, and the end."""
+
+    def __init__(self, metrics: ServerMetrics, arrived: float) -> None:
+        self._metrics = metrics
+        self._vllm = metrics.vllm
+        self.arrived = arrived
+        self.admitted_at: float | None = None
+        self.first_token_at: float | None = None
+        self._last_token_at: float | None = None
+        self._tokens = 0
+
+    def admitted(self, prompt_tokens: int) -> None:
+        self.admitted_at = now = time.monotonic()
+        self._metrics.admitted.inc()
+        self._metrics.queue_wait.observe(now - self.arrived)
+        self._metrics.prompt_tokens.inc(prompt_tokens)
+        if self._vllm is not None:
+            self._vllm.queue.observe(now - self.arrived)
+            self._vllm.prompt_tokens.inc(prompt_tokens)
+            self._vllm.request_prompt_tokens.observe(prompt_tokens)
+
+    def generated(self, tokens: int) -> None:
+        """The request's choices hold ``tokens`` generated tokens in all, as of now."""
+        if tokens <= self._tokens:
+            return
+        now = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = now
+            self._metrics.ttft.observe(now - self.arrived)
+            if self._vllm is not None:
+                self._vllm.ttft.observe(now - self.arrived)
+        elif self._vllm is not None:
+            self._vllm.inter_token.observe(now - self._last_token_at)
+        self._last_token_at, self._tokens = now, tokens
+
+    def finished(self, reasons: list[str], generated_tokens: int) -> None:
+        """The end of an admitted request: its choices' finish reasons ("abort" for one cut
+        short) and the tokens they generated."""
+        now = time.monotonic()
+        for reason in reasons:
+            self._metrics.finished.labels(reason).inc()
+        self._metrics.generation_tokens.inc(generated_tokens)
+        self._metrics.latency.observe(now - self.arrived)
+        vllm = self._vllm
+        if vllm is None:
+            return
+        vllm.finished(reasons)
+        vllm.generation_tokens.inc(generated_tokens)
+        vllm.request_generation_tokens.observe(generated_tokens)
+        vllm.e2e.observe(now - self.arrived)
+        if self.first_token_at is None or self.admitted_at is None:
+            return  # no token came: vLLM's phases after the queue are undefined
+        last = self._last_token_at
+        vllm.prefill.observe(self.first_token_at - self.admitted_at)
+        vllm.decode.observe(last - self.first_token_at)
+        vllm.inference.observe(last - self.admitted_at)
+        vllm.time_per_output_token.observe(
+            (last - self.first_token_at) / (generated_tokens - 1) if generated_tokens > 1 else 0)

@@ -65,6 +65,7 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     arrived = time.monotonic()
     state = request.app[STATE]
     state.check_accepting()
+    timeline = state.metrics.timeline(arrived)
     raw = await read_body(request)
     req = await state.off_loop(len(raw), _parse, parse, raw)
     lora = state.check_model(req.model)  # a LoRA adapter's request, or None: the base model
@@ -97,11 +98,11 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     echo = None
     if req.kind == "completion" and req.echo:
         echo = prompt if isinstance(prompt, str) else state.engine.tokenizer.decode(prompt_ids)
-    p = answers.Prepared(req, f"{id_prefix}-{uuid.uuid4().hex}", prompt_ids, echo, arrived,
+    p = answers.Prepared(req, f"{id_prefix}-{uuid.uuid4().hex}", prompt_ids, echo, timeline,
                          int(time.time()), tools)
     ticket = await _admit(state, p.request_id, engine_requests,
                           _cache_salt(request, state, req, engine_requests[0].lora_salt))
-    state.metrics.admitted.inc()
+    timeline.admitted(len(prompt_ids))
     if state.options.prompt_tokens_details:
         cached = ticket.reservations[0].num_cached_blocks * state.engine.ledger.block_size
         p.cached_tokens = min(cached, len(prompt_ids))
@@ -110,8 +111,6 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
                  p.request_id, len(prompt_ids), cap, req.n, req.model, params[0].summary())
     if lora is not None:
         state.engine.loras.count(lora.lora_name)
-    state.metrics.queue_wait.observe(time.monotonic() - arrived)
-    state.metrics.prompt_tokens.inc(len(prompt_ids))
     streams: list = []
     handed = 0
     try:
@@ -132,14 +131,15 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
         # The engine releases what it was handed (closing a stream aborts it); the rest
         # never left admission.
         state.admission.give_back(ticket.reservations[handed:])
+        reasons, generated = [], 0
         for stream in streams:
             await stream.aclose()
             last = stream.last
-            done = last is not None and last.finished
-            state.metrics.finished.labels(last.finish_reason if done else "abort").inc()
-            state.metrics.generation_tokens.inc(len(last.token_ids) if last else 0)
+            reasons.append(last.finish_reason if last is not None and last.finished
+                           else "abort")
+            generated += len(last.token_ids) if last else 0
         state.admission.done(ticket)
-        state.metrics.latency.observe(time.monotonic() - arrived)
+        timeline.finished(reasons, generated)
 
 
 async def _admit(state: ServerState, request_id: str, choices: list[EngineRequest],

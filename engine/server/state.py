@@ -23,6 +23,7 @@ from kvledger.engine.core.async_engine import AsyncEngine
 from kvledger.engine.lora_config import LoRARequest
 from kvledger.engine.server.api_errors import ApiError
 from kvledger.engine.server.metrics import ServerMetrics
+from kvledger.engine.server.vllm_metrics import CacheInfo
 
 if TYPE_CHECKING:  # the engine and the grammar compiler pull torch and xgrammar in
     from kvledger.engine.core.engine import LLMEngine
@@ -159,6 +160,14 @@ class ServerState:
         if self.options.chat_template is not None:  # checked when the flag was read
             engine.tokenizer.use_chat_template(self.options.chat_template)
         self.engine = engine
+        config = engine.config
+        self.metrics.serve_model(engine.model_name, engine.max_model_len, CacheInfo(
+            block_size=engine.ledger.block_size, cache_dtype=config.kv_cache_dtype,
+            enable_prefix_caching=config.enable_prefix_caching,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            num_gpu_blocks=engine.ledger.num_blocks,
+            num_gpu_blocks_override=config.num_gpu_blocks_override,
+            kv_cache_memory_bytes=config.kv_cache_memory_bytes))
         self.async_engine = driver = AsyncEngine(engine)
         self.admission = Admission(engine.ledger, max_model_len=engine.max_model_len,
                                    max_queue_wait_s=self.options.max_queue_wait_s,

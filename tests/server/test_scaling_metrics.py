@@ -66,12 +66,14 @@ async def _settled(client, name: str, value: float, timeout_s: float = 10.0) -> 
 
 
 def _vllm(samples: dict, alias: str, client) -> float | None:
-    return samples.get((alias, frozenset({("model_name", model_name(client))})))
+    return samples.get((alias, frozenset({("model_name", model_name(client)), ("engine", "0")})))
 
 
 def _assert_aliases_agree(samples: dict, client) -> None:
     for alias, name in VLLM_ALIASES.items():
-        assert _vllm(samples, alias, client) == samples[(name, frozenset())], alias
+        # A counter's samples end in _total, a gauge's are its name.
+        total = "_total" if (name + "_total", frozenset()) in samples else ""
+        assert _vllm(samples, alias + total, client) == samples[(name + total, frozenset())], alias
 
 
 async def test_reserved_ratio_is_reserved_over_total_blocks(aiohttp_client, llm, monkeypatch):
