@@ -247,8 +247,19 @@ def _adapters(raw: list[Mapping[str, Any]], model: Model) -> tuple[LoraModule, .
         if not is_hub_uri(uri) and (not uri.startswith("/") or ".." in uri.split("/")):
             raise BadInput(f"spec.adapters {name}: uri must be hf://ORG/NAME[@REVISION] or an "
                            f"absolute directory without '..', got {uri!r}")
-        out.append(LoraModule(name, posixpath.normpath(uri) if uri.startswith("/") else uri))
+        path = posixpath.normpath(uri) if uri.startswith("/") else uri
+        mount = model.volume.mount_path if model.volume is not None else None
+        if path.startswith("/") and mount is not None and not _under(path, mount):
+            raise BadInput(f"spec.adapters {name}: the directory {path} is not on the model's "
+                           f"volume, the pod's only mount for it: put the adapter under "
+                           f"{posixpath.normpath(mount)}")
+        out.append(LoraModule(name, path))
     return tuple(out)
+
+
+def _under(path: str, mount: str) -> bool:
+    mount = posixpath.normpath(mount)
+    return path == mount or path.startswith(mount.rstrip("/") + "/")
 
 
 def hub_adapters(spec: ServiceSpec) -> list[str]:

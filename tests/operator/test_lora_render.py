@@ -69,7 +69,11 @@ def test_hub_adapters_are_fetched_with_the_hub_model():
     ([{"name": "sql", "uri": "hf://org/sql-lora"}],
      r"spec.adapters sql: a hub adapter \(hf://org/sql-lora\) is downloaded into a hub model"),
     ([{"name": "sql", "uri": "/models/../etc"}], r"spec.adapters sql: uri must be"),
-    ([{"name": "a", "uri": "/x"}, {"name": "a", "uri": "/y"}], r"names 'a' twice"),
+    ([{"name": "a", "uri": "/models/x"}, {"name": "a", "uri": "/models/y"}],
+     r"names 'a' twice"),
+    # the pod mounts the model's volume only: `kvledger run` mapped such a path to nothing
+    ([{"name": "a", "uri": "/srv/adapters/a"}],
+     r"spec.adapters a: the directory /srv/adapters/a is not on the model's volume"),
 ])
 def test_adapters_that_can_never_work_are_refused_by_name(adapters, message):
     with pytest.raises(BadInput, match=message):

@@ -94,3 +94,28 @@ def test_the_pre_flight_refuses_lora_where_the_engine_would(make_model_dir, caps
         assert err.startswith("error: --enable-lora: ") and why in err and err.count("\n") == 1
     assert main(["plan", str(make_model_dir("tiny-llama")), "--device", "cpu",
                  "--enable-lora"]) == 0
+
+
+def test_the_pre_flight_reads_every_adapter_it_will_load(make_model_dir, tmp_path,
+                                                         capsys) -> None:
+    """A missing adapter, or one over --max-lora-rank, fails the pre-flight (the pod's init
+    container) by name, exit 2, instead of the engine after its model has loaded."""
+    from _lora_helpers import write_adapter
+
+    from kvledger.engine.cli import main
+
+    model = make_model_dir("tiny-llama")
+    good = write_adapter(tmp_path / "good", model, rank=8)
+    base = ["preflight", str(model), "--device", "cpu", "--enable-lora", "--max-lora-rank",
+            "16", "--termination-log", str(tmp_path / "log")]
+    assert main([*base, "--lora-modules", f"sql={good}"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    for modules, why in (([f"sql={good}", f"chat={tmp_path / 'missing'}"],
+                          "LoRA adapter 'chat' "),
+                         ([f"big={write_adapter(tmp_path / 'big', model, rank=32)}"],
+                          "rank 32 is over --max-lora-rank 16")):
+        assert main([*base, "--lora-modules", *modules]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and why in err and err.count("\n") == 1, err
+    # hf:// adapters are read when the engine fetches them
+    assert main([*base, "--lora-modules", "hub=hf://org/adapter"]) == 0
