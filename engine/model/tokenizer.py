@@ -111,6 +111,15 @@ class Tokenizer:
             return None
         return token_id if self.decode([token_id], skip_special_tokens=False) == text else None
 
+    def added_token_id(self, text: str) -> int | None:
+        """The id of the added token ``text``, special or not (Qwen's and Hermes'
+        ``<tool_call>`` is added with ``"special": false``), else None."""
+        token_id = self._tok.token_to_id(text)
+        if token_id is None:
+            return None
+        added = self._tok.get_added_tokens_decoder().get(token_id)
+        return token_id if added is not None and added.content == text else None
+
     def detokenizer(self, prompt_token_ids: list[int],
                     kept_special_ids: frozenset[int] = frozenset(),
                     skip_special_tokens: bool = True) -> IncrementalDetokenizer:

@@ -90,9 +90,14 @@ def template_parser(chat_template: str | None) -> str:
 
 
 def control_token_ids(tokenizer) -> dict[str, int]:
-    """Each format's markers that ``tokenizer`` holds as special tokens, with their ids."""
+    """Each format's markers that ``tokenizer`` holds as one token of their own, with their
+    ids: special tokens, and added tokens that are not special (Qwen2.5's and Hermes'
+    ``<tool_call>``). The grammar names them as those tokens (a grammar library takes
+    every added token for a special one, which a string literal may never produce); plain
+    constrained text still never does."""
     markers = {m for ms in CONTROL_TOKENS.values() for m in ms}
-    ids = {m: tokenizer.special_token_id(m) for m in sorted(markers)}
+    ids = {m: tokenizer.special_token_id(m) or tokenizer.added_token_id(m)
+           for m in sorted(markers)}
     return {m: i for m, i in ids.items() if i is not None}
 
 
