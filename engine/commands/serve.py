@@ -143,6 +143,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    default=DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S, metavar="SECONDS",
                    help="a structured-output schema whose grammar takes longer than this to "
                         f"compile is a 400 (default {DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S:g})")
+    _api_flags(parser.add_argument_group("the OpenAI API (vLLM's flags)"))
+    add_vllm_flags(parser)
+
+
+def _api_flags(s: argparse._ArgumentGroup) -> None:
+    """Tool calling, chat templates, LoRA updates, logging and what answers carry."""
     s.add_argument("--enable-auto-tool-choice", action=argparse.BooleanOptionalAction,
                    default=False,
                    help="vLLM's: serve tool_choice \"auto\" (the model chooses; its calls are "
@@ -186,7 +192,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--max-logprobs", type=_max_logprobs, default=MAX_LOGPROBS, metavar="N",
                    help=f"vLLM's: the most logprobs a request may ask per token (default and "
                         f"most {MAX_LOGPROBS}); more is a 400")
-    add_vllm_flags(parser)
 
 
 def main(args: argparse.Namespace) -> int:

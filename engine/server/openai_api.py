@@ -28,16 +28,19 @@ from kvledger.engine.admission.ticket import Ticket
 from kvledger.engine.core.async_engine import EngineDeadError
 from kvledger.engine.core.request import EngineRequest
 from kvledger.engine.errors import BadInput, CapTooLarge, KVCacheFull, PoolTooSmall, PromptTooLong
-from kvledger.engine.model.chat_template import compiled
 from kvledger.engine.server import answers
 from kvledger.engine.server.api_errors import ApiError, admission_error, bad_request
 from kvledger.engine.server.limits import decode_json
 from kvledger.engine.server.protocol import (
-    ChatRequest,
-    ChatTemplateOptions,
     GenerationRequest,
     parse_chat,
     parse_completion,
+)
+from kvledger.engine.server.request_fields import (
+    chat_prompt,
+    check_logprobs,
+    default_cap,
+    sampling_params,
 )
 from kvledger.engine.server.state import API_KEY_INDEX, STATE, ServerState
 from kvledger.engine.server.structured_outputs import constraint_field
@@ -71,23 +74,23 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     lora = state.check_model(req.model)  # a LoRA adapter's request, or None: the base model
     # Answers carry the adapter's name, else the first served name, as vLLM's do.
     req.model = state.model_name if lora is None else lora.lora_name
-    _check_logprobs(state, req)
+    check_logprobs(state, req)
     tools = _tool_plan(state, req)
-    prompt = await state.off_loop(len(raw), _prompt, state, req) if req.kind == "chat" else req.prompt
+    prompt = await state.off_loop(len(raw), chat_prompt, state, req) if req.kind == "chat" else req.prompt
     defaults = state.engine.tokenizer.sampling_defaults  # the model's (--generation-config)
     early = state.admission.early_rejection(_max_prompt_tokens(prompt), req.cap, req.n)
     if early is not None:  # a full pool refuses it whatever its exact length
         raise admission_error(early)
     prompt_ids = await state.off_loop(len(raw), _encode, state, req, prompt)
     try:
-        cap = _default_cap(state.admission.effective_cap(len(prompt_ids), req.cap), req.cap,
+        cap = default_cap(state.admission.effective_cap(len(prompt_ids), req.cap), req.cap,
                            defaults)
     except (PromptTooLong, CapTooLarge) as exc:
         raise admission_error(exc) from None
     if not isinstance(prompt, list):  # the tokenizer's ids, checked once they fit the context
         _check_prompt(state, prompt_ids)
     grammar = await _grammar(state, req, tools)
-    params = [_sampling_params(req, cap, grammar, i, defaults, tools.kept_ids)
+    params = [sampling_params(req, cap, grammar, i, defaults, tools.kept_ids)
               for i in range(req.n)]
     try:  # before admission: token ids the model lacks (logit_bias) are a 400
         state.engine.check_params(params[0])  # the choices differ in their seeds only
@@ -102,15 +105,30 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
                          int(time.time()), tools)
     ticket = await _admit(state, p.request_id, engine_requests,
                           _cache_salt(request, state, req, engine_requests[0].lora_salt))
-    timeline.admitted(len(prompt_ids))
+    _admitted(state, p, ticket, params[0], cap, lora)
+    return await _answer(request, state, p, ticket, engine_requests)
+
+
+def _admitted(state: ServerState, p: answers.Prepared, ticket, params, cap: int,
+              lora) -> None:
+    """What follows a request's admission: its timeline and adapter counted, its cached
+    prompt tokens (--enable-prompt-tokens-details) and its log line (--enable-log-requests)."""
+    p.timeline.admitted(len(p.prompt_ids))
     if state.options.prompt_tokens_details:
         cached = ticket.reservations[0].num_cached_blocks * state.engine.ledger.block_size
-        p.cached_tokens = min(cached, len(prompt_ids))
+        p.cached_tokens = min(cached, len(p.prompt_ids))
     if state.options.log_requests:  # ids, sizes and parameters; never the prompt's text
         log.info("request %s: %d prompt tokens, max_tokens %d, n %d, model %r, %s",
-                 p.request_id, len(prompt_ids), cap, req.n, req.model, params[0].summary())
+                 p.request_id, len(p.prompt_ids), cap, p.req.n, p.req.model, params.summary())
     if lora is not None:
         state.engine.loras.count(lora.lora_name)
+
+
+async def _answer(request: web.Request, state: ServerState, p: answers.Prepared, ticket,
+                  engine_requests: list[EngineRequest]) -> web.StreamResponse:
+    """Each choice handed to the engine, the answer sent whole or streamed; whatever
+    happens, every reservation goes back and the request's end is measured."""
+    req = p.req
     streams: list = []
     handed = 0
     try:
@@ -139,7 +157,7 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
                            else "abort")
             generated += len(last.token_ids) if last else 0
         state.admission.done(ticket)
-        timeline.finished(reasons, generated)
+        p.timeline.finished(reasons, generated)
 
 
 async def _admit(state: ServerState, request_id: str, choices: list[EngineRequest],
@@ -240,38 +258,6 @@ def _parse(parse, raw: bytes) -> GenerationRequest:
 _ADDED_TOKENS_MAX = 8
 
 
-def render_chat(state: ServerState, req: ChatTemplateOptions, messages: list[dict[str, Any]],
-                tools: list[dict[str, Any]] | None) -> str:
-    """A chat rendered as prompt text: with the request's own template only under
-    ``--trust-request-chat-template`` (as vLLM), its ``chat_template_kwargs`` over
-    ``--default-chat-template-kwargs``; a 400 naming the field when it cannot be."""
-    options = state.options
-    if req.chat_template is not None and not options.trust_request_chat_template:
-        raise bad_request("a chat_template in the request needs the server's "
-                          "--trust-request-chat-template (a template is code the server "
-                          "runs); without it the model's template renders every chat",
-                          "chat_template")
-    kwargs = {**options.default_chat_template_kwargs, **(req.chat_template_kwargs or {})}
-    if req.chat_template is not None:
-        try:
-            compiled(req.chat_template)
-        except BadInput as exc:
-            raise bad_request(str(exc), "chat_template") from None
-    try:
-        return state.engine.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=req.add_generation_prompt, tools=tools,
-            template=req.chat_template, kwargs=kwargs,
-            continue_final_message=req.continue_final_message)
-    except BadInput as exc:
-        param = "chat_template_kwargs" if "chat_template_kwargs" in str(exc) else "messages"
-        raise bad_request(str(exc), param) from None
-
-
-def _prompt(state: ServerState, req: ChatRequest) -> str:
-    """A chat rendered as prompt text (``render_chat``)."""
-    return render_chat(state, req, req.template_messages, req.template_tools)
-
-
 def _max_prompt_tokens(prompt: str | list[int]) -> int:
     if isinstance(prompt, list):
         return len(prompt)
@@ -296,54 +282,6 @@ def _check_prompt(state: ServerState, prompt_ids: list[int]) -> None:
         state.engine.check_prompt(prompt_ids)
     except BadInput as exc:
         raise bad_request(str(exc), "prompt") from None
-
-
-def _check_logprobs(state: ServerState, req: GenerationRequest) -> None:
-    """A 400 for more logprobs per token than ``--max-logprobs`` allows."""
-    limit = state.options.max_logprobs
-    asked = max(req.logprobs_k() or 0, req.prompt_logprobs_k() or 0)
-    if asked > limit:
-        param = "top_logprobs" if req.kind == "chat" else "logprobs"
-        raise bad_request(f"{asked} logprobs per token asked for; this server reports at most "
-                          f"{limit} (--max-logprobs)", param)
-
-
-def _default_cap(cap: int, requested: int | None, defaults: dict[str, Any]) -> int:
-    """``cap`` (the request's, or the rest of the context when it set none), at most the
-    model's ``max_new_tokens`` when the request set none (vLLM's fallback)."""
-    default = defaults.get("max_tokens")
-    return min(cap, default) if requested is None and default is not None else cap
-
-
-# Each sampling field a request may leave unset, and vLLM's neutral value for it.
-_NEUTRAL = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
-            "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
-
-
-def _sampling_params(req: GenerationRequest, cap: int, grammar: Any, index: int,
-                     defaults: dict[str, Any],
-                     kept_special_ids: frozenset[int] = frozenset()) -> Any:
-    """One choice's SamplingParams: each field the request set, else the model's default
-    (``defaults``: its generation_config.json), else vLLM's neutral value."""
-    from kvledger.engine.sampling.params import SamplingParams
-
-    seed = req.seed
-    if seed is not None and index:  # each choice draws its own tokens, reproducibly
-        seed = (seed + index) % 2**64
-    sampling = {name: value if (value := getattr(req, name)) is not None
-                else defaults.get(name, neutral) for name, neutral in _NEUTRAL.items()}
-    try:
-        return SamplingParams(
-            **sampling, seed=seed,
-            max_tokens=cap, stop=req.stop or None, stop_token_ids=req.stop_token_ids,
-            ignore_eos=req.ignore_eos, min_tokens=req.min_tokens,
-            logit_bias=req.bias, logprobs=req.logprobs_k(),
-            prompt_logprobs=req.prompt_logprobs_k(),
-            include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens, grammar=grammar,
-            kept_special_ids=kept_special_ids)
-    except BadInput as exc:
-        raise bad_request(str(exc)) from None
 
 
 def _tool_plan(state: ServerState, req: GenerationRequest) -> ToolPlan:

@@ -17,6 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from kvledger.engine.sampling.params import MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_PENALTY
+from kvledger.engine.server.chat_options import ChatTemplateOptions
 from kvledger.engine.server.limits import (
     MAX_CACHE_SALT_CHARS,
     MAX_INT,
@@ -263,28 +264,6 @@ class ChatMessage(Strict):
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
         return message
-
-
-class ChatTemplateOptions(Strict):
-    """What a chat's render takes beyond its messages and tools, as vLLM takes them:
-    ``continue_final_message`` leaves the last message open (no generation prompt then);
-    ``chat_template`` (needs ``--trust-request-chat-template``) and
-    ``chat_template_kwargs`` (e.g. Qwen3's ``enable_thinking``), rendered by
-    ``model/chat_template.py``."""
-
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template: Annotated[str, Field(min_length=1)] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-
-    @model_validator(mode="after")
-    def _open_final(self) -> ChatTemplateOptions:
-        if self.continue_final_message:
-            if self.add_generation_prompt and "add_generation_prompt" in self.model_fields_set:
-                raise Refusal("'continue_final_message' and 'add_generation_prompt' cannot "
-                              "both be true", "continue_final_message")
-            self.add_generation_prompt = False
-        return self
 
 
 class ChatRequest(_Request, ChatTemplateOptions):

@@ -444,7 +444,7 @@ async def test_a_bug_is_a_bare_500_and_counted(aiohttp_client, llm, monkeypatch)
     def broken(req, cap):
         raise RuntimeError("injected bug at /secret/path")
 
-    monkeypatch.setattr(openai_api, "_sampling_params", broken)
+    monkeypatch.setattr(openai_api, "sampling_params", broken)
     response = await client.post("/v1/completions", json={
         "model": model_name(client), "prompt": "hi", "max_tokens": 2})
     text = await response.text()

@@ -206,12 +206,12 @@ _FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens",
 def test_any_body_is_either_a_400_or_valid_sampling_params(body, chat):
     import torch
 
-    from kvledger.engine.server.openai_api import _sampling_params
+    from kvledger.engine.server.request_fields import sampling_params
 
     try:
         req = (parse_chat if chat else parse_completion)(body)
         for index in range(req.n):
-            _sampling_params(req, 10, None, index)
+            sampling_params(req, 10, None, index)
     except ApiError as exc:
         assert exc.status == 400
         return
