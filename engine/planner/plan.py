@@ -145,9 +145,9 @@ def _seated_budget(config: EngineConfig, device: DeviceMemory, measured: Measure
     it, so the plan returned is that of the seats it states), else at 16."""
     if config.max_num_seqs is not None:
         return _budget(config, device, measured, shape, weights, config.max_num_seqs, DECLARED)
-    one = _budget(config, device, measured, shape, weights, 1, KV_POOL)
-    if one.kv.pool_mode != "cap":  # no cap, or an explicit pool: it decides no seats
+    if not _cap_sizes_pool(config, resolve_limit(config, device)[1]):
         return _budget(config, device, measured, shape, weights, DEFAULT_MAX_NUM_SEQS, DEFAULT)
+    one = _budget(config, device, measured, shape, weights, 1, KV_POOL)
     if not one.fits:  # not one full-context sequence fits: vLLM's refusal
         return one
     bound, why = seat_bound(device, one.max_num_batched_tokens, measured.max_num_seqs)
@@ -267,9 +267,16 @@ def _pool(config: EngineConfig, seats: int, blocks_per_seq: int, block_bytes: in
     if config.kv_cache_memory_bytes is not None:
         return ("kv-cache-memory-bytes", config.kv_cache_memory_bytes // block_bytes,
                 blocks_per_seq)
-    if source != FREE_MEMORY:
+    if _cap_sizes_pool(config, source):
         return "cap", max(0, room_bytes // block_bytes), workload_blocks
     return "workload", workload_blocks, workload_blocks
+
+
+def _cap_sizes_pool(config: EngineConfig, limit_source: str) -> bool:
+    """Whether the pool is all that is left under a cap: a cap given, and no explicit pool
+    (``--num-gpu-blocks-override``, ``--kv-cache-memory-bytes``), which wins over it."""
+    return (limit_source != FREE_MEMORY and config.num_gpu_blocks_override is None
+            and config.kv_cache_memory_bytes is None)
 
 
 def _geometry_fields(geometry: KVGeometry, num_blocks: int) -> dict[str, object]:
