@@ -119,11 +119,17 @@ class EngineConfig:
         help="context limit in tokens (default: the model's max_position_embeddings)",
         crd=Crd("engine", "context limit in tokens (--max-model-len)"))
     # vLLM's defaults: vllm/engine/arg_utils.py get_batch_defaults (`vllm serve` context).
-    max_num_seqs: int = setting(
-        DEFAULT_MAX_NUM_SEQS, "--max-num-seqs", POSITIVE_INT, group=WORKLOAD,
-        help=f"sequences running at once (default {DEFAULT_MAX_NUM_SEQS}; vllm serve's is 256, "
-             "1024 on a GPU of 70 GiB or more other than an A100, 128 on a CPU)",
-        crd=Crd("engine", "concurrent sequences (--max-num-seqs)"))
+    # None: not given. Under a cap (--gpu-memory-utilization, --memory-limit) the KV pool
+    # then decides, as in vLLM: as many whole max_model_len sequences as it holds, at most
+    # vllm serve's default (planner/seats.py); else DEFAULT_MAX_NUM_SEQS.
+    max_num_seqs: int | None = setting(
+        None, "--max-num-seqs", POSITIVE_INT, group=WORKLOAD,
+        help="sequences running at once. Not given: under a cap, as many max_model_len "
+             "sequences as the KV pool left under it holds, at most vllm serve's default "
+             "(256, 1024 on a GPU of 70 GiB or more other than an A100, 128 on a CPU); "
+             f"without a cap or with an explicit pool, {DEFAULT_MAX_NUM_SEQS}",
+        crd=Crd("engine", "concurrent sequences (--max-num-seqs; unset: what the KV pool "
+                          "holds under a cap, else 16)"))
     max_num_batched_tokens: int | None = setting(
         None, "--max-num-batched-tokens", POSITIVE_INT, group=WORKLOAD,
         help=f"tokens per engine step (default max(max_model_len, {MIN_DEFAULT_BATCHED_TOKENS}): "
@@ -265,7 +271,7 @@ class EngineConfig:
         if not self.model:
             raise BadInput("--model is required")
         check_settings(self)  # each value in its kind's domain
-        if (self.max_num_batched_tokens is not None
+        if (self.max_num_batched_tokens is not None and self.max_num_seqs is not None
                 and self.max_num_batched_tokens < self.max_num_seqs):
             raise BadInput(f"--max-num-batched-tokens {self.max_num_batched_tokens} is below "
                            f"--max-num-seqs {self.max_num_seqs}: every running sequence decodes "

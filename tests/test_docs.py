@@ -217,7 +217,8 @@ def _plan_70b(page: str, name: str, capsys, sparse_70b: Path) -> str:
 
 
 # excerpt name -> the kvledger verb whose output it is
-PLANNED = {"tiny-refusal": "run", "70b-refusal": "plan", "70b-fits": "plan", "70b-tp4": "plan"}
+PLANNED = {"tiny-refusal": "run", "70b-refusal": "plan", "70b-fits": "plan", "70b-tp4": "plan",
+           "70b-cap": "plan", "70b-cap-refusal": "plan"}
 DESCRIBED = {"describe-refusal"}
 
 

@@ -59,6 +59,7 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
                                              plan.max_num_seqs, plan.kv.dtype),
         context_bytes=context_bytes(device, device_memory, config),
         cuda_graph_bytes=0,  # the engine runs eagerly: it captures no CUDA graphs
+        max_num_seqs=plan.max_num_seqs,  # seats the pool decides: never more than profiled
     )
     measured_plan = make_plan(config, device=device_memory, measured=measured, source=source)
     log_predicted_vs_measured(plan, measured_plan)
@@ -70,7 +71,10 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
                  config.max_lora_rank, lora_bytes)
     kv = measured_plan.kv
     pool_bytes = runner.allocate_kv_cache(kv.num_blocks, kv.dtype)
-    log.info("KV pool: %d blocks x %d tokens (%d bytes)", kv.num_blocks, kv.block_size, pool_bytes)
+    log.info("KV pool: %d blocks x %d tokens (%d bytes), %d sequences of %d tokens; "
+             "max_num_seqs %d (%s)", kv.num_blocks, kv.block_size, pool_bytes, kv.sequences,
+             measured_plan.max_model_len, measured_plan.max_num_seqs,
+             measured_plan.max_num_seqs_source)
     ledger = KVLedger(kv.num_blocks, kv.block_size,
                       enable_prefix_caching=config.enable_prefix_caching,
                       overcommit=config.admission == "safe", max_live=measured_plan.max_num_seqs,

@@ -8,9 +8,11 @@ Precedence (docs/planner.md, "Precedence"):
 - KV pool: ``--num-gpu-blocks-override`` blocks; else ``--kv-cache-memory-bytes``; else,
   with a cap, all that is left under it (vLLM); else exactly the declared workload,
   ``max_num_seqs * ceil(max_model_len / block_size)`` blocks.
+- max_num_seqs: ``--max-num-seqs``; not given, under a cap that sizes the pool, the whole
+  ``max_model_len`` sequences the pool holds, bounded (``seats``); else 16.
 - fits: the total is within the limit, the limit within free memory, and the pool holds
   the declared workload (an explicit pool size need only hold one ``max_model_len``
-  sequence).
+  sequence; a pool that decides the seats, at least one).
 
 A checkpoint of an architecture kvledger's engine serves is planned as the engine runs it,
 so one the engine cannot load (quantized weights, tensors it does not know) is bad input
@@ -31,7 +33,7 @@ from kvledger.engine.checkpoint.contents import (
 from kvledger.engine.checkpoint.hf_config import read_config_json
 from kvledger.engine.checkpoint.loadable import loadable_config
 from kvledger.engine.checkpoint.model_config import SUPPORTED_ARCHITECTURES
-from kvledger.engine.config import MIN_DEFAULT_BATCHED_TOKENS, EngineConfig
+from kvledger.engine.config import DEFAULT_MAX_NUM_SEQS, MIN_DEFAULT_BATCHED_TOKENS, EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner import estimates
 from kvledger.engine.planner.device import DeviceMemory, probe_device
@@ -51,6 +53,13 @@ from kvledger.engine.planner.pool import (
 )
 from kvledger.engine.planner.record import KVInfo, Measured, Plan
 from kvledger.engine.planner.remedies import find_remedies
+from kvledger.engine.planner.seats import (
+    DECLARED,
+    DEFAULT,
+    KV_POOL,
+    derive_seats,
+    seat_bound,
+)
 from kvledger.engine.planner.sharding import check_shardable, rank_shape
 from kvledger.engine.planner.support import check_engine_run, expert_width
 from kvledger.engine.planner.weight_bytes import dequantization_bytes, loaded_weight_bytes
@@ -121,19 +130,45 @@ def make_plan(config: EngineConfig, *, device: DeviceMemory | None = None,
     measured = measured or Measured()
 
     def replan(candidate: EngineConfig) -> Plan:
-        return _budget(candidate, device, measured, shape, weights)
+        return _seated_budget(candidate, device, measured, shape, weights)
 
-    plan = dataclasses.replace(_budget(config, device, measured, shape, weights), source=source)
+    plan = dataclasses.replace(replan(config), source=source)
     if not plan.fits and with_remedies:
         plan = dataclasses.replace(plan, remedies=find_remedies(plan, replan))
     return plan
 
 
+def _seated_budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
+                   shape: ModelShape, weights: WeightsInfo) -> Plan:
+    """The budget at ``--max-num-seqs``; not given, at the seats the KV pool holds under a
+    cap (``seats.py``: each candidate re-planned, its activations and CUDA graphs with
+    it, so the plan returned is that of the seats it states), else at 16."""
+    if config.max_num_seqs is not None:
+        return _budget(config, device, measured, shape, weights, config.max_num_seqs, DECLARED)
+    if not _cap_sizes_pool(config, resolve_limit(config, device)[1]):
+        return _budget(config, device, measured, shape, weights, DEFAULT_MAX_NUM_SEQS, DEFAULT)
+    one = _budget(config, device, measured, shape, weights, 1, KV_POOL)
+    if not one.fits:  # not one full-context sequence fits: vLLM's refusal
+        return one
+    bound, why = seat_bound(device, one.max_num_batched_tokens, measured.max_num_seqs)
+
+    def at(seats: int) -> Plan:
+        return _budget(config, device, measured, shape, weights, seats, KV_POOL)
+
+    seated = at(derive_seats(lambda seats: at(seats).fits, bound))
+    if seated.kv.sequences <= seated.max_num_seqs:
+        return seated
+    # The pool holds more than the seats: the bound, or one seat more takes activation
+    # memory the pool would then lack.
+    return dataclasses.replace(seated, seats_note=why if seated.max_num_seqs == bound else
+                               "one seat more needs activation memory the pool then lacks")
+
+
 def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
-            full_shape: ModelShape, weights: WeightsInfo) -> Plan:
-    """One GPU's budget; under ``--tensor-parallel-size`` N what one rank holds
-    (``sharding``), where the ranks share one memory (the CPU, a unified pool) against
-    1/N of the limit."""
+            full_shape: ModelShape, weights: WeightsInfo, seats: int, seats_source: str) -> Plan:
+    """One GPU's budget at ``seats`` sequences at once; under ``--tensor-parallel-size`` N
+    what one rank holds (``sharding``), where the ranks share one memory (the CPU, a
+    unified pool) against 1/N of the limit."""
     tp = config.tensor_parallel_size
     check_shardable(full_shape, tp, expert_width(weights))
     shape = rank_shape(full_shape, tp)
@@ -151,14 +186,14 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
         check_engine_run(config, full_shape, weights)
 
     classes = _classes(config, device, measured, full_shape, shape, weights, model_dtype,
-                       kv_dtype, batched_tokens, gathered_tokens)
+                       kv_dtype, batched_tokens, gathered_tokens, seats)
     limit, source, margin = resolve_limit(config, device)
     if device.kind == "cpu" or device.unified:  # N ranks in one memory: 1/N of the limit each
         limit //= tp
     non_kv = sum(classes.values())
 
     block_bytes = geometry.bytes_per_block
-    mode, pool, needed = _pool(config, blocks_per_seq, block_bytes, limit - non_kv, source)
+    mode, pool, needed = _pool(config, seats, blocks_per_seq, block_bytes, limit - non_kv, source)
     num_blocks = max(pool, needed)  # short of `needed`, the run needs `needed`
     classes["kv_cache"] = num_blocks * block_bytes
     required = non_kv + classes["kv_cache"]
@@ -172,12 +207,12 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
         limit_source=source,
         classes=classes,
         kv=KVInfo(block_size=config.block_size, num_blocks=num_blocks, dtype=kv_dtype,
-                  pool_mode=mode, required_blocks=needed, **_geometry_fields(geometry)),
+                  pool_mode=mode, required_blocks=needed, **_geometry_fields(geometry, num_blocks)),
         remedies=[],
         unified_memory=device.unified,
         max_model_len=max_model_len,
         max_num_batched_tokens=batched_tokens,
-        max_num_seqs=config.max_num_seqs,
+        max_num_seqs=seats, max_num_seqs_source=seats_source,
         warnings=limit_warnings(config, device),
         device=device,
         model_dtype=model_dtype,
@@ -192,7 +227,8 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
 
 def _classes(config: EngineConfig, device: DeviceMemory, measured: Measured,
              full_shape: ModelShape, shape: ModelShape, weights: WeightsInfo, model_dtype: str,
-             kv_dtype: str, batched_tokens: int, gathered_tokens: int) -> dict[str, int]:
+             kv_dtype: str, batched_tokens: int, gathered_tokens: int,
+             seats: int) -> dict[str, int]:
     """Every class but the KV cache (0 here): measured where the engine measured it, else
     estimated (``estimates``, ``weight_bytes``); ``shape`` is one rank's."""
     tp = config.tensor_parallel_size
@@ -203,14 +239,14 @@ def _classes(config: EngineConfig, device: DeviceMemory, measured: Measured,
             weights, model_dtype, shape=full_shape, quantize_fp8=config.quantization == "fp8",
             tensor_parallel_size=tp)),  # planner/weight_bytes.py
         "activations": _pick(measured.activation_peak_bytes, estimates.activation_peak_bytes(
-            shape, dtype_bytes, batched_tokens, config.max_num_seqs,
+            shape, dtype_bytes, batched_tokens, seats,
             context_tokens=gathered_tokens, kv_dtype_bytes=estimates.DTYPE_BYTES[kv_dtype])
             + dequantization_bytes(shape, weights, model_dtype, batched_tokens,
                                    quantize_fp8=config.quantization == "fp8")
             + estimates.matmul_workspace_bytes(device.kind)),
         "kv_cache": 0,
         "cuda_graphs": 0 if config.enforce_eager or on_cpu else _pick(
-            measured.cuda_graph_bytes, estimates.cuda_graph_bytes(shape, config.max_num_seqs)),
+            measured.cuda_graph_bytes, estimates.cuda_graph_bytes(shape, seats)),
         # Where the device's memory is the host's, the compiled grammars share it.
         "context": _pick(measured.context_bytes, estimates.context_bytes(device.kind)
                          + estimates.comm_buffer_bytes(device.kind, tp))
@@ -219,31 +255,40 @@ def _classes(config: EngineConfig, device: DeviceMemory, measured: Measured,
     }
 
 
-def _pool(config: EngineConfig, blocks_per_seq: int, block_bytes: int, room_bytes: int,
-          source: str) -> tuple[str, int, int]:
+def _pool(config: EngineConfig, seats: int, blocks_per_seq: int, block_bytes: int,
+          room_bytes: int, source: str) -> tuple[str, int, int]:
     """(mode, blocks the pool is given, blocks the run needs): a declared pool
     (``--num-gpu-blocks-override``, ``--kv-cache-memory-bytes``) needs one whole sequence;
-    under a cap the pool is all the ``room_bytes`` left; else the declared workload."""
-    workload_blocks = config.max_num_seqs * blocks_per_seq
+    under a cap the pool is all the ``room_bytes`` left; else the workload (its seats'
+    ``max_model_len`` sequences)."""
+    workload_blocks = seats * blocks_per_seq
     if config.num_gpu_blocks_override is not None:
         return "override", config.num_gpu_blocks_override, blocks_per_seq
     if config.kv_cache_memory_bytes is not None:
         return ("kv-cache-memory-bytes", config.kv_cache_memory_bytes // block_bytes,
                 blocks_per_seq)
-    if source != FREE_MEMORY:
+    if _cap_sizes_pool(config, source):
         return "cap", max(0, room_bytes // block_bytes), workload_blocks
     return "workload", workload_blocks, workload_blocks
 
 
-def _geometry_fields(geometry: KVGeometry) -> dict[str, object]:
-    """KVInfo's fields that the layout's geometry (``pool.kv_layout_geometry``) gives."""
+def _cap_sizes_pool(config: EngineConfig, limit_source: str) -> bool:
+    """Whether the pool is all that is left under a cap: a cap given, and no explicit pool
+    (``--num-gpu-blocks-override``, ``--kv-cache-memory-bytes``), which wins over it."""
+    return (limit_source != FREE_MEMORY and config.num_gpu_blocks_override is None
+            and config.kv_cache_memory_bytes is None)
+
+
+def _geometry_fields(geometry: KVGeometry, num_blocks: int) -> dict[str, object]:
+    """KVInfo's fields that the layout's geometry (``pool.kv_layout_geometry``) gives, and
+    the whole ``max_model_len`` sequences a pool of ``num_blocks`` holds."""
     return {"bytes_per_block": geometry.bytes_per_block,
             "bytes_per_token": geometry.bytes_per_token,
             "blocks_per_seq": geometry.blocks_per_seq, "layout": geometry.layout,
             "rule": geometry.rule, "note": geometry.note,
             "layers_per_block": geometry.layers_per_block,
             "bytes_per_seq": geometry.blocks_per_seq * geometry.bytes_per_block,
-            "groups": geometry.groups}
+            "groups": geometry.groups, "sequences": num_blocks // geometry.blocks_per_seq}
 
 
 def _lora_bytes(config: EngineConfig, shape: ModelShape, dtype_bytes: int) -> int:

@@ -38,12 +38,15 @@ class Measured:
     activation_peak_bytes: int | None = None
     context_bytes: int | None = None
     cuda_graph_bytes: int | None = None
+    # The seats (max_num_seqs) the activations were profiled at: a concurrency the plan
+    # derives from the pool (planner/seats.py) is never more, as the peak grows with it.
+    max_num_seqs: int | None = None
 
     def given(self) -> tuple[str, ...]:
         names = {"weights_bytes": "weights", "activation_peak_bytes": "activations",
                  "context_bytes": "context", "cuda_graph_bytes": "cuda_graphs"}
         return tuple(names[f.name] for f in dataclasses.fields(self)
-                     if getattr(self, f.name) is not None)
+                     if f.name in names and getattr(self, f.name) is not None)
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class KVInfo:
     layers_per_block: int = 0  # a block is one page in each of this many layers
     bytes_per_seq: int = 0  # blocks_per_seq * bytes_per_block
     groups: tuple[PoolGroup, ...] = ()  # per kind of layer: layers, window, blocks per sequence
+    sequences: int = 0  # whole max_model_len sequences the pool holds
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,10 @@ class Plan:
     measured: tuple[str, ...] = ()  # classes whose figure the engine measured
     source: ModelSource | None = None  # where the checkpoint was read; a hub model's commit
     tensor_parallel_size: int = 1  # every figure above is what one of these GPUs holds
+    # "--max-num-seqs" (declared), "default" (16), or "kv-pool" (not declared, under a cap:
+    # the whole sequences the pool holds, bounded; planner/seats.py)
+    max_num_seqs_source: str = "--max-num-seqs"
+    seats_note: str = ""  # why a derived max_num_seqs is fewer than the sequences the pool holds
 
     @property
     def cap_above_free(self) -> bool:
@@ -109,6 +117,7 @@ class Plan:
             "tensor_parallel_size": self.tensor_parallel_size,
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
+            "max_num_seqs_source": self.max_num_seqs_source,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "model_dtype": self.model_dtype,
             "margin_bytes": self.margin_bytes,

@@ -19,6 +19,7 @@ from kvledger.engine.planner.estimates import (
 from kvledger.engine.planner.limit import largest_utilization
 from kvledger.engine.planner.pool import ENGINE_NOTE, ENGINE_RULE, PoolGroup
 from kvledger.engine.planner.record import Plan, Remedy
+from kvledger.engine.planner.seats import KV_POOL
 
 TERMINATION_LOG_MAX_BYTES = 4096  # the kubelet keeps at most this much of the message
 # The pre-flight's machine-readable line: the plan's figures as JSON after this prefix, last
@@ -164,18 +165,7 @@ def _breakdown(plan: Plan) -> list[str]:
         if plan.shape.quantization:  # e.g. "mxfp4 (u8)": MXFP4 blocks and scales are U8
             weights_dtype = f"{plan.shape.quantization} ({weights_dtype})"
     kv_dtype = SHORT_DTYPE.get(kv.dtype, kv.dtype)
-    workload = f"max_model_len={plan.max_model_len} x max_num_seqs={plan.max_num_seqs}"
-    if kv.pool_mode == "cap" and plan.fits:
-        kv_detail = (f"{kv.num_blocks} blocks, all left under the cap, {kv_dtype}; "
-                     f"{workload} needs {kv.required_blocks} blocks")
-    elif kv.pool_mode in ("cap", "workload"):  # refused under a cap: what the workload needs
-        kv_detail = f"{workload}, {kv_dtype}"
-    else:
-        flag, pool = _explicit_pool(plan)
-        kv_detail = f"{pool} blocks from {flag}, {kv_dtype}"
-        if pool < kv.required_blocks:  # refused: the row and the pool line show what it needs
-            kv_detail = (f"{kv.required_blocks} blocks for one max_model_len sequence; {flag} "
-                         f"gives {pool}, {kv_dtype}")
+    kv_detail = _kv_detail(plan, kv_dtype)
     if cfg.enforce_eager:
         graphs_detail = "--enforce-eager"
     elif plan.device.kind == "cpu":
@@ -202,6 +192,7 @@ def _breakdown(plan: Plan) -> list[str]:
           if cfg.enable_lora else []),
         f"  KV pool: {kv.num_blocks} blocks x {kv.block_size} tokens, "
         f"{format_size(kv.bytes_per_block)} per block ({_pool_holds(plan)})",
+        *_seats_lines(plan),
     ]
     if kv.rule != ENGINE_RULE or kv.note != ENGINE_NOTE:
         lines.append(f"  KV layout: {_layout_text(plan)}")
@@ -209,6 +200,43 @@ def _breakdown(plan: Plan) -> list[str]:
     if dtype_note:
         lines.append(f"  dtype: {dtype_note}")
     return lines
+
+
+def _kv_detail(plan: Plan, kv_dtype: str) -> str:
+    """The KV cache row's detail: the pool's blocks and what they hold, or on a refusal
+    what the run needs of it."""
+    kv = plan.kv
+    workload = f"max_model_len={plan.max_model_len} x max_num_seqs={plan.max_num_seqs}"
+    if plan.max_num_seqs_source == KV_POOL:  # the pool decides the seats: it must hold one
+        workload = f"one max_model_len={plan.max_model_len} sequence at least"
+    if kv.pool_mode == "cap" and plan.fits:
+        held = (_sequences(plan) if plan.max_num_seqs_source == KV_POOL
+                else f"{workload} needs {kv.required_blocks} blocks")
+        return f"{kv.num_blocks} blocks, all left under the cap, {kv_dtype}; {held}"
+    if kv.pool_mode in ("cap", "workload"):  # refused under a cap: what the workload needs
+        return f"{workload}, {kv_dtype}"
+    flag, pool = _explicit_pool(plan)
+    if pool < kv.required_blocks:  # refused: the row and the pool line show what it needs
+        return (f"{kv.required_blocks} blocks for one max_model_len sequence; {flag} "
+                f"gives {pool}, {kv_dtype}")
+    return f"{pool} blocks from {flag}, {kv_dtype}"
+
+
+def _sequences(plan: Plan) -> str:
+    return (f"holds {plan.kv.sequences} sequence{'s' if plan.kv.sequences != 1 else ''} of "
+            f"{plan.max_model_len} tokens")
+
+
+def _seats_lines(plan: Plan) -> list[str]:
+    """With --max-num-seqs not given under a cap: the seats the pool decided (seats.py)."""
+    if plan.max_num_seqs_source != KV_POOL:
+        return []
+    if not plan.fits:
+        return [f"  concurrency: --max-num-seqs not given: the KV pool left under the cap must "
+                f"hold one sequence of {plan.max_model_len} tokens"]
+    bounded = f"; {plan.seats_note}" if plan.seats_note else ""
+    return [f"  concurrency: KV pool {_sequences(plan)}: max_num_seqs {plan.max_num_seqs} "
+            f"(--max-num-seqs not given{bounded})"]
 
 
 def _pool_holds(plan: Plan) -> str:

@@ -107,9 +107,13 @@ def test_a_zero_size_names_the_flag_the_user_typed(argv: list[str], flag: str) -
 
 
 def test_help_compares_the_workload_defaults_with_vllms() -> None:
-    """Our 16 sequences per step is far below vLLM's default: --help says so."""
+    """Our 16 sequences without a cap is far below vLLM's default: --help says so, and that
+    under a cap the pool decides, bounded by vLLM's default."""
     parser = argparse.ArgumentParser()
     add_engine_flags(parser)
     text = " ".join(parser.format_help().split())
-    assert "(default 16; vllm serve's is 256, 1024 on a GPU of 70 GiB or more" in text
+    assert ("Not given: under a cap, as many max_model_len sequences as the KV pool left "
+            "under it holds, at most vllm serve's default (256, 1024 on a GPU of 70 GiB or "
+            "more other than an A100, 128 on a CPU); without a cap or with an explicit pool, "
+            "16") in text
     assert "(default max(max_model_len, 2048): a whole prompt is one step; vllm serve's is 2048" in text

@@ -160,7 +160,9 @@ def test_the_real_preflights_message_and_log_give_the_plans_figures(tiny_llama, 
                                    "cudaGraphs": planned["classes"]["cuda_graphs"],
                                    "context": planned["classes"]["context"],
                                    "lora": 0}  # no --enable-lora
-        assert plan["kv"]["numBlocks"] == planned["kv"]["num_blocks"] == 1024
+        # --max-num-seqs not given under a cap: refused as one 1024-token sequence
+        assert plan["kv"]["numBlocks"] == planned["kv"]["num_blocks"] == 1024 // 16
+        assert (plan["maxNumSeqs"], plan["maxNumSeqsSource"]) == (1, "kv-pool")
         assert (plan["required"], plan["limit"], plan["shortBy"]) == (
             format_size(planned["required_bytes"]), "64.0 MiB",
             format_size(planned["short_by_bytes"]))

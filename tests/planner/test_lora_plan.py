@@ -29,8 +29,9 @@ def test_lora_slots_are_a_class_of_their_own() -> None:
 
 
 def test_lora_slots_shrink_the_pool_under_a_cap() -> None:
-    base = plan(max_model_len=4096, gpu_memory_utilization=0.9, device=GPU_80)
-    lora = plan(max_model_len=4096, gpu_memory_utilization=0.9, device=GPU_80,
+    # Seats declared: left to the pool, fewer would run beside the slots (test_plan.py).
+    base = plan(max_model_len=4096, max_num_seqs=16, gpu_memory_utilization=0.9, device=GPU_80)
+    lora = plan(max_model_len=4096, max_num_seqs=16, gpu_memory_utilization=0.9, device=GPU_80,
                 enable_lora=True, max_loras=8, max_lora_rank=64)
     assert lora.classes["lora"] == 81_920 * 64 * 8 * 32 * 2
     assert lora.kv.num_blocks == base.kv.num_blocks - lora.classes["lora"] // base.kv.bytes_per_block

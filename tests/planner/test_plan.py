@@ -279,9 +279,9 @@ def test_remedy_max_num_seqs_is_the_largest_that_fits() -> None:
 def test_fp8_offered_only_when_it_closes_the_gap() -> None:
     _, remedies = refused(memory_limit_bytes=24 * GiB, max_model_len=8192, max_num_seqs=16)
     assert "--kv-cache-dtype" not in remedies  # 16 x 8192 in fp8 is still 8 GiB: not enough
-    _, remedies = refused(memory_limit_bytes=30 * GiB, max_model_len=8192, max_num_seqs=16)
-    fp8 = remedies["--kv-cache-dtype"]
-    with_fp8 = plan(memory_limit_bytes=30 * GiB, max_model_len=8192, kv_cache_dtype="fp8")
+    flags = dict(memory_limit_bytes=30 * GiB, max_model_len=8192, max_num_seqs=16)
+    fp8 = refused(**flags)[1]["--kv-cache-dtype"]
+    with_fp8 = plan(**flags, kv_cache_dtype="fp8")
     assert fp8.value == "fp8" and with_fp8.fits and fp8.kv_bytes == with_fp8.classes["kv_cache"]
     assert with_fp8.kv.bytes_per_block == block_bytes(dtype_bytes=1)
     _, remedies = refused(memory_limit_bytes=22 * GiB, max_model_len=8192, max_num_seqs=16,

@@ -65,7 +65,7 @@ def test_fits_report() -> None:
 
 
 def test_nothing_fits_says_so() -> None:
-    _, text = report(memory_limit_bytes=10 * GiB, max_model_len=4096)
+    _, text = report(memory_limit_bytes=10 * GiB, max_model_len=4096, max_num_seqs=16)
     assert "no single change of flags fits within 10.0 GiB: the weights alone are 61.2 GiB" in text
 
 
