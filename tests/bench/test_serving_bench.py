@@ -135,11 +135,11 @@ def test_summary_of_an_overload_run():
     assert summary["drain_s"] == 4
 
 
-def _overload(goodput, p99, past=0, errors=0, reserved=0.0, preemption_metrics=()):
+def _overload(goodput, p99, past=0, errors=0, reserved=0.0, preemptions=0.0):
     return {"goodput_tok_s": goodput, "p99_s": p99, "past_deadline": past,
             "server_errors_5xx": errors, "refused_other_4xx": 0,
             "server": {"requests_failed": 0.0, "blocks_reserved_idle": reserved,
-                       "preemption_metrics": list(preemption_metrics)}}
+                       "preemptions": preemptions}}
 
 
 def _part1(*ratios):
@@ -154,8 +154,7 @@ def test_claims_all_met():
 
 def test_claims_that_fail():
     failed = [c["claim"] for c in serving.claims(
-        _part1(0.94), _overload(200, 30, past=1, errors=2, reserved=3,
-                                preemption_metrics=["kvledger_preemptions_total"]),
+        _part1(0.94), _overload(200, 30, past=1, errors=2, reserved=3, preemptions=1.0),
         _overload(250, 20)) if not c["met"]]
     assert len(failed) == 7
     assert failed[0].startswith("part 1, concurrency 1")
