@@ -188,7 +188,8 @@ def _api_flags(s: argparse._ArgumentGroup) -> None:
     s.add_argument("--enable-prompt-tokens-details", action=argparse.BooleanOptionalAction,
                    default=False,
                    help="vLLM's: answers' usage carry prompt_tokens_details.cached_tokens, the "
-                        "prompt tokens found in the prefix cache")
+                        "prompt tokens found in the prefix cache (with several tenants, add "
+                        "--cache-salt-per-key, or it tells one what another sent)")
     s.add_argument("--max-logprobs", type=_max_logprobs, default=MAX_LOGPROBS, metavar="N",
                    help=f"vLLM's: the most logprobs a request may ask per token (default and "
                         f"most {MAX_LOGPROBS}); more is a 400")

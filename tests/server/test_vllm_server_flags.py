@@ -84,3 +84,23 @@ async def test_skip_special_tokens_false_keeps_their_text(aiohttp_client, llm):
     assert status == 200 and kept["choices"][0]["text"] == "<|system|><|system|>"
     status, dropped = await _complete(client, **body)
     assert status == 200 and dropped["choices"][0]["text"] == ""
+
+
+async def test_cached_prompt_tokens_never_tell_one_key_what_another_sent(aiohttp_client, llm):
+    """usage.prompt_tokens_details.cached_tokens counts a key's own cached prompt only under
+    --cache-salt-per-key: the same prompt sent under another key finds nothing cached, so
+    the count cannot tell one tenant what another sent."""
+    client = await start_app(aiohttp_client, llm, api_keys=("key-a", "key-b"),
+                             salt_cache_per_key=True, prompt_tokens_details=True)
+    prompt = " ".join(["A tenant's private system prompt, long enough for blocks"] * 6)
+
+    async def cached(key):
+        response = await client.post("/v1/completions", headers={
+            "Authorization": f"Bearer {key}"}, json={
+            "model": model_name(client), "prompt": prompt, "max_tokens": 1})
+        assert response.status == 200
+        return (await response.json())["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert await cached("key-a") == 0
+    assert await cached("key-a") > 0      # its own prompt, cached
+    assert await cached("key-b") == 0     # the same text under another key: nothing
