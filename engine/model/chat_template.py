@@ -23,6 +23,11 @@ from typing import Any
 
 from kvledger.engine.errors import BadInput
 
+
+class ReservedKwargs(BadInput):
+    """A request's ``chat_template_kwargs`` names a variable its own fields set."""
+
+
 TEMPLATE_FILE = "chat_template.jinja"
 TEMPLATE_DIR = "additional_chat_templates"  # transformers 5's name (CHAT_TEMPLATE_DIR)
 DEFAULT, TOOL_USE = "default", "tool_use"
@@ -85,8 +90,8 @@ def render(source: str, messages: list[dict[str, Any]], *, add_generation_prompt
     extra = dict(kwargs or {})
     reserved = sorted(RESERVED_KWARGS & extra.keys())
     if reserved:
-        raise BadInput(f"chat_template_kwargs may not set {', '.join(reserved)} (the request's "
-                       f"own fields set them)")
+        raise ReservedKwargs(f"chat_template_kwargs may not set {', '.join(reserved)} (the "
+                             f"request's own fields set them)")
     extra = {k: v for k, v in extra.items() if k in variables}
     try:
         text = template.render(messages=messages, add_generation_prompt=add_generation_prompt,

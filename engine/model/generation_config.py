@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from kvledger.engine import json_text
+from kvledger.engine.checkpoint.hf_config import read_json
 from kvledger.engine.errors import BadInput
 
 AUTO, VLLM = "auto", "vllm"
@@ -38,10 +38,7 @@ def sampling_defaults(model_dir: str | Path, source: str = AUTO) -> dict[str, An
     path = folder / FILE
     if not path.is_file():
         return {}
-    try:
-        raw = json_text.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise BadInput(f"{path}: not valid JSON ({exc})") from None
+    raw = read_json(path, FILE)
     if not isinstance(raw, dict):
         raise BadInput(f"{path}: must be a JSON object, got {type(raw).__name__}")
     defaults = {}

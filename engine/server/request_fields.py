@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.model.chat_template import compiled
+from kvledger.engine.model.chat_template import ReservedKwargs, compiled
 from kvledger.engine.server.api_errors import bad_request
 from kvledger.engine.server.chat_options import ChatTemplateOptions
 from kvledger.engine.server.protocol import ChatRequest, GenerationRequest
@@ -38,9 +38,10 @@ def render_chat(state: ServerState, req: ChatTemplateOptions, messages: list[dic
             messages, add_generation_prompt=req.add_generation_prompt, tools=tools,
             template=req.chat_template, kwargs=kwargs,
             continue_final_message=req.continue_final_message)
+    except ReservedKwargs as exc:
+        raise bad_request(str(exc), "chat_template_kwargs") from None
     except BadInput as exc:
-        param = "chat_template_kwargs" if "chat_template_kwargs" in str(exc) else "messages"
-        raise bad_request(str(exc), param) from None
+        raise bad_request(str(exc), "messages") from None
 
 
 def chat_prompt(state: ServerState, req: ChatRequest) -> str:
