@@ -134,8 +134,9 @@ class LLMEngine:
                 generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
             # A grammar's matcher() runs here: whatever it raises, the blocks go back.
             seq = Sequence(request_id, list(ids), params, request.cap_tokens, reservation,
-                           self.tokenizer.detokenizer(ids, params.kept_special_ids,
-                                                      params.skip_special_tokens), generator)
+                           self.tokenizer.detokenizer(
+                               ids, params.kept_special_ids, params.skip_special_tokens,
+                               params.spaces_between_special_tokens), generator)
             seq.lora = request.lora
             with self._lock:  # check and claim the id in one step
                 if request_id in self._live:

@@ -36,6 +36,10 @@ class Tokenizer:
         # throughout (seconds for a 4 MiB prompt), which would stall the server's event
         # loop even from a worker thread. ``_fast`` skips the offsets nobody reads.
         self._encode_batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+        # Every added token's text by id, special or not
+        self.added_texts: dict[int, str] = {
+            token_id: added.content
+            for token_id, added in self._tok.get_added_tokens_decoder().items()}
         self.tokenizer_config = _read_json(files / "tokenizer_config.json")
         self.bos_token = _token_text(self.tokenizer_config.get("bos_token"))
         self.eos_token = _token_text(self.tokenizer_config.get("eos_token"))
@@ -115,16 +119,16 @@ class Tokenizer:
         """The id of the added token ``text``, special or not (Qwen's and Hermes'
         ``<tool_call>`` is added with ``"special": false``), else None."""
         token_id = self._tok.token_to_id(text)
-        if token_id is None:
-            return None
-        added = self._tok.get_added_tokens_decoder().get(token_id)
-        return token_id if added is not None and added.content == text else None
+        return token_id if token_id is not None and self.added_texts.get(token_id) == text \
+            else None
 
     def detokenizer(self, prompt_token_ids: list[int],
                     kept_special_ids: frozenset[int] = frozenset(),
-                    skip_special_tokens: bool = True) -> IncrementalDetokenizer:
+                    skip_special_tokens: bool = True,
+                    spaces_between_special_tokens: bool = True) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self, prompt_token_ids, kept_special_ids,
-                                      skip_special_tokens)
+                                      skip_special_tokens, spaces_between_special_tokens)
+
 
 
 class IncrementalDetokenizer:
@@ -134,17 +138,25 @@ class IncrementalDetokenizer:
     does, so the cost per token does not grow with the length of the output. Special
     tokens are dropped, but for ``kept_special_ids``, whose text goes in where they come
     (the text around them decodes as if they were not there), and all of them with
-    ``skip_special_tokens`` False (vLLM's request field).
+    ``skip_special_tokens`` False (vLLM's request field). With
+    ``spaces_between_special_tokens`` False too, an added token right after another is
+    its bare text, as vLLM's fast detokenizer gives it: a decoder that spaces tokens apart
+    (WordPiece's) spaces it from the text before them, never from each other.
     """
 
     _CONTEXT_TOKENS = 5
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int],
                  kept_special_ids: frozenset[int] = frozenset(),
-                 skip_special_tokens: bool = True) -> None:
+                 skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
         self._kept = kept_special_ids
         self._skip = skip_special_tokens
+        # Added tokens' texts, when they are not to be spaced apart (else None)
+        self._bare = (None if skip_special_tokens or spaces_between_special_tokens
+                      else tokenizer.added_texts)
+        self._last_added = False
         self._ids: list[int] = list(prompt_token_ids[-self._CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
@@ -163,6 +175,11 @@ class IncrementalDetokenizer:
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""  # an incomplete UTF-8 sequence, or a special token: wait
         new_text = full[len(prefix):]
+        if self._bare is not None:
+            added = self._bare.get(token_id)
+            if added is not None and self._last_added:
+                new_text = added
+            self._last_added = added is not None
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
         self.text += new_text

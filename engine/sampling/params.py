@@ -72,6 +72,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True  # False: special tokens' text stays in the output
+    # False (with skip_special_tokens False): an added token right after another is its
+    # bare text, never spaced from it by the tokenizer's decoder (vLLM's field)
+    spaces_between_special_tokens: bool = True
     grammar: Any = None
     # Special tokens whose text the output keeps (decoding drops the others): a tool-call
     # format's markers, such as Mistral's [TOOL_CALLS], which its parser must see.
@@ -116,7 +119,8 @@ class SamplingParams:
                 _is_int(t) and t >= 0 for t in kept):
             raise BadInput("kept_special_ids must be a set of non-negative token ids")
         self.kept_special_ids = frozenset(kept)
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
+                     "spaces_between_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise BadInput(f"{name} must be true or false, got {getattr(self, name)!r}")
         self._check_processing()

@@ -16,7 +16,9 @@ from typing import Any
 
 from aiohttp import web
 
+from kvledger.engine.admission.ticket import Ticket
 from kvledger.engine.core.async_engine import EngineDeadError
+from kvledger.engine.core.request import EngineRequest
 from kvledger.engine.server.api_errors import ApiError, sse_error_event
 from kvledger.engine.server.logprobs import chat_logprobs, completion_logprobs
 from kvledger.engine.server.metrics import RequestTimeline
@@ -29,13 +31,24 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class Part:
+    """One prompt of a request (completions may send several) and its ``n`` choices."""
+
+    prompt_ids: list[int]
+    choices: list[EngineRequest]
+    echo: str | None           # completions' ``echo``: the prompt's text, else None
+    ticket: Ticket | None = None  # once admitted
+    handed: int = 0            # of its reservations, those handed to the engine
+
+
+@dataclass
 class Prepared:
-    """A request admitted and on its way: what its answer is built from."""
+    """A request on its way: what its answer is built from. Choice ``k`` answers prompt
+    ``k // n`` (OpenAI's and vLLM's indices)."""
 
     req: GenerationRequest
     request_id: str
-    prompt_ids: list[int]
-    echo: str | None          # completions' ``echo``: the prompt's text, else None
+    parts: list[Part]
     timeline: RequestTimeline  # its measurement points, for the metrics
     created: int
     tools: ToolPlan = NO_TOOLS  # how a chat's tool calls are read from its text
@@ -43,9 +56,30 @@ class Prepared:
     # (--enable-prompt-tokens-details); None: not reported.
     cached_tokens: int | None = None
 
+    @property
+    def num_choices(self) -> int:
+        return len(self.parts) * self.req.n
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Every prompt's tokens, once each (not once per choice), as vLLM's usage counts."""
+        return sum(len(part.prompt_ids) for part in self.parts)
+
+    def part(self, index: int) -> Part:
+        """The prompt choice ``index`` answers."""
+        return self.parts[index // self.req.n]
+
+    def progress(self, state: ServerState, counts: list[int]) -> None:
+        """Each prompt's ticket told how far its choices have got (``counts``: each
+        choice's tokens); the request's timeline, how many in all."""
+        self.timeline.generated(sum(counts))
+        n = self.req.n
+        for i, part in enumerate(self.parts):
+            state.admission.progress(part.ticket, min(counts[i * n:(i + 1) * n]))
+
 
 def _usage(p: Prepared, completion_tokens: int) -> dict[str, Any]:
-    prompt_tokens = len(p.prompt_ids)
+    prompt_tokens = p.prompt_tokens
     usage: dict[str, Any] = {"prompt_tokens": prompt_tokens,
                              "completion_tokens": completion_tokens,
                              "total_tokens": prompt_tokens + completion_tokens}
@@ -54,13 +88,12 @@ def _usage(p: Prepared, completion_tokens: int) -> dict[str, Any]:
     return usage
 
 
-async def whole(state: ServerState, p: Prepared, ticket, outputs) -> web.Response:
-    finals: list = [None] * p.req.n
-    counts = [0] * p.req.n
+async def whole(state: ServerState, p: Prepared, outputs) -> web.Response:
+    finals: list = [None] * p.num_choices
+    counts = [0] * p.num_choices
     async for index, output in outputs:
         finals[index], counts[index] = output, len(output.token_ids)
-        p.timeline.generated(sum(counts))
-        state.admission.progress(ticket, min(counts))
+        p.progress(state, counts)
     failed = next((f for f in finals if f.finish_reason == "error"), None)
     if failed is not None:  # the engine failed this request alone
         raise ApiError(500, _failed_message(failed), code="request_error",
@@ -98,20 +131,20 @@ def _finish_reason(reason: str | None, scanner: CallScanner | None) -> str | Non
 
 
 def _completion_choice(state: ServerState, p: Prepared, index: int, final) -> dict[str, Any]:
-    return {"index": index, "text": (p.echo or "") + final.text,
-            "logprobs": _completion_logprobs(state, p, final, 0, True),
+    return {"index": index, "text": (p.part(index).echo or "") + final.text,
+            "logprobs": _completion_logprobs(state, p.part(index), final, 0, True, p.req),
             "finish_reason": final.finish_reason}
 
 
-def _completion_logprobs(state: ServerState, p: Prepared, output, sent: int,
-                         with_prompt: bool) -> dict[str, list] | None:
+def _completion_logprobs(state: ServerState, part: Part, output, sent: int,
+                         with_prompt: bool, req: GenerationRequest) -> dict[str, list] | None:
     """Output tokens ``sent:`` (and the prompt's, for ``echo``) in the completions shape."""
     if output.logprobs is None:
         return None
     entries = list(zip(output.token_ids[sent:], output.logprobs[sent:], strict=True))
     if with_prompt and output.prompt_logprobs is not None:
-        entries = list(zip(p.prompt_ids, output.prompt_logprobs, strict=True)) + entries
-    return completion_logprobs(entries, _token_text(state, p.req))
+        entries = list(zip(part.prompt_ids, output.prompt_logprobs, strict=True)) + entries
+    return completion_logprobs(entries, _token_text(state, req))
 
 
 def _token_text(state: ServerState, req: GenerationRequest):
@@ -135,8 +168,8 @@ class _ChoiceStream:
     scanner: CallScanner | None = None  # a chat with tools: reads calls from the text
 
 
-async def stream(request: web.Request, state: ServerState, p: Prepared, ticket,
-                  outputs) -> web.StreamResponse:
+async def stream(request: web.Request, state: ServerState, p: Prepared,
+                 outputs) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
     try:
@@ -146,7 +179,7 @@ async def stream(request: web.Request, state: ServerState, p: Prepared, ticket,
     req = p.req
     chat = req.kind == "chat"
     obj = "chat.completion.chunk" if chat else "text_completion"
-    sent = [_ChoiceStream(scanner=p.tools.scanner()) for _ in range(req.n)]
+    sent = [_ChoiceStream(scanner=p.tools.scanner()) for _ in range(p.num_choices)]
 
     def event(choices: list[dict[str, Any]], usage: bool = False) -> bytes:
         payload = {"id": p.request_id, "object": obj, "created": p.created, "model": req.model,
@@ -172,13 +205,12 @@ async def stream(request: web.Request, state: ServerState, p: Prepared, ticket,
 
     try:
         if chat:
-            for index in range(req.n):
+            for index in range(p.num_choices):
                 await response.write(chunk(index, "", None, role=True))
         async for index, output in outputs:
             choice = sent[index]
             choice.tokens = len(output.token_ids)
-            p.timeline.generated(sum(c.tokens for c in sent))
-            state.admission.progress(ticket, min(c.tokens for c in sent))
+            p.progress(state, [c.tokens for c in sent])
             if output.finished and output.finish_reason == "error":
                 await _end_with_error(state, response, 500, _failed_message(output),
                                       "request_error")
@@ -186,15 +218,16 @@ async def stream(request: web.Request, state: ServerState, p: Prepared, ticket,
             delta = ""
             if output.text.startswith(choice.text):  # text already sent is never retracted
                 delta, choice.text = output.text[len(choice.text):], output.text
-            if not choice.started and p.echo is not None:
-                delta = p.echo + delta
+            echo = p.part(index).echo
+            if not choice.started and echo is not None:
+                delta = echo + delta
             logprobs = None
             if output.logprobs is not None and len(output.logprobs) > choice.logprobs:
                 logprobs = (chat_logprobs(zip(output.token_ids[choice.logprobs:],
                                               output.logprobs[choice.logprobs:], strict=True),
                                           _token_text(state, req)) if chat
-                            else _completion_logprobs(state, p, output, choice.logprobs,
-                                                      not choice.started))
+                            else _completion_logprobs(state, p.part(index), output,
+                                                      choice.logprobs, not choice.started, req))
                 choice.logprobs = len(output.logprobs)
             choice.started = True
             if choice.scanner is None:

@@ -76,71 +76,99 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     req.model = state.model_name if lora is None else lora.lora_name
     check_logprobs(state, req)
     tools = _tool_plan(state, req)
-    prompt = await state.off_loop(len(raw), chat_prompt, state, req) if req.kind == "chat" else req.prompt
+    prompts = [await state.off_loop(len(raw), chat_prompt, state, req)] \
+        if req.kind == "chat" else req.prompt
     defaults = state.engine.tokenizer.sampling_defaults  # the model's (--generation-config)
-    early = state.admission.early_rejection(_max_prompt_tokens(prompt), req.cap, req.n)
+    longest = max(_max_prompt_tokens(prompt) for prompt in prompts)
+    early = state.admission.early_rejection(longest, req.cap, req.n)
     if early is not None:  # a full pool refuses it whatever its exact length
         raise admission_error(early)
-    prompt_ids = await state.off_loop(len(raw), _encode, state, req, prompt)
-    try:
-        cap = default_cap(state.admission.effective_cap(len(prompt_ids), req.cap), req.cap,
-                           defaults)
-    except (PromptTooLong, CapTooLarge) as exc:
-        raise admission_error(exc) from None
-    if not isinstance(prompt, list):  # the tokenizer's ids, checked once they fit the context
-        _check_prompt(state, prompt_ids)
+    ids = await state.off_loop(len(raw), _encode_all, state, req, prompts)
+    caps = [_cap(state, req, len(prompt_ids), defaults) for prompt_ids in ids]
+    for prompt, prompt_ids in zip(prompts, ids, strict=True):
+        if not isinstance(prompt, list):  # the tokenizer's ids, checked once they fit
+            _check_prompt(state, prompt_ids)
     grammar = await _grammar(state, req, tools)
-    params = [sampling_params(req, cap, grammar, i, defaults, tools.kept_ids)
-              for i in range(req.n)]
+    # Choice k answers prompt k // n: its seed is offset by k, its cap is its prompt's.
+    params = [sampling_params(req, caps[k // req.n], grammar, k, defaults, tools.kept_ids)
+              for k in range(len(prompts) * req.n)]
     try:  # before admission: token ids the model lacks (logit_bias) are a 400
-        state.engine.check_params(params[0])  # the choices differ in their seeds only
+        state.engine.check_params(params[0])  # the choices differ in their seeds and caps
     except BadInput as exc:
         raise bad_request(str(exc), "logit_bias") from None
     adapter = None if lora is None else await _adapter(state, lora)
-    engine_requests = [EngineRequest(prompt_ids, p, cap, adapter) for p in params]  # rules met
-    echo = None
-    if req.kind == "completion" and req.echo:
-        echo = prompt if isinstance(prompt, str) else state.engine.tokenizer.decode(prompt_ids)
-    p = answers.Prepared(req, f"{id_prefix}-{uuid.uuid4().hex}", prompt_ids, echo, timeline,
+    parts = [answers.Part(prompt_ids, [EngineRequest(prompt_ids, params[i * req.n + j], cap,
+                                                     adapter) for j in range(req.n)],
+                          _echo(state, req, prompt, prompt_ids))  # the engine's rules met
+             for i, (prompt, prompt_ids, cap) in enumerate(zip(prompts, ids, caps, strict=True))]
+    p = answers.Prepared(req, f"{id_prefix}-{uuid.uuid4().hex}", parts, timeline,
                          int(time.time()), tools)
-    ticket = await _admit(state, p.request_id, engine_requests,
-                          _cache_salt(request, state, req, engine_requests[0].lora_salt))
-    _admitted(state, p, ticket, params[0], cap, lora)
-    return await _answer(request, state, p, ticket, engine_requests)
+    salt = _cache_salt(request, state, req, parts[0].choices[0].lora_salt)
+    return await _answer(request, state, p, salt, lora)
 
 
-def _admitted(state: ServerState, p: answers.Prepared, ticket, params, cap: int,
-              lora) -> None:
-    """What follows a request's admission: its timeline and adapter counted, its cached
-    prompt tokens (--enable-prompt-tokens-details) and its log line (--enable-log-requests)."""
-    p.timeline.admitted(len(p.prompt_ids))
+def _cap(state: ServerState, req: GenerationRequest, prompt_tokens: int, defaults) -> int:
+    """A prompt's output cap (``Admission.effective_cap``, the model's default
+    ``max_tokens`` when the request sets none); its refusals as 400s."""
+    try:
+        return default_cap(state.admission.effective_cap(prompt_tokens, req.cap), req.cap,
+                           defaults)
+    except (PromptTooLong, CapTooLarge) as exc:
+        raise admission_error(exc) from None
+
+
+def _echo(state: ServerState, req: GenerationRequest, prompt: str | list[int],
+          prompt_ids: list[int]) -> str | None:
+    """Completions' ``echo``: the prompt's text before the answer's; else None."""
+    if req.kind != "completion" or not req.echo:
+        return None
+    return prompt if isinstance(prompt, str) else state.engine.tokenizer.decode(prompt_ids)
+
+
+def _admitted(state: ServerState, p: answers.Prepared, lora) -> None:
+    """What follows a request's admission (every prompt's): its timeline and adapter
+    counted, its cached prompt tokens (--enable-prompt-tokens-details) and its log line
+    (--enable-log-requests)."""
+    p.timeline.admitted(p.prompt_tokens)
     if state.options.prompt_tokens_details:
-        cached = ticket.reservations[0].num_cached_blocks * state.engine.ledger.block_size
-        p.cached_tokens = min(cached, len(p.prompt_ids))
+        block_size = state.engine.ledger.block_size
+        p.cached_tokens = sum(min(part.ticket.reservations[0].num_cached_blocks * block_size,
+                                  len(part.prompt_ids)) for part in p.parts)
     if state.options.log_requests:  # ids, sizes and parameters; never the prompt's text
-        log.info("request %s: %d prompt tokens, max_tokens %d, n %d, model %r, %s",
-                 p.request_id, len(p.prompt_ids), cap, p.req.n, p.req.model, params.summary())
+        params = p.parts[0].choices[0].params
+        log.info("request %s: %d prompt tokens (%d prompts), max_tokens %s, n %d, model %r, "
+                 "%s", p.request_id, p.prompt_tokens, len(p.parts),
+                 "/".join(str(part.choices[0].cap_tokens) for part in p.parts), p.req.n,
+                 p.req.model, params.summary())
     if lora is not None:
         state.engine.loras.count(lora.lora_name)
 
 
-async def _answer(request: web.Request, state: ServerState, p: answers.Prepared, ticket,
-                  engine_requests: list[EngineRequest]) -> web.StreamResponse:
-    """Each choice handed to the engine, the answer sent whole or streamed; whatever
-    happens, every reservation goes back and the request's end is measured."""
-    req = p.req
+async def _answer(request: web.Request, state: ServerState, p: answers.Prepared,
+                  salt: str | None, lora) -> web.StreamResponse:
+    """Each prompt admitted in turn and its choices handed to the engine at once (so a
+    batch never holds blocks idle while a later prompt waits in line; a refusal of one
+    aborts those started and answers the request's 429), then the answer sent whole or
+    streamed; whatever happens, every reservation goes back and, once every prompt was
+    admitted, the request's end is measured."""
     streams: list = []
-    handed = 0
+    admitted = False
     try:
-        for i, reservation in enumerate(ticket.reservations):
-            choice_id = p.request_id if req.n == 1 else f"{p.request_id}-{i}"
-            handed = i + 1  # from this call on the engine owns it, even if it refuses it
-            streams.append(state.async_engine.generate(choice_id, engine_requests[i],
-                                                       reservation=reservation))
+        for i, part in enumerate(p.parts):  # admission keys each prompt's ticket apart
+            ticket_id = p.request_id if len(p.parts) == 1 else f"{p.request_id}-prompt{i}"
+            part.ticket = await _admit(state, ticket_id, part.choices, salt)
+            for j, reservation in enumerate(part.ticket.reservations):
+                choice_id = p.request_id if p.num_choices == 1 \
+                    else f"{p.request_id}-{len(streams)}"
+                part.handed = j + 1  # from this call on the engine owns it, even if it refuses it
+                streams.append(state.async_engine.generate(choice_id, part.choices[j],
+                                                           reservation=reservation))
+        admitted = True
+        _admitted(state, p, lora)
         async with aclosing(_merged(streams)) as outputs:
-            if req.stream:
-                return await answers.stream(request, state, p, ticket, outputs)
-            return await answers.whole(state, p, ticket, outputs)
+            if p.req.stream:
+                return await answers.stream(request, state, p, outputs)
+            return await answers.whole(state, p, outputs)
     except EngineDeadError as exc:
         raise ApiError(503, str(exc), code="engine_dead", reason="engine_dead") from None
     except BadInput as exc:
@@ -148,7 +176,9 @@ async def _answer(request: web.Request, state: ServerState, p: answers.Prepared,
     finally:
         # The engine releases what it was handed (closing a stream aborts it); the rest
         # never left admission.
-        state.admission.give_back(ticket.reservations[handed:])
+        for part in p.parts:
+            if part.ticket is not None:
+                state.admission.give_back(part.ticket.reservations[part.handed:])
         reasons, generated = [], 0
         for stream in streams:
             await stream.aclose()
@@ -156,8 +186,11 @@ async def _answer(request: web.Request, state: ServerState, p: answers.Prepared,
             reasons.append(last.finish_reason if last is not None and last.finished
                            else "abort")
             generated += len(last.token_ids) if last else 0
-        state.admission.done(ticket)
-        p.timeline.finished(reasons, generated)
+        for part in p.parts:
+            if part.ticket is not None:
+                state.admission.done(part.ticket)
+        if admitted:
+            p.timeline.finished(reasons, generated)
 
 
 async def _admit(state: ServerState, request_id: str, choices: list[EngineRequest],
@@ -262,6 +295,11 @@ def _max_prompt_tokens(prompt: str | list[int]) -> int:
     if isinstance(prompt, list):
         return len(prompt)
     return len(prompt.encode()) + _ADDED_TOKENS_MAX
+
+
+def _encode_all(state: ServerState, req: GenerationRequest,
+                prompts: list[str | list[int]]) -> list[list[int]]:
+    return [_encode(state, req, prompt) for prompt in prompts]
 
 
 def _encode(state: ServerState, req: GenerationRequest, prompt: str | list[int]) -> list[int]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from kvledger.engine.sampling.params import MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_PENALTY
 from kvledger.engine.server.chat_options import ChatTemplateOptions
@@ -96,6 +96,7 @@ class _Request(Strict):
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:123"
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | str | None = None
@@ -186,25 +187,34 @@ class _Request(Strict):
 
 class CompletionRequest(_Request):
     kind: ClassVar[str] = "completion"
+    # Always a batch: one prompt (a string or token ids) or several, each answered with
+    # ``n`` choices indexed ``prompt * n + choice``, as OpenAI and vLLM do.
     prompt: Any
     echo: bool = False
     logprobs: TopLogprobs | None = None
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _prompt(cls, prompt: Any) -> str | list[int]:
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-            prompt = prompt[0]  # a batch of one
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("must not be empty")
-            return prompt
-        if isinstance(prompt, list) and prompt and all(_is_token_id(t) for t in prompt):
-            return prompt
-        if isinstance(prompt, list) and len(prompt) > 1 \
-                and all(isinstance(p, str | list) for p in prompt):
-            raise ValueError("batched prompts are not supported: send one prompt per request")
-        raise ValueError("must be a non-empty string or a list of token ids")
+    def _prompt(cls, prompt: Any, info: ValidationInfo) -> list[str | list[int]]:
+        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt
+                                       and all(_is_token_id(t) for t in prompt)):
+            prompt = [prompt]  # one prompt
+        if not isinstance(prompt, list) or not prompt \
+                or not (all(isinstance(p, str) for p in prompt)
+                        or all(isinstance(p, list) for p in prompt)):
+            raise ValueError("must be a string, a list of token ids, a list of strings or a "
+                             "list of token-id lists")
+        for index, one in enumerate(prompt):
+            where = "" if len(prompt) == 1 else f"prompt {index}: "
+            if not one:
+                raise ValueError(f"{where}must not be empty")
+            if isinstance(one, list) and not all(_is_token_id(t) for t in one):
+                raise ValueError(f"{where}token ids must be integers in [0, {MAX_INT}]")
+        n = info.data.get("n", 1)  # validated before (a base field)
+        if len(prompt) * n > MAX_N:
+            raise ValueError(f"{len(prompt)} prompts x n {n} = {len(prompt) * n} choices; at "
+                             f"most {MAX_N} per request")
+        return prompt
 
     def logprobs_k(self) -> int | None:
         """Top alternatives reported per generated token; None: no logprobs."""

@@ -92,7 +92,8 @@ def sampling_params(req: GenerationRequest, cap: int, grammar: Any, index: int,
             logit_bias=req.bias, logprobs=req.logprobs_k(),
             prompt_logprobs=req.prompt_logprobs_k(),
             include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens, grammar=grammar,
+            skip_special_tokens=req.skip_special_tokens,
+            spaces_between_special_tokens=req.spaces_between_special_tokens, grammar=grammar,
             kept_special_ids=kept_special_ids)
     except BadInput as exc:
         raise bad_request(str(exc)) from None

@@ -26,7 +26,6 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "audio": (None,), "prediction": (None,), "reasoning_effort": (None,),
     "web_search_options": (None,), "use_beam_search": (None, False),
     "length_penalty": (None, 1, 1.0), "truncate_prompt_tokens": (None,),
-    "spaces_between_special_tokens": (None, True),
     "documents": (None, []), "priority": (None, 0),
     "prompt_logprobs": (None,), "guided_grammar": (None,), "guided_decoding_backend": (None,),
 }

@@ -291,6 +291,34 @@ def test_tokenizer_round_trip_chat_template_and_streaming(tiny_llama_dir):
     assert all("\ufffd" not in p for p in pieces)  # never half a character
 
 
+def test_spaces_between_special_tokens_as_vllm_streams_them(tmp_path):
+    """vLLM's ``spaces_between_special_tokens`` false (with ``skip_special_tokens`` false):
+    a decoder that spaces tokens apart (WordPiece's) spaces an added token from the text
+    before it, never from the added token before it; true (the default) leaves the
+    decoder's text. The expected pieces are vLLM 0.32's fast detokenizer's."""
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    hf = HFTokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))
+    hf.pre_tokenizer, hf.decoder = pre_tokenizers.Whitespace(), decoders.WordPiece()
+    hf.add_special_tokens([AddedToken("<a>", special=True), AddedToken("<b>", special=True)])
+    hf.add_tokens([AddedToken("<c>", special=False)])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer(tmp_path)
+    assert tok.added_texts == {3: "<a>", 4: "<b>", 5: "<c>"}
+
+    def pieces(**flags):
+        detok = tok.detokenizer([1], **flags)
+        return [detok.add(token_id) for token_id in (3, 4, 5, 2, 3)]
+
+    assert pieces(skip_special_tokens=False) == [" <a>", " <b>", " <c>", " world", " <a>"]
+    assert pieces(skip_special_tokens=False, spaces_between_special_tokens=False) == [
+        " <a>", "<b>", "<c>", " world", " <a>"]
+    # skipping special tokens, the flag changes nothing (as in vLLM)
+    assert pieces(spaces_between_special_tokens=False) == pieces() == ["", "", " <c>",
+                                                                       " world", ""]
+
+
 def test_chat_template_matches_transformers(tiny_llama_dir):
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoTokenizer.from_pretrained(str(tiny_llama_dir))

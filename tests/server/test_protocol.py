@@ -23,12 +23,15 @@ def test_completion_defaults_and_fields():
                             "top_p": 0.5, "seed": 7, "stop": "\n", "stream": True,
                             "stream_options": {"include_usage": True}})
     assert (req.kind, req.prompt, req.cap, req.temperature, req.top_p) == \
-        ("completion", "hi", 5, 0.0, 0.5)
+        ("completion", ["hi"], 5, 0.0, 0.5)
     assert (req.seed, req.stop, req.stream, req.include_usage) == (7, ["\n"], True, True)
     assert parse_completion({"model": "m", "prompt": "x"}).cap is None
     assert parse_completion({"model": "m", "prompt": "x", "max_completion_tokens": 3}).cap == 3
-    assert parse_completion({"model": "m", "prompt": [1, 2, 3]}).prompt == [1, 2, 3]
-    assert parse_completion({"model": "m", "prompt": ["one"]}).prompt == "one"
+    # always a batch: one prompt, or several (strings, or token-id lists)
+    assert parse_completion({"model": "m", "prompt": [1, 2, 3]}).prompt == [[1, 2, 3]]
+    assert parse_completion({"model": "m", "prompt": ["one"]}).prompt == ["one"]
+    assert parse_completion({"model": "m", "prompt": ["a", "b"]}).prompt == ["a", "b"]
+    assert parse_completion({"model": "m", "prompt": [[1], [2, 3]]}).prompt == [[1], [2, 3]]
 
 
 def test_chat_prefers_max_completion_tokens_and_joins_text_parts():
@@ -49,7 +52,12 @@ def test_chat_prefers_max_completion_tokens_and_joins_text_parts():
     ({"model": "m"}, "prompt"),
     ({"model": "m", "prompt": ""}, "prompt"),
     ({"model": "m", "prompt": 12}, "prompt"),
-    ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
+    ({"model": "m", "prompt": ["a", [1]]}, "prompt"),
+    ({"model": "m", "prompt": ["a", ""]}, "prompt"),
+    ({"model": "m", "prompt": [[1], []]}, "prompt"),
+    ({"model": "m", "prompt": [[1], [2, 1.5]]}, "prompt"),
+    ({"model": "m", "prompt": []}, "prompt"),
+    ({"model": "m", "prompt": ["a", "b"], "n": 65}, "prompt"),
     ({"model": "m", "prompt": [1, -2]}, "prompt"),
     ({"model": "m", "prompt": "x", "max_tokens": -1}, "max_tokens"),
     ({"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens"),

@@ -104,3 +104,16 @@ async def test_cached_prompt_tokens_never_tell_one_key_what_another_sent(aiohttp
     assert await cached("key-a") == 0
     assert await cached("key-a") > 0      # its own prompt, cached
     assert await cached("key-b") == 0     # the same text under another key: nothing
+
+
+async def test_spaces_between_special_tokens_is_a_request_field(aiohttp_client, llm):
+    """vLLM's field reaches the detokenizer (whose rule tests/engine tests): accepted either
+    way, text unchanged on a byte-level tokenizer, anything but a boolean a 400."""
+    client = await start_app(aiohttp_client, llm)
+    special = llm.tokenizer.token_to_id("<|system|>")
+    body = {"prompt": "Once upon", "max_tokens": 2, "logit_bias": {str(special): 100},
+            "ignore_eos": True, "temperature": 0, "skip_special_tokens": False}
+    status, bare = await _complete(client, spaces_between_special_tokens=False, **body)
+    assert status == 200 and bare["choices"][0]["text"] == "<|system|><|system|>"
+    status, error = await _complete(client, spaces_between_special_tokens="no", **body)
+    assert status == 400 and error["error"]["param"] == "spaces_between_special_tokens"
