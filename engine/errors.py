@@ -102,6 +102,33 @@ class KVCacheFull(AdmissionRejected):
         self.wait_s = wait_s
 
 
+class LineFull(KVCacheFull):
+    """The admission line holds ``max_queue_len`` waiters already (--max-queue-len): the
+    cause is the line, not the KV cache (HTTP 429 ``queue_full``, with Retry-After)."""
+
+    reason = "queue_full"
+
+    def __init__(self, waiting: int, max_queue_len: int, wait_s: float) -> None:
+        KvledgerError.__init__(self, f"the admission line is full ({waiting} requests wait, "
+                                     f"--max-queue-len {max_queue_len}); retry in {wait_s:.1f}s")
+        self.needed_blocks = self.free_blocks = 0
+        self.wait_s = wait_s
+
+
+class TenantLineFull(KVCacheFull):
+    """The request's tenant holds every place in line it may (its share: the line's other
+    places stay for other tenants): HTTP 429 ``tenant_queue_full``, with Retry-After."""
+
+    reason = "tenant_queue_full"
+
+    def __init__(self, tenant: str, waiting: int, wait_s: float) -> None:
+        KvledgerError.__init__(self, f"tenant {tenant} already has {waiting} requests waiting, "
+                                     f"all the places in line it may hold "
+                                     f"(--max-queue-len-per-tenant); retry in {wait_s:.1f}s")
+        self.needed_blocks = self.free_blocks = 0
+        self.wait_s = wait_s
+
+
 class EngineFailed(RuntimeError):
     """The engine cannot make progress (``core/engine.py``'s ``MAX_CONSECUTIVE_FAILED_STEPS``
     failed forward passes in a row, or a tensor-parallel rank gone)."""

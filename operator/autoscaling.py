@@ -51,9 +51,11 @@ METRICS = {
     "kvReservedRatio": Metric("kvledger_kv_reserved_ratio", "kvledger_kv_reserved_ratio"),
     # Gauge: requests in line for a reservation (--max-queue-len).
     "requestsWaiting": Metric("kvledger_requests_waiting", "kvledger_requests_waiting"),
-    # Counter of 429s for a full KV cache, as a rate; the adapter rule names it so.
+    # Counter of the 429s more replicas would answer (the KV cache or the line full; not a
+    # tenant's own cap), as a rate; the adapter rule names it so.
     "rejectionRate": Metric("kvledger_kv_cache_full_per_second",
-                            "kvledger_requests_rejected_total", 'reason="kv_cache_full"', "1m"),
+                            "kvledger_requests_rejected_total",
+                            'reason=~"kv_cache_full|queue_full"', "1m"),
 }
 # Kubernetes names a Deployment's pod NAME-HASH-SUFFIX: HASH is the pod template's hash
 # (its decimal digits, 1 to 10, spelled in letters and digits), SUFFIX 5 random characters,

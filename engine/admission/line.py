@@ -3,14 +3,18 @@
 The story of one request: ``effective_cap`` turns the requested ``max_tokens`` into the
 cap (``cap.output_cap``: PromptTooLong, CapTooLarge), ``admit`` reserves ``prompt + cap``
 tokens of KV blocks (PoolTooSmall when the pool could never hold them, the ledger's
-``check_fits``), at once or after waiting in a FIFO line of at most
-``max_queue_len`` (for at most ``max_queue_wait_s``, when set). Nobody overtakes the head
-of the line, so the blocks that come back accumulate for the oldest waiter, never for a
-smaller late-comer; with ``--backfill`` one whose start would delay none of the first
+``check_fits``), at once or after waiting in a line of at most ``max_queue_len`` (for at
+most ``max_queue_wait_s``, when set), of which one tenant holds at most its
+``max_queued`` places. The line's order (``order.LineOrder``) is priority (under
+``--scheduling-policy priority``), then fair share between tenants, then arrival. Nobody
+overtakes the first in that order, so the blocks that come back accumulate for it, never
+for a smaller late-comer; with ``--backfill`` one whose start would delay none of the first
 ``BACKFILL_DEPTH`` in line may go first (``due_back``).
-A refusal (KVCacheFull: the line full, or the wait over) carries the wait after which
-enough blocks are due back: the running requests' remaining caps at the observed decode
-rate, soonest first, with jitter so rejected clients do not return in lock-step. ``done`` forgets the
+A refusal (LineFull: the line full; TenantLineFull: the tenant's places taken;
+KVCacheFull: it may not wait, or the wait ran out) carries the wait after which enough
+blocks are due back for it and those ahead of it in order: the running requests'
+remaining caps at the observed decode rate, soonest first, with jitter so rejected
+clients do not return in lock-step. ``done`` forgets the
 request; the engine releases the blocks it was handed, ``give_back`` any it never was.
 The server awaits ``admit``; ``LLM.generate``, which steps the engine itself, lines up with
 ``line_up`` and hands each ticket over as ``capacity_changed`` grants it. The errors are
@@ -27,16 +31,17 @@ the cache.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kvledger.engine.admission.cap import output_cap
 from kvledger.engine.admission.due_back import jittered_wait_s, projection, seconds_until_freed
+from kvledger.engine.admission.order import ANONYMOUS, LineOrder, Tenant
 from kvledger.engine.admission.ticket import Outcome, Ticket, Waiter
-from kvledger.engine.errors import KVCacheFull
+from kvledger.engine.errors import KVCacheFull, LineFull, TenantLineFull
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.kv.reservation import Reservation
 
@@ -46,7 +51,7 @@ if TYPE_CHECKING:
 __all__ = ["BACKFILL_DEPTH", "DEFAULT_MAX_QUEUE_LEN", "Admission", "Ticket"]
 
 # At most this many requests wait in line for a reservation (--max-queue-len); one more is
-# a KVCacheFull whose wait counts the blocks of every request ahead of it.
+# a LineFull whose wait counts the blocks of those ahead of it in order.
 DEFAULT_MAX_QUEUE_LEN = 256
 DEFAULT_DECODE_TOKENS_PER_S = 20.0  # before the first decode step is observed
 # With --backfill: how many in line are planned. Simulated on bench/serving.py's overload,
@@ -55,12 +60,13 @@ BACKFILL_DEPTH = 4
 
 
 class Admission:
-    """Admits requests against ``ledger``, in one FIFO line."""
+    """Admits requests against ``ledger``, in one line (``order.LineOrder``)."""
 
     def __init__(self, ledger: KVLedger, *, max_model_len: int,
                  max_queue_wait_s: float | None = 0.0,
                  max_queue_len: int | None = DEFAULT_MAX_QUEUE_LEN,
                  max_num_seqs: int | None = None, backfill: bool = False,
+                 scheduling_policy: str = "fcfs", tenant_fairness: bool = True,
                  decode_tokens_per_s: Callable[[], float | None] = lambda: None,
                  rng: random.Random | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -75,8 +81,7 @@ class Admission:
         self._rng = rng or random.Random()
         self._clock = clock
         self._next_plan = 0.0  # after an engine step, backfill no sooner (capacity_changed)
-        self._waiters: deque[Waiter] = deque()
-        self._queued = 0
+        self._line = LineOrder(policy=scheduling_policy, fair=tenant_fairness)
         self.running: dict[str, Ticket] = {}
 
     # -- the cap -------------------------------------------------------------------
@@ -88,7 +93,11 @@ class Admission:
     # -- admit ---------------------------------------------------------------------
     @property
     def queue_length(self) -> int:
-        return self._queued
+        return len(self._line)
+
+    @property
+    def scheduling_policy(self) -> str:
+        return self._line.policy
 
     @property
     def queues(self) -> bool:
@@ -98,53 +107,62 @@ class Admission:
 
     @property
     def queue_full(self) -> bool:
-        return self.max_queue_len is not None and self._queued >= self.max_queue_len
+        return self.max_queue_len is not None and len(self._line) >= self.max_queue_len
+
+    def tenant_full(self, tenant: Tenant) -> bool:
+        """Whether ``tenant`` holds every place in line it may (``Tenant.max_queued``)."""
+        return tenant.max_queued is not None and self._line.queued(tenant) >= tenant.max_queued
 
     def line_up(self, request_id: str, prompt_tokens: int, cap_tokens: int, outcome: Outcome,
                 n: int = 1, *, prompt_token_ids: list[int] | None = None,
                 use_cached: bool = True, salt: str | None = None,
-                adapter: LoraAdapter | None = None) -> Waiter:
+                adapter: LoraAdapter | None = None, tenant: Tenant = ANONYMOUS,
+                priority: int = 0) -> Waiter:
         """Reserve ``prompt + cap`` tokens for each of ``n`` choices, all at once, now or in
         line order later: ``outcome`` gets the ``Ticket`` when they are granted (now, or in a
         later ``capacity_changed``), or the error of a ``close``. Never waits itself:
         PoolTooSmall when the pool could never hold them, KVCacheFull (with its wait) when
-        it may not join the line. With the prompt's ids the ledger pins the cached blocks it
+        it may not join the line (LineFull, TenantLineFull: the line's or its ``tenant``'s
+        places taken). With the prompt's ids the ledger pins the cached blocks it
         begins with (unless ``use_cached`` is False: echoed prompt logprobs need every
         position computed), among those keyed with the same ``salt``. ``adapter``: its LoRA
-        adapter, which takes one of the engine's slots while it runs."""
+        adapter, which takes one of the engine's slots while it runs. ``tenant`` and
+        ``priority`` decide its place in line (``order``)."""
         tokens = prompt_tokens + cap_tokens
         # The choices share their prompt's full blocks (unless every position is computed).
         blocks = self.ledger.check_fits(tokens, n, prompt_tokens,
                                         share=use_cached and prompt_token_ids is not None)
         waiter = Waiter(request_id, prompt_tokens, cap_tokens, tokens, n, blocks,
-                        prompt_token_ids, use_cached, salt, adapter)
-        # Nobody overtakes a live waiter (departed ones do not count): it joins the line,
-        # whose backfilling may start it at once.
-        reservations = None if self._queued else waiter.try_reserve(self.ledger)
+                        prompt_token_ids, use_cached, salt, adapter, tenant, priority)
+        # With nobody in line it goes now if it fits. Else it joins the line, whose first
+        # in order (perhaps itself: a higher priority, a tenant's fair turn) goes if it
+        # fits, and whose backfilling may start it at once.
+        reservations = None if self._line else waiter.try_reserve(self.ledger)
         if reservations is not None:
             outcome.set_result(self._grant(waiter, reservations))
             return waiter
         # What it would claim now (its cached blocks considered), for the refusal's estimate.
         waiter.blocks = self.ledger.blocks_needed(tokens, n, prompt_token_ids,
                                                   use_cached=use_cached, salt=salt)
-        if not self.queues or self.queue_full:  # refused now; the wait counts those ahead
-            raise self.rejection(waiter.blocks)
+        if not self.queues or self.queue_full or self.tenant_full(tenant):
+            # refused now; the wait counts those ahead of it in order
+            raise self.rejection(waiter.blocks, tenant, priority)
         waiter.outcome = outcome
-        self._waiters.append(waiter)
-        self._queued += 1
-        self.capacity_changed()  # departed waiters may have been all that was ahead
+        waiter.place = self._line.join(waiter, tenant, priority)
+        self.capacity_changed()  # it may be first in order
         return waiter
 
     async def admit(self, request_id: str, prompt_tokens: int, cap_tokens: int, n: int = 1, *,
                     prompt_token_ids: list[int] | None = None, use_cached: bool = True,
-                    salt: str | None = None, adapter: LoraAdapter | None = None) -> Ticket:
+                    salt: str | None = None, adapter: LoraAdapter | None = None,
+                    tenant: Tenant = ANONYMOUS, priority: int = 0) -> Ticket:
         """``line_up``, then wait in line for at most ``max_queue_wait_s``: the ticket, or
         KVCacheFull (with its wait) when the wait runs out; PoolTooSmall as ``line_up``.
         A caller cancelled while waiting leaves the line and holds nothing."""
         future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
         waiter = self.line_up(request_id, prompt_tokens, cap_tokens, future, n,
                               prompt_token_ids=prompt_token_ids, use_cached=use_cached,
-                              salt=salt, adapter=adapter)
+                              salt=salt, adapter=adapter, tenant=tenant, priority=priority)
         if future.done():
             return future.result()
         return await self._wait_in_line(waiter, future)
@@ -167,8 +185,10 @@ class Admission:
             if future.done():  # granted in the same instant the wait ran out
                 admitted = True
                 return future.result()
-            waiter.gone = True
-            raise self.rejection(waiter.blocks) from None
+            future.cancel()
+            self._leave(waiter)  # first: its wait counts those ahead of it, not itself
+            raise self.rejection(waiter.blocks, waiter.tenant, waiter.priority,
+                                 wait_over=True) from None
         except asyncio.CancelledError:
             granted = future.done() and not future.cancelled() and future.exception() is None
             if granted:  # the client left just as its blocks came: give them back
@@ -179,15 +199,15 @@ class Admission:
         finally:
             if not future.done():
                 future.cancel()
-                waiter.gone = True
-                self._queued -= 1
+                self._leave(waiter)
             if not admitted:
                 # Blocks given back, or a place at the head of the line given up, may be
                 # all the next waiter needs; nothing else would wake it while the engine idles.
                 self.capacity_changed()
 
     def early_rejection(self, max_prompt_tokens: int, requested: int | None,
-                        n: int = 1) -> KVCacheFull | None:
+                        n: int = 1, tenant: Tenant = ANONYMOUS,
+                        priority: int = 0) -> KVCacheFull | None:
         """The KVCacheFull for a request whose prompt is at most ``max_prompt_tokens`` long,
         when the answer cannot depend on its exact length; else None (tokenize and ``admit``).
 
@@ -198,7 +218,8 @@ class Admission:
         cap unset it needs exactly ``max_model_len`` tokens, of which at most
         ``(max_prompt_tokens - 1) // block_size`` blocks may be cached.
         """
-        if (self.queues and not self.queue_full) or max_prompt_tokens >= self.max_model_len:
+        if (self.queues and not self.queue_full and not self.tenant_full(tenant)) \
+                or max_prompt_tokens >= self.max_model_len:
             return None  # it would queue, or it might be PromptTooLong
         if requested is not None and max_prompt_tokens + requested > self.max_model_len:
             return None  # it might be CapTooLarge
@@ -211,22 +232,18 @@ class Admission:
         fits = least <= self.ledger.free_blocks or self.ledger.overcommit is not None
         if least > self.ledger.num_blocks or (fits and not self.queues):  # a full line: refused
             return None
-        return self.rejection(least)
+        return self.rejection(least, tenant, priority)
 
     def capacity_changed(self, step: bool = False) -> None:
         """Blocks may have come back: grant waiters in FIFO order while they fit, then
         backfill. After an engine ``step`` the backfill plan is redone only once 9 times its
         last cost has passed (a long context's plan can take a step's time)."""
-        while self._waiters:
-            head = self._waiters[0]
-            if head.gone:
-                self._waiters.popleft()
-                continue
+        while self._line:
+            head = next(iter(self._line))
             reservations = head.try_reserve(self.ledger)
             if reservations is None:
                 break
-            self._waiters.popleft()
-            self._queued -= 1
+            self._leave(head, granted=True)
             head.outcome.set_result(self._grant(head, reservations))
         else:
             return
@@ -242,7 +259,7 @@ class Admission:
         none moves an earlier plan. Never the head (the ledger refused it), nor one the
         ledger refuses, nor anyone once every seat (``max_num_seqs``) is taken."""
         plan = projection(self.ledger, self.running.values())
-        line = [waiter for waiter in self._waiters if not waiter.gone][:BACKFILL_DEPTH]
+        line = list(itertools.islice(self._line, BACKFILL_DEPTH))
         for place, waiter in enumerate(line):
             start = waiter.place_in(plan)
             if start is None:  # never, as projected (blocks held beyond it): plan no further
@@ -253,19 +270,19 @@ class Admission:
             reservations = waiter.try_reserve(self.ledger) if place and seated else None
             if reservations is None:
                 return
-            self._waiters.remove(waiter)
-            self._queued -= 1
+            self._leave(waiter, granted=True)
             self.backfilled += 1
             waiter.outcome.set_result(self._grant(waiter, reservations))
 
     def close(self, error: Exception) -> None:
         """Refuse every waiter with ``error`` (shutdown); later admits are the caller's to stop."""
         self.max_queue_len = 0
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.gone:
-                self._queued -= 1
-                waiter.outcome.set_exception(error)
+        for waiter in list(self._line):
+            self._leave(waiter)
+            waiter.outcome.set_exception(error)
+
+    def _leave(self, waiter: Waiter, granted: bool = False) -> None:
+        self._line.leave(waiter, waiter.tenant, waiter.place, granted=granted)
 
     def progress(self, ticket: Ticket, generated_tokens: int) -> None:
         ticket.generated_tokens = generated_tokens
@@ -284,10 +301,11 @@ class Admission:
 
     # -- the refusal's wait (the server's Retry-After) ---------------------------------
     def estimate_wait_s(self, blocks: int, ahead_blocks: int | None = None) -> float:
-        """Seconds until ``blocks`` (behind ``ahead_blocks`` already queued) can be reserved,
-        as the admitted requests reach their caps (``seconds_until_freed``)."""
+        """Seconds until ``blocks`` (behind ``ahead_blocks`` already queued; None: the
+        whole line) can be reserved, as the admitted requests reach their caps
+        (``seconds_until_freed``)."""
         if ahead_blocks is None:
-            ahead_blocks = sum(w.blocks for w in self._waiters if not w.gone)
+            ahead_blocks = sum(w.blocks for w in self._line)
         deficit = blocks + ahead_blocks - self.ledger.free_blocks
         if deficit <= 0:
             return 0.0
@@ -295,7 +313,16 @@ class Admission:
         return seconds_until_freed(deficit, list(self.running.values()), self.ledger, rate,
                                    self.max_num_seqs)
 
-    def rejection(self, blocks: int, ahead_blocks: int | None = None) -> KVCacheFull:
-        """The refusal of a request of ``blocks``, with a jittered, estimated wait."""
-        wait_s = jittered_wait_s(self.estimate_wait_s(blocks, ahead_blocks), self._rng)
+    def rejection(self, blocks: int, tenant: Tenant = ANONYMOUS, priority: int = 0, *,
+                  wait_over: bool = False) -> KVCacheFull:
+        """The refusal of a request of ``blocks`` from ``tenant`` at ``priority``, naming
+        the limit it hit, with a jittered wait estimated for its own place in order (the
+        blocks of those the line would grant before it)."""
+        place = self._line.place_for(tenant, priority)
+        ahead = sum(w.blocks for w in self._line.ahead_of(place))
+        wait_s = jittered_wait_s(self.estimate_wait_s(blocks, ahead), self._rng)
+        if not wait_over and self.queues and self.queue_full:
+            return LineFull(len(self._line), self.max_queue_len, wait_s)
+        if not wait_over and self.queues and self.tenant_full(tenant):
+            return TenantLineFull(tenant.label, self._line.queued(tenant), wait_s)
         return KVCacheFull(blocks, self.ledger.free_blocks, wait_s)

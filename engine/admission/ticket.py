@@ -12,6 +12,7 @@ from kvledger.engine.kv.projection import Projection
 from kvledger.engine.kv.reservation import Reservation
 
 if TYPE_CHECKING:
+    from kvledger.engine.admission.order import Place, Tenant
     from kvledger.engine.model.lora_adapter import LoraAdapter
 
 
@@ -61,8 +62,10 @@ class Waiter:
     use_cached: bool
     salt: str | None = field(repr=False)
     adapter: LoraAdapter | None = field(repr=False)  # None: the base model
+    tenant: Tenant = field(repr=False)
+    priority: int = 0
     outcome: Outcome = field(init=False, repr=False)  # set when it joins the line
-    gone: bool = False  # timed out or cancelled; skipped when it reaches the head
+    place: Place = field(init=False, repr=False)      # its place in line, once it joins
 
     def try_reserve(self, ledger: KVLedger) -> list[Reservation] | None:
         return ledger.try_reserve_each(self.tokens, self.count, self.prompt_token_ids,

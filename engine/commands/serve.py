@@ -13,6 +13,7 @@ import sys
 
 from kvledger.engine import json_text
 from kvledger.engine.admission.line import DEFAULT_MAX_QUEUE_LEN
+from kvledger.engine.admission.order import POLICIES
 from kvledger.engine.checkpoint.hub.cache import offline_snapshot
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
 from kvledger.engine.config import add_engine_flags, config_from_args
@@ -115,10 +116,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "$KVLEDGER_METRICS_API_KEY; unset = open, as Prometheus expects; its "
                         "prefix-cache counters tell how much of a guessed prompt was cached)")
     s.add_argument("--max-queue-len", type=_count, default=DEFAULT_MAX_QUEUE_LEN, metavar="N",
-                   help="requests that cannot be reserved now wait in one FIFO line of at most "
-                        f"N (default {DEFAULT_MAX_QUEUE_LEN}; nobody overtakes its head, unless "
-                        "--backfill); a request that finds it full is a 429 (0: no line, "
-                        "answer at once)")
+                   help="requests that cannot be reserved now wait in one line of at most "
+                        f"N (default {DEFAULT_MAX_QUEUE_LEN}; nobody overtakes the first in "
+                        "its order, unless --backfill); a request that finds it full is a 429 "
+                        "queue_full (0: no line, answer at once)")
+    s.add_argument("--max-queue-len-per-tenant", type=_count, default=None, metavar="N",
+                   help="places in line one API key may hold; one more is a 429 "
+                        "tenant_queue_full for that key alone (default: half the line with "
+                        "two keys or more, else all of it)")
+    s.add_argument("--tenant-fairness", action=argparse.BooleanOptionalAction, default=True,
+                   help="the line takes turns between API keys (weighted fair queuing), so "
+                        "one key's flood delays another key's request by about one admission "
+                        "(default on; --no-tenant-fairness: arrival order)")
+    s.add_argument("--scheduling-policy", choices=POLICIES, default="fcfs",
+                   help="vLLM's: fcfs (the request field priority must be 0), or priority "
+                        "(lower priority is admitted and seated sooner; nothing running is "
+                        "ever preempted)")
     s.add_argument("--backfill", action=argparse.BooleanOptionalAction, default=False,
                    help="plan the first 4 in line at their soonest starts, as the KV pool "
                         "is projected (a token per step), and let one planned for now go "
@@ -219,6 +232,9 @@ def main(args: argparse.Namespace) -> int:
                            max_queue_wait_s=args.max_queue_wait,
                            max_queue_len=args.max_queue_len,
                            backfill=args.backfill,
+                           scheduling_policy=args.scheduling_policy,
+                           tenant_fairness=args.tenant_fairness,
+                           max_queue_len_per_tenant=args.max_queue_len_per_tenant,
                            shutdown_grace_s=args.shutdown_grace,
                            max_body_bytes=args.max_body_bytes,
                            header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,

@@ -100,5 +100,5 @@ def admission_error(exc: PromptTooLong | CapTooLarge | PoolTooSmall | KVCacheFul
                              f"tokens{choices}) but the whole pool holds {exc.pool_blocks}; "
                              f"lower max_tokens{' or n' if exc.count > 1 else ''}",
                         code="kv_pool_too_small", param="max_tokens", reason="over_pool")
-    return ApiError(429, str(exc), code="kv_cache_full", reason=exc.reason,
+    return ApiError(429, str(exc), code=exc.reason, reason=exc.reason,
                     headers=retry_headers(exc.wait_s))

@@ -20,9 +20,9 @@ LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 1
 # and one request failing inside a live engine.
 FAILURE_REASONS = ("internal_error", "engine_dead", "request_error")
 # Reasons of kvledger_requests_rejected_total exported at 0 from the start, for the same
-# reason: an autoscaler's rate() of the 429s (kv_cache_full) must read 0, not nothing,
-# before the first one.
-REJECTION_REASONS = ("kv_cache_full", "prompt_too_long", "over_context", "over_pool",
+# reason: an autoscaler's rate() of the 429s (kv_cache_full, queue_full) must read 0, not
+# nothing, before the first one.
+REJECTION_REASONS = ("kv_cache_full", "queue_full", "tenant_queue_full", "prompt_too_long", "over_context", "over_pool",
                      "bad_request", "unknown_model", "unauthorized", "body_too_large",
                      "body_timeout", "not_ready", "shutting_down", "engine_dead")
 # vLLM's names for the gauges an endpoint picker reads (the Gateway API Inference

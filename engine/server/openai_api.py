@@ -20,10 +20,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from kvledger.engine.admission.order import Tenant
 from kvledger.engine.admission.ticket import Ticket
 from kvledger.engine.core.async_engine import EngineDeadError
 from kvledger.engine.core.request import EngineRequest
@@ -79,8 +81,10 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     prompts = [await state.off_loop(len(raw), chat_prompt, state, req)] \
         if req.kind == "chat" else req.prompt
     defaults = state.engine.tokenizer.sampling_defaults  # the model's (--generation-config)
+    tenant = state.tenant(request)
+    _check_priority(state, req)
     longest = max(_max_prompt_tokens(prompt) for prompt in prompts)
-    early = state.admission.early_rejection(longest, req.cap, req.n)
+    early = state.admission.early_rejection(longest, req.cap, req.n, tenant, req.priority)
     if early is not None:  # a full pool refuses it whatever its exact length
         raise admission_error(early)
     ids = await state.off_loop(len(raw), _encode_all, state, req, prompts)
@@ -104,7 +108,24 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     p = answers.Prepared(req, f"{id_prefix}-{uuid.uuid4().hex}", parts, timeline,
                          int(time.time()), tools)
     salt = _cache_salt(request, state, req, parts[0].choices[0].lora_salt)
-    return await _answer(request, state, p, salt, lora)
+    return await _answer(request, state, p, _Admit(salt, tenant, req.priority), lora)
+
+
+@dataclass(frozen=True)
+class _Admit:
+    """How a request's prompts line up: their prefix-cache salt, tenant and priority."""
+
+    salt: str | None
+    tenant: Tenant
+    priority: int
+
+
+def _check_priority(state: ServerState, req: GenerationRequest) -> None:
+    """vLLM's ``priority`` orders the line under ``--scheduling-policy priority`` only;
+    under fcfs a non-zero one is a 400, as vLLM documents, never silently dropped."""
+    if req.priority and state.admission.scheduling_policy != "priority":
+        raise bad_request(f"priority {req.priority} needs --scheduling-policy priority (this "
+                          f"server's is {state.admission.scheduling_policy})", "priority")
 
 
 def _cap(state: ServerState, req: GenerationRequest, prompt_tokens: int, defaults) -> int:
@@ -145,7 +166,7 @@ def _admitted(state: ServerState, p: answers.Prepared, lora) -> None:
 
 
 async def _answer(request: web.Request, state: ServerState, p: answers.Prepared,
-                  salt: str | None, lora) -> web.StreamResponse:
+                  how: _Admit, lora) -> web.StreamResponse:
     """Each prompt admitted in turn and its choices handed to the engine at once (so a
     batch never holds blocks idle while a later prompt waits in line; a refusal of one
     aborts those started and answers the request's 429), then the answer sent whole or
@@ -156,7 +177,7 @@ async def _answer(request: web.Request, state: ServerState, p: answers.Prepared,
     try:
         for i, part in enumerate(p.parts):  # admission keys each prompt's ticket apart
             ticket_id = p.request_id if len(p.parts) == 1 else f"{p.request_id}-prompt{i}"
-            part.ticket = await _admit(state, ticket_id, part.choices, salt)
+            part.ticket = await _admit(state, ticket_id, part.choices, how)
             for j, reservation in enumerate(part.ticket.reservations):
                 choice_id = p.request_id if p.num_choices == 1 \
                     else f"{p.request_id}-{len(streams)}"
@@ -194,16 +215,18 @@ async def _answer(request: web.Request, state: ServerState, p: answers.Prepared,
 
 
 async def _admit(state: ServerState, request_id: str, choices: list[EngineRequest],
-                 salt: str | None) -> Ticket:
-    """Admission's ticket for the ``choices`` of one request (each ``prompt + cap``, keyed
-    with ``salt`` in the prefix cache); its refusals as HTTP errors (400, 429)."""
+                 how: _Admit) -> Ticket:
+    """Admission's ticket for the ``choices`` of one prompt (each ``prompt + cap``, keyed
+    with the salt in the prefix cache, placed in line by tenant and priority); its
+    refusals as HTTP errors (400, 429)."""
     first = choices[0]
     try:
         return await state.admission.admit(request_id, len(first.prompt_token_ids),
                                            first.cap_tokens, len(choices),
                                            prompt_token_ids=first.prompt_token_ids,
-                                           use_cached=first.uses_cached_blocks, salt=salt,
-                                           adapter=first.lora)
+                                           use_cached=first.uses_cached_blocks, salt=how.salt,
+                                           adapter=first.lora, tenant=how.tenant,
+                                           priority=how.priority)
     except (PoolTooSmall, KVCacheFull) as exc:
         raise admission_error(exc) from None
 

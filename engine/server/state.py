@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiohttp import web
 
 from kvledger.engine.admission.line import DEFAULT_MAX_QUEUE_LEN, Admission
+from kvledger.engine.admission.order import ANONYMOUS, Tenant
 from kvledger.engine.core.async_engine import AsyncEngine
 from kvledger.engine.lora_config import LoRARequest
 from kvledger.engine.server.api_errors import ApiError
@@ -63,6 +64,11 @@ class ServeOptions:
     max_queue_wait_s: float | None = None  # None: a waiter waits as long as it takes
     max_queue_len: int = DEFAULT_MAX_QUEUE_LEN
     backfill: bool = False               # later requests done before the head may go first
+    scheduling_policy: str = "fcfs"      # vLLM's: fcfs, or priority (the request's field)
+    tenant_fairness: bool = True         # the line is fair between API keys (admission/order.py)
+    # Places in line one API key may hold; None: half the line with two keys or more (so
+    # one key's flood never fills it for everyone), else all of it.
+    max_queue_len_per_tenant: int | None = None
     shutdown_grace_s: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
@@ -174,6 +180,8 @@ class ServerState:
                                    max_queue_len=self.options.max_queue_len,
                                    max_num_seqs=engine.plan.max_num_seqs,
                                    backfill=self.options.backfill,
+                                   scheduling_policy=self.options.scheduling_policy,
+                                   tenant_fairness=self.options.tenant_fairness,
                                    decode_tokens_per_s=lambda: driver.decode_tokens_per_s)
         self.async_engine.on_step_outputs = lambda _: self.admission.capacity_changed(step=True)
         self.async_engine.start()
@@ -298,6 +306,17 @@ class ServerState:
     def model_names(self) -> tuple[str, ...]:
         """Every name requests may use: the first is the one answers carry."""
         return (self.engine.model_name, *self.engine.config.served_model_aliases)
+
+    def tenant(self, request: web.Request) -> Tenant:
+        """Whom the request is for, as the admission line shares it out: its API key (by
+        index, never the key itself), else everyone's one anonymous tenant."""
+        index = request.get(API_KEY_INDEX)
+        cap = self.options.max_queue_len_per_tenant
+        if cap is None and len(self.options.api_keys) > 1:
+            cap = max(1, self.options.max_queue_len // 2)
+        if index is None:
+            return Tenant(ANONYMOUS.key, ANONYMOUS.label, max_queued=cap)
+        return Tenant(f"key:{index}", f"key-{index}", max_queued=cap)
 
     def check_model(self, name: str) -> LoRARequest | None:
         """None for the base model (any of its names), else the ``LoRARequest`` of the

@@ -26,7 +26,7 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "audio": (None,), "prediction": (None,), "reasoning_effort": (None,),
     "web_search_options": (None,), "use_beam_search": (None, False),
     "length_penalty": (None, 1, 1.0), "truncate_prompt_tokens": (None,),
-    "documents": (None, []), "priority": (None, 0),
+    "documents": (None, []),
     "prompt_logprobs": (None,), "guided_grammar": (None,), "guided_decoding_backend": (None,),
 }
 # vLLM's chat ``echo`` repeats the last message; not implemented (completions' is).

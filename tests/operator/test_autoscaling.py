@@ -122,7 +122,7 @@ def test_the_queries_of_each_metric():
         "requestsWaiting": 'sum(kvledger_requests_waiting{namespace="ml",'
                            'pod=~"llama-[a-z0-9]{1,10}-[a-z0-9]{5}"})',
         "rejectionRate": 'sum(rate(kvledger_requests_rejected_total{namespace="ml",'
-                         'pod=~"llama-[a-z0-9]{1,10}-[a-z0-9]{5}",reason="kv_cache_full"}[1m]))',
+                         'pod=~"llama-[a-z0-9]{1,10}-[a-z0-9]{5}",reason=~"kv_cache_full|queue_full"}[1m]))',
     }
 
 

@@ -1,0 +1,132 @@
+"""The admission line's order: who is granted next among those waiting.
+
+Three keys, in turn:
+
+1. **Priority** (``--scheduling-policy priority``): a lower ``priority`` goes first, as in
+   vLLM. Under ``fcfs`` every request counts as priority 0.
+2. **Fair share between tenants** (on unless ``--no-tenant-fairness``): start-time fair
+   queuing. Each waiter gets a start tag when it joins: its tenant's last finish tag, or
+   the line's virtual clock if that is later (an idle tenant saves up no credit), and its
+   tenant's finish tag moves on by ``1 / weight``. The clock is the tag of the last waiter
+   granted. So a tenant that floods the line with 40 requests holds tags 0..39, and
+   another tenant's request, arriving when the clock reads ``v``, is tagged ``v``: it is
+   next but for the one already at ``v``, whatever the flood's length. A tenant of weight
+   2 is granted twice as often as one of weight 1 while both wait.
+3. **Arrival**: first come, first served.
+
+With one tenant and one priority the line is FIFO. The line only orders; ``Admission``
+decides whether the first in order fits (nobody overtakes it, but with ``--backfill``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+# The policies of vLLM's --scheduling-policy.
+POLICIES = ("fcfs", "priority")
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """Who a request is for, as the line shares it out: ``key`` keys the line (never shown),
+    ``label`` names it in metrics (bounded: a configured name or a key's index),
+    ``weight`` its share while others wait, ``max_queued`` the places in line it may hold
+    (None: any the line has)."""
+
+    key: str
+    label: str
+    weight: float = 1.0
+    max_queued: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.weight > 0:
+            raise ValueError(f"tenant {self.label!r}: weight must be > 0, got {self.weight!r}")
+        if self.max_queued is not None and self.max_queued < 0:
+            raise ValueError(f"tenant {self.label!r}: max_queued must be >= 0")
+
+
+ANONYMOUS = Tenant("", "anonymous")
+
+
+@dataclass
+class Place:
+    """A waiter's place: the sort key the line keeps it by."""
+
+    priority: int
+    tag: float
+    arrival: int
+
+    def key(self) -> tuple[int, float, int]:
+        return self.priority, self.tag, self.arrival
+
+
+class LineOrder:
+    """The waiters of a line, in grant order (priority, fair tag, arrival)."""
+
+    def __init__(self, *, policy: str = "fcfs", fair: bool = True) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"scheduling policy must be one of {', '.join(POLICIES)}, "
+                             f"got {policy!r}")
+        self.policy = policy
+        self.fair = fair
+        self._entries: list[tuple[tuple[int, float, int], object]] = []
+        self._arrivals = itertools.count()
+        self._clock = 0.0                     # the start tag of the last waiter granted
+        self._finish: dict[str, float] = {}   # each tenant's last finish tag
+        self._queued: dict[str, int] = {}     # each tenant's places in line
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator:
+        """The waiters in grant order."""
+        return (waiter for _, waiter in self._entries)
+
+    def queued(self, tenant: Tenant) -> int:
+        return self._queued.get(tenant.key, 0)
+
+    def place_for(self, tenant: Tenant, priority: int) -> Place:
+        """Where a request of ``tenant`` at ``priority`` would go, were it to join now
+        (nothing changes): for a refusal's wait, which counts those ahead of it."""
+        tag = max(self._clock, self._finish.get(tenant.key, 0.0)) if self.fair else 0.0
+        return Place(priority if self.policy == "priority" else 0, tag, -1)
+
+    def ahead_of(self, place: Place) -> Iterator:
+        """The waiters granted before a request at ``place`` (``place_for``)."""
+        key = place.key()
+        for entry_key, waiter in self._entries:
+            if entry_key[:2] > key[:2]:
+                return
+            yield waiter
+
+    def join(self, waiter, tenant: Tenant, priority: int) -> Place:
+        """Add ``waiter`` at its place (which it keeps until it leaves)."""
+        place = self.place_for(tenant, priority)
+        place.arrival = next(self._arrivals)
+        if self.fair:
+            self._finish[tenant.key] = place.tag + 1.0 / tenant.weight
+        self._queued[tenant.key] = self._queued.get(tenant.key, 0) + 1
+        bisect.insort(self._entries, (place.key(), waiter), key=lambda entry: entry[0])
+        return place
+
+    def leave(self, waiter, tenant: Tenant, place: Place, *, granted: bool) -> None:
+        """Take ``waiter`` out (granted, or gone); a grant moves the virtual clock to its
+        tag, and tenants whose tags it passed are forgotten (an idle tenant's tag is the
+        clock's)."""
+        key = place.key()
+        index = bisect.bisect_left(self._entries, key, key=lambda entry: entry[0])
+        if index == len(self._entries) or self._entries[index][1] is not waiter:
+            raise ValueError("not in line")
+        del self._entries[index]
+        left = self._queued[tenant.key] - 1
+        if left:
+            self._queued[tenant.key] = left
+        else:
+            del self._queued[tenant.key]
+        if granted and place.tag > self._clock:
+            self._clock = place.tag
+            self._finish = {k: tag for k, tag in self._finish.items()
+                            if tag > self._clock or k in self._queued}
