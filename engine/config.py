@@ -32,6 +32,7 @@ from kvledger.engine.settings import (
     PATH,
     POSITIVE_INT,
     SECONDS,
+    SHARE,
     SIZE,
     SWITCH,
     TEXT,
@@ -49,6 +50,7 @@ DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
 DEVICES = ("auto", "cuda", "cpu")
 ADMISSIONS = ("reserve", "safe")  # --admission: engine/kv/ledger.py and engine/kv/safety.py
+POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy: engine/admission/order.py
 QUANTIZATIONS = ("fp8",)  # --quantization: what the engine quantizes to on load
 
 DEFAULT_BLOCK_SIZE = 16
@@ -182,6 +184,26 @@ class EngineConfig:
         crd=Crd("engine", "safe (default): admitted while every request admitted can still "
                           "reach its cap, more run at once; reserve: a request holds prompt + "
                           "max_tokens of KV from admission to its end (--admission)"))
+    scheduling_policy: str = setting(
+        "fcfs", "--scheduling-policy", choice(POLICIES), group=WORKLOAD,
+        help="vLLM's: fcfs (default; a request's priority must be 0), or priority: a lower "
+             "request priority is admitted and seated sooner; nothing running is preempted",
+        crd=Crd("engine", "fcfs (default), or priority: a lower request priority is admitted "
+                          "and seated sooner, nothing running is preempted "
+                          "(--scheduling-policy)"))
+    priority_headroom: float = setting(
+        0.0, "--priority-headroom", SHARE, group=WORKLOAD,
+        help="with --scheduling-policy priority: this share of the KV pool and of the seats "
+             "(e.g. 10%%) only requests of priority at most --headroom-priority may take, so "
+             "an urgent request is admitted and seated at the next step while best-effort "
+             "ones fill the rest (default 0: none)",
+        crd=Crd("engine", "share of the KV pool and seats kept for urgent requests, in "
+                          "[0, 1) (--priority-headroom)"))
+    headroom_priority: int = setting(
+        0, "--headroom-priority", INTEGER, group=WORKLOAD,
+        help="the highest priority value that may take the --priority-headroom (default 0)",
+        crd=Crd("engine", "the highest priority that may take the headroom "
+                          "(--headroom-priority)"))
     memory_limit_bytes: int | None = setting(
         None, "--memory-limit", SIZE, group=MEMORY,
         help="hard limit on the engine's device memory, e.g. 40GiB",
@@ -286,6 +308,9 @@ class EngineConfig:
         object.__setattr__(self, "lora_modules", tuple(self.lora_modules))
         check_lora_flags(self.enable_lora, self.lora_modules, self.max_loras,
                          self.max_lora_rank, self.max_cpu_loras)
+        if self.priority_headroom and self.scheduling_policy != "priority":
+            raise BadInput("--priority-headroom needs --scheduling-policy priority: under fcfs "
+                           "every request has priority 0")
 
     def to_flags(self) -> list[str]:
         """The command-line flags that reproduce this config (inverse of the parser)."""

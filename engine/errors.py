@@ -64,12 +64,15 @@ class PoolTooSmall(BadInput):
     whatever is cached or running (HTTP 400)."""
 
     def __init__(self, needed_blocks: int, pool_blocks: int, *, num_tokens: int = 0,
-                 count: int = 1) -> None:
-        super().__init__(f"a prompt needs {needed_blocks} KV blocks; the pool has {pool_blocks}")
+                 count: int = 1, kept_blocks: int = 0) -> None:
+        kept = f", {kept_blocks} of them kept for urgent requests" if kept_blocks else ""
+        super().__init__(f"a prompt needs {needed_blocks} KV blocks; the pool has "
+                         f"{pool_blocks}{kept}")
         self.needed_blocks = needed_blocks
         self.pool_blocks = pool_blocks
         self.num_tokens = num_tokens  # prompt + cap of each choice
         self.count = count            # the choices (``n``) that each need them
+        self.kept_blocks = kept_blocks  # of the pool's, not for its priority (headroom)
 
 
 class AdmissionRejected(KvledgerError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence as Seq
 from concurrent.futures import Future
+from dataclasses import replace
 
 from kvledger.engine.admission.line import Admission, Ticket
 from kvledger.engine.checkpoint.hub.uri import model_reference
@@ -49,8 +50,8 @@ class LLM:
 
     def generate(self, prompts: str | list[int] | Seq[str | list[int]],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-                 lora_request: LoRARequest | Seq[LoRARequest | None] | None = None
-                 ) -> list[RequestOutput]:
+                 lora_request: LoRARequest | Seq[LoRARequest | None] | None = None,
+                 priority: Seq[int] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in the order of ``prompts``.
 
         Every prompt is checked before anything runs (``LLMEngine.check_request``: BadInput
@@ -60,7 +61,8 @@ class LLM:
         ``lora_request`` (vLLM's) runs every prompt with that LoRA adapter, or each with its
         own (a list; None for the base model); the engine needs ``enable_lora=True``. A prompt the engine fails alone (a fault in its sampling,
         or in a forward pass it was part of) comes back with ``finish_reason == "error"``
-        and ``error`` saying why; the others are unaffected.
+        and ``error`` saying why; the others are unaffected. ``priority`` (vLLM's, one per
+        prompt, lower first) orders the line under ``scheduling_policy="priority"``.
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -75,11 +77,17 @@ class LLM:
                  else [lora_request] * len(prompts))
         if len(loras) != len(prompts):
             raise BadInput(f"{len(prompts)} prompts but {len(loras)} LoRA requests")
+        priorities = [0] * len(prompts) if priority is None else list(priority)
+        if len(priorities) != len(prompts):
+            raise BadInput(f"{len(prompts)} prompts but {len(priorities)} priorities")
         engine = self.engine
+        if any(priorities) and engine.config.scheduling_policy != "priority":
+            raise BadInput("priority needs scheduling_policy='priority' (vLLM's "
+                           "--scheduling-policy)")
         requests = []
-        for prompt, p, lora in zip(prompts, params, loras, strict=True):
+        for prompt, p, lora, urgency in zip(prompts, params, loras, priorities, strict=True):
             ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            request = engine.check_request(ids, p, lora)
+            request = replace(engine.check_request(ids, p, lora), priority=urgency)
             self._counter += 1
             requests.append((f"llm-{self._counter}", request))
         texts = {request_id: prompt for (request_id, _), prompt in zip(requests, prompts,
@@ -98,21 +106,26 @@ class LLM:
         engine itself."""
         engine = self.engine
         admission = Admission(engine.ledger, max_model_len=engine.max_model_len,
-                              max_queue_wait_s=None, max_queue_len=None)
-        line: deque[tuple[str, EngineRequest, Future[Ticket]]] = deque()
+                              max_queue_wait_s=None, max_queue_len=None,
+                              scheduling_policy=engine.config.scheduling_policy,
+                              headroom=engine.headroom)
+        line: dict[str, tuple[EngineRequest, Future[Ticket]]] = {}
+        granted_ids: deque[str] = deque()  # in the order the line granted them
         tickets: dict[str, Ticket] = {}
         finished: dict[str, RequestOutput] = {}
         try:
             for request_id, request in requests:
                 granted: Future[Ticket] = Future()
+                granted.add_done_callback(lambda _, rid=request_id: granted_ids.append(rid))
+                line[request_id] = (request, granted)
                 admission.line_up(request_id, len(request.prompt_token_ids), request.cap_tokens,
                                   granted, prompt_token_ids=request.prompt_token_ids,
                                   use_cached=request.uses_cached_blocks, salt=request.lora_salt,
-                                  adapter=request.lora)
-                line.append((request_id, request, granted))
+                                  adapter=request.lora, priority=request.priority)
             while line or engine.has_unfinished_requests():
-                while line and line[0][2].done():  # granted, in line order
-                    request_id, request, granted = line.popleft()
+                while granted_ids:  # handed over as granted, whatever their order in the list
+                    request_id = granted_ids.popleft()
+                    request, granted = line.pop(request_id)
                     tickets[request_id] = ticket = granted.result()
                     engine.add_request(request_id, request, reservation=ticket.reservation)
                 for out in engine.step():
@@ -124,7 +137,7 @@ class LLM:
                 admission.capacity_changed()
         except BaseException:  # Ctrl-C or a failed step: give every block back
             engine.abort_all()
-            for _, _, granted in line:
+            for _, granted in line.values():
                 if granted.done():  # granted, never handed to the engine
                     admission.give_back(granted.result().reservations)
             raise

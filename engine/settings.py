@@ -93,6 +93,19 @@ def fraction(text: str) -> float:
     return value
 
 
+def share(text: str) -> float:
+    """argparse type for a share in [0, 1): ``0.1`` or ``10%``."""
+    number = text[:-1] if text.endswith("%") else text
+    try:
+        value = float(number) / (100.0 if number != text else 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share such as 0.1 or 10%, got {text!r}") \
+            from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a share in [0, 1) (0% to 99.9%), got {text!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Kind:
     """A setting's domain: how its flag reads a value (``parse``, or ``values`` as the
@@ -130,6 +143,11 @@ def _in_unit_interval(flag: str, value: Any) -> None:
         raise BadInput(f"{flag} must be in (0, 1], got {value}")
 
 
+def _share(flag: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value < 1.0:
+        raise BadInput(f"{flag} must be a share in [0, 1), got {value!r}")
+
+
 def _seconds(flag: str, value: Any) -> None:
     if (isinstance(value, bool) or not isinstance(value, int | float)
             or not 0 < value < float("inf")):
@@ -151,6 +169,7 @@ PATH = Kind("text", check=_not_empty)
 INTEGER = Kind("integer", parse=int)
 POSITIVE_INT = Kind("positive", parse=positive_int, check=_positive)
 FRACTION = Kind("fraction", parse=fraction, check=_in_unit_interval)
+SHARE = Kind("share", parse=share, check=_share, metavar="SHARE")  # 0.1 or 10%
 SECONDS = Kind("seconds", parse=positive_seconds, check=_seconds, metavar="SECONDS")
 SIZE = Kind("size", parse=size_arg, check=_positive, metavar="SIZE")  # a SIZE string
 FREE_SIZE = Kind("size", parse=size_arg, check=_not_negative, metavar="SIZE")

@@ -69,6 +69,7 @@ KIND_SCHEMAS: dict[str, dict[str, Any]] = {
     "positive": {"type": "integer", "minimum": 1},
     "boolean": {"type": "boolean"},
     "fraction": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1},
+    "share": {"type": "number", "minimum": 0, "maximum": 1, "exclusiveMaximum": True},
     "seconds": {"type": "number", "minimum": 0, "exclusiveMinimum": True},
     "size": _SIZE,
     "bytes": _SIZE_OR_BYTES,

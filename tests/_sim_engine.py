@@ -64,10 +64,12 @@ def _tokenizer(model_dir: str) -> Tokenizer:
 def sim_engine(model_dir, *, num_blocks: int, block_size: int, max_num_seqs: int,
                max_num_batched_tokens: int, max_loras: int | None = None,
                prefix_caching: bool = True, admission: str = "safe", max_model_len: int = 4096,
-               eos_rate: float = 0.0, seed: int = 0) -> LLMEngine:
+               eos_rate: float = 0.0, seed: int = 0, priority_headroom: float = 0.0
+               ) -> LLMEngine:
     """An engine over ``model_dir``'s tokenizer whose forward pass is a ``FakeRunner``:
     every other part (admission, ledger, scheduler, sampler, postprocessing) is the real
-    one, built as ``core/startup.py`` builds it."""
+    one, built as ``core/startup.py`` builds it. ``priority_headroom``: under the priority
+    policy, that share kept for requests of priority <= 0."""
     tokenizer = _tokenizer(str(model_dir))
     ledger = KVLedger(num_blocks, block_size, enable_prefix_caching=prefix_caching,
                       overcommit=admission == "safe", max_live=max_num_seqs,
@@ -75,20 +77,27 @@ def sim_engine(model_dir, *, num_blocks: int, block_size: int, max_num_seqs: int
     plan = SimpleNamespace(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens)
     runner = FakeRunner(tokenizer.vocab_size, min(tokenizer.eos_token_ids), eos_rate, seed)
-    engine = LLMEngine(EngineConfig(model=str(model_dir), device="cpu", seed=seed), plan,
+    policy = "priority" if priority_headroom else "fcfs"
+    engine = LLMEngine(EngineConfig(model=str(model_dir), device="cpu", seed=seed,
+                                    scheduling_policy=policy,
+                                    priority_headroom=priority_headroom), plan,
                        tokenizer, runner, ledger)
-    engine.scheduler = Scheduler(ledger, max_num_seqs, max_num_batched_tokens, max_loras)
+    engine.scheduler = Scheduler(ledger, max_num_seqs, max_num_batched_tokens, max_loras,
+                                 engine.headroom)
     return engine
 
 
 def submit(engine: LLMEngine, request_id: str, prompt: list[int], cap: int, *, n: int = 1,
-           adapter: Adapter | None = None, ignore_eos: bool = True) -> list[str] | None:
+           adapter: Adapter | None = None, ignore_eos: bool = True,
+           priority: int = 0) -> list[str] | None:
     """Admit a request of ``n`` choices as the server does (all reserved at once, then
-    each handed to the engine); their ids, or None when the ledger refuses it now."""
+    each handed to the engine); their ids, or None when the ledger refuses it now (at
+    ``priority``, without the engine's headroom unless it may take it)."""
     params = SamplingParams(temperature=0, max_tokens=cap, ignore_eos=ignore_eos)
-    request = EngineRequest(list(prompt), params, cap, adapter)
+    request = EngineRequest(list(prompt), params, cap, adapter, priority)
     reservations = engine.ledger.try_reserve_each(request.num_tokens, n, request.prompt_token_ids,
-                                                  salt=request.lora_salt, adapter=adapter)
+                                                  salt=request.lora_salt, adapter=adapter,
+                                                  kept=engine.headroom.kept_from(priority))
     if reservations is None:
         return None
     ids = [request_id if n == 1 else f"{request_id}-{i}" for i in range(n)]

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from kvledger.engine.admission.cap import output_cap
 from kvledger.engine.admission.due_back import jittered_wait_s, projection, seconds_until_freed
+from kvledger.engine.admission.headroom import NO_HEADROOM, Headroom
 from kvledger.engine.admission.order import ANONYMOUS, LineOrder, Tenant
 from kvledger.engine.admission.ticket import Outcome, Ticket, Waiter
 from kvledger.engine.errors import KVCacheFull, LineFull, TenantLineFull
@@ -67,6 +68,7 @@ class Admission:
                  max_queue_len: int | None = DEFAULT_MAX_QUEUE_LEN,
                  max_num_seqs: int | None = None, backfill: bool = False,
                  scheduling_policy: str = "fcfs", tenant_fairness: bool = True,
+                 headroom: Headroom = NO_HEADROOM,
                  decode_tokens_per_s: Callable[[], float | None] = lambda: None,
                  rng: random.Random | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -76,6 +78,7 @@ class Admission:
         self.max_queue_len = max_queue_len  # None: no cap (``LLM``'s line)
         self.max_num_seqs = max_num_seqs  # the engine runs at most this many at once
         self.backfill = backfill
+        self.headroom = headroom  # what only urgent requests may take (headroom.py)
         self.backfilled = 0  # requests admitted ahead of the line (kvledger_requests_backfilled_total)
         self._decode_tokens_per_s = decode_tokens_per_s
         self._rng = rng or random.Random()
@@ -129,11 +132,13 @@ class Admission:
         adapter, which takes one of the engine's slots while it runs. ``tenant`` and
         ``priority`` decide its place in line (``order``)."""
         tokens = prompt_tokens + cap_tokens
+        kept = self.headroom.kept_from(priority)
         # The choices share their prompt's full blocks (unless every position is computed).
         blocks = self.ledger.check_fits(tokens, n, prompt_tokens,
-                                        share=use_cached and prompt_token_ids is not None)
+                                        share=use_cached and prompt_token_ids is not None,
+                                        kept_blocks=kept[0])
         waiter = Waiter(request_id, prompt_tokens, cap_tokens, tokens, n, blocks,
-                        prompt_token_ids, use_cached, salt, adapter, tenant, priority)
+                        prompt_token_ids, use_cached, salt, adapter, tenant, priority, kept)
         # With nobody in line it goes now if it fits. Else it joins the line, whose first
         # in order (perhaps itself: a higher priority, a tenant's fair turn) goes if it
         # fits, and whose backfilling may start it at once.
@@ -229,7 +234,8 @@ class Admission:
         least = n * (self.ledger.blocks_for(self.max_model_len) - cached if requested is None
                      else self.ledger.blocks_for(1 + requested))
         # Free blocks decide unless the line is full, or when over-committing (safe).
-        fits = least <= self.ledger.free_blocks or self.ledger.overcommit is not None
+        fits = (least <= self.ledger.free_blocks - self.headroom.kept_from(priority)[0]
+                or self.ledger.overcommit is not None)
         if least > self.ledger.num_blocks or (fits and not self.queues):  # a full line: refused
             return None
         return self.rejection(least, tenant, priority)
@@ -266,7 +272,8 @@ class Admission:
                 return
             if start:
                 continue
-            seated = self.max_num_seqs is None or len(self.running) < self.max_num_seqs
+            seated = (self.max_num_seqs is None
+                      or len(self.running) < self.max_num_seqs - waiter.kept[1])
             reservations = waiter.try_reserve(self.ledger) if place and seated else None
             if reservations is None:
                 return
@@ -300,13 +307,14 @@ class Admission:
         self.capacity_changed()
 
     # -- the refusal's wait (the server's Retry-After) ---------------------------------
-    def estimate_wait_s(self, blocks: int, ahead_blocks: int | None = None) -> float:
+    def estimate_wait_s(self, blocks: int, ahead_blocks: int | None = None,
+                        kept_blocks: int = 0) -> float:
         """Seconds until ``blocks`` (behind ``ahead_blocks`` already queued; None: the
-        whole line) can be reserved, as the admitted requests reach their caps
-        (``seconds_until_freed``)."""
+        whole line; with ``kept_blocks`` of the pool it may not take) can be reserved, as
+        the admitted requests reach their caps (``seconds_until_freed``)."""
         if ahead_blocks is None:
             ahead_blocks = sum(w.blocks for w in self._line)
-        deficit = blocks + ahead_blocks - self.ledger.free_blocks
+        deficit = blocks + ahead_blocks + kept_blocks - self.ledger.free_blocks
         if deficit <= 0:
             return 0.0
         rate = self._decode_tokens_per_s() or DEFAULT_DECODE_TOKENS_PER_S
@@ -320,7 +328,8 @@ class Admission:
         blocks of those the line would grant before it)."""
         place = self._line.place_for(tenant, priority)
         ahead = sum(w.blocks for w in self._line.ahead_of(place))
-        wait_s = jittered_wait_s(self.estimate_wait_s(blocks, ahead), self._rng)
+        kept = self.headroom.kept_from(priority)[0]
+        wait_s = jittered_wait_s(self.estimate_wait_s(blocks, ahead, kept), self._rng)
         if not wait_over and self.queues and self.queue_full:
             return LineFull(len(self._line), self.max_queue_len, wait_s)
         if not wait_over and self.queues and self.tenant_full(tenant):

@@ -25,8 +25,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-# The policies of vLLM's --scheduling-policy.
-POLICIES = ("fcfs", "priority")
+from kvledger.engine.config import POLICIES
 
 
 @dataclass(frozen=True)

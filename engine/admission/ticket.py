@@ -64,13 +64,14 @@ class Waiter:
     adapter: LoraAdapter | None = field(repr=False)  # None: the base model
     tenant: Tenant = field(repr=False)
     priority: int = 0
+    kept: tuple[int, int] = (0, 0)  # the blocks and seats it may not take (headroom)
     outcome: Outcome = field(init=False, repr=False)  # set when it joins the line
     place: Place = field(init=False, repr=False)      # its place in line, once it joins
 
     def try_reserve(self, ledger: KVLedger) -> list[Reservation] | None:
         return ledger.try_reserve_each(self.tokens, self.count, self.prompt_token_ids,
                                        use_cached=self.use_cached, salt=self.salt,
-                                       adapter=self.adapter)
+                                       adapter=self.adapter, kept=self.kept)
 
     def place_in(self, plan: Projection) -> int | None:
         """Its soonest start in ``plan``, where it is then placed."""

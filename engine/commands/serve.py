@@ -13,7 +13,6 @@ import sys
 
 from kvledger.engine import json_text
 from kvledger.engine.admission.line import DEFAULT_MAX_QUEUE_LEN
-from kvledger.engine.admission.order import POLICIES
 from kvledger.engine.checkpoint.hub.cache import offline_snapshot
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
 from kvledger.engine.config import add_engine_flags, config_from_args
@@ -128,10 +127,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="the line takes turns between API keys (weighted fair queuing), so "
                         "one key's flood delays another key's request by about one admission "
                         "(default on; --no-tenant-fairness: arrival order)")
-    s.add_argument("--scheduling-policy", choices=POLICIES, default="fcfs",
-                   help="vLLM's: fcfs (the request field priority must be 0), or priority "
-                        "(lower priority is admitted and seated sooner; nothing running is "
-                        "ever preempted)")
     s.add_argument("--backfill", action=argparse.BooleanOptionalAction, default=False,
                    help="plan the first 4 in line at their soonest starts, as the KV pool "
                         "is projected (a token per step), and let one planned for now go "
@@ -232,7 +227,6 @@ def main(args: argparse.Namespace) -> int:
                            max_queue_wait_s=args.max_queue_wait,
                            max_queue_len=args.max_queue_len,
                            backfill=args.backfill,
-                           scheduling_policy=args.scheduling_policy,
                            tenant_fairness=args.tenant_fairness,
                            max_queue_len_per_tenant=args.max_queue_len_per_tenant,
                            shutdown_grace_s=args.shutdown_grace,

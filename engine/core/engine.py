@@ -14,6 +14,7 @@ import threading
 
 import torch
 
+from kvledger.engine.admission.headroom import Headroom
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.core import request as rules
 from kvledger.engine.core.lora_registry import LoraRegistry
@@ -54,8 +55,14 @@ class LLMEngine:
         # With --enable-lora: the adapters served and loaded; a batch holds max_loras at most.
         self.loras = (LoraRegistry(config, runner.config, runner.dtype) if config.enable_lora
                       else None)
+        # What only urgent requests may take (--priority-headroom), for admission and seats.
+        self.headroom = Headroom.of(config.priority_headroom, config.headroom_priority,
+                                    ledger.num_blocks, plan.max_num_seqs)
+        if self.headroom.blocks:
+            log.info("headroom: %s", self.headroom.describe())
         self.scheduler = Scheduler(ledger, plan.max_num_seqs, plan.max_num_batched_tokens,
-                                   config.max_loras if config.enable_lora else None)
+                                   config.max_loras if config.enable_lora else None,
+                                   self.headroom)
         self.sampler = Sampler(config.seed, runner.device, tokenizer.eos_token_ids)
         self._shared_generator = self.sampler.generator  # unseeded rows draw from it
         self._lock = threading.Lock()
@@ -138,6 +145,7 @@ class LLMEngine:
                                ids, params.kept_special_ids, params.skip_special_tokens,
                                params.spaces_between_special_tokens), generator)
             seq.lora = request.lora
+            seq.priority = request.priority if self.config.scheduling_policy == "priority" else 0
             with self._lock:  # check and claim the id in one step
                 if request_id in self._live:
                     raise BadInput(f"request id {request_id!r} is already in use")

@@ -34,6 +34,7 @@ class EngineRequest:
     params: SamplingParams
     cap_tokens: int  # the most tokens it may generate
     lora: LoraAdapter | None = None  # its LoRA adapter; None: the base model
+    priority: int = 0  # vLLM's: lower is admitted and seated sooner (--scheduling-policy)
 
     @property
     def lora_salt(self) -> str | None:

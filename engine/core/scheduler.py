@@ -1,7 +1,9 @@
 """Continuous batching with chunked prefill: each step decodes every running sequence,
 then spends the rest of ``max_num_batched_tokens`` on prompts, a chunk at a time:
-first the prompts already started, then waiting ones (first come, first served) while
-``max_num_seqs`` and the adapter slots (``--max-loras``) allow. The choices of one request
+first the prompts already started, then waiting ones (first come, first served; by
+priority first under ``--scheduling-policy priority``) while ``max_num_seqs`` and the
+adapter slots (``--max-loras``) allow, a best-effort one only while the seats kept for
+urgent requests (``--priority-headroom``) stay free. The choices of one request
 (``n > 1``) share their prompt's blocks: the others start once the first has computed
 them (``KVLedger.share_prompt``); until then they keep their place in line, and those
 behind them go on.
@@ -23,6 +25,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from kvledger.engine.admission.headroom import NO_HEADROOM, Headroom
 from kvledger.engine.core.sequence import Sequence, SequenceStatus
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.kv.reservation import Reservation
@@ -61,8 +64,9 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, ledger: KVLedger, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_loras: int | None = None) -> None:
+                 max_loras: int | None = None, headroom: Headroom = NO_HEADROOM) -> None:
         self.ledger = ledger
+        self.headroom = headroom
         self.max_loras = max_loras  # adapters running at once (--max-loras); None: no LoRA
         # The adapters of the running and the waiting sequences, by name, as of the last
         # step: what /metrics reads from another thread (replaced whole, never mutated).
@@ -86,7 +90,14 @@ class Scheduler:
                 f"{ledger.reserved_blocks} reserved, {ledger.paused_reservations} paused")
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        """In line for a seat: after those of its priority or a lower one (stable, so
+        first come, first served within a priority; one priority: appended)."""
+        if self.waiting and self.waiting[-1].priority > seq.priority:
+            place = next(i for i, other in enumerate(self.waiting)
+                         if other.priority > seq.priority)
+            self.waiting.insert(place, seq)
+        else:
+            self.waiting.append(seq)
         self._seq_of[seq.reservation] = seq
 
     def schedule(self) -> ScheduledBatch:
@@ -119,6 +130,8 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_num_seqs and budget_tokens > 0:
             seq = self.waiting.popleft()
             if (seq.reservation.awaits_share  # another choice is computing their prompt
+                    or len(self.running) >= self.max_num_seqs
+                    - self.headroom.kept_from(seq.priority)[1]  # seats kept for urgent ones
                     or not self._slot_for(seq, adapters) or not self._seat(seq)):
                 passed.append(seq)
                 continue

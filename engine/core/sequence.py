@@ -48,6 +48,7 @@ class Sequence:
             None if params.prompt_logprobs is None else [])
         self.matcher = None if params.grammar is None else params.grammar.matcher()
         self.lora = None  # its LoRA adapter (engine/model/lora_adapter.py), None: the base
+        self.priority = 0  # its request's (lower is seated sooner; admission/headroom.py)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -123,7 +123,8 @@ class KVLedger:
     def try_reserve_each(self, num_tokens: int, count: int,
                          prompt_token_ids: Sequence[int] | None = None, *,
                          use_cached: bool = True, salt: str | None = None,
-                         adapter: object | None = None) -> list[Reservation] | None:
+                         adapter: object | None = None,
+                         kept: tuple[int, int] = (0, 0)) -> list[Reservation] | None:
         """``count`` reservations of ``num_tokens`` tokens each (one per choice of an
         ``n > 1`` request), all or none: None when they do not all fit now.
 
@@ -132,7 +133,9 @@ class KVLedger:
         every prompt position computed); the prompt's keys are kept for ``register``. A
         ``salt`` (vLLM's ``cache_salt``) keys its blocks apart: only a request with the
         same salt finds them, or is found by it. ``adapter``: the request's LoRA adapter
-        (None: the base model), for the slot it will take: one per adapter object."""
+        (None: the base model), for the slot it will take: one per adapter object.
+        ``kept``: blocks and seats it may not take (``admission/headroom.py``): it is
+        admitted only while the state is safe without them."""
         root = salt_root(salt)
         needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached,
                                                 root)
@@ -143,13 +146,13 @@ class KVLedger:
             shared = max(0, full - len(hits))
             cost -= shared * (count - 1)
             if self.overcommit is None:
-                if self._pool.num_in_use + self._outstanding + cost > self.num_blocks:
+                if self._pool.num_in_use + self._outstanding + cost > self.num_blocks - kept[0]:
                     return None
             elif not self.overcommit.admits(self._pool.num_in_use, self._outstanding,
                                             self._pool.ref_counts, count, needed - len(hits),
                                             hits, cost - (needed - len(hits)) * count + shared
                                             * (count - 1), len(prompt_token_ids or ()),
-                                            num_tokens, shared, adapter):
+                                            num_tokens, shared, adapter, kept=kept):
                 return None
             for block in hits:
                 self._pool.pin(block, count)
@@ -178,13 +181,14 @@ class KVLedger:
                            caching=self.enable_prefix_caching, use_cached=use_cached, root=root)
 
     def check_fits(self, num_tokens: int, count: int = 1, prompt_tokens: int = 0, *,
-                   share: bool = False) -> int:
+                   share: bool = False, kept_blocks: int = 0) -> int:
         """The rule "fits the pool": what ``blocks_for_choices`` claims, or PoolTooSmall
-        when that is more than the whole pool. Nothing cached counts, so the verdict is on
-        the request, never on the moment."""
+        when that is more than the whole pool (less the ``kept_blocks`` it may not take).
+        Nothing cached counts, so the verdict is on the request, never on the moment."""
         blocks = self.blocks_for_choices(num_tokens, count, prompt_tokens, share)
-        if blocks > self.num_blocks:
-            raise PoolTooSmall(blocks, self.num_blocks, num_tokens=num_tokens, count=count)
+        if blocks > self.num_blocks - kept_blocks:
+            raise PoolTooSmall(blocks, self.num_blocks, num_tokens=num_tokens, count=count,
+                               kept_blocks=kept_blocks)
         return blocks
 
     def blocks_needed(self, num_tokens: int, count: int = 1,

@@ -101,7 +101,27 @@ class Overcommit:
 
     def admits(self, in_use: int, outstanding: int, ref_counts: Sequence[int], count: int,
                need: int, hits: Sequence[int], revived: int, prompt_tokens: int,
-               total_tokens: int, shared: int = 0, adapter: object | None = None) -> bool:
+               total_tokens: int, shared: int = 0, adapter: object | None = None, *,
+               kept: tuple[int, int] = (0, 0)) -> bool:
+        """``_admits`` in the pool less ``kept`` (blocks, seats): a best-effort request
+        under ``--priority-headroom`` is admitted only while the state is safe without the
+        headroom, hence in the whole pool too (safety is monotone in the resources)."""
+        if kept == (0, 0):
+            return self._admits(in_use, outstanding, ref_counts, count, need, hits, revived,
+                                prompt_tokens, total_tokens, shared, adapter)
+        whole = self.num_blocks, self.max_live
+        self.num_blocks -= kept[0]
+        if self.max_live is not None:
+            self.max_live -= kept[1]
+        try:
+            return self._admits(in_use, outstanding, ref_counts, count, need, hits, revived,
+                                prompt_tokens, total_tokens, shared, adapter)
+        finally:
+            self.num_blocks, self.max_live = whole
+
+    def _admits(self, in_use: int, outstanding: int, ref_counts: Sequence[int], count: int,
+                need: int, hits: Sequence[int], revived: int, prompt_tokens: int,
+                total_tokens: int, shared: int, adapter: object | None) -> bool:
         """Whether ``count`` new reservations of ``total_tokens`` (prompt + cap), each
         drawing ``need`` blocks after pinning ``hits`` (``revived`` of them cached, held by
         none), may be admitted; all but the first will pin ``shared`` prompt blocks the

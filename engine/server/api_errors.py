@@ -96,9 +96,11 @@ def admission_error(exc: PromptTooLong | CapTooLarge | PoolTooSmall | KVCacheFul
                         code="context_length_exceeded", param="max_tokens", reason="over_context")
     if isinstance(exc, PoolTooSmall):
         choices = f" for {exc.count} choices" if exc.count > 1 else ""
+        kept = (f", of which {exc.kept_blocks} are kept for more urgent requests "
+                f"(--priority-headroom)" if exc.kept_blocks else "")
         return ApiError(400, f"the request needs {exc.needed_blocks} KV blocks ({exc.num_tokens} "
-                             f"tokens{choices}) but the whole pool holds {exc.pool_blocks}; "
-                             f"lower max_tokens{' or n' if exc.count > 1 else ''}",
+                             f"tokens{choices}) but the whole pool holds {exc.pool_blocks}"
+                             f"{kept}; lower max_tokens{' or n' if exc.count > 1 else ''}",
                         code="kv_pool_too_small", param="max_tokens", reason="over_pool")
     return ApiError(429, str(exc), code=exc.reason, reason=exc.reason,
                     headers=retry_headers(exc.wait_s))

@@ -64,7 +64,6 @@ class ServeOptions:
     max_queue_wait_s: float | None = None  # None: a waiter waits as long as it takes
     max_queue_len: int = DEFAULT_MAX_QUEUE_LEN
     backfill: bool = False               # later requests done before the head may go first
-    scheduling_policy: str = "fcfs"      # vLLM's: fcfs, or priority (the request's field)
     tenant_fairness: bool = True         # the line is fair between API keys (admission/order.py)
     # Places in line one API key may hold; None: half the line with two keys or more (so
     # one key's flood never fills it for everyone), else all of it.
@@ -180,7 +179,8 @@ class ServerState:
                                    max_queue_len=self.options.max_queue_len,
                                    max_num_seqs=engine.plan.max_num_seqs,
                                    backfill=self.options.backfill,
-                                   scheduling_policy=self.options.scheduling_policy,
+                                   scheduling_policy=engine.config.scheduling_policy,
+                                   headroom=engine.headroom,
                                    tenant_fairness=self.options.tenant_fairness,
                                    decode_tokens_per_s=lambda: driver.decode_tokens_per_s)
         self.async_engine.on_step_outputs = lambda _: self.admission.capacity_changed(step=True)

@@ -198,13 +198,16 @@ class SafeProgress(RuleBasedStateMachine):
                 seats=st.integers(1, 4), extra_budget=st.integers(0, 6),
                 loras=st.sampled_from([None, (1, 2), (1, 3), (2, 3), (2, 4), (3, 4)]),
                 caching=st.booleans(), eos_rate=st.sampled_from([0.0, 0.2]),
-                seed=st.integers(0, 2**16))
-    def build(self, blocks, block_size, seats, extra_budget, loras, caching, eos_rate, seed):
+                seed=st.integers(0, 2**16), headroom=st.sampled_from([0.0, 0.0, 0.25, 0.5]))
+    def build(self, blocks, block_size, seats, extra_budget, loras, caching, eos_rate, seed,
+              headroom):
         max_loras, adapters = loras or (None, 0)
+        if seats < 2:
+            headroom = 0.0  # it always leaves best-effort requests a seat
         self.engine = sim_engine(self.model_dir, num_blocks=blocks, block_size=block_size,
                                  max_num_seqs=seats, max_num_batched_tokens=seats + extra_budget,
                                  max_loras=max_loras, prefix_caching=caching,
-                                 eos_rate=eos_rate, seed=seed)
+                                 eos_rate=eos_rate, seed=seed, priority_headroom=headroom)
         self.adapters = [None] + [Adapter(f"a{i}", i + 1) for i in range(adapters)]
         self.live: set[str] = set()
         self.admitted = 0
@@ -213,17 +216,19 @@ class SafeProgress(RuleBasedStateMachine):
 
     @rule(prefix=st.sampled_from(PREFIXES), tail=st.lists(st.integers(20, 90), max_size=6),
           cap=st.integers(1, 12), n=st.sampled_from([1, 1, 2, 3]), adapter=st.integers(0, 4),
-          ignore_eos=st.booleans())
-    def submit(self, prefix, tail, cap, n, adapter, ignore_eos):
+          ignore_eos=st.booleans(), priority=st.sampled_from([0, 10]))
+    def submit(self, prefix, tail, cap, n, adapter, ignore_eos, priority):
         engine = self.engine
         prompt = [*prefix, *tail]
+        kept = engine.headroom.kept_from(priority)
         try:
-            engine.ledger.check_fits(len(prompt) + cap, n, len(prompt), share=True)
+            engine.ledger.check_fits(len(prompt) + cap, n, len(prompt), share=True,
+                                     kept_blocks=kept[0])
         except PoolTooSmall:
             return
         paused = engine.ledger.paused_reservations
         ids = submit(engine, f"r{self.admitted}", prompt, cap, n=n, ignore_eos=ignore_eos,
-                     adapter=self.adapters[adapter % len(self.adapters)])
+                     adapter=self.adapters[adapter % len(self.adapters)], priority=priority)
         if ids is not None:
             assert not paused, "admitted while a request was paused"
             self.admitted += 1

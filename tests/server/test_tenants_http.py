@@ -54,8 +54,9 @@ async def test_without_fairness_the_flood_goes_first(aiohttp_client, llm):
     assert finished[-1] == "b"
 
 
-async def test_priority_goes_first_under_the_priority_policy(aiohttp_client, llm):
-    client = await start_app(aiohttp_client, llm, scheduling_policy="priority")
+async def test_priority_goes_first_under_the_priority_policy(aiohttp_client, tiny_llama_dir):
+    llm = make_llm(tiny_llama_dir, num_gpu_blocks_override=16, scheduling_policy="priority")
+    client = await start_app(aiohttp_client, llm)
     finished = await _flood_then_one(client, "k", "k", {"priority": -1})
     assert finished.index("b") == 1  # the next to start once a0 ends
 
@@ -96,3 +97,37 @@ async def test_priority_under_fcfs_is_a_400(aiohttp_client, llm):
     assert "--scheduling-policy priority" in body["error"]["message"]
     status, _, _ = await _send(client, "k", [], "r", priority=0, max_tokens=1)
     assert status == 200
+
+
+async def _first_token_while_the_flood_runs(client, urgent_body):
+    """Fill the engine with best-effort requests, then send one more: whether its first
+    token arrives before any best-effort request ends (none was preempted for it)."""
+    ended: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def best_effort(i):
+        status, _, _ = await _send(client, "k", [], f"b{i}", max_tokens=120, priority=10)
+        ended.append(loop.time())
+        assert status == 200
+
+    flood = [asyncio.create_task(best_effort(i)) for i in range(6)]
+    await wait_for_metric(client, "kvledger_requests_waiting", 0)
+    await asyncio.sleep(0.3)  # the flood is admitted and seated as far as it may be
+    response = await client.post("/v1/completions", json={
+        "model": model_name(client), "prompt": "Once upon a time", "max_tokens": 8,
+        "ignore_eos": True, "temperature": 0, "stream": True, **urgent_body})
+    assert response.status == 200
+    await response.content.readline()  # the first event: its first token
+    first_token = loop.time()
+    await response.read()
+    await asyncio.gather(*flood)
+    return first_token < min(ended)
+
+
+async def test_headroom_seats_an_urgent_request_while_best_effort_ones_run(
+        aiohttp_client, tiny_llama_dir):
+    llm = make_llm(tiny_llama_dir, num_gpu_blocks_override=64, max_num_seqs=4,
+                   scheduling_policy="priority", priority_headroom=0.25)
+    client = await start_app(aiohttp_client, llm)
+    assert await _first_token_while_the_flood_runs(client, {"priority": 0})
+    assert llm.ledger.reserved_blocks == 0
