@@ -321,9 +321,25 @@ SPEC_SCHEMA = _ruled({
                                     "--lora-modules NAME=URI); the pre-flight plans their "
                                     "slots (engine.maxLoras x engine.maxLoraRank)"},
         "maxQueueLength": _int(0, "how many requests may wait in line for their KV "
-                                  "reservations, FIFO; one more is a 429 (--max-queue-len; "
-                                  "0: refused at once; not set: 256); what requestsWaiting "
-                                  "autoscaling counts", maximum=100000),
+                                  "reservations, taking turns between tenants; one more is "
+                                  "a 429 queue_full (--max-queue-len; 0: refused at once; "
+                                  "not set: 256); what requestsWaiting autoscaling counts",
+                               maximum=100000),
+        "maxQueueLengthPerTenant": _int(0, "places in line one tenant (API key) may hold; "
+                                           "one more is its own 429 tenant_queue_full "
+                                           "(--max-queue-len-per-tenant; not set: half the "
+                                           "line with two keys or more)", maximum=100000),
+        "tenantFairness": {"type": "boolean",
+                           "description": "the line takes turns between tenants (default "
+                                          "true; false: arrival order, --no-tenant-fairness)"},
+        "tenantsSecretRef": {
+            "type": "object", "required": ["name", "key"],
+            "description": "A Secret key holding the tenants file (YAML: each tenant's name, "
+                           "API keys, weight, maxQueued, priority and minPriority), mounted "
+                           "read-only for the engine alone (--tenants-file); its keys open "
+                           "/v1/* as apiKeySecretRef's does",
+            "properties": {"name": _SECRET_NAME, "key": _SECRET_KEY},
+        },
         "resources": {
             "type": "object",
             "description": "CPU and host memory of the engine container (GPUs come from gpus).",

@@ -44,7 +44,8 @@ from kvledger.operator.spec import ServiceSpec, as_spec, local_model_path, local
 CLUSTER_ONLY_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName",
                        "runtimeClassName", "imagePullSecrets", "serviceAccountName", "env",
                        "envFrom", "podAnnotations", "podLabels", "autoscaling",
-                       "apiKeySecretRef")  # locally: serve's --api-key or KVLEDGER_API_KEY
+                       "apiKeySecretRef",  # locally: serve's --api-key or KVLEDGER_API_KEY
+                       "tenantsSecretRef")  # locally: serve's --tenants-file
 CLUSTER_ONLY_MODEL_FIELDS = ("tokenSecretRef", "endpoint", "cache")
 
 
@@ -125,9 +126,11 @@ def ignored_fields(spec: dict[str, Any]) -> list[str]:
 
 def serve_argv(flags: list[str], host: str, port: int,
                spec: ServiceSpec | dict[str, Any]) -> list[str]:
-    """``serve`` with the pod's flags, its own ones (drain, queue) included."""
+    """``serve`` with the pod's flags, its own ones (drain, queue) included, but the
+    tenants file only a cluster mounts (``tenantsSecretRef`` is cluster-only here)."""
+    local = dataclasses.replace(as_spec(spec), tenants_secret=None)
     return [sys.executable, "-m", "kvledger.engine.cli", "serve", *flags,
-            "--host", host, "--port", str(port), *as_spec(spec).serving_flags()]
+            "--host", host, "--port", str(port), *local.serving_flags()]
 
 
 def main(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ from importlib.metadata import version
 from typing import Any
 
 from kvledger.operator.parallel import shm_mount, shm_volume
-from kvledger.operator.resource import DEFAULT_HUB_ENDPOINT
+from kvledger.operator.resource import DEFAULT_HUB_ENDPOINT, TENANTS_DIR
 from kvledger.operator.spec import ServiceSpec, as_spec, hub_adapters
 
 LABEL = "kvledger.dev/inferenceservice"
@@ -139,6 +139,17 @@ def _cache_mount(read_only: bool) -> dict[str, Any]:
     return {"name": "model-cache", "mountPath": CACHE_DIR, "readOnly": read_only}
 
 
+def _tenants_volume(spec: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, the engine's mounts) for ``spec.tenantsSecretRef``: its one key as
+    ``TENANTS_FILE``, read-only, for the engine alone (the pre-flight never reads it)."""
+    if spec.tenants_secret is None:
+        return [], []
+    name, key = spec.tenants_secret
+    return ([{"name": "tenants", "secret": {"secretName": name, "defaultMode": 0o440,
+                                            "items": [{"key": key, "path": "tenants.yaml"}]}}],
+            [{"name": "tenants", "mountPath": TENANTS_DIR, "readOnly": True}])
+
+
 def _secret_env(name: str, ref: tuple[str, str]) -> dict[str, Any]:
     """An env var from a Secret key: never a value in the pod spec or the args."""
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref[0], "key": ref[1]}}}
@@ -206,6 +217,7 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
     image = spec.image or default_image
     volumes, mounts = _volumes(spec, download_bytes)
     volumes += shm_volume(spec.gpus)  # the engine's ranks: NCCL's shared memory
+    tenant_volumes, tenant_mounts = _tenants_volume(spec)
     gpu_limits = _gpu_limits(spec)
     engine_resources = {key: dict(value) for key, value in spec.resources.items()}
     if gpu_limits:
@@ -255,7 +267,7 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": engine_resources,
         "volumeMounts": mounts + ([_cache_mount(read_only=True)] if uri is not None else [])
-        + shm_mount(spec.gpus),
+        + shm_mount(spec.gpus) + tenant_mounts,
         "securityContext": _container_security(),
         # Loading a large checkpoint takes minutes: the startup probe holds off liveness.
         "startupProbe": {"httpGet": {"path": "/health", "port": "http"},
@@ -281,7 +293,7 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
         **_placement(spec),
         "initContainers": init_containers,
         "containers": [engine],
-        "volumes": volumes,
+        "volumes": volumes + tenant_volumes,
     }
 
 

@@ -24,6 +24,9 @@ DEFAULT_SHUTDOWN_GRACE_S = 30  # serve's own default
 DEFAULT_MAX_QUEUE_WAIT_S = None
 DEFAULT_MAX_QUEUE_LENGTH = None
 DEFAULT_MOUNT_PATH = "/models"
+# Where the engine reads spec.tenantsSecretRef's file (a Secret volume, read-only).
+TENANTS_DIR = "/etc/kvledger/tenants"
+TENANTS_FILE = f"{TENANTS_DIR}/tenants.yaml"
 # Where the pods talk to the hub when neither the spec nor the admin (Helm hub.endpoints)
 # names another.
 DEFAULT_HUB_ENDPOINT = "https://huggingface.co"

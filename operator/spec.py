@@ -36,6 +36,7 @@ from kvledger.operator.resource import (
     DEFAULT_REPLICAS,
     DEFAULT_SHUTDOWN_GRACE_S,
     DEFAULT_TARGETS,
+    TENANTS_FILE,
 )
 from kvledger.operator.spec_rules import check_rules
 
@@ -112,6 +113,9 @@ class ServiceSpec:
     pod_annotations: dict[str, str] = field(default_factory=dict)
     pod_labels: dict[str, str] = field(default_factory=dict)
     api_key_secret: tuple[str, str] | None = None  # (Secret name, key): KVLEDGER_API_KEY
+    tenants_secret: tuple[str, str] | None = None  # (Secret name, key): --tenants-file
+    max_queue_length_per_tenant: int | None = None  # None: serve's default
+    tenant_fairness: bool = True
     allow_runtime_lora_updating: bool = False
 
     def serving_flags(self) -> list[str]:
@@ -122,6 +126,12 @@ class ServiceSpec:
             flags += ["--max-queue-wait", str(self.max_queue_wait_s)]
         if self.max_queue_length is not None:
             flags += ["--max-queue-len", str(self.max_queue_length)]
+        if self.max_queue_length_per_tenant is not None:
+            flags += ["--max-queue-len-per-tenant", str(self.max_queue_length_per_tenant)]
+        if not self.tenant_fairness:
+            flags += ["--no-tenant-fairness"]
+        if self.tenants_secret is not None:
+            flags += ["--tenants-file", TENANTS_FILE]
         if self.tool_call_parser is not None:
             flags += ["--tool-call-parser", self.tool_call_parser]
         if self.enable_auto_tool_choice:
@@ -168,6 +178,9 @@ def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
         pod_annotations=dict(raw.get("podAnnotations") or {}),
         pod_labels=dict(raw.get("podLabels") or {}),
         api_key_secret=_secret_ref(raw.get("apiKeySecretRef")),
+        tenants_secret=_secret_ref(raw.get("tenantsSecretRef")),
+        max_queue_length_per_tenant=raw.get("maxQueueLengthPerTenant"),
+        tenant_fairness=raw.get("tenantFairness", True),
         allow_runtime_lora_updating=bool(raw.get("allowRuntimeLoraUpdating")),
     )
 

@@ -68,10 +68,11 @@ def _env_name_free(var: Mapping[str, Any]) -> bool:
 
 RULES: tuple[Rule, ...] = (
     Rule("", "!has(self.allowRuntimeLoraUpdating) || !self.allowRuntimeLoraUpdating"
-         " || has(self.apiKeySecretRef)",
-         "allowRuntimeLoraUpdating needs apiKeySecretRef: loading adapters at run time is "
-         "for clients that hold the API key",
-         lambda spec: not spec.get("allowRuntimeLoraUpdating") or "apiKeySecretRef" in spec),
+         " || has(self.apiKeySecretRef) || has(self.tenantsSecretRef)",
+         "allowRuntimeLoraUpdating needs apiKeySecretRef (or tenantsSecretRef): loading "
+         "adapters at run time is for clients that hold an API key",
+         lambda spec: not spec.get("allowRuntimeLoraUpdating") or "apiKeySecretRef" in spec
+         or "tenantsSecretRef" in spec),
     Rule("env[]",
          " && ".join([f"!self.name.startsWith('{p}')" for p in OWNED_ENV_PREFIXES]
                      + ["!(self.name in [" + ", ".join(f"'{n}'" for n in OWNED_ENV_NAMES)

@@ -112,6 +112,10 @@ class Admission:
     def queue_full(self) -> bool:
         return self.max_queue_len is not None and len(self._line) >= self.max_queue_len
 
+    def waiting_by_tenant(self) -> dict[str, int]:
+        """Requests in line by tenant label (``kvledger_tenant_requests_waiting``)."""
+        return self._line.queued_by_label()
+
     def tenant_full(self, tenant: Tenant) -> bool:
         """Whether ``tenant`` holds every place in line it may (``Tenant.max_queued``)."""
         return tenant.max_queued is not None and self._line.queued(tenant) >= tenant.max_queued

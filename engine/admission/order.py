@@ -76,6 +76,7 @@ class LineOrder:
         self._clock = 0.0                     # the start tag of the last waiter granted
         self._finish: dict[str, float] = {}   # each tenant's last finish tag
         self._queued: dict[str, int] = {}     # each tenant's places in line
+        self._labels: dict[str, str] = {}     # the label of each tenant in line
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -86,6 +87,15 @@ class LineOrder:
 
     def queued(self, tenant: Tenant) -> int:
         return self._queued.get(tenant.key, 0)
+
+    def queued_by_label(self) -> dict[str, int]:
+        """Places in line by tenant label (tenants sharing a label summed)."""
+        counts: dict[str, int] = {}
+        for key, count in list(self._queued.items()):  # read from another thread too
+            label = self._labels.get(key)
+            if label is not None:  # None: it left meanwhile
+                counts[label] = counts.get(label, 0) + count
+        return counts
 
     def place_for(self, tenant: Tenant, priority: int) -> Place:
         """Where a request of ``tenant`` at ``priority`` would go, were it to join now
@@ -108,6 +118,7 @@ class LineOrder:
         if self.fair:
             self._finish[tenant.key] = place.tag + 1.0 / tenant.weight
         self._queued[tenant.key] = self._queued.get(tenant.key, 0) + 1
+        self._labels[tenant.key] = tenant.label
         bisect.insort(self._entries, (place.key(), waiter), key=lambda entry: entry[0])
         return place
 
@@ -125,6 +136,7 @@ class LineOrder:
             self._queued[tenant.key] = left
         else:
             del self._queued[tenant.key]
+            del self._labels[tenant.key]
         if granted and place.tag > self._clock:
             self._clock = place.tag
             self._finish = {k: tag for k, tag in self._finish.items()

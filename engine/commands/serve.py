@@ -28,6 +28,7 @@ from kvledger.engine.server.state import (
     DEFAULT_MAX_BODY_BYTES,
     ServeOptions,
 )
+from kvledger.engine.server.tenants import read_tenants_file
 from kvledger.engine.settings import positive_seconds, size_arg
 from kvledger.engine.vllm_flags import PARSERS, RULES, add_vllm_flags, refusal
 
@@ -123,6 +124,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="places in line one API key may hold; one more is a 429 "
                         "tenant_queue_full for that key alone (default: half the line with "
                         "two keys or more, else all of it)")
+    s.add_argument("--tenants-file", default=None, metavar="PATH",
+                   help="tenants as YAML (a mounted Secret): each a name (its metrics "
+                        "label), its API keys, its weight in the line, its places in line "
+                        "(maxQueued) and its default and most urgent priorities; its keys "
+                        "open /v1/* as --api-key's do (docs/serving.md, tenants)")
+    s.add_argument("--tenant-header", default=None, metavar="NAME",
+                   help="a header a gateway sets to name the request's tenant (e.g. "
+                        "x-kvledger-tenant), believed only from --tenant-header-from")
+    s.add_argument("--tenant-header-from", nargs="+", action="extend", default=None,
+                   metavar="CIDR", help="the peers whose --tenant-header is believed "
+                                        "(e.g. the gateway's pod network)")
     s.add_argument("--tenant-fairness", action=argparse.BooleanOptionalAction, default=True,
                    help="the line takes turns between API keys (weighted fair queuing), so "
                         "one key's flood delays another key's request by about one admission "
@@ -220,8 +232,10 @@ def main(args: argparse.Namespace) -> int:
             # Not in the (read-only) cache: say so at once, before listening, not after.
             offline_snapshot(parse_uri(config.model), config.download_dir)
     api_keys = _api_keys(args)
-    if args.cache_salt_per_key and len(api_keys) < 1:
-        raise BadInput("--cache-salt-per-key needs API keys (--api-key or --api-key-file)")
+    tenants = read_tenants_file(args.tenants_file) if args.tenants_file else ()
+    if args.cache_salt_per_key and not api_keys and not any(t.keys for t in tenants):
+        raise BadInput("--cache-salt-per-key needs API keys (--api-key, --api-key-file or "
+                       "--tenants-file)")
     options = ServeOptions(api_keys=api_keys, salt_cache_per_key=args.cache_salt_per_key,
                            metrics_api_key=args.metrics_api_key or None,
                            max_queue_wait_s=args.max_queue_wait,
@@ -229,6 +243,8 @@ def main(args: argparse.Namespace) -> int:
                            backfill=args.backfill,
                            tenant_fairness=args.tenant_fairness,
                            max_queue_len_per_tenant=args.max_queue_len_per_tenant,
+                           tenants=tenants, tenant_header=args.tenant_header,
+                           tenant_header_from=tuple(args.tenant_header_from or ()),
                            shutdown_grace_s=args.shutdown_grace,
                            max_body_bytes=args.max_body_bytes,
                            header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,

@@ -116,7 +116,7 @@ def _check_api_key(request: web.Request) -> None:
     if request.path == "/metrics":
         keys = (options.metrics_api_key,) if options.metrics_api_key else ()
     elif request.path.startswith(_KEYED_PATHS):
-        keys = options.api_keys
+        keys = request.app[STATE].tenants.keys  # --api-key's, then --tenants-file's
     else:
         return
     if not keys:

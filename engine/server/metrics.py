@@ -7,7 +7,7 @@ disagree with the blocks actually reserved.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -77,8 +77,30 @@ class _LiveGauges:
                 yield family
 
 
+# A request's 429s, counted per tenant too (kvledger_tenant_requests_rejected_total).
+TENANT_REJECTION_REASONS = ("kv_cache_full", "queue_full", "tenant_queue_full")
+
+
+class _TenantsWaiting:
+    """Requests in line by tenant, read from the line at scrape time."""
+
+    def __init__(self, labels: list[str], waiting: Callable[[], dict[str, int]]) -> None:
+        self._labels = labels
+        self._waiting = waiting
+
+    def collect(self):
+        counts = self._waiting()
+        family = GaugeMetricFamily("kvledger_tenant_requests_waiting", "requests in line for "
+                                   "a KV reservation, by tenant", labels=["tenant"])
+        for label in dict.fromkeys([*self._labels, *counts]):
+            family.add_metric([label], counts.get(label, 0))
+        yield family
+
+
 class ServerMetrics:
-    def __init__(self) -> None:
+    def __init__(self, tenants: Sequence[str] = ("anonymous",)) -> None:
+        """``tenants``: every label the per-tenant series may carry (``Tenants.labels``:
+        bounded by the configuration, never a key), exported at 0 from the start."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.admitted = Counter("kvledger_requests_admitted", "requests whose KV reservation "
@@ -103,6 +125,22 @@ class ServerMetrics:
             self.failed.labels(reason)
         self.queue_wait = Histogram("kvledger_queue_wait_seconds", "time spent waiting for a "
                                     "KV reservation", buckets=LATENCY_BUCKETS_S, registry=r)
+        # Per tenant (server/tenants.py): its admissions, 429s, queue waits and tokens.
+        self.tenant_admitted = Counter("kvledger_tenant_requests_admitted", "requests "
+                                       "admitted, by tenant", ["tenant"], registry=r)
+        self.tenant_rejected = Counter("kvledger_tenant_requests_rejected", "429s, by tenant "
+                                       "and reason", ["tenant", "reason"], registry=r)
+        self.tenant_queue_wait = Histogram("kvledger_tenant_queue_wait_seconds", "time spent "
+                                           "waiting for a KV reservation, by tenant",
+                                           ["tenant"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.tenant_generation_tokens = Counter("kvledger_tenant_generation_tokens", "tokens "
+                                                "generated, by tenant", ["tenant"], registry=r)
+        for tenant in tenants:
+            self.tenant_admitted.labels(tenant)
+            self.tenant_queue_wait.labels(tenant)
+            self.tenant_generation_tokens.labels(tenant)
+            for reason in TENANT_REJECTION_REASONS:
+                self.tenant_rejected.labels(tenant, reason)
         self.vllm: VllmSeries | None = None  # once a model is served
 
     def serve_model(self, model_name: str, max_model_len: int, cache: CacheInfo) -> None:
@@ -114,6 +152,10 @@ class ServerMetrics:
         """The measurement points of one request that arrived at ``arrived`` (monotonic)."""
         return RequestTimeline(self, arrived)
 
+    def count_tenant_rejection(self, tenant: str, reason: str) -> None:
+        """One 429 of ``tenant``'s (``reason``: one of ``TENANT_REJECTION_REASONS``)."""
+        self.tenant_rejected.labels(tenant, reason).inc()
+
     def count_failure(self, reason: str) -> None:
         """Count one request that failed on the server's side (5xx or a stream's error event)."""
         self.failed.labels(reason).inc()
@@ -124,6 +166,11 @@ class ServerMetrics:
         ``{name: (help, read)}``; the gauges in ``VLLM_ALIASES`` are also exported under
         vLLM's names while ``model_name()`` is not None."""
         self.registry.register(_LiveGauges(gauges, counters or {}, model_name))
+
+    def watch_tenants(self, labels: Sequence[str], waiting: Callable[[], dict[str, int]]) -> None:
+        """Export ``kvledger_tenant_requests_waiting{tenant}`` at scrape time: ``waiting()``
+        by label, 0 for each of ``labels`` not in it."""
+        self.registry.register(_TenantsWaiting(list(labels), waiting))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -139,6 +186,7 @@ class RequestTimeline:
         self._vllm = metrics.vllm
         self.arrived = arrived
         self.admitted_at: float | None = None
+        self.tenant = "anonymous"  # its tenant's label, once known (server/tenants.py)
         self.first_token_at: float | None = None
         self._last_token_at: float | None = None
         self._tokens = 0
@@ -147,6 +195,8 @@ class RequestTimeline:
         self.admitted_at = now = time.monotonic()
         self._metrics.admitted.inc()
         self._metrics.queue_wait.observe(now - self.arrived)
+        self._metrics.tenant_admitted.labels(self.tenant).inc()
+        self._metrics.tenant_queue_wait.labels(self.tenant).observe(now - self.arrived)
         self._metrics.prompt_tokens.inc(prompt_tokens)
         if self._vllm is not None:
             self._vllm.queue.observe(now - self.arrived)
@@ -174,6 +224,7 @@ class RequestTimeline:
         for reason in reasons:
             self._metrics.finished.labels(reason).inc()
         self._metrics.generation_tokens.inc(generated_tokens)
+        self._metrics.tenant_generation_tokens.labels(self.tenant).inc(generated_tokens)
         self._metrics.latency.observe(now - self.arrived)
         vllm = self._vllm
         if vllm is None:

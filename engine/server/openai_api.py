@@ -82,11 +82,12 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
         if req.kind == "chat" else req.prompt
     defaults = state.engine.tokenizer.sampling_defaults  # the model's (--generation-config)
     tenant = state.tenant(request)
-    _check_priority(state, req)
+    timeline.tenant = tenant.label
+    priority = _priority(state, req, tenant)
     longest = max(_max_prompt_tokens(prompt) for prompt in prompts)
-    early = state.admission.early_rejection(longest, req.cap, req.n, tenant, req.priority)
+    early = state.admission.early_rejection(longest, req.cap, req.n, tenant, priority)
     if early is not None:  # a full pool refuses it whatever its exact length
-        raise admission_error(early)
+        raise _busy(state, tenant, early)
     ids = await state.off_loop(len(raw), _encode_all, state, req, prompts)
     caps = [_cap(state, req, len(prompt_ids), defaults) for prompt_ids in ids]
     for prompt, prompt_ids in zip(prompts, ids, strict=True):
@@ -102,14 +103,14 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
         raise bad_request(str(exc), "logit_bias") from None
     adapter = None if lora is None else await _adapter(state, lora)
     parts = [answers.Part(prompt_ids, [EngineRequest(prompt_ids, params[i * req.n + j], cap,
-                                                     adapter, req.priority)
+                                                     adapter, priority)
                                        for j in range(req.n)],
                           _echo(state, req, prompt, prompt_ids))  # the engine's rules met
              for i, (prompt, prompt_ids, cap) in enumerate(zip(prompts, ids, caps, strict=True))]
     p = answers.Prepared(req, f"{id_prefix}-{uuid.uuid4().hex}", parts, timeline,
                          int(time.time()), tools)
     salt = _cache_salt(request, state, req, parts[0].choices[0].lora_salt)
-    return await _answer(request, state, p, _Admit(salt, tenant, req.priority), lora)
+    return await _answer(request, state, p, _Admit(salt, tenant, priority), lora)
 
 
 @dataclass(frozen=True)
@@ -121,12 +122,27 @@ class _Admit:
     priority: int
 
 
-def _check_priority(state: ServerState, req: GenerationRequest) -> None:
-    """vLLM's ``priority`` orders the line under ``--scheduling-policy priority`` only;
-    under fcfs a non-zero one is a 400, as vLLM documents, never silently dropped."""
-    if req.priority and state.admission.scheduling_policy != "priority":
-        raise bad_request(f"priority {req.priority} needs --scheduling-policy priority (this "
-                          f"server's is {state.admission.scheduling_policy})", "priority")
+def _priority(state: ServerState, req: GenerationRequest, tenant: Tenant) -> int:
+    """The priority the request runs at. vLLM's ``priority`` orders the line under
+    ``--scheduling-policy priority`` only; under fcfs a non-zero one is a 400, as vLLM
+    documents, never silently dropped. Under priority: the one asked (its tenant's
+    default when none), a 400 when more urgent than its tenant may ask."""
+    if state.admission.scheduling_policy != "priority":
+        if req.priority:
+            raise bad_request(f"priority {req.priority} needs --scheduling-policy priority "
+                              f"(this server's is {state.admission.scheduling_policy})",
+                              "priority")
+        return 0
+    try:
+        return state.tenants.priority(tenant, req.priority)
+    except BadInput as exc:
+        raise bad_request(str(exc), "priority") from None
+
+
+def _busy(state: ServerState, tenant: Tenant, exc: KVCacheFull) -> ApiError:
+    """The 429 of a refusal (``admission_error``), counted for ``tenant`` too."""
+    state.metrics.count_tenant_rejection(tenant.label, exc.reason)
+    return admission_error(exc)
 
 
 def _cap(state: ServerState, req: GenerationRequest, prompt_tokens: int, defaults) -> int:
@@ -228,8 +244,10 @@ async def _admit(state: ServerState, request_id: str, choices: list[EngineReques
                                            use_cached=first.uses_cached_blocks, salt=how.salt,
                                            adapter=first.lora, tenant=how.tenant,
                                            priority=how.priority)
-    except (PoolTooSmall, KVCacheFull) as exc:
+    except PoolTooSmall as exc:
         raise admission_error(exc) from None
+    except KVCacheFull as exc:
+        raise _busy(state, how.tenant, exc) from None
 
 
 async def _adapter(state: ServerState, lora) -> Any:

@@ -102,8 +102,9 @@ class _Request(Strict):
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
-    # vLLM's: lower is sooner, under --scheduling-policy priority (else only 0)
-    priority: Annotated[int, Field(ge=-MAX_INT - 1, le=MAX_INT)] = 0
+    # vLLM's: lower is sooner, under --scheduling-policy priority (else only 0); None:
+    # its tenant's default (server/tenants.py), else 0
+    priority: Annotated[int, Field(ge=-MAX_INT - 1, le=MAX_INT)] | None = None
     # vLLM's: requests with different salts never share prefix-cache blocks
     cache_salt: Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS)] | None = None
 

@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiohttp import web
 
 from kvledger.engine.admission.line import DEFAULT_MAX_QUEUE_LEN, Admission
-from kvledger.engine.admission.order import ANONYMOUS, Tenant
+from kvledger.engine.admission.order import Tenant
 from kvledger.engine.core.async_engine import AsyncEngine
+from kvledger.engine.errors import BadInput
 from kvledger.engine.lora_config import LoRARequest
 from kvledger.engine.server.api_errors import ApiError
 from kvledger.engine.server.metrics import ServerMetrics
+from kvledger.engine.server.tenants import Tenants, TenantSpec
 from kvledger.engine.server.vllm_metrics import CacheInfo
 
 if TYPE_CHECKING:  # the engine and the grammar compiler pull torch and xgrammar in
@@ -64,10 +66,13 @@ class ServeOptions:
     max_queue_wait_s: float | None = None  # None: a waiter waits as long as it takes
     max_queue_len: int = DEFAULT_MAX_QUEUE_LEN
     backfill: bool = False               # later requests done before the head may go first
-    tenant_fairness: bool = True         # the line is fair between API keys (admission/order.py)
-    # Places in line one API key may hold; None: half the line with two keys or more (so
+    tenant_fairness: bool = True         # the line is fair between tenants (admission/order.py)
+    # Places in line one tenant may hold; None: half the line with two keys or more (so
     # one key's flood never fills it for everyone), else all of it.
     max_queue_len_per_tenant: int | None = None
+    tenants: tuple[TenantSpec, ...] = ()  # --tenants-file's (server/tenants.py)
+    tenant_header: str | None = None      # a gateway's header naming the tenant
+    tenant_header_from: tuple[str, ...] = ()  # the peers (CIDRs) it is believed from
     shutdown_grace_s: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
@@ -89,7 +94,12 @@ class ServeOptions:
 class ServerState:
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
-        self.metrics = ServerMetrics()
+        self.tenants = Tenants(options.api_keys, options.tenants,
+                               max_queue_len=options.max_queue_len,
+                               max_queued=options.max_queue_len_per_tenant,
+                               header=options.tenant_header,
+                               header_from=options.tenant_header_from)
+        self.metrics = ServerMetrics(self.tenants.labels)
         self.engine: LLMEngine | None = None          # once loaded
         self.async_engine: AsyncEngine | None = None  # its worker thread, driven from here
         self.admission: Admission | None = None
@@ -103,6 +113,8 @@ class ServerState:
         ledger = lambda attr: lambda: (getattr(self.engine.ledger, attr)  # noqa: E731
                                        if self.engine else 0)
         waiting = lambda: self.admission.queue_length if self.admission else 0  # noqa: E731
+        self.metrics.watch_tenants(self.tenants.labels, lambda: (
+            self.admission.waiting_by_tenant() if self.admission else {}))
         self.metrics.watch({
             "kvledger_kv_blocks_total": ("KV blocks in the pool", ledger("num_blocks")),
             "kvledger_kv_blocks_reserved": ("KV blocks claimed by admitted requests",
@@ -308,15 +320,13 @@ class ServerState:
         return (self.engine.model_name, *self.engine.config.served_model_aliases)
 
     def tenant(self, request: web.Request) -> Tenant:
-        """Whom the request is for, as the admission line shares it out: its API key (by
-        index, never the key itself), else everyone's one anonymous tenant."""
-        index = request.get(API_KEY_INDEX)
-        cap = self.options.max_queue_len_per_tenant
-        if cap is None and len(self.options.api_keys) > 1:
-            cap = max(1, self.options.max_queue_len // 2)
-        if index is None:
-            return Tenant(ANONYMOUS.key, ANONYMOUS.label, max_queued=cap)
-        return Tenant(f"key:{index}", f"key-{index}", max_queued=cap)
+        """Whom the request is for, as the admission line shares it out (``Tenants.of``:
+        a trusted gateway's header, its API key, else everyone's anonymous tenant)."""
+        try:
+            return self.tenants.of(request.get(API_KEY_INDEX), request.headers, request.remote)
+        except BadInput as exc:
+            raise ApiError(400, str(exc), code="invalid_request",
+                           reason="bad_request") from None
 
     def check_model(self, name: str) -> LoRARequest | None:
         """None for the base model (any of its names), else the ``LoRARequest`` of the

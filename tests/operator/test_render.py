@@ -295,6 +295,26 @@ def test_the_engines_security_settings_come_from_the_spec_and_win_over_env_from(
     assert _env(pod_spec(SPEC)["containers"][0]) == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "false"}
 
 
+def test_the_tenants_file_is_the_engines_alone_read_only_and_its_flags_follow():
+    pod = pod_spec({**SPEC, **TENANTS, "engine": {"schedulingPolicy": "priority",
+                                                  "priorityHeadroom": 0.1}})
+    containers = _containers(pod)
+    engine, preflight = containers["engine"], containers["preflight"]
+    assert {"name": "tenants", "mountPath": "/etc/kvledger/tenants", "readOnly": True} \
+        in engine["volumeMounts"]
+    assert all(m["name"] != "tenants" for m in preflight["volumeMounts"])
+    volume = next(v for v in pod["volumes"] if v["name"] == "tenants")
+    assert volume["secret"] == {"secretName": "tenants", "defaultMode": 0o440,
+                                "items": [{"key": "tenants.yaml", "path": "tenants.yaml"}]}
+    args = engine["args"]
+    assert args[args.index("--tenants-file") + 1] == "/etc/kvledger/tenants/tenants.yaml"
+    assert args[args.index("--max-queue-len-per-tenant") + 1] == "32"
+    assert "--no-tenant-fairness" in args
+    assert args[args.index("--scheduling-policy") + 1] == "priority"
+    assert args[args.index("--priority-headroom") + 1] == "0.1"
+    assert "--scheduling-policy" in preflight["args"]  # both read the same engine flags
+
+
 def test_hub_cache_is_written_by_fetch_and_read_only_for_the_engine():
     pod = pod_spec_of(HUB, download_bytes=16 * GIB)
     containers = _containers(pod)
@@ -339,7 +359,11 @@ def pod_spec_of(spec: dict, **kw) -> dict:
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 # Specs beyond the examples: every placement field, a hub model in an emptyDir.
+TENANTS = {"tenantsSecretRef": {"name": "tenants", "key": "tenants.yaml"},
+           "maxQueueLengthPerTenant": 32, "tenantFairness": False}
 EXTRA_SPECS = {"every-field": {**SPEC, **PLACEMENT},
+               "tenants": {**SPEC, **TENANTS,
+                           "engine": {"schedulingPolicy": "priority", "priorityHeadroom": 0.1}},
                "hub-every-field": {**HUB, **PLACEMENT},
                "hub-claim-cpu": {**HUB, "gpus": 0, "model": {
                    "uri": "hf://Qwen/Qwen2-0.5B", "cache": {

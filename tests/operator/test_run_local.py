@@ -271,6 +271,11 @@ def test_serve_gets_the_flags_the_pod_gets(tiny_model):
     spec.update(shutdownGraceSeconds=90, maxQueueWaitSeconds=5, maxQueueLength=7)
     assert serve_argv(flags, "127.0.0.1", 9000, spec)[-6:] == \
         ["--shutdown-grace", "90", "--max-queue-wait", "5", "--max-queue-len", "7"]
+    # The tenants' line settings too; their file is a cluster's Secret (ignored here).
+    spec.update(maxQueueLengthPerTenant=3, tenantFairness=False,
+                tenantsSecretRef={"name": "tenants", "key": "tenants.yaml"})
+    assert serve_argv(flags, "127.0.0.1", 9000, spec)[-3:] == \
+        ["--max-queue-len-per-tenant", "3", "--no-tenant-fairness"]
 
 
 
