@@ -188,22 +188,18 @@ class EngineConfig:
         "fcfs", "--scheduling-policy", choice(POLICIES), group=WORKLOAD,
         help="vLLM's: fcfs (default; a request's priority must be 0), or priority: a lower "
              "request priority is admitted and seated sooner; nothing running is preempted",
-        crd=Crd("engine", "fcfs (default), or priority: a lower request priority is admitted "
-                          "and seated sooner, nothing running is preempted "
-                          "(--scheduling-policy)"))
+        crd=Crd("engine", "fcfs (default) or priority (--scheduling-policy)"))
     priority_headroom: float = setting(
         0.0, "--priority-headroom", SHARE, group=WORKLOAD,
         help="with --scheduling-policy priority: this share of the KV pool and of the seats "
              "(e.g. 10%%) only requests of priority at most --headroom-priority may take, so "
-             "an urgent request is admitted and seated at the next step while best-effort "
-             "ones fill the rest (default 0: none)",
-        crd=Crd("engine", "share of the KV pool and seats kept for urgent requests, in "
-                          "[0, 1) (--priority-headroom)"))
+             "an urgent request is admitted and seated at the next step (default 0: none)",
+        crd=Crd("engine", "share in [0, 1) of the KV pool and seats kept for urgent "
+                          "requests (--priority-headroom)"))
     headroom_priority: int = setting(
         0, "--headroom-priority", INTEGER, group=WORKLOAD,
         help="the highest priority value that may take the --priority-headroom (default 0)",
-        crd=Crd("engine", "the highest priority that may take the headroom "
-                          "(--headroom-priority)"))
+        crd=Crd("engine", "the highest priority that may take it (--headroom-priority)"))
     memory_limit_bytes: int | None = setting(
         None, "--memory-limit", SIZE, group=MEMORY,
         help="hard limit on the engine's device memory, e.g. 40GiB",

@@ -17,6 +17,7 @@ from kvledger.engine.config import EngineConfig
 from kvledger.engine.lora_config import LORA_NAME_RE
 from kvledger.engine.settings import SIZE_RE, Setting, settings_of
 from kvledger.engine.vllm_flags import PARSERS
+from kvledger.operator.crd_pod import PLACEMENT
 from kvledger.operator.quantity import TARGET_PATTERN
 from kvledger.operator.resource import (
     AUTOSCALING_METRICS,
@@ -28,7 +29,7 @@ from kvledger.operator.resource import (
     DEFAULT_REPLICAS,
     DEFAULT_SHUTDOWN_GRACE_S,
 )
-from kvledger.operator.spec_rules import validations
+from kvledger.operator.spec_rules import ruled
 
 
 def crd_pattern(owner: re.Pattern[str]) -> str:
@@ -49,12 +50,6 @@ HUB_URI_PATTERN = crd_pattern(HUB_URI_RE)
 
 def _int(minimum: int, description: str, **extra: Any) -> dict[str, Any]:
     return {"type": "integer", "minimum": minimum, "description": description, **extra}
-
-
-def _ruled(schema: dict[str, Any], path: str) -> dict[str, Any]:
-    """``schema`` with the cross-field rules of its node (``spec_rules``), if it has any."""
-    rules = validations(path)
-    return {**schema, "x-kubernetes-validations": rules} if rules else schema
 
 
 _SIZE = {"type": "string", "pattern": SIZE_PATTERN}
@@ -106,7 +101,7 @@ _SECRET_KEY = {"type": "string", "minLength": 1, "maxLength": 253,
 _CLAIM = {"type": "object", "required": ["claimName"],
           "properties": {"claimName": {"type": "string", "minLength": 1, "maxLength": 253}}}
 
-_MODEL = _ruled({
+_MODEL = ruled({
     "type": "object",
     "description": "The checkpoint (config.json, safetensors, tokenizer.json): a directory "
                    "(path) or a Hugging Face Hub repository (uri); exactly one of the two.",
@@ -118,7 +113,7 @@ _MODEL = _ruled({
                                "then downloaded by the fetch init container into the cache."},
         "name": {"type": "string", "minLength": 1,
                  "description": "Served model name (--served-model-name)."},
-        "volume": _ruled({
+        "volume": ruled({
             "type": "object",
             "description": "Where the checkpoint lives; mounted read-only at mountPath.",
             "properties": {
@@ -152,7 +147,7 @@ _MODEL = _ruled({
     },
 }, "model")
 
-_ENGINE = _ruled({
+_ENGINE = ruled({
     "type": "object",
     "description": "Workload flags, named as vLLM names them (camelCase).",
     "properties": setting_properties("engine"),
@@ -172,7 +167,7 @@ _ADAPTER = {
     },
 }
 
-_TOOLS = _ruled({
+_TOOLS = ruled({
     "type": "object",
     "description": "OpenAI tool calling on /v1/chat/completions: \"required\" and named "
                    "calls always work; \"auto\" needs these (vLLM's flags).",
@@ -194,7 +189,7 @@ _MEMORY = {
 
 _QUANTITY = {"x-kubernetes-int-or-string": True, "anyOf": INT_OR_STRING}
 
-_AUTOSCALING = _ruled({
+_AUTOSCALING = ruled({
     "type": "object",
     "description": "Scale spec.replicas on a per-pod metric: the operator owns an HPA (provider "
                    "hpa) or a KEDA ScaledObject (provider keda) whose target is this resource's "
@@ -228,76 +223,14 @@ _AUTOSCALING = _ruled({
     },
 }, "autoscaling")
 
-# Pod placement and environment, passed to the pod template as Kubernetes names them.
-# What is simple is typed; what Kubernetes' own schema makes huge (affinity terms, an env
-# var's valueFrom) keeps its unknown fields, and the API server checks it in the pod.
-_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
-_OPEN_OBJECT = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-_NAME_REF = {"type": "object", "required": ["name"],
-             "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 253}}}
-_TOLERATION = _ruled({
-    "type": "object",
-    "properties": {
-        "key": {"type": "string", "maxLength": 317},
-        "operator": {"type": "string", "enum": ["Exists", "Equal"]},
-        "value": {"type": "string", "maxLength": 63},
-        "effect": {"type": "string", "enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]},
-        "tolerationSeconds": {"type": "integer", "format": "int64"},
-    },
-}, "tolerations[]")
-_ENV_VAR = _ruled({
-    "type": "object", "required": ["name"],
-    "properties": {
-        "name": {"type": "string", "minLength": 1, "maxLength": 4096},
-        "value": {"type": "string"},
-        "valueFrom": {**_OPEN_OBJECT, "description": "as in a container's env "
-                      "(secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef)"},
-    },
-}, "env[]")
-_ENV_SOURCE_REF = {"type": "object", "required": ["name"],
-                   "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 253},
-                                  "optional": {"type": "boolean"}}}
-_ENV_FROM = _ruled({
-    "type": "object",
-    "properties": {"prefix": {"type": "string"}, "configMapRef": _ENV_SOURCE_REF,
-                   "secretRef": _ENV_SOURCE_REF},
-}, "envFrom[]")
-_PLACEMENT = {
-    "nodeSelector": {**_STRING_MAP, "description": "the pod's nodeSelector"},
-    "tolerations": {"type": "array", "items": _TOLERATION, "maxItems": 64,
-                    "description": "the pod's tolerations (default with gpus > 0: "
-                                   "nvidia.com/gpu Exists NoSchedule)"},
-    "affinity": {
-        "type": "object", "description": "the pod's affinity, as Kubernetes writes it",
-        "properties": {"nodeAffinity": _OPEN_OBJECT, "podAffinity": _OPEN_OBJECT,
-                       "podAntiAffinity": _OPEN_OBJECT},
-    },
-    "priorityClassName": {"type": "string", "minLength": 1, "maxLength": 253},
-    "runtimeClassName": {"type": "string", "minLength": 1, "maxLength": 253},
-    "imagePullSecrets": {"type": "array", "items": _NAME_REF, "maxItems": 64},
-    "serviceAccountName": {"type": "string", "minLength": 1, "maxLength": 253,
-                           "description": "the pods' service account (its token is still not "
-                                          "mounted: neither container calls the API server)"},
-    "env": {"type": "array", "items": _ENV_VAR, "maxItems": 1024,
-            "description": "env of every container (preflight, fetch, engine); names that "
-                           "change the engine's security are the operator's (VLLM_*, "
-                           "KVLEDGER_*, HF_ENDPOINT, HF_TOKEN, HUGGING_FACE_HUB_TOKEN, "
-                           "HF_HUB_OFFLINE): use the spec's fields"},
-    "envFrom": {"type": "array", "items": _ENV_FROM, "maxItems": 64,
-                "description": "envFrom of every container"},
-    "podAnnotations": {**_STRING_MAP, "description": "annotations of the pod template"},
-    "podLabels": {**_STRING_MAP, "description": "labels of the pod template; the operator's "
-                  "own labels win over the same keys"},
-}
-
-SPEC_SCHEMA = _ruled({
+SPEC_SCHEMA = ruled({
     "type": "object",
     "required": ["model"],
     "properties": {
         "model": _MODEL,
         "engine": _ENGINE,
         "memory": _MEMORY,
-        "gpus": _ruled(_int(0, "GPUs per replica (nvidia.com/gpu), on one node: more than 1 "
+        "gpus": ruled(_int(0, "GPUs per replica (nvidia.com/gpu), on one node: more than 1 "
                                "shards the model over them (--tensor-parallel-size, planned "
                                "per GPU, a memory-backed /dev/shm)",
                             default=DEFAULT_GPUS), "gpus"),
@@ -358,7 +291,7 @@ SPEC_SCHEMA = _ruled({
             "type": "boolean",
             "description": "serve /v1/load_lora_adapter and /v1/unload_lora_adapter "
                            "(--allow-runtime-lora-updating; needs apiKeySecretRef)"},
-        **_PLACEMENT,
+        **PLACEMENT,
         "autoscaling": _AUTOSCALING,
     },
 }, "")

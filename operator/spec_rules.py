@@ -187,6 +187,12 @@ def validations(path: str) -> list[dict[str, str]]:
     return [{"rule": rule.cel, "message": rule.message} for rule in RULES if rule.path == path]
 
 
+def ruled(schema: dict[str, Any], path: str) -> dict[str, Any]:
+    """``schema`` with the cross-field rules of its node, if it has any."""
+    rules = validations(path)
+    return {**schema, "x-kubernetes-validations": rules} if rules else schema
+
+
 def nodes(spec: Mapping[str, Any], path: str) -> Iterator[Any]:
     """The values of ``spec`` a rule at ``path`` applies to (none where a field is unset)."""
     found: list[Any] = [spec]

@@ -93,28 +93,8 @@ def _json_object(text: str) -> dict:
     return value
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_engine_flags(parser)
-    s = parser.add_argument_group("server")
-    s.add_argument("--host", default="0.0.0.0",
-                   help="the address to listen on (default 0.0.0.0: every interface)")
-    s.add_argument("--port", type=int, default=8000, help="the port to listen on (default 8000)")
-    s.add_argument("--api-key", nargs="+", action="extend", default=None, metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and "
-                        "/detokenize; several keys (repeat the flag, or list them) each open "
-                        "it (default: $KVLEDGER_API_KEY; unset = no key)")
-    s.add_argument("--api-key-file", default=None, metavar="PATH",
-                   help="more API keys, one per line (blank lines and # comments skipped), "
-                        "e.g. a mounted Secret")
-    s.add_argument("--cache-salt-per-key", action="store_true",
-                   help="key the prefix cache by API key too: requests under different keys "
-                        "never share KV blocks, so none can tell from its timing what another "
-                        "key's clients sent")
-    s.add_argument("--metrics-api-key", default=os.environ.get("KVLEDGER_METRICS_API_KEY"),
-                   metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on /metrics (default: "
-                        "$KVLEDGER_METRICS_API_KEY; unset = open, as Prometheus expects; its "
-                        "prefix-cache counters tell how much of a guessed prompt was cached)")
+def _add_line_flags(s) -> None:
+    """The admission line's flags: its length and the tenants that share it."""
     s.add_argument("--max-queue-len", type=_count, default=DEFAULT_MAX_QUEUE_LEN, metavar="N",
                    help="requests that cannot be reserved now wait in one line of at most "
                         f"N (default {DEFAULT_MAX_QUEUE_LEN}; nobody overtakes the first in "
@@ -139,6 +119,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="the line takes turns between API keys (weighted fair queuing), so "
                         "one key's flood delays another key's request by about one admission "
                         "(default on; --no-tenant-fairness: arrival order)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_engine_flags(parser)
+    s = parser.add_argument_group("server")
+    s.add_argument("--host", default="0.0.0.0",
+                   help="the address to listen on (default 0.0.0.0: every interface)")
+    s.add_argument("--port", type=int, default=8000, help="the port to listen on (default 8000)")
+    s.add_argument("--api-key", nargs="+", action="extend", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and "
+                        "/detokenize; several keys (repeat the flag, or list them) each open "
+                        "it (default: $KVLEDGER_API_KEY; unset = no key)")
+    s.add_argument("--api-key-file", default=None, metavar="PATH",
+                   help="more API keys, one per line (blank lines and # comments skipped), "
+                        "e.g. a mounted Secret")
+    s.add_argument("--cache-salt-per-key", action="store_true",
+                   help="key the prefix cache by API key too: requests under different keys "
+                        "never share KV blocks, so none can tell from its timing what another "
+                        "key's clients sent")
+    s.add_argument("--metrics-api-key", default=os.environ.get("KVLEDGER_METRICS_API_KEY"),
+                   metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /metrics (default: "
+                        "$KVLEDGER_METRICS_API_KEY; unset = open, as Prometheus expects; its "
+                        "prefix-cache counters tell how much of a guessed prompt was cached)")
+    _add_line_flags(s)
     s.add_argument("--backfill", action=argparse.BooleanOptionalAction, default=False,
                    help="plan the first 4 in line at their soonest starts, as the KV pool "
                         "is projected (a token per step), and let one planned for now go "

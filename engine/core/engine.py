@@ -55,14 +55,12 @@ class LLMEngine:
         # With --enable-lora: the adapters served and loaded; a batch holds max_loras at most.
         self.loras = (LoraRegistry(config, runner.config, runner.dtype) if config.enable_lora
                       else None)
-        # What only urgent requests may take (--priority-headroom), for admission and seats.
         self.headroom = Headroom.of(config.priority_headroom, config.headroom_priority,
-                                    ledger.num_blocks, plan.max_num_seqs)
+                                    ledger.num_blocks, plan.max_num_seqs)  # admission, seats
         if self.headroom.blocks:
             log.info("headroom: %s", self.headroom.describe())
         self.scheduler = Scheduler(ledger, plan.max_num_seqs, plan.max_num_batched_tokens,
-                                   config.max_loras if config.enable_lora else None,
-                                   self.headroom)
+                                   config.max_loras if config.enable_lora else None, self.headroom)
         self.sampler = Sampler(config.seed, runner.device, tokenizer.eos_token_ids)
         self._shared_generator = self.sampler.generator  # unseeded rows draw from it
         self._lock = threading.Lock()
@@ -135,17 +133,10 @@ class LLMEngine:
             else:
                 rules.check_reservation(reservation, request,
                                         self.ledger.blocks_for(request.num_tokens))
-            ids, params = request.prompt_token_ids, request.params
-            generator = None
-            if params.seed is not None:
-                generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
             # A grammar's matcher() runs here: whatever it raises, the blocks go back.
-            seq = Sequence(request_id, list(ids), params, request.cap_tokens, reservation,
-                           self.tokenizer.detokenizer(
-                               ids, params.kept_special_ids, params.skip_special_tokens,
-                               params.spaces_between_special_tokens), generator)
-            seq.lora = request.lora
-            seq.priority = request.priority if self.config.scheduling_policy == "priority" else 0
+            priority = request.priority if self.config.scheduling_policy == "priority" else 0
+            seq = Sequence.start(request_id, request, reservation, self.tokenizer,
+                                 self.runner.device, priority)
             with self._lock:  # check and claim the id in one step
                 if request_id in self._live:
                     raise BadInput(f"request id {request_id!r} is already in use")

@@ -6,8 +6,9 @@ import enum
 
 import torch
 
+from kvledger.engine.core.request import EngineRequest
 from kvledger.engine.kv.reservation import Reservation
-from kvledger.engine.model.tokenizer import IncrementalDetokenizer
+from kvledger.engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from kvledger.engine.sampling.logprobs import TokenLogprobs
 from kvledger.engine.sampling.params import SamplingParams
 
@@ -49,6 +50,21 @@ class Sequence:
         self.matcher = None if params.grammar is None else params.grammar.matcher()
         self.lora = None  # its LoRA adapter (engine/model/lora_adapter.py), None: the base
         self.priority = 0  # its request's (lower is seated sooner; admission/headroom.py)
+
+    @classmethod
+    def start(cls, request_id: str, request: EngineRequest, reservation: Reservation,
+              tokenizer: Tokenizer, device: torch.device | str, priority: int) -> Sequence:
+        """``request`` as the engine runs it: its detokenizer, its own generator when
+        seeded, its adapter and ``priority``. A grammar's ``matcher()`` runs here."""
+        ids, params = request.prompt_token_ids, request.params
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=device).manual_seed(params.seed)
+        seq = cls(request_id, list(ids), params, request.cap_tokens, reservation,
+                  tokenizer.detokenizer(ids, params.kept_special_ids, params.skip_special_tokens,
+                                        params.spaces_between_special_tokens), generator)
+        seq.lora, seq.priority = request.lora, priority
+        return seq
 
     @property
     def num_prompt_tokens(self) -> int:

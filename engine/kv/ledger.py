@@ -123,8 +123,8 @@ class KVLedger:
     def try_reserve_each(self, num_tokens: int, count: int,
                          prompt_token_ids: Sequence[int] | None = None, *,
                          use_cached: bool = True, salt: str | None = None,
-                         adapter: object | None = None,
-                         kept: tuple[int, int] = (0, 0)) -> list[Reservation] | None:
+                         adapter: object | None = None, kept: tuple[int, int] = (0, 0)
+                         ) -> list[Reservation] | None:
         """``count`` reservations of ``num_tokens`` tokens each (one per choice of an
         ``n > 1`` request), all or none: None when they do not all fit now.
 
@@ -133,9 +133,8 @@ class KVLedger:
         every prompt position computed); the prompt's keys are kept for ``register``. A
         ``salt`` (vLLM's ``cache_salt``) keys its blocks apart: only a request with the
         same salt finds them, or is found by it. ``adapter``: the request's LoRA adapter
-        (None: the base model), for the slot it will take: one per adapter object.
-        ``kept``: blocks and seats it may not take (``admission/headroom.py``): it is
-        admitted only while the state is safe without them."""
+        (None: the base model), for the slot it will take: one per adapter object. It is
+        admitted only while safe without the ``kept`` blocks and seats (headroom)."""
         root = salt_root(salt)
         needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached,
                                                 root)
@@ -170,11 +169,6 @@ class KVLedger:
             PromptShare.begin(reservations, len(hits), len(hits) + shared)
         return reservations
 
-    def blocks_for_choices(self, num_tokens: int, count: int, prompt_tokens: int,
-                           share: bool) -> int:
-        """``claims.choices_blocks`` for this pool's block size."""
-        return claims.choices_blocks(num_tokens, count, prompt_tokens, self.block_size, share)
-
     def _prepare(self, num_tokens: int, count: int, prompt_token_ids: Sequence[int] | None,
                  use_cached: bool, root: BlockHash | None) -> tuple[int, list[BlockHash], int | None]:
         return claims.prompt_keys(num_tokens, count, prompt_token_ids, self.block_size,
@@ -182,10 +176,10 @@ class KVLedger:
 
     def check_fits(self, num_tokens: int, count: int = 1, prompt_tokens: int = 0, *,
                    share: bool = False, kept_blocks: int = 0) -> int:
-        """The rule "fits the pool": what ``blocks_for_choices`` claims, or PoolTooSmall
-        when that is more than the whole pool (less the ``kept_blocks`` it may not take).
-        Nothing cached counts, so the verdict is on the request, never on the moment."""
-        blocks = self.blocks_for_choices(num_tokens, count, prompt_tokens, share)
+        """The rule "fits the pool": what ``claims.choices_blocks`` claims, or PoolTooSmall when
+        more than the pool less ``kept_blocks`` (headroom). Nothing cached counts, so the
+        verdict is on the request, never on the moment."""
+        blocks = claims.choices_blocks(num_tokens, count, prompt_tokens, self.block_size, share)
         if blocks > self.num_blocks - kept_blocks:
             raise PoolTooSmall(blocks, self.num_blocks, num_tokens=num_tokens, count=count,
                                kept_blocks=kept_blocks)

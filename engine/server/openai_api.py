@@ -20,17 +20,15 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from kvledger.engine.admission.order import Tenant
-from kvledger.engine.admission.ticket import Ticket
 from kvledger.engine.core.async_engine import EngineDeadError
 from kvledger.engine.core.request import EngineRequest
-from kvledger.engine.errors import BadInput, CapTooLarge, KVCacheFull, PoolTooSmall, PromptTooLong
+from kvledger.engine.errors import BadInput, CapTooLarge, PromptTooLong
 from kvledger.engine.server import answers
+from kvledger.engine.server.admit import AdmitAs, admit, busy, cache_salt, request_priority
 from kvledger.engine.server.api_errors import ApiError, admission_error, bad_request
 from kvledger.engine.server.limits import decode_json
 from kvledger.engine.server.protocol import (
@@ -44,7 +42,7 @@ from kvledger.engine.server.request_fields import (
     default_cap,
     sampling_params,
 )
-from kvledger.engine.server.state import API_KEY_INDEX, STATE, ServerState
+from kvledger.engine.server.state import STATE, ServerState
 from kvledger.engine.server.structured_outputs import constraint_field
 from kvledger.engine.server.tools.calls import (
     NO_TOOLS,
@@ -83,11 +81,11 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     defaults = state.engine.tokenizer.sampling_defaults  # the model's (--generation-config)
     tenant = state.tenant(request)
     timeline.tenant = tenant.label
-    priority = _priority(state, req, tenant)
+    priority = request_priority(state, req, tenant)
     longest = max(_max_prompt_tokens(prompt) for prompt in prompts)
     early = state.admission.early_rejection(longest, req.cap, req.n, tenant, priority)
     if early is not None:  # a full pool refuses it whatever its exact length
-        raise _busy(state, tenant, early)
+        raise busy(state, tenant, early)
     ids = await state.off_loop(len(raw), _encode_all, state, req, prompts)
     caps = [_cap(state, req, len(prompt_ids), defaults) for prompt_ids in ids]
     for prompt, prompt_ids in zip(prompts, ids, strict=True):
@@ -109,40 +107,8 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
              for i, (prompt, prompt_ids, cap) in enumerate(zip(prompts, ids, caps, strict=True))]
     p = answers.Prepared(req, f"{id_prefix}-{uuid.uuid4().hex}", parts, timeline,
                          int(time.time()), tools)
-    salt = _cache_salt(request, state, req, parts[0].choices[0].lora_salt)
-    return await _answer(request, state, p, _Admit(salt, tenant, priority), lora)
-
-
-@dataclass(frozen=True)
-class _Admit:
-    """How a request's prompts line up: their prefix-cache salt, tenant and priority."""
-
-    salt: str | None
-    tenant: Tenant
-    priority: int
-
-
-def _priority(state: ServerState, req: GenerationRequest, tenant: Tenant) -> int:
-    """The priority the request runs at. vLLM's ``priority`` orders the line under
-    ``--scheduling-policy priority`` only; under fcfs a non-zero one is a 400, as vLLM
-    documents, never silently dropped. Under priority: the one asked (its tenant's
-    default when none), a 400 when more urgent than its tenant may ask."""
-    if state.admission.scheduling_policy != "priority":
-        if req.priority:
-            raise bad_request(f"priority {req.priority} needs --scheduling-policy priority "
-                              f"(this server's is {state.admission.scheduling_policy})",
-                              "priority")
-        return 0
-    try:
-        return state.tenants.priority(tenant, req.priority)
-    except BadInput as exc:
-        raise bad_request(str(exc), "priority") from None
-
-
-def _busy(state: ServerState, tenant: Tenant, exc: KVCacheFull) -> ApiError:
-    """The 429 of a refusal (``admission_error``), counted for ``tenant`` too."""
-    state.metrics.count_tenant_rejection(tenant.label, exc.reason)
-    return admission_error(exc)
+    salt = cache_salt(request, state, req, parts[0].choices[0].lora_salt)
+    return await _answer(request, state, p, AdmitAs(salt, tenant, priority), lora)
 
 
 def _cap(state: ServerState, req: GenerationRequest, prompt_tokens: int, defaults) -> int:
@@ -183,7 +149,7 @@ def _admitted(state: ServerState, p: answers.Prepared, lora) -> None:
 
 
 async def _answer(request: web.Request, state: ServerState, p: answers.Prepared,
-                  how: _Admit, lora) -> web.StreamResponse:
+                  how: AdmitAs, lora) -> web.StreamResponse:
     """Each prompt admitted in turn and its choices handed to the engine at once (so a
     batch never holds blocks idle while a later prompt waits in line; a refusal of one
     aborts those started and answers the request's 429), then the answer sent whole or
@@ -194,7 +160,7 @@ async def _answer(request: web.Request, state: ServerState, p: answers.Prepared,
     try:
         for i, part in enumerate(p.parts):  # admission keys each prompt's ticket apart
             ticket_id = p.request_id if len(p.parts) == 1 else f"{p.request_id}-prompt{i}"
-            part.ticket = await _admit(state, ticket_id, part.choices, how)
+            part.ticket = await admit(state, ticket_id, part.choices, how)
             for j, reservation in enumerate(part.ticket.reservations):
                 choice_id = p.request_id if p.num_choices == 1 \
                     else f"{p.request_id}-{len(streams)}"
@@ -231,45 +197,12 @@ async def _answer(request: web.Request, state: ServerState, p: answers.Prepared,
             p.timeline.finished(reasons, generated)
 
 
-async def _admit(state: ServerState, request_id: str, choices: list[EngineRequest],
-                 how: _Admit) -> Ticket:
-    """Admission's ticket for the ``choices`` of one prompt (each ``prompt + cap``, keyed
-    with the salt in the prefix cache, placed in line by tenant and priority); its
-    refusals as HTTP errors (400, 429)."""
-    first = choices[0]
-    try:
-        return await state.admission.admit(request_id, len(first.prompt_token_ids),
-                                           first.cap_tokens, len(choices),
-                                           prompt_token_ids=first.prompt_token_ids,
-                                           use_cached=first.uses_cached_blocks, salt=how.salt,
-                                           adapter=first.lora, tenant=how.tenant,
-                                           priority=how.priority)
-    except PoolTooSmall as exc:
-        raise admission_error(exc) from None
-    except KVCacheFull as exc:
-        raise _busy(state, how.tenant, exc) from None
-
-
 async def _adapter(state: ServerState, lora) -> Any:
     """The loaded adapter (read from disk again, off the loop, if the host cache let it go)."""
     try:
         return await state.load_adapter(state.engine.resolve_lora, lora)
     except BadInput as exc:
         raise bad_request(str(exc), "model") from None
-
-
-def _cache_salt(request: web.Request, state: ServerState, req: GenerationRequest,
-                lora_salt: str | None) -> str | None:
-    """What keys this request's prefix-cache blocks apart: its LoRA adapter's (whose K/V
-    differ from the base model's), its ``cache_salt``, under its API key's own with
-    ``--cache-salt-per-key`` (so requests under different keys never share a block,
-    whatever salts their clients send); None: the shared cache."""
-    parts = [] if lora_salt is None else [lora_salt]
-    if state.options.salt_cache_per_key and API_KEY_INDEX in request:
-        parts.append(f"key:{request[API_KEY_INDEX]}")
-    if req.cache_salt is not None:
-        parts.append("salt:" + req.cache_salt)
-    return "\0".join(parts) or None
 
 
 async def _merged(streams: list) -> AsyncIterator[tuple[int, Any]]:

@@ -50,6 +50,7 @@ from kvledger.engine.server.validation import (
     Refusal,
     Strict,
     known_fields,
+    prompt_batch,
     validate,
 )
 
@@ -199,25 +200,7 @@ class CompletionRequest(_Request):
     @field_validator("prompt", mode="before")
     @classmethod
     def _prompt(cls, prompt: Any, info: ValidationInfo) -> list[str | list[int]]:
-        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt
-                                       and all(_is_token_id(t) for t in prompt)):
-            prompt = [prompt]  # one prompt
-        if not isinstance(prompt, list) or not prompt \
-                or not (all(isinstance(p, str) for p in prompt)
-                        or all(isinstance(p, list) for p in prompt)):
-            raise ValueError("must be a string, a list of token ids, a list of strings or a "
-                             "list of token-id lists")
-        for index, one in enumerate(prompt):
-            where = "" if len(prompt) == 1 else f"prompt {index}: "
-            if not one:
-                raise ValueError(f"{where}must not be empty")
-            if isinstance(one, list) and not all(_is_token_id(t) for t in one):
-                raise ValueError(f"{where}token ids must be integers in [0, {MAX_INT}]")
-        n = info.data.get("n", 1)  # validated before (a base field)
-        if len(prompt) * n > MAX_N:
-            raise ValueError(f"{len(prompt)} prompts x n {n} = {len(prompt) * n} choices; at "
-                             f"most {MAX_N} per request")
-        return prompt
+        return prompt_batch(prompt, info.data.get("n", 1))  # n: a base field, validated before
 
     def logprobs_k(self) -> int | None:
         """Top alternatives reported per generated token; None: no logprobs."""
@@ -347,7 +330,3 @@ def parse_completion(body: Any) -> CompletionRequest:
 
 def parse_chat(body: Any) -> ChatRequest:
     return validate(ChatRequest, body)
-
-
-def _is_token_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT

@@ -67,9 +67,7 @@ class ServeOptions:
     max_queue_len: int = DEFAULT_MAX_QUEUE_LEN
     backfill: bool = False               # later requests done before the head may go first
     tenant_fairness: bool = True         # the line is fair between tenants (admission/order.py)
-    # Places in line one tenant may hold; None: half the line with two keys or more (so
-    # one key's flood never fills it for everyone), else all of it.
-    max_queue_len_per_tenant: int | None = None
+    max_queue_len_per_tenant: int | None = None  # None: Tenants' default (half, or all)
     tenants: tuple[TenantSpec, ...] = ()  # --tenants-file's (server/tenants.py)
     tenant_header: str | None = None      # a gateway's header naming the tenant
     tenant_header_from: tuple[str, ...] = ()  # the peers (CIDRs) it is believed from
@@ -110,6 +108,10 @@ class ServerState:
         self._adapter_threads: asyncio.Semaphore | None = None  # made on the loop
         self._grammars: GrammarCompiler | None = None
         self._token_texts: dict[int, str] = {}
+        self._watch()
+
+    def _watch(self) -> None:
+        """The series read at scrape time: the ledger's, the line's, the engine loop's."""
         ledger = lambda attr: lambda: (getattr(self.engine.ledger, attr)  # noqa: E731
                                        if self.engine else 0)
         waiting = lambda: self.admission.queue_length if self.admission else 0  # noqa: E731
@@ -325,8 +327,7 @@ class ServerState:
         try:
             return self.tenants.of(request.get(API_KEY_INDEX), request.headers, request.remote)
         except BadInput as exc:
-            raise ApiError(400, str(exc), code="invalid_request",
-                           reason="bad_request") from None
+            raise ApiError(400, str(exc), code="invalid_request", reason="bad_request") from None
 
     def check_model(self, name: str) -> LoRARequest | None:
         """None for the base model (any of its names), else the ``LoRARequest`` of the

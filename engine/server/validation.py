@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kvledger.engine.server.api_errors import ApiError, bad_request
-from kvledger.engine.server.limits import shown
+from kvledger.engine.server.limits import MAX_INT, MAX_N, shown
 
 # Accepted and dropped: they change nothing this server returns (OpenAI's bookkeeping
 # and routing hints). Each value is the type it must have.
@@ -123,3 +123,31 @@ def _param(loc: tuple[int | str, ...]) -> str:
 
 def _type_name(kind: type | tuple[type, ...]) -> str:
     return {dict: "JSON object", bool: "boolean", str: "string", list: "list"}.get(kind, "value")
+
+
+def prompt_batch(prompt: Any, n: int) -> list[str | list[int]]:
+    """A completions ``prompt`` as a batch: one prompt (a string or token ids) or a list of
+    strings or of token-id lists, none empty, at most ``MAX_N`` choices with ``n`` each
+    (ValueError, which pydantic reports for the field)."""
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt
+                                   and all(_is_token_id(t) for t in prompt)):
+        prompt = [prompt]  # one prompt
+    if not isinstance(prompt, list) or not prompt \
+            or not (all(isinstance(p, str) for p in prompt)
+                    or all(isinstance(p, list) for p in prompt)):
+        raise ValueError("must be a string, a list of token ids, a list of strings or a "
+                         "list of token-id lists")
+    for index, one in enumerate(prompt):
+        where = "" if len(prompt) == 1 else f"prompt {index}: "
+        if not one:
+            raise ValueError(f"{where}must not be empty")
+        if isinstance(one, list) and not all(_is_token_id(t) for t in one):
+            raise ValueError(f"{where}token ids must be integers in [0, {MAX_INT}]")
+    if len(prompt) * n > MAX_N:
+        raise ValueError(f"{len(prompt)} prompts x n {n} = {len(prompt) * n} choices; at most "
+                         f"{MAX_N} per request")
+    return prompt
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT

@@ -21,7 +21,7 @@ def test_five_choices_claim_the_prompt_once_and_every_cap():
     """190 prompt tokens + a cap of 5: 13 blocks each; alone, 5 choices need 65."""
     ledger = KVLedger(30, BLOCK)
     prompt = list(range(190))
-    assert ledger.blocks_for_choices(195, 5, 190, share=True) == 13 + 4 * (13 - 11)
+    assert ledger.check_fits(195, 5, 190, share=True) == 13 + 4 * (13 - 11)
     reservations = ledger.try_reserve_each(195, 5, prompt)
     assert reservations is not None and ledger.reserved_blocks == 21
     owner, *others = reservations

@@ -1,0 +1,67 @@
+"""The pod's own fields in the InferenceService's spec schema (``crd_schema``): placement
+and environment, passed to the pod template as Kubernetes names them."""
+
+from __future__ import annotations
+
+from kvledger.operator.spec_rules import ruled
+
+# What is simple is typed; what Kubernetes' own schema makes huge (affinity terms, an env
+# var's valueFrom) keeps its unknown fields, and the API server checks it in the pod.
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_OPEN_OBJECT = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+_NAME_REF = {"type": "object", "required": ["name"],
+             "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 253}}}
+_TOLERATION = ruled({
+    "type": "object",
+    "properties": {
+        "key": {"type": "string", "maxLength": 317},
+        "operator": {"type": "string", "enum": ["Exists", "Equal"]},
+        "value": {"type": "string", "maxLength": 63},
+        "effect": {"type": "string", "enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]},
+        "tolerationSeconds": {"type": "integer", "format": "int64"},
+    },
+}, "tolerations[]")
+_ENV_VAR = ruled({
+    "type": "object", "required": ["name"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 4096},
+        "value": {"type": "string"},
+        "valueFrom": {**_OPEN_OBJECT, "description": "as in a container's env "
+                      "(secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef)"},
+    },
+}, "env[]")
+_ENV_SOURCE_REF = {"type": "object", "required": ["name"],
+                   "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 253},
+                                  "optional": {"type": "boolean"}}}
+_ENV_FROM = ruled({
+    "type": "object",
+    "properties": {"prefix": {"type": "string"}, "configMapRef": _ENV_SOURCE_REF,
+                   "secretRef": _ENV_SOURCE_REF},
+}, "envFrom[]")
+PLACEMENT = {
+    "nodeSelector": {**_STRING_MAP, "description": "the pod's nodeSelector"},
+    "tolerations": {"type": "array", "items": _TOLERATION, "maxItems": 64,
+                    "description": "the pod's tolerations (default with gpus > 0: "
+                                   "nvidia.com/gpu Exists NoSchedule)"},
+    "affinity": {
+        "type": "object", "description": "the pod's affinity, as Kubernetes writes it",
+        "properties": {"nodeAffinity": _OPEN_OBJECT, "podAffinity": _OPEN_OBJECT,
+                       "podAntiAffinity": _OPEN_OBJECT},
+    },
+    "priorityClassName": {"type": "string", "minLength": 1, "maxLength": 253},
+    "runtimeClassName": {"type": "string", "minLength": 1, "maxLength": 253},
+    "imagePullSecrets": {"type": "array", "items": _NAME_REF, "maxItems": 64},
+    "serviceAccountName": {"type": "string", "minLength": 1, "maxLength": 253,
+                           "description": "the pods' service account (its token is still not "
+                                          "mounted: neither container calls the API server)"},
+    "env": {"type": "array", "items": _ENV_VAR, "maxItems": 1024,
+            "description": "env of every container (preflight, fetch, engine); names that "
+                           "change the engine's security are the operator's (VLLM_*, "
+                           "KVLEDGER_*, HF_ENDPOINT, HF_TOKEN, HUGGING_FACE_HUB_TOKEN, "
+                           "HF_HUB_OFFLINE): use the spec's fields"},
+    "envFrom": {"type": "array", "items": _ENV_FROM, "maxItems": 64,
+                "description": "envFrom of every container"},
+    "podAnnotations": {**_STRING_MAP, "description": "annotations of the pod template"},
+    "podLabels": {**_STRING_MAP, "description": "labels of the pod template; the operator's "
+                  "own labels win over the same keys"},
+}
