@@ -129,3 +129,28 @@ async def test_the_files_keys_open_the_api_and_are_counted_per_tenant(aiohttp_cl
                         'tenant="team-a"') == 2 + 4 * 150
     text = await (await client.get("/metrics")).text()
     assert "sk-a1" not in text and 'tenant="batch"' in text  # labels, never keys
+
+
+async def test_a_header_from_an_untrusted_peer_names_no_tenant(aiohttp_client, llm):
+    """An attacker sends the gateway's header straight to the server: ignored (its key
+    decides); from the trusted peer (here the test client's 127.0.0.1) it names the tenant."""
+    async def waiting_as(options, headers):
+        client = await start_app(aiohttp_client, llm, api_keys=("k",),
+                                 tenant_header="x-kvledger-tenant", **options)
+        hold = asyncio.create_task(_send(client, "k"))  # runs
+        await wait_for_metric(client, "kvledger_requests_running", 1)
+        queued = asyncio.create_task(client.post("/v1/completions", headers={
+            "Authorization": "Bearer k", **headers}, json={
+            "model": model_name(client), "prompt": "x", "max_tokens": 150, "ignore_eos": True}))
+        await wait_for_metric(client, "kvledger_requests_waiting", 1)
+        text = await (await client.get("/metrics")).text()
+        await asyncio.gather(hold, queued)
+        return [line for line in text.splitlines()
+                if line.startswith("kvledger_tenant_requests_waiting{") and line.endswith(" 1.0")]
+
+    spoofed = await waiting_as({"tenant_header_from": ("10.0.0.0/8",)},
+                               {"x-kvledger-tenant": "someone"})
+    assert spoofed == ['kvledger_tenant_requests_waiting{tenant="key-0"} 1.0']
+    trusted = await waiting_as({"tenant_header_from": ("127.0.0.1/32",)},
+                               {"x-kvledger-tenant": "someone"})
+    assert trusted == ['kvledger_tenant_requests_waiting{tenant="other"} 1.0']
