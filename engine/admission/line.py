@@ -245,7 +245,7 @@ class Admission:
         return self.rejection(least, tenant, priority)
 
     def capacity_changed(self, step: bool = False) -> None:
-        """Blocks may have come back: grant waiters in FIFO order while they fit, then
+        """Blocks may have come back: grant waiters in line order while they fit, then
         backfill. After an engine ``step`` the backfill plan is redone only once 9 times its
         last cost has passed (a long context's plan can take a step's time)."""
         while self._line:

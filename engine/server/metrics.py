@@ -22,9 +22,10 @@ FAILURE_REASONS = ("internal_error", "engine_dead", "request_error")
 # Reasons of kvledger_requests_rejected_total exported at 0 from the start, for the same
 # reason: an autoscaler's rate() of the 429s (kv_cache_full, queue_full) must read 0, not
 # nothing, before the first one.
-REJECTION_REASONS = ("kv_cache_full", "queue_full", "tenant_queue_full", "prompt_too_long", "over_context", "over_pool",
-                     "bad_request", "unknown_model", "unauthorized", "body_too_large",
-                     "body_timeout", "not_ready", "shutting_down", "engine_dead")
+REJECTION_REASONS = ("kv_cache_full", "queue_full", "tenant_queue_full", "prompt_too_long",
+                     "over_context", "over_pool", "bad_request", "unknown_model",
+                     "unauthorized", "body_too_large", "body_timeout", "not_ready",
+                     "shutting_down", "engine_dead")
 # vLLM's names for the gauges an endpoint picker reads (the Gateway API Inference
 # Extension's model server protocol), so one routes to kvledger with no configuration.
 # KV usage is the reserved ratio: what kvledger has promised, which is what decides

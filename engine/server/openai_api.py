@@ -92,9 +92,10 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
         if not isinstance(prompt, list):  # the tokenizer's ids, checked once they fit
             _check_prompt(state, prompt_ids)
     grammar = await _grammar(state, req, tools)
-    # Choice k answers prompt k // n: its seed is offset by k, its cap is its prompt's.
-    params = [sampling_params(req, caps[k // req.n], grammar, k, defaults, tools.kept_ids)
-              for k in range(len(prompts) * req.n)]
+    # Choice k answers prompt k // n with its cap; its seed is offset by k % n, so a prompt
+    # draws the same tokens in a batch as alone (each prompt is its own request in vLLM).
+    params = [sampling_params(req, caps[k // req.n], grammar, k % req.n, defaults,
+                              tools.kept_ids) for k in range(len(prompts) * req.n)]
     try:  # before admission: token ids the model lacks (logit_bias) are a 400
         state.engine.check_params(params[0])  # the choices differ in their seeds and caps
     except BadInput as exc:

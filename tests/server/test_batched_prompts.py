@@ -126,3 +126,14 @@ async def test_the_openai_sdk_sends_a_batch(aiohttp_server, llm):
             await each.close()
     assert [c.index for c in answer.choices] == [0, 1]
     assert answer.usage.completion_tokens == 6
+
+
+async def test_a_seeded_prompt_draws_the_same_tokens_in_a_batch_as_alone(aiohttp_client, llm):
+    client = await start_app(aiohttp_client, llm)
+    body = {"temperature": 1.0, "seed": 7, "max_tokens": 6, "n": 2}
+    status, batch = await _complete(client, prompt=PROMPTS, **body)
+    assert status == 200
+    for i, prompt in enumerate(PROMPTS):
+        status, alone = await _complete(client, prompt=prompt, **body)
+        assert [c["text"] for c in alone["choices"]] == \
+            [c["text"] for c in batch["choices"][2 * i:2 * i + 2]]
