@@ -100,19 +100,19 @@ async def test_priority_under_fcfs_is_a_400(aiohttp_client, llm):
 
 
 async def _first_token_while_the_flood_runs(client, urgent_body):
-    """Fill the engine with best-effort requests, then send one more: whether its first
-    token arrives before any best-effort request ends (none was preempted for it)."""
+    """Fill the engine's seats with best-effort requests (400 tokens each), one more
+    waiting for a seat, then send a short one: whether its first token arrives before any
+    best-effort request ends (none was preempted for it)."""
     ended: list[float] = []
     loop = asyncio.get_running_loop()
 
     async def best_effort(i):
-        status, _, _ = await _send(client, "k", [], f"b{i}", max_tokens=120, priority=10)
+        status, _, _ = await _send(client, "k", [], f"b{i}", max_tokens=400, priority=10)
         ended.append(loop.time())
         assert status == 200
 
-    flood = [asyncio.create_task(best_effort(i)) for i in range(6)]
-    await wait_for_metric(client, "kvledger_requests_waiting", 0)
-    await asyncio.sleep(0.3)  # the flood is admitted and seated as far as it may be
+    flood = [asyncio.create_task(best_effort(i)) for i in range(4)]
+    await wait_for_metric(client, "kvledger_requests_running", 4)  # all admitted
     response = await client.post("/v1/completions", json={
         "model": model_name(client), "prompt": "Once upon a time", "max_tokens": 8,
         "ignore_eos": True, "temperature": 0, "stream": True, **urgent_body})
@@ -126,8 +126,11 @@ async def _first_token_while_the_flood_runs(client, urgent_body):
 
 async def test_headroom_seats_an_urgent_request_while_best_effort_ones_run(
         aiohttp_client, tiny_llama_dir):
-    llm = make_llm(tiny_llama_dir, num_gpu_blocks_override=64, max_num_seqs=4,
-                   scheduling_policy="priority", priority_headroom=0.25)
+    """Four seats, one kept: three best-effort requests run, a fourth waits for a seat;
+    the urgent one is seated at the next step. Without the headroom it waits for a
+    best-effort request to end (400 steps)."""
+    llm = make_llm(tiny_llama_dir, num_gpu_blocks_override=256, max_num_seqs=4,
+                   max_model_len=512, scheduling_policy="priority", priority_headroom=0.25)
     client = await start_app(aiohttp_client, llm)
     assert await _first_token_while_the_flood_runs(client, {"priority": 0})
     assert llm.ledger.reserved_blocks == 0
