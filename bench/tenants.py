@@ -4,16 +4,18 @@ HTTP, the same model and flags, measured in the same run on this machine.
 
     .venv/bin/python bench/tenants.py [--quick] [--vllm PATH] [--rounds 2]
         [--window-seconds 90] [--clients 24] [--idle-requests 10] [--service-requests 3]
-        [--period-seconds 2] [--deadline-seconds 300] [--seed 0]
+        [--period-seconds 2] [--pool-blocks 32] [--deadline-seconds 300] [--seed 0]
         [--plain-priority-too | --no-plain-priority-too] [--device auto] [--json]
-    # full: ~35 min with vLLM on this 2-core machine; --quick: ~5 min (1 round of a 15 s
-    # window, 12 flood clients, 3 idle requests, 1 service request, the no-headroom
-    # server left out); explicit options override --quick's
+    # full: ~25 min with vLLM on this 2-core machine when nothing else runs (--rounds 2
+    # --window-seconds 45: ~15 min); --quick: ~3.5 min (1 round of a 15 s window, 12
+    # flood clients, 3 idle requests, 1 service request, the no-headroom server left
+    # out); explicit options override --quick's
 
 Servers: bench/serving.py's overload set-up (its helpers, imported from it): the built-in
 ``small-llama`` (fp32), ``--max-model-len 512 --max-num-seqs 32 --block-size 32
---enforce-eager``, ``--num-gpu-blocks-override 32`` (1,024 tokens of KV: about three flood
-requests at their largest), everything else at each server's default. Every server of the
+--enforce-eager``, ``--num-gpu-blocks-override 32`` (``--pool-blocks``; 1,024 tokens of
+KV: about three flood requests at their largest), everything else at each server's
+default. Every server of the
 run is started first, side by side (idle, none takes CPU), and loaded one at a time, in
 A-B-B-A order over ``--rounds`` rounds (round r with seed ``--seed + r``), pooled.
 Requests are ``/v1/completions`` with token ids, ``temperature 0``, ``ignore_eos``; a 429
@@ -30,27 +32,32 @@ going until the window's last light or urgent request is answered; then kvledger
 requests are cancelled (the server aborts them), and vLLM's run to their end (no new
 ones), so that every token vLLM fed is in the counters its recomputed-token estimate
 reads (``vllm_recomputed_tokens``; a request aborted mid-step would count as recomputed).
-Nothing after the window is measured.
+Nothing after the window is measured; the next server is loaded once this one is idle
+(nothing running or waiting, and on kvledger every block given back: the aborted
+requests' clean-up takes a moment of CPU after they leave the running gauge).
 
 - Workload 1, two tenants. Key A floods; key B is light: one request every ~2 s (seeded
   gaps of 1-3 s) through the window, a 16-token prompt, ``max_tokens 16``. Measured: the
   light requests' latency p50/p99 under the flood; their idle latency (the same shape,
   ``--idle-requests`` sent one at a time to the idle server before each round's flood);
   the flood's goodput (output tokens of its requests completed within the window, per
-  second) and 429s; the most light requests in flight at once (above 1, the light tenant
-  sent faster than its share of admissions and waited behind its own requests too: fair
-  queuing alternates admissions between waiting keys, one request each, so "light" means
-  well under half the admissions the flood gets; ``--period-seconds`` spaces them). Systems: kvledger ``--no-tenant-fairness`` (arrival order; shown),
-  kvledger (fair share between keys, the default; judged) and vLLM (its default fcfs).
+  second) and 429s; the most light requests in flight at once (above 1 under fair
+  queuing, the light tenant sent faster than its share of admissions and waited behind
+  its own requests too: the line alternates between waiting keys, one request each, so
+  "light" means well under half the admissions the flood gets, which on a machine that
+  other processes slow it may not be; ``--period-seconds`` spaces them). Systems:
+  kvledger ``--no-tenant-fairness`` (arrival order; shown), kvledger (fair share between
+  keys, the default; judged) and vLLM (its default fcfs).
   **One request's service time** is the median latency of a flood request of the
   flood's median size (96-token prompt, ``max_tokens 192``) sent alone to the idle server,
   ``--service-requests`` of them each round, on kvledger (fair) and on vLLM: the time a
   light request waits at most for one flood request to finish under fair queueing.
 - Workload 2, priorities. The flood sends ``priority 10`` (best-effort) under key A;
   urgent requests (key B, ``priority 0``, streamed with ``include_usage``, 16-token
-  prompt, ``max_tokens 16``) arrive as the light ones above. Measured: urgent TTFT p50/p99 under the flood and idle
-  (``--idle-requests`` alone), urgent latency, best-effort goodput (output tokens of
-  best-effort requests completed within the window, per second). Systems: kvledger
+  prompt, ``max_tokens 16``) arrive as the light ones above. Measured: urgent TTFT
+  p50/p99 under the flood and idle (``--idle-requests`` alone), urgent latency,
+  best-effort goodput (output tokens of best-effort requests completed within the
+  window, per second). Systems: kvledger
   ``--scheduling-policy priority --priority-headroom 0.25`` (judged), vLLM
   ``--scheduling-policy priority`` (it preempts running requests for urgent ones and
   recomputes them later), and kvledger ``--scheduling-policy priority`` without headroom
@@ -67,18 +74,20 @@ Claims (exit 1, one ``tenants: FAILED:`` line each, when one fails):
 1. workload 1: kvledger (fair)'s light p99 <= 2 x its idle light p99 + one request's
    service time (above), both measured on that server;
 2. workload 1: every kvledger server preempts nothing (``vllm:num_preemptions_total`` 0),
-   so nothing is recomputed; no light request of kvledger (fair) past the deadline, no
-   5xx or ``kvledger_requests_failed_total``;
-3. workload 2: kvledger with headroom: urgent p99 TTFT <= vLLM's plus
+   so nothing is recomputed;
+3. workload 1: no light request of kvledger (fair) past the deadline, no 5xx or
+   ``kvledger_requests_failed_total``, ``kvledger_kv_blocks_reserved`` back at 0 once
+   idle (after its last round, the flood's requests aborted);
+4. workload 2: kvledger with headroom: urgent p99 TTFT <= vLLM's plus
    ``TTFT_NOISE_MARGIN`` (10%: twice bench/serving.py's 5% tok/s margin, since a p99 of
    tens of samples moves more than a mean rate on this shared machine);
-4. workload 2: kvledger with headroom: best-effort goodput >= 0.9 x vLLM's;
-5. workload 2: every kvledger server preempts nothing and recomputes nothing; no urgent
-   request of kvledger with headroom past the deadline, no 5xx or failure counted.
+5. workload 2: kvledger with headroom: best-effort goodput >= 0.9 x vLLM's;
+6. workload 2: every kvledger server preempts nothing, so recomputes nothing;
+7. workload 2: as 3, for kvledger with headroom's urgent requests.
 
 Without vLLM (``--vllm``, else ``vllm`` on PATH, else a ``vllm-venv`` next to this
-repository) the kvledger side runs alone, one line says so, and only claims 1, 2 and 5
-are judged.
+repository) the kvledger side runs alone, one line says so, and claims 4 and 5 are not
+judged.
 """
 
 from __future__ import annotations
@@ -113,7 +122,6 @@ from serving import (
     Server,
     complete,
     find_vllm,
-    idle_metrics,
     iteration_tokens,
     metric,
     percentile,
@@ -130,6 +138,7 @@ from serving import (
 from kvledger.engine.model.builtin import SPECIAL_TOKENS
 
 POOL_BLOCKS = OVERLOAD_POOL_BLOCKS          # 32 blocks of 32 tokens, as serving.py's overload
+MIN_POOL_BLOCKS = 16                        # 12 for the largest flood request, 4 kept of 16
 FLOOD_PROMPT_TOKENS = (64, 128)
 FLOOD_MAX_TOKENS = (128, 192, 256)
 SERVICE_SHAPE = (96, 192)                   # the flood's median prompt and max_tokens
@@ -395,9 +404,10 @@ def latencies(requests: list[Request], to_first_token: bool = False) -> list[flo
 
 def most_in_flight(requests: list[Request]) -> int:
     """The most of ``requests`` (one round's) that were between their first attempt and
-    their end at once: above 1, the light tenant was waiting behind its own requests (it
-    sent faster than its share of admissions), not only behind the flood. A request with
-    no end (past its deadline, failed) counts as never ending."""
+    their end at once: above 1, the tenant sent its next request before its last was
+    answered (under fair queuing: it sent faster than its share of admissions, and waited
+    behind its own requests too). A request with no end (past its deadline, failed)
+    counts as never ending."""
     events = sorted([(r.started_s, 1) for r in requests]
                     + [(r.finished_s, -1) for r in requests if r.finished_s is not None],
                     key=lambda e: (e[0], e[1]))   # an end before a start at the same time
@@ -465,10 +475,12 @@ def _s(seconds: float | None, digits: int = 2) -> str:
 
 def _kv_clean(server: dict, small: dict) -> tuple[bool, str]:
     failures = small["server_errors_5xx"] + (server.get("requests_failed") or 0)
-    return (failures == 0 and small["refused_other_4xx"] == 0 and small["past_deadline"] == 0,
+    reserved = server.get("blocks_reserved_idle") or 0
+    return (failures == 0 and small["refused_other_4xx"] == 0 and small["past_deadline"] == 0
+            and reserved == 0,
             f"{small['past_deadline']} past the deadline, {small['server_errors_5xx']} 5xx, "
             f"{small['refused_other_4xx']} other 4xx, {server.get('requests_failed') or 0:g} "
-            "counted failed")
+            f"counted failed, {reserved:g} blocks reserved once idle")
 
 
 def claims(one: dict, two: dict) -> list[dict]:
@@ -492,8 +504,8 @@ def claims(one: dict, two: dict) -> list[dict]:
           ", ".join(f"{n} {r['server']['preemptions']:g}" for n, r in kv1.items()),
           all(r["server"]["preemptions"] == 0 for r in kv1.values()))
     met, value = _kv_clean(fair["server"], fair["light"])
-    claim("workload 1: every kvledger (fair) light request answered, no server failure",
-          value, met)
+    claim("workload 1: every kvledger (fair) light request answered, no server failure, "
+          "every block back once idle", value, met)
     head = two[HEADROOM_SYS]
     vllm = two.get(VLLM_PRIORITY)
     if vllm is not None:
@@ -516,7 +528,7 @@ def claims(one: dict, two: dict) -> list[dict]:
           all(r["server"]["preemptions"] == 0 for r in kv2.values()))
     met, value = _kv_clean(head["server"], head["urgent"])
     claim(f"workload 2: every kvledger (headroom {HEADROOM}) urgent request answered, no "
-          "server failure", value, met)
+          "server failure, every block back once idle", value, met)
     return out
 
 
@@ -524,11 +536,11 @@ def claims(one: dict, two: dict) -> list[dict]:
 
 @contextlib.asynccontextmanager
 async def served(system: System, args, model_dir: str, tmp: Path):
-    """A running ``Server`` of ``system``, its pool checked to be ``POOL_BLOCKS`` blocks:
+    """A running ``Server`` of ``system``, its pool checked to be ``--pool-blocks`` blocks:
     serving.py's command with ``system.flags`` added (vLLM logs each iteration, for its
     recomputed tokens)."""
     port = free_port()
-    command, env = server_command(system.engine, args.vllm, model_dir, port, POOL_BLOCKS,
+    command, env = server_command(system.engine, args.vllm, model_dir, port, args.pool_blocks,
                                   iteration_log=system.engine == "vllm", device=args.device)
     log_path = tmp / f"{system.name}.log"
     base = f"http://127.0.0.1:{port}"
@@ -545,8 +557,9 @@ async def served(system: System, args, model_dir: str, tmp: Path):
         pool = (metric(samples, "kvledger_kv_blocks_total") if system.engine == "kvledger" else
                 next((float(labels["num_gpu_blocks"]) for name, labels, _ in samples
                       if name == "vllm:cache_config_info"), None))
-        if pool != POOL_BLOCKS:
-            raise BenchError(f"{system.name} runs {pool} KV blocks, not the {POOL_BLOCKS} asked")
+        if pool != args.pool_blocks:
+            raise BenchError(f"{system.name} runs {pool} KV blocks, not the {args.pool_blocks} "
+                             "asked")
         yield Server(base, model, log_path, proc.pid)
 
 
@@ -580,16 +593,35 @@ async def warm_up(session, base: str, body: dict) -> int:
     return 200 if request.result == "completed" else 0
 
 
+IDLE_GAUGES = {"kvledger": ("kvledger_requests_running", "kvledger_requests_waiting",
+                             "kvledger_kv_blocks_reserved"),
+               "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting")}
+
+
+async def settled(system: System, server: Server, timeout_s: float = 120.0) -> list:
+    """The metrics once the server is idle: nothing running or waiting and, on kvledger,
+    every block given back (the requests its clients left are aborted a moment after
+    they stop running: the next measurement must not share the CPU with that); at most
+    ``timeout_s`` later, when they are returned as they are."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples = await scrape(server.base)
+        if time.monotonic() >= deadline or not any(
+                metric(samples, gauge) for gauge in IDLE_GAUGES[system.engine]):
+            return samples
+        await asyncio.sleep(0.25)
+
+
 async def server_figures(system: System, server: Server) -> dict:
     """Its counters once idle (totals since it started, so over every round)."""
     if system.engine == "kvledger":
-        samples = await idle_metrics(server.base, "kvledger_requests_running")
+        samples = await settled(system, server)
         return {"preemptions": metric(samples, "vllm:num_preemptions_total"),
                 "recomputed_tokens": 0,
                 "requests_failed": metric(samples, "kvledger_requests_failed_total"),
                 "requests_rejected": metric(samples, "kvledger_requests_rejected_total"),
                 "blocks_reserved_idle": metric(samples, "kvledger_kv_blocks_reserved")}
-    samples = await idle_metrics(server.base, "vllm:num_requests_running")
+    samples = await settled(system, server)
     fed = iteration_tokens(server.log_path.read_text(errors="replace"))
     return {"preemptions": metric(samples, "vllm:num_preemptions_total"),
             "recomputed_tokens": vllm_recomputed_tokens(samples, fed), "tokens_fed": fed,
@@ -631,8 +663,7 @@ async def workload(number: int, systems: list[System], servers: dict[str, Server
                 server, system, args, seed,
                 BEST_EFFORT_PRIORITY if two else None, "urgent" if two else "light",
                 URGENT_PRIORITY if two else None, two, groups)
-            await idle_metrics(server.base, "kvledger_requests_running"
-                               if system.engine == "kvledger" else "vllm:num_requests_running")
+            await settled(system, server)
             mine["flood"] += result["flood"]
             mine["small"] += result["small"]
             mine["rounds"].append({
@@ -687,12 +718,17 @@ def _recomputed(r: dict) -> str:
     return f"{r['server']['recomputed_tokens']}"
 
 
+def _reserved(r: dict) -> str:
+    reserved = r["server"].get("blocks_reserved_idle")
+    return "-" if reserved is None else f"{reserved:g}"
+
+
 def tables(report: dict) -> str:
     cfg = report["config"]
     head = (f"{cfg['clients']} flood clients (prompts {FLOOD_PROMPT_TOKENS[0]}-"
             f"{FLOOD_PROMPT_TOKENS[1]} tokens, max_tokens {'/'.join(map(str, FLOOD_MAX_TOKENS))}),"
             f" a {cfg['window_seconds']:g} s window after a {RAMP_S:g} s ramp, {cfg['rounds']} "
-            f"round(s) (A-B-B-A) pooled; {POOL_BLOCKS} KV blocks of 32; kvledger on "
+            f"round(s) (A-B-B-A) pooled; {cfg['pool_blocks']} KV blocks of 32; kvledger on "
             f"{cfg['device']}")
     one, two = report["workload1"], report["workload2"]
     lines = [f"Workload 1, two tenants: {head}. Light tenant: {SMALL_PROMPT_TOKENS}-token "
@@ -725,6 +761,7 @@ def tables(report: dict) -> str:
         ("flood 429s (codes)", lambda r: _refusals(r["flood"])),
         ("preemptions", lambda r: f"{r['server']['preemptions']:g}"),
         ("recomputed tokens", _recomputed),
+        ("kvledger_kv_blocks_reserved once idle", _reserved),
         ("other processes' CPU in the window, cores (each round)",
          lambda r: " / ".join(_cores(x["other_cpu_cores"]) for x in r["rounds"])),
     ])
@@ -755,6 +792,7 @@ def tables(report: dict) -> str:
         ("best-effort 429s (codes)", lambda r: _refusals(r["best_effort"])),
         ("preemptions", lambda r: f"{r['server']['preemptions']:g}"),
         ("recomputed tokens", _recomputed),
+        ("kvledger_kv_blocks_reserved once idle", _reserved),
         ("other processes' CPU in the window, cores (each round)",
          lambda r: " / ".join(_cores(x["other_cpu_cores"]) for x in r["rounds"])),
     ])
@@ -791,7 +829,7 @@ async def bench(args) -> dict:
                        "service_requests": args.service_requests,
                        "period_seconds": args.period_seconds,
                        "deadline_seconds": args.deadline_seconds, "seed": args.seed,
-                       "pool_blocks": POOL_BLOCKS, "ramp_seconds": RAMP_S,
+                       "pool_blocks": args.pool_blocks, "ramp_seconds": RAMP_S,
                        "ttft_noise_margin": TTFT_NOISE_MARGIN, "goodput_share": GOODPUT_SHARE},
             "vllm_found": bool(args.vllm), "workload1": one, "workload2": two,
             "claims": claims(one, two)}
@@ -825,12 +863,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--period-seconds", type=float, default=PERIOD_S,
                         help="the light / urgent requests' mean gap (default %(default)g: "
                         "gaps of 0.5-1.5 x it)")
+    parser.add_argument("--pool-blocks", type=_positive, default=POOL_BLOCKS,
+                        help="KV blocks of 32 tokens, both servers (default %(default)s, "
+                        "serving.py's overload pool; at least 12, the largest flood request)")
     parser.add_argument("--deadline-seconds", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="kvledger's device (auto: CUDA when torch sees one, else the CPU)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    if args.pool_blocks < MIN_POOL_BLOCKS:
+        parser.error(f"--pool-blocks must be at least {MIN_POOL_BLOCKS} (a 128-token prompt "
+                     "with max_tokens 256 takes 12 blocks; kvledger's best-effort requests "
+                     "must also fit beside --priority-headroom's share)")
     for name, value in (QUICK if args.quick else FULL).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -850,6 +895,9 @@ def main() -> int:
         return 2
     report["vllm_missing"] = None if args.vllm else (asked or "no vllm on PATH or beside the repository")
     print(json.dumps(report, indent=1) if args.json else tables(report))
+    if args.json and not args.vllm:
+        print(f"tenants: vLLM not found ({report['vllm_missing']}): kvledger ran alone, the "
+              "comparisons with vLLM not judged", file=sys.stderr)
     failed = [c for c in report["claims"] if not c["met"]]
     for c in failed:
         print(f"tenants: FAILED: {c['claim']}: {c['measured']}", file=sys.stderr)

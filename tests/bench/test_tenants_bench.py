@@ -215,6 +215,14 @@ def test_claims_that_fail():
     assert any("urgent request answered" in c for c in failed)
 
 
+def test_a_block_left_reserved_once_idle_fails_the_kvledger_claim():
+    one, two = _results()
+    two[tenants.HEADROOM_SYS]["server"]["blocks_reserved_idle"] = 3.0
+    failed = [c for c in tenants.claims(one, two) if not c["met"]]
+    assert len(failed) == 1 and "every block back" in failed[0]["claim"]
+    assert failed[0]["measured"].endswith("3 blocks reserved once idle")
+
+
 def test_without_vllm_only_kvledgers_own_claims_are_judged():
     claims = tenants.claims(*_results(vllm=False))
     assert len(claims) == 5 and all(c["met"] for c in claims)
@@ -248,8 +256,10 @@ def test_options_quick_and_full():
     assert all(getattr(quick, k) == v for k, v in tenants.QUICK.items())
     mixed = tenants.parse_args(["--quick", "--clients", "5", "--plain-priority-too"])
     assert mixed.clients == 5 and mixed.plain_priority_too and mixed.rounds == 1
-    with pytest.raises(SystemExit):
-        tenants.parse_args(["--rounds", "0"])
+    assert full.pool_blocks == 32 and tenants.parse_args(["--pool-blocks", "64"]).pool_blocks == 64
+    for bad in (["--rounds", "0"], ["--pool-blocks", "15"]):
+        with pytest.raises(SystemExit):
+            tenants.parse_args(bad)
 
 
 async def test_a_429_is_retried_after_its_wait_and_a_stream_timed_to_its_first_token(
@@ -344,7 +354,7 @@ def test_tables_render(vllm):
     two = {s.name: _system_figures(2, s.engine, busy=0.5 if s.engine == "vllm" else None,
                                    done=s.name != tenants.NO_HEADROOM) for s in two_systems}
     report = {"config": {"device": "cpu", "rounds": 1, "window_seconds": 10.0, "clients": 4,
-                         "period_seconds": 2.0},
+                         "period_seconds": 2.0, "pool_blocks": 32},
               "vllm_found": vllm, "vllm_missing": None if vllm else "no vllm on PATH",
               "workload1": one, "workload2": two, "claims": tenants.claims(one, two)}
     text = tenants.tables(report)
