@@ -240,7 +240,7 @@ def test_the_systems_and_their_flags():
     for name in (tenants.ARRIVAL, tenants.FAIR, tenants.HEADROOM_SYS, tenants.NO_HEADROOM):
         assert flags[name][:3] == ("--api-key", *tenants.KEYS.values())
     assert flags[tenants.HEADROOM_SYS][-4:] == ("--scheduling-policy", "priority",
-                                                "--priority-headroom", "0.25")
+                                                "--priority-headroom", "0.1")
     assert "--priority-headroom" not in flags[tenants.NO_HEADROOM]
     assert flags[tenants.VLLM] == () and flags[tenants.VLLM_PRIORITY] == (
         "--scheduling-policy", "priority")
