@@ -814,6 +814,13 @@ def main() -> int:
                         help="kvledger's device (auto: CUDA when torch sees one, else the CPU)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    return run_and_judge("serving", args, bench, tables)
+
+
+def run_and_judge(name: str, args, bench, tables, alone_note: str | None = None) -> int:
+    """A bench script's run: ``bench(args)`` against vLLM when found, its report printed
+    (``tables``, or JSON), one ``NAME: FAILED:`` line per failed claim; 0, 1 (a claim
+    failed) or 2 (it could not run). ``alone_note``: said with ``--json`` when vLLM is missing."""
     args.device = resolve_device(args.device)
     asked = args.vllm
     args.vllm = find_vllm(asked)
@@ -821,13 +828,15 @@ def main() -> int:
     try:
         report = asyncio.run(bench(args))
     except BenchError as exc:
-        print(f"serving: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {exc}", file=sys.stderr)
         return 2
     report["vllm_missing"] = None if args.vllm else (asked or "no vllm on PATH or beside the repository")
     print(json.dumps(report, indent=1) if args.json else tables(report))
+    if alone_note and args.json and not args.vllm:
+        print(f"{name}: vLLM not found ({report['vllm_missing']}): {alone_note}", file=sys.stderr)
     failed = [c for c in report["claims"] if not c["met"]]
     for c in failed:
-        print(f"serving: FAILED: {c['claim']}: {c['measured']}", file=sys.stderr)
+        print(f"{name}: FAILED: {c['claim']}: {c['measured']}", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -97,7 +97,6 @@ import asyncio
 import contextlib
 import json
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -121,13 +120,12 @@ from serving import (
     Outcome,
     Server,
     complete,
-    find_vllm,
     iteration_tokens,
     metric,
     percentile,
-    resolve_device,
     retry_delay_s,
     round_order,
+    run_and_judge,
     running,
     scrape,
     server_command,
@@ -726,6 +724,16 @@ def _reserved(r: dict) -> str:
     return "-" if reserved is None else f"{reserved:g}"
 
 
+# The last rows of both workloads' tables: what each server did beside the requests.
+_SERVER_ROWS = [
+    ("preemptions", lambda r: f"{r['server']['preemptions']:g}"),
+    ("recomputed tokens", _recomputed),
+    ("kvledger_kv_blocks_reserved once idle", _reserved),
+    ("other processes' CPU in the window, cores (each round)",
+     lambda r: " / ".join(_cores(x["other_cpu_cores"]) for x in r["rounds"])),
+]
+
+
 def tables(report: dict) -> str:
     cfg = report["config"]
     head = (f"{cfg['clients']} flood clients (prompts {FLOOD_PROMPT_TOKENS[0]}-"
@@ -762,11 +770,7 @@ def tables(report: dict) -> str:
         ("flood goodput of each round", lambda r: " / ".join(
             f"{x['flood_goodput_tok_s']:.1f}" for x in r["rounds"])),
         ("flood 429s (codes)", lambda r: _refusals(r["flood"])),
-        ("preemptions", lambda r: f"{r['server']['preemptions']:g}"),
-        ("recomputed tokens", _recomputed),
-        ("kvledger_kv_blocks_reserved once idle", _reserved),
-        ("other processes' CPU in the window, cores (each round)",
-         lambda r: " / ".join(_cores(x["other_cpu_cores"]) for x in r["rounds"])),
+        *_SERVER_ROWS,
     ])
     lines += ["", f"Workload 2, priorities: {head}; the flood at priority "
               f"{BEST_EFFORT_PRIORITY}. Urgent: priority {URGENT_PRIORITY}, streamed, "
@@ -793,11 +797,7 @@ def tables(report: dict) -> str:
         ("best-effort goodput of each round", lambda r: " / ".join(
             f"{x['flood_goodput_tok_s']:.1f}" for x in r["rounds"])),
         ("best-effort 429s (codes)", lambda r: _refusals(r["best_effort"])),
-        ("preemptions", lambda r: f"{r['server']['preemptions']:g}"),
-        ("recomputed tokens", _recomputed),
-        ("kvledger_kv_blocks_reserved once idle", _reserved),
-        ("other processes' CPU in the window, cores (each round)",
-         lambda r: " / ".join(_cores(x["other_cpu_cores"]) for x in r["rounds"])),
+        *_SERVER_ROWS,
     ])
     busiest = max((x["other_cpu_cores"] or 0.0 for w in (one, two) for r in w.values()
                    for x in r["rounds"]), default=0.0)
@@ -886,25 +886,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main() -> int:
-    args = parse_args()
-    args.device = resolve_device(args.device)
-    asked = args.vllm
-    args.vllm = find_vllm(asked)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the servers are stopped
-    try:
-        report = asyncio.run(bench(args))
-    except BenchError as exc:
-        print(f"tenants: error: {exc}", file=sys.stderr)
-        return 2
-    report["vllm_missing"] = None if args.vllm else (asked or "no vllm on PATH or beside the repository")
-    print(json.dumps(report, indent=1) if args.json else tables(report))
-    if args.json and not args.vllm:
-        print(f"tenants: vLLM not found ({report['vllm_missing']}): kvledger ran alone, the "
-              "comparisons with vLLM not judged", file=sys.stderr)
-    failed = [c for c in report["claims"] if not c["met"]]
-    for c in failed:
-        print(f"tenants: FAILED: {c['claim']}: {c['measured']}", file=sys.stderr)
-    return 1 if failed else 0
+    return run_and_judge("tenants", parse_args(), bench, tables,
+                         "kvledger ran alone, the comparisons with vLLM not judged")
 
 
 if __name__ == "__main__":
