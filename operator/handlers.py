@@ -69,6 +69,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # The CRD is installed before the operator (Helm's crds/), so no runtime CRD scan:
     # that keeps the RBAC to what the handlers use.
     settings.scanning.disabled = True
+    if memo.get("webhook_server") is not None:  # kvledger operator --webhook-port
+        settings.admission.server = memo.webhook_server
+        settings.admission.managed = None  # the chart renders the configuration
     memo.setdefault("default_image", render.DEFAULT_IMAGE)
     memo.setdefault("prometheus_url", autoscaling.DEFAULT_PROMETHEUS_URL)
     memo.setdefault("policy", Policy())

@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import tempfile
+from pathlib import Path
 
 import kopf
 
+from kvledger.engine.errors import BadInput
 from kvledger.operator import autoscaling, render
-from kvledger.operator.kube import KubeApi
+from kvledger.operator.kube import KubeApi, KubeError
 from kvledger.operator.policy import POLICY_ENV, Policy
 
 LOG_FORMATS = {"text": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL,
@@ -33,6 +36,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the Prometheus KEDA queries for spec.autoscaling provider keda "
                              "when the spec names none (env KVLEDGER_PROMETHEUS_URL; default "
                              f"{autoscaling.DEFAULT_PROMETHEUS_URL})")
+    hook = parser.add_argument_group(
+        "admission webhook", "refuse at `kubectl apply` an InferenceService that fits no node "
+        "it may run on (the chart's webhook: values pass these)")
+    hook.add_argument("--webhook-port", type=int, default=None, metavar="PORT",
+                      help="serve the validating webhook over HTTPS on this port, path "
+                           "/validate (default: no webhook)")
+    hook.add_argument("--webhook-tls", choices=("self-signed", "cert-manager"),
+                      default="self-signed",
+                      help="self-signed: make a CA and certificate, keep them in "
+                           "--webhook-secret and write the CA into --webhook-configuration; "
+                           "cert-manager: read tls.crt and tls.key from --webhook-cert-dir")
+    hook.add_argument("--webhook-cert-dir", default=None, metavar="DIR",
+                      help="the mounted certificate Secret (cert-manager)")
+    hook.add_argument("--webhook-service", default=None, metavar="NAME",
+                      help="the webhook's Service, which the certificate names (self-signed)")
+    hook.add_argument("--webhook-secret", default=None, metavar="NAME",
+                      help="the Secret of the operator's namespace that keeps the certificate "
+                           "(self-signed)")
+    hook.add_argument("--webhook-configuration", default=None, metavar="NAME",
+                      help="the ValidatingWebhookConfiguration whose caBundle the operator "
+                           "writes (self-signed)")
+    hook.add_argument("--webhook-timeout", type=float, default=10.0, metavar="SECONDS",
+                      help="the configuration's timeoutSeconds: the answer comes within it "
+                           "(default 10)")
+    hook.add_argument("--webhook-mode", choices=("deny", "warn"), default="deny",
+                      help="deny: refuse a run that fits no node; warn: allow it with a "
+                           "warning (default deny)")
 
 
 def operator_memo(default_image: str, kube: KubeApi | None = None, *,
@@ -54,10 +84,73 @@ def main(args: argparse.Namespace) -> int:
     # Fail fast with one line, not kopf's retry loop, when there is no cluster to talk to.
     handlers.find_credentials(kopf.OperatorSettings())
 
-    # One replica, no peering: the chart runs exactly one operator pod.
-    asyncio.run(kopf.operator(
-        clusterwide=not args.namespace, namespaces=args.namespace, standalone=True,
-        liveness_endpoint=args.liveness,
-        memo=operator_memo(args.engine_image, prometheus_url=args.prometheus_url,
-                           policy=policy)))
+    memo = operator_memo(args.engine_image, prometheus_url=args.prometheus_url, policy=policy)
+    where = webhook_tls(args) if args.webhook_port is not None else None
+    asyncio.run(_run(args, memo, where))
     return 0
+
+
+def webhook_tls(args: argparse.Namespace) -> dict[str, str]:
+    """Where the webhook's certificate comes from (BadInput: a flag is missing)."""
+    if not 0 < args.webhook_port < 65536:
+        raise BadInput(f"--webhook-port {args.webhook_port}: a port is 1-65535")
+    if not 1 <= args.webhook_timeout <= 30:
+        raise BadInput("--webhook-timeout: the API server waits 1 to 30 seconds")
+    if args.webhook_tls == "cert-manager":
+        if not args.webhook_cert_dir:
+            raise BadInput("--webhook-tls cert-manager needs --webhook-cert-dir")
+        return {"cert_dir": args.webhook_cert_dir}
+    missing = [flag for flag in ("service", "secret", "configuration")
+               if not getattr(args, f"webhook_{flag}")]
+    if missing:
+        raise BadInput("--webhook-tls self-signed needs "
+                       + ", ".join(f"--webhook-{flag}" for flag in missing))
+    namespace = os.environ.get("POD_NAMESPACE")
+    if not namespace:
+        raise BadInput("--webhook-tls self-signed keeps its certificate in the operator's "
+                       "namespace: set POD_NAMESPACE (the chart sets it)")
+    return {"namespace": namespace, "service": args.webhook_service,
+            "secret": args.webhook_secret, "configuration": args.webhook_configuration}
+
+
+async def _run(args: argparse.Namespace, memo: kopf.Memo, tls: dict[str, str] | None) -> None:
+    renewing = None
+    if tls is not None:
+        renewing = await start_webhook(args, memo, tls)
+    try:
+        # One replica, no peering: the chart runs exactly one operator pod.
+        await kopf.operator(clusterwide=not args.namespace, namespaces=args.namespace,
+                            standalone=True, liveness_endpoint=args.liveness, memo=memo)
+    finally:
+        if renewing is not None:
+            renewing.cancel()
+
+
+async def start_webhook(args: argparse.Namespace, memo: kopf.Memo,
+                        tls: dict[str, str]) -> asyncio.Task | None:
+    """The webhook's certificate (made or read), its server in ``memo.webhook_server`` and
+    its handlers registered; the task that renews a self-signed certificate, if any."""
+    from kvledger.operator import certs, webhook
+
+    memo.webhook = webhook.Webhook(timeout_s=args.webhook_timeout,
+                                   refuse=args.webhook_mode == "deny")
+    webhook.register(kopf.get_default_registry())
+    if "cert_dir" in tls:
+        folder = Path(tls["cert_dir"])
+        ca = folder / "ca.crt"
+        memo.webhook_server = webhook.server(args.webhook_port, folder / "tls.crt",
+                                             folder / "tls.key",
+                                             ca.read_bytes() if ca.is_file() else None)
+        return None
+    from kvledger.operator import handlers
+
+    kube = KubeApi(handlers.find_credentials(kopf.OperatorSettings()))
+    try:
+        files = await certs.ensure(kube, **tls)
+    except KubeError as exc:
+        await kube.close()
+        raise BadInput(f"cannot set up the webhook's certificate: {exc}") from None
+    folder = Path(tempfile.mkdtemp(prefix="kvledger-webhook-"))
+    cert, key = files.write(folder)
+    memo.webhook_server = webhook.server(args.webhook_port, cert, key, files.ca)
+    return asyncio.create_task(certs.renew_forever(kube, folder, **tls))

@@ -192,7 +192,7 @@ def _with_env(container: dict[str, Any], spec: ServiceSpec,
     return container
 
 
-def _placement(spec: ServiceSpec) -> dict[str, Any]:
+def placement(spec: ServiceSpec) -> dict[str, Any]:
     """The pod's placement fields, as the spec writes them; the GPU toleration by default."""
     out = copy.deepcopy(spec.pod_fields)
     if spec.tolerations is not None:  # given, even empty: the user's choice
@@ -290,7 +290,7 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
             "fsGroup": RUN_AS_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        **_placement(spec),
+        **placement(spec),
         "initContainers": init_containers,
         "containers": [engine],
         "volumes": volumes + tenant_volumes,

@@ -1,0 +1,157 @@
+"""The webhook's verdict (``fit.judge`` through ``webhook.Webhook``) on real plans of real
+checkpoints: what refuses (no node fits and every node is known; more GPUs than any node
+has) and what is allowed with a warning (a model it cannot read, nodes it cannot see, no GPU
+node yet, a fit on some nodes only, webhook.mode warn). Hub models come from
+tests/hub_server.py; a slow hub is answered within the deadline and then from memory."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from hub_server import HubServer
+
+from kvledger.operator.fit import judge, spec_field
+from kvledger.operator.spec import parse_spec
+from kvledger.operator.webhook import ModelCache, Webhook, read_headers
+
+
+def node(name: str, gpus: int, mib: int | None, product: str = "NVIDIA-TEST") -> dict:
+    labels = {} if mib is None else {"nvidia.com/gpu.memory": str(mib),
+                                     "nvidia.com/gpu.product": product}
+    return {"name": name, "gpus": gpus, "taints": [], "labels": labels}
+
+
+BIG, SMALL = node("big", 2, 4096, "NVIDIA-BIG"), node("small", 2, 2200, "NVIDIA-SMALL")
+UNLABELLED = node("dark", 4, None)
+
+
+@pytest.fixture(scope="module")
+def hub(make_model_dir, tmp_path_factory):
+    with HubServer() as server:
+        server.add_commit("org/small-llama", make_model_dir("small-llama"))
+        server.add_commit("org/gated", make_model_dir("tiny-llama"), token="hf_x")
+        odd = tmp_path_factory.mktemp("odd")
+        for item in make_model_dir("tiny-llama").iterdir():
+            (odd / item.name).write_bytes(item.read_bytes())
+        config = json.loads((odd / "config.json").read_text())
+        (odd / "config.json").write_text(json.dumps(
+            config | {"architectures": ["NoSuchForCausalLM"], "model_type": "no_such"}))
+        server.add_commit("org/unsupported", odd)
+        yield server
+
+
+def verdict(hub, nodes, *, webhook=None, **fields):
+    raw = {"model": {"uri": "hf://org/small-llama"}, "gpus": 1,
+           "engine": {"maxModelLen": 2048, "maxNumSeqs": 32}} | fields
+    return asyncio.run((webhook or Webhook()).verdict("svc", parse_spec(raw), nodes, hub.url))
+
+
+def test_a_run_that_fits_the_big_node_is_allowed_and_warned_it_may_land_on_the_small(hub):
+    both = verdict(hub, [BIG, SMALL])
+    assert both.allowed and [p.fits for _, p in sorted(both.plans.items())] == [False, True]
+    (warning,) = both.warnings
+    assert "fits 1 of the 2 nodes" in warning
+    assert "nodeSelector nvidia.com/gpu.product: NVIDIA-BIG" in warning
+    assert verdict(hub, [BIG]).warnings == ()
+
+
+def test_a_run_that_fits_no_known_node_is_refused_with_the_breakdown_and_spec_remedies(hub):
+    refused = verdict(hub, [SMALL])
+    assert not refused.allowed
+    lines = refused.message.splitlines()
+    assert lines[0] == ("svc does not fit any node it may run on: the largest, small, offers "
+                        "2 x 2.1 GiB (nvidia.com/gpu.product=NVIDIA-SMALL); planned on one of "
+                        "its GPUs:")
+    assert lines[1].startswith("error: engine requires")
+    assert any(line.startswith("  KV cache") for line in lines)
+    assert lines[-1].startswith("to fit, in the InferenceService: engine.maxModelLen: ")
+    # each remedy, applied to the spec, fits that node
+    remedy = lines[-1].split(": ", 1)[1].split(" | ")[0]
+    field, value = remedy.split(": ")
+    assert field == "engine.maxModelLen"
+    again = verdict(hub, [SMALL], engine={"maxModelLen": int(value), "maxNumSeqs": 32})
+    assert again.allowed and again.warnings == ()
+
+
+def test_nodes_it_cannot_see_turn_a_refusal_into_a_warning(hub):
+    allowed = verdict(hub, [SMALL, UNLABELLED])
+    assert allowed.allowed
+    (warning,) = allowed.warnings
+    assert "does not fit the 1 node whose GPUs are known" in warning
+    assert "dark: no GPU feature discovery labels" in warning
+    assert verdict(hub, [UNLABELLED]).warnings[0].startswith("the GPUs of 1 node it may run on")
+
+
+def test_webhook_mode_warn_allows_what_deny_refuses(hub):
+    warned = verdict(hub, [SMALL], webhook=Webhook(refuse=False))
+    assert warned.allowed and warned.warnings[0].startswith("would be refused (webhook.mode warn)")
+
+
+def test_more_gpus_than_any_node_has_is_refused_even_when_the_model_is_unread(hub):
+    refused = verdict(hub, [BIG, UNLABELLED], gpus=8,
+                      model={"path": "/models/x", "volume": {"persistentVolumeClaim": {"claimName": "models"}}})
+    assert not refused.allowed
+    assert "needs 8 GPUs in one pod, and the most any node it may run on offers is 4" in (
+        refused.message)
+
+
+def test_what_the_operator_cannot_read_is_allowed_with_a_warning_saying_why(hub):
+    local = verdict(hub, [SMALL], model={"path": "/models/x", "volume": {"persistentVolumeClaim": {"claimName": "m"}}})
+    assert local.allowed and "on the pod's volume" in local.warnings[0]
+    gated = verdict(hub, [SMALL], model={"uri": "hf://org/gated",
+                                         "tokenSecretRef": {"name": "hf", "key": "token"}})
+    assert gated.allowed and "tokenSecretRef" in gated.warnings[0]
+    missing = verdict(hub, [SMALL], model={"uri": "hf://org/not-there"})
+    assert missing.allowed and "cannot read the headers of hf://org/not-there" in (
+        missing.warnings[0])
+
+
+def test_no_gpu_node_yet_is_a_warning_and_the_cpu_needs_no_node(hub):
+    none = verdict(hub, [], gpus=1)
+    assert none.allowed and "stay Pending" in none.warnings[0]
+    tainted = dict(BIG, taints=[{"key": "team", "value": "a", "effect": "NoSchedule"}])
+    assert "stay Pending" in verdict(hub, [tainted]).warnings[0]
+    assert verdict(hub, [], gpus=0) == judge("svc", parse_spec(
+        {"model": {"path": "/m"}, "gpus": 0}), [], plan_on=None)
+
+
+def test_a_model_the_engine_cannot_run_is_refused_as_the_pre_flight_refuses_it(hub):
+    refused = verdict(hub, [BIG], model={"uri": "hf://org/unsupported"})
+    assert not refused.allowed and "NoSuchForCausalLM" in refused.message
+
+
+def test_a_slow_hub_is_answered_within_the_deadline_then_from_memory(hub):
+    reads = []
+
+    def slow(uri, endpoint, timeout_s):
+        reads.append(uri)
+        time.sleep(1.5)
+        return read_headers(uri, endpoint, timeout_s)
+
+    async def twice():
+        webhook = Webhook(timeout_s=3.0, models=ModelCache(slow))  # 1 s for the hub
+        raw = {"model": {"uri": "hf://org/small-llama"}, "gpus": 1,
+               "engine": {"maxModelLen": 2048, "maxNumSeqs": 32}}
+        started = time.monotonic()
+        first = await webhook.verdict("svc", parse_spec(raw), [SMALL], hub.url)
+        first_s = time.monotonic() - started
+        await asyncio.sleep(1.0)  # the read finishes meanwhile
+        started = time.monotonic()
+        second = await webhook.verdict("svc", parse_spec(raw), [SMALL], hub.url)
+        return first, first_s, second, time.monotonic() - started
+
+    first, first_s, second, second_s = asyncio.run(twice())
+    assert first.allowed and "took over 1 s" in first.warnings[0] and first_s < 1.4
+    assert not second.allowed and second_s < 0.5
+    assert reads == ["hf://org/small-llama"]
+
+
+def test_each_remedy_flag_names_its_spec_field():
+    assert spec_field("--max-model-len") == "engine.maxModelLen"
+    assert spec_field("--kv-cache-dtype") == "engine.kvCacheDtype"
+    assert spec_field("--gpu-memory-utilization") == "memory.gpuMemoryUtilization"
+    assert spec_field("--tensor-parallel-size") == "gpus"
+    assert spec_field("--no-such-flag") is None
