@@ -79,13 +79,13 @@ def main(args: argparse.Namespace) -> int:
     # What only the cluster admin may allow (the chart writes its policy and hub values):
     # a bad one stops the operator here, with one line.
     policy = Policy.from_json(os.environ.get(POLICY_ENV))
+    where = webhook_tls(args) if args.webhook_port is not None else None
     from kvledger.operator import handlers  # registers the handlers
 
     # Fail fast with one line, not kopf's retry loop, when there is no cluster to talk to.
     handlers.find_credentials(kopf.OperatorSettings())
 
     memo = operator_memo(args.engine_image, prometheus_url=args.prometheus_url, policy=policy)
-    where = webhook_tls(args) if args.webhook_port is not None else None
     asyncio.run(_run(args, memo, where))
     return 0
 

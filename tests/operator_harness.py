@@ -80,6 +80,13 @@ class Cluster:
                 return [dict(version.raw) for version in obj.history if version is not None]
         return []
 
+    def stored_cluster(self, collection: str, name: str) -> dict | None:
+        """A cluster-scoped object by its collection's path (``/api/v1/nodes``)."""
+        for (resource, _, obj_name), obj in self.emulator.objects.items():
+            if collection.endswith("/" + resource.plural) and obj_name == name:
+                return None if obj.deleted else dict(obj.raw)
+        return None
+
     def all_stored(self, plural: str) -> list[dict]:
         return [dict(obj.raw) for (resource, _, _), obj in self.emulator.objects.items()
                 if resource.plural == plural and not obj.deleted]

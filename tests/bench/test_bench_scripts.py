@@ -265,3 +265,18 @@ def test_cpu_contention_measures_a_decode_in_a_process_of_its_own(tiny_llama_dir
     for busy in (False, True):
         assert cpu_contention.measure(str(tiny_llama_dir), {"OMP_NUM_THREADS": "1"}, busy,
                                       args) > 0
+
+
+def test_webhook_latency_times_each_kind_of_decision_over_https():
+    """bench/webhook_latency.py, a few requests: the operator's webhook answers each kind
+    (a 70B refused at 4 x H100 when its spec asks too much) and the table says so."""
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "webhook_latency.py"),
+                             "--requests", "6", "--uncached", "1", "--nodes-per-kind", "1"],
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")
+            for line in result.stdout.splitlines() if line.startswith("| ")}
+    assert rows["local"][1] == "6" and rows["local"][2] == "6 / 0"
+    allowed, refused = map(int, rows["cached"][2].split(" / "))
+    assert allowed and refused  # small maxNumSeqs fit 4 x 80 GiB, large ones do not
+    assert rows["uncached"][1] == "1"
