@@ -90,7 +90,7 @@ def judge(name: str, spec: ServiceSpec, nodes: Iterable[Mapping[str, Any]], *,
 
 
 def _refusal(message: str, refuse: bool, plans: Mapping[int, Plan] | None = None) -> Verdict:
-    message = truncate_utf8(message, MESSAGE_MAX_BYTES)
+    message = truncate_utf8(message.rstrip(), MESSAGE_MAX_BYTES)
     plans = plans or {}
     if refuse:
         return Verdict(False, message=message, plans=plans)

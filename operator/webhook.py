@@ -23,10 +23,13 @@ let through at once: the operator must always be able to write to its resources.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +57,8 @@ ANSWER_MARGIN_S = 2.0
 BRANCH_TTL_S = 600.0
 CACHED_MODELS = 64
 CACHED_PLANS = 512
+HUB_THREADS = 4  # hub reads at once; more wait their turn (and their deadline)
+PLAN_THREADS = 2
 _COMMIT = re.compile(r"@[0-9a-f]{40}$")
 
 
@@ -90,10 +95,14 @@ def read_headers(uri: str, endpoint: str, timeout_s: float) -> Headers:
 
 
 class ModelCache:
-    """Hub models' headers by (endpoint, uri); one read in flight per key."""
+    """Hub models' headers by (endpoint, uri); one read in flight per key, on threads of its
+    own: a flood of applies naming new models queues here, never on the threads the
+    operator's reconcile uses (asyncio's default pool)."""
 
-    def __init__(self, read: Callable[[str, str, float], Headers] = read_headers) -> None:
+    def __init__(self, read: Callable[[str, str, float], Headers] = read_headers,
+                 threads: int = HUB_THREADS) -> None:
         self._read = read
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="kvledger-webhook-hub")
         self._entries: OrderedDict[tuple[str, str], tuple[float, Headers]] = OrderedDict()
         self._pending: dict[tuple[str, str], asyncio.Future[Headers]] = {}
 
@@ -107,8 +116,8 @@ class ModelCache:
             return kept[1]
         pending = self._pending.get(key)
         if pending is None:
-            pending = asyncio.ensure_future(asyncio.to_thread(self._read, uri, endpoint,
-                                                              max(within_s, 30.0)))
+            pending = asyncio.get_running_loop().run_in_executor(
+                self._pool, self._read, uri, endpoint, max(within_s, 30.0))
             self._pending[key] = pending
             pending.add_done_callback(lambda done: self._keep(key, done))
         return await asyncio.wait_for(asyncio.shield(pending), within_s)
@@ -137,6 +146,8 @@ class Webhook:
         self.refuse = refuse
         self.models = models or ModelCache()
         self._plans: OrderedDict[tuple[Any, ...], Plan] = OrderedDict()
+        self._plans_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(PLAN_THREADS, thread_name_prefix="kvledger-webhook-plan")
 
     async def verdict(self, name: str, spec: ServiceSpec, nodes: list[Mapping[str, Any]],
                       hub_endpoint: str) -> fit.Verdict:
@@ -164,22 +175,24 @@ class Webhook:
                 if headers.refused is not None:
                     return fit.Verdict(False, message=f"{name}: {headers.refused}")
                 plan_on = self._planner(spec, headers)
-        return await asyncio.to_thread(fit.judge, name, spec, nodes, plan_on=plan_on,
-                                       unread=unread, refuse=self.refuse)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(
+            fit.judge, name, spec, nodes, plan_on=plan_on, unread=unread, refuse=self.refuse))
 
     def _planner(self, spec: ServiceSpec, headers: Headers) -> Callable[[int], Plan]:
         flags = engine_flags(spec)
 
         def plan_on(memory_bytes: int) -> Plan:
             key = (headers.source, tuple(flags), memory_bytes)
-            plan = self._plans.get(key)
+            with self._plans_lock:  # the plan threads share the cache
+                plan = self._plans.get(key)
             if plan is None:
                 config = preflight_config([*flags, "--device-memory", str(memory_bytes)])
                 plan = make_plan(config, shape=headers.shape, weights=headers.weights,
                                  source=headers.source)
-                self._plans[key] = plan
-                while len(self._plans) > CACHED_PLANS:
-                    self._plans.popitem(last=False)
+                with self._plans_lock:
+                    self._plans[key] = plan
+                    while len(self._plans) > CACHED_PLANS:
+                        self._plans.popitem(last=False)
             return plan
 
         return plan_on

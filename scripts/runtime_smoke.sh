@@ -204,5 +204,10 @@ else
     fi
     [ ! -s operator.out ] || { show operator.out; fail "operator: wrote to stdout"; }
 fi
+# The admission webhook's modules and its self-signed certificate (cryptography), as the
+# operator loads them with --webhook-port.
+expect 0 webhook-certificate "$PY" -c 'from kvledger.operator import certs, webhook
+pair = certs.make_pair(certs.dns_names("kvledger-webhook", "kvledger-system"))
+assert certs.still_good(pair, certs.dns_names("kvledger-webhook", "kvledger-system"))'
 
 echo "runtime smoke test passed: every kvledger command runs from a plain install"

@@ -155,3 +155,28 @@ def test_each_remedy_flag_names_its_spec_field():
     assert spec_field("--gpu-memory-utilization") == "memory.gpuMemoryUtilization"
     assert spec_field("--tensor-parallel-size") == "gpus"
     assert spec_field("--no-such-flag") is None
+
+
+def test_a_flood_of_new_models_waits_on_the_webhooks_threads_not_the_operators(hub):
+    """40 applies naming models the hub is slow to answer: the webhook answers each within
+    its deadline with a warning, and the operator's own thread work (the reconcile's hub
+    sizing, asyncio's default pool) is not held up behind them."""
+
+    def slow(uri, endpoint, timeout_s):
+        time.sleep(2.0)
+        return read_headers(uri, endpoint, timeout_s)
+
+    async def flood():
+        webhook = Webhook(timeout_s=3.0, models=ModelCache(slow))
+        specs = [parse_spec({"model": {"uri": f"hf://org/m{i}"}, "gpus": 1}) for i in range(40)]
+        answers = asyncio.gather(*(webhook.verdict(f"s{i}", spec, [BIG], hub.url)
+                                   for i, spec in enumerate(specs)))
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        await asyncio.to_thread(lambda: None)  # what the reconcile's thread work waits for
+        reconcile_wait = time.monotonic() - started
+        return await answers, reconcile_wait
+
+    verdicts, reconcile_wait = asyncio.run(flood())
+    assert reconcile_wait < 0.5
+    assert all(v.allowed and "took over 1 s" in v.warnings[0] for v in verdicts)
