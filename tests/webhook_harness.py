@@ -123,3 +123,28 @@ async def webhook_operator(cluster: Cluster, log: Path, *, policy: dict[str, Any
                 await client.close()
             proc.terminate()
             proc.wait(timeout=30)
+
+
+def gpu_node(name: str, gpus: int, mib: int | None, product: str | None = None) -> dict[str, Any]:
+    """A Node as GPU feature discovery labels it (no labels with ``mib`` None), tainted as
+    GPU node pools usually are."""
+    labels = {"kubernetes.io/hostname": name}
+    if mib is not None:
+        labels |= {"nvidia.com/gpu.memory": str(mib), "nvidia.com/gpu.count": str(gpus),
+                   **({"nvidia.com/gpu.product": product} if product else {})}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+            "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
+            "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}}}
+
+
+def kubectl_says(response: dict[str, Any], name: str, file: str) -> str:
+    """What ``kubectl apply -f FILE`` prints of a webhook's answer to a create: the denial
+    as the API server hands it on, or each warning then the object created."""
+    if not response["allowed"]:
+        status = response["status"]
+        reason = {403: "Forbidden", 422: "Invalid"}.get(status["code"], "InternalError")
+        return (f'Error from server ({reason}): error when creating "{file}": admission '
+                f'webhook "inferenceservices.kvledger.dev" denied the request: '
+                f'{status["message"]}\n')
+    warnings = "".join(f"Warning: {w}\n" for w in response.get("warnings") or [])
+    return f"{warnings}inferenceservice.kvledger.dev/{name} created\n"

@@ -56,6 +56,11 @@ def test_the_defaults_render_without_monitors_or_dashboard():
     ("metrics.grafanaDashboard.labels.grafana_dashboard=1",
      "'/metrics/grafanaDashboard/labels/grafana_dashboard': got number, want string"),
     ("policy.controlPlan=true", "'/policy': additional properties 'controlPlan' not allowed"),
+    ("webhook.failurePolicy=Never", "'/webhook/failurePolicy': value must be one of 'Ignore', "
+                                    "'Fail'"),
+    ("webhook.mode=block", "'/webhook/mode': value must be one of 'deny', 'warn'"),
+    ("webhook.timeoutSeconds=60", "'/webhook/timeoutSeconds': maximum: got 60, want 30"),
+    ("webhook.certificates=vault", "'/webhook/certificates': value must be one of"),
 ])
 def test_a_bad_value_fails_naming_it(flag, named):
     done = helm_template("--set", flag)
@@ -89,3 +94,97 @@ def test_the_dashboard_configmap_carries_the_dashboard():
     assert config_map["metadata"]["annotations"] == {"grafana_folder": "LLM"}
     shipped = json.loads((CHART / "dashboards" / "kvledger.json").read_text())
     assert json.loads(config_map["data"]["kvledger.json"]) == shipped
+
+
+def operator_args(rendered: dict[str, list[dict]]) -> list[str]:
+    [deployment] = rendered["Deployment"]
+    return deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_the_webhook_renders_by_default_self_signed_with_its_rights():
+    rendered = kinds()
+    [config] = rendered["ValidatingWebhookConfiguration"]
+    [hook] = config["webhooks"]
+    assert config["metadata"]["name"] == "kvledger" and "annotations" not in config["metadata"]
+    assert hook["name"] == "inferenceservices.kvledger.dev"
+    assert hook["clientConfig"] == {"service": {"namespace": "kvledger-system",
+                                                "name": "kvledger-webhook",
+                                                "path": "/validate", "port": 443}}
+    assert hook["rules"] == [{"apiGroups": ["kvledger.dev"], "apiVersions": ["v1alpha1"],
+                              "resources": ["inferenceservices"],
+                              "operations": ["CREATE", "UPDATE"], "scope": "Namespaced"}]
+    assert (hook["failurePolicy"], hook["sideEffects"], hook["timeoutSeconds"],
+            hook["admissionReviewVersions"], hook["matchPolicy"]) == (
+        "Ignore", "None", 10, ["v1"], "Equivalent")
+    assert "namespaceSelector" not in hook
+    [service] = [s for s in rendered["Service"] if s["metadata"]["name"] == "kvledger-webhook"]
+    assert service["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "webhook",
+                                         "protocol": "TCP"}]
+    [deployment] = rendered["Deployment"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "webhook", "containerPort": 8443, "protocol": "TCP"} in container["ports"]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert {"name": "POD_NAMESPACE",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in container["env"]
+    assert operator_args(rendered)[-7:] == [
+        "--webhook-port=8443", "--webhook-timeout=10", "--webhook-mode=deny",
+        "--webhook-tls=self-signed", "--webhook-service=kvledger-webhook",
+        "--webhook-secret=kvledger-webhook-tls", "--webhook-configuration=kvledger"]
+    [cluster_role] = [r for r in rendered["ClusterRole"]
+                      if r["metadata"]["name"] == "kvledger-webhook"]
+    assert cluster_role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
+        {"apiGroups": ["admissionregistration.k8s.io"],
+         "resources": ["validatingwebhookconfigurations"], "resourceNames": ["kvledger"],
+         "verbs": ["get", "patch"]}]
+    [role] = rendered["Role"]
+    assert role["metadata"]["namespace"] == "kvledger-system"
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["kvledger-webhook-tls"],
+         "verbs": ["get", "update", "patch"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
+
+
+def test_the_webhook_with_cert_manager_mounts_its_certificate_and_reads_no_secret():
+    rendered = kinds("--api-versions", "cert-manager.io/v1")
+    [config] = rendered["ValidatingWebhookConfiguration"]
+    assert config["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": "kvledger-system/kvledger-webhook"}
+    [certificate], [issuer] = rendered["Certificate"], rendered["Issuer"]
+    assert certificate["spec"]["secretName"] == "kvledger-webhook-tls"
+    assert certificate["spec"]["dnsNames"] == ["kvledger-webhook.kvledger-system.svc",
+                                               "kvledger-webhook.kvledger-system.svc.cluster.local"]
+    assert certificate["spec"]["issuerRef"] == {"name": issuer["metadata"]["name"],
+                                                "kind": "Issuer", "group": "cert-manager.io"}
+    assert issuer["spec"] == {"selfSigned": {}}
+    assert operator_args(rendered)[-2:] == ["--webhook-tls=cert-manager",
+                                            "--webhook-cert-dir=/etc/kvledger/webhook"]
+    assert "Role" not in rendered
+    named = kinds("--set", "webhook.certificates=cert-manager",
+                  "--set", "webhook.certManager.issuerRef.name=corp-ca",
+                  "--set", "webhook.certManager.issuerRef.kind=ClusterIssuer")
+    assert "Issuer" not in named
+    assert named["Certificate"][0]["spec"]["issuerRef"] == {
+        "name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+
+
+def test_watched_namespaces_select_the_webhook_and_nodes_stay_cluster_wide():
+    rendered = kinds("--set", "watchNamespaces={team-a,team-b}",
+                     "--set", "webhook.failurePolicy=Fail", "--set", "webhook.mode=warn")
+    [hook] = rendered["ValidatingWebhookConfiguration"][0]["webhooks"]
+    assert hook["namespaceSelector"] == {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}]}
+    assert hook["failurePolicy"] == "Fail"
+    assert "--webhook-mode=warn" in operator_args(rendered)
+    [cluster_role] = rendered["ClusterRole"]
+    assert cluster_role["rules"][0] == {"apiGroups": [""], "resources": ["nodes"],
+                                        "verbs": ["list", "watch"]}
+
+
+def test_without_the_webhook_nothing_of_it_renders():
+    rendered = kinds("--set", "webhook.enabled=false")
+    assert not {"ValidatingWebhookConfiguration", "Role", "Certificate"} & set(rendered)
+    assert [s["metadata"]["name"] for s in rendered.get("Service", [])] == []
+    assert not any(a.startswith("--webhook") for a in operator_args(rendered))
+    assert all("nodes" not in r["resources"] for c in rendered["ClusterRole"]
+               for r in c["rules"])

@@ -66,3 +66,22 @@ matchExpressions:
   - key: kvledger.dev/inferenceservice
     operator: Exists
 {{- end -}}
+
+{{/* The admission webhook (templates/webhook.yaml): its certificates' source, names. */}}
+{{- define "kvledger.webhookCerts" -}}
+{{- if eq .Values.webhook.certificates "auto" -}}
+{{- if .Capabilities.APIVersions.Has "cert-manager.io/v1" -}}cert-manager{{- else -}}self-signed{{- end -}}
+{{- else -}}
+{{- .Values.webhook.certificates -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kvledger.webhookService" -}}
+{{- printf "%s-webhook" (include "kvledger.fullname" . | trunc 55 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "kvledger.webhookSecret" -}}
+{{- printf "%s-webhook-tls" (include "kvledger.fullname" . | trunc 51 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "kvledger.webhookCertDir" -}}/etc/kvledger/webhook{{- end -}}
