@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import re
 import threading
 import time
@@ -172,8 +173,8 @@ class Webhook:
             except HubUnavailable as exc:
                 unread = f"cannot read the headers of {uri} now: {exc}"
             else:
-                if headers.refused is not None:
-                    return fit.Verdict(False, message=f"{name}: {headers.refused}")
+                if headers.refused is not None:  # the pre-flight exits 2 on it
+                    raise BadInput(headers.refused)
                 plan_on = self._planner(spec, headers)
         return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(
             fit.judge, name, spec, nodes, plan_on=plan_on, unread=unread, refuse=self.refuse))
@@ -205,8 +206,12 @@ def gpu_nodes(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]] | None:
 
 
 async def validate(body: kopf.Body, old: kopf.Body | None, operation: str, memo: kopf.Memo,
-                   warnings: list[str], gpu_nodes: kopf.Index, **_: Any) -> None:
-    """kopf's validating handler: AdmissionError refuses, ``warnings`` reach kubectl."""
+                   warnings: list[str], gpu_nodes: kopf.Index, logger: logging.Logger,
+                   **_: Any) -> None:
+    """kopf's validating handler: AdmissionError refuses, ``warnings`` reach kubectl.
+
+    A fault of the webhook's own lets the resource in with a warning (and a log line), as
+    ``failurePolicy: Ignore`` does when it cannot be reached: only a verdict refuses."""
     spec_raw = dict(body.get("spec") or {})
     if operation == "UPDATE" and old is not None and dict(old.get("spec") or {}) == spec_raw:
         return
@@ -226,6 +231,11 @@ async def validate(body: kopf.Body, old: kopf.Body | None, operation: str, memo:
         verdict = await memo.webhook.verdict(name, spec, nodes, memo.policy.hub_endpoint(spec))
     except BadInput as exc:  # the pre-flight exits 2 on it: refused alike
         raise kopf.AdmissionError(f"{name}: {exc}", code=422) from None
+    except Exception as exc:  # a fault here must not refuse the resource
+        logger.exception(f"the webhook could not judge {name}")
+        warnings.append(f"the webhook could not plan {name} ({type(exc).__name__}): the pod's "
+                        "pre-flight checks the fit")
+        return
     warnings.extend(verdict.warnings)
     if not verdict.allowed:
         raise kopf.AdmissionError(verdict.message, code=403)

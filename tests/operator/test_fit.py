@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
+import kopf
 import pytest
 from hub_server import HubServer
 
+from kvledger.engine.errors import BadInput
 from kvledger.operator.fit import judge, spec_field
+from kvledger.operator.policy import Policy
 from kvledger.operator.spec import parse_spec
-from kvledger.operator.webhook import ModelCache, Webhook, read_headers
+from kvledger.operator.webhook import ModelCache, Webhook, read_headers, validate
 
 
 def node(name: str, gpus: int, mib: int | None, product: str = "NVIDIA-TEST") -> dict:
@@ -119,8 +123,24 @@ def test_no_gpu_node_yet_is_a_warning_and_the_cpu_needs_no_node(hub):
 
 
 def test_a_model_the_engine_cannot_run_is_refused_as_the_pre_flight_refuses_it(hub):
-    refused = verdict(hub, [BIG], model={"uri": "hf://org/unsupported"})
-    assert not refused.allowed and "NoSuchForCausalLM" in refused.message
+    with pytest.raises(BadInput, match="NoSuchForCausalLM"):  # the handler's 422
+        verdict(hub, [BIG], model={"uri": "hf://org/unsupported"})
+
+
+def test_a_fault_of_the_webhook_lets_the_resource_in_with_a_warning():
+    """Only a verdict refuses: a bug (here, a verdict that raises) answers as
+    failurePolicy Ignore would, allowed with a warning and logged."""
+    class Broken:
+        async def verdict(self, *args):
+            raise RuntimeError("a bug")
+
+    memo = kopf.Memo(webhook=Broken(), policy=Policy(), default_image="kvledger:test")
+    body = kopf.Body({"metadata": {"name": "svc"}, "spec": {"model": {"path": "/m"}, "gpus": 1}})
+    warnings: list[str] = []
+    asyncio.run(validate(body=body, old=None, operation="CREATE", memo=memo,
+                         warnings=warnings, gpu_nodes={}, logger=logging.getLogger("test")))
+    assert warnings == ["the webhook could not plan svc (RuntimeError): the pod's pre-flight "
+                        "checks the fit"]
 
 
 def test_a_slow_hub_is_answered_within_the_deadline_then_from_memory(hub):
