@@ -18,10 +18,12 @@ from kvledger.engine.errors import BadInput
 from kvledger.engine.lora_config import (
     DEFAULT_MAX_LORA_RANK,
     DEFAULT_MAX_LORAS,
+    LORA_COUNT,
+    LORA_MODULES,
+    LORA_RANK,
     LORA_RANKS,
     LoraModule,
     check_lora_flags,
-    lora_module_arg,
 )
 from kvledger.engine.settings import (
     BYTES,
@@ -55,8 +57,7 @@ QUANTIZATIONS = ("fp8",)  # --quantization: what the engine quantizes to on load
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_NUM_SEQS = 16
-# Without chunked prefill a whole prompt is one step, so the per-step token budget is
-# at least the context; 2048 keeps short-context models' activation peak realistic.
+# The per-step token budget's least default: short-context models' activation peak realistic.
 MIN_DEFAULT_BATCHED_TOKENS = 2048
 # The compiled grammars of structured outputs (host memory): typical schemas compile to
 # well under 1 MiB, a hostile one to tens of MiB. Counted in the plan where the device's
@@ -83,11 +84,6 @@ LORA = "LoRA adapters (vLLM's flags)"
 QUANTIZATION = Kind("choice", parse=quantization_arg,
                     check=lambda _flag, value: quantization_arg(value), values=QUANTIZATIONS)
 NAMES = Kind("text", nargs="+", metavar="NAME")  # the aliases follow the first (to_flags)
-LORA_MODULES = Kind("lora-modules", parse=lora_module_arg, nargs="+", metavar="NAME=PATH",
-                    render=lambda modules: [m.as_flag() for m in modules])
-# The LoRA counts are checked together (lora_config.check_lora_flags), as vLLM does.
-LORA_COUNT = Kind("positive", parse=int)
-LORA_RANK = Kind("choice", parse=int, values=LORA_RANKS)
 
 
 @dataclass(frozen=True)
@@ -156,6 +152,10 @@ class EngineConfig:
         help="shard the model over N GPUs of one machine, one process per GPU, as vLLM shards "
              "it; every figure of the plan is what one GPU holds (docs/planner.md, \"Tensor "
              "parallelism\")")
+    pipeline_parallel_size: int = setting(
+        1, "--pipeline-parallel-size", POSITIVE_INT, aliases=("-pp",), metavar="P",
+        group=WORKLOAD, help="plan the layers split into P stages, one machine each, as vLLM "
+        "splits them, every figure per GPU of a stage (the engine does not run stages yet)")
     enforce_eager: bool = setting(
         False, "--enforce-eager", SWITCH, group=WORKLOAD,
         help="plan no memory for CUDA graphs, as vLLM's eager mode captures none (kvledger's "

@@ -63,9 +63,8 @@ _EAGER = ("kvledger runs eagerly: no torch.compile or CUDA graphs for an optimiz
 
 # flag (as typed; a --no- form has its own rule where it differs) -> Rule
 RULES: dict[str, Rule] = {
-    # Parallelism: --tensor-parallel-size is kvledger's own (engine/config.py); the others
-    # at 1 are what kvledger does.
-    "--pipeline-parallel-size": _only(["1"], "pipeline parallelism yet", _ONE_DEVICE),
+    # Parallelism: --tensor-parallel-size and --pipeline-parallel-size are kvledger's own
+    # (engine/config.py); the others at 1 are what kvledger does.
     "--data-parallel-size": _only(["1"], "data parallelism yet", _ONE_DEVICE),
     "--decode-context-parallel-size": _only(["1"], "context parallelism yet", _ONE_DEVICE),
     "--prefill-context-parallel-size": _only(["1"], "context parallelism yet", _ONE_DEVICE),

@@ -32,6 +32,10 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     engine. Raises DoesNotFit if either plan does not fit, BadInput for an unsupported
     or broken checkpoint. An hf:// model is loaded from the hub cache (``serving_source``:
     downloaded first when incomplete, unless HF_HUB_OFFLINE is set)."""
+    if config.pipeline_parallel_size > 1:
+        raise BadInput(f"--pipeline-parallel-size {config.pipeline_parallel_size}: kvledger's "
+                       "engine does not run pipeline stages yet (kvledger plan plans them, "
+                       "stage by stage); serve on one machine with --tensor-parallel-size")
     source = serving_source(config.model, config.download_dir, hub_timeout_s=config.hub_timeout_s)
     model_config = ModelConfig.from_dir(source.path)  # refuses unsupported architectures
     # What the engine can run beyond that is the plan's verdict (planner/support.py),

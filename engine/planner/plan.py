@@ -61,6 +61,7 @@ from kvledger.engine.planner.seats import (
     seat_bound,
 )
 from kvledger.engine.planner.sharding import check_shardable, rank_shape
+from kvledger.engine.planner.stages import staged
 from kvledger.engine.planner.support import check_engine_run, expert_width
 from kvledger.engine.planner.weight_bytes import dequantization_bytes, loaded_weight_bytes
 
@@ -144,16 +145,16 @@ def _seated_budget(config: EngineConfig, device: DeviceMemory, measured: Measure
     cap (``seats.py``: each candidate re-planned, its activations and CUDA graphs with
     it, so the plan returned is that of the seats it states), else at 16."""
     if config.max_num_seqs is not None:
-        return _budget(config, device, measured, shape, weights, config.max_num_seqs, DECLARED)
+        return _staged(config, device, measured, shape, weights, config.max_num_seqs, DECLARED)
     if not _cap_sizes_pool(config, resolve_limit(config, device)[1]):
-        return _budget(config, device, measured, shape, weights, DEFAULT_MAX_NUM_SEQS, DEFAULT)
-    one = _budget(config, device, measured, shape, weights, 1, KV_POOL)
+        return _staged(config, device, measured, shape, weights, DEFAULT_MAX_NUM_SEQS, DEFAULT)
+    one = _staged(config, device, measured, shape, weights, 1, KV_POOL)
     if not one.fits:  # not one full-context sequence fits: vLLM's refusal
         return one
     bound, why = seat_bound(device, one.max_num_batched_tokens, measured.max_num_seqs)
 
     def at(seats: int) -> Plan:
-        return _budget(config, device, measured, shape, weights, seats, KV_POOL)
+        return _staged(config, device, measured, shape, weights, seats, KV_POOL)
 
     seated = at(derive_seats(lambda seats: at(seats).fits, bound))
     if seated.kv.sequences <= seated.max_num_seqs:
@@ -162,6 +163,15 @@ def _seated_budget(config: EngineConfig, device: DeviceMemory, measured: Measure
     # memory the pool would then lack.
     return dataclasses.replace(seated, seats_note=why if seated.max_num_seqs == bound else
                                "one seat more needs activation memory the pool then lacks")
+
+
+def _staged(config: EngineConfig, device: DeviceMemory, measured: Measured,
+            shape: ModelShape, weights: WeightsInfo, seats: int, seats_source: str) -> Plan:
+    """``_budget``, or under ``--pipeline-parallel-size`` P each stage's (``stages.py``)."""
+    if config.pipeline_parallel_size == 1:
+        return _budget(config, device, measured, shape, weights, seats, seats_source)
+    return staged(shape, weights, config.pipeline_parallel_size, lambda stage, held: _budget(
+        config, device, measured, stage, held, seats, seats_source))
 
 
 def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
@@ -249,7 +259,8 @@ def _classes(config: EngineConfig, device: DeviceMemory, measured: Measured,
             measured.cuda_graph_bytes, estimates.cuda_graph_bytes(shape, seats)),
         # Where the device's memory is the host's, the compiled grammars share it.
         "context": _pick(measured.context_bytes, estimates.context_bytes(device.kind)
-                         + estimates.comm_buffer_bytes(device.kind, tp))
+                         + estimates.comm_buffer_bytes(device.kind,
+                                                       tp * config.pipeline_parallel_size))
         + (config.grammar_cache_bytes if on_cpu or device.unified else 0),
         "lora": _lora_bytes(config, shape, dtype_bytes),  # the adapter slots; 0 without LoRA
     }

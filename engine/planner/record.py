@@ -69,6 +69,28 @@ class KVInfo:
 
 
 @dataclass(frozen=True)
+class StageFigures:
+    """One pipeline stage's figures (``stages.py``): its layers ``[first, end)`` and what one
+    of its GPUs holds."""
+
+    stage: int
+    first_layer: int
+    end_layer: int
+    fits: bool
+    required_bytes: int
+    limit_bytes: int
+    classes: dict[str, int]
+    bytes_per_block: int
+
+    def to_json(self) -> dict:
+        return {"stage": self.stage, "layers": [self.first_layer, self.end_layer],
+                "fits": self.fits, "required_bytes": self.required_bytes,
+                "limit_bytes": self.limit_bytes,
+                "short_by_bytes": max(0, self.required_bytes - self.limit_bytes),
+                "classes": dict(self.classes), "bytes_per_block": self.bytes_per_block}
+
+
+@dataclass(frozen=True)
 class Plan:
     fits: bool
     limit_bytes: int
@@ -96,6 +118,11 @@ class Plan:
     # the whole sequences the pool holds, bounded; planner/seats.py)
     max_num_seqs_source: str = "--max-num-seqs"
     seats_note: str = ""  # why a derived max_num_seqs is fewer than the sequences the pool holds
+    # --pipeline-parallel-size: the figures above are stage ``stage``'s (the first that does
+    # not fit, else the one nearest its limit); ``stages`` has every stage's
+    pipeline_parallel_size: int = 1
+    stage: int = 0
+    stages: tuple[StageFigures, ...] = ()
 
     @property
     def cap_above_free(self) -> bool:
@@ -115,6 +142,9 @@ class Plan:
             "remedies": [r.to_json() for r in self.remedies],
             "unified_memory": self.unified_memory,
             "tensor_parallel_size": self.tensor_parallel_size,
+            "pipeline_parallel_size": self.pipeline_parallel_size,
+            **({"stage": self.stage, "stages": [f.to_json() for f in self.stages]}
+               if self.stages else {}),
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
             "max_num_seqs_source": self.max_num_seqs_source,

@@ -7,7 +7,9 @@ fits, and one token / one sequence more does not.
 
 One spreads the model over more GPUs: the smallest ``--tensor-parallel-size`` up to
 ``MAX_GPUS_PER_MACHINE`` that the model shards into and that fits, per GPU (on discrete
-GPUs only: ranks sharing one memory gain nothing).
+GPUs only: ranks sharing one memory gain nothing). Another over more machines: the
+smallest ``--pipeline-parallel-size`` up to ``MAX_STAGES`` that fits at this tensor
+parallel size (``stages.py``), offered only when no tensor parallel size does.
 
 One changes the weights: ``--quantization fp8`` for an unquantized checkpoint (its linear
 layers in FP8 on load, planned at that size). None offers "a smaller quantization" of
@@ -28,6 +30,7 @@ from kvledger.engine.planner.limit import largest_utilization
 from kvledger.engine.planner.record import Plan, Remedy
 
 MAX_GPUS_PER_MACHINE = 8  # an 8-GPU node (DGX/HGX): the most one pod's GPUs can be
+MAX_STAGES = 16  # pipeline stages, one machine each: beyond this a remedy is not offered
 
 if TYPE_CHECKING:
     from kvledger.engine.config import EngineConfig
@@ -77,7 +80,9 @@ def find_remedies(plan: Plan, replan: Replan) -> list[Remedy]:
             out.append(Remedy("--quantization", "fp8", quantized.classes["kv_cache"],
                               note=f"linear layers in FP8 on load: weights -> "
                                    f"{_size(quantized.classes['weights'])}"))
-    out += _more_gpus(plan, with_)
+    # More machines only where more GPUs of this one do not do: tensor parallelism within
+    # a machine, pipeline stages across machines, as vLLM advises.
+    out += _more_gpus(plan, with_) or _more_stages(plan, with_)
     if plan.classes["cuda_graphs"] > 0:
         eager = with_(enforce_eager=True)
         if eager.fits:
@@ -101,6 +106,23 @@ def _more_gpus(plan: Plan, with_: Callable[..., Plan]) -> list[Remedy]:
             return [Remedy("--tensor-parallel-size", size, candidate.classes["kv_cache"],
                            note=f"per GPU, x {size} GPUs: weights -> "
                                 f"{_size(candidate.classes['weights'])} each")]
+    return []
+
+
+def _more_stages(plan: Plan, with_: Callable[..., Plan]) -> list[Remedy]:
+    """The smallest ``--pipeline-parallel-size`` above this one that fits, re-planned."""
+    if plan.device.kind == "cpu" or plan.unified_memory:
+        return []
+    for stages in range(plan.pipeline_parallel_size + 1,
+                        min(MAX_STAGES, plan.shape.num_layers) + 1):
+        try:
+            candidate = with_(pipeline_parallel_size=stages)
+        except BadInput:  # weights known by their totals alone cannot be split by layer
+            return []
+        if candidate.fits:
+            return [Remedy("--pipeline-parallel-size", stages, candidate.classes["kv_cache"],
+                           note=f"{stages} stages, one machine each: the fullest GPU's "
+                                f"weights -> {_size(candidate.classes['weights'])}")]
     return []
 
 

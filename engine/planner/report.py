@@ -20,6 +20,7 @@ from kvledger.engine.planner.limit import largest_utilization
 from kvledger.engine.planner.pool import ENGINE_NOTE, ENGINE_RULE, PoolGroup
 from kvledger.engine.planner.record import Plan, Remedy
 from kvledger.engine.planner.seats import KV_POOL
+from kvledger.engine.planner.stages import layers_text, stage_lines, stage_name
 
 TERMINATION_LOG_MAX_BYTES = 4096  # the kubelet keeps at most this much of the message
 # The pre-flight's machine-readable line: the plan's figures as JSON after this prefix, last
@@ -96,8 +97,13 @@ def truncate_utf8(text: str, max_bytes: int = TERMINATION_LOG_MAX_BYTES) -> str:
 
 def _headline(plan: Plan) -> str:
     need, limit = format_size(plan.required_bytes), format_size(plan.limit_bytes)
-    tp = plan.tensor_parallel_size
-    if tp > 1:  # every figure is one rank's; ranks sharing one memory have 1/N of the limit
+    tp, pp = plan.tensor_parallel_size, plan.pipeline_parallel_size
+    if pp > 1:  # every figure is one GPU's of the stage that decides
+        gpus = f"{tp} GPUs" if tp > 1 else "1 GPU"
+        need = (f"{need} per GPU on {stage_name(plan, plan.stage)}, x {gpus} x {pp} stages "
+                f"(--tensor-parallel-size {tp} --pipeline-parallel-size {pp})")
+        limit += " per GPU"
+    elif tp > 1:  # every figure is one rank's; ranks sharing one memory have 1/N of the limit
         shared = plan.device.kind == "cpu" or plan.unified_memory
         each, ranks = ("per rank", "ranks sharing one memory") if shared else ("per GPU", "GPUs")
         need = (f"{need} {each}, x {tp} {ranks} ({format_size(plan.required_bytes * tp)} "
@@ -177,14 +183,15 @@ def _breakdown(plan: Plan) -> list[str]:
         kv_detail += f", {kv.layout}"
     lines = [
         _row("weights", c["weights"], ("measured, " if "weights" in measured else "")
-             + f"{weights_dtype}, {plan.shape.num_layers} layers"),
+             + f"{weights_dtype}, {layers_text(plan)}"),
         _row("activations", c["activations"], ("measured " if "activations" in measured else "")
              + f"peak @ max_num_batched_tokens={plan.max_num_batched_tokens}"),
         _row("KV cache", c["kv_cache"], kv_detail),
         _row("cuda graphs", c["cuda_graphs"], graphs_detail),
         _row(context_label, c["context"], ("measured" if "context" in measured else "estimate")
              + (f" + NCCL buffers {NCCL_BYTES_PER_RANK // MiB} MiB"
-                if comm_buffer_bytes(plan.device.kind, plan.tensor_parallel_size) else "")
+                if comm_buffer_bytes(plan.device.kind, plan.tensor_parallel_size
+                                     * plan.pipeline_parallel_size) else "")
              + (f" + grammar cache {cfg.grammar_cache_bytes / 2**20:.0f} MiB"
                 if plan.device.kind == "cpu" or plan.device.unified else "")),
         *([_row("LoRA adapters", c["lora"], f"{cfg.max_loras} slots x rank "
@@ -192,6 +199,7 @@ def _breakdown(plan: Plan) -> list[str]:
           if cfg.enable_lora else []),
         f"  KV pool: {kv.num_blocks} blocks x {kv.block_size} tokens, "
         f"{format_size(kv.bytes_per_block)} per block ({_pool_holds(plan)})",
+        *stage_lines(plan),
         *_seats_lines(plan),
     ]
     if kv.rule != ENGINE_RULE or kv.note != ENGINE_NOTE:

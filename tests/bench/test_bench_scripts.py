@@ -280,3 +280,13 @@ def test_webhook_latency_times_each_kind_of_decision_over_https():
     allowed, refused = map(int, rows["cached"][2].split(" / "))
     assert allowed and refused  # small maxNumSeqs fit 4 x 80 GiB, large ones do not
     assert rows["uncached"][1] == "1"
+
+
+def test_pp_plan_splits_405b_into_stages_that_add_up():
+    """bench/pp_plan.py: 405B on 8 x 80 GiB per stage; its own claims (the stages' weights
+    add up to one stage's, vLLM's split, one stage refused and two fitting) hold."""
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "pp_plan.py")],
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "| 1 x 8 | no (exit 3) | 1 | 0-125 | 94.5 GiB |" in result.stdout
+    assert "| 2 x 8 | yes (exit 0) | 2 | 63-125 | 47.3 GiB |" in result.stdout

@@ -43,11 +43,13 @@ LAUNCH_LINES = [
     ("recipes: trust remote code", "{model} --trust-remote-code --max-model-len 1024 "
      "--dtype bfloat16 --disable-uvicorn-access-log", ACCEPTED),
     ("distributed serving", "{model} --tensor-parallel-size 4", ACCEPTED),
-    ("distributed serving: pipeline",
-     "{model} --pipeline-parallel-size 2", "--pipeline-parallel-size"),
+    ("distributed serving: pipeline (planned per stage)",
+     "{model} --pipeline-parallel-size 2", ACCEPTED),
+    ("distributed serving: multi-node",
+     "{model} --tensor-parallel-size 2 --pipeline-parallel-size 2 --nnodes 2", "--nnodes"),
     ("DeepSeek-V3 recipe", "{model} -tp 2 --trust-remote-code", ACCEPTED),
     ("data parallel deployment", "{model} --data-parallel-size 2", "--data-parallel-size"),
-    ("Qwen3 MoE recipe", "{model} -pp 2 --enable-expert-parallel", "-pp"),
+    ("Qwen3 MoE recipe", "{model} -pp 2 --enable-expert-parallel", "--enable-expert-parallel"),
     ("quantization: AWQ", "{model} --quantization awq", "--quantization"),
     ("quantization: FP8", "{model} --quantization fp8 --max-model-len 1024", ACCEPTED),
     ("LoRA adapters", "{model} --enable-lora --lora-modules sql-lora=/adapters/sql "
@@ -132,7 +134,6 @@ def test_every_vllm_serve_flag_is_ruled(command) -> None:
 
 
 @pytest.mark.parametrize(("flag", "name"), [
-    ("--pipeline-parallel-size", "pipeline parallelism"), ("-pp", "pipeline parallelism"),
     ("--data-parallel-size", "data parallelism"), ("-dp", "data parallelism")])
 def test_a_parallel_size_of_one_is_accepted_and_more_refused_by_name(flag, name) -> None:
     parser = build_parser("plan")
