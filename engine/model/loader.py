@@ -24,6 +24,7 @@ from kvledger.engine.model.fp8_linear import (
     scale_shape,
 )
 from kvledger.engine.model.int4_linear import install_int4_linears
+from kvledger.engine.model.pipeline import Stage, StageLM
 from kvledger.engine.model.transformer import CausalLM
 
 
@@ -45,18 +46,20 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
-               device: torch.device, *, quantize_fp8: bool = False) -> CausalLM:
+               device: torch.device, *, quantize_fp8: bool = False,
+               stage: Stage | None = None) -> CausalLM | StageLM:
     """Build the model on the meta device, then assign the checkpoint's tensors in ``dtype``
     on ``device``: no random init, no second copy of the weights. An FP8 checkpoint's
     weights stay FP8 and its scales float32, in ``Fp8Linear`` layers; a 4-bit checkpoint's
     (GPTQ, AWQ, W4A16) tensors stay as stored, in ``Int4Linear`` layers; ``quantize_fp8``
     (``--quantization fp8``) quantizes an unquantized checkpoint's linear layers so, each
-    as it is read (the whole model is never held unquantized)."""
+    as it is read (the whole model is never held unquantized). With a pipeline ``stage``
+    only that stage's tensors are read (``model/pipeline.py``), into a ``StageLM``."""
     from safetensors import safe_open
 
     model_dir = Path(model_dir)
     with torch.device("meta"):
-        model = CausalLM(config)
+        model = CausalLM(config) if stage is None else StageLM(config, stage)
     state: dict[str, torch.Tensor] = {}
     for path in checkpoint_files(model_dir):
         if not path.is_file():
@@ -64,9 +67,12 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                    if not name.endswith(IGNORED_SUFFIXES):
-                        state.update(_loaded(name, f.get_tensor(name), config, dtype, device,
-                                             quantize_fp8))
+                    if name.endswith(IGNORED_SUFFIXES) or (
+                            stage is not None and not stage.holds(name, config)):
+                        continue
+                    local = name if stage is None else stage.local_name(name, config)
+                    state.update(_loaded(local, f.get_tensor(name), config, dtype, device,
+                                         quantize_fp8))
         except (OSError, RuntimeError) as exc:
             raise BadInput(f"{path}: cannot read safetensors: {exc}") from None
     kv_scales = {name: state.pop(name) for name in list(state) if name.endswith(KV_SCALE_SUFFIXES)}
@@ -75,7 +81,8 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
         install_int4_linears(model, state, served.name)
     else:  # FP8 weights, stored or quantized on load (none: nothing to install)
         install_fp8_linears(model, state)
-    if "lm_head.weight" not in state and config.tie_word_embeddings:
+    whole = stage is None or (stage.first and stage.last)
+    if "lm_head.weight" not in state and config.tie_word_embeddings and whole:
         state["lm_head.weight"] = state.get("model.embed_tokens.weight")
     shapes = {name: t.shape for name, t in model.state_dict().items()}
     expected = set(shapes)
@@ -90,7 +97,7 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
             raise BadInput(f"{model_dir}: {name} has shape {tuple(tensor.shape)}, config says {tuple(want)}")
     model.load_state_dict(state, assign=True)
     _set_kv_scales(model, kv_scales, model_dir)
-    if config.tie_word_embeddings:
+    if config.tie_word_embeddings and whole:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval().requires_grad_(False)
 
