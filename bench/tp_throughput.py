@@ -17,7 +17,9 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kvledger.engine.llm import LLM
 from kvledger.engine.model.builtin import write_model
@@ -27,14 +29,19 @@ PROMPTS = [[1 + k, 17, 33 + k, 5, 9] for k in range(8)]
 PARAMS = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
 
 
-def run(model_dir: Path, tp: int) -> tuple[float, list[list[int]]]:
+def run(model_dir: Path, tp: int = 1, *, during: Callable[[LLM], Any] | None = None,
+        **flags: Any) -> tuple[float, list[list[int]]]:
+    """tokens/s and the greedy tokens of one engine (``flags`` to ``LLM``); ``during(llm)``
+    runs once the work is done, before the ranks stop."""
     llm = LLM(str(model_dir), device="cpu", dtype="float32", max_model_len=256,
-              tensor_parallel_size=tp)
+              tensor_parallel_size=tp, **flags)
     try:
         llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4, temperature=0))  # warm up
         started = time.perf_counter()
         outs = llm.generate(PROMPTS, PARAMS)
         elapsed = time.perf_counter() - started
+        if during is not None:
+            during(llm)
     finally:
         ranks = getattr(llm.engine.runner, "ranks", None)
         if ranks is not None:

@@ -154,8 +154,8 @@ class EngineConfig:
              "parallelism\")")
     pipeline_parallel_size: int = setting(
         1, "--pipeline-parallel-size", POSITIVE_INT, aliases=("-pp",), metavar="P",
-        group=WORKLOAD, help="plan the layers split into P stages, one machine each, as vLLM "
-        "splits them, every figure per GPU of a stage (the engine does not run stages yet)")
+        group=WORKLOAD, help="split the layers into P stages as vLLM splits them, one process "
+        "each (one GPU a stage on this machine), every plan figure per GPU of a stage")
     enforce_eager: bool = setting(
         False, "--enforce-eager", SWITCH, group=WORKLOAD,
         help="plan no memory for CUDA graphs, as vLLM's eager mode captures none (kvledger's "

@@ -1,5 +1,6 @@
-"""A rank other than 0 under ``--tensor-parallel-size N``: its own process, its shard of
-the model and its own KV pool (its KV heads), and no scheduler, ledger or server. It
+"""A rank other than 0 under ``--tensor-parallel-size N`` (or a pipeline stage after the
+first, ``--pipeline-parallel-size``): its own process, its shard of the model (or its
+stage's layers) and its own KV pool, and no scheduler, ledger or server. It
 follows rank 0: each message on its pipe is a call rank 0 makes on its own model runner
 (``profile``, ``allocate_kv_cache``, ``execute``), run here on the same inputs, so that
 both enter the same collectives in the same order. A closed pipe (rank 0 gone) ends it.
@@ -34,6 +35,7 @@ class RankSpec:
     timeout_s: float  # a collective not done by then fails (a rank is gone)
     threads: int | None = None  # torch threads for this rank (None: torch's default)
     fuse: bool = True  # fused projections (model/fusion.py); not with --enable-lora
+    stages: int = 1  # --pipeline-parallel-size: rank r runs stage r (world = stages)
 
 
 @dataclass(frozen=True)
@@ -102,10 +104,18 @@ def build_runner(spec: RankSpec, rank: int) -> Any:
     from kvledger.engine.model.tensor_parallel import Ranks, shard_model
 
     config = ModelConfig.from_dir(spec.model_dir)
+    device = torch.device(f"cuda:{rank}") if spec.device == "cuda" else torch.device("cpu")
+    if spec.stages > 1:  # this rank's stage: only its tensors are read (model/pipeline.py)
+        from kvledger.engine.core.stage_runner import StageRunner
+        from kvledger.engine.model.pipeline import Stage
+
+        stage = Stage.of(config, rank, spec.stages)
+        model = load_model(spec.model_dir, config, TORCH_DTYPES[spec.dtype], device,
+                           stage=stage)
+        return StageRunner(model, device, spec.max_model_len, spec.block_size, fuse=spec.fuse)
     # The whole checkpoint is read on the host, then cut: only the shard reaches the device.
     model = load_model(spec.model_dir, config, TORCH_DTYPES[spec.dtype], torch.device("cpu"))
     model = shard_model(model, Ranks(rank, spec.world))
-    device = torch.device(f"cuda:{rank}") if spec.device == "cuda" else torch.device("cpu")
     model = model.to(device)
     return ModelRunner(model, device, spec.max_model_len, spec.block_size, fuse=spec.fuse)
 

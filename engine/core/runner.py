@@ -38,7 +38,9 @@ PROMPT_LOGPROBS_ROWS = 256
 
 @dataclass
 class StepOutput:
-    logits: torch.Tensor  # float32 [len(batch.sampled), vocab], in ``batch.sampled``'s order
+    # float32 [len(batch.sampled), vocab], in ``batch.sampled``'s order; None from a
+    # pipeline stage before the last (the last stage's reaches rank 0)
+    logits: torch.Tensor | None
     # By request id, for the prefill chunks whose request asked: one entry per prompt token
     # this chunk predicts (the next one of each of its positions), None first for the
     # prompt's first token. Empty when no chunk asked.
@@ -53,7 +55,10 @@ class ModelRunner:
         self.model = model
         self.config = model.config
         self.device = device
-        self.dtype = model.lm_head.weight.dtype
+        # The model dtype (a norm's: an FP8 checkpoint's linear weights are not in it); a
+        # pipeline stage before the last has no LM head (model/pipeline.py).
+        self.dtype = model.model.layers[0].input_layernorm.weight.dtype
+        self.has_head = hasattr(model, "lm_head")
         if fuse:
             fuse_projections(model)
         pack_linears(model, device)  # on the CPU: oneDNN's packed weights (cpu_linear.py)
@@ -74,9 +79,9 @@ class ModelRunner:
 
     def _new_kv_cache(self, num_blocks: int, kv_dtype: str | None) -> torch.Tensor:
         dtype = self.dtype if kv_dtype in ("auto", None) else TORCH_DTYPES[kv_dtype]
-        c = self.config
-        return torch.zeros(c.num_layers, 2, c.num_kv_heads, num_blocks, self.block_size,
-                           c.head_dim, dtype=dtype, device=self.device)
+        c = self.config  # a pipeline stage keeps its own layers' KV
+        return torch.zeros(len(self.model.model.layers), 2, c.num_kv_heads, num_blocks,
+                           self.block_size, c.head_dim, dtype=dtype, device=self.device)
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> StepOutput:
@@ -109,6 +114,8 @@ class ModelRunner:
             meta.lora = self.lora.batch([(c.seq.lora, c.length) for c in batch.prefills]
                                         + [(s.lora, 1) for s in batch.decodes])
         hidden = self._hidden(input_ids, positions, meta, self.kv_cache)
+        if not self.has_head:  # a pipeline stage before the last: the next one goes on
+            return StepOutput(None, {})
         logits = self._logits(hidden, last_index)
         prompt_logprobs = {seq.request_id: self._prompt_logprobs(hidden[row:row + stop - start],
                                                                  seq, start)
@@ -170,8 +177,8 @@ class ModelRunner:
             # The prefill step has no cache (slot_mapping None); the mixed one the scratch.
             cache = None if meta.slot_mapping is None else scratch
             hidden = self._hidden(input_ids, positions, meta, cache)
-            logits = self._logits(hidden, last_index)
-            if cache is None:  # and a slice of prompt logprobs at its widest, while both live
+            logits = self._logits(hidden, last_index) if self.has_head else None
+            if cache is None and self.has_head:  # and a slice of prompt logprobs at its widest
                 rows = hidden[:PROMPT_LOGPROBS_ROWS]
                 targets = torch.zeros(rows.shape[0], dtype=torch.long, device=self.device)
                 # Queued only: the memory is what is measured; no copy back (meta has none).

@@ -32,10 +32,7 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     engine. Raises DoesNotFit if either plan does not fit, BadInput for an unsupported
     or broken checkpoint. An hf:// model is loaded from the hub cache (``serving_source``:
     downloaded first when incomplete, unless HF_HUB_OFFLINE is set)."""
-    if config.pipeline_parallel_size > 1:
-        raise BadInput(f"--pipeline-parallel-size {config.pipeline_parallel_size}: kvledger's "
-                       "engine does not run pipeline stages yet (kvledger plan plans them, "
-                       "stage by stage); serve on one machine with --tensor-parallel-size")
+    check_stages(config)
     source = serving_source(config.model, config.download_dir, hub_timeout_s=config.hub_timeout_s)
     model_config = ModelConfig.from_dir(source.path)  # refuses unsupported architectures
     # What the engine can run beyond that is the plan's verdict (planner/support.py),
@@ -49,7 +46,7 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     tokenizer = Tokenizer(source.path, config.generation_config,
                           tokenizer_folder(config.tokenizer))
     log.info("%s", describe_defaults(tokenizer.sampling_defaults, config.generation_config))
-    if config.tensor_parallel_size > 1:
+    if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
         runner = start_ranks(config, plan, source.path, device)
     else:
         model = load_model(source.path, model_config, TORCH_DTYPES[plan.model_dtype], device,
@@ -57,14 +54,13 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
                            and not model_config.weight_format)
         runner = ModelRunner(model, device, plan.max_model_len, plan.kv.block_size,
                              fuse=not config.enable_lora)
-    measured = Measured(
-        weights_bytes=weights_bytes(runner.model),
-        activation_peak_bytes=runner.profile(plan.max_num_batched_tokens, plan.max_model_len,
-                                             plan.max_num_seqs, plan.kv.dtype),
-        context_bytes=context_bytes(device, device_memory, config),
-        cuda_graph_bytes=0,  # the engine runs eagerly: it captures no CUDA graphs
-        max_num_seqs=plan.max_num_seqs,  # seats the pool decides: never more than profiled
-    )
+    if config.pipeline_parallel_size > 1:
+        # Rank 0 measures its own stage alone: the plan's figures, every stage's, stand.
+        log.info("pipeline stages: the plan's predicted figures stand (each rank loaded "
+                 "its stage's tensors alone)")
+        measured = Measured()
+    else:
+        measured = _measure(runner, plan, device, device_memory, config)
     measured_plan = make_plan(config, device=device_memory, measured=measured, source=source)
     log_predicted_vs_measured(plan, measured_plan)
     if not measured_plan.fits:
@@ -86,22 +82,53 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     return measured_plan, tokenizer, runner, ledger
 
 
+def _measure(runner: ModelRunner, plan: Plan, device: torch.device,
+             device_memory: DeviceMemory, config: EngineConfig) -> Measured:
+    """What the loaded model takes: its weights, a profiled step's peak, the context."""
+    return Measured(
+        weights_bytes=weights_bytes(runner.model),
+        activation_peak_bytes=runner.profile(plan.max_num_batched_tokens, plan.max_model_len,
+                                             plan.max_num_seqs, plan.kv.dtype),
+        context_bytes=context_bytes(device, device_memory, config),
+        cuda_graph_bytes=0,  # the engine runs eagerly: it captures no CUDA graphs
+        max_num_seqs=plan.max_num_seqs,  # seats the pool decides: never more than profiled
+    )
+
+
+def check_stages(config: EngineConfig) -> None:
+    """What the engine does not run with pipeline stages yet (BadInput, exit 2)."""
+    pp = config.pipeline_parallel_size
+    if pp == 1:
+        return
+    if config.tensor_parallel_size > 1:
+        raise BadInput(f"--pipeline-parallel-size {pp} with --tensor-parallel-size "
+                       f"{config.tensor_parallel_size}: kvledger's engine does not run "
+                       "pipeline stages of several GPUs yet (kvledger plan plans them)")
+    if config.enable_lora:
+        raise BadInput(f"--pipeline-parallel-size {pp}: kvledger's engine does not serve LoRA "
+                       "adapters across pipeline stages")
+
+
 def start_ranks(config: EngineConfig, plan: Plan, model_dir: str, device: torch.device):
-    """Rank 0's runner under ``--tensor-parallel-size N``: ranks 1..N-1 started as their own
-    processes (``core/ranks.py``), every rank holding its shard; BadInput when torch sees
-    fewer than N CUDA devices (what cannot be sharded, the plan refused first)."""
+    """Rank 0's runner under ``--tensor-parallel-size N`` (or ``--pipeline-parallel-size
+    P``): ranks 1..N-1 started as their own processes (``core/ranks.py``), every rank
+    holding its shard (its stage); BadInput when torch sees fewer CUDA devices than ranks
+    (what cannot be sharded, the plan refused first)."""
     from kvledger.engine.core.rank_worker import RankSpec
     from kvledger.engine.core.ranks import RANK_TIMEOUT_S, RankedRunner, RankGroup, free_port
 
-    world = config.tensor_parallel_size  # shardable: the plan said so (planner/support.py)
+    # Shardable, and stages of one GPU each: the plan and check_stages said so.
+    stages = config.pipeline_parallel_size
+    world = config.tensor_parallel_size * stages
     if device.type == "cuda" and torch.cuda.device_count() < world:
-        raise BadInput(f"--tensor-parallel-size {world}: torch sees "
-                       f"{torch.cuda.device_count()} CUDA devices")
+        raise BadInput(f"{world} ranks (--tensor-parallel-size x --pipeline-parallel-size): "
+                       f"torch sees {torch.cuda.device_count()} CUDA devices")
     threads = max(1, torch.get_num_threads() // world) if device.type == "cpu" else None
     spec = RankSpec(model_dir=model_dir, world=world, device=device.type,
                     dtype=plan.model_dtype, max_model_len=plan.max_model_len,
                     block_size=plan.kv.block_size, master_port=free_port(),
-                    timeout_s=RANK_TIMEOUT_S, threads=threads, fuse=not config.enable_lora)
+                    timeout_s=RANK_TIMEOUT_S, threads=threads, fuse=not config.enable_lora,
+                    stages=stages)
     group = RankGroup(spec)
     if threads:
         torch.set_num_threads(threads)  # the ranks share this machine's cores

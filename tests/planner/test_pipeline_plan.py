@@ -150,14 +150,3 @@ def test_deepseek_v3_in_four_stages_keeps_every_tensor_once():
                        shape=shape, weights=weights)
     assert [len(s.classes) for s in staged.stages] == [6] * 4
     assert staged.stages[0].classes["kv_cache"] < staged.stages[2].classes["kv_cache"]
-
-
-def test_serve_refuses_stages_with_one_line(tmp_path, capsys, tiny_llama_dir):
-    from kvledger.engine import cli
-
-    code = cli.main(["plan", str(tiny_llama_dir), "-pp", "2", "--device-memory", "8GiB"])
-    assert code == 0, capsys.readouterr().err
-    from kvledger.engine.core.startup import build
-
-    with pytest.raises(BadInput, match="does not run pipeline stages yet"):
-        build(EngineConfig(model=str(tiny_llama_dir), pipeline_parallel_size=2, device="cpu"))

@@ -1,0 +1,79 @@
+"""Decode throughput at --pipeline-parallel-size 2 against 1 on the CPU, and each rank's
+memory (issue 44).
+
+``bench/tp_throughput.py``'s workload (small-llama fp32, 8 layers, 8 sequences x 64 greedy
+tokens), one engine after the other in this process: pp=1, then pp=2 (two processes,
+stage 1 here, stage 2 spawned; hidden states and logits over gloo). Prints tokens/s and
+the ratio, each process's resident memory (VmRSS; rank 0 is this process, which held the
+pp=1 engine before), the weights rank 0 holds (measured) against the whole model's, and
+the plan's weights of each stage: each rank holds only its stage's layers. The stages run one after another within a
+step (no micro-batches), so on 2 cores pp=2 is expected to be slower; the figure is
+reported, not tuned. Exits 1 unless both runs' tokens are equal.
+
+    .venv/bin/python bench/pp_throughput.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tp_throughput import PARAMS, PROMPTS, run
+
+from kvledger.engine.model.builtin import write_model
+from kvledger.engine.model.loader import weights_bytes
+
+MiB = 2**20
+
+
+def rss(pid: int) -> int:
+    """Resident bytes of process ``pid`` (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def main() -> int:
+    memory: dict[str, int] = {}
+    stages: list = []
+
+    held: dict[str, int] = {}
+
+    def one_process(llm) -> None:
+        memory["pp=1"] = rss(os.getpid())
+        held["pp=1"] = weights_bytes(llm.engine.runner.model)
+
+    def two_stages(llm) -> None:
+        memory["pp=2 rank 0 (stage 1)"] = rss(os.getpid())
+        held["pp=2 rank 0 (stage 1)"] = weights_bytes(llm.engine.runner.model)
+        for process in llm.engine.runner.ranks.processes:
+            memory["pp=2 rank 1 (stage 2)"] = rss(process.pid)
+        stages.extend(llm.engine.plan.stages)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = write_model("small-llama", Path(tmp) / "small-llama")
+        one, tokens_one = run(model_dir, during=one_process)
+        two, tokens_two = run(model_dir, during=two_stages, pipeline_parallel_size=2)
+    print(f"small-llama fp32, {len(PROMPTS)} sequences x {PARAMS.max_tokens} tokens, CPU: "
+          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+    print(f"pp=1: {one:.1f} tokens/s")
+    print(f"pp=2: {two:.1f} tokens/s ({two / one:.2f}x pp=1)")
+    for what, nbytes in memory.items():
+        weights = f", weights held {held[what] / MiB:.1f} MiB (measured)" if what in held else ""
+        print(f"{what}: resident {nbytes / MiB:.0f} MiB{weights}")
+    for f in stages:
+        print(f"stage {f.stage + 1}: layers {f.first_layer}-{f.end_layer - 1}, weights "
+              f"{f.classes['weights'] / MiB:.1f} MiB (plan)")
+    if tokens_two != tokens_one:
+        print("FAIL: pp=2's greedy tokens differ from pp=1's")
+        return 1
+    print("pp=2's greedy tokens equal pp=1's")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

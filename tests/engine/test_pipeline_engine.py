@@ -1,0 +1,112 @@
+"""--pipeline-parallel-size in the engine (issue 44): one process per stage (gloo on the CPU),
+each loading only its stage's tensors and keeping its own layers' KV, the hidden states
+sent stage to stage, the logits from the last stage to rank 0, where the one scheduler,
+ledger and admission run. Greedy tokens and prompt logprobs equal one process's for
+several architectures; a stage that dies fails the engine at once, over HTTP too."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from _server_helpers import free_port, reap, wait_for_serve
+
+from kvledger.engine.errors import BadInput
+from kvledger.engine.llm import LLM
+from kvledger.engine.sampling.params import SamplingParams
+
+PROMPTS = [[1, 5, 9, 33, 7, 21, 2], [2, 3, 4], list(range(10, 60))]
+GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+SCORED = SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=2)
+
+
+def _run(model_dir, pp: int, params: SamplingParams, **flags):
+    llm = LLM(str(model_dir), device="cpu", dtype="float32", max_model_len=128,
+              pipeline_parallel_size=pp, **flags)
+    try:
+        return llm.generate(PROMPTS, params), llm
+    finally:
+        ranks = getattr(llm.engine.runner, "ranks", None)
+        if ranks is not None:
+            ranks.stop()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("name", "stages"), [("tiny-llama", 2), ("tiny-qwen2", 3),
+                                              ("tiny-mixtral", 2)])
+def test_greedy_tokens_across_stages_equal_one_process(make_model_dir, name, stages) -> None:
+    model_dir = make_model_dir(name)
+    one, _ = _run(model_dir, 1, GREEDY)
+    staged, llm = _run(model_dir, stages, GREEDY)
+    assert [o.outputs[0].token_ids for o in staged] == [o.outputs[0].token_ids for o in one]
+    plan = llm.engine.plan
+    assert plan.pipeline_parallel_size == stages
+    # rank 0 holds stage 1's layers alone, and their KV in a pool of the plan's blocks
+    first = plan.stages[0]
+    assert len(llm.engine.runner.model.model.layers) == first.end_layer - first.first_layer
+    assert llm.engine.runner.kv_cache.shape[0] == first.end_layer - first.first_layer
+    assert llm.engine.runner.kv_cache.shape[3] == plan.kv.num_blocks
+
+
+@pytest.mark.timeout(300)
+def test_prompt_logprobs_come_back_from_the_last_stage(make_model_dir) -> None:
+    model_dir = make_model_dir("small-llama")
+    one, _ = _run(model_dir, 1, SCORED)
+    staged, _ = _run(model_dir, 4, SCORED)
+    for a, b in zip(one, staged, strict=True):
+        assert len(a.prompt_logprobs) == len(b.prompt_logprobs) == len(a.prompt_token_ids)
+        assert a.prompt_logprobs[0] is None and b.prompt_logprobs[0] is None
+        for x, y in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:], strict=True):
+            assert (x.token_id, x.rank) == (y.token_id, y.rank)
+            assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
+            assert [t for t, _ in x.top] == [t for t, _ in y.top]
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    ({"tensor_parallel_size": 2}, "pipeline stages of several GPUs yet"),
+    ({"enable_lora": True}, "LoRA adapters across pipeline stages"),
+])
+def test_what_stages_do_not_run_yet_is_refused_by_name(tiny_llama_dir, flags, said) -> None:
+    with pytest.raises(BadInput, match=said):
+        LLM(str(tiny_llama_dir), device="cpu", pipeline_parallel_size=2, **flags)
+
+
+def _rank_pids(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True,
+                         text=True, check=False).stdout
+    return [int(p) for p in out.split()
+            if b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+@pytest.mark.timeout(180)
+def test_a_stage_that_dies_fails_the_engine_promptly(tiny_llama_dir) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvledger.engine.cli", "serve", str(tiny_llama_dir),
+         "--device", "cpu", "--dtype", "float32", "-pp", "2", "--max-model-len", "256",
+         "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_serve(proc, port, timeout_s=150)
+        ready = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/ready").read())
+        body = json.dumps({"model": ready["model"], "prompt": [1, 2, 3], "max_tokens": 4,
+                           "temperature": 0}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+        answer = json.loads(urllib.request.urlopen(request).read())
+        assert answer["usage"]["completion_tokens"] == 4
+        [stage] = _rank_pids(proc.pid)
+        killed = time.monotonic()
+        subprocess.run(["kill", "-9", str(stage)], check=True)
+        while proc.poll() is None and time.monotonic() - killed < 30:
+            time.sleep(0.1)
+        assert proc.returncode not in (None, 0)
+        assert time.monotonic() - killed < 10
+        assert "rank 1 of 2 exited" in proc.stderr.read()
+    finally:
+        reap(proc)
