@@ -35,7 +35,7 @@ class RankSpec:
     timeout_s: float  # a collective not done by then fails (a rank is gone)
     threads: int | None = None  # torch threads for this rank (None: torch's default)
     fuse: bool = True  # fused projections (model/fusion.py); not with --enable-lora
-    stages: int = 1  # --pipeline-parallel-size: rank r runs stage r (world = stages)
+    stages: int = 1  # --pipeline-parallel-size: rank r runs stage r // (world / stages)
 
 
 @dataclass(frozen=True)
@@ -109,15 +109,32 @@ def build_runner(spec: RankSpec, rank: int) -> Any:
         from kvledger.engine.core.stage_runner import StageRunner
         from kvledger.engine.model.pipeline import Stage
 
-        stage = Stage.of(config, rank, spec.stages)
-        model = load_model(spec.model_dir, config, TORCH_DTYPES[spec.dtype], device,
-                           stage=stage)
-        return StageRunner(model, device, spec.max_model_len, spec.block_size, fuse=spec.fuse)
+        tp = spec.world // spec.stages
+        group = stage_groups(spec, rank)
+        stage = Stage.of(config, rank // tp, spec.stages)
+        model = load_model(spec.model_dir, config, TORCH_DTYPES[spec.dtype],
+                           torch.device("cpu") if tp > 1 else device, stage=stage)
+        model = shard_model(model, Ranks(rank % tp, tp, group)).to(device)
+        return StageRunner(model, device, spec.max_model_len, spec.block_size, fuse=spec.fuse,
+                           tp_rank=rank % tp, tp=tp)
     # The whole checkpoint is read on the host, then cut: only the shard reaches the device.
     model = load_model(spec.model_dir, config, TORCH_DTYPES[spec.dtype], torch.device("cpu"))
     model = shard_model(model, Ranks(rank, spec.world))
     model = model.to(device)
     return ModelRunner(model, device, spec.max_model_len, spec.block_size, fuse=spec.fuse)
+
+
+def stage_groups(spec: RankSpec, rank: int) -> Any:
+    """The process group of ``rank``'s pipeline stage (its tensor-parallel ranks); every
+    rank makes every stage's group, in the same order, as torch.distributed requires. None
+    with one rank a stage."""
+    import torch.distributed as dist
+
+    tp = spec.world // spec.stages
+    if tp == 1:
+        return None
+    groups = [dist.new_group(list(range(s * tp, (s + 1) * tp))) for s in range(spec.stages)]
+    return groups[rank // tp]
 
 
 def follow(spec: RankSpec, rank: int, conn: Any) -> int:

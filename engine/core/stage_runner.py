@@ -23,13 +23,21 @@ from kvledger.engine.model.transformer import AttentionMetadata
 
 
 class StageRunner(ModelRunner):
-    """A ``ModelRunner`` over one ``StageLM``: it receives the previous stage's hidden
-    states, passes its own on, and the last stage's output reaches rank 0."""
+    """A ``ModelRunner`` over one ``StageLM`` (or a tensor-parallel shard of it: rank
+    ``tp_rank`` of the stage's ``tp``): it receives the previous stage's hidden states from
+    the rank of its own ``tp_rank`` there, passes its own on to the next stage's, and the
+    last stage's output reaches rank 0 (from the last stage's first rank). A stage's ranks
+    hold the same hidden states after each layer's all-reduce, so each sends its own copy."""
 
     def __init__(self, model: StageLM, device: torch.device, max_model_len: int,
-                 block_size: int, *, fuse: bool = True) -> None:
+                 block_size: int, *, fuse: bool = True, tp_rank: int = 0, tp: int = 1) -> None:
         super().__init__(model, device, max_model_len, block_size, fuse=fuse)
         self.stage = model.stage
+        self.tp_rank, self.tp = tp_rank, tp
+
+    def _rank(self, stage: int) -> int:
+        """The global rank of this ``tp_rank`` in ``stage`` (ranks are stage-major)."""
+        return stage * self.tp + self.tp_rank
 
     def _hidden(self, input_ids: list[int], positions: list[int], meta: AttentionMetadata,
                 kv_cache: torch.Tensor | None) -> torch.Tensor:
@@ -41,10 +49,10 @@ class StageRunner(ModelRunner):
         else:
             inputs = torch.empty(len(input_ids), self.config.hidden_size, dtype=self.dtype,
                                  device=self.device)
-            dist.recv(inputs, src=stage.index - 1)
+            dist.recv(inputs, src=self._rank(stage.index - 1))
         hidden = self.model(inputs, cos, sin, kv_cache, meta)
         if not stage.last:
-            dist.send(hidden.contiguous(), dst=stage.index + 1)
+            dist.send(hidden.contiguous(), dst=self._rank(stage.index + 1))
         return hidden
 
     @torch.inference_mode()
@@ -55,10 +63,11 @@ class StageRunner(ModelRunner):
         if stage.first and stage.last:
             return output
         if stage.last:
-            dist.send_object_list([output], dst=0)
+            if self.tp_rank == 0:
+                dist.send_object_list([output], dst=0)
             return output
-        if stage.first:
+        if stage.first and self.tp_rank == 0:
             box: list[Any] = [None]
-            dist.recv_object_list(box, src=stage.count - 1)
+            dist.recv_object_list(box, src=(stage.count - 1) * self.tp)
             return box[0]
         return output

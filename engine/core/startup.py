@@ -100,10 +100,6 @@ def check_stages(config: EngineConfig) -> None:
     pp = config.pipeline_parallel_size
     if pp == 1:
         return
-    if config.tensor_parallel_size > 1:
-        raise BadInput(f"--pipeline-parallel-size {pp} with --tensor-parallel-size "
-                       f"{config.tensor_parallel_size}: kvledger's engine does not run "
-                       "pipeline stages of several GPUs yet (kvledger plan plans them)")
     if config.enable_lora:
         raise BadInput(f"--pipeline-parallel-size {pp}: kvledger's engine does not serve LoRA "
                        "adapters across pipeline stages")

@@ -17,23 +17,28 @@ in full on every rank. Each rank's KV cache then holds only its KV heads
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from kvledger.engine.model.pipeline import StageLM
 from kvledger.engine.model.transformer import CausalLM
 from kvledger.engine.planner.sharding import check_shardable
 
 
 @dataclass(frozen=True)
 class Ranks:
-    """This process's place among the ranks sharing one model."""
+    """This process's place among the ranks sharing one model (or one pipeline stage:
+    ``group``, the stage's process group; None: the default group, every rank)."""
 
     rank: int
     world: int
+    group: Any = None
 
     def share(self, size: int) -> slice:
         """This rank's equal share of ``size`` rows (size divisible by world)."""
@@ -41,42 +46,45 @@ class Ranks:
         return slice(self.rank * step, (self.rank + 1) * step)
 
 
-def all_reduce_output(module: nn.Module, _inputs, output: torch.Tensor) -> torch.Tensor:
-    """Forward hook: the sum of every rank's partial output."""
-    dist.all_reduce(output)
-    return output
+def all_reduce_hook(group: Any) -> Callable[..., torch.Tensor]:
+    """A forward hook: the sum of every rank's partial output, over ``group``."""
+    def all_reduce_output(module: nn.Module, _inputs, output: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(output, group=group)
+        return output
+
+    return all_reduce_output
 
 
 class VocabParallelEmbedding(nn.Module):
     """One rank's rows ``[start, start + rows)`` of the (padded) vocabulary."""
 
-    def __init__(self, weight: torch.Tensor, start: int) -> None:
+    def __init__(self, weight: torch.Tensor, start: int, group: Any = None) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
-        self.start = start
+        self.start, self.group = start, group
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.start
         outside = (local < 0) | (local >= self.weight.shape[0])
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
         out = out.masked_fill(outside[:, None], 0)
-        dist.all_reduce(out)
+        dist.all_reduce(out, group=self.group)
         return out
 
 
 class ParallelLMHead(nn.Module):
     """One rank's vocabulary rows of the LM head; logits gathered in full (``vocab``)."""
 
-    def __init__(self, weight: torch.Tensor, vocab: int, world: int) -> None:
+    def __init__(self, weight: torch.Tensor, vocab: int, world: int, group: Any = None) -> None:
         super().__init__()
         self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(
             weight, requires_grad=False)
-        self.vocab, self.world = vocab, world
+        self.vocab, self.world, self.group = vocab, world, group
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         local = F.linear(hidden, self.weight)
         parts = [torch.empty_like(local) for _ in range(self.world)]
-        dist.all_gather(parts, local.contiguous())
+        dist.all_gather(parts, local.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)[..., :self.vocab]
 
 
@@ -127,30 +135,35 @@ def _shard_attention(attn: nn.Module, ranks: Ranks) -> None:
     attn.num_heads, attn.num_kv_heads = heads // ranks.world, kv_here
 
 
-def shard_model(model: CausalLM, ranks: Ranks) -> CausalLM:
-    """``model`` (whole, loaded) cut to ``ranks.rank``'s shard in place; collectives run
-    in the default process group, which must hold ``ranks.world`` ranks."""
+def shard_model(model: CausalLM | StageLM, ranks: Ranks) -> CausalLM | StageLM:
+    """``model`` (whole, or one pipeline stage, loaded) cut to ``ranks.rank``'s shard in
+    place; collectives run in ``ranks.group`` (the default group when None), which must
+    hold ``ranks.world`` ranks."""
     if ranks.world == 1:
         return model
     config = model.config
     # The plan refused what the engine cannot split (planner/support.py) before anything
     # loaded; a model given here directly is held to the same rule.
     check_shardable(config, ranks.world, config.moe and config.moe.intermediate_size)
+    reduce = all_reduce_hook(ranks.group)
     for layer in model.model.layers:
         _shard_attention(layer.self_attn, ranks)
-        layer.self_attn.register_forward_hook(all_reduce_output)
+        layer.self_attn.register_forward_hook(reduce)
         feed_forward = layer._modules[layer.feed_forward_name]
         experts = getattr(feed_forward, "experts", None)
         for mlp in experts if experts is not None else [feed_forward]:
             _shard_mlp(mlp, ranks)
-        feed_forward.register_forward_hook(all_reduce_output)  # experts summed: one reduce
-    embed, start = _vocab_rows(model.model.embed_tokens.weight.data, ranks)
-    model.model.embed_tokens = VocabParallelEmbedding(embed, start)
-    if config.tie_word_embeddings:
-        head = model.model.embed_tokens.weight
-    else:
-        head, _ = _vocab_rows(model.lm_head.weight.data, ranks)
-    model.lm_head = ParallelLMHead(head, config.vocab_size, ranks.world)
+        feed_forward.register_forward_hook(reduce)  # experts summed: one reduce
+    embedding = getattr(model.model, "embed_tokens", None)  # a later stage has none
+    if embedding is not None:
+        embed, start = _vocab_rows(embedding.weight.data, ranks)
+        model.model.embed_tokens = VocabParallelEmbedding(embed, start, ranks.group)
+    if hasattr(model, "lm_head"):  # an earlier stage has none
+        if config.tie_word_embeddings and embedding is not None:
+            head = model.model.embed_tokens.weight
+        else:  # untied, or a last stage holding the tied embedding as its head
+            head, _ = _vocab_rows(model.lm_head.weight.data, ranks)
+        model.lm_head = ParallelLMHead(head, config.vocab_size, ranks.world, ranks.group)
     moe = config.moe and dataclasses.replace(
         config.moe, intermediate_size=config.moe.intermediate_size // ranks.world)
     model.config = dataclasses.replace(

@@ -32,8 +32,8 @@ RULE_OWNERS = {
         ("planner/support.py", "check_engine_run", "does not serve LoRA adapters with"),
     "LoRA adapters on dense models only":
         ("planner/support.py", "check_engine_run", "serves LoRA adapters on dense models"),
-    "pipeline stages of one GPU each, without LoRA adapters":
-        ("core/startup.py", "check_stages", "pipeline stages of several GPUs yet"),
+    "no LoRA adapters across pipeline stages":
+        ("core/startup.py", "check_stages", "does not serve LoRA "),
     "--max-num-batched-tokens at least --max-num-seqs":
         ("config.py", "EngineConfig.__post_init__", "every running sequence decodes"),
     "prompt logprobs need every prompt position computed, no cached blocks":

@@ -67,13 +67,24 @@ def test_prompt_logprobs_come_back_from_the_last_stage(make_model_dir) -> None:
             assert [t for t, _ in x.top] == [t for t, _ in y.top]
 
 
-@pytest.mark.parametrize(("flags", "said"), [
-    ({"tensor_parallel_size": 2}, "pipeline stages of several GPUs yet"),
-    ({"enable_lora": True}, "LoRA adapters across pipeline stages"),
-])
-def test_what_stages_do_not_run_yet_is_refused_by_name(tiny_llama_dir, flags, said) -> None:
-    with pytest.raises(BadInput, match=said):
-        LLM(str(tiny_llama_dir), device="cpu", pipeline_parallel_size=2, **flags)
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_two_stages_of_two_ranks_each_equal_one_process(make_model_dir, name) -> None:
+    """pp = 2 x tp = 2: four processes, each stage's two ranks sharded and all-reducing in
+    their own group, the hidden states sent rank to rank (the tied Qwen2 head on the last
+    stage sharded from the embedding it loads)."""
+    model_dir = make_model_dir(name)
+    one, _ = _run(model_dir, 1, GREEDY)
+    staged, llm = _run(model_dir, 2, GREEDY, tensor_parallel_size=2)
+    assert [o.outputs[0].token_ids for o in staged] == [o.outputs[0].token_ids for o in one]
+    assert len(llm.engine.runner.ranks.processes) == 3
+    whole = llm.engine.plan.shape
+    assert llm.engine.runner.config.num_attention_heads == whole.num_attention_heads // 2
+
+
+def test_lora_across_stages_is_refused_by_name(tiny_llama_dir) -> None:
+    with pytest.raises(BadInput, match="LoRA adapters across pipeline stages"):
+        LLM(str(tiny_llama_dir), device="cpu", pipeline_parallel_size=2, enable_lora=True)
 
 
 def _rank_pids(pid: int) -> list[int]:
