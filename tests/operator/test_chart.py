@@ -61,6 +61,8 @@ def test_the_defaults_render_without_monitors_or_dashboard():
     ("webhook.mode=block", "'/webhook/mode': value must be one of 'deny', 'warn'"),
     ("webhook.timeoutSeconds=60", "'/webhook/timeoutSeconds': maximum: got 60, want 30"),
     ("webhook.certificates=vault", "'/webhook/certificates': value must be one of"),
+    ("webhook.port=8080", "webhook.port 8080 is the operator's health port"),
+    ("webhook.port=443", "'/webhook/port': minimum: got 443"),
 ])
 def test_a_bad_value_fails_naming_it(flag, named):
     done = helm_template("--set", flag)
@@ -166,6 +168,32 @@ def test_the_webhook_with_cert_manager_mounts_its_certificate_and_reads_no_secre
     assert "Issuer" not in named
     assert named["Certificate"][0]["spec"]["issuerRef"] == {
         "name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+
+
+def test_an_issuer_of_ones_own_may_be_external_and_needs_a_name():
+    external = kinds("--set", "webhook.certificates=cert-manager",
+                     "--set", "webhook.certManager.issuerRef.name=pca",
+                     "--set", "webhook.certManager.issuerRef.kind=AWSPCAClusterIssuer",
+                     "--set", "webhook.certManager.issuerRef.group=awspca.cert-manager.io")
+    assert "Issuer" not in external
+    assert external["Certificate"][0]["spec"]["issuerRef"] == {
+        "name": "pca", "kind": "AWSPCAClusterIssuer", "group": "awspca.cert-manager.io"}
+    nameless = helm_template("--set", "webhook.certificates=cert-manager",
+                             "--set", "webhook.certManager.issuerRef.kind=ClusterIssuer")
+    assert nameless.returncode != 0
+    assert "webhook.certManager.issuerRef needs a name" in nameless.stderr, nameless.stderr
+
+
+def test_self_signed_chosen_by_name_wins_over_a_cluster_with_cert_manager():
+    rendered = kinds("--api-versions", "cert-manager.io/v1",
+                     "--set", "webhook.certificates=self-signed")
+    assert not {"Certificate", "Issuer"} & set(rendered)
+    [config] = rendered["ValidatingWebhookConfiguration"]
+    assert "annotations" not in config["metadata"]
+    assert "caBundle" not in config["webhooks"][0]["clientConfig"]  # the operator writes it
+    assert "--webhook-tls=self-signed" in operator_args(rendered)
+    [deployment] = rendered["Deployment"]
+    assert [v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]] == ["tmp"]
 
 
 def test_watched_namespaces_select_the_webhook_and_nodes_stay_cluster_wide():
