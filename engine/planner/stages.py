@@ -8,7 +8,8 @@ holds, as vLLM splits a model.
   ``VLLM_PP_LAYER_PARTITION`` ("31,30") overrides it, as in vLLM.
 - **Tensors** (``tensor_stages``): a decoder layer's tensors (``...layers.N...``) go to the
   stage holding layer N (an index past the last layer, DeepSeek-V3's multi-token-prediction
-  layer, to the last stage); the input embedding to the first stage, and to the last too
+  layer, to the last stage); a vision tower's and its projector's to the first stage, as
+  vLLM runs the encoder there; the input embedding to the first stage, and to the last too
   when the LM head is tied to it (vLLM's last stage then holds the embedding as its head);
   every other tensor (the final norm, the LM head) to the last stage.
 - **Shape** (``stage_shape``): what one stage computes: its layers (and their attention
@@ -33,6 +34,8 @@ from kvledger.engine.planner.record import Plan, StageFigures
 
 PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+# A multimodal checkpoint's encoders number their own layers: vLLM runs them on stage 1.
+_ENCODERS = ("vision_tower.", "visual.", "vision_model.", "multi_modal_projector.")
 
 
 def stage_layer_counts(num_layers: int, stages: int,
@@ -71,6 +74,8 @@ def stage_bounds(num_layers: int, stages: int,
 def tensor_stages(name: str, bounds: list[tuple[int, int]], tied: bool) -> tuple[int, ...]:
     """The stages that hold tensor ``name``."""
     last = len(bounds) - 1
+    if any(part in name for part in _ENCODERS):  # a vision tower feeds the first stage
+        return (0,)
     layer = _LAYER.search(name)
     if layer is not None:
         index = int(layer.group(1))

@@ -150,3 +150,15 @@ def test_deepseek_v3_in_four_stages_keeps_every_tensor_once():
                        shape=shape, weights=weights)
     assert [len(s.classes) for s in staged.stages] == [6] * 4
     assert staged.stages[0].classes["kv_cache"] < staged.stages[2].classes["kv_cache"]
+
+
+def test_a_vision_tower_goes_to_the_first_stage_with_its_own_layer_numbers():
+    """Gemma 3 27B's checkpoint (text and vision): the encoder's layers are numbered on their
+    own; vLLM runs the encoder on the first stage, so every vision tensor is stage 1's."""
+    weights = weights_of("gemma-3-27b")
+    shape = model_shape(published_config("gemma-3-27b"))
+    bounds = stage_bounds(shape.num_layers, 2, env={})
+    parts = [stage_weights(weights, bounds, s, shape.tie_word_embeddings) for s in range(2)]
+    vision = [t.name for t in weights.tensors if "vision_tower." in t.name]
+    assert vision and all(n in {t.name for t in parts[0].tensors} for n in vision)
+    assert not any("vision_tower." in t.name for t in parts[1].tensors)
