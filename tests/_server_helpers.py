@@ -118,3 +118,43 @@ def reap(proc: subprocess.Popen) -> None:
     for pipe in (proc.stdout, proc.stderr):
         if pipe is not None:
             pipe.close()
+
+
+def serve_then_kill_a_rank(model_dir, *flags: str) -> tuple[subprocess.Popen, int, float]:
+    """``kvledger serve`` of ``model_dir`` with ``flags`` (two ranks) on the CPU, one
+    completion answered, then its other rank's process killed (-9): the serving process
+    (the caller reaps it), its port, and when the rank was killed (time.monotonic)."""
+    import sys
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvledger.engine.cli", "serve", str(model_dir), "--device", "cpu",
+         "--dtype", "float32", "--max-model-len", "256", "--host", "127.0.0.1", "--port",
+         str(port), *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        return proc, port, _kill_a_rank(proc, port)
+    except BaseException:
+        reap(proc)
+        raise
+
+
+def _kill_a_rank(proc: subprocess.Popen, port: int) -> float:
+    import json
+    import urllib.request
+
+    wait_for_serve(proc, port, timeout_s=150)
+    ready = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/ready").read())
+    body = json.dumps({"model": ready["model"], "prompt": [1, 2, 3], "max_tokens": 4,
+                       "temperature": 0}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+    answer = json.loads(urllib.request.urlopen(request).read())
+    assert answer["usage"]["completion_tokens"] == 4
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True,
+                         text=True, check=False).stdout
+    # The rank processes (multiprocessing's resource tracker is a child too).
+    [rank] = [int(p) for p in out.split()
+              if b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+    killed = time.monotonic()
+    subprocess.run(["kill", "-9", str(rank)], check=True)
+    return killed

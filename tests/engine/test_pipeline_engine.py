@@ -6,15 +6,10 @@ several architectures; a stage that dies fails the engine at once, over HTTP too
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
-from _server_helpers import free_port, reap, wait_for_serve
+from _server_helpers import reap, serve_then_kill_a_rank
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.llm import LLM
@@ -87,33 +82,10 @@ def test_lora_across_stages_is_refused_by_name(tiny_llama_dir) -> None:
         LLM(str(tiny_llama_dir), device="cpu", pipeline_parallel_size=2, enable_lora=True)
 
 
-def _rank_pids(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True,
-                         text=True, check=False).stdout
-    return [int(p) for p in out.split()
-            if b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()]
-
-
 @pytest.mark.timeout(180)
 def test_a_stage_that_dies_fails_the_engine_promptly(tiny_llama_dir) -> None:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvledger.engine.cli", "serve", str(tiny_llama_dir),
-         "--device", "cpu", "--dtype", "float32", "-pp", "2", "--max-model-len", "256",
-         "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, _, killed = serve_then_kill_a_rank(tiny_llama_dir, "-pp", "2")
     try:
-        wait_for_serve(proc, port, timeout_s=150)
-        ready = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/ready").read())
-        body = json.dumps({"model": ready["model"], "prompt": [1, 2, 3], "max_tokens": 4,
-                           "temperature": 0}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
-                                         {"Content-Type": "application/json"})
-        answer = json.loads(urllib.request.urlopen(request).read())
-        assert answer["usage"]["completion_tokens"] == 4
-        [stage] = _rank_pids(proc.pid)
-        killed = time.monotonic()
-        subprocess.run(["kill", "-9", str(stage)], check=True)
         while proc.poll() is None and time.monotonic() - killed < 30:
             time.sleep(0.1)
         assert proc.returncode not in (None, 0)

@@ -5,16 +5,12 @@ a rank that dies fails the engine at once (/health 503, exit non-zero), never a 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
-from _server_helpers import free_port, reap, wait_for_serve
+from _server_helpers import reap, serve_then_kill_a_rank
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.llm import LLM
@@ -71,34 +67,10 @@ def _health(port: int) -> int | None:
         return None
 
 
-def _rank_pids(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True,
-                         text=True, check=False).stdout
-    return [int(p) for p in out.split()]
-
-
 @pytest.mark.timeout(180)
 def test_a_rank_that_dies_fails_the_engine_promptly(tiny_llama_dir) -> None:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvledger.engine.cli", "serve", str(tiny_llama_dir),
-         "--device", "cpu", "--dtype", "float32", "-tp", "2", "--max-model-len", "256",
-         "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, port, killed = serve_then_kill_a_rank(tiny_llama_dir, "-tp", "2")
     try:
-        wait_for_serve(proc, port, timeout_s=150)
-        ready = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/ready").read())
-        body = json.dumps({"model": ready["model"], "prompt": [1, 2, 3], "max_tokens": 4,
-                           "temperature": 0}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
-                                         {"Content-Type": "application/json"})
-        assert json.loads(urllib.request.urlopen(request).read())["choices"][0]["text"] != ""
-        # The rank processes (multiprocessing's resource tracker is a child too).
-        ranks = [p for p in _rank_pids(proc.pid)
-                 if b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()]
-        assert len(ranks) == 1
-        killed = time.monotonic()
-        subprocess.run(["kill", "-9", str(ranks[0])], check=True)
         statuses = []
         while proc.poll() is None and time.monotonic() - killed < 30:
             statuses.append(_health(port))

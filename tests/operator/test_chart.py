@@ -28,7 +28,11 @@ def helm_template(*flags: str) -> subprocess.CompletedProcess:
 
 
 def kinds(*flags: str) -> dict[str, list[dict]]:
-    done = helm_template(*flags)
+    return by_kind(helm_template(*flags))
+
+
+def by_kind(done: subprocess.CompletedProcess) -> dict[str, list[dict]]:
+    """A successful ``helm template``'s objects by kind."""
     assert done.returncode == 0, done.stderr
     by_kind: dict[str, list[dict]] = {}
     for doc in yaml.safe_load_all(done.stdout):

@@ -11,9 +11,8 @@ import subprocess
 
 import kmock
 import pytest
-import yaml
 from operator_harness import Cluster, emulated_cluster
-from test_chart import CHART, HELM
+from test_chart import CHART, HELM, by_kind
 
 pytestmark = pytest.mark.skipif(HELM is None, reason="helm is not installed "
                                 "(bash scripts/helm_check.sh installs it into .tools/)")
@@ -50,12 +49,7 @@ async def render_against(cluster: Cluster, *flags: str) -> dict[str, list[dict]]
         HELM, "template", "kvledger", str(CHART), "--namespace", "kvledger-system",
         "--dry-run=server", "--disable-openapi-validation", "--kubeconfig", cluster.kubeconfig,
         *flags], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    by_kind: dict[str, list[dict]] = {}
-    for doc in yaml.safe_load_all(done.stdout):
-        if doc:
-            by_kind.setdefault(doc["kind"], []).append(doc)
-    return by_kind
+    return by_kind(done)
 
 
 async def test_an_upgrade_keeps_the_ca_bundle_the_operator_wrote():
