@@ -93,3 +93,40 @@ def test_a_stage_that_dies_fails_the_engine_promptly(tiny_llama_dir) -> None:
         assert "rank 1 of 2 exited" in proc.stderr.read()
     finally:
         reap(proc)
+
+
+def test_a_step_cut_into_micro_batches_comes_back_in_the_batch_order() -> None:
+    """A step of many tokens is cut into parts (each a run of its prefill chunks and a run
+    of its decodes, of about equal tokens, at least MIN_PART_TOKENS), a small step is one
+    part; the parts' logits rows (completed prompts first, then decodes, each part's) merge
+    back in ``ScheduledBatch.sampled``'s order, and the fresh blocks go with the first."""
+    import torch
+
+    from kvledger.engine.core.runner import StepOutput
+    from kvledger.engine.core.scheduler import PrefillChunk, ScheduledBatch
+    from kvledger.engine.core.stage_runner import MIN_PART_TOKENS, merge_outputs, micro_batches
+
+    class Seq:
+        def __init__(self, rid: int, prompt: int) -> None:
+            self.request_id, self.num_prompt_tokens = rid, prompt
+
+    decodes = [Seq(i, 5) for i in range(10, 16)]
+    assert len(micro_batches(ScheduledBatch([], decodes), 4)) == 1  # 6 tokens: one part
+    prefills = [PrefillChunk(Seq(0, 300), 0, 300), PrefillChunk(Seq(1, 90), 0, 30),
+                PrefillChunk(Seq(2, 200), 0, 200), PrefillChunk(Seq(3, 212), 80, 132)]
+    batch = ScheduledBatch(prefills, decodes, [7, 8])
+    parts = micro_batches(batch, 3)
+    assert len(parts) == 3 and parts[0].fresh_blocks == [7, 8]
+    assert all(p.fresh_blocks == [] for p in parts[1:])
+    assert [c for p in parts for c in p.prefills] == prefills
+    assert [s for p in parts for s in p.decodes] == decodes
+    sizes = [sum(c.length for c in p.prefills) + len(p.decodes) for p in parts]
+    assert sum(sizes) == 668 and min(sizes) >= MIN_PART_TOKENS
+
+    def output(part):  # each sampled row holds its sequence's id
+        ids = [s.request_id for s in part.sampled]
+        return StepOutput(torch.tensor(ids, dtype=torch.float32)[:, None], {})
+
+    merged = merge_outputs(parts, [output(p) for p in parts])
+    assert merged.logits[:, 0].tolist() == [s.request_id for s in batch.sampled]
+    assert [s.request_id for s in batch.sampled] == [0, 2, 3, *range(10, 16)]
