@@ -137,6 +137,15 @@ def stage_groups(spec: RankSpec, rank: int) -> Any:
     return groups[rank // tp]
 
 
+def measure(runner: Any, *profile_args: Any) -> dict[str, int | None]:
+    """This rank's weights as loaded and a profiled step's activation peak (``profile``'s
+    arguments; None on the CPU), for rank 0's re-plan of every pipeline stage."""
+    from kvledger.engine.model.loader import weights_bytes
+
+    return {"weights_bytes": weights_bytes(runner.model),
+            "activation_peak_bytes": runner.profile(*profile_args)}
+
+
 def follow(spec: RankSpec, rank: int, conn: Any) -> int:
     """Rank ``rank``'s life: join, build, then run rank 0's calls until told to stop or
     rank 0 is gone; the exit status."""
@@ -155,6 +164,9 @@ def follow(spec: RankSpec, rank: int, conn: Any) -> int:
             return 1
         if method == "stop":
             return 0
+        if method == "measure":  # the one call answered: rank 0 waits for every rank's
+            conn.send(measure(runner, *args))
+            continue
         getattr(runner, method)(*args)
 
 

@@ -103,6 +103,23 @@ class RankGroup:
             self._mark_lost(f"a rank's pipe closed: {exc}")
             raise RankLost(self.lost) from None
 
+    def replies(self) -> list[Any]:
+        """Each other rank's answer to the call just sent (``measure``), in rank order;
+        RankLost when a rank is gone first."""
+        out = []
+        for rank, conn in enumerate(self._conns, start=1):
+            while not conn.poll(0.2):
+                if self.lost is not None or not self.processes[rank - 1].is_alive():
+                    self._mark_lost(f"rank {rank} of {self.spec.world} exited before it "
+                                    "answered")
+                    raise RankLost(self.lost)
+            try:
+                out.append(conn.recv())
+            except (OSError, EOFError) as exc:
+                self._mark_lost(f"a rank's pipe closed: {exc}")
+                raise RankLost(self.lost) from None
+        return out
+
     def stop(self) -> None:
         """Tell every rank to stop, end those that do not within a second, and leave the
         process group (another engine in this process may then start its own)."""
@@ -160,6 +177,15 @@ class RankedRunner:
     def allocate_kv_cache(self, *args: Any) -> int:
         self.ranks.call("allocate_kv_cache", *args)
         return self.runner.allocate_kv_cache(*args)
+
+    def measure(self, *profile_args: Any) -> list[dict[str, int | None]]:
+        """Every rank's measured weights and activation peak, rank 0's first (all ranks
+        profile together: a pipeline's stages pass the step on to each other)."""
+        from kvledger.engine.core.rank_worker import measure
+
+        self.ranks.call("measure", *profile_args)
+        own = measure(self.runner, *profile_args)
+        return [own, *self.ranks.replies()]
 
     def execute(self, batch: Any) -> Any:
         self.ranks.call("execute", batch_view(batch))

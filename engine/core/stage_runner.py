@@ -93,7 +93,7 @@ class StageRunner(ModelRunner):
                 outputs.append(box[0])
         for work, _ in self._sending:
             work.wait()
-        self._sending = []
+        self._sending, self._overlap = [], False
         return merge_outputs(parts, outputs)
 
 

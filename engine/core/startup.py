@@ -55,10 +55,7 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
         runner = ModelRunner(model, device, plan.max_model_len, plan.kv.block_size,
                              fuse=not config.enable_lora)
     if config.pipeline_parallel_size > 1:
-        # Rank 0 measures its own stage alone: the plan's figures, every stage's, stand.
-        log.info("pipeline stages: the plan's predicted figures stand (each rank loaded "
-                 "its stage's tensors alone)")
-        measured = Measured()
+        measured = _measure_stages(runner, plan, device, device_memory, config)
     else:
         measured = _measure(runner, plan, device, device_memory, config)
     measured_plan = make_plan(config, device=device_memory, measured=measured, source=source)
@@ -93,6 +90,27 @@ def _measure(runner: ModelRunner, plan: Plan, device: torch.device,
         cuda_graph_bytes=0,  # the engine runs eagerly: it captures no CUDA graphs
         max_num_seqs=plan.max_num_seqs,  # seats the pool decides: never more than profiled
     )
+
+
+def _measure_stages(runner, plan: Plan, device: torch.device, device_memory: DeviceMemory,
+                    config: EngineConfig) -> Measured:
+    """Every pipeline stage's own figures, each its fullest rank's: what each rank loaded
+    and its part of a profiled step; the context rank 0's (the others' are estimated)."""
+    tp = config.tensor_parallel_size
+    ranks = runner.measure(plan.max_num_batched_tokens, plan.max_model_len,
+                           plan.max_num_seqs, plan.kv.dtype)
+
+    def most(stage: int, key: str) -> int | None:
+        values = [r[key] for r in ranks[stage * tp:(stage + 1) * tp] if r[key] is not None]
+        return max(values) if values else None
+
+    stages = tuple(Measured(
+        weights_bytes=most(s, "weights_bytes"),
+        activation_peak_bytes=most(s, "activation_peak_bytes"),
+        context_bytes=context_bytes(device, device_memory, config) if s == 0 else None,
+        cuda_graph_bytes=0, max_num_seqs=plan.max_num_seqs)
+        for s in range(config.pipeline_parallel_size))
+    return Measured(max_num_seqs=plan.max_num_seqs, stages=stages)
 
 
 def check_stages(config: EngineConfig) -> None:

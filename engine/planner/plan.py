@@ -170,8 +170,8 @@ def _staged(config: EngineConfig, device: DeviceMemory, measured: Measured,
     """``_budget``, or under ``--pipeline-parallel-size`` P each stage's (``stages.py``)."""
     if config.pipeline_parallel_size == 1:
         return _budget(config, device, measured, shape, weights, seats, seats_source)
-    return staged(shape, weights, config.pipeline_parallel_size, lambda stage, held: _budget(
-        config, device, measured, stage, held, seats, seats_source))
+    return staged(shape, weights, config.pipeline_parallel_size, lambda s, stage, held: _budget(
+        config, device, measured.of_stage(s), stage, held, seats, seats_source))
 
 
 def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,

@@ -41,6 +41,15 @@ class Measured:
     # The seats (max_num_seqs) the activations were profiled at: a concurrency the plan
     # derives from the pool (planner/seats.py) is never more, as the peak grows with it.
     max_num_seqs: int | None = None
+    # Under --pipeline-parallel-size: each stage's own (its fullest rank's); the figures
+    # above then stand for none.
+    stages: tuple[Measured, ...] = ()
+
+    def of_stage(self, stage: int) -> Measured:
+        """What stage ``stage`` measured (nothing when the stages reported nothing)."""
+        if not self.stages:
+            return Measured(max_num_seqs=self.max_num_seqs)
+        return self.stages[stage]
 
     def given(self) -> tuple[str, ...]:
         names = {"weights_bytes": "weights", "activation_peak_bytes": "activations",

@@ -113,13 +113,13 @@ def stage_shape(shape: ModelShape, bounds: list[tuple[int, int]], stage: int) ->
 
 
 def staged(shape: ModelShape, weights: WeightsInfo, stages: int,
-           budget: Callable[[ModelShape, WeightsInfo], Plan]) -> Plan:
-    """The plan of ``stages`` pipeline stages: ``budget`` (one GPU's budget of a stage's
+           budget: Callable[[int, ModelShape, WeightsInfo], Plan]) -> Plan:
+    """The plan of ``stages`` pipeline stages: ``budget`` (one GPU's budget of stage ``s``'s
     shape and weights) for each, every stage's pool cut to the fewest blocks any holds,
     and the figures of the stage that decides (the first that does not fit, else the one
     with the least to spare), with every stage's in ``Plan.stages``."""
     bounds = stage_bounds(shape.num_layers, stages)
-    plans = [budget(stage_shape(shape, bounds, s),
+    plans = [budget(s, stage_shape(shape, bounds, s),
                     stage_weights(weights, bounds, s, shape.tie_word_embeddings))
              for s in range(stages)]
     blocks = min(p.kv.num_blocks for p in plans)

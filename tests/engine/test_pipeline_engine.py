@@ -6,6 +6,7 @@ several architectures; a stage that dies fails the engine at once, over HTTP too
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -13,6 +14,7 @@ from _server_helpers import reap, serve_then_kill_a_rank
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.llm import LLM
+from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.sampling.params import SamplingParams
 
 PROMPTS = [[1, 5, 9, 33, 7, 21, 2], [2, 3, 4], list(range(10, 60))]
@@ -43,6 +45,11 @@ def test_greedy_tokens_across_stages_equal_one_process(make_model_dir, name, sta
     assert plan.pipeline_parallel_size == stages
     # rank 0 holds stage 1's layers alone, and their KV in a pool of the plan's blocks
     first = plan.stages[0]
+    # the plan the engine runs under is re-planned with what every stage's rank measured
+    assert "weights" in plan.measured
+    predicted = make_plan(dataclasses.replace(llm.engine.config, device="cpu"))
+    assert [f.classes["weights"] for f in plan.stages] == [
+        f.classes["weights"] for f in predicted.stages]
     assert len(llm.engine.runner.model.model.layers) == first.end_layer - first.first_layer
     assert llm.engine.runner.kv_cache.shape[0] == first.end_layer - first.first_layer
     assert llm.engine.runner.kv_cache.shape[3] == plan.kv.num_blocks
