@@ -79,7 +79,6 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model("small-llama", Path(tmp) / "small-llama")
-        # Every pp=1 run first: starting ranks leaves this process a share of the threads.
         one, tokens_one = run(model_dir, during=one_process)
         long_one = prefill_rate(model_dir, 1)
         two, tokens_two = run(model_dir, during=two_stages, pipeline_parallel_size=2)

@@ -47,6 +47,7 @@ class RankGroup:
 
     def __init__(self, spec: RankSpec) -> None:
         self.spec = spec
+        self.threads_before: int | None = None  # rank 0's torch threads before the ranks
         self.lost: str | None = None
         self._callbacks: list[Callable[[str], None]] = []
         self._lock = threading.Lock()
@@ -138,6 +139,11 @@ class RankGroup:
                 process.terminate()
         if dist.is_initialized():
             dist.destroy_process_group()
+        if self.threads_before is not None:  # this process's cores are its own again
+            import torch
+
+            torch.set_num_threads(self.threads_before)
+            self.threads_before = None
 
     def _watch(self) -> None:
         while self.lost is None:

@@ -145,6 +145,7 @@ def start_ranks(config: EngineConfig, plan: Plan, model_dir: str, device: torch.
                     stages=stages)
     group = RankGroup(spec)
     if threads:
+        group.threads_before = torch.get_num_threads()  # given back when the ranks stop
         torch.set_num_threads(threads)  # the ranks share this machine's cores
     return RankedRunner(group.start(), group)
 

@@ -137,3 +137,14 @@ def test_a_step_cut_into_micro_batches_comes_back_in_the_batch_order() -> None:
     merged = merge_outputs(parts, [output(p) for p in parts])
     assert merged.logits[:, 0].tolist() == [s.request_id for s in batch.sampled]
     assert [s.request_id for s in batch.sampled] == [0, 2, 3, *range(10, 16)]
+
+
+@pytest.mark.timeout(300)
+def test_stopping_the_ranks_gives_this_process_its_threads_back(tiny_llama_dir) -> None:
+    """Rank 0 runs on a share of the cores while its ranks live; once they stop, a later
+    engine in the same process has every thread again."""
+    import torch
+
+    before = torch.get_num_threads()
+    _run(tiny_llama_dir, 2, SamplingParams(max_tokens=2, temperature=0))
+    assert torch.get_num_threads() == before
