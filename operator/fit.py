@@ -8,6 +8,9 @@ webhook plans each GPU as wholly free, its total memory as GPU feature discovery
 lands on, so it may still refuse a run the webhook let through (another process holds
 memory there), and never the reverse.
 
+Messages name what a node offers (its GPUs' count, memory and product), never the node:
+whoever may create a resource learns no more of the cluster than a refusal needs.
+
 Only what is known refuses. A run is refused when it fits none of the nodes it may run on
 and each of those nodes' GPUs is known, or when no such node has as many GPUs as one pod
 asks for. Otherwise it is allowed, with a warning where the answer rests on what the webhook
@@ -64,7 +67,7 @@ def judge(name: str, spec: ServiceSpec, nodes: Iterable[Mapping[str, Any]], *,
         most = max(found, key=lambda node: node.gpus)
         return _refusal(
             f"{name} needs {spec.gpus} GPUs in one pod, and the most any node it may run on "
-            f"offers is {most.gpus} ({most.name}: {most.shape}); to fit, set gpus: {most.gpus} "
+            f"offers is {most.gpus} ({most.shape}); to fit, set gpus: {most.gpus} "
             "or fewer (a pod runs on one node)", refuse)
     known = [node for node in enough if node.memory_bytes is not None]
     unknown = [node for node in enough if node.memory_bytes is None]
@@ -83,8 +86,8 @@ def judge(name: str, spec: ServiceSpec, nodes: Iterable[Mapping[str, Any]], *,
     largest = known[0]
     plan = plans[largest.memory_bytes]
     gpus = f"{spec.gpus} of its GPUs" if spec.gpus > 1 else "one of its GPUs"
-    message = (f"{name} does not fit any node it may run on: the largest, {largest.name}, "
-               f"offers {largest.shape}; planned on {gpus}:\n{render_report(plan)}"
+    message = (f"{name} does not fit any node it may run on: the largest offers "
+               f"{largest.shape}; planned on {gpus}:\n{render_report(plan)}"
                f"{_spec_remedies(plan.remedies, largest.gpus)}")
     return _refusal(message, refuse, plans)
 
@@ -102,7 +105,7 @@ def _headline(plan: Plan, node: GpuNode) -> str:
     per_gpu = " per GPU" if plan.tensor_parallel_size > 1 else ""
     return (f"the engine requires {format_size(plan.required_bytes)}{per_gpu}, the largest "
             f"node it may run on offers {node.shape}, a limit of "
-            f"{format_size(plan.limit_bytes)}{per_gpu} ({node.name})")
+            f"{format_size(plan.limit_bytes)}{per_gpu}")
 
 
 def _partial_fit(name: str, known: list[GpuNode], fitting: list[GpuNode],
@@ -119,8 +122,10 @@ def _partial_fit(name: str, known: list[GpuNode], fitting: list[GpuNode],
 
 
 def _reasons(nodes: list[GpuNode]) -> str:
-    shown = [f"{node.name}: {node.unknown}" for node in nodes[:3]]
-    return "; ".join(shown) + (f"; and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+    reasons: dict[str, int] = {}
+    for node in nodes:
+        reasons[node.unknown or ""] = reasons.get(node.unknown or "", 0) + 1
+    return "; ".join(f"{count} with {why}" for why, count in reasons.items())
 
 
 def _count(items: list[Any], noun: str) -> str:

@@ -66,7 +66,7 @@ def test_a_run_that_fits_no_known_node_is_refused_with_the_breakdown_and_spec_re
     refused = verdict(hub, [SMALL])
     assert not refused.allowed
     lines = refused.message.splitlines()
-    assert lines[0] == ("svc does not fit any node it may run on: the largest, small, offers "
+    assert lines[0] == ("svc does not fit any node it may run on: the largest offers "
                         "2 x 2.1 GiB (nvidia.com/gpu.product=NVIDIA-SMALL); planned on one of "
                         "its GPUs:")
     assert lines[1].startswith("error: engine requires")
@@ -85,7 +85,7 @@ def test_nodes_it_cannot_see_turn_a_refusal_into_a_warning(hub):
     assert allowed.allowed
     (warning,) = allowed.warnings
     assert "does not fit the 1 node whose GPUs are known" in warning
-    assert "dark: no GPU feature discovery labels" in warning
+    assert "1 with no GPU feature discovery labels" in warning
     assert verdict(hub, [UNLABELLED]).warnings[0].startswith("the GPUs of 1 node it may run on")
 
 
