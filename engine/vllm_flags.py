@@ -70,8 +70,12 @@ RULES: dict[str, Rule] = {
     "--prefill-context-parallel-size": _only(["1"], "context parallelism yet", _ONE_DEVICE),
     "--enable-expert-parallel": _refuse("expert parallelism yet"),
     "--no-enable-expert-parallel": _noop(_ONE_DEVICE),
-    "--nnodes": _only(["1"], "multi-node serving", _ONE_DEVICE),
-    "--node-rank": _only(["0"], "multi-node serving", _ONE_DEVICE),
+    # vLLM's multi-node flags: a plan is per GPU of each stage wherever the stages run
+    # (--pipeline-parallel-size); `kvledger serve` refuses more than one node itself.
+    "--nnodes": _noop(_NOT_PLANNED.format("the machines a run spans"), nargs=1),
+    "--node-rank": _noop(_NOT_PLANNED.format("which machine this is"), nargs=1),
+    "--master-addr": _noop(_NOT_PLANNED.format("the first machine's address"), nargs=1),
+    "--master-port": _noop(_NOT_PLANNED.format("the first machine's port"), nargs=1),
     "--api-server-count": _only(["1"], "more than one API server process",
                                 "kvledger serves from one process"),
     "--distributed-executor-backend": _only(["uni", "mp"], "vLLM's ray executor",

@@ -155,9 +155,21 @@ def test_moe_experts_are_split_and_the_router_replicated(tmp_path) -> None:
     assert one - two == (one - router - norms) // 2
 
 
-@pytest.mark.parametrize("flag", [["--nnodes", "2"], ["--data-parallel-size", "2"]])
-def test_multi_node_and_data_parallel_are_refused_by_name(tiny_llama_dir, capsys,
-                                                          flag) -> None:
+def test_plan_takes_vllms_multi_node_flags_and_serve_refuses_more_than_one_node(
+        tiny_llama_dir, capsys) -> None:
+    nodes = ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
+             "--master-port", "29500"]
+    assert main(["plan", str(tiny_llama_dir), "--device-memory", "8GiB", "-pp", "2",
+                 *nodes]) == 0
+    capsys.readouterr()
+    assert main(["serve", str(tiny_llama_dir), "--device", "cpu", *nodes]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("error: --nnodes 2 --node-rank 1: kvledger serves on one machine")
+
+
+@pytest.mark.parametrize("flag", [["--data-parallel-size", "2"]])
+def test_data_parallel_is_refused_by_name(tiny_llama_dir, capsys, flag) -> None:
     assert main(["plan", str(tiny_llama_dir), "--device", "cpu", *flag]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {flag[0]} 2: kvledger does not")
