@@ -72,7 +72,7 @@ def judge(name: str, spec: ServiceSpec, nodes: Iterable[Mapping[str, Any]], *,
     known = [node for node in enough if node.memory_bytes is not None]
     unknown = [node for node in enough if node.memory_bytes is None]
     if plan_on is None:
-        return Verdict(True, warnings=(f"{unread}: the pod's pre-flight checks the fit",))
+        return _unread(name, spec, known, unknown, unread, refuse)
     plans = {memory: plan_on(memory) for memory in {node.memory_bytes for node in known}}
     fitting = [node for node in known if plans[node.memory_bytes].fits]
     if fitting:
@@ -90,6 +90,23 @@ def judge(name: str, spec: ServiceSpec, nodes: Iterable[Mapping[str, Any]], *,
                f"{largest.shape}; planned on {gpus}:\n{render_report(plan)}"
                f"{_spec_remedies(plan.remedies, largest.gpus)}")
     return _refusal(message, refuse, plans)
+
+
+def _unread(name: str, spec: ServiceSpec, known: list[GpuNode], unknown: list[GpuNode],
+            unread: str | None, refuse: bool) -> Verdict:
+    """The verdict without the model: only the spec's own fields can refuse. A
+    ``memory.limit`` above every known node's GPU memory fits none, whatever the model (a
+    cap above the device's free memory does not fit: the pre-flight refuses it too)."""
+    limit = spec.engine.memory_limit_bytes
+    if limit is not None and known and not unknown and all(
+            node.memory_bytes < limit for node in known):
+        return _refusal(
+            f"{name} does not fit any node it may run on: memory.limit "
+            f"{format_size(limit)} is more than one GPU of the largest offers "
+            f"({known[0].shape}); to fit, set memory.limit below "
+            f"{format_size(known[0].memory_bytes)} (what one GPU holds, less what else "
+            "runs there)", refuse)
+    return Verdict(True, warnings=(f"{unread}: the pod's pre-flight checks the fit",))
 
 
 def _refusal(message: str, refuse: bool, plans: Mapping[int, Plan] | None = None) -> Verdict:

@@ -200,3 +200,25 @@ def test_a_flood_of_new_models_waits_on_the_webhooks_threads_not_the_operators(h
     verdicts, reconcile_wait = asyncio.run(flood())
     assert reconcile_wait < 0.5
     assert all(v.allowed and "took over 1 s" in v.warnings[0] for v in verdicts)
+
+
+def test_a_memory_limit_above_every_gpu_is_refused_without_reading_the_model(
+        hub, tiny_llama_dir):
+    """A model on a volume is not read, but a memory.limit larger than one GPU of every
+    node it may run on fits none, whatever the model: refused, as the pre-flight refuses a
+    cap above the device's memory (checked here with the planner on such a GPU)."""
+    from kvledger.engine.config import EngineConfig
+    from kvledger.engine.planner.plan import make_plan
+
+    volume = {"path": "/models/x", "volume": {"persistentVolumeClaim": {"claimName": "m"}}}
+    refused = verdict(hub, [BIG, SMALL], model=volume, memory={"limit": "5Gi"})
+    assert not refused.allowed
+    assert "memory.limit 5.0 GiB is more than one GPU of the largest offers (2 x 4.0 GiB" in (
+        refused.message)
+    pre_flight = make_plan(EngineConfig(model=str(tiny_llama_dir), memory_limit_bytes=5 * 2**30,
+                                        device_memory_bytes=4096 * 2**20))
+    assert not pre_flight.fits and pre_flight.cap_above_free
+    within = verdict(hub, [BIG], model=volume, memory={"limit": "3Gi"})
+    assert within.allowed and "on the pod's volume" in within.warnings[0]
+    unseen = verdict(hub, [BIG, UNLABELLED], model=volume, memory={"limit": "5Gi"})
+    assert unseen.allowed  # a node whose GPUs are not known may hold it
