@@ -152,10 +152,10 @@ class EngineConfig:
         help="shard the model over N GPUs of one machine, one process per GPU, as vLLM shards "
              "it; every figure of the plan is what one GPU holds (docs/planner.md, \"Tensor "
              "parallelism\")")
-    pipeline_parallel_size: int = setting(
-        1, "--pipeline-parallel-size", POSITIVE_INT, aliases=("-pp",), metavar="P",
-        group=WORKLOAD, help="split the layers into P stages as vLLM splits them, one process "
-        "each (one GPU a stage on this machine), every plan figure per GPU of a stage")
+    pipeline_parallel_size: int = setting(1, "--pipeline-parallel-size", POSITIVE_INT, aliases=(
+        "-pp",), metavar="P", group=WORKLOAD, help="split the layers into P stages as vLLM "
+        "splits them, one process a GPU, every plan figure per GPU of a stage", crd=Crd(
+            "engine", "pipeline stages the pod's gpus are split into, gpus / P each (default 1)"))
     enforce_eager: bool = setting(
         False, "--enforce-eager", SWITCH, group=WORKLOAD,
         help="plan no memory for CUDA graphs, as vLLM's eager mode captures none (kvledger's "

@@ -218,6 +218,9 @@ def _engine_config(raw: Mapping[str, Any], model: Model, device: str,
         "tensor_parallel_size": tensor_parallel_size,  # one rank per GPU
     }
     values.update(spec_settings(raw))
+    # engine.pipelineParallelSize P: the pod's GPUs are P stages of gpus / P ranks each.
+    values["tensor_parallel_size"] = max(1, tensor_parallel_size
+                                         // values.get("pipeline_parallel_size", 1))
     adapters = _adapters(raw.get("adapters") or [], model)
     if adapters:  # spec.adapters: --enable-lora --lora-modules NAME=URI ...
         values.update(enable_lora=True, lora_modules=adapters)

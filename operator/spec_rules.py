@@ -21,7 +21,7 @@ from typing import Any
 from kvledger.engine.errors import BadInput
 from kvledger.operator.parallel import MAX_GPUS
 from kvledger.operator.quantity import target_value
-from kvledger.operator.resource import AUTOSCALING_METRICS, DEFAULT_MOUNT_PATH
+from kvledger.operator.resource import AUTOSCALING_METRICS, DEFAULT_GPUS, DEFAULT_MOUNT_PATH
 
 
 @dataclass(frozen=True)
@@ -83,10 +83,17 @@ RULES: tuple[Rule, ...] = (
          _env_name_free),
     # One pod, one node: the model is sharded over the node's GPUs (tensor parallelism).
     Rule("gpus", f"self <= {MAX_GPUS}",
-         f"gpus must be at most {MAX_GPUS}: kvledger shards a model over the GPUs of one node "
-         "(tensor parallelism); serving across nodes (pipeline parallelism, multi-node) is "
-         "not supported",
+         f"gpus must be at most {MAX_GPUS}: kvledger serves a model on the GPUs of one node "
+         "(tensor parallelism, and pipeline stages: engine.pipelineParallelSize); serving "
+         "across nodes is not supported yet",
          lambda gpus: gpus <= MAX_GPUS),
+    Rule("", "!has(self.engine) || !has(self.engine.pipelineParallelSize)"
+         f" || (has(self.gpus) ? self.gpus : {DEFAULT_GPUS})"
+         " % self.engine.pipelineParallelSize == 0",
+         "engine.pipelineParallelSize must divide gpus: each stage is gpus / "
+         "pipelineParallelSize GPUs of the pod",
+         lambda spec: "pipelineParallelSize" not in (spec.get("engine") or {})
+         or spec.get("gpus", DEFAULT_GPUS) % spec["engine"]["pipelineParallelSize"] == 0),
     Rule("engine",
          "!has(self.maxNumBatchedTokens) || !has(self.maxNumSeqs)"
          " || self.maxNumBatchedTokens >= self.maxNumSeqs",

@@ -25,7 +25,7 @@ DECLARED = {
     "dtype": ("--dtype", "engine.dtype"),
     "kv_cache_dtype": ("--kv-cache-dtype", "engine.kvCacheDtype"),
     "tensor_parallel_size": ("--tensor-parallel-size", None),  # from spec.gpus
-    "pipeline_parallel_size": ("--pipeline-parallel-size", None),
+    "pipeline_parallel_size": ("--pipeline-parallel-size", "engine.pipelineParallelSize"),
     "enforce_eager": ("--enforce-eager", "engine.enforceEager"),
     "enable_prefix_caching": ("--enable-prefix-caching", "engine.enablePrefixCaching"),
     "quantization": ("--quantization", "engine.quantization"),

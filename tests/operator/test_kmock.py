@@ -260,7 +260,7 @@ async def test_more_gpus_than_a_node_has_is_an_invalid_spec(cluster):
 
     obj = await eventually(invalid, what="InvalidSpec")
     assert condition(obj, "Ready")["message"].startswith(
-        "gpus must be at most 8: kvledger shards a model over the GPUs of one node")
+        "gpus must be at most 8: kvledger serves a model on the GPUs of one node")
     assert cluster.stored("apps/v1", "deployments", NS, "nine-gpus") is None
 
 

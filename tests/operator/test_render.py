@@ -167,7 +167,7 @@ def test_a_spec_that_can_never_work_raises_bad_input():
 
 
 def test_gpus_beyond_one_node_are_refused_by_name():
-    with pytest.raises(BadInput, match="gpus must be at most 8: kvledger shards a model over "
+    with pytest.raises(BadInput, match="gpus must be at most 8: kvledger serves a model on "
                                        "the GPUs of one node"):
         render_deployment("x", "ns", {"model": {"path": "/m"}, "gpus": 9})
 

@@ -66,3 +66,25 @@ def test_the_preflight_args_plan_per_gpu(tiny_llama_dir, tmp_path):
     one = json.loads((tmp_path / "plan.json").read_text())
     assert plan["kv"]["bytes_per_block"] * 2 == one["kv"]["bytes_per_block"]
     assert plan["classes"]["weights"] < one["classes"]["weights"]
+
+
+def test_pipeline_stages_split_the_pods_gpus():
+    """engine.pipelineParallelSize P: the pod's gpus are P stages of gpus / P ranks each,
+    as the pre-flight and the engine are told; a P that does not divide gpus is refused."""
+    from kvledger.engine.errors import BadInput
+    from kvledger.operator.render import render_pod_spec
+    from kvledger.operator.spec import parse_spec
+
+    raw = {"model": {"path": "/models/m"}, "gpus": 4, "engine": {"pipelineParallelSize": 2}}
+    spec = parse_spec(raw)
+    assert (spec.engine.pipeline_parallel_size, spec.engine.tensor_parallel_size) == (2, 2)
+    pod = render_pod_spec(raw)
+    for container in (pod["initContainers"][0], pod["containers"][0]):
+        args = container["args"]
+        assert args[args.index("--tensor-parallel-size") + 1] == "2"
+        assert args[args.index("--pipeline-parallel-size") + 1] == "2"
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
+    with pytest.raises(BadInput, match=r"engine\.pipelineParallelSize must divide gpus"):
+        parse_spec({**raw, "gpus": 3})
+    with pytest.raises(BadInput, match=r"engine\.pipelineParallelSize must divide gpus"):
+        parse_spec({"model": {"path": "/m"}, "engine": {"pipelineParallelSize": 2}})

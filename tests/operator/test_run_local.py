@@ -180,7 +180,7 @@ def test_local_device_is_the_cpu_only_when_the_spec_has_no_gpus():
     (manifest(resources={"limits": {"memory": 0}}),
      "spec.resources.limits.memory must be more than 0 bytes"),
     ({**manifest(), "metadata": {"name": "Bad_Name"}}, "metadata.name: 'Bad_Name' does not match"),
-    (manifest(gpus=9), "gpus must be at most 8: kvledger shards a model over the GPUs of one"),
+    (manifest(gpus=9), "gpus must be at most 8: kvledger serves a model on the GPUs of one"),
     (manifest(model={"uri": "hf://org/m", "path": "/m"}),
      "set exactly one of model.path and model.uri"),
     # The schema's pattern is the engine's regex; the engine's parser says the rest.
