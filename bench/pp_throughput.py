@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tp_throughput import PARAMS, PROMPTS, run
+from tp_throughput import PARAMS, PROMPTS, run, same_tokens
 
 from kvledger.engine.llm import LLM
 from kvledger.engine.model.builtin import write_model
@@ -96,11 +96,7 @@ def main() -> int:
     for f in stages:
         print(f"stage {f.stage + 1}: layers {f.first_layer}-{f.end_layer - 1}, weights "
               f"{f.classes['weights'] / MiB:.1f} MiB (plan)")
-    if tokens_two != tokens_one:
-        print("FAIL: pp=2's greedy tokens differ from pp=1's")
-        return 1
-    print("pp=2's greedy tokens equal pp=1's")
-    return 0
+    return same_tokens("pp=2", tokens_two, "pp=1", tokens_one)
 
 
 if __name__ == "__main__":

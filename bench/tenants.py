@@ -474,6 +474,15 @@ def _s(seconds: float | None, digits: int = 2) -> str:
     return "-" if seconds is None else f"{seconds:.{digits}f} s"
 
 
+def _claim_no_preemption(claim, workload: str, results: dict) -> None:
+    """The claim that no kvledger server of ``results`` preempted (so none recomputed)."""
+    kv = {n: r for n, r in results.items() if n.startswith("kvledger")}
+    claim(f"{workload}: kvledger preempts nothing, so recomputes nothing "
+          "(vllm:num_preemptions_total 0 on each kvledger server)",
+          ", ".join(f"{n} {r['server']['preemptions']:g}" for n, r in kv.items()),
+          all(r["server"]["preemptions"] == 0 for r in kv.values()))
+
+
 def _kv_clean(server: dict, small: dict) -> tuple[bool, str]:
     failures = small["server_errors_5xx"] + (server.get("requests_failed") or 0)
     reserved = server.get("blocks_reserved_idle") or 0
@@ -499,11 +508,7 @@ def claims(one: dict, two: dict) -> list[dict]:
           "service time",
           f"{_s(p99)} vs 2 x {_s(fair['idle']['p99_s'])} + {_s(fair['service_s'])} = "
           f"{_s(bound)}", p99 is not None and bound is not None and p99 <= bound)
-    kv1 = {n: r for n, r in one.items() if n.startswith("kvledger")}
-    claim("workload 1: kvledger preempts nothing, so recomputes nothing "
-          "(vllm:num_preemptions_total 0 on each kvledger server)",
-          ", ".join(f"{n} {r['server']['preemptions']:g}" for n, r in kv1.items()),
-          all(r["server"]["preemptions"] == 0 for r in kv1.values()))
+    _claim_no_preemption(claim, "workload 1", one)
     met, value = _kv_clean(fair["server"], fair["light"])
     claim("workload 1: every kvledger (fair) light request answered, no server failure, "
           "every block back once idle", value, met)
@@ -522,11 +527,7 @@ def claims(one: dict, two: dict) -> list[dict]:
               f"{kv_good:.1f} vs {vl_good:.1f} tok/s"
               + (f" ({kv_good / vl_good:.2f}x)" if vl_good else ""),
               kv_good >= GOODPUT_SHARE * vl_good)
-    kv2 = {n: r for n, r in two.items() if n.startswith("kvledger")}
-    claim("workload 2: kvledger preempts nothing, so recomputes nothing "
-          "(vllm:num_preemptions_total 0 on each kvledger server)",
-          ", ".join(f"{n} {r['server']['preemptions']:g}" for n, r in kv2.items()),
-          all(r["server"]["preemptions"] == 0 for r in kv2.values()))
+    _claim_no_preemption(claim, "workload 2", two)
     met, value = _kv_clean(head["server"], head["urgent"])
     claim(f"workload 2: every kvledger (headroom {HEADROOM}) urgent request answered, no "
           "server failure, every block back once idle", value, met)

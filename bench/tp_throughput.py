@@ -61,10 +61,16 @@ def main() -> int:
           "them in one process, tp=2 half each)")
     print(f"tp=1: {one:.1f} tokens/s")
     print(f"tp=2: {two:.1f} tokens/s ({two / one:.2f}x tp=1)")
-    if tokens_two != tokens_one:
-        print("FAIL: tp=2's greedy tokens differ from tp=1's")
+    return same_tokens("tp=2", tokens_two, "tp=1", tokens_one)
+
+
+def same_tokens(name: str, tokens: list[list[int]], base: str,
+                base_tokens: list[list[int]]) -> int:
+    """The exit status: 0 when both runs' greedy tokens are equal (said either way)."""
+    if tokens != base_tokens:
+        print(f"FAIL: {name}'s greedy tokens differ from {base}'s")
         return 1
-    print("tp=2's greedy tokens equal tp=1's")
+    print(f"{name}'s greedy tokens equal {base}'s")
     return 0
 
 

@@ -133,9 +133,14 @@ class ModelCache:
             self._entries.popitem(last=False)
 
 
+@functools.cache
+def _preflight_parser():
+    return build_parser("preflight")  # built once: it declares every flag
+
+
 def preflight_config(flags: list[str]) -> EngineConfig:
     """The config the pre-flight container builds from these args (its own parser)."""
-    return config_from_args(build_parser("preflight").parse_args(flags))
+    return config_from_args(_preflight_parser().parse_args(flags))
 
 
 class Webhook:

@@ -4,6 +4,7 @@ its client against a tiny in-process stand-in (a 429, then a stream)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import sys
@@ -262,6 +263,20 @@ def test_options_quick_and_full():
             tenants.parse_args(bad)
 
 
+@contextlib.asynccontextmanager
+async def fake_completions(handler, port: int):
+    """An aiohttp server on 127.0.0.1:``port`` answering /v1/completions with ``handler``."""
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield
+    finally:
+        await runner.cleanup()
+
+
 async def test_a_429_is_retried_after_its_wait_and_a_stream_timed_to_its_first_token(
         unused_tcp_port):
     calls = Counter()
@@ -280,19 +295,12 @@ async def test_a_429_is_retried_after_its_wait_and_a_stream_timed_to_its_first_t
         await response.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
         return response
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", unused_tcp_port).start()
-    try:
+    async with fake_completions(completions, unused_tcp_port):
         start = time.monotonic()
         request = tenants.Request(16, 16, 0.0, kind="urgent")
         async with tenants.session_for("key-b") as session:
             await tenants.send(session, f"http://127.0.0.1:{unused_tcp_port}",
                                tenants.body_of("m", [5], 16, 0, True), request, start, 30)
-    finally:
-        await runner.cleanup()
     assert calls == {"Bearer key-b": 2}
     assert request.result == "completed" and request.output_tokens == 2
     assert (request.attempts, request.rejected_429) == (2, 1)
@@ -307,19 +315,12 @@ async def test_a_stream_that_ends_in_an_error_event_is_a_server_error(unused_tcp
         await response.write(b'data: {"error": {"code": "engine_dead"}}\n\n')
         return response
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", unused_tcp_port).start()
-    try:
+    async with fake_completions(completions, unused_tcp_port):
         request = tenants.Request(16, 16, 0.0, kind="urgent")
         async with aiohttp.ClientSession() as session:
             await tenants.send(session, f"http://127.0.0.1:{unused_tcp_port}",
                                tenants.body_of("m", [5], 16, 0, True), request,
                                time.monotonic(), 30)
-    finally:
-        await runner.cleanup()
     assert request.result == "server_error" and request.attempts == 1
 
 
