@@ -25,6 +25,7 @@ from kvledger.engine.lora_config import (
     LoraModule,
     check_lora_flags,
 )
+from kvledger.engine.node_config import Nodes
 from kvledger.engine.settings import (
     BYTES,
     FRACTION,
@@ -57,11 +58,9 @@ QUANTIZATIONS = ("fp8",)  # --quantization: what the engine quantizes to on load
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_NUM_SEQS = 16
-# The per-step token budget's least default: short-context models' activation peak realistic.
-MIN_DEFAULT_BATCHED_TOKENS = 2048
-# The compiled grammars of structured outputs (host memory): typical schemas compile to
-# well under 1 MiB, a hostile one to tens of MiB. Counted in the plan where the device's
-# memory is the host's (the CPU, a unified pool).
+MIN_DEFAULT_BATCHED_TOKENS = 2048  # the step budget's least default: a realistic peak
+# Structured outputs' compiled grammars (host memory; typical schemas well under 1 MiB, a
+# hostile one tens of MiB): planned where the device's memory is the host's (CPU, unified).
 DEFAULT_GRAMMAR_CACHE_BYTES = 128 * 2**20
 
 
@@ -156,6 +155,7 @@ class EngineConfig:
         "-pp",), metavar="P", group=WORKLOAD, help="split the layers into P stages as vLLM "
         "splits them, one process a GPU, every plan figure per GPU of a stage", crd=Crd(
             "engine", "pipeline stages the pod's gpus are split into, gpus / P each (default 1)"))
+    nodes: Nodes | None = setting(None, None, TEXT, group=WORKLOAD)  # noqa: RUF009 (frozen); serve's --nnodes
     enforce_eager: bool = setting(
         False, "--enforce-eager", SWITCH, group=WORKLOAD,
         help="plan no memory for CUDA graphs, as vLLM's eager mode captures none (kvledger's "

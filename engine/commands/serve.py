@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -18,6 +19,7 @@ from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
 from kvledger.engine.config import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.chat_template import compiled, template_argument
+from kvledger.engine.node_config import add_node_flags, nodes_from_args
 from kvledger.engine.sampling.params import MAX_LOGPROBS
 from kvledger.engine.server.serve import serve
 from kvledger.engine.server.state import (
@@ -123,17 +125,7 @@ def _add_line_flags(s) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_flags(parser)
-    nodes = parser.add_argument_group(
-        "machines", "vLLM's multi-node flags: kvledger serves on one machine so far (pipeline "
-        "stages as processes of it, -pp); kvledger plan plans stages on several")
-    nodes.add_argument("--nnodes", "-n", type=int, default=1, metavar="N",
-                       help="machines the run spans: 1 (more is refused)")
-    nodes.add_argument("--node-rank", "-r", type=int, default=0, metavar="R",
-                       help="this machine's rank: 0")
-    nodes.add_argument("--master-addr", default=None, metavar="ADDR",
-                       help="the first machine's address: unused on one machine")
-    nodes.add_argument("--master-port", type=int, default=None, metavar="PORT",
-                       help="the first machine's port: unused on one machine")
+    add_node_flags(parser)
     s = parser.add_argument_group("server")
     s.add_argument("--host", default="0.0.0.0",
                    help="the address to listen on (default 0.0.0.0: every interface)")
@@ -240,11 +232,13 @@ def main(args: argparse.Namespace) -> int:
         raise BadInput(f"--max-body-bytes must be at least 1 byte, got {args.max_body_bytes}")
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise BadInput("--enable-auto-tool-choice requires --tool-call-parser")
-    if args.nnodes != 1 or args.node_rank != 0:
-        raise BadInput(f"--nnodes {args.nnodes} --node-rank {args.node_rank}: kvledger serves "
-                       "on one machine so far (pipeline stages as its processes: -pp); "
-                       "kvledger plan plans the stages of several")
     config = config_from_args(args)
+    nodes = nodes_from_args(args, config.tensor_parallel_size * config.pipeline_parallel_size)
+    if nodes is not None and nodes.rank > 0:  # no API here: this machine's ranks only
+        from kvledger.engine.core.nodes import run_node
+
+        return run_node(config, nodes)
+    config = dataclasses.replace(config, nodes=nodes)
     if is_hub_uri(config.model):
         from huggingface_hub import constants
 

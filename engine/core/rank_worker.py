@@ -36,6 +36,12 @@ class RankSpec:
     threads: int | None = None  # torch threads for this rank (None: torch's default)
     fuse: bool = True  # fused projections (model/fusion.py); not with --enable-lora
     stages: int = 1  # --pipeline-parallel-size: rank r runs stage r // (world / stages)
+    nodes: int = 1  # --nnodes: machine m runs ranks m * world / nodes onwards
+    master_addr: str = "127.0.0.1"  # where rank 0's store listens (--master-addr)
+
+    def device_index(self, rank: int) -> int:
+        """``rank``'s GPU on its own machine."""
+        return rank % (self.world // self.nodes)
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,7 @@ def init_ranks(spec: RankSpec, rank: int) -> None:
     import torch
     import torch.distributed as dist
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_ADDR"] = spec.master_addr
     os.environ["MASTER_PORT"] = str(spec.master_port)
     if dist.is_initialized():
         from kvledger.engine.errors import BadInput
@@ -89,7 +95,7 @@ def init_ranks(spec: RankSpec, rank: int) -> None:
                        "runs in this process; one at a time")
     backend = "nccl" if spec.device == "cuda" else "gloo"
     if spec.device == "cuda":
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(spec.device_index(rank))
     dist.init_process_group(backend, rank=rank, world_size=spec.world,
                             timeout=timedelta(seconds=spec.timeout_s))
 
@@ -104,7 +110,8 @@ def build_runner(spec: RankSpec, rank: int) -> Any:
     from kvledger.engine.model.tensor_parallel import Ranks, shard_model
 
     config = ModelConfig.from_dir(spec.model_dir)
-    device = torch.device(f"cuda:{rank}") if spec.device == "cuda" else torch.device("cpu")
+    device = (torch.device("cuda", spec.device_index(rank)) if spec.device == "cuda"
+              else torch.device("cpu"))
     if spec.stages > 1:  # this rank's stage: only its tensors are read (model/pipeline.py)
         from kvledger.engine.core.stage_runner import StageRunner
         from kvledger.engine.model.pipeline import Stage

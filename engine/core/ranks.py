@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import queue
 import socket
 import threading
 import time
@@ -24,6 +25,7 @@ from typing import Any
 from kvledger.engine.core.rank_worker import RankSpec, batch_view, build_runner, init_ranks
 from kvledger.engine.core.rank_worker import main as worker_main
 from kvledger.engine.errors import EngineFailed
+from kvledger.engine.node_config import Nodes
 
 log = logging.getLogger("kvledger.engine")
 
@@ -42,45 +44,121 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class RankGroup:
-    """Ranks 1..N-1: their processes, the pipes rank 0 sends its calls on, the watchdog."""
+class Follower:
+    """A rank other than 0, as rank 0 reaches it: a process of this machine over a pipe,
+    or a rank of another machine over its channel (``core/nodes.py``; then no process
+    here). A thread reads what it sends into ``inbox``; ``gone`` says why it is lost."""
 
-    def __init__(self, spec: RankSpec) -> None:
-        self.spec = spec
+    def __init__(self, rank: int, conn: Any, process: Any = None) -> None:
+        self.rank, self.conn, self.process = rank, conn, process
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.closed: str | None = None
+        self._lock = threading.Lock()
+        threading.Thread(target=self._read, name=f"kvledger-rank-{rank}-reader",
+                         daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError) as exc:
+                self.closed = str(exc) if str(exc) else "its connection closed"
+                self.inbox.put(None)
+                return
+            self.inbox.put(message)
+
+    def send(self, message: Any) -> None:
+        with self._lock:
+            self.conn.send(message)
+
+    def gone(self, world: int) -> str | None:
+        if self.process is not None and not self.process.is_alive():
+            return f"rank {self.rank} of {world} exited (exit code {self.process.exitcode})"
+        if self.process is None and self.closed is not None:
+            return f"rank {self.rank} of {world} at {self.conn.peer} is gone: {self.closed}"
+        return None
+
+    def reply(self, group: RankGroup, deadline: float | None = None) -> Any:
+        """Its answer to the call just sent; RankLost if it is gone (or, by ``deadline``,
+        silent) first."""
+        world = group.spec.world
+        while True:
+            try:
+                message = self.inbox.get(timeout=0.2)
+            except queue.Empty:
+                reason = group.lost or self.gone(world)
+                if reason is None and deadline is not None and time.monotonic() > deadline:
+                    reason = f"rank {self.rank} did not start within {RANK_START_TIMEOUT_S:g} s"
+                if reason is None:
+                    continue
+            else:
+                if message is not None:
+                    return message
+                reason = (group.lost or self.gone(world)
+                          or f"rank {self.rank}'s connection closed ({self.closed})")
+            group.mark_lost(reason)
+            raise RankLost(group.lost)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, EOFError):
+            self.send(("stop", ()))
+        if self.process is None:
+            self.conn.close()
+
+
+class RankGroup:
+    """Ranks 1..N-1 as rank 0 reaches them (``Follower``s): this machine's as processes it
+    starts, with ``nodes`` (``--nnodes``) those of the other machines too; the watchdog."""
+
+    def __init__(self, spec: RankSpec, nodes: Nodes | None = None) -> None:
+        self.spec, self.nodes = spec, nodes
         self.threads_before: int | None = None  # rank 0's torch threads before the ranks
         self.lost: str | None = None
         self._callbacks: list[Callable[[str], None]] = []
         self._lock = threading.Lock()
+        self.followers: list[Follower] = []
+        self.processes: list[Any] = []  # this machine's ranks but 0
+        self._child_ends: list[Any] = []  # closed here once started: a rank's exit is EOF
+        local = nodes.ranks(spec.world) if nodes else range(spec.world)
         context = multiprocessing.get_context("spawn")  # no fork of a threaded process
-        self._conns, self.processes = [], []
-        for rank in range(1, spec.world):
+        for rank in local[1:]:
             ours, theirs = context.Pipe()
             process = context.Process(target=worker_main, args=(spec, rank, theirs),
                                       name=f"kvledger-rank-{rank}", daemon=True)
-            self._conns.append(ours)
+            self.followers.append(Follower(rank, ours, process))
             self.processes.append(process)
+            self._child_ends.append(theirs)
 
     def start(self) -> Any:
-        """Start the ranks, join the process group as rank 0, build rank 0's shard, and
-        wait until every rank has built its own; rank 0's model runner."""
+        """Wait for the other machines' ranks (with ``nodes``), start this machine's, join
+        the process group as rank 0, build rank 0's shard, and wait until every rank has
+        built its own; rank 0's model runner."""
+        if self.nodes is not None:
+            from kvledger.engine.core.nodes import accept_ranks, fingerprint
+
+            remote = [r for r in range(1, self.spec.world) if r not in self.nodes.ranks(
+                self.spec.world)]
+            channels = accept_ranks(self.nodes, remote, fingerprint(self.spec.model_dir))
+            for rank, channel in channels.items():
+                channel.send(("spec", self.spec))
+                self.followers.append(Follower(rank, channel))
+            self.followers.sort(key=lambda follower: follower.rank)
         for process in self.processes:
             process.start()
+        for end in self._child_ends:
+            end.close()
+        threading.Thread(target=self._watch, name="kvledger-rank-watchdog", daemon=True).start()
         try:
             init_ranks(self.spec, 0)
             runner = build_runner(self.spec, 0)
+            deadline = time.monotonic() + RANK_START_TIMEOUT_S
+            for follower in self.followers:
+                follower.reply(self, deadline)  # ("ready", rank)
         except BaseException:
             self.stop()
             raise
-        deadline = time.monotonic() + RANK_START_TIMEOUT_S
-        for rank, conn in enumerate(self._conns, start=1):
-            while not conn.poll(0.2):
-                if not self.processes[rank - 1].is_alive() or time.monotonic() > deadline:
-                    self.stop()
-                    raise RankLost(f"rank {rank} did not start "
-                                   f"(exit code {self.processes[rank - 1].exitcode})")
-            conn.recv()
-        threading.Thread(target=self._watch, name="kvledger-rank-watchdog", daemon=True).start()
-        log.info("tensor parallelism: %d ranks ready", self.spec.world)
+        log.info("%d ranks ready%s", self.spec.world,
+                 f" on {self.nodes.count} machines" if self.nodes else "")
         return runner
 
     def on_lost(self, callback: Callable[[str], None]) -> None:
@@ -98,41 +176,29 @@ class RankGroup:
         if self.lost is not None:
             raise RankLost(self.lost)
         try:
-            for conn in self._conns:
-                conn.send((method, args))
+            for follower in self.followers:
+                follower.send((method, args))
         except (OSError, EOFError) as exc:
-            self._mark_lost(f"a rank's pipe closed: {exc}")
+            self.mark_lost(f"a rank's connection closed: {exc}")
             raise RankLost(self.lost) from None
 
     def replies(self) -> list[Any]:
         """Each other rank's answer to the call just sent (``measure``), in rank order;
         RankLost when a rank is gone first."""
-        out = []
-        for rank, conn in enumerate(self._conns, start=1):
-            while not conn.poll(0.2):
-                if self.lost is not None or not self.processes[rank - 1].is_alive():
-                    self._mark_lost(f"rank {rank} of {self.spec.world} exited before it "
-                                    "answered")
-                    raise RankLost(self.lost)
-            try:
-                out.append(conn.recv())
-            except (OSError, EOFError) as exc:
-                self._mark_lost(f"a rank's pipe closed: {exc}")
-                raise RankLost(self.lost) from None
-        return out
+        return [follower.reply(self) for follower in self.followers]
 
     def stop(self) -> None:
-        """Tell every rank to stop, end those that do not within a second, and leave the
-        process group (another engine in this process may then start its own)."""
+        """Tell every rank to stop, end those of this machine that do not within a second,
+        and leave the process group (another engine in this process may then start its
+        own)."""
         import torch.distributed as dist
 
         with self._lock:
             if self.lost is None:
                 self.lost = "the engine stopped"
             self._callbacks = []
-        for conn in self._conns:
-            with contextlib.suppress(OSError, EOFError):
-                conn.send(("stop", ()))
+        for follower in self.followers:
+            follower.close()
         for process in self.processes:
             process.join(timeout=1.0)
             if process.is_alive():
@@ -146,21 +212,30 @@ class RankGroup:
             self.threads_before = None
 
     def _watch(self) -> None:
+        from kvledger.engine.core.nodes import ALIVE, PULSE_S
+
+        next_pulse = 0.0
         while self.lost is None:
-            for rank, process in enumerate(self.processes, start=1):
-                if not process.is_alive():
-                    self._mark_lost(f"rank {rank} of {self.spec.world} exited "
-                                    f"(exit code {process.exitcode})")
-                    break
+            for follower in self.followers:
+                reason = follower.gone(self.spec.world)
+                if reason is not None:
+                    self.mark_lost(reason)
+                    return
+            if self.nodes is not None and time.monotonic() > next_pulse:
+                for follower in self.followers:  # the other machines' ranks hear rank 0
+                    if follower.process is None:
+                        with contextlib.suppress(OSError):
+                            follower.send(ALIVE)
+                next_pulse = time.monotonic() + PULSE_S
             time.sleep(WATCH_INTERVAL_S)
 
-    def _mark_lost(self, reason: str) -> None:
+    def mark_lost(self, reason: str) -> None:
         with self._lock:
             if self.lost is not None:
                 return
             self.lost = reason
             callbacks, self._callbacks = self._callbacks, []
-        log.error("tensor parallelism: %s; the engine cannot go on", reason)
+        log.error("ranks: %s; the engine cannot go on", reason)
         for callback in callbacks:
             callback(reason)
 

@@ -125,25 +125,29 @@ def check_stages(config: EngineConfig) -> None:
 
 def start_ranks(config: EngineConfig, plan: Plan, model_dir: str, device: torch.device):
     """Rank 0's runner under ``--tensor-parallel-size N`` (or ``--pipeline-parallel-size
-    P``): ranks 1..N-1 started as their own processes (``core/ranks.py``), every rank
+    P``): ranks 1..N-1 started as their own processes (``core/ranks.py``; with
+    ``--nnodes``, this machine's, the others' joining over the network), every rank
     holding its shard (its stage); BadInput when torch sees fewer CUDA devices than ranks
     (what cannot be sharded, the plan refused first)."""
     from kvledger.engine.core.rank_worker import RankSpec
     from kvledger.engine.core.ranks import RANK_TIMEOUT_S, RankedRunner, RankGroup, free_port
 
     # Shardable, and stages of one GPU each: the plan and check_stages said so.
-    stages = config.pipeline_parallel_size
+    stages, nodes = config.pipeline_parallel_size, config.nodes
     world = config.tensor_parallel_size * stages
-    if device.type == "cuda" and torch.cuda.device_count() < world:
-        raise BadInput(f"{world} ranks (--tensor-parallel-size x --pipeline-parallel-size): "
-                       f"torch sees {torch.cuda.device_count()} CUDA devices")
-    threads = max(1, torch.get_num_threads() // world) if device.type == "cpu" else None
+    local = world // nodes.count if nodes else world  # this machine's ranks
+    if device.type == "cuda" and torch.cuda.device_count() < local:
+        raise BadInput(f"{local} ranks on this machine (--tensor-parallel-size x "
+                       f"--pipeline-parallel-size / --nnodes): torch sees "
+                       f"{torch.cuda.device_count()} CUDA devices")
+    threads = max(1, torch.get_num_threads() // local) if device.type == "cpu" else None
     spec = RankSpec(model_dir=model_dir, world=world, device=device.type,
                     dtype=plan.model_dtype, max_model_len=plan.max_model_len,
-                    block_size=plan.kv.block_size, master_port=free_port(),
+                    block_size=plan.kv.block_size,
+                    master_port=nodes.master_port if nodes else free_port(),
                     timeout_s=RANK_TIMEOUT_S, threads=threads, fuse=not config.enable_lora,
-                    stages=stages)
-    group = RankGroup(spec)
+                    stages=stages, nodes=nodes.count if nodes else 1)
+    group = RankGroup(spec, nodes)
     if threads:
         group.threads_before = torch.get_num_threads()  # given back when the ranks stop
         torch.set_num_threads(threads)  # the ranks share this machine's cores

@@ -103,7 +103,8 @@ async def serve(config, options: ServeOptions, host: str, port: int) -> int:
 
 
 def _rank_lost(engine, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
-    """Settled with the reason when a tensor-parallel rank is lost; never for one rank."""
+    """Settled with the reason when a rank (-tp, -pp, another machine's) is lost; never
+    for one rank."""
     lost = loop.create_future()
     ranks = getattr(engine.runner, "ranks", None)
     if ranks is not None:
@@ -116,7 +117,7 @@ async def _rank_lost_exit(state, reason: str) -> int:
     ``RANK_LOST_GRACE_S`` (so a probe sees why), then exit ``EXIT_RANK_LOST``."""
     from kvledger.engine.core.ranks import RankLost
 
-    log.error("a tensor-parallel rank is lost (%s): failing every request and exiting", reason)
+    log.error("a rank is lost (%s): failing every request and exiting", reason)
     state.async_engine.fail(RankLost(reason))
     await asyncio.sleep(RANK_LOST_GRACE_S)
     return EXIT_RANK_LOST

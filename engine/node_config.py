@@ -1,0 +1,92 @@
+"""The machines a served run spans, as vLLM's multi-node flags declare them: ``--nnodes N``,
+``--node-rank R``, ``--master-addr ADDR``, ``--master-port PORT`` and ``--headless`` on
+every machine but the first. Machine 0 serves the API and holds the scheduler, the
+ledger and admission (rank 0); every machine runs ``world / N`` ranks, machine R ranks
+``R * world / N`` onwards. The ranks meet at ``ADDR:PORT`` (torch.distributed's store)
+and machine 0 sends its calls over ``ADDR:PORT+1`` (``core/nodes.py``), a channel whose
+peers prove they hold ``$KVLEDGER_NODE_KEY`` before either says anything else.
+
+Torch-free: ``kvledger serve`` checks the flags before anything loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+from kvledger.engine.errors import BadInput
+
+NODE_KEY_ENV = "KVLEDGER_NODE_KEY"
+DEFAULT_MASTER_ADDR = "127.0.0.1"  # vLLM's defaults (its ParallelConfig)
+DEFAULT_MASTER_PORT = 29501
+MIN_KEY_BYTES = 16
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """This machine's place in a run of ``count`` machines."""
+
+    count: int
+    rank: int
+    master_addr: str
+    master_port: int
+    key: bytes  # the control channel's shared secret (HMAC challenge both ways)
+
+    @property
+    def control_port(self) -> int:
+        return self.master_port + 1
+
+    def ranks(self, world: int) -> range:
+        """The global ranks this machine runs (``world`` ranks over ``count`` machines)."""
+        local = world // self.count
+        return range(self.rank * local, (self.rank + 1) * local)
+
+
+def add_node_flags(parser: argparse.ArgumentParser) -> None:
+    """vLLM's multi-node flags (``kvledger serve``'s "machines" group)."""
+    nodes = parser.add_argument_group(
+        "machines", "vLLM's multi-node flags: the ranks (-tp x -pp) split evenly over N "
+        f"machines; each needs ${NODE_KEY_ENV}, the same secret on every machine")
+    nodes.add_argument("--nnodes", "-n", type=int, default=1, metavar="N",
+                       help="machines the run spans (default 1)")
+    nodes.add_argument("--node-rank", "-r", type=int, default=0, metavar="R",
+                       help="this machine's rank, 0..N-1: 0 serves the API, the others "
+                            "run their ranks only (default 0)")
+    nodes.add_argument("--master-addr", default=DEFAULT_MASTER_ADDR, metavar="ADDR",
+                       help=f"machine 0's address (default {DEFAULT_MASTER_ADDR})")
+    nodes.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, metavar="PORT",
+                       help="machine 0's port for torch.distributed's rendezvous; PORT+1 "
+                            f"carries its calls to the other machines (default "
+                            f"{DEFAULT_MASTER_PORT})")
+    nodes.add_argument("--headless", action="store_true",
+                       help="vLLM's: serve no API (every machine but the first; a machine of "
+                            "rank above 0 is headless with it or without)")
+
+
+def nodes_from_args(args: argparse.Namespace, world: int) -> Nodes | None:
+    """The machines the flags declare; None for one machine. BadInput for flags that
+    cannot make a run of ``world`` ranks (``-tp x -pp``)."""
+    count, rank = args.nnodes, args.node_rank
+    if count < 1:
+        raise BadInput(f"--nnodes must be at least 1, got {count}")
+    if not 0 <= rank < count:
+        raise BadInput(f"--node-rank must be in 0..{count - 1} (--nnodes {count}), got {rank}")
+    if args.headless and rank == 0:
+        raise BadInput("--headless: machine 0 (--node-rank 0) serves the API; give --headless "
+                       "to the other machines")
+    if count == 1:
+        return None
+    if world % count:
+        raise BadInput(f"--nnodes {count}: the {world} ranks (--tensor-parallel-size x "
+                       f"--pipeline-parallel-size) do not split evenly over {count} machines")
+    if not 1 <= args.master_port <= 65534:
+        raise BadInput(f"--master-port must be in 1..65534 (PORT+1 is used too), got "
+                       f"{args.master_port}")
+    key = os.environ.get(NODE_KEY_ENV, "").encode()
+    if len(key) < MIN_KEY_BYTES:
+        raise BadInput(f"--nnodes {count}: set ${NODE_KEY_ENV} to the same secret of "
+                       f"{MIN_KEY_BYTES} characters or more on every machine (e.g. "
+                       "`openssl rand -hex 32`); the machines prove they hold it before "
+                       "machine 0 sends them anything")
+    return Nodes(count, rank, args.master_addr, args.master_port, key)
