@@ -31,14 +31,26 @@ KEY = "kvledger-test-key-0123456789"
 PROMPTS = [[1, 5, 9, 33, 7, 21, 2], [2, 3, 4], list(range(10, 60))]
 
 
+def _free_pair() -> int:
+    """A port P with P + 1 free too (the rendezvous and the control channel)."""
+    while True:
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
 class Machines:
     """Machine 0 (``kvledger serve``, the API) and machine 1 (headless), their logs in
     files (a pipe left unread would block a process that logs)."""
 
     def __init__(self, model_dir: Path, logs: Path, *flags: str, key: str = KEY) -> None:
-        self.port, master = free_port(), free_port()
-        while master + 1 == self.port:
-            master = free_port()
+        self.port, master = free_port(), _free_pair()
+        while self.port in (master, master + 1):
+            master = _free_pair()
         env = {**os.environ, NODE_KEY_ENV: key}
         common = [sys.executable, "-m", "kvledger.engine.cli", "serve", str(model_dir),
                   "--device", "cpu", "--dtype", "float32", "--max-model-len", "128",
@@ -56,7 +68,11 @@ class Machines:
         return self.logs[machine].read_text()
 
     def ready(self) -> None:
-        wait_for_serve(self.procs[0], self.port, timeout_s=150)
+        try:
+            wait_for_serve(self.procs[0], self.port, timeout_s=150)
+        except BaseException:
+            print(f"machine 0:\n{self.log(0)}\nmachine 1:\n{self.log(1)}")
+            raise
 
     def complete(self, prompt: list[int]) -> list[int]:
         """Greedy token ids of a completion of ``prompt`` (its logprobs name them)."""
