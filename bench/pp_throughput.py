@@ -8,8 +8,10 @@ the ratio, each process's resident memory (VmRSS; rank 0 is this process, which 
 pp=1 engine before), the weights rank 0 holds (measured) against the whole model's, and
 the plan's weights of each stage: each rank holds only its stage's layers. Then a prefill-heavy workload (16 prompts
 of 480 tokens), whose steps run in micro-batches that overlap the stages. On 2 cores pp=2
-is expected to be slower; the figures are reported, not tuned. Exits 1 unless both decode
-runs' tokens are equal.
+is expected to be slower; the figures are reported, not tuned. Last, pp=2 as two machines
+(``--nnodes 2``: stage 2 a ``kvledger serve --node-rank 1 --headless`` process, rank 0's
+calls over the authenticated control channel on 127.0.0.1 instead of a pipe). Exits 1
+unless every decode run's tokens are equal.
 
     .venv/bin/python bench/pp_throughput.py
 """
@@ -17,6 +19,9 @@ runs' tokens are equal.
 from __future__ import annotations
 
 import os
+import secrets
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +33,7 @@ from tp_throughput import PARAMS, PROMPTS, run, same_tokens
 from kvledger.engine.llm import LLM
 from kvledger.engine.model.builtin import write_model
 from kvledger.engine.model.loader import weights_bytes
+from kvledger.engine.node_config import NODE_KEY_ENV, Nodes
 from kvledger.engine.sampling.params import SamplingParams
 
 MiB = 2**20
@@ -60,6 +66,25 @@ def prefill_rate(model_dir: Path, stages: int) -> float:
             ranks.stop()
 
 
+def two_machines(model_dir: Path) -> tuple[float, list[list[int]]]:
+    """``run`` at pp=2 with stage 2 on "another machine": its own ``kvledger serve
+    --node-rank 1 --headless`` process, joined over 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        master = s.getsockname()[1]
+    key = secrets.token_hex(16)
+    other = subprocess.Popen(
+        [sys.executable, "-m", "kvledger.engine.cli", "serve", str(model_dir), "--device",
+         "cpu", "--dtype", "float32", "--max-model-len", "256", "-pp", "2", "--nnodes", "2",
+         "--node-rank", "1", "--headless", "--master-port", str(master)],
+        env={**os.environ, NODE_KEY_ENV: key}, stderr=subprocess.DEVNULL)
+    try:
+        nodes = Nodes(2, 0, "127.0.0.1", master, key.encode())
+        return run(model_dir, pipeline_parallel_size=2, nodes=nodes)
+    finally:
+        other.wait(timeout=30)
+
+
 def main() -> int:
     memory: dict[str, int] = {}
     stages: list = []
@@ -83,10 +108,13 @@ def main() -> int:
         long_one = prefill_rate(model_dir, 1)
         two, tokens_two = run(model_dir, during=two_stages, pipeline_parallel_size=2)
         long_two = prefill_rate(model_dir, 2)
+        apart, tokens_apart = two_machines(model_dir)
     print(f"small-llama fp32, {len(PROMPTS)} sequences x {PARAMS.max_tokens} tokens, CPU: "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     print(f"pp=1: {one:.1f} tokens/s")
     print(f"pp=2: {two:.1f} tokens/s ({two / one:.2f}x pp=1)")
+    print(f"pp=2 on two machines (127.0.0.1, --nnodes 2): {apart:.1f} tokens/s "
+          f"({apart / two:.2f}x pp=2 in one)")
     print(f"prefill, {len(LONG_PROMPTS)} prompts x {len(LONG_PROMPTS[0])} tokens: pp=1 "
           f"{long_one:.0f}, pp=2 {long_two:.0f} prompt tokens/s ({long_two / long_one:.2f}x; "
           "each step in micro-batches, the stages overlapping)")
@@ -96,7 +124,8 @@ def main() -> int:
     for f in stages:
         print(f"stage {f.stage + 1}: layers {f.first_layer}-{f.end_layer - 1}, weights "
               f"{f.classes['weights'] / MiB:.1f} MiB (plan)")
-    return same_tokens("pp=2", tokens_two, "pp=1", tokens_one)
+    return max(same_tokens("pp=2", tokens_two, "pp=1", tokens_one),
+               same_tokens("pp=2 on two machines", tokens_apart, "pp=1", tokens_one))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ DECLARED = {
     "kv_cache_dtype": ("--kv-cache-dtype", "engine.kvCacheDtype"),
     "tensor_parallel_size": ("--tensor-parallel-size", None),  # from spec.gpus
     "pipeline_parallel_size": ("--pipeline-parallel-size", "engine.pipelineParallelSize"),
+    "nodes": (None, None),  # serve's --nnodes ... (engine/node_config.py), not a setting's flag
     "enforce_eager": ("--enforce-eager", "engine.enforceEager"),
     "enable_prefix_caching": ("--enable-prefix-caching", "engine.enablePrefixCaching"),
     "quantization": ("--quantization", "engine.quantization"),

@@ -155,17 +155,22 @@ def test_moe_experts_are_split_and_the_router_replicated(tmp_path) -> None:
     assert one - two == (one - router - norms) // 2
 
 
-def test_plan_takes_vllms_multi_node_flags_and_serve_refuses_more_than_one_node(
-        tiny_llama_dir, capsys) -> None:
+def test_plan_takes_vllms_multi_node_flags_and_serve_checks_them(tiny_llama_dir, capsys,
+                                                                 monkeypatch) -> None:
+    """A plan is per GPU of each stage wherever the stages run: plan takes the machines'
+    flags as they are; serve runs them (tests/engine/test_nodes.py), and refuses a run the
+    machines cannot split evenly, one line, exit 2."""
     nodes = ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
              "--master-port", "29500"]
     assert main(["plan", str(tiny_llama_dir), "--device-memory", "8GiB", "-pp", "2",
                  *nodes]) == 0
     capsys.readouterr()
-    assert main(["serve", str(tiny_llama_dir), "--device", "cpu", *nodes]) == 2
+    monkeypatch.setenv("KVLEDGER_NODE_KEY", "k" * 32)
+    assert main(["serve", str(tiny_llama_dir), "--device", "cpu", "-pp", "3", *nodes]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert err.startswith("error: --nnodes 2 --node-rank 1: kvledger serves on one machine")
+    assert err.startswith("error: --nnodes 2: the 3 ranks (--tensor-parallel-size x "
+                          "--pipeline-parallel-size) do not split evenly over 2 machines")
 
 
 @pytest.mark.parametrize("flag", [["--data-parallel-size", "2"]])
