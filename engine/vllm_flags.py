@@ -71,7 +71,7 @@ RULES: dict[str, Rule] = {
     "--enable-expert-parallel": _refuse("expert parallelism yet"),
     "--no-enable-expert-parallel": _noop(_ONE_DEVICE),
     # vLLM's multi-node flags: a plan is per GPU of each stage wherever the stages run
-    # (--pipeline-parallel-size); `kvledger serve` refuses more than one node itself.
+    # (--pipeline-parallel-size); `kvledger serve` runs the machines (engine/node_config.py).
     "--nnodes": _noop(_NOT_PLANNED.format("the machines a run spans"), nargs=1),
     "--node-rank": _noop(_NOT_PLANNED.format("which machine this is"), nargs=1),
     "--master-addr": _noop(_NOT_PLANNED.format("the first machine's address"), nargs=1),

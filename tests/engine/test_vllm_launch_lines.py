@@ -45,7 +45,7 @@ LAUNCH_LINES = [
     ("distributed serving", "{model} --tensor-parallel-size 4", ACCEPTED),
     ("distributed serving: pipeline (planned per stage)",
      "{model} --pipeline-parallel-size 2", ACCEPTED),
-    ("distributed serving: multi-node (planned; serve refuses more than one node)",
+    ("distributed serving: multi-node (planned per stage; serve runs the machines)",
      "{model} --tensor-parallel-size 2 --pipeline-parallel-size 2 --nnodes 2 --node-rank 0 "
      "--master-addr 10.0.0.1 --master-port 29500", ACCEPTED),
     ("DeepSeek-V3 recipe", "{model} -tp 2 --trust-remote-code", ACCEPTED),
