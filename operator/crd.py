@@ -169,15 +169,17 @@ def openapi_schema() -> dict[str, Any]:
     return crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
-def _strict(schema: dict[str, Any]) -> dict[str, Any]:
-    """Reject unknown fields, as kubectl's default ``--validate=strict`` does."""
-    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
+def strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` (changed in place) rejecting unknown fields wherever it lists an object's
+    fields, as kubectl's default ``--validate=strict`` does."""
+    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema \
+            and not schema.get("x-kubernetes-preserve-unknown-fields"):
         schema["additionalProperties"] = False
     for value in schema.get("properties", {}).values():
-        _strict(value)
+        strict_schema(value)
     for key in ("items", "additionalProperties"):
         if isinstance(schema.get(key), dict):
-            _strict(schema[key])
+            strict_schema(schema[key])
     return schema
 
 
@@ -194,7 +196,7 @@ def validate_manifest(doc: Any) -> dict[str, Any]:
     if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
         raise BadInput(f"manifest must be apiVersion: {API_VERSION}, kind: {KIND}; "
                        f"got {doc.get('apiVersion')!r}, {doc.get('kind')!r}")
-    schema = _strict(openapi_schema())
+    schema = strict_schema(openapi_schema())
     # The Deployment and Service are named as the resource, and a Service name must be a
     # DNS-1035 label; the API server checks that, so `kvledger run` does it here.
     schema["properties"]["metadata"] = {"type": "object", "required": ["name"], "properties": {
