@@ -68,7 +68,14 @@ _STATUS = {
         },
         "observedGeneration": {"type": "integer"},
         "replicas": {"type": "integer",
-                     "description": "pods the Deployment has (the scale subresource's)"},
+                     "description": "pods the Deployment has, or groups the LeaderWorkerSet "
+                                    "has (the scale subresource's)"},
+        "pods": {"type": "array", "description": "with nodes above 1: every pod of every "
+                 "group, its role, phase and readiness", "items": {
+                     "type": "object", "properties": {
+                         "name": {"type": "string"}, "group": {"type": "integer"},
+                         "role": {"type": "string", "enum": ["leader", "worker"]},
+                         "phase": {"type": "string"}, "ready": {"type": "boolean"}}}},
         "readyReplicas": {"type": "integer"},
         "selector": {"type": "string",
                      "description": "label selector of the pods (the scale subresource's: "

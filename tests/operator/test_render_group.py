@@ -4,10 +4,12 @@ rendered as the engine's multi-node contract wants them."""
 from __future__ import annotations
 
 import base64
+import re
 
 import pytest
 
 from kvledger.engine.errors import BadInput
+from kvledger.operator.autoscaling import pod_name_pattern, render_scaling
 from kvledger.operator.render import LABEL, render_deployment
 from kvledger.operator.render_group import (
     CONTROL_PORT,
@@ -159,3 +161,15 @@ def test_one_node_is_the_deployment_as_before():
     kind, body = render_workload("two", "ns", parse_spec({"model": MODEL, "nodes": 2}))
     assert kind == ("leaderworkerset.x-k8s.io/v1", "leaderworkersets")
     assert body["kind"] == "LeaderWorkerSet"
+
+
+def test_keda_sums_the_metric_over_the_leaders_which_alone_serve_it():
+    scaling = render_scaling("big", "ns", {"model": MODEL, "nodes": 2, "autoscaling": {
+        "maxReplicas": 3, "provider": "keda", "metric": "requestsWaiting"}})
+    [scaled] = [body for body in scaling.values() if body and body["kind"] == "ScaledObject"]
+    query = scaled["spec"]["triggers"][0]["metadata"]["query"]
+    assert query == 'sum(kvledger_requests_waiting{namespace="ns",pod=~"big-[0-9]+"})'
+    pattern = re.compile(pod_name_pattern("big", nodes=2))
+    assert pattern.fullmatch("big-0") and pattern.fullmatch("big-12")
+    assert not pattern.fullmatch("big-0-1")  # a worker
+    assert not pattern.fullmatch("big-7d9f8c6b5-x2x4z")  # a Deployment's pod
