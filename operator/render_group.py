@@ -177,13 +177,14 @@ def render_group_network_policy(name: str, namespace: str, spec: ServiceSpec,
 
 
 def render_node_key_secret(name: str, namespace: str, key: bytes) -> dict[str, Any]:
-    """The Secret ``<name>-nodes`` with the control channel's key (``NODE_KEY_BYTES`` random
-    bytes the caller draws); created once, never rewritten, owned by the resource."""
+    """The Secret ``<name>-nodes`` with the control channel's key: ``key`` (``NODE_KEY_BYTES``
+    random bytes the caller draws) in hex, since it reaches the engine as an env var, text;
+    created once, never rewritten, owned by the resource."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {"name": node_key_secret_name(name), "namespace": namespace,
                      "labels": labels(name)},
         "type": "Opaque",
-        "data": {NODE_KEY_FIELD: base64.b64encode(key).decode("ascii")},
+        "data": {NODE_KEY_FIELD: base64.b64encode(key.hex().encode("ascii")).decode("ascii")},
     }

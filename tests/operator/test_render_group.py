@@ -112,7 +112,8 @@ def test_the_node_key_secret_holds_the_key_it_is_given():
     secret = render_node_key_secret("big", "ns", bytes(range(32)))
     assert secret["metadata"]["name"] == "big-nodes"
     assert secret["metadata"]["labels"][LABEL] == "big"
-    assert base64.b64decode(secret["data"]["key"]) == bytes(range(32))
+    # Hex: the engine reads it from an env var, text (raw bytes could hold a NUL).
+    assert base64.b64decode(secret["data"]["key"]) == bytes(range(32)).hex().encode()
 
 
 def test_pod_templates_carry_the_operators_labels_over_pod_labels():
