@@ -69,23 +69,27 @@ def scale_target_ref(name: str) -> dict[str, str]:
     return {"apiVersion": API_VERSION, "kind": KIND, "name": name}
 
 
-def pod_name_pattern(name: str) -> str:
-    """A PromQL regex (anchored) for the names of the Deployment's pods:
+def pod_name_pattern(name: str, nodes: int = 1) -> str:
+    """A PromQL regex (anchored) for the names of the pods that serve HTTP. With ``nodes``
+    above 1, the LeaderWorkerSet's leaders: ``NAME-GROUP`` (its workers, ``NAME-GROUP-N``,
+    export nothing). Else the Deployment's pods:
     ``NAME-[a-z0-9]{1,10}-[a-z0-9]{5}``. Neither part has a '-', so the pods of another
     resource named ``NAME-x`` do not match (its pods' names have one '-' more, or, cut to
     58 characters, a last part longer than 5). Past 46 characters the hash is cut, and
     the pattern is the 58-character prefix and what may follow it. A name is a DNS-1035
     label: it needs no regex escaping (and PromQL's strings would refuse ``\\-``)."""
+    if nodes > 1:
+        return f"{name}-[0-9]+"
     if len(name) <= _WHOLE_POD_NAMES_UP_TO:
         return f"{name}-[a-z0-9]{{1,10}}-[a-z0-9]{{5}}"
     prefix = (name + "-")[:58]
     return f"{prefix}[-a-z0-9]{{5,{_POD_NAME_MAX - len(prefix)}}}"
 
 
-def promql(name: str, namespace: str, metric: str) -> str:
-    """The sum over the resource's pods of the metric (KEDA's query)."""
+def promql(name: str, namespace: str, metric: str, nodes: int = 1) -> str:
+    """The sum over the resource's serving pods of the metric (KEDA's query)."""
     read = METRICS[metric]
-    matchers = f'namespace="{namespace}",pod=~"{pod_name_pattern(name)}"'
+    matchers = f'namespace="{namespace}",pod=~"{pod_name_pattern(name, nodes)}"'
     if read.matcher:
         matchers += f",{read.matcher}"
     series = f"{read.series}{{{matchers}}}"
@@ -131,7 +135,8 @@ def render_hpa(name: str, namespace: str, settings: Autoscaling) -> dict[str, An
 
 
 def render_scaled_object(name: str, namespace: str, settings: Autoscaling, *,
-                         prometheus_url: str = DEFAULT_PROMETHEUS_URL) -> dict[str, Any]:
+                         prometheus_url: str = DEFAULT_PROMETHEUS_URL,
+                         nodes: int = 1) -> dict[str, Any]:
     """The KEDA ScaledObject (provider keda) of the resource's scale subresource.
 
     ``prometheus_url`` is the operator's default; ``serverAddress`` in the spec wins."""
@@ -149,7 +154,7 @@ def render_scaled_object(name: str, namespace: str, settings: Autoscaling, *,
                 "metricType": "AverageValue",
                 "metadata": {
                     "serverAddress": settings.server_address or prometheus_url,
-                    "query": promql(name, namespace, settings.metric),
+                    "query": promql(name, namespace, settings.metric, nodes),
                     "threshold": decimal(settings.target),
                 },
             }],
@@ -196,6 +201,7 @@ def render_scaling(name: str, namespace: str, spec: ServiceSpec | dict[str, Any]
     if settings is not None and settings.provider == "hpa":
         hpa = render_hpa(name, namespace, settings)
     elif settings is not None:
-        scaled = render_scaled_object(name, namespace, settings, prometheus_url=prometheus_url)
+        scaled = render_scaled_object(name, namespace, settings, prometheus_url=prometheus_url,
+                                      nodes=spec.nodes)
     pdb = render_pdb(name, namespace) if pdb_wanted(spec) else None
     return dict(zip(OPTIONAL_CHILDREN, (hpa, scaled, pdb), strict=True))

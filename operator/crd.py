@@ -68,7 +68,14 @@ _STATUS = {
         },
         "observedGeneration": {"type": "integer"},
         "replicas": {"type": "integer",
-                     "description": "pods the Deployment has (the scale subresource's)"},
+                     "description": "pods the Deployment has, or groups the LeaderWorkerSet "
+                                    "has (the scale subresource's)"},
+        "pods": {"type": "array", "description": "with nodes above 1: every pod of every "
+                 "group, its role, phase and readiness", "items": {
+                     "type": "object", "properties": {
+                         "name": {"type": "string"}, "group": {"type": "integer"},
+                         "role": {"type": "string", "enum": ["leader", "worker"]},
+                         "phase": {"type": "string"}, "ready": {"type": "boolean"}}}},
         "readyReplicas": {"type": "integer"},
         "selector": {"type": "string",
                      "description": "label selector of the pods (the scale subresource's: "
@@ -169,15 +176,17 @@ def openapi_schema() -> dict[str, Any]:
     return crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
-def _strict(schema: dict[str, Any]) -> dict[str, Any]:
-    """Reject unknown fields, as kubectl's default ``--validate=strict`` does."""
-    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
+def strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` (changed in place) rejecting unknown fields wherever it lists an object's
+    fields, as kubectl's default ``--validate=strict`` does."""
+    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema \
+            and not schema.get("x-kubernetes-preserve-unknown-fields"):
         schema["additionalProperties"] = False
     for value in schema.get("properties", {}).values():
-        _strict(value)
+        strict_schema(value)
     for key in ("items", "additionalProperties"):
         if isinstance(schema.get(key), dict):
-            _strict(schema[key])
+            strict_schema(schema[key])
     return schema
 
 
@@ -194,7 +203,7 @@ def validate_manifest(doc: Any) -> dict[str, Any]:
     if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
         raise BadInput(f"manifest must be apiVersion: {API_VERSION}, kind: {KIND}; "
                        f"got {doc.get('apiVersion')!r}, {doc.get('kind')!r}")
-    schema = _strict(openapi_schema())
+    schema = strict_schema(openapi_schema())
     # The Deployment and Service are named as the resource, and a Service name must be a
     # DNS-1035 label; the API server checks that, so `kvledger run` does it here.
     schema["properties"]["metadata"] = {"type": "object", "required": ["name"], "properties": {

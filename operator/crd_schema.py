@@ -25,9 +25,11 @@ from kvledger.operator.resource import (
     DEFAULT_GPUS,
     DEFAULT_MIN_REPLICAS,
     DEFAULT_MOUNT_PATH,
+    DEFAULT_NODES,
     DEFAULT_PORT,
     DEFAULT_REPLICAS,
     DEFAULT_SHUTDOWN_GRACE_S,
+    MAX_NODES,
 )
 from kvledger.operator.spec_rules import ruled
 
@@ -234,7 +236,13 @@ SPEC_SCHEMA = ruled({
                                "shards the model over them (--tensor-parallel-size, planned "
                                "per GPU, a memory-backed /dev/shm)",
                             default=DEFAULT_GPUS), "gpus"),
-        "replicas": _int(0, "pods serving this model (the scale subresource's; with "
+        "nodes": _int(1, "pods per replica, on as many nodes, gpus GPUs each: above 1, each "
+                         "replica is a LeaderWorkerSet group (the leader serves HTTP, the "
+                         "workers run later pipeline stages; engine.pipelineParallelSize "
+                         "defaults to nodes); needs LeaderWorkerSet installed",
+                      maximum=MAX_NODES, default=DEFAULT_NODES),
+        "replicas": _int(0, "pods (groups, with nodes above 1) serving this model (the scale "
+                            "subresource's; with "
                             "autoscaling, the autoscaler writes it)", default=DEFAULT_REPLICAS),
         "image": {"type": "string", "minLength": 1,
                   "description": "kvledger image (default: the operator's configured image)"},

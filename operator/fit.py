@@ -76,6 +76,11 @@ def judge(name: str, spec: ServiceSpec, nodes: Iterable[Mapping[str, Any]], *,
     plans = {memory: plan_on(memory) for memory in {node.memory_bytes for node in known}}
     fitting = [node for node in known if plans[node.memory_bytes].fits]
     if fitting:
+        short = _group_short(name, spec, fitting, unknown)
+        if short is not None:
+            return _refusal(short, refuse, plans) if not unknown else Verdict(
+                True, warnings=(f"{short} (and the GPUs of {_count(unknown, 'node')} are "
+                                "not known)",), plans=plans)
         return Verdict(True, warnings=_partial_fit(name, known, fitting, unknown), plans=plans)
     if unknown:
         said = (f"{name} does not fit the {_count(known, 'node')} whose GPUs are known "
@@ -90,6 +95,20 @@ def judge(name: str, spec: ServiceSpec, nodes: Iterable[Mapping[str, Any]], *,
                f"{largest.shape}; planned on {gpus}:\n{render_report(plan)}"
                f"{_spec_remedies(plan.remedies, largest.gpus)}")
     return _refusal(message, refuse, plans)
+
+
+def _group_short(name: str, spec: ServiceSpec, fitting: list[GpuNode],
+                 unknown: list[GpuNode]) -> str | None:
+    """Why the nodes the model fits cannot hold one group of ``spec.nodes`` pods of
+    ``spec.gpus`` GPUs each (LWS may put two pods of a group on one node with room for
+    both), or None when they can."""
+    room = sum(node.gpus // spec.gpus for node in fitting)
+    if spec.nodes <= 1 or room >= spec.nodes:
+        return None
+    return (f"{name} needs {spec.nodes} pods of {spec.gpus} GPUs (nodes: {spec.nodes}) on "
+            f"nodes it fits, and those it may run on hold {room}: {_count(fitting, 'node')} "
+            f"of {fitting[0].shape}" + ("" if len({n.shape for n in fitting}) == 1
+                                        else " and others"))
 
 
 def _unread(name: str, spec: ServiceSpec, known: list[GpuNode], unknown: list[GpuNode],

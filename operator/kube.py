@@ -1,7 +1,7 @@
 """A small async Kubernetes REST client for the operator's children and status.
 
 kopf owns the watches and events; this client does the few direct calls the handlers
-need (apply a child, read/patch a status, read a Secret, delete), with the credentials
+need (apply a child, create a Secret once, read/patch a status, delete), with the credentials
 kopf logged in with (``kopf.ConnectionInfo``). Patches are JSON merge patches.
 """
 
@@ -90,6 +90,18 @@ class KubeApi:
 
     async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self._call("POST", path, json=body) or {}
+
+    async def create_once(self, api_version: str, plural: str, body: dict[str, Any]) -> bool:
+        """Create the object unless one of its name exists (True if created). Nothing is
+        read or rewritten: a Secret keeps the value it was first created with."""
+        meta = body["metadata"]
+        try:
+            await self.create(object_path(api_version, plural, meta["namespace"]), body)
+        except KubeError as exc:
+            if exc.status == 409:  # AlreadyExists
+                return False
+            raise
+        return True
 
     async def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self._call("PATCH", path, json=body, headers=_MERGE_PATCH) or {}

@@ -5,8 +5,9 @@ and the engine alike (``spec._engine_config``), ``nvidia.com/gpu: N``, and a mem
 the ranks' processes where GPUs have no peer-to-peer path (and torch's workers pass
 tensors through it).
 
-All ranks run in one pod, on one node: ``MAX_GPUS`` is the most a node has (an 8-GPU
-HGX/DGX), and serving across nodes is refused by name (docs/operator.md, "Multi-node").
+A pod's ranks run on one node: ``MAX_GPUS`` is the most a node has (an 8-GPU HGX/DGX);
+across nodes, ``spec.nodes`` pods of ``gpus`` GPUs each form a LeaderWorkerSet group
+(``render_group``).
 """
 
 from __future__ import annotations

@@ -7,9 +7,8 @@ loading a byte, with the refusal in its termination message. A hub model
 (``spec.model.uri``) adds the init container ``fetch`` between them: the pre-flight plans
 from headers read over HTTP, and only a plan that fits is downloaded.
 
-Nothing here does I/O: the hub model's download size, which sizes an emptyDir cache, is
-a parameter (the handler asks the hub). The spec is the parsed one (``spec.parse_spec``);
-the public renderers also take a manifest's spec dict and parse it.
+Nothing here does I/O: a hub model's download size (it sizes an emptyDir cache) is a
+parameter. The spec is the parsed one (``spec.parse_spec``) or a manifest's dict.
 """
 
 from __future__ import annotations
@@ -43,9 +42,8 @@ TERMINATION_MARGIN_S = 15
 # Where fetch downloads a hub model and the engine reads it (read-only, offline).
 CACHE_DIR = "/var/cache/kvledger"
 # The emptyDir cache's sizeLimit over the download size: 5% (files the listing rounds or
-# omits, the hub cache's refs and links) plus 1 GiB (a small model's tokenizer and
-# configuration files, a resumed download's partial file). Past the limit the kubelet
-# evicts the pod, so the margin errs on the large side; it reserves nothing on the node.
+# omits, the hub cache's refs and links) plus 1 GiB (tokenizer and configuration files, a
+# resumed download's partial file). Past it the kubelet evicts the pod: it errs large.
 CACHE_MARGIN_PERCENT = 5
 CACHE_MARGIN_BYTES = 2**30
 # With GPUs and no tolerations of the user's: GPU nodes are commonly tainted so.
@@ -301,14 +299,8 @@ def render_deployment(name: str, namespace: str, spec: ServiceSpec | dict[str, A
                       default_image: str = DEFAULT_IMAGE, download_bytes: int | None = None,
                       hub_endpoint: str | None = None) -> dict[str, Any]:
     """The Deployment named as the resource (owner references are added by the caller).
-
-    ``download_bytes`` and ``hub_endpoint``: see ``render_pod_spec``.
-    The pod template carries ``podLabels`` and ``podAnnotations``; the operator's labels
-    win over podLabels of the same key (the selector and the Service depend on them)."""
+    ``download_bytes`` and ``hub_endpoint``: see ``render_pod_spec``."""
     spec = as_spec(spec)
-    template_meta: dict[str, Any] = {"labels": {**spec.pod_labels, **labels(name)}}
-    if spec.pod_annotations:
-        template_meta["annotations"] = dict(spec.pod_annotations)
     # With GPUs, a surge pod would wait for a GPU the old pod holds: replace in place.
     strategy = ({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
                 if spec.gpus > 0 else {"type": "RollingUpdate"})
@@ -321,13 +313,22 @@ def render_deployment(name: str, namespace: str, spec: ServiceSpec | dict[str, A
             "selector": {"matchLabels": selector_labels(name)},
             "strategy": strategy,
             "template": {
-                "metadata": template_meta,
+                "metadata": pod_template_metadata(name, spec),
                 "spec": render_pod_spec(spec, default_image=default_image,
                                         download_bytes=download_bytes,
                                         hub_endpoint=hub_endpoint),
             },
         },
     }
+
+
+def pod_template_metadata(name: str, spec: ServiceSpec) -> dict[str, Any]:
+    """A pod template's labels and annotations: ``podLabels`` under the operator's labels,
+    which win (the selector and the Service depend on them), and ``podAnnotations``."""
+    meta: dict[str, Any] = {"labels": {**spec.pod_labels, **labels(name)}}
+    if spec.pod_annotations:
+        meta["annotations"] = dict(spec.pod_annotations)
+    return meta
 
 
 def render_service(name: str, namespace: str,

@@ -17,6 +17,9 @@ SHORT_NAMES = ["kvis"]
 API_VERSION = f"{GROUP}/{VERSION}"
 
 DEFAULT_GPUS = 1
+# spec.nodes: the pods of one replica (a LeaderWorkerSet group when more than 1).
+DEFAULT_NODES = 1
+MAX_NODES = 64
 DEFAULT_REPLICAS = 1
 DEFAULT_PORT = 8000
 DEFAULT_SHUTDOWN_GRACE_S = 30  # serve's own default

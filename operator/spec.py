@@ -32,6 +32,7 @@ from kvledger.operator.resource import (
     DEFAULT_MAX_QUEUE_WAIT_S,
     DEFAULT_MIN_REPLICAS,
     DEFAULT_MOUNT_PATH,
+    DEFAULT_NODES,
     DEFAULT_PORT,
     DEFAULT_REPLICAS,
     DEFAULT_SHUTDOWN_GRACE_S,
@@ -93,7 +94,8 @@ class ServiceSpec:
 
     model: Model
     engine: EngineConfig  # both containers' flags, for the pod's device
-    gpus: int = DEFAULT_GPUS
+    gpus: int = DEFAULT_GPUS  # per pod: with nodes > 1, each pod of a group has as many
+    nodes: int = DEFAULT_NODES  # pods per replica: more than 1 is a LeaderWorkerSet group
     replicas: int = DEFAULT_REPLICAS
     port: int = DEFAULT_PORT
     shutdown_grace_s: int = DEFAULT_SHUTDOWN_GRACE_S
@@ -153,11 +155,13 @@ def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
     check_rules(raw)
     model = _model(raw.get("model") or {})
     gpus = raw.get("gpus", DEFAULT_GPUS)
+    nodes = raw.get("nodes", DEFAULT_NODES)
     limits = (raw.get("resources") or {}).get("limits") or {}
     return ServiceSpec(
         model=model,
-        engine=_engine_config(raw, model, cluster_device(gpus), tensor_parallel_size(gpus)),
+        engine=_engine_config(raw, model, cluster_device(gpus), tensor_parallel_size(gpus), nodes),
         gpus=gpus,
+        nodes=nodes,
         replicas=raw.get("replicas", DEFAULT_REPLICAS),
         port=raw.get("port", DEFAULT_PORT),
         shutdown_grace_s=raw.get("shutdownGraceSeconds", DEFAULT_SHUTDOWN_GRACE_S),
@@ -210,7 +214,7 @@ def _model(model: Mapping[str, Any]) -> Model:
 
 
 def _engine_config(raw: Mapping[str, Any], model: Model, device: str,
-                   tensor_parallel_size: int) -> EngineConfig:
+                   tensor_parallel_size: int, nodes: int = DEFAULT_NODES) -> EngineConfig:
     values: dict[str, Any] = {
         "model": posixpath.normpath(model.path) if model.path else (model.uri or ""),
         "served_model_name": model.name,
@@ -218,8 +222,11 @@ def _engine_config(raw: Mapping[str, Any], model: Model, device: str,
         "tensor_parallel_size": tensor_parallel_size,  # one rank per GPU
     }
     values.update(spec_settings(raw))
-    # engine.pipelineParallelSize P: the pod's GPUs are P stages of gpus / P ranks each.
-    values["tensor_parallel_size"] = max(1, tensor_parallel_size
+    if nodes > 1:  # a group: P stages over gpus * nodes GPUs, nodes of them at least
+        values.setdefault("pipeline_parallel_size", nodes)
+    # engine.pipelineParallelSize P: the group's gpus * nodes GPUs (one pod's with nodes 1)
+    # are P stages of gpus * nodes / P ranks each.
+    values["tensor_parallel_size"] = max(1, tensor_parallel_size * nodes
                                          // values.get("pipeline_parallel_size", 1))
     adapters = _adapters(raw.get("adapters") or [], model)
     if adapters:  # spec.adapters: --enable-lora --lora-modules NAME=URI ...

@@ -21,7 +21,12 @@ from typing import Any
 from kvledger.engine.errors import BadInput
 from kvledger.operator.parallel import MAX_GPUS
 from kvledger.operator.quantity import target_value
-from kvledger.operator.resource import AUTOSCALING_METRICS, DEFAULT_GPUS, DEFAULT_MOUNT_PATH
+from kvledger.operator.resource import (
+    AUTOSCALING_METRICS,
+    DEFAULT_GPUS,
+    DEFAULT_MOUNT_PATH,
+    DEFAULT_NODES,
+)
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,14 @@ def _ratio_at_most_one(scaling: Mapping[str, Any]) -> bool:
             or "target" not in scaling or target_value(scaling["target"]) <= 1)
 
 
+def _group_stages_fit(spec: Mapping[str, Any]) -> bool:
+    stages = (spec.get("engine") or {}).get("pipelineParallelSize")
+    nodes = spec.get("nodes", DEFAULT_NODES)
+    if stages is None or nodes == 1:
+        return True
+    return stages % nodes == 0 and spec.get("gpus", DEFAULT_GPUS) % (stages // nodes) == 0
+
+
 # Env names the operator owns: what the engine and the hub client read that changes who
 # may reach what (an API key, runtime adapter loading, where the hub token goes). They
 # come from the spec's own fields, and the pod sets them itself, over any envFrom.
@@ -81,19 +94,36 @@ RULES: tuple[Rule, ...] = (
          "HF_HUB_OFFLINE are the operator's: use apiKeySecretRef, allowRuntimeLoraUpdating, "
          "model.endpoint and model.tokenSecretRef",
          _env_name_free),
-    # One pod, one node: the model is sharded over the node's GPUs (tensor parallelism).
+    # One pod, one node: a pod's model shard is sharded over its node's GPUs (tensor
+    # parallelism); spec.nodes spans nodes with pods of a LeaderWorkerSet group.
     Rule("gpus", f"self <= {MAX_GPUS}",
          f"gpus must be at most {MAX_GPUS}: kvledger serves a model on the GPUs of one node "
-         "(tensor parallelism, and pipeline stages: engine.pipelineParallelSize); serving "
-         "across nodes is not supported yet",
+         "per pod (tensor parallelism, and pipeline stages: engine.pipelineParallelSize); to "
+         "serve across nodes, set nodes (a LeaderWorkerSet group of pods of gpus GPUs each)",
          lambda gpus: gpus <= MAX_GPUS),
+    Rule("", "!has(self.nodes) || self.nodes == 1 || !has(self.gpus) || self.gpus >= 1",
+         "nodes above 1 needs gpus of at least 1: each pod of the group serves its pipeline "
+         "stages on its own GPUs",
+         lambda spec: spec.get("nodes", DEFAULT_NODES) == 1 or spec.get("gpus", DEFAULT_GPUS) >= 1),
     Rule("", "!has(self.engine) || !has(self.engine.pipelineParallelSize)"
+         " || has(self.nodes) && self.nodes != 1"
          f" || (has(self.gpus) ? self.gpus : {DEFAULT_GPUS})"
          " % self.engine.pipelineParallelSize == 0",
          "engine.pipelineParallelSize must divide gpus: each stage is gpus / "
          "pipelineParallelSize GPUs of the pod",
          lambda spec: "pipelineParallelSize" not in (spec.get("engine") or {})
+         or spec.get("nodes", DEFAULT_NODES) != 1
          or spec.get("gpus", DEFAULT_GPUS) % spec["engine"]["pipelineParallelSize"] == 0),
+    # A group of nodes: P stages over gpus * nodes GPUs, P / nodes of them in each pod.
+    Rule("", "!has(self.engine) || !has(self.engine.pipelineParallelSize)"
+         " || !has(self.nodes) || self.nodes == 1"
+         " || self.engine.pipelineParallelSize % self.nodes == 0"
+         f" && (has(self.gpus) ? self.gpus : {DEFAULT_GPUS})"
+         " % (self.engine.pipelineParallelSize / self.nodes) == 0",
+         "with nodes above 1, engine.pipelineParallelSize must be a multiple of nodes, and "
+         "pipelineParallelSize / nodes must divide gpus: each pod holds pipelineParallelSize "
+         "/ nodes stages of its gpus (default: pipelineParallelSize = nodes, one stage a pod)",
+         _group_stages_fit),
     Rule("engine",
          "!has(self.maxNumBatchedTokens) || !has(self.maxNumSeqs)"
          " || self.maxNumBatchedTokens >= self.maxNumSeqs",

@@ -23,7 +23,7 @@ IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
 WARNING_REASONS = {"DoesNotFit", "PreflightBadInput", "PreflightFailed", "InvalidSpec",
                    "PolicyDenied",
                    "OOMKilled", "EngineCrashLoop", "ImagePullFailed", "Unschedulable",
-                   "FetchFailed", "ModelUnavailable"}
+                   "FetchFailed", "ModelUnavailable", "LeaderWorkerSetMissing"}
 NO_FIGURES = (f"(no plan figures: the pre-flight's message has no {PLAN_LINE_PREFIX.strip()} "
               "line; is its image older than the operator's?)")
 
@@ -167,7 +167,9 @@ def compute_status(*, spec: ServiceSpec | dict[str, Any] | None, generation: int
                    endpoint: str, now: str, model: dict[str, Any] | None = None,
                    model_error: str | None = None, replicas: int = 0,
                    selector: str | None = None,
-                   spec_reason: str = "InvalidSpec") -> dict[str, Any]:
+                   spec_reason: str = "InvalidSpec", ready_replicas: int | None = None,
+                   group_pods: list[dict[str, Any]] | None = None,
+                   blocked: tuple[str, str] | None = None) -> dict[str, Any]:
     """The whole desired status from the pods' statuses (level-based: history-free).
 
     ``old`` is the current status (for transition times and what pods no longer show);
@@ -180,7 +182,12 @@ def compute_status(*, spec: ServiceSpec | dict[str, Any] | None, generation: int
 
     The scale subresource reads ``replicas`` (the pods the Deployment has, from its status)
     and ``selector`` (the pods' label selector, with which an HPA finds their metrics);
-    ``readyReplicas`` counts the ready pods themselves.
+    ``readyReplicas`` counts the ready pods themselves, unless ``ready_replicas`` (a
+    LeaderWorkerSet's groups with every pod ready) is given.
+
+    A multi-node service also shows ``group_pods`` (``status.pods``: ``group_pod_status``),
+    and ``blocked`` (reason, message) is what keeps it from being applied at all
+    (``LeaderWorkerSetMissing``): ``Ready=False`` with it, whatever pods there are.
     """
     conditions = list(old.get("conditions") or [])
     status: dict[str, Any] = {"endpoint": endpoint, "replicas": replicas}
@@ -196,15 +203,21 @@ def compute_status(*, spec: ServiceSpec | dict[str, Any] | None, generation: int
             condition["observedGeneration"] = generation
         conditions = upsert_condition(conditions, condition, now)
 
-    if spec_error is not None:
-        set_condition(READY, "False", spec_reason, spec_error)
+    if group_pods is not None:
+        status["pods"] = group_pods
+    elif "pods" in old:
+        status["pods"] = None  # one node again: the merge patch removes the list
+    if spec_error is not None or blocked is not None:
+        set_condition(READY, "False", *((spec_reason, spec_error) if blocked is None
+                                        else blocked))
         status.update(conditions=conditions, readyReplicas=0)
         return status
 
     spec = as_spec(spec)
     refusal = _memory_budget(pods, old, status, set_condition)
     model_problem = _model_status(spec, model, model_error, old, status)
-    ready_count = sum(pod_ready(p) for p in pods)
+    ready_count = (sum(pod_ready(p) for p in pods) if ready_replicas is None
+                   else ready_replicas)
     replicas = spec.replicas
     problem = next((p for p in (pod_problem(pod) for pod in pods) if p is not None), None)
     if model_problem is not None:  # no pod of this spec can exist yet
@@ -221,6 +234,20 @@ def compute_status(*, spec: ServiceSpec | dict[str, Any] | None, generation: int
         set_condition(READY, "False", "Starting", f"0/{replicas} replicas ready")
     status.update(conditions=conditions, readyReplicas=ready_count)
     return status
+
+
+def group_pod_status(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``status.pods`` of a multi-node service from the pod index's entries (``name``,
+    ``status``, LWS's ``group`` and ``worker`` indexes): every pod of every group, each
+    group's leader first, with its phase and readiness."""
+    def order(entry: dict[str, Any]) -> tuple[int, int, str]:
+        return (int(entry.get("group") or 0), int(entry.get("worker") or 0), entry["name"])
+
+    return [{"name": entry["name"], "group": int(entry.get("group") or 0),
+             "role": "leader" if str(entry.get("worker") or "0") == "0" else "worker",
+             "phase": entry["status"].get("phase", "Pending"),
+             "ready": pod_ready(entry["status"])}
+            for entry in sorted(entries, key=order)]
 
 
 def _memory_budget(pods: list[dict[str, Any]], old: dict[str, Any], status: dict[str, Any],

@@ -86,10 +86,11 @@ fi
 check policy --set networkPolicy.enabled=true --set 'networkPolicy.allowNamespaces={monitoring}' \
     --set 'policy.images={registry.example.com/ml/}' --set 'policy.hostPaths={/srv/models}' \
     --set 'hub.endpoints={https://hf-mirror.example.com}'
-# The operator reads no Secret of a resource's namespace in any install: the one Secret rule
-# is the webhook's own certificate, by name, in the release's namespace (self-signed mode);
-# its policy is the values', as the operator parses it; NetworkPolicies are managed only
-# when turned on.
+# The operator reads no Secret of a resource's namespace in any install: it may only create
+# them (a multi-node group's key), and the one Secret it reads is the webhook's own
+# certificate, by name, in the release's namespace (self-signed mode); its policy is the
+# values', as the operator parses it; NetworkPolicies are always managed (a multi-node
+# group has one), LeaderWorkerSets too.
 "$PY" - "$OUT" <<'PYEOF'
 import sys
 import yaml
@@ -101,13 +102,18 @@ for name, network in (("cluster-wide", None), ("namespaced", None), ("policy", (
     secret_rules = [(d["kind"], d["metadata"], r) for d in docs
                     if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]
                     if "secrets" in r["resources"]]
-    assert sorted((r.get("resourceNames") or [], r["verbs"]) for _, _, r in secret_rules) == [
-        ([], ["create"]), (["kvledger-webhook-tls"], ["get", "update", "patch"])], name
-    assert all(kind == "Role" and meta["namespace"] == "kvledger-system"
-               and meta["name"] == "kvledger-webhook" for kind, meta, _ in secret_rules), name
+    webhook = [(meta["namespace"], r) for kind, meta, r in secret_rules
+               if kind == "Role" and meta["name"] == "kvledger-webhook"]
+    assert sorted((ns, r.get("resourceNames") or [], r["verbs"]) for ns, r in webhook) == [
+        ("kvledger-system", [], ["create"]),
+        ("kvledger-system", ["kvledger-webhook-tls"], ["get", "update", "patch"])], name
+    operator = [(kind, r) for kind, meta, r in secret_rules if meta["name"] == "kvledger"]
+    assert len(webhook) + len(operator) == len(secret_rules), name
+    assert operator and all(r == {"apiGroups": [""], "resources": ["secrets"],
+                                  "verbs": ["create"]} for _, r in operator), name
     rules = [r for d in docs if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]]
-    managed = any("networkpolicies" in r["resources"] for r in rules)
-    assert managed == (network is not None), f"{name}: networkpolicies rule {managed}"
+    for resource in ("networkpolicies", "leaderworkersets"):
+        assert any(resource in r["resources"] for r in rules), f"{name}: no {resource} rule"
     [operator] = [d for d in docs if d["kind"] == "Deployment"]
     env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
     policy = Policy.from_json(env["KVLEDGER_POLICY"])
@@ -233,7 +239,9 @@ args = pod["containers"][0]["args"]
 assert "--webhook-tls=cert-manager" in args and "--webhook-cert-dir=/etc/kvledger/webhook" in args
 assert {"name": "webhook-tls", "secret": {"secretName": "kvledger-webhook-tls"}} in pod["volumes"]
 rules = [r for d in docs if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]]
-assert not any("secrets" in r["resources"] for r in rules), "cert-manager mode reads no Secret"
+assert [r for r in rules if "secrets" in r["resources"]] == [
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}], \
+    "cert-manager mode reads no Secret (it creates multi-node keys only)"
 PYEOF
 "$VALIDATE" --strict --quiet "$OUT/core.yaml"
 (cd "$TOOLS" && node --input-type=module - "$OUT/cert-manager.json") <<'JSEOF'

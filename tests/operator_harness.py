@@ -134,9 +134,9 @@ async def eventually(check: Callable[[], Any | Awaitable[Any]], *, timeout_s: fl
 
 
 @contextlib.asynccontextmanager
-async def emulated_cluster() -> AsyncIterator[Cluster]:
-    """The emulator on a local port, the CRD and KEDA's ScaledObject declared, and
-    ``Cluster.kubeconfig`` for it.
+async def emulated_cluster(lws: bool = True) -> AsyncIterator[Cluster]:
+    """The emulator on a local port, the CRD, KEDA's ScaledObject and (``lws``)
+    LeaderWorkerSet declared, and ``Cluster.kubeconfig`` for it.
 
     kmock merges a subresource's patch into the object, so a patch of ``scale`` with a
     Scale's body (``{"spec": {"replicas": N}}``) writes ``spec.replicas`` as the API
@@ -150,6 +150,10 @@ async def emulated_cluster() -> AsyncIterator[Cluster]:
     emulator.resources["keda.sh/v1alpha1/scaledobjects"] = kmock.ResourceInfo(
         namespaced=True, kind="ScaledObject", singular="scaledobject", shortnames={"so"},
         verbs=verbs, subresources={"status"})
+    if lws:
+        emulator.resources["leaderworkerset.x-k8s.io/v1/leaderworkersets"] = kmock.ResourceInfo(
+            namespaced=True, kind="LeaderWorkerSet", singular="leaderworkerset",
+            shortnames={"lws"}, verbs=verbs, subresources={"status", "scale"})
     async with emulator, kmock.Server(emulator) as server:
         url = str(server.url).rstrip("/")
         with tempfile.TemporaryDirectory() as tmp:
@@ -171,13 +175,14 @@ async def emulated_cluster() -> AsyncIterator[Cluster]:
 
 
 @contextlib.asynccontextmanager
-async def running_operator(default_image: str = "kvledger:test",
-                           policy=None) -> AsyncIterator[Cluster]:
+async def running_operator(default_image: str = "kvledger:test", policy=None,
+                           lws: bool = True) -> AsyncIterator[Cluster]:
     """The emulator and the real operator in this event loop (login via KUBECONFIG), under
-    ``policy`` (an ``operator.policy.Policy``; the Helm chart's defaults when None)."""
+    ``policy`` (an ``operator.policy.Policy``; the Helm chart's defaults when None), on a
+    cluster that serves LeaderWorkerSet or (``lws`` False) not."""
     from kvledger.operator import handlers  # noqa: F401  (registers the handlers)
 
-    async with emulated_cluster() as cluster:
+    async with emulated_cluster(lws) as cluster:
         saved = os.environ.get("KUBECONFIG")
         os.environ["KUBECONFIG"] = cluster.kubeconfig
         stop, ready = asyncio.Event(), asyncio.Event()

@@ -45,14 +45,21 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   resources: [pods]
   verbs: [get, list, watch]
 {{- /*
-  No Secret is read: a hub model behind a token is sized in its pod, which gets the token
-  through a secretKeyRef (the kubelet reads it, with the pod's rights).
+  Multi-node services (spec.nodes > 1, operator/render_group.py): a LeaderWorkerSet (watched
+  for its status), a NetworkPolicy fencing the group's ports (also the admin's
+  networkPolicy.enabled one), and the group's key Secret, created once. No Secret is read:
+  the key is never read back, and a hub model behind a token is sized in its pod, which gets
+  the token through a secretKeyRef (the kubelet reads it, with the pod's rights).
 */}}
-{{- if .Values.networkPolicy.enabled }}
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, create, patch, delete]
-{{- end }}
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [create]
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create]

@@ -1,0 +1,155 @@
+"""A resource's children, applied as its spec wants them now (the handlers call this).
+
+The pods' owner is a Deployment, or with ``spec.nodes`` above 1 a LeaderWorkerSet
+(``render_group``), and the other kind is deleted, so changing ``nodes`` swaps them. A
+LeaderWorkerSet needs the cluster to serve ``leaderworkerset.x-k8s.io/v1``; where it does
+not, nothing is applied or deleted (a Deployment still serves) and ``LeaderWorkerSetMissing``
+says what to install. A group's control-channel key is a Secret created once and never read
+back: the operator may create Secrets, never read them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import Any
+
+import kopf
+
+from kvledger.engine.errors import BadInput
+from kvledger.operator import autoscaling, render_group
+from kvledger.operator.kube import KubeApi, object_path
+from kvledger.operator.policy import render_network_policy
+from kvledger.operator.render_group import (
+    DEPLOYMENTS,
+    LEADER_WORKER_SETS,
+    LWS_API_VERSION,
+    LWS_RELEASE,
+)
+from kvledger.operator.resource import API_VERSION, PLURAL
+from kvledger.operator.spec import ServiceSpec, parse_spec
+
+# Every child, in the order they go when the resource does (the key Secret goes with its
+# owner through the garbage collector: the operator has no right to delete Secrets).
+NETWORK_POLICY = ("networking.k8s.io/v1", "networkpolicies")
+CHILDREN = (DEPLOYMENTS, LEADER_WORKER_SETS, ("v1", "services"), *autoscaling.OPTIONAL_CHILDREN,
+            NETWORK_POLICY)
+LWS_INSTALL = (f"kubectl apply --server-side -f https://github.com/kubernetes-sigs/lws/"
+               f"releases/download/{LWS_RELEASE}/manifests.yaml")
+
+
+class ModelUnavailable(Exception):
+    """The hub model's download size cannot be had now; the message is one line, no token."""
+
+
+class LeaderWorkerSetMissing(Exception):
+    """``spec.nodes`` above 1 on a cluster that does not serve LeaderWorkerSet (one line)."""
+
+
+async def lws_served(kube: KubeApi) -> bool:
+    """Whether the API server serves ``leaderworkerset.x-k8s.io/v1`` (its discovery)."""
+    return await kube.get(f"/apis/{LWS_API_VERSION}") is not None
+
+
+def lws_missing(spec: ServiceSpec) -> str:
+    return (f"nodes {spec.nodes} needs LeaderWorkerSet ({LWS_API_VERSION}), which this cluster "
+            f"does not serve: install it (kubernetes-sigs/lws, release {LWS_RELEASE}: "
+            f"{LWS_INSTALL}); the operator applies the group within a minute")
+
+
+async def apply_children(memo: kopf.Memo, name: str, namespace: str) -> dict[str, Any] | None:
+    """Render and apply the resource's children as it is now: the Deployment or
+    LeaderWorkerSet, the Service, the HPA or ScaledObject and the PodDisruptionBudget where
+    the spec wants them, the NetworkPolicy (the admin's, or a group's) and a group's key
+    Secret; the others are deleted. Returns the ``status.model`` the pods were sized with
+    (None unless they cache a hub model in an emptyDir).
+
+    The resource is read afresh, under a lock per resource: a handler that waited for the
+    lock applies what the resource says now, never the body of an older event, so the
+    replicas never step back to a count the autoscaler already replaced.
+
+    Raises BadInput if the spec can never work, ModelUnavailable if the hub model's size
+    cannot be had now, LeaderWorkerSetMissing, KubeError if the API server fails.
+    """
+    lock = memo.apply_locks.setdefault((namespace, name), asyncio.Lock())
+    async with lock:
+        owner = await memo.kube.get(object_path(API_VERSION, PLURAL, namespace, name))
+        if owner is None or owner.get("metadata", {}).get("deletionTimestamp"):
+            return None  # going: the garbage collector (or isvc_event) removes the children
+        # Parsed once: an invalid spec is refused before anything is asked or applied.
+        spec = parse_spec(owner.get("spec") or {})
+        memo.policy.check(spec, memo.default_image)  # PolicyDenied: nothing is applied
+        if spec.nodes > 1 and not await lws_served(memo.kube):
+            raise LeaderWorkerSetMissing(lws_missing(spec))
+        model = await download_size(memo, spec, owner.get("status") or {})
+        await _apply(memo, name, namespace, spec, kopf.Body(owner),
+                     model.get("downloadBytes") if model else None)
+        return model
+
+
+async def _apply(memo: kopf.Memo, name: str, namespace: str, spec: ServiceSpec,
+                 owner: kopf.Body, download_bytes: int | None) -> None:
+    kube: KubeApi = memo.kube
+    kind, workload = render_group.render_workload(
+        name, namespace, spec, default_image=memo.default_image, download_bytes=download_bytes,
+        hub_endpoint=memo.policy.hub_endpoint(spec))
+    optional = autoscaling.render_scaling(name, namespace, spec,
+                                          prometheus_url=memo.prometheus_url)
+    optional[NETWORK_POLICY] = network_policy(name, namespace, spec, memo.policy.network_policy)
+    service = render_group.render_serving_service(name, namespace, spec)
+    key = (render_group.render_node_key_secret(name, namespace,
+                                               secrets.token_bytes(render_group.NODE_KEY_BYTES))
+           if spec.nodes > 1 else None)
+    wanted = [body for body in (workload, service, key, *optional.values()) if body is not None]
+    kopf.adopt(wanted, owner=owner)
+    # Unwanted first: an HPA and a ScaledObject never scale the resource together.
+    for (api_version, plural), body in optional.items():
+        if body is None:
+            await kube.delete(object_path(api_version, plural, namespace, name))
+    if key is not None:  # before the pods that read it; an existing key is kept as it is
+        await kube.create_once("v1", "secrets", key)
+    await kube.apply(*kind, workload)
+    other = DEPLOYMENTS if kind == LEADER_WORKER_SETS else LEADER_WORKER_SETS
+    await kube.delete(object_path(*other, namespace, name))
+    await kube.apply("v1", "services", service)
+    for (api_version, plural), body in optional.items():
+        if body is not None:
+            await kube.apply(api_version, plural, body)
+
+
+def network_policy(name: str, namespace: str, spec: ServiceSpec,
+                   allowed: tuple[str, ...] | None) -> dict[str, Any] | None:
+    """The NetworkPolicy a resource owns: a group's (``render_group``), else the admin's
+    ``networkPolicy.enabled`` one (``allowed``: the namespaces it admits), else none."""
+    if spec.nodes > 1:
+        return render_group.render_group_network_policy(name, namespace, spec, allowed)
+    return None if allowed is None else render_network_policy(name, namespace, spec, allowed)
+
+
+async def download_size(memo: kopf.Memo, spec: ServiceSpec,
+                        status: dict[str, Any]) -> dict[str, Any] | None:
+    """``{uri, downloadBytes}`` when the pod's emptyDir cache must be sized, else None:
+    from ``status.model`` when this uri was asked before, else from the hub, with no token,
+    at the endpoint the admin allows (a thread: the client blocks). A model that needs a
+    token is sized in its pod: ``{uri}`` alone, and the emptyDir gets no limit. Raises
+    ModelUnavailable with a one-line reason."""
+    if not spec.model.needs_download_size:
+        return None
+    uri = spec.model.uri
+    if spec.model.token_secret is not None:
+        return {"uri": uri}  # the operator reads no Secret: the pod's fetch sizes it
+    known = status.get("model") or {}
+    if known.get("uri") == uri and isinstance(known.get("downloadBytes"), int):
+        return {"uri": uri, "downloadBytes": known["downloadBytes"]}
+    # Torch-free, and imported here so that the operator starts without reading it.
+    from kvledger.engine.checkpoint.hub import repo as hub
+
+    try:
+        size = await asyncio.to_thread(hub.download_bytes, uri,
+                                       endpoint=memo.policy.hub_endpoint(spec))
+    except (BadInput, OSError) as exc:
+        message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if "HF_TOKEN" in message:  # the engine's hint, in the resource's words
+            message += " (on the cluster: spec.model.tokenSecretRef)"
+        raise ModelUnavailable(f"cannot size {uri} from the hub: {message}") from None
+    return {"uri": uri, "downloadBytes": size}

@@ -1,0 +1,190 @@
+"""Pure renderers for ``spec.nodes`` above 1: each replica is a LeaderWorkerSet group of
+``nodes`` pods, ``gpus`` GPUs each, that start, serve and restart together.
+
+- The leader (worker index 0) is the pod ``render.render_pod_spec`` renders for a
+  Deployment: the pre-flight init container (which plans one GPU of each stage, the same
+  ``-tp T -pp P``), the engine with its HTTP port and probes; it also declares the
+  rendezvous port (torch.distributed's store) and kvledger's control channel.
+- A worker is the same pod without the pre-flight and without HTTP: its engine runs
+  ``--headless``, no port, no probe (a hub model's ``fetch`` stays: each pod loads its own
+  stages from its own cache).
+- Every engine adds ``--nnodes N --node-rank $(LWS_WORKER_INDEX) --master-addr
+  $(LWS_LEADER_ADDRESS) --master-port 29500`` (LWS sets those variables in every container,
+  and the kubelet expands ``$(VAR)`` in args) and ``KVLEDGER_NODE_KEY``, the control
+  channel's HMAC key, from the Secret ``<name>-nodes`` that the operator creates once.
+- ``RecreateGroupOnPodRestart``: a worker exits when its leader is gone and the leader when
+  a worker is, so a group is recreated whole.
+- The Service selects the leaders only; the NetworkPolicy admits the group's own pods on
+  every port and other pods on the HTTP port only.
+
+Each group gets its own headless Service for the pods' DNS names
+(``subdomainPolicy: UniquePerReplica``, named as the leader pod): with LWS's default, one
+headless Service named as the LeaderWorkerSet, it would collide with the Service that is
+named as the resource too.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+from typing import Any
+
+from kvledger.operator.policy import render_network_policy
+from kvledger.operator.render import (
+    DEFAULT_IMAGE,
+    LABEL,
+    labels,
+    pod_template_metadata,
+    render_deployment,
+    render_pod_spec,
+    render_service,
+    selector_labels,
+)
+from kvledger.operator.spec import ServiceSpec, as_spec
+
+LWS_GROUP = "leaderworkerset.x-k8s.io"
+LWS_API_VERSION = f"{LWS_GROUP}/v1"
+LWS_PLURAL = "leaderworkersets"
+# The release docs/operator.md installs and tests/data/ holds the CRD of.
+LWS_RELEASE = "v0.10.0"
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+RENDEZVOUS_PORT = 29500  # torch.distributed's store, on the leader
+CONTROL_PORT = 29501  # kvledger's control channel, on the leader
+NODE_KEY_ENV = "KVLEDGER_NODE_KEY"
+NODE_KEY_FIELD = "key"
+NODE_KEY_BYTES = 32
+DEPLOYMENTS = ("apps/v1", "deployments")
+LEADER_WORKER_SETS = (LWS_API_VERSION, LWS_PLURAL)
+
+
+def node_key_secret_name(name: str) -> str:
+    """The Secret holding a multi-node service's control-channel key."""
+    return f"{name}-nodes"
+
+
+def group_flags(spec: ServiceSpec, *, worker: bool) -> list[str]:
+    """What an engine of a group adds to the Deployment's engine args."""
+    flags = ["--nnodes", str(spec.nodes), "--node-rank", "$(LWS_WORKER_INDEX)",
+             "--master-addr", "$(LWS_LEADER_ADDRESS)", "--master-port", str(RENDEZVOUS_PORT)]
+    return [*flags, "--headless"] if worker else flags
+
+
+def serving_labels(name: str, spec: ServiceSpec) -> dict[str, str]:
+    """The labels of the pods that serve HTTP: every pod, or a group's leaders."""
+    if spec.nodes > 1:
+        return {**selector_labels(name), WORKER_INDEX_LABEL: "0"}
+    return selector_labels(name)
+
+
+def serving_selector(name: str, spec: ServiceSpec) -> str:
+    """``serving_labels`` as a label selector (``status.selector``: the HPA averages the
+    metrics of these pods, and only those serving HTTP export any)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(serving_labels(name, spec).items()))
+
+
+def _engine(pod: dict[str, Any]) -> dict[str, Any]:
+    [engine] = [c for c in pod["containers"] if c["name"] == "engine"]
+    return engine
+
+
+def _join_group(pod: dict[str, Any], name: str, spec: ServiceSpec, *, worker: bool) -> None:
+    engine = _engine(pod)
+    engine["args"] += group_flags(spec, worker=worker)
+    engine.setdefault("env", []).append({"name": NODE_KEY_ENV, "valueFrom": {"secretKeyRef": {
+        "name": node_key_secret_name(name), "key": NODE_KEY_FIELD}}})
+
+
+def group_pod_specs(name: str, spec: ServiceSpec, pod: dict[str, Any]
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(leader, worker) pod specs from the Deployment's pod spec ``pod``."""
+    leader, worker = copy.deepcopy(pod), copy.deepcopy(pod)
+    _join_group(leader, name, spec, worker=False)
+    _engine(leader)["ports"] += [
+        {"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"},
+        {"name": "control", "containerPort": CONTROL_PORT, "protocol": "TCP"}]
+    _join_group(worker, name, spec, worker=True)
+    worker["initContainers"] = [c for c in worker["initContainers"] if c["name"] != "preflight"]
+    if not worker["initContainers"]:
+        del worker["initContainers"]
+    engine = _engine(worker)
+    for key in ("ports", "startupProbe", "livenessProbe", "readinessProbe"):
+        engine.pop(key)
+    return leader, worker
+
+
+def render_leader_worker_set(name: str, namespace: str, spec: ServiceSpec | dict[str, Any], *,
+                             default_image: str = DEFAULT_IMAGE,
+                             download_bytes: int | None = None,
+                             hub_endpoint: str | None = None) -> dict[str, Any]:
+    """The LeaderWorkerSet named as the resource: ``spec.replicas`` groups of ``spec.nodes``
+    pods. ``download_bytes`` and ``hub_endpoint``: see ``render.render_pod_spec``."""
+    spec = as_spec(spec)
+    pod = render_pod_spec(spec, default_image=default_image, download_bytes=download_bytes,
+                          hub_endpoint=hub_endpoint)
+    leader, worker = group_pod_specs(name, spec, pod)
+    meta = pod_template_metadata(name, spec)
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
+        "spec": {
+            "replicas": spec.replicas,
+            "startupPolicy": "LeaderCreated",
+            "networkConfig": {"subdomainPolicy": "UniquePerReplica"},
+            "leaderWorkerTemplate": {
+                "size": spec.nodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": {"metadata": copy.deepcopy(meta), "spec": leader},
+                "workerTemplate": {"metadata": meta, "spec": worker},
+            },
+        },
+    }
+
+
+def render_workload(name: str, namespace: str, spec: ServiceSpec, **pod_options: Any
+                    ) -> tuple[tuple[str, str], dict[str, Any]]:
+    """((apiVersion, plural), body) of the pods' owner: a Deployment, or a LeaderWorkerSet
+    for ``nodes`` above 1. ``pod_options``: ``render_deployment``'s keywords."""
+    if spec.nodes > 1:
+        return LEADER_WORKER_SETS, render_leader_worker_set(name, namespace, spec,
+                                                            **pod_options)
+    return DEPLOYMENTS, render_deployment(name, namespace, spec, **pod_options)
+
+
+def render_serving_service(name: str, namespace: str, spec: ServiceSpec) -> dict[str, Any]:
+    """The Service named as the resource, in front of the pods that serve HTTP."""
+    service = render_service(name, namespace, spec)
+    service["spec"]["selector"] = serving_labels(name, spec)
+    return service
+
+
+def render_group_network_policy(name: str, namespace: str, spec: ServiceSpec,
+                                allow_namespaces: tuple[str, ...] | None) -> dict[str, Any]:
+    """The NetworkPolicy named as the resource for ``nodes`` above 1: the pods of its
+    LeaderWorkerSet admit each other on every port (the rendezvous, the control channel,
+    the ranks' own connections) and others on the HTTP port only: from anywhere, or with
+    the admin's ``networkPolicy.enabled`` (``allow_namespaces`` not None) from those
+    ``policy.render_network_policy`` admits."""
+    body = render_network_policy(name, namespace, spec, allow_namespaces or ())
+    [http] = body["spec"]["ingress"]
+    if allow_namespaces is None:
+        del http["from"]  # every source, on this port only
+    group = {"podSelector": {"matchLabels": {LABEL: name, LWS_NAME_LABEL: name}}}
+    body["spec"]["ingress"] = [{"from": [group]}, http]
+    return body
+
+
+def render_node_key_secret(name: str, namespace: str, key: bytes) -> dict[str, Any]:
+    """The Secret ``<name>-nodes`` with the control channel's key: ``key`` (``NODE_KEY_BYTES``
+    random bytes the caller draws) in hex, since it reaches the engine as an env var, text;
+    created once, never rewritten, owned by the resource."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": node_key_secret_name(name), "namespace": namespace,
+                     "labels": labels(name)},
+        "type": "Opaque",
+        "data": {NODE_KEY_FIELD: base64.b64encode(key.hex().encode("ascii")).decode("ascii")},
+    }

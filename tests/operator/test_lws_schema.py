@@ -1,0 +1,79 @@
+"""Every LeaderWorkerSet the operator renders is valid against LWS's own CRD schema (the
+vendored release's ``openAPIV3Schema``), embedded pod templates included, and strictly so:
+a field the schema does not name is an error here (the API server would drop it)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from kvledger.operator.crd import strict_schema
+from kvledger.operator.render_group import LWS_API_VERSION, LWS_RELEASE, render_leader_worker_set
+
+CRD = Path(__file__).resolve().parents[1] / "data" / "lws" / \
+    "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+MODEL = {"path": "/models/m", "volume": {"persistentVolumeClaim": {"claimName": "models"},
+                                         "mountPath": "/models"}}
+SPECS = {
+    "two nodes of two GPUs": {"model": MODEL, "gpus": 2, "nodes": 2},
+    "four nodes, two stages a pod": {"model": MODEL, "gpus": 4, "nodes": 4, "replicas": 3,
+                                     "engine": {"pipelineParallelSize": 8,
+                                                "maxModelLen": 8192}},
+    "hub model with token, placement and env": {
+        "model": {"uri": "hf://org/big@v1", "tokenSecretRef": {"name": "hf", "key": "t"}},
+        "gpus": 8, "nodes": 2, "nodeSelector": {"pool": "h100"},
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+        "envFrom": [{"secretRef": {"name": "extra"}}],
+        "podLabels": {"team": "a"}, "podAnnotations": {"note": "x"},
+        "resources": {"limits": {"memory": "64Gi", "cpu": "16"}},
+        "apiKeySecretRef": {"name": "api", "key": "k"}, "replicas": 0},
+    "one GPU a pod": {"model": MODEL, "gpus": 1, "nodes": 3, "image": "kvledger:dev",
+                      "adapters": [{"name": "sql", "uri": "/models/sql"}]},
+}
+
+
+def _header_and_body() -> tuple[str, str]:
+    text = CRD.read_text(encoding="utf-8")
+    body = text[text.index("---\n"):]
+    return text[:len(text) - len(body)], body
+
+
+@pytest.fixture(scope="module")
+def lws_schema() -> dict:
+    crd = yaml.load(_header_and_body()[1], Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    [version] = [v for v in crd["spec"]["versions"] if v["name"] == LWS_API_VERSION.split("/")[1]]
+    return strict_schema(version["schema"]["openAPIV3Schema"])
+
+
+def test_the_vendored_crd_is_the_release_file_its_header_names():
+    header, body = _header_and_body()
+    assert f"tag        {LWS_RELEASE} " in header
+    blob = re.search(r"git blob ([0-9a-f]{40})", header).group(1)
+    data = body.encode("utf-8")
+    assert hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() == blob
+
+
+@pytest.mark.parametrize("spec", SPECS.values(), ids=SPECS.keys())
+def test_rendered_leader_worker_sets_are_valid_against_the_lws_crd(spec, lws_schema):
+    body = render_leader_worker_set("svc", "team-a", spec, download_bytes=None)
+    errors = sorted(jsonschema.Draft4Validator(lws_schema).iter_errors(body),
+                    key=lambda e: list(e.absolute_path))
+    assert not errors, [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+                        for e in errors[:5]]
+
+
+def test_the_strict_schema_catches_a_misplaced_field(lws_schema):
+    body = render_leader_worker_set("svc", "team-a", SPECS["two nodes of two GPUs"])
+    body["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0][
+        "startupPolicy"] = "LeaderCreated"
+    body["spec"]["leaderWorkerTemplate"]["restartPolicy"] = "Always"
+    errors = {".".join(map(str, e.absolute_path))
+              for e in jsonschema.Draft4Validator(lws_schema).iter_errors(body)}
+    assert errors == {"spec.leaderWorkerTemplate.workerTemplate.spec.containers.0",
+                      "spec.leaderWorkerTemplate.restartPolicy"}
