@@ -115,10 +115,9 @@ class EngineConfig:
         None, "--max-model-len", POSITIVE_INT, group=WORKLOAD,
         help="context limit in tokens (default: the model's max_position_embeddings)",
         crd=Crd("engine", "context limit in tokens (--max-model-len)"))
-    # vLLM's defaults: vllm/engine/arg_utils.py get_batch_defaults (`vllm serve` context).
     # None: not given. Under a cap (--gpu-memory-utilization, --memory-limit) the KV pool
-    # then decides, as in vLLM: as many whole max_model_len sequences as it holds, at most
-    # vllm serve's default (planner/seats.py); else DEFAULT_MAX_NUM_SEQS.
+    # decides, as in vLLM: as many whole max_model_len sequences as it holds, at most vllm
+    # serve's default (vllm/engine/arg_utils.py get_batch_defaults, planner/seats.py).
     max_num_seqs: int | None = setting(
         None, "--max-num-seqs", POSITIVE_INT, group=WORKLOAD,
         help="sequences running at once. Not given: under a cap, as many max_model_len "
@@ -154,7 +153,8 @@ class EngineConfig:
     pipeline_parallel_size: int = setting(1, "--pipeline-parallel-size", POSITIVE_INT, aliases=(
         "-pp",), metavar="P", group=WORKLOAD, help="split the layers into P stages as vLLM "
         "splits them, one process a GPU, every plan figure per GPU of a stage", crd=Crd(
-            "engine", "pipeline stages the pod's gpus are split into, gpus / P each (default 1)"))
+            "engine", "pipeline stages the pod's gpus (with nodes, the group's) are split into "
+                      "(default 1; with nodes, nodes)"))
     nodes: Nodes | None = setting(None, None, TEXT, group=WORKLOAD)  # noqa: RUF009 (frozen); serve's --nnodes
     enforce_eager: bool = setting(
         False, "--enforce-eager", SWITCH, group=WORKLOAD,

@@ -15,6 +15,13 @@ the engine sees (``--device cpu`` with ``gpus: 0``, or a unified pool). There is
 cgroup here, so the pre-flight and the exec'd ``serve`` get ``--container-memory-limit``
 and read host memory as the pod would.
 
+``spec.nodes`` above 1 (a LeaderWorkerSet group on a cluster) runs as that many processes
+of this machine, as the group's pods run: machine 0 (``serve --node-rank 0``, the API) and
+the others ``--headless``, meeting at 127.0.0.1 with a key drawn for the run (as the
+operator's Secret is), each with ``gpus`` GPUs of its own (``CUDA_VISIBLE_DEVICES``). The
+others start in sessions of their own, so Ctrl-C reaches machine 0 alone: it drains, then
+stops them; they end with it however it ends.
+
 A hub model (``spec.model.uri``) is passed as ``--model hf://...``: the pre-flight reads
 its headers over HTTP and ``serve`` downloads it into the engine's default cache. The
 shell's ``HF_TOKEN`` and ``HF_ENDPOINT`` apply; ``model.tokenSecretRef``,
@@ -28,6 +35,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import secrets
+import socket
+import subprocess
 import sys
 from typing import Any
 
@@ -36,6 +46,7 @@ import yaml
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, BadInput
+from kvledger.engine.node_config import NODE_KEY_ENV
 from kvledger.operator.crd import validate_manifest
 from kvledger.operator.resource import DEFAULT_PORT
 from kvledger.operator.spec import ServiceSpec, as_spec, local_model_path, local_path
@@ -182,8 +193,57 @@ def _exec_serve(name: str, spec: ServiceSpec, flags: list[str],
                 args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else spec.port
     argv = serve_argv(flags, args.host, port, spec)
+    env = None
+    if spec.nodes > 1:
+        argv, env = _start_group(name, spec, argv)
     sys.stdout.write(f"{name}: exec kvledger serve {' '.join(argv[4:])}\n")
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(argv[0], argv)
+    if env is None:
+        os.execv(argv[0], argv)
+    else:
+        os.execve(argv[0], argv, env)
     return 1  # not reached: exec replaced this process
+
+
+def _start_group(name: str, spec: ServiceSpec, argv: list[str]
+                 ) -> tuple[list[str], dict[str, str]]:
+    """Machines 1..nodes-1 started (headless, sessions of their own); machine 0's argv
+    and environment, for this process to become."""
+    master = _free_port_pair()
+    group = ["--nnodes", str(spec.nodes), "--master-addr", "127.0.0.1",
+             "--master-port", str(master)]
+    env = {**os.environ, NODE_KEY_ENV: secrets.token_hex(32)}
+    for rank in range(1, spec.nodes):
+        sys.stdout.write(f"{name}: machine {rank} of {spec.nodes}: kvledger serve --node-rank "
+                         f"{rank} --headless\n")
+        subprocess.Popen([*argv, *group, "--node-rank", str(rank), "--headless"],
+                         env=_gpus_of(env, spec.gpus, rank), start_new_session=True)
+    return [*argv, *group, "--node-rank", "0"], _gpus_of(env, spec.gpus, 0)
+
+
+def _gpus_of(env: dict[str, str], gpus: int, rank: int) -> dict[str, str]:
+    """``env`` with machine ``rank``'s own ``gpus`` GPUs visible (of those visible here)."""
+    if gpus == 0:
+        return env
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    devices = visible.split(",") if visible else [str(i) for i in range(64)]
+    mine = devices[rank * gpus:(rank + 1) * gpus]
+    if len(mine) < gpus:
+        raise BadInput(f"nodes x gpus GPUs: machine {rank} finds no {gpus} GPUs of its own in "
+                       f"CUDA_VISIBLE_DEVICES={visible}")
+    return {**env, "CUDA_VISIBLE_DEVICES": ",".join(mine)}
+
+
+def _free_port_pair() -> int:
+    """A port P with P + 1 free too: the group's rendezvous and control channel."""
+    while True:
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        return port

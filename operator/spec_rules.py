@@ -101,10 +101,6 @@ RULES: tuple[Rule, ...] = (
          "per pod (tensor parallelism, and pipeline stages: engine.pipelineParallelSize); to "
          "serve across nodes, set nodes (a LeaderWorkerSet group of pods of gpus GPUs each)",
          lambda gpus: gpus <= MAX_GPUS),
-    Rule("", "!has(self.nodes) || self.nodes == 1 || !has(self.gpus) || self.gpus >= 1",
-         "nodes above 1 needs gpus of at least 1: each pod of the group serves its pipeline "
-         "stages on its own GPUs",
-         lambda spec: spec.get("nodes", DEFAULT_NODES) == 1 or spec.get("gpus", DEFAULT_GPUS) >= 1),
     Rule("", "!has(self.engine) || !has(self.engine.pipelineParallelSize)"
          " || has(self.nodes) && self.nodes != 1"
          f" || (has(self.gpus) ? self.gpus : {DEFAULT_GPUS})"

@@ -57,8 +57,10 @@ def fingerprint(model_dir: str) -> str:
 
 
 def _time_out(conn: Connection, seconds: float) -> None:
-    """A read or a send on ``conn`` that waits longer than ``seconds`` fails."""
+    """A read or a send on ``conn`` that waits longer than ``seconds`` fails; a message
+    goes at once (no Nagle delay: a step's call is a small message waited on)."""
     with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         whole = int(seconds)
         value = struct.pack("ll", whole, int((seconds - whole) * 1e6))
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)

@@ -316,7 +316,7 @@ CASES = [
      False),
     ({"model": {"path": "/m"}, "nodes": 1, "gpus": 4, "engine": {"pipelineParallelSize": 2}},
      True),
-    ({"model": {"path": "/m"}, "nodes": 2, "gpus": 0}, False),
+    ({"model": {"path": "/m"}, "nodes": 2, "gpus": 0}, True),  # a group on the CPU: a rank a pod
     ({"model": {"path": "/m"}, "nodes": 1, "gpus": 0}, True),
     # A '..' segment could climb out of the mount, which the string checks cannot see.
     ({"model": {"path": "/models/../etc", "volume": {"hostPath": {"path": "/srv"},

@@ -320,6 +320,70 @@ def test_run_serves_the_manifest_and_stops_on_sigterm(tiny_model, tmp_path):
             proc.wait()
 
 
+@pytest.mark.timeout(180)
+def test_run_serves_a_group_of_nodes_as_processes_of_this_machine(tiny_model, tmp_path):
+    """``nodes: 2`` (a LeaderWorkerSet group on a cluster): machine 0 serves, machine 1
+    runs stage 2 headless; the tokens are one process's; SIGTERM to machine 0 stops both."""
+    from kvledger.engine.llm import LLM
+    from kvledger.engine.sampling.params import SamplingParams
+
+    port = free_port()
+    doc = manifest(engine={"maxModelLen": 128, "maxNumSeqs": 2, "dtype": "float32"},
+                   gpus=0, nodes=2)
+    doc["spec"]["model"]["path"] = str(tiny_model)
+    proc = subprocess.Popen([sys.executable, "-m", "kvledger.engine.cli", "run",
+                             write(tmp_path, doc), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while _get(f"http://127.0.0.1:{port}/ready")[0] != 200:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the group never became ready"
+            time.sleep(0.2)
+        body = json.dumps({"model": "tiny", "prompt": [1, 5, 9, 33], "max_tokens": 6,
+                           "temperature": 0, "ignore_eos": True, "logprobs": 0,
+                           "return_tokens_as_token_ids": True}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+        answer = json.loads(urllib.request.urlopen(request, timeout=60).read())
+        tokens = [int(t.removeprefix("token_id:"))
+                  for t in answer["choices"][0]["logprobs"]["tokens"]]
+        llm = LLM(str(tiny_model), device="cpu", dtype="float32", max_model_len=128)
+        params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+        assert tokens == llm.generate([[1, 5, 9, 33]], params)[0].outputs[0].token_ids
+        budget = json.loads(_get(f"http://127.0.0.1:{port}/v1/budget")[1])["plan"]
+        assert budget["pipeline_parallel_size"] == 2
+        proc.send_signal(signal.SIGTERM)  # machine 0, exec'd: it stops machine 1
+        assert proc.wait(timeout=30) == 0
+        output = proc.stdout.read()
+        assert "machine 1 of 2: kvledger serve --node-rank 1 --headless" in output
+        assert "ranks ready on 2 machines" in output
+        deadline = time.monotonic() + 15
+        while _group_left(tiny_model) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _group_left(tiny_model), "machine 1 outlived machine 0"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in _group_left(tiny_model):
+            subprocess.run(["kill", "-9", str(pid)], check=False)
+
+
+def _group_left(model: Path) -> list[int]:
+    """The pids of machine 1's processes still running (their command line names the
+    model and --headless)."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = status.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(model).encode() in argv and b"--headless" in argv:
+            found.append(int(status.parent.name))
+    return found
+
+
 def test_cluster_only_fields_are_validated_then_ignored_and_it_says_so(tiny_model, tmp_path,
                                                                        capsys):
     doc = manifest(gpus=0, nodeSelector={"pool": "a"}, tolerations=[{"operator": "Exists"}],
