@@ -7,13 +7,11 @@ tests/hub_server.py; a slow hub is answered within the deadline and then from me
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 
 import kopf
 import pytest
-from hub_server import HubServer
 
 from kvledger.engine.errors import BadInput
 from kvledger.operator.fit import judge, spec_field
@@ -30,21 +28,6 @@ def node(name: str, gpus: int, mib: int | None, product: str = "NVIDIA-TEST") ->
 
 BIG, SMALL = node("big", 2, 4096, "NVIDIA-BIG"), node("small", 2, 2200, "NVIDIA-SMALL")
 UNLABELLED = node("dark", 4, None)
-
-
-@pytest.fixture(scope="module")
-def hub(make_model_dir, tmp_path_factory):
-    with HubServer() as server:
-        server.add_commit("org/small-llama", make_model_dir("small-llama"))
-        server.add_commit("org/gated", make_model_dir("tiny-llama"), token="hf_x")
-        odd = tmp_path_factory.mktemp("odd")
-        for item in make_model_dir("tiny-llama").iterdir():
-            (odd / item.name).write_bytes(item.read_bytes())
-        config = json.loads((odd / "config.json").read_text())
-        (odd / "config.json").write_text(json.dumps(
-            config | {"architectures": ["NoSuchForCausalLM"], "model_type": "no_such"}))
-        server.add_commit("org/unsupported", odd)
-        yield server
 
 
 def verdict(hub, nodes, *, webhook=None, **fields):

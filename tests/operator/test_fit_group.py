@@ -6,19 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-import test_fit
 from test_fit import BIG, SMALL, UNLABELLED, node
 
 from kvledger.operator.spec import parse_spec
 from kvledger.operator.webhook import Webhook
 
 BIG_TOO = node("big-too", 2, 4096, "NVIDIA-BIG")
-
-
-@pytest.fixture(scope="module")
-def hub(make_model_dir, tmp_path_factory):
-    yield from test_fit.hub.__wrapped__(make_model_dir, tmp_path_factory)
 
 
 def verdict(hub, gpu_nodes: list[dict], *, gpus: int, nodes: int = 1):
