@@ -112,10 +112,11 @@ class Channel:
 # Machine 0 -----------------------------------------------------------------------------
 
 def accept_ranks(nodes: Nodes, remote: list[int], print_: str,
-                 deadline_s: float = JOIN_TIMEOUT_S) -> dict[int, Channel]:
+                 deadline_s: float | None = None) -> dict[int, Channel]:
     """Machine 0: the channel of each rank in ``remote`` (every rank of another machine),
-    once all have joined; NodeLost if some do not within ``deadline_s``, BadInput if one
-    runs another model."""
+    once all have joined; NodeLost if some do not within ``deadline_s`` (default
+    ``JOIN_TIMEOUT_S``), BadInput if one runs another model."""
+    deadline_s = JOIN_TIMEOUT_S if deadline_s is None else deadline_s
     server = socket.create_server(("", nodes.control_port))
     arrivals: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_accept, args=(server, nodes.key, arrivals),

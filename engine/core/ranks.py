@@ -133,22 +133,15 @@ class RankGroup:
         """Wait for the other machines' ranks (with ``nodes``), start this machine's, join
         the process group as rank 0, build rank 0's shard, and wait until every rank has
         built its own; rank 0's model runner."""
-        if self.nodes is not None:
-            from kvledger.engine.core.nodes import accept_ranks, fingerprint
-
-            remote = [r for r in range(1, self.spec.world) if r not in self.nodes.ranks(
-                self.spec.world)]
-            channels = accept_ranks(self.nodes, remote, fingerprint(self.spec.model_dir))
-            for rank, channel in channels.items():
-                channel.send(("spec", self.spec))
-                self.followers.append(Follower(rank, channel))
-            self.followers.sort(key=lambda follower: follower.rank)
-        for process in self.processes:
-            process.start()
-        for end in self._child_ends:
-            end.close()
-        threading.Thread(target=self._watch, name="kvledger-rank-watchdog", daemon=True).start()
         try:
+            if self.nodes is not None:
+                self._join_machines()
+            for process in self.processes:
+                process.start()
+            for end in self._child_ends:  # theirs now: a rank's exit is EOF here
+                end.close()
+            threading.Thread(target=self._watch, name="kvledger-rank-watchdog",
+                             daemon=True).start()
             init_ranks(self.spec, 0)
             runner = build_runner(self.spec, 0)
             deadline = time.monotonic() + RANK_START_TIMEOUT_S
@@ -160,6 +153,19 @@ class RankGroup:
         log.info("%d ranks ready%s", self.spec.world,
                  f" on {self.nodes.count} machines" if self.nodes else "")
         return runner
+
+    def _join_machines(self) -> None:
+        """The other machines' ranks, once all have joined, as followers; each is sent
+        this machine's ``RankSpec``."""
+        from kvledger.engine.core.nodes import accept_ranks, fingerprint
+
+        here = self.nodes.ranks(self.spec.world)
+        remote = [r for r in range(1, self.spec.world) if r not in here]
+        channels = accept_ranks(self.nodes, remote, fingerprint(self.spec.model_dir))
+        for rank, channel in channels.items():
+            channel.send(("spec", self.spec))
+            self.followers.append(Follower(rank, channel))
+        self.followers.sort(key=lambda follower: follower.rank)
 
     def on_lost(self, callback: Callable[[str], None]) -> None:
         """Run ``callback(reason)`` (on the watchdog's thread) when a rank is lost; at
@@ -199,7 +205,11 @@ class RankGroup:
             self._callbacks = []
         for follower in self.followers:
             follower.close()
+        for end in self._child_ends:  # a start that failed first: the pipes' readers end
+            end.close()
         for process in self.processes:
+            if process.pid is None:  # never started
+                continue
             process.join(timeout=1.0)
             if process.is_alive():
                 process.terminate()

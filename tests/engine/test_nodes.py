@@ -186,6 +186,24 @@ def _master_port(group: Machines) -> int:
     return int(args[args.index("--master-port") + 1])
 
 
+@pytest.mark.timeout(120)
+def test_machine_zero_gives_up_on_a_machine_that_never_comes(tiny_llama_dir, monkeypatch) -> None:
+    """Its start fails naming the missing ranks, and leaves nothing behind: an engine
+    started next in the same process runs."""
+    monkeypatch.setattr(node_channel, "JOIN_TIMEOUT_S", 2.0)
+    nodes = Nodes(2, 0, "127.0.0.1", _free_pair(), KEY.encode())
+    import torch
+
+    threads = torch.get_num_threads()
+    started = time.monotonic()
+    with pytest.raises(node_channel.NodeLost, match=r"ranks \[1\] \(--nnodes 2\) did not join"):
+        LLM(str(tiny_llama_dir), device="cpu", dtype="float32", max_model_len=128,
+            pipeline_parallel_size=2, nodes=nodes)
+    assert time.monotonic() - started < 30
+    assert torch.get_num_threads() == threads  # the ranks' share given back
+    assert len(_one_process(tiny_llama_dir)) == len(PROMPTS)
+
+
 # The channel itself, in one process --------------------------------------------------------
 
 def _nodes(port: int, key: bytes = KEY.encode(), rank: int = 1) -> Nodes:
