@@ -269,8 +269,12 @@ def run_node(config: Any, nodes: Nodes) -> int:
     world = config.tensor_parallel_size * config.pipeline_parallel_size
     ranks = nodes.ranks(world)
     source = serving_source(config.model, config.download_dir, hub_timeout_s=config.hub_timeout_s)
+    gpus = torch.cuda.device_count() if config.device != "cpu" else 0
+    if gpus < len(ranks) and (config.device == "cuda" or gpus > 0):
+        raise BadInput(f"machine {nodes.rank}: {len(ranks)} ranks here (--tensor-parallel-size "
+                       f"x --pipeline-parallel-size / --nnodes), torch sees {gpus} CUDA devices")
     cap_torch_threads(torch)
-    threads = max(1, torch.get_num_threads() // len(ranks)) if config.device != "cuda" else None
+    threads = max(1, torch.get_num_threads() // len(ranks)) if not gpus else None
     context = multiprocessing.get_context("spawn")
     processes = [context.Process(target=run_rank, args=(nodes, rank, source.path, threads),
                                  name=f"kvledger-rank-{rank}", daemon=True) for rank in ranks]

@@ -370,6 +370,18 @@ def test_run_serves_a_group_of_nodes_as_processes_of_this_machine(tiny_model, tm
             subprocess.run(["kill", "-9", str(pid)], check=False)
 
 
+def test_each_machine_of_a_local_group_gets_gpus_of_its_own():
+    from kvledger.engine.errors import BadInput
+    from kvledger.operator.local_run import _gpus_of
+
+    assert _gpus_of({}, 0, 1) == {}  # the CPU
+    assert _gpus_of({}, 2, 1)["CUDA_VISIBLE_DEVICES"] == "2,3"
+    visible = {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    assert [_gpus_of(visible, 2, r)["CUDA_VISIBLE_DEVICES"] for r in (0, 1)] == ["4,5", "6,7"]
+    with pytest.raises(BadInput, match="machine 2 finds no 2 GPUs of its own"):
+        _gpus_of(visible, 2, 2)
+
+
 def _group_left(model: Path) -> list[int]:
     """The pids of machine 1's processes still running (their command line names the
     model and --headless)."""
