@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from container_harness import (
@@ -24,6 +26,8 @@ from container_harness import (
     podman,
     require_podman,
 )
+
+from kvledger.engine.model.builtin import write_model
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +52,18 @@ def image() -> Iterator[str]:
     size = podman("image", "inspect", TEST_IMAGE, "--format", "{{.Size}}").stdout.strip()
     MEASURED["image size (MB)"] = int(size) / 1e6
     yield TEST_IMAGE
+
+
+@pytest.fixture(scope="module")
+def models() -> Iterator[Path]:
+    """A hostPath folder the pod's uid 1000 can read (pytest's own tmp is 0700)."""
+    root = Path(tempfile.mkdtemp(prefix="kvledger-e2e-"))
+    root.chmod(0o755)
+    write_model("tiny-llama", root / "tiny-llama")
+    yield root
+    for path in sorted(root.rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    root.rmdir()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

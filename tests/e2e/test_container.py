@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import json
 import socket
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -31,7 +30,6 @@ import yaml
 from container_harness import MEASURED, podman
 
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT
-from kvledger.engine.model.builtin import write_model
 from kvledger.operator.crd import API_VERSION, KIND, validate_manifest
 from kvledger.operator.render import render_deployment
 from kvledger.operator.status import MEMORY_BUDGET, READY, compute_status, find_condition
@@ -112,18 +110,6 @@ class PlayedPod:
         podman("pod", "rm", "--force", self.pod, check=False)
         for volume in self.volumes:
             podman("volume", "rm", "--force", volume, check=False)
-
-
-@pytest.fixture(scope="module")
-def models() -> Iterator[Path]:
-    """A hostPath folder the pod's uid 1000 can read (pytest's own tmp is 0700)."""
-    root = Path(tempfile.mkdtemp(prefix="kvledger-e2e-"))
-    root.chmod(0o755)
-    write_model("tiny-llama", root / "tiny-llama")
-    yield root
-    for path in sorted(root.rglob("*"), reverse=True):
-        path.unlink() if path.is_file() else path.rmdir()
-    root.rmdir()
 
 
 @pytest.fixture

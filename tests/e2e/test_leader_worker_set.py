@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -27,7 +26,6 @@ from container_harness import MEASURED, podman
 from lws_harness import WORKER_INDEX_LABEL, for_podman, group_pods
 
 from kvledger.engine.llm import LLM
-from kvledger.engine.model.builtin import write_model
 from kvledger.engine.sampling.params import SamplingParams
 from kvledger.operator.crd import API_VERSION, KIND, validate_manifest
 from kvledger.operator.render_group import render_leader_worker_set
@@ -45,17 +43,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture
-def models() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="kvledger-e2e-lws-"))
-    root.chmod(0o755)
-    write_model("tiny-llama", root / "tiny-llama")
-    yield root
-    for path in sorted(root.rglob("*"), reverse=True):
-        path.unlink() if path.is_file() else path.rmdir()
-    root.rmdir()
 
 
 @pytest.fixture

@@ -288,21 +288,32 @@ def _get(url: str) -> tuple[int, bytes]:
         return 0, b""
 
 
+def _run_until_ready(path: str, port: int, limit_s: float) -> subprocess.Popen:
+    """``kvledger run PATH --port PORT`` (its output on a pipe), once it answers /ready."""
+    proc = subprocess.Popen([sys.executable, "-m", "kvledger.engine.cli", "run", path,
+                             "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + limit_s
+    try:
+        while _get(f"http://127.0.0.1:{port}/ready")[0] != 200:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "never became ready"
+            time.sleep(0.2)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc
+
+
 @pytest.mark.timeout(120)
 def test_run_serves_the_manifest_and_stops_on_sigterm(tiny_model, tmp_path):
     port = free_port()
     doc = manifest(engine={"maxModelLen": 256, "maxNumSeqs": 2}, memory={"limit": "1Gi"},
                    gpus=0, resources={"limits": {"memory": "4Gi"}})
     doc["spec"]["model"]["path"] = str(tiny_model)
-    proc = subprocess.Popen([sys.executable, "-m", "kvledger.engine.cli", "run",
-                             write(tmp_path, doc), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = _run_until_ready(write(tmp_path, doc), port, 90)
     try:
-        deadline = time.monotonic() + 90
-        while _get(f"http://127.0.0.1:{port}/ready")[0] != 200:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "server never became ready"
-            time.sleep(0.2)
         status, body = _get(f"http://127.0.0.1:{port}/v1/models")
         assert status == 200
         assert [m["id"] for m in json.loads(body)["data"]] == ["tiny"]
@@ -331,15 +342,8 @@ def test_run_serves_a_group_of_nodes_as_processes_of_this_machine(tiny_model, tm
     doc = manifest(engine={"maxModelLen": 128, "maxNumSeqs": 2, "dtype": "float32"},
                    gpus=0, nodes=2)
     doc["spec"]["model"]["path"] = str(tiny_model)
-    proc = subprocess.Popen([sys.executable, "-m", "kvledger.engine.cli", "run",
-                             write(tmp_path, doc), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = _run_until_ready(write(tmp_path, doc), port, 120)
     try:
-        deadline = time.monotonic() + 120
-        while _get(f"http://127.0.0.1:{port}/ready")[0] != 200:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "the group never became ready"
-            time.sleep(0.2)
         body = json.dumps({"model": "tiny", "prompt": [1, 5, 9, 33], "max_tokens": 6,
                            "temperature": 0, "ignore_eos": True, "logprobs": 0,
                            "return_tokens_as_token_ids": True}).encode()
