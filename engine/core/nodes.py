@@ -35,6 +35,7 @@ from typing import Any
 
 from kvledger.engine.errors import BadInput, EngineFailed
 from kvledger.engine.node_config import NODE_KEY_ENV, Nodes
+from kvledger.engine.planner.device import DeviceMemory, probe_device
 
 log = logging.getLogger("kvledger.nodes")
 
@@ -75,6 +76,7 @@ class Channel:
         self.conn, self.peer = conn, peer
         self._lock = threading.Lock()
         self.closed = False
+        self.device: DeviceMemory | None = None  # the peer's, as its hello says
         _time_out(conn, SILENCE_S)
 
     def send(self, message: Any) -> None:
@@ -141,10 +143,10 @@ def accept_ranks(nodes: Nodes, remote: list[int], print_: str,
             if rank not in remote or rank in joined:
                 log.warning("%s named itself rank %s, which is not a rank to join (or joined "
                             "already); closed", channel.peer, rank)
-                _refuse(channel, f"rank {rank} is not a rank of another machine to join")
+                refuse(channel, f"rank {rank} is not a rank of another machine to join")
                 continue
             if theirs != print_:
-                _refuse(channel, "machine 0 serves another model (config.json) or version")
+                refuse(channel, "machine 0 serves another model (config.json) or version")
                 raise BadInput(f"rank {rank} ({channel.peer}) runs another model or kvledger "
                                "version than machine 0: give every machine the same --model")
             joined[rank] = channel
@@ -159,7 +161,8 @@ def accept_ranks(nodes: Nodes, remote: list[int], print_: str,
     return joined
 
 
-def _refuse(channel: Channel, reason: str) -> None:
+def refuse(channel: Channel, reason: str) -> None:
+    """Tell a joined rank why machine 0 will not have it (its ``join`` raises), and close."""
     with contextlib.suppress(OSError):
         channel.send(("refused", reason))
     channel.close()
@@ -183,8 +186,9 @@ def _handshake(sock: socket.socket, peer: str, key: bytes, arrivals: queue.Simpl
     try:
         deliver_challenge(channel.conn, key)
         answer_challenge(channel.conn, key)
-        kind, rank, theirs = channel.recv()
-        if kind != "hello" or not isinstance(rank, int) or not isinstance(theirs, str):
+        kind, rank, theirs, device = channel.recv()
+        if (kind != "hello" or not isinstance(rank, int) or not isinstance(theirs, str)
+                or not isinstance(device, DeviceMemory | None)):
             raise ValueError("not a hello")
     except (AuthenticationError, OSError, EOFError, ValueError, TypeError) as exc:
         log.warning("a connection from %s did not prove it holds $%s, or said no hello "
@@ -195,16 +199,18 @@ def _handshake(sock: socket.socket, peer: str, key: bytes, arrivals: queue.Simpl
         log.warning("a connection from %s sent what is no hello (%s); closed", peer, exc)
         channel.close()
         return
+    channel.device = device
     arrivals.put((rank, channel, theirs))
 
 
 # Another machine -------------------------------------------------------------------------
 
-def join(nodes: Nodes, rank: int, print_: str, deadline_s: float = JOIN_TIMEOUT_S) -> tuple[
-        Channel, Any]:
+def join(nodes: Nodes, rank: int, print_: str, device: DeviceMemory | None = None,
+         deadline_s: float = JOIN_TIMEOUT_S) -> tuple[Channel, Any]:
     """A rank of machine ``nodes.rank``: connect to machine 0 (again and again while it
-    is not up yet), prove the key, name this rank and its model; the channel and machine
-    0's ``RankSpec`` once every rank has joined."""
+    is not up yet), prove the key, name this rank, its model and its machine's device
+    (machine 0 plans on the smallest); the channel and machine 0's ``RankSpec`` once
+    every rank has joined."""
     address = (nodes.master_addr, nodes.control_port)
     deadline = time.monotonic() + deadline_s
     while True:
@@ -220,7 +226,7 @@ def join(nodes: Nodes, rank: int, print_: str, deadline_s: float = JOIN_TIMEOUT_
                                f"{deadline_s:g} s ({exc})") from None
             time.sleep(1.0)
     channel = Channel(conn, f"machine 0 ({address[0]}:{address[1]})")
-    channel.send(("hello", rank, print_))
+    channel.send(("hello", rank, print_, device))
     kind, payload = channel.recv()  # machine 0 pulses while the others join
     if kind == "refused":
         channel.close()
@@ -228,7 +234,8 @@ def join(nodes: Nodes, rank: int, print_: str, deadline_s: float = JOIN_TIMEOUT_
     return channel, payload
 
 
-def run_rank(nodes: Nodes, rank: int, model_dir: str, threads: int | None) -> None:
+def run_rank(nodes: Nodes, rank: int, model_dir: str, threads: int | None,
+             device: DeviceMemory) -> None:
     """A process of another machine (multiprocessing's spawn target): join machine 0,
     then follow its calls as a rank of machine 0 does (``rank_worker.follow``)."""
     from kvledger.engine.core.rank_worker import follow
@@ -237,7 +244,7 @@ def run_rank(nodes: Nodes, rank: int, model_dir: str, threads: int | None) -> No
     threading.Thread(target=_end_with, args=(os.getppid(),), daemon=True).start()
     code = 1
     try:
-        channel, spec = join(nodes, rank, fingerprint(model_dir))
+        channel, spec = join(nodes, rank, fingerprint(model_dir), device)
         channel.pulse()
         spec = replace(spec, model_dir=model_dir, threads=threads, master_addr=nodes.master_addr)
         code = follow(spec, rank, channel)
@@ -269,6 +276,7 @@ def run_node(config: Any, nodes: Nodes) -> int:
     world = config.tensor_parallel_size * config.pipeline_parallel_size
     ranks = nodes.ranks(world)
     source = serving_source(config.model, config.download_dir, hub_timeout_s=config.hub_timeout_s)
+    device = probe_device(config)  # this machine's, before anything here touches it
     gpus = torch.cuda.device_count() if config.device != "cpu" else 0
     if gpus < len(ranks) and (config.device == "cuda" or gpus > 0):
         raise BadInput(f"machine {nodes.rank}: {len(ranks)} ranks here (--tensor-parallel-size "
@@ -276,7 +284,8 @@ def run_node(config: Any, nodes: Nodes) -> int:
     cap_torch_threads(torch)
     threads = max(1, torch.get_num_threads() // len(ranks)) if not gpus else None
     context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=run_rank, args=(nodes, rank, source.path, threads),
+    processes = [context.Process(target=run_rank, args=(nodes, rank, source.path, threads,
+                                                        device),
                                  name=f"kvledger-rank-{rank}", daemon=True) for rank in ranks]
     for process in processes:
         process.start()

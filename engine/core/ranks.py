@@ -110,8 +110,10 @@ class RankGroup:
     """Ranks 1..N-1 as rank 0 reaches them (``Follower``s): this machine's as processes it
     starts, with ``nodes`` (``--nnodes``) those of the other machines too; the watchdog."""
 
-    def __init__(self, spec: RankSpec, nodes: Nodes | None = None) -> None:
+    def __init__(self, spec: RankSpec, nodes: Nodes | None = None,
+                 on_machines: Callable[[dict[int, Any]], None] | None = None) -> None:
         self.spec, self.nodes = spec, nodes
+        self.on_machines = on_machines  # the other machines' devices, by rank, once joined
         self.threads_before: int | None = None  # rank 0's torch threads before the ranks
         self.lost: str | None = None
         self._callbacks: list[Callable[[str], None]] = []
@@ -155,13 +157,20 @@ class RankGroup:
         return runner
 
     def _join_machines(self) -> None:
-        """The other machines' ranks, once all have joined, as followers; each is sent
-        this machine's ``RankSpec``."""
-        from kvledger.engine.core.nodes import accept_ranks, fingerprint
+        """The other machines' ranks, once all have joined (and ``on_machines`` has not
+        refused their devices), as followers; each is sent this machine's ``RankSpec``."""
+        from kvledger.engine.core.nodes import accept_ranks, fingerprint, refuse
 
         here = self.nodes.ranks(self.spec.world)
         remote = [r for r in range(1, self.spec.world) if r not in here]
         channels = accept_ranks(self.nodes, remote, fingerprint(self.spec.model_dir))
+        try:
+            if self.on_machines is not None:  # a refusal: no rank has loaded anything
+                self.on_machines({rank: channel.device for rank, channel in channels.items()})
+        except BaseException as exc:
+            for channel in channels.values():
+                refuse(channel, (str(exc).splitlines() or [type(exc).__name__])[0])
+            raise
         for rank, channel in channels.items():
             channel.send(("spec", self.spec))
             self.followers.append(Follower(rank, channel))

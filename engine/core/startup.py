@@ -21,6 +21,7 @@ from kvledger.engine.model.generation_config import describe as describe_default
 from kvledger.engine.model.loader import load_model, weights_bytes
 from kvledger.engine.model.tokenizer import Tokenizer
 from kvledger.engine.planner.device import DeviceMemory, probe_device
+from kvledger.engine.planner.estimates import format_size
 from kvledger.engine.planner.plan import Measured, Plan, make_plan
 from kvledger.engine.planner.report import render_report
 
@@ -46,8 +47,9 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     tokenizer = Tokenizer(source.path, config.generation_config,
                           tokenizer_folder(config.tokenizer))
     log.info("%s", describe_defaults(tokenizer.sampling_defaults, config.generation_config))
+    planned_on = device_memory  # with --nnodes, the smallest machine's device
     if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
-        runner = start_ranks(config, plan, source.path, device)
+        runner, planned_on = start_ranks(config, plan, source, device, device_memory)
     else:
         model = load_model(source.path, model_config, TORCH_DTYPES[plan.model_dtype], device,
                            quantize_fp8=config.quantization == "fp8"
@@ -58,7 +60,7 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
         measured = _measure_stages(runner, plan, device, device_memory, config)
     else:
         measured = _measure(runner, plan, device, device_memory, config)
-    measured_plan = make_plan(config, device=device_memory, measured=measured, source=source)
+    measured_plan = make_plan(config, device=planned_on, measured=measured, source=source)
     log_predicted_vs_measured(plan, measured_plan)
     if not measured_plan.fits:
         raise DoesNotFit(render_report(measured_plan), measured_plan)
@@ -123,12 +125,17 @@ def check_stages(config: EngineConfig) -> None:
                        "adapters across pipeline stages")
 
 
-def start_ranks(config: EngineConfig, plan: Plan, model_dir: str, device: torch.device):
+def start_ranks(config: EngineConfig, plan: Plan, source, device: torch.device,
+                probed: DeviceMemory):
     """Rank 0's runner under ``--tensor-parallel-size N`` (or ``--pipeline-parallel-size
-    P``): ranks 1..N-1 started as their own processes (``core/ranks.py``; with
-    ``--nnodes``, this machine's, the others' joining over the network), every rank
-    holding its shard (its stage); BadInput when torch sees fewer CUDA devices than ranks
-    (what cannot be sharded, the plan refused first)."""
+    P``), and the device to plan on: ranks 1..N-1 started as their own processes
+    (``core/ranks.py``; with ``--nnodes``, this machine's, the others' joining over the
+    network), every rank holding its shard (its stage); BadInput when torch sees fewer
+    CUDA devices than ranks (what cannot be sharded, the plan refused first).
+
+    With ``--nnodes`` every other machine names its device as it joins; the smallest
+    (less free memory than ``probed``) is planned on again before any rank loads, and a
+    plan that no longer fits it is refused (DoesNotFit) on every machine."""
     from kvledger.engine.core.rank_worker import RankSpec
     from kvledger.engine.core.ranks import RANK_TIMEOUT_S, RankedRunner, RankGroup, free_port
 
@@ -141,17 +148,33 @@ def start_ranks(config: EngineConfig, plan: Plan, model_dir: str, device: torch.
                        f"--pipeline-parallel-size / --nnodes): torch sees "
                        f"{torch.cuda.device_count()} CUDA devices")
     threads = max(1, torch.get_num_threads() // local) if device.type == "cpu" else None
-    spec = RankSpec(model_dir=model_dir, world=world, device=device.type,
+    spec = RankSpec(model_dir=source.path, world=world, device=device.type,
                     dtype=plan.model_dtype, max_model_len=plan.max_model_len,
                     block_size=plan.kv.block_size,
                     master_port=nodes.master_port if nodes else free_port(),
                     timeout_s=RANK_TIMEOUT_S, threads=threads, fuse=not config.enable_lora,
                     stages=stages, nodes=nodes.count if nodes else 1)
-    group = RankGroup(spec, nodes)
+    planned_on = [probed]
+
+    def plan_on_machines(devices: dict[int, DeviceMemory | None]) -> None:
+        known = [(d.free_bytes, rank, d) for rank, d in devices.items() if d is not None]
+        if not known or min(known)[0] >= probed.free_bytes:
+            return
+        _, rank, smallest = min(known)
+        planned_on[0] = smallest
+        again = make_plan(config, device=smallest, source=source)
+        where = (f"rank {rank}'s machine (--node-rank {rank // local}): {smallest.name}, "
+                 f"{format_size(smallest.free_bytes)} free")
+        if not again.fits:
+            raise DoesNotFit(f"the plan does not fit {where}, less than this machine's\n"
+                             + render_report(again), again)
+        log.info("planned on %s, less than this machine's", where)
+
+    group = RankGroup(spec, nodes, plan_on_machines if nodes else None)
     if threads:
         group.threads_before = torch.get_num_threads()  # given back when the ranks stop
         torch.set_num_threads(threads)  # the ranks share this machine's cores
-    return RankedRunner(group.start(), group)
+    return RankedRunner(group.start(), group), planned_on[0]
 
 
 def tokenizer_folder(given: str | None) -> str | None:

@@ -47,7 +47,8 @@ class Machines:
     """Machine 0 (``kvledger serve``, the API) and machine 1 (headless), their logs in
     files (a pipe left unread would block a process that logs)."""
 
-    def __init__(self, model_dir: Path, logs: Path, *flags: str, key: str = KEY) -> None:
+    def __init__(self, model_dir: Path, logs: Path, *flags: str, key: str = KEY,
+                 machine_1: tuple[str, ...] = ()) -> None:
         self.port, master = free_port(), _free_pair()
         while self.port in (master, master + 1):
             master = _free_pair()
@@ -61,7 +62,7 @@ class Machines:
             subprocess.Popen([*common, "--node-rank", "0", "--host", "127.0.0.1", "--port",
                               str(self.port)], env=env, stderr=self.logs[0].open("w"),
                              stdout=subprocess.DEVNULL),
-            subprocess.Popen([*common, "--node-rank", "1", "--headless"], env=env,
+            subprocess.Popen([*common, "--node-rank", "1", "--headless", *machine_1], env=env,
                              stderr=self.logs[1].open("w"), stdout=subprocess.DEVNULL)]
 
     def log(self, machine: int) -> str:
@@ -164,6 +165,35 @@ def test_machine_zero_that_dies_ends_the_other(tiny_llama_dir, machines) -> None
     code, after = group.wait(1, killed)
     assert code == 1 and after < 10, group.log(1)
     assert "rank 0 is gone" in group.log(1)
+
+
+@pytest.mark.timeout(120)
+def test_a_machine_with_too_small_a_device_is_refused_before_any_rank_loads(
+        tiny_llama_dir, machines) -> None:
+    """Machine 0 plans on the smallest machine's device as the machines join: one that
+    cannot hold its stage ends the run with the breakdown (exit 3), and the machine
+    hears why, instead of running out of memory as it loads."""
+    group = machines(tiny_llama_dir, "-pp", "2", machine_1=("--device-memory", "64MiB"))
+    assert group.wait(0, time.monotonic(), limit_s=90)[0] == 3, group.log(0)
+    log = group.log(0)
+    assert ("the plan does not fit rank 1's machine (--node-rank 1): what-if device, 64.0 MiB "
+            "free, less than this machine's") in log
+    assert "error: engine requires" in log and "per GPU on stage" in log
+    assert group.wait(1, time.monotonic())[0] == 1
+    assert "machine 0 refused rank 1: the plan does not fit rank 1's machine" in group.log(1)
+    assert "loading" not in group.log(1).lower()
+
+
+@pytest.mark.timeout(120)
+def test_machine_zero_plans_on_a_smaller_machine_that_fits(tiny_llama_dir, machines) -> None:
+    group = machines(tiny_llama_dir, "-pp", "2", "--served-model-name", "m",
+                     machine_1=("--device-memory", "4GiB"))
+    group.ready()
+    assert ("planned on rank 1's machine (--node-rank 1): what-if device, 4.0 GiB free, less "
+            "than this machine's") in group.log(0)
+    with urllib.request.urlopen(f"http://127.0.0.1:{group.port}/v1/budget") as answer:
+        device = json.loads(answer.read())["plan"]["device"]
+    assert (device["name"], device["free_bytes"]) == ("what-if device", 4 * 2**30)
 
 
 @pytest.mark.timeout(120)
