@@ -15,17 +15,17 @@ not fit where two do.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 from budget_checkpoints import write_header_only  # noqa: E402
 from published_models import published_config, published_tensors  # noqa: E402
+from tp_plan import plan_each  # noqa: E402
 
 from kvledger.engine.planner.stages import PARTITION_ENV, stage_bounds  # noqa: E402
 
@@ -33,29 +33,17 @@ GiB = 2**30
 NAME = "Llama-3.1-405B"
 FLAGS = ["--device-memory", "80GiB", "--max-model-len", "8192", "--max-num-seqs", "16",
          "--tensor-parallel-size", "8"]
-KVLEDGER = str(Path(sys.executable).with_name("kvledger"))
-
-
-def plan(model_dir: Path, stages: int, as_json: bool) -> tuple[int, str]:
-    argv = [KVLEDGER, "plan", str(model_dir), *FLAGS, "--pipeline-parallel-size", str(stages)]
-    env = {k: v for k, v in os.environ.items() if k != PARTITION_ENV}  # vLLM's own split
-    done = subprocess.run([*argv, "--json"] if as_json else argv, capture_output=True,
-                          text=True, timeout=120, env=env)
-    return done.returncode, done.stdout + done.stderr
 
 
 def main() -> int:
     config = published_config(NAME)
-    rows, failed = [], []
+    failed = []
+    env = {k: v for k, v in os.environ.items() if k != PARTITION_ENV}  # vLLM's own split
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "llama-3.1-405b"
         write_header_only(model_dir, config, published_tensors(config), shards=191)
-        for stages in (1, 2, 3, 4):
-            code, text = plan(model_dir, stages, as_json=False)
-            print(f"$ kvledger plan llama-3.1-405b {' '.join(FLAGS)} "
-                  f"--pipeline-parallel-size {stages}   (exit {code})\n{text}")
-            _, raw = plan(model_dir, stages, as_json=True)
-            rows.append((stages, code, json.loads(raw)))
+        rows = plan_each(model_dir, "llama-3.1-405b", FLAGS, "--pipeline-parallel-size",
+                         (1, 2, 3, 4), env=env)
     whole = rows[0][2]["classes"]["weights"]
     print("| stages x GPUs | fits | stage | layers | weights / GPU | KV cache / GPU "
           "| required / GPU | limit / GPU |")

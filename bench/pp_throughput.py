@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from tp_throughput import PARAMS, PROMPTS, run, same_tokens
 from kvledger.engine.llm import LLM
 from kvledger.engine.model.builtin import write_model
 from kvledger.engine.model.loader import weights_bytes
-from kvledger.engine.node_config import NODE_KEY_ENV, Nodes
+from kvledger.engine.node_config import NODE_KEY_ENV, Nodes, free_port_pair
 from kvledger.engine.sampling.params import SamplingParams
 
 MiB = 2**20
@@ -69,9 +68,7 @@ def prefill_rate(model_dir: Path, stages: int) -> float:
 def two_machines(model_dir: Path) -> tuple[float, list[list[int]]]:
     """``run`` at pp=2 with stage 2 on "another machine": its own ``kvledger serve
     --node-rank 1 --headless`` process, joined over 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        master = s.getsockname()[1]
+    master = free_port_pair()
     key = secrets.token_hex(16)
     other = subprocess.Popen(
         [sys.executable, "-m", "kvledger.engine.cli", "serve", str(model_dir), "--device",

@@ -26,24 +26,28 @@ FLAGS = ["--device-memory", "80GiB", "--max-model-len", "8192", "--max-num-seqs"
 KVLEDGER = str(Path(sys.executable).with_name("kvledger"))
 
 
-def plan(model_dir: Path, tp: int, as_json: bool) -> tuple[int, str]:
-    argv = [KVLEDGER, "plan", str(model_dir), *FLAGS, "--tensor-parallel-size", str(tp)]
-    done = subprocess.run([*argv, "--json"] if as_json else argv, capture_output=True,
-                          text=True, timeout=120)
-    return done.returncode, done.stdout + done.stderr
+def plan_each(model_dir: Path, name: str, flags: list[str], flag: str, values: tuple[int, ...],
+              env: dict[str, str] | None = None) -> list[tuple[int, int, dict]]:
+    """``kvledger plan`` of ``model_dir`` with ``flags`` and ``flag`` at each of ``values``:
+    its report printed (as ``name``), then (value, exit status, plan JSON) of each."""
+    rows = []
+    for value in values:
+        argv = [KVLEDGER, "plan", str(model_dir), *flags, flag, str(value)]
+        text = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+        print(f"$ kvledger plan {name} {' '.join(flags)} {flag} {value}   (exit "
+              f"{text.returncode})\n{text.stdout + text.stderr}")
+        raw = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=120,
+                             env=env)
+        rows.append((value, text.returncode, json.loads(raw.stdout)))
+    return rows
 
 
 def main() -> int:
-    rows, ok = [], True
+    ok = True
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp)
         write_sparse_checkpoint(model_dir, shards=30)
-        for tp in (1, 2, 4, 8):
-            code, text = plan(model_dir, tp, as_json=False)
-            print(f"$ kvledger plan llama-3-70b {' '.join(FLAGS)} --tensor-parallel-size {tp}"
-                  f"   (exit {code})\n{text}")
-            _, raw = plan(model_dir, tp, as_json=True)
-            rows.append((tp, code, json.loads(raw)))
+        rows = plan_each(model_dir, "llama-3-70b", FLAGS, "--tensor-parallel-size", (1, 2, 4, 8))
     whole = rows[0][2]["classes"]["weights"]
     print("| GPUs | fits | weights/GPU | KV/GPU | required/GPU | limit/GPU |")
     print("|---|---|---|---|---|---|")

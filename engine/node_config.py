@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from dataclasses import dataclass
 
 from kvledger.engine.errors import BadInput
@@ -90,3 +91,18 @@ def nodes_from_args(args: argparse.Namespace, world: int) -> Nodes | None:
                        "`openssl rand -hex 32`); the machines prove they hold it before "
                        "machine 0 sends them anything")
     return Nodes(count, rank, args.master_addr, args.master_port, key)
+
+
+def free_port_pair(host: str = "127.0.0.1") -> int:
+    """A free port P with P + 1 free too: a run's rendezvous and control channel on one
+    machine (``kvledger run`` of a group, tests, benches)."""
+    while True:
+        with socket.socket() as first:
+            first.bind((host, 0))
+            port = first.getsockname()[1]
+            with socket.socket() as second:
+                try:
+                    second.bind((host, port + 1))
+                except OSError:
+                    continue
+        return port

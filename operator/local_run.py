@@ -36,7 +36,6 @@ import argparse
 import dataclasses
 import os
 import secrets
-import socket
 import subprocess
 import sys
 from typing import Any
@@ -46,7 +45,7 @@ import yaml
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, BadInput
-from kvledger.engine.node_config import NODE_KEY_ENV
+from kvledger.engine.node_config import NODE_KEY_ENV, free_port_pair
 from kvledger.operator.crd import validate_manifest
 from kvledger.operator.resource import DEFAULT_PORT
 from kvledger.operator.spec import ServiceSpec, as_spec, local_model_path, local_path
@@ -210,7 +209,7 @@ def _start_group(name: str, spec: ServiceSpec, argv: list[str]
                  ) -> tuple[list[str], dict[str, str]]:
     """Machines 1..nodes-1 started (headless, sessions of their own); machine 0's argv
     and environment, for this process to become."""
-    master = _free_port_pair()
+    master = free_port_pair()
     group = ["--nnodes", str(spec.nodes), "--master-addr", "127.0.0.1",
              "--master-port", str(master)]
     env = {**os.environ, NODE_KEY_ENV: secrets.token_hex(32)}
@@ -233,17 +232,3 @@ def _gpus_of(env: dict[str, str], gpus: int, rank: int) -> dict[str, str]:
         raise BadInput(f"nodes x gpus GPUs: machine {rank} finds no {gpus} GPUs of its own in "
                        f"CUDA_VISIBLE_DEVICES={visible}")
     return {**env, "CUDA_VISIBLE_DEVICES": ",".join(mine)}
-
-
-def _free_port_pair() -> int:
-    """A port P with P + 1 free too: the group's rendezvous and control channel."""
-    while True:
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            with socket.socket() as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-        return port

@@ -190,13 +190,9 @@ def _handshake(sock: socket.socket, peer: str, key: bytes, arrivals: queue.Simpl
         if (kind != "hello" or not isinstance(rank, int) or not isinstance(theirs, str)
                 or not isinstance(device, DeviceMemory | None)):
             raise ValueError("not a hello")
-    except (AuthenticationError, OSError, EOFError, ValueError, TypeError) as exc:
+    except Exception as exc:  # a wrong key, silence, a closed socket, what is no hello
         log.warning("a connection from %s did not prove it holds $%s, or said no hello "
                     "(%s: %s); closed", peer, NODE_KEY_ENV, type(exc).__name__, exc)
-        channel.close()
-        return
-    except Exception as exc:  # a hello that does not unpickle
-        log.warning("a connection from %s sent what is no hello (%s); closed", peer, exc)
         channel.close()
         return
     channel.device = device

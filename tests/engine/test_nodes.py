@@ -24,23 +24,11 @@ from kvledger.engine.cli import main
 from kvledger.engine.core import nodes as node_channel
 from kvledger.engine.errors import BadInput
 from kvledger.engine.llm import LLM
-from kvledger.engine.node_config import NODE_KEY_ENV, Nodes
+from kvledger.engine.node_config import NODE_KEY_ENV, Nodes, free_port_pair
 from kvledger.engine.sampling.params import SamplingParams
 
 KEY = "kvledger-test-key-0123456789"
 PROMPTS = [[1, 5, 9, 33, 7, 21, 2], [2, 3, 4], list(range(10, 60))]
-
-
-def _free_pair() -> int:
-    """A port P with P + 1 free too (the rendezvous and the control channel)."""
-    while True:
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
 
 
 class Machines:
@@ -49,9 +37,9 @@ class Machines:
 
     def __init__(self, model_dir: Path, logs: Path, *flags: str, key: str = KEY,
                  machine_1: tuple[str, ...] = ()) -> None:
-        self.port, master = free_port(), _free_pair()
+        self.port, master = free_port(), free_port_pair()
         while self.port in (master, master + 1):
-            master = _free_pair()
+            master = free_port_pair()
         env = {**os.environ, NODE_KEY_ENV: key}
         common = [sys.executable, "-m", "kvledger.engine.cli", "serve", str(model_dir),
                   "--device", "cpu", "--dtype", "float32", "--max-model-len", "128",
@@ -221,7 +209,7 @@ def test_machine_zero_gives_up_on_a_machine_that_never_comes(tiny_llama_dir, mon
     """Its start fails naming the missing ranks, and leaves nothing behind: an engine
     started next in the same process runs."""
     monkeypatch.setattr(node_channel, "JOIN_TIMEOUT_S", 2.0)
-    nodes = Nodes(2, 0, "127.0.0.1", _free_pair(), KEY.encode())
+    nodes = Nodes(2, 0, "127.0.0.1", free_port_pair(), KEY.encode())
     import torch
 
     threads = torch.get_num_threads()
