@@ -4,7 +4,7 @@ every machine but the first. Machine 0 serves the API and holds the scheduler, t
 ledger and admission (rank 0); every machine runs ``world / N`` ranks, machine R ranks
 ``R * world / N`` onwards. The ranks meet at ``ADDR:PORT`` (torch.distributed's store)
 and machine 0 sends its calls over ``ADDR:PORT+1`` (``core/nodes.py``), a channel whose
-peers prove they hold ``$KVLEDGER_NODE_KEY`` before either says anything else.
+every frame is sealed with keys derived from ``$KVLEDGER_NODE_KEY``.
 
 Torch-free: ``kvledger serve`` checks the flags before anything loads.
 """
@@ -32,7 +32,7 @@ class Nodes:
     rank: int
     master_addr: str
     master_port: int
-    key: bytes  # the control channel's shared secret (HMAC challenge both ways)
+    key: bytes  # the group's secret: the control channel's keys derive from it (core/sealed.py)
 
     @property
     def control_port(self) -> int:

@@ -11,7 +11,7 @@
 - Every engine adds ``--nnodes N --node-rank $(LWS_WORKER_INDEX) --master-addr
   $(LWS_LEADER_ADDRESS) --master-port 29500`` (LWS sets those variables in every container,
   and the kubelet expands ``$(VAR)`` in args) and ``KVLEDGER_NODE_KEY``, the control
-  channel's HMAC key, from the Secret ``<name>-nodes`` that the operator creates once.
+  channel's key, from the Secret ``<name>-nodes`` that the operator creates once.
 - ``RecreateGroupOnPodRestart``: a worker exits when its leader is gone and the leader when
   a worker is, so a group is recreated whole.
 - The Service selects the leaders only; the NetworkPolicy admits the group's own pods on

@@ -235,7 +235,7 @@ def main(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     nodes = nodes_from_args(args, config.tensor_parallel_size * config.pipeline_parallel_size)
     if nodes is not None and nodes.rank > 0:  # no API here: this machine's ranks only
-        from kvledger.engine.core.nodes import run_node
+        from kvledger.engine.core.node_machine import run_node
 
         return run_node(config, nodes)
     config = dataclasses.replace(config, nodes=nodes)

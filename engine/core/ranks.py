@@ -22,8 +22,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvledger.engine.core.rank_worker import RankSpec, batch_view, build_runner, init_ranks
+from kvledger.engine.core.rank_messages import (
+    AllocateKvCache,
+    Execute,
+    Measure,
+    Message,
+    Profile,
+    RankFigures,
+    RankSpec,
+    Start,
+    Stop,
+    step_view,
+)
+from kvledger.engine.core.rank_worker import build_runner, init_ranks, measure
 from kvledger.engine.core.rank_worker import main as worker_main
+from kvledger.engine.core.wire import BadMessage, PipeLink, encode
 from kvledger.engine.errors import EngineFailed
 from kvledger.engine.node_config import Nodes
 
@@ -45,9 +58,10 @@ def free_port() -> int:
 
 
 class Follower:
-    """A rank other than 0, as rank 0 reaches it: a process of this machine over a pipe,
-    or a rank of another machine over its channel (``core/nodes.py``; then no process
-    here). A thread reads what it sends into ``inbox``; ``gone`` says why it is lost."""
+    """A rank other than 0, as rank 0 reaches it: a process of this machine over a pipe
+    (``PipeLink``), or a rank of another machine over its sealed channel
+    (``core/nodes.py``; then no process here). A thread reads what it sends into
+    ``inbox``; ``gone`` says why it is lost."""
 
     def __init__(self, rank: int, conn: Any, process: Any = None) -> None:
         self.rank, self.conn, self.process = rank, conn, process
@@ -61,15 +75,19 @@ class Follower:
         while True:
             try:
                 message = self.conn.recv()
-            except (EOFError, OSError) as exc:
+            except (EOFError, OSError, BadMessage) as exc:  # a frame that does not open too
                 self.closed = str(exc) if str(exc) else "its connection closed"
                 self.inbox.put(None)
                 return
             self.inbox.put(message)
 
-    def send(self, message: Any) -> None:
+    def send(self, message: Message) -> None:
+        self.send_bytes(encode(message))
+
+    def send_bytes(self, data: bytes) -> None:
+        """A message ``encode`` wrote (once for every rank)."""
         with self._lock:
-            self.conn.send(message)
+            self.conn.send_bytes(data)
 
     def gone(self, world: int) -> str | None:
         if self.process is not None and not self.process.is_alive():
@@ -101,7 +119,7 @@ class Follower:
 
     def close(self) -> None:
         with contextlib.suppress(OSError, EOFError):
-            self.send(("stop", ()))
+            self.send(Stop())
         if self.process is None:
             self.conn.close()
 
@@ -115,6 +133,7 @@ class RankGroup:
         self.spec, self.nodes = spec, nodes
         self.on_machines = on_machines  # the other machines' devices, by rank, once joined
         self.threads_before: int | None = None  # rank 0's torch threads before the ranks
+        self.gate = None  # the store's gate with other machines, open while ranks join
         self.lost: str | None = None
         self._callbacks: list[Callable[[str], None]] = []
         self._lock = threading.Lock()
@@ -127,7 +146,7 @@ class RankGroup:
             ours, theirs = context.Pipe()
             process = context.Process(target=worker_main, args=(spec, rank, theirs),
                                       name=f"kvledger-rank-{rank}", daemon=True)
-            self.followers.append(Follower(rank, ours, process))
+            self.followers.append(Follower(rank, PipeLink(ours), process))
             self.processes.append(process)
             self._child_ends.append(theirs)
 
@@ -144,11 +163,14 @@ class RankGroup:
                 end.close()
             threading.Thread(target=self._watch, name="kvledger-rank-watchdog",
                              daemon=True).start()
-            init_ranks(self.spec, 0)
+            peers = [f.conn.host for f in self.followers if f.process is None]
+            self.gate = init_ranks(self.spec, 0, peers)
             runner = build_runner(self.spec, 0)
             deadline = time.monotonic() + RANK_START_TIMEOUT_S
             for follower in self.followers:
-                follower.reply(self, deadline)  # ("ready", rank)
+                follower.reply(self, deadline)  # Ready(rank)
+            if self.gate is not None:  # every rank is in the group: the store's gate shuts
+                self.gate.close()
         except BaseException:
             self.stop()
             raise
@@ -172,7 +194,7 @@ class RankGroup:
                 refuse(channel, (str(exc).splitlines() or [type(exc).__name__])[0])
             raise
         for rank, channel in channels.items():
-            channel.send(("spec", self.spec))
+            channel.send(Start(self.spec))
             self.followers.append(Follower(rank, channel))
         self.followers.sort(key=lambda follower: follower.rank)
 
@@ -186,13 +208,14 @@ class RankGroup:
         if lost is not None:
             callback(lost)
 
-    def call(self, method: str, *args: Any) -> None:
+    def call(self, call: Message) -> None:
         """Send rank 0's call to every other rank; RankLost once one is gone."""
         if self.lost is not None:
             raise RankLost(self.lost)
+        data = encode(call)
         try:
             for follower in self.followers:
-                follower.send((method, args))
+                follower.send_bytes(data)
         except (OSError, EOFError) as exc:
             self.mark_lost(f"a rank's connection closed: {exc}")
             raise RankLost(self.lost) from None
@@ -222,6 +245,8 @@ class RankGroup:
             process.join(timeout=1.0)
             if process.is_alive():
                 process.terminate()
+        if self.gate is not None:
+            self.gate.shutdown()
         if dist.is_initialized():
             dist.destroy_process_group()
         if self.threads_before is not None:  # this process's cores are its own again
@@ -271,24 +296,25 @@ class RankedRunner:
         return getattr(self.runner, name)
 
     def profile(self, *args: Any) -> int | None:
-        self.ranks.call("profile", *args)
-        return self.runner.profile(*args)
+        call = Profile(*args)
+        self.ranks.call(call)
+        return call.run(self.runner)
 
     def allocate_kv_cache(self, *args: Any) -> int:
-        self.ranks.call("allocate_kv_cache", *args)
-        return self.runner.allocate_kv_cache(*args)
+        call = AllocateKvCache(*args)
+        self.ranks.call(call)
+        return call.run(self.runner)
 
-    def measure(self, *profile_args: Any) -> list[dict[str, int | None]]:
+    def measure(self, *profile_args: Any) -> list[RankFigures]:
         """Every rank's measured weights and activation peak, rank 0's first (all ranks
         profile together: a pipeline's stages pass the step on to each other)."""
-        from kvledger.engine.core.rank_worker import measure
-
-        self.ranks.call("measure", *profile_args)
-        own = measure(self.runner, *profile_args)
+        profile = Profile(*profile_args)
+        self.ranks.call(Measure(profile))
+        own = measure(self.runner, profile)
         return [own, *self.ranks.replies()]
 
     def execute(self, batch: Any) -> Any:
-        self.ranks.call("execute", batch_view(batch))
+        self.ranks.call(Execute(step_view(batch)))
         try:
             return self.runner.execute(batch)
         except RuntimeError as exc:  # a collective whose peer is gone

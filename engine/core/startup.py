@@ -20,6 +20,7 @@ from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.model.generation_config import describe as describe_defaults
 from kvledger.engine.model.loader import load_model, weights_bytes
 from kvledger.engine.model.tokenizer import Tokenizer
+from kvledger.engine.node_config import DEFAULT_MASTER_ADDR
 from kvledger.engine.planner.device import DeviceMemory, probe_device
 from kvledger.engine.planner.estimates import format_size
 from kvledger.engine.planner.plan import Measured, Plan, make_plan
@@ -103,7 +104,8 @@ def _measure_stages(runner, plan: Plan, device: torch.device, device_memory: Dev
                            plan.max_num_seqs, plan.kv.dtype)
 
     def most(stage: int, key: str) -> int | None:
-        values = [r[key] for r in ranks[stage * tp:(stage + 1) * tp] if r[key] is not None]
+        values = [getattr(r, key) for r in ranks[stage * tp:(stage + 1) * tp]
+                  if getattr(r, key) is not None]
         return max(values) if values else None
 
     stages = tuple(Measured(
@@ -136,7 +138,7 @@ def start_ranks(config: EngineConfig, plan: Plan, source, device: torch.device,
     With ``--nnodes`` every other machine names its device as it joins; the smallest
     (less free memory than ``probed``) is planned on again before any rank loads, and a
     plan that no longer fits it is refused (DoesNotFit) on every machine."""
-    from kvledger.engine.core.rank_worker import RankSpec
+    from kvledger.engine.core.rank_messages import RankSpec
     from kvledger.engine.core.ranks import RANK_TIMEOUT_S, RankedRunner, RankGroup, free_port
 
     # Shardable, and stages of one GPU each: the plan and check_stages said so.
@@ -153,7 +155,8 @@ def start_ranks(config: EngineConfig, plan: Plan, source, device: torch.device,
                     block_size=plan.kv.block_size,
                     master_port=nodes.master_port if nodes else free_port(),
                     timeout_s=RANK_TIMEOUT_S, threads=threads, fuse=not config.enable_lora,
-                    stages=stages, nodes=nodes.count if nodes else 1)
+                    stages=stages, nodes=nodes.count if nodes else 1,
+                    master_addr=nodes.master_addr if nodes else DEFAULT_MASTER_ADDR)
     planned_on = [probed]
 
     def plan_on_machines(devices: dict[int, DeviceMemory | None]) -> None:

@@ -22,6 +22,7 @@ from _server_helpers import free_port, reap, wait_for_serve
 
 from kvledger.engine.cli import main
 from kvledger.engine.core import nodes as node_channel
+from kvledger.engine.core.rank_messages import RankSpec, Start
 from kvledger.engine.errors import BadInput
 from kvledger.engine.llm import LLM
 from kvledger.engine.node_config import NODE_KEY_ENV, Nodes, free_port_pair
@@ -256,9 +257,13 @@ def _join_in_thread(nodes: Nodes, rank: int, print_: str = "m"):
     return thread, box
 
 
+SPEC = RankSpec(model_dir="/m", world=2, device="cpu", dtype="float32", max_model_len=128,
+                block_size=16, master_port=29500, timeout_s=60.0, stages=2, nodes=2)
+
+
 def _spec_to(box: dict) -> None:
     for channel in box["joined"].values():
-        channel.send(("spec", "the spec"))
+        channel.send(Start(SPEC))
 
 
 def test_a_silent_connection_and_a_wrong_key_do_not_hold_up_the_right_rank(monkeypatch) -> None:
@@ -273,7 +278,7 @@ def test_a_silent_connection_and_a_wrong_key_do_not_hold_up_the_right_rank(monke
     assert list(box["joined"]) == [1]
     _spec_to(box)
     rank.join(10)
-    assert joined["joined"][1] == "the spec"
+    assert joined["joined"][1] == SPEC
     time.sleep(0.5)
     assert isinstance(wrong.get("error"), BadInput)
     assert "holds another $KVLEDGER_NODE_KEY" in str(wrong["error"])
