@@ -86,6 +86,19 @@ async def test_a_named_function_is_the_one_called_whole_and_streamed(serve) -> N
         [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+async def test_a_named_function_is_called_exactly_once(serve, seed) -> None:
+    """parallel_tool_calls left at its default (true): a named choice is still one call
+    (before: two or three get_time calls in 3 of 4 seeds)."""
+    name, client = await serve()
+    answer = await client.chat.completions.create(
+        model=name, messages=ASK, tools=TOOLS, max_tokens=300, seed=seed, temperature=1.0,
+        tool_choice={"type": "function", "function": {"name": "get_time"}})
+    calls = answer.choices[0].message.tool_calls
+    assert [c.function.name for c in calls] == ["get_time"]
+    _check_calls(calls)
+
+
 async def test_streamed_parallel_calls_assemble_into_the_whole_answer(serve) -> None:
     name, client = await serve()
     body = {"model": name, "messages": ASK, "tools": TOOLS, "tool_choice": "required",

@@ -7,7 +7,9 @@ once per request, which parser reads the answer back and which grammar constrain
 - ``"required"`` or a named function: the output is constrained by a Lark grammar
   (llguidance, compiled like any structured output) to calls in the model family's own
   format, each naming a declared function with arguments valid against its schema
-  (``%json``); one call with ``parallel_tool_calls: false``, else one or more.
+  (``%json``). A named function is called exactly once, as OpenAI and vLLM answer it
+  (vLLM constrains the output to that function's arguments); ``"required"`` makes one call
+  with ``parallel_tool_calls: false``, else one or more.
 
 The format is ``--tool-call-parser``'s, else the one the model's chat template shows
 (``<tool_call>``: hermes; ``[TOOL_CALLS]``: mistral; ``<|python_tag|>``: llama3_json),
@@ -110,14 +112,15 @@ def tool_plan(tools: list[Tool] | None, choice, parallel: bool, *, auto_enabled:
     if not tools or choice == "none":
         return NO_TOOLS
     specials = specials or {}
+    if isinstance(choice, NamedToolChoice):  # that function, once
+        tools = [t for t in tools if t.function.name == choice.function.name]
+        parallel = False
     max_calls = None if parallel else 1
     if choice == "auto":
         if not (auto_enabled and parser):
             raise Refusal(AUTO_NEEDS_FLAGS, "tool_choice")
         return ToolPlan(parser, None, max_calls, _kept(parser, specials))
     parser = parser or template_parser(chat_template)
-    if isinstance(choice, NamedToolChoice):
-        tools = [t for t in tools if t.function.name == choice.function.name]
     fmt = MISTRAL_V11 if parser == "mistral" and ARGS in specials else FORMATS[parser]
     return ToolPlan(parser, calls_grammar(fmt, tools, parallel, specials), max_calls,
                     _kept(parser, specials))
