@@ -6,7 +6,8 @@ tokens of KV blocks (PoolTooSmall when the pool could never hold them, the ledge
 ``check_fits``), at once or after waiting in a line of at most ``max_queue_len`` (for at
 most ``max_queue_wait_s``, when set), of which one tenant holds at most its
 ``max_queued`` places. The line's order (``order.LineOrder``) is priority (under
-``--scheduling-policy priority``), then fair share between tenants, then arrival. Nobody
+``--scheduling-policy priority``), then fair share between tenants (in tokens), then
+arrival. Nobody
 overtakes the first in that order, so the blocks that come back accumulate for it, never
 for a smaller late-comer; with ``--backfill`` one whose start would delay none of the first
 ``BACKFILL_DEPTH`` in line may go first (``due_back``).
@@ -148,6 +149,7 @@ class Admission:
         # fits, and whose backfilling may start it at once.
         reservations = None if self._line else waiter.try_reserve(self.ledger)
         if reservations is not None:
+            self._line.served(tenant, priority, tokens * n)  # its share, all the same
             outcome.set_result(self._grant(waiter, reservations))
             return waiter
         # What it would claim now (its cached blocks considered), for the refusal's estimate.
@@ -157,7 +159,7 @@ class Admission:
             # refused now; the wait counts those ahead of it in order
             raise self.rejection(waiter.blocks, tenant, priority)
         waiter.outcome = outcome
-        waiter.place = self._line.join(waiter, tenant, priority)
+        waiter.place = self._line.join(waiter, tenant, priority, tokens * n)
         self.capacity_changed()  # it may be first in order
         return waiter
 

@@ -1,20 +1,26 @@
-"""The admission line's order: who is granted next among those waiting.
+"""The order of a line: who is granted next among those waiting. Every place a request
+waits keeps one: the admission line (for KV blocks) and the engine's line for a seat
+(``max_num_seqs``, and the adapter slots, ``core/scheduler.py``); the step's prompt
+tokens are shared by the same weights (``core/prompt_budget.py``).
 
 Three keys, in turn:
 
 1. **Priority** (``--scheduling-policy priority``): a lower ``priority`` goes first, as in
    vLLM. Under ``fcfs`` every request counts as priority 0.
 2. **Fair share between tenants** (on unless ``--no-tenant-fairness``): start-time fair
-   queuing. Each waiter gets a start tag when it joins: its tenant's last finish tag, or
-   the line's virtual clock if that is later (an idle tenant saves up no credit), and its
-   tenant's finish tag moves on by ``1 / weight``. The clock is the tag of the last waiter
-   granted. So a tenant that floods the line with 40 requests holds tags 0..39, and
-   another tenant's request, arriving when the clock reads ``v``, is tagged ``v``: it is
-   next but for the one already at ``v``, whatever the flood's length. A tenant of weight
-   2 is granted twice as often as one of weight 1 while both wait.
+   queuing, counted in tokens. Each waiter gets a start tag when it joins: its tenant's
+   last finish tag, or the line's virtual clock if that is later (an idle tenant saves up
+   no credit), and its tenant's finish tag moves on by its tokens (prompt + output cap, for
+   each choice) over its tenant's ``weight``. The clock is the tag of the last waiter
+   granted (or of a request granted without waiting: it is counted all the same). So a
+   tenant that floods the line holds tags 0, c, 2c, ... and another tenant's request,
+   arriving when the clock reads ``v``, is tagged ``v``: it is next but for the one
+   already at ``v``, whatever the flood's length. While both wait, tenants are granted
+   tokens in proportion to their weights: one whose requests are ten times larger is
+   granted a tenth as many.
 3. **Arrival**: first come, first served.
 
-With one tenant and one priority the line is FIFO. The line only orders; ``Admission``
+With one tenant and one priority the line is FIFO. The line only orders; its owner
 decides whether the first in order fits (nobody overtakes it, but with ``--backfill``).
 """
 
@@ -97,6 +103,13 @@ class LineOrder:
                 counts[label] = counts.get(label, 0) + count
         return counts
 
+    def clear(self) -> None:
+        """Forget every waiter and every tenant's share (the engine aborting all)."""
+        self._entries.clear()
+        self._queued.clear()
+        self._labels.clear()
+        self._finish.clear()
+
     def place_for(self, tenant: Tenant, priority: int) -> Place:
         """Where a request of ``tenant`` at ``priority`` would go, were it to join now
         (nothing changes): for a refusal's wait, which counts those ahead of it."""
@@ -111,12 +124,13 @@ class LineOrder:
                 return
             yield waiter
 
-    def join(self, waiter, tenant: Tenant, priority: int) -> Place:
-        """Add ``waiter`` at its place (which it keeps until it leaves)."""
+    def join(self, waiter, tenant: Tenant, priority: int, tokens: int = 1) -> Place:
+        """Add ``waiter``, of ``tokens`` (what it is granted: prompt + cap, each choice's), at
+        its place (which it keeps until it leaves)."""
         place = self.place_for(tenant, priority)
         place.arrival = next(self._arrivals)
         if self.fair:
-            self._finish[tenant.key] = place.tag + 1.0 / tenant.weight
+            self._finish[tenant.key] = place.tag + tokens / tenant.weight
         self._queued[tenant.key] = self._queued.get(tenant.key, 0) + 1
         self._labels[tenant.key] = tenant.label
         bisect.insort(self._entries, (place.key(), waiter), key=lambda entry: entry[0])
@@ -137,7 +151,21 @@ class LineOrder:
         else:
             del self._queued[tenant.key]
             del self._labels[tenant.key]
-        if granted and place.tag > self._clock:
-            self._clock = place.tag
-            self._finish = {k: tag for k, tag in self._finish.items()
-                            if tag > self._clock or k in self._queued}
+        if granted:
+            self._advance(place.tag)
+
+    def served(self, tenant: Tenant, priority: int, tokens: int) -> None:
+        """A request of ``tenant`` granted without waiting (nobody was in line): its tokens
+        count against its tenant's share as if it had waited."""
+        if self.fair:
+            tag = self.place_for(tenant, priority).tag
+            self._finish[tenant.key] = tag + tokens / tenant.weight
+            self._advance(tag)
+
+    def _advance(self, tag: float) -> None:
+        """The clock moves to ``tag`` if later; tenants whose tags it passed are forgotten
+        (an idle tenant's tag is the clock's)."""
+        if tag > self._clock:
+            self._clock = tag
+            self._finish = {k: t for k, t in self._finish.items()
+                            if t > self._clock or k in self._queued}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvledger.engine.admission.cap import output_cap
+from kvledger.engine.admission.order import ANONYMOUS, Tenant
 from kvledger.engine.errors import BadInput
 from kvledger.engine.kv.reservation import Reservation
 from kvledger.engine.sampling.params import SamplingParams
@@ -35,6 +36,7 @@ class EngineRequest:
     cap_tokens: int  # the most tokens it may generate
     lora: LoraAdapter | None = None  # its LoRA adapter; None: the base model
     priority: int = 0  # vLLM's: lower is admitted and seated sooner (--scheduling-policy)
+    tenant: Tenant = ANONYMOUS  # whose share it is counted in, at every line (order.py)
 
     @property
     def lora_salt(self) -> str | None:

@@ -1,12 +1,24 @@
 """Continuous batching with chunked prefill: each step decodes every running sequence,
-then spends the rest of ``max_num_batched_tokens`` on prompts, a chunk at a time:
-first the prompts already started, then waiting ones (first come, first served; by
-priority first under ``--scheduling-policy priority``) while ``max_num_seqs`` and the
-adapter slots (``--max-loras``) allow, a best-effort one only while the seats kept for
-urgent requests (``--priority-headroom``) stay free. The choices of one request
-(``n > 1``) share their prompt's blocks: the others start once the first has computed
-them (``KVLedger.share_prompt``); until then they keep their place in line, and those
-behind them go on.
+then spends the rest of ``max_num_batched_tokens`` on prompts, a chunk at a time.
+
+Every place a request waits shares by the same rule as the admission line
+(``admission/order.py``: priority, then the tenants' fair share in tokens, then arrival):
+
+- seats (``max_num_seqs``): admitted requests wait in a line of that order; the seats free
+  go to its first, a best-effort one only while the seats kept for urgent requests
+  (``--priority-headroom``) stay free;
+- adapter slots (``--max-loras``): a waiter refused a slot is not overtaken by requests of
+  the running adapters (they would keep the slot from it for as long as they come), only
+  by requests without an adapter;
+- the step's prompt tokens: each priority's prompts, those seated first, are shared
+  between tenants by weight (``core/prompt_budget.py``), so a tenant's short prompt is
+  not held behind another's long ones that started first.
+
+With one tenant this is first come, first served (by priority first under
+``--scheduling-policy priority``). The choices of one request (``n > 1``) share their
+prompt's blocks: the others start once the first has computed them
+(``KVLedger.share_prompt``); until then they keep their place in line, and those behind
+them go on.
 
 Every sequence was admitted with a reservation for its whole life, so scheduling never
 preempts: it only draws the physical blocks the step's tokens need from the ledger. With
@@ -22,10 +34,11 @@ pinned as it starts.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from kvledger.engine.admission.headroom import NO_HEADROOM, Headroom
+from kvledger.engine.admission.order import LineOrder
+from kvledger.engine.core.prompt_budget import claims_by_priority, share
 from kvledger.engine.core.sequence import Sequence, SequenceStatus
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.kv.reservation import Reservation
@@ -73,10 +86,22 @@ class Scheduler:
         self.lora_names: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Sequence] = deque()
+        # The line for a seat: priority, the tenants' fair share (in tokens), arrival.
+        self.waiting = LineOrder(policy="priority", fair=True)
+        self._chunks: dict[str, PrefillChunk] = {}  # this step's, by request
         self.running: dict[str, Sequence] = {}  # insertion-ordered; O(1) removal
         self._seq_of: dict[Reservation, Sequence] = {}  # every sequence here, by reservation
         self._fresh: list[int] = []  # blocks drawn by the step being scheduled
+
+    @property
+    def fair(self) -> bool:
+        """Whether seats and prompt tokens are shared fairly between tenants (the server's
+        ``--tenant-fairness``, as its admission line is), else in arrival order."""
+        return self.waiting.fair
+
+    @fair.setter
+    def fair(self, on: bool) -> None:
+        self.waiting.fair = on
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -90,14 +115,10 @@ class Scheduler:
                 f"{ledger.reserved_blocks} reserved, {ledger.paused_reservations} paused")
 
     def add(self, seq: Sequence) -> None:
-        """In line for a seat: after those of its priority or a lower one (stable, so
-        first come, first served within a priority; one priority: appended)."""
-        if self.waiting and self.waiting[-1].priority > seq.priority:
-            place = next(i for i, other in enumerate(self.waiting)
-                         if other.priority > seq.priority)
-            self.waiting.insert(place, seq)
-        else:
-            self.waiting.append(seq)
+        """In line for a seat (``order.LineOrder``): by priority, then its tenant's fair
+        share of the seats (in tokens: prompt + cap), then arrival."""
+        seq.place = self.waiting.join(seq, seq.tenant, seq.priority,
+                                      seq.num_prompt_tokens + seq.max_tokens)
         self._seq_of[seq.reservation] = seq
 
     def schedule(self) -> ScheduledBatch:
@@ -105,7 +126,7 @@ class Scheduler:
         docstring). Over-committing, the ledger's ``head`` goes first: seated if it waits,
         then drawing before anyone else, so the request the safety check proved able to
         finish always progresses (``kv/safety.py``)."""
-        self._fresh = []
+        self._fresh, self._chunks = [], {}
         head = self._seat_head()
         running = self.running.values()
         decoding = [s for s in running if s.prompt_computed]
@@ -120,28 +141,44 @@ class Scheduler:
         # A slot for each decode's token; one the ledger refuses pauses, its token unspent.
         decodes = [s for s in decoding if self._grow(s, s.num_tokens) >= s.num_tokens]
         budget_tokens += len(decoding) - len(decodes)
-        for seq in running:  # prompts started in an earlier step go on first
-            if budget_tokens <= 0:
-                break
-            if not seq.prompt_computed and seq is not head:
-                budget_tokens -= self._add_chunk(prefills, seq, budget_tokens)
-        adapters = self._adapters()
-        passed: list[Sequence] = []  # they cannot start yet: they keep their place in line
-        while self.waiting and len(self.running) < self.max_num_seqs and budget_tokens > 0:
-            seq = self.waiting.popleft()
-            if (seq.reservation.awaits_share  # another choice is computing their prompt
-                    or len(self.running) >= self.max_num_seqs
-                    - self.headroom.kept_from(seq.priority)[1]  # seats kept for urgent ones
-                    or not self._slot_for(seq, adapters) or not self._seat(seq)):
-                passed.append(seq)
-                continue
-            if seq.lora is not None:
-                adapters.add(id(seq.lora))
-            budget_tokens -= self._add_chunk(prefills, seq, budget_tokens)
-        self.waiting.extendleft(reversed(passed))
+        if budget_tokens > 0:
+            seated = [s for s in running if not s.prompt_computed and s is not head]
+
+            def run(seq: Sequence, tokens: int) -> int:
+                if seq.status is not SequenceStatus.RUNNING and not self._seat(seq):
+                    return 0
+                return self._add_chunk(prefills, seq, tokens)
+
+            for claims in claims_by_priority(seated, self._seatable(), self.fair):
+                budget_tokens -= share(budget_tokens, claims, run)
+                if budget_tokens <= 0:
+                    break
         self._note_adapters()
         # The runner pads each group of decodes to its longest: shortest context first.
         return ScheduledBatch(prefills, sorted(decodes, key=lambda s: s.num_tokens), self._fresh)
+
+    def _seatable(self) -> list[Sequence]:
+        """The waiters that may take the seats free now, in line order: a seat each (less
+        those the headroom keeps from their priority), an adapter slot each. Behind a
+        waiter refused a slot only requests without an adapter go: those of the running
+        adapters would keep its slot from it for as long as they come."""
+        seats, adapters = len(self.running), self._adapters()
+        slot_refused = False
+        chosen = []
+        for seq in self.waiting:
+            if seats >= self.max_num_seqs:
+                break
+            if (seq.reservation.awaits_share  # another choice is computing their prompt
+                    or seats >= self.max_num_seqs - self.headroom.kept_from(seq.priority)[1]):
+                continue
+            if seq.lora is not None:
+                if slot_refused or not self._slot_for(seq, adapters):
+                    slot_refused = True
+                    continue
+                adapters.add(id(seq.lora))
+            chosen.append(seq)
+            seats += 1
+        return chosen
 
     def _seat_head(self) -> Sequence | None:
         """The sequence of the ledger's head, seated now if it was waiting in line (the
@@ -156,7 +193,6 @@ class Scheduler:
         if (reservation.awaits_share or len(self.running) >= self.max_num_seqs
                 or not self._slot_for(seq, self._adapters()) or not self._seat(seq)):
             return None
-        self.waiting.remove(seq)  # O(n), only over-committed with the head in line
         return seq
 
     def _adapters(self) -> set[int]:
@@ -168,10 +204,11 @@ class Scheduler:
         return seq.lora is None or id(seq.lora) in adapters or len(adapters) < self.max_loras
 
     def _seat(self, seq: Sequence) -> bool:
-        """Take a seat for ``seq`` if the ledger allows it (``KVLedger.seat``); it starts
-        its prompt after the blocks cached for it since admission."""
+        """Take a seat for ``seq`` if the ledger allows it (``KVLedger.seat``): it leaves
+        the line, and starts its prompt after the blocks cached for it since admission."""
         if not self.ledger.seat(seq.reservation):
             return False
+        self.waiting.leave(seq, seq.tenant, seq.place, granted=True)
         if seq.prompt_logprobs is None:
             seq.num_computed_tokens = self.ledger.pin_cached(seq.reservation, seq.prompt_token_ids)
         seq.status = SequenceStatus.RUNNING
@@ -189,25 +226,27 @@ class Scheduler:
         return held
 
     def _add_chunk(self, prefills: list[PrefillChunk], seq: Sequence, budget_tokens: int) -> int:
-        """Add ``seq``'s next prompt chunk within ``budget_tokens``, shrunk to the blocks
-        it could draw (none: it pauses and adds nothing); the tokens it takes."""
+        """Add (or lengthen) ``seq``'s prompt chunk of this step by up to ``budget_tokens``,
+        shrunk to the blocks it could draw (none: it pauses and adds nothing); the tokens
+        it takes."""
         if budget_tokens <= 0:
             return 0
-        chunk = self._chunk(seq, budget_tokens)
-        chunk.length = min(chunk.length, self._grow(seq, chunk.start + chunk.length) - chunk.start)
-        if chunk.length <= 0:
+        chunk = self._chunks.get(seq.request_id)
+        start = seq.num_computed_tokens if chunk is None else chunk.start
+        had = 0 if chunk is None else chunk.length
+        wanted = min(seq.num_prompt_tokens - start, had + budget_tokens)
+        length = min(wanted, self._grow(seq, start + wanted) - start)
+        if length <= had:
             return 0
-        prefills.append(chunk)
-        return chunk.length
+        if chunk is None:
+            chunk = self._chunks[seq.request_id] = PrefillChunk(seq, start, 0)
+            prefills.append(chunk)
+        chunk.length = length
+        return length - had
 
     def _note_adapters(self) -> None:
         if self.max_loras is not None:
             self.lora_names = (_adapter_names(self.running.values()), _adapter_names(self.waiting))
-
-    @staticmethod
-    def _chunk(seq: Sequence, budget_tokens: int) -> PrefillChunk:
-        start = seq.num_computed_tokens
-        return PrefillChunk(seq, start, min(seq.num_prompt_tokens - start, budget_tokens))
 
     def finish(self, seq: Sequence, reason: str, *, uncache: bool = False) -> None:
         """Mark finished and release its blocks at once: the one place the engine releases
@@ -229,7 +268,7 @@ class Scheduler:
             seq = next((s for s in self.waiting if s.request_id == request_id), None)
             if seq is None:
                 return None
-            self.waiting.remove(seq)  # O(n), but aborts are rare and never on the step path
+            self.waiting.leave(seq, seq.tenant, seq.place, granted=False)  # aborts are rare
         self.finish(seq, "abort")
         return seq
 

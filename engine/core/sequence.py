@@ -6,6 +6,7 @@ import enum
 
 import torch
 
+from kvledger.engine.admission.order import ANONYMOUS, Place
 from kvledger.engine.core.request import EngineRequest
 from kvledger.engine.kv.reservation import Reservation
 from kvledger.engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -50,6 +51,8 @@ class Sequence:
         self.matcher = None if params.grammar is None else params.grammar.matcher()
         self.lora = None  # its LoRA adapter (engine/model/lora_adapter.py), None: the base
         self.priority = 0  # its request's (lower is seated sooner; admission/headroom.py)
+        self.tenant = ANONYMOUS  # its request's: its share of seats and prompt tokens
+        self.place: Place | None = None  # its place in the line for a seat, while it waits
 
     @classmethod
     def start(cls, request_id: str, request: EngineRequest, reservation: Reservation,
@@ -63,7 +66,7 @@ class Sequence:
         seq = cls(request_id, list(ids), params, request.cap_tokens, reservation,
                   tokenizer.detokenizer(ids, params.kept_special_ids, params.skip_special_tokens,
                                         params.spaces_between_special_tokens), generator)
-        seq.lora, seq.priority = request.lora, priority
+        seq.lora, seq.priority, seq.tenant = request.lora, priority, request.tenant
         return seq
 
     @property

@@ -102,7 +102,7 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
         raise bad_request(str(exc), "logit_bias") from None
     adapter = None if lora is None else await _adapter(state, lora)
     parts = [answers.Part(prompt_ids, [EngineRequest(prompt_ids, params[i * req.n + j], cap,
-                                                     adapter, priority)
+                                                     adapter, priority, tenant)
                                        for j in range(req.n)],
                           _echo(state, req, prompt, prompt_ids))  # the engine's rules met
              for i, (prompt, prompt_ids, cap) in enumerate(zip(prompts, ids, caps, strict=True))]

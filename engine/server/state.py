@@ -197,6 +197,7 @@ class ServerState:
                                    headroom=engine.headroom,
                                    tenant_fairness=self.options.tenant_fairness,
                                    decode_tokens_per_s=lambda: driver.decode_tokens_per_s)
+        engine.scheduler.fair = self.options.tenant_fairness  # seats and prompt tokens too
         self.async_engine.on_step_outputs = lambda _: self.admission.capacity_changed(step=True)
         self.async_engine.start()
         if warm:
