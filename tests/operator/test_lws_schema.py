@@ -29,7 +29,6 @@ SPECS = {
         "gpus": 8, "nodes": 2, "nodeSelector": {"pool": "h100"},
         "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
-        "envFrom": [{"secretRef": {"name": "extra"}}],
         "podLabels": {"team": "a"}, "podAnnotations": {"note": "x"},
         "resources": {"limits": {"memory": "64Gi", "cpu": "16"}},
         "apiKeySecretRef": {"name": "api", "key": "k"}, "replicas": 0},

@@ -104,7 +104,7 @@ def test_every_pod_gets_the_node_key_from_the_services_secret():
         assert env[0] == {"name": "NCCL_DEBUG", "value": "INFO"}
         assert env[-1] == {"name": NODE_KEY_ENV, "valueFrom": {
             "secretKeyRef": {"name": "big-nodes", "key": "key"}}}
-    with pytest.raises(BadInput, match="KVLEDGER_"):  # no spec may set it itself
+    with pytest.raises(BadInput, match=f"^env {NODE_KEY_ENV}: "):  # no spec may set it itself
         parse_spec({"model": MODEL, "nodes": 2, "env": [{"name": NODE_KEY_ENV, "value": "x"}]})
 
 
