@@ -98,30 +98,23 @@ async def test_an_untrusted_peers_headers_name_no_tenant_however_many(aiohttp_cl
     assert status == 200 and await _admitted(client, "silver") == 1  # its key decides
 
 
-def test_the_least_urgent_tier_follows_the_file():
-    def tier(text: str) -> tuple[int, int]:
-        tenants = Tenants((), _specs(text), max_queue_len=8, header=HEADER,
-                          header_from=("10.0.0.0/8",))
-        stranger = tenants.of(None, {HEADER: "x"}, "10.0.0.1")
-        default = tenants.priority(stranger, None)
-        with pytest.raises(BadInput) as refused:
-            tenants.priority(stranger, -10**6)
-        return default, int(str(refused.value).rsplit(" ", 1)[1].rstrip(")"))
-
-    assert tier("tenants:\n  - name: a\n") == (0, 0)
-    assert tier("tenants:\n  - name: a\n    priority: -5\n") == (0, 0)
-    assert tier("tenants:\n  - name: a\n  - name: b\n    priority: 100\n    minPriority: 5\n"
-                ) == (100, 5)
-
-
-def _specs(text: str):
-    import tempfile
-    from pathlib import Path
-
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "tenants.yaml"
-        path.write_text(text)
-        return read_tenants_file(path)
+@pytest.mark.parametrize(("text", "default", "floor"), [
+    ("tenants:\n  - name: a\n", 0, 0),
+    ("tenants:\n  - name: a\n    priority: -5\n", 0, 0),
+    ("tenants:\n  - name: a\n  - name: b\n    priority: 100\n    minPriority: 5\n", 100, 5),
+])
+def test_the_least_urgent_tier_follows_the_file(tmp_path, text, default, floor):
+    """An unlisted name runs by default at the largest priority any tenant has, and may ask
+    no more urgent than the largest minPriority: 0 for both at the least."""
+    path = tmp_path / "tenants.yaml"
+    path.write_text(text)
+    tenants = Tenants((), read_tenants_file(path), max_queue_len=8, header=HEADER,
+                      header_from=("10.0.0.0/8",))
+    stranger = tenants.of(None, {HEADER: "x"}, "10.0.0.1")
+    assert tenants.priority(stranger, None) == default
+    assert tenants.priority(stranger, floor) == floor
+    with pytest.raises(BadInput, match=f"at least {floor}"):
+        tenants.priority(stranger, floor - 1)
 
 
 @pytest.mark.parametrize("name", ["key-0", "key-12"])
