@@ -22,11 +22,13 @@ The attacks (issue 39):
   and a ``/tokenize`` meanwhile answer within 2 s;
 - ``kvledger plan`` on a checkpoint whose safetensors header is nested 200,000 deep, or
   has a dimension of 10**400: exit 2 and one ``error:`` line;
-- the operator (the real one, against kmock's Kubernetes emulator, the chart's default
-  policy): resources asking for a ``hostPath`` of ``/``, an image of their own,
-  ``system-cluster-critical``, control-plane nodes, ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``
-  in their env, runtime adapter loading without an API key, or their own hub endpoint
-  for a token: each refused (no Deployment), and no Secret read by the operator at all.
+- tenants behind a gateway (``hostile_tenants.py``): a second tenant header, a case
+  variant of a tenant's name, a name no tenant has, a file tenant named as an
+  ``--api-key`` key is: none gets a tier it does not hold;
+- the operator (``hostile_operator.py``: the real one, against kmock's Kubernetes
+  emulator, the chart's default policy): resources asking for what only the admin may
+  choose, env that runs code of their own or sends the hub token elsewhere, a group key
+  made beforehand: each refused, and no Secret read by the operator at all.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from _lora_helpers import write_adapter  # noqa: E402
+from hostile_operator import operator_attacks  # noqa: E402
+from hostile_tenants import tenant_attacks  # noqa: E402
 
 PROMPT = [5, 17, 42, 9, 33, 7, 120, 64, 3]
 KVLEDGER = [sys.executable, "-m", "kvledger.engine.cli"]
@@ -192,53 +196,6 @@ def plan_attacks(folder: Path, failed: list[str]) -> None:
             failed.append(f"plan on a header {name}: exit {run.returncode}, {len(lines)} lines")
 
 
-OPERATOR_ATTACKS = {
-    "hostPath /": {"model": {"path": "/models/m", "volume": {"hostPath": {"path": "/"},
-                                                             "mountPath": "/models"}}},
-    "an image of its own": {"image": "docker.io/attacker/miner:latest"},
-    "system-cluster-critical": {"priorityClassName": "system-cluster-critical"},
-    "control-plane nodes": {"nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
-                            "tolerations": [{"operator": "Exists"}]},
-    "runtime adapter loading through env": {
-        "env": [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "true"}]},
-    "runtime adapter loading without a key": {"allowRuntimeLoraUpdating": True},
-    "a token sent to its own endpoint": {"model": {
-        "uri": "hf://org/m", "tokenSecretRef": {"name": "hf-token", "key": "token"},
-        "endpoint": "https://attacker.example"}},
-}
-
-
-async def operator_attacks(failed: list[str]) -> None:
-    from operator_harness import eventually, running_operator, service_manifest
-
-    from kvledger.operator.resource import API_VERSION, PLURAL
-
-    async with running_operator(default_image="ghcr.io/kvledger/kvledger:0.1.0") as cluster:
-        await cluster.create("v1", "secrets", {
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "hf-token", "namespace": "default"},
-            "data": {"token": "aGZfc2VjcmV0"}})
-        for i, (attack, spec) in enumerate(OPERATOR_ATTACKS.items()):
-            name = f"attack-{i}"
-            await cluster.create(API_VERSION, PLURAL, service_manifest(name, **spec))
-
-            def ready(name=name):
-                obj = cluster.stored(API_VERSION, PLURAL, "default", name) or {}
-                return next((c for c in (obj.get("status") or {}).get("conditions") or []
-                             if c["type"] == "Ready"), None)
-
-            condition = await eventually(ready, what=f"{attack}: Ready", timeout_s=20)
-            applied = cluster.stored("apps/v1", "deployments", "default", name) is not None
-            print(f"operator, {attack}: {condition['reason']}, deployment "
-                  f"{'applied' if applied else 'none'}: {condition['message'][:100]}")
-            if applied or condition["reason"] not in ("PolicyDenied", "InvalidSpec"):
-                failed.append(f"operator, {attack}: {condition['reason']}, applied {applied}")
-        secret_reads = [a for a in cluster.emulator.asked if a[1] == "secrets" and a[0] != "POST"]
-        print(f"operator, Secrets read: {len(secret_reads)}")
-        if secret_reads:
-            failed.append(f"the operator read Secrets: {secret_reads}")
-
-
 def main() -> int:
     failed: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -263,6 +220,7 @@ def main() -> int:
             proc.wait(30)
             hub_socket.close()
         plan_attacks(folder, failed)
+        tenant_attacks(KVLEDGER, folder, failed)
     asyncio.run(operator_attacks(failed))
     for failure in failed:
         print(f"hostile_isolation: FAILED: {failure}", file=sys.stderr)

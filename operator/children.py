@@ -4,8 +4,11 @@ The pods' owner is a Deployment, or with ``spec.nodes`` above 1 a LeaderWorkerSe
 (``render_group``), and the other kind is deleted, so changing ``nodes`` swaps them. A
 LeaderWorkerSet needs the cluster to serve ``leaderworkerset.x-k8s.io/v1``; where it does
 not, nothing is applied or deleted (a Deployment still serves) and ``LeaderWorkerSetMissing``
-says what to install. A group's control-channel key is a Secret created once and never read
-back: the operator may create Secrets, never read them.
+says what to install. A group's control-channel key is a Secret the operator creates and
+never reads back (it may create Secrets, never read them), under a name the API server
+generates in that very create and that ``status.nodeKeySecret`` keeps: a fixed name could
+be taken first by anyone who may create Secrets in the namespace, with a key of their own,
+and the operator, which cannot read a Secret's owner, would point the group at it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import kopf
 
 from kvledger.engine.errors import BadInput
 from kvledger.operator import autoscaling, render_group
-from kvledger.operator.kube import KubeApi, object_path
+from kvledger.operator.kube import KubeApi, KubeError, object_path
 from kvledger.operator.policy import render_network_policy
 from kvledger.operator.render_group import (
     DEPLOYMENTS,
@@ -90,24 +93,21 @@ async def apply_children(memo: kopf.Memo, name: str, namespace: str) -> dict[str
 async def _apply(memo: kopf.Memo, name: str, namespace: str, spec: ServiceSpec,
                  owner: kopf.Body, download_bytes: int | None) -> None:
     kube: KubeApi = memo.kube
+    # Before the pods that read it.
+    key_secret = await node_key_secret(kube, name, namespace, owner) if spec.nodes > 1 else None
     kind, workload = render_group.render_workload(
-        name, namespace, spec, default_image=memo.default_image, download_bytes=download_bytes,
-        hub_endpoint=memo.policy.hub_endpoint(spec))
+        name, namespace, spec, key_secret=key_secret, default_image=memo.default_image,
+        download_bytes=download_bytes, hub_endpoint=memo.policy.hub_endpoint(spec))
     optional = autoscaling.render_scaling(name, namespace, spec,
                                           prometheus_url=memo.prometheus_url)
     optional[NETWORK_POLICY] = network_policy(name, namespace, spec, memo.policy.network_policy)
     service = render_group.render_serving_service(name, namespace, spec)
-    key = (render_group.render_node_key_secret(name, namespace,
-                                               secrets.token_bytes(render_group.NODE_KEY_BYTES))
-           if spec.nodes > 1 else None)
-    wanted = [body for body in (workload, service, key, *optional.values()) if body is not None]
+    wanted = [body for body in (workload, service, *optional.values()) if body is not None]
     kopf.adopt(wanted, owner=owner)
     # Unwanted first: an HPA and a ScaledObject never scale the resource together.
     for (api_version, plural), body in optional.items():
         if body is None:
             await kube.delete(object_path(api_version, plural, namespace, name))
-    if key is not None:  # before the pods that read it; an existing key is kept as it is
-        await kube.create_once("v1", "secrets", key)
     await kube.apply(*kind, workload)
     other = DEPLOYMENTS if kind == LEADER_WORKER_SETS else LEADER_WORKER_SETS
     await kube.delete(object_path(*other, namespace, name))
@@ -115,6 +115,30 @@ async def _apply(memo: kopf.Memo, name: str, namespace: str, spec: ServiceSpec,
     for (api_version, plural), body in optional.items():
         if body is not None:
             await kube.apply(api_version, plural, body)
+
+
+async def node_key_secret(kube: KubeApi, name: str, namespace: str, owner: kopf.Body) -> str:
+    """The name of the group's key Secret, one the operator created itself: the one
+    ``status.nodeKeySecret`` names (made again under that name, with a new key, if it is
+    gone; nothing is read), else a new one whose name the API server generates, recorded
+    there before any pod refers to it. The status subresource is the operator's alone, so
+    neither the resource's author nor anyone who may create Secrets chooses the key."""
+    key = render_group.render_node_key_secret(
+        name, namespace, secrets.token_bytes(render_group.NODE_KEY_BYTES))
+    kopf.adopt(key, owner=owner)
+    known = (owner.get("status") or {}).get("nodeKeySecret")
+    if isinstance(known, str) and known.startswith(render_group.node_key_secret_prefix(name)):
+        key["metadata"].pop("generateName")
+        key["metadata"]["name"] = known
+        await kube.create_once("v1", "secrets", key)
+        return known
+    created = await kube.create(object_path("v1", "secrets", namespace), key)
+    made = (created.get("metadata") or {}).get("name")
+    if not made:
+        raise KubeError(0, "the API server named no key Secret for the group")
+    await kube.patch(object_path(API_VERSION, PLURAL, namespace, name) + "/status",
+                     {"status": {"nodeKeySecret": made}})
+    return made
 
 
 def network_policy(name: str, namespace: str, spec: ServiceSpec,

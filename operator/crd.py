@@ -77,6 +77,10 @@ _STATUS = {
                          "role": {"type": "string", "enum": ["leader", "worker"]},
                          "phase": {"type": "string"}, "ready": {"type": "boolean"}}}},
         "readyReplicas": {"type": "integer"},
+        "nodeKeySecret": {"type": "string",
+                          "description": "with nodes above 1: the Secret holding the group's "
+                                         "control-channel key, which the operator created "
+                                         "under a name the API server generated"},
         "selector": {"type": "string",
                      "description": "label selector of the pods (the scale subresource's: "
                                     "the HPA reads its Pods metrics with it)"},

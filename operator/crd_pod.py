@@ -55,12 +55,14 @@ PLACEMENT = {
                            "description": "the pods' service account (its token is still not "
                                           "mounted: neither container calls the API server)"},
     "env": {"type": "array", "items": _ENV_VAR, "maxItems": 1024,
-            "description": "env of every container (preflight, fetch, engine); names that "
-                           "change the engine's security are the operator's (VLLM_*, "
-                           "KVLEDGER_*, HF_ENDPOINT, HF_TOKEN, HUGGING_FACE_HUB_TOKEN, "
-                           "HF_HUB_OFFLINE): use the spec's fields"},
+            "description": "env of every container (preflight, fetch, engine): only the "
+                           "names of an allow-list of speed and log settings (NCCL's "
+                           "network, threads, the CUDA allocator, ...); anything that could "
+                           "load code or send traffic elsewhere is refused by name"},
     "envFrom": {"type": "array", "items": _ENV_FROM, "maxItems": 64,
-                "description": "envFrom of every container"},
+                "description": "refused: it would import names kvledger cannot check; "
+                               "name each variable in env (valueFrom.configMapKeyRef, "
+                               "secretKeyRef)"},
     "podAnnotations": {**_STRING_MAP, "description": "annotations of the pod template"},
     "podLabels": {**_STRING_MAP, "description": "labels of the pod template; the operator's "
                   "own labels win over the same keys"},

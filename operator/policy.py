@@ -19,8 +19,9 @@ more than their namespace already allows them.
 
 A refusal is a ``PolicyDenied`` (a BadInput) whose one line names the field and the Helm
 value to change; the operator shows it as ``Ready=False/PolicyDenied`` and an event. The
-engine's own security settings are not pass-through at all (``spec_rules``: env names the
-operator owns) and are rendered explicitly so an ``envFrom`` cannot set them (``render``).
+engine's own security settings are not pass-through at all: ``spec.env`` takes only the
+names of ``env_policy``'s allow-list (a CRD rule, ``spec_rules``), ``envFrom`` none, and
+the pod's own are rendered from the spec's fields (``render``).
 """
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ def _secret_env(name: str, ref: tuple[str, str]) -> dict[str, Any]:
 
 def _hub_env(spec: ServiceSpec, hub_endpoint: str) -> list[dict[str, Any]]:
     """The env of the containers that talk to the hub (preflight, fetch): the endpoint the
-    admin allows (set here, so an envFrom cannot send the token elsewhere) and the token."""
+    admin allows and the token (``spec.env`` cannot name either: ``env_policy``)."""
     env = [{"name": "HF_ENDPOINT", "value": hub_endpoint}]
     if spec.model.token_secret is not None:
         env.append(_secret_env("HF_TOKEN", spec.model.token_secret))
@@ -163,8 +163,9 @@ def _hub_env(spec: ServiceSpec, hub_endpoint: str) -> list[dict[str, Any]]:
 
 
 def _engine_env(spec: ServiceSpec, hub_endpoint: str) -> list[dict[str, Any]]:
-    """The engine's security settings, from the spec's own fields alone: set here, so an
-    envFrom cannot turn runtime adapter loading on or send a hub token elsewhere."""
+    """The engine's security settings, from the spec's own fields alone: set here, over
+    whatever the image's own environment says, so only the spec turns runtime adapter
+    loading on or sends a hub token anywhere."""
     env = [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
             "value": "true" if spec.allow_runtime_lora_updating else "false"}]
     if spec.api_key_secret is not None:
@@ -178,15 +179,14 @@ def _engine_env(spec: ServiceSpec, hub_endpoint: str) -> list[dict[str, Any]]:
 
 def _with_env(container: dict[str, Any], spec: ServiceSpec,
               ours: list[dict[str, Any]]) -> dict[str, Any]:
-    """The user's env and envFrom, then ours; ours win over the same names (and over the
-    envFrom's: a container's env comes after its envFrom)."""
+    """The user's env (names from ``env_policy``'s allow-list), then ours. Ours come last,
+    so a user's ``$(VAR)`` in a value cannot expand them (the kubelet expands only names
+    defined earlier in the list)."""
     names = {var["name"] for var in ours}
     env = [copy.deepcopy(var) for var in spec.env if var["name"] not in names]
     env += ours
     if env:
         container["env"] = env
-    if spec.env_from:
-        container["envFrom"] = copy.deepcopy(spec.env_from)
     return container
 
 

@@ -11,7 +11,9 @@
 - Every engine adds ``--nnodes N --node-rank $(LWS_WORKER_INDEX) --master-addr
   $(LWS_LEADER_ADDRESS) --master-port 29500`` (LWS sets those variables in every container,
   and the kubelet expands ``$(VAR)`` in args) and ``KVLEDGER_NODE_KEY``, the control
-  channel's key, from the Secret ``<name>-nodes`` that the operator creates once.
+  channel's key, from a Secret the operator created itself under a name the API
+  server generated (``<name>-nodes-XXXXX``; ``children.py`` keeps it in
+  ``status.nodeKeySecret``), so nobody could have made it first.
 - ``RecreateGroupOnPodRestart``: a worker exits when its leader is gone and the leader when
   a worker is, so a group is recreated whole.
 - The Service selects the leaders only; the NetworkPolicy admits the group's own pods on
@@ -59,9 +61,10 @@ DEPLOYMENTS = ("apps/v1", "deployments")
 LEADER_WORKER_SETS = (LWS_API_VERSION, LWS_PLURAL)
 
 
-def node_key_secret_name(name: str) -> str:
-    """The Secret holding a multi-node service's control-channel key."""
-    return f"{name}-nodes"
+def node_key_secret_prefix(name: str) -> str:
+    """The ``generateName`` of a multi-node service's control-channel key Secret: the API
+    server appends five random characters when the operator creates it."""
+    return f"{name}-nodes-"
 
 
 def group_flags(spec: ServiceSpec, *, worker: bool) -> list[str]:
@@ -89,22 +92,24 @@ def _engine(pod: dict[str, Any]) -> dict[str, Any]:
     return engine
 
 
-def _join_group(pod: dict[str, Any], name: str, spec: ServiceSpec, *, worker: bool) -> None:
+def _join_group(pod: dict[str, Any], key_secret: str, spec: ServiceSpec, *,
+                worker: bool) -> None:
     engine = _engine(pod)
     engine["args"] += group_flags(spec, worker=worker)
     engine.setdefault("env", []).append({"name": NODE_KEY_ENV, "valueFrom": {"secretKeyRef": {
-        "name": node_key_secret_name(name), "key": NODE_KEY_FIELD}}})
+        "name": key_secret, "key": NODE_KEY_FIELD}}})
 
 
-def group_pod_specs(name: str, spec: ServiceSpec, pod: dict[str, Any]
+def group_pod_specs(key_secret: str, spec: ServiceSpec, pod: dict[str, Any]
                     ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(leader, worker) pod specs from the Deployment's pod spec ``pod``."""
+    """(leader, worker) pod specs from the Deployment's pod spec ``pod``, their engines'
+    key from the Secret ``key_secret``."""
     leader, worker = copy.deepcopy(pod), copy.deepcopy(pod)
-    _join_group(leader, name, spec, worker=False)
+    _join_group(leader, key_secret, spec, worker=False)
     _engine(leader)["ports"] += [
         {"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"},
         {"name": "control", "containerPort": CONTROL_PORT, "protocol": "TCP"}]
-    _join_group(worker, name, spec, worker=True)
+    _join_group(worker, key_secret, spec, worker=True)
     worker["initContainers"] = [c for c in worker["initContainers"] if c["name"] != "preflight"]
     if not worker["initContainers"]:
         del worker["initContainers"]
@@ -115,15 +120,16 @@ def group_pod_specs(name: str, spec: ServiceSpec, pod: dict[str, Any]
 
 
 def render_leader_worker_set(name: str, namespace: str, spec: ServiceSpec | dict[str, Any], *,
-                             default_image: str = DEFAULT_IMAGE,
+                             key_secret: str, default_image: str = DEFAULT_IMAGE,
                              download_bytes: int | None = None,
                              hub_endpoint: str | None = None) -> dict[str, Any]:
     """The LeaderWorkerSet named as the resource: ``spec.replicas`` groups of ``spec.nodes``
-    pods. ``download_bytes`` and ``hub_endpoint``: see ``render.render_pod_spec``."""
+    pods, whose engines read the control channel's key from the Secret ``key_secret``.
+    ``download_bytes`` and ``hub_endpoint``: see ``render.render_pod_spec``."""
     spec = as_spec(spec)
     pod = render_pod_spec(spec, default_image=default_image, download_bytes=download_bytes,
                           hub_endpoint=hub_endpoint)
-    leader, worker = group_pod_specs(name, spec, pod)
+    leader, worker = group_pod_specs(key_secret, spec, pod)
     meta = pod_template_metadata(name, spec)
     return {
         "apiVersion": LWS_API_VERSION,
@@ -143,13 +149,17 @@ def render_leader_worker_set(name: str, namespace: str, spec: ServiceSpec | dict
     }
 
 
-def render_workload(name: str, namespace: str, spec: ServiceSpec, **pod_options: Any
+def render_workload(name: str, namespace: str, spec: ServiceSpec, *,
+                    key_secret: str | None = None, **pod_options: Any
                     ) -> tuple[tuple[str, str], dict[str, Any]]:
     """((apiVersion, plural), body) of the pods' owner: a Deployment, or a LeaderWorkerSet
-    for ``nodes`` above 1. ``pod_options``: ``render_deployment``'s keywords."""
+    for ``nodes`` above 1, its key in the Secret ``key_secret`` (required then).
+    ``pod_options``: ``render_deployment``'s keywords."""
     if spec.nodes > 1:
-        return LEADER_WORKER_SETS, render_leader_worker_set(name, namespace, spec,
-                                                            **pod_options)
+        if key_secret is None:
+            raise ValueError("a group's pods need the name of their key Secret")
+        return LEADER_WORKER_SETS, render_leader_worker_set(
+            name, namespace, spec, key_secret=key_secret, **pod_options)
     return DEPLOYMENTS, render_deployment(name, namespace, spec, **pod_options)
 
 
@@ -176,15 +186,18 @@ def render_group_network_policy(name: str, namespace: str, spec: ServiceSpec,
     return body
 
 
-def render_node_key_secret(name: str, namespace: str, key: bytes) -> dict[str, Any]:
-    """The Secret ``<name>-nodes`` with the control channel's key: ``key`` (``NODE_KEY_BYTES``
-    random bytes the caller draws) in hex, since it reaches the engine as an env var, text;
-    created once, never rewritten, owned by the resource."""
+def render_node_key_secret(name: str, namespace: str, key: bytes,
+                           secret_name: str | None = None) -> dict[str, Any]:
+    """The Secret with the control channel's key: ``key`` (``NODE_KEY_BYTES`` random bytes
+    the caller draws) in hex, since it reaches the engine as an env var, text; named
+    ``secret_name``, else by the API server from ``node_key_secret_prefix``; created, never
+    rewritten, owned by the resource."""
+    naming = ({"name": secret_name} if secret_name is not None
+              else {"generateName": node_key_secret_prefix(name)})
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": node_key_secret_name(name), "namespace": namespace,
-                     "labels": labels(name)},
+        "metadata": {**naming, "namespace": namespace, "labels": labels(name)},
         "type": "Opaque",
         "data": {NODE_KEY_FIELD: base64.b64encode(key.hex().encode("ascii")).decode("ascii")},
     }

@@ -111,7 +111,6 @@ class ServiceSpec:
     pod_fields: dict[str, Any] = field(default_factory=dict)  # POD_FIELDS that are set
     tolerations: list[dict[str, Any]] | None = None  # None: not given (a GPU default)
     env: list[dict[str, Any]] = field(default_factory=list)
-    env_from: list[dict[str, Any]] = field(default_factory=list)
     pod_annotations: dict[str, str] = field(default_factory=dict)
     pod_labels: dict[str, str] = field(default_factory=dict)
     api_key_secret: tuple[str, str] | None = None  # (Secret name, key): KVLEDGER_API_KEY
@@ -178,7 +177,6 @@ def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
         pod_fields={name: copy.deepcopy(raw[name]) for name in POD_FIELDS if name in raw},
         tolerations=copy.deepcopy(raw["tolerations"]) if "tolerations" in raw else None,
         env=copy.deepcopy(list(raw.get("env") or [])),
-        env_from=copy.deepcopy(list(raw.get("envFrom") or [])),
         pod_annotations=dict(raw.get("podAnnotations") or {}),
         pod_labels=dict(raw.get("podLabels") or {}),
         api_key_secret=_secret_ref(raw.get("apiKeySecretRef")),

@@ -14,11 +14,20 @@ CRD's default where the CEL relies on one (``mountPath``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kvledger.engine.errors import BadInput
+from kvledger.operator.env_policy import (
+    ALLOWED_ENV,
+    ENV_CEL,
+    ENV_FROM_SOURCE_CEL,
+    env_allowed,
+    env_from_source,
+    env_subject,
+)
 from kvledger.operator.parallel import MAX_GPUS
 from kvledger.operator.quantity import target_value
 from kvledger.operator.resource import (
@@ -35,6 +44,21 @@ class Rule:
     cel: str
     message: str
     holds: Callable[[Any], bool]  # the CEL's verdict, in Python, on the same node
+    # For a rule on a list's items, what names the item refused (the API server names only
+    # its index): a CEL string expression and the same in Python. The refusal is the
+    # subject, ': ', then the message (the CRD's messageExpression).
+    subject: tuple[str, Callable[[Any], str]] | None = None
+
+    def message_expression(self) -> str | None:
+        """The CEL of the refusal naming the item (None without a subject); ``message``
+        stays the API server's fallback."""
+        if self.subject is None:
+            return None
+        return f"{self.subject[0]} + ': ' + {json.dumps(self.message)}"
+
+    def refusal(self, node: Any) -> str:
+        """The refusal of ``node``, as the CRD's messageExpression words it."""
+        return self.message if self.subject is None else f"{self.subject[1](node)}: {self.message}"
 
 
 BARE_HUB_ID = ("model.uri is a hub uri, hf://ORG/NAME[@REVISION]: for the hub id ORG/NAME "
@@ -67,16 +91,18 @@ def _group_stages_fit(spec: Mapping[str, Any]) -> bool:
     return stages % nodes == 0 and spec.get("gpus", DEFAULT_GPUS) % (stages // nodes) == 0
 
 
-# Env names the operator owns: what the engine and the hub client read that changes who
-# may reach what (an API key, runtime adapter loading, where the hub token goes). They
-# come from the spec's own fields, and the pod sets them itself, over any envFrom.
-OWNED_ENV_PREFIXES = ("VLLM_", "KVLEDGER_")
-OWNED_ENV_NAMES = ("HF_ENDPOINT", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE")
-
-
-def _env_name_free(var: Mapping[str, Any]) -> bool:
-    name = var.get("name", "")
-    return not name.startswith(OWNED_ENV_PREFIXES) and name not in OWNED_ENV_NAMES
+ENV_MESSAGE = (
+    "not a variable a resource may set. The pods take only " + ", ".join(ALLOWED_ENV)
+    + " (speed and log settings: none loads code, reads a file, reaches a host or holds a "
+    "secret); the operator sets VLLM_*, KVLEDGER_*, HF_ENDPOINT and HF_TOKEN from the "
+    "spec's fields (allowRuntimeLoraUpdating, apiKeySecretRef, model.endpoint, "
+    "model.tokenSecretRef); any other belongs in an image the cluster admin allows (the "
+    "operator's Helm value policy.images)")
+ENV_FROM_MESSAGE = (
+    "envFrom is refused: it imports every key of a ConfigMap or Secret, names kvledger "
+    "cannot check before the pods start (a key LD_PRELOAD or HTTPS_PROXY would run code "
+    "the cluster admin never approved or send the hub token elsewhere); name each variable "
+    "in env instead, with valueFrom.configMapKeyRef or valueFrom.secretKeyRef")
 
 
 RULES: tuple[Rule, ...] = (
@@ -86,14 +112,10 @@ RULES: tuple[Rule, ...] = (
          "adapters at run time is for clients that hold an API key",
          lambda spec: not spec.get("allowRuntimeLoraUpdating") or "apiKeySecretRef" in spec
          or "tenantsSecretRef" in spec),
-    Rule("env[]",
-         " && ".join([f"!self.name.startsWith('{p}')" for p in OWNED_ENV_PREFIXES]
-                     + ["!(self.name in [" + ", ".join(f"'{n}'" for n in OWNED_ENV_NAMES)
-                        + "])"]),
-         "env names VLLM_*, KVLEDGER_*, HF_ENDPOINT, HF_TOKEN, HUGGING_FACE_HUB_TOKEN and "
-         "HF_HUB_OFFLINE are the operator's: use apiKeySecretRef, allowRuntimeLoraUpdating, "
-         "model.endpoint and model.tokenSecretRef",
-         _env_name_free),
+    # An allow-list, and envFrom refused whole: why, in env_policy.
+    Rule("env[]", ENV_CEL, ENV_MESSAGE, env_allowed, subject=("'env ' + self.name", env_subject)),
+    Rule("envFrom[]", "false", ENV_FROM_MESSAGE, lambda source: False,
+         subject=(ENV_FROM_SOURCE_CEL, env_from_source)),
     # One pod, one node: a pod's model shard is sharded over its node's GPUs (tensor
     # parallelism); spec.nodes spans nodes with pods of a LeaderWorkerSet group.
     Rule("gpus", f"self <= {MAX_GPUS}",
@@ -177,9 +199,6 @@ RULES: tuple[Rule, ...] = (
     Rule("env[]", "!has(self.value) || !has(self.valueFrom)",
          "an env var takes value or valueFrom, not both",
          lambda var: not ("value" in var and "valueFrom" in var)),
-    Rule("envFrom[]", "has(self.configMapRef) != has(self.secretRef)",
-         "an envFrom entry takes exactly one of configMapRef and secretRef",
-         lambda source: ("configMapRef" in source) != ("secretRef" in source)),
     Rule("tools", "!has(self.enableAutoToolChoice) || !self.enableAutoToolChoice"
          " || has(self.toolCallParser)",
          "tools.enableAutoToolChoice needs tools.toolCallParser (the format \"auto\" parses)",
@@ -217,7 +236,14 @@ RULES: tuple[Rule, ...] = (
 
 def validations(path: str) -> list[dict[str, str]]:
     """The CRD's ``x-kubernetes-validations`` of the schema node at ``path``."""
-    return [{"rule": rule.cel, "message": rule.message} for rule in RULES if rule.path == path]
+    out = []
+    for rule in RULES:
+        if rule.path == path:
+            entry = {"rule": rule.cel, "message": rule.message}
+            if (expression := rule.message_expression()) is not None:
+                entry["messageExpression"] = expression
+            out.append(entry)
+    return out
 
 
 def ruled(schema: dict[str, Any], path: str) -> dict[str, Any]:
@@ -238,8 +264,8 @@ def nodes(spec: Mapping[str, Any], path: str) -> Iterator[Any]:
 
 
 def check_rules(spec: Mapping[str, Any]) -> None:
-    """Every rule, in Python; BadInput with the first broken rule's message."""
+    """Every rule, in Python; BadInput with the first broken rule's refusal."""
     for rule in RULES:
         for node in nodes(spec, rule.path):
             if not rule.holds(node):
-                raise BadInput(rule.message)
+                raise BadInput(rule.refusal(node))

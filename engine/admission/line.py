@@ -81,6 +81,7 @@ class Admission:
         self.backfill = backfill
         self.headroom = headroom  # what only urgent requests may take (headroom.py)
         self.backfilled = 0  # requests admitted ahead of the line (kvledger_requests_backfilled_total)
+        self.granted = 0  # requests admitted, at once or from the line (the line's stall watch)
         self._decode_tokens_per_s = decode_tokens_per_s
         self._rng = rng or random.Random()
         self._clock = clock
@@ -184,6 +185,7 @@ class Admission:
         ticket = Ticket(waiter.request_id, waiter.prompt_tokens, waiter.cap_tokens,
                         reservations, self._clock())
         self.running[waiter.request_id] = ticket
+        self.granted += 1
         return ticket
 
     async def _wait_in_line(self, waiter: Waiter, future: asyncio.Future[Ticket]) -> Ticket:

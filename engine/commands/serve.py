@@ -113,7 +113,9 @@ def _add_line_flags(s) -> None:
                         "open /v1/* as --api-key's do (docs/serving.md, tenants)")
     s.add_argument("--tenant-header", default=None, metavar="NAME",
                    help="a header a gateway sets to name the request's tenant (e.g. "
-                        "x-kvledger-tenant), believed only from --tenant-header-from")
+                        "x-kvledger-tenant), believed only from --tenant-header-from, once "
+                        "(given twice: a 400); a name the tenants file lacks runs at its "
+                        "least urgent tier")
     s.add_argument("--tenant-header-from", nargs="+", action="extend", default=None,
                    metavar="CIDR", help="the peers whose --tenant-header is believed "
                                         "(e.g. the gateway's pod network)")

@@ -140,10 +140,9 @@ async def health(request: web.Request) -> web.Response:
     dead = state.async_engine.dead if state.async_engine is not None else None
     if dead is not None:
         return web.json_response({"status": "engine_dead", "error": str(dead)}, status=503)
-    watch = state.engine.stall_watch if state.engine is not None else None
-    if watch is not None and watch.stalled:  # a bug (engine/core/stall.py): restart the pod
-        return web.json_response({"status": "engine_stalled", "error": watch.describe()},
-                                 status=503)
+    stalled = state.stalled
+    if stalled is not None:  # a bug (engine/core/stall.py): restart the pod
+        return web.json_response({"status": "engine_stalled", "error": stalled}, status=503)
     return web.json_response({"status": "ok"})
 
 
@@ -155,7 +154,7 @@ async def ready(request: web.Request) -> web.Response:
         return web.json_response({"status": "loading"}, status=503)
     if state.async_engine.dead is not None:
         return web.json_response({"status": "engine_dead"}, status=503)
-    if state.engine.stall_watch.stalled:
+    if state.stalled is not None:
         return web.json_response({"status": "engine_stalled"}, status=503)
     return web.json_response({"status": "ready", "model": state.model_name})
 

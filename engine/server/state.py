@@ -21,6 +21,7 @@ from aiohttp import web
 from kvledger.engine.admission.line import DEFAULT_MAX_QUEUE_LEN, Admission
 from kvledger.engine.admission.order import Tenant
 from kvledger.engine.core.async_engine import AsyncEngine
+from kvledger.engine.core.stall import LineWatch
 from kvledger.engine.errors import BadInput
 from kvledger.engine.lora_config import LoRARequest
 from kvledger.engine.server.api_errors import ApiError
@@ -101,6 +102,8 @@ class ServerState:
         self.engine: LLMEngine | None = None          # once loaded
         self.async_engine: AsyncEngine | None = None  # its worker thread, driven from here
         self.admission: Admission | None = None
+        self.line_watch: LineWatch | None = None  # the line's stall (core/stall.py)
+        self._line_watching: asyncio.Task[None] | None = None
         self.ready = False
         self.draining = False
         self.started_at = time.time()
@@ -137,6 +140,9 @@ class ServerState:
             "kvledger_engine_stalled": ("1 while the engine holds requests and none has "
                                         "progressed for a while (a bug: /health is 503)",
                                         self._stall("stalled")),
+            "kvledger_line_stalled": ("1 while requests wait in line, the engine holds none "
+                                      "and none is admitted (a bug: /health is 503)",
+                                      self._line_stall("stalled")),
         }, counters={
             "kvledger_kv_draws_refused": ("engine steps a request sat out because its next "
                                           "KV block would have left another unable to finish "
@@ -150,6 +156,8 @@ class ServerState:
                                            "computed again)", ledger("prefix_cache_hits")),
             "kvledger_engine_stalls": ("times the engine stalled (kvledger_engine_stalled)",
                                        self._stall("stalls")),
+            "kvledger_line_stalls": ("times the admission line stalled (kvledger_line_stalled)",
+                                     self._line_stall("stalls")),
             "kvledger_engine_steps": ("engine steps that produced tokens", self._driver("steps")),
             "kvledger_engine_step_seconds": ("wall time of the engine steps that produced "
                                              "tokens", self._driver("step_seconds")),
@@ -164,6 +172,18 @@ class ServerState:
 
     def _stall(self, attr: str) -> Callable[[], float]:
         return lambda: getattr(self.engine.stall_watch, attr) if self.engine else 0
+
+    def _line_stall(self, attr: str) -> Callable[[], float]:
+        return lambda: getattr(self.line_watch, attr) if self.line_watch else 0
+
+    @property
+    def stalled(self) -> str | None:
+        """Why the server is stuck by a bug (the engine's loop or the admission line), for
+        ``/health``; None while it is not."""
+        for watch in (self.engine.stall_watch if self.engine else None, self.line_watch):
+            if watch is not None and watch.stalled:
+                return watch.describe()
+        return None
 
     def _driver(self, attr: str) -> Callable[[], float]:
         return lambda: getattr(self.async_engine, attr) if self.async_engine else 0
@@ -200,6 +220,9 @@ class ServerState:
         engine.scheduler.fair = self.options.tenant_fairness  # seats and prompt tokens too
         self.async_engine.on_step_outputs = lambda _: self.admission.capacity_changed(step=True)
         self.async_engine.start()
+        self.line_watch = LineWatch(self.admission,
+                                    lambda: not engine.has_unfinished_requests())
+        self._line_watching = asyncio.create_task(self.line_watch.run())
         if warm:
             await self._warm_up()
         self.ready = True
@@ -237,6 +260,8 @@ class ServerState:
 
     async def close(self) -> None:
         """Stop the engine and the worker threads (queued work is dropped)."""
+        if self._line_watching is not None:
+            self._line_watching.cancel()
         if self.async_engine is not None:
             await self.async_engine.stop()
         self._workers.shutdown(wait=False, cancel_futures=True)

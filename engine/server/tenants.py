@@ -14,11 +14,15 @@ line and the priorities its requests may ask:
         minPriority: 5        # the most urgent they may ask (default: its priority)
 
 A key of ``--api-key`` that no tenant lists is a tenant of its own, labelled by its index
-(``key-2``: the key itself is never shown). A gateway may name the tenant instead, in a
-header (``--tenant-header x-kvledger-tenant``), believed only from the peers listed in
-``--tenant-header-from`` (CIDRs): a name the file holds is that tenant; any other is a
-tenant of its own in the line, counted under the label ``other`` (bounded metrics).
-Without keys or header everyone is one tenant, ``anonymous``.
+(``key-2``: the key itself is never shown), so no file tenant may be named ``key-N``. A
+gateway may name the tenant instead, in a header (``--tenant-header x-kvledger-tenant``),
+believed only from the peers listed in ``--tenant-header-from`` (CIDRs), once: a request
+that carries it twice (a gateway that added its header after the client's) or a list of
+names is refused, naming the header. Names are matched without regard to case. A name the
+file holds is that tenant; any other is a tenant of its own in the line, counted under the
+label ``other`` (bounded metrics), and held to the least urgent tier the file gives (no
+more urgent than any listed tenant may ask), so a name nobody configured is never a way
+around a floor. Without keys or header everyone is one tenant, ``anonymous``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from kvledger.engine.admission.order import ANONYMOUS, Tenant
 from kvledger.engine.errors import BadInput
 
 _NAME = re.compile(r"^[a-z0-9_-]{1,63}$")
+_KEY_LABEL = re.compile(r"^key-[0-9]+$")  # what an --api-key key outside the file is shown as
 _FIELDS = {"name", "keys", "weight", "maxQueued", "priority", "minPriority"}
 MAX_HEADER_TENANT_CHARS = 128
 OTHER = "other"  # the metrics label of a header's tenant the file does not name
@@ -75,9 +80,11 @@ def _spec(where: str, entry: Any) -> TenantSpec:
         raise BadInput(f"{where}: unknown field {unknown[0]!r} (known: "
                        f"{', '.join(sorted(_FIELDS))})")
     name = entry.get("name")
-    if not isinstance(name, str) or not _NAME.match(name) or name in (OTHER, ANONYMOUS.label):
-        raise BadInput(f"{where}: name must be 1-63 of [a-z0-9_-] (not 'other' or "
-                       f"'anonymous'), got {name!r}")
+    if (not isinstance(name, str) or not _NAME.match(name) or name in (OTHER, ANONYMOUS.label)
+            or _KEY_LABEL.match(name)):
+        raise BadInput(f"{where}: name must be 1-63 of [a-z0-9_-], not 'other', 'anonymous' "
+                       f"or key-N (the names of the server's own labels: key-N is an "
+                       f"--api-key key's), got {name!r}")
     keys = entry.get("keys", [])
     if not isinstance(keys, list) or not all(isinstance(k, str) and k.strip() for k in keys):
         raise BadInput(f"{where} ({name}): keys must be a list of non-empty strings")
@@ -137,9 +144,14 @@ class Tenants:
         if header is not None and not self._trusted:
             raise BadInput("--tenant-header needs --tenant-header-from (the gateway's "
                            "addresses): a header anyone may send names no tenant")
-        self.policies: dict[str, tuple[int, int | None]] = {
-            spec.name: (spec.priority, spec.priority if spec.min_priority is None
-                        else spec.min_priority) for spec in specs}
+        # (default priority, the most urgent it may ask), by the tenant's line key, which
+        # no two kinds of tenant share (name:, key:, header:), unlike labels.
+        self._policies: dict[str, tuple[int, int]] = {
+            self._by_name[spec.name].key: (spec.priority, spec.priority if spec.min_priority
+                                           is None else spec.min_priority) for spec in specs}
+        # A header's name the file does not hold: the least urgent tier the file gives.
+        self._unlisted = (max([0, *(spec.priority for spec in specs)]),
+                          max([0, *(floor for _, floor in self._policies.values())]))
 
     def _tenant(self, spec: TenantSpec) -> Tenant:
         max_queued = spec.max_queued if spec.max_queued is not None else self._default_queued
@@ -158,9 +170,10 @@ class Tenants:
            peer: str | None) -> Tenant:
         """The tenant of a request: the header's, from a trusted peer, else its key's
         (``key_index``: the index of the key it came with, None without one), else the
-        anonymous one. BadInput for a header value that is too long."""
+        anonymous one. BadInput for a header value that is too long, or a header given
+        more than once."""
         if self.header is not None and peer is not None and self._trusts(peer):
-            named = headers.get(self.header)
+            named = _one_value(headers, self.header).lower()
             if named:
                 if len(named) > MAX_HEADER_TENANT_CHARS:
                     raise BadInput(f"{self.header} is longer than {MAX_HEADER_TENANT_CHARS} "
@@ -174,12 +187,18 @@ class Tenants:
     def priority(self, tenant: Tenant, asked: int | None) -> int:
         """The priority a request of ``tenant`` runs at: the one it ``asked`` for (None:
         its tenant's default); BadInput when more urgent than its tenant may ask."""
-        default, floor = self.policies.get(tenant.label, (0, None))
+        who = f"tenant {tenant.label}"
+        floor: int | None
+        if tenant.key.startswith("header:"):
+            default, floor = self._unlisted
+            who = "a tenant --tenants-file does not list"
+        else:  # a key outside the file, or no key: the server's own, any priority
+            default, floor = self._policies.get(tenant.key, (0, None))
         if asked is None:
             return default
         if floor is not None and asked < floor:
-            raise BadInput(f"priority {asked} is more urgent than tenant {tenant.label} may "
-                           f"ask (at least {floor})")
+            raise BadInput(f"priority {asked} is more urgent than {who} may ask (at least "
+                           f"{floor})")
         return asked
 
     def _trusts(self, peer: str) -> bool:
@@ -188,3 +207,17 @@ class Tenants:
         except ValueError:  # a Unix socket's peer, or none
             return False
         return any(address in network for network in self._trusted)
+
+
+def _one_value(headers: Mapping[str, str], name: str) -> str:
+    """The one value of the header ``name`` ('' when absent). BadInput naming it when the
+    request carries it more than once, or one value lists several (a proxy joins repeated
+    headers with commas): a gateway that adds its header after the client's own would
+    otherwise let the client's win."""
+    getall = getattr(headers, "getall", None)
+    values = getall(name, []) if getall is not None else ([headers[name]] if name in headers
+                                                           else [])
+    if len(values) > 1 or (values and "," in values[0]):
+        raise BadInput(f"{name} is given more than once: a request names one tenant (the "
+                       f"gateway must replace a client's {name}, not add to it)")
+    return values[0].strip() if values else ""

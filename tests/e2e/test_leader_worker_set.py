@@ -107,10 +107,11 @@ def test_a_two_pod_group_serves_the_tokens_of_one_process(
             "resources": {"limits": {"memory": "2Gi", "cpu": "1"}},
         },
     })
-    lws = render_leader_worker_set(NAME, "default", doc["spec"])
+    lws = render_leader_worker_set(NAME, "default", doc["spec"],
+                                   key_secret=f"{NAME}-nodes-e2e00")
     leader_pod, worker_pod = group_pods(lws)
     assert worker_pod["metadata"]["labels"][WORKER_INDEX_LABEL] == "1"
-    key = {f"{NAME}-nodes": {"key": secrets.token_hex(32)}}
+    key = {f"{NAME}-nodes-e2e00": {"key": secrets.token_hex(32)}}
 
     started = time.monotonic()
     leader_name, worker_name = leader_pod["metadata"]["name"], worker_pod["metadata"]["name"]

@@ -161,11 +161,9 @@ PLACEMENT = {
     "imagePullSecrets": [{"name": "registry"}],
     "serviceAccountName": "llm-serving",
     "env": [{"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:True"},
-            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-            {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "api"}}}],
-    "envFrom": [{"configMapRef": {"name": "tuning"}}, {"secretRef": {"name": "extra",
-                                                                     "optional": True},
-                                                       "prefix": "EXTRA_"}],
+            {"name": "NCCL_SOCKET_IFNAME", "valueFrom": {"configMapKeyRef": {
+                "name": "network", "key": "interface"}}},
+            {"name": "NCCL_DEBUG", "valueFrom": {"secretKeyRef": {"name": "d", "key": "level"}}}],
     "podAnnotations": {"prometheus.io/scrape": "true"},
     "podLabels": {"team": "ml", "cost-center": "42"},
 }
@@ -184,7 +182,6 @@ def test_placement_fields_validate_and_simple_ones_are_typed():
         ("imagePullSecrets", ["registry"], "is not of type 'object'"),
         ("priorityClassName", 7, "is not of type 'string'"),
         ("env", [{"value": "x"}], "'name' is a required property"),
-        ("envFrom", [{"secretRef": {}}], "'name' is a required property"),
         ("affinity", {"nodeAffinty": {}}, "unknown field(s)"),
         ("podLabels", {"team": ["ml"]}, "is not of type 'string'"),
     ]:
@@ -280,6 +277,24 @@ def test_each_rule_message_is_written_once_in_the_operator():
             assert rule.message[:40] not in text, (source.name, rule.message)
 
 
+# Each family that changes which code runs or where secrets and traffic go: the loader and
+# libc, PATH and HOME, Python, TLS and proxies (in any case), the hub, plugins that load
+# shared objects, LeaderWorkerSet's and the operator's own, and case variants of allowed ones.
+HOSTILE_ENV = (
+    "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "GCONV_PATH", "GLIBC_TUNABLES", "MALLOC_CONF",
+    "LOCPATH", "PATH", "HOME", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONWARNINGS", "PYTHONHOME",
+    "PYTHONUSERBASE", "PYTHONPYCACHEPREFIX", "SSL_CERT_FILE", "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "OPENSSL_CONF", "OPENSSL_MODULES", "HTTPS_PROXY",
+    "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY",
+    "no_proxy", "HF_HOME", "HF_HUB_CACHE", "HF_TOKEN_PATH", "HF_ENDPOINT", "HF_TOKEN",
+    "HF_HUB_OFFLINE", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_HUB_CACHE", "NCCL_NET_PLUGIN",
+    "NCCL_TUNER_PLUGIN", "NCCL_PROFILER_PLUGIN", "NCCL_CONF_FILE", "NCCL_BUFFSIZE",
+    "CUDA_INJECTION64_PATH", "CUDA_VISIBLE_DEVICES", "OMP_TOOL_LIBRARIES",
+    "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "LWS_LEADER_ADDRESS", "LWS_WORKER_INDEX",
+    "MASTER_ADDR", "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_PP_LAYER_PARTITION",
+    "KVLEDGER_API_KEY", "KVLEDGER_NODE_KEY", "nccl_debug", "NCCL_DEBUG ", "Pythonpath",
+)
+
 CASES = [
     ({"model": {"path": "/models/m", "volume": {"hostPath": {"path": "/srv"},
                                                 "mountPath": "/models"}}}, True),
@@ -351,14 +366,17 @@ CASES = [
     ({"model": {"path": "/m", "tokenSecretRef": {"name": "hf", "key": "token"}}}, False),
     ({"model": {"path": "/m", "endpoint": "https://mirror.example"}}, False),
     ({"model": {"path": "/m", "cache": {"persistentVolumeClaim": {"claimName": "c"}}}}, False),
-    # Env names the operator owns come from the spec's own fields, never from env.
-    ({"model": {"path": "/m"}, "env": [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
-                                        "value": "true"}]}, False),
-    ({"model": {"path": "/m"}, "env": [{"name": "KVLEDGER_API_KEY", "value": ""}]}, False),
-    ({"model": {"path": "/m"}, "env": [{"name": "HF_ENDPOINT", "value": "http://x"}]}, False),
-    ({"model": {"path": "/m"}, "env": [{"name": "HF_TOKEN", "value": "t"}]}, False),
-    ({"model": {"path": "/m"}, "env": [{"name": "HF_HOME", "value": "/tmp/hf"},
-                                       {"name": "MY_VLLM_FLAG", "value": "1"}]}, True),
+    # Env: an allow-list of speed and log settings (operator/env_policy.py); the names
+    # that could load code, redirect traffic or hold a secret are refused, in any case.
+    *[({"model": {"path": "/m"}, "env": [{"name": name, "value": "x"}]}, True)
+      for name in ("PYTORCH_CUDA_ALLOC_CONF", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
+                   "OMP_NUM_THREADS", "HF_HUB_DOWNLOAD_TIMEOUT")],
+    *[({"model": {"path": "/m"}, "env": [{"name": name, "value": "x"}]}, False)
+      for name in HOSTILE_ENV],
+    # envFrom imports names nobody checked: refused whatever it names.
+    ({"model": {"path": "/m"}, "envFrom": [{"configMapRef": {"name": "c"}}]}, False),
+    ({"model": {"path": "/m"}, "envFrom": [{"secretRef": {"name": "s"}, "prefix": "X_"}]},
+     False),
     # Runtime adapter loading is for clients holding the API key.
     ({"model": {"path": "/m"}, "allowRuntimeLoraUpdating": True}, False),
     ({"model": {"path": "/m"}, "allowRuntimeLoraUpdating": True,
@@ -384,16 +402,11 @@ CASES = [
     ({"model": {"path": "/m"}, "tolerations": [
         {"key": "k", "operator": "Exists", "effect": "NoSchedule",
          "tolerationSeconds": 60}]}, False),
-    ({"model": {"path": "/m"}, "env": [{"name": "A", "value": "1"}, {
-        "name": "B", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}, True),
-    ({"model": {"path": "/m"}, "env": [{"name": "A", "value": "1", "valueFrom": {
-        "fieldRef": {"fieldPath": "metadata.name"}}}]}, False),
-    ({"model": {"path": "/m"}, "envFrom": [{"secretRef": {"name": "s"}},
-                                           {"configMapRef": {"name": "c"}, "prefix": "X_"}]},
+    ({"model": {"path": "/m"}, "env": [{"name": "NCCL_DEBUG", "value": "1"}, {
+        "name": "NCCL_IB_HCA", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]},
      True),
-    ({"model": {"path": "/m"}, "envFrom": [{"secretRef": {"name": "s"},
-                                            "configMapRef": {"name": "c"}}]}, False),
-    ({"model": {"path": "/m"}, "envFrom": [{"prefix": "X_"}]}, False),
+    ({"model": {"path": "/m"}, "env": [{"name": "NCCL_DEBUG", "value": "1", "valueFrom": {
+        "fieldRef": {"fieldPath": "metadata.name"}}}]}, False),
     # Autoscaling: min <= max; scale to zero and a Prometheus address with KEDA only; a
     # target above 0, and for the KV reserved ratio (a share of the pool) at most 1.
     *[({"model": {"path": "/m"}, "autoscaling": {"maxReplicas": 4, **scaling}}, valid)
@@ -431,7 +444,9 @@ CASES = [
 @pytest.mark.parametrize(("spec", "valid"), CASES)
 def test_cel_rules_and_python_checks_agree(spec, valid):
     """Rule by rule, on every node it applies to (the API server evaluates a rule only
-    where its field is set): the CEL's verdict is the Python check's."""
+    where its field is set): the CEL's verdict is the Python check's, and the refusal
+    the CRD's messageExpression words (naming the env variable, the envFrom source) is
+    the one the operator and ``kvledger run`` give."""
     env = celpy.Environment()
     broken = []
     for rule in RULES:
@@ -440,11 +455,35 @@ def test_cel_rules_and_python_checks_agree(spec, valid):
             verdict = bool(program.evaluate({"self": celpy.json_to_cel(node)}))
             assert verdict is bool(rule.holds(node)), (rule.message, node)
             if not verdict:
-                broken.append(rule.message)
+                words = rule.message
+                if (expression := rule.message_expression()) is not None:
+                    words = str(env.program(env.compile(expression)).evaluate(
+                        {"self": celpy.json_to_cel(node)}))
+                assert words == rule.refusal(node)
+                broken.append(words)
     assert (not broken) == valid
     if valid:
         check_rules(spec)
         parse_spec(spec)
     else:
-        with pytest.raises(BadInput, match=re.escape(broken[0])):
+        with pytest.raises(BadInput, match="^" + re.escape(broken[0]) + "$"):
             check_rules(spec)
+
+
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "https_proxy", "LWS_LEADER_ADDRESS"])
+def test_a_refused_env_name_is_named_at_kubectl_apply(name):
+    """The API server names only the item's index (spec.env[1]); the CRD's
+    messageExpression puts the variable's name first, and the manifest's own check
+    (``kvledger run``, the operator) says the same."""
+    doc = _doc(env=[{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": name, "value": "x"}])
+    validate_manifest(doc)  # the schema itself takes any name: the rule refuses it
+    [entry] = [v for path, node in _walk(openapi_schema()) if path == ".spec.env[]"
+               for v in node["x-kubernetes-validations"] if "messageExpression" in v]
+    env = celpy.Environment()
+    item = celpy.json_to_cel(doc["spec"]["env"][1])
+    assert not env.program(env.compile(entry["rule"])).evaluate({"self": item})
+    said = str(env.program(env.compile(entry["messageExpression"])).evaluate({"self": item}))
+    assert said.startswith(f"env {name}: not a variable a resource may set")
+    assert said.endswith("(the operator's Helm value policy.images)")
+    with pytest.raises(BadInput, match="^" + re.escape(said) + "$"):
+        check_rules(doc["spec"])

@@ -267,7 +267,7 @@ async def test_more_gpus_than_a_node_has_is_an_invalid_spec(cluster):
 async def test_fields_dropped_from_the_spec_leave_the_pod_template(cluster):
     await create_service(cluster, "placed", nodeSelector={"pool": "a"}, priorityClassName="high",
                          podLabels={"team": "x"}, podAnnotations={"note": "y"},
-                         env=[{"name": "A", "value": "1"}])
+                         env=[{"name": "NCCL_DEBUG", "value": "INFO"}])
     # `kubectl rollout restart` annotates the template: not ours to remove.
     restart = {"kubectl.kubernetes.io/restartedAt": "2026-01-01T00:00:00Z"}
     await cluster.patch("apps/v1", "deployments", NS, "placed",

@@ -51,6 +51,16 @@ def running(ready: bool, **extra) -> dict:
                                    "state": {"running": {}}}], **extra}
 
 
+def key_secret_of(lws: dict) -> str:
+    """The Secret every engine of a LeaderWorkerSet reads its group key from."""
+    names = {var["valueFrom"]["secretKeyRef"]["name"]
+             for template in ("leaderTemplate", "workerTemplate")
+             for var in lws["spec"]["leaderWorkerTemplate"][template]["spec"]["containers"][0][
+                 "env"] if var["name"] == "KVLEDGER_NODE_KEY"}
+    [name] = names
+    return name
+
+
 def status_of(cluster, name: str) -> dict:
     return (cluster.stored(API_VERSION, PLURAL, NS, name) or {}).get("status") or {}
 
@@ -67,7 +77,9 @@ async def test_nodes_two_applies_a_leader_worker_set_its_key_service_and_policy(
     assert args[-9:] == ["--nnodes", "2", "--node-rank", "$(LWS_WORKER_INDEX)", "--master-addr",
                          "$(LWS_LEADER_ADDRESS)", "--master-port", "29500", "--headless"]
     assert cluster.stored("apps/v1", "deployments", NS, "group") is None
-    secret = cluster.stored("v1", "secrets", NS, "group-nodes")
+    key_name = owner["status"]["nodeKeySecret"]
+    assert key_name.startswith("group-nodes-") and key_secret_of(lws) == key_name
+    secret = cluster.stored("v1", "secrets", NS, key_name)
     assert re.fullmatch(r"[0-9a-f]{64}", base64.b64decode(secret["data"]["key"]).decode())
     assert secret["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
     service = await eventually(lambda: cluster.stored("v1", "services", NS, "group"))
@@ -81,8 +93,46 @@ async def test_nodes_two_applies_a_leader_worker_set_its_key_service_and_policy(
                         bump_generation=True)
     await eventually(lambda: cluster.stored(*LWS, NS, "group")["spec"]["replicas"] == 2,
                      what="two groups")
-    assert len(cluster.history("v1", "secrets", NS, "group-nodes")) == 1
-    assert cluster.stored("v1", "secrets", NS, "group-nodes")["data"] == secret["data"]
+    assert len(cluster.history("v1", "secrets", NS, key_name)) == 1
+    assert cluster.stored("v1", "secrets", NS, key_name)["data"] == secret["data"]
+    assert len(cluster.all_stored("secrets")) == 1  # one key, made once
+
+
+async def test_a_key_secret_made_beforehand_never_keys_the_group(cluster):
+    """Someone who may create Secrets makes the group's key first, under the name the
+    operator used to give it (NAME-nodes). The operator cannot read a Secret's owner, so
+    it never takes one it did not create: the group's key is a Secret the API server
+    named in the operator's own create, owned by the resource, and the attacker's is
+    never referred to. Nothing is read from any Secret."""
+    attacker = "f" * 64
+    await cluster.create("v1", "secrets", {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "preset-nodes",
+                                                           "namespace": NS},
+        "data": {"key": base64.b64encode(attacker.encode()).decode()}})
+    await cluster.create(API_VERSION, PLURAL, service_manifest("preset", NS, nodes=2))
+    lws = await eventually(lambda: cluster.stored(*LWS, NS, "preset"), what="leaderworkerset")
+    owner = cluster.stored(API_VERSION, PLURAL, NS, "preset")
+    key_name = key_secret_of(lws)
+    assert key_name != "preset-nodes" and key_name == owner["status"]["nodeKeySecret"]
+    secret = cluster.stored("v1", "secrets", NS, key_name)
+    assert base64.b64decode(secret["data"]["key"]).decode() != attacker
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
+    assert not [asked for asked in cluster.emulator.asked
+                if asked[1] == "secrets" and asked[0] != "POST"]
+
+
+async def test_a_key_secret_deleted_is_made_again_under_its_name(cluster):
+    await cluster.create(API_VERSION, PLURAL, service_manifest("rekeyed", NS, nodes=2))
+    await eventually(lambda: cluster.stored(*LWS, NS, "rekeyed"), what="leaderworkerset")
+    key_name = status_of(cluster, "rekeyed")["nodeKeySecret"]
+    first = cluster.stored("v1", "secrets", NS, key_name)["data"]
+    await cluster.delete("v1", "secrets", NS, key_name)
+    await cluster.patch(API_VERSION, PLURAL, NS, "rekeyed", {"spec": {"replicas": 2}},
+                        bump_generation=True)
+    again = await eventually(lambda: cluster.stored("v1", "secrets", NS, key_name),
+                             what="the key made again")
+    assert again["data"] != first and status_of(cluster, "rekeyed")["nodeKeySecret"] == key_name
+    assert key_secret_of(cluster.stored(*LWS, NS, "rekeyed")) == key_name
 
 
 async def test_status_comes_from_the_leader_worker_set_and_every_pod_of_its_groups(cluster):

@@ -40,9 +40,9 @@ async def test_nodes_above_one_without_lws_says_to_install_it_and_applies_nothin
     assert event["reason"] == "LeaderWorkerSetMissing"
     assert event["message"] == ready["message"]
     for api_version, plural in (("apps/v1", "deployments"), ("v1", "services"),
-                                ("v1", "secrets"), (LWS_API_VERSION, LWS_PLURAL)):
-        name = "lonely-nodes" if plural == "secrets" else "lonely"
-        assert cluster.stored(api_version, plural, NS, name) is None, plural
+                                (LWS_API_VERSION, LWS_PLURAL)):
+        assert cluster.stored(api_version, plural, NS, "lonely") is None, plural
+    assert not cluster.all_stored("secrets")
     # Nothing was written but the resource's own status and annotations, and the event.
     assert not [(method, plural) for method, plural in cluster.emulator.asked
                 if method in ("POST", "PATCH", "PUT", "DELETE")

@@ -29,7 +29,6 @@ SPECS = {
         "gpus": 8, "nodes": 2, "nodeSelector": {"pool": "h100"},
         "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
-        "envFrom": [{"secretRef": {"name": "extra"}}],
         "podLabels": {"team": "a"}, "podAnnotations": {"note": "x"},
         "resources": {"limits": {"memory": "64Gi", "cpu": "16"}},
         "apiKeySecretRef": {"name": "api", "key": "k"}, "replicas": 0},
@@ -61,7 +60,8 @@ def test_the_vendored_crd_is_the_release_file_its_header_names():
 
 @pytest.mark.parametrize("spec", SPECS.values(), ids=SPECS.keys())
 def test_rendered_leader_worker_sets_are_valid_against_the_lws_crd(spec, lws_schema):
-    body = render_leader_worker_set("svc", "team-a", spec, download_bytes=None)
+    body = render_leader_worker_set("svc", "team-a", spec, key_secret="svc-nodes-abcde",
+                                    download_bytes=None)
     errors = sorted(jsonschema.Draft4Validator(lws_schema).iter_errors(body),
                     key=lambda e: list(e.absolute_path))
     assert not errors, [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
@@ -69,7 +69,8 @@ def test_rendered_leader_worker_sets_are_valid_against_the_lws_crd(spec, lws_sch
 
 
 def test_the_strict_schema_catches_a_misplaced_field(lws_schema):
-    body = render_leader_worker_set("svc", "team-a", SPECS["two nodes of two GPUs"])
+    body = render_leader_worker_set("svc", "team-a", SPECS["two nodes of two GPUs"],
+                                    key_secret="svc-nodes-abcde")
     body["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0][
         "startupPolicy"] = "LeaderCreated"
     body["spec"]["leaderWorkerTemplate"]["restartPolicy"] = "Always"

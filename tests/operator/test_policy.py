@@ -149,6 +149,39 @@ async def test_the_operator_applies_nothing_the_policy_refuses_and_says_why(clus
     assert events[0]["type"] == "Warning"
 
 
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("name", "fields", "named"), [
+    ("preload", {"env": [{"name": "NCCL_DEBUG", "value": "INFO"},
+                         {"name": "LD_PRELOAD", "value": "/models/m/evil.so"}]},
+     "env LD_PRELOAD: not a variable a resource may set"),
+    ("proxied", {"model": {"uri": "hf://org/m", "tokenSecretRef": {"name": "t", "key": "k"}},
+                 "env": [{"name": "https_proxy", "value": "http://attacker.example:3128"}]},
+     "env https_proxy: not a variable a resource may set"),
+    ("imported", {"envFrom": [{"secretRef": {"name": "loader"}}]},
+     "envFrom secretRef loader: envFrom is refused"),
+])
+async def test_a_stored_resource_with_env_the_rules_now_refuse_is_refused_by_name(
+        cluster, name, fields, named):
+    """A resource stored before the allow-list (the emulator, like an API server with CRD
+    validation ratcheting, stores it unchecked) gets Ready=False/InvalidSpec naming the
+    variable or the envFrom source, a Warning event, and nothing applied."""
+    await cluster.create(API_VERSION, PLURAL, service_manifest(name, NS, **fields))
+
+    def refused():
+        obj = cluster.stored(API_VERSION, PLURAL, NS, name) or {}
+        return next((c for c in (obj.get("status") or {}).get("conditions") or []
+                     if c["type"] == "Ready" and c["reason"] == "InvalidSpec"), None)
+
+    ready = await eventually(refused, what="Ready=False/InvalidSpec", timeout_s=30)
+    assert ready["message"].startswith(named)
+    assert cluster.stored("apps/v1", "deployments", NS, name) is None
+    events = await eventually(lambda: [e for e in cluster.events_for(name)
+                                       if e.get("reason") == "InvalidSpec"],
+                              what="an InvalidSpec event", timeout_s=30)
+    assert events[0]["type"] == "Warning" and events[0]["message"].startswith(named)
+
+
 def test_the_network_policy_admits_the_namespace_and_the_listed_ones_on_the_port():
     import kubernetes_validate
 
@@ -223,7 +256,7 @@ def restricted_violations(pod: dict) -> list[str]:
     BASE,
     {"model": {"uri": "hf://org/m", "tokenSecretRef": {"name": "t", "key": "k"}}, "gpus": 2},
     {**BASE, "apiKeySecretRef": {"name": "k", "key": "api"}, "allowRuntimeLoraUpdating": True,
-     "envFrom": [{"configMapRef": {"name": "c"}}]},
+     "env": [{"name": "NCCL_DEBUG", "value": "INFO"}]},
 ], ids=["claim", "hub-tensor-parallel", "api-key"])
 def test_rendered_pods_meet_pod_security_restricted(spec):
     from kvledger.operator.render import render_deployment

@@ -33,7 +33,8 @@ GROUP_FLAGS = ["--nnodes", "2", "--node-rank", "$(LWS_WORKER_INDEX)",
 
 def _pods(spec: dict) -> tuple[dict, dict, dict]:
     """(LeaderWorkerSet, leader pod spec, worker pod spec)."""
-    lws = render_leader_worker_set("big", "ns", spec, default_image="kvledger:test")
+    lws = render_leader_worker_set("big", "ns", spec, key_secret="big-nodes-x7k2q",
+                                   default_image="kvledger:test")
     template = lws["spec"]["leaderWorkerTemplate"]
     return lws, template["leaderTemplate"]["spec"], template["workerTemplate"]["spec"]
 
@@ -103,15 +104,19 @@ def test_every_pod_gets_the_node_key_from_the_services_secret():
         env = _engine(pod)["env"]
         assert env[0] == {"name": "NCCL_DEBUG", "value": "INFO"}
         assert env[-1] == {"name": NODE_KEY_ENV, "valueFrom": {
-            "secretKeyRef": {"name": "big-nodes", "key": "key"}}}
-    with pytest.raises(BadInput, match="KVLEDGER_"):  # no spec may set it itself
+            "secretKeyRef": {"name": "big-nodes-x7k2q", "key": "key"}}}
+    with pytest.raises(BadInput, match=f"^env {NODE_KEY_ENV}: "):  # no spec may set it itself
         parse_spec({"model": MODEL, "nodes": 2, "env": [{"name": NODE_KEY_ENV, "value": "x"}]})
 
 
 def test_the_node_key_secret_holds_the_key_it_is_given():
     secret = render_node_key_secret("big", "ns", bytes(range(32)))
-    assert secret["metadata"]["name"] == "big-nodes"
+    # Named by the API server as it is created: nobody can make it first.
+    assert secret["metadata"]["generateName"] == "big-nodes-" and "name" not in secret["metadata"]
     assert secret["metadata"]["labels"][LABEL] == "big"
+    again = render_node_key_secret("big", "ns", bytes(range(32)), "big-nodes-x7k2q")
+    assert again["metadata"]["name"] == "big-nodes-x7k2q" and "generateName" not in again[
+        "metadata"]
     # Hex: the engine reads it from an env var, text (raw bytes could hold a NUL).
     assert base64.b64decode(secret["data"]["key"]) == bytes(range(32)).hex().encode()
 
@@ -159,9 +164,12 @@ def test_one_node_is_the_deployment_as_before():
     kind, body = render_workload("one", "ns", spec, default_image="kvledger:test")
     assert kind == ("apps/v1", "deployments")
     assert body == render_deployment("one", "ns", spec, default_image="kvledger:test")
-    kind, body = render_workload("two", "ns", parse_spec({"model": MODEL, "nodes": 2}))
+    kind, body = render_workload("two", "ns", parse_spec({"model": MODEL, "nodes": 2}),
+                                 key_secret="two-nodes-abcde")
     assert kind == ("leaderworkerset.x-k8s.io/v1", "leaderworkersets")
     assert body["kind"] == "LeaderWorkerSet"
+    with pytest.raises(ValueError, match="key Secret"):
+        render_workload("two", "ns", parse_spec({"model": MODEL, "nodes": 2}))
 
 
 def test_keda_sums_the_metric_over_the_leaders_which_alone_serve_it():

@@ -403,7 +403,7 @@ def _group_left(model: Path) -> list[int]:
 def test_cluster_only_fields_are_validated_then_ignored_and_it_says_so(tiny_model, tmp_path,
                                                                        capsys):
     doc = manifest(gpus=0, nodeSelector={"pool": "a"}, tolerations=[{"operator": "Exists"}],
-                   env=[{"name": "A", "value": "1"}], podLabels={"team": "x"})
+                   env=[{"name": "NCCL_DEBUG", "value": "INFO"}], podLabels={"team": "x"})
     doc["spec"]["model"]["path"] = str(tiny_model)
     assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == 0
     out = capsys.readouterr().out

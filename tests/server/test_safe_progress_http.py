@@ -10,10 +10,11 @@ import logging
 
 import pytest
 from _lora_helpers import write_adapter
-from _server_helpers import make_llm, metric, start_app
+from _server_helpers import make_llm, metric, start_app, wait_for_metric
 
 from kvledger.engine.core.stall import StallWatch
 from kvledger.engine.lora_config import LoraModule
+from kvledger.engine.server.state import STATE
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +90,43 @@ async def test_a_stalled_engine_fails_its_liveness_probe_and_says_why(
     assert answer.status == 200
     assert (await client.get("/health")).status == 200
     assert await metric(client, "kvledger_engine_stalled") == 0
+
+
+async def test_a_line_that_does_not_move_while_the_engine_is_idle_fails_the_probe(
+        aiohttp_client, tiny_llama_dir, caplog, monkeypatch):
+    """The ledger refuses every reservation (a stand-in for a bug: a lost wake-up, a grant
+    that never reached the engine): one request waits in line, the engine holds nothing,
+    and nothing would ever let it in. Before, /health stayed 200 for as long as that
+    lasted; now, after the watch's thresholds, one ERROR line says so, /health and /ready
+    are 503 and kvledger_line_stalled is 1, until the line moves again."""
+    llm = make_llm(tiny_llama_dir)
+    client = await start_app(aiohttp_client, llm)
+    state = client.app[STATE]
+    watch = state.line_watch
+    watch.min_checks, watch.min_seconds, watch.interval_s = 3, 0.2, 0.05
+    reserve = llm.ledger.try_reserve_each
+    monkeypatch.setattr(llm.ledger, "try_reserve_each", lambda *args, **kwargs: None)
+    caplog.set_level(logging.ERROR, logger="kvledger.engine")
+    request = asyncio.create_task(client.post("/v1/completions", json={
+        "model": llm.model_name, "prompt": [3, 4, 5], "max_tokens": 4}))
+    assert await wait_for_metric(client, "kvledger_requests_waiting", 1) == 1
+    for _ in range(500):
+        health = await client.get("/health")
+        if health.status == 503:
+            break
+        await asyncio.sleep(0.02)
+    assert health.status == 503
+    body = await health.json()
+    assert body["status"] == "engine_stalled"
+    assert body["error"].startswith("1 requests wait in line and none has been admitted for")
+    assert (await client.get("/ready")).status == 503
+    assert await metric(client, "kvledger_line_stalled") == 1
+    assert await metric(client, "kvledger_line_stalls_total") == 1
+    assert await metric(client, "kvledger_engine_stalled") == 0  # the engine holds nothing
+    stalls = [r.getMessage() for r in caplog.records if "line stalled" in r.getMessage()]
+    assert len(stalls) == 1 and "KV blocks of" in stalls[0]
+    monkeypatch.setattr(llm.ledger, "try_reserve_each", reserve)
+    state.admission.capacity_changed()  # the wake-up the bug lost
+    assert (await asyncio.wait_for(request, 30)).status == 200
+    assert await wait_for_metric(client, "kvledger_line_stalled", 0) == 0
+    assert (await client.get("/health")).status == 200

@@ -1,0 +1,82 @@
+"""Which environment variables an InferenceService may give its pods: an allow-list.
+
+Every container of the pod (``preflight`` and ``fetch``, which hold the hub token, and the
+engine, which holds the API keys and the tenants file) gets ``spec.env``. A variable can
+change which code runs or where traffic and secrets go without touching the image the
+admin allowed (``policy.images``), and the families that can are open-ended:
+
+- the dynamic loader and libc: ``LD_PRELOAD``, ``LD_LIBRARY_PATH``, ``LD_AUDIT``,
+  ``GCONV_PATH``, ``GLIBC_TUNABLES``, ``MALLOC_*``, ``LOCPATH``, ``HOSTALIASES``; ``PATH``
+  (the runtime resolves the container's command through it); ``HOME`` (Python adds
+  ``~/.local/lib/python3.X/site-packages`` to its path, and runs its ``.pth`` files);
+- Python: ``PYTHONPATH``, ``PYTHONHOME``, ``PYTHONUSERBASE``, ``PYTHONSTARTUP``,
+  ``PYTHONWARNINGS`` (imports a warning category's module), ``PYTHONBREAKPOINT``,
+  ``PYTHONPYCACHEPREFIX`` (byte code from elsewhere);
+- TLS and proxies, in any case: ``SSL_CERT_FILE``, ``SSL_CERT_DIR``,
+  ``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE``, ``OPENSSL_CONF``, ``OPENSSL_MODULES``
+  (loads providers), ``HTTPS_PROXY``, ``https_proxy``, ``ALL_PROXY``, ``NO_PROXY``: a CA
+  and a proxy of the author's read the hub token in clear;
+- the hub client (``HF_*``, ``HUGGINGFACE_*``: its cache, its token file, its endpoint);
+- libraries that load shared objects or compiled code by name: ``NCCL_NET_PLUGIN``,
+  ``NCCL_TUNER_PLUGIN``, ``NCCL_PROFILER_PLUGIN``, ``NCCL_CONF_FILE`` (which can name the
+  others), ``CUDA_INJECTION64_PATH``, ``OMP_TOOL_LIBRARIES``, ``TORCHINDUCTOR_*`` and
+  ``TRITON_*`` caches;
+- what LeaderWorkerSet sets for a group (``LWS_*``: the leader's address the workers
+  dial) and the operator's own (``VLLM_*``, ``KVLEDGER_*``).
+
+No deny-list of those stays complete: every library in the image may read a new one in
+its next release. So a resource may set only the names below, each a number, a level, a
+switch or a network interface's name that tunes speed or logs; none names code to load, a
+file to read, a host to reach or a secret. Anything else goes into an image the admin
+allows (the image's own environment is the admin's choice): that is the escape hatch, so
+no resource, and no Helm value that a CRD rule could not see, widens the list.
+
+``envFrom`` imports every key of a ConfigMap or Secret, names the operator cannot check
+before the pods start (and must not read: it reads no Secret), so it is refused whole:
+``env`` with ``valueFrom.configMapKeyRef`` or ``secretKeyRef`` names each variable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+ALLOWED_ENV = (
+    # torch and CUDA: the allocator's settings, cuBLAS's workspace (the planner counts it),
+    # lazy module loading, the work queues, synchronous launches for debugging.
+    "PYTORCH_CUDA_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG", "CUDA_MODULE_LOADING",
+    "CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_LAUNCH_BLOCKING",
+    # CPU threads and Python's own output.
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM", "PYTHONUNBUFFERED",
+    "PYTHONFAULTHANDLER",
+    # NCCL's and gloo's choice of network and their logs (not their buffers: the planner
+    # counts NCCL's at its defaults).
+    "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_SOCKET_IFNAME", "NCCL_SOCKET_FAMILY",
+    "NCCL_IB_HCA", "NCCL_IB_DISABLE", "NCCL_IB_GID_INDEX", "NCCL_IB_TIMEOUT",
+    "NCCL_IB_RETRY_CNT", "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE",
+    "NCCL_NET_GDR_LEVEL", "NCCL_CROSS_NIC", "GLOO_SOCKET_IFNAME",
+    # The hub client's timeouts and quiet switches (fetch).
+    "HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_ETAG_TIMEOUT", "HF_HUB_DISABLE_TELEMETRY",
+    "HF_HUB_DISABLE_PROGRESS_BARS",
+)
+
+ENV_CEL = "self.name in [" + ", ".join(f"'{name}'" for name in ALLOWED_ENV) + "]"
+# The source an envFrom entry names, in CEL and in Python (the refusal names it).
+ENV_FROM_SOURCE_CEL = ("'envFrom ' + (has(self.configMapRef) ? 'configMapRef ' + "
+                       "self.configMapRef.name : has(self.secretRef) ? 'secretRef ' + "
+                       "self.secretRef.name : 'entry')")
+
+
+def env_allowed(var: Mapping[str, Any]) -> bool:
+    return var.get("name") in ALLOWED_ENV
+
+
+def env_subject(var: Mapping[str, Any]) -> str:
+    return f"env {var.get('name', '')}"
+
+
+def env_from_source(source: Mapping[str, Any]) -> str:
+    for kind in ("configMapRef", "secretRef"):
+        if isinstance(source.get(kind), Mapping):
+            return f"envFrom {kind} {source[kind].get('name', '')}"
+    return "envFrom entry"
