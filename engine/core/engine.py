@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import torch
 
 from kvledger.engine.admission.headroom import Headroom
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.core import request as rules
+from kvledger.engine.core.cpu_threads import ThreadGovernor
 from kvledger.engine.core.lora_registry import LoraRegistry
 from kvledger.engine.core.outputs import RequestOutput
 from kvledger.engine.core.request import EngineRequest
@@ -72,6 +74,7 @@ class LLMEngine:
         self.consecutive_failed_steps = 0
         self.num_prefill_tokens = 0  # prompt tokens computed (not those found in the cache)
         self.stall_watch = StallWatch()  # requests here and none advancing: a bug, made loud
+        self.cpu_threads = ThreadGovernor.for_engine(torch, runner.device.type, config)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -206,12 +209,15 @@ class LLMEngine:
                                  self.scheduler.describe)
         if batch.is_empty:
             return outputs
+        started = time.monotonic()
         try:
             step = self.runner.execute(batch)
         except EngineFailed:  # a tensor-parallel rank is gone (core/ranks.py): no retry
             raise
         except Exception as exc:
             return outputs + self._fail_step(batch, exc)
+        if self.cpu_threads is not None:
+            self.cpu_threads.after_step(time.monotonic() - started)
         self.consecutive_failed_steps = 0
         self._advance(batch, step)
         seqs = batch.sampled  # a prompt still partly computed gets no token yet
