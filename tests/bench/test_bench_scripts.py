@@ -255,16 +255,24 @@ def test_safe_checks_runs_both_admissions_at_every_scale():
 
 
 def test_cpu_contention_measures_a_decode_in_a_process_of_its_own(tiny_llama_dir):
-    """bench/cpu_contention.py's measurement (what each setting's fresh process runs)."""
+    """bench/cpu_contention.py's measurement (what each system's fresh process runs), and
+    its claims judged from the figures."""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         import cpu_contention
     finally:
         sys.path.remove(str(ROOT / "bench"))
-    args = type("Args", (), {"sequences": 2, "tokens": 4, "nice": 19})()
+    args = cpu_contention.parse_args(["--requests", "2", "--max-num-seqs", "2", "--tokens",
+                                      "4", "--nice", "19"])
     for busy in (False, True):
-        assert cpu_contention.measure(str(tiny_llama_dir), {"OMP_NUM_THREADS": "1"}, busy,
-                                      args) > 0
+        assert cpu_contention.measure(sys.executable, "kvledger", str(tiny_llama_dir),
+                                      {"OMP_NUM_THREADS": "1"}, busy, args) > 0
+    met = [m for _, _, m in cpu_contention.claims(
+        {"kvledger": (100.0, 75.0), "kvledger, fixed threads": (104.0, 30.0)})]
+    assert met == [True, True]
+    met = [m for _, _, m in cpu_contention.claims(
+        {"kvledger": (100.0, 60.0), "kvledger, fixed threads": (110.0, 30.0)})]
+    assert met == [False, False]
 
 
 def test_webhook_latency_times_each_kind_of_decision_over_https():
