@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BUSY = "while True: pass"
 OMP_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 KEEP_BESIDE, KEEP_ALONE = 0.7, 0.95
+RESULT = "tokens/s:"  # the child's line that carries its figure
 PROMPT_TOKENS, MAX_MODEL_LEN, BLOCK_SIZE, POOL_BLOCKS = 32, 512, 32, 512
 
 
@@ -109,7 +110,8 @@ def measure(python: str, engine: str, model_dir: str, env_extra: dict[str, str],
             spinner.wait()
     if child.returncode != 0:
         sys.exit(f"cpu_contention: {engine} {env_extra or ''} failed:\n{child.stderr[-2000:]}")
-    return float(child.stdout.strip().splitlines()[-1])
+    return float(next(line for line in child.stdout.splitlines()
+                      if line.startswith(RESULT)).split()[1])  # vLLM logs to stdout too
 
 
 def systems(vllm: str | None) -> list[tuple[str, str, str, dict[str, str]]]:
@@ -158,7 +160,8 @@ def main() -> int:
     if args.child:
         engine, model_dir = args.child
         run = vllm_tokens_per_s if engine == "vllm" else kvledger_tokens_per_s
-        print(f"{run(model_dir, args.requests, args.max_num_seqs, args.tokens):.3f}")
+        print(f"{RESULT} {run(model_dir, args.requests, args.max_num_seqs, args.tokens):.3f}",
+              flush=True)
         return 0
     from kvledger.engine.model.builtin import write_model
 
