@@ -67,7 +67,8 @@ def test_ctrl_c_of_a_serving_pipeline_ends_quietly(tiny_llama_dir) -> None:
 
 @pytest.mark.parametrize("after_s", [0.0, 1.0, 2.0])
 def test_ctrl_c_while_the_ranks_start_ends_quietly(tiny_llama_dir, after_s) -> None:
-    """While rank 0 loads and its ranks import torch: no rank's KeyboardInterrupt."""
+    """While rank 0 loads and its ranks import torch: no rank's KeyboardInterrupt, and no
+    abort of the loading thread (the process ends at once, its ranks ended first)."""
     proc = _serve_in_its_own_group(tiny_llama_dir, free_port())
     try:
         assert "listening on" in proc.stderr.readline()
@@ -76,4 +77,4 @@ def test_ctrl_c_while_the_ranks_start_ends_quietly(tiny_llama_dir, after_s) -> N
     finally:
         reap(proc)
     assert proc.returncode == 0, err
-    assert not [word for word in ("KeyboardInterrupt", "Traceback", "failed:") if word in err], err
+    assert not [word for word in NOISE if word in err], err
