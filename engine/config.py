@@ -39,6 +39,7 @@ from kvledger.engine.settings import (
     SIZE,
     SWITCH,
     TEXT,
+    TOKENS,
     Crd,
     Kind,
     add_setting_flags,
@@ -112,8 +113,9 @@ class EngineConfig:
     served_model_aliases: tuple[str, ...] = setting(  # the rest of --served-model-name
         (), None, TEXT, group=WORKLOAD)
     max_model_len: int | None = setting(
-        None, "--max-model-len", POSITIVE_INT, group=WORKLOAD,
-        help="context limit in tokens (default: the model's max_position_embeddings)",
+        None, "--max-model-len", TOKENS, group=WORKLOAD,
+        help="context limit in tokens, e.g. 4096, 32k (32,000) or 32K (32,768), as vLLM reads "
+             "it (default: the model's max_position_embeddings)",
         crd=Crd("engine", "context limit in tokens (--max-model-len)"))
     # None: not given. Under a cap (--gpu-memory-utilization, --memory-limit) the KV pool
     # decides, as in vLLM: as many whole max_model_len sequences as it holds, at most vllm
@@ -127,7 +129,7 @@ class EngineConfig:
         crd=Crd("engine", "concurrent sequences (--max-num-seqs; unset: what the KV pool "
                           "holds under a cap, else 16)"))
     max_num_batched_tokens: int | None = setting(
-        None, "--max-num-batched-tokens", POSITIVE_INT, group=WORKLOAD,
+        None, "--max-num-batched-tokens", TOKENS, group=WORKLOAD,
         help=f"tokens per engine step (default max(max_model_len, {MIN_DEFAULT_BATCHED_TOKENS}): "
              "a whole prompt is one step; vllm serve's is 2048, 8192 on a GPU of 70 GiB or "
              "more other than an A100, as it splits prompts into chunks)",

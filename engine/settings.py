@@ -21,6 +21,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
 from kvledger.engine.errors import BadInput
+from kvledger.engine.vllm_numbers import human_readable_int
 
 # The size grammar (Kubernetes quantities); the CRD's pattern is built from it (operator/crd_schema.py).
 SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTPE]i?B?|[kKMGTPE]B|[kKMGTPE]|B)?\s*$")
@@ -79,6 +80,18 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def token_count(text: str) -> int:
+    """argparse type for a positive count of tokens, in vLLM's human-readable forms
+    (``32k``, ``32K``, ``25.6k``: ``vllm_numbers``)."""
+    try:
+        value = human_readable_int(text)
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive count of tokens, got {text!r}")
     return value
 
 
@@ -168,6 +181,7 @@ TEXT = Kind("text")
 PATH = Kind("text", check=_not_empty)
 INTEGER = Kind("integer", parse=int)
 POSITIVE_INT = Kind("positive", parse=positive_int, check=_positive)
+TOKENS = Kind("positive", parse=token_count, check=_positive, metavar="N")  # 32k as vLLM reads it
 FRACTION = Kind("fraction", parse=fraction, check=_in_unit_interval)
 SHARE = Kind("share", parse=share, check=_share, metavar="SHARE")  # 0.1 or 10%
 SECONDS = Kind("seconds", parse=positive_seconds, check=_seconds, metavar="SECONDS")

@@ -41,15 +41,18 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("example-models")
     write_model("tiny-llama", root / "tiny-llama")
-    config = published_config("Llama-3-8B")
-    write_header_only(root / "llama-8b", config, published_tensors(config))
-    return {"tiny": root / "tiny-llama", "llama-8b": root / "llama-8b"}
+    for name, published in (("llama-8b", "Llama-3-8B"), ("qwen3-8b", "Qwen3-8B")):
+        config = published_config(published)
+        write_header_only(root / name, config, published_tensors(config))
+    return {"tiny": root / "tiny-llama", "llama-8b": root / "llama-8b",
+            "qwen3-8b": root / "qwen3-8b"}
 
 
 def example_plan(path: Path, models: dict[str, Path]):
     spec = load_manifest(str(path))["spec"]
     where = spec["model"].get("path") or spec["model"]["uri"]
-    model = models["tiny"] if "tiny-llama" in where else models["llama-8b"]
+    model = (models["tiny"] if "tiny-llama" in where
+             else models["qwen3-8b"] if "Qwen3-8B" in where else models["llama-8b"])
     config = local_config(spec, str(model))
     card = CARD.search(comments(path))
     if card is not None:
@@ -58,10 +61,10 @@ def example_plan(path: Path, models: dict[str, Path]):
     return make_plan(config)
 
 
-def test_every_llama_example_names_its_card() -> None:
-    llamas = [p.name for p in EXAMPLES if "Llama" in p.read_text()]
-    assert len(llamas) == 4, llamas
-    assert all(CARD.search(comments(p)) for p in EXAMPLES if p.name in llamas)
+def test_every_real_model_example_names_its_card() -> None:
+    real = [p.name for p in EXAMPLES if "Llama" in p.read_text() or "Qwen" in p.read_text()]
+    assert len(real) == 5, real
+    assert all(CARD.search(comments(p)) for p in EXAMPLES if p.name in real)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

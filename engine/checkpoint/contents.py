@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from kvledger.engine.checkpoint.files import INDEX_FILE, unindexed_weights
 from kvledger.engine.checkpoint.hf_config import (
     HFConfig,
     checked_model_dir,
@@ -36,7 +37,6 @@ from kvledger.engine.errors import BadInput
 # Floating dtypes an explicit ``--dtype`` casts at load time; the others (quantized
 # payloads, scales, integer tensors) are loaded as stored.
 CASTABLE_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
-INDEX_FILE = "model.safetensors.index.json"
 # Names whose tensor is the input embedding an ``lm_head`` is tied to.
 EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight",
                       "embeddings.weight")
@@ -132,7 +132,8 @@ def _shard_files(model_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
                 raise BadInput(f"{index_path}: shard {name!r} is outside the model directory")
             shards.append(shard)
         return shards, weight_map
-    files = sorted(model_dir.glob("*.safetensors"))
+    files = [model_dir / name for name in unindexed_weights(
+        p.name for p in model_dir.iterdir())]
     if not files:
         others = sorted(p.name for p in model_dir.glob("*.bin")) + sorted(
             p.name for p in model_dir.glob("*.pt"))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvledger.engine import json_text
+from kvledger.engine.checkpoint.files import CONFIG_FILE
 from kvledger.engine.errors import BadInput
 
 # The families read, by how their attention is laid out. Grouped-/multi-query attention:
@@ -109,7 +110,7 @@ def read_json(path: Path, what: str) -> object:
 def read_config_json(model_dir: str | os.PathLike) -> dict[str, Any]:
     """The JSON object in ``model_dir``/config.json, as written."""
     path = checked_model_dir(model_dir)
-    config = read_json(path / "config.json", "config.json")
+    config = read_json(path / CONFIG_FILE, CONFIG_FILE)
     if not isinstance(config, dict):
         raise BadInput(f"config.json in {path} must be a JSON object")
     return config

@@ -27,8 +27,9 @@ def run_rank(nodes: Nodes, rank: int, model_dir: str, threads: int | None,
              device: DeviceMemory) -> None:
     """A process of another machine (multiprocessing's spawn target): join machine 0,
     then follow its calls as a rank of machine 0 does (``rank_worker.follow``)."""
-    from kvledger.engine.core.rank_worker import follow
+    from kvledger.engine.core.rank_worker import follow, ignore_terminal_interrupt
 
+    ignore_terminal_interrupt()  # Ctrl-C is this machine's serve's to handle
     logging.basicConfig(level=logging.INFO, format=f"rank {rank}: %(message)s")
     threading.Thread(target=_end_with, args=(os.getppid(),), daemon=True).start()
     code = 1
@@ -76,8 +77,11 @@ def run_node(config: Any, nodes: Nodes) -> int:
     processes = [context.Process(target=run_rank, args=(nodes, rank, source.path, threads,
                                                         device),
                                  name=f"kvledger-rank-{rank}", daemon=True) for rank in ranks]
-    for process in processes:
-        process.start()
+    from kvledger.engine.core.rank_worker import terminal_interrupt_held
+
+    with terminal_interrupt_held():
+        for process in processes:
+            process.start()
     log.info("machine %d of %d: ranks %d..%d joining %s:%d", nodes.rank, nodes.count,
              ranks[0], ranks[-1], nodes.master_addr, nodes.control_port)
     stopping = threading.Event()

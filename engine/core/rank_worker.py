@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -31,6 +33,33 @@ from kvledger.engine.core.store_gate import StoreGate, keep_gloo_local, open_sto
 from kvledger.engine.core.wire import BadMessage, PipeLink
 
 log = logging.getLogger("kvledger.rank")
+
+
+@contextmanager
+def terminal_interrupt_held() -> Iterator[None]:
+    """Start rank processes inside this block: they begin with Ctrl-C's SIGINT blocked (a
+    thread's signal mask passes through fork and exec), until ``ignore_terminal_interrupt``
+    ignores it. A terminal sends SIGINT to its whole foreground process group, ranks
+    included, but the stop is rank 0's (or its machine's): it drains, then tells each rank
+    to stop. A rank that took the signal itself would end mid-step, and print its
+    KeyboardInterrupt, even while its interpreter is still starting."""
+    from multiprocessing import resource_tracker
+
+    # multiprocessing starts its resource tracker at the first spawn and unblocks SIGINT
+    # after it, which would undo the block below: it is started first.
+    resource_tracker.ensure_running()
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def ignore_terminal_interrupt() -> None:
+    """A rank process's first step: SIGINT ignored (one that came meanwhile is dropped),
+    then unblocked. SIGTERM still ends it, as its machine's ``stop`` sends it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def init_ranks(spec: RankSpec, rank: int, peers: Iterable[str] = ()) -> StoreGate | None:
@@ -152,6 +181,7 @@ def follow(spec: RankSpec, rank: int, link: Any) -> int:
 
 def main(spec: RankSpec, rank: int, conn: Any) -> None:
     """The process's entry point (multiprocessing's spawn target): its end of a pipe."""
+    ignore_terminal_interrupt()
     logging.basicConfig(level=logging.INFO, format=f"rank {rank}: %(message)s")
     try:
         code = follow(spec, rank, PipeLink(conn))

@@ -34,7 +34,12 @@ from kvledger.engine.core.rank_messages import (
     Stop,
     step_view,
 )
-from kvledger.engine.core.rank_worker import build_runner, init_ranks, measure
+from kvledger.engine.core.rank_worker import (
+    build_runner,
+    init_ranks,
+    measure,
+    terminal_interrupt_held,
+)
 from kvledger.engine.core.rank_worker import main as worker_main
 from kvledger.engine.core.wire import BadMessage, PipeLink, encode
 from kvledger.engine.errors import EngineFailed
@@ -157,8 +162,9 @@ class RankGroup:
         try:
             if self.nodes is not None:
                 self._join_machines()
-            for process in self.processes:
-                process.start()
+            with terminal_interrupt_held():  # Ctrl-C is rank 0's to handle
+                for process in self.processes:
+                    process.start()
             for end in self._child_ends:  # theirs now: a rank's exit is EOF here
                 end.close()
             threading.Thread(target=self._watch, name="kvledger-rank-watchdog",

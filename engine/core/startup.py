@@ -23,6 +23,7 @@ from kvledger.engine.model.tokenizer import Tokenizer
 from kvledger.engine.node_config import DEFAULT_MASTER_ADDR
 from kvledger.engine.planner.device import DeviceMemory, probe_device
 from kvledger.engine.planner.estimates import format_size
+from kvledger.engine.planner.limit import host_memory_note
 from kvledger.engine.planner.plan import Measured, Plan, make_plan
 from kvledger.engine.planner.report import render_report
 
@@ -70,6 +71,11 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
         log.info("LoRA: %d adapter slots at rank %d (%d bytes)", config.max_loras,
                  config.max_lora_rank, lora_bytes)
     kv = measured_plan.kv
+    note = host_memory_note(measured_plan.limit_bytes, measured_plan.limit_source,
+                            kv.pool_mode, measured_plan.classes["kv_cache"], planned_on,
+                            config.gpu_memory_utilization)
+    if note is not None:  # before the allocation, which takes a while at many GiB
+        log.info("%s", note)
     pool_bytes = runner.allocate_kv_cache(kv.num_blocks, kv.dtype)
     log.info("KV pool: %d blocks x %d tokens (%d bytes), %d sequences of %d tokens; "
              "max_num_seqs %d (%s)", kv.num_blocks, kv.block_size, pool_bytes, kv.sequences,

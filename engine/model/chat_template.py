@@ -21,6 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from kvledger.engine.checkpoint.files import CHAT_TEMPLATE_DIR, CHAT_TEMPLATE_FILE, TEMPLATE_SUFFIX
 from kvledger.engine.errors import BadInput
 
 
@@ -28,8 +29,6 @@ class ReservedKwargs(BadInput):
     """A request's ``chat_template_kwargs`` names a variable its own fields set."""
 
 
-TEMPLATE_FILE = "chat_template.jinja"
-TEMPLATE_DIR = "additional_chat_templates"  # transformers 5's name (CHAT_TEMPLATE_DIR)
 DEFAULT, TOOL_USE = "default", "tool_use"
 # Set by the server from the request itself: a chat_template_kwargs entry may not.
 RESERVED_KWARGS = frozenset({"messages", "tools", "add_generation_prompt",
@@ -44,10 +43,10 @@ def read_templates(model_dir: Path, config_value: Any) -> dict[str, str]:
     a malformed ``tokenizer_config.json`` entry."""
     templates = _config_templates(model_dir, config_value)
     files = {}
-    if (model_dir / TEMPLATE_FILE).is_file():
-        files[DEFAULT] = _read(model_dir / TEMPLATE_FILE)
-    if (model_dir / TEMPLATE_DIR).is_dir():
-        for path in sorted((model_dir / TEMPLATE_DIR).glob("*.jinja")):
+    if (model_dir / CHAT_TEMPLATE_FILE).is_file():
+        files[DEFAULT] = _read(model_dir / CHAT_TEMPLATE_FILE)
+    if (model_dir / CHAT_TEMPLATE_DIR).is_dir():
+        for path in sorted((model_dir / CHAT_TEMPLATE_DIR).glob("*" + TEMPLATE_SUFFIX)):
             files[path.stem] = _read(path)
     return files or templates
 

@@ -14,11 +14,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+from kvledger.engine.checkpoint.files import GENERATION_CONFIG_FILE
 from kvledger.engine.checkpoint.hf_config import read_json
 from kvledger.engine.errors import BadInput
 
 AUTO, VLLM = "auto", "vllm"
-FILE = "generation_config.json"
 # generation_config.json's name -> SamplingParams' (max_new_tokens is max_tokens there)
 READ = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
         "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
@@ -35,10 +35,10 @@ def sampling_defaults(model_dir: str | Path, source: str = AUTO) -> dict[str, An
     folder = Path(model_dir) if source == AUTO else Path(source)
     if source != AUTO and not folder.is_dir():
         raise BadInput(f"--generation-config {source}: not 'auto', 'vllm' or a folder")
-    path = folder / FILE
+    path = folder / GENERATION_CONFIG_FILE
     if not path.is_file():
         return {}
-    raw = read_json(path, FILE)
+    raw = read_json(path, GENERATION_CONFIG_FILE)
     if not isinstance(raw, dict):
         raise BadInput(f"{path}: must be a JSON object, got {type(raw).__name__}")
     defaults = {}

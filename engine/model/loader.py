@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from kvledger.engine import json_text
+from kvledger.engine.checkpoint.files import INDEX_FILE, unindexed_weights
 from kvledger.engine.checkpoint.fp8_format import (
     KV_SCALE_SUFFIXES,
     SCALE_SUFFIXES,
@@ -29,20 +30,19 @@ from kvledger.engine.model.transformer import CausalLM
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
+    """The safetensors the model is loaded from: the index's shards, else those a folder
+    without an index is loaded from (``checkpoint/files.py``, which the hub fetch takes)."""
+    index = model_dir / INDEX_FILE
     if index.is_file():
         try:
             weight_map = json_text.loads(index.read_text())["weight_map"]
         except (OSError, ValueError, KeyError) as exc:
             raise BadInput(f"{index}: bad safetensors index: {exc}") from None
         return [model_dir / name for name in sorted(set(weight_map.values()))]
-    single = model_dir / "model.safetensors"
-    if single.is_file():
-        return [single]
-    shards = sorted(model_dir.glob("*.safetensors"))
+    shards = unindexed_weights(p.name for p in model_dir.iterdir())
     if not shards:
         raise BadInput(f"{model_dir}: no *.safetensors weights (pytorch .bin is not supported)")
-    return shards
+    return [model_dir / name for name in shards]
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,

@@ -8,6 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from kvledger.engine import json_text
+from kvledger.engine.checkpoint.files import (
+    CONFIG_FILE,
+    GENERATION_CONFIG_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+)
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model import chat_template
 from kvledger.engine.model.generation_config import AUTO, sampling_defaults
@@ -25,9 +31,10 @@ class Tokenizer:
 
         model_dir = Path(model_dir)
         files = Path(tokenizer_dir) if tokenizer_dir is not None else model_dir
-        path = files / "tokenizer.json"
+        path = files / TOKENIZER_FILE
         if not path.is_file():
-            raise BadInput(f"{files}: no tokenizer.json (kvledger needs a fast tokenizer file)")
+            raise BadInput(f"{files}: no {TOKENIZER_FILE} (kvledger needs a fast tokenizer "
+                           "file; --tokenizer DIR reads one from another folder)")
         try:
             self._tok = HFTokenizer.from_file(str(path))
         except Exception as exc:  # the library raises a bare Exception on bad files
@@ -40,7 +47,7 @@ class Tokenizer:
         self.added_texts: dict[int, str] = {
             token_id: added.content
             for token_id, added in self._tok.get_added_tokens_decoder().items()}
-        self.tokenizer_config = _read_json(files / "tokenizer_config.json")
+        self.tokenizer_config = _read_json(files / TOKENIZER_CONFIG_FILE)
         self.bos_token = _token_text(self.tokenizer_config.get("bos_token"))
         self.eos_token = _token_text(self.tokenizer_config.get("eos_token"))
         self.chat_templates = chat_template.read_templates(
@@ -51,8 +58,8 @@ class Tokenizer:
         # The model's published sampling defaults (``generation_config``), for requests
         # that leave them unset; ``generation_config`` is --generation-config.
         self.sampling_defaults = sampling_defaults(model_dir, generation_config)
-        for source in (_read_json(model_dir / "generation_config.json"),
-                       _read_json(model_dir / "config.json")):
+        for source in (_read_json(model_dir / GENERATION_CONFIG_FILE),
+                       _read_json(model_dir / CONFIG_FILE)):
             eos = source.get("eos_token_id")
             self.eos_token_ids.update([eos] if isinstance(eos, int) else (eos or []))
         for name, source in self.chat_templates.items():  # a bad one fails here, at load

@@ -63,5 +63,23 @@ def limit_warnings(config: EngineConfig, device: DeviceMemory) -> list[str]:
             "--memory-limit SIZE"]
 
 
+def host_memory_note(limit_bytes: int, limit_source: str, pool_mode: str, kv_bytes: int,
+                     device: DeviceMemory, utilization: float | None) -> str | None:
+    """On the CPU, what ``--gpu-memory-utilization`` takes: vLLM's meaning is kept (that
+    fraction of the device's total, here the host's RAM, and the KV pool takes what the
+    run leaves of it), which on a host is many GiB allocated before the first request.
+    vLLM's CPU build sizes its KV space by VLLM_CPU_KVCACHE_SPACE instead; the note says how
+    much is taken and the flags that cap it. None elsewhere, and when the pool is not
+    sized by the cap (``--kv-cache-memory-bytes``, ``--num-gpu-blocks-override``)."""
+    if (device.kind != "cpu" or limit_source != "--gpu-memory-utilization"
+            or pool_mode != "cap"):
+        return None
+    return (f"--gpu-memory-utilization {utilization} on the CPU is {utilization:.0%} of this "
+            f"host's memory ({_gib(limit_bytes)} of {_gib(device.total_bytes)}): the KV pool "
+            f"takes {_gib(kv_bytes)} of it, allocated now; to take less, cap the pool with "
+            "--kv-cache-memory-bytes SIZE (what vLLM's CPU build sets with "
+            "VLLM_CPU_KVCACHE_SPACE) or the whole engine with --memory-limit SIZE")
+
+
 def _gib(n: int) -> str:
     return f"{n / estimates.GiB:.1f} GiB"

@@ -24,7 +24,6 @@ _TYPES = {
     413: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
-    501: "invalid_request_error",
     503: "service_unavailable",
 }
 

@@ -25,8 +25,11 @@ log = logging.getLogger(__name__)
 # /version. /metrics has a key of its own (--metrics-api-key), so a tenant's key cannot
 # read the prefix cache's counters.
 _KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize")
-# vLLM's endpoints kvledger does not serve, each answered 501 naming what it is and what
-# kvledger serves instead (rather than a bare 404 that reads like a wrong base URL).
+# vLLM's endpoints kvledger does not serve. vLLM 0.32 mounts a route only for the tasks its
+# model serves (entrypoints/launchers/api_server/routers.py), so such a path is a 404 there:
+# a 4xx, which OpenAI's SDKs raise at once (NotFoundError) where a 5xx is retried twice.
+# Here the 404 names what the endpoint is and what kvledger serves instead, so it does not
+# read like a wrong base URL.
 UNSERVED = {
     "/v1/embeddings": "embeddings (an embedding model's pooled output)",
     "/v1/responses": "OpenAI's Responses API",
@@ -63,9 +66,9 @@ def build_app(options: ServeOptions | None = None) -> web.Application:
 
 
 async def _unserved(request: web.Request) -> web.Response:
-    raise ApiError(501, f"kvledger does not serve {request.path} ({UNSERVED[request.path]}); "
+    raise ApiError(404, f"kvledger does not serve {request.path} ({UNSERVED[request.path]}); "
                         f"it serves text generation: {', '.join(SERVED)}",
-                   code="not_implemented", reason="not_implemented")
+                   code="not_found", reason="not_served")
 
 
 async def _close(app: web.Application) -> None:

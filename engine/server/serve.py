@@ -1,5 +1,5 @@
 """The server's life: listen at once (``/health``), plan and load on a thread (a SIGTERM
-meanwhile still exits), warm up (``/ready``), serve; on SIGTERM or SIGINT drain within the
+or Ctrl-C meanwhile ends the process at once, exit 0), warm up (``/ready``), serve; on SIGTERM or SIGINT drain within the
 grace and exit 0; a tensor-parallel rank that dies: /health 503, every request failed,
 exit 1. The ``kvledger serve`` verb (``commands/serve.py``) builds its options."""
 
@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 import threading
+from typing import NoReturn
 
 from aiohttp import web
 
@@ -41,6 +43,21 @@ def _load_in_thread(config) -> asyncio.Future:
 
     threading.Thread(target=load, name="kvledger-load", daemon=True).start()
     return future
+
+
+def _end_while_loading() -> NoReturn:
+    """End the process at once, exit 0: the load cannot be interrupted (torch's kernels, a
+    process group forming), and Python finalizing under a thread inside torch's C++ aborts
+    ("terminate called without an active exception", exit -6). The rank processes
+    started so far are ended first (SIGTERM, which they do not handle)."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.terminate()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _settle(future: asyncio.Future, result, exc: BaseException | None) -> None:
@@ -76,7 +93,7 @@ async def serve(config, options: ServeOptions, host: str, port: int) -> int:
         await asyncio.wait([loading, stopped], return_when=asyncio.FIRST_COMPLETED)
         if not loading.done():
             log.info("%s received while loading; exiting", stopped.result())
-            return 0
+            _end_while_loading()
         try:
             engine = loading.result()
         except DoesNotFit as exc:

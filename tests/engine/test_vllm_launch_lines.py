@@ -34,6 +34,8 @@ LAUNCH_LINES = [
      "{model} --enable-chunked-prefill --max-num-batched-tokens 2048", ACCEPTED),
     ("memory: max-model-len",
      "{model} --gpu-memory-utilization 0.9 --max-model-len 1024", ACCEPTED),
+    ("human-readable counts", "{model} --max-model-len 1K --max-num-batched-tokens 2k",
+     ACCEPTED),
     ("older recipes", "{model} --swap-space 16 --disable-log-requests", ACCEPTED),
     ("prefix caching", "{model} --enable-prefix-caching --disable-log-stats", ACCEPTED),
     ("served model name", "{model} --served-model-name llama --enforce-eager --seed 0 "

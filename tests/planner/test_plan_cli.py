@@ -151,7 +151,7 @@ def test_truncation_keeps_whole_lines_and_characters(char: str) -> None:
     (["--model", "{model}", "--device-memory", "1XB"], "bad size"),
     (["--model", "{model}", "--gpu-memory-utilization", "0"], "(0, 1]"),
     (["--model", "{model}", "--gpu-memory-utilization", "1.5"], "(0, 1]"),
-    (["--model", "{model}", "--max-model-len", "0"], "positive integer"),
+    (["--model", "{model}", "--max-model-len", "0"], "positive count of tokens"),
     (["--model", "{model}", "--max-num-seqs", "-3"], "positive integer"),
     (["--model", "{model}", "--block-size", "0"], "positive integer"),
     (["--model", "{model}", "--max-model-len", "100000"], "max_position_embeddings"),

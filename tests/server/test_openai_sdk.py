@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 
+import aiohttp
 import openai
 import pytest
-from _server_helpers import fill_pool, make_llm
+from _server_helpers import fill_pool, make_llm, metric_value
 from aiohttp import web
 
 from kvledger.engine.server.app import build_app
@@ -119,3 +120,28 @@ async def test_sdk_retries_a_429_after_the_advertised_delay(serve):
     assert int(headers["Retry-After"]) >= 1
     assert retry_at - first_at >= advertised_s * 0.95  # the SDK waited as told
     assert ledger.reserved_blocks == 0
+
+
+async def test_sdk_raises_not_found_at_once_for_an_endpoint_not_served(serve):
+    """/v1/embeddings and /v1/responses: a 4xx as vLLM answers a route its model does not
+    serve, which the SDK raises at once as NotFoundError naming what is missing (a 5xx it
+    retried twice, 1.3-1.5 s, then raised InternalServerError)."""
+    app, quiet, _ = await serve()
+    name = app[STATE].model_name
+    client = openai.AsyncOpenAI(base_url=str(quiet.base_url), api_key="key")  # retries on
+    assert client.max_retries == 2
+    calls = [("/v1/embeddings", lambda: client.embeddings.create(model=name, input="hi")),
+             ("/v1/responses", lambda: client.responses.create(model=name, input="hi"))]
+    for path, call in calls:
+        started = time.monotonic()
+        with pytest.raises(openai.NotFoundError) as raised:
+            await call()
+        assert time.monotonic() - started < 0.5, path  # asked once: no retry's back-off
+        assert f"kvledger does not serve {path}" in raised.value.message
+        assert "/v1/chat/completions" in raised.value.message
+    async with aiohttp.ClientSession() as http, http.get(
+            str(client.base_url).removesuffix("v1/") + "metrics") as response:
+        metrics = await response.text()
+    assert metric_value(metrics, "kvledger_requests_rejected_total",
+                        'reason="not_served"') == 2  # one request each: none retried
+    await client.close()

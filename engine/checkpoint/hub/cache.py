@@ -17,11 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvledger.engine.checkpoint.contents import ModelSource
+from kvledger.engine.checkpoint.files import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, TOKENIZER_FILE
 from kvledger.engine.checkpoint.hub.reads import hub_error
 from kvledger.engine.checkpoint.hub.repo import (
-    CONFIG_FILE,
-    INDEX_FILE,
-    SINGLE_FILE,
     HubModel,
     RepoListing,
     engine_files,
@@ -134,7 +132,8 @@ def _write_ref(repo_dir: Path, revision: str, commit: str) -> None:
 def find_snapshot(model: HubModel, download_dir: str | None) -> tuple[Path, str | None, list[str]]:
     """``(snapshot folder, commit, files missing from it)`` for ``model`` in the cache, read
     without the network. The files needed are the engine's, from the tree listing that
-    ``fetch`` cached; without one, config.json, tokenizer.json and the weights."""
+    ``fetch`` cached; without one (a cache filled by another tool), config.json,
+    tokenizer.json and the weights."""
     from huggingface_hub import get_cached_repo_tree
     from huggingface_hub.errors import CachedRepoTreeNotFoundError
 
@@ -156,7 +155,7 @@ def find_snapshot(model: HubModel, download_dir: str | None) -> tuple[Path, str 
         shards = [v for v in weight_map.values() if isinstance(v, str)] if isinstance(
             weight_map, dict) else []
         weights = [INDEX_FILE, *dict.fromkeys(shards)] if index is not None else [SINGLE_FILE]
-        needed = [CONFIG_FILE, "tokenizer.json", *weights]
+        needed = [CONFIG_FILE, TOKENIZER_FILE, *weights]
     return snapshot, commit, [n for n in needed if not (snapshot / n).is_file()]
 
 

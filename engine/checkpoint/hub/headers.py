@@ -20,10 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kvledger.engine.checkpoint.contents import ModelSource
+from kvledger.engine.checkpoint.files import CONFIG_FILE, INDEX_FILE
 from kvledger.engine.checkpoint.hub.reads import read_range, read_small_file
 from kvledger.engine.checkpoint.hub.repo import (
-    CONFIG_FILE,
-    INDEX_FILE,
     RepoListing,
     engine_files,
     is_hub_uri,

@@ -17,6 +17,13 @@ from pathlib import PurePosixPath
 from urllib.parse import quote
 
 from kvledger.engine import json_text
+from kvledger.engine.checkpoint.files import (
+    CONFIG_FILE,
+    INDEX_FILE,
+    SINGLE_FILE,
+    read_beside_weights,
+    unindexed_weights,
+)
 from kvledger.engine.checkpoint.hub.reads import (
     MAX_LISTING_BYTES,
     RepoListing,
@@ -36,13 +43,6 @@ from kvledger.engine.checkpoint.hub.uri import (  # noqa: F401 - the uri's names
     parse_uri,
 )
 from kvledger.engine.errors import BadInput
-
-CONFIG_FILE = "config.json"
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
-# What the engine reads besides the weights (tokenizer, chat template, EOS ids).
-ENGINE_FILES = (CONFIG_FILE, "generation_config.json", "tokenizer.json",
-                "tokenizer_config.json", "special_tokens_map.json")
 
 
 def hub_endpoint(endpoint: str | None = None) -> str:
@@ -93,11 +93,12 @@ def list_repo(model: HubModel, *, token: str | None = None, endpoint: str | None
 
 
 def weight_files(listing: RepoListing, index: object | None) -> list[str]:
-    """The safetensors the engine loads: the index and the shards it names, else
-    model.safetensors. ``index`` is the parsed index when the repo has one."""
+    """The safetensors the engine loads: the index and the shards it names, else those a
+    folder without an index is loaded from (``files.unindexed_weights``). ``index`` is the
+    parsed index when the repo has one."""
     if INDEX_FILE not in listing.sizes:
-        if SINGLE_FILE in listing.sizes:
-            return [SINGLE_FILE]
+        if unindexed := unindexed_weights(listing.sizes):
+            return unindexed
         others = sorted(n for n in listing.sizes if n.endswith((".bin", ".pt", ".safetensors")))
         hint = f" (found {', '.join(others[:3])})" if others else ""
         raise BadInput(f"{listing.where()} has no {SINGLE_FILE} or {INDEX_FILE}: kvledger "
@@ -119,11 +120,12 @@ def weight_files(listing: RepoListing, index: object | None) -> list[str]:
 
 
 def engine_files(listing: RepoListing, index: object | None) -> list[str]:
-    """Every file ``kvledger fetch`` downloads: config.json, the tokenizer and generation
-    configs that exist, and the weights."""
+    """Every file ``kvledger fetch`` downloads: what the engine reads of a folder
+    (``checkpoint/files.py``: config.json, the tokenizer, its chat templates, the
+    generation config), and the weights."""
     if CONFIG_FILE not in listing.sizes:
         raise BadInput(f"{listing.where()} has no {CONFIG_FILE}: not a transformers checkpoint")
-    return [n for n in ENGINE_FILES if n in listing.sizes] + weight_files(listing, index)
+    return read_beside_weights(listing.sizes) + weight_files(listing, index)
 
 
 def read_index(listing: RepoListing) -> object | None:
