@@ -1,6 +1,7 @@
-"""bench/tenants.py's pure parts, without any kvledger or vLLM server: the seeded
-workloads, the request bodies and streams, the summaries, the claims and the options; and
-its client against a tiny in-process stand-in (a 429, then a stream)."""
+"""bench/tenants.py's pure parts and its workloads' (bench/tenants_workloads.py), without
+any kvledger or vLLM server: the seeded workloads, the systems, the request bodies and
+streams, the summaries, the claims and the options; and its client against a tiny
+in-process stand-in (a 429, then a stream)."""
 
 from __future__ import annotations
 
@@ -20,45 +21,46 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 try:
     import tenants
+    import tenants_workloads as workloads
 finally:
     sys.path.remove(str(ROOT / "bench"))
 
-RAMP = tenants.RAMP_S
+RAMP = workloads.RAMP_S
 
 
 def test_flood_requests_are_seeded_per_client_and_in_range():
-    first = list(itertools.islice(tenants.flood_requests(3, 1), 40))
-    assert first == list(itertools.islice(tenants.flood_requests(3, 1), 40))
-    assert first != list(itertools.islice(tenants.flood_requests(3, 2), 40))
-    assert first != list(itertools.islice(tenants.flood_requests(4, 1), 40))
-    many = list(itertools.islice(tenants.flood_requests(0, 0), 300))
-    assert {cap for _, cap in many} == set(tenants.FLOOD_MAX_TOKENS)
+    first = list(itertools.islice(workloads.flood_requests(3, 1), 40))
+    assert first == list(itertools.islice(workloads.flood_requests(3, 1), 40))
+    assert first != list(itertools.islice(workloads.flood_requests(3, 2), 40))
+    assert first != list(itertools.islice(workloads.flood_requests(4, 1), 40))
+    many = list(itertools.islice(workloads.flood_requests(0, 0), 300))
+    assert {cap for _, cap in many} == set(workloads.FLOOD_MAX_TOKENS)
     assert {len(p) for p, _ in many} <= set(range(64, 129))
     # every flood request fits the context (512) and, alone, the pool
     assert max(len(p) + cap for p, cap in many) <= 512
-    assert all(len(tenants.SPECIAL_TOKENS) <= t < tenants.VOCAB_SIZE for p, _ in many for t in p)
+    assert all(len(workloads.SPECIAL_TOKENS) <= t < workloads.VOCAB_SIZE for p, _ in many for t in p)
 
 
 def test_small_prompts_and_service_shapes():
-    idle = tenants.idle_shapes(0, 5)
-    assert idle == tenants.idle_shapes(0, 5)
+    idle = workloads.idle_shapes(0, 5)
+    assert idle == workloads.idle_shapes(0, 5)
     assert all(len(p) == 16 and cap == 16 for p, cap in idle)
-    loaded = list(itertools.islice(tenants.small_prompts(0, "loaded"), 5))
+    loaded = list(itertools.islice(workloads.small_prompts(0, "loaded"), 5))
     assert loaded != [p for p, _ in idle]          # idle and loaded prompts differ
-    service = tenants.service_shapes(0, 3)
+    service = workloads.service_shapes(0, 3)
     assert all(len(p) == 96 and cap == 192 for p, cap in service)
     assert len({tuple(p) for p, _ in service}) == 3  # no prefix-cache help between them
 
 
 def test_arrivals_are_seeded_gaps_of_one_to_three_seconds_within_the_window():
-    offsets = tenants.arrival_offsets(0, 90)
-    assert offsets == tenants.arrival_offsets(0, 90) != tenants.arrival_offsets(1, 90)
+    offsets = workloads.arrival_offsets(0, 90)
+    assert offsets == workloads.arrival_offsets(0, 90) != workloads.arrival_offsets(1, 90)
     assert offsets[0] == 0 and offsets[-1] < 90
     gaps = [b - a for a, b in itertools.pairwise(offsets)]
     assert all(1.0 <= g <= 3.0 for g in gaps)
     assert 30 <= len(offsets) <= 60
-    assert tenants.arrival_offsets(0, 20) == [o for o in offsets if o < 20]
-    slower = tenants.arrival_offsets(0, 90, period_s=6.0)
+    assert workloads.arrival_offsets(0, 20) == [o for o in offsets if o < 20]
+    slower = workloads.arrival_offsets(0, 90, period_s=6.0)
     assert all(3.0 <= b - a <= 9.0 for a, b in itertools.pairwise(slower))
 
 
@@ -159,19 +161,19 @@ def _small(p99, ttft_p99=None, past=0, errors=0):
 
 def _results(light_p99=12.0, idle_p99=1.0, service=10.0, ttft=(0.2, 0.2), good=(90.0, 100.0),
              kv_preempt=0.0, vllm=True):
-    one = {tenants.ARRIVAL: {"light": _small(60.0), "idle": _small(1.0), "service_s": None,
+    one = {workloads.ARRIVAL: {"light": _small(60.0), "idle": _small(1.0), "service_s": None,
                              "server": _server(kv_preempt)},
-           tenants.FAIR: {"light": _small(light_p99), "idle": _small(idle_p99),
+           workloads.FAIR: {"light": _small(light_p99), "idle": _small(idle_p99),
                           "service_s": service, "server": _server()}}
-    two = {tenants.HEADROOM_SYS: {"urgent": _small(1.0, ttft[0]),
+    two = {workloads.HEADROOM_SYS: {"urgent": _small(1.0, ttft[0]),
                                   "best_effort": {"goodput_tok_s": good[0]},
                                   "server": _server(kv_preempt)},
-           tenants.NO_HEADROOM: {"urgent": _small(9.0, 8.0), "best_effort": {"goodput_tok_s": 1},
+           workloads.NO_HEADROOM: {"urgent": _small(9.0, 8.0), "best_effort": {"goodput_tok_s": 1},
                                  "server": _server()}}
     if vllm:
-        one[tenants.VLLM] = {"light": _small(50.0), "idle": _small(0.3), "service_s": 3.0,
+        one[workloads.VLLM] = {"light": _small(50.0), "idle": _small(0.3), "service_s": 3.0,
                              "server": {"preemptions": 40.0, "recomputed_tokens": 9000}}
-        two[tenants.VLLM_PRIORITY] = {"urgent": _small(0.5, ttft[1]),
+        two[workloads.VLLM_PRIORITY] = {"urgent": _small(0.5, ttft[1]),
                                       "best_effort": {"goodput_tok_s": good[1]},
                                       "server": {"preemptions": 80.0}}
     return one, two
@@ -206,9 +208,9 @@ def test_the_goodput_claim_is_nine_tenths_of_vllms(good, met):
 
 def test_claims_that_fail():
     one, two = _results(kv_preempt=1.0)
-    one[tenants.FAIR]["light"] = _small(None, past=2)
-    two[tenants.HEADROOM_SYS]["urgent"] = _small(1.0, 0.2, errors=1)
-    two[tenants.HEADROOM_SYS]["server"]["requests_failed"] = 1.0
+    one[workloads.FAIR]["light"] = _small(None, past=2)
+    two[workloads.HEADROOM_SYS]["urgent"] = _small(1.0, 0.2, errors=1)
+    two[workloads.HEADROOM_SYS]["server"]["requests_failed"] = 1.0
     failed = [c["claim"] for c in tenants.claims(one, two) if not c["met"]]
     assert len(failed) == 5
     assert sum("preempts nothing" in c for c in failed) == 2
@@ -218,7 +220,7 @@ def test_claims_that_fail():
 
 def test_a_block_left_reserved_once_idle_fails_the_kvledger_claim():
     one, two = _results()
-    two[tenants.HEADROOM_SYS]["server"]["blocks_reserved_idle"] = 3.0
+    two[workloads.HEADROOM_SYS]["server"]["blocks_reserved_idle"] = 3.0
     failed = [c for c in tenants.claims(one, two) if not c["met"]]
     assert len(failed) == 1 and "every block back" in failed[0]["claim"]
     assert failed[0]["measured"].endswith("3 blocks reserved once idle")
@@ -231,22 +233,22 @@ def test_without_vllm_only_kvledgers_own_claims_are_judged():
 
 
 def test_the_systems_and_their_flags():
-    one, two = tenants.systems_of(vllm_found=True, plain_priority_too=True)
-    assert [s.name for s in one] == [tenants.ARRIVAL, tenants.FAIR, tenants.VLLM]
-    assert [s.name for s in two] == [tenants.HEADROOM_SYS, tenants.VLLM_PRIORITY,
-                                     tenants.NO_HEADROOM]
+    one, two = workloads.systems_of(vllm_found=True, plain_priority_too=True)
+    assert [s.name for s in one] == [workloads.ARRIVAL, workloads.FAIR, workloads.VLLM]
+    assert [s.name for s in two] == [workloads.HEADROOM_SYS, workloads.VLLM_PRIORITY,
+                                     workloads.NO_HEADROOM]
     flags = {s.name: s.flags for s in one + two}
-    assert "--no-tenant-fairness" in flags[tenants.ARRIVAL]
-    assert "--no-tenant-fairness" not in flags[tenants.FAIR]
-    for name in (tenants.ARRIVAL, tenants.FAIR, tenants.HEADROOM_SYS, tenants.NO_HEADROOM):
-        assert flags[name][:3] == ("--api-key", *tenants.KEYS.values())
-    assert flags[tenants.HEADROOM_SYS][-4:] == ("--scheduling-policy", "priority",
+    assert "--no-tenant-fairness" in flags[workloads.ARRIVAL]
+    assert "--no-tenant-fairness" not in flags[workloads.FAIR]
+    for name in (workloads.ARRIVAL, workloads.FAIR, workloads.HEADROOM_SYS, workloads.NO_HEADROOM):
+        assert flags[name][:3] == ("--api-key", *workloads.KEYS.values())
+    assert flags[workloads.HEADROOM_SYS][-4:] == ("--scheduling-policy", "priority",
                                                 "--priority-headroom", "0.1")
-    assert "--priority-headroom" not in flags[tenants.NO_HEADROOM]
-    assert flags[tenants.VLLM] == () and flags[tenants.VLLM_PRIORITY] == (
+    assert "--priority-headroom" not in flags[workloads.NO_HEADROOM]
+    assert flags[workloads.VLLM] == () and flags[workloads.VLLM_PRIORITY] == (
         "--scheduling-policy", "priority")
-    one, two = tenants.systems_of(vllm_found=False, plain_priority_too=False)
-    assert [s.name for s in one + two] == [tenants.ARRIVAL, tenants.FAIR, tenants.HEADROOM_SYS]
+    one, two = workloads.systems_of(vllm_found=False, plain_priority_too=False)
+    assert [s.name for s in one + two] == [workloads.ARRIVAL, workloads.FAIR, workloads.HEADROOM_SYS]
 
 
 def test_options_quick_and_full():
@@ -350,10 +352,10 @@ def _system_figures(number, engine, busy=0.0, done=True):
 
 @pytest.mark.parametrize("vllm", [True, False])
 def test_tables_render(vllm):
-    one_systems, two_systems = tenants.systems_of(vllm, plain_priority_too=True)
+    one_systems, two_systems = workloads.systems_of(vllm, plain_priority_too=True)
     one = {s.name: _system_figures(1, s.engine) for s in one_systems}
     two = {s.name: _system_figures(2, s.engine, busy=0.5 if s.engine == "vllm" else None,
-                                   done=s.name != tenants.NO_HEADROOM) for s in two_systems}
+                                   done=s.name != workloads.NO_HEADROOM) for s in two_systems}
     report = {"config": {"device": "cpu", "rounds": 1, "window_seconds": 10.0, "clients": 4,
                          "period_seconds": 2.0, "pool_blocks": 32},
               "vllm_found": vllm, "vllm_missing": None if vllm else "no vllm on PATH",
