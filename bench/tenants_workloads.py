@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from serving import OVERLOAD_POOL_BLOCKS, VOCAB_SIZE
+from serving import MAX_NUM_SEQS, OVERLOAD_POOL_BLOCKS, VOCAB_SIZE
 
 from kvledger.engine.model.builtin import SPECIAL_TOKENS
 
@@ -25,34 +25,61 @@ BEST_EFFORT_PRIORITY, URGENT_PRIORITY = 10, 0
 # seats, four urgent requests (one block each) at once. 0.25 (8 blocks) measured 0.75x
 # vLLM's best-effort goodput: a flood request takes up to 12 blocks.
 HEADROOM = "0.1"
+# Workload 3, the seats the bottleneck: --max-num-seqs SEATS, and a pool that admits every
+# flood request at once at its largest (12 blocks of 32: 128 + 256 tokens), with
+# SEATS_SPARE_BLOCKS more for the light requests (one block each) waiting beside them.
+SEATS = 8
+BLOCK_TOKENS = 32                           # serving.py's --block-size
+LARGEST_FLOOD_BLOCKS = -(-(FLOOD_PROMPT_TOKENS[1] + FLOOD_MAX_TOKENS[-1]) // BLOCK_TOKENS)
+SEATS_SPARE_BLOCKS = 16
 
 ARRIVAL, FAIR, VLLM = "kvledger-arrival", "kvledger-fair", "vllm"
 HEADROOM_SYS, NO_HEADROOM, VLLM_PRIORITY = "kvledger-headroom", "kvledger-priority", "vllm-priority"
+SEATS_ARRIVAL, SEATS_FAIR, SEATS_VLLM = "kvledger-arrival-seats", "kvledger-fair-seats", "vllm-seats"
 LABELS = {ARRIVAL: "kvledger --no-tenant-fairness", FAIR: "kvledger (fair)", VLLM: "vLLM",
           HEADROOM_SYS: f"kvledger priority, headroom {HEADROOM}",
           NO_HEADROOM: "kvledger priority, no headroom", VLLM_PRIORITY: "vLLM priority"}
+LABELS |= {SEATS_ARRIVAL: LABELS[ARRIVAL], SEATS_FAIR: LABELS[FAIR], SEATS_VLLM: LABELS[VLLM]}
+# Where one flood request's service time is measured (alone, idle): the two-tenant
+# workloads' judged kvledger and vLLM.
+SERVICE_TIMED = frozenset({FAIR, VLLM, SEATS_FAIR, SEATS_VLLM})
 
 
 @dataclass(frozen=True)
 class System:
     name: str
     engine: str                  # kvledger | vllm
+    pool_blocks: int             # --num-gpu-blocks-override, checked on the running server
     flags: tuple[str, ...] = ()
+    max_num_seqs: int = MAX_NUM_SEQS
 
 
-def systems_of(vllm_found: bool, plain_priority_too: bool) -> tuple[list[System], list[System]]:
-    """The servers of workload 1 and of workload 2, in the order of a round's first half."""
+def seats_pool_blocks(clients: int) -> int:
+    """Workload 3's pool: every flood client's request at its largest, and the spare."""
+    return clients * LARGEST_FLOOD_BLOCKS + SEATS_SPARE_BLOCKS
+
+
+def systems_of(vllm_found: bool, plain_priority_too: bool, pool_blocks: int,
+               clients: int) -> tuple[list[System], list[System], list[System]]:
+    """The servers of workloads 1, 2 and 3, each in the order of a round's first half:
+    workloads 1 and 2 on ``pool_blocks`` (--pool-blocks), workload 3 on SEATS seats and
+    ``seats_pool_blocks(clients)``."""
     keys = ("--api-key", KEYS["flood"], KEYS["small"])
     priority = ("--scheduling-policy", "priority")
-    one = [System(ARRIVAL, "kvledger", (*keys, "--no-tenant-fairness")),
-           System(FAIR, "kvledger", keys)]
-    two = [System(HEADROOM_SYS, "kvledger", (*keys, *priority, "--priority-headroom", HEADROOM))]
+    one = [System(ARRIVAL, "kvledger", pool_blocks, (*keys, "--no-tenant-fairness")),
+           System(FAIR, "kvledger", pool_blocks, keys)]
+    two = [System(HEADROOM_SYS, "kvledger", pool_blocks,
+                  (*keys, *priority, "--priority-headroom", HEADROOM))]
+    seats = {"pool_blocks": seats_pool_blocks(clients), "max_num_seqs": SEATS}
+    three = [System(SEATS_ARRIVAL, "kvledger", flags=(*keys, "--no-tenant-fairness"), **seats),
+             System(SEATS_FAIR, "kvledger", flags=keys, **seats)]
     if plain_priority_too:
-        two.append(System(NO_HEADROOM, "kvledger", (*keys, *priority)))
+        two.append(System(NO_HEADROOM, "kvledger", pool_blocks, (*keys, *priority)))
     if vllm_found:
-        one.append(System(VLLM, "vllm"))
-        two.insert(1, System(VLLM_PRIORITY, "vllm", priority))
-    return one, two
+        one.append(System(VLLM, "vllm", pool_blocks))
+        two.insert(1, System(VLLM_PRIORITY, "vllm", pool_blocks, priority))
+        three.append(System(SEATS_VLLM, "vllm", **seats))
+    return one, two, three
 
 
 # -- the requests -----------------------------------------------------------------------
