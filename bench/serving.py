@@ -84,8 +84,9 @@ RESERVE = "kvledger-reserve"  # kvledger serve --admission reserve (--reserve-to
 KVLEDGER = [sys.executable, "-m", "kvledger.engine.cli"]
 VARIANTS = {BACKFILL: ["--backfill"], RESERVE: ["--admission", "reserve"]}
 VOCAB_SIZE = 1024
-SERVE_FLAGS = ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "32",
-               "--block-size", "32", "--enforce-eager"]
+SERVE_FLAGS = ["--dtype", "float32", "--max-model-len", "512", "--block-size", "32",
+               "--enforce-eager"]
+MAX_NUM_SEQS = 32            # --max-num-seqs, unless server_command is given another
 LARGE_POOL_BLOCKS = 512      # 32 x 288 tokens fit at once: no KV pressure
 OVERLOAD_POOL_BLOCKS = 32    # 1,024 tokens: about two requests at their largest cap
 PART1_PROMPT_TOKENS, PART1_MAX_TOKENS = 32, 256
@@ -415,9 +416,10 @@ def resolve_device(asked: str) -> str:
 
 
 def server_command(system: str, vllm: str | None, model_dir: str, port: int, blocks: int,
-                   iteration_log: bool, device: str) -> tuple[list[str], dict]:
-    pool = ["--num-gpu-blocks-override", str(blocks), "--host", "127.0.0.1", "--port", str(port),
-            "--served-model-name", MODEL]
+                   iteration_log: bool, device: str,
+                   max_num_seqs: int = MAX_NUM_SEQS) -> tuple[list[str], dict]:
+    pool = ["--max-num-seqs", str(max_num_seqs), "--num-gpu-blocks-override", str(blocks),
+            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL]
     if system.startswith("kvledger"):
         extra = VARIANTS.get(system, [])
         return ([*KVLEDGER, "serve", "--model", model_dir, "--device", device, *SERVE_FLAGS, *pool,

@@ -1,22 +1,28 @@
-"""Tenants and priorities against vLLM: a flooding API key beside a light one, and a
-best-effort flood beside urgent requests, on ``kvledger serve`` and ``vllm serve`` over
-HTTP, the same model and flags, measured in the same run on this machine.
+"""Tenants and priorities against vLLM: a flooding API key beside a light one (where the KV
+blocks run out first, and where the seats do), and a best-effort flood beside urgent
+requests, on ``kvledger serve`` and ``vllm serve`` over HTTP, the same model and flags,
+measured in the same run on this machine.
 
     .venv/bin/python bench/tenants.py [--quick] [--vllm PATH] [--rounds 2]
         [--window-seconds 90] [--clients 24] [--idle-requests 10] [--service-requests 3]
         [--period-seconds 2] [--pool-blocks 32] [--deadline-seconds 300] [--seed 0]
         [--plain-priority-too | --no-plain-priority-too] [--device auto] [--json]
-    # full: ~25 min with vLLM on this 2-core machine when nothing else runs (--rounds 2
-    # --window-seconds 45: ~15 min); --quick: ~3.5 min (1 round of a 15 s window, 12
-    # flood clients, 3 idle requests, 1 service request, the no-headroom server left
-    # out); explicit options override --quick's
+    # workloads 1 and 2: full ~25 min with vLLM on this 2-core machine when nothing else
+    # runs (--rounds 2 --window-seconds 45: ~15 min); --quick ~3.5 min (1 round of a 15 s
+    # window, 12 flood clients, 3 idle requests, 1 service request, the no-headroom
+    # server left out); explicit options override --quick's. Workload 3 adds about what
+    # workload 1 takes (estimated: ~12 min full, ~2 min --quick; its first --quick runs
+    # took 11 min in all, other processes taking 0.5-1.3 cores of the machine)
+
+The workloads' requests (seeded) and servers are defined in bench/tenants_workloads.py.
 
 Servers: bench/serving.py's overload set-up (its helpers, imported from it): the built-in
 ``small-llama`` (fp32), ``--max-model-len 512 --max-num-seqs 32 --block-size 32
 --enforce-eager``, ``--num-gpu-blocks-override 32`` (``--pool-blocks``; 1,024 tokens of
 KV: about three flood requests at their largest), everything else at each server's
-default. Every server of the
-run is started first, side by side (idle, none takes CPU), and loaded one at a time, in
+default; workload 3's servers take ``--max-num-seqs 8`` and a pool of their own (below),
+each server's pool checked in its metrics once it is up. Every server of the run is
+started first, side by side (idle, none takes CPU), and loaded one at a time, in
 A-B-B-A order over ``--rounds`` rounds (round r with seed ``--seed + r``), pooled.
 Requests are ``/v1/completions`` with token ids, ``temperature 0``, ``ignore_eos``; a 429
 is retried after its ``retry-after-ms`` (else ``Retry-After``), counted, and a request is
@@ -25,7 +31,7 @@ request's first attempt to its answer (its first streamed token for TTFT), retri
 included. kvledger gets two API keys, one per tenant; vLLM takes one key at most, so it
 runs without one (the clients send theirs anyway).
 
-The flood (both workloads): ``--clients`` closed-loop clients, prompts of 64-128 tokens,
+The flood (every workload): ``--clients`` closed-loop clients, prompts of 64-128 tokens,
 ``max_tokens`` drawn from 128/192/256, seeded per client. It starts ``RAMP_S`` (5 s)
 before the window, so the pool is full and the line long when the window opens, and keeps
 going until the window's last light or urgent request is answered; then kvledger's flood
@@ -62,6 +68,16 @@ requests' clean-up takes a moment of CPU after they leave the running gauge).
   ``--scheduling-policy priority`` (it preempts running requests for urgent ones and
   recomputes them later), and kvledger ``--scheduling-policy priority`` without headroom
   (``--plain-priority-too``, the default except under ``--quick``; shown, not judged).
+- Workload 3, two tenants where the seats run out first: workload 1 (the same requests,
+  figures and systems, each its own server) on ``--max-num-seqs 8`` (``SEATS``) and a
+  pool that admits every flood request at once at its largest: ``--clients`` x 12
+  blocks + 16 for the light requests (304 blocks for 24 clients, 160 for 12), on
+  kvledger and vLLM alike. The flood's requests beyond the 8 running wait for a seat, not
+  for blocks: in kvledger's seat line (fair share between keys, or arrival order under
+  ``--no-tenant-fairness``), in vLLM's waiting queue (fcfs). The time kvledger's requests
+  waited for KV blocks (``kvledger_queue_wait_seconds_sum``, every workload's table)
+  shows it: about 0 here. One request's service time is measured alone on this
+  workload's kvledger (fair) and vLLM servers.
 
 Preemptions: ``vllm:num_preemptions_total`` on every server (kvledger exports it at 0: it
 never preempts, so it never recomputes); vLLM's recomputed tokens from its iteration log
@@ -83,7 +99,9 @@ Claims (exit 1, one ``tenants: FAILED:`` line each, when one fails):
    tens of samples moves more than a mean rate on this shared machine);
 5. workload 2: kvledger with headroom: best-effort goodput >= 0.9 x vLLM's;
 6. workload 2: every kvledger server preempts nothing, so recomputes nothing;
-7. workload 2: as 3, for kvledger with headroom's urgent requests.
+7. workload 2: as 3, for kvledger with headroom's urgent requests;
+8-10. workload 3: as 1-3, on its servers (the bound from the idle p99 and the service
+   time measured on its kvledger (fair) server).
 
 Without vLLM (``--vllm``, else ``vllm`` on PATH, else a ``vllm-venv`` next to this
 repository) the kvledger side runs alone, one line says so, and claims 4 and 5 are not
@@ -96,7 +114,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import random
 import statistics
 import subprocess
 import sys
@@ -111,10 +128,9 @@ from local_server import free_port, wait_ready
 from serving import (
     FALLBACK_RETRY_S,
     KVLEDGER,
+    MAX_NUM_SEQS,
     MODEL,
-    OVERLOAD_POOL_BLOCKS,
     START_TIMEOUT_S,
-    VOCAB_SIZE,
     BenchError,
     OtherCpu,
     Outcome,
@@ -132,93 +148,48 @@ from serving import (
     vllm_recomputed_tokens,
     wait_up,
 )
+from tenants_workloads import (
+    BEST_EFFORT_PRIORITY,
+    FAIR,
+    FLOOD_MAX_TOKENS,
+    FLOOD_PROMPT_TOKENS,
+    HEADROOM,
+    HEADROOM_SYS,
+    KEYS,
+    LABELS,
+    MIN_POOL_BLOCKS,
+    PERIOD_S,
+    POOL_BLOCKS,
+    RAMP_S,
+    SEATS,
+    SEATS_FAIR,
+    SERVICE_TIMED,
+    SMALL_MAX_TOKENS,
+    SMALL_PROMPT_TOKENS,
+    URGENT_PRIORITY,
+    VLLM_PRIORITY,
+    System,
+    arrival_offsets,
+    flood_requests,
+    idle_shapes,
+    seats_pool_blocks,
+    service_shapes,
+    small_prompts,
+    systems_of,
+)
 
-from kvledger.engine.model.builtin import SPECIAL_TOKENS
-
-POOL_BLOCKS = OVERLOAD_POOL_BLOCKS          # 32 blocks of 32 tokens, as serving.py's overload
-MIN_POOL_BLOCKS = 16                        # 12 for the largest flood request, 4 kept of 16
-FLOOD_PROMPT_TOKENS = (64, 128)
-FLOOD_MAX_TOKENS = (128, 192, 256)
-SERVICE_SHAPE = (96, 192)                   # the flood's median prompt and max_tokens
-SMALL_PROMPT_TOKENS, SMALL_MAX_TOKENS = 16, 16  # a light or urgent request
-PERIOD_S = 2.0                              # light / urgent arrivals: gaps of 1-3 s
-RAMP_S = 5.0                                # the flood alone before the window opens
-KEYS = {"flood": "bench-tenant-a", "small": "bench-tenant-b"}
-BEST_EFFORT_PRIORITY, URGENT_PRIORITY = 10, 0
-# Sized to the urgent traffic: of the 32-block pool, 0.1 keeps 4 blocks and 4 of the 32
-# seats, four urgent requests (one block each) at once. 0.25 (8 blocks) measured 0.75x
-# vLLM's best-effort goodput: a flood request takes up to 12 blocks.
-HEADROOM = "0.1"
 TTFT_NOISE_MARGIN = 0.10
 GOODPUT_SHARE = 0.9
 LIGHT_BOUND_IDLE_FACTOR = 2
 BUSY_MACHINE_CORES = 0.1     # other processes' CPU in a window above which a note is shown
 
-ARRIVAL, FAIR, VLLM = "kvledger-arrival", "kvledger-fair", "vllm"
-HEADROOM_SYS, NO_HEADROOM, VLLM_PRIORITY = "kvledger-headroom", "kvledger-priority", "vllm-priority"
-LABELS = {ARRIVAL: "kvledger --no-tenant-fairness", FAIR: "kvledger (fair)", VLLM: "vLLM",
-          HEADROOM_SYS: f"kvledger priority, headroom {HEADROOM}",
-          NO_HEADROOM: "kvledger priority, no headroom", VLLM_PRIORITY: "vLLM priority"}
 QUICK = {"rounds": 1, "window_seconds": 15.0, "clients": 12, "idle_requests": 3,
          "service_requests": 1, "plain_priority_too": False}
 FULL = {"rounds": 2, "window_seconds": 90.0, "clients": 24, "idle_requests": 10,
         "service_requests": 3, "plain_priority_too": True}
 
 
-@dataclass(frozen=True)
-class System:
-    name: str
-    engine: str                  # kvledger | vllm
-    flags: tuple[str, ...] = ()
-
-
-def systems_of(vllm_found: bool, plain_priority_too: bool) -> tuple[list[System], list[System]]:
-    """The servers of workload 1 and of workload 2, in the order of a round's first half."""
-    keys = ("--api-key", KEYS["flood"], KEYS["small"])
-    priority = ("--scheduling-policy", "priority")
-    one = [System(ARRIVAL, "kvledger", (*keys, "--no-tenant-fairness")),
-           System(FAIR, "kvledger", keys)]
-    two = [System(HEADROOM_SYS, "kvledger", (*keys, *priority, "--priority-headroom", HEADROOM))]
-    if plain_priority_too:
-        two.append(System(NO_HEADROOM, "kvledger", (*keys, *priority)))
-    if vllm_found:
-        one.append(System(VLLM, "vllm"))
-        two.insert(1, System(VLLM_PRIORITY, "vllm", priority))
-    return one, two
-
-
-# -- workload ---------------------------------------------------------------------------
-
-def _tokens(rng: random.Random, count: int) -> list[int]:
-    return [rng.randrange(len(SPECIAL_TOKENS), VOCAB_SIZE) for _ in range(count)]
-
-
-def flood_requests(seed: int, client: int):
-    """Flood client ``client``'s endless (prompt token ids, max_tokens), the same for every
-    server given the seed."""
-    rng = random.Random(f"{seed}-flood-{client}")
-    while True:
-        yield _tokens(rng, rng.randint(*FLOOD_PROMPT_TOKENS)), rng.choice(FLOOD_MAX_TOKENS)
-
-
-def small_prompts(seed: int, tag: str):
-    """Endless 16-token prompts of the light or urgent tenant (``tag`` keeps the idle ones
-    apart from those sent under the flood)."""
-    rng = random.Random(f"{seed}-small-{tag}")
-    while True:
-        yield _tokens(rng, SMALL_PROMPT_TOKENS)
-
-
-def arrival_offsets(seed: int, window_s: float, period_s: float = PERIOD_S) -> list[float]:
-    """When the light or urgent requests are sent, seconds into the window: the first at
-    0, then seeded gaps of 0.5-1.5 x ``period_s``, all before the window closes."""
-    rng = random.Random(f"{seed}-arrivals")
-    offsets, at = [], 0.0
-    while at < window_s:
-        offsets.append(at)
-        at += rng.uniform(0.5, 1.5) * period_s
-    return offsets
-
+# -- requests -------------------------------------------------------------------------
 
 @dataclass
 class Request(Outcome):
@@ -493,7 +464,24 @@ def _kv_clean(server: dict, small: dict) -> tuple[bool, str]:
             f"counted failed, {reserved:g} blocks reserved once idle")
 
 
-def claims(one: dict, two: dict) -> list[dict]:
+def _two_tenant_claims(claim, workload: str, results: dict, fair_name: str) -> None:
+    """The claims of a two-tenant workload (1, and 3 on its seats-limited servers): the
+    fair server's light p99 within its bound, no kvledger server preempting, the fair
+    server's light requests all answered and its blocks all back."""
+    fair = results[fair_name]
+    bound = light_bound(fair["idle"]["p99_s"], fair["service_s"])
+    p99 = fair["light"]["p99_s"]
+    claim(f"{workload}: kvledger (fair) light p99 <= 2 x its idle p99 + one flood request's "
+          "service time",
+          f"{_s(p99)} vs 2 x {_s(fair['idle']['p99_s'])} + {_s(fair['service_s'])} = "
+          f"{_s(bound)}", p99 is not None and bound is not None and p99 <= bound)
+    _claim_no_preemption(claim, workload, results)
+    met, value = _kv_clean(fair["server"], fair["light"])
+    claim(f"{workload}: every kvledger (fair) light request answered, no server failure, "
+          "every block back once idle", value, met)
+
+
+def claims(one: dict, two: dict, three: dict) -> list[dict]:
     """Each claim, its measured value and whether it holds: the comparisons with vLLM only
     when vLLM ran (its entries absent otherwise)."""
     out = []
@@ -501,17 +489,7 @@ def claims(one: dict, two: dict) -> list[dict]:
     def claim(text: str, value: str, met: bool) -> None:
         out.append({"claim": text, "measured": value, "met": bool(met)})
 
-    fair = one[FAIR]
-    bound = light_bound(fair["idle"]["p99_s"], fair["service_s"])
-    p99 = fair["light"]["p99_s"]
-    claim("workload 1: kvledger (fair) light p99 <= 2 x its idle p99 + one flood request's "
-          "service time",
-          f"{_s(p99)} vs 2 x {_s(fair['idle']['p99_s'])} + {_s(fair['service_s'])} = "
-          f"{_s(bound)}", p99 is not None and bound is not None and p99 <= bound)
-    _claim_no_preemption(claim, "workload 1", one)
-    met, value = _kv_clean(fair["server"], fair["light"])
-    claim("workload 1: every kvledger (fair) light request answered, no server failure, "
-          "every block back once idle", value, met)
+    _two_tenant_claims(claim, "workload 1", one, FAIR)
     head = two[HEADROOM_SYS]
     vllm = two.get(VLLM_PRIORITY)
     if vllm is not None:
@@ -531,19 +509,32 @@ def claims(one: dict, two: dict) -> list[dict]:
     met, value = _kv_clean(head["server"], head["urgent"])
     claim(f"workload 2: every kvledger (headroom {HEADROOM}) urgent request answered, no "
           "server failure, every block back once idle", value, met)
+    _two_tenant_claims(claim, "workload 3", three, SEATS_FAIR)
     return out
 
 
 # -- servers ----------------------------------------------------------------------------
 
+def check_pool(system: System, samples) -> None:
+    """That the server runs ``system.pool_blocks`` KV blocks, as its metrics ``samples``
+    say (kvledger_kv_blocks_total; vLLM's cache_config_info); else a BenchError."""
+    pool = (metric(samples, "kvledger_kv_blocks_total") if system.engine == "kvledger" else
+            next((float(labels["num_gpu_blocks"]) for name, labels, _ in samples
+                  if name == "vllm:cache_config_info"), None))
+    if pool != system.pool_blocks:
+        raise BenchError(f"{system.name} runs {pool} KV blocks, not the {system.pool_blocks} "
+                         "asked")
+
+
 @contextlib.asynccontextmanager
 async def served(system: System, args, model_dir: str, tmp: Path):
-    """A running ``Server`` of ``system``, its pool checked to be ``--pool-blocks`` blocks:
-    serving.py's command with ``system.flags`` added (vLLM logs each iteration, for its
-    recomputed tokens)."""
+    """A running ``Server`` of ``system``, its pool checked to be ``system.pool_blocks``
+    blocks: serving.py's command with the system's seats and ``system.flags`` added (vLLM
+    logs each iteration, for its recomputed tokens)."""
     port = free_port()
-    command, env = server_command(system.engine, args.vllm, model_dir, port, args.pool_blocks,
-                                  iteration_log=system.engine == "vllm", device=args.device)
+    command, env = server_command(system.engine, args.vllm, model_dir, port, system.pool_blocks,
+                                  iteration_log=system.engine == "vllm", device=args.device,
+                                  max_num_seqs=system.max_num_seqs)
     log_path = tmp / f"{system.name}.log"
     base = f"http://127.0.0.1:{port}"
     with running([*command, *system.flags], log_path, env) as proc:
@@ -555,13 +546,7 @@ async def served(system: System, args, model_dir: str, tmp: Path):
                 raise BenchError(f"{system.name}: {exc}:\n" + "\n".join(tail)) from None
         else:
             model = await wait_up(base, "/health", proc, log_path)
-        samples = await scrape(base)
-        pool = (metric(samples, "kvledger_kv_blocks_total") if system.engine == "kvledger" else
-                next((float(labels["num_gpu_blocks"]) for name, labels, _ in samples
-                      if name == "vllm:cache_config_info"), None))
-        if pool != args.pool_blocks:
-            raise BenchError(f"{system.name} runs {pool} KV blocks, not the {args.pool_blocks} "
-                             "asked")
+        check_pool(system, await scrape(base))
         yield Server(base, model, log_path, proc.pid)
 
 
@@ -622,7 +607,8 @@ async def server_figures(system: System, server: Server) -> dict:
                 "recomputed_tokens": 0,
                 "requests_failed": metric(samples, "kvledger_requests_failed_total"),
                 "requests_rejected": metric(samples, "kvledger_requests_rejected_total"),
-                "blocks_reserved_idle": metric(samples, "kvledger_kv_blocks_reserved")}
+                "blocks_reserved_idle": metric(samples, "kvledger_kv_blocks_reserved"),
+                "kv_wait_s": metric(samples, "kvledger_queue_wait_seconds_sum")}
     samples = await settled(system, server)
     fed = iteration_tokens(server.log_path.read_text(errors="replace"))
     return {"preemptions": metric(samples, "vllm:num_preemptions_total"),
@@ -631,21 +617,12 @@ async def server_figures(system: System, server: Server) -> dict:
                                       finished_reason="error")}
 
 
-# -- the two workloads ------------------------------------------------------------------
-
-def idle_shapes(seed: int, count: int) -> list[tuple[list[int], int]]:
-    prompts = small_prompts(seed, "idle")
-    return [(next(prompts), SMALL_MAX_TOKENS) for _ in range(count)]
-
-
-def service_shapes(seed: int, count: int) -> list[tuple[list[int], int]]:
-    rng = random.Random(f"{seed}-service")
-    return [(_tokens(rng, SERVICE_SHAPE[0]), SERVICE_SHAPE[1]) for _ in range(count)]
-
+# -- the workloads ----------------------------------------------------------------------
 
 async def workload(number: int, systems: list[System], servers: dict[str, Server],
                    args) -> dict[str, dict]:
-    """Each system's figures of workload ``number`` (1: two tenants, 2: priorities)."""
+    """Each system's figures of workload ``number`` (1: two tenants, 2: priorities, 3: two
+    tenants where the seats run out first: as 1, on other servers)."""
     per = {s.name: {"idle": [], "service": [], "flood": [], "small": [], "rounds": []}
            for s in systems}
     groups = [server.process_group for server in servers.values()]
@@ -657,7 +634,7 @@ async def workload(number: int, systems: list[System], servers: dict[str, Server
             mine["idle"] += await one_at_a_time(
                 server, "idle", idle_shapes(seed, args.idle_requests),
                 URGENT_PRIORITY if two else None, two, args.deadline_seconds)
-            if not two and system.name in (FAIR, VLLM):
+            if system.name in SERVICE_TIMED:
                 mine["service"] += await one_at_a_time(
                     server, "service", service_shapes(seed, args.service_requests), None,
                     False, args.deadline_seconds)
@@ -677,14 +654,15 @@ async def workload(number: int, systems: list[System], servers: dict[str, Server
     out = {}
     for system in systems:
         mine = per[system.name]
-        small_key, flood_key = ("urgent", "best_effort") if number == 2 else ("light", "flood")
+        small_key, flood_key = ("urgent", "best_effort") if two else ("light", "flood")
         out[system.name] = {
-            "idle": summarize_small(mine["idle"], ttft=number == 2),
-            small_key: summarize_small(mine["small"], ttft=number == 2),
+            "idle": summarize_small(mine["idle"], ttft=two),
+            small_key: summarize_small(mine["small"], ttft=two),
             flood_key: summarize_flood(mine["flood"], args.window_seconds, args.rounds),
             "rounds": mine["rounds"],
-            "server": figures[system.name]}
-        if number == 1:
+            "server": figures[system.name],
+            "pool_blocks": system.pool_blocks, "max_num_seqs": system.max_num_seqs}
+        if not two:
             out[system.name]["service_s"] = service_time(mine["service"])
             out[system.name]["service_n"] = len(latencies(mine["service"]))
     return out
@@ -725,13 +703,47 @@ def _reserved(r: dict) -> str:
     return "-" if reserved is None else f"{reserved:g}"
 
 
-# The last rows of both workloads' tables: what each server did beside the requests.
+def _kv_wait(r: dict) -> str:
+    waited = r["server"].get("kv_wait_s")
+    return "-" if waited is None else f"{waited:.1f}"
+
+
+# The last rows of every workload's table: what each server did beside the requests.
 _SERVER_ROWS = [
     ("preemptions", lambda r: f"{r['server']['preemptions']:g}"),
     ("recomputed tokens", _recomputed),
     ("kvledger_kv_blocks_reserved once idle", _reserved),
+    ("time waited for KV blocks, all requests, s (kvledger_queue_wait_seconds_sum)", _kv_wait),
     ("other processes' CPU in the window, cores (each round)",
      lambda r: " / ".join(_cores(x["other_cpu_cores"]) for x in r["rounds"])),
+]
+
+
+# The rows of the two-tenant workloads' tables (1 and 3), before _SERVER_ROWS.
+_TWO_TENANT_ROWS = [
+    ("light idle: n, p50 / p99", lambda r: f"{r['idle']['completed']}, "
+     + _pair(r["idle"]["p50_s"], r["idle"]["p99_s"])),
+    ("light under the flood: completed / sent", lambda r: f"{r['light']['completed']} / "
+     f"{r['light']['sent']}"),
+    ("light under the flood: p50 / p99", lambda r: _pair(r["light"]["p50_s"],
+                                                         r["light"]["p99_s"])),
+    ("light p99 of each round", lambda r: " / ".join(_s(x["small"]["p99_s"])
+                                                     for x in r["rounds"])),
+    ("light requests in flight at once, most (each round)", lambda r: " / ".join(
+        str(x["small_in_flight_max"]) for x in r["rounds"])),
+    ("light 429s (codes)", lambda r: _refusals(r["light"])),
+    ("light past the deadline / 5xx", lambda r: f"{r['light']['past_deadline']} / "
+     f"{r['light']['server_errors_5xx']}"),
+    ("service time: a 96+192 flood request alone, median (n)",
+     lambda r: "-" if r.get("service_s") is None else
+     f"{_s(r['service_s'])} ({r['service_n']})"),
+    ("bound: 2 x idle p99 + service time", lambda r: _s(light_bound(
+        r["idle"]["p99_s"], r.get("service_s")))),
+    ("flood: requests completed in the window", lambda r: r["flood"]["completed_in_window"]),
+    ("flood goodput, output tok/s", lambda r: f"{r['flood']['goodput_tok_s']:.1f}"),
+    ("flood goodput of each round", lambda r: " / ".join(
+        f"{x['flood_goodput_tok_s']:.1f}" for x in r["rounds"])),
+    ("flood 429s (codes)", lambda r: _refusals(r["flood"])),
 ]
 
 
@@ -740,39 +752,13 @@ def tables(report: dict) -> str:
     head = (f"{cfg['clients']} flood clients (prompts {FLOOD_PROMPT_TOKENS[0]}-"
             f"{FLOOD_PROMPT_TOKENS[1]} tokens, max_tokens {'/'.join(map(str, FLOOD_MAX_TOKENS))}),"
             f" a {cfg['window_seconds']:g} s window after a {RAMP_S:g} s ramp, {cfg['rounds']} "
-            f"round(s) (A-B-B-A) pooled; {cfg['pool_blocks']} KV blocks of 32; kvledger on "
-            f"{cfg['device']}")
-    one, two = report["workload1"], report["workload2"]
+            f"round(s) (A-B-B-A) pooled; --max-num-seqs {MAX_NUM_SEQS}, {cfg['pool_blocks']} KV "
+            f"blocks of 32; kvledger on {cfg['device']}")
+    one, two, three = report["workload1"], report["workload2"], report["workload3"]
     lines = [f"Workload 1, two tenants: {head}. Light tenant: {SMALL_PROMPT_TOKENS}-token "
              f"prompt, max_tokens {SMALL_MAX_TOKENS}, one every ~{cfg['period_seconds']:g} s; "
-             "latency from "
-             "first attempt to answer.", ""]
-    lines += _table(one, [
-        ("light idle: n, p50 / p99", lambda r: f"{r['idle']['completed']}, "
-         + _pair(r["idle"]["p50_s"], r["idle"]["p99_s"])),
-        ("light under the flood: completed / sent", lambda r: f"{r['light']['completed']} / "
-         f"{r['light']['sent']}"),
-        ("light under the flood: p50 / p99", lambda r: _pair(r["light"]["p50_s"],
-                                                             r["light"]["p99_s"])),
-        ("light p99 of each round", lambda r: " / ".join(_s(x["small"]["p99_s"])
-                                                         for x in r["rounds"])),
-        ("light requests in flight at once, most (each round)", lambda r: " / ".join(
-            str(x["small_in_flight_max"]) for x in r["rounds"])),
-        ("light 429s (codes)", lambda r: _refusals(r["light"])),
-        ("light past the deadline / 5xx", lambda r: f"{r['light']['past_deadline']} / "
-         f"{r['light']['server_errors_5xx']}"),
-        ("service time: a 96+192 flood request alone, median (n)",
-         lambda r: "-" if r.get("service_s") is None else
-         f"{_s(r['service_s'])} ({r['service_n']})"),
-        ("bound: 2 x idle p99 + service time", lambda r: _s(light_bound(
-            r["idle"]["p99_s"], r.get("service_s")))),
-        ("flood: requests completed in the window", lambda r: r["flood"]["completed_in_window"]),
-        ("flood goodput, output tok/s", lambda r: f"{r['flood']['goodput_tok_s']:.1f}"),
-        ("flood goodput of each round", lambda r: " / ".join(
-            f"{x['flood_goodput_tok_s']:.1f}" for x in r["rounds"])),
-        ("flood 429s (codes)", lambda r: _refusals(r["flood"])),
-        *_SERVER_ROWS,
-    ])
+             "latency from first attempt to answer.", ""]
+    lines += _table(one, [*_TWO_TENANT_ROWS, *_SERVER_ROWS])
     lines += ["", f"Workload 2, priorities: {head}; the flood at priority "
               f"{BEST_EFFORT_PRIORITY}. Urgent: priority {URGENT_PRIORITY}, streamed, "
               f"{SMALL_PROMPT_TOKENS}-token prompt, max_tokens {SMALL_MAX_TOKENS}, one every "
@@ -800,7 +786,12 @@ def tables(report: dict) -> str:
         ("best-effort 429s (codes)", lambda r: _refusals(r["best_effort"])),
         *_SERVER_ROWS,
     ])
-    busiest = max((x["other_cpu_cores"] or 0.0 for w in (one, two) for r in w.values()
+    lines += ["", f"Workload 3, two tenants where the seats run out first: workload 1 on "
+              f"--max-num-seqs {cfg['seats_max_num_seqs']} and {cfg['seats_pool_blocks']} KV "
+              "blocks of 32, every flood request at its largest admitted at once: admitted "
+              "requests wait for a seat, not for blocks.", ""]
+    lines += _table(three, [*_TWO_TENANT_ROWS, *_SERVER_ROWS])
+    busiest = max((x["other_cpu_cores"] or 0.0 for w in (one, two, three) for r in w.values()
                    for x in r["rounds"]), default=0.0)
     if busiest > BUSY_MACHINE_CORES:
         lines += ["", f"Note: other processes took up to {busiest:.2f} cores of this machine's "
@@ -817,16 +808,19 @@ def tables(report: dict) -> str:
 
 
 async def bench(args) -> dict:
-    one_systems, two_systems = systems_of(bool(args.vllm), args.plain_priority_too)
+    one_systems, two_systems, three_systems = systems_of(
+        bool(args.vllm), args.plain_priority_too, args.pool_blocks, args.clients)
     with tempfile.TemporaryDirectory(prefix="kvledger-tenants-") as tmp_name:
         tmp = Path(tmp_name)
         model_dir = str(tmp / MODEL)
         subprocess.run([*KVLEDGER, "make-model", MODEL, model_dir], check=True,
                        stdout=subprocess.DEVNULL)
         async with contextlib.AsyncExitStack() as stack:
-            servers = await start_all(stack, one_systems + two_systems, args, model_dir, tmp)
+            servers = await start_all(stack, one_systems + two_systems + three_systems, args,
+                                      model_dir, tmp)
             one = await workload(1, one_systems, servers, args)
             two = await workload(2, two_systems, servers, args)
+            three = await workload(3, three_systems, servers, args)
     return {"config": {"device": args.device, "rounds": args.rounds,
                        "window_seconds": args.window_seconds, "clients": args.clients,
                        "idle_requests": args.idle_requests,
@@ -834,9 +828,11 @@ async def bench(args) -> dict:
                        "period_seconds": args.period_seconds,
                        "deadline_seconds": args.deadline_seconds, "seed": args.seed,
                        "pool_blocks": args.pool_blocks, "ramp_seconds": RAMP_S,
+                       "seats_max_num_seqs": SEATS,
+                       "seats_pool_blocks": seats_pool_blocks(args.clients),
                        "ttft_noise_margin": TTFT_NOISE_MARGIN, "goodput_share": GOODPUT_SHARE},
             "vllm_found": bool(args.vllm), "workload1": one, "workload2": two,
-            "claims": claims(one, two)}
+            "workload3": three, "claims": claims(one, two, three)}
 
 
 def _positive(text: str) -> int:
@@ -868,8 +864,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the light / urgent requests' mean gap (default %(default)g: "
                         "gaps of 0.5-1.5 x it)")
     parser.add_argument("--pool-blocks", type=_positive, default=POOL_BLOCKS,
-                        help="KV blocks of 32 tokens, both servers (default %(default)s, "
-                        "serving.py's overload pool; at least 12, the largest flood request)")
+                        help="KV blocks of 32 tokens, every server of workloads 1 and 2 "
+                        "(default %(default)s, serving.py's overload pool; at least 16; "
+                        "workload 3's servers take --clients x 12 + 16)")
     parser.add_argument("--deadline-seconds", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",

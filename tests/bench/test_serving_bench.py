@@ -205,6 +205,19 @@ def test_rounds_pool_their_windows_and_alternate_the_order():
     assert serving.round_order(systems, 1) == systems[::-1]
 
 
+def test_the_seats_are_the_default_unless_asked():
+    """--max-num-seqs once on each server's command: 32, or the number asked."""
+    for system, vllm in (("kvledger", None), ("vllm", "/nowhere/vllm")):
+        default, _ = serving.server_command(system, vllm, "/m", 8000, 32, iteration_log=False,
+                                            device="cpu")
+        seats, _ = serving.server_command(system, vllm, "/m", 8000, 304, iteration_log=False,
+                                          device="cpu", max_num_seqs=8)
+        for command, value in ((default, "32"), (seats, "8")):
+            assert command.count("--max-num-seqs") == 1
+            assert command[command.index("--max-num-seqs") + 1] == value
+        assert seats[seats.index("--num-gpu-blocks-override") + 1] == "304"
+
+
 def test_kvledger_serves_on_the_device_asked_and_auto_follows_torch(monkeypatch):
     command, env = serving.server_command("kvledger", None, "/m", 8000, 32,
                                           iteration_log=False, device="cuda")

@@ -1,6 +1,7 @@
-"""bench/tenants.py's pure parts, without any kvledger or vLLM server: the seeded
-workloads, the request bodies and streams, the summaries, the claims and the options; and
-its client against a tiny in-process stand-in (a 429, then a stream)."""
+"""bench/tenants.py's pure parts and its workloads' (bench/tenants_workloads.py), without
+any kvledger or vLLM server: the seeded workloads, the systems, the request bodies and
+streams, the summaries, the claims and the options; and its client against a tiny
+in-process stand-in (a 429, then a stream)."""
 
 from __future__ import annotations
 
@@ -20,45 +21,46 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 try:
     import tenants
+    import tenants_workloads as workloads
 finally:
     sys.path.remove(str(ROOT / "bench"))
 
-RAMP = tenants.RAMP_S
+RAMP = workloads.RAMP_S
 
 
 def test_flood_requests_are_seeded_per_client_and_in_range():
-    first = list(itertools.islice(tenants.flood_requests(3, 1), 40))
-    assert first == list(itertools.islice(tenants.flood_requests(3, 1), 40))
-    assert first != list(itertools.islice(tenants.flood_requests(3, 2), 40))
-    assert first != list(itertools.islice(tenants.flood_requests(4, 1), 40))
-    many = list(itertools.islice(tenants.flood_requests(0, 0), 300))
-    assert {cap for _, cap in many} == set(tenants.FLOOD_MAX_TOKENS)
+    first = list(itertools.islice(workloads.flood_requests(3, 1), 40))
+    assert first == list(itertools.islice(workloads.flood_requests(3, 1), 40))
+    assert first != list(itertools.islice(workloads.flood_requests(3, 2), 40))
+    assert first != list(itertools.islice(workloads.flood_requests(4, 1), 40))
+    many = list(itertools.islice(workloads.flood_requests(0, 0), 300))
+    assert {cap for _, cap in many} == set(workloads.FLOOD_MAX_TOKENS)
     assert {len(p) for p, _ in many} <= set(range(64, 129))
     # every flood request fits the context (512) and, alone, the pool
     assert max(len(p) + cap for p, cap in many) <= 512
-    assert all(len(tenants.SPECIAL_TOKENS) <= t < tenants.VOCAB_SIZE for p, _ in many for t in p)
+    assert all(len(workloads.SPECIAL_TOKENS) <= t < workloads.VOCAB_SIZE for p, _ in many for t in p)
 
 
 def test_small_prompts_and_service_shapes():
-    idle = tenants.idle_shapes(0, 5)
-    assert idle == tenants.idle_shapes(0, 5)
+    idle = workloads.idle_shapes(0, 5)
+    assert idle == workloads.idle_shapes(0, 5)
     assert all(len(p) == 16 and cap == 16 for p, cap in idle)
-    loaded = list(itertools.islice(tenants.small_prompts(0, "loaded"), 5))
+    loaded = list(itertools.islice(workloads.small_prompts(0, "loaded"), 5))
     assert loaded != [p for p, _ in idle]          # idle and loaded prompts differ
-    service = tenants.service_shapes(0, 3)
+    service = workloads.service_shapes(0, 3)
     assert all(len(p) == 96 and cap == 192 for p, cap in service)
     assert len({tuple(p) for p, _ in service}) == 3  # no prefix-cache help between them
 
 
 def test_arrivals_are_seeded_gaps_of_one_to_three_seconds_within_the_window():
-    offsets = tenants.arrival_offsets(0, 90)
-    assert offsets == tenants.arrival_offsets(0, 90) != tenants.arrival_offsets(1, 90)
+    offsets = workloads.arrival_offsets(0, 90)
+    assert offsets == workloads.arrival_offsets(0, 90) != workloads.arrival_offsets(1, 90)
     assert offsets[0] == 0 and offsets[-1] < 90
     gaps = [b - a for a, b in itertools.pairwise(offsets)]
     assert all(1.0 <= g <= 3.0 for g in gaps)
     assert 30 <= len(offsets) <= 60
-    assert tenants.arrival_offsets(0, 20) == [o for o in offsets if o < 20]
-    slower = tenants.arrival_offsets(0, 90, period_s=6.0)
+    assert workloads.arrival_offsets(0, 20) == [o for o in offsets if o < 20]
+    slower = workloads.arrival_offsets(0, 90, period_s=6.0)
     assert all(3.0 <= b - a <= 9.0 for a, b in itertools.pairwise(slower))
 
 
@@ -157,37 +159,69 @@ def _small(p99, ttft_p99=None, past=0, errors=0):
             "server_errors_5xx": errors, "refused_other_4xx": 0}
 
 
+def _two_tenants(arrival, fair, vllm, light_p99, idle_p99, service, kv_preempt, with_vllm):
+    """Workload 1's or 3's figures, as claims() reads them."""
+    out = {arrival: {"light": _small(60.0), "idle": _small(1.0), "service_s": None,
+                     "server": _server(kv_preempt)},
+           fair: {"light": _small(light_p99), "idle": _small(idle_p99), "service_s": service,
+                  "server": _server()}}
+    if with_vllm:
+        out[vllm] = {"light": _small(50.0), "idle": _small(0.3), "service_s": 3.0,
+                     "server": {"preemptions": 40.0, "recomputed_tokens": 9000}}
+    return out
+
+
 def _results(light_p99=12.0, idle_p99=1.0, service=10.0, ttft=(0.2, 0.2), good=(90.0, 100.0),
-             kv_preempt=0.0, vllm=True):
-    one = {tenants.ARRIVAL: {"light": _small(60.0), "idle": _small(1.0), "service_s": None,
-                             "server": _server(kv_preempt)},
-           tenants.FAIR: {"light": _small(light_p99), "idle": _small(idle_p99),
-                          "service_s": service, "server": _server()}}
-    two = {tenants.HEADROOM_SYS: {"urgent": _small(1.0, ttft[0]),
+             kv_preempt=0.0, vllm=True, seats=(6.0, 0.5, 5.0)):
+    """Workloads 1, 2 and 3 for claims(); ``seats``: workload 3's fair light p99, idle p99
+    and service time."""
+    one = _two_tenants(workloads.ARRIVAL, workloads.FAIR, workloads.VLLM, light_p99, idle_p99,
+                       service, kv_preempt, vllm)
+    three = _two_tenants(workloads.SEATS_ARRIVAL, workloads.SEATS_FAIR, workloads.SEATS_VLLM,
+                         *seats, kv_preempt, vllm)
+    two = {workloads.HEADROOM_SYS: {"urgent": _small(1.0, ttft[0]),
                                   "best_effort": {"goodput_tok_s": good[0]},
                                   "server": _server(kv_preempt)},
-           tenants.NO_HEADROOM: {"urgent": _small(9.0, 8.0), "best_effort": {"goodput_tok_s": 1},
+           workloads.NO_HEADROOM: {"urgent": _small(9.0, 8.0), "best_effort": {"goodput_tok_s": 1},
                                  "server": _server()}}
     if vllm:
-        one[tenants.VLLM] = {"light": _small(50.0), "idle": _small(0.3), "service_s": 3.0,
-                             "server": {"preemptions": 40.0, "recomputed_tokens": 9000}}
-        two[tenants.VLLM_PRIORITY] = {"urgent": _small(0.5, ttft[1]),
+        two[workloads.VLLM_PRIORITY] = {"urgent": _small(0.5, ttft[1]),
                                       "best_effort": {"goodput_tok_s": good[1]},
                                       "server": {"preemptions": 80.0}}
-    return one, two
+    return one, two, three
+
+
+def _claim(claims, workload, words):
+    return next(c for c in claims if c["claim"].startswith(workload) and words in c["claim"])
 
 
 def test_claims_all_met():
     claims = tenants.claims(*_results())
-    assert len(claims) == 7 and all(c["met"] for c in claims), claims
-    bound = next(c for c in claims if "light p99" in c["claim"])
-    assert bound["measured"] == "12.00 s vs 2 x 1.00 s + 10.00 s = 12.00 s"
+    assert len(claims) == 10 and all(c["met"] for c in claims), claims
+    assert _claim(claims, "workload 1", "light p99")["measured"] == (
+        "12.00 s vs 2 x 1.00 s + 10.00 s = 12.00 s")
+    # workload 3's bound: from its own server's idle p99 and service time
+    assert _claim(claims, "workload 3", "light p99")["measured"] == (
+        "6.00 s vs 2 x 0.50 s + 5.00 s = 6.00 s")
+    assert [c["claim"].split(":")[0] for c in claims] == ["workload 1"] * 3 + [
+        "workload 2"] * 4 + ["workload 3"] * 3
 
 
 def test_the_light_bound_claim_fails_just_past_it():
     claims = tenants.claims(*_results(light_p99=12.01))
     assert [c["met"] for c in claims].count(False) == 1
-    assert not next(c for c in claims if "light p99" in c["claim"])["met"]
+    assert not _claim(claims, "workload 1", "light p99")["met"]
+
+
+@pytest.mark.parametrize(("seats", "met"), [((6.0, 0.5, 5.0), True), ((6.01, 0.5, 5.0), False),
+                                            ((2.0, 0.5, None), False), ((None, 0.5, 5.0), False)])
+def test_the_seats_limited_light_bound_is_judged_on_its_own_server(seats, met):
+    """Workload 3's claim: its fair server's light p99 against 2 x that server's idle p99
+    + the service time measured on it; workload 1's figures do not enter."""
+    claims = tenants.claims(*_results(seats=seats))
+    assert _claim(claims, "workload 3", "light p99")["met"] is met
+    assert [c["met"] for c in claims].count(False) == (not met)
+    assert _claim(claims, "workload 1", "light p99")["met"]
 
 
 @pytest.mark.parametrize(("ttft", "met"), [((0.22, 0.2), True), ((0.221, 0.2), False),
@@ -205,48 +239,105 @@ def test_the_goodput_claim_is_nine_tenths_of_vllms(good, met):
 
 
 def test_claims_that_fail():
-    one, two = _results(kv_preempt=1.0)
-    one[tenants.FAIR]["light"] = _small(None, past=2)
-    two[tenants.HEADROOM_SYS]["urgent"] = _small(1.0, 0.2, errors=1)
-    two[tenants.HEADROOM_SYS]["server"]["requests_failed"] = 1.0
-    failed = [c["claim"] for c in tenants.claims(one, two) if not c["met"]]
-    assert len(failed) == 5
-    assert sum("preempts nothing" in c for c in failed) == 2
-    assert any("light request answered" in c for c in failed)
+    one, two, three = _results(kv_preempt=1.0)
+    one[workloads.FAIR]["light"] = _small(None, past=2)
+    two[workloads.HEADROOM_SYS]["urgent"] = _small(1.0, 0.2, errors=1)
+    two[workloads.HEADROOM_SYS]["server"]["requests_failed"] = 1.0
+    three[workloads.SEATS_FAIR]["server"]["blocks_reserved_idle"] = 2.0
+    failed = [c["claim"] for c in tenants.claims(one, two, three) if not c["met"]]
+    assert len(failed) == 7
+    assert sum("preempts nothing" in c for c in failed) == 3
+    assert sum("light request answered" in c for c in failed) == 2
     assert any("urgent request answered" in c for c in failed)
 
 
 def test_a_block_left_reserved_once_idle_fails_the_kvledger_claim():
-    one, two = _results()
-    two[tenants.HEADROOM_SYS]["server"]["blocks_reserved_idle"] = 3.0
-    failed = [c for c in tenants.claims(one, two) if not c["met"]]
+    one, two, three = _results()
+    two[workloads.HEADROOM_SYS]["server"]["blocks_reserved_idle"] = 3.0
+    failed = [c for c in tenants.claims(one, two, three) if not c["met"]]
     assert len(failed) == 1 and "every block back" in failed[0]["claim"]
     assert failed[0]["measured"].endswith("3 blocks reserved once idle")
 
 
 def test_without_vllm_only_kvledgers_own_claims_are_judged():
     claims = tenants.claims(*_results(vllm=False))
-    assert len(claims) == 5 and all(c["met"] for c in claims)
+    assert len(claims) == 8 and all(c["met"] for c in claims)
     assert not any("vLLM" in c["claim"] for c in claims)
 
 
 def test_the_systems_and_their_flags():
-    one, two = tenants.systems_of(vllm_found=True, plain_priority_too=True)
-    assert [s.name for s in one] == [tenants.ARRIVAL, tenants.FAIR, tenants.VLLM]
-    assert [s.name for s in two] == [tenants.HEADROOM_SYS, tenants.VLLM_PRIORITY,
-                                     tenants.NO_HEADROOM]
-    flags = {s.name: s.flags for s in one + two}
-    assert "--no-tenant-fairness" in flags[tenants.ARRIVAL]
-    assert "--no-tenant-fairness" not in flags[tenants.FAIR]
-    for name in (tenants.ARRIVAL, tenants.FAIR, tenants.HEADROOM_SYS, tenants.NO_HEADROOM):
-        assert flags[name][:3] == ("--api-key", *tenants.KEYS.values())
-    assert flags[tenants.HEADROOM_SYS][-4:] == ("--scheduling-policy", "priority",
+    one, two, three = workloads.systems_of(vllm_found=True, plain_priority_too=True,
+                                           pool_blocks=32, clients=24)
+    assert [s.name for s in one] == [workloads.ARRIVAL, workloads.FAIR, workloads.VLLM]
+    assert [s.name for s in two] == [workloads.HEADROOM_SYS, workloads.VLLM_PRIORITY,
+                                     workloads.NO_HEADROOM]
+    assert [s.name for s in three] == [workloads.SEATS_ARRIVAL, workloads.SEATS_FAIR,
+                                       workloads.SEATS_VLLM]
+    everyone = one + two + three
+    assert len({s.name for s in everyone}) == len(everyone)   # one server each
+    flags = {s.name: s.flags for s in everyone}
+    assert "--no-tenant-fairness" in flags[workloads.ARRIVAL]
+    assert "--no-tenant-fairness" not in flags[workloads.FAIR]
+    # workload 3: workload 1's systems, the same flags and labels
+    for seats, blocks in ((workloads.SEATS_ARRIVAL, workloads.ARRIVAL),
+                          (workloads.SEATS_FAIR, workloads.FAIR),
+                          (workloads.SEATS_VLLM, workloads.VLLM)):
+        assert flags[seats] == flags[blocks]
+        assert workloads.LABELS[seats] == workloads.LABELS[blocks]
+    for name in (workloads.ARRIVAL, workloads.FAIR, workloads.HEADROOM_SYS, workloads.NO_HEADROOM,
+                 workloads.SEATS_ARRIVAL, workloads.SEATS_FAIR):
+        assert flags[name][:3] == ("--api-key", *workloads.KEYS.values())
+    assert flags[workloads.HEADROOM_SYS][-4:] == ("--scheduling-policy", "priority",
                                                 "--priority-headroom", "0.1")
-    assert "--priority-headroom" not in flags[tenants.NO_HEADROOM]
-    assert flags[tenants.VLLM] == () and flags[tenants.VLLM_PRIORITY] == (
+    assert "--priority-headroom" not in flags[workloads.NO_HEADROOM]
+    assert flags[workloads.VLLM] == () and flags[workloads.VLLM_PRIORITY] == (
         "--scheduling-policy", "priority")
-    one, two = tenants.systems_of(vllm_found=False, plain_priority_too=False)
-    assert [s.name for s in one + two] == [tenants.ARRIVAL, tenants.FAIR, tenants.HEADROOM_SYS]
+    one, two, three = workloads.systems_of(vllm_found=False, plain_priority_too=False,
+                                           pool_blocks=32, clients=24)
+    assert [s.name for s in one + two + three] == [
+        workloads.ARRIVAL, workloads.FAIR, workloads.HEADROOM_SYS, workloads.SEATS_ARRIVAL,
+        workloads.SEATS_FAIR]
+    # the service time is measured on each two-tenant workload's judged kvledger and vLLM
+    assert {workloads.FAIR, workloads.VLLM, workloads.SEATS_FAIR,
+            workloads.SEATS_VLLM} == workloads.SERVICE_TIMED
+
+
+def test_each_system_has_its_pool_and_seats():
+    """Workloads 1 and 2 on --pool-blocks and 32 seats; workload 3 on 8 seats and a pool
+    that admits every flood client's largest request at once, kvledger and vLLM alike."""
+    one, two, three = workloads.systems_of(vllm_found=True, plain_priority_too=True,
+                                           pool_blocks=40, clients=24)
+    assert {(s.pool_blocks, s.max_num_seqs) for s in one + two} == {(40, 32)}
+    assert {(s.pool_blocks, s.max_num_seqs) for s in three} == {(24 * 12 + 16, 8)}
+    _, _, quick = workloads.systems_of(vllm_found=True, plain_priority_too=False,
+                                       pool_blocks=32, clients=12)
+    assert {s.pool_blocks for s in quick} == {12 * 12 + 16}
+    # the largest flood request (128-token prompt, max_tokens 256) takes 12 blocks of 32
+    largest = max(len(p) + cap for p, cap in itertools.islice(workloads.flood_requests(0, 0), 300))
+    assert -(-largest // 32) == workloads.LARGEST_FLOOD_BLOCKS == 12
+    # so the flood at its largest fills the seats before the pool, with room for the light
+    pool = workloads.seats_pool_blocks(24)
+    assert pool - 24 * workloads.LARGEST_FLOOD_BLOCKS == workloads.SEATS_SPARE_BLOCKS > 0
+    assert pool > workloads.SEATS * workloads.LARGEST_FLOOD_BLOCKS
+
+
+def _pool_samples(engine, blocks):
+    """The metric samples a server's pool is read from, as serving.scrape parses them."""
+    if engine == "kvledger":
+        return [("kvledger_kv_blocks_total", {}, float(blocks))]
+    return [("vllm:cache_config_info", {"num_gpu_blocks": str(blocks), "block_size": "32"}, 1.0)]
+
+
+def test_each_servers_pool_is_checked_against_its_own_system():
+    one, _, three = workloads.systems_of(vllm_found=True, plain_priority_too=False,
+                                         pool_blocks=32, clients=12)
+    for system in one + three:
+        tenants.check_pool(system, _pool_samples(system.engine, system.pool_blocks))
+        other = 32 if system in three else 160     # the other workload's pool is refused
+        with pytest.raises(tenants.BenchError, match=f"{system.name} runs {other}"):
+            tenants.check_pool(system, _pool_samples(system.engine, other))
+        with pytest.raises(tenants.BenchError, match="runs None KV blocks"):
+            tenants.check_pool(system, [])
 
 
 def test_options_quick_and_full():
@@ -324,13 +415,14 @@ async def test_a_stream_that_ends_in_an_error_event_is_a_server_error(unused_tcp
     assert request.result == "server_error" and request.attempts == 1
 
 
-def _system_figures(number, engine, busy=0.0, done=True):
+def _system_figures(number, engine, busy=0.0, done=True, kv_wait=0.0):
     small = [_request(RAMP, RAMP + 1, first=RAMP + 0.1), _request(RAMP + 2, RAMP + 4,
                                                                    first=RAMP + 2.2)]
     if not done:
         small = [_request(RAMP, None, "past_deadline")]
     flood = [_request(0, RAMP + 3, tokens=192, kind="flood")]
-    server = ({"preemptions": 0.0, "recomputed_tokens": 0, "requests_failed": 0.0}
+    server = ({"preemptions": 0.0, "recomputed_tokens": 0, "requests_failed": 0.0,
+               "kv_wait_s": kv_wait}
               if engine == "kvledger" else
               {"preemptions": 5.0, "recomputed_tokens": 700, "tokens_fed": 9000,
                "requests_failed": 0.0})
@@ -343,23 +435,35 @@ def _system_figures(number, engine, busy=0.0, done=True):
                            "flood_goodput_tok_s": tenants.goodput(flood, 10),
                            "other_cpu_cores": busy}],
                "server": server}
-    if number == 1:
+    if number != 2:
         figures |= {"service_s": tenants.service_time(small), "service_n": len(small)}
     return figures
 
 
 @pytest.mark.parametrize("vllm", [True, False])
 def test_tables_render(vllm):
-    one_systems, two_systems = tenants.systems_of(vllm, plain_priority_too=True)
-    one = {s.name: _system_figures(1, s.engine) for s in one_systems}
+    one_systems, two_systems, three_systems = workloads.systems_of(
+        vllm, plain_priority_too=True, pool_blocks=32, clients=4)
+    one = {s.name: _system_figures(1, s.engine, kv_wait=812.25) for s in one_systems}
     two = {s.name: _system_figures(2, s.engine, busy=0.5 if s.engine == "vllm" else None,
-                                   done=s.name != tenants.NO_HEADROOM) for s in two_systems}
+                                   done=s.name != workloads.NO_HEADROOM) for s in two_systems}
+    three = {s.name: _system_figures(3, s.engine, kv_wait=0.004) for s in three_systems}
     report = {"config": {"device": "cpu", "rounds": 1, "window_seconds": 10.0, "clients": 4,
-                         "period_seconds": 2.0, "pool_blocks": 32},
+                         "period_seconds": 2.0, "pool_blocks": 32, "seats_max_num_seqs": 8,
+                         "seats_pool_blocks": workloads.seats_pool_blocks(4)},
               "vllm_found": vllm, "vllm_missing": None if vllm else "no vllm on PATH",
-              "workload1": one, "workload2": two, "claims": tenants.claims(one, two)}
+              "workload1": one, "workload2": two, "workload3": three,
+              "claims": tenants.claims(one, two, three)}
     text = tenants.tables(report)
-    assert "| light under the flood: p50 / p99 | 1.00 s / 2.00 s |" in text
+    first, _, third = text.partition("Workload 3,")
+    line = "| light under the flood: p50 / p99 | 1.00 s / 2.00 s |"
+    assert line in first and line in third
+    assert "--max-num-seqs 32, 32 KV blocks of 32" in first
+    assert third.startswith(" two tenants where the seats run out first: workload 1 on "
+                            "--max-num-seqs 8 and 64 KV blocks of 32")
+    kv_wait = "| time waited for KV blocks, all requests, s (kvledger_queue_wait_seconds_sum) |"
+    assert f"{kv_wait} 812.2 | 812.2 |" in first and f"{kv_wait} 0.0 | 0.0 |" in third
+    assert (f"{kv_wait} 0.0 | 0.0 | - |" in third) is vllm
     assert ("kvledger priority, no headroom" in text) and ("vLLM priority" in text) is vllm
     assert ("Note: other processes took up to 0.50 cores" in text) is vllm
     assert ("vLLM not found (no vllm on PATH)" in text) is not vllm
