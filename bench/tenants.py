@@ -77,7 +77,11 @@ requests' clean-up takes a moment of CPU after they leave the running gauge).
   ``--no-tenant-fairness``), in vLLM's waiting queue (fcfs). The time kvledger's requests
   waited for KV blocks (``kvledger_queue_wait_seconds_sum``, every workload's table)
   shows it: about 0 here. One request's service time is measured alone on this
-  workload's kvledger (fair) and vLLM servers.
+  workload's kvledger (fair) and vLLM servers. The flood's clients start spread over the
+  first half of a longer ramp (``SEATS_RAMP_S``, 30 s) before the window: the seats'
+  first holders would otherwise all start together, and none end before the shortest of
+  them, whatever the order of the line (nothing is preempted); the window then sees a
+  flood whose requests end out of step, as one that has run a while.
 
 Preemptions: ``vllm:num_preemptions_total`` on every server (kvledger exports it at 0: it
 never preempts, so it never recomputes); vLLM's recomputed tokens from its iteration log
@@ -315,13 +319,16 @@ async def loaded_round(server: Server, system: System, args, seed: int, priority
                        small_kind: str, small_priority: int | None, stream: bool,
                        groups: list[int]) -> dict:
     """The flood (closed loop) and the paced light or urgent requests, one round: the
-    outcomes, timed from the round's start, the window being [RAMP_S, RAMP_S + window)."""
-    start = time.monotonic()
+    outcomes, timed from the round's start, the window being [ramp, ramp + window) (the
+    system's ``ramp_s``)."""
+    start, ramp_s = time.monotonic(), system.ramp_s
     stop = asyncio.Event()
     flood: list[Request] = []
     small: list[Request] = []
 
     async def flood_client(session, index: int) -> None:
+        if system.staggered:
+            await asyncio.sleep(index * ramp_s / 2 / args.clients)
         for prompt, max_tokens in flood_requests(seed, index):
             if stop.is_set():
                 return
@@ -335,7 +342,7 @@ async def loaded_round(server: Server, system: System, args, seed: int, priority
         prompts = small_prompts(seed, "loaded")
         tasks = []
         for offset in arrival_offsets(seed, args.window_seconds, args.period_seconds):
-            await asyncio.sleep(max(0.0, start + RAMP_S + offset - time.monotonic()))
+            await asyncio.sleep(max(0.0, start + ramp_s + offset - time.monotonic()))
             request = Request(SMALL_MAX_TOKENS, SMALL_PROMPT_TOKENS,
                               time.monotonic() - start, kind=small_kind)
             small.append(request)
@@ -408,20 +415,22 @@ def summarize_small(requests: list[Request], ttft: bool = False) -> dict:
     return out
 
 
-def goodput(requests: list[Request], window_s: float, rounds: int = 1) -> float:
+def goodput(requests: list[Request], window_s: float, rounds: int = 1,
+            ramp_s: float = RAMP_S) -> float:
     """Output tokens per second of the requests completed within the window
-    [RAMP_S, RAMP_S + window_s) of their round, over ``rounds`` windows."""
+    [ramp_s, ramp_s + window_s) of their round, over ``rounds`` windows."""
     tokens = sum(r.output_tokens for r in requests if r.result == "completed"
-                 and RAMP_S <= r.finished_s < RAMP_S + window_s)
+                 and ramp_s <= r.finished_s < ramp_s + window_s)
     return tokens / (window_s * rounds)
 
 
-def summarize_flood(requests: list[Request], window_s: float, rounds: int) -> dict:
+def summarize_flood(requests: list[Request], window_s: float, rounds: int,
+                    ramp_s: float = RAMP_S) -> dict:
     return {"sent": len(requests),
             "completed_in_window": sum(r.result == "completed"
-                                       and RAMP_S <= r.finished_s < RAMP_S + window_s
+                                       and ramp_s <= r.finished_s < ramp_s + window_s
                                        for r in requests),
-            "goodput_tok_s": goodput(requests, window_s, rounds),
+            "goodput_tok_s": goodput(requests, window_s, rounds, ramp_s),
             "rejected_429": sum(r.rejected_429 for r in requests),
             "refusals": dict(sum((r.refusals for r in requests), Counter())),
             "server_errors_5xx": sum(r.result == "server_error" for r in requests),
@@ -648,7 +657,8 @@ async def workload(number: int, systems: list[System], servers: dict[str, Server
             mine["rounds"].append({
                 "small": summarize_small(result["small"], ttft=two),
                 "small_in_flight_max": most_in_flight(result["small"]),
-                "flood_goodput_tok_s": goodput(result["flood"], args.window_seconds),
+                "flood_goodput_tok_s": goodput(result["flood"], args.window_seconds, 1,
+                                               system.ramp_s),
                 "other_cpu_cores": result["other_cpu_cores"]})
     figures = {s.name: await server_figures(s, servers[s.name]) for s in systems}
     out = {}
@@ -658,7 +668,8 @@ async def workload(number: int, systems: list[System], servers: dict[str, Server
         out[system.name] = {
             "idle": summarize_small(mine["idle"], ttft=two),
             small_key: summarize_small(mine["small"], ttft=two),
-            flood_key: summarize_flood(mine["flood"], args.window_seconds, args.rounds),
+            flood_key: summarize_flood(mine["flood"], args.window_seconds, args.rounds,
+                                       system.ramp_s),
             "rounds": mine["rounds"],
             "server": figures[system.name],
             "pool_blocks": system.pool_blocks, "max_num_seqs": system.max_num_seqs}

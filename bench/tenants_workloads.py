@@ -19,6 +19,11 @@ SERVICE_SHAPE = (96, 192)                   # the flood's median prompt and max_
 SMALL_PROMPT_TOKENS, SMALL_MAX_TOKENS = 16, 16  # a light or urgent request
 PERIOD_S = 2.0                              # light / urgent arrivals: gaps of 1-3 s
 RAMP_S = 5.0                                # the flood alone before the window opens
+# Workload 3: the seats' first holders would all start together and none would end before
+# the shortest of them, whatever the line's order; the flood's clients start spread over
+# the ramp's first half, and the window opens once their requests end out of step (a
+# flood request at 8 seats takes ~8-25 s on 2 cores), as under a flood that has run a while.
+SEATS_RAMP_S = 30.0
 KEYS = {"flood": "bench-tenant-a", "small": "bench-tenant-b"}
 BEST_EFFORT_PRIORITY, URGENT_PRIORITY = 10, 0
 # Sized to the urgent traffic: of the 32-block pool, 0.1 keeps 4 blocks and 4 of the 32
@@ -52,6 +57,8 @@ class System:
     pool_blocks: int             # --num-gpu-blocks-override, checked on the running server
     flags: tuple[str, ...] = ()
     max_num_seqs: int = MAX_NUM_SEQS
+    ramp_s: float = RAMP_S       # the flood alone before the window opens
+    staggered: bool = False      # flood clients start spread over the ramp's first half
 
 
 def seats_pool_blocks(clients: int) -> int:
@@ -70,7 +77,8 @@ def systems_of(vllm_found: bool, plain_priority_too: bool, pool_blocks: int,
            System(FAIR, "kvledger", pool_blocks, keys)]
     two = [System(HEADROOM_SYS, "kvledger", pool_blocks,
                   (*keys, *priority, "--priority-headroom", HEADROOM))]
-    seats = {"pool_blocks": seats_pool_blocks(clients), "max_num_seqs": SEATS}
+    seats = {"pool_blocks": seats_pool_blocks(clients), "max_num_seqs": SEATS,
+             "ramp_s": SEATS_RAMP_S, "staggered": True}
     three = [System(SEATS_ARRIVAL, "kvledger", flags=(*keys, "--no-tenant-fairness"), **seats),
              System(SEATS_FAIR, "kvledger", flags=keys, **seats)]
     if plain_priority_too:
