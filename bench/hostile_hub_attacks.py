@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import time
 
 import aiohttp
+from _hub_helpers import run_with_peak
 from attack_tools import (
     A100,
     H100,
@@ -101,22 +101,15 @@ async def preflight_headers(args, report) -> None:
         hub.add_commit("hostile/heavy", heavy)
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("HF_")},
                "HF_ENDPOINT": hub.url, "HF_HOME": str(args.tmp / "hf-home")}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kvledger.engine.cli", "plan", "--model", "hf://hostile/heavy",
-             "--device-memory", "80GiB"], env=env, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True)
-        # wait4 gives this child's own peak memory (ru_maxrss, KiB), not all children's.
-        reading = asyncio.ensure_future(asyncio.to_thread(proc.stderr.read))
-        _, status, usage = await asyncio.to_thread(os.wait4, proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        stderr = await reading
+        result, peak = await asyncio.to_thread(run_with_peak, [
+            sys.executable, "-m", "kvledger.engine.cli", "plan", "--model", "hf://hostile/heavy",
+            "--device-memory", "80GiB"], env)
         pulled = hub.served_bytes("hostile/heavy") / 2**20
-    code = proc.returncode
-    lines = stderr.strip().splitlines()
-    report.check("kvledger plan on the 6 x 95 MB repo", f"peak {usage.ru_maxrss / 1024:.0f} MiB, "
-                 f"{pulled:.1f} MiB pulled, exit {code}: {lines[-1][:120] if lines else ''}",
+    lines = result.stderr.strip().splitlines()
+    report.check("kvledger plan on the 6 x 95 MB repo", f"peak {peak:.0f} MiB, {pulled:.1f} MiB "
+                 f"pulled, exit {result.returncode}: {lines[-1][:120] if lines else ''}",
                  "exit 2, one error line, under 200 MiB",
-                 code == 2 and len(lines) == 1 and usage.ru_maxrss / 1024 < 200)
+                 result.returncode == 2 and len(lines) == 1 and peak < 200)
 
 
 async def review_flood(args, report) -> None:

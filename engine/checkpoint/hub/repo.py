@@ -13,6 +13,7 @@ ever printed or logged here.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import PurePosixPath
 from urllib.parse import quote
 
@@ -21,8 +22,8 @@ from kvledger.engine.checkpoint.hub.reads import (
     MAX_LISTING_BYTES,
     RepoListing,
     command_deadline,
+    fetch_file,
     file_deadline,
-    read_small_file,
     stream_get,
     with_retries,
 )
@@ -35,11 +36,12 @@ from kvledger.engine.checkpoint.hub.uri import (  # noqa: F401 - the uri's names
     is_hub_uri,
     parse_uri,
 )
+from kvledger.engine.checkpoint.read_limits import ReadBudget, ReadLimits
+from kvledger.engine.checkpoint.shard_index import INDEX_FILE, ShardIndex, read_shard_index
 from kvledger.engine.errors import BadInput
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
 # What the engine reads besides the weights (tokenizer, chat template, EOS ids).
 ENGINE_FILES = (CONFIG_FILE, "generation_config.json", "tokenizer.json",
                 "tokenizer_config.json", "special_tokens_map.json")
@@ -92,33 +94,27 @@ def list_repo(model: HubModel, *, token: str | None = None, endpoint: str | None
     return RepoListing(model, info.sha, sizes, endpoint, token, deadline)
 
 
-def weight_files(listing: RepoListing, index: object | None) -> list[str]:
+def weight_files(listing: RepoListing, index: ShardIndex | None) -> list[str]:
     """The safetensors the engine loads: the index and the shards it names, else
-    model.safetensors. ``index`` is the parsed index when the repo has one."""
-    if INDEX_FILE not in listing.sizes:
+    model.safetensors. ``index`` is the repo's index when it has one (``read_index``)."""
+    if INDEX_FILE not in listing.sizes or index is None:
         if SINGLE_FILE in listing.sizes:
             return [SINGLE_FILE]
         others = sorted(n for n in listing.sizes if n.endswith((".bin", ".pt", ".safetensors")))
         hint = f" (found {', '.join(others[:3])})" if others else ""
         raise BadInput(f"{listing.where()} has no {SINGLE_FILE} or {INDEX_FILE}: kvledger "
                        f"loads only safetensors{hint}")
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if (not isinstance(weight_map, dict) or not weight_map
-            or not all(isinstance(v, str) for v in weight_map.values())):
-        raise BadInput(f"{listing.where(INDEX_FILE)}: needs a non-empty \"weight_map\" of "
-                       "tensor name -> shard file")
-    shards = list(dict.fromkeys(weight_map.values()))
-    for name in shards:
+    for name in index.shards:
         path = PurePosixPath(name)
         if path.is_absolute() or ".." in path.parts or "\\" in name:
             raise BadInput(f"{listing.where(INDEX_FILE)}: shard {name!r} is outside the repo")
         if name not in listing.sizes:
             raise BadInput(f"{listing.where(INDEX_FILE)} names shard {name!r}, which the repo "
                            "does not have")
-    return [INDEX_FILE, *shards]
+    return [INDEX_FILE, *index.shards]
 
 
-def engine_files(listing: RepoListing, index: object | None) -> list[str]:
+def engine_files(listing: RepoListing, index: ShardIndex | None) -> list[str]:
     """Every file ``kvledger fetch`` downloads: config.json, the tokenizer and generation
     configs that exist, and the weights."""
     if CONFIG_FILE not in listing.sizes:
@@ -126,11 +122,17 @@ def engine_files(listing: RepoListing, index: object | None) -> list[str]:
     return [n for n in ENGINE_FILES if n in listing.sizes] + weight_files(listing, index)
 
 
-def read_index(listing: RepoListing) -> object | None:
-    """The parsed safetensors index, when the repo has one (read over HTTP)."""
+def read_index(listing: RepoListing, limits: ReadLimits | None = None) -> ShardIndex | None:
+    """The repo's safetensors index when it has one (its shards, read over HTTP within
+    ``limits``: through a temporary file, never whole in memory)."""
     if INDEX_FILE not in listing.sizes:
         return None
-    return parse_json(read_small_file(listing, INDEX_FILE), listing.where(INDEX_FILE))
+    budget = ReadBudget(limits or ReadLimits(), listing.where())
+    budget.take_bytes(listing.sizes[INDEX_FILE])
+    with tempfile.TemporaryFile() as f:
+        fetch_file(listing, INDEX_FILE, f.write, budget.limits.model_bytes)
+        f.seek(0)
+        return read_shard_index(f.read, listing.where(INDEX_FILE), budget, owners=False)
 
 
 def parse_json(raw: bytes, where: str) -> object:
@@ -141,9 +143,10 @@ def parse_json(raw: bytes, where: str) -> object:
 
 
 def download_bytes(uri: str, *, token: str | None = None, endpoint: str | None = None,
-                   timeout_s: float | None = None) -> int:
+                   timeout_s: float | None = None, limits: ReadLimits | None = None) -> int:
     """The bytes ``kvledger fetch`` would download for ``uri`` into an empty cache: the sum of
     the sizes of the files it fetches, from the hub's file metadata (and the safetensors
-    index of a sharded model); no weights are read. BadInput with one line on any error."""
+    index of a sharded model, read within ``limits``); no weights are read. BadInput with
+    one line on any error."""
     listing = list_repo(parse_uri(uri), token=token, endpoint=endpoint, timeout_s=timeout_s)
-    return sum(listing.sizes[name] for name in engine_files(listing, read_index(listing)))
+    return sum(listing.sizes[name] for name in engine_files(listing, read_index(listing, limits)))
