@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -16,40 +14,11 @@ from typing import Any
 from hostile_hub import write_moe_repo
 from hub_server import HubServer
 from operator_harness import emulated_cluster
-from webhook_harness import SERVER_NAME, admission_review, gpu_node, webhook_operator
+from webhook_harness import admission_review, gpu_node, webhook_operator
 
 TIMEOUT_S = 10.0  # the chart's webhook.timeoutSeconds
 H100 = ("h100", 4, 81559, "NVIDIA-H100-80GB-HBM3")
 A100 = ("a100", 8, 40960, "NVIDIA-A100-SXM4-40GB")
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
-class Peak:
-    """The highest resident memory of ``pid`` while the block runs (sampled every 20 ms)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid, self.mib, self._stop = pid, rss_mib(pid), threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.02):
-            with contextlib.suppress(OSError):
-                self.mib = max(self.mib, rss_mib(self.pid))
-
-    def __enter__(self) -> Peak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 @contextlib.asynccontextmanager
@@ -98,21 +67,6 @@ def said(answer: dict[str, Any]) -> str:
                         if answer.get("warnings") else "")
 
 
-async def open_tls(port: int, trust: ssl.SSLContext) -> tuple | None:
-    try:
-        return await asyncio.wait_for(asyncio.open_connection(
-            "127.0.0.1", port, ssl=trust, server_hostname=SERVER_NAME), 20)
-    except (TimeoutError, OSError, ssl.SSLError):
-        return None
-
-
-async def open_tls_raw(port: int) -> tuple | None:
-    try:
-        return await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 10)
-    except (TimeoutError, OSError):
-        return None
-
-
 async def gather_limited(make: Callable[[], Any], count: int, at_once: int = 64) -> list:
     gate = asyncio.Semaphore(at_once)
 
@@ -121,46 +75,3 @@ async def gather_limited(make: Callable[[], Any], count: int, at_once: int = 64)
             return await make()
 
     return await asyncio.gather(*(one() for _ in range(count)))
-
-
-async def still_open(streams: list[tuple]) -> int:
-    """How many of ``streams`` the server has not closed (nothing to read, no EOF)."""
-    async def open_one(reader: asyncio.StreamReader) -> bool:
-        try:
-            return bool(await asyncio.wait_for(reader.read(1), 0.05)) or False
-        except TimeoutError:
-            return True
-        except OSError:
-            return False
-
-    return sum(await asyncio.gather(*(open_one(r) for r, _ in streams)))
-
-
-async def status_of(streams: list[tuple]) -> dict[str, int]:
-    """What each connection got: its status line's code, "closed", or "open"."""
-    async def one(reader: asyncio.StreamReader) -> str:
-        try:
-            line = await asyncio.wait_for(reader.readline(), 0.05)
-        except TimeoutError:
-            return "open"
-        except OSError:
-            return "closed"
-        return line.split()[1].decode() if line.startswith(b"HTTP/1.1") else "closed"
-
-    seen: dict[str, int] = {}
-    for got in await asyncio.gather(*(one(r) for r, _ in streams)):
-        seen[got] = seen.get(got, 0) + 1
-    return seen
-
-
-def close_all(streams: list[tuple]) -> None:
-    for _, writer in streams:
-        writer.transport.abort()
-
-
-def exited(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True

@@ -13,8 +13,8 @@ The attacks (hostile round four):
 - hub_headers: a public hub repo whose index names 6 shards of 95 MB safetensors headers,
   applied once (``--dry-run=server``): the operator's memory, the bytes it pulls, the
   answer's time;
-- hub_wide: 6 distinct repos at once, each 130,000 tensors with long names in ~31 MiB of
-  index and headers (a mixture of experts bigger than any published): the memory;
+- hub_wide: 6 distinct repos at once, each a mixture of experts of 64,893 tensors in
+  12.5 MiB of index and headers (as big as the operator reads): the memory;
 - preflight_headers: ``kvledger plan`` (the pod's pre-flight) on the 6 x 95 MB repo: its
   peak memory, its exit;
 - tls_idle: 1,000 TLS connections that only handshake, and 200 TCP ones that never start

@@ -11,18 +11,8 @@ import time
 from typing import Any
 
 import aiohttp
-from attack_tools import (
-    Peak,
-    close_all,
-    gather_limited,
-    open_tls,
-    open_tls_raw,
-    rss_mib,
-    said,
-    status_of,
-    still_open,
-    webhook,
-)
+from attack_tools import gather_limited, said, webhook
+from hostile_clients import Peak, close_all, open_tcp, open_tls, rss_mib, status_of, still_open
 from webhook_harness import SERVER_NAME, admission_review
 
 # What the operator may grow by, whatever the clients do.
@@ -38,7 +28,7 @@ async def tls_idle(args, report) -> None:
             tls = [s for s in await gather_limited(lambda: open_tls(client.port, client.trust),
                                                    tls_count) if s]
             tcp = [s for s in await gather_limited(
-                lambda: open_tls_raw(client.port), tcp_count) if s]
+                lambda: open_tcp(client.port), tcp_count) if s]
             held_mib = rss_mib(client.pid) - base
             await asyncio.sleep(wait_s)
             open_tls_n, open_tcp_n = await still_open(tls), await still_open(tcp)

@@ -3,7 +3,7 @@ the index and every shard's safetensors header together), the shards, the tensor
 
 A planner reads only a checkpoint's metadata, and even the largest published checkpoints
 have little of it: a Llama-3-70B-shaped one 0.14 MiB of index and headers in 30 shards and
-723 tensors, a 405B one 0.22 MiB in 191 shards, Qwen3-235B-A22B in FP8 15.6 MiB and 73,227
+723 tensors, a 405B one 0.22 MiB in 191 shards, Qwen3-235B-A22B in FP8 15.7 MiB and 73,416
 tensors, the 1T Kimi K2 (DeepSeek-V3's architecture, with FP8 scales) 30.0 MiB and 138,916
 tensors in 61 shards (tests/planner/test_read_limits.py lays these out). A hub repo can
 claim far more (an index of thousands of shards, headers of 100 MB each, millions of
@@ -59,8 +59,7 @@ class ReadBudget:
                 raise OverLimit(
                     f"{self.what}: its config.json, index and safetensors headers come to "
                     f"more than {self.limits.model_bytes / MiB:g} MiB, the most "
-                    f"{self.limits.whose} reads of one model (the largest published "
-                    "checkpoints' come to about 30 MiB)")
+                    f"{self.limits.whose} reads of one model")
             self._bytes += count
 
     def stop(self) -> None:

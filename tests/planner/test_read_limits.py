@@ -10,6 +10,7 @@ import math
 import pytest
 
 from kvledger.engine.checkpoint.read_limits import MAX_MODEL_BYTES, MAX_TENSORS, ReadLimits
+from kvledger.operator.hub_models import OPERATOR_LIMITS
 
 MiB = 2**20
 ELEMENT_BYTES = {"BF16": 2, "F8_E4M3": 1, "F32": 4}
@@ -41,17 +42,21 @@ def experts(prefix: str, count: int, inter: int, hidden: int, fp8: bool) -> list
     return out
 
 
-def qwen3_235b_fp8() -> list:
-    out = [("model.embed_tokens.weight", [151936, 4096], "BF16")]
-    for n in range(94):
+def qwen3_moe(layers: int, count: int, hidden: int, inter: int, fp8: bool) -> list:
+    """Qwen3-MoE (Qwen3ForCausalLM's mixture: the engine runs it)."""
+    out = [("model.embed_tokens.weight", [151936, hidden], "BF16"),
+           ("lm_head.weight", [151936, hidden], "BF16")]
+    for n in range(layers):
         p = f"model.layers.{n}."
         for w in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            out += [(p + f"self_attn.{w}.weight", [4096, 4096], "F8_E4M3"),
-                    (p + f"self_attn.{w}.weight_scale_inv", [32, 32], "F32")]
-        out += [(p + n_, [4096], "BF16") for n_ in ("input_layernorm.weight",
-                                                    "post_attention_layernorm.weight")]
-        out += [(p + "mlp.gate.weight", [128, 4096], "BF16")]
-        out += experts(p, 128, 1536, 4096, fp8=True)
+            out.append((p + f"self_attn.{w}.weight", [4096, hidden], "F8_E4M3" if fp8 else "BF16"))
+            if fp8:
+                out.append((p + f"self_attn.{w}.weight_scale_inv", [32, hidden // 128], "F32"))
+        out += [(p + n_, [hidden], "BF16") for n_ in ("input_layernorm.weight",
+                                                      "post_attention_layernorm.weight")]
+        out += [(p + f"self_attn.{w}_norm.weight", [128], "BF16") for w in "qk"]
+        out += [(p + "mlp.gate.weight", [count, hidden], "BF16")]
+        out += experts(p, count, inter, hidden, fp8=fp8)
     return out
 
 
@@ -88,13 +93,20 @@ def served_bytes(tensors: list, shards: int) -> int:
                                    "weight_map": weight_map}, indent=2))
 
 
-@pytest.mark.parametrize(("name", "tensors", "shards", "mib", "count"), [
-    ("Llama-3-70B", lambda: llama(80, 8192, 28672, 64), 30, 0.14, 723),
-    ("Llama-3.1-405B", lambda: llama(126, 16384, 53248, 128), 191, 0.22, 1137),
-    ("Qwen3-235B-A22B-FP8", qwen3_235b_fp8, 48, 15.6, 73_227),
-    ("Kimi-K2", kimi_k2, 61, 30.0, 138_916),
+@pytest.mark.parametrize(("name", "tensors", "shards", "mib", "count", "operator"), [
+    ("Llama-3-70B", lambda: llama(80, 8192, 28672, 64), 30, 0.14, 723, True),
+    ("Llama-3.1-405B", lambda: llama(126, 16384, 53248, 128), 191, 0.22, 1137, True),
+    ("Qwen3-235B-A22B", lambda: qwen3_moe(94, 128, 4096, 1536, False), 118, 7.6, 36_944, True),
+    ("Qwen3-Coder-480B-A35B-FP8", lambda: qwen3_moe(62, 160, 6144, 2560, True), 49, 12.9,
+     60_328, True),
+    ("Qwen3-235B-A22B-FP8", lambda: qwen3_moe(94, 128, 4096, 1536, True), 48, 15.7, 73_416,
+     False),
+    ("Kimi-K2", kimi_k2, 61, 30.0, 138_916, False),
 ])
-def test_published_checkpoints_read_well_within_the_limits(name, tensors, shards, mib, count):
+def test_published_checkpoints_read_well_within_the_limits(name, tensors, shards, mib, count,
+                                                          operator):
+    """Each well within kvledger's limits (the pre-flight's); ``operator``: within the
+    operator's too (its webhook plans it rather than leave it to the pre-flight)."""
     made = tensors()
     size = served_bytes(made, shards)
     assert len(made) == count, name
@@ -103,3 +115,5 @@ def test_published_checkpoints_read_well_within_the_limits(name, tensors, shards
     assert size * 2 <= limits.model_bytes == MAX_MODEL_BYTES
     assert len(made) * 1.8 <= limits.tensors == MAX_TENSORS
     assert shards * 4 <= limits.shards
+    within = size <= OPERATOR_LIMITS.model_bytes and len(made) <= OPERATOR_LIMITS.tensors
+    assert within is operator, name
