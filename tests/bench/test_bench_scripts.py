@@ -269,10 +269,11 @@ def test_cpu_contention_measures_a_decode_in_a_process_of_its_own(tiny_llama_dir
 
 def test_webhook_latency_times_each_kind_of_decision_over_https():
     """bench/webhook_latency.py, a few requests: the operator's webhook answers each kind
-    (a 70B refused at 4 x H100 when its spec asks too much) and the table says so."""
+    (a 70B refused at 4 x H100 when its spec asks too much; a small flood, and the cheap
+    reviews sent into it) and the table says so."""
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "webhook_latency.py"),
-                             "--requests", "6", "--uncached", "1", "--nodes-per-kind", "1"],
-                            capture_output=True, text=True, timeout=240)
+                             "--requests", "6", "--uncached", "1", "--nodes-per-kind", "1",
+                             "--flood", "20"], capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ")
             for line in result.stdout.splitlines() if line.startswith("| ")}
@@ -280,6 +281,7 @@ def test_webhook_latency_times_each_kind_of_decision_over_https():
     allowed, refused = map(int, rows["cached"][2].split(" / "))
     assert allowed and refused  # small maxNumSeqs fit 4 x 80 GiB, large ones do not
     assert rows["uncached"][1] == "1"
+    assert rows["flood"][1] == "20" and rows["cheap"][1] == "3"
 
 
 def test_pp_plan_splits_405b_into_stages_that_add_up():
