@@ -111,6 +111,8 @@ class WebhookServer:
 
     async def _review(self, fn: Callable[..., Any], request: web.Request) -> web.Response:
         answer_by = time.monotonic() + self.timeout_s - answer_margin_s(self.timeout_s)
+        # With --verbose: where the reviews come from (the chart's NetworkPolicy needs it).
+        log.debug(f"a review from {request.remote}")
         if request.content_length is None:
             return _refusal(411, "an AdmissionReview is sent with its Content-Length")
         if request.content_length > MAX_BODY_BYTES:
