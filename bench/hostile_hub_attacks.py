@@ -31,7 +31,7 @@ from webhook_harness import SERVER_NAME, admission_review
 # What the webhook may read of one model (operator/webhook.py's limit, which its warning
 # names), what the operator may grow by whatever the repos, how soon it exits.
 MODEL_BYTES_MIB = 16
-GROWTH_MIB = {"hub": 48, "wide": 160}
+GROWTH_MIB = {"hub": 48, "wide": 96}
 CLAIMED_EXIT_S = 5.0
 CHEAP_S = 1.0
 

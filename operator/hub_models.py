@@ -17,11 +17,14 @@ repos they name:
   are one model's at most;
 - what is kept: the models read, by endpoint and uri (a commit for as long as it is asked
   for, a branch or tag for ten minutes), while their tensors come to ``CACHED_TENSORS``
-  at most, the least recently asked for dropped first.
+  at most, the least recently asked for dropped first;
+- what is alive: the models kept and those read and still being judged (a review waiting
+  for the planner holds its model) come to ``LIVE_TENSORS`` at most: a read waits for room
+  before it parses (``_LIVE``), and gives up at its deadline.
 
-So the hub models cost the operator one model being read and planned and one kept, at
-most: 3 repos of 64,893 tensors at once grew it by ~75 MiB
-(tests/operator/test_webhook_hub.py).
+So the hub models cost the operator the records of one model past those it keeps, and one
+parse at a time: 6 repos of 64,893 tensors at once grew it by under 100 MiB
+(bench/hostile_cluster.py).
 
 Its threads are ``workers.Workers``: daemons, so SIGTERM does not wait for a hub.
 """
@@ -32,6 +35,7 @@ import asyncio
 import re
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,10 +54,46 @@ HUB_WAITING = 16
 CACHED_MODELS = 64
 # What the kept models' records may come to (~300 bytes a tensor: ~20 MiB).
 CACHED_TENSORS = 65_536
+# What the records of every model alive may come to: kept, or read and still being judged
+# (a review waiting for the planner holds its model). A read waits for room for the most
+# one read may take before it parses: one model past the kept ones, at most.
+LIVE_TENSORS = CACHED_TENSORS + OPERATOR_LIMITS.tensors
 BRANCH_TTL_S = 600.0
 _COMMIT = re.compile(r"@[0-9a-f]{40}$")
 # One model's records built at a time: reads download at once, parse in turn.
 _PARSING = threading.Lock()
+
+
+class _LiveRecords:
+    """The tensors' records of the models alive, counted: a model's count is given back
+    when its ``WeightsInfo`` is freed (the last verdict or plan holding it is done, and the
+    cache dropped it)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget, self.live = budget, 0
+        self._room = threading.Condition()
+
+    def reserve(self, count: int, within_s: float) -> None:
+        """Room for ``count`` more; HubUnavailable when none comes within ``within_s``."""
+        with self._room:
+            if not self._room.wait_for(lambda: self.live + count <= self.budget, within_s):
+                raise HubUnavailable(f"the operator holds as many models as it may now ("
+                                     f"{self.live:,} tensors' records, of {self.budget:,})")
+            self.live += count
+
+    def give_back(self, count: int) -> None:
+        with self._room:
+            self.live -= count
+            self._room.notify_all()
+
+    def track(self, weights: WeightsInfo, reserved: int) -> None:
+        """``weights`` holds its records now (its reservation trimmed to them) until freed."""
+        held = weights.num_tensors + len(weights.skipped)
+        self.give_back(reserved - held)
+        weakref.finalize(weights, self.give_back, held)
+
+
+_LIVE = _LiveRecords(LIVE_TENSORS)
 
 
 @dataclass(frozen=True)
@@ -84,10 +124,17 @@ def read_headers(uri: str, endpoint: str, timeout_s: float) -> Headers:
     entered = False
     try:
         with header_mirror(uri, endpoint=endpoint, timeout_s=timeout_s,
-                           limits=OPERATOR_LIMITS) as source, _PARSING:
+                           limits=OPERATOR_LIMITS) as source:
             entered = True
-            shape, weights = read_checkpoint(source.path, OPERATOR_LIMITS)
-            ModelConfig.from_dir(source.path)  # what the engine cannot run, refused alike
+            _LIVE.reserve(OPERATOR_LIMITS.tensors, timeout_s)
+            try:
+                with _PARSING:
+                    shape, weights = read_checkpoint(source.path, OPERATOR_LIMITS)
+                    ModelConfig.from_dir(source.path)  # what the engine cannot run, refused alike
+            except BaseException:
+                _LIVE.give_back(OPERATOR_LIMITS.tensors)
+                raise
+            _LIVE.track(weights, OPERATOR_LIMITS.tensors)
             return Headers(shape, weights, ModelSource("", uri=source.uri, commit=source.commit))
     except OverLimit as exc:
         return Headers(unread=str(exc))
@@ -144,6 +191,12 @@ class HubModels:
             raise HubUnavailable("the operator is reading as many models from the hub as it "
                                  "may now") from None
         return await future
+
+    def kept(self) -> set[ModelSource]:
+        """The sources of the models kept: a plan of another pins its records (a Plan
+        holds its model's weights), so the webhook keeps plans of these alone."""
+        entries = list(self._entries.values())  # one C call: atomic against the loop's edits
+        return {headers.source for _, headers in entries}
 
     def close(self) -> None:
         """Drop the reads that wait; those under way end on their own (SIGTERM)."""

@@ -173,11 +173,20 @@ class Webhook:
                                  source=headers.source)
                 with self._plans_lock:
                     self._plans[key] = plan
-                    while len(self._plans) > CACHED_PLANS:
-                        self._plans.popitem(last=False)
+                    self._keep_plans()
             return plan
 
         return plan_on
+
+    def _keep_plans(self) -> None:
+        """At most ``CACHED_PLANS``, and only of models the hub reads keep: a plan holds its
+        model's records, so one of a model dropped there would keep them alive (under the
+        plans lock)."""
+        kept = self.models.kept()
+        for key in [key for key in self._plans if key[0] not in kept]:
+            del self._plans[key]
+        while len(self._plans) > CACHED_PLANS:
+            self._plans.popitem(last=False)
 
     def close(self) -> None:
         """Drop what waits for a planning thread (SIGTERM)."""
