@@ -20,7 +20,7 @@ The attacks (hostile round four):
 - tls_idle: 1,000 TLS connections that only handshake, and 200 TCP ones that never start
   TLS: the memory, and how many are still open afterwards;
 - slow_bodies: 2,000 connections each sending 60 kB of a 1 MB body, then nothing; and
-  2,000 sending 60 kB of a 200 kB one: the memory, and how they end;
+  2,000 sending 60 kB of a 120 kB one: the memory, and how they end;
 - review_flood: 150 concurrent reviews of distinct specs on a cached 70B, and cheap reviews
   (gpus 0, an unchanged spec, a cached plan) sent meanwhile: the slowest answer, the cheap
   ones';

@@ -65,11 +65,11 @@ async def slow_body(port: int, trust: ssl.SSLContext, length: int, sent: int) ->
 
 async def slow_bodies(args, report) -> None:
     """As many connections send the head of a review and part of its body, then nothing:
-    first bodies of 1 MB (over the cap: refused from their Content-Length), then of 200 kB
+    first bodies of 1 MB (over the cap: refused from their Content-Length), then of 120 kB
     (under it: they wait for the body's deadline)."""
     count = 500 if args.fast else 2000
     wait_s = 15.0 if args.fast else 45.0
-    for length in (1_000_000, 200_000):
+    for length in (1_000_000, 120_000):
         async with webhook(args) as client:
             base = rss_mib(client.pid)
             with Peak(client.pid) as peak:

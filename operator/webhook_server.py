@@ -10,11 +10,13 @@ body took the operator from 70 MiB to over 1 GiB.
   handshake); ``IDLE_TIMEOUT_S`` between requests (the API server keeps its connections
   and opens a new one when we close it). ``engine/slow_clients.py`` is the engine's server's.
 - Bodies: ``MAX_BODY_BYTES`` (413 before reading, from the Content-Length), read within
-  ``BODY_TIMEOUT_S`` (408). An InferenceService's AdmissionReview is a few KiB (an UPDATE
-  carries two copies of the object: ~10 KiB with kubectl's last-applied annotation and
-  managed fields); the cap leaves room for ten times that and for annotations near the
-  API server's own 256 KiB limit on them, and a review over it is answered as the API
-  server answers a webhook that fails, by its ``failurePolicy``.
+  ``BODY_TIMEOUT_S`` (408). An InferenceService's AdmissionReview is a few KiB: an UPDATE
+  of any of examples/, with both copies of the object, kubectl's last-applied annotation
+  and managed fields, is under 5 KiB. The cap leaves room for twenty-five times that, and
+  keeps what the connections may hold at once to ~150 MiB (a TLS connection ~280 KiB, a
+  body being read about twice its size: 255 connections each 125 kB into a 131 kB body
+  held 153 MiB, at 256 KiB it was 196 MiB); a review over it fails as an unreachable
+  webhook does (its ``failurePolicy``).
 - The contract (``admission_review``): a body that is not a review is a 400 with one line;
   the answer is always ``admission.k8s.io/v1``'s.
 - The deadline: a review is answered by ``timeout_s`` (the configuration's
@@ -48,7 +50,7 @@ HANDSHAKE_TIMEOUT_S = 5.0
 HEADER_TIMEOUT_S = 5.0
 BODY_TIMEOUT_S = 5.0
 IDLE_TIMEOUT_S = 30.0
-MAX_BODY_BYTES = 256 * 1024
+MAX_BODY_BYTES = 128 * 1024
 # What a review's answer keeps back from the API server's timeoutSeconds for its way back
 # (a quarter of a timeout under 4 s).
 ANSWER_MARGIN_S = 1.0
