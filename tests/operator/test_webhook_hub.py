@@ -72,8 +72,7 @@ async def test_big_models_cost_the_operator_its_budget_and_no_more(tmp_path):
     """Six distinct repos of 64,893 tensors each (~12.5 MiB of index and headers: as big as
     the operator reads) at once, twice: one kept, one more alive while it is judged (the
     others wait for room, or are answered with a warning), its plans none of the dropped
-    ones' (a plan holds its model's records). kopf's webhook held all six, and the next
-    six, for 476 MiB."""
+    ones' (a plan holds its model's records). kopf's webhook held all twelve: +226 MiB."""
     wide = write_moe_repo(tmp_path / "wide", layers=42, experts=512)
     with HubServer() as hub:
         hub.add_commit("warm/small", write_moe_repo(tmp_path / "small", layers=2, experts=4))
