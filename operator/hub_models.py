@@ -12,7 +12,8 @@ repos they name:
   Qwen3-235B-A22B in FP8 (73,416 tensors: tests/planner/test_read_limits.py); one past
   them is allowed with a warning naming the limit, and its pod's pre-flight decides;
 - reads at once: ``HUB_THREADS``, with ``HUB_WAITING`` more queued; past those a review is
-  answered with a warning at once, its model unread. The headers go to disk as they
+  answered with a warning at once, its model unread. The reconcile's download sizing has
+  threads of its own (``SIZING_THREADS``), so reviews never hold it up. The headers go to disk as they
   arrive; they are parsed one model at a time (``_PARSING``), so the records being built
   are one model's at most;
 - what is kept: the models read, by endpoint and uri (a commit for as long as it is asked
@@ -51,6 +52,8 @@ from kvledger.operator.workers import Busy, Workers
 OPERATOR_LIMITS = ReadLimits(model_bytes=16 * MiB, tensors=65_536, whose="the operator")
 HUB_THREADS = 4
 HUB_WAITING = 16
+SIZING_THREADS = 2  # the reconcile's download sizes (a listing and an index each)
+SIZING_WAITING = 64
 CACHED_MODELS = 64
 # What the kept models' records may come to (~300 bytes a tensor: ~20 MiB).
 CACHED_TENSORS = 65_536
@@ -155,6 +158,9 @@ class HubModels:
                  threads: int = HUB_THREADS, waiting: int = HUB_WAITING) -> None:
         self._read = read
         self.workers = Workers("kvledger-hub", threads, waiting)
+        # The reconcile's sizing reads on threads of their own: a flood of reviews naming
+        # new models must not hold up, or turn away, the resources' own.
+        self.sizing = Workers("kvledger-hub-size", SIZING_THREADS, SIZING_WAITING)
         self._entries: OrderedDict[tuple[str, str], tuple[float, Headers]] = OrderedDict()
         self._pending: dict[tuple[str, str], asyncio.Future[Headers]] = {}
 
@@ -185,10 +191,10 @@ class HubModels:
         from kvledger.engine.checkpoint.hub import repo
 
         try:
-            future = self.workers.submit(
+            future = self.sizing.submit(
                 lambda: repo.download_bytes(uri, endpoint=endpoint, limits=OPERATOR_LIMITS))
         except Busy:
-            raise HubUnavailable("the operator is reading as many models from the hub as it "
+            raise HubUnavailable("the operator is sizing as many models from the hub as it "
                                  "may now") from None
         return await future
 
@@ -201,6 +207,7 @@ class HubModels:
     def close(self) -> None:
         """Drop the reads that wait; those under way end on their own (SIGTERM)."""
         self.workers.close()
+        self.sizing.close()
 
     def _keep(self, key: tuple[str, str], done: asyncio.Future[Headers]) -> None:
         self._pending.pop(key, None)

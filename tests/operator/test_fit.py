@@ -165,8 +165,8 @@ def test_each_remedy_flag_names_its_spec_field():
 def test_a_flood_of_new_models_waits_on_the_webhooks_threads_not_the_operators(hub):
     """40 applies naming models the hub is slow to answer: the webhook answers each within
     its deadline with a warning (the first 20 read or queued, the others turned away at
-    once), and the operator's own thread work (asyncio's default pool) is not held up
-    behind them."""
+    once), and the operator's own thread work (the reconcile's hub sizing, on threads of
+    its own; asyncio's default pool) is not held up behind them."""
 
     def slow(uri, endpoint, timeout_s):
         time.sleep(3.0)
@@ -179,12 +179,13 @@ def test_a_flood_of_new_models_waits_on_the_webhooks_threads_not_the_operators(h
                                    for i, spec in enumerate(specs)))
         await asyncio.sleep(0.2)
         started = time.monotonic()
-        await asyncio.to_thread(lambda: None)  # what the reconcile's thread work waits for
+        await asyncio.to_thread(lambda: None)  # asyncio's default pool
+        sized = await webhook.models.download_bytes("hf://org/small-llama", hub.url)
         reconcile_wait = time.monotonic() - started
-        return await answers, reconcile_wait
+        return await answers, reconcile_wait, sized
 
-    verdicts, reconcile_wait = asyncio.run(flood())
-    assert reconcile_wait < 0.5
+    verdicts, reconcile_wait, sized = asyncio.run(flood())
+    assert sized > 0 and reconcile_wait < 1.0
     assert all(v.allowed for v in verdicts)
     waited = [v for v in verdicts if "took over 2 s" in v.warnings[0]]
     turned_away = [v for v in verdicts if "other models from the hub now, as many as it may"
