@@ -12,22 +12,33 @@ sends them, in three kinds:
             (engine.maxNumSeqs from 1 to 200: about half refused, their remedies searched)
   uncached  hf:// 70B never seen: each request a different repository (same files), so the
             revision, config.json, the index and 30 headers are read over HTTP first
+  flood     --flood (150) reviews of the 70B at once, each a spec not planned before, each
+            on a connection of its own (as the API server opens them): more than the
+            planner can do within the 10 s timeoutSeconds, so some are allowed with the
+            deadline's warning
+  cheap     sent 1 s into the flood, each on a connection of its own: gpus 0, an UPDATE
+            that leaves the spec as it was, a spec planned before
 
 Claims (exit 1 when one fails): p99 under 200 ms for local and cached decisions, under 5 s
-for an uncached 70B. Prints a table of p50 / p99 / max per kind and the verdicts seen.
+for an uncached 70B; every review of the flood answered within the 10 s deadline (its
+slowest, p100), and each cheap one under 1 s. Prints a table of p50 / p99 / max per kind
+and the verdicts seen.
 
-    .venv/bin/python bench/webhook_latency.py [--requests 200] [--uncached 12]
+    .venv/bin/python bench/webhook_latency.py [--requests 200] [--uncached 12] [--flood 150]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
@@ -35,9 +46,11 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 from hub_server import HubServer  # noqa: E402
 from operator_harness import emulated_cluster  # noqa: E402
 from plan_speed import write_sparse_checkpoint  # noqa: E402
-from webhook_harness import admission_review, webhook_operator  # noqa: E402
+from webhook_harness import SERVER_NAME, admission_review, webhook_operator  # noqa: E402
 
-CLAIMS_S = {"local": 0.2, "cached": 0.2, "uncached": 5.0}
+# Each kind's claim: (the quantile that must be under it, seconds).
+CLAIMS_S = {"local": (0.99, 0.2), "cached": (0.99, 0.2), "uncached": (0.99, 5.0),
+            "flood": (1.0, 10.0), "cheap": (1.0, 1.0)}
 POOL = [("h100", 4, 81559, "NVIDIA-H100-80GB-HBM3"), ("a100", 8, 40960, "NVIDIA-A100-SXM4-40GB")]
 
 
@@ -61,6 +74,28 @@ async def timed(client, spec: dict) -> tuple[float, bool]:
     return time.perf_counter() - started, answer["allowed"]
 
 
+async def flood(client, count: int) -> tuple[list, list]:
+    """``count`` reviews of new specs at once and, 1 s in, the cheap ones: each on a
+    connection of its own, timed from its send to its answer."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        async def one(body: dict) -> tuple[float, bool]:
+            started = time.perf_counter()
+            async with http.post(f"https://127.0.0.1:{client.port}/validate", json=body,
+                                 ssl=client.trust, server_hostname=SERVER_NAME) as response:
+                answer = (await response.json())["response"]
+            return time.perf_counter() - started, answer["allowed"]
+
+        spec = functools.partial(spec_70b, "bench/llama-70b-0")
+        floods = [asyncio.ensure_future(one(admission_review(spec(1000 + i))))
+                  for i in range(count)]
+        await asyncio.sleep(1.0)
+        cheap = await asyncio.gather(
+            one(admission_review(dict(spec(7), gpus=0))),
+            one(admission_review(spec(9), operation="UPDATE", old_spec=spec(9))),
+            one(admission_review(spec(16))))
+        return await asyncio.gather(*floods), cheap
+
+
 async def measure(args: argparse.Namespace, hub: HubServer, log: Path) -> dict[str, list]:
     async with emulated_cluster() as cluster:
         for name, gpus, mib, product in POOL:
@@ -79,6 +114,7 @@ async def measure(args: argparse.Namespace, hub: HubServer, log: Path) -> dict[s
             for i in range(1, args.uncached + 1):
                 runs["uncached"].append(await timed(client, spec_70b(f"bench/llama-70b-{i}",
                                                                      16)))
+            runs["flood"], runs["cheap"] = await flood(client, args.flood)
             return runs
 
 
@@ -93,6 +129,8 @@ def main() -> int:
                         help="requests of the local and cached kinds each (default 200)")
     parser.add_argument("--uncached", type=int, default=12,
                         help="uncached 70B requests, each a new repository (default 12)")
+    parser.add_argument("--flood", type=int, default=150,
+                        help="reviews of new specs sent at once (default 150)")
     parser.add_argument("--nodes-per-kind", type=int, default=8,
                         help="nodes of each GPU kind in the pool (default 8)")
     args = parser.parse_args()
@@ -103,19 +141,21 @@ def main() -> int:
             hub.add_commit(f"bench/llama-70b-{i}", Path(tmp) / "ckpt")
         runs = asyncio.run(measure(args, hub, Path(tmp) / "operator.log"))
     failed = []
-    print("| decision | requests | allowed / refused | p50 | p99 | max | claim (p99) |")
+    print("| decision | requests | allowed / refused | p50 | p99 | max | claim |")
     print("|---|---|---|---|---|---|---|")
-    for kind, claim in CLAIMS_S.items():
+    for kind, (q, claim) in CLAIMS_S.items():
         seconds = [s for s, _ in runs[kind]]
         allowed = sum(ok for _, ok in runs[kind])
-        p99 = quantile(seconds, 0.99)
-        held = p99 < claim
+        got = quantile(seconds, q)
+        held = got < claim
+        which = "max" if q == 1.0 else f"p{q * 100:.0f}"
         print(f"| {kind} | {len(seconds)} | {allowed} / {len(seconds) - allowed} "
-              f"| {statistics.median(seconds) * 1000:.1f} ms | {p99 * 1000:.1f} ms "
-              f"| {max(seconds) * 1000:.1f} ms | < {claim * 1000:.0f} ms: "
-              f"{'held' if held else 'FAILED'} |")
+              f"| {statistics.median(seconds) * 1000:.1f} ms "
+              f"| {quantile(seconds, 0.99) * 1000:.1f} ms | {max(seconds) * 1000:.1f} ms "
+              f"| {which} < {claim * 1000:.0f} ms: {'held' if held else 'FAILED'} |")
         if not held:
-            failed.append(f"{kind} p99 {p99 * 1000:.1f} ms is not under {claim * 1000:.0f} ms")
+            failed.append(f"{kind} {which} {got * 1000:.1f} ms is not under "
+                          f"{claim * 1000:.0f} ms")
     for line in failed:
         print(f"FAILED: {line}")
     return 1 if failed else 0

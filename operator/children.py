@@ -154,7 +154,8 @@ async def download_size(memo: kopf.Memo, spec: ServiceSpec,
                         status: dict[str, Any]) -> dict[str, Any] | None:
     """``{uri, downloadBytes}`` when the pod's emptyDir cache must be sized, else None:
     from ``status.model`` when this uri was asked before, else from the hub, with no token,
-    at the endpoint the admin allows (a thread: the client blocks). A model that needs a
+    at the endpoint the admin allows (``memo.hub_models``: the operator's hub threads and
+    limits, as the webhook's reads). A model that needs a
     token is sized in its pod: ``{uri}`` alone, and the emptyDir gets no limit. Raises
     ModelUnavailable with a one-line reason."""
     if not spec.model.needs_download_size:
@@ -165,13 +166,11 @@ async def download_size(memo: kopf.Memo, spec: ServiceSpec,
     known = status.get("model") or {}
     if known.get("uri") == uri and isinstance(known.get("downloadBytes"), int):
         return {"uri": uri, "downloadBytes": known["downloadBytes"]}
-    # Torch-free, and imported here so that the operator starts without reading it.
-    from kvledger.engine.checkpoint.hub import repo as hub
+    from kvledger.operator.hub_models import HubUnavailable
 
     try:
-        size = await asyncio.to_thread(hub.download_bytes, uri,
-                                       endpoint=memo.policy.hub_endpoint(spec))
-    except (BadInput, OSError) as exc:
+        size = await memo.hub_models.download_bytes(uri, memo.policy.hub_endpoint(spec))
+    except (BadInput, OSError, HubUnavailable) as exc:
         message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         if "HF_TOKEN" in message:  # the engine's hint, in the resource's words
             message += " (on the cluster: spec.model.tokenSecretRef)"

@@ -49,6 +49,7 @@ from kvledger.operator.children import (
     lws_missing,
     lws_served,
 )
+from kvledger.operator.hub_models import HubModels
 from kvledger.operator.kube import KubeApi, KubeError, contains, object_path
 from kvledger.operator.policy import Policy, PolicyDenied
 from kvledger.operator.resource import API_VERSION, DEFAULT_PORT, GROUP, PLURAL, VERSION
@@ -83,6 +84,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.setdefault("status_locks", {})
     memo.setdefault("apply_locks", {})
     memo.setdefault("kube", KubeApi())
+    memo.setdefault("hub_models", HubModels())
 
 
 def find_credentials(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:

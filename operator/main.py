@@ -69,9 +69,11 @@ def operator_memo(default_image: str, kube: KubeApi | None = None, *,
                   prometheus_url: str = autoscaling.DEFAULT_PROMETHEUS_URL,
                   policy: Policy | None = None) -> kopf.Memo:
     """The state the handlers share (see handlers.py)."""
+    from kvledger.operator.hub_models import HubModels
+
     return kopf.Memo(default_image=default_image, prometheus_url=prometheus_url,
                      policy=policy or Policy(), status_locks={}, apply_locks={},
-                     kube=kube or KubeApi())
+                     kube=kube or KubeApi(), hub_models=HubModels())
 
 
 def main(args: argparse.Namespace) -> int:
@@ -124,6 +126,11 @@ async def _run(args: argparse.Namespace, memo: kopf.Memo, tls: dict[str, str] | 
     finally:
         if renewing is not None:
             renewing.cancel()
+        # SIGTERM: what waits for a hub or planning thread is dropped, and the reads under
+        # way are abandoned (daemon threads: the process exits without them).
+        memo.hub_models.close()
+        if memo.get("webhook") is not None:
+            memo.webhook.close()
 
 
 async def start_webhook(args: argparse.Namespace, memo: kopf.Memo,
@@ -133,14 +140,15 @@ async def start_webhook(args: argparse.Namespace, memo: kopf.Memo,
     from kvledger.operator import certs, webhook
 
     memo.webhook = webhook.Webhook(timeout_s=args.webhook_timeout,
-                                   refuse=args.webhook_mode == "deny")
+                                   refuse=args.webhook_mode == "deny", models=memo.hub_models)
     webhook.register(kopf.get_default_registry())
     if "cert_dir" in tls:
         folder = Path(tls["cert_dir"])
         ca = folder / "ca.crt"
         memo.webhook_server = webhook.server(args.webhook_port, folder / "tls.crt",
                                              folder / "tls.key",
-                                             ca.read_bytes() if ca.is_file() else None)
+                                             ca.read_bytes() if ca.is_file() else None,
+                                             args.webhook_timeout)
         return None
     from kvledger.operator import handlers
 
@@ -152,5 +160,6 @@ async def start_webhook(args: argparse.Namespace, memo: kopf.Memo,
         raise BadInput(f"cannot set up the webhook's certificate: {exc}") from None
     folder = Path(tempfile.mkdtemp(prefix="kvledger-webhook-"))
     cert, key = files.write(folder)
-    memo.webhook_server = webhook.server(args.webhook_port, cert, key, files.ca)
+    memo.webhook_server = webhook.server(args.webhook_port, cert, key, files.ca,
+                                         args.webhook_timeout)
     return asyncio.create_task(certs.renew_forever(kube, folder, **tls))

@@ -1,23 +1,29 @@
 """The validating admission webhook: ``kubectl apply`` refuses an InferenceService that fits
 no node it may run on, with the planner's breakdown, before a pod is made.
 
-kopf serves it (``@kopf.on.validate``, its ``WebhookServer`` over TLS) at ``/validate``
-when ``kvledger operator --webhook-port`` is given; the chart renders the
-ValidatingWebhookConfiguration and its Service (``charts/kvledger``, ``webhook:``). The
-verdict is ``fit.judge``'s, on:
+kopf runs it (``@kopf.on.validate``) behind the operator's own HTTPS server
+(``webhook_server``: its limits on slow clients, connections and bodies, the
+AdmissionReview contract, the deadline) at ``/validate`` when ``kvledger operator
+--webhook-port`` is given; the chart renders the ValidatingWebhookConfiguration and its
+Service (``charts/kvledger``, ``webhook:``). The verdict is ``fit.judge``'s, on:
 
 - the spec as the operator parses it (an invalid spec or one the admin's policy forbids is
   refused too, with the message ``kubectl describe`` would show later);
 - the cluster's GPU nodes, kept by a kopf index from a watch of the Nodes (no list per
   request);
 - the model: a hub model's config.json and safetensors headers, read as the pre-flight reads
-  them, at the endpoint the admin allows, with no token, within the webhook's deadline. Past
-  the deadline it is allowed with a warning and the read goes on, so that a re-apply is
-  answered from memory (``ModelCache``: by endpoint and uri, ten minutes for a branch or
-  tag, for as long as it is used for a commit). A model in a volume cannot be read here.
+  them, at the endpoint the admin allows, with no token, within the operator's limits and
+  the review's deadline (``hub_models``). Past the deadline it is allowed with a warning
+  and the read goes on, so that a re-apply is answered from memory. A model in a volume
+  cannot be read here.
 
-An UPDATE that leaves the spec as it was (kopf's own annotations, finalizers, labels) is
-let through at once: the operator must always be able to write to its resources.
+Every review is answered by its deadline (``webhook_server.ANSWER_BY``): one that cannot be
+planned in time is allowed with a warning. What needs no planning (``gpus: 0``, a model
+it cannot read, plans it made before) is judged at once on the event loop; only new plans
+wait for the planning threads, in a bounded queue, so a cheap review never waits behind
+expensive ones. An UPDATE that leaves the spec as it was (kopf's own annotations,
+finalizers, labels) is let through at once: the operator must always be able to write to
+its resources.
 """
 
 from __future__ import annotations
@@ -25,112 +31,49 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import re
+import sys
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import kopf
 
-from kvledger.engine.checkpoint.contents import ModelShape, ModelSource, WeightsInfo
-from kvledger.engine.checkpoint.hub.headers import header_mirror
-from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.cli import build_parser
 from kvledger.engine.config import EngineConfig, config_from_args
 from kvledger.engine.errors import BadInput
-from kvledger.engine.planner.plan import make_plan, read_checkpoint
+from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.planner.record import Plan
 from kvledger.operator import fit, inventory
+from kvledger.operator.hub_models import Headers, HubModels, HubUnavailable
 from kvledger.operator.policy import PolicyDenied
 from kvledger.operator.render import engine_flags
 from kvledger.operator.resource import GROUP, PLURAL, VERSION
 from kvledger.operator.spec import ServiceSpec, parse_spec
+from kvledger.operator.webhook_server import ANSWER_BY, WebhookServer, answer_margin_s
+from kvledger.operator.workers import Busy, Workers
 
-WEBHOOK_ID = "validate"  # kopf serves a handler at /<its id>: the chart's clientConfig path
+WEBHOOK_ID = "validate"  # the path the server answers: the chart's clientConfig path
 INDEX = "gpu_nodes"
-# What the deadline keeps back for planning and the answer's way back to the API server.
-ANSWER_MARGIN_S = 2.0
-BRANCH_TTL_S = 600.0
-CACHED_MODELS = 64
+# What the answer keeps back for planning after a hub read (a quarter of a timeout under
+# 4 s): the hub is waited for until the deadline less this and the answer's margin.
+PLAN_RESERVE_S = 1.0
 CACHED_PLANS = 512
-HUB_THREADS = 4  # hub reads at once; more wait their turn (and their deadline)
-PLAN_THREADS = 2
-_COMMIT = re.compile(r"@[0-9a-f]{40}$")
+# Planning is pure Python: a second thread adds no speed under the GIL, only contention
+# with the event loop the cheap reviews are answered on.
+PLAN_THREADS = 1
+PLAN_WAITING = 16
+# How often CPython hands the GIL from thread to thread (its default: 5 ms). The event
+# loop answering reviews shares it with the planning and hub threads, and each review takes
+# dozens of hand-overs (every socket read and write): at 5 ms a cheap review waited 1-2 s
+# behind a flood of plans on 2 cores, at 1 ms 0.5 s (bench/hostile_cluster.py).
+SWITCH_INTERVAL_S = 0.001
 
 
-@dataclass(frozen=True)
-class Headers:
-    """A hub model as the planner reads it, or why the pre-flight refuses it (``refused``)."""
-
-    shape: ModelShape | None = None
-    weights: WeightsInfo | None = None
-    source: ModelSource | None = None
-    refused: str | None = None
-
-
-class HubUnavailable(Exception):
-    """The hub did not answer with the model's files now (one line, no token)."""
-
-
-def read_headers(uri: str, endpoint: str, timeout_s: float) -> Headers:
-    """What the pre-flight reads of ``uri`` (blocking): Headers, refused when the model
-    itself is bad; HubUnavailable when the hub is."""
-    entered = False
-    try:
-        with header_mirror(uri, endpoint=endpoint, timeout_s=timeout_s) as source:
-            entered = True
-            shape, weights = read_checkpoint(source.path)
-            ModelConfig.from_dir(source.path)  # what the engine cannot run, refused alike
-            return Headers(shape, weights, ModelSource("", uri=source.uri, commit=source.commit))
-    except BadInput as exc:
-        if entered:
-            return Headers(refused=str(exc))
-        raise HubUnavailable((str(exc).strip().splitlines() or ["no answer"])[0]) from None
-    except OSError as exc:
-        raise HubUnavailable(str(exc.strerror or exc)) from None
-
-
-class ModelCache:
-    """Hub models' headers by (endpoint, uri); one read in flight per key, on threads of its
-    own: a flood of applies naming new models queues here, never on the threads the
-    operator's reconcile uses (asyncio's default pool)."""
-
-    def __init__(self, read: Callable[[str, str, float], Headers] = read_headers,
-                 threads: int = HUB_THREADS) -> None:
-        self._read = read
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="kvledger-webhook-hub")
-        self._entries: OrderedDict[tuple[str, str], tuple[float, Headers]] = OrderedDict()
-        self._pending: dict[tuple[str, str], asyncio.Future[Headers]] = {}
-
-    async def get(self, uri: str, endpoint: str, within_s: float) -> Headers:
-        """The headers, read now when not kept; TimeoutError past ``within_s`` (the read goes
-        on and is kept), HubUnavailable when the hub fails."""
-        key = (endpoint, uri)
-        kept = self._entries.get(key)
-        if kept is not None and kept[0] > time.monotonic():
-            self._entries.move_to_end(key)
-            return kept[1]
-        pending = self._pending.get(key)
-        if pending is None:
-            pending = asyncio.get_running_loop().run_in_executor(
-                self._pool, self._read, uri, endpoint, max(within_s, 30.0))
-            self._pending[key] = pending
-            pending.add_done_callback(lambda done: self._keep(key, done))
-        return await asyncio.wait_for(asyncio.shield(pending), within_s)
-
-    def _keep(self, key: tuple[str, str], done: asyncio.Future[Headers]) -> None:
-        self._pending.pop(key, None)
-        if done.cancelled() or done.exception() is not None:
-            return  # the hub failed: asked again next time
-        ttl = float("inf") if _COMMIT.search(key[1]) else BRANCH_TTL_S
-        self._entries[key] = (time.monotonic() + ttl, done.result())
-        while len(self._entries) > CACHED_MODELS:
-            self._entries.popitem(last=False)
+class _NotKept(Exception):
+    """A plan the verdict needs has not been made yet."""
 
 
 @functools.cache
@@ -144,47 +87,78 @@ def preflight_config(flags: list[str]) -> EngineConfig:
 
 
 class Webhook:
-    """The verdict's state: the model and plan caches, the deadline and the mode."""
+    """The verdict's state: the hub models and the plans made, the deadline and the mode."""
 
     def __init__(self, *, timeout_s: float = 10.0, refuse: bool = True,
-                 models: ModelCache | None = None) -> None:
+                 models: HubModels | None = None) -> None:
         self.timeout_s = timeout_s
         self.refuse = refuse
-        self.models = models or ModelCache()
+        self.models = models or HubModels()
         self._plans: OrderedDict[tuple[Any, ...], Plan] = OrderedDict()
         self._plans_lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(PLAN_THREADS, thread_name_prefix="kvledger-webhook-plan")
+        self.planning = Workers("kvledger-webhook-plan", PLAN_THREADS, PLAN_WAITING)
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     async def verdict(self, name: str, spec: ServiceSpec, nodes: list[Mapping[str, Any]],
-                      hub_endpoint: str) -> fit.Verdict:
-        plan_on, unread = None, None
-        uri = spec.model.uri
+                      hub_endpoint: str, answer_by: float | None = None) -> fit.Verdict:
+        """The verdict, by ``answer_by`` (a ``time.monotonic()``; default: the deadline less
+        its margin from now): allowed with a warning when it cannot be planned by then."""
+        if answer_by is None:
+            answer_by = time.monotonic() + self.timeout_s - answer_margin_s(self.timeout_s)
+        judge = functools.partial(fit.judge, name, spec, nodes, refuse=self.refuse)
+        uri, headers = spec.model.uri, None
         if spec.gpus == 0:
-            pass  # planned in the pod against its own memory limit
-        elif uri is None:
+            return judge(plan_on=None)  # planned in the pod against its own memory limit
+        if uri is None:
             unread = (f"the model at {spec.model.path} is on the pod's volume, which the "
                       "operator does not read")
         elif spec.model.token_secret is not None:
             unread = (f"{uri} is read with the token of spec.model.tokenSecretRef, which the "
                       "operator does not read")
         else:
-            within = max(1.0, self.timeout_s - ANSWER_MARGIN_S)
-            try:
-                headers = await self.models.get(uri, hub_endpoint, within)
-            except TimeoutError:
-                unread = (f"reading the headers of {uri} took over {within:.0f} s (the "
-                          "webhook's deadline); the read goes on, and a re-apply is answered "
-                          "from memory")
-            except HubUnavailable as exc:
-                unread = f"cannot read the headers of {uri} now: {exc}"
-            else:
-                if headers.refused is not None:  # the pre-flight exits 2 on it
-                    raise BadInput(headers.refused)
-                plan_on = self._planner(spec, headers)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(
-            fit.judge, name, spec, nodes, plan_on=plan_on, unread=unread, refuse=self.refuse))
+            headers, unread = await self._headers(uri, hub_endpoint, answer_by)
+        if headers is None:
+            return judge(plan_on=None, unread=unread)
+        try:  # the plans made before: judged here, at once
+            return judge(plan_on=self._planner(spec, headers, kept_only=True))
+        except _NotKept:
+            pass
+        try:
+            planned = self.planning.submit(
+                lambda: judge(plan_on=self._planner(spec, headers)), start_by=answer_by)
+            return await asyncio.wait_for(asyncio.shield(planned),
+                                          answer_by - time.monotonic())
+        except (Busy, TimeoutError, asyncio.CancelledError):
+            if asyncio.current_task().cancelling():
+                raise
+            return fit.Verdict(True, warnings=(
+                f"{name} could not be planned within the webhook's deadline "
+                f"({self.planning.waiting} reviews wait to be planned): the pod's pre-flight "
+                "checks the fit",))
 
-    def _planner(self, spec: ServiceSpec, headers: Headers) -> Callable[[int], Plan]:
+    async def _headers(self, uri: str, endpoint: str,
+                       answer_by: float) -> tuple[Headers | None, str | None]:
+        """The model's headers, or why it is not planned here; BadInput when the
+        pre-flight refuses the model itself."""
+        within = answer_by - min(PLAN_RESERVE_S, self.timeout_s / 4) - time.monotonic()
+        try:
+            headers = await self.models.headers(uri, endpoint, max(0.1, within))
+        except TimeoutError:
+            return None, (f"reading the headers of {uri} took over {max(0.1, within):.0f} s "
+                          "(the webhook's deadline); the read goes on, and a re-apply is "
+                          "answered from memory")
+        except HubUnavailable as exc:
+            return None, f"cannot read the headers of {uri} now: {exc}"
+        if headers.refused is not None:  # the pre-flight exits 2 on it
+            raise BadInput(headers.refused)
+        if headers.unread is not None:
+            return None, headers.unread
+        return headers, None
+
+    def _planner(self, spec: ServiceSpec, headers: Headers,
+                 kept_only: bool = False) -> Callable[[int], Plan]:
+        """``plan_on(memory_bytes)`` for ``fit.judge``: the plans made before, and new ones
+        (made and kept) unless ``kept_only``, when a new one raises _NotKept."""
         flags = engine_flags(spec)
 
         def plan_on(memory_bytes: int) -> Plan:
@@ -192,16 +166,31 @@ class Webhook:
             with self._plans_lock:  # the plan threads share the cache
                 plan = self._plans.get(key)
             if plan is None:
+                if kept_only:
+                    raise _NotKept()
                 config = preflight_config([*flags, "--device-memory", str(memory_bytes)])
                 plan = make_plan(config, shape=headers.shape, weights=headers.weights,
                                  source=headers.source)
                 with self._plans_lock:
                     self._plans[key] = plan
-                    while len(self._plans) > CACHED_PLANS:
-                        self._plans.popitem(last=False)
+                    self._keep_plans()
             return plan
 
         return plan_on
+
+    def _keep_plans(self) -> None:
+        """At most ``CACHED_PLANS``, and only of models the hub reads keep: a plan holds its
+        model's records, so one of a model dropped there would keep them alive (under the
+        plans lock)."""
+        kept = self.models.kept()
+        for key in [key for key in self._plans if key[0] not in kept]:
+            del self._plans[key]
+        while len(self._plans) > CACHED_PLANS:
+            self._plans.popitem(last=False)
+
+    def close(self) -> None:
+        """Drop what waits for a planning thread (SIGTERM)."""
+        self.planning.close()
 
 
 def gpu_nodes(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]] | None:
@@ -233,7 +222,8 @@ async def validate(body: kopf.Body, old: kopf.Body | None, operation: str, memo:
         raise kopf.AdmissionError(f"{name}: invalid spec: {exc}", code=422) from None
     nodes = list(gpu_nodes.get("gpu", ()))
     try:
-        verdict = await memo.webhook.verdict(name, spec, nodes, memo.policy.hub_endpoint(spec))
+        verdict = await memo.webhook.verdict(name, spec, nodes, memo.policy.hub_endpoint(spec),
+                                             ANSWER_BY.get(None))
     except BadInput as exc:  # the pre-flight exits 2 on it: refused alike
         raise kopf.AdmissionError(f"{name}: {exc}", code=422) from None
     except Exception as exc:  # a fault here must not refuse the resource
@@ -254,8 +244,11 @@ def register(registry: kopf.OperatorRegistry) -> None:
                      side_effects=False, registry=registry)(validate)
 
 
-def server(port: int, cert: Path, key: Path, ca: bytes | None = None) -> kopf.WebhookServer:
-    """kopf's HTTPS server on every interface; it reloads the files when they change."""
-    return kopf.WebhookServer(addr="0.0.0.0", port=port, certfile=str(cert), pkeyfile=str(key),
-                              cadata=ca)
+def server(port: int, cert: Path, key: Path, ca: bytes | None, timeout_s: float,
+           ) -> WebhookServer:
+    """The HTTPS server kopf hands its reviews to (every interface: the Service reaches
+    it there; the chart's NetworkPolicy says who may); it reloads the files when they
+    change."""
+    return WebhookServer(port=port, certfile=cert, keyfile=key, cadata=ca, timeout_s=timeout_s,
+                         path=f"/{WEBHOOK_ID}")
 

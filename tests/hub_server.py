@@ -67,7 +67,7 @@ class HubServer:
         self._lock = threading.Lock()
         self._meta: dict[Path, tuple[int, str, str]] = {}
         handler = type("Handler", (_Handler,), {"hub": self})
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._httpd = _Server(("127.0.0.1", 0), handler)
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -134,6 +134,16 @@ class HubServer:
 
     def files(self, folder: Path) -> list[str]:
         return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        """Quiet when a client hangs up mid-request (a read that stopped at what it
+        needed); anything else is printed, as the standard server does."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 def is_lfs(filename: str) -> bool:

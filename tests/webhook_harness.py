@@ -27,6 +27,7 @@ WEBHOOK_NAMESPACE = "kvledger-system"
 WEBHOOK_SERVICE, WEBHOOK_SECRET, WEBHOOK_CONFIGURATION = (
     "kvledger-webhook", "kvledger-webhook-tls", "kvledger")
 WEBHOOK_CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+SERVER_NAME = f"{WEBHOOK_SERVICE}.{WEBHOOK_NAMESPACE}.svc"  # what the certificate names
 
 
 def admission_review(spec: dict[str, Any], *, operation: str = "CREATE",
@@ -55,14 +56,15 @@ class WebhookClient:
 
     def __init__(self, port: int, ca_pem: bytes) -> None:
         self.port, self.ca_pem = port, ca_pem
-        self._trust = ssl.create_default_context(cadata=ca_pem.decode())
+        self.trust = ssl.create_default_context(cadata=ca_pem.decode())
+        self.pid: int | None = None  # the operator's process, when webhook_operator started it
         self._http = aiohttp.ClientSession()
 
     async def ask(self, body: dict[str, Any]) -> dict[str, Any]:
         """The AdmissionReview's response (its uid checked against the request's)."""
         async with self._http.post(
-                f"https://127.0.0.1:{self.port}/validate", json=body, ssl=self._trust,
-                server_hostname=f"{WEBHOOK_SERVICE}.{WEBHOOK_NAMESPACE}.svc") as response:
+                f"https://127.0.0.1:{self.port}/validate", json=body, ssl=self.trust,
+                server_hostname=SERVER_NAME) as response:
             assert response.status == 200, await response.text()
             answer = await response.json()
         assert (answer["apiVersion"], answer["kind"]) == ("admission.k8s.io/v1",
@@ -107,6 +109,7 @@ async def webhook_operator(cluster: Cluster, log: Path, *, policy: dict[str, Any
 
             client = WebhookClient(port, await eventually(bundle, timeout_s=60,
                                                           what="the caBundle written"))
+            client.pid = proc.pid
 
             async def answers() -> bool:
                 assert proc.poll() is None, log.read_text()
@@ -122,7 +125,11 @@ async def webhook_operator(cluster: Cluster, log: Path, *, policy: dict[str, Any
             if client is not None:
                 await client.close()
             proc.terminate()
-            proc.wait(timeout=30)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # what Kubernetes does after the grace period
+                proc.kill()
+                proc.wait()
 
 
 def gpu_node(name: str, gpus: int, mib: int | None, product: str | None = None) -> dict[str, Any]:

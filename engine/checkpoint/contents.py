@@ -18,7 +18,6 @@ from kvledger.engine.checkpoint.hf_config import (
     checked_model_dir,
     parse_config,
     read_config_json,
-    read_json,
     text_config,
 )
 from kvledger.engine.checkpoint.layout import (
@@ -27,11 +26,13 @@ from kvledger.engine.checkpoint.layout import (
     pick_architecture,
     read_layout,
 )
+from kvledger.engine.checkpoint.read_limits import ReadBudget, ReadLimits
 from kvledger.engine.checkpoint.safetensors_header import (  # noqa: F401 - re-exported
     DTYPE_BITS,
     TensorInfo,
     read_safetensors_header,
 )
+from kvledger.engine.checkpoint.shard_index import read_shard_index
 from kvledger.engine.errors import BadInput
 
 # Floating dtypes an explicit ``--dtype`` casts at load time; the others (quantized
@@ -115,23 +116,23 @@ def read_model_shape(model_dir: str | os.PathLike) -> ModelShape:
     return model_shape(read_config_json(model_dir))
 
 
-def _shard_files(model_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
+def _shard_files(model_dir: Path, budget: ReadBudget) -> tuple[list[Path], dict[str, str] | None]:
     """The files to read, and the index's weight_map when the checkpoint has one."""
     index_path = model_dir / INDEX_FILE
     if index_path.exists():
-        index = read_json(index_path, INDEX_FILE)
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if (not isinstance(weight_map, dict) or not weight_map
-                or not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items())):
-            raise BadInput(f"{index_path}: needs a non-empty \"weight_map\" of tensor name -> "
-                           "shard file")
+        try:
+            with open(index_path, "rb") as f:
+                index = read_shard_index(f.read, str(index_path), budget, owners=True)
+        except OSError as exc:
+            raise BadInput(f"cannot read {INDEX_FILE} {index_path}: "
+                           f"{exc.strerror or exc}") from None
         shards = []
-        for name in dict.fromkeys(weight_map.values()):
+        for name in index.shards:
             shard = model_dir / name
             if Path(name).is_absolute() or ".." in Path(name).parts:
                 raise BadInput(f"{index_path}: shard {name!r} is outside the model directory")
             shards.append(shard)
-        return shards, weight_map
+        return shards, index.owners
     files = [model_dir / name for name in unindexed_weights(
         p.name for p in model_dir.iterdir())]
     if not files:
@@ -142,15 +143,18 @@ def _shard_files(model_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
     return files, None
 
 
-def read_weights(model_dir: str | os.PathLike) -> WeightsInfo:
-    """Weight bytes of a single-file or sharded checkpoint, from headers only.
+def read_weights(model_dir: str | os.PathLike, limits: ReadLimits | None = None) -> WeightsInfo:
+    """Weight bytes of a single-file or sharded checkpoint, from headers only, within
+    ``limits`` (kvledger's own when None: OverLimit past them).
 
     Each tensor name is counted once: the shard the index maps it to wins over a copy
     in another shard, and an ``lm_head.weight`` stored beside the embedding it is tied
     to (``tie_word_embeddings``) is not counted, as the engine shares one tensor.
     """
     path = checked_model_dir(model_dir)
-    files, weight_map = _shard_files(path)
+    budget = ReadBudget(limits or ReadLimits(), str(path))
+    files, weight_map = _shard_files(path, budget)
+    budget.check_shards(len(files))
     chosen: dict[str, TensorInfo] = {}
     skipped: list[str] = []
     owners = weight_map or {}
@@ -158,7 +162,7 @@ def read_weights(model_dir: str | os.PathLike) -> WeightsInfo:
         shard_name = shard.name
         if weight_map is not None and not shard.is_file():
             raise BadInput(f"{path / INDEX_FILE} names shard {shard_name!r}, which is missing")
-        for tensor in read_safetensors_header(shard):
+        for tensor in read_safetensors_header(shard, budget):
             owner = owners.get(tensor.name, shard_name)
             if owner != shard_name or tensor.name in chosen:
                 skipped.append(f"{shard_name}:{tensor.name}")

@@ -5,6 +5,10 @@ The header maps each tensor name to ``{"dtype", "shape", "data_offsets": [begin,
 with offsets relative to the data region. We validate it as strictly as ``safetensors``
 does (offsets contiguous from 0 and covering the whole region), so a file accepted here
 is one ``safe_open`` can load, and its bytes are exactly the loaded tensors'.
+
+The header is read entry by entry (``json_stream``), never parsed whole: what a header
+costs is the records it declares (a ``ReadBudget`` counts them), not what ``json.loads``
+would build of up to 100 MB of hostile JSON.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kvledger.engine import json_text
+from kvledger.engine.checkpoint.read_limits import ReadBudget
 from kvledger.engine.errors import BadInput
+from kvledger.engine.json_stream import MalformedJson, NotAnObject, ObjectReader
 
 # Bits per element of every dtype safetensors knows (0.4 .. 0.8).
 DTYPE_BITS: dict[str, int] = {
@@ -26,6 +32,7 @@ DTYPE_BITS: dict[str, int] = {
     "I32": 32, "U32": 32, "F32": 32,
     "I64": 64, "U64": 64, "F64": 64, "C64": 64,
 }
+_DTYPE_NAMES = {name: name for name in DTYPE_BITS}
 # safetensors refuses larger headers; anything bigger is a corrupt length field.
 MAX_HEADER_BYTES = 100_000_000
 
@@ -45,8 +52,10 @@ def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
     return seen
 
 
-def read_safetensors_header(path: str | os.PathLike) -> list[TensorInfo]:
-    """The tensors one safetensors file holds, from its header alone (validated)."""
+def read_safetensors_header(path: str | os.PathLike,
+                            budget: ReadBudget | None = None) -> list[TensorInfo]:
+    """The tensors one safetensors file holds, from its header alone (validated), counted
+    against ``budget`` as they are read."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -59,17 +68,39 @@ def read_safetensors_header(path: str | os.PathLike) -> list[TensorInfo]:
             if header_len > MAX_HEADER_BYTES or header_len > file_bytes - 8:
                 raise BadInput(f"{path}: corrupt safetensors header: header length "
                                f"{header_len} exceeds the file ({file_bytes} bytes)")
-            raw = f.read(header_len)
+            left = [header_len]
+
+            def read(count: int) -> bytes:
+                data = f.read(min(count, left[0]))
+                left[0] -= len(data)
+                return data
+
+            reader = ObjectReader(read)
+            header = reader.whole_object()
+            if header is not None:  # it fits in one window: parsed at once, as it was
+                tensors, spans = _whole_entries(path, header, reader.text())
+                if budget is not None:
+                    budget.take_tensors(len(tensors))
+            else:
+                tensors, spans = _read_entries(path, reader, budget)
     except OSError as exc:
         raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        header = json_text.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except NotAnObject as exc:
+        raise BadInput(f"{path}: corrupt safetensors header: {exc}") from None
+    except MalformedJson as exc:
         raise BadInput(f"{path}: corrupt safetensors header: not valid JSON ({exc})") from None
+    _check_offsets(path, spans, file_bytes - 8 - header_len)
+    return tensors
+
+
+def _whole_entries(path: Path, header: object, raw: str,
+                   ) -> tuple[list[TensorInfo], list[tuple[int, int, str]]]:
+    """The tensors and spans of a header parsed whole (the usual case: a header of up to
+    ``json_stream.MEMBER_MAX_CHARS``)."""
     if not isinstance(header, dict):
         raise BadInput(f"{path}: corrupt safetensors header: not a JSON object")
     entries = len(header) - ("__metadata__" in header)
-    if raw.count(b'"data_offsets"') != entries:
+    if raw.count('"data_offsets"') != entries:
         # A name given twice (JSON keeps the last one) or an odd header: re-parse strictly.
         try:
             header = json_text.loads(raw, object_pairs_hook=_no_duplicate_keys)
@@ -81,35 +112,79 @@ def read_safetensors_header(path: str | os.PathLike) -> list[TensorInfo]:
         tensors = [_tensor_info(path, name, entry) for name, entry in header.items()
                    if name != "__metadata__"]
         spans = [(*header[t.name]["data_offsets"], t.name) for t in tensors]
-    _check_offsets(path, spans, file_bytes - 8 - header_len)
-    return tensors
+    return tensors, spans
 
 
 def _fast_tensor_infos(header: dict, spans: list) -> list[TensorInfo] | None:
     """The tensors of a well-formed header (their ``(begin, end, name)`` appended to
-    ``spans``), or None at the first anomaly. The hot path: a 70B checkpoint has hundreds
-    of entries."""
+    ``spans``), or None at the first anomaly."""
     out = []
-    bits_of = DTYPE_BITS
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        try:
-            dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
-            bits = bits_of[dtype]
-        except (TypeError, KeyError, ValueError):
+        info = _fast_tensor_info(name, entry)
+        if info is None:
             return None
-        if type(shape) is not list or type(begin) is not int or type(end) is not int:
-            return None
-        for d in shape:
-            if type(d) is not int or d < 0:
-                return None
-            bits *= d
-        if bits % 8 or bits // 8 != end - begin or begin < 0:
-            return None
-        out.append(TensorInfo(name, dtype, tuple(shape), bits // 8))
-        spans.append((begin, end, name))
+        out.append(info)
+        spans.append((entry["data_offsets"][0], entry["data_offsets"][1], name))
     return out
+
+
+# Tensors read between two counts against the budget: a header cannot declare more than
+# this past the limit before it is refused.
+COUNT_EVERY = 1024
+
+
+def _read_entries(path: Path, reader: ObjectReader, budget: ReadBudget | None,
+                  ) -> tuple[list[TensorInfo], list[tuple[int, int, str]]]:
+    """The header's tensors and their ``(begin, end, name)`` spans, one entry at a time."""
+    tensors: list[TensorInfo] = []
+    spans: list[tuple[int, int, str]] = []
+    names: set[str] = set()
+    reader.begin()
+    while (name := reader.key()) is not None:
+        entry = reader.value()
+        if name == "__metadata__":
+            continue
+        if name in names:
+            raise BadInput(f"{path}: corrupt safetensors header: tensor name {name!r} "
+                           "appears twice")
+        names.add(name)
+        if reader.value_text().count('"data_offsets"') != 1:
+            # A field given twice (JSON keeps the last one): read the entry strictly.
+            try:
+                json_text.loads(reader.value_text(), object_pairs_hook=_no_duplicate_keys)
+            except ValueError as exc:
+                raise BadInput(f"{path}: corrupt safetensors header: {exc}") from None
+        info = _fast_tensor_info(name, entry) or _tensor_info(path, name, entry)
+        tensors.append(info)
+        spans.append((entry["data_offsets"][0], entry["data_offsets"][1], name))
+        if budget is not None and len(tensors) % COUNT_EVERY == 0:
+            budget.take_tensors(COUNT_EVERY)
+    reader.end()
+    if budget is not None:
+        budget.take_tensors(len(tensors) % COUNT_EVERY)
+    return tensors, spans
+
+
+def _fast_tensor_info(name: str, entry: object) -> TensorInfo | None:
+    """The record of a well-formed entry, or None at the first anomaly (``_tensor_info``
+    then names it). The hot path: a 70B checkpoint has hundreds of entries."""
+    try:
+        dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+        bits = DTYPE_BITS[dtype]
+    except (TypeError, KeyError, ValueError):
+        return None
+    if type(shape) is not list or type(begin) is not int or type(end) is not int:
+        return None
+    for d in shape:
+        if type(d) is not int or d < 0:
+            return None
+        bits *= d
+    if bits % 8 or bits // 8 != end - begin or begin < 0:
+        return None
+    # The dtype's own string: one per dtype, not one per tensor.
+    return TensorInfo(name, _DTYPE_NAMES[dtype], tuple(shape), bits // 8)
 
 
 def _tensor_info(path: Path, name: str, entry: object) -> TensorInfo:

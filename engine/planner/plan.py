@@ -33,6 +33,7 @@ from kvledger.engine.checkpoint.contents import (
 from kvledger.engine.checkpoint.hf_config import read_config_json
 from kvledger.engine.checkpoint.loadable import loadable_config
 from kvledger.engine.checkpoint.model_config import SUPPORTED_ARCHITECTURES
+from kvledger.engine.checkpoint.read_limits import ReadLimits
 from kvledger.engine.config import DEFAULT_MAX_NUM_SEQS, MIN_DEFAULT_BATCHED_TOKENS, EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner import estimates
@@ -96,14 +97,15 @@ def kv_layout_geometry(shape: ModelShape, config: EngineConfig, kv_dtype: str,
                        estimates.DTYPE_BYTES[kv_dtype], max_model_len, max_num_batched_tokens)
 
 
-def read_checkpoint(model_dir: str) -> tuple[ModelShape, WeightsInfo]:
-    """The shape and weights of the checkpoint in ``model_dir``. For an architecture
-    kvledger's engine serves, whose plan is the engine's, BadInput too when the engine
-    could not load it (``loadable_config``): ``serve`` would refuse it at start-up, so the
-    plan must not say it fits."""
+def read_checkpoint(model_dir: str, limits: ReadLimits | None = None,
+                    ) -> tuple[ModelShape, WeightsInfo]:
+    """The shape and weights of the checkpoint in ``model_dir``, read within ``limits``
+    (kvledger's own when None). For an architecture kvledger's engine serves, whose plan is
+    the engine's, BadInput too when the engine could not load it (``loadable_config``):
+    ``serve`` would refuse it at start-up, so the plan must not say it fits."""
     raw = read_config_json(model_dir)
     shape = model_shape(raw)
-    weights = read_weights(model_dir)
+    weights = read_weights(model_dir, limits)
     if kv_rule(shape) == ENGINE_RULE:
         loadable_config(raw, weights.tensors)
     return shape, weights

@@ -17,8 +17,8 @@ from aiohttp import web
 
 from kvledger.engine.errors import DoesNotFit, KvledgerError
 from kvledger.engine.server.app import build_app
-from kvledger.engine.server.slow_clients import make_runner
 from kvledger.engine.server.state import STATE, ServeOptions
+from kvledger.engine.slow_clients import limited_runner
 
 log = logging.getLogger("kvledger.serve")
 
@@ -73,8 +73,9 @@ async def serve(config, options: ServeOptions, host: str, port: int) -> int:
     """Serve ``config``'s model with ``options`` on ``host:port`` until stopped; the exit code."""
     app = build_app(options)
     state = app[STATE]
-    runner = make_runner(app, options, handler_cancellation=True, access_log=None,
-                         shutdown_timeout=5.0)
+    runner = limited_runner(app, header_timeout_s=options.header_timeout_s,
+                            keepalive_timeout=options.keepalive_timeout_s,
+                            handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

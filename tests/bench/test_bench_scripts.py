@@ -277,10 +277,11 @@ def test_cpu_contention_measures_a_decode_in_a_process_of_its_own(tiny_llama_dir
 
 def test_webhook_latency_times_each_kind_of_decision_over_https():
     """bench/webhook_latency.py, a few requests: the operator's webhook answers each kind
-    (a 70B refused at 4 x H100 when its spec asks too much) and the table says so."""
+    (a 70B refused at 4 x H100 when its spec asks too much; a small flood, and the cheap
+    reviews sent into it) and the table says so."""
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "webhook_latency.py"),
-                             "--requests", "6", "--uncached", "1", "--nodes-per-kind", "1"],
-                            capture_output=True, text=True, timeout=240)
+                             "--requests", "6", "--uncached", "1", "--nodes-per-kind", "1",
+                             "--flood", "20"], capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ")
             for line in result.stdout.splitlines() if line.startswith("| ")}
@@ -288,6 +289,7 @@ def test_webhook_latency_times_each_kind_of_decision_over_https():
     allowed, refused = map(int, rows["cached"][2].split(" / "))
     assert allowed and refused  # small maxNumSeqs fit 4 x 80 GiB, large ones do not
     assert rows["uncached"][1] == "1"
+    assert rows["flood"][1] == "20" and rows["cheap"][1] == "3"
 
 
 def test_pp_plan_splits_405b_into_stages_that_add_up():
@@ -298,3 +300,17 @@ def test_pp_plan_splits_405b_into_stages_that_add_up():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "| 1 x 8 | no (exit 3) | 1 | 0-125 | 94.5 GiB |" in result.stdout
     assert "| 2 x 8 | yes (exit 0) | 2 | 63-125 | 47.3 GiB |" in result.stdout
+
+
+def test_hostile_cluster_fast_holds_every_claim():
+    """bench/hostile_cluster.py --fast: every attack on the operator's webhook (smaller
+    floods, the same hostile repos) gets what it should, and the table lists each."""
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "hostile_cluster.py"),
+                             "--fast"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")][2:]
+    assert len(rows) >= 14 and all(row.endswith("| held |") for row in rows), rows
+    for attack in ("6 x 95 MB headers", "TLS connections that only handshake", "60 kB of a",
+                   "concurrent reviews of distinct specs", "malformed AdmissionReview",
+                   "UPDATE reviews of made-up uids", "SIGTERM with 16 hub reads"):
+        assert any(attack in row for row in rows), attack

@@ -151,6 +151,36 @@ def test_the_webhook_renders_by_default_self_signed_with_its_rights():
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
 
 
+def test_a_network_policy_lets_only_the_api_server_reach_the_webhook():
+    """The operator's pod admits, by default, its webhook port from any source and nothing
+    else; with webhook.networkPolicy.apiServer, that port from those peers alone. It never
+    selects an engine pod, even one of a service named as the release."""
+    from kvledger.operator.render import render_deployment
+
+    rendered = kinds()
+    [policy] = rendered["NetworkPolicy"]
+    [deployment] = rendered["Deployment"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    engine = render_deployment("kvledger", "kvledger-system",
+                               {"model": {"path": "/models/m"}, "gpus": 0})
+    assert not selector.items() <= engine["spec"]["template"]["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    webhook_port = [{"port": "webhook", "protocol": "TCP"}]
+    assert policy["spec"]["ingress"] == [{"ports": webhook_port}]
+    peers = [{"ipBlock": {"cidr": "10.0.0.0/24"}},
+             {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+              "podSelector": {"matchLabels": {"k8s-app": "konnectivity-agent"}}}]
+    [policy] = kinds("--set-json", f"webhook.networkPolicy.apiServer={json.dumps(peers)}")[
+        "NetworkPolicy"]
+    assert policy["spec"]["ingress"] == [{"ports": webhook_port, "from": peers}]
+    assert "NetworkPolicy" not in kinds("--set", "webhook.networkPolicy.enabled=false")
+    assert "NetworkPolicy" not in kinds("--set", "webhook.enabled=false")
+    refused = helm_template("--set-json", 'webhook.networkPolicy.apiServer=[{"cidr": "x"}]')
+    assert refused.returncode != 0
+    assert "'/webhook/networkPolicy/apiServer/0': additional properties 'cidr'" in refused.stderr
+
+
 def test_the_webhook_with_cert_manager_mounts_its_certificate_and_reads_no_secret():
     rendered = kinds("--api-versions", "cert-manager.io/v1")
     [config] = rendered["ValidatingWebhookConfiguration"]

@@ -17,6 +17,7 @@ from kvledger.engine.checkpoint.hub import repo as hub
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.report import PLAN_LINE_PREFIX
 from kvledger.operator import handlers
+from kvledger.operator.hub_models import OPERATOR_LIMITS
 from kvledger.operator.main import operator_memo
 from kvledger.operator.policy import Policy
 from kvledger.operator.render import LABEL, cache_size_limit
@@ -309,8 +310,9 @@ def hub_model(uri: str, secret: str | None = None, **extra) -> dict:
 async def test_hub_model_is_sized_once_from_the_hub_without_a_token(cluster, monkeypatch):
     asked = []
 
-    def download_bytes(uri: str, *, endpoint: str | None = None) -> int:
+    def download_bytes(uri: str, *, endpoint: str | None = None, limits=None) -> int:
         asked.append((uri, endpoint))
+        assert limits is OPERATOR_LIMITS  # what the operator reads of one model
         return 16 * GIB
 
     monkeypatch.setattr(hub, "download_bytes", download_bytes)

@@ -13,6 +13,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import load_file, save_file, save_model
 
+from kvledger.engine import json_stream
 from kvledger.engine.checkpoint.contents import (
     DTYPE_BITS,
     read_model_shape,
@@ -178,12 +179,20 @@ def _one_file(tmp_path, header_bytes: bytes, data: bytes = b"") -> None:
      "bytes after the last tensor"),
     (lambda p: write_config(p), "no *.safetensors"),
     # Hostile headers: nested past the parser's recursion, a dimension of 400 digits.
-    (lambda p: _one_file(p, b"[" * 200_000 + b"]" * 200_000), "JSON nested too deeply"),
+    (lambda p: _one_file(p, b'{"w": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"),
+     "JSON nested too deeply"),
+    (lambda p: _one_file(p, b"[" * 200_000 + b"]" * 200_000), "not a JSON object"),
     (lambda p: _one_file(p, json.dumps({"w": {"dtype": "F32", "shape": [10**400],
                                              "data_offsets": [0, 4]}}).encode(), b"\0" * 4),
      r"F32\[100\.\.\.\(401 digits\)\] needs 400\.\.\.\(401 digits\) bytes"),
 ])
-def test_corrupt_checkpoints_are_bad_input(tmp_path, make, message: str) -> None:
+@pytest.mark.parametrize("whole", [True, False], ids=["parsed-whole", "member-by-member"])
+def test_corrupt_checkpoints_are_bad_input(tmp_path, make, message: str, whole: bool,
+                                           monkeypatch) -> None:
+    """Each refused alike whether its header is parsed at once (a header of up to 1 MiB)
+    or read member by member (a larger one)."""
+    if not whole:
+        monkeypatch.setattr(json_stream, "WHOLE_MAX_CHARS", 0)
     make(tmp_path)
     with pytest.raises(BadInput, match=message.replace("*", r"\*")):
         read_weights(tmp_path)

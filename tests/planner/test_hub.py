@@ -171,10 +171,12 @@ def test_a_corrupt_header_names_the_model_not_a_temporary_folder(tmp_path) -> No
 def test_json_nested_past_the_parser_is_one_line_exit_2(tmp_path, file) -> None:
     """A hub repository whose config.json or safetensors index is nested 100,000 deep:
     what parses it says so in one line, exit 2: plan both, fetch and the operator's
-    download size the index (fetch downloads config.json as it is)."""
+    download size the index (fetch downloads config.json as it is). The index is read
+    member by member: its nesting is in a member."""
     repo = tmp_path / "repo"
     write_checkpoint(repo, shards=2)
-    (repo / file).write_text("[" * 100_000 + "]" * 100_000)
+    deep = "[" * 100_000 + "]" * 100_000
+    (repo / file).write_text(deep if file == "config.json" else f'{{"metadata": {deep}}}')
     with HubServer() as server:
         server.add_commit("kvledger/deep", repo)
         env = hub_env(server.url, tmp_path)

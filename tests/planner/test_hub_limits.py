@@ -1,16 +1,24 @@
 """A hostile or broken hub cannot hang or flood the planner: every hf:// read ends within a
 deadline per file and one per command (``--hub-timeout``), a redirect loop is one error
-line, and a small file is read no further than the size the listing gives it.
+line, a small file is read no further than the size the listing gives it, and what one
+model's read may take (``read_limits``: its bytes, shards and tensors) is refused, naming
+the limit, before it is read, in a bounded amount of memory.
 
 Against tests/hub_server.py's misbehaviours (``drip_s``, ``redirect_loops``,
-``listed_sizes``); each test serves its own repo, so they do not disturb each other."""
+``listed_sizes``) and tests/hostile_hub.py's repos; each test serves its own repo, so they
+do not disturb each other. ``kvledger plan`` runs as the pod's pre-flight does, in its own
+process, whose peak memory ``os.wait4`` reports."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import pytest
-from _hub_helpers import hub_env, kvledger, one_error_line, point_hub_at
+from _hub_helpers import hub_env, kvledger, one_error_line, point_hub_at, run_with_peak
+from hostile_hub import CONFIG, shard_name, tiny_tensors, write_heavy_repo, write_shard
 from hub_server import LISTING, HubServer
 
 from kvledger.engine.checkpoint.hub import reads as hub_http
@@ -96,3 +104,80 @@ def test_a_small_file_is_read_no_further_than_its_listed_size(tmp_path, make_mod
         # The client stopped after 201 bytes; what the server got out before it noticed is
         # socket buffers, not the 48 MiB it would have read without the cap.
         assert hub.served_bytes("kvledger/liar", "config.json") < 16 * 2**20
+
+
+# What `kvledger plan` of a tiny hub model peaks at (imports included) is ~40 MiB; these
+# reads may add no more than their records.
+PLAN_PEAK_MIB = 120
+
+
+def plan_peak(hub: HubServer, tmp_path, repo: str) -> tuple[subprocess.CompletedProcess, float]:
+    """``kvledger plan`` of ``hf://repo`` (its own process), and its peak memory in MiB."""
+    return run_with_peak([sys.executable, "-m", "kvledger.engine.cli", "plan", "--model",
+                          f"hf://{repo}", "--device-memory", "80GiB"], hub_env(hub.url, tmp_path))
+
+
+def test_headers_past_what_one_read_may_take_are_refused_before_they_are_read(tmp_path):
+    """6 shards of 20 MB headers: the first are asked for, the one past 64 MiB is refused
+    at its length prefix and the others stop where they are."""
+    repo = write_heavy_repo(tmp_path / "heavy", shards=6, header_bytes=20_000_000)
+    with HubServer() as hub:
+        hub.add_commit("hostile/heavy", repo)
+        result, peak = plan_peak(hub, tmp_path, "hostile/heavy")
+        line = one_error_line(result)
+        assert line.startswith("error: hf://hostile/heavy (commit ")
+        assert ("its config.json, index and safetensors headers come to more than 64 MiB, "
+                "the most kvledger reads of one model") in line
+        assert hub.served_bytes("hostile/heavy") <= 64 * 2**20
+    assert peak < PLAN_PEAK_MIB, peak
+
+
+def test_an_index_of_too_many_shards_is_refused_before_any_is_read(tmp_path):
+    repo = tmp_path / "many"
+    repo.mkdir()
+    (repo / "config.json").write_text(json.dumps(CONFIG))
+    shards = 1100
+    for k in range(shards):
+        write_shard(repo / shard_name(k, shards), tiny_tensors([f"t{k}"]), 1)
+    (repo / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {f"t{k}": shard_name(k, shards) for k in range(shards)}}))
+    with HubServer() as hub:
+        hub.add_commit("hostile/many", repo)
+        line = one_error_line(kvledger(hub_env(hub.url, tmp_path), "plan", "--model",
+                                       "hf://hostile/many", "--device-memory", "8GiB"))
+        assert "its index names 1100 shards, more than the 1024 kvledger reads" in line
+        assert not [r for r in hub.requests if r[1].endswith(".safetensors")]
+
+
+def test_headers_of_too_many_tensors_are_refused_as_they_are_counted(tmp_path):
+    """300,000 one-byte tensors in 16 MB of headers: within the bytes, past the tensors;
+    the read stops at the limit, so its records cost what 262,144 of them do at most."""
+    repo = tmp_path / "crowd"
+    repo.mkdir()
+    (repo / "config.json").write_text(json.dumps(CONFIG))
+    names = [f"t{i}" for i in range(300_000)]
+    write_shard(repo / "model.safetensors", tiny_tensors(names), len(names))
+    with HubServer() as hub:
+        hub.add_commit("hostile/crowd", repo)
+        result, peak = plan_peak(hub, tmp_path, "hostile/crowd")
+    line = one_error_line(result)
+    assert "it declares more than 262,144 tensors, the most kvledger reads of one model" in line
+    assert peak < PLAN_PEAK_MIB + 80, peak
+
+
+def test_a_header_entry_of_many_megabytes_is_refused_without_parsing_it_whole(tmp_path):
+    """A __metadata__ of 2 million one-letter pairs (12 MB): json.loads would build
+    hundreds of MiB of it; one entry may be 1 MiB."""
+    repo = tmp_path / "meta"
+    repo.mkdir()
+    (repo / "config.json").write_text(json.dumps(CONFIG))
+    pairs = ",".join(f'"{i}":"v"' for i in range(2_000_000))
+    header = ('{"__metadata__":{' + pairs + '},"t":{"dtype":"U8","shape":[1],'
+              '"data_offsets":[0,1]}}').encode()
+    write_shard(repo / "model.safetensors", header + b" " * (-len(header) % 8), 1)
+    with HubServer() as hub:
+        hub.add_commit("hostile/meta", repo)
+        result, peak = plan_peak(hub, tmp_path, "hostile/meta")
+    line = one_error_line(result)
+    assert "corrupt safetensors header: not valid JSON (a member is over 1 MiB)" in line
+    assert peak < PLAN_PEAK_MIB, peak

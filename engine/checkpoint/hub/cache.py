@@ -26,10 +26,11 @@ from kvledger.engine.checkpoint.hub.repo import (
     is_commit,
     is_hub_uri,
     list_repo,
-    parse_json,
     parse_uri,
     read_index,
 )
+from kvledger.engine.checkpoint.read_limits import ReadBudget, ReadLimits
+from kvledger.engine.checkpoint.shard_index import ShardIndex, read_shard_index
 from kvledger.engine.errors import BadInput
 
 log = logging.getLogger("kvledger.hub")
@@ -67,7 +68,7 @@ def fetch(model: HubModel, download_dir: str | None = None, *, token: str | None
     cache = cache_root(download_dir)
     snapshot = repo_folder(cache, model) / "snapshots" / listing.commit
     cached_index = snapshot / INDEX_FILE
-    index = (parse_json(_read_bytes(cached_index), listing.where(INDEX_FILE))
+    index = (_cached_index(cached_index, listing.where(INDEX_FILE))
              if cached_index.is_file() else read_index(listing))
     files = engine_files(listing, index)
     missing = [name for name in files if not (snapshot / name).is_file()]
@@ -144,17 +145,14 @@ def find_snapshot(model: HubModel, download_dir: str | None) -> tuple[Path, str 
         return repo_dir, None, [CONFIG_FILE]
     snapshot = repo_dir / "snapshots" / commit
     index_path = snapshot / INDEX_FILE
-    index = (parse_json(_read_bytes(index_path), f"{model.uri} {INDEX_FILE}")
+    index = (_cached_index(index_path, f"{model.uri} {INDEX_FILE}")
              if index_path.is_file() else None)
     try:
         tree = get_cached_repo_tree(model.repo_id, revision=commit, cache_dir=cache)
         listing = RepoListing(model, commit, {f.path: f.size for f in tree}, endpoint="")
         needed = engine_files(listing, index)
     except CachedRepoTreeNotFoundError:
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        shards = [v for v in weight_map.values() if isinstance(v, str)] if isinstance(
-            weight_map, dict) else []
-        weights = [INDEX_FILE, *dict.fromkeys(shards)] if index is not None else [SINGLE_FILE]
+        weights = [INDEX_FILE, *index.shards] if index is not None else [SINGLE_FILE]
         needed = [CONFIG_FILE, TOKENIZER_FILE, *weights]
     return snapshot, commit, [n for n in needed if not (snapshot / n).is_file()]
 
@@ -199,8 +197,10 @@ def _read_ref(repo_dir: Path, revision: str) -> str | None:
     return commit if is_commit(commit) else None
 
 
-def _read_bytes(path: Path) -> bytes:
+def _cached_index(path: Path, where: str) -> ShardIndex:
+    """The shards of an index in the cache (read as any index is: ``read_shard_index``)."""
     try:
-        return path.read_bytes()
+        with open(path, "rb") as f:
+            return read_shard_index(f.read, where, ReadBudget(ReadLimits(), where), owners=False)
     except OSError as exc:
         raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None

@@ -6,6 +6,12 @@ its header is fetched, with HTTP Range requests, written to a local file that is
 truncated to the shard's real size (from the hub's metadata). The data region is a hole,
 so ``checkpoint.read_weights`` validates and sums the mirror exactly as it does a local
 directory, and the planner stays unchanged. A 70B checkpoint costs a few hundred KiB.
+
+What a read may take is bounded (``read_limits``): every byte of the index and the headers
+goes straight to its file as it arrives, never held whole, and is counted against the
+read's ``ReadBudget`` before it is asked for (a header's length is known from its first 8
+bytes), so a repo whose headers claim 100 MB each is refused after those 8 bytes, naming
+the limit. The mirror's folder lives as long as the ``with`` block.
 """
 
 from __future__ import annotations
@@ -14,23 +20,29 @@ import os
 import shutil
 import struct
 import tempfile
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from kvledger.engine.checkpoint.contents import ModelSource
 from kvledger.engine.checkpoint.files import CONFIG_FILE, INDEX_FILE
-from kvledger.engine.checkpoint.hub.reads import read_range, read_small_file
+from kvledger.engine.checkpoint.hub.reads import fetch_file, read_range, read_small_file
 from kvledger.engine.checkpoint.hub.repo import (
     RepoListing,
     engine_files,
     is_hub_uri,
     list_repo,
-    parse_json,
     parse_uri,
 )
+from kvledger.engine.checkpoint.read_limits import (
+    MAX_CONFIG_BYTES,
+    ReadBudget,
+    ReadLimits,
+)
 from kvledger.engine.checkpoint.safetensors_header import MAX_HEADER_BYTES
+from kvledger.engine.checkpoint.shard_index import read_shard_index
 from kvledger.engine.errors import BadInput
 
 # The first request of each shard asks for this many bytes: most headers fit (as
@@ -61,8 +73,10 @@ def planning_source(model: str, download_dir: str | None = None, *,
 
 @contextmanager
 def header_mirror(uri: str, *, token: str | None = None, endpoint: str | None = None,
-                  timeout_s: float | None = None) -> Iterator[ModelSource]:
-    """A header-only sparse mirror of the hub model ``uri`` (see the module's docstring).
+                  timeout_s: float | None = None,
+                  limits: ReadLimits | None = None) -> Iterator[ModelSource]:
+    """A header-only sparse mirror of the hub model ``uri`` (see the module's docstring),
+    read within ``limits`` (kvledger's own when None; OverLimit past them).
 
     A BadInput raised inside the block names the model, not the temporary directory."""
     listing = list_repo(parse_uri(uri), token=token, endpoint=endpoint, timeout_s=timeout_s)
@@ -72,54 +86,123 @@ def header_mirror(uri: str, *, token: str | None = None, endpoint: str | None = 
         raise BadInput(f"cannot create a temporary folder for the headers of {uri}: "
                        f"{exc.strerror or exc} (set TMPDIR to a writable folder)") from None
     try:
-        write_mirror(listing, Path(tmp))
+        write_mirror(listing, Path(tmp), ReadBudget(limits or ReadLimits(), listing.where()))
         yield ModelSource(tmp, uri=listing.model.uri, commit=listing.commit)
     except BadInput as exc:
         where = listing.where()
-        raise BadInput(str(exc).replace(tmp + os.sep, where + " ").replace(tmp, where)) from None
+        # Its own class (OverLimit stays one), with the model's name for the folder's.
+        raise type(exc)(str(exc).replace(tmp + os.sep, where + " ").replace(tmp, where)) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def write_mirror(listing: RepoListing, root: Path) -> int:
-    """Write config.json, the index and each shard's header (sparse) under ``root``;
-    returns the bytes received."""
-    config = read_small_file(listing, CONFIG_FILE) if CONFIG_FILE in listing.sizes else None
-    index_raw = read_small_file(listing, INDEX_FILE) if INDEX_FILE in listing.sizes else None
-    index = parse_json(index_raw, listing.where(INDEX_FILE)) if index_raw is not None else None
+def write_mirror(listing: RepoListing, root: Path, budget: ReadBudget) -> int:
+    """Write config.json, the index and each shard's header (sparse) under ``root``, each
+    byte counted on ``budget`` before it is asked for; returns the bytes received."""
+    if CONFIG_FILE in listing.sizes:
+        budget.take_bytes(min(listing.sizes[CONFIG_FILE] or 0, MAX_CONFIG_BYTES))
+        _write(root / CONFIG_FILE, read_small_file(listing, CONFIG_FILE, MAX_CONFIG_BYTES))
+    else:
+        _write(root / CONFIG_FILE, b"")
+    index = None
+    if INDEX_FILE in listing.sizes:
+        budget.take_bytes(listing.sizes[INDEX_FILE])
+        with open(root / INDEX_FILE, "wb") as f:
+            fetch_file(listing, INDEX_FILE, f.write, budget.limits.model_bytes)
+        with open(root / INDEX_FILE, "rb") as f:
+            index = read_shard_index(f.read, listing.where(INDEX_FILE), budget, owners=False)
     shards = [n for n in engine_files(listing, index) if n.endswith(".safetensors")]
-    _write(root / CONFIG_FILE, config or b"")
-    if index_raw is not None:
-        _write(root / INDEX_FILE, index_raw)
-    with ThreadPoolExecutor(min(PARALLEL_REQUESTS, len(shards))) as pool:
-        headers = list(pool.map(lambda name: read_header(listing, name), shards))
-    for name, header in zip(shards, headers, strict=True):
-        _write(root / name, header, size=listing.sizes[name])
-    return len(config or b"") + len(index_raw or b"") + sum(map(len, headers))
+    budget.check_shards(len(shards))
+    parallel(lambda name: read_header(listing, name, root / name, budget), shards,
+             PARALLEL_REQUESTS, budget.stop)
+    return budget.taken_bytes
 
 
-def read_header(listing: RepoListing, filename: str) -> bytes:
-    """The first ``8 + N`` bytes of a safetensors file (length prefix and JSON header), by
-    Range requests. An absurd length is returned as is, for the header validation to name."""
+def read_header(listing: RepoListing, filename: str, path: Path, budget: ReadBudget) -> None:
+    """Write the first ``8 + N`` bytes of a safetensors file (length prefix and JSON
+    header) to ``path``, then make it the file's size (sparse), by Range requests that
+    stream into the file. The ``N`` bytes are counted on ``budget`` before they are asked
+    for; an absurd length is written as is, for the header validation to name."""
     size = listing.sizes[filename]
-    if size == 0:
-        return b""
-    prefix = read_range(listing, filename, 0, min(HEADER_PREFIX_BYTES, size))
-    if len(prefix) < 8:
-        return prefix
-    (header_len,) = struct.unpack("<Q", prefix[:8])
-    end = 8 + header_len
-    if header_len > MAX_HEADER_BYTES or end > size:
-        return prefix[:8]
-    if end <= len(prefix):
-        return prefix[:end]
-    return prefix + read_range(listing, filename, len(prefix), end - len(prefix))
-
-
-def _write(path: Path, data: bytes, size: int | None = None) -> None:
-    """``data``, then (sparse) up to ``size`` bytes: the tensor data is a hole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
-        f.write(data)
-        if size is not None:
-            f.truncate(size)
+        if size:
+            budget.take_bytes(min(8, size))
+            head = _Header(f, size, budget)
+            read_range(listing, filename, 0, min(HEADER_PREFIX_BYTES, size), sink=head.write)
+            if head.missing > 0:  # a header longer than the first request
+                read_range(listing, filename, head.written, head.missing, sink=head.write)
+        f.truncate(size)
+
+
+class _Header:
+    """What the Range responses bring of one shard, written as it arrives: the length
+    prefix, then the header it announces (counted on the budget first), then no more."""
+
+    def __init__(self, f: BinaryIO, size: int, budget: ReadBudget) -> None:
+        self.f, self.size, self.budget = f, size, budget
+        self.written = 0
+        self.wanted: int | None = None  # 8 + N, once the prefix is in
+        self._prefix = b""
+
+    @property
+    def missing(self) -> int:
+        return 0 if self.wanted is None else self.wanted - self.written
+
+    def write(self, chunk: bytes) -> bool:
+        """Takes a piece; False once the header is all in (the rest is tensor data), or
+        once another part of the read has failed."""
+        if self.budget.stopped:
+            return False
+        if self.wanted is None:
+            self._prefix += chunk[:8 - len(self._prefix)]
+            if len(self._prefix) == 8:
+                (header_len,) = struct.unpack("<Q", self._prefix)
+                if header_len > MAX_HEADER_BYTES or 8 + header_len > self.size:
+                    self.wanted = 8  # the validation names the absurd length
+                else:
+                    self.budget.take_bytes(header_len)
+                    self.wanted = 8 + header_len
+        room = (self.wanted if self.wanted is not None else 8) - self.written
+        if room > 0:
+            self.f.write(chunk[:room])
+            self.written += min(room, len(chunk))
+        return self.wanted is None or self.written < self.wanted
+
+
+def parallel(work: Callable[[str], None], items: list[str], threads: int,
+             stop: Callable[[], None]) -> None:
+    """``work(item)`` for each item on up to ``threads`` threads; at the first error
+    ``stop()`` (the others end where they are) and the error raised again here once they
+    have. The threads are daemons: a process that exits while a hub read hangs (the
+    operator at SIGTERM) does not wait for it, as it would for a ThreadPoolExecutor's."""
+    pending = list(reversed(items))
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        while True:
+            with lock:
+                if errors or not pending:
+                    return
+                item = pending.pop()
+            try:
+                work(item)
+            except BaseException as exc:  # handed to the caller below
+                with lock:
+                    errors.append(exc)
+                stop()
+
+    workers = [threading.Thread(target=run, daemon=True, name="kvledger-hub-header")
+               for _ in range(min(threads, len(items)))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if errors:
+        raise errors[0]
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from kvledger.engine.checkpoint.hub.uri import HubModel
@@ -29,11 +29,13 @@ TIMEOUT_S = 10.0  # per request: connecting, or waiting for the next bytes
 # by --hub-timeout (DEFAULT_HUB_TIMEOUT_S).
 FILE_TIMEOUT_S = 60.0
 DEFAULT_HUB_TIMEOUT_S = 120.0
-# config.json and the index are read whole; anything this big is not one. A file the
-# listing gives a size for is read up to that size (and one byte, to tell a liar).
-MAX_SMALL_FILE_BYTES = 64 * 2**20
-MAX_LISTING_BYTES = 64 * 2**20
+# The repo's listing is parsed whole (huggingface_hub's ModelInfo): the largest model repos
+# list a few hundred files in well under 1 MiB, and a listing of small entries costs about
+# ten times its bytes once parsed.
+MAX_LISTING_BYTES = 4 * 2**20
 T = TypeVar("T")
+# Takes each piece of a body as it arrives; returning False says it wants no more.
+Sink = Callable[[bytes], "bool | None"]
 
 
 @dataclass(frozen=True)
@@ -87,24 +89,36 @@ def file_deadline(command: Deadline | None) -> Deadline:
     return Deadline.after(FILE_TIMEOUT_S, f"the {FILE_TIMEOUT_S:g} s per file").sooner(command)
 
 
-def read_small_file(listing: RepoListing, filename: str) -> bytes:
-    """A whole small file (config, index) at the listing's commit, no longer than the
-    listing says it is."""
+def read_small_file(listing: RepoListing, filename: str, limit: int) -> bytes:
+    """A whole small file (config.json) at the listing's commit, into memory: at most
+    ``limit`` bytes, and no longer than the listing says it is."""
+    chunks: list[bytes] = []
+    fetch_file(listing, filename, chunks.append, limit)
+    return b"".join(chunks)
+
+
+def fetch_file(listing: RepoListing, filename: str, sink: Sink, limit: int) -> int:
+    """A whole file at the listing's commit, handed to ``sink`` piece by piece as it
+    arrives: BadInput when the listing gives it more than ``limit`` bytes (nothing is asked
+    for), or when the hub sends more than the listing gives. Returns its size."""
     size = listing.sizes.get(filename)
-    if size is not None and size > MAX_SMALL_FILE_BYTES:
-        raise BadInput(f"{listing.where(filename)} is {size} bytes: too large to be what it says")
-    cap = MAX_SMALL_FILE_BYTES if size is None else size
-    data = read_range(listing, filename, 0, cap + 1, ranged=False)
-    if len(data) > cap:
+    if size is not None and size > limit:
+        raise BadInput(f"{listing.where(filename)} is {size} bytes, more than the {limit} "
+                       "bytes such a file may have")
+    cap = limit if size is None else size
+    got = read_range(listing, filename, 0, cap + 1, ranged=False, sink=sink)
+    if got > cap:
         raise BadInput(f"{listing.where(filename)}: the hub sent more than the {cap} bytes "
                        "its listing gives")
-    return data
+    return got
 
 
 def read_range(listing: RepoListing, filename: str, start: int, length: int, *,
-               ranged: bool = True) -> bytes:
+               ranged: bool = True, sink: Sink | None = None) -> Any:
     """At most ``length`` bytes of a file from byte ``start`` (an HTTP Range request),
-    within ``FILE_TIMEOUT_S`` and the listing's command deadline.
+    within ``FILE_TIMEOUT_S`` and the listing's command deadline: the bytes, or with
+    ``sink`` their count, each piece handed to ``sink`` as it arrives (a retry asks only
+    for what is still missing).
 
     The response is streamed and closed once enough has arrived, so a server that ignores
     Range (200 with the whole file) still costs only what was asked for.
@@ -113,20 +127,33 @@ def read_range(listing: RepoListing, filename: str, start: int, length: int, *,
 
     # hf_hub_url's, built here: it swaps in an endpoint only when HF_ENDPOINT was read at import.
     url = f"{listing.endpoint}/{listing.model.repo_id}/resolve/{listing.commit}/{quote(filename)}"
-    headers = build_hf_headers(token=listing.token)
-    if ranged:
-        headers["Range"] = f"bytes={start}-{start + length - 1}"
     deadline = file_deadline(listing.deadline)
-    return with_retries(lambda: stream_get(url, headers, length, deadline,
-                                           skip=start if ranged else 0),
-                        listing.model, listing.endpoint, filename, deadline)
+    chunks: list[bytes] = []
+    got = 0
+
+    def take(chunk: bytes) -> bool | None:
+        nonlocal got
+        got += len(chunk)
+        return (sink or chunks.append)(chunk)
+
+    def attempt() -> None:
+        headers = build_hf_headers(token=listing.token)
+        if ranged:
+            headers["Range"] = f"bytes={start + got}-{start + length - 1}"
+        stream_get(url, headers, length - got, deadline, skip=start + got, sink=take,
+                   ranged=ranged)
+
+    with_retries(attempt, listing.model, listing.endpoint, filename, deadline)
+    return got if sink is not None else b"".join(chunks)
 
 
 def stream_get(url: str, headers: dict[str, str], length: int, deadline: Deadline, *,
-               skip: int = 0, params: dict[str, str] | None = None) -> bytes:
+               skip: int = 0, params: dict[str, str] | None = None, sink: Sink | None = None,
+               ranged: bool = True) -> bytes:
     """At most ``length`` bytes of a GET's body, through huggingface_hub's session and
-    errors. ``skip``: the bytes to drop when a Range was asked for and the whole body came
-    back. DeadlineExceeded when ``deadline`` passes, checked as each piece arrives."""
+    errors; with ``sink`` each piece goes there as it arrives and b"" is returned. ``skip``:
+    the bytes to drop when the whole body came back (a 200, not a 206 to a Range).
+    DeadlineExceeded when ``deadline`` passes, checked as each piece arrives."""
     from huggingface_hub import get_session, hf_raise_for_status
 
     chunks, have = [], 0
@@ -136,7 +163,7 @@ def stream_get(url: str, headers: dict[str, str], length: int, deadline: Deadlin
         if response.status_code >= 400:
             response.read()
         hf_raise_for_status(response)
-        if response.status_code == 206:
+        if response.status_code == 206 and ranged:
             skip = 0
         for chunk in response.iter_bytes():
             if deadline.left_s() <= 0:
@@ -144,11 +171,14 @@ def stream_get(url: str, headers: dict[str, str], length: int, deadline: Deadlin
             if skip:
                 cut = min(skip, len(chunk))
                 chunk, skip = chunk[cut:], skip - cut
-            chunks.append(chunk)
-            have += len(chunk)
+            chunk = chunk[:length - have]
+            if chunk:
+                have += len(chunk)
+                if (sink or chunks.append)(chunk) is False:
+                    break
             if have >= length:
                 break
-    return b"".join(chunks)[:length]
+    return b"".join(chunks)
 
 
 def with_retries(call: Callable[[], T], model: HubModel, endpoint: str,

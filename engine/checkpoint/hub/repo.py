@@ -13,6 +13,7 @@ ever printed or logged here.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import PurePosixPath
 from urllib.parse import quote
 
@@ -28,8 +29,8 @@ from kvledger.engine.checkpoint.hub.reads import (
     MAX_LISTING_BYTES,
     RepoListing,
     command_deadline,
+    fetch_file,
     file_deadline,
-    read_small_file,
     stream_get,
     with_retries,
 )
@@ -42,6 +43,8 @@ from kvledger.engine.checkpoint.hub.uri import (  # noqa: F401 - the uri's names
     is_hub_uri,
     parse_uri,
 )
+from kvledger.engine.checkpoint.read_limits import ReadBudget, ReadLimits
+from kvledger.engine.checkpoint.shard_index import ShardIndex, read_shard_index
 from kvledger.engine.errors import BadInput
 
 
@@ -92,34 +95,28 @@ def list_repo(model: HubModel, *, token: str | None = None, endpoint: str | None
     return RepoListing(model, info.sha, sizes, endpoint, token, deadline)
 
 
-def weight_files(listing: RepoListing, index: object | None) -> list[str]:
+def weight_files(listing: RepoListing, index: ShardIndex | None) -> list[str]:
     """The safetensors the engine loads: the index and the shards it names, else those a
     folder without an index is loaded from (``files.unindexed_weights``). ``index`` is the
-    parsed index when the repo has one."""
-    if INDEX_FILE not in listing.sizes:
+    repo's index when it has one (``read_index``)."""
+    if INDEX_FILE not in listing.sizes or index is None:
         if unindexed := unindexed_weights(listing.sizes):
             return unindexed
         others = sorted(n for n in listing.sizes if n.endswith((".bin", ".pt", ".safetensors")))
         hint = f" (found {', '.join(others[:3])})" if others else ""
         raise BadInput(f"{listing.where()} has no {SINGLE_FILE} or {INDEX_FILE}: kvledger "
                        f"loads only safetensors{hint}")
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if (not isinstance(weight_map, dict) or not weight_map
-            or not all(isinstance(v, str) for v in weight_map.values())):
-        raise BadInput(f"{listing.where(INDEX_FILE)}: needs a non-empty \"weight_map\" of "
-                       "tensor name -> shard file")
-    shards = list(dict.fromkeys(weight_map.values()))
-    for name in shards:
+    for name in index.shards:
         path = PurePosixPath(name)
         if path.is_absolute() or ".." in path.parts or "\\" in name:
             raise BadInput(f"{listing.where(INDEX_FILE)}: shard {name!r} is outside the repo")
         if name not in listing.sizes:
             raise BadInput(f"{listing.where(INDEX_FILE)} names shard {name!r}, which the repo "
                            "does not have")
-    return [INDEX_FILE, *shards]
+    return [INDEX_FILE, *index.shards]
 
 
-def engine_files(listing: RepoListing, index: object | None) -> list[str]:
+def engine_files(listing: RepoListing, index: ShardIndex | None) -> list[str]:
     """Every file ``kvledger fetch`` downloads: what the engine reads of a folder
     (``checkpoint/files.py``: config.json, the tokenizer, its chat templates, the
     generation config), and the weights."""
@@ -128,11 +125,17 @@ def engine_files(listing: RepoListing, index: object | None) -> list[str]:
     return read_beside_weights(listing.sizes) + weight_files(listing, index)
 
 
-def read_index(listing: RepoListing) -> object | None:
-    """The parsed safetensors index, when the repo has one (read over HTTP)."""
+def read_index(listing: RepoListing, limits: ReadLimits | None = None) -> ShardIndex | None:
+    """The repo's safetensors index when it has one (its shards, read over HTTP within
+    ``limits``: through a temporary file, never whole in memory)."""
     if INDEX_FILE not in listing.sizes:
         return None
-    return parse_json(read_small_file(listing, INDEX_FILE), listing.where(INDEX_FILE))
+    budget = ReadBudget(limits or ReadLimits(), listing.where())
+    budget.take_bytes(listing.sizes[INDEX_FILE])
+    with tempfile.TemporaryFile() as f:
+        fetch_file(listing, INDEX_FILE, f.write, budget.limits.model_bytes)
+        f.seek(0)
+        return read_shard_index(f.read, listing.where(INDEX_FILE), budget, owners=False)
 
 
 def parse_json(raw: bytes, where: str) -> object:
@@ -143,9 +146,10 @@ def parse_json(raw: bytes, where: str) -> object:
 
 
 def download_bytes(uri: str, *, token: str | None = None, endpoint: str | None = None,
-                   timeout_s: float | None = None) -> int:
+                   timeout_s: float | None = None, limits: ReadLimits | None = None) -> int:
     """The bytes ``kvledger fetch`` would download for ``uri`` into an empty cache: the sum of
     the sizes of the files it fetches, from the hub's file metadata (and the safetensors
-    index of a sharded model); no weights are read. BadInput with one line on any error."""
+    index of a sharded model, read within ``limits``); no weights are read. BadInput with
+    one line on any error."""
     listing = list_repo(parse_uri(uri), token=token, endpoint=endpoint, timeout_s=timeout_s)
-    return sum(listing.sizes[name] for name in engine_files(listing, read_index(listing)))
+    return sum(listing.sizes[name] for name in engine_files(listing, read_index(listing, limits)))
