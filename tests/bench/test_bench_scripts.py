@@ -267,11 +267,19 @@ def test_cpu_contention_measures_a_decode_in_a_process_of_its_own(tiny_llama_dir
     for busy in (False, True):
         assert cpu_contention.measure(sys.executable, "kvledger", str(tiny_llama_dir),
                                       {"OMP_NUM_THREADS": "1"}, busy, args) > 0
+    fewer = cpu_contention.FEWER
     met = [m for _, _, m in cpu_contention.claims(
-        {"kvledger": (100.0, 75.0), "kvledger, fixed threads": (104.0, 30.0)})]
+        {"kvledger": (100.0, 75.0), "kvledger, fixed threads": (104.0, 30.0),
+         fewer: (90.0, 80.0)})]
+    assert met == [True, True]
+    # one core of two left: 0.59x alone, but what one thread gives alone
+    met = [m for _, _, m in cpu_contention.claims(
+        {"kvledger": (1037.0, 615.0), "kvledger, fixed threads": (959.0, 243.0),
+         fewer: (589.0, 613.0)})]
     assert met == [True, True]
     met = [m for _, _, m in cpu_contention.claims(
-        {"kvledger": (100.0, 60.0), "kvledger, fixed threads": (110.0, 30.0)})]
+        {"kvledger": (100.0, 60.0), "kvledger, fixed threads": (110.0, 30.0),
+         fewer: (80.0, 70.0)})]
     assert met == [False, False]
 
 
