@@ -28,7 +28,10 @@ The attacks (hostile round four):
   string metadata, a list spec, a bogus apiVersion/kind, a dict uid: status and text;
 - update_memos: 50,000 UPDATE reviews of made-up uids: the memory they leave;
 - sigterm_reads: SIGTERM with 16 hub reads under way or queued on a dripping hub: the time
-  the operator takes to exit.
+  the operator takes to exit;
+- nodes_channel: the multi-machine control channel and torch's store
+  (``bench/hostile_nodes.py``: a relay on the path injecting a pickled frame and reading
+  the prompts, a flood of connections, a dripping handshake, a stranger at the store).
 
 ``--fast`` runs every section smaller (tests/bench/test_bench_scripts.py); ``main()`` runs
 the sections of ``SECTIONS``, each ``async (args, report) -> None``.
@@ -45,6 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
+import hostile_nodes  # noqa: E402
 from hostile_connections import malformed_reviews, slow_bodies, tls_idle, update_memos  # noqa: E402
 from hostile_hub_attacks import (  # noqa: E402
     hub_headers,
@@ -54,8 +58,22 @@ from hostile_hub_attacks import (  # noqa: E402
     sigterm_reads,
 )
 
+
+async def nodes_channel(args, report) -> None:
+    """The machines' control channel and torch's store (bench/hostile_nodes.py's attacks;
+    ``--fast``: the relay on the path only, not the live two-machine run)."""
+    failed: list[str] = []
+    folder = args.tmp / "nodes"
+    folder.mkdir()
+    await asyncio.to_thread(hostile_nodes.run_all, folder, failed, live=not args.fast)
+    report.check("a relay injecting a pickled frame, reading prompts; a flood, a drip, a "
+                 "stranger at the store" + (" (relay only)" if args.fast else ""),
+                 "; ".join(failed) or "each refused", "none gets what it should not",
+                 not failed)
+
+
 SECTIONS = [hub_headers, hub_wide, preflight_headers, tls_idle, slow_bodies, review_flood,
-            malformed_reviews, update_memos, sigterm_reads]
+            malformed_reviews, update_memos, sigterm_reads, nodes_channel]
 
 
 class Report:
