@@ -20,7 +20,7 @@ from kvledger.engine.config import EngineConfig
 from kvledger.engine.core import request as rules
 from kvledger.engine.core.cpu_threads import ThreadGovernor
 from kvledger.engine.core.lora_registry import LoraRegistry
-from kvledger.engine.core.outputs import RequestOutput
+from kvledger.engine.core.outputs import RequestOutput, request_output
 from kvledger.engine.core.request import EngineRequest
 from kvledger.engine.core.runner import ModelRunner, StepOutput
 from kvledger.engine.core.scheduler import ScheduledBatch, Scheduler
@@ -203,7 +203,7 @@ class LLMEngine:
         included) fails the requests of that step, empties the allocator's cache and lets
         the rest go on. Only ``MAX_CONSECUTIVE_FAILED_STEPS`` failed forward passes in a
         row raise ``EngineFailed``: then the engine itself is broken."""
-        outputs = [self._output(seq, []) for seq in self._apply_pending()]
+        outputs = [request_output(seq, []) for seq in self._apply_pending()]
         batch = self.scheduler.schedule()
         self.stall_watch.observe(not batch.is_empty, self.scheduler.has_unfinished(),
                                  self.scheduler.describe)
@@ -259,7 +259,7 @@ class LLMEngine:
             self._append_token(seq, token_id, logprobs)
         except Exception as exc:
             return self._fail(seq, "postprocessing", exc)
-        return self._output(seq, [token_id])
+        return request_output(seq, [token_id])
 
     def _append_token(self, seq: Sequence, token_id: int, logprobs: TokenLogprobs | None) -> None:
         """Add the sampled token and finish the sequence if it stops here. Raises when its
@@ -289,20 +289,6 @@ class LLMEngine:
         if reason is not None:
             self._finish(seq, reason)
 
-    def _output(self, seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
-        text = seq.text
-        if seq.params.stop_strings and not seq.is_finished:
-            # Hold back what could be the start of a stop string, so streamed text never
-            # shows characters that a later cut removes.
-            text = text[:max(0, len(text) - seq.params.longest_stop + 1)]
-        output = RequestOutput(seq.request_id, seq.prompt_token_ids, list(seq.output_token_ids),
-                               new_token_ids, text, seq.is_finished, seq.finish_reason)
-        if seq.logprobs is not None:
-            output.logprobs = list(seq.logprobs)
-        if seq.prompt_logprobs is not None and seq.prompt_computed:
-            output.prompt_logprobs = seq.prompt_logprobs  # complete: it never changes again
-        return output
-
     # -- finishing ----------------------------------------------------------------------
 
     def _finish(self, seq: Sequence, reason: str, *, uncache: bool = False) -> None:
@@ -318,7 +304,7 @@ class LLMEngine:
                   type(exc).__name__, exc, exc_info=exc if traceback else None)
         if not seq.is_finished:
             self._finish(seq, "error", uncache=uncache)
-        output = self._output(seq, [])
+        output = request_output(seq, [])
         output.error = f"{stage} failed: {type(exc).__name__}: {exc}"
         return output
 

@@ -47,3 +47,20 @@ class RequestOutput:
     @property
     def outputs(self) -> list[CompletionOutput]:
         return [CompletionOutput(0, self.text, self.token_ids, self.finish_reason, self.logprobs)]
+
+
+def request_output(seq, new_token_ids: list[int]) -> RequestOutput:
+    """What a step reports of ``seq`` (a ``core.sequence.Sequence``): ``new_token_ids`` this
+    step, its text so far, and whether and why it finished."""
+    text = seq.text
+    if seq.params.stop_strings and not seq.is_finished:
+        # Hold back what could be the start of a stop string, so streamed text never
+        # shows characters that a later cut removes.
+        text = text[:max(0, len(text) - seq.params.longest_stop + 1)]
+    output = RequestOutput(seq.request_id, seq.prompt_token_ids, list(seq.output_token_ids),
+                           new_token_ids, text, seq.is_finished, seq.finish_reason)
+    if seq.logprobs is not None:
+        output.logprobs = list(seq.logprobs)
+    if seq.prompt_logprobs is not None and seq.prompt_computed:
+        output.prompt_logprobs = seq.prompt_logprobs  # complete: it never changes again
+    return output

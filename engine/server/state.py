@@ -28,6 +28,7 @@ from kvledger.engine.server.api_errors import ApiError
 from kvledger.engine.server.metrics import ServerMetrics
 from kvledger.engine.server.tenants import Tenants, TenantSpec
 from kvledger.engine.server.vllm_metrics import CacheInfo
+from kvledger.engine.server.watched_series import watch_series
 
 if TYPE_CHECKING:  # the engine and the grammar compiler pull torch and xgrammar in
     from kvledger.engine.core.engine import LLMEngine
@@ -111,70 +112,7 @@ class ServerState:
         self._adapter_threads: asyncio.Semaphore | None = None  # made on the loop
         self._grammars: GrammarCompiler | None = None
         self._token_texts: dict[int, str] = {}
-        self._watch()
-
-    def _watch(self) -> None:
-        """The series read at scrape time: the ledger's, the line's, the engine loop's."""
-        ledger = lambda attr: lambda: (getattr(self.engine.ledger, attr)  # noqa: E731
-                                       if self.engine else 0)
-        waiting = lambda: self.admission.queue_length if self.admission else 0  # noqa: E731
-        self.metrics.watch_tenants(self.tenants.labels, lambda: (
-            self.admission.waiting_by_tenant() if self.admission else {}))
-        self.metrics.watch({
-            "kvledger_kv_blocks_total": ("KV blocks in the pool", ledger("num_blocks")),
-            "kvledger_kv_blocks_reserved": ("KV blocks claimed by admitted requests",
-                                            ledger("reserved_blocks")),
-            "kvledger_kv_blocks_used": ("KV blocks held by running requests (cached blocks "
-                                        "not included)", ledger("used_blocks")),
-            "kvledger_kv_reserved_ratio": ("share of the KV blocks claimed by admitted "
-                                           "requests, 0..1", self._kv_reserved_ratio),
-            "kvledger_requests_waiting": ("requests waiting for a reservation", waiting),
-            "kvledger_queue_length": ("requests waiting for a reservation (the older name of "
-                                      "kvledger_requests_waiting)", waiting),
-            "kvledger_requests_running": ("admitted requests not yet finished",
-                                          lambda: len(self.admission.running)
-                                          if self.admission else 0),
-            "kvledger_requests_paused": ("requests whose next KV block was refused at the "
-                                         "last step (--admission safe): they keep their "
-                                         "blocks and wait", ledger("paused_reservations")),
-            "kvledger_engine_stalled": ("1 while the engine holds requests and none has "
-                                        "progressed for a while (a bug: /health is 503)",
-                                        self._stall("stalled")),
-            "kvledger_line_stalled": ("1 while requests wait in line, the engine holds none "
-                                      "and none is admitted (a bug: /health is 503)",
-                                      self._line_stall("stalled")),
-        }, counters={
-            "kvledger_kv_draws_refused": ("engine steps a request sat out because its next "
-                                          "KV block would have left another unable to finish "
-                                          "(--admission safe)",
-                                          lambda: self.engine.ledger.overcommit.refused_draws
-                                          if self.engine and self.engine.ledger.overcommit
-                                          else 0),
-            "kvledger_prefix_cache_queries": ("prompt tokens of requests that looked up the "
-                                              "prefix cache", ledger("prefix_cache_queries")),
-            "kvledger_prefix_cache_hits": ("prompt tokens found in the prefix cache (not "
-                                           "computed again)", ledger("prefix_cache_hits")),
-            "kvledger_engine_stalls": ("times the engine stalled (kvledger_engine_stalled)",
-                                       self._stall("stalls")),
-            "kvledger_line_stalls": ("times the admission line stalled (kvledger_line_stalled)",
-                                     self._line_stall("stalls")),
-            "kvledger_engine_steps": ("engine steps that produced tokens", self._driver("steps")),
-            "kvledger_engine_step_seconds": ("wall time of the engine steps that produced "
-                                             "tokens", self._driver("step_seconds")),
-            "kvledger_engine_step_tokens": ("tokens those steps produced, one per sequence "
-                                            "given one", self._driver("step_tokens")),
-            "kvledger_requests_backfilled": ("requests admitted ahead of the line (--backfill): "
-                                             "they start now and delay the plans of none "
-                                             "of the first in line",
-                                             lambda: self.admission.backfilled
-                                             if self.admission else 0),
-        }, model_name=lambda: self.engine.model_name if self.engine else None)
-
-    def _stall(self, attr: str) -> Callable[[], float]:
-        return lambda: getattr(self.engine.stall_watch, attr) if self.engine else 0
-
-    def _line_stall(self, attr: str) -> Callable[[], float]:
-        return lambda: getattr(self.line_watch, attr) if self.line_watch else 0
+        watch_series(self)
 
     @property
     def stalled(self) -> str | None:
@@ -184,14 +122,6 @@ class ServerState:
             if watch is not None and watch.stalled:
                 return watch.describe()
         return None
-
-    def _driver(self, attr: str) -> Callable[[], float]:
-        return lambda: getattr(self.async_engine, attr) if self.async_engine else 0
-
-    def _kv_reserved_ratio(self) -> float:
-        if self.engine is None:
-            return 0.0
-        return self.engine.ledger.reserved_blocks / self.engine.ledger.num_blocks
 
     # -- lifecycle -------------------------------------------------------------------
     async def attach(self, engine: LLMEngine, *, warm: bool = True) -> None:
