@@ -21,6 +21,9 @@ and what it keeps as stored, is ``checkpoint/weight_formats.py``'s to say.
 
 from __future__ import annotations
 
+import threading
+import weakref
+
 from kvledger.engine.checkpoint.contents import (
     CASTABLE_DTYPES,
     DTYPE_BITS,
@@ -38,6 +41,12 @@ from kvledger.engine.checkpoint.weight_formats import run_format, stored_format
 from kvledger.engine.planner import estimates
 from kvledger.engine.planner.sharding import rank_share, shard_bytes
 
+# Each checkpoint's answers, by its record's identity while it lives: a remedy search plans
+# the same checkpoint a hundred times over, each time walking every tensor (a 70B at 4 GPUs:
+# 1.4 s of the webhook's 2 refusals went there).
+_ANSWERS: dict[int, tuple[weakref.ref, dict[tuple, int]]] = {}
+_ANSWERS_LOCK = threading.Lock()
+
 
 def loaded_weight_bytes(weights: WeightsInfo, model_dtype: str, *,
                         shape: ModelShape | None = None, quantize_fp8: bool = False,
@@ -46,7 +55,32 @@ def loaded_weight_bytes(weights: WeightsInfo, model_dtype: str, *,
     how config.json quantizes them (None: not at all), ``quantize_fp8`` is
     ``--quantization fp8``. With ``tensor_parallel_size`` N > 1 (and ``shape``): what one
     rank holds, each tensor's share as ``sharding.rank_share`` says; a checkpoint known
-    only by its totals (no tensor names) is counted as 1/N of them, rounded up."""
+    only by its totals (no tensor names) is counted as 1/N of them, rounded up.
+    Remembered per ``weights`` record (records are not changed once read)."""
+    key = (model_dtype, shape, quantize_fp8, tensor_parallel_size)
+    with _ANSWERS_LOCK:
+        kept = _ANSWERS.get(id(weights))
+        if kept is not None and kept[0]() is weights and key in kept[1]:
+            return kept[1][key]
+    answer = _counted(weights, model_dtype, shape, quantize_fp8, tensor_parallel_size)
+    with _ANSWERS_LOCK:
+        kept = _ANSWERS.get(id(weights))
+        if kept is None or kept[0]() is not weights:
+            kept = (weakref.ref(weights, _forget), {})
+            _ANSWERS[id(weights)] = kept
+        kept[1][key] = answer
+    return answer
+
+
+def _forget(gone: weakref.ref) -> None:
+    """A record's answers go with it (only its own: its id may be another's by now)."""
+    for ident, (ref, _) in list(_ANSWERS.items()):
+        if ref is gone:
+            _ANSWERS.pop(ident, None)
+
+
+def _counted(weights: WeightsInfo, model_dtype: str, shape: ModelShape | None,
+             quantize_fp8: bool, tensor_parallel_size: int) -> int:
     tp = tensor_parallel_size if shape is not None else 1
     served = stored_format(shape, weights) if shape is not None else None
     as_stored = shape is not None and bool(shape.quantization) and served is None

@@ -170,3 +170,33 @@ def test_max_num_batched_tokens_remedy_is_exactly_the_step_the_limit_was_cut_for
     assert not just.fits and _remedy(just, "--max-num-batched-tokens") == target
     short = make_plan(dataclasses.replace(base, memory_limit_bytes=limit - 1))
     assert _remedy(short, "--max-num-batched-tokens") == (target - 1 if target > 4 else None)
+
+
+# --- the checkpoint counted once per search --------------------------------------------------
+
+def test_a_refusals_remedy_search_counts_the_checkpoints_tensors_once_per_shape(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refusal plans the run at a hundred other shapes; the loaded bytes of one checkpoint
+    at one dtype and GPU count are counted once (they were counted per plan: 1.4 s of a
+    70B's two refusals in the webhook), and each answer is what a fresh count gives."""
+    from kvledger.engine.checkpoint.contents import read_weights
+    from kvledger.engine.planner import weight_bytes
+
+    _header_only_checkpoint(tmp_path, hidden_size=512, intermediate_size=1024,
+                            num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,
+                            vocab_size=4096, max_position_embeddings=4096)
+    counted: list[tuple] = []
+    real = weight_bytes._counted
+    monkeypatch.setattr(weight_bytes, "_counted",
+                        lambda *args: counted.append(args[1:]) or real(*args))
+    full = make_plan(_config(str(tmp_path), max_model_len=2048, max_num_seqs=64,
+                             memory_limit_bytes=1000 * GiB), with_remedies=False)
+    counted.clear()
+    plan = make_plan(dataclasses.replace(full.config, memory_limit_bytes=full.required_bytes // 2))
+    assert not plan.fits and plan.remedies, (plan.fits, plan.remedies)
+    assert len(counted) == len(set(counted)), counted
+    weights = read_weights(tmp_path)
+    for dtype, shape_, fp8, tp in set(counted):
+        fresh = real(weights, dtype, shape_, fp8, tp)
+        assert weight_bytes.loaded_weight_bytes(weights, dtype, shape=shape_, quantize_fp8=fp8,
+                                                tensor_parallel_size=tp) == fresh
