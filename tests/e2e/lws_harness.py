@@ -63,11 +63,14 @@ def expand(text: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", one, text)
 
 
-def for_podman(pod: dict[str, Any], *, leader_ip: str, secrets: dict[str, dict[str, str]],
-               http_port: int) -> dict[str, Any]:
+def for_podman(pod: dict[str, Any], *, leader_address: str,
+               secrets: dict[str, dict[str, str]], http_port: int) -> dict[str, Any]:
     """What podman 4.3's ``kube play`` lacks, and only that:
 
-    - no cluster DNS: ``LWS_LEADER_ADDRESS`` is the leader pod's IP;
+    - no cluster DNS: ``LWS_LEADER_ADDRESS`` is ``leader_address``: in the leader, its own
+      hostname (its /etc/hosts maps it to its IP, as the cluster's DNS maps LWS's leader
+      address to the leader pod's IP: machine 0 listens there, not on every interface); in
+      a worker, the leader pod's IP;
     - no ``$(VAR)`` expansion in args (the kubelet's): expanded here;
     - no Secrets: a ``secretKeyRef`` becomes its value (``secrets``: name -> key -> value);
     - every ``containerPort`` is published on the host: only the HTTP port is kept;
@@ -86,7 +89,7 @@ def for_podman(pod: dict[str, Any], *, leader_ip: str, secrets: dict[str, dict[s
         env = []
         for var in container.get("env", []):
             if var["name"] == "LWS_LEADER_ADDRESS":
-                var = {"name": var["name"], "value": leader_ip}
+                var = {"name": var["name"], "value": leader_address}
             elif "secretKeyRef" in var.get("valueFrom", {}):
                 ref = var["valueFrom"]["secretKeyRef"]
                 var = {"name": var["name"], "value": secrets[ref["name"]][ref["key"]]}

@@ -117,14 +117,15 @@ def test_a_two_pod_group_serves_the_tokens_of_one_process(
     leader_name, worker_name = leader_pod["metadata"]["name"], worker_pod["metadata"]["name"]
     leader, worker = f"{leader_name}-engine", f"{worker_name}-engine"
     (tmp_path / "leader.yaml").write_text(yaml.safe_dump(for_podman(
-        leader_pod, leader_ip="127.0.0.1", secrets=key, http_port=port)))
+        leader_pod, leader_address=leader_pod["spec"]["hostname"], secrets=key,
+        http_port=port)))
     pods.append(leader_name)
     played = podman("kube", "play", str(tmp_path / "leader.yaml"), check=False)
     assert played.returncode == 0, played.stdout + played.stderr
     ip = podman("exec", leader, "python3", "-c", "import socket; "
                 "print(socket.gethostbyname(socket.gethostname()))").stdout.strip()
     (tmp_path / "worker.yaml").write_text(yaml.safe_dump(for_podman(
-        worker_pod, leader_ip=ip, secrets=key, http_port=port)))
+        worker_pod, leader_address=ip, secrets=key, http_port=port)))
     pods.append(worker_name)
     played = podman("kube", "play", str(tmp_path / "worker.yaml"), check=False)
     assert played.returncode == 0, played.stdout + played.stderr
