@@ -53,6 +53,9 @@ from kvledger.engine.settings import (
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
 DEVICES = ("auto", "cuda", "cpu")
+# vLLM's names for the two attention paths kvledger has (planner/attention.py says which
+# reads the cache in place); CPU_ATTN, vLLM's CPU backend, is TORCH_SDPA here.
+ATTENTION_BACKENDS = ("auto", "TRITON_ATTN", "TORCH_SDPA", "CPU_ATTN")
 ADMISSIONS = ("reserve", "safe")  # --admission: engine/kv/ledger.py and engine/kv/safety.py
 POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy: engine/admission/order.py
 QUANTIZATIONS = ("fp8",)  # --quantization: what the engine quantizes to on load
@@ -163,6 +166,11 @@ class EngineConfig:
         help="plan no memory for CUDA graphs, as vLLM's eager mode captures none (kvledger's "
              "engine always runs eagerly)",
         crd=Crd("engine"))
+    attention_backend: str = setting(
+        "auto", "--attention-backend", choice(ATTENTION_BACKENDS), group=WORKLOAD,
+        help="TRITON_ATTN: a Triton kernel reads the KV blocks in place (a GPU's default); "
+             "TORCH_SDPA (or CPU_ATTN): each sequence's blocks are gathered for torch's SDPA, "
+             "which the plan counts as activation memory (the CPU's default)")
     enable_prefix_caching: bool = setting(
         True, "--enable-prefix-caching", SWITCH, group=WORKLOAD,
         help="share the KV blocks of prompts that begin alike between requests, as vLLM does "

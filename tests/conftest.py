@@ -7,10 +7,15 @@ names), written on first use and reused for the rest of the session.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+# Triton kernels (engine/model/paged_attention.py) run on the CPU under Triton's
+# interpreter; it must be chosen before triton is first imported.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

@@ -42,6 +42,7 @@ class RankSpec:
     stages: int = 1  # --pipeline-parallel-size: rank r runs stage r // (world / stages)
     nodes: int = 1  # --nnodes: machine m runs ranks m * world / nodes onwards
     master_addr: str = "127.0.0.1"  # where rank 0's store listens (--master-addr)
+    paged: bool = False  # attention reads the KV pool in place (--attention-backend)
 
     def device_index(self, rank: int) -> int:
         """``rank``'s GPU on its own machine."""

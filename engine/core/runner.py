@@ -11,13 +11,15 @@ import torch
 
 from kvledger.engine.core.scheduler import ScheduledBatch
 from kvledger.engine.core.sequence import Sequence
+from kvledger.engine.core.step_attention import StepAttention
+from kvledger.engine.errors import BadInput
+from kvledger.engine.model import paged_attention
 from kvledger.engine.model.cpu_linear import pack_linears
 from kvledger.engine.model.fusion import fuse_projections
 from kvledger.engine.model.lora import LoraSlots
 from kvledger.engine.model.transformer import (
     AttentionMetadata,
     CausalLM,
-    DecodeGroup,
     PrefillSpan,
     RotaryEmbedding,
 )
@@ -49,9 +51,11 @@ class StepOutput:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, device: torch.device, max_model_len: int,
-                 block_size: int, *, fuse: bool = True) -> None:
+                 block_size: int, *, fuse: bool = True, paged: bool | None = None) -> None:
         """``fuse``: q/k/v and gate/up as one layer each (fusion.py); False for an engine
-        that will ``enable_lora``, whose adapters add to each projection."""
+        that will ``enable_lora``, whose adapters add to each projection. ``paged``:
+        decodes and later prompt chunks read the KV pool in place (paged_attention.py,
+        ``--attention-backend TRITON_ATTN``) rather than gathered for SDPA; None: on CUDA."""
         self.model = model
         self.config = model.config
         self.device = device
@@ -63,6 +67,14 @@ class ModelRunner:
             fuse_projections(model)
         pack_linears(model, device)  # on the CPU: oneDNN's packed weights (cpu_linear.py)
         self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.paged = device.type == "cuda" if paged is None else paged
+        if self.paged and not paged_attention.available(device):
+            raise BadInput(f"--attention-backend TRITON_ATTN needs Triton and a CUDA device "
+                           f"(torch's CUDA builds bring Triton); this is {device.type}: use "
+                           "TORCH_SDPA")
+        self.attention = StepAttention(block_size, max_model_len, self.config.sliding_window,
+                                       self.dtype, device, self.paged)
         self.rope = RotaryEmbedding(self.config, max_model_len, device, self.dtype)
         self.kv_cache: torch.Tensor | None = None
         self.lora: LoraSlots | None = None  # with --enable-lora: the adapter slots
@@ -203,7 +215,7 @@ class ModelRunner:
             lengths.append(num_tokens % longest)
         positions = [p for n in lengths for p in range(n)]
         last_index = [end - 1 for end in itertools.accumulate(lengths)]
-        meta = AttentionMetadata(None, [PrefillSpan(0, n, self._window_mask(n)) for n in lengths], [])
+        meta = AttentionMetadata(None, [PrefillSpan(0, n, self.attention.window_mask(n)) for n in lengths], [])
         return [0] * num_tokens, positions, meta, last_index
 
     def _profile_mixed(self, num_tokens: int, max_model_len: int, max_num_seqs: int) -> _Step:
@@ -215,24 +227,22 @@ class ModelRunner:
         num_decodes = min(max_num_seqs, num_tokens) - 1
         rest = num_tokens - num_decodes
         chunk = max(0, min(rest, max_model_len - 2))  # a later chunk starts at position >= 1
-        prefills, positions, last_index = [], [], []
+        chunks, positions, last_index = [], [], []
         if chunk:
             start = max_model_len - 1 - chunk
-            prefills.append(self._prefill_span([0] * width, start, chunk))
+            chunks.append(([0] * width, start, chunk))
             positions, last_index = list(range(start, start + chunk)), [chunk - 1]
         if rest > chunk:
             _, more_positions, more, more_last = self._profile_prefill(rest - chunk, max_model_len)
-            prefills += more.prefills
+            chunks += [([], 0, span.length) for span in more.prefills]
             positions += more_positions
             last_index += [chunk + i for i in more_last]
-        groups = []
-        if num_decodes:
-            groups.append(self._decode_group([[0] * width] * num_decodes, [max_model_len] * num_decodes))
-            positions += [max_model_len - 1] * num_decodes
-            last_index += range(rest, num_tokens)
+        decodes = [([0] * width, max_model_len)] * num_decodes
+        positions += [max_model_len - 1] * num_decodes
+        last_index += range(rest, num_tokens)
         # Every token writes into the scratch block (repeated slots: the values do not matter).
         slots = torch.arange(num_tokens, device=self.device) % bs
-        return [0] * num_tokens, positions, AttentionMetadata(slots, prefills, groups), last_index
+        return [0] * num_tokens, positions, self.attention.metadata(chunks, decodes, slots), last_index
 
     def _hidden(self, input_ids: list[int], positions: list[int], meta: AttentionMetadata,
                 kv_cache: torch.Tensor | None) -> torch.Tensor:
@@ -251,70 +261,7 @@ class ModelRunner:
         return [block_ids[p // bs] * bs + p % bs for p in range(start, end)]
 
     def _metadata(self, batch: ScheduledBatch, slots: list[int]) -> AttentionMetadata:
-        groups, start = [], 0
-        for end in _group_bounds([len(s.block_ids) for s in batch.decodes]):
-            seqs = batch.decodes[start:end]
-            groups.append(self._decode_group([s.block_ids for s in seqs], [s.num_tokens for s in seqs]))
-            start = end
-        return AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
-            prefills=[self._prefill_span(c.seq.block_ids, c.start, c.length) for c in batch.prefills],
-            decode_groups=groups,
-        )
-
-    def _prefill_span(self, block_ids: list[int], start: int, length: int) -> PrefillSpan:
-        if start == 0:
-            return PrefillSpan(0, length, self._window_mask(length))
-        # A later chunk of a prompt: attend to the cache (earlier chunks and this one).
-        num_blocks = -(-(start + length) // self.block_size)
-        table = torch.tensor([block_ids[:num_blocks]], dtype=torch.long, device=self.device)
-        query = torch.arange(start, start + length, device=self.device)[:, None]
-        key = torch.arange(num_blocks * self.block_size, device=self.device)[None, :]
-        mask = key <= query
-        if self.config.sliding_window is not None:
-            mask &= key > query - self.config.sliding_window
-        return PrefillSpan(start, length, mask[None, None], table)
-
-    def _decode_group(self, tables: list[list[int]], contexts: list[int]) -> DecodeGroup:
-        """Sequences with these block tables and context lengths (tokens incl. this one)."""
-        width = max(len(table) for table in tables)
-        # Padded with the row's own first block, never another's: the mask hides the
-        # padding, and what a row reads is its own (an additive mask cannot cancel a NaN).
-        block_tables = torch.tensor([table + table[:1] * (width - len(table)) for table in tables],
-                                    dtype=torch.long, device=self.device)
-        context = torch.tensor(contexts, dtype=torch.long, device=self.device)
-        slot = torch.arange(width * self.block_size, device=self.device)[None, :]
-        mask = slot < context[:, None]
-        window = self.config.sliding_window
-        if window is not None:
-            mask &= slot > (context[:, None] - 1 - window)
-        additive = torch.zeros(mask.shape, dtype=self.dtype, device=self.device)
-        return DecodeGroup(len(tables), block_tables,
-                           additive.masked_fill_(~mask, float("-inf"))[:, None, None, :])
-
-    def _window_mask(self, length: int) -> torch.Tensor | None:
-        """Causal mask limited to the sliding window; None (plain causal) when it cannot bite."""
-        window = self.config.sliding_window
-        if window is None or length <= window:
-            return None
-        i = torch.arange(length, device=self.device)
-        return (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
-
-
-def _group_bounds(widths: list[int], max_groups: int = 4) -> list[int]:
-    """Split decodes, sorted by ascending width (blocks), into groups so that padding
-    each to its longest wastes little: repeatedly cut the first group where it saves the
-    most padded blocks, while a cut saves at least an eighth. Returns the groups' ends."""
-    ends = [len(widths)] if widths else []
-    while ends and len(ends) < max_groups:
-        n = ends[0]
-        cost = n * widths[n - 1]
-        best_k = min(range(1, n), default=None,
-                     key=lambda k: k * widths[k - 1] + (n - k) * widths[n - 1])
-        if best_k is None:
-            break
-        saved = cost - (best_k * widths[best_k - 1] + (n - best_k) * widths[n - 1])
-        if saved * 8 < cost:
-            break
-        ends.insert(0, best_k)
-    return ends
+        return self.attention.metadata(
+            [(c.seq.block_ids, c.start, c.length) for c in batch.prefills],
+            [(s.block_ids, s.num_tokens) for s in batch.decodes],
+            torch.tensor(slots, dtype=torch.long, device=self.device))

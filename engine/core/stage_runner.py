@@ -38,8 +38,9 @@ class StageRunner(ModelRunner):
     hold the same hidden states after each layer's all-reduce, so each sends its own copy."""
 
     def __init__(self, model: StageLM, device: torch.device, max_model_len: int,
-                 block_size: int, *, fuse: bool = True, tp_rank: int = 0, tp: int = 1) -> None:
-        super().__init__(model, device, max_model_len, block_size, fuse=fuse)
+                 block_size: int, *, fuse: bool = True, tp_rank: int = 0, tp: int = 1,
+                 paged: bool | None = None) -> None:
+        super().__init__(model, device, max_model_len, block_size, fuse=fuse, paged=paged)
         self.stage = model.stage
         self.tp_rank, self.tp = tp_rank, tp
         self._sending: list[tuple[Any, torch.Tensor]] = []  # this step's sends not yet done

@@ -21,6 +21,7 @@ from kvledger.engine.model.generation_config import describe as describe_default
 from kvledger.engine.model.loader import load_model, weights_bytes
 from kvledger.engine.model.tokenizer import Tokenizer
 from kvledger.engine.node_config import DEFAULT_MASTER_ADDR
+from kvledger.engine.planner.attention import TRITON_ATTN, attention_backend
 from kvledger.engine.planner.device import DeviceMemory, probe_device
 from kvledger.engine.planner.estimates import format_size
 from kvledger.engine.planner.limit import host_memory_note
@@ -57,7 +58,7 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
                            quantize_fp8=config.quantization == "fp8"
                            and not model_config.weight_format)
         runner = ModelRunner(model, device, plan.max_model_len, plan.kv.block_size,
-                             fuse=not config.enable_lora)
+                             fuse=not config.enable_lora, paged=reads_in_place(config, device))
     if config.pipeline_parallel_size > 1:
         measured = _measure_stages(runner, plan, device, device_memory, config)
     else:
@@ -86,6 +87,11 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
                       overcommit=config.admission == "safe", max_live=measured_plan.max_num_seqs,
                       max_adapters=config.max_loras if config.enable_lora else None)
     return measured_plan, tokenizer, runner, ledger
+
+
+def reads_in_place(config: EngineConfig, device: torch.device) -> bool:
+    """Whether attention reads the KV pool in place on ``device`` (planner/attention.py)."""
+    return attention_backend(config.attention_backend, device.type) == TRITON_ATTN
 
 
 def _measure(runner: ModelRunner, plan: Plan, device: torch.device,
@@ -162,7 +168,8 @@ def start_ranks(config: EngineConfig, plan: Plan, source, device: torch.device,
                     master_port=nodes.master_port if nodes else free_port(),
                     timeout_s=RANK_TIMEOUT_S, threads=threads, fuse=not config.enable_lora,
                     stages=stages, nodes=nodes.count if nodes else 1,
-                    master_addr=nodes.master_addr if nodes else DEFAULT_MASTER_ADDR)
+                    master_addr=nodes.master_addr if nodes else DEFAULT_MASTER_ADDR,
+                    paged=reads_in_place(config, device))
     planned_on = [probed]
 
     def plan_on_machines(devices: dict[int, DeviceMemory | None]) -> None:

@@ -19,6 +19,7 @@ from torch import nn
 from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.model.lora import LoraBatch, project
 from kvledger.engine.model.moe import MixtralExpert, SparseMoE
+from kvledger.engine.model.paged_attention import paged_attention
 
 
 @dataclass
@@ -34,6 +35,7 @@ class PrefillSpan:
     length: int
     mask: torch.Tensor | None
     block_table: torch.Tensor | None = None
+    paged: bool = False  # its tokens read the cache in place (``AttentionMetadata.paged``)
 
 
 @dataclass
@@ -45,6 +47,21 @@ class DecodeGroup:
     # [num_seqs, 1, 1, max_blocks * block_size], additive: 0 attend, -inf not (a bool mask
     # would be turned into this by every layer's attention call)
     mask: torch.Tensor
+
+
+@dataclass
+class PagedRows:
+    """The step's tokens that read the KV pool in place (``paged_attention.py``): each
+    decoding sequence's and each token of a later prompt chunk, as rows. Row ``r`` is
+    token ``tokens[r]`` of the step; it reads block table ``block_tables[table_rows[r]]``
+    at positions ``[starts[r], ends[r])``. ``max_positions``: the run's max-model-len."""
+
+    tokens: torch.Tensor  # [rows] long
+    block_tables: torch.Tensor  # [tables, width] int32
+    table_rows: torch.Tensor  # [rows] int32
+    starts: torch.Tensor  # [rows] int32
+    ends: torch.Tensor  # [rows] int32
+    max_positions: int
 
 
 @dataclass
@@ -60,6 +77,7 @@ class AttentionMetadata:
     prefills: list[PrefillSpan]
     decode_groups: list[DecodeGroup]
     lora: LoraBatch | None = None  # the rows that carry an adapter (engine/model/lora.py)
+    paged: PagedRows | None = None  # on TRITON_ATTN: decodes and later chunks, in place
 
 
 class RMSNorm(nn.Module):
@@ -214,12 +232,16 @@ class Attention(nn.Module):
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
         """Each prefill span over its own K/V (or its cached blocks), then each decode
-        group over its gathered blocks: ``[tokens, heads, head_dim]``."""
+        group over its gathered blocks, then the rows that read the cache in place:
+        ``[tokens, heads, head_dim]``."""
         scales = (self.k_scale, self.v_scale)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous: o_proj views it
         start = 0
         for span in meta.prefills:
             end = start + span.length
+            if span.paged:
+                start = end
+                continue
             qs = q[start:end].transpose(0, 1).unsqueeze(0)
             if span.block_table is None:
                 ks, vs = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (k, v))
@@ -243,6 +265,12 @@ class Attention(nn.Module):
             # heads and rows transposed in memory, so (kv head, row) cannot fold by view.
             out[start:end].view(shape).copy_(o)
             start = end
+        if meta.paged is not None:
+            rows = meta.paged
+            out.index_copy_(0, rows.tokens, paged_attention(
+                q.index_select(0, rows.tokens), kv_cache, rows.block_tables, rows.table_rows,
+                rows.starts, rows.ends, scale=self.head_dim ** -0.5, kv_scales=scales,
+                max_positions=rows.max_positions))
         return out
 
 

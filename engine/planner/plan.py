@@ -37,6 +37,7 @@ from kvledger.engine.checkpoint.read_limits import ReadLimits
 from kvledger.engine.config import DEFAULT_MAX_NUM_SEQS, MIN_DEFAULT_BATCHED_TOKENS, EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner import estimates
+from kvledger.engine.planner.attention import attention_backend, gathers_kv
 from kvledger.engine.planner.device import DeviceMemory, probe_device
 from kvledger.engine.planner.dtypes import resolve_kv_dtype, resolve_model_dtype
 from kvledger.engine.planner.limit import (
@@ -190,10 +191,11 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
     kv_dtype = resolve_kv_dtype(config, model_dtype)
     geometry = kv_layout_geometry(shape, config, kv_dtype, max_model_len, batched_tokens)
     blocks_per_seq = geometry.blocks_per_seq
-    # kvledger's engine gathers each sequence's K and V for decode attention; vLLM's paged
-    # kernels read the cache in place, so a what-if plan for vLLM has no such copy.
+    # On the CPU (TORCH_SDPA) kvledger's engine gathers each sequence's K and V for decode
+    # attention; its GPU kernel, and vLLM's (a what-if plan for vLLM), read them in place.
+    gathers = gathers_kv(attention_backend(config.attention_backend, device.kind))
     gathered_tokens = (-(-max_model_len // config.block_size) * config.block_size
-                       if geometry.rule == ENGINE_RULE else 0)
+                       if geometry.rule == ENGINE_RULE and gathers else 0)
     if geometry.rule == ENGINE_RULE:  # what kvledger's engine runs (planner/support.py)
         check_engine_run(config, full_shape, weights)
 

@@ -288,7 +288,7 @@ def test_a_run_that_fits_on_paper_but_not_as_measured_is_refused(tiny_llama_dir,
 
 
 def test_decode_groups_cut_padding_and_cover_every_sequence():
-    from kvledger.engine.core.runner import _group_bounds
+    from kvledger.engine.core.step_attention import _group_bounds
 
     assert _group_bounds([]) == [] and _group_bounds([3]) == [1] and _group_bounds([5] * 6) == [6]
     assert _group_bounds([1, 1, 1, 1, 10, 10]) == [4, 6]

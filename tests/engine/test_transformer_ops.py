@@ -54,7 +54,7 @@ def test_rmsnorm_in_float32_matches_the_written_out_formula():
 
 def test_a_decode_groups_mask_is_additive_over_each_rows_context():
     runner = ModelRunner(CausalLM(_config()), torch.device("cpu"), 64, 4)
-    group = runner._decode_group([[3, 1], [0, 2, 5]], [5, 9])
+    group = runner.attention.decode_group([[3, 1], [0, 2, 5]], [5, 9])
     mask = group.mask[:, 0, 0]
     assert mask.dtype == runner.dtype and mask.shape == (2, 12)
     attend = torch.arange(12)[None, :] < torch.tensor([5, 9])[:, None]

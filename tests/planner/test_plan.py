@@ -155,8 +155,13 @@ def test_defaults_and_estimates() -> None:
     p = plan()
     assert p.max_model_len == 8192 and p.max_num_batched_tokens == 8192
     assert plan(max_model_len=1024).max_num_batched_tokens == 2048
+    # A GPU's attention reads the KV pool in place: no gathered copy is set aside ...
     assert p.classes["activations"] == estimates.activation_peak_bytes(
-        LLAMA_8B, 2, 8192, 16, context_tokens=8192, kv_dtype_bytes=2) + 32 * MiB
+        LLAMA_8B, 2, 8192, 16, kv_dtype_bytes=2) + 32 * MiB
+    # ... but with --attention-backend TORCH_SDPA every sequence's K and V are gathered.
+    assert plan(attention_backend="TORCH_SDPA").classes["activations"] == (
+        estimates.activation_peak_bytes(LLAMA_8B, 2, 8192, 16, context_tokens=8192,
+                                        kv_dtype_bytes=2) + 32 * MiB)
     assert p.classes["cuda_graphs"] == estimates.cuda_graph_bytes(LLAMA_8B, 16) > 0
     assert p.classes["context"] == estimates.CUDA_CONTEXT_BYTES
     assert plan(enforce_eager=True).classes["cuda_graphs"] == 0
@@ -407,6 +412,6 @@ def test_a_gpu_plan_counts_cublas_workspace() -> None:
     for unreadable in (":4096", "4096:8", ":a:8", ""):  # torch's own default then
         assert estimates.matmul_workspace_bytes(
             "cuda", {"CUBLAS_WORKSPACE_CONFIG": unreadable}) == 32 * MiB
-    gpu = plan(max_model_len=1024)
+    gpu = plan(max_model_len=1024, attention_backend="TORCH_SDPA")  # the CPU's attention
     cpu = plan(max_model_len=1024, device=DeviceMemory("cpu", "host", 64 * GiB, 64 * GiB, True))
     assert gpu.classes["activations"] - cpu.classes["activations"] == 32 * MiB

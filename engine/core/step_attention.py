@@ -1,0 +1,152 @@
+"""What each token of an engine step attends to (``AttentionMetadata``), from the step's
+prompt chunks and decoding sequences, on either attention path (planner/attention.py):
+
+- ``TORCH_SDPA``: a later chunk gathers its blocks under a causal mask; decodes are cut
+  into groups (``_group_bounds``) whose block tables are padded to the group's longest,
+  under an additive mask over each row's context;
+- ``TRITON_ATTN`` (``paged``): every decode and later-chunk token is a row of
+  ``PagedRows``, reading its own positions of the pool in place; no mask.
+
+A first chunk attends to itself alone on both (SDPA, causal, within a sliding window)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvledger.engine.model.transformer import (
+    AttentionMetadata,
+    DecodeGroup,
+    PagedRows,
+    PrefillSpan,
+)
+
+
+@dataclass
+class StepAttention:
+    """The run's fixed facts each step's metadata is built from."""
+
+    block_size: int
+    max_model_len: int
+    sliding_window: int | None
+    dtype: torch.dtype  # an additive mask's
+    device: torch.device
+    paged: bool
+
+    def metadata(self, chunks: list[tuple[list[int], int, int]],
+                   decodes: list[tuple[list[int], int]],
+                   slot_mapping: torch.Tensor) -> AttentionMetadata:
+        """What the step's tokens attend to: prompt chunks ``(block ids, start, length)``
+        first, then decoding sequences ``(block ids, tokens incl. this one)``."""
+        if self.paged:
+            return self._paged(chunks, decodes, slot_mapping)
+        groups, start = [], 0
+        for end in _group_bounds([len(block_ids) for block_ids, _ in decodes]):
+            group = decodes[start:end]
+            groups.append(self.decode_group([ids for ids, _ in group], [n for _, n in group]))
+            start = end
+        return AttentionMetadata(
+            slot_mapping=slot_mapping,
+            prefills=[self._prefill_span(ids, start, length) for ids, start, length in chunks],
+            decode_groups=groups,
+        )
+
+    def _paged(self, chunks: list[tuple[list[int], int, int]],
+               decodes: list[tuple[list[int], int]],
+               slot_mapping: torch.Tensor) -> AttentionMetadata:
+        """``_attention`` where decodes and later chunks read the pool in place: a first
+        chunk attends to itself (SDPA, causal); every other token is a row of
+        ``PagedRows``, seeing positions up to its own (its last ``sliding_window``)."""
+        prefills, tables, table_rows, ends, tokens = [], [], [], [], []
+        token = 0
+        for block_ids, start, length in chunks:
+            if start == 0:
+                prefills.append(PrefillSpan(0, length, self.window_mask(length)))
+            else:
+                prefills.append(PrefillSpan(start, length, None, paged=True))
+                table_rows += [len(tables)] * length
+                tables.append(block_ids)
+                ends += range(start + 1, start + length + 1)
+                tokens += range(token, token + length)
+            token += length
+        for block_ids, num_tokens in decodes:
+            table_rows.append(len(tables))
+            tables.append(block_ids)
+            ends.append(num_tokens)
+            tokens.append(token)
+            token += 1
+        meta = AttentionMetadata(slot_mapping=slot_mapping, prefills=prefills, decode_groups=[])
+        if not tokens:
+            return meta
+        width = max(len(table) for table in tables)
+        window = self.sliding_window
+        starts = [max(0, end - window) for end in ends] if window is not None else [0] * len(ends)
+
+        def ints(values: list, dtype=torch.int32) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=self.device)
+
+        # Padded with block 0: a row never reads past its ``ends``.
+        meta.paged = PagedRows(
+            tokens=ints(tokens, torch.long),
+            block_tables=ints([table + [0] * (width - len(table)) for table in tables]),
+            table_rows=ints(table_rows), starts=ints(starts), ends=ints(ends),
+            max_positions=self.max_model_len)
+        return meta
+
+    def _prefill_span(self, block_ids: list[int], start: int, length: int) -> PrefillSpan:
+        if start == 0:
+            return PrefillSpan(0, length, self.window_mask(length))
+        # A later chunk of a prompt: attend to the cache (earlier chunks and this one).
+        num_blocks = -(-(start + length) // self.block_size)
+        table = torch.tensor([block_ids[:num_blocks]], dtype=torch.long, device=self.device)
+        query = torch.arange(start, start + length, device=self.device)[:, None]
+        key = torch.arange(num_blocks * self.block_size, device=self.device)[None, :]
+        mask = key <= query
+        if self.sliding_window is not None:
+            mask &= key > query - self.sliding_window
+        return PrefillSpan(start, length, mask[None, None], table)
+
+    def decode_group(self, tables: list[list[int]], contexts: list[int]) -> DecodeGroup:
+        """Sequences with these block tables and context lengths (tokens incl. this one)."""
+        width = max(len(table) for table in tables)
+        # Padded with the row's own first block, never another's: the mask hides the
+        # padding, and what a row reads is its own (an additive mask cannot cancel a NaN).
+        block_tables = torch.tensor([table + table[:1] * (width - len(table)) for table in tables],
+                                    dtype=torch.long, device=self.device)
+        context = torch.tensor(contexts, dtype=torch.long, device=self.device)
+        slot = torch.arange(width * self.block_size, device=self.device)[None, :]
+        mask = slot < context[:, None]
+        window = self.sliding_window
+        if window is not None:
+            mask &= slot > (context[:, None] - 1 - window)
+        additive = torch.zeros(mask.shape, dtype=self.dtype, device=self.device)
+        return DecodeGroup(len(tables), block_tables,
+                           additive.masked_fill_(~mask, float("-inf"))[:, None, None, :])
+
+    def window_mask(self, length: int) -> torch.Tensor | None:
+        """Causal mask limited to the sliding window; None (plain causal) when it cannot bite."""
+        window = self.sliding_window
+        if window is None or length <= window:
+            return None
+        i = torch.arange(length, device=self.device)
+        return (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
+
+
+def _group_bounds(widths: list[int], max_groups: int = 4) -> list[int]:
+    """Split decodes, sorted by ascending width (blocks), into groups so that padding
+    each to its longest wastes little: repeatedly cut the first group where it saves the
+    most padded blocks, while a cut saves at least an eighth. Returns the groups' ends."""
+    ends = [len(widths)] if widths else []
+    while ends and len(ends) < max_groups:
+        n = ends[0]
+        cost = n * widths[n - 1]
+        best_k = min(range(1, n), default=None,
+                     key=lambda k: k * widths[k - 1] + (n - k) * widths[n - 1])
+        if best_k is None:
+            break
+        saved = cost - (best_k * widths[best_k - 1] + (n - best_k) * widths[n - 1])
+        if saved * 8 < cost:
+            break
+        ends.insert(0, best_k)
+    return ends

@@ -1,0 +1,86 @@
+"""The engine with ``--attention-backend TRITON_ATTN`` (the GPU's path: decodes and later
+prompt chunks read the KV pool in place, engine/model/paged_attention.py) gives the greedy
+tokens of ``TORCH_SDPA`` (the CPU's gather path) on the same checkpoint: run here on the CPU
+under Triton's interpreter, with prompts joining and leaving the batch, prompts split into
+chunks, a sliding window (Mistral), GQA, experts (Qwen3-MoE), prompts sharing cached blocks
+and an fp8 KV cache."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvledger.engine import LLM, SamplingParams
+from kvledger.engine.errors import BadInput
+
+pytest.importorskip("triton")
+
+
+def _tokens(model_dir, backend: str, prompts, max_tokens: int, **kwargs) -> list[list[int]]:
+    llm = LLM(str(model_dir), dtype="float32", device="cpu", attention_backend=backend,
+              max_model_len=160, **kwargs)
+    assert llm.engine.runner.paged == (backend == "TRITON_ATTN")
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens))
+    return [out.token_ids for out in outputs]
+
+
+def _prompts(seed: int, lengths: list[int]) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(2, 250) for _ in range(n)] for n in lengths]
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mistral", "tiny-qwen3", "tiny-qwen3-moe"])
+def test_reading_the_pool_in_place_gives_the_gathered_paths_tokens(make_model_dir, name):
+    """Three sequences at a time over five prompts, a 24-token step budget: prompts of 30
+    and 70 tokens go in chunks, and Mistral's 64-token window cuts into the longest."""
+    model_dir = make_model_dir(name)
+    prompts = _prompts(len(name), [5, 30, 70, 12, 1])
+    kwargs = dict(max_num_seqs=3, max_num_batched_tokens=24)
+    assert (_tokens(model_dir, "TRITON_ATTN", prompts, 12, **kwargs)
+            == _tokens(model_dir, "TORCH_SDPA", prompts, 12, **kwargs))
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+def test_prompts_sharing_cached_blocks_read_them_in_place(tiny_llama_dir, kv_cache_dtype):
+    """Prefix caching: later prompts start with an earlier one's 40 tokens (two and a
+    half blocks of 16), so their tables point at its blocks; fp8 blocks are decoded in the
+    kernel."""
+    shared = _prompts(3, [40])[0]
+    prompts = [shared] + [shared + tail for tail in _prompts(4, [9, 23])]
+    kwargs = dict(max_num_seqs=4, kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=True)
+    assert (_tokens(tiny_llama_dir, "TRITON_ATTN", prompts, 10, **kwargs)
+            == _tokens(tiny_llama_dir, "TORCH_SDPA", prompts, 10, **kwargs))
+
+
+def test_triton_attention_on_a_cpu_without_the_interpreter_is_refused(tiny_llama_dir,
+                                                                       monkeypatch):
+    """Triton has no CPU backend: asked for there, the engine refuses in one line."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(BadInput, match="TRITON_ATTN needs Triton and a CUDA device"):
+        LLM(str(tiny_llama_dir), device="cpu", attention_backend="TRITON_ATTN")
+
+
+def test_the_mixed_profile_step_reads_the_scratch_block_in_place(tiny_llama_dir):
+    """The start-up profile's heaviest step on the paged path: the later chunk's tokens and
+    the decodes are rows seeing up to their own positions (so no gathered copy is made or
+    measured), and the step runs over the one-block scratch cache."""
+    import torch
+
+    from kvledger.engine.checkpoint.model_config import ModelConfig
+    from kvledger.engine.core.runner import ModelRunner
+    from kvledger.engine.model.loader import load_model
+
+    cpu = torch.device("cpu")
+    model = load_model(tiny_llama_dir, ModelConfig.from_dir(tiny_llama_dir), torch.float32, cpu)
+    runner = ModelRunner(model, cpu, 64, block_size=16, paged=True)
+    ids, positions, meta, _ = runner._profile_mixed(20, 64, 4)
+    assert meta.decode_groups == [] and meta.paged is not None
+    chunk = meta.prefills[0]
+    assert chunk.paged and chunk.start + chunk.length == 63
+    rows = meta.paged.tokens.tolist()
+    assert rows == [*range(chunk.length), 17, 18, 19]  # the chunk's tokens, 3 decodes
+    assert meta.paged.ends.tolist() == [positions[r] + 1 for r in rows]
+    scratch = runner._new_kv_cache(1, "auto")
+    hidden = runner._hidden(ids, positions, meta, scratch)
+    assert hidden.shape[0] == 20 and bool(torch.isfinite(hidden).all())
