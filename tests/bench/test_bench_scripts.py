@@ -310,15 +310,24 @@ def test_pp_plan_splits_405b_into_stages_that_add_up():
     assert "| 2 x 8 | yes (exit 0) | 2 | 63-125 | 47.3 GiB |" in result.stdout
 
 
+# hostile_cluster.py's sections run here; hub_wide, tls_idle and slow_bodies are replayed
+# through the same door by their own tests (test_webhook_hub.py: wide repos;
+# test_webhook_limits.py: idle TLS, slow bodies), not again here (a minute of the suite).
+HOSTILE_SECTIONS = ("hub_headers", "preflight_headers", "review_flood", "malformed_reviews",
+                    "update_memos", "sigterm_reads", "nodes_channel")
+
+
 def test_hostile_cluster_fast_holds_every_claim():
-    """bench/hostile_cluster.py --fast: every attack on the operator's webhook (smaller
-    floods, the same hostile repos) gets what it should, and the table lists each."""
+    """bench/hostile_cluster.py --fast: every attack on the operator's webhook and the nodes'
+    channel (smaller floods, the same hostile repos) gets what it should, and the table
+    lists each (HOSTILE_SECTIONS)."""
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "hostile_cluster.py"),
-                             "--fast"], capture_output=True, text=True, timeout=600)
+                             "--fast", "--only", *HOSTILE_SECTIONS],
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ")][2:]
-    assert len(rows) >= 14 and all(row.endswith("| held |") for row in rows), rows
-    for attack in ("6 x 95 MB headers", "TLS connections that only handshake", "60 kB of a",
-                   "concurrent reviews of distinct specs", "malformed AdmissionReview",
-                   "UPDATE reviews of made-up uids", "SIGTERM with 16 hub reads"):
-        assert any(attack in row for row in rows), attack
+    assert len(rows) >= 10 and all(row.endswith("| held |") for row in rows), rows
+    for attack in ("6 x 95 MB headers", "concurrent reviews of distinct specs",
+                   "malformed AdmissionReview", "UPDATE reviews of made-up uids",
+                   "SIGTERM with 16 hub reads", "pickled frame"):
+        assert any(attack in row for row in rows), (attack, rows)

@@ -30,15 +30,16 @@ def _prompts(seed: int, lengths: list[int]) -> list[list[int]]:
     return [[rng.randrange(2, 250) for _ in range(n)] for n in lengths]
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mistral", "tiny-qwen3", "tiny-qwen3-moe"])
+@pytest.mark.parametrize("name", ["tiny-mistral", "tiny-qwen3-moe"])
 def test_reading_the_pool_in_place_gives_the_gathered_paths_tokens(make_model_dir, name):
     """Three sequences at a time over five prompts, a 24-token step budget: prompts of 30
-    and 70 tokens go in chunks, and Mistral's 64-token window cuts into the longest."""
+    and 70 tokens go in chunks, and Mistral's 64-token window cuts into the longest;
+    Qwen3-MoE's per-head norms and experts (tiny-llama: the shared-prefix test)."""
     model_dir = make_model_dir(name)
     prompts = _prompts(len(name), [5, 30, 70, 12, 1])
     kwargs = dict(max_num_seqs=3, max_num_batched_tokens=24)
-    assert (_tokens(model_dir, "TRITON_ATTN", prompts, 12, **kwargs)
-            == _tokens(model_dir, "TORCH_SDPA", prompts, 12, **kwargs))
+    assert (_tokens(model_dir, "TRITON_ATTN", prompts, 10, **kwargs)
+            == _tokens(model_dir, "TORCH_SDPA", prompts, 10, **kwargs))
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])

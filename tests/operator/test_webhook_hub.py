@@ -80,7 +80,8 @@ async def test_big_models_cost_the_operator_its_budget_and_no_more(tmp_path):
         for repo in repos:
             hub.add_commit(repo, wide)
         async with emulated_cluster() as cluster, \
-                await started(cluster, hub, tmp_path / "log", timeout_s=30) as client:
+                await started(cluster, hub, tmp_path / "log", timeout_s=8) as client:
+            # A review that waits for room waits until its deadline: 8 s, not 30, per round.
             await client.ask(admission_review(hub_spec("warm/small")))
             base = rss_mib(client.pid)
             with Peak(client.pid) as peak:
