@@ -3,13 +3,15 @@ against SDPA on the gathered tensors: every cache layout the engine serves (fp32
 fp16, fp8 e4m3/e5m2 with scales; MHA, GQA, MQA; head dims 64-256; block sizes that are
 and are not powers of two), ragged rows, block tables with holes, blocks shared by two
 sequences, sliding windows, a prompt's later chunk (causal rows), contexts split over
-several partitions, and rows that see nothing."""
+several partitions, and rows that see nothing. On ``KVLEDGER_TEST_DEVICE`` (``cuda``:
+bench/gpu_checks.sh, with ``TRITON_INTERPRET=0``) the kernel runs compiled there."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
+from _engine_helpers import DEVICE
 
 pytest.importorskip("triton")
 
@@ -50,8 +52,9 @@ def _check(q, kv_cache, tables, table_rows, starts, ends, *, max_positions,
            kv_scales=(1.0, 1.0)):
     scale = q.shape[-1] ** -0.5
     args = [torch.tensor(x, dtype=torch.int32) for x in (tables, table_rows, starts, ends)]
-    got = pa.paged_attention(q, kv_cache, *args, scale=scale, kv_scales=kv_scales,
-                             max_positions=max_positions)
+    got = pa.paged_attention(q.to(DEVICE), kv_cache.to(DEVICE), *(a.to(DEVICE) for a in args),
+                             scale=scale, kv_scales=kv_scales,
+                             max_positions=max_positions).cpu()
     want = _reference(q, kv_cache, *args, scale, kv_scales, q.dtype)
     assert got.dtype == q.dtype and got.shape == q.shape
     tol = TOLERANCE[q.dtype]
