@@ -163,8 +163,8 @@ class EngineConfig:
     nodes: Nodes | None = setting(None, None, TEXT, group=WORKLOAD)  # noqa: RUF009 (frozen); serve's --nnodes
     enforce_eager: bool = setting(
         False, "--enforce-eager", SWITCH, group=WORKLOAD,
-        help="plan no memory for CUDA graphs, as vLLM's eager mode captures none (kvledger's "
-             "engine always runs eagerly)",
+        help="capture no CUDA graphs of decode steps and plan no memory for them, as vLLM's "
+             "eager mode (core/decode_graphs.py)",
         crd=Crd("engine"))
     attention_backend: str = setting(
         "auto", "--attention-backend", choice(ATTENTION_BACKENDS), group=WORKLOAD,

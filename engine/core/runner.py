@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvledger.engine.core.decode_graphs import DecodeGraphs
 from kvledger.engine.core.scheduler import ScheduledBatch
 from kvledger.engine.core.sequence import Sequence
 from kvledger.engine.core.step_attention import StepAttention
@@ -17,6 +18,7 @@ from kvledger.engine.model import paged_attention
 from kvledger.engine.model.cpu_linear import pack_linears
 from kvledger.engine.model.fusion import fuse_projections
 from kvledger.engine.model.lora import LoraSlots
+from kvledger.engine.model.moe import SparseMoE
 from kvledger.engine.model.transformer import (
     AttentionMetadata,
     CausalLM,
@@ -78,6 +80,7 @@ class ModelRunner:
         self.rope = RotaryEmbedding(self.config, max_model_len, device, self.dtype)
         self.kv_cache: torch.Tensor | None = None
         self.lora: LoraSlots | None = None  # with --enable-lora: the adapter slots
+        self.decode_graphs: DecodeGraphs | None = None  # use_decode_graphs
 
     def enable_lora(self, max_loras: int, max_lora_rank: int) -> int:
         """Preallocate the adapter slots (after the packed base layers); returns their bytes."""
@@ -88,6 +91,21 @@ class ModelRunner:
         """Allocate the whole pool up front; returns its bytes."""
         self.kv_cache = self._new_kv_cache(num_blocks, kv_dtype)
         return self.kv_cache.numel() * self.kv_cache.element_size()
+
+    def can_use_decode_graphs(self) -> bool:
+        """Whether decode steps can run from static buffers (decode_graphs.py): on the paged
+        path, one process with the LM head, no adapters, no experts (their routing is read
+        back to the host)."""
+        return (self.paged and self.has_head and self.lora is None
+                and not any(isinstance(m, SparseMoE) for m in self.model.modules()))
+
+    def use_decode_graphs(self, sizes: list[int], *, capture: bool) -> None:
+        """Pure decode steps of up to ``max(sizes)`` sequences from static buffers, padded
+        to ``sizes`` and, with ``capture`` (CUDA), replayed as graphs. The pool's last
+        block becomes the padding's (the ledger is given one block fewer than the pool)."""
+        self.decode_graphs = DecodeGraphs(self, sizes, pad_block=self.kv_cache.shape[3] - 1)
+        if capture:
+            self.decode_graphs.capture()
 
     def _new_kv_cache(self, num_blocks: int, kv_dtype: str | None) -> torch.Tensor:
         dtype = self.dtype if kv_dtype in ("auto", None) else TORCH_DTYPES[kv_dtype]
@@ -121,6 +139,12 @@ class ModelRunner:
         if batch.fresh_blocks:  # new to their owner: nothing of a last owner's stays
             blocks = torch.tensor(batch.fresh_blocks, dtype=torch.long, device=self.device)
             self.kv_cache.view(torch.uint8).index_fill_(3, blocks, 0)
+        graphs = self.decode_graphs
+        if graphs is not None and not batch.prefills and graphs.size_for(len(batch.decodes)):
+            hidden = graphs.run(input_ids, positions, slots,
+                                [s.block_ids for s in batch.decodes],
+                                [s.num_tokens for s in batch.decodes])
+            return StepOutput(self._logits(hidden, last_index), {})
         meta = self._metadata(batch, slots)
         if self.lora is not None:
             meta.lora = self.lora.batch([(c.seq.lora, c.length) for c in batch.prefills]

@@ -23,7 +23,7 @@ from kvledger.engine.model.tokenizer import Tokenizer
 from kvledger.engine.node_config import DEFAULT_MASTER_ADDR
 from kvledger.engine.planner.attention import TRITON_ATTN, attention_backend
 from kvledger.engine.planner.device import DeviceMemory, probe_device
-from kvledger.engine.planner.estimates import format_size
+from kvledger.engine.planner.estimates import capture_sizes, format_size
 from kvledger.engine.planner.limit import host_memory_note
 from kvledger.engine.planner.plan import Measured, Plan, make_plan
 from kvledger.engine.planner.report import render_report
@@ -59,10 +59,14 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
                            and not model_config.weight_format)
         runner = ModelRunner(model, device, plan.max_model_len, plan.kv.block_size,
                              fuse=not config.enable_lora, paged=reads_in_place(config, device))
+    graphs = (config.tensor_parallel_size == config.pipeline_parallel_size == 1
+              and not config.enforce_eager and not config.enable_lora
+              and runner.can_use_decode_graphs())
     if config.pipeline_parallel_size > 1:
         measured = _measure_stages(runner, plan, device, device_memory, config)
     else:
-        measured = _measure(runner, plan, device, device_memory, config)
+        measured = _measure(runner, plan, device, device_memory, config,
+                            graphs_captured=graphs and device.type == "cuda")
     measured_plan = make_plan(config, device=planned_on, measured=measured, source=source)
     log_predicted_vs_measured(plan, measured_plan)
     if not measured_plan.fits:
@@ -77,7 +81,10 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
                             config.gpu_memory_utilization)
     if note is not None:  # before the allocation, which takes a while at many GiB
         log.info("%s", note)
-    pool_bytes = runner.allocate_kv_cache(kv.num_blocks, kv.dtype)
+    # With decode graphs, one block more than the ledger hands out: the padding's.
+    pool_bytes = runner.allocate_kv_cache(kv.num_blocks + (1 if graphs else 0), kv.dtype)
+    if graphs:
+        _use_decode_graphs(runner, measured_plan, capture=device.type == "cuda")
     log.info("KV pool: %d blocks x %d tokens (%d bytes), %d sequences of %d tokens; "
              "max_num_seqs %d (%s)", kv.num_blocks, kv.block_size, pool_bytes, kv.sequences,
              measured_plan.max_model_len, measured_plan.max_num_seqs,
@@ -95,16 +102,30 @@ def reads_in_place(config: EngineConfig, device: torch.device) -> bool:
 
 
 def _measure(runner: ModelRunner, plan: Plan, device: torch.device,
-             device_memory: DeviceMemory, config: EngineConfig) -> Measured:
-    """What the loaded model takes: its weights, a profiled step's peak, the context."""
+             device_memory: DeviceMemory, config: EngineConfig, *,
+             graphs_captured: bool) -> Measured:
+    """What the loaded model takes: its weights, a profiled step's peak, the context; the
+    CUDA graphs, captured after the pool, stay the plan's (None) when there will be any."""
     return Measured(
         weights_bytes=weights_bytes(runner.model),
         activation_peak_bytes=runner.profile(plan.max_num_batched_tokens, plan.max_model_len,
                                              plan.max_num_seqs, plan.kv.dtype),
         context_bytes=context_bytes(device, device_memory, config),
-        cuda_graph_bytes=0,  # the engine runs eagerly: it captures no CUDA graphs
+        cuda_graph_bytes=None if graphs_captured else 0,
         max_num_seqs=plan.max_num_seqs,  # seats the pool decides: never more than profiled
     )
+
+
+def _use_decode_graphs(runner: ModelRunner, plan: Plan, *, capture: bool) -> None:
+    """Decode steps from static buffers at vLLM's capture sizes (core/decode_graphs.py),
+    captured as CUDA graphs on a GPU: their bytes beside what the plan set aside."""
+    runner.use_decode_graphs(capture_sizes(plan.max_num_seqs), capture=capture)
+    if not capture:
+        return
+    taken, planned = runner.decode_graphs.captured_bytes, plan.classes["cuda_graphs"]
+    log.log(logging.WARNING if taken > planned else logging.INFO,
+            "CUDA graphs took %s, the plan set aside %s%s", format_size(taken),
+            format_size(planned), " (more than planned)" if taken > planned else "")
 
 
 def _measure_stages(runner, plan: Plan, device: torch.device, device_memory: DeviceMemory,

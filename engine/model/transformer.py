@@ -224,9 +224,9 @@ class Attention(nn.Module):
             slots[1].index_copy_(1, slot_mapping, v.transpose(0, 1).to(kv_cache.dtype))
             return
         slots = _as_bytes(kv_cache).view(2, self.num_kv_heads, -1, self.head_dim)
+        if (self.k_scale, self.v_scale) != (1.0, 1.0):  # by numbers: no host copy (graphs)
+            k, v = k / self.k_scale, v / self.v_scale
         kv = torch.stack((k, v)).transpose(1, 2)
-        if (self.k_scale, self.v_scale) != (1.0, 1.0):
-            kv = kv / kv.new_tensor((self.k_scale, self.v_scale)).view(2, 1, 1, 1)
         slots.index_copy_(2, slot_mapping, _as_bytes(kv.to(kv_cache.dtype)))
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

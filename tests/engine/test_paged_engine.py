@@ -85,3 +85,33 @@ def test_the_mixed_profile_step_reads_the_scratch_block_in_place(tiny_llama_dir)
     scratch = runner._new_kv_cache(1, "auto")
     hidden = runner._hidden(ids, positions, meta, scratch)
     assert hidden.shape[0] == 20 and bool(torch.isfinite(hidden).all())
+
+
+def test_decode_steps_padded_in_static_buffers_give_the_unpadded_tokens(tiny_llama_dir):
+    """Without --enforce-eager the paged path runs pure decode steps from static buffers,
+    padded to vLLM's capture sizes (5 sequences run as 8, 3 as 4; on CUDA those are the
+    captured graphs): the greedy tokens are eager's."""
+    prompts = _prompts(9, [3, 17, 9, 30, 6])
+    params = [SamplingParams(temperature=0, max_tokens=n) for n in (4, 12, 8, 6, 10)]
+
+    llm = LLM(str(tiny_llama_dir), dtype="float32", device="cpu", max_model_len=160,
+              attention_backend="TRITON_ATTN", max_num_seqs=8, enforce_eager=True)
+    assert llm.engine.runner.decode_graphs is None
+    eager = [o.token_ids for o in llm.generate(prompts, params)]
+    llm = LLM(str(tiny_llama_dir), dtype="float32", device="cpu", max_model_len=160,
+              attention_backend="TRITON_ATTN", max_num_seqs=8)
+    graphs = llm.engine.runner.decode_graphs
+    assert graphs is not None and graphs.sizes == [1, 2, 4, 8]
+    sizes = []
+    run = graphs.run
+    graphs.run = lambda *args: sizes.append(len(args[0])) or run(*args)
+    padded = [o.token_ids for o in llm.generate(prompts, params)]
+    assert {3, 5} & set(sizes), sizes  # steps padded to 4 and 8
+    assert padded == eager
+
+
+def test_a_mixture_of_experts_decodes_eagerly(make_model_dir):
+    """Routing reads each expert's token count back to the host, which a graph cannot."""
+    llm = LLM(str(make_model_dir("tiny-qwen3-moe")), dtype="float32", device="cpu",
+              max_model_len=64, attention_backend="TRITON_ATTN")
+    assert llm.engine.runner.paged and llm.engine.runner.decode_graphs is None
