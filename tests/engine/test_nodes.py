@@ -37,7 +37,8 @@ class Machines:
     files (a pipe left unread would block a process that logs)."""
 
     def __init__(self, model_dir: Path, logs: Path, *flags: str, key: str = KEY,
-                 machine_1: tuple[str, ...] = ()) -> None:
+                 machine_1: tuple[str, ...] = (), late: bool = False) -> None:
+        """``late``: machine 1 waits for ``start_machine_1`` (machine 0 waits for it)."""
         self.port, master = free_port(), free_port_pair()
         while self.port in (master, master + 1):
             master = free_port_pair()
@@ -50,9 +51,15 @@ class Machines:
         self.procs = [
             subprocess.Popen([*common, "--node-rank", "0", "--host", "127.0.0.1", "--port",
                               str(self.port)], env=env, stderr=self.logs[0].open("w"),
-                             stdout=subprocess.DEVNULL),
-            subprocess.Popen([*common, "--node-rank", "1", "--headless", *machine_1], env=env,
-                             stderr=self.logs[1].open("w"), stdout=subprocess.DEVNULL)]
+                             stdout=subprocess.DEVNULL)]
+        self._machine_1 = ([*common, "--node-rank", "1", "--headless", *machine_1], env)
+        if not late:
+            self.start_machine_1()
+
+    def start_machine_1(self) -> None:
+        command, env = self._machine_1
+        self.procs.append(subprocess.Popen(command, env=env, stderr=self.logs[1].open("w"),
+                                           stdout=subprocess.DEVNULL))
 
     def log(self, machine: int) -> str:
         return self.logs[machine].read_text()
@@ -187,7 +194,9 @@ def test_machine_zero_plans_on_a_smaller_machine_that_fits(tiny_llama_dir, machi
 
 @pytest.mark.timeout(120)
 def test_a_machine_with_another_key_never_joins(tiny_llama_dir, machines, tmp_path) -> None:
-    group = machines(tiny_llama_dir, "-pp", "2")
+    """The intruder knocks while machine 0 waits for its machine 1 (once it has joined, the
+    port is closed to everyone), is refused and exits; the right machine 1 joins after."""
+    group = machines(tiny_llama_dir, "-pp", "2", late=True)
     env = {**os.environ, NODE_KEY_ENV: "another-key-of-enough-length"}
     master = _master_port(group)
     intruder = subprocess.run(
@@ -197,7 +206,8 @@ def test_a_machine_with_another_key_never_joins(tiny_llama_dir, machines, tmp_pa
         text=True, timeout=100)
     assert intruder.returncode != 0
     assert "did not prove it holds $KVLEDGER_NODE_KEY" in group.log(0)
-    group.ready()  # the right machine 1 joined all the same
+    group.start_machine_1()
+    group.ready()  # the right machine 1 joins all the same
 
 
 def _master_port(group: Machines) -> int:
