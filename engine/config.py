@@ -45,6 +45,7 @@ from kvledger.engine.settings import (
     add_setting_flags,
     check_settings,
     choice,
+    positive_int,
     render_flags,
     setting,
     values_from_args,
@@ -87,6 +88,16 @@ LORA = "LoRA adapters (vLLM's flags)"
 QUANTIZATION = Kind("choice", parse=quantization_arg,
                     check=lambda _flag, value: quantization_arg(value), values=QUANTIZATIONS)
 NAMES = Kind("text", nargs="+", metavar="NAME")  # the aliases follow the first (to_flags)
+
+
+def _positive_ints(flag: str, value: object) -> None:
+    if not isinstance(value, list | tuple) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+        raise BadInput(f"{flag} must be positive integers, got {value!r}")
+
+
+SIZES = Kind("sizes", parse=positive_int, check=_positive_ints, nargs="+", metavar="N",
+             render=lambda sizes: [str(s) for s in sizes])
 
 
 @dataclass(frozen=True)
@@ -166,6 +177,13 @@ class EngineConfig:
         help="capture no CUDA graphs of decode steps and plan no memory for them, as vLLM's "
              "eager mode (core/decode_graphs.py)",
         crd=Crd("engine"))
+    cudagraph_capture_sizes: tuple[int, ...] | None = setting(
+        None, "--cudagraph-capture-sizes", SIZES, group=WORKLOAD,
+        help="the decode batch sizes captured as CUDA graphs (default: 1, 2, 4, then every 8 "
+             "up to --max-cudagraph-capture-size; none above --max-num-seqs)")
+    max_cudagraph_capture_size: int | None = setting(
+        None, "--max-cudagraph-capture-size", POSITIVE_INT, group=WORKLOAD,
+        help="the largest decode batch captured as a CUDA graph (default 512)")
     attention_backend: str = setting(
         "auto", "--attention-backend", choice(ATTENTION_BACKENDS), group=WORKLOAD,
         help="TRITON_ATTN: a Triton kernel reads the KV blocks in place (a GPU's default); "

@@ -119,7 +119,12 @@ def _measure(runner: ModelRunner, plan: Plan, device: torch.device,
 def _use_decode_graphs(runner: ModelRunner, plan: Plan, *, capture: bool) -> None:
     """Decode steps from static buffers at vLLM's capture sizes (core/decode_graphs.py),
     captured as CUDA graphs on a GPU: their bytes beside what the plan set aside."""
-    runner.use_decode_graphs(capture_sizes(plan.max_num_seqs), capture=capture)
+    config = plan.config
+    sizes = capture_sizes(plan.max_num_seqs, config.cudagraph_capture_sizes,
+                          config.max_cudagraph_capture_size)
+    if not sizes:  # every size given is above max_num_seqs, or none was given
+        return
+    runner.use_decode_graphs(sizes, capture=capture)
     if not capture:
         return
     taken, planned = runner.decode_graphs.captured_bytes, plan.classes["cuda_graphs"]

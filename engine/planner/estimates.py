@@ -99,19 +99,24 @@ def activation_peak_bytes(shape: ModelShape, dtype_bytes: int, max_num_batched_t
     return tokens * per_token * dtype_bytes + logits_rows * shape.vocab_size * 4 * 2 + gather
 
 
-def capture_sizes(max_num_seqs: int) -> list[int]:
-    """The decode batch sizes captured as CUDA graphs (vLLM's default list)."""
-    limit = min(max_num_seqs, MAX_CAPTURE_BATCH)
-    sizes = [s for s in (1, 2, 4) if s <= limit]
-    sizes += list(range(8, limit + 1, 8))
-    return sizes or [1]
+def capture_sizes(max_num_seqs: int, sizes: tuple[int, ...] | None = None,
+                  max_size: int | None = None) -> list[int]:
+    """The decode batch sizes captured as CUDA graphs: ``sizes``
+    (``--cudagraph-capture-sizes``) or vLLM's default list (1, 2, 4, then every 8) up to
+    ``max_size`` (``--max-cudagraph-capture-size``, default 512); never above
+    ``max_num_seqs``, the most decodes a step has. An empty list captures none."""
+    limit = min(max_num_seqs, MAX_CAPTURE_BATCH if max_size is None else max_size)
+    if sizes is not None:
+        return sorted({s for s in sizes if s <= limit})
+    chosen = [s for s in (1, 2, 4) if s <= limit]
+    return chosen + list(range(8, limit + 1, 8))
 
 
-def cuda_graph_bytes(shape: ModelShape, max_num_seqs: int) -> int:
-    """``256 MiB + len(capture sizes) * num_layers * 128 KiB``."""
-    return (CUDA_GRAPH_POOL_BYTES
-            + len(capture_sizes(max_num_seqs)) * shape.num_layers
-            * CUDA_GRAPH_PER_LAYER_PER_SIZE_BYTES)
+def cuda_graph_bytes(shape: ModelShape, num_sizes: int) -> int:
+    """``256 MiB + num_sizes * num_layers * 128 KiB``; 0 when no size is captured."""
+    if num_sizes == 0:
+        return 0
+    return CUDA_GRAPH_POOL_BYTES + num_sizes * shape.num_layers * CUDA_GRAPH_PER_LAYER_PER_SIZE_BYTES
 
 
 def context_bytes(device_kind: str) -> int:

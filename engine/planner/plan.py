@@ -260,7 +260,9 @@ def _classes(config: EngineConfig, device: DeviceMemory, measured: Measured,
             + estimates.matmul_workspace_bytes(device.kind)),
         "kv_cache": 0,
         "cuda_graphs": 0 if config.enforce_eager or on_cpu else _pick(
-            measured.cuda_graph_bytes, estimates.cuda_graph_bytes(shape, seats)),
+            measured.cuda_graph_bytes, estimates.cuda_graph_bytes(shape, len(
+                estimates.capture_sizes(seats, config.cudagraph_capture_sizes,
+                                        config.max_cudagraph_capture_size)))),
         # Where the device's memory is the host's, the compiled grammars share it.
         "context": _pick(measured.context_bytes, estimates.context_bytes(device.kind)
                          + estimates.comm_buffer_bytes(device.kind,

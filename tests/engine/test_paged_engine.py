@@ -115,3 +115,16 @@ def test_a_mixture_of_experts_decodes_eagerly(make_model_dir):
     llm = LLM(str(make_model_dir("tiny-qwen3-moe")), dtype="float32", device="cpu",
               max_model_len=64, attention_backend="TRITON_ATTN")
     assert llm.engine.runner.paged and llm.engine.runner.decode_graphs is None
+
+
+def test_the_capture_size_flags_choose_the_padded_sizes(tiny_llama_dir):
+    """--cudagraph-capture-sizes as vLLM spells it (a size above --max-num-seqs is never
+    reached); --max-cudagraph-capture-size cuts vLLM's default list."""
+    def sizes(**flags):
+        llm = LLM(str(tiny_llama_dir), dtype="float32", device="cpu", max_model_len=64,
+                  attention_backend="TRITON_ATTN", max_num_seqs=24, **flags)
+        return llm.engine.runner.decode_graphs.sizes
+
+    assert sizes() == [1, 2, 4, 8, 16, 24]
+    assert sizes(cudagraph_capture_sizes=[3, 12, 48]) == [3, 12]
+    assert sizes(max_cudagraph_capture_size=8) == [1, 2, 4, 8]

@@ -28,6 +28,8 @@ DECLARED = {
     "pipeline_parallel_size": ("--pipeline-parallel-size", "engine.pipelineParallelSize"),
     "nodes": (None, None),  # serve's --nnodes ... (engine/node_config.py), not a setting's flag
     "enforce_eager": ("--enforce-eager", "engine.enforceEager"),
+    "cudagraph_capture_sizes": ("--cudagraph-capture-sizes", None),
+    "max_cudagraph_capture_size": ("--max-cudagraph-capture-size", None),
     "attention_backend": ("--attention-backend", None),  # the device's default in a pod
     "enable_prefix_caching": ("--enable-prefix-caching", "engine.enablePrefixCaching"),
     "quantization": ("--quantization", "engine.quantization"),

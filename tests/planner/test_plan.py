@@ -144,6 +144,18 @@ def test_kv_block_bytes_follow_dtype_and_round_to_whole_blocks() -> None:
     assert plan(max_model_len=17, block_size=32).kv.bytes_per_block == block_bytes(block_size=32)
 
 
+def test_cuda_graphs_are_planned_for_the_sizes_the_flags_capture() -> None:
+    """vLLM's --cudagraph-capture-sizes and --max-cudagraph-capture-size choose the sizes;
+    a size above --max-num-seqs is never reached, so never captured nor planned."""
+    assert estimates.capture_sizes(64) == [1, 2, 4, *range(8, 65, 8)]
+    assert plan(max_num_seqs=64).classes["cuda_graphs"] == estimates.cuda_graph_bytes(LLAMA_8B, 11)
+    given = plan(max_num_seqs=64, cudagraph_capture_sizes=(32, 1, 8, 128))
+    assert given.classes["cuda_graphs"] == estimates.cuda_graph_bytes(LLAMA_8B, 3)
+    capped = plan(max_num_seqs=64, max_cudagraph_capture_size=16)
+    assert capped.classes["cuda_graphs"] == estimates.cuda_graph_bytes(LLAMA_8B, 5)
+    assert plan(max_num_seqs=64, cudagraph_capture_sizes=(128,)).classes["cuda_graphs"] == 0
+
+
 def test_explicit_dtype_casts_floating_weights_only() -> None:
     mixed = WeightsInfo(total_bytes=1000 + 64, num_tensors=2, dtype="BF16", files=(),
                         bytes_by_dtype={"BF16": 1000, "I32": 64})
@@ -162,7 +174,7 @@ def test_defaults_and_estimates() -> None:
     assert plan(attention_backend="TORCH_SDPA").classes["activations"] == (
         estimates.activation_peak_bytes(LLAMA_8B, 2, 8192, 16, context_tokens=8192,
                                         kv_dtype_bytes=2) + 32 * MiB)
-    assert p.classes["cuda_graphs"] == estimates.cuda_graph_bytes(LLAMA_8B, 16) > 0
+    assert p.classes["cuda_graphs"] == estimates.cuda_graph_bytes(LLAMA_8B, 5) > 0  # 1 2 4 8 16
     assert p.classes["context"] == estimates.CUDA_CONTEXT_BYTES
     assert plan(enforce_eager=True).classes["cuda_graphs"] == 0
     cpu = plan(device=DeviceMemory("cpu", "host", 64 * GiB, 60 * GiB, False))
