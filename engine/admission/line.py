@@ -44,6 +44,7 @@ from kvledger.engine.admission.headroom import NO_HEADROOM, Headroom
 from kvledger.engine.admission.order import ANONYMOUS, LineOrder, Tenant
 from kvledger.engine.admission.ticket import Outcome, Ticket, Waiter
 from kvledger.engine.errors import KVCacheFull, LineFull, TenantLineFull
+from kvledger.engine.kv.claims import cacheable_blocks
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.kv.reservation import Reservation
 
@@ -238,7 +239,7 @@ class Admission:
             return None  # it might be CapTooLarge
         cached = 0
         if requested is None and self.ledger.enable_prefix_caching:
-            cached = (max_prompt_tokens - 1) // self.ledger.block_size
+            cached = cacheable_blocks(max_prompt_tokens, self.ledger.block_size)
         least = n * (self.ledger.blocks_for(self.max_model_len) - cached if requested is None
                      else self.ledger.blocks_for(1 + requested))
         # Free blocks decide unless the line is full, or when over-committing (safe).

@@ -26,6 +26,7 @@ import time
 import torch
 
 from kvledger.engine.model.transformer import AttentionMetadata, PagedRows
+from kvledger.engine.planner.pool import blocks_for
 
 log = logging.getLogger("kvledger.engine")
 
@@ -39,7 +40,7 @@ class DecodeGraphs:
         self.sizes = sorted(set(sizes))
         self.max_size = self.sizes[-1]
         self.pad_slot = pad_block * runner.block_size
-        width = -(-runner.max_model_len // runner.block_size)
+        width = blocks_for(runner.max_model_len, runner.block_size)
         device, rows = runner.device, self.max_size
 
         def zeros(*shape: int, dtype=torch.int32) -> torch.Tensor:

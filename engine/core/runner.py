@@ -25,6 +25,7 @@ from kvledger.engine.model.transformer import (
     PrefillSpan,
     RotaryEmbedding,
 )
+from kvledger.engine.planner.pool import blocks_for
 from kvledger.engine.sampling.logprobs import TokenLogprobs, logprobs_of
 from kvledger.engine.sampling.params import MAX_LOGPROBS
 
@@ -247,7 +248,7 @@ class ModelRunner:
         chunk, ending at position ``max_model_len - 1``), whole prompts with the rest of
         the prompt budget if any, then the decodes at position ``max_model_len - 1``."""
         bs = self.block_size
-        width = -(-max_model_len // bs)
+        width = blocks_for(max_model_len, bs)
         num_decodes = min(max_num_seqs, num_tokens) - 1
         rest = num_tokens - num_decodes
         chunk = max(0, min(rest, max_model_len - 2))  # a later chunk starts at position >= 1

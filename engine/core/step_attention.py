@@ -21,6 +21,7 @@ from kvledger.engine.model.transformer import (
     PagedRows,
     PrefillSpan,
 )
+from kvledger.engine.planner.pool import blocks_for
 
 
 @dataclass
@@ -98,7 +99,7 @@ class StepAttention:
         if start == 0:
             return PrefillSpan(0, length, self.window_mask(length))
         # A later chunk of a prompt: attend to the cache (earlier chunks and this one).
-        num_blocks = -(-(start + length) // self.block_size)
+        num_blocks = blocks_for(start + length, self.block_size)
         table = torch.tensor([block_ids[:num_blocks]], dtype=torch.long, device=self.device)
         query = torch.arange(start, start + length, device=self.device)[:, None]
         key = torch.arange(num_blocks * self.block_size, device=self.device)[None, :]

@@ -7,10 +7,14 @@ from collections.abc import Sequence
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.kv.block_pool import BlockHash, hash_blocks
+from kvledger.engine.planner.pool import blocks_for
 
 
-def blocks_for(num_tokens: int, block_size: int) -> int:
-    return -(-num_tokens // block_size)
+def cacheable_blocks(prompt_tokens: int, block_size: int) -> int:
+    """The full blocks of a prompt a cache hit may cover: those before the block of its
+    last token, which is always computed (it gives the first output's logits). THE rule:
+    the ledger, the claims and the admission line call it."""
+    return (prompt_tokens - 1) // block_size
 
 
 def shareable_blocks(count: int, prompt_tokens: int, block_size: int, share: bool) -> int:
@@ -19,7 +23,7 @@ def shareable_blocks(count: int, prompt_tokens: int, block_size: int, share: boo
     start it); 0 when they do not share (``share`` False, or a single choice)."""
     if count < 2 or prompt_tokens < 1 or not share:
         return 0
-    return (prompt_tokens - 1) // block_size
+    return cacheable_blocks(prompt_tokens, block_size)
 
 
 def choices_blocks(num_tokens: int, count: int, prompt_tokens: int, block_size: int,
@@ -67,8 +71,7 @@ def prompt_keys(num_tokens: int, count: int, prompt_token_ids: Sequence[int] | N
         raise BadInput(f"a prompt of {len(prompt_token_ids)} tokens does not fit a "
                        f"reservation of {num_tokens}")
     hashes = hash_blocks(prompt_token_ids, block_size, len(prompt_token_ids) // block_size, root)
-    # The last prompt token is always computed: it gives the first output's logits.
-    lookups = (len(prompt_token_ids) - 1) // block_size if use_cached else None
+    lookups = cacheable_blocks(len(prompt_token_ids), block_size) if use_cached else None
     return needed, hashes, lookups
 
 

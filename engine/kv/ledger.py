@@ -246,7 +246,7 @@ class KVLedger:
         if reservation.prompt_token_ids is None:  # reserved without its prompt: not counted yet
             with self._lock:
                 self.prefix_cache_queries += len(prompt_token_ids)
-        lookups = (len(prompt_token_ids) - 1) // self.block_size
+        lookups = claims.cacheable_blocks(len(prompt_token_ids), self.block_size)
         if start >= lookups:
             return reservation.num_cached_tokens
         hashes = claims.extend_keys(reservation.block_hashes, reservation.root, prompt_token_ids,

@@ -51,6 +51,7 @@ from kvledger.engine.planner.pool import (
     ENGINE_RULE,
     VLLM_RULE,
     KVGeometry,
+    blocks_for,
     kv_geometry,
 )
 from kvledger.engine.planner.record import KVInfo, Measured, Plan
@@ -194,7 +195,7 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
     # On the CPU (TORCH_SDPA) kvledger's engine gathers each sequence's K and V for decode
     # attention; its GPU kernel, and vLLM's (a what-if plan for vLLM), read them in place.
     gathers = gathers_kv(attention_backend(config.attention_backend, device.kind))
-    gathered_tokens = (-(-max_model_len // config.block_size) * config.block_size
+    gathered_tokens = (blocks_for(max_model_len, config.block_size) * config.block_size
                        if geometry.rule == ENGINE_RULE and gathers else 0)
     if geometry.rule == ENGINE_RULE:  # what kvledger's engine runs (planner/support.py)
         check_engine_run(config, full_shape, weights)

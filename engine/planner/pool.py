@@ -26,6 +26,12 @@ from dataclasses import dataclass, replace
 from kvledger.engine.checkpoint.layout import FULL, SLIDING, AttentionLayout, LayerKV, declared_only
 from kvledger.engine.errors import BadInput
 
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """The blocks ``num_tokens`` tokens take: THE rule, which the plan, the ledger, the
+    admission line and the model runner all call."""
+    return -(-num_tokens // block_size)
+
 ENGINE_RULE = "kvledger-engine"
 VLLM_RULE = "vllm-hybrid-kv-cache-manager"
 ENGINE_NOTE = "kvledger's engine allocates every layer the whole context"
@@ -86,7 +92,7 @@ def _engine(layout: AttentionLayout, architecture: str, block_size: int, dtype_b
     layer = LayerKV(FULL, kv_heads, head_size)
     per_layer = layer.bytes_per_token(dtype_bytes)
     n = len(layout.layers)
-    blocks = -(-max_model_len // block_size)
+    blocks = blocks_for(max_model_len, block_size)
     note = ENGINE_NOTE
     if declared := declared_only(layout):
         note = f"{declared} saves no memory here: {note}"
@@ -129,6 +135,6 @@ def _blocks_per_seq(kind: LayerKV, block_size: int, max_model_len: int,
     ``max_memory_usage_bytes`` in pages): a sliding window keeps the last ``window - 1``
     tokens plus a step's new ones, and one block more when the window starts mid-block."""
     if kind.attention != SLIDING:
-        return -(-max_model_len // block_size)
+        return blocks_for(max_model_len, block_size)
     tokens = min(kind.sliding_window - 1 + batched_tokens, max_model_len)
-    return -(-tokens // block_size) + 1
+    return blocks_for(tokens, block_size) + 1
