@@ -13,7 +13,6 @@ import sys
 
 from kvledger.engine.checkpoint.hub.headers import planning_source
 from kvledger.engine.config import add_engine_flags, config_from_args
-from kvledger.engine.errors import EXIT_DOES_NOT_FIT, EXIT_OK
 from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.planner.report import render_report
 from kvledger.engine.vllm_flags import add_vllm_flags
@@ -34,4 +33,4 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(plan.to_json(), indent=2))
     else:
         print(render_report(plan), end="", file=sys.stdout if plan.fits else sys.stderr)
-    return EXIT_OK if plan.fits else EXIT_DOES_NOT_FIT
+    return plan.exit_code

@@ -18,7 +18,7 @@ from pathlib import Path
 from kvledger.engine.checkpoint.hub.headers import planning_source
 from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.config import add_engine_flags, config_from_args
-from kvledger.engine.errors import EXIT_DOES_NOT_FIT, EXIT_OK, BadInput
+from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.adapters import check_adapters
 from kvledger.engine.planner.plan import Plan, make_plan
 from kvledger.engine.planner.report import (
@@ -67,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise BadInput(f"cannot write --plan-out {out}: {exc.strerror or exc}") from None
     _write_termination_log(args.termination_log, termination_message(plan, report))
-    return EXIT_OK if plan.fits else EXIT_DOES_NOT_FIT
+    return plan.exit_code
 
 
 def termination_message(plan: Plan, report: str) -> str:

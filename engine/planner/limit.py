@@ -32,6 +32,13 @@ def resolve_limit(config: EngineConfig, device: DeviceMemory) -> tuple[int, str,
     return max(0, device.free_bytes - margin), FREE_MEMORY, margin
 
 
+def fits(required_bytes: int, limit_bytes: int, pool_blocks: int, needed_blocks: int,
+         cap_too_large: bool) -> bool:
+    """THE verdict: the run's bytes within the limit, a pool of at least the blocks the
+    declared workload needs, and a cap the device can give (``cap_above_free``)."""
+    return required_bytes <= limit_bytes and pool_blocks >= needed_blocks and not cap_too_large
+
+
 def cap_above_free(limit_bytes: int, limit_source: str, device: DeviceMemory) -> bool:
     """Whether the limit is a cap (not free memory) larger than the device's free memory."""
     return limit_source != FREE_MEMORY and limit_bytes > device.free_bytes

@@ -43,6 +43,7 @@ from kvledger.engine.planner.dtypes import resolve_kv_dtype, resolve_model_dtype
 from kvledger.engine.planner.limit import (
     FREE_MEMORY,
     cap_above_free,
+    fits,
     limit_warnings,
     resolve_limit,
 )
@@ -212,10 +213,10 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
     num_blocks = max(pool, needed)  # short of `needed`, the run needs `needed`
     classes["kv_cache"] = num_blocks * block_bytes
     required = non_kv + classes["kv_cache"]
-    fits = required <= limit and pool >= needed and not cap_above_free(limit, source, device)
+    verdict = fits(required, limit, pool, needed, cap_above_free(limit, source, device))
 
     return Plan(
-        fits=fits,
+        fits=verdict,
         limit_bytes=limit,
         required_bytes=required,
         short_by_bytes=max(0, required - limit),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from kvledger.engine.checkpoint.contents import ModelShape, ModelSource, WeightsInfo
 from kvledger.engine.config import EngineConfig
+from kvledger.engine.errors import EXIT_DOES_NOT_FIT, EXIT_OK
 from kvledger.engine.planner.device import DeviceMemory
 from kvledger.engine.planner.limit import cap_above_free
 from kvledger.engine.planner.pool import ENGINE_RULE, PoolGroup
@@ -132,6 +133,11 @@ class Plan:
     pipeline_parallel_size: int = 1
     stage: int = 0
     stages: tuple[StageFigures, ...] = ()
+
+    @property
+    def exit_code(self) -> int:
+        """What `kvledger plan` and `preflight` exit with: 0 when it fits, 3 when not."""
+        return EXIT_OK if self.fits else EXIT_DOES_NOT_FIT
 
     @property
     def cap_above_free(self) -> bool:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from kvledger.engine.checkpoint.contents import EMBEDDING_SUFFIXES, ModelShape, WeightsInfo
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.estimates import format_size
+from kvledger.engine.planner.limit import fits
 from kvledger.engine.planner.record import Plan, StageFigures
 
 PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"
@@ -142,10 +143,9 @@ def _with_blocks(plan: Plan, blocks: int) -> Plan:
                              sequences=blocks // max(1, plan.kv.blocks_per_seq))
     classes = dict(plan.classes, kv_cache=blocks * kv.bytes_per_block)
     required = sum(classes.values())
-    fits = (required <= plan.limit_bytes and blocks >= kv.required_blocks
-            and not plan.cap_above_free)
+    verdict = fits(required, plan.limit_bytes, blocks, kv.required_blocks, plan.cap_above_free)
     return dataclasses.replace(plan, kv=kv, classes=classes, required_bytes=required,
-                               short_by_bytes=max(0, required - plan.limit_bytes), fits=fits)
+                               short_by_bytes=max(0, required - plan.limit_bytes), fits=verdict)
 
 
 def stage_name(plan: Plan, stage: int) -> str:
