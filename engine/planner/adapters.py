@@ -23,7 +23,7 @@ from kvledger.engine.checkpoint.hub.uri import is_hub_uri
 from kvledger.engine.checkpoint.safetensors_header import TensorInfo, read_safetensors_header
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
-from kvledger.engine.planner.lora_bytes import LORA_TARGETS, module_shapes
+from kvledger.engine.planner.lora_bytes import LORA_TARGETS, adapter_elements, module_shapes
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -60,8 +60,7 @@ def max_weights_bytes(config: ModelShape, max_lora_rank: int) -> int:
     model can be: every target of every layer in float32, plus a header's worth."""
     shapes = module_shapes(config.hidden_size, config.num_attention_heads, config.num_kv_heads,
                            config.head_dim, config.intermediate_size)
-    per_layer = sum(max_lora_rank * (fan_in + fan_out) for fan_in, fan_out in shapes.values())
-    return per_layer * config.num_layers * 4 + 2**20
+    return adapter_elements(shapes, config.num_layers, max_lora_rank) * 4 + 2**20
 
 
 def read_adapter_files(where: str, directory: str | Path, shape: ModelShape,

@@ -26,8 +26,14 @@ def module_shapes(hidden_size: int, num_heads: int, num_kv_heads: int, head_dim:
             "down_proj": (intermediate_size, hidden_size)}
 
 
+def adapter_elements(shapes: dict[str, tuple[int, int]], num_layers: int,
+                     max_lora_rank: int) -> int:
+    """THE formula: the numbers one adapter of rank ``max_lora_rank`` holds, A (rank x
+    fan_in) and B (fan_out x rank) of every projection of every layer."""
+    return num_layers * sum(max_lora_rank * (fan_in + fan_out) for fan_in, fan_out in shapes.values())
+
+
 def lora_slot_bytes(shapes: dict[str, tuple[int, int]], num_layers: int, max_loras: int,
                     max_lora_rank: int, dtype_bytes: int) -> int:
     """Bytes of the A and B stacks of every projection of every layer."""
-    per_layer = sum(max_lora_rank * (fan_in + fan_out) for fan_in, fan_out in shapes.values())
-    return num_layers * max_loras * per_layer * dtype_bytes
+    return max_loras * adapter_elements(shapes, num_layers, max_lora_rank) * dtype_bytes
