@@ -1,32 +1,41 @@
 """``kvledger`` command line: one subcommand per module, imported lazily.
 
-Each subcommand module exposes ``add_arguments(parser)`` and ``main(args) -> int``.
-Lazy imports keep ``kvledger plan``/``preflight`` torch-free and quick to start.
+Each subcommand module exposes ``HELP`` (one line), ``add_arguments(parser)`` and
+``main(args) -> int``. Lazy imports keep ``kvledger plan``/``preflight`` torch-free and
+quick to start. The engine's own commands are listed here; another package registers its
+own as entry points of the group ``kvledger.commands`` (name = its module), as the
+operator does ``run`` and ``operator`` (pyproject.toml): the engine never imports it.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import sys
-from importlib.metadata import version
+from importlib.metadata import entry_points, version
 
 from kvledger.engine.errors import EXIT_BAD_INPUT, BadInput, KvledgerError
 from kvledger.engine.launch_line import dashed, with_config
 
-# name -> (module, one-line help)
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "plan": ("kvledger.engine.commands.plan", "print the memory budget of a declared run"),
-    "preflight": ("kvledger.engine.commands.preflight",
-                  "the init container: plan, write the plan JSON and a termination report"),
-    "fetch": ("kvledger.engine.commands.fetch",
-              "download an hf:// model's files the engine needs into the hub cache"),
-    "serve": ("kvledger.engine.commands.serve", "plan (measured), load the model and serve HTTP"),
-    "run": ("kvledger.operator.local_run", "run an InferenceService manifest locally, no cluster"),
-    "operator": ("kvledger.operator.main", "run the kopf operator"),
-    "make-model": ("kvledger.engine.commands.make_model", "write a small built-in checkpoint"),
+# The engine's own commands: name -> module.
+ENGINE_COMMANDS: dict[str, str] = {
+    "plan": "kvledger.engine.commands.plan",
+    "preflight": "kvledger.engine.commands.preflight",
+    "fetch": "kvledger.engine.commands.fetch",
+    "serve": "kvledger.engine.commands.serve",
+    "make-model": "kvledger.engine.commands.make_model",
 }
+COMMANDS_GROUP = "kvledger.commands"  # the entry points other packages register under
+
+
+@functools.cache
+def commands() -> dict[str, str]:
+    """Every command: the engine's, then those registered as entry points (none where
+    kvledger runs from a source tree that is not installed)."""
+    registered = {ep.name: ep.value for ep in entry_points(group=COMMANDS_GROUP)}
+    return {**ENGINE_COMMANDS, **{n: m for n, m in registered.items() if n not in ENGINE_COMMANDS}}
 
 
 # The commands that take a vLLM launch line's flags.
@@ -35,7 +44,8 @@ LAUNCH_LINE_COMMANDS = ("plan", "preflight", "fetch", "serve")
 
 def _usage() -> str:
     lines = ["usage: kvledger COMMAND [FLAGS]", "       kvledger --version", "", "commands:"]
-    lines += [f"  {name:<12} {help_text}" for name, (_, help_text) in SUBCOMMANDS.items()]
+    lines += [f"  {name:<12} {importlib.import_module(module).HELP}"
+              for name, module in commands().items()]
     lines += ["", "kvledger COMMAND --help shows a command's flags."]
     return "\n".join(lines)
 
@@ -57,9 +67,8 @@ class _OneLineErrorParser(argparse.ArgumentParser):
 
 def build_parser(name: str) -> argparse.ArgumentParser:
     """The parser of one subcommand; only that subcommand's module is imported."""
-    module_name, help_text = SUBCOMMANDS[name]
-    module = importlib.import_module(module_name)
-    parser = _OneLineErrorParser(prog=f"kvledger {name}", description=help_text)
+    module = importlib.import_module(commands()[name])
+    parser = _OneLineErrorParser(prog=f"kvledger {name}", description=module.HELP)
     module.add_arguments(parser)
     parser.set_defaults(_module=module)
     return parser
@@ -74,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         # The installed distribution's version (pyproject.toml), as GET /version serves it.
         print(f"kvledger {version('kvledger')}")
         return 0
-    if argv[0] not in SUBCOMMANDS:
+    if argv[0] not in commands():
         print(f"error: unknown command {argv[0]!r}\n\n{_usage()}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:

@@ -50,6 +50,8 @@ from kvledger.operator.crd import validate_manifest
 from kvledger.operator.resource import DEFAULT_PORT
 from kvledger.operator.spec import ServiceSpec, as_spec, local_model_path, local_path
 
+HELP = "run an InferenceService manifest locally, no cluster"
+
 # What only a cluster gives meaning to: validated, then ignored by `kvledger run`.
 CLUSTER_ONLY_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName",
                        "runtimeClassName", "imagePullSecrets", "serviceAccountName", "env",

@@ -15,6 +15,8 @@ from kvledger.operator import autoscaling, render
 from kvledger.operator.kube import KubeApi, KubeError
 from kvledger.operator.policy import POLICY_ENV, Policy
 
+HELP = "run the kopf operator"
+
 LOG_FORMATS = {"text": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL,
                "json": kopf.LogFormat.JSON}
 

@@ -23,6 +23,8 @@ from kvledger.engine.lora_config import lora_module_arg
 from kvledger.engine.planner.report import format_size
 from kvledger.engine.settings import positive_seconds
 
+HELP = "download an hf:// model's files the engine needs into the hub cache"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="hf://ORG/NAME[@REVISION]",

@@ -7,6 +7,8 @@ import argparse
 
 from kvledger.engine.model.builtin import MODELS, install_model
 
+HELP = "write a small built-in checkpoint"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help=f"one of: {', '.join(MODELS)}")

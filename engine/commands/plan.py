@@ -17,6 +17,8 @@ from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.planner.report import render_report
 from kvledger.engine.vllm_flags import add_vllm_flags
 
+HELP = "print the memory budget of a declared run"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_flags(parser)

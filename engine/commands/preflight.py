@@ -29,6 +29,8 @@ from kvledger.engine.planner.report import (
 )
 from kvledger.engine.vllm_flags import add_vllm_flags
 
+HELP = "the init container: plan, write the plan JSON and a termination report"
+
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
 

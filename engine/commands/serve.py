@@ -34,6 +34,8 @@ from kvledger.engine.server.tenants import read_tenants_file
 from kvledger.engine.settings import positive_seconds, size_arg
 from kvledger.engine.vllm_flags import PARSERS, RULES, add_vllm_flags, refusal
 
+HELP = "plan (measured), load the model and serve HTTP"
+
 
 def _seconds(text: str) -> float:
     try:

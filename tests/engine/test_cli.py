@@ -8,14 +8,22 @@ import sys
 
 import pytest
 
-from kvledger.engine.cli import SUBCOMMANDS, main
+from kvledger.engine.cli import ENGINE_COMMANDS, commands, main
 
 
 def test_usage_lists_every_command(capsys) -> None:
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    for name in SUBCOMMANDS:
+    for name in commands():
         assert name in out
+
+
+def test_the_operator_registers_its_commands_the_engine_names_none_of_its() -> None:
+    """`run` and `operator` come from the operator's entry points (pyproject.toml); the
+    engine's own list names only engine modules (the import contracts check its imports)."""
+    assert {name: commands()[name] for name in ("run", "operator")} == {
+        "run": "kvledger.operator.local_run", "operator": "kvledger.operator.main"}
+    assert all(module.startswith("kvledger.engine.") for module in ENGINE_COMMANDS.values())
 
 
 def test_no_command_is_bad_input(capsys) -> None:
