@@ -76,6 +76,12 @@ class ModelRunner:
             raise BadInput(f"--attention-backend TRITON_ATTN needs Triton and a CUDA device "
                            f"(torch's CUDA builds bring Triton); this is {device.type}: use "
                            "TORCH_SDPA")
+        if self.paged and device.type == "cuda":
+            failed = paged_attention.self_check(device, self.dtype)
+            if failed is not None:
+                raise BadInput(f"the paged attention kernel does not run on this GPU "
+                               f"({failed}); --attention-backend TORCH_SDPA gathers the "
+                               "blocks for SDPA instead (planned with that copy)")
         self.attention = StepAttention(block_size, max_model_len, self.config.sliding_window,
                                        self.dtype, device, self.paged)
         self.rope = RotaryEmbedding(self.config, max_model_len, device, self.dtype)

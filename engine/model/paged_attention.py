@@ -174,6 +174,33 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     return merge_partitions(partial, lse).to(q.dtype)
 
 
+def self_check(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Run the kernel once on this device (compiling it) against SDPA on the same blocks:
+    None when it agrees, else what went wrong, in one line. The engine checks at start-up,
+    so a kernel that cannot run on a card is refused by name, not met mid-request."""
+    gen = torch.Generator().manual_seed(0)
+    cache = torch.randn((2, 2, 4, 16, 64), generator=gen).to(device=device, dtype=dtype)
+    q = torch.randn((2, 4, 64), generator=gen).to(device=device, dtype=dtype)
+    tables = torch.tensor([[3, 1], [0, 2]], dtype=torch.int32, device=device)
+    ends = torch.tensor([20, 9], dtype=torch.int32, device=device)
+    try:
+        got = paged_attention(q, cache, tables, torch.arange(2, dtype=torch.int32, device=device),
+                              torch.zeros(2, dtype=torch.int32, device=device), ends,
+                              scale=64 ** -0.5, max_positions=32)
+    except Exception as exc:  # Triton's compile and launch errors have no common base
+        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+    for row in range(2):
+        n = int(ends[row])
+        blocks = tables[row].long()[torch.arange(n, device=device) // 16]
+        k, v = (cache[i][:, blocks, torch.arange(n, device=device) % 16] for i in (0, 1))
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q[row].view(4, 1, 64).float(), k.float().repeat_interleave(2, 0),
+            v.float().repeat_interleave(2, 0))[:, 0]
+        if not torch.allclose(got[row].float(), want, atol=2e-2, rtol=2e-2):
+            return f"its output differs from SDPA's by {(got[row].float() - want).abs().max():.3g}"
+    return None
+
+
 def merge_partitions(partial: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     """``[rows, heads, parts, head_dim]`` normalised partial outputs and their log-sum-exp
     ``[rows, heads, parts]`` -> ``[rows, heads, head_dim]``: each weighted by its share of

@@ -128,3 +128,19 @@ def test_merging_partitions_weighs_each_by_its_share() -> None:
     torch.testing.assert_close(pa.merge_partitions(partial, lse)[0, 0], whole)
     empty = pa.merge_partitions(torch.zeros((1, 1, 2, 3)), torch.full((1, 1, 2), -torch.inf))
     assert torch.equal(empty, torch.zeros((1, 1, 3)))
+
+
+def test_the_start_up_self_check_passes_and_names_a_kernel_that_fails(monkeypatch) -> None:
+    """The engine runs it before it trusts the kernel on a GPU: None when the kernel agrees
+    with SDPA; one line naming the failure otherwise."""
+    assert pa.self_check(torch.device(DEVICE), torch.float32) is None
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("PassManager::run failed\nmore lines")
+
+    monkeypatch.setattr(pa, "paged_attention", broken)
+    assert pa.self_check(torch.device(DEVICE), torch.float32) == (
+        "RuntimeError: PassManager::run failed")
+    monkeypatch.setattr(pa, "paged_attention", lambda q, *args, **kwargs: q * 0 + 1)
+    assert pa.self_check(torch.device(DEVICE), torch.float32).startswith(
+        "its output differs from SDPA's")
