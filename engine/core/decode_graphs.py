@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from kvledger.engine.core.step_attention import padded_tables
 from kvledger.engine.model.transformer import AttentionMetadata, PagedRows
 from kvledger.engine.planner.pool import blocks_for
 
@@ -80,10 +81,10 @@ class DecodeGraphs:
         put(self.ends, contexts, 0)
         put(self.starts, [max(0, c - window) for c in contexts] if window is not None
             else [0] * n, 0)
-        width = self.tables.shape[1]
-        padded = [table[:width] + [0] * (width - len(table)) for table in tables]
-        self.tables[:size].copy_(torch.tensor(padded + [[0] * width] * (size - n),
-                                              dtype=torch.int32).to(device, non_blocking=True))
+        # Each real row's blocks; what lies past them (and the padding rows' tables) is
+        # never read, as no row reads past its context.
+        filled = padded_tables(tables)
+        self.tables[:n, :filled.shape[1]].copy_(filled.to(device, non_blocking=True))
         captured = self.graphs.get(size)
         if captured is None:
             return self.forward(size)[:n]
