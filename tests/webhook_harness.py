@@ -120,6 +120,19 @@ async def webhook_operator(cluster: Cluster, log: Path, *, policy: dict[str, Any
                 return True
 
             await eventually(answers, timeout_s=60, what="the webhook answering")
+            gpu_nodes = [n for n in cluster.all_stored("nodes") if int(
+                ((n.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu", 0))]
+
+            async def sees_the_nodes() -> bool:
+                """kopf's node index fills after the start: a review before it says no
+                node offers GPUs. The nodes made before the operator are waited for."""
+                answer = await client.ask(admission_review({"model": {"path": "/m"},
+                                                            "gpus": 1}))
+                return not any("offers nvidia.com/gpu now" in w
+                               for w in answer.get("warnings") or [])
+
+            if gpu_nodes:
+                await eventually(sees_the_nodes, timeout_s=60, what="the node index filled")
             yield client
         finally:
             if client is not None:
