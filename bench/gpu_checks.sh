@@ -23,8 +23,9 @@
 # Every step is time-limited and reports its exit status; the script goes on after a
 # failure, names every failed step in its last lines and exits non-zero if any failed.
 #
-# `bash bench/gpu_checks.sh speed` (about 3-5 minutes) runs (a), then only bench/gpu_speed.py,
-# its JSON written to $OUT/gpu_speed.json (commit it under bench/results/).
+# `bash bench/gpu_checks.sh speed` (step limits 9.3 minutes) runs (a), then the paged
+# attention kernel's and the CUDA graphs' tests compiled on the GPU, then
+# bench/gpu_speed.py, its JSON written to $OUT/gpu_speed.json (commit it under bench/results/).
 # `bash bench/gpu_checks.sh serving` (a second call, about 5 minutes) runs (a), then only
 # bench/serving.py with kvledger on CUDA: part 1 at concurrency 1, 3, 8, 32 and one
 # overload round (vLLM too when a CUDA build of it is on PATH; otherwise kvledger alone).
@@ -99,8 +100,11 @@ finish() {  # the last lines: every failed step named; exit status 1 if any fail
     exit 1
 }
 
-if [ "${1:-}" = speed ]; then  # bench/gpu_speed.py: the raw JSON in $OUT (or bench/results)
-    step 480 "bench/gpu_speed.py: decode and prefill against the card's own limits" \
+if [ "${1:-}" = speed ]; then  # the GPU path: its tests compiled, then bench/gpu_speed.py
+    step 120 "the paged kernel compiled against SDPA; greedy tokens of both attention paths, and of captured graphs against eager (float32)" \
+        env TRITON_INTERPRET=0 KVLEDGER_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider \
+        -o addopts="" tests/engine/test_paged_attention.py tests/engine/test_paged_engine.py
+    step 440 "bench/gpu_speed.py: decode and prefill against the card's own limits" \
         "$PY" bench/gpu_speed.py --out "${OUT:-bench/results}/gpu_speed.json"
     finish
 fi
@@ -124,9 +128,6 @@ step 90 "gpu_memory_check small-llama bf16, fp8 KV, 64 x 2048, 4096-token steps"
 step 150 "engine tests on CUDA: greedy equality vs transformers (float32), meta-device runner" \
     env KVLEDGER_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
     tests/engine/test_hf_equivalence.py tests/engine/test_device_paths.py
-step 120 "the paged attention kernel compiled for the GPU, against SDPA on gathered blocks" \
-    env TRITON_INTERPRET=0 KVLEDGER_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
-    tests/engine/test_paged_attention.py
 step 50 "seeded and greedy sampling on CUDA, bf16 weights, bf16 and fp8 KV" "$PY" - <<'EOF'
 import tempfile
 

@@ -3,13 +3,16 @@ prompt chunks read the KV pool in place, engine/model/paged_attention.py) gives 
 tokens of ``TORCH_SDPA`` (the CPU's gather path) on the same checkpoint: run here on the CPU
 under Triton's interpreter, with prompts joining and leaving the batch, prompts split into
 chunks, a sliding window (Mistral), GQA, experts (Qwen3-MoE), prompts sharing cached blocks
-and an fp8 KV cache."""
+and an fp8 KV cache. On ``KVLEDGER_TEST_DEVICE`` (``cuda``: bench/gpu_checks.sh, with
+``TRITON_INTERPRET=0``) the kernel runs compiled and the padded decode steps as captured
+CUDA graphs."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
+from _engine_helpers import DEVICE
 
 from kvledger.engine import LLM, SamplingParams
 from kvledger.engine.errors import BadInput
@@ -18,7 +21,7 @@ pytest.importorskip("triton")
 
 
 def _tokens(model_dir, backend: str, prompts, max_tokens: int, **kwargs) -> list[list[int]]:
-    llm = LLM(str(model_dir), dtype="float32", device="cpu", attention_backend=backend,
+    llm = LLM(str(model_dir), dtype="float32", device=DEVICE, attention_backend=backend,
               max_model_len=160, **kwargs)
     assert llm.engine.runner.paged == (backend == "TRITON_ATTN")
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens))
@@ -54,12 +57,13 @@ def test_prompts_sharing_cached_blocks_read_them_in_place(tiny_llama_dir, kv_cac
             == _tokens(tiny_llama_dir, "TORCH_SDPA", prompts, 10, **kwargs))
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's refusal")
 def test_triton_attention_on_a_cpu_without_the_interpreter_is_refused(tiny_llama_dir,
                                                                        monkeypatch):
     """Triton has no CPU backend: asked for there, the engine refuses in one line."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(BadInput, match="TRITON_ATTN needs Triton and a CUDA device"):
-        LLM(str(tiny_llama_dir), device="cpu", attention_backend="TRITON_ATTN")
+        LLM(str(tiny_llama_dir), device=DEVICE, attention_backend="TRITON_ATTN")
 
 
 def test_the_mixed_profile_step_reads_the_scratch_block_in_place(tiny_llama_dir):
@@ -72,9 +76,10 @@ def test_the_mixed_profile_step_reads_the_scratch_block_in_place(tiny_llama_dir)
     from kvledger.engine.core.runner import ModelRunner
     from kvledger.engine.model.loader import load_model
 
-    cpu = torch.device("cpu")
-    model = load_model(tiny_llama_dir, ModelConfig.from_dir(tiny_llama_dir), torch.float32, cpu)
-    runner = ModelRunner(model, cpu, 64, block_size=16, paged=True)
+    device = torch.device(DEVICE)
+    model = load_model(tiny_llama_dir, ModelConfig.from_dir(tiny_llama_dir), torch.float32,
+                       device)
+    runner = ModelRunner(model, device, 64, block_size=16, paged=True)
     ids, positions, meta, _ = runner._profile_mixed(20, 64, 4)
     assert meta.decode_groups == [] and meta.paged is not None
     chunk = meta.prefills[0]
@@ -94,11 +99,11 @@ def test_decode_steps_padded_in_static_buffers_give_the_unpadded_tokens(tiny_lla
     prompts = _prompts(9, [3, 17, 9, 30, 6])
     params = [SamplingParams(temperature=0, max_tokens=n) for n in (4, 12, 8, 6, 10)]
 
-    llm = LLM(str(tiny_llama_dir), dtype="float32", device="cpu", max_model_len=160,
+    llm = LLM(str(tiny_llama_dir), dtype="float32", device=DEVICE, max_model_len=160,
               attention_backend="TRITON_ATTN", max_num_seqs=8, enforce_eager=True)
     assert llm.engine.runner.decode_graphs is None
     eager = [o.token_ids for o in llm.generate(prompts, params)]
-    llm = LLM(str(tiny_llama_dir), dtype="float32", device="cpu", max_model_len=160,
+    llm = LLM(str(tiny_llama_dir), dtype="float32", device=DEVICE, max_model_len=160,
               attention_backend="TRITON_ATTN", max_num_seqs=8)
     graphs = llm.engine.runner.decode_graphs
     assert graphs is not None and graphs.sizes == [1, 2, 4, 8]
@@ -112,7 +117,7 @@ def test_decode_steps_padded_in_static_buffers_give_the_unpadded_tokens(tiny_lla
 
 def test_a_mixture_of_experts_decodes_eagerly(make_model_dir):
     """Routing reads each expert's token count back to the host, which a graph cannot."""
-    llm = LLM(str(make_model_dir("tiny-qwen3-moe")), dtype="float32", device="cpu",
+    llm = LLM(str(make_model_dir("tiny-qwen3-moe")), dtype="float32", device=DEVICE,
               max_model_len=64, attention_backend="TRITON_ATTN")
     assert llm.engine.runner.paged and llm.engine.runner.decode_graphs is None
 
@@ -121,7 +126,7 @@ def test_the_capture_size_flags_choose_the_padded_sizes(tiny_llama_dir):
     """--cudagraph-capture-sizes as vLLM spells it (a size above --max-num-seqs is never
     reached); --max-cudagraph-capture-size cuts vLLM's default list."""
     def sizes(**flags):
-        llm = LLM(str(tiny_llama_dir), dtype="float32", device="cpu", max_model_len=64,
+        llm = LLM(str(tiny_llama_dir), dtype="float32", device=DEVICE, max_model_len=64,
                   attention_backend="TRITON_ATTN", max_num_seqs=24, **flags)
         return llm.engine.runner.decode_graphs.sizes
 
