@@ -28,10 +28,9 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from kvledger.engine.core.listener import Acceptor, listen_at
-from kvledger.engine.core.rank_messages import Alive, Hello, Refused, Start
+from kvledger.engine.core.rank_messages import Alive, Hello, Message, RankSpec, Refused, Start
 from kvledger.engine.core.sealed import (
     FIRST_FRAME_MAX_BYTES,
     SealedSocket,
@@ -86,14 +85,14 @@ class Channel:
     def host(self) -> str:
         return self.peer.rsplit(":", 1)[0]
 
-    def send(self, message: Any) -> None:
+    def send(self, message: Message) -> None:
         self.sealed.send(encode(message))
 
     def send_bytes(self, data: bytes) -> None:
         """A message ``encode`` wrote."""
         self.sealed.send(data)
 
-    def recv(self, deadline: float | None = None, max_bytes: int | None = None) -> Any:
+    def recv(self, deadline: float | None = None, max_bytes: int | None = None) -> Message:
         """The next message that is not a pulse; OSError after ``SILENCE_S`` of silence,
         Tampered for a frame that does not open, BadMessage for one that is no message."""
         limit = {} if max_bytes is None else {"max_bytes": max_bytes}
@@ -211,7 +210,7 @@ def _handshake(sock: socket.socket, peer: str, key: bytes, arrivals: queue.Simpl
 # Another machine -------------------------------------------------------------------------
 
 def join(nodes: Nodes, rank: int, print_: str, device: DeviceMemory | None = None,
-         deadline_s: float = JOIN_TIMEOUT_S) -> tuple[Channel, Any]:
+         deadline_s: float = JOIN_TIMEOUT_S) -> tuple[Channel, RankSpec]:
     """A rank of machine ``nodes.rank``: connect to machine 0 (again and again while it
     is not up yet, or busy), prove the key, name this rank, its model and its machine's
     device (machine 0 plans on the smallest); the channel and machine 0's ``RankSpec``

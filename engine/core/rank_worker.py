@@ -17,7 +17,8 @@ import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
 from kvledger.engine.core.rank_messages import (
     AllocateKvCache,
@@ -30,7 +31,12 @@ from kvledger.engine.core.rank_messages import (
     Stop,
 )
 from kvledger.engine.core.store_gate import StoreGate, keep_gloo_local, open_store
-from kvledger.engine.core.wire import BadMessage, PipeLink
+from kvledger.engine.core.wire import BadMessage, Link, PipeLink
+
+if TYPE_CHECKING:  # torch's side, imported by the functions that build it (spawn stays light)
+    from torch.distributed import ProcessGroup
+
+    from kvledger.engine.core.runner import ModelRunner
 
 log = logging.getLogger("kvledger.rank")
 
@@ -96,7 +102,7 @@ def init_ranks(spec: RankSpec, rank: int, peers: Iterable[str] = ()) -> StoreGat
     return gate
 
 
-def build_runner(spec: RankSpec, rank: int) -> Any:
+def build_runner(spec: RankSpec, rank: int) -> ModelRunner:
     """This rank's shard, on its device, in a model runner."""
     import torch
 
@@ -128,7 +134,7 @@ def build_runner(spec: RankSpec, rank: int) -> Any:
                        paged=spec.paged)
 
 
-def stage_groups(spec: RankSpec, rank: int) -> Any:
+def stage_groups(spec: RankSpec, rank: int) -> ProcessGroup | None:
     """The process group of ``rank``'s pipeline stage (its tensor-parallel ranks); every
     rank makes every stage's group, in the same order, as torch.distributed requires. None
     with one rank a stage."""
@@ -141,7 +147,7 @@ def stage_groups(spec: RankSpec, rank: int) -> Any:
     return groups[rank // tp]
 
 
-def measure(runner: Any, profile: Profile) -> RankFigures:
+def measure(runner: ModelRunner, profile: Profile) -> RankFigures:
     """This rank's weights as loaded and ``profile``'s activation peak (None on the CPU),
     for rank 0's re-plan of every pipeline stage."""
     from kvledger.engine.model.loader import weights_bytes
@@ -149,7 +155,7 @@ def measure(runner: Any, profile: Profile) -> RankFigures:
     return RankFigures(weights_bytes(runner.model), profile.run(runner))
 
 
-def follow(spec: RankSpec, rank: int, link: Any) -> int:
+def follow(spec: RankSpec, rank: int, link: Link) -> int:
     """Rank ``rank``'s life: join, build, then run rank 0's calls until told to stop or
     rank 0 is gone; the exit status. ``link`` sends and receives rank messages."""
     import torch
@@ -180,7 +186,7 @@ def follow(spec: RankSpec, rank: int, link: Any) -> int:
             return 1
 
 
-def main(spec: RankSpec, rank: int, conn: Any) -> None:
+def main(spec: RankSpec, rank: int, conn: Connection) -> None:
     """The process's entry point (multiprocessing's spawn target): its end of a pipe."""
     ignore_terminal_interrupt()
     logging.basicConfig(level=logging.INFO, format=f"rank {rank}: %(message)s")

@@ -20,7 +20,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, Any
 
 from kvledger.engine.core.rank_messages import (
     AllocateKvCache,
@@ -41,9 +43,15 @@ from kvledger.engine.core.rank_worker import (
     terminal_interrupt_held,
 )
 from kvledger.engine.core.rank_worker import main as worker_main
-from kvledger.engine.core.wire import BadMessage, PipeLink, encode
+from kvledger.engine.core.wire import BadMessage, Link, PipeLink, encode
 from kvledger.engine.errors import EngineFailed
 from kvledger.engine.node_config import Nodes
+from kvledger.engine.planner.device import DeviceMemory
+
+if TYPE_CHECKING:  # torch's side and the channel, imported where they are used
+    from kvledger.engine.core.nodes import Channel
+    from kvledger.engine.core.runner import ModelRunner, StepOutput
+    from kvledger.engine.core.scheduler import ScheduledBatch
 
 log = logging.getLogger("kvledger.engine")
 
@@ -68,7 +76,8 @@ class Follower:
     (``core/nodes.py``; then no process here). A thread reads what it sends into
     ``inbox``; ``gone`` says why it is lost."""
 
-    def __init__(self, rank: int, conn: Any, process: Any = None) -> None:
+    def __init__(self, rank: int, conn: Link | Channel,
+                 process: BaseProcess | None = None) -> None:
         self.rank, self.conn, self.process = rank, conn, process
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.closed: str | None = None
@@ -101,7 +110,7 @@ class Follower:
             return f"rank {self.rank} of {world} at {self.conn.peer} is gone: {self.closed}"
         return None
 
-    def reply(self, group: RankGroup, deadline: float | None = None) -> Any:
+    def reply(self, group: RankGroup, deadline: float | None = None) -> Message:
         """Its answer to the call just sent; RankLost if it is gone (or, by ``deadline``,
         silent) first."""
         world = group.spec.world
@@ -134,7 +143,8 @@ class RankGroup:
     starts, with ``nodes`` (``--nnodes``) those of the other machines too; the watchdog."""
 
     def __init__(self, spec: RankSpec, nodes: Nodes | None = None,
-                 on_machines: Callable[[dict[int, Any]], None] | None = None) -> None:
+                 on_machines: Callable[[dict[int, DeviceMemory | None]], None] | None = None
+                 ) -> None:
         self.spec, self.nodes = spec, nodes
         self.on_machines = on_machines  # the other machines' devices, by rank, once joined
         self.threads_before: int | None = None  # rank 0's torch threads before the ranks
@@ -143,8 +153,8 @@ class RankGroup:
         self._callbacks: list[Callable[[str], None]] = []
         self._lock = threading.Lock()
         self.followers: list[Follower] = []
-        self.processes: list[Any] = []  # this machine's ranks but 0
-        self._child_ends: list[Any] = []  # closed here once started: a rank's exit is EOF
+        self.processes: list[BaseProcess] = []  # this machine's ranks but 0
+        self._child_ends: list[Connection] = []  # closed once started: a rank's exit is EOF
         local = nodes.ranks(spec.world) if nodes else range(spec.world)
         context = multiprocessing.get_context("spawn")  # no fork of a threaded process
         for rank in local[1:]:
@@ -155,7 +165,7 @@ class RankGroup:
             self.processes.append(process)
             self._child_ends.append(theirs)
 
-    def start(self) -> Any:
+    def start(self) -> ModelRunner:
         """Wait for the other machines' ranks (with ``nodes``), start this machine's, join
         the process group as rank 0, build rank 0's shard, and wait until every rank has
         built its own; rank 0's model runner."""
@@ -226,7 +236,7 @@ class RankGroup:
             self.mark_lost(f"a rank's connection closed: {exc}")
             raise RankLost(self.lost) from None
 
-    def replies(self) -> list[Any]:
+    def replies(self) -> list[Message]:
         """Each other rank's answer to the call just sent (``measure``), in rank order;
         RankLost when a rank is gone first."""
         return [follower.reply(self) for follower in self.followers]
@@ -294,7 +304,7 @@ class RankedRunner:
     """Rank 0's ``ModelRunner``; each call the other ranks must follow goes to them
     first (``RankGroup.call``). Everything else is the runner's own."""
 
-    def __init__(self, runner: Any, group: RankGroup) -> None:
+    def __init__(self, runner: ModelRunner, group: RankGroup) -> None:
         self.runner = runner
         self.ranks = group
 
@@ -319,7 +329,7 @@ class RankedRunner:
         own = measure(self.runner, profile)
         return [own, *self.ranks.replies()]
 
-    def execute(self, batch: Any) -> Any:
+    def execute(self, batch: ScheduledBatch) -> StepOutput:
         self.ranks.call(Execute(step_view(batch)))
         try:
             return self.runner.execute(batch)

@@ -13,7 +13,8 @@ sealed channel does between machines (``core/nodes.py``): one protocol either wa
 
 from __future__ import annotations
 
-from typing import Any
+from multiprocessing.connection import Connection
+from typing import Protocol
 
 import msgspec
 
@@ -39,11 +40,22 @@ def decode(data: bytes) -> Message:
         raise BadMessage(f"not a rank message: {exc}") from None
 
 
+class Link(Protocol):
+    """What a rank follows rank 0 over: a pipe (``PipeLink``) or the sealed channel from
+    another machine (``core/nodes.py``)."""
+
+    def send(self, message: Message) -> None: ...
+
+    def send_bytes(self, data: bytes) -> None: ...
+
+    def recv(self) -> Message: ...
+
+
 class PipeLink:
     """A ``multiprocessing`` connection that sends and receives messages as ``encode``
     writes them (the ranks of one machine)."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Connection) -> None:
         self.conn = conn
 
     def send(self, message: Message) -> None:
