@@ -57,7 +57,7 @@ class ModelRunner:
                  block_size: int, *, fuse: bool = True, paged: bool | None = None) -> None:
         """``fuse``: q/k/v and gate/up as one layer each (fusion.py); False for an engine
         that will ``enable_lora``, whose adapters add to each projection. ``paged``:
-        decodes and later prompt chunks read the KV pool in place (paged_attention.py,
+        decodes read the KV pool in place (paged_attention.py,
         ``--attention-backend TRITON_ATTN``) rather than gathered for SDPA; None: on CUDA."""
         self.model = model
         self.config = model.config

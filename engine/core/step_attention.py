@@ -4,10 +4,11 @@ prompt chunks and decoding sequences, on either attention path (planner/attentio
 - ``TORCH_SDPA``: a later chunk gathers its blocks under a causal mask; decodes are cut
   into groups (``_group_bounds``) whose block tables are padded to the group's longest,
   under an additive mask over each row's context;
-- ``TRITON_ATTN`` (``paged``): every decode and later-chunk token is a row of
-  ``PagedRows``, reading its own positions of the pool in place; no mask.
+- ``TRITON_ATTN`` (``paged``): every decode token is a row of ``PagedRows``, reading its
+  own positions of the pool in place; no mask.
 
-A first chunk attends to itself alone on both (SDPA, causal, within a sliding window)."""
+Prompt chunks are the same on both: a first chunk attends to itself alone (SDPA, causal,
+within a sliding window), a later one gathers its sequence's blocks under a causal mask."""
 
 from __future__ import annotations
 
@@ -57,21 +58,15 @@ class StepAttention:
     def _paged(self, chunks: list[tuple[list[int], int, int]],
                decodes: list[tuple[list[int], int]],
                slot_mapping: torch.Tensor) -> AttentionMetadata:
-        """``_attention`` where decodes and later chunks read the pool in place: a first
-        chunk attends to itself (SDPA, causal); every other token is a row of
-        ``PagedRows``, seeing positions up to its own (its last ``sliding_window``)."""
-        prefills, tables, table_rows, ends, tokens = [], [], [], [], []
-        token = 0
-        for block_ids, start, length in chunks:
-            if start == 0:
-                prefills.append(PrefillSpan(0, length, self.window_mask(length)))
-            else:
-                prefills.append(PrefillSpan(start, length, None, paged=True))
-                table_rows += [len(tables)] * length
-                tables.append(block_ids)
-                ends += range(start + 1, start + length + 1)
-                tokens += range(token, token + length)
-            token += length
+        """``_attention`` where decodes read the pool in place: each decoding sequence's
+        token is a row of ``PagedRows``, seeing its context (its last ``sliding_window``).
+        Prompt chunks are the gathered path's: a later chunk's queries are many, and read
+        one by one in place each would read the whole context again (a 2,048-token chunk
+        over 8k cached tokens: ~58 GB a layer for Llama-3-8B), where one gather of its
+        sequence and SDPA's kernels read it once."""
+        prefills = [self._prefill_span(ids, start, length) for ids, start, length in chunks]
+        tables, table_rows, ends, tokens = [], [], [], []
+        token = sum(length for _, _, length in chunks)
         for block_ids, num_tokens in decodes:
             table_rows.append(len(tables))
             tables.append(block_ids)

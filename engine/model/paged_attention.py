@@ -4,10 +4,11 @@ The CPU path (``transformer._gather``) copies each sequence's blocks into a dens
 and hands it to SDPA; on a GPU that copy doubles the bytes attention moves and the planner
 must set it aside. Here each query token reads its own blocks through its block table.
 
-One call covers every query token that attends to cached blocks (each decoding sequence's
-token, and each token of a prompt's later chunk). A token is a *row*: the block table it
-reads (``table_rows``) and the positions it sees, ``[starts, ends)`` (causal, and within a
-sliding window). Positions outside are never read (a loop bound and a load mask), not
+One call covers a step's decoding sequences, one query token each. A token is a *row*:
+the block table it reads (``table_rows``) and the positions it sees, ``[starts, ends)``
+(causal, and within a sliding window). Rows may share a table with causal ends, as a
+prompt chunk's tokens would; the engine gathers a later chunk instead (each of its many
+queries would read the whole context again: ``core/step_attention.py``). Positions outside are never read (a loop bound and a load mask), not
 masked with -inf after the fact; a row that sees nothing gets zeros.
 
 Work is split as in vLLM's paged attention v2 / flash-decoding: a program per (row, KV

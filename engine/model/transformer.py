@@ -35,7 +35,6 @@ class PrefillSpan:
     length: int
     mask: torch.Tensor | None
     block_table: torch.Tensor | None = None
-    paged: bool = False  # its tokens read the cache in place (``AttentionMetadata.paged``)
 
 
 @dataclass
@@ -52,7 +51,7 @@ class DecodeGroup:
 @dataclass
 class PagedRows:
     """The step's tokens that read the KV pool in place (``paged_attention.py``): each
-    decoding sequence's and each token of a later prompt chunk, as rows. Row ``r`` is
+    decoding sequence's, as rows. Row ``r`` is
     token ``tokens[r]`` of the step; it reads block table ``block_tables[table_rows[r]]``
     at positions ``[starts[r], ends[r])``. ``max_positions``: the run's max-model-len."""
 
@@ -77,7 +76,7 @@ class AttentionMetadata:
     prefills: list[PrefillSpan]
     decode_groups: list[DecodeGroup]
     lora: LoraBatch | None = None  # the rows that carry an adapter (engine/model/lora.py)
-    paged: PagedRows | None = None  # on TRITON_ATTN: decodes and later chunks, in place
+    paged: PagedRows | None = None  # on TRITON_ATTN: the decodes, in place
 
 
 class RMSNorm(nn.Module):
@@ -239,9 +238,6 @@ class Attention(nn.Module):
         start = 0
         for span in meta.prefills:
             end = start + span.length
-            if span.paged:
-                start = end
-                continue
             qs = q[start:end].transpose(0, 1).unsqueeze(0)
             if span.block_table is None:
                 ks, vs = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (k, v))

@@ -69,23 +69,25 @@ UNIFIED_MARGIN_MIN_BYTES = 4 * GiB
 
 def activation_peak_bytes(shape: ModelShape, dtype_bytes: int, max_num_batched_tokens: int,
                           max_num_seqs: int, context_tokens: int = 0,
-                          kv_dtype_bytes: int | None = None) -> int:
+                          kv_dtype_bytes: int | None = None,
+                          gathered_sequences: int | None = None) -> int:
     """Peak activation memory of one engine step of ``T = max_num_batched_tokens`` tokens.
 
     Layers run one after another, so the peak is one layer's live tensors for all T tokens,
-    the logits of the step, and the K/V the decode attention gathers for one layer:
+    the logits of the step, and the K/V attention gathers for one layer:
 
         T * (4*hidden + (heads + 2*kv_heads)*head_dim + 3*intermediate) * dtype_bytes
           + min(T, max_num_seqs) * vocab * 4 * 2
-          + max_num_seqs * context_tokens * kv_heads * head_dim * 2 * gather_bytes
+          + gathered_sequences * context_tokens * kv_heads * head_dim * 2 * gather_bytes
 
     4*hidden: residual, normed input, attention output, layer output; q, k and v; the
     MLP's gate, up and their product. Logits are float32 for the last token of each
-    sequence, plus the probabilities the sampler computes from them. The engine's decode
-    attention gathers each running sequence's K and V (``context_tokens`` = max_model_len
-    rounded up to whole blocks) for one layer at a time, in the model dtype, plus the
-    gathered copy in the KV dtype when that differs: ``gather_bytes`` = dtype_bytes
-    (+ kv_dtype_bytes).
+    sequence, plus the probabilities the sampler computes from them. The engine's
+    attention gathers the K and V of ``gathered_sequences`` (default ``max_num_seqs``: every
+    decoding sequence on the CPU's path; 1, a later prompt chunk's, where the decodes read
+    the pool in place) of ``context_tokens`` (max_model_len rounded up to whole blocks) for
+    one layer at a time, in the model dtype, plus the gathered copy in the KV dtype when
+    that differs: ``gather_bytes`` = dtype_bytes (+ kv_dtype_bytes).
     """
     tokens = max_num_batched_tokens
     per_token = (4 * shape.hidden_size
@@ -95,7 +97,8 @@ def activation_peak_bytes(shape: ModelShape, dtype_bytes: int, max_num_batched_t
     gather_bytes = dtype_bytes
     if kv_dtype_bytes is not None and kv_dtype_bytes != dtype_bytes:
         gather_bytes += kv_dtype_bytes
-    gather = max_num_seqs * context_tokens * shape.num_kv_heads * shape.head_dim * 2 * gather_bytes
+    seqs = max_num_seqs if gathered_sequences is None else gathered_sequences
+    gather = seqs * context_tokens * shape.num_kv_heads * shape.head_dim * 2 * gather_bytes
     return tokens * per_token * dtype_bytes + logits_rows * shape.vocab_size * 4 * 2 + gather
 
 

@@ -193,16 +193,18 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
     kv_dtype = resolve_kv_dtype(config, model_dtype)
     geometry = kv_layout_geometry(shape, config, kv_dtype, max_model_len, batched_tokens)
     blocks_per_seq = geometry.blocks_per_seq
-    # On the CPU (TORCH_SDPA) kvledger's engine gathers each sequence's K and V for decode
-    # attention; its GPU kernel, and vLLM's (a what-if plan for vLLM), read them in place.
+    # kvledger's engine gathers a later prompt chunk's sequence for its attention, and on
+    # the CPU (TORCH_SDPA) every decoding sequence's K and V too; its GPU kernel reads the
+    # decodes in place. vLLM's kernels read everything in place (a what-if plan for vLLM).
     gathers = gathers_kv(attention_backend(config.attention_backend, device.kind))
     gathered_tokens = (blocks_for(max_model_len, config.block_size) * config.block_size
-                       if geometry.rule == ENGINE_RULE and gathers else 0)
+                       if geometry.rule == ENGINE_RULE else 0)
+    gathered_sequences = seats if gathers else 1
     if geometry.rule == ENGINE_RULE:  # what kvledger's engine runs (planner/support.py)
         check_engine_run(config, full_shape, weights)
 
     classes = _classes(config, device, measured, full_shape, shape, weights, model_dtype,
-                       kv_dtype, batched_tokens, gathered_tokens, seats)
+                       kv_dtype, batched_tokens, (gathered_sequences, gathered_tokens), seats)
     limit, source, margin = resolve_limit(config, device)
     if device.kind == "cpu" or device.unified:  # N ranks in one memory: 1/N of the limit each
         limit //= tp
@@ -243,7 +245,7 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
 
 def _classes(config: EngineConfig, device: DeviceMemory, measured: Measured,
              full_shape: ModelShape, shape: ModelShape, weights: WeightsInfo, model_dtype: str,
-             kv_dtype: str, batched_tokens: int, gathered_tokens: int,
+             kv_dtype: str, batched_tokens: int, gathered: tuple[int, int],
              seats: int) -> dict[str, int]:
     """Every class but the KV cache (0 here): measured where the engine measured it, else
     estimated (``estimates``, ``weight_bytes``); ``shape`` is one rank's."""
@@ -256,7 +258,8 @@ def _classes(config: EngineConfig, device: DeviceMemory, measured: Measured,
             tensor_parallel_size=tp)),  # planner/weight_bytes.py
         "activations": _pick(measured.activation_peak_bytes, estimates.activation_peak_bytes(
             shape, dtype_bytes, batched_tokens, seats,
-            context_tokens=gathered_tokens, kv_dtype_bytes=estimates.DTYPE_BYTES[kv_dtype])
+            context_tokens=gathered[1], kv_dtype_bytes=estimates.DTYPE_BYTES[kv_dtype],
+            gathered_sequences=gathered[0])
             + dequantization_bytes(shape, weights, model_dtype, batched_tokens,
                                    quantize_fp8=config.quantization == "fp8")
             + estimates.matmul_workspace_bytes(device.kind)),

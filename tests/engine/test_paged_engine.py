@@ -67,9 +67,9 @@ def test_triton_attention_on_a_cpu_without_the_interpreter_is_refused(tiny_llama
 
 
 def test_the_mixed_profile_step_reads_the_scratch_block_in_place(tiny_llama_dir):
-    """The start-up profile's heaviest step on the paged path: the later chunk's tokens and
-    the decodes are rows seeing up to their own positions (so no gathered copy is made or
-    measured), and the step runs over the one-block scratch cache."""
+    """The start-up profile's heaviest step on the paged path: the decodes are rows seeing
+    their whole context in place (no gathered copy of them is made or measured), the later
+    chunk gathers its one sequence, and the step runs over the one-block scratch cache."""
     import torch
 
     from kvledger.engine.checkpoint.model_config import ModelConfig
@@ -83,9 +83,9 @@ def test_the_mixed_profile_step_reads_the_scratch_block_in_place(tiny_llama_dir)
     ids, positions, meta, _ = runner._profile_mixed(20, 64, 4)
     assert meta.decode_groups == [] and meta.paged is not None
     chunk = meta.prefills[0]
-    assert chunk.paged and chunk.start + chunk.length == 63
+    assert chunk.block_table is not None and chunk.start + chunk.length == 63
     rows = meta.paged.tokens.tolist()
-    assert rows == [*range(chunk.length), 17, 18, 19]  # the chunk's tokens, 3 decodes
+    assert rows == [17, 18, 19]  # the 3 decodes after the chunk's 17 tokens
     assert meta.paged.ends.tolist() == [positions[r] + 1 for r in rows]
     scratch = runner._new_kv_cache(1, "auto")
     hidden = runner._hidden(ids, positions, meta, scratch)
