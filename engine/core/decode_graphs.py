@@ -123,7 +123,8 @@ class DecodeGraphs:
                 with torch.cuda.graph(graph, pool=pool):
                     hidden = self.forward(size)
                 self.graphs[size] = (graph, hidden)
-        except RuntimeError as exc:  # the engine still serves: eagerly, from the buffers
+        except Exception as exc:  # out of memory, a kernel that cannot be captured:
+            # whatever it is, the engine still serves, eagerly, from the same buffers
             self.graphs.clear()
             torch.cuda.synchronize(device)
             torch.cuda.empty_cache()
