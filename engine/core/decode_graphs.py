@@ -103,6 +103,25 @@ class DecodeGraphs:
         cos, sin = runner.rope.lookup(self.positions[:size])
         return runner.model(self.input_ids[:size], cos, sin, runner.kv_cache, meta)
 
+    def replay_check(self) -> str | None:
+        """The smallest graph replayed against the same step run eagerly, one row reading
+        the token it writes into the padding block: None when they agree, else by how much
+        they differ. Start-up trusts no graph that this check has not passed."""
+        size = self.sizes[0]
+        pad_block = self.pad_slot // self.runner.block_size
+        self.tables[0, 0], self.ends[0] = pad_block, 1  # row 0 sees position 0 of the pad block
+        try:
+            eager = self.forward(size).clone()
+            graph, hidden = self.graphs[size]
+            graph.replay()
+            if self.runner.device.type == "cuda":
+                torch.cuda.synchronize(self.runner.device)
+            if not torch.allclose(hidden.float(), eager.float(), atol=1e-2, rtol=1e-2):
+                return f"max difference {(hidden.float() - eager.float()).abs().max():.3g}"
+            return None
+        finally:
+            self.tables[0, 0], self.ends[0] = 0, 0
+
     @torch.inference_mode()
     def capture(self) -> None:
         """Every size's graph, largest first, in one memory pool (the smaller sizes reuse
@@ -130,6 +149,12 @@ class DecodeGraphs:
             torch.cuda.empty_cache()
             log.warning("CUDA graphs: capture failed (%s); decode steps run eagerly",
                         str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return
+        failed = self.replay_check()
+        if failed is not None:
+            self.graphs.clear()
+            log.warning("CUDA graphs: a replay differs from the eager step (%s); decode steps "
+                        "run eagerly", failed)
             return
         torch.cuda.synchronize(device)
         self.captured_bytes = before - torch.cuda.mem_get_info(device)[0]

@@ -133,3 +133,28 @@ def test_the_capture_size_flags_choose_the_padded_sizes(tiny_llama_dir):
     assert sizes() == [1, 2, 4, 8, 16, 24]
     assert sizes(cudagraph_capture_sizes=[3, 12, 48]) == [3, 12]
     assert sizes(max_cudagraph_capture_size=8) == [1, 2, 4, 8]
+
+
+def test_a_graph_whose_replay_differs_from_the_eager_step_is_not_trusted(tiny_llama_dir):
+    """The start-up check after capture: the smallest size replayed against the same step
+    run eagerly, one row reading the token it writes into the padding block. A replay that
+    agrees passes; one that does not is named; the buffers are as they were after."""
+    import torch
+
+    llm = LLM(str(tiny_llama_dir), dtype="float32", device=DEVICE, max_model_len=64,
+              attention_backend="TRITON_ATTN", max_num_seqs=4)
+    graphs = llm.engine.runner.decode_graphs
+    hidden = torch.zeros((1, llm.engine.runner.config.hidden_size))
+
+    class Replays:  # stands in for a captured CUDA graph: what it writes is the test's
+        def __init__(self, right: bool) -> None:
+            self.right = right
+
+        def replay(self) -> None:
+            hidden.copy_(graphs.forward(1) if self.right else torch.zeros_like(hidden))
+
+    graphs.graphs[1] = (Replays(True), hidden)
+    assert graphs.replay_check() is None
+    graphs.graphs[1] = (Replays(False), hidden)
+    assert graphs.replay_check().startswith("max difference")
+    assert int(graphs.ends[0]) == 0 and int(graphs.tables[0, 0]) == 0
