@@ -72,10 +72,8 @@ class ModelRunner:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.paged = device.type == "cuda" if paged is None else paged
-        if self.paged and not paged_attention.available(device):
-            raise BadInput(f"--attention-backend TRITON_ATTN needs Triton and a CUDA device "
-                           f"(torch's CUDA builds bring Triton); this is {device.type}: use "
-                           "TORCH_SDPA")
+        if self.paged:
+            paged_attention.require(device)
         if self.paged and device.type == "cuda":
             failed = paged_attention.self_check(device, self.dtype)
             if failed is not None:

@@ -17,6 +17,7 @@ from kvledger.engine.core.cpu_threads import cap_torch_threads
 from kvledger.engine.core.runner import TORCH_DTYPES, ModelRunner
 from kvledger.engine.errors import BadInput, DoesNotFit
 from kvledger.engine.kv.ledger import KVLedger
+from kvledger.engine.model import paged_attention
 from kvledger.engine.model.generation_config import describe as describe_defaults
 from kvledger.engine.model.loader import load_model, weights_bytes
 from kvledger.engine.model.tokenizer import Tokenizer
@@ -46,6 +47,8 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     if not plan.fits:
         raise DoesNotFit(render_report(plan), plan)
     device = torch_device(config.device)
+    if reads_in_place(config, device):  # refused before anything is loaded
+        paged_attention.require(device)
     cap_torch_threads(torch)  # a pod's CPU limit is a quota torch does not see
     tokenizer = Tokenizer(source.path, config.generation_config,
                           tokenizer_folder(config.tokenizer))

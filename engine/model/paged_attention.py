@@ -31,6 +31,8 @@ import os
 
 import torch
 
+from kvledger.engine.errors import BadInput
+
 PARTITION_TOKENS = 512  # positions per program: long contexts spread over the GPU
 
 _FP8 = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}  # the kernel's code for each format
@@ -51,6 +53,14 @@ def available(device: torch.device) -> bool:
     if device.type == "cuda":
         return True
     return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def require(device: torch.device) -> None:
+    """BadInput, one line, when ``--attention-backend TRITON_ATTN`` cannot run here."""
+    if not available(device):
+        raise BadInput(f"--attention-backend TRITON_ATTN needs Triton and a CUDA device "
+                       f"(torch's CUDA builds bring Triton); this is {device.type}: use "
+                       "TORCH_SDPA")
 
 
 if triton is not None:

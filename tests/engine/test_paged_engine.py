@@ -60,8 +60,15 @@ def test_prompts_sharing_cached_blocks_read_them_in_place(tiny_llama_dir, kv_cac
 @pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's refusal")
 def test_triton_attention_on_a_cpu_without_the_interpreter_is_refused(tiny_llama_dir,
                                                                        monkeypatch):
-    """Triton has no CPU backend: asked for there, the engine refuses in one line."""
+    """Triton has no CPU backend: asked for there, the engine refuses in one line, before
+    it loads anything."""
+    from kvledger.engine.core import startup
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+
     monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(startup, "load_model", loaded)
     with pytest.raises(BadInput, match="TRITON_ATTN needs Triton and a CUDA device"):
         LLM(str(tiny_llama_dir), device=DEVICE, attention_backend="TRITON_ATTN")
 
