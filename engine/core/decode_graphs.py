@@ -10,7 +10,8 @@ step copies its ``n`` rows in and pads the rest: a padding row reads nothing (it
 is empty) and writes its K and V into the pool's spare block, which no sequence is ever
 given. The model's forward over the first ``S`` rows of those buffers is what CUDA
 captures, once per size at start-up, into one shared memory pool; the LM head and the
-sampler run after it, on the ``n`` real rows.
+sampler run after it, on the ``n`` real rows. A capture that fails, or a graph whose replay
+differs from the same step run eagerly (``replay_check``), leaves the steps eager.
 
 Only the paged attention path (``TRITON_ATTN``) can be captured: the gathered path's
 shapes follow each step's contexts. A mixture of experts reads its routing back to the
