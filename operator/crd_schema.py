@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from kvledger.engine import serve_defaults
 from kvledger.engine.checkpoint.hub.uri import HUB_URI_RE
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.lora_config import LORA_NAME_RE
@@ -264,7 +265,8 @@ SPEC_SCHEMA = ruled({
         "maxQueueLength": _int(0, "how many requests may wait in line for their KV "
                                   "reservations, taking turns between tenants; one more is "
                                   "a 429 queue_full (--max-queue-len; 0: refused at once; "
-                                  "not set: 256); what requestsWaiting autoscaling counts",
+                                  f"not set: {serve_defaults.MAX_QUEUE_LEN}); what "
+                                  "requestsWaiting autoscaling counts",
                                maximum=100000),
         "maxQueueLengthPerTenant": _int(0, "places in line one tenant (API key) may hold; "
                                            "one more is its own 429 tenant_queue_full "
@@ -272,7 +274,8 @@ SPEC_SCHEMA = ruled({
                                            "line with two keys or more)", maximum=100000),
         "tenantFairness": {"type": "boolean",
                            "description": "the line takes turns between tenants (default "
-                                          "true; false: arrival order, --no-tenant-fairness)"},
+                                          f"{str(serve_defaults.TENANT_FAIRNESS).lower()}; "
+                                          "false: arrival order, --no-tenant-fairness)"},
         "tenantsSecretRef": {
             "type": "object", "required": ["name", "key"],
             "description": "A Secret key holding the tenants file (YAML: each tenant's name, "

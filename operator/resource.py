@@ -7,6 +7,8 @@ run``, which has none) give the same spec.
 
 from __future__ import annotations
 
+from kvledger.engine import serve_defaults
+
 GROUP = "kvledger.dev"
 VERSION = "v1alpha1"
 KIND = "InferenceService"
@@ -21,9 +23,10 @@ DEFAULT_GPUS = 1
 DEFAULT_NODES = 1
 MAX_NODES = 64
 DEFAULT_REPLICAS = 1
-DEFAULT_PORT = 8000
-DEFAULT_SHUTDOWN_GRACE_S = 30  # serve's own default
-# Not set: serve's own defaults (a line of 256 requests, each waiting as long as it takes).
+DEFAULT_PORT = serve_defaults.PORT  # kvledger serve's own defaults (engine/serve_defaults.py)
+DEFAULT_SHUTDOWN_GRACE_S = serve_defaults.SHUTDOWN_GRACE_S
+# Not set: serve's own defaults (a line of serve_defaults.MAX_QUEUE_LEN requests, each
+# waiting as long as it takes).
 DEFAULT_MAX_QUEUE_WAIT_S = None
 DEFAULT_MAX_QUEUE_LENGTH = None
 DEFAULT_MOUNT_PATH = "/models"

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from kvledger.engine import serve_defaults
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
@@ -116,7 +117,7 @@ class ServiceSpec:
     api_key_secret: tuple[str, str] | None = None  # (Secret name, key): KVLEDGER_API_KEY
     tenants_secret: tuple[str, str] | None = None  # (Secret name, key): --tenants-file
     max_queue_length_per_tenant: int | None = None  # None: serve's default
-    tenant_fairness: bool = True
+    tenant_fairness: bool = serve_defaults.TENANT_FAIRNESS
     allow_runtime_lora_updating: bool = False
 
     def serving_flags(self) -> list[str]:
@@ -182,7 +183,7 @@ def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
         api_key_secret=_secret_ref(raw.get("apiKeySecretRef")),
         tenants_secret=_secret_ref(raw.get("tenantsSecretRef")),
         max_queue_length_per_tenant=raw.get("maxQueueLengthPerTenant"),
-        tenant_fairness=raw.get("tenantFairness", True),
+        tenant_fairness=raw.get("tenantFairness", serve_defaults.TENANT_FAIRNESS),
         allow_runtime_lora_updating=bool(raw.get("allowRuntimeLoraUpdating")),
     )
 

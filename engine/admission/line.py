@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from kvledger.engine import serve_defaults
 from kvledger.engine.admission.cap import output_cap
 from kvledger.engine.admission.due_back import jittered_wait_s, projection, seconds_until_freed
 from kvledger.engine.admission.headroom import NO_HEADROOM, Headroom
@@ -55,7 +56,7 @@ __all__ = ["BACKFILL_DEPTH", "DEFAULT_MAX_QUEUE_LEN", "Admission", "Ticket"]
 
 # At most this many requests wait in line for a reservation (--max-queue-len); one more is
 # a LineFull whose wait counts the blocks of those ahead of it in order.
-DEFAULT_MAX_QUEUE_LEN = 256
+DEFAULT_MAX_QUEUE_LEN = serve_defaults.MAX_QUEUE_LEN
 DEFAULT_DECODE_TOKENS_PER_S = 20.0  # before the first decode step is observed
 # With --backfill: how many in line are planned. Simulated on bench/serving.py's overload,
 # 4 gave 4% more goodput at the same p99; 16, 9% more at a 13% longer p99.
@@ -69,7 +70,8 @@ class Admission:
                  max_queue_wait_s: float | None = 0.0,
                  max_queue_len: int | None = DEFAULT_MAX_QUEUE_LEN,
                  max_num_seqs: int | None = None, backfill: bool = False,
-                 scheduling_policy: str = "fcfs", tenant_fairness: bool = True,
+                 scheduling_policy: str = "fcfs",
+                 tenant_fairness: bool = serve_defaults.TENANT_FAIRNESS,
                  headroom: Headroom = NO_HEADROOM,
                  decode_tokens_per_s: Callable[[], float | None] = lambda: None,
                  rng: random.Random | None = None,

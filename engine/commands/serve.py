@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 
-from kvledger.engine import json_text
+from kvledger.engine import json_text, serve_defaults
 from kvledger.engine.admission.line import DEFAULT_MAX_QUEUE_LEN
 from kvledger.engine.checkpoint.hub.cache import offline_snapshot
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
@@ -121,7 +121,8 @@ def _add_line_flags(s) -> None:
     s.add_argument("--tenant-header-from", nargs="+", action="extend", default=None,
                    metavar="CIDR", help="the peers whose --tenant-header is believed "
                                         "(e.g. the gateway's pod network)")
-    s.add_argument("--tenant-fairness", action=argparse.BooleanOptionalAction, default=True,
+    s.add_argument("--tenant-fairness", action=argparse.BooleanOptionalAction,
+                   default=serve_defaults.TENANT_FAIRNESS,
                    help="the line takes turns between API keys (weighted fair queuing), so "
                         "one key's flood delays another key's request by about one admission "
                         "(default on; --no-tenant-fairness: arrival order)")
@@ -133,7 +134,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s = parser.add_argument_group("server")
     s.add_argument("--host", default="0.0.0.0",
                    help="the address to listen on (default 0.0.0.0: every interface)")
-    s.add_argument("--port", type=int, default=8000, help="the port to listen on (default 8000)")
+    s.add_argument("--port", type=int, default=serve_defaults.PORT,
+                   help=f"the port to listen on (default {serve_defaults.PORT})")
     s.add_argument("--api-key", nargs="+", action="extend", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and "
                         "/detokenize; several keys (repeat the flag, or list them) each open "
@@ -158,8 +160,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--max-queue-wait", type=_seconds, default=None, metavar="SECONDS",
                    help="a request waits in line at most this long before its 429 (default: "
                         "as long as it takes, or until its client leaves; 0: answer at once)")
-    s.add_argument("--shutdown-grace", type=_seconds, default=30.0, metavar="SECONDS",
-                   help="on SIGTERM, let in-flight requests run this long before aborting them")
+    s.add_argument("--shutdown-grace", type=_seconds, default=float(serve_defaults.SHUTDOWN_GRACE_S),
+                   metavar="SECONDS",
+                   help="on SIGTERM, let in-flight requests run this long before aborting them "
+                        f"(default {serve_defaults.SHUTDOWN_GRACE_S})")
     s.add_argument("--max-body-bytes", type=size_arg, default=DEFAULT_MAX_BODY_BYTES,
                    metavar="SIZE", help="larger request bodies get 413 (default 4MiB)")
     s.add_argument("--header-timeout", type=positive_seconds, default=DEFAULT_HEADER_TIMEOUT_S,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
+from kvledger.engine import serve_defaults
 from kvledger.engine.admission.line import DEFAULT_MAX_QUEUE_LEN, Admission
 from kvledger.engine.admission.order import Tenant
 from kvledger.engine.core.async_engine import AsyncEngine
@@ -68,12 +69,12 @@ class ServeOptions:
     max_queue_wait_s: float | None = None  # None: a waiter waits as long as it takes
     max_queue_len: int = DEFAULT_MAX_QUEUE_LEN
     backfill: bool = False               # later requests done before the head may go first
-    tenant_fairness: bool = True         # the line is fair between tenants (admission/order.py)
+    tenant_fairness: bool = serve_defaults.TENANT_FAIRNESS  # the line takes turns (order.py)
     max_queue_len_per_tenant: int | None = None  # None: Tenants' default (half, or all)
     tenants: tuple[TenantSpec, ...] = ()  # --tenants-file's (server/tenants.py)
     tenant_header: str | None = None      # a gateway's header naming the tenant
     tenant_header_from: tuple[str, ...] = ()  # the peers (CIDRs) it is believed from
-    shutdown_grace_s: float = 30.0
+    shutdown_grace_s: float = serve_defaults.SHUTDOWN_GRACE_S
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
