@@ -1,19 +1,36 @@
 """The engine's flags (vLLM's names) as one validated dataclass.
 
 Each field is declared once, with ``setting(...)`` (``engine/settings.py``): its flag, its
-kind, its ``--help`` line and its CRD field. ``add_engine_flags`` (shared by ``plan``,
-``preflight``, ``serve`` and ``run``, so the operator can hand the init container and the
-engine container the same argument list), ``EngineConfig.to_flags``, and the operator's
+kind, its ``--help`` line and its CRD field; what each accepts is ``config_values.py``'s.
+``add_engine_flags`` (``config_flags.py``), ``EngineConfig.to_flags``, and the operator's
 CRD schema and spec mapping are generated from those declarations.
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import MISSING, dataclass
 
 from kvledger.engine.checkpoint.hub.reads import DEFAULT_HUB_TIMEOUT_S
-from kvledger.engine.checkpoint.hub.uri import is_hub_uri, model_reference, parse_uri
+from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
+from kvledger.engine.config_values import (
+    ADMISSIONS,
+    ATTENTION_BACKENDS,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_GRAMMAR_CACHE_BYTES,
+    DEFAULT_MAX_NUM_SEQS,
+    DEVICE,
+    DEVICES,
+    DTYPES,
+    KV_CACHE_DTYPES,
+    LORA,
+    MEMORY,
+    MIN_DEFAULT_BATCHED_TOKENS,
+    NAMES,
+    POLICIES,
+    QUANTIZATION,
+    SIZES,
+    WORKLOAD,
+)
 from kvledger.engine.errors import BadInput
 from kvledger.engine.lora_config import (
     DEFAULT_MAX_LORA_RANK,
@@ -41,63 +58,11 @@ from kvledger.engine.settings import (
     TEXT,
     TOKENS,
     Crd,
-    Kind,
-    add_setting_flags,
     check_settings,
     choice,
-    positive_int,
     render_flags,
     setting,
-    values_from_args,
 )
-
-DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32")
-KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
-DEVICES = ("auto", "cuda", "cpu")
-# vLLM's names for the two attention paths kvledger has (planner/attention.py says which
-# reads the cache in place); CPU_ATTN, vLLM's CPU backend, is TORCH_SDPA here.
-ATTENTION_BACKENDS = ("auto", "TRITON_ATTN", "TORCH_SDPA", "CPU_ATTN")
-ADMISSIONS = ("reserve", "safe")  # --admission: engine/kv/ledger.py and engine/kv/safety.py
-POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy: engine/admission/order.py
-QUANTIZATIONS = ("fp8",)  # --quantization: what the engine quantizes to on load
-
-DEFAULT_BLOCK_SIZE = 16
-DEFAULT_MAX_NUM_SEQS = 16
-MIN_DEFAULT_BATCHED_TOKENS = 2048  # the step budget's least default: a realistic peak
-# Structured outputs' compiled grammars (host memory; typical schemas well under 1 MiB, a
-# hostile one tens of MiB): planned where the device's memory is the host's (CPU, unified).
-DEFAULT_GRAMMAR_CACHE_BYTES = 128 * 2**20
-
-
-def quantization_arg(text: str) -> str:
-    """``--quantization``: fp8, or one line naming the method refused (BadInput, exit 2)."""
-    if text not in QUANTIZATIONS:
-        raise BadInput(f"--quantization {text}: kvledger does not support vLLM's "
-                       f"--quantization {text} (only fp8, quantized on load; a checkpoint's "
-                       "own FP8, GPTQ, AWQ or compressed-tensors quantization_config needs "
-                       "no flag: drop it)")
-    return text
-
-
-# The --help groups, in the order they are listed.
-WORKLOAD = "model and workload"
-MEMORY = "memory caps (the smallest one given wins)"
-DEVICE = "device (what-if planning without the card)"
-LORA = "LoRA adapters (vLLM's flags)"
-
-QUANTIZATION = Kind("choice", parse=quantization_arg,
-                    check=lambda _flag, value: quantization_arg(value), values=QUANTIZATIONS)
-NAMES = Kind("text", nargs="+", metavar="NAME")  # the aliases follow the first (to_flags)
-
-
-def _positive_ints(flag: str, value: object) -> None:
-    if not isinstance(value, list | tuple) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
-        raise BadInput(f"{flag} must be positive integers, got {value!r}")
-
-
-SIZES = Kind("sizes", parse=positive_int, check=_positive_ints, nargs="+", metavar="N",
-             render=lambda sizes: [str(s) for s in sizes])
 
 
 @dataclass(frozen=True)
@@ -343,36 +308,3 @@ class EngineConfig:
             after_name = flags.index("--served-model-name") + 2
             flags[after_name:after_name] = self.served_model_aliases
         return flags
-
-
-def add_engine_flags(parser: argparse.ArgumentParser,
-                     config_type: type[EngineConfig] = EngineConfig) -> None:
-    """The flags shared by plan/preflight/serve, named as vLLM names them: ``vllm serve``'s
-    positional MODEL, then one flag per setting of ``config_type`` (a subclass adds its own)."""
-    workload = parser.add_argument_group(WORKLOAD)
-    workload.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
-                          help="the model, as `vllm serve MODEL` takes it: the same as --model")
-    add_setting_flags(parser, config_type, {WORKLOAD: workload})
-
-
-def config_from_args(args: argparse.Namespace,
-                     config_type: type[EngineConfig] = EngineConfig) -> EngineConfig:
-    """Build the config from parsed flags; unknown namespace attributes are ignored."""
-    values = values_from_args(args, config_type)
-    given = _model(getattr(args, "model_tag", None), getattr(args, "model", None))
-    values["model"] = model_reference(given) if given else given
-    if values["model"] != given and not values.get("served_model_name"):
-        values["served_model_name"] = [given]  # requests name it as launched, as in vLLM
-    names = values.get("served_model_name")
-    if isinstance(names, list):  # --served-model-name NAME [NAME ...]
-        values["served_model_name"], values["served_model_aliases"] = names[0], tuple(names[1:])
-    return config_type(**values)
-
-
-def _model(positional: str | None, flag: str | None) -> str | None:
-    """``vllm serve MODEL`` and ``--model MODEL`` are one setting; two different models is
-    a launch line that means two things, so it is refused rather than one picked."""
-    if positional and flag and positional != flag:
-        raise BadInput(f"the model is given twice, {positional!r} and --model {flag!r}: "
-                       "give one")
-    return positional or flag

@@ -42,7 +42,8 @@ from typing import Any
 import kopf
 
 from kvledger.engine.cli import build_parser
-from kvledger.engine.config import EngineConfig, config_from_args
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.config_flags import config_from_args
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.planner.record import Plan

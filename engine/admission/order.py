@@ -31,7 +31,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kvledger.engine.config import POLICIES
+from kvledger.engine.config_values import POLICIES
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kvledger.engine.checkpoint.hub.headers import planning_source
 from kvledger.engine.checkpoint.model_config import ModelConfig
-from kvledger.engine.config import add_engine_flags, config_from_args
+from kvledger.engine.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.adapters import check_adapters
 from kvledger.engine.planner.plan import Plan, make_plan

@@ -16,7 +16,7 @@ from kvledger.engine import json_text, serve_defaults
 from kvledger.engine.admission.line import DEFAULT_MAX_QUEUE_LEN
 from kvledger.engine.checkpoint.hub.cache import offline_snapshot
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
-from kvledger.engine.config import add_engine_flags, config_from_args
+from kvledger.engine.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.chat_template import compiled, template_argument
 from kvledger.engine.node_config import add_node_flags, nodes_from_args

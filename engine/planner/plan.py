@@ -34,7 +34,8 @@ from kvledger.engine.checkpoint.hf_config import read_config_json
 from kvledger.engine.checkpoint.loadable import loadable_config
 from kvledger.engine.checkpoint.model_config import SUPPORTED_ARCHITECTURES
 from kvledger.engine.checkpoint.read_limits import ReadLimits
-from kvledger.engine.config import DEFAULT_MAX_NUM_SEQS, MIN_DEFAULT_BATCHED_TOKENS, EngineConfig
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.config_values import DEFAULT_MAX_NUM_SEQS, MIN_DEFAULT_BATCHED_TOKENS
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner import estimates
 from kvledger.engine.planner.attention import attention_backend, gathers_kv

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import numpy as np
 
 from kvledger.engine import json_text
-from kvledger.engine.config import DEFAULT_GRAMMAR_CACHE_BYTES
+from kvledger.engine.config_values import DEFAULT_GRAMMAR_CACHE_BYTES
 from kvledger.engine.errors import BadInput
 from kvledger.engine.sampling.grammar_matcher import Grammar
 

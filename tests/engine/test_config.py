@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from kvledger.engine.config import EngineConfig, add_engine_flags, config_from_args
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
 from kvledger.engine.settings import parse_size
 

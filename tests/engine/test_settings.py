@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kvledger.engine.config import EngineConfig, add_engine_flags
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.config_flags import add_engine_flags
 from kvledger.engine.settings import settings_of
 
 # field -> (its flag, spec.SECTION.NAME): a new field must be added here, on purpose.

@@ -16,7 +16,7 @@ import shlex
 import pytest
 
 from kvledger.engine.cli import build_parser, main
-from kvledger.engine.config import config_from_args
+from kvledger.engine.config_flags import config_from_args
 from kvledger.engine.errors import BadInput
 from kvledger.engine.launch_line import dashed
 from kvledger.engine.vllm_flags import VLLM_SERVE_FLAGS

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from test_crd import PLACEMENT
 
-from kvledger.engine.config import add_engine_flags, config_from_args
+from kvledger.engine.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
 from kvledger.operator.crd import validate_manifest
 from kvledger.operator.render import (

@@ -9,13 +9,9 @@ from dataclasses import dataclass
 import pytest
 
 from kvledger.engine import settings
-from kvledger.engine.config import (
-    MEMORY,
-    WORKLOAD,
-    EngineConfig,
-    add_engine_flags,
-    config_from_args,
-)
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.config_flags import add_engine_flags, config_from_args
+from kvledger.engine.config_values import MEMORY, WORKLOAD
 from kvledger.engine.errors import BadInput
 from kvledger.engine.settings import POSITIVE_INT, SIZE, Crd, Kind, setting
 from kvledger.operator.crd_schema import (

@@ -19,7 +19,7 @@ from budget_checkpoints import write_checkpoint
 from hub_server import HubServer, closed_port_url
 
 from kvledger.engine.checkpoint.hub.repo import HubModel, download_bytes, is_hub_uri, parse_uri
-from kvledger.engine.config import config_from_args
+from kvledger.engine.config_flags import config_from_args
 from kvledger.engine.errors import BadInput
 from kvledger.operator.crd import validate_manifest
 

@@ -13,7 +13,8 @@ from published_models import published_shape, published_weights
 from safetensors.torch import load_file, save_file
 
 from kvledger.engine.checkpoint.contents import ModelShape, WeightsInfo
-from kvledger.engine.config import DEFAULT_GRAMMAR_CACHE_BYTES, EngineConfig
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.config_values import DEFAULT_GRAMMAR_CACHE_BYTES
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner import estimates
 from kvledger.engine.planner.device import DeviceMemory

@@ -191,7 +191,7 @@ def test_data_parallel_is_refused_by_name(tiny_llama_dir, capsys, flag) -> None:
     ("--pipeline_parallel_size", "pipeline_parallel_size")])
 def test_every_command_reads_the_flag(command, flag, field) -> None:
     from kvledger.engine.cli import build_parser
-    from kvledger.engine.config import config_from_args
+    from kvledger.engine.config_flags import config_from_args
     from kvledger.engine.launch_line import dashed
 
     config = config_from_args(build_parser(command).parse_args(dashed(["/m", flag, "2"])))

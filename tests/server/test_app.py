@@ -9,7 +9,7 @@ import json
 import pytest
 from _server_helpers import fill_pool, make_llm, metric, model_name, start_app, wait_for_metric
 
-from kvledger.engine.config import add_engine_flags, config_from_args
+from kvledger.engine.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.server.app import build_app
 from kvledger.engine.server.state import STATE
 
