@@ -69,7 +69,6 @@ class DecodeGraphs:
         token ids, positions, cache slots, block tables and contexts incl. this token)."""
         n = len(input_ids)
         size = self.size_for(n)
-        window = self.runner.config.sliding_window
         device = self.runner.device
 
         def put(buffer: torch.Tensor, values: list, pad: int) -> None:
@@ -80,8 +79,7 @@ class DecodeGraphs:
         put(self.positions, positions, 0)
         put(self.slots, slots, self.pad_slot)
         put(self.ends, contexts, 0)
-        put(self.starts, [max(0, c - window) for c in contexts] if window is not None
-            else [0] * n, 0)
+        put(self.starts, self.runner.attention.first_seen(contexts), 0)
         # Each real row's blocks; what lies past them (and the padding rows' tables) is
         # never read, as no row reads past its context.
         filled = padded_tables(tables)

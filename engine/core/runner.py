@@ -25,6 +25,7 @@ from kvledger.engine.model.transformer import (
     PrefillSpan,
     RotaryEmbedding,
 )
+from kvledger.engine.planner.attention import TRITON_ATTN, attention_backend
 from kvledger.engine.planner.pool import blocks_for
 from kvledger.engine.sampling.logprobs import TokenLogprobs, logprobs_of
 from kvledger.engine.sampling.params import MAX_LOGPROBS
@@ -71,7 +72,9 @@ class ModelRunner:
         pack_linears(model, device)  # on the CPU: oneDNN's packed weights (cpu_linear.py)
         self.block_size = block_size
         self.max_model_len = max_model_len
-        self.paged = device.type == "cuda" if paged is None else paged
+        if paged is None:  # the device's default path (planner/attention.py)
+            paged = attention_backend("auto", device.type) == TRITON_ATTN
+        self.paged = paged
         if self.paged:
             paged_attention.require(device)
         if self.paged and device.type == "cuda":

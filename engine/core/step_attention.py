@@ -76,8 +76,7 @@ class StepAttention:
         meta = AttentionMetadata(slot_mapping=slot_mapping, prefills=prefills, decode_groups=[])
         if not tokens:
             return meta
-        window = self.sliding_window
-        starts = [max(0, end - window) for end in ends] if window is not None else [0] * len(ends)
+        starts = self.first_seen(ends)
 
         def ints(values: list, dtype=torch.int32) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=self.device)
@@ -88,6 +87,12 @@ class StepAttention:
             table_rows=ints(table_rows), starts=ints(starts), ends=ints(ends),
             max_positions=self.max_model_len)
         return meta
+
+    def first_seen(self, ends: list[int]) -> list[int]:
+        """The first position each decode row sees, its context ending at ``ends``: 0, or
+        the start of its last ``sliding_window`` positions."""
+        window = self.sliding_window
+        return [0] * len(ends) if window is None else [max(0, end - window) for end in ends]
 
     def _prefill_span(self, block_ids: list[int], start: int, length: int) -> PrefillSpan:
         if start == 0:
