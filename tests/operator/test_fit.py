@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 
 import kopf
@@ -187,7 +188,10 @@ def test_a_flood_of_new_models_waits_on_the_webhooks_threads_not_the_operators(h
     verdicts, reconcile_wait, sized = asyncio.run(flood())
     assert sized > 0 and reconcile_wait < 1.0
     assert all(v.allowed for v in verdicts)
-    waited = [v for v in verdicts if "took over 2 s" in v.warnings[0]]
+    # "took over 2 s" when the read started at once; a review the loaded machine started
+    # late had less of its deadline left, and says so ("took over 1 s")
+    waited = [v for v in verdicts if re.search(r"took over \d+ s \(the webhook's deadline\)",
+                                               v.warnings[0])]
     turned_away = [v for v in verdicts if "other models from the hub now, as many as it may"
                    in v.warnings[0]]
     assert len(waited) == 20 and len(turned_away) == 20
