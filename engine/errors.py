@@ -14,9 +14,23 @@ class KvledgerError(Exception):
 
 
 class BadInput(KvledgerError):
-    """The user's flags, files or manifest are wrong; exit 2."""
+    """The user's flags, files, manifest or request are wrong; exit 2 (HTTP 400).
+    ``param`` names the request field at fault, when one is (OpenAI's error ``param``)."""
 
     exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, message: str = "", param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class UnknownModel(BadInput):
+    """A request names neither the served model nor one of its LoRA adapters (HTTP 404)."""
+
+    def __init__(self, name: str, served: str, adapters: int) -> None:
+        more = f" and {adapters} LoRA adapters" if adapters else ""
+        super().__init__(f"the model {name!r} does not exist (no model or LoRA adapter has "
+                         f"that name); this server serves {served!r}{more}", "model")
 
 
 class DoesNotFit(KvledgerError):
@@ -31,6 +45,13 @@ class DoesNotFit(KvledgerError):
         super().__init__(report.splitlines()[0] if report else "does not fit")
         self.report = report
         self.plan = plan
+
+
+class BadConstraint(BadInput):
+    """A request's output constraint (JSON schema, regex, choice, tool-call grammar) cannot
+    be compiled (HTTP 400); ``costly``: it went over the compiler's limits or time."""
+
+    costly = False
 
 
 class PromptTooLong(BadInput):
@@ -130,6 +151,11 @@ class TenantLineFull(KVCacheFull):
                                      f"(--max-queue-len-per-tenant); retry in {wait_s:.1f}s")
         self.needed_blocks = self.free_blocks = 0
         self.wait_s = wait_s
+
+
+class EngineDeadError(RuntimeError):
+    """The engine's step loop failed, or a rank is gone: no request can make progress
+    (HTTP 503)."""
 
 
 class EngineFailed(RuntimeError):

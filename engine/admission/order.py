@@ -32,6 +32,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kvledger.engine.config_values import POLICIES
+from kvledger.engine.errors import BadInput
+
+# The label of a tenant a trusted gateway's header names but --tenants-file does not list.
+OTHER = "other"
 
 
 @dataclass(frozen=True)
@@ -39,18 +43,46 @@ class Tenant:
     """Who a request is for, as the line shares it out: ``key`` keys the line (never shown),
     ``label`` names it in metrics (bounded: a configured name or a key's index),
     ``weight`` its share while others wait, ``max_queued`` the places in line it may hold
-    (None: any the line has)."""
+    (None: any the line has), ``priority`` its requests' when they ask none and
+    ``min_priority`` the most urgent they may ask (None: any), under
+    ``--scheduling-policy priority``."""
 
     key: str
     label: str
     weight: float = 1.0
     max_queued: int | None = None
+    priority: int = 0
+    min_priority: int | None = None
 
     def __post_init__(self) -> None:
         if not self.weight > 0:
             raise ValueError(f"tenant {self.label!r}: weight must be > 0, got {self.weight!r}")
         if self.max_queued is not None and self.max_queued < 0:
             raise ValueError(f"tenant {self.label!r}: max_queued must be >= 0")
+
+    def priority_for(self, asked: int | None) -> int:
+        """The priority its request runs at: the one it ``asked`` (None: the tenant's
+        default); BadInput when more urgent than the tenant may ask."""
+        if asked is None:
+            return self.priority
+        if self.min_priority is not None and asked < self.min_priority:
+            who = ("a tenant --tenants-file does not list" if self.label == OTHER
+                   else f"tenant {self.label}")
+            raise BadInput(f"priority {asked} is more urgent than {who} may ask (at least "
+                           f"{self.min_priority})", "priority")
+        return asked
+
+
+def run_priority(policy: str, tenant: Tenant, asked: int | None) -> int:
+    """The one rule of a request's priority: it orders the line and the seats under
+    ``--scheduling-policy priority`` only (``Tenant.priority_for``); under fcfs it is 0,
+    and a non-zero one asked is BadInput, as vLLM documents, never silently dropped."""
+    if policy == "priority":
+        return tenant.priority_for(asked)
+    if asked:
+        raise BadInput(f"priority {asked} needs --scheduling-policy priority (this "
+                       f"server's is {policy})", "priority")
+    return 0
 
 
 ANONYMOUS = Tenant("", "anonymous")

@@ -13,7 +13,6 @@ import os
 import sys
 
 from kvledger.engine import json_text, serve_defaults
-from kvledger.engine.admission.line import DEFAULT_MAX_QUEUE_LEN
 from kvledger.engine.checkpoint.hub.cache import offline_snapshot
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
 from kvledger.engine.config_flags import add_engine_flags, config_from_args
@@ -99,9 +98,9 @@ def _json_object(text: str) -> dict:
 
 def _add_line_flags(s) -> None:
     """The admission line's flags: its length and the tenants that share it."""
-    s.add_argument("--max-queue-len", type=_count, default=DEFAULT_MAX_QUEUE_LEN, metavar="N",
+    s.add_argument("--max-queue-len", type=_count, default=serve_defaults.MAX_QUEUE_LEN, metavar="N",
                    help="requests that cannot be reserved now wait in one line of at most "
-                        f"N (default {DEFAULT_MAX_QUEUE_LEN}; nobody overtakes the first in "
+                        f"N (default {serve_defaults.MAX_QUEUE_LEN}; nobody overtakes the first in "
                         "its order, unless --backfill); a request that finds it full is a 429 "
                         "queue_full (0: no line, answer at once)")
     s.add_argument("--max-queue-len-per-tenant", type=_count, default=None, metavar="N",

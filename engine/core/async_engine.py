@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from kvledger.engine.core.outputs import RequestOutput
 from kvledger.engine.core.request import EngineRequest
+from kvledger.engine.errors import EngineDeadError
 from kvledger.engine.kv.reservation import Reservation
 from kvledger.engine.sampling.params import SamplingParams
 
@@ -31,10 +32,6 @@ _EWMA = 0.2  # weight of the newest step in the decode-rate average
 # After a step that ran nothing though requests are in (a request still being handed
 # over heads the order), wait this long or until woken rather than spin.
 IDLE_STEP_WAIT_S = 0.005
-
-
-class EngineDeadError(RuntimeError):
-    """The engine's step loop failed; no request can make progress."""
 
 
 class RequestStream:

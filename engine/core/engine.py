@@ -137,9 +137,9 @@ class LLMEngine:
                 rules.check_reservation(reservation, request,
                                         self.ledger.blocks_for(request.num_tokens))
             # A grammar's matcher() runs here: whatever it raises, the blocks go back.
-            priority = request.priority if self.config.scheduling_policy == "priority" else 0
+            # Its priority is the one it runs at (``order.run_priority``: 0 under fcfs).
             seq = Sequence.start(request_id, request, reservation, self.tokenizer,
-                                 self.runner.device, priority)
+                                 self.runner.device, request.priority)
             with self._lock:  # check and claim the id in one step
                 if request_id in self._live:
                     raise BadInput(f"request id {request_id!r} is already in use")

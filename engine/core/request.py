@@ -58,9 +58,9 @@ class EngineRequest:
 def check_prompt_ids(prompt_token_ids: list[int], vocab_size: int) -> None:
     """BadInput unless the ids are a non-empty list of token ids under ``vocab_size``."""
     if not prompt_token_ids:
-        raise BadInput("the prompt is empty")
+        raise BadInput("the prompt is empty", "prompt")
     if not all(isinstance(t, int) and 0 <= t < vocab_size for t in prompt_token_ids):
-        raise BadInput(f"prompt token ids must be integers in [0, {vocab_size})")
+        raise BadInput(f"prompt token ids must be integers in [0, {vocab_size})", "prompt")
 
 
 def check_param_ids(params: SamplingParams, vocab_size: int) -> None:
@@ -68,7 +68,7 @@ def check_param_ids(params: SamplingParams, vocab_size: int) -> None:
     ``vocab_size``."""
     if params.logit_bias and max(params.logit_bias) >= vocab_size:
         raise BadInput(f"logit_bias token ids must be in [0, {vocab_size}), "
-                       f"got {max(params.logit_bias)}")
+                       f"got {max(params.logit_bias)}", "logit_bias")
 
 
 def check_reservation(reservation: Reservation, request: EngineRequest,

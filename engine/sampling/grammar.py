@@ -31,19 +31,21 @@ import numpy as np
 
 from kvledger.engine import json_text
 from kvledger.engine.config_values import DEFAULT_GRAMMAR_CACHE_BYTES
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadConstraint
 from kvledger.engine.sampling.grammar_matcher import Grammar
 
 CACHE_ENTRIES = 64
 _MESSAGE_LIMIT = 200
 
 
-class GrammarError(BadInput):
+class GrammarError(BadConstraint):
     """A grammar the library refuses (bad schema, regex or choice list); HTTP 400."""
 
 
 class GrammarTooCostly(GrammarError):
     """A grammar over one of the server's limits (compile time, memory); HTTP 400."""
+
+    costly = True
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from kvledger.engine.admission.ticket import Ticket
-from kvledger.engine.core.async_engine import EngineDeadError
-from kvledger.engine.core.request import EngineRequest
+from kvledger.engine.errors import EngineDeadError
+from kvledger.engine.frontend.generation import Generation
 from kvledger.engine.server.api_errors import ApiError, sse_error_event
 from kvledger.engine.server.logprobs import chat_logprobs, completion_logprobs
 from kvledger.engine.server.metrics import RequestTimeline
@@ -31,55 +30,41 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Part:
-    """One prompt of a request (completions may send several) and its ``n`` choices."""
-
-    prompt_ids: list[int]
-    choices: list[EngineRequest]
-    echo: str | None           # completions' ``echo``: the prompt's text, else None
-    ticket: Ticket | None = None  # once admitted
-    handed: int = 0            # of its reservations, those handed to the engine
-
-
-@dataclass
 class Prepared:
-    """A request on its way: what its answer is built from. Choice ``k`` answers prompt
-    ``k // n`` (OpenAI's and vLLM's indices)."""
+    """A request admitted at the engine's door: what its answer is built from. Choice
+    ``k`` answers prompt ``k // n`` (OpenAI's and vLLM's indices)."""
 
     req: GenerationRequest
     request_id: str
-    parts: list[Part]
+    generation: Generation     # its prompts' runs and their outputs
     timeline: RequestTimeline  # its measurement points, for the metrics
     created: int
     tools: ToolPlan = NO_TOOLS  # how a chat's tool calls are read from its text
+    echoes: list[str | None] = field(default_factory=list)  # completions' echo, a prompt each
     # Prompt tokens found in the prefix cache, reported as usage.prompt_tokens_details
     # (--enable-prompt-tokens-details); None: not reported.
     cached_tokens: int | None = None
 
     @property
     def num_choices(self) -> int:
-        return len(self.parts) * self.req.n
+        return self.generation.num_choices
 
-    @property
-    def prompt_tokens(self) -> int:
-        """Every prompt's tokens, once each (not once per choice), as vLLM's usage counts."""
-        return sum(len(part.prompt_ids) for part in self.parts)
-
-    def part(self, index: int) -> Part:
+    def prompt_ids(self, index: int) -> list[int]:
         """The prompt choice ``index`` answers."""
-        return self.parts[index // self.req.n]
+        return self.generation.runs[index // self.req.n].prompt_ids
 
-    def progress(self, state: ServerState, counts: list[int]) -> None:
-        """Each prompt's ticket told how far its choices have got (``counts``: each
-        choice's tokens); the request's timeline, how many in all."""
+    def echo(self, index: int) -> str | None:
+        return self.echoes[index // self.req.n] if self.echoes else None
+
+    def progress(self, counts: list[int]) -> None:
+        """How far each choice has got (``counts``: its tokens), for the request's timeline
+        and the line's estimates."""
         self.timeline.generated(sum(counts))
-        n = self.req.n
-        for i, part in enumerate(self.parts):
-            state.admission.progress(part.ticket, min(counts[i * n:(i + 1) * n]))
+        self.generation.progress(counts)
 
 
 def _usage(p: Prepared, completion_tokens: int) -> dict[str, Any]:
-    prompt_tokens = p.prompt_tokens
+    prompt_tokens = p.generation.prompt_tokens
     usage: dict[str, Any] = {"prompt_tokens": prompt_tokens,
                              "completion_tokens": completion_tokens,
                              "total_tokens": prompt_tokens + completion_tokens}
@@ -93,7 +78,7 @@ async def whole(state: ServerState, p: Prepared, outputs) -> web.Response:
     counts = [0] * p.num_choices
     async for index, output in outputs:
         finals[index], counts[index] = output, len(output.token_ids)
-        p.progress(state, counts)
+        p.progress(counts)
     failed = next((f for f in finals if f.finish_reason == "error"), None)
     if failed is not None:  # the engine failed this request alone
         raise ApiError(500, _failed_message(failed), code="request_error",
@@ -131,19 +116,19 @@ def _finish_reason(reason: str | None, scanner: CallScanner | None) -> str | Non
 
 
 def _completion_choice(state: ServerState, p: Prepared, index: int, final) -> dict[str, Any]:
-    return {"index": index, "text": (p.part(index).echo or "") + final.text,
-            "logprobs": _completion_logprobs(state, p.part(index), final, 0, True, p.req),
+    return {"index": index, "text": (p.echo(index) or "") + final.text,
+            "logprobs": _completion_logprobs(state, p.prompt_ids(index), final, 0, True, p.req),
             "finish_reason": final.finish_reason}
 
 
-def _completion_logprobs(state: ServerState, part: Part, output, sent: int,
+def _completion_logprobs(state: ServerState, prompt_ids: list[int], output, sent: int,
                          with_prompt: bool, req: GenerationRequest) -> dict[str, list] | None:
     """Output tokens ``sent:`` (and the prompt's, for ``echo``) in the completions shape."""
     if output.logprobs is None:
         return None
     entries = list(zip(output.token_ids[sent:], output.logprobs[sent:], strict=True))
     if with_prompt and output.prompt_logprobs is not None:
-        entries = list(zip(part.prompt_ids, output.prompt_logprobs, strict=True)) + entries
+        entries = list(zip(prompt_ids, output.prompt_logprobs, strict=True)) + entries
     return completion_logprobs(entries, _token_text(state, req))
 
 
@@ -210,7 +195,7 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
         async for index, output in outputs:
             choice = sent[index]
             choice.tokens = len(output.token_ids)
-            p.progress(state, [c.tokens for c in sent])
+            p.progress([c.tokens for c in sent])
             if output.finished and output.finish_reason == "error":
                 await _end_with_error(state, response, 500, _failed_message(output),
                                       "request_error")
@@ -218,7 +203,7 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
             delta = ""
             if output.text.startswith(choice.text):  # text already sent is never retracted
                 delta, choice.text = output.text[len(choice.text):], output.text
-            echo = p.part(index).echo
+            echo = p.echo(index)
             if not choice.started and echo is not None:
                 delta = echo + delta
             logprobs = None
@@ -226,7 +211,7 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
                 logprobs = (chat_logprobs(zip(output.token_ids[choice.logprobs:],
                                               output.logprobs[choice.logprobs:], strict=True),
                                           _token_text(state, req)) if chat
-                            else _completion_logprobs(state, p.part(index), output,
+                            else _completion_logprobs(state, p.prompt_ids(index), output,
                                                       choice.logprobs, not choice.started, req))
                 choice.logprobs = len(output.logprobs)
             choice.started = True

@@ -2,7 +2,8 @@
 
 Every refusal the server makes is an ``ApiError``; the app's middleware turns it (and
 aiohttp's own HTTP exceptions) into a JSON response, so no client ever sees a traceback.
-Admission's refusals are the engine's errors; ``admission_error`` maps them.
+The engine's front door refuses with the engine's errors; ``engine_error`` maps each to
+its answer (``admission_error`` those of admission).
 """
 
 from __future__ import annotations
@@ -12,7 +13,15 @@ import math
 
 from aiohttp import web
 
-from kvledger.engine.errors import CapTooLarge, KVCacheFull, PoolTooSmall, PromptTooLong
+from kvledger.engine.errors import (
+    BadInput,
+    CapTooLarge,
+    EngineDeadError,
+    KVCacheFull,
+    PoolTooSmall,
+    PromptTooLong,
+    UnknownModel,
+)
 
 # OpenAI's error "type" per status; the "code" says which rule refused the request.
 _TYPES = {
@@ -103,3 +112,21 @@ def admission_error(exc: PromptTooLong | CapTooLarge | PoolTooSmall | KVCacheFul
                         code="kv_pool_too_small", param="max_tokens", reason="over_pool")
     return ApiError(429, str(exc), code=exc.reason, reason=exc.reason,
                     headers=retry_headers(exc.wait_s))
+
+
+def engine_error(exc: Exception) -> ApiError | None:
+    """The HTTP answer to an error the engine's front door raised: admission's refusals
+    (``admission_error``), 404 ``model_not_found``, 400 naming the field at fault, 503
+    for a dead engine; None for anything else (a bug: the middleware's 500)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, PromptTooLong | CapTooLarge | PoolTooSmall | KVCacheFull):
+        return admission_error(exc)
+    if isinstance(exc, UnknownModel):
+        return ApiError(404, str(exc), code="model_not_found", param="model",
+                        reason="unknown_model")
+    if isinstance(exc, BadInput):
+        return bad_request(str(exc), exc.param)
+    if isinstance(exc, EngineDeadError):
+        return ApiError(503, str(exc), code="engine_dead", reason="engine_dead")
+    return None

@@ -140,7 +140,7 @@ def _check_api_key(request: web.Request) -> None:
 
 async def health(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    dead = state.async_engine.dead if state.async_engine is not None else None
+    dead = state.dead
     if dead is not None:
         return web.json_response({"status": "engine_dead", "error": str(dead)}, status=503)
     stalled = state.stalled
@@ -155,7 +155,7 @@ async def ready(request: web.Request) -> web.Response:
         return web.json_response({"status": "shutting_down"}, status=503)
     if not state.ready:
         return web.json_response({"status": "loading"}, status=503)
-    if state.async_engine.dead is not None:
+    if state.dead is not None:
         return web.json_response({"status": "engine_dead"}, status=503)
     if state.stalled is not None:
         return web.json_response({"status": "engine_stalled"}, status=503)
@@ -179,7 +179,7 @@ async def budget(request: web.Request) -> web.Response:
     state = request.app[STATE]
     if state.engine is None:
         raise ApiError(503, "the model is still loading", code="not_ready", reason="not_ready")
-    ledger, admission = state.engine.ledger, state.admission
+    ledger = state.engine.ledger
     plan = state.engine.plan.to_json() if state.engine.plan is not None else None
     return web.json_response({
         "model": state.model_name,
@@ -191,11 +191,8 @@ async def budget(request: web.Request) -> web.Response:
                  "admission": "safe" if ledger.overcommit else "reserve",
                  "paused": ledger.paused_reservations},
         "prefix_cache": _prefix_cache(ledger),
-        "queue": {"waiting": admission.queue_length, "running": len(admission.running),
-                  "max_queue_wait_s": admission.max_queue_wait_s,
-                  "max_queue_len": admission.max_queue_len, "backfill": admission.backfill,
-                  "backfilled": admission.backfilled},
-        "decode_tokens_per_s": state.async_engine.decode_tokens_per_s,
+        "queue": state.door.queue_status(),
+        "decode_tokens_per_s": state.door.decode_tokens_per_s,
         "time": time.time(),
     })
 

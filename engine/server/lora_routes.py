@@ -45,7 +45,7 @@ def model_cards(state: ServerState) -> list[dict[str, Any]]:
     card = {"object": "model", "created": int(state.started_at), "owned_by": "kvledger",
             "max_model_len": engine.max_model_len}
     cards = [{"id": name, **card, "root": engine.config.model, "parent": None}
-             for name in state.model_names]
+             for name in state.door.model_names]
     if engine.loras is not None:
         cards += [{"id": name, **card, "root": lora.lora_path if is_hub_uri(lora.lora_path)
                    else name, "parent": state.model_name}
@@ -62,7 +62,7 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
         module = LoraModule(name, path)
         # Reading and checking the adapter is file (or hub) I/O and tensor work: off the
         # loop, on the adapters' own threads.
-        await state.load_adapter(state.engine.loras.add, module)
+        await state.offload.load_adapter(state.engine.loras.add, module)
     except BadInput as exc:
         raise bad_request(str(exc), "lora_path") from None
     return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")

@@ -1,8 +1,9 @@
 """What a generation request's fields become for the engine: a chat's prompt text (the
 model's chat template, or the request's own under ``--trust-request-chat-template``), the
-output cap (the model's ``max_new_tokens`` when the request sets none), each choice's
 ``SamplingParams`` (a field the request leaves unset takes the model's default from
-``generation_config.json``, else vLLM's neutral value), and ``--max-logprobs``."""
+``generation_config.json``, else vLLM's neutral value), and ``--max-logprobs``. The cap
+itself (the model's ``max_new_tokens`` when the request sets none) is the engine's front
+door's: it needs the prompt's tokens."""
 
 from __future__ import annotations
 
@@ -59,41 +60,32 @@ def check_logprobs(state: ServerState, req: GenerationRequest) -> None:
                           f"{limit} (--max-logprobs)", param)
 
 
-def default_cap(cap: int, requested: int | None, defaults: dict[str, Any]) -> int:
-    """``cap`` (the request's, or the rest of the context when it set none), at most the
-    model's ``max_new_tokens`` when the request set none (vLLM's fallback)."""
-    default = defaults.get("max_tokens")
-    return min(cap, default) if requested is None and default is not None else cap
-
-
 # Each sampling field a request may leave unset, and vLLM's neutral value for it.
 NEUTRAL = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
             "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 
 
-def sampling_params(req: GenerationRequest, cap: int, grammar: Any, index: int,
-                    defaults: dict[str, Any] | None = None,
+def sampling_params(req: GenerationRequest, defaults: dict[str, Any] | None = None,
                     kept_special_ids: frozenset[int] = frozenset()) -> Any:
-    """One choice's SamplingParams: each field the request set, else the model's default
-    (``defaults``: its generation_config.json), else vLLM's neutral value."""
+    """The SamplingParams a request's choices share: each field the request set, else the
+    model's default (``defaults``: its generation_config.json), else vLLM's neutral value;
+    ``max_tokens`` the cap it asked (None: the door's rule). The engine's front door gives
+    each choice its cap and seed (``FrontDoor.submit``)."""
     from kvledger.engine.sampling.params import SamplingParams
 
-    seed = req.seed
-    if seed is not None and index:  # each choice draws its own tokens, reproducibly
-        seed = (seed + index) % 2**64
     defaults = defaults or {}
     sampling = {name: value if (value := getattr(req, name)) is not None
                 else defaults.get(name, neutral) for name, neutral in NEUTRAL.items()}
     try:
         return SamplingParams(
-            **sampling, seed=seed,
-            max_tokens=cap, stop=req.stop or None, stop_token_ids=req.stop_token_ids,
+            **sampling, seed=req.seed,
+            max_tokens=req.cap, stop=req.stop or None, stop_token_ids=req.stop_token_ids,
             ignore_eos=req.ignore_eos, min_tokens=req.min_tokens,
             logit_bias=req.bias, logprobs=req.logprobs_k(),
             prompt_logprobs=req.prompt_logprobs_k(),
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
-            spaces_between_special_tokens=req.spaces_between_special_tokens, grammar=grammar,
+            spaces_between_special_tokens=req.spaces_between_special_tokens,
             kept_special_ids=kept_special_ids)
     except BadInput as exc:
         raise bad_request(str(exc)) from None

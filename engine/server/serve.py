@@ -33,9 +33,9 @@ def _load_in_thread(config) -> asyncio.Future:
 
     def load() -> None:
         try:
-            from kvledger.engine.core.engine import LLMEngine
+            from kvledger.engine.frontend.door import load_engine
 
-            result = LLMEngine.from_config(config)
+            result = load_engine(config)
         except BaseException as exc:
             loop.call_soon_threadsafe(_settle, future, None, exc)
         else:
@@ -133,9 +133,7 @@ def _rank_lost(engine, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
 async def _rank_lost_exit(state, reason: str) -> int:
     """A rank is gone: every request fails, /health answers 503 for
     ``RANK_LOST_GRACE_S`` (so a probe sees why), then exit ``EXIT_RANK_LOST``."""
-    from kvledger.engine.core.ranks import RankLost
-
     log.error("a rank is lost (%s): failing every request and exiting", reason)
-    state.async_engine.fail(RankLost(reason))
+    state.door.fail(reason)
     await asyncio.sleep(RANK_LOST_GRACE_S)
     return EXIT_RANK_LOST

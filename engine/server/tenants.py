@@ -34,14 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvledger.engine.admission.order import ANONYMOUS, Tenant
 from kvledger.engine.errors import BadInput
+from kvledger.engine.frontend.submission import ANONYMOUS, OTHER, Tenant
 
 _NAME = re.compile(r"^[a-z0-9_-]{1,63}$")
 _KEY_LABEL = re.compile(r"^key-[0-9]+$")  # what an --api-key key outside the file is shown as
 _FIELDS = {"name", "keys", "weight", "maxQueued", "priority", "minPriority"}
 MAX_HEADER_TENANT_CHARS = 128
-OTHER = "other"  # the metrics label of a header's tenant the file does not name
 
 
 @dataclass(frozen=True)
@@ -144,18 +143,14 @@ class Tenants:
         if header is not None and not self._trusted:
             raise BadInput("--tenant-header needs --tenant-header-from (the gateway's "
                            "addresses): a header anyone may send names no tenant")
-        # (default priority, the most urgent it may ask), by the tenant's line key, which
-        # no two kinds of tenant share (name:, key:, header:), unlike labels.
-        self._policies: dict[str, tuple[int, int]] = {
-            self._by_name[spec.name].key: (spec.priority, spec.priority if spec.min_priority
-                                           is None else spec.min_priority) for spec in specs}
         # A header's name the file does not hold: the least urgent tier the file gives.
         self._unlisted = (max([0, *(spec.priority for spec in specs)]),
-                          max([0, *(floor for _, floor in self._policies.values())]))
+                          max([0, *(_floor(spec) for spec in specs)]))
 
     def _tenant(self, spec: TenantSpec) -> Tenant:
         max_queued = spec.max_queued if spec.max_queued is not None else self._default_queued
-        return Tenant(f"name:{spec.name}", spec.name, spec.weight, max_queued)
+        return Tenant(f"name:{spec.name}", spec.name, spec.weight, max_queued, spec.priority,
+                      _floor(spec))
 
     @property
     def labels(self) -> list[str]:
@@ -179,27 +174,11 @@ class Tenants:
                     raise BadInput(f"{self.header} is longer than {MAX_HEADER_TENANT_CHARS} "
                                    f"characters")
                 return self._by_name.get(named) or Tenant(
-                    f"header:{named}", OTHER, max_queued=self._default_queued)
+                    f"header:{named}", OTHER, max_queued=self._default_queued,
+                    priority=self._unlisted[0], min_priority=self._unlisted[1])
         if key_index is not None:
             return self._by_index[key_index]
         return self._anonymous
-
-    def priority(self, tenant: Tenant, asked: int | None) -> int:
-        """The priority a request of ``tenant`` runs at: the one it ``asked`` for (None:
-        its tenant's default); BadInput when more urgent than its tenant may ask."""
-        who = f"tenant {tenant.label}"
-        floor: int | None
-        if tenant.key.startswith("header:"):
-            default, floor = self._unlisted
-            who = "a tenant --tenants-file does not list"
-        else:  # a key outside the file, or no key: the server's own, any priority
-            default, floor = self._policies.get(tenant.key, (0, None))
-        if asked is None:
-            return default
-        if floor is not None and asked < floor:
-            raise BadInput(f"priority {asked} is more urgent than {who} may ask (at least "
-                           f"{floor})")
-        return asked
 
     def _trusts(self, peer: str) -> bool:
         try:
@@ -207,6 +186,11 @@ class Tenants:
         except ValueError:  # a Unix socket's peer, or none
             return False
         return any(address in network for network in self._trusted)
+
+
+def _floor(spec: TenantSpec) -> int:
+    """The most urgent priority a file tenant's requests may ask (its own, by default)."""
+    return spec.priority if spec.min_priority is None else spec.min_priority
 
 
 def _one_value(headers: Mapping[str, str], name: str) -> str:

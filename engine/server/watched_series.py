@@ -1,5 +1,5 @@
 """The server's own series, read at scrape time from its state (``ServerState``): the
-ledger's, the admission line's, the engine loop's. ``ServerMetrics`` exports them."""
+ledger's, the admission line's (through the engine's front door), the engine loop's. ``ServerMetrics`` exports them."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ def watch_series(state: ServerState) -> None:
     """Register ``state``'s series with its ``metrics`` (each read at scrape time)."""
     ledger = lambda attr: lambda: (getattr(state.engine.ledger, attr)  # noqa: E731
                                    if state.engine else 0)
-    waiting = lambda: state.admission.queue_length if state.admission else 0  # noqa: E731
+    door = lambda attr: lambda: getattr(state.door, attr) if state.door else 0  # noqa: E731
+    waiting = door("waiting")
     state.metrics.watch_tenants(state.tenants.labels, lambda: (
-        state.admission.waiting_by_tenant() if state.admission else {}))
+        state.door.waiting_by_tenant() if state.door else {}))
     state.metrics.watch({
         "kvledger_kv_blocks_total": ("KV blocks in the pool", ledger("num_blocks")),
         "kvledger_kv_blocks_reserved": ("KV blocks claimed by admitted requests",
@@ -30,8 +31,7 @@ def watch_series(state: ServerState) -> None:
         "kvledger_queue_length": ("requests waiting for a reservation (the older name of "
                                   "kvledger_requests_waiting)", waiting),
         "kvledger_requests_running": ("admitted requests not yet finished",
-                                      lambda: len(state.admission.running)
-                                      if state.admission else 0),
+                                      door("running")),
         "kvledger_requests_paused": ("requests whose next KV block was refused at the "
                                      "last step (--admission safe): they keep their "
                                      "blocks and wait", ledger("paused_reservations")),
@@ -64,8 +64,7 @@ def watch_series(state: ServerState) -> None:
         "kvledger_requests_backfilled": ("requests admitted ahead of the line (--backfill): "
                                          "they start now and delay the plans of none "
                                          "of the first in line",
-                                         lambda: state.admission.backfilled
-                                         if state.admission else 0),
+                                         door("backfilled")),
     }, model_name=lambda: state.engine.model_name if state.engine else None)
 
 
@@ -74,11 +73,11 @@ def _stall(state: ServerState, attr: str) -> Callable[[], float]:
 
 
 def _line_stall(state: ServerState, attr: str) -> Callable[[], float]:
-    return lambda: getattr(state.line_watch, attr) if state.line_watch else 0
+    return lambda: getattr(state.door.line_watch, attr) if state.door else 0
 
 
 def _driver(state: ServerState, attr: str) -> Callable[[], float]:
-    return lambda: getattr(state.async_engine, attr) if state.async_engine else 0
+    return lambda: getattr(state.door.driver, attr) if state.door and state.door.driver else 0
 
 
 def _kv_reserved_ratio(state: ServerState) -> float:

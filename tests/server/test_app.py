@@ -144,9 +144,11 @@ async def test_prompt_at_the_context_is_400_and_body_over_the_limit_is_413(aioht
 async def test_each_engine_rule_runs_once_per_request_before_admission(aiohttp_client, llm,
                                                                        monkeypatch, prompt):
     """The prompt's ids, the cap and the params are checked once for all ``n`` choices,
-    before anything is reserved; the engine takes the checked requests as they are."""
+    before anything is reserved, at the engine's front door; the engine takes the checked
+    requests as they are."""
     from kvledger.engine.admission import line as admission_module
     from kvledger.engine.core import request as request_module
+    from kvledger.engine.frontend import checks as door_module
 
     client = await start_app(aiohttp_client, llm)
     calls = []
@@ -156,7 +158,7 @@ async def test_each_engine_rule_runs_once_per_request_before_admission(aiohttp_c
 
     for name in ("check_prompt", "check_params", "check_request"):
         monkeypatch.setattr(llm, name, counted(name, getattr(llm, name)))
-    for module in (request_module, admission_module):  # the engine calls request's own
+    for module in (request_module, admission_module, door_module):  # each caller's own name
         monkeypatch.setattr(module, "output_cap", counted("output_cap", module.output_cap))
     response = await client.post("/v1/completions", json={
         "model": model_name(client), "prompt": prompt, "max_tokens": 3, "n": 2,
@@ -231,8 +233,8 @@ def test_prompt_token_bound_used_by_early_rejection_holds(tiny_llama_dir):
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
+    from kvledger.engine.frontend.checks import ADDED_TOKENS_MAX as _ADDED_TOKENS_MAX
     from kvledger.engine.model.tokenizer import Tokenizer
-    from kvledger.engine.server.openai_api import _ADDED_TOKENS_MAX
 
     tokenizer = Tokenizer(tiny_llama_dir)
 
@@ -276,7 +278,7 @@ async def test_max_queue_wait_holds_a_request_until_blocks_return(aiohttp_client
     budget = await (await client.get("/v1/budget")).json()
     assert budget["queue"]["waiting"] == 1
     ledger.release(held)
-    client.app[STATE].admission.capacity_changed()  # what the engine's next step would do
+    client.app[STATE].door.admission.capacity_changed()  # what the engine's next step would do
     response = await request
     assert response.status == 200
     assert await metric(client, "kvledger_queue_wait_seconds_count") == 1

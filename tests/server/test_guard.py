@@ -97,11 +97,12 @@ class _Polled:
 
 
 async def _while_polling(get, work, state=None) -> _Polled:
-    """Await ``work`` while ``get("/health")`` is polled, timing what ``state.off_loop``
-    runs for it (given the server's state)."""
+    """Await ``work`` while ``get("/health")`` is polled, timing what the server's
+    preparing threads (``state.offload``, the server's and the engine door's) run for it
+    (given the server's state)."""
     polled = _Polled()
     loop_thread = threading.get_ident()
-    off_loop = state.off_loop if state is not None else None
+    off_loop = state.offload.run if state is not None else None
 
     async def timed_off_loop(body_bytes, fn, *args):
         def timed(*fn_args):
@@ -132,7 +133,7 @@ async def _while_polling(get, work, state=None) -> _Polled:
             await asyncio.sleep(POLL_INTERVAL_S)
 
     if state is not None:
-        state.off_loop = timed_off_loop  # this instance only, until the work is done
+        state.offload.run = timed_off_loop  # this instance only, until the work is done
     poller = asyncio.create_task(poll())
     await asyncio.sleep(0.02)  # the first poll is out before the work starts
     try:
@@ -141,7 +142,7 @@ async def _while_polling(get, work, state=None) -> _Polled:
         done.set()
         await poller
         if state is not None:
-            del state.off_loop
+            del state.offload.run
     return polled
 
 
@@ -331,7 +332,7 @@ async def test_a_client_gone_while_its_prompt_is_tokenized_reserves_nothing(aioh
     await asyncio.sleep(0.2)  # the tokenizer thread finishes; its result goes nowhere
     assert await metric(client, "kvledger_requests_admitted_total") == 0
     assert await wait_for_metric(client, "kvledger_kv_blocks_reserved", 0) == 0
-    assert not client.app[STATE].admission.running
+    assert not client.app[STATE].door.admission.running
 
 
 # -- 5. stop strings ---------------------------------------------------------------------
@@ -459,7 +460,7 @@ async def test_a_bug_is_a_bare_500_and_counted(aiohttp_client, llm, monkeypatch)
                                          (RuntimeError("injected bug"), "internal_error")])
 async def test_a_stream_ending_in_an_error_event_is_counted(aiohttp_client, llm, error, code):
     client = await start_app(aiohttp_client, llm)
-    admission = client.app[STATE].admission
+    admission = client.app[STATE].door.admission
 
     def progress(ticket, generated_tokens):
         raise error

@@ -14,7 +14,8 @@ from _lora_helpers import write_adapter
 from _server_helpers import make_llm, metric, start_app
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.server.state import ADAPTER_THREADS, STATE
+from kvledger.engine.frontend.offload import ADAPTER_THREADS
+from kvledger.engine.server.state import STATE
 
 PROMPT = [5, 17, 42, 9, 33, 7, 120, 64, 3]
 

@@ -177,7 +177,7 @@ async def test_a_drain_within_the_grace_lets_in_flight_requests_finish(aiohttp_c
     await streamed.content.readuntil(b"\n\n")  # running
     whole = asyncio.create_task(client.post("/v1/completions",
                                             json=_long(client, False, max_tokens=40)))
-    while not state.admission.running or len(state.admission.running) < 2:
+    while state.door is None or state.door.running < 2:
         await asyncio.sleep(0.01)
     drain = asyncio.create_task(state.drain())
     await asyncio.sleep(0.05)

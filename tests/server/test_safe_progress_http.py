@@ -102,7 +102,7 @@ async def test_a_line_that_does_not_move_while_the_engine_is_idle_fails_the_prob
     llm = make_llm(tiny_llama_dir)
     client = await start_app(aiohttp_client, llm)
     state = client.app[STATE]
-    watch = state.line_watch
+    watch = state.door.line_watch
     watch.min_checks, watch.min_seconds, watch.interval_s = 3, 0.2, 0.05
     reserve = llm.ledger.try_reserve_each
     monkeypatch.setattr(llm.ledger, "try_reserve_each", lambda *args, **kwargs: None)
@@ -126,7 +126,7 @@ async def test_a_line_that_does_not_move_while_the_engine_is_idle_fails_the_prob
     stalls = [r.getMessage() for r in caplog.records if "line stalled" in r.getMessage()]
     assert len(stalls) == 1 and "KV blocks of" in stalls[0]
     monkeypatch.setattr(llm.ledger, "try_reserve_each", reserve)
-    state.admission.capacity_changed()  # the wake-up the bug lost
+    state.door.admission.capacity_changed()  # the wake-up the bug lost
     assert (await asyncio.wait_for(request, 30)).status == 200
     assert await wait_for_metric(client, "kvledger_line_stalled", 0) == 0
     assert (await client.get("/health")).status == 200

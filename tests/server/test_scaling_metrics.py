@@ -119,7 +119,7 @@ async def test_queued_requests_count_as_waiting(aiohttp_client, llm):
         _assert_aliases_agree(samples, client)
     finally:
         ledger.release(held)
-        state.admission.capacity_changed()  # what the engine's next step would do
+        state.door.admission.capacity_changed()  # what the engine's next step would do
     assert [(await r).status for r in requests] == [200, 200]
     samples = await _settled(client, "kvledger_requests_waiting", 0)
     assert _vllm(samples, "vllm:num_requests_waiting", client) == 0

@@ -111,10 +111,10 @@ def test_the_least_urgent_tier_follows_the_file(tmp_path, text, default, floor):
     tenants = Tenants((), read_tenants_file(path), max_queue_len=8, header=HEADER,
                       header_from=("10.0.0.0/8",))
     stranger = tenants.of(None, {HEADER: "x"}, "10.0.0.1")
-    assert tenants.priority(stranger, None) == default
-    assert tenants.priority(stranger, floor) == floor
+    assert stranger.priority_for(None) == default
+    assert stranger.priority_for(floor) == floor
     with pytest.raises(BadInput, match=f"at least {floor}"):
-        tenants.priority(stranger, floor - 1)
+        stranger.priority_for(floor - 1)
 
 
 @pytest.mark.parametrize("name", ["key-0", "key-12"])

@@ -46,12 +46,12 @@ def test_keys_map_to_their_tenant_and_unlisted_keys_to_their_own(tmp_path):
 def test_priorities_default_and_floor(tmp_path):
     tenants = _tenants(tmp_path)
     batch, team = tenants.of(3, {}, None), tenants.of(1, {}, None)
-    assert tenants.priority(batch, None) == 10 and tenants.priority(batch, 7) == 7
+    assert batch.priority_for(None) == 10 and batch.priority_for(7) == 7
     with pytest.raises(BadInput, match="more urgent than tenant batch may ask"):
-        tenants.priority(batch, 0)
+        batch.priority_for(0)
     with pytest.raises(BadInput, match="at least 0"):  # its floor is its default, 0
-        tenants.priority(team, -1)
-    assert tenants.priority(tenants.of(0, {}, None), -100) == -100  # a plain key: no floor
+        team.priority_for(-1)
+    assert tenants.of(0, {}, None).priority_for(-100) == -100  # a plain key: no floor
 
 
 def test_a_header_names_the_tenant_only_from_a_trusted_peer(tmp_path):
