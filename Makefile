@@ -46,7 +46,7 @@ test:
 # The CRD's two copies (crds/ and the chart's crds/), generated from operator/; a test and
 # scripts/helm_check.sh fail while either is stale.
 crd:
-	$(BIN)/python -m kvledger.operator.crd --write
+	$(BIN)/python -m kvledger.operator.api.crd --write
 
 image:
 	$(CONTAINER_ENGINE) build -t $(IMAGE) \

@@ -28,7 +28,7 @@ from hub_server import HubServer
 from plan_speed import write_sparse_checkpoint
 from webhook_harness import SERVER_NAME, admission_review
 
-# What the webhook may read of one model (operator/webhook.py's limit, which its warning
+# What the webhook may read of one model (operator/webhook/webhook.py's limit, which its warning
 # names), what the operator may grow by whatever the repos, how soon it exits.
 MODEL_BYTES_MIB = 16
 GROWTH_MIB = {"hub": 48, "wide": 96}

@@ -73,7 +73,7 @@ def _carried(cluster, name: str) -> str:
 async def operator_attacks(failed: list[str]) -> None:
     from operator_harness import eventually, running_operator, service_manifest
 
-    from kvledger.operator.resource import API_VERSION, PLURAL
+    from kvledger.operator.api.resource import API_VERSION, PLURAL
 
     async with running_operator(default_image="ghcr.io/kvledger/kvledger:0.1.0") as cluster:
         await cluster.create("v1", "secrets", {
@@ -111,7 +111,7 @@ async def preset_group_key(cluster, failed: list[str]) -> None:
     resource: whether the group's engines are pointed at it."""
     from operator_harness import eventually, service_manifest
 
-    from kvledger.operator.resource import API_VERSION, PLURAL
+    from kvledger.operator.api.resource import API_VERSION, PLURAL
 
     await cluster.create("v1", "secrets", {
         "apiVersion": "v1", "kind": "Secret",

@@ -5,8 +5,8 @@ which stores a ``Setting`` in the field's metadata. Everything else is generated
 those declarations: the command line's flags (``add_setting_flags``), the check of each
 value (``check_settings``), a config turned back into flags for the pod
 (``render_flags``), and, in the operator, the CRD's ``spec.engine`` and ``spec.memory``
-properties (``operator/crd_schema.py``) and the spec's mapping onto the config
-(``operator/spec.py``). A new field is one declaration, then ``make crd``.
+properties (``operator/api/crd_schema.py``) and the spec's mapping onto the config
+(``operator/api/spec.py``). A new field is one declaration, then ``make crd``.
 
 Torch-free and Kubernetes-free: a ``Kind`` names its domain (``"positive"``, ``"size"``,
 ...) and the operator owns what that is in OpenAPI.
@@ -23,7 +23,7 @@ from typing import Any
 from kvledger.engine.errors import BadInput
 from kvledger.engine.vllm_numbers import human_readable_int
 
-# The size grammar (Kubernetes quantities); the CRD's pattern is built from it (operator/crd_schema.py).
+# The size grammar (Kubernetes quantities); the CRD's pattern is built from it (operator/api/crd_schema.py).
 SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTPE]i?B?|[kKMGTPE]B|[kKMGTPE]|B)?\s*$")
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50, "E": 2**60}
 _DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
@@ -124,7 +124,7 @@ class Kind:
     """A setting's domain: how its flag reads a value (``parse``, or ``values`` as the
     choices), how the config checks one given in Python or a spec (``check(flag, value)``
     raises BadInput, one line), and its ``domain``, which the CRD types
-    (``operator/crd_schema.py``). ``render`` writes a value back as flag arguments."""
+    (``operator/api/crd_schema.py``). ``render`` writes a value back as flag arguments."""
 
     domain: str
     parse: Callable[[str], Any] | None = None

@@ -46,9 +46,9 @@ from kvledger.engine.checkpoint.hub.uri import is_hub_uri
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, BadInput
 from kvledger.engine.node_config import NODE_KEY_ENV, free_port_pair
-from kvledger.operator.crd import validate_manifest
-from kvledger.operator.resource import DEFAULT_PORT
-from kvledger.operator.spec import ServiceSpec, as_spec, local_model_path, local_path
+from kvledger.operator.api.crd import validate_manifest
+from kvledger.operator.api.resource import DEFAULT_PORT
+from kvledger.operator.api.spec import ServiceSpec, as_spec, local_model_path, local_path
 
 HELP = "run an InferenceService manifest locally, no cluster"
 

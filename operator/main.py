@@ -11,9 +11,9 @@ from pathlib import Path
 import kopf
 
 from kvledger.engine.errors import BadInput
-from kvledger.operator import autoscaling, render
-from kvledger.operator.kube import KubeApi, KubeError
-from kvledger.operator.policy import POLICY_ENV, Policy
+from kvledger.operator.cluster.kube import KubeApi, KubeError
+from kvledger.operator.render import autoscaling, render
+from kvledger.operator.render.policy import POLICY_ENV, Policy
 
 HELP = "run the kopf operator"
 
@@ -71,7 +71,7 @@ def operator_memo(default_image: str, kube: KubeApi | None = None, *,
                   prometheus_url: str = autoscaling.DEFAULT_PROMETHEUS_URL,
                   policy: Policy | None = None) -> kopf.Memo:
     """The state the handlers share (see handlers.py)."""
-    from kvledger.operator.hub_models import HubModels
+    from kvledger.operator.cluster.hub_models import HubModels
 
     return kopf.Memo(default_image=default_image, prometheus_url=prometheus_url,
                      policy=policy or Policy(), status_locks={}, apply_locks={},
@@ -84,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
     # a bad one stops the operator here, with one line.
     policy = Policy.from_json(os.environ.get(POLICY_ENV))
     where = webhook_tls(args) if args.webhook_port is not None else None
-    from kvledger.operator import handlers  # registers the handlers
+    from kvledger.operator.controller import handlers  # registers the handlers
 
     # Fail fast with one line, not kopf's retry loop, when there is no cluster to talk to.
     handlers.find_credentials(kopf.OperatorSettings())
@@ -139,7 +139,8 @@ async def start_webhook(args: argparse.Namespace, memo: kopf.Memo,
                         tls: dict[str, str]) -> asyncio.Task | None:
     """The webhook's certificate (made or read), its server in ``memo.webhook_server`` and
     its handlers registered; the task that renews a self-signed certificate, if any."""
-    from kvledger.operator import certs, webhook
+    from kvledger.operator.cluster import certs
+    from kvledger.operator.webhook import webhook
 
     memo.webhook = webhook.Webhook(timeout_s=args.webhook_timeout,
                                    refuse=args.webhook_mode == "deny", models=memo.hub_models)
@@ -152,7 +153,7 @@ async def start_webhook(args: argparse.Namespace, memo: kopf.Memo,
                                              ca.read_bytes() if ca.is_file() else None,
                                              args.webhook_timeout)
         return None
-    from kvledger.operator import handlers
+    from kvledger.operator.controller import handlers
 
     kube = KubeApi(handlers.find_credentials(kopf.OperatorSettings()))
     try:

@@ -4,7 +4,7 @@
 #   for the cluster-wide and the namespace-scoped installs, with the PodMonitor or the
 #   ServiceMonitor on (never both: refused), those validated against the
 #   prometheus-operator's API types and checked to select the engine pods and Services
-#   operator/render.py renders, and with the Grafana dashboard's ConfigMap on; the admission
+#   operator/render/render.py renders, and with the Grafana dashboard's ConfigMap on; the admission
 #   webhook self-signed (the default where cert-manager is not served, and chosen by name
 #   where it is) and with cert-manager (its Certificate and Issuer against cert-manager's
 #   API types, with the chart's Issuer and with an external issuer), and the operator pod's
@@ -56,11 +56,11 @@ CHART=charts/kvledger
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 
-# The chart's CRD must be the one generated from operator/crd.py.
-"$PY" -m kvledger.operator.crd > "$OUT/crd.yaml"
+# The chart's CRD must be the one generated from operator/api/crd.py.
+"$PY" -m kvledger.operator.api.crd > "$OUT/crd.yaml"
 for copy in crds/inferenceservice.yaml "$CHART/crds/inferenceservice.yaml"; do
     if ! cmp -s "$OUT/crd.yaml" "$copy"; then
-        echo "error: $copy is stale; run: python -m kvledger.operator.crd > $copy" >&2
+        echo "error: $copy is stale; run: python -m kvledger.operator.api.crd > $copy" >&2
         exit 1
     fi
 done
@@ -99,7 +99,7 @@ check policy --set networkPolicy.enabled=true --set 'networkPolicy.allowNamespac
 "$PY" - "$OUT" <<'PYEOF'
 import sys
 import yaml
-from kvledger.operator.policy import Policy
+from kvledger.operator.render.policy import Policy
 
 out = sys.argv[1]
 for name, network in (("cluster-wide", None), ("namespaced", None), ("policy", ("monitoring",))):
@@ -149,7 +149,7 @@ check dashboard --set metrics.grafanaDashboard.enabled=true
 "$PY" - "$OUT/monitors.yaml" "$OUT/monitors.json" <<'PYEOF'
 import json, re, sys
 import yaml
-from kvledger.operator.render import LABEL, render_deployment, render_service
+from kvledger.operator.render.render import LABEL, render_deployment, render_service
 
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
 by_kind = {}
@@ -197,7 +197,7 @@ import { ServiceMonitor } from "@kubernetes-models/prometheus-operator/monitorin
 const kinds = { PodMonitor, ServiceMonitor };
 for (const doc of JSON.parse(readFileSync(process.argv[2], "utf8"))) new kinds[doc.kind](doc).validate();
 JSEOF
-echo "ok: monitors (selectors, ports and paths match operator/render.py; API types valid)"
+echo "ok: monitors (selectors, ports and paths match operator/render/render.py; API types valid)"
 
 # The admission webhook self-signed by name, on a cluster that serves cert-manager: no
 # cert-manager kind renders (the default install above is self-signed by auto). helm lint

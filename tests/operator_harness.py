@@ -22,10 +22,7 @@ import kmock
 import kopf
 import yaml
 
-from kvledger.operator.kube import KubeApi, object_path
-from kvledger.operator.main import operator_memo
-from kvledger.operator.render import LABEL
-from kvledger.operator.resource import (
+from kvledger.operator.api.resource import (
     API_VERSION,
     GROUP,
     KIND,
@@ -34,6 +31,9 @@ from kvledger.operator.resource import (
     SINGULAR,
     VERSION,
 )
+from kvledger.operator.cluster.kube import KubeApi, object_path
+from kvledger.operator.main import operator_memo
+from kvledger.operator.render.render import LABEL
 
 
 class Emulator(kmock.KubernetesEmulator):
@@ -180,7 +180,7 @@ async def running_operator(default_image: str = "kvledger:test", policy=None,
     """The emulator and the real operator in this event loop (login via KUBECONFIG), under
     ``policy`` (an ``operator.policy.Policy``; the Helm chart's defaults when None), on a
     cluster that serves LeaderWorkerSet or (``lws`` False) not."""
-    from kvledger.operator import handlers  # noqa: F401  (registers the handlers)
+    from kvledger.operator.controller import handlers  # noqa: F401  (registers the handlers)
 
     async with emulated_cluster(lws) as cluster:
         saved = os.environ.get("KUBECONFIG")

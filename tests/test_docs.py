@@ -34,9 +34,9 @@ from webhook_harness import admission_review, gpu_node, kubectl_says, webhook_op
 from kvledger.engine import cli
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, EXIT_OK
 from kvledger.engine.planner import device
-from kvledger.operator.crd import API_VERSION, PLURAL
-from kvledger.operator.policy import Policy
-from kvledger.operator.spec import local_model_path
+from kvledger.operator.api.crd import API_VERSION, PLURAL
+from kvledger.operator.api.spec import local_model_path
+from kvledger.operator.render.policy import Policy
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -21,7 +21,7 @@ from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.planner.report import render_report
 from kvledger.engine.settings import parse_size
 from kvledger.operator.local_run import load_manifest, local_config
-from kvledger.operator.render import render_deployment
+from kvledger.operator.render.render import render_deployment
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.yaml"))
 REFUSED = {"does-not-fit.yaml"}

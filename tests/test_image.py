@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from kvledger.operator import render
+from kvledger.operator.render import render
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "kvledger"

@@ -21,7 +21,7 @@ import aiohttp
 from _server_helpers import free_port
 from operator_harness import Cluster, eventually
 
-from kvledger.operator.resource import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from kvledger.operator.api.resource import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 WEBHOOK_NAMESPACE = "kvledger-system"
 WEBHOOK_SERVICE, WEBHOOK_SECRET, WEBHOOK_CONFIGURATION = (

@@ -6,7 +6,7 @@ engine does not check them again.
 
 ``RULE_OWNERS`` says where each rule about what can run lives; a test holds it true (each
 owner exists, and each rule's refusal is written in its owner's file alone under engine/;
-the CRD's rules in operator/spec_rules.py refuse the same at ``kubectl apply``).
+the CRD's rules in operator/api/spec_rules.py refuse the same at ``kubectl apply``).
 """
 
 from __future__ import annotations

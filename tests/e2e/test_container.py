@@ -30,9 +30,9 @@ import yaml
 from container_harness import MEASURED, podman
 
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT
-from kvledger.operator.crd import API_VERSION, KIND, validate_manifest
-from kvledger.operator.render import render_deployment
-from kvledger.operator.status import MEMORY_BUDGET, READY, compute_status, find_condition
+from kvledger.operator.api.crd import API_VERSION, KIND, validate_manifest
+from kvledger.operator.controller.status import MEMORY_BUDGET, READY, compute_status, find_condition
+from kvledger.operator.render.render import render_deployment
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(900)]
 

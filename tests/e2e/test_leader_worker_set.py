@@ -27,8 +27,8 @@ from lws_harness import WORKER_INDEX_LABEL, for_podman, group_pods
 
 from kvledger.engine.llm import LLM
 from kvledger.engine.sampling.params import SamplingParams
-from kvledger.operator.crd import API_VERSION, KIND, validate_manifest
-from kvledger.operator.render_group import render_leader_worker_set
+from kvledger.operator.api.crd import API_VERSION, KIND, validate_manifest
+from kvledger.operator.render.render_group import render_leader_worker_set
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(900)]
 

@@ -14,7 +14,7 @@ from kvledger.engine.settings import settings_of
 
 # field -> (its flag, spec.SECTION.NAME): a new field must be added here, on purpose.
 DECLARED = {
-    "model": ("--model", None),  # spec.model.path or .uri, mapped by operator/spec.py
+    "model": ("--model", None),  # spec.model.path or .uri, mapped by operator/api/spec.py
     "hub_timeout_s": ("--hub-timeout", None),
     "download_dir": ("--download-dir", None),
     "served_model_name": ("--served-model-name", None),  # spec.model.name

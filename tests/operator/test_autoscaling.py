@@ -11,7 +11,9 @@ import pytest
 import yaml
 
 from kvledger.engine.errors import BadInput
-from kvledger.operator.autoscaling import (
+from kvledger.operator.api.crd import validate_manifest
+from kvledger.operator.api.spec import parse_spec
+from kvledger.operator.render.autoscaling import (
     DEFAULT_PROMETHEUS_URL,
     METRICS,
     decimal,
@@ -22,9 +24,7 @@ from kvledger.operator.autoscaling import (
     render_pdb,
     render_scaling,
 )
-from kvledger.operator.crd import validate_manifest
-from kvledger.operator.render import LABEL, pod_selector, render_deployment
-from kvledger.operator.spec import parse_spec
+from kvledger.operator.render.render import LABEL, pod_selector, render_deployment
 
 MODEL = {"model": {"path": "/models/m"}}
 HPA = ("autoscaling/v2", "horizontalpodautoscalers")

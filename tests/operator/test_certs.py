@@ -1,4 +1,4 @@
-"""The webhook's self-signed certificate (operator/certs.py) against kmock's emulator: made
+"""The webhook's self-signed certificate (operator/cluster/certs.py) against kmock's emulator: made
 once and kept in its Secret, reused while it is good, replaced when it nears its end or no
 longer names the Service, and its CA written into every webhook of the configuration."""
 
@@ -12,8 +12,8 @@ import pytest
 from operator_harness import emulated_cluster
 from webhook_harness import WEBHOOK_CONFIGURATIONS
 
-from kvledger.operator import certs
-from kvledger.operator.kube import KubeError
+from kvledger.operator.cluster import certs
+from kvledger.operator.cluster.kube import KubeError
 
 WHERE = {"namespace": "ops", "secret": "hook-tls", "service": "hook",
          "configuration": "kvledger"}

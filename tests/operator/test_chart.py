@@ -155,7 +155,7 @@ def test_a_network_policy_lets_only_the_api_server_reach_the_webhook():
     """The operator's pod admits, by default, its webhook port from any source and nothing
     else; with webhook.networkPolicy.apiServer, that port from those peers alone. It never
     selects an engine pod, even one of a service named as the release."""
-    from kvledger.operator.render import render_deployment
+    from kvledger.operator.render.render import render_deployment
 
     rendered = kinds()
     [policy] = rendered["NetworkPolicy"]

@@ -1,4 +1,4 @@
-"""The CRD: one source of truth (operator/crd.py, crd_schema.py, spec_rules.py), generated
+"""The CRD: one source of truth (operator/api/crd.py, crd_schema.py, spec_rules.py), generated
 into both copies by one command, structural, examples valid, CEL rules evaluated by a CEL
 interpreter and matched rule by rule by the Python checks the operator and ``kvledger run``
 use, and the grammars it shares with the engine derived from the engine's own."""
@@ -15,17 +15,17 @@ import yaml
 from kvledger.engine.checkpoint.hub.repo import HUB_URI_RE, parse_uri
 from kvledger.engine.errors import BadInput
 from kvledger.engine.settings import SIZE_RE, parse_size
-from kvledger.operator import crd
-from kvledger.operator.crd import (
+from kvledger.operator.api import crd
+from kvledger.operator.api.crd import (
     CRD_FILES,
     crd_manifest,
     crd_yaml,
     openapi_schema,
     validate_manifest,
 )
-from kvledger.operator.crd_schema import HUB_URI_PATTERN, SIZE_PATTERN
-from kvledger.operator.spec import parse_spec
-from kvledger.operator.spec_rules import RULES, check_rules, nodes
+from kvledger.operator.api.crd_schema import HUB_URI_PATTERN, SIZE_PATTERN
+from kvledger.operator.api.spec import parse_spec
+from kvledger.operator.api.spec_rules import RULES, check_rules, nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -56,7 +56,7 @@ def test_one_command_writes_both_copies_and_check_names_a_stale_one(tmp_path, ca
     assert crd.main(["--write", "--root", str(tmp_path)]) == 0
     assert "up to date: crds/inferenceservice.yaml" in capsys.readouterr().out
     makefile = (ROOT / "Makefile").read_text()
-    assert "\ncrd:\n\t$(BIN)/python -m kvledger.operator.crd --write\n" in makefile
+    assert "\ncrd:\n\t$(BIN)/python -m kvledger.operator.api.crd --write\n" in makefile
 
 
 def test_crd_names_columns_and_subresources():
@@ -366,7 +366,7 @@ CASES = [
     ({"model": {"path": "/m", "tokenSecretRef": {"name": "hf", "key": "token"}}}, False),
     ({"model": {"path": "/m", "endpoint": "https://mirror.example"}}, False),
     ({"model": {"path": "/m", "cache": {"persistentVolumeClaim": {"claimName": "c"}}}}, False),
-    # Env: an allow-list of speed and log settings (operator/env_policy.py); the names
+    # Env: an allow-list of speed and log settings (operator/api/env_policy.py); the names
     # that could load code, redirect traffic or hold a secret are refused, in any case.
     *[({"model": {"path": "/m"}, "env": [{"name": name, "value": "x"}]}, True)
       for name in ("PYTORCH_CUDA_ALLOC_CONF", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kvledger.operator.crd import openapi_schema
+from kvledger.operator.api.crd import openapi_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 # kvledger's own sections, whose every field the table names one by one (the others, such

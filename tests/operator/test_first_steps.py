@@ -19,9 +19,9 @@ import pytest
 import yaml
 from test_chart import HELM, by_kind, helm_template
 
-from kvledger.operator.crd import validate_manifest
-from kvledger.operator.policy import POLICY_ENV, Policy
-from kvledger.operator.spec import parse_spec
+from kvledger.operator.api.crd import validate_manifest
+from kvledger.operator.api.spec import parse_spec
+from kvledger.operator.render.policy import POLICY_ENV, Policy
 
 ROOT = Path(__file__).parents[2]
 CHART = ROOT / "charts" / "kvledger"

@@ -15,11 +15,11 @@ import kopf
 import pytest
 
 from kvledger.engine.errors import BadInput
-from kvledger.operator.fit import judge, spec_field
-from kvledger.operator.hub_models import HubModels, read_headers
-from kvledger.operator.policy import Policy
-from kvledger.operator.spec import parse_spec
-from kvledger.operator.webhook import Webhook, validate
+from kvledger.operator.api.spec import parse_spec
+from kvledger.operator.cluster.hub_models import HubModels, read_headers
+from kvledger.operator.render.policy import Policy
+from kvledger.operator.webhook.fit import judge, spec_field
+from kvledger.operator.webhook.webhook import Webhook, validate
 
 
 def node(name: str, gpus: int, mib: int | None, product: str = "NVIDIA-TEST") -> dict:

@@ -21,10 +21,10 @@ from hub_server import HubServer
 
 from kvledger.engine import cli
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, EXIT_OK
-from kvledger.operator.inventory import candidates
-from kvledger.operator.render import render_pod_spec
-from kvledger.operator.spec import parse_spec
-from kvledger.operator.webhook import Webhook
+from kvledger.operator.api.spec import parse_spec
+from kvledger.operator.render.render import render_pod_spec
+from kvledger.operator.webhook.inventory import candidates
+from kvledger.operator.webhook.webhook import Webhook
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))

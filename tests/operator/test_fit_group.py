@@ -8,8 +8,8 @@ import asyncio
 
 from test_fit import BIG, UNLABELLED, node
 
-from kvledger.operator.spec import parse_spec
-from kvledger.operator.webhook import Webhook
+from kvledger.operator.api.spec import parse_spec
+from kvledger.operator.webhook.webhook import Webhook
 
 BIG_TOO = node("big-too", 2, 4096, "NVIDIA-BIG")
 # Too small for a third of small-llama, whichever way its attention runs (test_fit.SMALL

@@ -24,7 +24,7 @@ from hub_server import HubServer
 from operator_harness import local_argv
 
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT
-from kvledger.operator.render import render_deployment
+from kvledger.operator.render.render import render_deployment
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvledger.operator.inventory import candidates, gpu_node, may_run_on, node_entry
-from kvledger.operator.render import GPU_TOLERATION, placement
-from kvledger.operator.spec import parse_spec
+from kvledger.operator.api.spec import parse_spec
+from kvledger.operator.render.render import GPU_TOLERATION, placement
+from kvledger.operator.webhook.inventory import candidates, gpu_node, may_run_on, node_entry
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 

@@ -16,12 +16,12 @@ from operator_harness import eventually, running_operator, service_manifest
 from kvledger.engine.checkpoint.hub import repo as hub
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.report import PLAN_LINE_PREFIX
-from kvledger.operator import handlers
-from kvledger.operator.hub_models import OPERATOR_LIMITS
+from kvledger.operator.api.resource import API_VERSION, PLURAL
+from kvledger.operator.cluster.hub_models import OPERATOR_LIMITS
+from kvledger.operator.controller import handlers
 from kvledger.operator.main import operator_memo
-from kvledger.operator.policy import Policy
-from kvledger.operator.render import LABEL, cache_size_limit
-from kvledger.operator.resource import API_VERSION, PLURAL
+from kvledger.operator.render.policy import Policy
+from kvledger.operator.render.render import LABEL, cache_size_limit
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60),
               pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")]

@@ -12,15 +12,15 @@ import pytest_asyncio
 from operator_harness import eventually, running_operator, service_manifest
 from test_kmock import FITS, REFUSED, REPORT, condition, plan_line, preflight_done
 
-from kvledger.operator.render import LABEL
-from kvledger.operator.render_group import (
+from kvledger.operator.api.resource import API_VERSION, PLURAL
+from kvledger.operator.render.render import LABEL
+from kvledger.operator.render.render_group import (
     GROUP_INDEX_LABEL,
     LWS_API_VERSION,
     LWS_NAME_LABEL,
     LWS_PLURAL,
     WORKER_INDEX_LABEL,
 )
-from kvledger.operator.resource import API_VERSION, PLURAL
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60),
               pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")]

@@ -8,8 +8,8 @@ import pytest_asyncio
 from operator_harness import eventually, running_operator, service_manifest
 from test_kmock import condition
 
-from kvledger.operator.render_group import LWS_API_VERSION, LWS_PLURAL, LWS_RELEASE
-from kvledger.operator.resource import API_VERSION, PLURAL
+from kvledger.operator.api.resource import API_VERSION, PLURAL
+from kvledger.operator.render.render_group import LWS_API_VERSION, LWS_PLURAL, LWS_RELEASE
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60),
               pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")]

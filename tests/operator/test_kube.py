@@ -7,7 +7,7 @@ import kopf
 import pytest
 from operator_harness import emulated_cluster
 
-from kvledger.operator.kube import KubeApi, KubeError, contains, object_path, removals
+from kvledger.operator.cluster.kube import KubeApi, KubeError, contains, object_path, removals
 
 pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
 

@@ -27,8 +27,8 @@ from operator_harness import (
 
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT
 from kvledger.engine.planner.report import PLAN_LINE_PREFIX, TERMINATION_LOG_MAX_BYTES
-from kvledger.operator.policy import Policy
-from kvledger.operator.resource import API_VERSION, PLURAL
+from kvledger.operator.api.resource import API_VERSION, PLURAL
+from kvledger.operator.render.policy import Policy
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120),
               pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")]

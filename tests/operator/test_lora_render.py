@@ -11,10 +11,10 @@ import pytest
 
 from kvledger.engine.cli import main
 from kvledger.engine.errors import BadInput
-from kvledger.operator.crd import validate_manifest
+from kvledger.operator.api.crd import validate_manifest
+from kvledger.operator.api.spec import parse_spec
 from kvledger.operator.local_run import local_config
-from kvledger.operator.render import render_pod_spec
-from kvledger.operator.spec import parse_spec
+from kvledger.operator.render.render import render_pod_spec
 
 ON_VOLUME = {
     "model": {"path": "/models/llama", "name": "llama",

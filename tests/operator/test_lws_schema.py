@@ -12,8 +12,12 @@ import jsonschema
 import pytest
 import yaml
 
-from kvledger.operator.crd import strict_schema
-from kvledger.operator.render_group import LWS_API_VERSION, LWS_RELEASE, render_leader_worker_set
+from kvledger.operator.api.crd import strict_schema
+from kvledger.operator.render.render_group import (
+    LWS_API_VERSION,
+    LWS_RELEASE,
+    render_leader_worker_set,
+)
 
 CRD = Path(__file__).resolve().parents[1] / "data" / "lws" / \
     "leaderworkerset.x-k8s.io_leaderworkersets.yaml"

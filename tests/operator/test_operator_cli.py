@@ -12,7 +12,7 @@ import sys
 import pytest
 from operator_harness import emulated_cluster, eventually, service_manifest
 
-from kvledger.operator.resource import API_VERSION, PLURAL
+from kvledger.operator.api.resource import API_VERSION, PLURAL
 
 pytestmark = [pytest.mark.timeout(90),
               pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")]

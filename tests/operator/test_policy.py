@@ -1,4 +1,4 @@
-"""What only the cluster admin may choose (operator/policy.py), tried as a resource's author
+"""What only the cluster admin may choose (operator/render/policy.py), tried as a resource's author
 would: each is refused with one line naming the Helm value to change, and the operator
 applies nothing for it (``Ready=False/PolicyDenied``, a Warning event)."""
 
@@ -12,9 +12,9 @@ import pytest_asyncio
 from operator_harness import eventually, running_operator, service_manifest
 
 from kvledger.engine.errors import BadInput
-from kvledger.operator.policy import Policy, PolicyDenied
-from kvledger.operator.resource import API_VERSION, PLURAL
-from kvledger.operator.spec import parse_spec
+from kvledger.operator.api.resource import API_VERSION, PLURAL
+from kvledger.operator.api.spec import parse_spec
+from kvledger.operator.render.policy import Policy, PolicyDenied
 
 IMAGE = "ghcr.io/kvledger/kvledger:0.1.0"
 BASE = {"model": {"path": "/models/m", "volume": {"persistentVolumeClaim": {"claimName": "m"},
@@ -185,8 +185,8 @@ async def test_a_stored_resource_with_env_the_rules_now_refuse_is_refused_by_nam
 def test_the_network_policy_admits_the_namespace_and_the_listed_ones_on_the_port():
     import kubernetes_validate
 
-    from kvledger.operator.policy import render_network_policy
-    from kvledger.operator.render import LABEL
+    from kvledger.operator.render.policy import render_network_policy
+    from kvledger.operator.render.render import LABEL
 
     policy = render_network_policy("llama", "team-a", {**BASE, "port": 9000}, ("monitoring",))
     kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
@@ -259,7 +259,7 @@ def restricted_violations(pod: dict) -> list[str]:
      "env": [{"name": "NCCL_DEBUG", "value": "INFO"}]},
 ], ids=["claim", "hub-tensor-parallel", "api-key"])
 def test_rendered_pods_meet_pod_security_restricted(spec):
-    from kvledger.operator.render import render_deployment
+    from kvledger.operator.render.render import render_deployment
 
     pod = render_deployment("m", "team-a", spec, download_bytes=2**30)["spec"]["template"]["spec"]
     assert restricted_violations(pod) == []

@@ -12,8 +12,9 @@ from test_crd import PLACEMENT
 
 from kvledger.engine.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
-from kvledger.operator.crd import validate_manifest
-from kvledger.operator.render import (
+from kvledger.operator.api.crd import validate_manifest
+from kvledger.operator.api.spec import parse_spec
+from kvledger.operator.render.render import (
     CACHE_DIR,
     GPU_TOLERATION,
     LABEL,
@@ -23,7 +24,6 @@ from kvledger.operator.render import (
     render_deployment,
     render_service,
 )
-from kvledger.operator.spec import parse_spec
 
 SPEC = {
     "model": {"path": "/models/llama", "name": "llama",

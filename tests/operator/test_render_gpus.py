@@ -10,8 +10,8 @@ import pytest
 
 from kvledger.engine.cli import main
 from kvledger.engine.planner.estimates import NCCL_BYTES_PER_RANK
-from kvledger.operator.parallel import shm_size_limit
-from kvledger.operator.render import GPU_RESOURCE, render_pod_spec
+from kvledger.operator.api.parallel import shm_size_limit
+from kvledger.operator.render.render import GPU_RESOURCE, render_pod_spec
 
 
 def _pod(gpus: int, path: str = "/m") -> dict:
@@ -72,8 +72,8 @@ def test_pipeline_stages_split_the_pods_gpus():
     """engine.pipelineParallelSize P: the pod's gpus are P stages of gpus / P ranks each,
     as the pre-flight and the engine are told; a P that does not divide gpus is refused."""
     from kvledger.engine.errors import BadInput
-    from kvledger.operator.render import render_pod_spec
-    from kvledger.operator.spec import parse_spec
+    from kvledger.operator.api.spec import parse_spec
+    from kvledger.operator.render.render import render_pod_spec
 
     raw = {"model": {"path": "/models/m"}, "gpus": 4, "engine": {"pipelineParallelSize": 2}}
     spec = parse_spec(raw)

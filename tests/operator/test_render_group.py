@@ -9,9 +9,10 @@ import re
 import pytest
 
 from kvledger.engine.errors import BadInput
-from kvledger.operator.autoscaling import pod_name_pattern, render_scaling
-from kvledger.operator.render import LABEL, render_deployment
-from kvledger.operator.render_group import (
+from kvledger.operator.api.spec import parse_spec
+from kvledger.operator.render.autoscaling import pod_name_pattern, render_scaling
+from kvledger.operator.render.render import LABEL, render_deployment
+from kvledger.operator.render.render_group import (
     CONTROL_PORT,
     LWS_NAME_LABEL,
     NODE_KEY_ENV,
@@ -24,7 +25,6 @@ from kvledger.operator.render_group import (
     render_workload,
     serving_selector,
 )
-from kvledger.operator.spec import parse_spec
 
 MODEL = {"path": "/models/m", "name": "m"}
 GROUP_FLAGS = ["--nnodes", "2", "--node-rank", "$(LWS_WORKER_INDEX)",

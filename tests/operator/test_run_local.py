@@ -16,8 +16,8 @@ from _server_helpers import free_port
 
 from kvledger.engine.cli import main as kvledger
 from kvledger.engine.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT
+from kvledger.operator.api.spec import local_model_path, parse_spec
 from kvledger.operator.local_run import local_config, serve_argv
-from kvledger.operator.spec import local_model_path, parse_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TINY_EXAMPLES = sorted(p.name for p in EXAMPLES.glob("*.yaml") if "tiny-llama" in p.read_text())
@@ -137,7 +137,7 @@ def test_a_roomy_gpus_0_memory_limit_fits_and_is_the_devices_size(tiny_model, tm
 
 def test_model_path_is_normalised_and_dotdot_is_refused_by_run_and_operator():
     from kvledger.engine.errors import BadInput
-    from kvledger.operator.render import engine_flags
+    from kvledger.operator.render.render import engine_flags
 
     spec = manifest()["spec"]
     spec["model"]["path"] = "/models/./tiny-llama/"

@@ -13,10 +13,10 @@ import pytest
 import pytest_asyncio
 from operator_harness import eventually, running_operator, service_manifest
 
-from kvledger.operator import handlers
+from kvledger.operator.api.resource import API_VERSION, PLURAL
+from kvledger.operator.controller import handlers
 from kvledger.operator.main import operator_memo
-from kvledger.operator.render import LABEL
-from kvledger.operator.resource import API_VERSION, PLURAL
+from kvledger.operator.render.render import LABEL
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60),
               pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")]

@@ -14,13 +14,13 @@ from kvledger.engine.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.config_values import MEMORY, WORKLOAD
 from kvledger.engine.errors import BadInput
 from kvledger.engine.settings import POSITIVE_INT, SIZE, Crd, Kind, setting
-from kvledger.operator.crd_schema import (
+from kvledger.operator.api.crd_schema import (
     KIND_SCHEMAS,
     SIZE_PATTERN,
     SPEC_SCHEMA,
     setting_properties,
 )
-from kvledger.operator.spec import spec_settings
+from kvledger.operator.api.spec import spec_settings
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import pytest
 from kvledger.engine.cli import main as kvledger
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT
 from kvledger.engine.planner.report import PLAN_LINE_PREFIX, format_size
-from kvledger.operator.status import (
+from kvledger.operator.controller.status import (
     NO_FIGURES,
     compute_status,
     plan_status,

@@ -28,7 +28,7 @@ from webhook_harness import (
     webhook_operator,
 )
 
-from kvledger.operator import certs
+from kvledger.operator.cluster import certs
 
 H100 = {"nvidia.com/gpu.memory": "81559", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
         "nvidia.com/gpu.count": "1"}

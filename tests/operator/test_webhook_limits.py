@@ -26,8 +26,8 @@ from hostile_clients import (
 from operator_harness import emulated_cluster
 from webhook_harness import admission_review, webhook_operator
 
-from kvledger.operator import admission_review as contract
-from kvledger.operator.webhook_server import (
+from kvledger.operator.webhook import admission_review as contract
+from kvledger.operator.webhook.webhook_server import (
     BODY_TIMEOUT_S,
     HANDSHAKE_TIMEOUT_S,
     HEADER_TIMEOUT_S,

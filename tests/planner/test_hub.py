@@ -21,7 +21,7 @@ from hub_server import HubServer, closed_port_url
 from kvledger.engine.checkpoint.hub.repo import HubModel, download_bytes, is_hub_uri, parse_uri
 from kvledger.engine.config_flags import config_from_args
 from kvledger.engine.errors import BadInput
-from kvledger.operator.crd import validate_manifest
+from kvledger.operator.api.crd import validate_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from kvledger.engine.checkpoint.read_limits import MAX_MODEL_BYTES, MAX_TENSORS, ReadLimits
-from kvledger.operator.hub_models import OPERATOR_LIMITS
+from kvledger.operator.cluster.hub_models import OPERATOR_LIMITS
 
 MiB = 2**20
 ELEMENT_BYTES = {"BF16": 2, "F8_E4M3": 1, "F32": 4}

@@ -13,7 +13,7 @@ SCHEME = "hf://"
 DEFAULT_REVISION = "main"
 
 _NAME = r"[A-Za-z0-9_.-]{1,96}"
-# The uri grammar; the CRD's pattern is built from it (operator/crd_schema.py). parse_uri
+# The uri grammar; the CRD's pattern is built from it (operator/api/crd_schema.py). parse_uri
 # checks what a regex without look-ahead cannot: no leading or trailing '.'/'-', no '..'
 # or '--' in a name, a revision's shape; on a cluster those come back as InvalidSpec.
 HUB_URI_RE = re.compile(rf"hf://(?P<repo>{_NAME}/{_NAME})(?:@(?P<rev>[^@]*))?")

@@ -4,7 +4,7 @@ The CRD is built from Python (its spec schema: ``crd_schema.py``, with the rules
 ``spec_rules.py``), and both YAML copies, ``crds/inferenceservice.yaml`` and the chart's
 ``charts/kvledger/crds/inferenceservice.yaml``, are generated from it by one command:
 
-    make crd        # python -m kvledger.operator.crd --write
+    make crd        # python -m kvledger.operator.api.crd --write
 
 ``--check`` names a stale copy (exit 1); no option prints the YAML.
 """
@@ -22,8 +22,8 @@ import yaml
 
 from kvledger.engine.checkpoint.hub.uri import parse_uri
 from kvledger.engine.errors import BadInput
-from kvledger.operator.crd_schema import SPEC_SCHEMA
-from kvledger.operator.resource import (
+from kvledger.operator.api.crd_schema import SPEC_SCHEMA
+from kvledger.operator.api.resource import (
     API_VERSION,
     GROUP,
     KIND,
@@ -32,7 +32,7 @@ from kvledger.operator.resource import (
     SINGULAR,
     VERSION,
 )
-from kvledger.operator.spec_rules import BARE_HUB_ID
+from kvledger.operator.api.spec_rules import BARE_HUB_ID
 
 # The generated copies, from the repository's root.
 CRD_FILES = ("crds/inferenceservice.yaml", "charts/kvledger/crds/inferenceservice.yaml")
@@ -152,7 +152,7 @@ class _NoAliases(yaml.SafeDumper):
 
 
 def crd_yaml() -> str:
-    header = ("# Generated from operator/crd.py, crd_schema.py and spec_rules.py: do not edit;\n"
+    header = ("# Generated from operator/api/crd.py, crd_schema.py and spec_rules.py: do not edit;\n"
               "# regenerate both copies with: make crd\n")
     return header + yaml.dump(crd_manifest(), Dumper=_NoAliases, sort_keys=False, width=100)
 
@@ -241,7 +241,7 @@ def _short(error: jsonschema.ValidationError) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvledger.operator.crd",
+    parser = argparse.ArgumentParser(prog="python -m kvledger.operator.api.crd",
                                      description="Print the InferenceService CRD's YAML.")
     parser.add_argument("--root", type=Path, default=Path.cwd(), metavar="DIR",
                         help="the repository's root (default: the current directory)")

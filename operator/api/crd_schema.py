@@ -18,9 +18,9 @@ from kvledger.engine.config import EngineConfig
 from kvledger.engine.lora_config import LORA_NAME_RE
 from kvledger.engine.settings import SIZE_RE, Setting, settings_of
 from kvledger.engine.vllm_flags import PARSERS
-from kvledger.operator.crd_pod import PLACEMENT
-from kvledger.operator.quantity import TARGET_PATTERN
-from kvledger.operator.resource import (
+from kvledger.operator.api.crd_pod import PLACEMENT
+from kvledger.operator.api.quantity import TARGET_PATTERN
+from kvledger.operator.api.resource import (
     AUTOSCALING_METRICS,
     AUTOSCALING_PROVIDERS,
     DEFAULT_GPUS,
@@ -32,7 +32,7 @@ from kvledger.operator.resource import (
     DEFAULT_SHUTDOWN_GRACE_S,
     MAX_NODES,
 )
-from kvledger.operator.spec_rules import ruled
+from kvledger.operator.api.spec_rules import ruled
 
 
 def crd_pattern(owner: re.Pattern[str]) -> str:

@@ -23,9 +23,9 @@ from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.lora_config import LoraModule
 from kvledger.engine.settings import parse_size, settings_of
-from kvledger.operator.parallel import tensor_parallel_size
-from kvledger.operator.quantity import quantity_bytes, target_value
-from kvledger.operator.resource import (
+from kvledger.operator.api.parallel import tensor_parallel_size
+from kvledger.operator.api.quantity import quantity_bytes, target_value
+from kvledger.operator.api.resource import (
     AUTOSCALING_METRICS,
     AUTOSCALING_PROVIDERS,
     DEFAULT_GPUS,
@@ -40,7 +40,7 @@ from kvledger.operator.resource import (
     DEFAULT_TARGETS,
     TENANTS_FILE,
 )
-from kvledger.operator.spec_rules import check_rules
+from kvledger.operator.api.spec_rules import check_rules
 
 # The pod's fields the spec passes through as Kubernetes writes them.
 POD_FIELDS = ("nodeSelector", "affinity", "priorityClassName", "runtimeClassName",

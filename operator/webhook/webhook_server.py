@@ -42,8 +42,8 @@ from aiohttp import web
 
 from kvledger.engine import json_text
 from kvledger.engine.slow_clients import CappedSite, limited_runner
-from kvledger.operator import admission_review
-from kvledger.operator.admission_review import NotAReview
+from kvledger.operator.webhook import admission_review
+from kvledger.operator.webhook.admission_review import NotAReview
 
 MAX_CONNECTIONS = 256
 HANDSHAKE_TIMEOUT_S = 5.0

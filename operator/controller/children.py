@@ -20,17 +20,17 @@ from typing import Any
 import kopf
 
 from kvledger.engine.errors import BadInput
-from kvledger.operator import autoscaling, render_group
-from kvledger.operator.kube import KubeApi, KubeError, object_path
-from kvledger.operator.policy import render_network_policy
-from kvledger.operator.render_group import (
+from kvledger.operator.api.resource import API_VERSION, PLURAL
+from kvledger.operator.api.spec import ServiceSpec, parse_spec
+from kvledger.operator.cluster.kube import KubeApi, KubeError, object_path
+from kvledger.operator.render import autoscaling, render_group
+from kvledger.operator.render.policy import render_network_policy
+from kvledger.operator.render.render_group import (
     DEPLOYMENTS,
     LEADER_WORKER_SETS,
     LWS_API_VERSION,
     LWS_RELEASE,
 )
-from kvledger.operator.resource import API_VERSION, PLURAL
-from kvledger.operator.spec import ServiceSpec, parse_spec
 
 # Every child, in the order they go when the resource does (the key Secret goes with its
 # owner through the garbage collector: the operator has no right to delete Secrets).
@@ -166,7 +166,7 @@ async def download_size(memo: kopf.Memo, spec: ServiceSpec,
     known = status.get("model") or {}
     if known.get("uri") == uri and isinstance(known.get("downloadBytes"), int):
         return {"uri": uri, "downloadBytes": known["downloadBytes"]}
-    from kvledger.operator.hub_models import HubUnavailable
+    from kvledger.operator.cluster.hub_models import HubUnavailable
 
     try:
         size = await memo.hub_models.download_bytes(uri, memo.policy.hub_endpoint(spec))

@@ -40,8 +40,12 @@ import kopf
 import yaml
 
 from kvledger.engine.errors import BadInput
-from kvledger.operator import autoscaling, render, render_group, status
-from kvledger.operator.children import (
+from kvledger.operator.api.resource import API_VERSION, DEFAULT_PORT, GROUP, PLURAL, VERSION
+from kvledger.operator.api.spec import ServiceSpec, parse_spec
+from kvledger.operator.cluster.hub_models import HubModels
+from kvledger.operator.cluster.kube import KubeApi, KubeError, contains, object_path
+from kvledger.operator.controller import status
+from kvledger.operator.controller.children import (
     CHILDREN,
     LeaderWorkerSetMissing,
     ModelUnavailable,
@@ -49,11 +53,8 @@ from kvledger.operator.children import (
     lws_missing,
     lws_served,
 )
-from kvledger.operator.hub_models import HubModels
-from kvledger.operator.kube import KubeApi, KubeError, contains, object_path
-from kvledger.operator.policy import Policy, PolicyDenied
-from kvledger.operator.resource import API_VERSION, DEFAULT_PORT, GROUP, PLURAL, VERSION
-from kvledger.operator.spec import ServiceSpec, parse_spec
+from kvledger.operator.render import autoscaling, render, render_group
+from kvledger.operator.render.policy import Policy, PolicyDenied
 
 ISVC = (GROUP, VERSION, PLURAL)
 RECONCILE_INTERVAL_S = 60.0

@@ -22,9 +22,9 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from kvledger.operator.render import labels, selector_labels
-from kvledger.operator.resource import API_VERSION, KIND
-from kvledger.operator.spec import Autoscaling, ServiceSpec, as_spec
+from kvledger.operator.api.resource import API_VERSION, KIND
+from kvledger.operator.api.spec import Autoscaling, ServiceSpec, as_spec
+from kvledger.operator.render.render import labels, selector_labels
 
 # Where KEDA queries Prometheus unless spec.autoscaling.prometheus.serverAddress says:
 # the operator's --prometheus-url (env KVLEDGER_PROMETHEUS_URL), by default the Service

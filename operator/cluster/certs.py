@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from kvledger.operator.kube import KubeApi, KubeError, object_path
+from kvledger.operator.cluster.kube import KubeApi, KubeError, object_path
 
 VALID_FOR = datetime.timedelta(days=365)
 RENEW_BEFORE = datetime.timedelta(days=30)

@@ -31,8 +31,9 @@ import base64
 import copy
 from typing import Any
 
-from kvledger.operator.policy import render_network_policy
-from kvledger.operator.render import (
+from kvledger.operator.api.spec import ServiceSpec, as_spec
+from kvledger.operator.render.policy import render_network_policy
+from kvledger.operator.render.render import (
     DEFAULT_IMAGE,
     LABEL,
     labels,
@@ -42,7 +43,6 @@ from kvledger.operator.render import (
     render_service,
     selector_labels,
 )
-from kvledger.operator.spec import ServiceSpec, as_spec
 
 LWS_GROUP = "leaderworkerset.x-k8s.io"
 LWS_API_VERSION = f"{LWS_GROUP}/v1"

@@ -47,14 +47,14 @@ from kvledger.engine.config_flags import config_from_args
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.planner.record import Plan
-from kvledger.operator import fit, inventory
-from kvledger.operator.hub_models import Headers, HubModels, HubUnavailable
-from kvledger.operator.policy import PolicyDenied
-from kvledger.operator.render import engine_flags
-from kvledger.operator.resource import GROUP, PLURAL, VERSION
-from kvledger.operator.spec import ServiceSpec, parse_spec
-from kvledger.operator.webhook_server import ANSWER_BY, WebhookServer, answer_margin_s
-from kvledger.operator.workers import Busy, Workers
+from kvledger.operator.api.resource import GROUP, PLURAL, VERSION
+from kvledger.operator.api.spec import ServiceSpec, parse_spec
+from kvledger.operator.cluster.hub_models import Headers, HubModels, HubUnavailable
+from kvledger.operator.cluster.workers import Busy, Workers
+from kvledger.operator.render.policy import PolicyDenied
+from kvledger.operator.render.render import engine_flags
+from kvledger.operator.webhook import fit, inventory
+from kvledger.operator.webhook.webhook_server import ANSWER_BY, WebhookServer, answer_margin_s
 
 WEBHOOK_ID = "validate"  # the path the server answers: the chart's clientConfig path
 INDEX = "gpu_nodes"

@@ -34,9 +34,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvledger.engine.errors import BadInput
-from kvledger.operator.render import labels, selector_labels
-from kvledger.operator.resource import DEFAULT_HUB_ENDPOINT
-from kvledger.operator.spec import ServiceSpec, as_spec
+from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT
+from kvledger.operator.api.spec import ServiceSpec, as_spec
+from kvledger.operator.render.render import labels, selector_labels
 
 POLICY_ENV = "KVLEDGER_POLICY"  # the operator's: the chart writes policy and hub values there
 CONTROL_PLANE_KEYS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvledger.engine.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT
 from kvledger.engine.planner.report import PLAN_LINE_PREFIX, format_size, read_plan_line
-from kvledger.operator.spec import ServiceSpec, as_spec
+from kvledger.operator.api.spec import ServiceSpec, as_spec
 
 MEMORY_BUDGET = "MemoryBudget"
 READY = "Ready"

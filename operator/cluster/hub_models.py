@@ -47,7 +47,7 @@ from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.checkpoint.read_limits import MiB, OverLimit, ReadLimits
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.plan import read_checkpoint
-from kvledger.operator.workers import Busy, Workers
+from kvledger.operator.cluster.workers import Busy, Workers
 
 OPERATOR_LIMITS = ReadLimits(model_bytes=16 * MiB, tensors=65_536, whose="the operator")
 HUB_THREADS = 4

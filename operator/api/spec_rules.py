@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvledger.engine.errors import BadInput
-from kvledger.operator.env_policy import (
+from kvledger.operator.api.env_policy import (
     ALLOWED_ENV,
     ENV_CEL,
     ENV_FROM_SOURCE_CEL,
@@ -28,9 +28,9 @@ from kvledger.operator.env_policy import (
     env_from_source,
     env_subject,
 )
-from kvledger.operator.parallel import MAX_GPUS
-from kvledger.operator.quantity import target_value
-from kvledger.operator.resource import (
+from kvledger.operator.api.parallel import MAX_GPUS
+from kvledger.operator.api.quantity import target_value
+from kvledger.operator.api.resource import (
     AUTOSCALING_METRICS,
     DEFAULT_GPUS,
     DEFAULT_MOUNT_PATH,

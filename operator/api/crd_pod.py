@@ -3,7 +3,7 @@ and environment, passed to the pod template as Kubernetes names them."""
 
 from __future__ import annotations
 
-from kvledger.operator.spec_rules import ruled
+from kvledger.operator.api.spec_rules import ruled
 
 # What is simple is typed; what Kubernetes' own schema makes huge (affinity terms, an env
 # var's valueFrom) keeps its unknown fields, and the API server checks it in the pod.

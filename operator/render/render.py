@@ -17,9 +17,9 @@ import copy
 from importlib.metadata import version
 from typing import Any
 
-from kvledger.operator.parallel import shm_mount, shm_volume
-from kvledger.operator.resource import DEFAULT_HUB_ENDPOINT, TENANTS_DIR
-from kvledger.operator.spec import ServiceSpec, as_spec, hub_adapters
+from kvledger.operator.api.parallel import shm_mount, shm_volume
+from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT, TENANTS_DIR
+from kvledger.operator.api.spec import ServiceSpec, as_spec, hub_adapters
 
 LABEL = "kvledger.dev/inferenceservice"
 GPU_RESOURCE = "nvidia.com/gpu"

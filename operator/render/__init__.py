@@ -1,0 +1,3 @@
+"""Pure renderers: a ``ServiceSpec`` becomes the objects the cluster runs (render: the
+Deployment, Service, pod; render_group: LeaderWorkerSet groups; autoscaling: HPA and
+KEDA), under what only a cluster admin may choose (policy). No I/O."""
