@@ -134,9 +134,10 @@ async def eventually(check: Callable[[], Any | Awaitable[Any]], *, timeout_s: fl
 
 
 @contextlib.asynccontextmanager
-async def emulated_cluster(lws: bool = True) -> AsyncIterator[Cluster]:
-    """The emulator on a local port, the CRD, KEDA's ScaledObject and (``lws``)
-    LeaderWorkerSet declared, and ``Cluster.kubeconfig`` for it.
+async def emulated_cluster(lws: bool = True, pool: bool = False) -> AsyncIterator[Cluster]:
+    """The emulator on a local port, the CRD, KEDA's ScaledObject, (``lws``)
+    LeaderWorkerSet and (``pool``) GAIE's InferencePool declared, and ``Cluster.kubeconfig``
+    for it.
 
     kmock merges a subresource's patch into the object, so a patch of ``scale`` with a
     Scale's body (``{"spec": {"replicas": N}}``) writes ``spec.replicas`` as the API
@@ -154,6 +155,10 @@ async def emulated_cluster(lws: bool = True) -> AsyncIterator[Cluster]:
         emulator.resources["leaderworkerset.x-k8s.io/v1/leaderworkersets"] = kmock.ResourceInfo(
             namespaced=True, kind="LeaderWorkerSet", singular="leaderworkerset",
             shortnames={"lws"}, verbs=verbs, subresources={"status", "scale"})
+    if pool:
+        emulator.resources["inference.networking.k8s.io/v1/inferencepools"] = kmock.ResourceInfo(
+            namespaced=True, kind="InferencePool", singular="inferencepool", shortnames=set(),
+            verbs=verbs, subresources={"status"})
     async with emulator, kmock.Server(emulator) as server:
         url = str(server.url).rstrip("/")
         with tempfile.TemporaryDirectory() as tmp:
@@ -176,13 +181,14 @@ async def emulated_cluster(lws: bool = True) -> AsyncIterator[Cluster]:
 
 @contextlib.asynccontextmanager
 async def running_operator(default_image: str = "kvledger:test", policy=None,
-                           lws: bool = True) -> AsyncIterator[Cluster]:
+                           lws: bool = True, pool: bool = False) -> AsyncIterator[Cluster]:
     """The emulator and the real operator in this event loop (login via KUBECONFIG), under
     ``policy`` (an ``operator.policy.Policy``; the Helm chart's defaults when None), on a
-    cluster that serves LeaderWorkerSet or (``lws`` False) not."""
+    cluster that serves LeaderWorkerSet or (``lws`` False) not, and InferencePool
+    (``pool``) or not."""
     from kvledger.operator.controller import handlers  # noqa: F401  (registers the handlers)
 
-    async with emulated_cluster(lws) as cluster:
+    async with emulated_cluster(lws, pool) as cluster:
         saved = os.environ.get("KUBECONFIG")
         os.environ["KUBECONFIG"] = cluster.kubeconfig
         stop, ready = asyncio.Event(), asyncio.Event()

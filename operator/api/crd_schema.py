@@ -27,10 +27,12 @@ from kvledger.operator.api.resource import (
     DEFAULT_MIN_REPLICAS,
     DEFAULT_MOUNT_PATH,
     DEFAULT_NODES,
+    DEFAULT_PICKER_FAILURE_MODE,
     DEFAULT_PORT,
     DEFAULT_REPLICAS,
     DEFAULT_SHUTDOWN_GRACE_S,
     MAX_NODES,
+    PICKER_FAILURE_MODES,
 )
 from kvledger.operator.api.spec_rules import ruled
 
@@ -226,6 +228,32 @@ _AUTOSCALING = ruled({
     },
 }, "autoscaling")
 
+_INFERENCE_POOL = {
+    "type": "object",
+    "description": "serve behind the Gateway API Inference Extension: the operator renders "
+                   "an InferencePool (inference.networking.k8s.io/v1) of the serving pods "
+                   "(a group's leaders), which an HTTPRoute names as its backend; needs the "
+                   "InferencePool CRD installed",
+    "properties": {
+        "endpointPicker": {
+            "type": "object", "required": ["name"],
+            "description": "the Endpoint Picker's Service in this namespace (default: the "
+                           "operator's Helm value gateway.endpointPicker)",
+            "properties": {
+                "name": {"type": "string", "minLength": 1, "maxLength": 63,
+                         "pattern": r"^[a-z]([-a-z0-9]*[a-z0-9])?$"},
+                "port": _int(1, "its ext-proc port (default: the Helm value's, 9002)",
+                             maximum=65535),
+                "failureMode": {"type": "string", "enum": list(PICKER_FAILURE_MODES),
+                                "default": DEFAULT_PICKER_FAILURE_MODE,
+                                "description": "when the picker does not answer: FailClose "
+                                               "refuses the request, FailOpen routes it "
+                                               "anyway"},
+            },
+        },
+    },
+}
+
 SPEC_SCHEMA = ruled({
     "type": "object",
     "required": ["model"],
@@ -304,5 +332,6 @@ SPEC_SCHEMA = ruled({
                            "(--allow-runtime-lora-updating; needs apiKeySecretRef)"},
         **PLACEMENT,
         "autoscaling": _AUTOSCALING,
+        "inferencePool": _INFERENCE_POOL,
     },
 }, "")

@@ -37,6 +37,11 @@ TENANTS_FILE = f"{TENANTS_DIR}/tenants.yaml"
 # names another.
 DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
 
+# spec.inferencePool: the Gateway API Inference Extension's pool (render/gateway.py).
+PICKER_FAILURE_MODES = ("FailClose", "FailOpen")
+DEFAULT_PICKER_FAILURE_MODE = "FailClose"
+DEFAULT_PICKER_PORT = 9002  # the Endpoint Picker's ext-proc port in GAIE's own chart
+
 # Autoscaling: what the HPA or KEDA scales the InferenceService on (autoscaling.py names
 # the Prometheus series), and who does it; the first of each is the default.
 AUTOSCALING_METRICS = ("kvReservedRatio", "requestsWaiting", "rejectionRate")

@@ -34,6 +34,7 @@ from kvledger.operator.api.resource import (
     DEFAULT_MIN_REPLICAS,
     DEFAULT_MOUNT_PATH,
     DEFAULT_NODES,
+    DEFAULT_PICKER_FAILURE_MODE,
     DEFAULT_PORT,
     DEFAULT_REPLICAS,
     DEFAULT_SHUTDOWN_GRACE_S,
@@ -89,6 +90,17 @@ class Autoscaling:
 
 
 @dataclass(frozen=True)
+class InferencePool:
+    """``spec.inferencePool``: serve behind the Gateway API Inference Extension. The
+    operator renders an InferencePool of the serving pods, whose picker (a Service of the
+    same namespace) is ``picker`` on ``picker_port``, else the admin's default."""
+
+    picker: str | None = None  # the Endpoint Picker's Service; None: the chart's default
+    picker_port: int | None = None  # its ext-proc port; None: the chart's default (9002)
+    failure_mode: str = DEFAULT_PICKER_FAILURE_MODE
+
+
+@dataclass(frozen=True)
 class ServiceSpec:
     """A spec that can work, its defaults taken. The pod's own objects (resources,
     placement, env) are Kubernetes', copied as written; renderers copy them again."""
@@ -119,6 +131,7 @@ class ServiceSpec:
     max_queue_length_per_tenant: int | None = None  # None: serve's default
     tenant_fairness: bool = serve_defaults.TENANT_FAIRNESS
     allow_runtime_lora_updating: bool = False
+    inference_pool: InferencePool | None = None  # None: a plain Service only
 
     def serving_flags(self) -> list[str]:
         """``serve``'s own flags (the pod's and ``kvledger run``'s): the SIGTERM drain, the
@@ -185,6 +198,7 @@ def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
         max_queue_length_per_tenant=raw.get("maxQueueLengthPerTenant"),
         tenant_fairness=raw.get("tenantFairness", serve_defaults.TENANT_FAIRNESS),
         allow_runtime_lora_updating=bool(raw.get("allowRuntimeLoraUpdating")),
+        inference_pool=_inference_pool(raw.get("inferencePool")),
     )
 
 
@@ -312,6 +326,15 @@ def _autoscaling(scaling: Mapping[str, Any] | None) -> Autoscaling | None:
                        target=target_value(scaling.get("target", DEFAULT_TARGETS[metric])),
                        provider=provider,
                        server_address=(scaling.get("prometheus") or {}).get("serverAddress"))
+
+
+def _inference_pool(pool: Mapping[str, Any] | None) -> InferencePool | None:
+    """``spec.inferencePool`` with the CRD's defaults, or None without it."""
+    if pool is None:
+        return None
+    picker = pool.get("endpointPicker") or {}
+    return InferencePool(picker=picker.get("name"), picker_port=picker.get("port"),
+                         failure_mode=picker.get("failureMode", DEFAULT_PICKER_FAILURE_MODE))
 
 
 def local_model_path(spec: ServiceSpec | Mapping[str, Any]) -> str:

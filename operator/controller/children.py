@@ -4,7 +4,8 @@ The pods' owner is a Deployment, or with ``spec.nodes`` above 1 a LeaderWorkerSe
 (``render_group``), and the other kind is deleted, so changing ``nodes`` swaps them. A
 LeaderWorkerSet needs the cluster to serve ``leaderworkerset.x-k8s.io/v1``; where it does
 not, nothing is applied or deleted (a Deployment still serves) and ``LeaderWorkerSetMissing``
-says what to install. A group's control-channel key is a Secret the operator creates and
+says what to install; so does ``InferencePoolMissing`` for a ``spec.inferencePool`` on a
+cluster that does not serve ``inference.networking.k8s.io/v1``. A group's control-channel key is a Secret the operator creates and
 never reads back (it may create Secrets, never read them), under a name the API server
 generates in that very create and that ``status.nodeKeySecret`` keeps: a fixed name could
 be taken first by anyone who may create Secrets in the namespace, with a key of their own,
@@ -23,7 +24,7 @@ from kvledger.engine.errors import BadInput
 from kvledger.operator.api.resource import API_VERSION, PLURAL
 from kvledger.operator.api.spec import ServiceSpec, parse_spec
 from kvledger.operator.cluster.kube import KubeApi, KubeError, object_path
-from kvledger.operator.render import autoscaling, render_group
+from kvledger.operator.render import autoscaling, gateway, render_group
 from kvledger.operator.render.policy import render_network_policy
 from kvledger.operator.render.render_group import (
     DEPLOYMENTS,
@@ -36,7 +37,7 @@ from kvledger.operator.render.render_group import (
 # owner through the garbage collector: the operator has no right to delete Secrets).
 NETWORK_POLICY = ("networking.k8s.io/v1", "networkpolicies")
 CHILDREN = (DEPLOYMENTS, LEADER_WORKER_SETS, ("v1", "services"), *autoscaling.OPTIONAL_CHILDREN,
-            NETWORK_POLICY)
+            NETWORK_POLICY, gateway.INFERENCE_POOLS)
 LWS_INSTALL = (f"kubectl apply --server-side -f https://github.com/kubernetes-sigs/lws/"
                f"releases/download/{LWS_RELEASE}/manifests.yaml")
 
@@ -47,6 +48,22 @@ class ModelUnavailable(Exception):
 
 class LeaderWorkerSetMissing(Exception):
     """``spec.nodes`` above 1 on a cluster that does not serve LeaderWorkerSet (one line)."""
+
+
+class InferencePoolMissing(Exception):
+    """``spec.inferencePool`` on a cluster that does not serve InferencePool (one line)."""
+
+
+async def pool_served(kube: KubeApi) -> bool:
+    """Whether the API server serves ``inference.networking.k8s.io/v1`` (its discovery)."""
+    return await kube.get(f"/apis/{gateway.POOL_API_VERSION}") is not None
+
+
+def pool_missing() -> str:
+    return (f"spec.inferencePool needs the InferencePool CRD ({gateway.POOL_API_VERSION}), "
+            f"which this cluster does not serve: install the Gateway API Inference Extension "
+            f"(release {gateway.GAIE_RELEASE}: {gateway.GAIE_INSTALL}); the operator applies "
+            f"the pool within a minute")
 
 
 async def lws_served(kube: KubeApi) -> bool:
@@ -72,7 +89,8 @@ async def apply_children(memo: kopf.Memo, name: str, namespace: str) -> dict[str
     replicas never step back to a count the autoscaler already replaced.
 
     Raises BadInput if the spec can never work, ModelUnavailable if the hub model's size
-    cannot be had now, LeaderWorkerSetMissing, KubeError if the API server fails.
+    cannot be had now, LeaderWorkerSetMissing, InferencePoolMissing, KubeError if the API
+    server fails.
     """
     lock = memo.apply_locks.setdefault((namespace, name), asyncio.Lock())
     async with lock:
@@ -84,6 +102,8 @@ async def apply_children(memo: kopf.Memo, name: str, namespace: str) -> dict[str
         memo.policy.check(spec, memo.default_image)  # PolicyDenied: nothing is applied
         if spec.nodes > 1 and not await lws_served(memo.kube):
             raise LeaderWorkerSetMissing(lws_missing(spec))
+        if spec.inference_pool is not None and not await pool_served(memo.kube):
+            raise InferencePoolMissing(pool_missing())
         model = await download_size(memo, spec, owner.get("status") or {})
         await _apply(memo, name, namespace, spec, kopf.Body(owner),
                      model.get("downloadBytes") if model else None)
@@ -101,6 +121,10 @@ async def _apply(memo: kopf.Memo, name: str, namespace: str, spec: ServiceSpec,
     optional = autoscaling.render_scaling(name, namespace, spec,
                                           prometheus_url=memo.prometheus_url)
     optional[NETWORK_POLICY] = network_policy(name, namespace, spec, memo.policy.network_policy)
+    pool = gateway.render_inference_pool(name, namespace, spec, memo.policy.picker,
+                                         memo.policy.picker_port)
+    if pool is not None or await pool_served(kube):  # no pool to delete where none is served
+        optional[gateway.INFERENCE_POOLS] = pool
     service = render_group.render_serving_service(name, namespace, spec)
     wanted = [body for body in (workload, service, *optional.values()) if body is not None]
     kopf.adopt(wanted, owner=owner)

@@ -23,7 +23,8 @@ IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
 WARNING_REASONS = {"DoesNotFit", "PreflightBadInput", "PreflightFailed", "InvalidSpec",
                    "PolicyDenied",
                    "OOMKilled", "EngineCrashLoop", "ImagePullFailed", "Unschedulable",
-                   "FetchFailed", "ModelUnavailable", "LeaderWorkerSetMissing"}
+                   "FetchFailed", "ModelUnavailable", "LeaderWorkerSetMissing",
+                   "InferencePoolMissing"}
 NO_FIGURES = (f"(no plan figures: the pre-flight's message has no {PLAN_LINE_PREFIX.strip()} "
               "line; is its image older than the operator's?)")
 
@@ -187,7 +188,8 @@ def compute_status(*, spec: ServiceSpec | dict[str, Any] | None, generation: int
 
     A multi-node service also shows ``group_pods`` (``status.pods``: ``group_pod_status``),
     and ``blocked`` (reason, message) is what keeps it from being applied at all
-    (``LeaderWorkerSetMissing``): ``Ready=False`` with it, whatever pods there are.
+    (``LeaderWorkerSetMissing``; ``InferencePoolMissing`` for any service behind a pool):
+    ``Ready=False`` with it, whatever pods there are.
     """
     conditions = list(old.get("conditions") or [])
     status: dict[str, Any] = {"endpoint": endpoint, "replicas": replicas}

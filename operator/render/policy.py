@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvledger.engine.errors import BadInput
-from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT
+from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT, DEFAULT_PICKER_PORT
 from kvledger.operator.api.spec import ServiceSpec, as_spec
 from kvledger.operator.render.render import labels, selector_labels
 
@@ -55,6 +55,10 @@ class Policy:
     hub_endpoints: tuple[str, ...] = (DEFAULT_HUB_ENDPOINT,)
     # None: no NetworkPolicy; else the namespaces, besides the service's own, admitted.
     network_policy: tuple[str, ...] | None = None
+    # The Endpoint Picker an InferencePool names when its spec names none (Helm value
+    # gateway.endpointPicker: a Service each namespace runs, and its port).
+    picker: str | None = None
+    picker_port: int = DEFAULT_PICKER_PORT
 
     @classmethod
     def from_json(cls, text: str | None) -> Policy:
@@ -69,7 +73,7 @@ class Policy:
         if not isinstance(raw, dict):
             raise BadInput("KVLEDGER_POLICY must be a JSON object")
         unknown = sorted(set(raw) - {"images", "hostPaths", "priorityClasses", "controlPlane",
-                                     "hubEndpoints", "networkPolicy"})
+                                     "hubEndpoints", "networkPolicy", "gateway"})
         if unknown:
             raise BadInput(f"KVLEDGER_POLICY: unknown key {unknown[0]!r}")
         endpoints = _strings(raw, "hubEndpoints", (DEFAULT_HUB_ENDPOINT,))
@@ -87,16 +91,24 @@ class Policy:
         if not isinstance(network, dict) or not isinstance(network.get("enabled", False), bool):
             raise BadInput("KVLEDGER_POLICY: networkPolicy must be {enabled: true|false, "
                            "allowNamespaces: [...]}")
+        picker = (raw.get("gateway") or {}).get("endpointPicker") or {}
+        name, port = picker.get("name") or None, picker.get("port", DEFAULT_PICKER_PORT)
+        if (name is not None and not isinstance(name, str)) or not isinstance(port, int) \
+                or not 0 < port < 65536:
+            raise BadInput("KVLEDGER_POLICY: gateway.endpointPicker must be {name: SERVICE, "
+                           "port: 1-65535}")
         return cls(images=_strings(raw, "images", ()),
                    host_paths=tuple(posixpath.normpath(p) for p in host_paths),
                    priority_classes=_strings(raw, "priorityClasses", ()),
                    control_plane=control_plane,
                    hub_endpoints=tuple(e.rstrip("/") for e in endpoints),
                    network_policy=_strings(network, "allowNamespaces", ())
-                   if network.get("enabled") else None)
+                   if network.get("enabled") else None,
+                   picker=name, picker_port=port)
 
     def check(self, spec: ServiceSpec, default_image: str) -> None:
-        """PolicyDenied for the first thing ``spec`` asks that this policy does not allow."""
+        """PolicyDenied for the first thing ``spec`` asks that this policy does not allow;
+        BadInput for an InferencePool whose picker neither the spec nor the admin names."""
         if spec.image is not None and not _image_allowed(spec.image,
                                                          (*self.images, _repository(default_image))):
             raise PolicyDenied(f"spec.image {spec.image} is not allowed: images are the "
@@ -129,6 +141,10 @@ class Policy:
             if spec.model.token_secret is not None and urlsplit(endpoint).scheme != "https":
                 raise PolicyDenied(f"spec.model.endpoint {endpoint}: a token "
                                    "(spec.model.tokenSecretRef) is sent over https only")
+        if spec.inference_pool is not None and not (spec.inference_pool.picker or self.picker):
+            raise BadInput("spec.inferencePool needs its Endpoint Picker: set "
+                           "spec.inferencePool.endpointPicker.name (a Service in this "
+                           "namespace), or the operator's Helm value gateway.endpointPicker.name")
 
     def hub_endpoint(self, spec: ServiceSpec) -> str:
         """The hub endpoint the pods talk to: the spec's (allowed by ``check``), else the

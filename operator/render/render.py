@@ -322,10 +322,18 @@ def render_deployment(name: str, namespace: str, spec: ServiceSpec | dict[str, A
     }
 
 
-def pod_template_metadata(name: str, spec: ServiceSpec) -> dict[str, Any]:
+# The label llm-d's charts and tools select model-server pods by (with spec.inferencePool).
+INFERENCE_SERVING_LABEL = "llm-d.ai/inference-serving"
+
+
+def pod_template_metadata(name: str, spec: ServiceSpec, *, serving: bool = True) -> dict[str, Any]:
     """A pod template's labels and annotations: ``podLabels`` under the operator's labels,
-    which win (the selector and the Service depend on them), and ``podAnnotations``."""
+    which win (the selector and the Service depend on them), and ``podAnnotations``. A
+    ``serving`` pod (one that answers HTTP) behind an InferencePool also carries
+    ``INFERENCE_SERVING_LABEL``."""
     meta: dict[str, Any] = {"labels": {**spec.pod_labels, **labels(name)}}
+    if serving and spec.inference_pool is not None:
+        meta["labels"][INFERENCE_SERVING_LABEL] = "true"
     if spec.pod_annotations:
         meta["annotations"] = dict(spec.pod_annotations)
     return meta

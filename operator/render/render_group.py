@@ -130,7 +130,7 @@ def render_leader_worker_set(name: str, namespace: str, spec: ServiceSpec | dict
     pod = render_pod_spec(spec, default_image=default_image, download_bytes=download_bytes,
                           hub_endpoint=hub_endpoint)
     leader, worker = group_pod_specs(key_secret, spec, pod)
-    meta = pod_template_metadata(name, spec)
+    meta = pod_template_metadata(name, spec)  # the leader serves HTTP, the workers not
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": "LeaderWorkerSet",
@@ -142,8 +142,9 @@ def render_leader_worker_set(name: str, namespace: str, spec: ServiceSpec | dict
             "leaderWorkerTemplate": {
                 "size": spec.nodes,
                 "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": {"metadata": copy.deepcopy(meta), "spec": leader},
-                "workerTemplate": {"metadata": meta, "spec": worker},
+                "leaderTemplate": {"metadata": meta, "spec": leader},
+                "workerTemplate": {"metadata": pod_template_metadata(name, spec, serving=False),
+                                   "spec": worker},
             },
         },
     }

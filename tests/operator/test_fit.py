@@ -194,7 +194,11 @@ def test_a_flood_of_new_models_waits_on_the_webhooks_threads_not_the_operators(h
                                                v.warnings[0])]
     turned_away = [v for v in verdicts if "other models from the hub now, as many as it may"
                    in v.warnings[0]]
-    assert len(waited) == 20 and len(turned_away) == 20
+    # Every review is one or the other; at most the 20 places read or wait (the bound that
+    # keeps the operator's threads free). On a loaded machine a review can find a place
+    # not yet given back and be turned away (19 waited in CI at be3abad); never 21 wait.
+    assert len(waited) + len(turned_away) == 40, [v.warnings for v in verdicts]
+    assert len(waited) <= 20 <= len(turned_away) and len(waited) >= 16
 
 
 def test_a_memory_limit_above_every_gpu_is_refused_without_reading_the_model(

@@ -27,7 +27,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
-{{/* The least privilege the handlers use (operator/handlers.py, operator/kube.py). */}}
+{{/* The least privilege the handlers use (operator/controller/handlers.py, operator/cluster/kube.py). */}}
 {{- define "kvledger.rules" -}}
 - apiGroups: [kvledger.dev]
   resources: [inferenceservices]
@@ -45,7 +45,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   resources: [pods]
   verbs: [get, list, watch]
 {{- /*
-  Multi-node services (spec.nodes > 1, operator/render_group.py): a LeaderWorkerSet (watched
+  Multi-node services (spec.nodes > 1, operator/render/render_group.py): a LeaderWorkerSet (watched
   for its status), a NetworkPolicy fencing the group's ports (also the admin's
   networkPolicy.enabled one), and the group's key Secret, created once. No Secret is read:
   the key is never read back, and a hub model behind a token is sized in its pod, which gets
@@ -57,6 +57,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, create, patch, delete]
+{{- /*
+  Behind the Gateway API Inference Extension (spec.inferencePool, operator/render/gateway.py):
+  the InferencePool of the service's serving pods.
+*/}}
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [get, create, patch, delete]
 - apiGroups: [""]
   resources: [secrets]
   verbs: [create]
@@ -65,7 +72,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [create]
 {{- end -}}
 
-{{/* The engine pods and Services the operator renders (operator/render.py labels()). */}}
+{{/* The engine pods and Services the operator renders (operator/render/render.py labels()). */}}
 {{- define "kvledger.engineSelector" -}}
 matchLabels:
   app.kubernetes.io/managed-by: kvledger-operator

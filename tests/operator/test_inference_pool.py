@@ -1,0 +1,148 @@
+"""``spec.inferencePool``: the InferencePool the Gateway API Inference Extension routes to.
+Every rendered pool is valid, strictly, against the vendored GAIE release's CRD; it selects
+exactly the serving Service's pods; the real operator applies it on a cluster that serves
+the API (kmock's emulator over HTTP), says what to install where it does not, and deletes
+it when the spec drops it."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from operator_harness import eventually, running_operator, service_manifest
+from test_kmock import condition
+
+from kvledger.engine.errors import BadInput
+from kvledger.operator.api.crd import strict_schema
+from kvledger.operator.api.resource import API_VERSION, PLURAL
+from kvledger.operator.api.spec import parse_spec
+from kvledger.operator.render.gateway import (
+    GAIE_RELEASE,
+    INFERENCE_POOLS,
+    POOL_API_VERSION,
+    render_inference_pool,
+)
+from kvledger.operator.render.policy import Policy
+from kvledger.operator.render.render import INFERENCE_SERVING_LABEL, render_deployment
+from kvledger.operator.render.render_group import (
+    render_leader_worker_set,
+    render_serving_service,
+)
+
+CRD = Path(__file__).resolve().parents[1] / "data" / "gaie" / \
+    "inference.networking.k8s.io_inferencepools.yaml"
+MODEL = {"path": "/models/m", "volume": {"persistentVolumeClaim": {"claimName": "models"},
+                                         "mountPath": "/models"}}
+SPECS = {
+    "one pod a replica": {"model": MODEL, "replicas": 3,
+                          "inferencePool": {"endpointPicker": {"name": "chat-epp"}}},
+    "a group's leaders, its own port and FailOpen": {
+        "model": MODEL, "gpus": 2, "nodes": 2, "port": 9000,
+        "inferencePool": {"endpointPicker": {"name": "epp", "port": 9100,
+                                             "failureMode": "FailOpen"}}},
+    "the admin's picker": {"model": MODEL, "inferencePool": {}},
+}
+
+
+def _body() -> str:
+    text = CRD.read_text(encoding="utf-8")
+    return text[text.index("apiVersion:"):]
+
+
+@pytest.fixture(scope="module")
+def pool_schema() -> dict:
+    crd = yaml.safe_load(_body())
+    [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    return strict_schema(version["schema"]["openAPIV3Schema"])
+
+
+def test_the_vendored_crd_is_the_release_file_its_header_names():
+    text = CRD.read_text(encoding="utf-8")
+    header = text[:len(text) - len(_body())]
+    assert f"tag        {GAIE_RELEASE} " in header
+    blob = re.search(r"git blob ([0-9a-f]{40})", header).group(1)
+    data = _body().encode("utf-8")
+    assert hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() == blob
+    assert yaml.safe_load(_body())["spec"]["group"] == POOL_API_VERSION.split("/")[0]
+
+
+@pytest.mark.parametrize("raw", SPECS.values(), ids=SPECS.keys())
+def test_rendered_pools_are_valid_and_select_the_serving_pods(raw, pool_schema):
+    spec = parse_spec(raw)
+    pool = render_inference_pool("chat", "team-a", spec, "default-epp")
+    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+              for e in jsonschema.Draft4Validator(pool_schema).iter_errors(pool)]
+    assert not errors, errors[:5]
+    service = render_serving_service("chat", "team-a", spec)
+    assert pool["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    assert pool["spec"]["targetPorts"] == [{"number": spec.port}]
+    picker = pool["spec"]["endpointPickerRef"]
+    expected = raw["inferencePool"].get("endpointPicker", {})
+    assert picker["name"] == expected.get("name", "default-epp")
+    assert picker["port"] == {"number": expected.get("port", 9002)}
+    assert picker["failureMode"] == expected.get("failureMode", "FailClose")
+
+
+def test_no_pool_without_the_spec_and_none_without_a_picker():
+    plain = parse_spec({"model": MODEL})
+    assert render_inference_pool("chat", "ns", plain, "epp") is None
+    nameless = parse_spec({"model": MODEL, "inferencePool": {}})
+    with pytest.raises(BadInput, match=r"gateway\.endpointPicker\.name"):
+        render_inference_pool("chat", "ns", nameless)
+    with pytest.raises(BadInput, match="needs its Endpoint Picker"):
+        Policy().check(nameless, "kvledger:test")
+    admin = Policy.from_json('{"gateway": {"endpointPicker": {"name": "epp", "port": 9003}}}')
+    admin.check(nameless, "kvledger:test")
+    assert (admin.picker, admin.picker_port) == ("epp", 9003)
+    with pytest.raises(BadInput, match=r"gateway\.endpointPicker"):
+        Policy.from_json('{"gateway": {"endpointPicker": {"port": 0}}}')
+
+
+def test_only_serving_pods_carry_the_serving_label():
+    pooled = parse_spec(SPECS["one pod a replica"])
+    labels = render_deployment("chat", "ns", pooled)["spec"]["template"]["metadata"]["labels"]
+    assert labels[INFERENCE_SERVING_LABEL] == "true"
+    plain = render_deployment("chat", "ns", parse_spec({"model": MODEL}))
+    assert INFERENCE_SERVING_LABEL not in plain["spec"]["template"]["metadata"]["labels"]
+    group = render_leader_worker_set("chat", "ns", SPECS["a group's leaders, its own port and "
+                                                         "FailOpen"], key_secret="k")
+    templates = group["spec"]["leaderWorkerTemplate"]
+    assert templates["leaderTemplate"]["metadata"]["labels"][INFERENCE_SERVING_LABEL] == "true"
+    assert INFERENCE_SERVING_LABEL not in templates["workerTemplate"]["metadata"]["labels"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
+async def test_the_operator_applies_and_deletes_the_pool():
+    async with running_operator(pool=True) as cluster:
+        manifest = service_manifest("chat", inferencePool={"endpointPicker": {"name": "epp"}})
+        await cluster.create(API_VERSION, PLURAL, manifest)
+        pool = await eventually(lambda: cluster.stored(*INFERENCE_POOLS, "default", "chat"),
+                                what="inferencepool")
+        owner = cluster.stored(API_VERSION, PLURAL, "default", "chat")
+        [ref] = pool["metadata"]["ownerReferences"]
+        assert ref["uid"] == owner["metadata"]["uid"]
+        assert pool["spec"]["endpointPickerRef"]["name"] == "epp"
+        await cluster.patch(API_VERSION, PLURAL, "default", "chat",
+                            {"spec": {"inferencePool": None}})
+        await eventually(lambda: cluster.stored(*INFERENCE_POOLS, "default", "chat") is None,
+                         what="the pool deleted")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
+async def test_a_cluster_without_the_crd_is_told_what_to_install():
+    async with running_operator(pool=False) as cluster:
+        manifest = service_manifest("chat", inferencePool={"endpointPicker": {"name": "epp"}})
+        await cluster.create(API_VERSION, PLURAL, manifest)
+        ready = await eventually(
+            lambda: condition(cluster.stored(API_VERSION, PLURAL, "default", "chat"), "Ready")
+            .get("reason") == "InferencePoolMissing"
+            and condition(cluster.stored(API_VERSION, PLURAL, "default", "chat"), "Ready"),
+            what="Ready=False/InferencePoolMissing")
+        assert ready["status"] == "False" and GAIE_RELEASE in ready["message"]
+        assert cluster.stored("apps/v1", "deployments", "default", "chat") is None
