@@ -55,7 +55,7 @@ HELP = "run an InferenceService manifest locally, no cluster"
 # What only a cluster gives meaning to: validated, then ignored by `kvledger run`.
 CLUSTER_ONLY_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName",
                        "runtimeClassName", "imagePullSecrets", "serviceAccountName", "env",
-                       "envFrom", "podAnnotations", "podLabels", "autoscaling",
+                       "envFrom", "podAnnotations", "podLabels", "autoscaling", "inferencePool",
                        "apiKeySecretRef",  # locally: serve's --api-key or KVLEDGER_API_KEY
                        "tenantsSecretRef")  # locally: serve's --tenants-file
 CLUSTER_ONLY_MODEL_FIELDS = ("tokenSecretRef", "endpoint", "cache")

@@ -424,6 +424,18 @@ def test_autoscaling_is_validated_then_ignored_off_the_cluster(tiny_model, tmp_p
     assert "pre-flight passed" in out
 
 
+def test_an_inference_pool_is_validated_then_ignored_off_the_cluster(tiny_model, tmp_path,
+                                                                    capsys):
+    """No gateway routes to one process: the pool is the cluster's, and a line says so."""
+    doc = manifest(gpus=0, inferencePool={"endpointPicker": {"name": "epp"}})
+    doc["spec"]["model"]["path"] = str(tiny_model)
+    assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == 0
+    assert capsys.readouterr().out.startswith(
+        "local: ignored off the cluster: spec.inferencePool\n")
+    doc["spec"]["inferencePool"] = {"endpointPicker": {"name": "Not_A_Name"}}
+    assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == 2
+
+
 def test_a_hub_model_is_preflighted_and_served_by_its_uri(tmp_path, capsys, monkeypatch):
     """The uri goes to the pod's own pre-flight and to serve as --model; the Secret, mirror
     and cache of the manifest are the cluster's (the shell's HF_TOKEN applies here)."""
