@@ -142,8 +142,8 @@ def test_the_cache_is_bounded_in_bytes_and_a_grammar_over_it_is_refused(tokenize
     first, second = (schema_spec(heavy_schema(seed, objects=60)) for seed in (21, 22))
     # A compile's size is the process's heap growth meanwhile (mallinfo2): another thread of
     # this test process allocating at that moment inflates it (a 3 MiB schema measured 7 MiB
-    # once, in a worker beside other tests), so the LRU is checked on the first of three
-    # tries whose three compiles measured alike.
+    # once, in a worker beside other tests), so a try whose compile went over the cap that
+    # way is made again, three at most.
     for attempt in range(3):
         probe = GrammarCompiler(tokenizer, tokenizer.eos_token_ids, tokenizer.vocab_size)
         one = probe.compile(schema_spec(heavy_schema(20, objects=60))).nbytes
