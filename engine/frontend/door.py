@@ -190,6 +190,11 @@ class FrontDoor:
     def decode_tokens_per_s(self) -> float | None:
         return None if self.driver is None else self.driver.decode_tokens_per_s
 
+    def reset_prefix_cache(self) -> int:
+        """Every cached block no running request holds made free, findable no more (vLLM's
+        ``reset_prefix_cache``; the blocks running requests hold stay theirs): how many."""
+        return self.engine.ledger.reset_prefix_cache()
+
     def queue_status(self) -> dict[str, Any]:
         """The line as ``/v1/budget`` shows it."""
         admission = self.admission

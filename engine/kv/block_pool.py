@@ -135,6 +135,14 @@ class BlockPool:
             del self._cached[block]
             self._free.append(block)
 
+    def forget_cached(self) -> int:
+        """Every cached block (held by none) made free and findable no more: how many.
+        Blocks running requests hold stay theirs, and findable."""
+        cached = list(self._cached)
+        for block in cached:
+            self.forget(block)
+        return len(cached)
+
     def register(self, block: int, block_hash: BlockHash) -> bool:
         """Make a full, computed block findable under ``block_hash``; False (it stays
         private) when another block already holds that key."""

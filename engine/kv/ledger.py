@@ -58,8 +58,7 @@ from kvledger.engine.kv.safety import Overcommit
 
 class KVLedger:
     """Verb-based allocator over ``num_blocks`` blocks of ``block_size`` tokens each:
-    ``try_reserve``, ``pin_cached``, ``grow``, ``register``, ``release`` (see the module
-    docstring)."""
+    ``try_reserve``, ``pin_cached``, ``grow``, ``register``, ``release`` (module docstring)."""
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
                  overcommit: bool = False, max_live: int | None = None,
@@ -69,8 +68,7 @@ class KVLedger:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.prefix_cache_queries = 0  # tokens
-        self.prefix_cache_hits = 0     # tokens
+        self.prefix_cache_queries = self.prefix_cache_hits = 0  # tokens
         self._pool = BlockPool(num_blocks)
         self._outstanding = 0
         self.overcommit = (Overcommit(num_blocks, block_size, max_live, self._pool, max_adapters)
@@ -94,6 +92,10 @@ class KVLedger:
     @property
     def cached_blocks(self) -> int:
         return self._pool.num_cached
+
+    def reset_prefix_cache(self) -> int:  # vLLM's: every cached block freed; how many
+        with self._lock:
+            return self._pool.forget_cached()
 
     @property
     def paused_reservations(self) -> int:  # refused a draw on their last try (--admission safe)

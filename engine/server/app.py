@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 import time
 
 from aiohttp import web
@@ -24,7 +25,10 @@ log = logging.getLogger(__name__)
 # What an API key guards: the API and the tokenizer (each costs CPU); not the probes or
 # /version. /metrics has a key of its own (--metrics-api-key), so a tenant's key cannot
 # read the prefix cache's counters.
-_KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize")
+_KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize", "/reset_prefix_cache")
+# vLLM serves its development endpoints (/reset_prefix_cache among them) only with this
+# variable set to 1; so does kvledger, behind the API key as well.
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 # vLLM's endpoints kvledger does not serve. vLLM 0.32 mounts a route only for the tasks its
 # model serves (entrypoints/launchers/api_server/routers.py), so such a path is a 404 there:
 # a 4xx, which OpenAI's SDKs raise at once (NotFoundError) where a 5xx is retried twice.
@@ -60,6 +64,8 @@ def build_app(options: ServeOptions | None = None) -> web.Application:
     app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/version", version)
     add_routes(app)  # /v1/load_lora_adapter, /v1/unload_lora_adapter
+    if os.environ.get(DEV_MODE_ENV, "").strip() == "1":
+        app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     for path in UNSERVED:
         app.router.add_route("*", path, _unserved)
     return app
@@ -172,6 +178,16 @@ async def models(request: web.Request) -> web.Response:
     if state.engine is None:
         return web.json_response({"object": "list", "data": []})
     return web.json_response({"object": "list", "data": model_cards(state)})
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    """vLLM's development endpoint (``VLLM_SERVER_DEV_MODE=1``): the prefix cache's
+    blocks that no running request holds are dropped (a benchmark's cold start, a router
+    that resets its view); 200 with how many, as ``{"dropped_blocks": N}``."""
+    door = request.app[STATE].check_accepting()
+    dropped = door.reset_prefix_cache()
+    log.info("prefix cache reset: %d cached blocks dropped", dropped)
+    return web.json_response({"dropped_blocks": dropped})
 
 
 async def budget(request: web.Request) -> web.Response:

@@ -1,0 +1,54 @@
+"""vLLM's ``POST /reset_prefix_cache`` (a development endpoint, ``VLLM_SERVER_DEV_MODE=1``):
+the cached blocks no running request holds are dropped, so the next repeat of a prompt
+computes it again; without the variable the path is not served; with API keys it needs one."""
+
+from __future__ import annotations
+
+import pytest
+from _server_helpers import make_llm, model_name, start_app
+
+PROMPT = list(range(500, 540))  # 2 full blocks of 16 + 8 tokens
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama_dir):
+    return make_llm(tiny_llama_dir)
+
+
+async def _complete(client, **extra) -> None:
+    body = {"model": model_name(client), "prompt": PROMPT, "max_tokens": 4, "temperature": 0,
+            "ignore_eos": True}
+    response = await client.post("/v1/completions", json=body, **extra)
+    assert response.status == 200, await response.text()
+
+
+async def test_a_reset_drops_the_cached_blocks(aiohttp_client, llm, monkeypatch):
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    client = await start_app(aiohttp_client, llm)
+    await _complete(client)
+    assert llm.ledger.cached_blocks >= 2
+    hits = llm.ledger.prefix_cache_hits
+    await _complete(client)
+    assert llm.ledger.prefix_cache_hits - hits == 32  # the repeat found both blocks
+    cached = llm.ledger.cached_blocks
+    response = await client.post("/reset_prefix_cache")
+    assert response.status == 200
+    assert (await response.json()) == {"dropped_blocks": cached}
+    assert llm.ledger.cached_blocks == 0
+    hits = llm.ledger.prefix_cache_hits
+    await _complete(client)
+    assert llm.ledger.prefix_cache_hits == hits  # computed again: nothing was found
+    assert llm.ledger.reserved_blocks == 0
+
+
+async def test_not_served_without_dev_mode_and_keyed_with_keys(aiohttp_client, llm,
+                                                               monkeypatch):
+    monkeypatch.delenv("VLLM_SERVER_DEV_MODE", raising=False)
+    plain = await start_app(aiohttp_client, llm)
+    assert (await plain.post("/reset_prefix_cache")).status == 404
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    keyed = await start_app(aiohttp_client, llm, api_keys=("sk-a",))
+    assert (await keyed.post("/reset_prefix_cache")).status == 401
+    response = await keyed.post("/reset_prefix_cache",
+                                headers={"Authorization": "Bearer sk-a"})
+    assert response.status == 200 and "dropped_blocks" in await response.json()
