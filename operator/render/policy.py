@@ -26,6 +26,7 @@ the pod's own are rendered from the spec's fields (``render``).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import posixpath
 from collections.abc import Mapping, Sequence
@@ -59,6 +60,9 @@ class Policy:
     # gateway.endpointPicker: a Service each namespace runs, and its port).
     picker: str | None = None
     picker_port: int = DEFAULT_PICKER_PORT
+    # The gateway's addresses (Helm value gateway.addresses, CIDRs): a service behind an
+    # InferencePool believes their fairness header as the request's tenant.
+    gateway_peers: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, text: str | None) -> Policy:
@@ -91,7 +95,20 @@ class Policy:
         if not isinstance(network, dict) or not isinstance(network.get("enabled", False), bool):
             raise BadInput("KVLEDGER_POLICY: networkPolicy must be {enabled: true|false, "
                            "allowNamespaces: [...]}")
-        picker = (raw.get("gateway") or {}).get("endpointPicker") or {}
+        gateway = raw.get("gateway")
+        gateway = {} if gateway is None else gateway
+        if not isinstance(gateway, dict) or not isinstance(gateway.get("endpointPicker", {}),
+                                                           dict):
+            raise BadInput("KVLEDGER_POLICY: gateway must be {endpointPicker: {name, port}, "
+                           "addresses: [CIDR, ...]}")
+        peers = _strings(gateway, "addresses", ())
+        for peer in peers:
+            try:
+                ipaddress.ip_network(peer, strict=False)
+            except ValueError:
+                raise BadInput(f"KVLEDGER_POLICY: gateway.addresses: {peer!r} is not an "
+                               "address or CIDR") from None
+        picker = gateway.get("endpointPicker", {})
         name, port = picker.get("name") or None, picker.get("port", DEFAULT_PICKER_PORT)
         if (name is not None and not isinstance(name, str)) or not isinstance(port, int) \
                 or not 0 < port < 65536:
@@ -104,7 +121,7 @@ class Policy:
                    hub_endpoints=tuple(e.rstrip("/") for e in endpoints),
                    network_policy=_strings(network, "allowNamespaces", ())
                    if network.get("enabled") else None,
-                   picker=name, picker_port=port)
+                   picker=name, picker_port=port, gateway_peers=peers)
 
     def check(self, spec: ServiceSpec, default_image: str) -> None:
         """PolicyDenied for the first thing ``spec`` asks that this policy does not allow;

@@ -201,13 +201,16 @@ def placement(spec: ServiceSpec) -> dict[str, Any]:
 
 
 def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = DEFAULT_IMAGE,
-                    download_bytes: int | None = None,
-                    hub_endpoint: str | None = None) -> dict[str, Any]:
+                    download_bytes: int | None = None, hub_endpoint: str | None = None,
+                    gateway_peers: tuple[str, ...] = ()) -> dict[str, Any]:
     """The pod: init containers ``preflight`` (and ``fetch`` for a hub model), then
     ``engine``. ``download_bytes`` is the hub model's download size, which sizes its
     emptyDir cache (None: not known, no limit); ``hub_endpoint`` where the pods talk to the
     hub (the admin's choice, ``policy.Policy.hub_endpoint``; None: the spec's
-    ``model.endpoint``, else the public hub). Raises BadInput for a spec that can never work."""
+    ``model.endpoint``, else the public hub); ``gateway_peers`` the inference gateway's
+    addresses (the admin's Helm value ``gateway.addresses``), whose fairness header names
+    the tenant of a service behind an InferencePool. Raises BadInput for a spec that can
+    never work."""
     spec = as_spec(spec)
     flags = spec.engine.to_flags()
     uri = spec.model.uri
@@ -260,7 +263,7 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
         "image": image,
         "command": ["kvledger", "serve"],
         "args": [*flags, *download, "--host", "0.0.0.0", "--port", str(port),
-                 *spec.serving_flags()],
+                 *spec.serving_flags(), *gateway_flags(spec, gateway_peers)],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": engine_resources,
@@ -297,9 +300,10 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
 
 def render_deployment(name: str, namespace: str, spec: ServiceSpec | dict[str, Any], *,
                       default_image: str = DEFAULT_IMAGE, download_bytes: int | None = None,
-                      hub_endpoint: str | None = None) -> dict[str, Any]:
+                      hub_endpoint: str | None = None,
+                      gateway_peers: tuple[str, ...] = ()) -> dict[str, Any]:
     """The Deployment named as the resource (owner references are added by the caller).
-    ``download_bytes`` and ``hub_endpoint``: see ``render_pod_spec``."""
+    ``download_bytes``, ``hub_endpoint`` and ``gateway_peers``: see ``render_pod_spec``."""
     spec = as_spec(spec)
     # With GPUs, a surge pod would wait for a GPU the old pod holds: replace in place.
     strategy = ({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
@@ -316,7 +320,8 @@ def render_deployment(name: str, namespace: str, spec: ServiceSpec | dict[str, A
                 "metadata": pod_template_metadata(name, spec),
                 "spec": render_pod_spec(spec, default_image=default_image,
                                         download_bytes=download_bytes,
-                                        hub_endpoint=hub_endpoint),
+                                        hub_endpoint=hub_endpoint,
+                                        gateway_peers=gateway_peers),
             },
         },
     }
@@ -324,6 +329,17 @@ def render_deployment(name: str, namespace: str, spec: ServiceSpec | dict[str, A
 
 # The label llm-d's charts and tools select model-server pods by (with spec.inferencePool).
 INFERENCE_SERVING_LABEL = "llm-d.ai/inference-serving"
+# The header the Gateway API Inference Extension names a request's fairness group in.
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+
+
+def gateway_flags(spec: ServiceSpec, peers: tuple[str, ...]) -> list[str]:
+    """``serve``'s flags that believe the gateway's fairness header as the tenant, from
+    ``peers`` alone: for a service behind an InferencePool whose admin listed the gateway's
+    addresses; none otherwise (the header is then nobody's to set)."""
+    if spec.inference_pool is None or not peers:
+        return []
+    return ["--tenant-header", FAIRNESS_HEADER, "--tenant-header-from", *peers]
 
 
 def pod_template_metadata(name: str, spec: ServiceSpec, *, serving: bool = True) -> dict[str, Any]:

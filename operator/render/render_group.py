@@ -122,13 +122,14 @@ def group_pod_specs(key_secret: str, spec: ServiceSpec, pod: dict[str, Any]
 def render_leader_worker_set(name: str, namespace: str, spec: ServiceSpec | dict[str, Any], *,
                              key_secret: str, default_image: str = DEFAULT_IMAGE,
                              download_bytes: int | None = None,
-                             hub_endpoint: str | None = None) -> dict[str, Any]:
+                             hub_endpoint: str | None = None,
+                             gateway_peers: tuple[str, ...] = ()) -> dict[str, Any]:
     """The LeaderWorkerSet named as the resource: ``spec.replicas`` groups of ``spec.nodes``
     pods, whose engines read the control channel's key from the Secret ``key_secret``.
-    ``download_bytes`` and ``hub_endpoint``: see ``render.render_pod_spec``."""
+    ``download_bytes``, ``hub_endpoint`` and ``gateway_peers``: see ``render.render_pod_spec``."""
     spec = as_spec(spec)
     pod = render_pod_spec(spec, default_image=default_image, download_bytes=download_bytes,
-                          hub_endpoint=hub_endpoint)
+                          hub_endpoint=hub_endpoint, gateway_peers=gateway_peers)
     leader, worker = group_pod_specs(key_secret, spec, pod)
     meta = pod_template_metadata(name, spec)  # the leader serves HTTP, the workers not
     return {

@@ -102,6 +102,27 @@ def test_no_pool_without_the_spec_and_none_without_a_picker():
         Policy.from_json('{"gateway": {"endpointPicker": {"port": 0}}}')
 
 
+def test_the_gateways_fairness_header_is_believed_from_the_admins_addresses_alone():
+    pooled = parse_spec(SPECS["one pod a replica"])
+
+    def engine_args(spec, **options):
+        pod = render_deployment("chat", "ns", spec, **options)["spec"]["template"]["spec"]
+        return pod["containers"][0]["args"]
+
+    args = engine_args(pooled, gateway_peers=("10.8.0.0/16", "10.9.1.2"))
+    assert args[-5:] == ["--tenant-header", "x-gateway-inference-fairness-id",
+                         "--tenant-header-from", "10.8.0.0/16", "10.9.1.2"]
+    assert "--tenant-header" not in engine_args(pooled)  # no addresses: nobody's to set
+    plain = parse_spec({"model": MODEL})
+    assert "--tenant-header" not in engine_args(plain, gateway_peers=("10.8.0.0/16",))
+    admin = Policy.from_json('{"gateway": {"addresses": ["10.8.0.0/16"]}}')
+    assert admin.gateway_peers == ("10.8.0.0/16",)
+    for bad in ('{"gateway": {"addresses": ["gateway.local"]}}', '{"gateway": []}',
+                '{"gateway": {"endpointPicker": "epp"}}'):
+        with pytest.raises(BadInput, match="KVLEDGER_POLICY: gateway"):
+            Policy.from_json(bad)
+
+
 def test_only_serving_pods_carry_the_serving_label():
     pooled = parse_spec(SPECS["one pod a replica"])
     labels = render_deployment("chat", "ns", pooled)["spec"]["template"]["metadata"]["labels"]
