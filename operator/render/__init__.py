@@ -1,3 +1,4 @@
 """Pure renderers: a ``ServiceSpec`` becomes the objects the cluster runs (render: the
 Deployment, Service, pod; render_group: LeaderWorkerSet groups; autoscaling: HPA and
-KEDA), under what only a cluster admin may choose (policy). No I/O."""
+KEDA; gateway: the inference gateway's InferencePool), under what only a cluster admin may
+choose (policy). No I/O."""
