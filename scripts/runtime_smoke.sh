@@ -206,7 +206,8 @@ else
 fi
 # The admission webhook's modules and its self-signed certificate (cryptography), as the
 # operator loads them with --webhook-port.
-expect 0 webhook-certificate "$PY" -c 'from kvledger.operator import certs, webhook
+expect 0 webhook-certificate "$PY" -c 'from kvledger.operator.cluster import certs
+from kvledger.operator.webhook import webhook
 pair = certs.make_pair(certs.dns_names("kvledger-webhook", "kvledger-system"))
 assert certs.still_good(pair, certs.dns_names("kvledger-webhook", "kvledger-system"))'
 
