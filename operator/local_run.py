@@ -35,9 +35,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import posixpath
 import secrets
 import subprocess
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -48,7 +50,7 @@ from kvledger.engine.errors import EXIT_DOES_NOT_FIT, BadInput
 from kvledger.engine.node_config import NODE_KEY_ENV, free_port_pair
 from kvledger.operator.api.crd import validate_manifest
 from kvledger.operator.api.resource import DEFAULT_PORT
-from kvledger.operator.api.spec import ServiceSpec, as_spec, local_model_path, local_path
+from kvledger.operator.api.spec import Model, ServiceSpec, as_spec
 
 HELP = "run an InferenceService manifest locally, no cluster"
 
@@ -234,3 +236,28 @@ def _gpus_of(env: dict[str, str], gpus: int, rank: int) -> dict[str, str]:
         raise BadInput(f"nodes x gpus GPUs: machine {rank} finds no {gpus} GPUs of its own in "
                        f"CUDA_VISIBLE_DEVICES={visible}")
     return {**env, "CUDA_VISIBLE_DEVICES": ",".join(mine)}
+
+
+def local_model_path(spec: ServiceSpec | Mapping[str, Any]) -> str:
+    """Where ``spec.model.path`` is on this machine, mapped the way the kubelet mounts it
+    (a ``spec.model.uri`` is returned as it is).
+
+    With a ``hostPath`` volume, the pod sees ``hostPath.path`` at ``mountPath``, so
+    ``mountPath/x`` is ``hostPath.path/x`` here. Without a volume, or with a PVC (which has
+    no meaning off the cluster), the path is taken as a local path. Paths are normalised
+    (``/models/./m/`` is ``/models/m``); the rules refuse a ``..`` segment.
+    """
+    model = as_spec(spec).model
+    if model.path is None:
+        return model.uri or ""  # the engine downloads it into its own cache
+    return local_path(model, model.path)
+
+
+def local_path(model: Model, pod_path: str) -> str:
+    """Where a path the pod sees (on ``spec.model.volume``) is on this machine."""
+    path = posixpath.normpath(pod_path)
+    if model.volume is None or model.volume.host_path is None:
+        return path
+    relative = posixpath.relpath(path, posixpath.normpath(model.volume.mount_path))
+    host = model.volume.host_path
+    return host if relative == "." else posixpath.join(host, relative)

@@ -35,7 +35,7 @@ from kvledger.engine import cli
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, EXIT_OK
 from kvledger.engine.planner import device
 from kvledger.operator.api.crd import API_VERSION, PLURAL
-from kvledger.operator.api.spec import local_model_path
+from kvledger.operator.local_run import local_model_path
 from kvledger.operator.render.policy import Policy
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -335,28 +335,3 @@ def _inference_pool(pool: Mapping[str, Any] | None) -> InferencePool | None:
     picker = pool.get("endpointPicker") or {}
     return InferencePool(picker=picker.get("name"), picker_port=picker.get("port"),
                          failure_mode=picker.get("failureMode", DEFAULT_PICKER_FAILURE_MODE))
-
-
-def local_model_path(spec: ServiceSpec | Mapping[str, Any]) -> str:
-    """Where ``spec.model.path`` is on this machine, mapped the way the kubelet mounts it
-    (a ``spec.model.uri`` is returned as it is).
-
-    With a ``hostPath`` volume, the pod sees ``hostPath.path`` at ``mountPath``, so
-    ``mountPath/x`` is ``hostPath.path/x`` here. Without a volume, or with a PVC (which has
-    no meaning off the cluster), the path is taken as a local path. Paths are normalised
-    (``/models/./m/`` is ``/models/m``); the rules refuse a ``..`` segment.
-    """
-    model = as_spec(spec).model
-    if model.path is None:
-        return model.uri or ""  # the engine downloads it into its own cache
-    return local_path(model, model.path)
-
-
-def local_path(model: Model, pod_path: str) -> str:
-    """Where a path the pod sees (on ``spec.model.volume``) is on this machine."""
-    path = posixpath.normpath(pod_path)
-    if model.volume is None or model.volume.host_path is None:
-        return path
-    relative = posixpath.relpath(path, posixpath.normpath(model.volume.mount_path))
-    host = model.volume.host_path
-    return host if relative == "." else posixpath.join(host, relative)

@@ -13,17 +13,16 @@ parameter. The spec is the parsed one (``spec.parse_spec``) or a manifest's dict
 
 from __future__ import annotations
 
-import copy
 from importlib.metadata import version
 from typing import Any
 
 from kvledger.operator.api.parallel import shm_mount, shm_volume
-from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT, TENANTS_DIR
+from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT
 from kvledger.operator.api.spec import ServiceSpec, as_spec, hub_adapters
+from kvledger.operator.render import pod as parts
+from kvledger.operator.render.pod import CACHE_DIR, GPU_RESOURCE, PLAN_DIR
 
 LABEL = "kvledger.dev/inferenceservice"
-GPU_RESOURCE = "nvidia.com/gpu"
-PLAN_DIR = "/var/run/kvledger"
 PLAN_PATH = f"{PLAN_DIR}/plan.json"
 TERMINATION_LOG = "/dev/termination-log"
 # The image `make image` builds and the chart deploys (its appVersion is this version).
@@ -39,15 +38,6 @@ RUN_AS_USER = 1000
 # draining engine.
 PRESTOP_SLEEP_S = 5
 TERMINATION_MARGIN_S = 15
-# Where fetch downloads a hub model and the engine reads it (read-only, offline).
-CACHE_DIR = "/var/cache/kvledger"
-# The emptyDir cache's sizeLimit over the download size: 5% (files the listing rounds or
-# omits, the hub cache's refs and links) plus 1 GiB (tokenizer and configuration files, a
-# resumed download's partial file). Past it the kubelet evicts the pod: it errs large.
-CACHE_MARGIN_PERCENT = 5
-CACHE_MARGIN_BYTES = 2**30
-# With GPUs and no tolerations of the user's: GPU nodes are commonly tainted so.
-GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 
 
 def engine_flags(spec: ServiceSpec | dict[str, Any]) -> list[str]:
@@ -80,126 +70,6 @@ def labels(name: str) -> dict[str, str]:
     }
 
 
-def _container_security() -> dict[str, Any]:
-    return {
-        "allowPrivilegeEscalation": False,
-        "privileged": False,
-        "readOnlyRootFilesystem": True,
-        "capabilities": {"drop": ["ALL"]},
-    }
-
-
-def _gpu_limits(spec: ServiceSpec) -> dict[str, Any]:
-    return {GPU_RESOURCE: spec.gpus} if spec.gpus > 0 else {}
-
-
-def cache_size_limit(download_bytes: int) -> str:
-    """The emptyDir cache's ``sizeLimit``: the download plus 5% plus 1 GiB, in whole MiB."""
-    limit = download_bytes + -(-download_bytes * CACHE_MARGIN_PERCENT // 100) + CACHE_MARGIN_BYTES
-    return f"{-(-limit // 2**20)}Mi"
-
-
-def _volumes(spec: ServiceSpec, download_bytes: int | None,
-             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(pod volumes, mounts of preflight and engine): the plan hand-over, scratch, model.
-
-    A hub model's cache is a volume too, mounted by fetch and engine only (``_cache_mount``).
-    """
-    volumes: list[dict[str, Any]] = [
-        {"name": "plan", "emptyDir": {}},
-        {"name": "tmp", "emptyDir": {}},
-    ]
-    mounts: list[dict[str, Any]] = [{"name": "plan", "mountPath": PLAN_DIR}, _tmp_mount()]
-    model_volume = spec.model.volume
-    if model_volume is not None:
-        if model_volume.claim_name is not None:
-            source = {"persistentVolumeClaim": {"claimName": model_volume.claim_name,
-                                                "readOnly": True}}
-        else:
-            source = {"hostPath": {"path": model_volume.host_path, "type": "Directory"}}
-        volumes.append({"name": "model", **source})
-        mounts.append({"name": "model", "readOnly": True, "mountPath": model_volume.mount_path})
-    if spec.model.uri is not None:
-        claim = spec.model.cache_claim
-        if claim is not None:  # shared by replicas and restarts: fetch finds it done
-            volumes.append({"name": "model-cache", "persistentVolumeClaim": {"claimName": claim}})
-        else:  # a model sized in its pod (it needs a token) has no limit
-            volumes.append({"name": "model-cache", "emptyDir": {} if download_bytes is None
-                            else {"sizeLimit": cache_size_limit(download_bytes)}})
-    return volumes, mounts
-
-
-def _tmp_mount() -> dict[str, Any]:
-    return {"name": "tmp", "mountPath": "/tmp"}
-
-
-def _cache_mount(read_only: bool) -> dict[str, Any]:
-    return {"name": "model-cache", "mountPath": CACHE_DIR, "readOnly": read_only}
-
-
-def _tenants_volume(spec: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, the engine's mounts) for ``spec.tenantsSecretRef``: its one key as
-    ``TENANTS_FILE``, read-only, for the engine alone (the pre-flight never reads it)."""
-    if spec.tenants_secret is None:
-        return [], []
-    name, key = spec.tenants_secret
-    return ([{"name": "tenants", "secret": {"secretName": name, "defaultMode": 0o440,
-                                            "items": [{"key": key, "path": "tenants.yaml"}]}}],
-            [{"name": "tenants", "mountPath": TENANTS_DIR, "readOnly": True}])
-
-
-def _secret_env(name: str, ref: tuple[str, str]) -> dict[str, Any]:
-    """An env var from a Secret key: never a value in the pod spec or the args."""
-    return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref[0], "key": ref[1]}}}
-
-
-def _hub_env(spec: ServiceSpec, hub_endpoint: str) -> list[dict[str, Any]]:
-    """The env of the containers that talk to the hub (preflight, fetch): the endpoint the
-    admin allows and the token (``spec.env`` cannot name either: ``env_policy``)."""
-    env = [{"name": "HF_ENDPOINT", "value": hub_endpoint}]
-    if spec.model.token_secret is not None:
-        env.append(_secret_env("HF_TOKEN", spec.model.token_secret))
-    return env
-
-
-def _engine_env(spec: ServiceSpec, hub_endpoint: str) -> list[dict[str, Any]]:
-    """The engine's security settings, from the spec's own fields alone: set here, over
-    whatever the image's own environment says, so only the spec turns runtime adapter
-    loading on or sends a hub token anywhere."""
-    env = [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
-            "value": "true" if spec.allow_runtime_lora_updating else "false"}]
-    if spec.api_key_secret is not None:
-        env.append(_secret_env("KVLEDGER_API_KEY", spec.api_key_secret))
-    if spec.model.uri is not None or spec.allow_runtime_lora_updating:  # it may ask the hub
-        env.append({"name": "HF_ENDPOINT", "value": hub_endpoint})
-    if spec.model.uri is not None:  # the model is in the cache fetch filled
-        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
-    return env
-
-
-def _with_env(container: dict[str, Any], spec: ServiceSpec,
-              ours: list[dict[str, Any]]) -> dict[str, Any]:
-    """The user's env (names from ``env_policy``'s allow-list), then ours. Ours come last,
-    so a user's ``$(VAR)`` in a value cannot expand them (the kubelet expands only names
-    defined earlier in the list)."""
-    names = {var["name"] for var in ours}
-    env = [copy.deepcopy(var) for var in spec.env if var["name"] not in names]
-    env += ours
-    if env:
-        container["env"] = env
-    return container
-
-
-def placement(spec: ServiceSpec) -> dict[str, Any]:
-    """The pod's placement fields, as the spec writes them; the GPU toleration by default."""
-    out = copy.deepcopy(spec.pod_fields)
-    if spec.tolerations is not None:  # given, even empty: the user's choice
-        out["tolerations"] = copy.deepcopy(spec.tolerations)
-    elif spec.gpus > 0:
-        out["tolerations"] = [dict(GPU_TOLERATION)]
-    return out
-
-
 def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = DEFAULT_IMAGE,
                     download_bytes: int | None = None, hub_endpoint: str | None = None,
                     gateway_peers: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -216,16 +86,16 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
     uri = spec.model.uri
     port = spec.port
     image = spec.image or default_image
-    volumes, mounts = _volumes(spec, download_bytes)
+    volumes, mounts = parts.volumes(spec, download_bytes)
     volumes += shm_volume(spec.gpus)  # the engine's ranks: NCCL's shared memory
-    tenant_volumes, tenant_mounts = _tenants_volume(spec)
-    gpu_limits = _gpu_limits(spec)
+    tenant_volumes, tenant_mounts = parts.tenants_volume(spec)
+    gpu_limits = parts.gpu_limits(spec)
     engine_resources = {key: dict(value) for key, value in spec.resources.items()}
     if gpu_limits:
         engine_resources.setdefault("limits", {}).update(gpu_limits)
     hub_endpoint = hub_endpoint or spec.model.endpoint or DEFAULT_HUB_ENDPOINT
-    hub_env = _hub_env(spec, hub_endpoint) if uri is not None else []
-    preflight = _with_env({
+    hub_env = parts.hub_env(spec, hub_endpoint) if uri is not None else []
+    preflight = parts.with_env({
         "name": "preflight",
         "image": image,
         "command": ["kvledger", "preflight"],
@@ -239,12 +109,12 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
         # (and namespaces whose quota demands requests/limits admit the pod).
         "resources": {key: dict(value) for key, value in engine_resources.items()},
         "volumeMounts": mounts,
-        "securityContext": _container_security(),
+        "securityContext": parts.container_security(),
     }, spec, hub_env)
     init_containers = [preflight]
     download = ["--download-dir", CACHE_DIR] if uri is not None else []
     if uri is not None:
-        init_containers.append(_with_env({
+        init_containers.append(parts.with_env({
             "name": "fetch",
             "image": image,
             "command": ["kvledger", "fetch"],
@@ -255,10 +125,10 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
             # CPU and host memory as the others (for quotas); a download needs no GPU.
             "resources": {key: {k: v for k, v in value.items() if k != GPU_RESOURCE}
                           for key, value in spec.resources.items()},
-            "volumeMounts": [_tmp_mount(), _cache_mount(read_only=False)],
-            "securityContext": _container_security(),
+            "volumeMounts": [parts.tmp_mount(), parts.cache_mount(read_only=False)],
+            "securityContext": parts.container_security(),
         }, spec, hub_env))
-    engine = _with_env({
+    engine = parts.with_env({
         "name": "engine",
         "image": image,
         "command": ["kvledger", "serve"],
@@ -267,9 +137,9 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": engine_resources,
-        "volumeMounts": mounts + ([_cache_mount(read_only=True)] if uri is not None else [])
+        "volumeMounts": mounts + ([parts.cache_mount(read_only=True)] if uri is not None else [])
         + shm_mount(spec.gpus) + tenant_mounts,
-        "securityContext": _container_security(),
+        "securityContext": parts.container_security(),
         # Loading a large checkpoint takes minutes: the startup probe holds off liveness.
         "startupProbe": {"httpGet": {"path": "/health", "port": "http"},
                          "periodSeconds": 5, "failureThreshold": 120},
@@ -279,7 +149,7 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
                            "periodSeconds": 5, "failureThreshold": 2},
         # The image is Debian's or Ubuntu's: coreutils' sleep is there (see PRESTOP_SLEEP_S).
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_S)]}}},
-    }, spec, _engine_env(spec, hub_endpoint))
+    }, spec, parts.engine_env(spec, hub_endpoint))
     return {
         "terminationGracePeriodSeconds": termination_grace_s(spec),
         # Neither container talks to the API server.
@@ -291,7 +161,7 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
             "fsGroup": RUN_AS_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        **placement(spec),
+        **parts.placement(spec),
         "initContainers": init_containers,
         "containers": [engine],
         "volumes": volumes + tenant_volumes,

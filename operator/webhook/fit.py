@@ -30,7 +30,7 @@ from kvledger.engine.planner.record import Plan, Remedy
 from kvledger.engine.planner.report import format_size, render_report, truncate_utf8
 from kvledger.engine.settings import settings_of
 from kvledger.operator.api.spec import ServiceSpec
-from kvledger.operator.render.render import placement
+from kvledger.operator.render.pod import placement
 from kvledger.operator.webhook.inventory import PRODUCT_LABEL, GpuNode, candidates
 
 # What the API server shows of a refusal: the report fits, as in a pod's termination log.

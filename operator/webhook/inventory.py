@@ -9,7 +9,7 @@ leaves the memory label out), or GPUs shared by time-slicing or MPS (``nvidia.co
 above 1: a pod gets part of a GPU, how much is not labelled).
 
 Which nodes a pod may land on follows the scheduler's hard rules for the pod the operator
-renders (``render.placement``): its nodeSelector, required node affinity (matchExpressions on
+renders (``pod.placement``): its nodeSelector, required node affinity (matchExpressions on
 labels, matchFields on ``metadata.name``) and tolerations against the NoSchedule and NoExecute
 taints. Cordoned nodes count: being cordoned is a passing state, not a verdict on the model.
 """

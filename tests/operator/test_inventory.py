@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kvledger.operator.api.spec import parse_spec
-from kvledger.operator.render.render import GPU_TOLERATION, placement
+from kvledger.operator.render.pod import GPU_TOLERATION, placement
 from kvledger.operator.webhook.inventory import candidates, gpu_node, may_run_on, node_entry
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}

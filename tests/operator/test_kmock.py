@@ -20,8 +20,9 @@ from kvledger.operator.api.resource import API_VERSION, PLURAL
 from kvledger.operator.cluster.hub_models import OPERATOR_LIMITS
 from kvledger.operator.controller import handlers
 from kvledger.operator.main import operator_memo
+from kvledger.operator.render.pod import cache_size_limit
 from kvledger.operator.render.policy import Policy
-from kvledger.operator.render.render import LABEL, cache_size_limit
+from kvledger.operator.render.render import LABEL
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60),
               pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")]

@@ -14,12 +14,10 @@ from kvledger.engine.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
 from kvledger.operator.api.crd import validate_manifest
 from kvledger.operator.api.spec import parse_spec
+from kvledger.operator.render.pod import CACHE_DIR, GPU_TOLERATION, cache_size_limit
 from kvledger.operator.render.render import (
-    CACHE_DIR,
-    GPU_TOLERATION,
     LABEL,
     PLAN_PATH,
-    cache_size_limit,
     engine_flags,
     render_deployment,
     render_service,

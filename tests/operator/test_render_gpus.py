@@ -11,7 +11,8 @@ import pytest
 from kvledger.engine.cli import main
 from kvledger.engine.planner.estimates import NCCL_BYTES_PER_RANK
 from kvledger.operator.api.parallel import shm_size_limit
-from kvledger.operator.render.render import GPU_RESOURCE, render_pod_spec
+from kvledger.operator.render.pod import GPU_RESOURCE
+from kvledger.operator.render.render import render_pod_spec
 
 
 def _pod(gpus: int, path: str = "/m") -> dict:

@@ -16,8 +16,8 @@ from _server_helpers import free_port
 
 from kvledger.engine.cli import main as kvledger
 from kvledger.engine.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT
-from kvledger.operator.api.spec import local_model_path, parse_spec
-from kvledger.operator.local_run import local_config, serve_argv
+from kvledger.operator.api.spec import parse_spec
+from kvledger.operator.local_run import local_config, local_model_path, serve_argv
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TINY_EXAMPLES = sorted(p.name for p in EXAMPLES.glob("*.yaml") if "tiny-llama" in p.read_text())

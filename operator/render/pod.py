@@ -1,0 +1,144 @@
+"""The engine pod's parts, pure: its volumes and mounts (the plan hand-over, scratch, the
+model's volume, a hub model's cache, the tenants file), its containers' env (the user's,
+then ours, so theirs cannot expand ours), their security context and GPU limits, and the
+pod's placement. ``render.render_pod_spec`` assembles them."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from kvledger.operator.api.resource import TENANTS_DIR
+from kvledger.operator.api.spec import ServiceSpec
+
+GPU_RESOURCE = "nvidia.com/gpu"
+PLAN_DIR = "/var/run/kvledger"
+# Where fetch downloads a hub model and the engine reads it (read-only, offline).
+CACHE_DIR = "/var/cache/kvledger"
+# The emptyDir cache's sizeLimit over the download size: 5% (files the listing rounds or
+# omits, the hub cache's refs and links) plus 1 GiB (tokenizer and configuration files, a
+# resumed download's partial file). Past it the kubelet evicts the pod: it errs large.
+CACHE_MARGIN_PERCENT = 5
+CACHE_MARGIN_BYTES = 2**30
+# With GPUs and no tolerations of the user's: GPU nodes are commonly tainted so.
+GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+
+
+def container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def gpu_limits(spec: ServiceSpec) -> dict[str, Any]:
+    return {GPU_RESOURCE: spec.gpus} if spec.gpus > 0 else {}
+
+
+def cache_size_limit(download_bytes: int) -> str:
+    """The emptyDir cache's ``sizeLimit``: the download plus 5% plus 1 GiB, in whole MiB."""
+    limit = download_bytes + -(-download_bytes * CACHE_MARGIN_PERCENT // 100) + CACHE_MARGIN_BYTES
+    return f"{-(-limit // 2**20)}Mi"
+
+
+def volumes(spec: ServiceSpec, download_bytes: int | None,
+             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(pod volumes, mounts of preflight and engine): the plan hand-over, scratch, model.
+
+    A hub model's cache is a volume too, mounted by fetch and engine only (``cache_mount``).
+    """
+    volumes: list[dict[str, Any]] = [
+        {"name": "plan", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [{"name": "plan", "mountPath": PLAN_DIR}, tmp_mount()]
+    model_volume = spec.model.volume
+    if model_volume is not None:
+        if model_volume.claim_name is not None:
+            source = {"persistentVolumeClaim": {"claimName": model_volume.claim_name,
+                                                "readOnly": True}}
+        else:
+            source = {"hostPath": {"path": model_volume.host_path, "type": "Directory"}}
+        volumes.append({"name": "model", **source})
+        mounts.append({"name": "model", "readOnly": True, "mountPath": model_volume.mount_path})
+    if spec.model.uri is not None:
+        claim = spec.model.cache_claim
+        if claim is not None:  # shared by replicas and restarts: fetch finds it done
+            volumes.append({"name": "model-cache", "persistentVolumeClaim": {"claimName": claim}})
+        else:  # a model sized in its pod (it needs a token) has no limit
+            volumes.append({"name": "model-cache", "emptyDir": {} if download_bytes is None
+                            else {"sizeLimit": cache_size_limit(download_bytes)}})
+    return volumes, mounts
+
+
+def tmp_mount() -> dict[str, Any]:
+    return {"name": "tmp", "mountPath": "/tmp"}
+
+
+def cache_mount(read_only: bool) -> dict[str, Any]:
+    return {"name": "model-cache", "mountPath": CACHE_DIR, "readOnly": read_only}
+
+
+def tenants_volume(spec: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, the engine's mounts) for ``spec.tenantsSecretRef``: its one key as
+    ``TENANTS_FILE``, read-only, for the engine alone (the pre-flight never reads it)."""
+    if spec.tenants_secret is None:
+        return [], []
+    name, key = spec.tenants_secret
+    return ([{"name": "tenants", "secret": {"secretName": name, "defaultMode": 0o440,
+                                            "items": [{"key": key, "path": "tenants.yaml"}]}}],
+            [{"name": "tenants", "mountPath": TENANTS_DIR, "readOnly": True}])
+
+
+def secret_env(name: str, ref: tuple[str, str]) -> dict[str, Any]:
+    """An env var from a Secret key: never a value in the pod spec or the args."""
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref[0], "key": ref[1]}}}
+
+
+def hub_env(spec: ServiceSpec, hub_endpoint: str) -> list[dict[str, Any]]:
+    """The env of the containers that talk to the hub (preflight, fetch): the endpoint the
+    admin allows and the token (``spec.env`` cannot name either: ``env_policy``)."""
+    env = [{"name": "HF_ENDPOINT", "value": hub_endpoint}]
+    if spec.model.token_secret is not None:
+        env.append(secret_env("HF_TOKEN", spec.model.token_secret))
+    return env
+
+
+def engine_env(spec: ServiceSpec, hub_endpoint: str) -> list[dict[str, Any]]:
+    """The engine's security settings, from the spec's own fields alone: set here, over
+    whatever the image's own environment says, so only the spec turns runtime adapter
+    loading on or sends a hub token anywhere."""
+    env = [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+            "value": "true" if spec.allow_runtime_lora_updating else "false"}]
+    if spec.api_key_secret is not None:
+        env.append(secret_env("KVLEDGER_API_KEY", spec.api_key_secret))
+    if spec.model.uri is not None or spec.allow_runtime_lora_updating:  # it may ask the hub
+        env.append({"name": "HF_ENDPOINT", "value": hub_endpoint})
+    if spec.model.uri is not None:  # the model is in the cache fetch filled
+        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+    return env
+
+
+def with_env(container: dict[str, Any], spec: ServiceSpec,
+              ours: list[dict[str, Any]]) -> dict[str, Any]:
+    """The user's env (names from ``env_policy``'s allow-list), then ours. Ours come last,
+    so a user's ``$(VAR)`` in a value cannot expand them (the kubelet expands only names
+    defined earlier in the list)."""
+    names = {var["name"] for var in ours}
+    env = [copy.deepcopy(var) for var in spec.env if var["name"] not in names]
+    env += ours
+    if env:
+        container["env"] = env
+    return container
+
+
+def placement(spec: ServiceSpec) -> dict[str, Any]:
+    """The pod's placement fields, as the spec writes them; the GPU toleration by default."""
+    out = copy.deepcopy(spec.pod_fields)
+    if spec.tolerations is not None:  # given, even empty: the user's choice
+        out["tolerations"] = copy.deepcopy(spec.tolerations)
+    elif spec.gpus > 0:
+        out["tolerations"] = [dict(GPU_TOLERATION)]
+    return out
