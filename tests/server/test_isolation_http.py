@@ -162,7 +162,11 @@ async def test_adapter_loads_that_hang_hold_up_no_other_request(aiohttp_client, 
     monkeypatch.setattr(state.engine.loras, "add", stuck)
     loads = [asyncio.create_task(client.post("/v1/load_lora_adapter", json={
         "lora_name": f"hub{i}", "lora_path": f"hf://kvledger/stuck-{i}"})) for i in range(4)]
-    await asyncio.sleep(0.3)
+    for _ in range(100):  # the loads reach their threads (later on a loaded machine)
+        if len(started) >= ADAPTER_THREADS:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)  # time for a third to start, were there a thread for it
     assert len(started) == ADAPTER_THREADS  # the others wait, holding no thread
     began = asyncio.get_running_loop().time()
     plain = await client.post("/v1/completions", json=_body("base", max_tokens=2,
