@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import socket
 from dataclasses import dataclass
 
@@ -95,14 +96,43 @@ def nodes_from_args(args: argparse.Namespace, world: int) -> Nodes | None:
 
 def free_port_pair(host: str = "127.0.0.1") -> int:
     """A free port P with P + 1 free too: a run's rendezvous and control channel on one
-    machine (``kvledger run`` of a group, tests, benches)."""
-    while True:
-        with socket.socket() as first:
-            first.bind((host, 0))
-            port = first.getsockname()[1]
-            with socket.socket() as second:
-                try:
-                    second.bind((host, port + 1))
-                except OSError:
-                    continue
-        return port
+    machine (``kvledger run`` of a group, tests, benches). Drawn below the kernel's
+    ephemeral range where it can be, so the outgoing connections of other programs, which
+    take ports from that range, cannot take P or P + 1 before the engine binds them."""
+    low = _ephemeral_low()
+    draw = random.Random()
+    for _ in range(100):
+        port = (draw.randrange(_QUIET_FLOOR, low - 1) if low - 1 > _QUIET_FLOOR
+                else _bound_port(host))
+        if _free(host, port) and _free(host, port + 1):
+            return port
+    raise BadInput(f"no two adjacent free ports at {host}")
+
+
+# Below the ephemeral range, above the ports well-known services and their peers take.
+_QUIET_FLOOR = 20000
+
+
+def _ephemeral_low() -> int:
+    """The first port the kernel hands out for outgoing connections (Linux's
+    ip_local_port_range; 32768, its default, elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+            return int(ranges.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bound_port(host: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def _free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
