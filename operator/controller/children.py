@@ -122,10 +122,9 @@ async def _apply(memo: kopf.Memo, name: str, namespace: str, spec: ServiceSpec,
     optional = autoscaling.render_scaling(name, namespace, spec,
                                           prometheus_url=memo.prometheus_url)
     optional[NETWORK_POLICY] = network_policy(name, namespace, spec, memo.policy.network_policy)
-    pool = gateway.render_inference_pool(name, namespace, spec, memo.policy.picker,
-                                         memo.policy.picker_port)
-    if pool is not None or await pool_served(kube):  # no pool to delete where none is served
-        optional[gateway.INFERENCE_POOLS] = pool
+    # None: deleted, as the other optional children (a 404 where the API is not served).
+    optional[gateway.INFERENCE_POOLS] = gateway.render_inference_pool(
+        name, namespace, spec, memo.policy.picker, memo.policy.picker_port)
     service = render_group.render_serving_service(name, namespace, spec)
     wanted = [body for body in (workload, service, *optional.values()) if body is not None]
     kopf.adopt(wanted, owner=owner)
