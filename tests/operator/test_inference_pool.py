@@ -6,18 +6,14 @@ it when the spec drops it."""
 
 from __future__ import annotations
 
-import hashlib
-import re
-from pathlib import Path
-
 import jsonschema
 import pytest
 import yaml
 from operator_harness import eventually, running_operator, service_manifest
 from test_kmock import condition
+from vendored_crds import DATA, check_release, header_and_body, strict_version_schema
 
 from kvledger.engine.errors import BadInput
-from kvledger.operator.api.crd import strict_schema
 from kvledger.operator.api.resource import API_VERSION, PLURAL
 from kvledger.operator.api.spec import parse_spec
 from kvledger.operator.render.gateway import (
@@ -33,8 +29,7 @@ from kvledger.operator.render.render_group import (
     render_serving_service,
 )
 
-CRD = Path(__file__).resolve().parents[1] / "data" / "gaie" / \
-    "inference.networking.k8s.io_inferencepools.yaml"
+CRD = DATA / "gaie" / "inference.networking.k8s.io_inferencepools.yaml"
 MODEL = {"path": "/models/m", "volume": {"persistentVolumeClaim": {"claimName": "models"},
                                          "mountPath": "/models"}}
 SPECS = {
@@ -48,26 +43,15 @@ SPECS = {
 }
 
 
-def _body() -> str:
-    text = CRD.read_text(encoding="utf-8")
-    return text[text.index("apiVersion:"):]
-
-
 @pytest.fixture(scope="module")
 def pool_schema() -> dict:
-    crd = yaml.safe_load(_body())
-    [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-    return strict_schema(version["schema"]["openAPIV3Schema"])
+    return strict_version_schema(CRD, "v1")
 
 
 def test_the_vendored_crd_is_the_release_file_its_header_names():
-    text = CRD.read_text(encoding="utf-8")
-    header = text[:len(text) - len(_body())]
-    assert f"tag        {GAIE_RELEASE} " in header
-    blob = re.search(r"git blob ([0-9a-f]{40})", header).group(1)
-    data = _body().encode("utf-8")
-    assert hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() == blob
-    assert yaml.safe_load(_body())["spec"]["group"] == POOL_API_VERSION.split("/")[0]
+    check_release(CRD, GAIE_RELEASE)
+    crd = yaml.safe_load(header_and_body(CRD)[1])
+    assert crd["spec"]["group"] == POOL_API_VERSION.split("/")[0]
 
 
 @pytest.mark.parametrize("raw", SPECS.values(), ids=SPECS.keys())

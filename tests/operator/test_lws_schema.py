@@ -4,23 +4,17 @@ a field the schema does not name is an error here (the API server would drop it)
 
 from __future__ import annotations
 
-import hashlib
-import re
-from pathlib import Path
-
 import jsonschema
 import pytest
-import yaml
+from vendored_crds import DATA, check_release, strict_version_schema
 
-from kvledger.operator.api.crd import strict_schema
 from kvledger.operator.render.render_group import (
     LWS_API_VERSION,
     LWS_RELEASE,
     render_leader_worker_set,
 )
 
-CRD = Path(__file__).resolve().parents[1] / "data" / "lws" / \
-    "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+CRD = DATA / "lws" / "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
 MODEL = {"path": "/models/m", "volume": {"persistentVolumeClaim": {"claimName": "models"},
                                          "mountPath": "/models"}}
 SPECS = {
@@ -41,25 +35,13 @@ SPECS = {
 }
 
 
-def _header_and_body() -> tuple[str, str]:
-    text = CRD.read_text(encoding="utf-8")
-    body = text[text.index("---\n"):]
-    return text[:len(text) - len(body)], body
-
-
 @pytest.fixture(scope="module")
 def lws_schema() -> dict:
-    crd = yaml.load(_header_and_body()[1], Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    [version] = [v for v in crd["spec"]["versions"] if v["name"] == LWS_API_VERSION.split("/")[1]]
-    return strict_schema(version["schema"]["openAPIV3Schema"])
+    return strict_version_schema(CRD, LWS_API_VERSION.split("/")[1])
 
 
 def test_the_vendored_crd_is_the_release_file_its_header_names():
-    header, body = _header_and_body()
-    assert f"tag        {LWS_RELEASE} " in header
-    blob = re.search(r"git blob ([0-9a-f]{40})", header).group(1)
-    data = body.encode("utf-8")
-    assert hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() == blob
+    check_release(CRD, LWS_RELEASE)
 
 
 @pytest.mark.parametrize("spec", SPECS.values(), ids=SPECS.keys())
