@@ -4,6 +4,8 @@ computes it again; without the variable the path is not served; with API keys it
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from _server_helpers import make_llm, model_name, start_app
 
@@ -52,3 +54,28 @@ async def test_not_served_without_dev_mode_and_keyed_with_keys(aiohttp_client, l
     response = await keyed.post("/reset_prefix_cache",
                                 headers={"Authorization": "Bearer sk-a"})
     assert response.status == 200 and "dropped_blocks" in await response.json()
+
+
+async def test_a_reset_leaves_a_running_requests_blocks_and_tokens_alone(aiohttp_client, llm,
+                                                                        monkeypatch):
+    """Another client's reset mid-stream: the running request keeps the cached blocks it
+    pinned (they are not among those dropped) and ends with the tokens it has alone."""
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    client = await start_app(aiohttp_client, llm)
+    body = {"model": model_name(client), "prompt": PROMPT, "max_tokens": 48,
+            "temperature": 0, "ignore_eos": True}
+    alone = await (await client.post("/v1/completions", json=body)).json()
+    reserved_idle = llm.ledger.reserved_blocks
+    response = await client.post("/v1/completions", json={**body, "stream": True})
+    text, reset = "", None
+    async for line in response.content:
+        if not line.startswith(b"data: {"):
+            continue
+        text += json.loads(line[6:])["choices"][0]["text"]
+        if reset is None:  # it runs, holding the two prompt blocks it found cached
+            held, unheld = llm.ledger.reserved_blocks, llm.ledger.cached_blocks
+            reset = await (await client.post("/reset_prefix_cache")).json()
+            assert reset == {"dropped_blocks": unheld}  # only blocks nobody holds
+            assert llm.ledger.reserved_blocks == held  # nothing it holds was taken
+    assert text == alone["choices"][0]["text"]
+    assert llm.ledger.reserved_blocks == reserved_idle == 0
