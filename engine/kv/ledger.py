@@ -68,7 +68,8 @@ class KVLedger:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.prefix_cache_queries = self.prefix_cache_hits = 0  # tokens
+        self.prefix_cache_queries = 0  # tokens
+        self.prefix_cache_hits = 0     # tokens
         self._pool = BlockPool(num_blocks)
         self._outstanding = 0
         self.overcommit = (Overcommit(num_blocks, block_size, max_live, self._pool, max_adapters)
