@@ -32,6 +32,7 @@ from kvledger.engine.config_values import (
     WORKLOAD,
 )
 from kvledger.engine.errors import BadInput
+from kvledger.engine.kv_events_config import HASH_ALGOS, KVEventsConfig
 from kvledger.engine.lora_config import (
     DEFAULT_MAX_LORA_RANK,
     DEFAULT_MAX_LORAS,
@@ -58,11 +59,15 @@ from kvledger.engine.settings import (
     TEXT,
     TOKENS,
     Crd,
+    Kind,
     check_settings,
     choice,
     render_flags,
     setting,
 )
+
+# vLLM's JSON, read once (kv_events_config.py); rendered back the same way.
+KV_EVENTS = Kind("text", parse=KVEventsConfig.parse, render=lambda c: [c.to_json()])
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,17 @@ class EngineConfig:
         help="share the KV blocks of prompts that begin alike between requests, as vLLM does "
              "by default",
         crd=Crd("engine", "share computed prompt blocks between requests (default true)"))
+    prefix_caching_hash_algo: str = setting(
+        "sha256", "--prefix-caching-hash-algo", choice(HASH_ALGOS), group=WORKLOAD,
+        help="how the block keys KV events publish are made, as vLLM makes its own: sha256 "
+             "(default) or sha256_cbor (what llm-d's router computes from a prompt); the "
+             "prefix cache's own lookups are keyed apart either way")
+    kv_events_config: KVEventsConfig | None = setting(  # noqa: RUF009 (a frozen dataclass)
+        None, "--kv-events-config", KV_EVENTS, group=WORKLOAD, metavar="JSON",
+        help="publish KV-cache events (blocks stored, removed, all cleared) for a router "
+             "that routes by prefix, as vLLM's JSON: {\"enable_kv_cache_events\": true, "
+             "\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": ..., "
+             "\"topic\": ...} (docs/serving.md, KV-cache events)")
     quantization: str | None = setting(  # "fp8": quantize the linear layers on load
         None, "--quantization", QUANTIZATION, aliases=("-q",), metavar="fp8", group=WORKLOAD,
         help="fp8: quantize the linear layers of a float16/bfloat16/float32 checkpoint to FP8 "

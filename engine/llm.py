@@ -26,6 +26,9 @@ class LLM:
             config = EngineConfig(model=resolved, **flags)
         except TypeError as exc:
             raise BadInput(f"unknown engine flag: {exc}") from None
+        if config.kv_events_config is not None and config.kv_events_config.enabled:
+            raise BadInput("kv_events_config: KV events are published by a server for its "
+                           "router (kvledger serve --kv-events-config), not by LLM")
         self.engine = LLMEngine.from_config(config)
         self._door = FrontDoor(self.engine)  # its line uncapped: every prompt waits its turn
         self._counter = 0

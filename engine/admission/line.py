@@ -45,6 +45,7 @@ from kvledger.engine.admission.headroom import NO_HEADROOM, Headroom
 from kvledger.engine.admission.order import ANONYMOUS, LineOrder, Tenant
 from kvledger.engine.admission.ticket import Outcome, Ticket, Waiter
 from kvledger.engine.errors import KVCacheFull, LineFull, TenantLineFull
+from kvledger.engine.kv.block_pool import Salt
 from kvledger.engine.kv.claims import cacheable_blocks
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.kv.reservation import Reservation
@@ -127,7 +128,7 @@ class Admission:
 
     def line_up(self, request_id: str, prompt_tokens: int, cap_tokens: int, outcome: Outcome,
                 n: int = 1, *, prompt_token_ids: list[int] | None = None,
-                use_cached: bool = True, salt: str | None = None,
+                use_cached: bool = True, salt: Salt | None = None,
                 adapter: LoraAdapter | None = None, tenant: Tenant = ANONYMOUS,
                 priority: int = 0) -> Waiter:
         """Reserve ``prompt + cap`` tokens for each of ``n`` choices, all at once, now or in
@@ -169,7 +170,7 @@ class Admission:
 
     async def admit(self, request_id: str, prompt_tokens: int, cap_tokens: int, n: int = 1, *,
                     prompt_token_ids: list[int] | None = None, use_cached: bool = True,
-                    salt: str | None = None, adapter: LoraAdapter | None = None,
+                    salt: Salt | None = None, adapter: LoraAdapter | None = None,
                     tenant: Tenant = ANONYMOUS, priority: int = 0) -> Ticket:
         """``line_up``, then wait in line for at most ``max_queue_wait_s``: the ticket, or
         KVCacheFull (with its wait) when the wait runs out; PoolTooSmall as ``line_up``.

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from kvledger.engine.kv.block_pool import Salt
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.kv.projection import Projection
 from kvledger.engine.kv.reservation import Reservation
@@ -60,7 +61,7 @@ class Waiter:
     blocks: int
     prompt_token_ids: list[int] | None = field(repr=False)
     use_cached: bool
-    salt: str | None = field(repr=False)
+    salt: Salt | None = field(repr=False)
     adapter: LoraAdapter | None = field(repr=False)  # None: the base model
     tenant: Tenant = field(repr=False)
     priority: int = 0

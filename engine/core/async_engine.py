@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from kvledger.engine.core.kv_publisher import KVEventPublisher
 from kvledger.engine.core.outputs import RequestOutput
 from kvledger.engine.core.request import EngineRequest
 from kvledger.engine.errors import EngineDeadError
@@ -85,10 +86,16 @@ class AsyncEngine:
         self._last_step_s: float | None = None
         # Steps that produced tokens, their wall time and tokens (kvledger_engine_step*_total).
         self.steps, self.step_seconds, self.step_tokens = 0, 0.0, 0
+        self.kv_events: KVEventPublisher | None = None  # --kv-events-config
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
+        """The worker thread, and the KV events' publisher when the ledger logs them
+        (BadInput when its endpoint cannot be bound or connected)."""
         self._loop = asyncio.get_running_loop()
+        events = self.engine.ledger.events
+        if events is not None:
+            self.kv_events = KVEventPublisher(self.engine.config.kv_events_config, events)
         self._thread = threading.Thread(target=self._run, name="kvledger-engine", daemon=True)
         self._thread.start()
 
@@ -104,6 +111,8 @@ class AsyncEngine:
         self._wake.set()
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30.0)
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -176,6 +185,8 @@ class AsyncEngine:
                                 else (1 - _EWMA) * self._step_s + _EWMA * elapsed)
             # Even an empty step may have released blocks (aborts), so always report.
             self._loop.call_soon_threadsafe(self._deliver, outputs)
+            if self.kv_events is not None:  # the step's events, one batch (kv/events.py)
+                self.engine.ledger.events.seal()
             if not outputs and self.engine.stall_watch.idle_steps:
                 # Nothing ran: only a new request, an abort or a release can change that.
                 self._wake.wait(timeout=IDLE_STEP_WAIT_S)

@@ -16,6 +16,7 @@ from kvledger.engine.config import EngineConfig
 from kvledger.engine.core.cpu_threads import cap_torch_threads
 from kvledger.engine.core.runner import TORCH_DTYPES, ModelRunner
 from kvledger.engine.errors import BadInput, DoesNotFit
+from kvledger.engine.kv.events import KVEventLog
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.model import paged_attention
 from kvledger.engine.model.generation_config import describe as describe_defaults
@@ -95,8 +96,18 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     ledger = KVLedger(kv.num_blocks, kv.block_size,
                       enable_prefix_caching=config.enable_prefix_caching,
                       overcommit=config.admission == "safe", max_live=measured_plan.max_num_seqs,
-                      max_adapters=config.max_loras if config.enable_lora else None)
+                      max_adapters=config.max_loras if config.enable_lora else None,
+                      events=_event_log(config, kv.block_size, model_config.sliding_window))
     return measured_plan, tokenizer, runner, ledger
+
+
+def _event_log(config: EngineConfig, block_size: int, window: int | None) -> KVEventLog | None:
+    """Where the ledger logs KV events for the publisher (``--kv-events-config``), or None."""
+    events = config.kv_events_config
+    if events is None or not events.enabled:
+        return None
+    return KVEventLog(block_size, window, max_batches=events.max_queue_size,
+                      hash_algo=config.prefix_caching_hash_algo)
 
 
 def reads_in_place(config: EngineConfig, device: torch.device) -> bool:

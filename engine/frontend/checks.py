@@ -17,6 +17,7 @@ from kvledger.engine.admission.headroom import Headroom
 from kvledger.engine.core.request import EngineRequest
 from kvledger.engine.errors import BadInput
 from kvledger.engine.frontend.submission import PromptRun, Submission
+from kvledger.engine.kv.block_pool import Salt
 from kvledger.engine.sampling.params import SamplingParams
 
 if TYPE_CHECKING:  # the engine pulls torch in
@@ -93,11 +94,11 @@ def prompt_runs(engine: LLMEngine, sub: Submission, ids: list[list[int]], caps: 
     return runs
 
 
-def cache_salt(sub: Submission, runs: list[PromptRun]) -> str | None:
+def cache_salt(sub: Submission, runs: list[PromptRun]) -> Salt | None:
     """What keys the prompts' prefix-cache blocks apart: the adapter's (its K/V differ
     from the base model's), then the submission's own; None: the shared cache."""
     parts = [salt for salt in (runs[0].choices[0].lora_salt, sub.cache_salt) if salt]
-    return "\0".join(parts) or None
+    return Salt("\0".join(parts), sub.published_salt) if parts else None
 
 
 def max_prompt_tokens(prompt: str | list[int]) -> int:

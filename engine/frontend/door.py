@@ -191,9 +191,14 @@ class FrontDoor:
         return None if self.driver is None else self.driver.decode_tokens_per_s
 
     def reset_prefix_cache(self) -> int:
-        """Every cached block no running request holds made free, findable no more (vLLM's
-        ``reset_prefix_cache``; the blocks running requests hold stay theirs): how many."""
-        return self.engine.ledger.reset_prefix_cache()
+        """Nothing cached is found again (vLLM's ``reset_prefix_cache``): the blocks no
+        running request holds are freed (how many is returned); those running requests
+        hold stay theirs until released."""
+        ledger = self.engine.ledger
+        dropped = ledger.reset_prefix_cache()
+        if ledger.events is not None:  # its AllBlocksCleared goes now, not after a next step
+            ledger.events.seal()
+        return dropped
 
     def queue_status(self) -> dict[str, Any]:
         """The line as ``/v1/budget`` shows it."""

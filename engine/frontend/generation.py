@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from kvledger.engine.frontend.submission import PromptRun, Tenant
+from kvledger.engine.kv.block_pool import Salt
 
 if TYPE_CHECKING:
     from kvledger.engine.admission.line import Admission
@@ -53,7 +54,7 @@ class Generation:
         return sum(min(run.num_cached_blocks * self._block_size, len(run.prompt_ids))
                    for run in self.runs)
 
-    async def admit(self, salt: str | None, priority: int) -> None:
+    async def admit(self, salt: Salt | None, priority: int) -> None:
         """Each prompt's ticket from the door's line, its choices handed to the engine."""
         rid = self.request_id
         for i, run in enumerate(self.runs):  # admission keys each prompt's ticket apart

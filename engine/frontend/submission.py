@@ -44,6 +44,7 @@ class Submission:
     cache_salt: str | None = None        # keys its prefix-cache blocks apart (with the adapter's)
     add_special_tokens: bool = True      # False: a rendered chat template holds its own
     body_bytes: int | None = None        # the request's size: small ones are prepared inline
+    published_salt: str | None = None    # the client's own cache_salt: KV events carry it
 
 
 @dataclass

@@ -17,8 +17,23 @@ import hashlib
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvledger.engine.kv.events import KVEventLog
 
 BlockHash = bytes
+
+
+@dataclass(frozen=True)
+class Salt:
+    """A prompt's cache salt: ``text`` keys its blocks apart (every part of it: an
+    adapter's, an API key's, the client's); ``published`` is the client's own
+    ``cache_salt`` as sent, the one part KV events carry (vLLM's ``extra_keys``)."""
+
+    text: str
+    published: str | None = None
 
 
 def hash_block(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
@@ -28,12 +43,14 @@ def hash_block(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
     return _hash(parent, array("q", token_ids).tobytes())
 
 
-def salt_root(salt: str | bytes | None) -> BlockHash | None:
+def salt_root(salt: Salt | str | bytes | None) -> BlockHash | None:
     """The parent key of a salted prompt's first block (None: unsalted). Requests whose
     salts differ never find each other's blocks, since every key chains from this one
     (vLLM's ``cache_salt``)."""
     if salt is None:
         return None
+    if isinstance(salt, Salt):
+        salt = salt.text
     data = salt.encode("utf-8", "surrogatepass") if isinstance(salt, str) else salt
     return _hash(b"kvledger-cache-salt", data)
 
@@ -55,8 +72,11 @@ def _hash(parent: BlockHash | None, data: bytes | memoryview) -> BlockHash:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int) -> None:
+    """``events``: where a block becoming findable no more is logged (KV events), or None."""
+
+    def __init__(self, num_blocks: int, events: KVEventLog | None = None) -> None:
         self.num_blocks = num_blocks
+        self.events = events
         self.ref_counts = [0] * num_blocks
         self.shared: set[int] = set()  # blocks held more than once (``ref_counts`` >= 2)
         self._hash_of: list[BlockHash | None] = [None] * num_blocks
@@ -91,9 +111,12 @@ class BlockPool:
             block = self._free.popleft()
         elif self._cached:
             block, _ = self._cached.popitem(last=False)
-            del self._by_hash[self._hash_of[block]]
+            block_hash = self._hash_of[block]
+            del self._by_hash[block_hash]
             self._hash_of[block] = None
             self.num_evictions += 1
+            if self.events is not None:
+                self.events.removed(block_hash)
         else:
             raise RuntimeError("no free or cached block to draw")  # a ledger bug
         self.ref_counts[block] = 1
@@ -134,14 +157,21 @@ class BlockPool:
         if self.ref_counts[block] == 0:
             del self._cached[block]
             self._free.append(block)
+        if self.events is not None:
+            self.events.removed(block_hash)
 
-    def forget_cached(self) -> int:
-        """Every cached block (held by none) made free and findable no more: how many.
-        Blocks running requests hold stay theirs, and findable."""
-        cached = list(self._cached)
-        for block in cached:
-            self.forget(block)
-        return len(cached)
+    def forget_all(self) -> int:
+        """Nothing registered is findable any more (vLLM's reset of the prefix cache):
+        cached blocks are free, how many is returned; blocks running requests hold stay
+        theirs, to be freed when released. One ``AllBlocksCleared`` says it all."""
+        freed = len(self._cached)
+        self._free.extend(self._cached)
+        self._cached.clear()
+        self._by_hash.clear()
+        self._hash_of = [None] * self.num_blocks
+        if self.events is not None:
+            self.events.cleared()
+        return freed
 
     def register(self, block: int, block_hash: BlockHash) -> bool:
         """Make a full, computed block findable under ``block_hash``; False (it stays

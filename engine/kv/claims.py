@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, PoolTooSmall
 from kvledger.engine.kv.block_pool import BlockHash, hash_blocks
 from kvledger.engine.planner.pool import blocks_for
 
@@ -33,6 +33,18 @@ def choices_blocks(num_tokens: int, count: int, prompt_tokens: int, block_size: 
     shared = shareable_blocks(count, prompt_tokens, block_size, share)
     return blocks_for(num_tokens, block_size) * count - shared * (count - 1)
 
+
+
+def check_fits(num_tokens: int, count: int, prompt_tokens: int, block_size: int,
+               num_blocks: int, *, share: bool = False, kept_blocks: int = 0) -> int:
+    """The rule "fits the pool": what ``choices_blocks`` claims, or PoolTooSmall when more
+    than the pool less ``kept_blocks`` (headroom). Nothing cached counts, so the verdict is
+    on the request, never on the moment."""
+    blocks = choices_blocks(num_tokens, count, prompt_tokens, block_size, share)
+    if blocks > num_blocks - kept_blocks:
+        raise PoolTooSmall(blocks, num_blocks, num_tokens=num_tokens, count=count,
+                           kept_blocks=kept_blocks)
+    return blocks
 
 def returned_in_order(groups: Sequence[Sequence], ref_counts: Sequence[int]) -> list[int]:
     """For groups of reservations released one group after another in this order, what

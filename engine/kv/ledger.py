@@ -49,9 +49,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from kvledger.engine.errors import BadInput, PoolTooSmall
+from kvledger.engine.errors import BadInput
 from kvledger.engine.kv import claims
-from kvledger.engine.kv.block_pool import BlockHash, BlockPool, salt_root
+from kvledger.engine.kv.block_pool import BlockHash, BlockPool, Salt, salt_root
+from kvledger.engine.kv.events import KVEventLog
 from kvledger.engine.kv.reservation import PromptShare, Reservation
 from kvledger.engine.kv.safety import Overcommit
 
@@ -62,7 +63,7 @@ class KVLedger:
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
                  overcommit: bool = False, max_live: int | None = None,
-                 max_adapters: int | None = None) -> None:
+                 max_adapters: int | None = None, events: KVEventLog | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise BadInput(f"a KV pool needs >= 1 block of >= 1 token, got {num_blocks} x {block_size}")
         self.num_blocks = num_blocks
@@ -70,7 +71,8 @@ class KVLedger:
         self.enable_prefix_caching = enable_prefix_caching
         self.prefix_cache_queries = 0  # tokens
         self.prefix_cache_hits = 0     # tokens
-        self._pool = BlockPool(num_blocks)
+        self._pool = BlockPool(num_blocks, events)
+        self.events = events  # KV events (kv/events.py), or None
         self._outstanding = 0
         self.overcommit = (Overcommit(num_blocks, block_size, max_live, self._pool, max_adapters)
                            if overcommit else None)  # --admission safe (safety.py)
@@ -94,9 +96,9 @@ class KVLedger:
     def cached_blocks(self) -> int:
         return self._pool.num_cached
 
-    def reset_prefix_cache(self) -> int:  # vLLM's: every cached block freed; how many
+    def reset_prefix_cache(self) -> int:  # vLLM's: nothing cached is found again; freed
         with self._lock:
-            return self._pool.forget_cached()
+            return self._pool.forget_all()
 
     @property
     def paused_reservations(self) -> int:  # refused a draw on their last try (--admission safe)
@@ -116,7 +118,7 @@ class KVLedger:
 
     # -- admission ----------------------------------------------------------------------
     def try_reserve(self, num_tokens: int, prompt_token_ids: Sequence[int] | None = None, *,
-                    use_cached: bool = True, salt: str | None = None,
+                    use_cached: bool = True, salt: Salt | str | None = None,
                     adapter: object | None = None) -> Reservation | None:
         """Claim blocks for ``num_tokens`` tokens (prompt + cap), or None: see ``try_reserve_each``."""
         reservations = self.try_reserve_each(num_tokens, 1, prompt_token_ids,
@@ -125,7 +127,7 @@ class KVLedger:
 
     def try_reserve_each(self, num_tokens: int, count: int,
                          prompt_token_ids: Sequence[int] | None = None, *,
-                         use_cached: bool = True, salt: str | None = None,
+                         use_cached: bool = True, salt: Salt | str | None = None,
                          adapter: object | None = None, kept: tuple[int, int] = (0, 0)
                          ) -> list[Reservation] | None:
         """``count`` reservations of ``num_tokens`` tokens each (one per choice of an
@@ -164,7 +166,7 @@ class KVLedger:
                 self.prefix_cache_hits += len(hits) * self.block_size * count
             prompt = prompt_token_ids if self.enable_prefix_caching else None
             reservations = [Reservation(needed, hits, self.block_size, hashes, prompt, root,
-                                        adapter) for _ in range(count)]
+                                        adapter, salt) for _ in range(count)]
             if self.overcommit is not None:
                 self.overcommit.admit(reservations, len(prompt_token_ids or ()), num_tokens,
                                       shared)
@@ -179,18 +181,13 @@ class KVLedger:
 
     def check_fits(self, num_tokens: int, count: int = 1, prompt_tokens: int = 0, *,
                    share: bool = False, kept_blocks: int = 0) -> int:
-        """The rule "fits the pool": what ``claims.choices_blocks`` claims, or PoolTooSmall when
-        more than the pool less ``kept_blocks`` (headroom). Nothing cached counts, so the
-        verdict is on the request, never on the moment."""
-        blocks = claims.choices_blocks(num_tokens, count, prompt_tokens, self.block_size, share)
-        if blocks > self.num_blocks - kept_blocks:
-            raise PoolTooSmall(blocks, self.num_blocks, num_tokens=num_tokens, count=count,
-                               kept_blocks=kept_blocks)
-        return blocks
+        """``claims.check_fits`` against this pool."""
+        return claims.check_fits(num_tokens, count, prompt_tokens, self.block_size,
+                                 self.num_blocks, share=share, kept_blocks=kept_blocks)
 
     def blocks_needed(self, num_tokens: int, count: int = 1,
                       prompt_token_ids: Sequence[int] | None = None, *,
-                      use_cached: bool = True, salt: str | None = None) -> int:
+                      use_cached: bool = True, salt: Salt | str | None = None) -> int:
         """The blocks ``try_reserve_each`` would claim now (its draws, and the cached
         blocks it would pin); without a prompt or caching, ``count * blocks_for``."""
         needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached,
@@ -309,9 +306,11 @@ class KVLedger:
         with self._lock:
             if reservation.released:
                 return
-            for i in range(reservation.num_registered_blocks, full):
-                self._pool.register(reservation.block_ids[i], hashes[i])
+            stored = [i for i in range(reservation.num_registered_blocks, full)
+                      if self._pool.register(reservation.block_ids[i], hashes[i])]
             reservation.num_registered_blocks = full
+            if self.events is not None and stored:
+                self.events.stored(reservation, hashes, stored, token_ids)
 
     def share_prompt(self, owner: Reservation) -> list[Reservation]:
         """Once ``owner`` has computed its prompt: pin its shared blocks for the choices

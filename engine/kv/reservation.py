@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvledger.engine.kv.block_pool import BlockHash, BlockPool
+from kvledger.engine.kv.block_pool import BlockHash, BlockPool, Salt
 
 
 class PromptShare:
@@ -84,13 +84,28 @@ class Reservation:
     its request's LoRA adapter (None: the base model), which takes one of the engine's
     adapter slots (one per adapter object) while it is ``seated`` (scheduled: ``KVLedger.seat``)."""
 
-    __slots__ = ("adapter", "block_hashes", "block_ids", "draws_left", "num_blocks",
-                 "num_cached_blocks", "num_cached_tokens", "num_registered_blocks",
-                 "prompt_token_ids", "released", "root", "seated", "share")
+    __slots__ = (
+        "adapter",
+        "block_hashes",
+        "block_ids",
+        "draws_left",
+        "event_keys",
+        "num_blocks",
+        "num_cached_blocks",
+        "num_cached_tokens",
+        "num_registered_blocks",
+        "prompt_token_ids",
+        "released",
+        "root",
+        "salt",
+        "seated",
+        "share",
+    )
 
     def __init__(self, num_blocks: int, hits: list[int], block_size: int,
                  block_hashes: list[BlockHash], prompt_token_ids: Sequence[int] | None,
-                 root: BlockHash | None = None, adapter: object | None = None) -> None:
+                 root: BlockHash | None = None, adapter: object | None = None,
+                 salt: Salt | str | None = None) -> None:
         self.num_blocks = num_blocks
         self.block_ids = list(hits)
         self.num_cached_blocks = len(hits)
@@ -101,6 +116,8 @@ class Reservation:
         # The prompt the cache was consulted for (its keys made of): None when it was not.
         self.prompt_token_ids = prompt_token_ids
         self.root = root  # the parent key of its first block: its cache salt (None: none)
+        self.salt = salt if isinstance(salt, Salt) else None  # its client's part: KV events
+        self.event_keys: list[bytes] = []  # vLLM's keys of its blocks, with KV events on
         self.share: PromptShare | None = None
         self.adapter = adapter
         self.seated = False

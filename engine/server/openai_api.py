@@ -79,7 +79,8 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     sub = Submission(f"{id_prefix}-{uuid.uuid4().hex}", prompts,
                      sampling_params(req, door.sampling_defaults, tools.kept_ids),
                      req.n, spec, lora, tenant, req.priority, _client_salt(request, state, req),
-                     add_special_tokens=req.kind != "chat", body_bytes=len(raw))
+                     add_special_tokens=req.kind != "chat", body_bytes=len(raw),
+                     published_salt=req.cache_salt)
     generation = await _submit(state, door, sub, req, tools)
     p = answers.Prepared(req, sub.request_id, generation, timeline, int(time.time()), tools,
                          [_echo(door, req, prompt, run.prompt_ids)

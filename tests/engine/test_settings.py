@@ -33,6 +33,8 @@ DECLARED = {
     "max_cudagraph_capture_size": ("--max-cudagraph-capture-size", None),
     "attention_backend": ("--attention-backend", None),  # the device's default in a pod
     "enable_prefix_caching": ("--enable-prefix-caching", "engine.enablePrefixCaching"),
+    "prefix_caching_hash_algo": ("--prefix-caching-hash-algo", None),
+    "kv_events_config": ("--kv-events-config", None),
     "quantization": ("--quantization", "engine.quantization"),
     "admission": ("--admission", "engine.admission"),
     "scheduling_policy": ("--scheduling-policy", "engine.schedulingPolicy"),
