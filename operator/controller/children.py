@@ -118,7 +118,7 @@ async def _apply(memo: kopf.Memo, name: str, namespace: str, spec: ServiceSpec,
     kind, workload = render_group.render_workload(
         name, namespace, spec, key_secret=key_secret, default_image=memo.default_image,
         download_bytes=download_bytes, hub_endpoint=memo.policy.hub_endpoint(spec),
-        gateway_peers=memo.policy.gateway_peers)
+        gateway=memo.policy.gateway)
     optional = autoscaling.render_scaling(name, namespace, spec,
                                           prometheus_url=memo.prometheus_url)
     optional[NETWORK_POLICY] = network_policy(name, namespace, spec, memo.policy.network_policy)

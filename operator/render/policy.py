@@ -29,15 +29,22 @@ from __future__ import annotations
 import ipaddress
 import json
 import posixpath
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from kvledger.engine.errors import BadInput
+from kvledger.engine.kv_events_config import HASH_ALGOS
 from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT, DEFAULT_PICKER_PORT
 from kvledger.operator.api.spec import ServiceSpec, as_spec
-from kvledger.operator.render.render import labels, selector_labels
+from kvledger.operator.render.render import (
+    NO_GATEWAY,
+    GatewayWiring,
+    labels,
+    selector_labels,
+)
 
 POLICY_ENV = "KVLEDGER_POLICY"  # the operator's: the chart writes policy and hub values there
 CONTROL_PLANE_KEYS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
@@ -60,9 +67,10 @@ class Policy:
     # gateway.endpointPicker: a Service each namespace runs, and its port).
     picker: str | None = None
     picker_port: int = DEFAULT_PICKER_PORT
-    # The gateway's addresses (Helm value gateway.addresses, CIDRs): a service behind an
-    # InferencePool believes their fairness header as the request's tenant.
-    gateway_peers: tuple[str, ...] = ()
+    # What a service behind an InferencePool gets from the Helm values gateway.addresses
+    # (the gateway's CIDRs: its fairness header believed) and gateway.kvEvents (the
+    # router's address the engines publish KV events to).
+    gateway: GatewayWiring = NO_GATEWAY
 
     @classmethod
     def from_json(cls, text: str | None) -> Policy:
@@ -100,7 +108,7 @@ class Policy:
         if not isinstance(gateway, dict) or not isinstance(gateway.get("endpointPicker", {}),
                                                            dict):
             raise BadInput("KVLEDGER_POLICY: gateway must be {endpointPicker: {name, port}, "
-                           "addresses: [CIDR, ...]}")
+                           "addresses: [CIDR, ...], kvEvents: {endpoint, hashAlgo}}")
         peers = _strings(gateway, "addresses", ())
         for peer in peers:
             try:
@@ -121,7 +129,8 @@ class Policy:
                    hub_endpoints=tuple(e.rstrip("/") for e in endpoints),
                    network_policy=_strings(network, "allowNamespaces", ())
                    if network.get("enabled") else None,
-                   picker=name, picker_port=port, gateway_peers=peers)
+                   picker=name, picker_port=port,
+                   gateway=GatewayWiring(peers, *_kv_events(gateway.get("kvEvents"))))
 
     def check(self, spec: ServiceSpec, default_image: str) -> None:
         """PolicyDenied for the first thing ``spec`` asks that this policy does not allow;
@@ -254,3 +263,22 @@ def render_network_policy(name: str, namespace: str, spec: ServiceSpec | dict[st
             "ingress": [{"from": sources, "ports": [{"protocol": "TCP", "port": spec.port}]}],
         },
     }
+
+
+# tcp://HOST:PORT the engines connect to: a wildcard would make them bind instead, open to
+# every pod that can reach them (kvledger.engine.kv_events_config's rule, as vLLM's).
+_CONNECT = re.compile(r"^tcp://(?![*:\[])[^\s/*]+:(\d{1,5})$")
+
+
+def _kv_events(raw: Any) -> tuple[str | None, str]:
+    """gateway.kvEvents: (the router's address, the key hash) or (None, default)."""
+    raw = {} if raw is None else raw
+    endpoint, algo = (raw.get("endpoint") or None, raw.get("hashAlgo", "sha256_cbor")) \
+        if isinstance(raw, dict) else ("", "")
+    match = _CONNECT.match(endpoint) if isinstance(endpoint, str) else None
+    if not isinstance(raw, dict) or (endpoint is not None and not (
+            match and 0 < int(match[1]) < 65536)) or algo not in HASH_ALGOS:
+        raise BadInput("KVLEDGER_POLICY: gateway.kvEvents must be {endpoint: "
+                       "tcp://HOST:PORT (the router's, connected to), hashAlgo: "
+                       f"{' or '.join(HASH_ALGOS)}}}")
+    return endpoint, algo

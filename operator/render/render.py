@@ -13,6 +13,8 @@ parameter. The spec is the parsed one (``spec.parse_spec``) or a manifest's dict
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any
 
@@ -70,17 +72,31 @@ def labels(name: str) -> dict[str, str]:
     }
 
 
+@dataclass(frozen=True)
+class GatewayWiring:
+    """What the admin's Helm values ``gateway`` give the engines of a service behind an
+    InferencePool: the gateway's addresses (``peers``: its fairness header is believed from
+    them alone), and the router's KV-events address (``kv_events``: the engines connect
+    to it and publish their blocks, keyed with ``hash_algo``)."""
+
+    peers: tuple[str, ...] = ()
+    kv_events: str | None = None
+    hash_algo: str = "sha256_cbor"
+
+
+NO_GATEWAY = GatewayWiring()
+
+
 def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = DEFAULT_IMAGE,
                     download_bytes: int | None = None, hub_endpoint: str | None = None,
-                    gateway_peers: tuple[str, ...] = ()) -> dict[str, Any]:
+                    gateway: GatewayWiring = NO_GATEWAY) -> dict[str, Any]:
     """The pod: init containers ``preflight`` (and ``fetch`` for a hub model), then
     ``engine``. ``download_bytes`` is the hub model's download size, which sizes its
     emptyDir cache (None: not known, no limit); ``hub_endpoint`` where the pods talk to the
     hub (the admin's choice, ``policy.Policy.hub_endpoint``; None: the spec's
-    ``model.endpoint``, else the public hub); ``gateway_peers`` the inference gateway's
-    addresses (the admin's Helm value ``gateway.addresses``), whose fairness header names
-    the tenant of a service behind an InferencePool. Raises BadInput for a spec that can
-    never work."""
+    ``model.endpoint``, else the public hub); ``gateway`` what the admin's Helm values
+    ``gateway`` give a service behind an InferencePool (``gateway_flags``). Raises BadInput
+    for a spec that can never work."""
     spec = as_spec(spec)
     flags = spec.engine.to_flags()
     uri = spec.model.uri
@@ -133,7 +149,7 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
         "image": image,
         "command": ["kvledger", "serve"],
         "args": [*flags, *download, "--host", "0.0.0.0", "--port", str(port),
-                 *spec.serving_flags(), *gateway_flags(spec, gateway_peers)],
+                 *spec.serving_flags(), *gateway_flags(spec, gateway)],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": engine_resources,
@@ -149,7 +165,7 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
                            "periodSeconds": 5, "failureThreshold": 2},
         # The image is Debian's or Ubuntu's: coreutils' sleep is there (see PRESTOP_SLEEP_S).
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_S)]}}},
-    }, spec, parts.engine_env(spec, hub_endpoint))
+    }, spec, parts.engine_env(spec, hub_endpoint) + gateway_env(spec, gateway))
     return {
         "terminationGracePeriodSeconds": termination_grace_s(spec),
         # Neither container talks to the API server.
@@ -171,9 +187,9 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
 def render_deployment(name: str, namespace: str, spec: ServiceSpec | dict[str, Any], *,
                       default_image: str = DEFAULT_IMAGE, download_bytes: int | None = None,
                       hub_endpoint: str | None = None,
-                      gateway_peers: tuple[str, ...] = ()) -> dict[str, Any]:
+                      gateway: GatewayWiring = NO_GATEWAY) -> dict[str, Any]:
     """The Deployment named as the resource (owner references are added by the caller).
-    ``download_bytes``, ``hub_endpoint`` and ``gateway_peers``: see ``render_pod_spec``."""
+    ``download_bytes``, ``hub_endpoint`` and ``gateway``: see ``render_pod_spec``."""
     spec = as_spec(spec)
     # With GPUs, a surge pod would wait for a GPU the old pod holds: replace in place.
     strategy = ({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
@@ -191,7 +207,7 @@ def render_deployment(name: str, namespace: str, spec: ServiceSpec | dict[str, A
                 "spec": render_pod_spec(spec, default_image=default_image,
                                         download_bytes=download_bytes,
                                         hub_endpoint=hub_endpoint,
-                                        gateway_peers=gateway_peers),
+                                        gateway=gateway),
             },
         },
     }
@@ -203,13 +219,30 @@ INFERENCE_SERVING_LABEL = "llm-d.ai/inference-serving"
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 
 
-def gateway_flags(spec: ServiceSpec, peers: tuple[str, ...]) -> list[str]:
-    """``serve``'s flags that believe the gateway's fairness header as the tenant, from
-    ``peers`` alone: for a service behind an InferencePool whose admin listed the gateway's
-    addresses; none otherwise (the header is then nobody's to set)."""
-    if spec.inference_pool is None or not peers:
+def gateway_flags(spec: ServiceSpec, gateway: GatewayWiring) -> list[str]:
+    """``serve``'s flags for a service behind an InferencePool: the fairness header as the
+    tenant, from ``gateway.peers`` alone (none listed: nobody's to set); KV events sent to
+    ``gateway.kv_events`` under llm-d's topic ``kv@<pod IP>@<model>`` (the kubelet puts the
+    pod's IP in ``$(POD_IP)``: ``gateway_env``). None for a service not behind one."""
+    if spec.inference_pool is None:
         return []
-    return ["--tenant-header", FAIRNESS_HEADER, "--tenant-header-from", *peers]
+    flags = []
+    if gateway.peers:
+        flags += ["--tenant-header", FAIRNESS_HEADER, "--tenant-header-from", *gateway.peers]
+    if gateway.kv_events:
+        config = {"enable_kv_cache_events": True, "publisher": "zmq",
+                  "endpoint": gateway.kv_events,
+                  "topic": f"kv@$(POD_IP)@{spec.engine.served_model_name}"}
+        flags += ["--kv-events-config", json.dumps(config, separators=(",", ":")),
+                  "--prefix-caching-hash-algo", gateway.hash_algo]
+    return flags
+
+
+def gateway_env(spec: ServiceSpec, gateway: GatewayWiring) -> list[dict[str, Any]]:
+    """The engine's ``POD_IP`` (the downward API) where its KV events' topic names it."""
+    if spec.inference_pool is None or not gateway.kv_events:
+        return []
+    return [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
 
 
 def pod_template_metadata(name: str, spec: ServiceSpec, *, serving: bool = True) -> dict[str, Any]:

@@ -36,6 +36,8 @@ from kvledger.operator.render.policy import render_network_policy
 from kvledger.operator.render.render import (
     DEFAULT_IMAGE,
     LABEL,
+    NO_GATEWAY,
+    GatewayWiring,
     labels,
     pod_template_metadata,
     render_deployment,
@@ -123,13 +125,13 @@ def render_leader_worker_set(name: str, namespace: str, spec: ServiceSpec | dict
                              key_secret: str, default_image: str = DEFAULT_IMAGE,
                              download_bytes: int | None = None,
                              hub_endpoint: str | None = None,
-                             gateway_peers: tuple[str, ...] = ()) -> dict[str, Any]:
+                             gateway: GatewayWiring = NO_GATEWAY) -> dict[str, Any]:
     """The LeaderWorkerSet named as the resource: ``spec.replicas`` groups of ``spec.nodes``
     pods, whose engines read the control channel's key from the Secret ``key_secret``.
-    ``download_bytes``, ``hub_endpoint`` and ``gateway_peers``: see ``render.render_pod_spec``."""
+    ``download_bytes``, ``hub_endpoint`` and ``gateway``: see ``render.render_pod_spec``."""
     spec = as_spec(spec)
     pod = render_pod_spec(spec, default_image=default_image, download_bytes=download_bytes,
-                          hub_endpoint=hub_endpoint, gateway_peers=gateway_peers)
+                          hub_endpoint=hub_endpoint, gateway=gateway)
     leader, worker = group_pod_specs(key_secret, spec, pod)
     meta = pod_template_metadata(name, spec)  # the leader serves HTTP, the workers not
     return {

@@ -67,6 +67,8 @@ def test_the_defaults_render_without_monitors_or_dashboard():
     ("webhook.certificates=vault", "'/webhook/certificates': value must be one of"),
     ("webhook.port=8080", "webhook.port 8080 is the operator's health port"),
     ("webhook.port=443", "'/webhook/port': minimum: got 443"),
+    ("gateway.kvEvents.endpoint=tcp://*:5557", "'/gateway/kvEvents/endpoint': "),
+    ("gateway.kvEvents.hashAlgo=xxhash", "'/gateway/kvEvents/hashAlgo': value must be one of"),
 ])
 def test_a_bad_value_fails_naming_it(flag, named):
     done = helm_template("--set", flag)
@@ -88,6 +90,20 @@ def test_either_monitor_alone_renders(monitor):
     rendered = kinds("--set", f"metrics.{key}.enabled=true")
     assert len(rendered[monitor]) == 1
     assert not {"PodMonitor", "ServiceMonitor"} - {monitor} & set(rendered)
+
+
+def test_the_routers_kv_events_address_reaches_the_operators_policy():
+    from kvledger.operator.render.policy import Policy
+
+    [deployment] = kinds("--set", "gateway.kvEvents.endpoint=tcp://epp.gw.svc:5557")["Deployment"]
+    env = {var["name"]: var.get("value") for var in
+           deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    gateway = Policy.from_json(env["KVLEDGER_POLICY"]).gateway
+    assert (gateway.kv_events, gateway.hash_algo) == ("tcp://epp.gw.svc:5557", "sha256_cbor")
+    [default] = kinds()["Deployment"]
+    env = {var["name"]: var.get("value") for var in
+           default["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert Policy.from_json(env["KVLEDGER_POLICY"]).gateway.kv_events is None
 
 
 def test_the_dashboard_configmap_carries_the_dashboard():

@@ -14,6 +14,7 @@ from test_kmock import condition
 from vendored_crds import DATA, check_release, header_and_body, strict_version_schema
 
 from kvledger.engine.errors import BadInput
+from kvledger.engine.kv_events_config import KVEventsConfig
 from kvledger.operator.api.resource import API_VERSION, PLURAL
 from kvledger.operator.api.spec import parse_spec
 from kvledger.operator.render.gateway import (
@@ -23,7 +24,11 @@ from kvledger.operator.render.gateway import (
     render_inference_pool,
 )
 from kvledger.operator.render.policy import Policy
-from kvledger.operator.render.render import INFERENCE_SERVING_LABEL, render_deployment
+from kvledger.operator.render.render import (
+    INFERENCE_SERVING_LABEL,
+    GatewayWiring,
+    render_deployment,
+)
 from kvledger.operator.render.render_group import (
     render_leader_worker_set,
     render_serving_service,
@@ -93,18 +98,52 @@ def test_the_gateways_fairness_header_is_believed_from_the_admins_addresses_alon
         pod = render_deployment("chat", "ns", spec, **options)["spec"]["template"]["spec"]
         return pod["containers"][0]["args"]
 
-    args = engine_args(pooled, gateway_peers=("10.8.0.0/16", "10.9.1.2"))
+    args = engine_args(pooled, gateway=GatewayWiring(peers=("10.8.0.0/16", "10.9.1.2")))
     assert args[-5:] == ["--tenant-header", "x-gateway-inference-fairness-id",
                          "--tenant-header-from", "10.8.0.0/16", "10.9.1.2"]
     assert "--tenant-header" not in engine_args(pooled)  # no addresses: nobody's to set
     plain = parse_spec({"model": MODEL})
-    assert "--tenant-header" not in engine_args(plain, gateway_peers=("10.8.0.0/16",))
+    assert "--tenant-header" not in engine_args(plain, gateway=GatewayWiring(("10.8.0.0/16",)))
     admin = Policy.from_json('{"gateway": {"addresses": ["10.8.0.0/16"]}}')
-    assert admin.gateway_peers == ("10.8.0.0/16",)
+    assert admin.gateway.peers == ("10.8.0.0/16",)
     for bad in ('{"gateway": {"addresses": ["gateway.local"]}}', '{"gateway": []}',
                 '{"gateway": {"endpointPicker": "epp"}}'):
         with pytest.raises(BadInput, match="KVLEDGER_POLICY: gateway"):
             Policy.from_json(bad)
+
+
+def test_engines_behind_a_pool_publish_kv_events_to_the_admins_router_alone():
+    """gateway.kvEvents.endpoint (the router's address): the engines of a service behind
+    an InferencePool connect there and publish under llm-d's topic kv@<pod IP>@<model>,
+    keyed as llm-d computes keys (sha256_cbor); other services and other admins' clusters
+    publish nothing, and an address the engines would bind (a wildcard) is refused."""
+    pooled = parse_spec(SPECS["one pod a replica"])
+    admin = Policy.from_json('{"gateway": {"kvEvents": {"endpoint": '
+                             '"tcp://epp-kv.gateway.svc:5557"}}}')
+    pod = render_deployment("chat", "ns", pooled, gateway=admin.gateway)["spec"]["template"]
+    engine = pod["spec"]["containers"][0]
+    flags = engine["args"][engine["args"].index("--kv-events-config"):]
+    config = KVEventsConfig.parse(flags[1])  # what the engine will read
+    assert (config.enabled, config.endpoint) == (True, "tcp://epp-kv.gateway.svc:5557")
+    assert config.topic == f"kv@$(POD_IP)@{pooled.engine.served_model_name}"
+    assert flags[2:4] == ["--prefix-caching-hash-algo", "sha256_cbor"]
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} \
+        in engine["env"]
+    plain = render_deployment("chat", "ns", parse_spec({"model": MODEL}), gateway=admin.gateway)
+    plain_engine = plain["spec"]["template"]["spec"]["containers"][0]
+    assert "--kv-events-config" not in plain_engine["args"]
+    assert "POD_IP" not in {var["name"] for var in plain_engine.get("env", [])}
+    unset = render_deployment("chat", "ns", pooled, gateway=Policy().gateway)
+    assert "--kv-events-config" not in unset["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert Policy.from_json('{"gateway": {"kvEvents": {"endpoint": "tcp://r:1", '
+                            '"hashAlgo": "sha256"}}}').gateway.hash_algo == "sha256"
+    for bad in ('"tcp://*:5557"', '"tcp://[::]:5557"', '"ipc:///tmp/kv"', '"tcp://r:0"',
+                '"tcp://r"', '5557'):
+        with pytest.raises(BadInput, match=r"gateway\.kvEvents"):
+            Policy.from_json(f'{{"gateway": {{"kvEvents": {{"endpoint": {bad}}}}}}}')
+    with pytest.raises(BadInput, match=r"gateway\.kvEvents"):
+        Policy.from_json('{"gateway": {"kvEvents": {"endpoint": "tcp://r:1", '
+                         '"hashAlgo": "xxhash"}}}')
 
 
 def test_only_serving_pods_carry_the_serving_label():
