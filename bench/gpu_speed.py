@@ -153,7 +153,7 @@ def prefill(runner, config: dict, prompts: int, length: int, device: torch.devic
             repeat: int) -> dict:
     """``prompts`` whole prompts of ``length`` tokens in one step: seconds and FLOPs (every
     linear layer per token, causal attention, the LM head on each prompt's last token)."""
-    from kvledger.engine.model.transformer import AttentionMetadata, PrefillSpan
+    from kvledger.engine.model.attention import AttentionMetadata, PrefillSpan
 
     tokens = prompts * length
     ids = torch.randint(0, config["vocab_size"], (tokens,)).tolist()

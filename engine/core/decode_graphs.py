@@ -27,7 +27,7 @@ import time
 import torch
 
 from kvledger.engine.core.step_attention import padded_tables
-from kvledger.engine.model.transformer import AttentionMetadata, PagedRows
+from kvledger.engine.model.attention import AttentionMetadata, PagedRows
 from kvledger.engine.planner.pool import blocks_for
 
 log = logging.getLogger("kvledger.engine")

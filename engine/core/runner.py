@@ -14,17 +14,13 @@ from kvledger.engine.core.scheduler import ScheduledBatch
 from kvledger.engine.core.sequence import Sequence
 from kvledger.engine.core.step_attention import StepAttention
 from kvledger.engine.errors import BadInput
-from kvledger.engine.model import paged_attention
+from kvledger.engine.model import paged_attention, prefill_attention
+from kvledger.engine.model.attention import AttentionMetadata, PrefillSpan
 from kvledger.engine.model.cpu_linear import pack_linears
 from kvledger.engine.model.fusion import fuse_projections
 from kvledger.engine.model.lora import LoraSlots
 from kvledger.engine.model.moe import SparseMoE
-from kvledger.engine.model.transformer import (
-    AttentionMetadata,
-    CausalLM,
-    PrefillSpan,
-    RotaryEmbedding,
-)
+from kvledger.engine.model.transformer import CausalLM, RotaryEmbedding
 from kvledger.engine.planner.attention import TRITON_ATTN, attention_backend
 from kvledger.engine.planner.pool import blocks_for
 from kvledger.engine.sampling.logprobs import TokenLogprobs, logprobs_of
@@ -58,8 +54,9 @@ class ModelRunner:
                  block_size: int, *, fuse: bool = True, paged: bool | None = None) -> None:
         """``fuse``: q/k/v and gate/up as one layer each (fusion.py); False for an engine
         that will ``enable_lora``, whose adapters add to each projection. ``paged``:
-        decodes read the KV pool in place (paged_attention.py,
-        ``--attention-backend TRITON_ATTN``) rather than gathered for SDPA; None: on CUDA."""
+        decodes and later prompt chunks read the KV pool in place (paged_attention.py,
+        prefill_attention.py; ``--attention-backend TRITON_ATTN``) rather than gathered for
+        SDPA; None: on CUDA."""
         self.model = model
         self.config = model.config
         self.device = device
@@ -78,9 +75,10 @@ class ModelRunner:
         if self.paged:
             paged_attention.require(device)
         if self.paged and device.type == "cuda":
-            failed = paged_attention.self_check(device, self.dtype)
+            failed = (paged_attention.self_check(device, self.dtype)
+                      or prefill_attention.self_check(device, self.dtype))
             if failed is not None:
-                raise BadInput(f"the paged attention kernel does not run on this GPU "
+                raise BadInput(f"the paged attention kernels do not run on this GPU "
                                f"({failed}); --attention-backend TORCH_SDPA gathers the "
                                "blocks for SDPA instead (planned with that copy)")
         self.attention = StepAttention(block_size, max_model_len, self.config.sliding_window,
@@ -193,10 +191,10 @@ class ModelRunner:
           prompt logprobs (``PROMPT_LOGPROBS_ROWS`` rows of logits, log_softmax, top k);
         - mixed: ``min(max_num_seqs, num_tokens) - 1`` decodes at the full context plus
           the rest of the budget as the last chunk of a prompt, which attends to its
-          cached context (whole prompts for what one chunk cannot take): what decode
-          attention gathers per layer (K and V of every sequence, in the KV dtype and
-          the model dtype) and the chunk's attention scores. A pure decode step gathers
-          no more than this.
+          cached context (whole prompts for what one chunk cannot take): on TORCH_SDPA
+          what attention gathers per layer (K and V of every sequence, in the KV dtype
+          and the model dtype) and the chunk's attention scores, on TRITON_ATTN the decode
+          kernel's partial outputs (nothing gathered). A pure decode step takes no more.
 
         The mixed step reads a one-block scratch cache through block tables that repeat
         block 0: the gathered tensors have their real size, the pool is not needed. On

@@ -4,11 +4,12 @@ prompt chunks and decoding sequences, on either attention path (planner/attentio
 - ``TORCH_SDPA``: a later chunk gathers its blocks under a causal mask; decodes are cut
   into groups (``_group_bounds``) whose block tables are padded to the group's longest,
   under an additive mask over each row's context;
-- ``TRITON_ATTN`` (``paged``): every decode token is a row of ``PagedRows``, reading its
-  own positions of the pool in place; no mask.
+- ``TRITON_ATTN`` (``paged``): nothing is gathered. The later chunks are ``PagedChunks``,
+  read in place tile by tile of queries; every decode token is a row of ``PagedRows``,
+  reading its own positions of the pool in place; no mask.
 
-Prompt chunks are the same on both: a first chunk attends to itself alone (SDPA, causal,
-within a sliding window), a later one gathers its sequence's blocks under a causal mask."""
+A first chunk (a prompt from position 0) attends to itself alone on both (SDPA, causal,
+within a sliding window): its K/V are the step's own, dense already."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kvledger.engine.model.transformer import (
+from kvledger.engine.model.attention import (
     AttentionMetadata,
     DecodeGroup,
+    PagedChunks,
     PagedRows,
     PrefillSpan,
 )
@@ -58,15 +60,22 @@ class StepAttention:
     def _paged(self, chunks: list[tuple[list[int], int, int]],
                decodes: list[tuple[list[int], int]],
                slot_mapping: torch.Tensor) -> AttentionMetadata:
-        """``_attention`` where decodes read the pool in place: each decoding sequence's
-        token is a row of ``PagedRows``, seeing its context (its last ``sliding_window``).
-        Prompt chunks are the gathered path's: a later chunk's queries are many, and read
-        one by one in place each would read the whole context again (a 2,048-token chunk
-        over 8k cached tokens: ~58 GB a layer for Llama-3-8B), where one gather of its
-        sequence and SDPA's kernels read it once."""
-        prefills = [self._prefill_span(ids, start, length) for ids, start, length in chunks]
+        """``metadata`` where everything past a first chunk reads the pool in place: each
+        later chunk is a chunk of ``PagedChunks`` (its queries read the context a tile at a
+        time, ``prefill_attention.py``, where one by one each would read it all again: a
+        2,048-token chunk over 8k cached tokens, ~58 GB a layer for Llama-3-8B), each
+        decoding sequence's token a row of ``PagedRows``, seeing its context (its last
+        ``sliding_window``)."""
+        prefills, later, token = [], [], 0
+        for block_ids, start, length in chunks:
+            if start == 0:  # dense already: SDPA over its own K/V
+                prefills.append(self._prefill_span(block_ids, start, length))
+            else:
+                prefills.append(PrefillSpan(start, length, None, in_place=True))
+                later.append((block_ids[:blocks_for(start + length, self.block_size)],
+                              token, start, length))
+            token += length
         tables, table_rows, ends, tokens = [], [], [], []
-        token = sum(length for _, _, length in chunks)
         for block_ids, num_tokens in decodes:
             table_rows.append(len(tables))
             tables.append(block_ids)
@@ -74,13 +83,19 @@ class StepAttention:
             tokens.append(token)
             token += 1
         meta = AttentionMetadata(slot_mapping=slot_mapping, prefills=prefills, decode_groups=[])
-        if not tokens:
-            return meta
-        starts = self.first_seen(ends)
 
         def ints(values: list, dtype=torch.int32) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=self.device)
 
+        if later:
+            blocks, q_starts, starts, lengths = zip(*later, strict=True)
+            meta.chunks = PagedChunks(
+                block_tables=padded_tables(list(blocks)).to(self.device),
+                q_starts=ints(q_starts), starts=ints(starts), lengths=ints(lengths),
+                max_tokens=max(lengths), sliding_window=self.sliding_window)
+        if not tokens:
+            return meta
+        starts = self.first_seen(ends)
         meta.paged = PagedRows(
             tokens=ints(tokens, torch.long),
             block_tables=padded_tables(tables).to(self.device),

@@ -1,15 +1,18 @@
-"""Attention that reads the KV block pool in place: a Triton kernel, for CUDA devices.
+"""Decode attention that reads the KV block pool in place: a Triton kernel, for CUDA
+devices.
 
-The CPU path (``transformer._gather``) copies each sequence's blocks into a dense tensor
+The CPU path (``attention._gather``) copies each sequence's blocks into a dense tensor
 and hands it to SDPA; on a GPU that copy doubles the bytes attention moves and the planner
 must set it aside. Here each query token reads its own blocks through its block table.
 
 One call covers a step's decoding sequences, one query token each. A token is a *row*:
 the block table it reads (``table_rows``) and the positions it sees, ``[starts, ends)``
 (causal, and within a sliding window). Rows may share a table with causal ends, as a
-prompt chunk's tokens would; the engine gathers a later chunk instead (each of its many
-queries would read the whole context again: ``core/step_attention.py``). Positions outside are never read (a loop bound and a load mask), not
-masked with -inf after the fact; a row that sees nothing gets zeros.
+prompt chunk's tokens would, but a later chunk's many queries, one row each, would each
+read the whole context again: the engine reads those a tile of queries at a time with the
+kernel of ``prefill_attention.py``, which shares this module's helpers (``decode_fp8``,
+``next_pow2``, ``first_line``). Positions outside are never read (a loop bound and a load
+mask), not masked with -inf after the fact; a row that sees nothing gets zeros.
 
 Work is split as in vLLM's paged attention v2 / flash-decoding: a program per (row, KV
 head, partition of ``PARTITION_TOKENS`` positions), so one long sequence fills the GPU;
@@ -35,7 +38,7 @@ from kvledger.engine.errors import BadInput
 
 PARTITION_TOKENS = 512  # positions per program: long contexts spread over the GPU
 
-_FP8 = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}  # the kernel's code for each format
+FP8_FORMATS = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}  # the kernels' code for each format
 
 
 try:  # a test extra on the CPU; CUDA builds of torch bring it
@@ -167,7 +170,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     group = heads // kv_heads
     part_blocks = max(1, PARTITION_TOKENS // block_size)
     num_parts = max(1, -(-max_positions // (part_blocks * block_size)))
-    fp8 = _FP8.get(kv_cache.dtype, 0)
+    fp8 = FP8_FORMATS.get(kv_cache.dtype, 0)
     cache = kv_cache.view(torch.uint8) if fp8 else kv_cache
     partial = torch.empty((rows, heads, num_parts, head_dim), dtype=torch.float32,
                           device=q.device)
@@ -177,8 +180,9 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
             q.contiguous(), cache, block_tables, table_rows, starts, ends, partial, lse,
             scale, float(kv_scales[0]), float(kv_scales[1]),
             num_blocks, block_tables.shape[1], kv_heads,
-            GROUP=group, GROUP_PAD=_pow2(group), HEAD_DIM=head_dim, HEAD_PAD=_pow2(head_dim),
-            BLOCK=block_size, BLOCK_PAD=_pow2(block_size),
+            GROUP=group, GROUP_PAD=next_pow2(group),
+            HEAD_DIM=head_dim, HEAD_PAD=next_pow2(head_dim),
+            BLOCK=block_size, BLOCK_PAD=next_pow2(block_size),
             PART_BLOCKS=part_blocks, NUM_PARTS=num_parts, FP8=fp8)
     if num_parts == 1:
         return partial[:, :, 0].to(q.dtype)
@@ -199,7 +203,7 @@ def self_check(device: torch.device, dtype: torch.dtype) -> str | None:
                               torch.zeros(2, dtype=torch.int32, device=device), ends,
                               scale=64 ** -0.5, max_positions=32)
     except Exception as exc:  # Triton's compile and launch errors have no common base
-        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+        return first_line(exc)
     for row in range(2):
         n = int(ends[row])
         blocks = tables[row].long()[torch.arange(n, device=device) // 16]
@@ -210,6 +214,11 @@ def self_check(device: torch.device, dtype: torch.dtype) -> str | None:
         if not torch.allclose(got[row].float(), want, atol=2e-2, rtol=2e-2):
             return f"its output differs from SDPA's by {(got[row].float() - want).abs().max():.3g}"
     return None
+
+
+def first_line(exc: Exception) -> str:
+    """A kernel's compile or launch error as one line, for a start-up refusal."""
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
 
 
 def merge_partitions(partial: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
@@ -225,5 +234,6 @@ def merge_partitions(partial: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     return (partial * weight.unsqueeze(-1)).sum(dim=2)
 
 
-def _pow2(n: int) -> int:
+def next_pow2(n: int) -> int:
+    """The least power of two >= ``n`` (1 for 0): a kernel's padded tile size."""
     return 1 << max(0, (n - 1).bit_length())

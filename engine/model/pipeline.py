@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from kvledger.engine.checkpoint.model_config import ModelConfig
-from kvledger.engine.model.transformer import AttentionMetadata, DecoderLayer, RMSNorm
+from kvledger.engine.model.attention import AttentionMetadata
+from kvledger.engine.model.transformer import DecoderLayer, RMSNorm
 from kvledger.engine.planner.stages import stage_bounds, tensor_stages
 
 _LAYER = re.compile(r"((?:^|\.)layers\.)(\d+)\.")

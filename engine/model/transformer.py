@@ -3,80 +3,23 @@ with the experts of engine/model/moe.py) over a paged KV cache.
 
 Module names match Hugging Face's, so a checkpoint's state dict loads as is. The forward
 pass takes every token of a step flattened into one ``[num_tokens]`` batch: the linear
-layers see all of them at once; attention runs per prefill and batched over decodes,
-reading keys and values from the paged cache through each sequence's block table.
+layers see all of them at once; attention (``attention.py``) runs per prefill and batched
+over decodes, reading keys and values from the paged cache through each sequence's block
+table.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kvledger.engine.checkpoint.model_config import ModelConfig
+from kvledger.engine.model.attention import AttentionMetadata, as_bytes, attend
 from kvledger.engine.model.lora import LoraBatch, project
 from kvledger.engine.model.moe import MixtralExpert, SparseMoE
-from kvledger.engine.model.paged_attention import paged_attention
-
-
-@dataclass
-class PrefillSpan:
-    """One prompt chunk: ``length`` query tokens starting at position ``start``.
-
-    The first chunk of a prompt attends to itself only (``block_table`` None; ``mask``
-    None means plain causal). A later chunk attends to the cached blocks of everything
-    before it plus itself (``block_table`` ``[1, blocks]``, ``mask`` ``[1, 1, length,
-    blocks * block_size]``)."""
-
-    start: int
-    length: int
-    mask: torch.Tensor | None
-    block_table: torch.Tensor | None = None
-
-
-@dataclass
-class DecodeGroup:
-    """Decoding sequences attended together: block tables padded to the group's longest."""
-
-    num_seqs: int
-    block_tables: torch.Tensor  # [num_seqs, max_blocks]
-    # [num_seqs, 1, 1, max_blocks * block_size], additive: 0 attend, -inf not (a bool mask
-    # would be turned into this by every layer's attention call)
-    mask: torch.Tensor
-
-
-@dataclass
-class PagedRows:
-    """The step's tokens that read the KV pool in place (``paged_attention.py``): each
-    decoding sequence's, as rows. Row ``r`` is
-    token ``tokens[r]`` of the step; it reads block table ``block_tables[table_rows[r]]``
-    at positions ``[starts[r], ends[r])``. ``max_positions``: the run's max-model-len."""
-
-    tokens: torch.Tensor  # [rows] long
-    block_tables: torch.Tensor  # [tables, width] int32
-    table_rows: torch.Tensor  # [rows] int32
-    starts: torch.Tensor  # [rows] int32
-    ends: torch.Tensor  # [rows] int32
-    max_positions: int
-
-
-@dataclass
-class AttentionMetadata:
-    """Where this step's tokens go and what they attend to (built by the model runner).
-
-    Tokens are ordered: every prefill chunk, then one token per decoding sequence, group
-    after group. ``slot_mapping`` is each token's flat cache slot (``block_id *
-    block_size + offset``); None in the profile pass, which has no cache.
-    """
-
-    slot_mapping: torch.Tensor | None
-    prefills: list[PrefillSpan]
-    decode_groups: list[DecodeGroup]
-    lora: LoraBatch | None = None  # the rows that carry an adapter (engine/model/lora.py)
-    paged: PagedRows | None = None  # on TRITON_ATTN: the decodes, in place
 
 
 class RMSNorm(nn.Module):
@@ -139,28 +82,6 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """fp8 tensors as uint8: CPU torch cannot index_copy_ or gather float8 directly."""
-    return t.view(torch.uint8) if t.element_size() == 1 else t
-
-
-def _gather(kv_cache: torch.Tensor, block_tables: torch.Tensor, dtype: torch.dtype,
-            scales: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of each row's blocks: ``[seqs, kv_heads, blocks * block_size, head_dim]``,
-    an fp8 cache's times its ``(k_scale, v_scale)``.
-
-    One index_select (about 2x faster than advanced indexing on the CPU) over
-    ``[2, kv_heads, num_blocks, block_size, head_dim]``; heads outermost keeps each
-    (sequence, head) a contiguous run of positions."""
-    num_seqs, width = block_tables.shape
-    _, kv_heads, _, block_size, head_dim = kv_cache.shape
-    kv = _as_bytes(kv_cache).index_select(2, block_tables.flatten()).view(kv_cache.dtype)
-    kv = kv.view(2, kv_heads, num_seqs, width * block_size, head_dim).transpose(1, 2).to(dtype)
-    if kv_cache.element_size() == 1 and scales != (1.0, 1.0):
-        kv = kv * kv.new_tensor(scales).view(2, 1, 1, 1, 1)
-    return kv[0], kv[1]
-
-
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -186,7 +107,7 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x, cos.unsqueeze(1), sin.unsqueeze(1), meta.lora)
         if kv_cache is not None:
             self._write_cache(kv_cache, k, v, meta.slot_mapping)
-        out = self._attend(q, k, v, kv_cache, meta)
+        out = attend(q, k, v, kv_cache, meta, (self.k_scale, self.v_scale))
         return project(self.o_proj, out.view(x.shape[0], -1), meta.lora)
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -222,52 +143,11 @@ class Attention(nn.Module):
             slots[0].index_copy_(1, slot_mapping, k.transpose(0, 1).to(kv_cache.dtype))
             slots[1].index_copy_(1, slot_mapping, v.transpose(0, 1).to(kv_cache.dtype))
             return
-        slots = _as_bytes(kv_cache).view(2, self.num_kv_heads, -1, self.head_dim)
+        slots = as_bytes(kv_cache).view(2, self.num_kv_heads, -1, self.head_dim)
         if (self.k_scale, self.v_scale) != (1.0, 1.0):  # by numbers: no host copy (graphs)
             k, v = k / self.k_scale, v / self.v_scale
         kv = torch.stack((k, v)).transpose(1, 2)
-        slots.index_copy_(2, slot_mapping, _as_bytes(kv.to(kv_cache.dtype)))
-
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
-        """Each prefill span over its own K/V (or its cached blocks), then each decode
-        group over its gathered blocks, then the rows that read the cache in place:
-        ``[tokens, heads, head_dim]``."""
-        scales = (self.k_scale, self.v_scale)
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous: o_proj views it
-        start = 0
-        for span in meta.prefills:
-            end = start + span.length
-            qs = q[start:end].transpose(0, 1).unsqueeze(0)
-            if span.block_table is None:
-                ks, vs = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (k, v))
-            else:
-                ks, vs = _gather(kv_cache, span.block_table, q.dtype, scales)
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=span.mask,
-                                               is_causal=span.mask is None, enable_gqa=True)
-            out[start:end] = o[0].transpose(0, 1)
-            start = end
-        group_size = self.num_heads // self.num_kv_heads
-        for group in meta.decode_groups:
-            end = start + group.num_seqs
-            kd, vd = _gather(kv_cache, group.block_tables, q.dtype, scales)
-            # The query heads sharing a K/V head become that head's query rows: no
-            # grouped-query support needed from the kernel, which would otherwise
-            # repeat the gathered K/V per query head (the math fallback on CUDA does).
-            shape = (group.num_seqs, self.num_kv_heads, group_size, self.head_dim)
-            o = F.scaled_dot_product_attention(q[start:end].view(shape), kd, vd,
-                                               attn_mask=group.mask)
-            # Copied, not viewed: CUDA's memory-efficient kernel returns its output with
-            # heads and rows transposed in memory, so (kv head, row) cannot fold by view.
-            out[start:end].view(shape).copy_(o)
-            start = end
-        if meta.paged is not None:
-            rows = meta.paged
-            out.index_copy_(0, rows.tokens, paged_attention(
-                q.index_select(0, rows.tokens), kv_cache, rows.block_tables, rows.table_rows,
-                rows.starts, rows.ends, scale=self.head_dim ** -0.5, kv_scales=scales,
-                max_positions=rows.max_positions))
-        return out
+        slots.index_copy_(2, slot_mapping, as_bytes(kv.to(kv_cache.dtype)))
 
 
 class MLP(nn.Module):

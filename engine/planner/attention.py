@@ -1,9 +1,10 @@
-"""Which attention path a run takes (``--attention-backend``), and so whether decode
-attention copies each sequence's K and V out of the block pool, a copy the plan must set
-aside as activation memory.
+"""Which attention path a run takes (``--attention-backend``), and so whether attention
+copies each sequence's K and V out of the block pool, a copy the plan must set aside as
+activation memory.
 
-- ``TRITON_ATTN`` (a GPU's default, vLLM's name for its Triton backend): a Triton kernel
-  reads the blocks in place (``model/paged_attention.py``); nothing is copied.
+- ``TRITON_ATTN`` (a GPU's default, vLLM's name for its Triton backend): Triton kernels
+  read the blocks in place, the decodes' (``model/paged_attention.py``) and a later prompt
+  chunk's (``model/prefill_attention.py``); nothing is copied.
 - ``TORCH_SDPA`` (the CPU's default; ``CPU_ATTN``, vLLM's CPU backend, names it too): the
   blocks of each sequence are gathered into one tensor per layer and handed to torch's
   SDPA, faster on the CPU, where Triton has no backend.
@@ -24,5 +25,5 @@ def attention_backend(requested: str, device_kind: str) -> str:
 
 
 def gathers_kv(backend: str) -> bool:
-    """Whether decode attention copies K and V out of the pool (the plan counts it)."""
+    """Whether attention copies K and V out of the pool (the plan counts it)."""
     return backend == TORCH_SDPA

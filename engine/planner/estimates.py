@@ -84,10 +84,10 @@ def activation_peak_bytes(shape: ModelShape, dtype_bytes: int, max_num_batched_t
     MLP's gate, up and their product. Logits are float32 for the last token of each
     sequence, plus the probabilities the sampler computes from them. The engine's
     attention gathers the K and V of ``gathered_sequences`` (default ``max_num_seqs``: every
-    decoding sequence on the CPU's path; 1, a later prompt chunk's, where the decodes read
-    the pool in place) of ``context_tokens`` (max_model_len rounded up to whole blocks) for
-    one layer at a time, in the model dtype, plus the gathered copy in the KV dtype when
-    that differs: ``gather_bytes`` = dtype_bytes (+ kv_dtype_bytes).
+    decoding sequence on the CPU's path; 0 on a GPU's, whose kernels read the decodes and
+    the later prompt chunks in place) of ``context_tokens`` (max_model_len rounded up to
+    whole blocks) for one layer at a time, in the model dtype, plus the gathered copy in the
+    KV dtype when that differs: ``gather_bytes`` = dtype_bytes (+ kv_dtype_bytes).
     """
     tokens = max_num_batched_tokens
     per_token = (4 * shape.hidden_size

@@ -194,13 +194,14 @@ def _budget(config: EngineConfig, device: DeviceMemory, measured: Measured,
     kv_dtype = resolve_kv_dtype(config, model_dtype)
     geometry = kv_layout_geometry(shape, config, kv_dtype, max_model_len, batched_tokens)
     blocks_per_seq = geometry.blocks_per_seq
-    # kvledger's engine gathers a later prompt chunk's sequence for its attention, and on
-    # the CPU (TORCH_SDPA) every decoding sequence's K and V too; its GPU kernel reads the
-    # decodes in place. vLLM's kernels read everything in place (a what-if plan for vLLM).
+    # On the CPU's path (TORCH_SDPA) kvledger's engine gathers every decoding sequence's K
+    # and V (a later prompt chunk's one sequence among them); on a GPU (TRITON_ATTN) its
+    # kernels read the decodes and the later chunks in place, as vLLM's do (a what-if plan
+    # for vLLM), so nothing is gathered.
     gathers = gathers_kv(attention_backend(config.attention_backend, device.kind))
     gathered_tokens = (blocks_for(max_model_len, config.block_size) * config.block_size
                        if geometry.rule == ENGINE_RULE else 0)
-    gathered_sequences = seats if gathers else 1
+    gathered_sequences = seats if gathers else 0
     if geometry.rule == ENGINE_RULE:  # what kvledger's engine runs (planner/support.py)
         check_engine_run(config, full_shape, weights)
 

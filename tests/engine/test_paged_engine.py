@@ -1,9 +1,9 @@
 """The engine with ``--attention-backend TRITON_ATTN`` (the GPU's path: decodes and later
-prompt chunks read the KV pool in place, engine/model/paged_attention.py) gives the greedy
-tokens of ``TORCH_SDPA`` (the CPU's gather path) on the same checkpoint: run here on the CPU
-under Triton's interpreter, with prompts joining and leaving the batch, prompts split into
-chunks, a sliding window (Mistral), GQA, experts (Qwen3-MoE), prompts sharing cached blocks
-and an fp8 KV cache. On ``KVLEDGER_TEST_DEVICE`` (``cuda``: bench/gpu_checks.sh, with
+prompt chunks read the KV pool in place, engine/model/paged_attention.py and
+prefill_attention.py; nothing is gathered) gives the greedy tokens of ``TORCH_SDPA`` (the
+CPU's gather path) on the same checkpoint: run here on the CPU under Triton's interpreter,
+with prompts joining and leaving the batch, prompts split into chunks, a sliding window
+(Mistral), GQA, experts (Qwen3-MoE), prompts sharing cached blocks and fp8 KV caches. On ``KVLEDGER_TEST_DEVICE`` (``cuda``: bench/gpu_checks.sh, with
 ``TRITON_INTERPRET=0``) the kernel runs compiled and the padded decode steps as captured
 CUDA graphs."""
 
@@ -16,15 +16,28 @@ from _engine_helpers import DEVICE
 
 from kvledger.engine import LLM, SamplingParams
 from kvledger.engine.errors import BadInput
+from kvledger.engine.model import attention
 
 pytest.importorskip("triton")
 
 
-def _tokens(model_dir, backend: str, prompts, max_tokens: int, **kwargs) -> list[list[int]]:
+def _no_gather(*args, **kwargs):
+    raise AssertionError("the paged path gathered blocks out of the pool")
+
+
+def _tokens(model_dir, backend: str, prompts, max_tokens: int, *, in_turn: int = 0,
+            **kwargs) -> list[list[int]]:
+    """Greedy tokens of ``prompts``, the first ``in_turn`` of them generated before the
+    rest (so the rest find their blocks cached); on TRITON_ATTN any gather fails."""
     llm = LLM(str(model_dir), dtype="float32", device=DEVICE, attention_backend=backend,
               max_model_len=160, **kwargs)
     assert llm.engine.runner.paged == (backend == "TRITON_ATTN")
-    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens))
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    with pytest.MonkeyPatch.context() as patch:
+        if backend == "TRITON_ATTN":
+            patch.setattr(attention, "_gather", _no_gather)
+        outputs = [out for batch in (prompts[:in_turn], prompts[in_turn:]) if batch
+                   for out in llm.generate(batch, params)]
     return [out.token_ids for out in outputs]
 
 
@@ -57,6 +70,31 @@ def test_prompts_sharing_cached_blocks_read_them_in_place(tiny_llama_dir, kv_cac
             == _tokens(tiny_llama_dir, "TORCH_SDPA", prompts, 10, **kwargs))
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e5m2"])
+def test_later_chunks_over_cached_prefixes_read_the_pool_in_place(tiny_llama_dir, monkeypatch,
+                                                                  kv_cache_dtype):
+    """Chunked prefill (24-token steps, so chunks start inside blocks) after prefix-cache
+    hits (a 45-token prompt first; then two prompts starting with it, whose tables point at
+    its blocks, and one of their own): every later chunk goes through the query-tiled
+    kernel, nothing is gathered, and the tokens are the gathered path's."""
+    shared = _prompts(5, [45])[0]
+    prompts = [shared, *(shared + tail for tail in _prompts(6, [30, 7])), *_prompts(7, [60])]
+    kwargs = dict(max_num_seqs=3, max_num_batched_tokens=24, enable_prefix_caching=True,
+                  kv_cache_dtype=kv_cache_dtype, in_turn=1)
+    gathered = _tokens(tiny_llama_dir, "TORCH_SDPA", prompts, 8, **kwargs)
+    chunks, kernel = [], attention.chunk_attention
+
+    def counted(q, kv_cache, tables, q_starts, starts, lengths, out, **kw):
+        chunks.extend(starts.tolist())
+        return kernel(q, kv_cache, tables, q_starts, starts, lengths, out, **kw)
+
+    monkeypatch.setattr(attention, "chunk_attention", counted)
+    assert _tokens(tiny_llama_dir, "TRITON_ATTN", prompts, 8, **kwargs) == gathered
+    starts = set(chunks)
+    assert any(start % 16 for start in starts), starts  # inside blocks of 16
+    assert 32 in starts, starts  # after the cached 2 blocks of the shared 45 tokens
+
+
 @pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's refusal")
 def test_triton_attention_on_a_cpu_without_the_interpreter_is_refused(tiny_llama_dir,
                                                                        monkeypatch):
@@ -73,10 +111,10 @@ def test_triton_attention_on_a_cpu_without_the_interpreter_is_refused(tiny_llama
         LLM(str(tiny_llama_dir), device=DEVICE, attention_backend="TRITON_ATTN")
 
 
-def test_the_mixed_profile_step_reads_the_scratch_block_in_place(tiny_llama_dir):
+def test_the_mixed_profile_step_reads_the_scratch_block_in_place(tiny_llama_dir, monkeypatch):
     """The start-up profile's heaviest step on the paged path: the decodes are rows seeing
-    their whole context in place (no gathered copy of them is made or measured), the later
-    chunk gathers its one sequence, and the step runs over the one-block scratch cache."""
+    their whole context in place, so is the later chunk (no gathered copy is made or
+    measured), and the step runs over the one-block scratch cache."""
     import torch
 
     from kvledger.engine.checkpoint.model_config import ModelConfig
@@ -90,11 +128,13 @@ def test_the_mixed_profile_step_reads_the_scratch_block_in_place(tiny_llama_dir)
     ids, positions, meta, _ = runner._profile_mixed(20, 64, 4)
     assert meta.decode_groups == [] and meta.paged is not None
     chunk = meta.prefills[0]
-    assert chunk.block_table is not None and chunk.start + chunk.length == 63
+    assert chunk.in_place and chunk.block_table is None and chunk.start + chunk.length == 63
+    assert meta.chunks.starts.tolist() == [46] and meta.chunks.lengths.tolist() == [17]
     rows = meta.paged.tokens.tolist()
     assert rows == [17, 18, 19]  # the 3 decodes after the chunk's 17 tokens
     assert meta.paged.ends.tolist() == [positions[r] + 1 for r in rows]
     scratch = runner._new_kv_cache(1, "auto")
+    monkeypatch.setattr(attention, "_gather", _no_gather)
     hidden = runner._hidden(ids, positions, meta, scratch)
     assert hidden.shape[0] == 20 and bool(torch.isfinite(hidden).all())
 

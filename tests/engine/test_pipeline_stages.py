@@ -11,9 +11,10 @@ import torch
 
 from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.config import EngineConfig
+from kvledger.engine.model.attention import AttentionMetadata, PrefillSpan
 from kvledger.engine.model.loader import load_model, weights_bytes
 from kvledger.engine.model.pipeline import Stage
-from kvledger.engine.model.transformer import AttentionMetadata, PrefillSpan, RotaryEmbedding
+from kvledger.engine.model.transformer import RotaryEmbedding
 from kvledger.engine.planner.plan import make_plan
 
 CPU = torch.device("cpu")

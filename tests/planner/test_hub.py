@@ -100,7 +100,7 @@ def test_refusing_a_70b_model_reads_under_1_percent_of_it(hub, tmp_path) -> None
                       "--device-memory", "192GiB", "--max-model-len", "8192",
                       "--max-num-seqs", "64")
     assert result.returncode == 3, result.stderr
-    assert result.stderr.startswith("error: engine requires 294.9 GiB, limit is 188.2 GiB")
+    assert result.stderr.startswith("error: engine requires 294.8 GiB, limit is 188.2 GiB")
     assert "    --max-num-seqs 21 " in result.stderr
     weights = sum(p.stat().st_size for p in hub.repos[BIG].commits[hub.repos[BIG].refs["main"]]
                   .glob("*.safetensors"))

@@ -168,10 +168,10 @@ def test_defaults_and_estimates() -> None:
     p = plan()
     assert p.max_model_len == 8192 and p.max_num_batched_tokens == 8192
     assert plan(max_model_len=1024).max_num_batched_tokens == 2048
-    # A GPU's attention reads the decodes in place: one later chunk's sequence is gathered ...
+    # A GPU's attention reads the decodes and the later chunks in place: nothing gathered ...
     assert p.classes["activations"] == estimates.activation_peak_bytes(
         LLAMA_8B, 2, 8192, 16, context_tokens=8192, kv_dtype_bytes=2,
-        gathered_sequences=1) + 32 * MiB
+        gathered_sequences=0) + 32 * MiB
     # ... but with --attention-backend TORCH_SDPA every sequence's K and V are gathered.
     assert plan(attention_backend="TORCH_SDPA").classes["activations"] == (
         estimates.activation_peak_bytes(LLAMA_8B, 2, 8192, 16, context_tokens=8192,
