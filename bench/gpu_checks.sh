@@ -24,7 +24,8 @@
 # failure, names every failed step in its last lines and exits non-zero if any failed.
 #
 # `bash bench/gpu_checks.sh speed` (step limits 9.3 minutes) runs (a), then the paged
-# attention kernel's and the CUDA graphs' tests compiled on the GPU, then
+# attention kernels' (decodes, later prompt chunks) and the CUDA graphs' tests compiled on
+# the GPU, then
 # bench/gpu_speed.py, its JSON written to $OUT/gpu_speed.json (commit it under bench/results/).
 # `bash bench/gpu_checks.sh serving` (a second call, about 5 minutes) runs (a), then only
 # bench/serving.py with kvledger on CUDA: part 1 at concurrency 1, 3, 8, 32 and one
@@ -101,10 +102,11 @@ finish() {  # the last lines: every failed step named; exit status 1 if any fail
 }
 
 if [ "${1:-}" = speed ]; then  # the GPU path: its tests compiled, then bench/gpu_speed.py
-    step 120 "the paged kernel compiled against SDPA; greedy tokens of both attention paths, and of captured graphs against eager (float32)" \
+    step 120 "the paged kernels (decodes, later chunks) compiled against SDPA; greedy tokens of both attention paths, and of captured graphs against eager (float32)" \
         env TRITON_INTERPRET=0 KVLEDGER_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider \
-        -o addopts="" tests/engine/test_paged_attention.py tests/engine/test_paged_engine.py
-    step 440 "bench/gpu_speed.py: decode and prefill against the card's own limits" \
+        -o addopts="" tests/engine/test_paged_attention.py tests/engine/test_prefill_attention.py \
+        tests/engine/test_paged_engine.py
+    step 440 "bench/gpu_speed.py: decode, prefill and a later chunk against the card's own limits" \
         "$PY" bench/gpu_speed.py --out "${OUT:-bench/results}/gpu_speed.json"
     finish
 fi

@@ -336,8 +336,9 @@ def test_hostile_cluster_fast_holds_every_claim():
 def test_gpu_speed_smoke_produces_every_figure_on_both_attention_paths():
     """bench/gpu_speed.py --smoke: the GPU run's script on a tiny shape on the CPU (the paged
     path under Triton's interpreter, its graphs' buffers eagerly): the card's limits, each
-    decode shape on the three paths and the prefill on both as fractions of them, and the planned activations, the gathered copy
-    counted on TORCH_SDPA only."""
+    decode shape on the three paths, the prefill and a later chunk over cached tokens on
+    both as fractions of them, and the planned activations, the gathered copy counted on
+    TORCH_SDPA only."""
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_speed.py"), "--smoke"],
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -347,5 +348,7 @@ def test_gpu_speed_smoke_produces_every_figure_on_both_attention_paths():
     assert sorted(figures["decode"]) == [f"{p} b{n} c40" for p in paths for n in (1, 2)]
     assert all(row["of_bandwidth"] > 0 for row in figures["decode"].values())
     assert all(row["of_matmul_peak"] > 0 for row in figures["prefill"].values())
+    assert sorted(figures["chunk_prefill"]) == ["TORCH_SDPA", "TRITON_ATTN"]
+    assert all(row["of_matmul_peak"] > 0 for row in figures["chunk_prefill"].values())
     planned = {b: a["planned_bytes"] for b, a in figures["activations"].items()}
     assert planned["TORCH_SDPA"] > planned["TRITON_ATTN"] > 0
