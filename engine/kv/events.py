@@ -107,7 +107,7 @@ class KVEventLog:
         self._kind = "full_attention" if sliding_window is None else "sliding_window"
         self._window = sliding_window
         self._events: list[KVCacheEvent] = []
-        self._published: dict[bytes, int] = {}  # each findable block's published key
+        self._published: dict[bytes, bytes] = {}  # each findable block's published key
         self._batches: deque[KVEventBatch] = deque(maxlen=max_batches)
         self._lock = threading.Lock()  # the events: written by any thread, sealed by one
         self._sealed = threading.Condition()
@@ -126,6 +126,9 @@ class KVEventLog:
             tagged = (*lora, ("cache_salt", client_salt)) if i == 0 and client_salt else lora
             return tagged or None
 
+        known = self._published  # blocks found cached: their keys need no hashing again
+        while len(chain) < indices[0] and hashes[len(chain)] in known:
+            chain.append(known[hashes[len(chain)]])
         self.keys.extend(chain, token_ids, indices[-1] + 1, self.block_size, extra)
         runs: list[list[int]] = []
         for i in indices:
@@ -136,7 +139,7 @@ class KVEventLog:
         with self._lock:
             for run in runs:
                 for i in run:
-                    self._published[hashes[i]] = external_hash(chain[i])
+                    self._published[hashes[i]] = chain[i]
                 self._events.append(self._block_stored(run, chain, token_ids, adapter, extra))
 
     def _block_stored(self, run: list[int], chain: list[bytes], token_ids: Sequence[int],
@@ -160,8 +163,8 @@ class KVEventLog:
         with self._lock:
             key = self._published.pop(block_hash, None)
             if key is not None:  # else it was never published (stored before events)
-                self._events.append(BlockRemoved(block_hashes=[key], medium=MEDIUM_GPU,
-                                                 group_idx=0))
+                self._events.append(BlockRemoved(block_hashes=[external_hash(key)],
+                                                 medium=MEDIUM_GPU, group_idx=0))
 
     def cleared(self) -> None:
         with self._lock:

@@ -352,3 +352,16 @@ def test_gpu_speed_smoke_produces_every_figure_on_both_attention_paths():
     assert all(row["of_matmul_peak"] > 0 for row in figures["chunk_prefill"].values())
     planned = {b: a["planned_bytes"] for b, a in figures["activations"].items()}
     assert planned["TORCH_SDPA"] > planned["TRITON_ATTN"] > 0
+
+
+def test_kv_events_bench_measures_the_step_cost_and_rebuilds_the_blocks():
+    """bench/kv_events.py --quick: parts 1-3 (step cost, sustained rate, round trip) on a
+    few requests; its claims hold and a subscriber rebuilds the ledger's blocks exactly."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "kv_events.py"), "--quick",
+                           "--json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [r["identical"] for r in report["round_trip"]] == [True, True]
+    assert all(r["findable"] > 0 for r in report["round_trip"])  # blocks were published
+    assert report["step_cost"]["event_share_of_step"] < 0.01
+    assert report["sustained_events_per_s"] > report["step_cost"]["events_per_step_second"]
