@@ -6,17 +6,19 @@ a field nobody modelled is refused as unknown (``validation``: which fields are 
 or dropped by name, and the 400 naming the field at fault). Types are strict (``"10"`` is
 not an integer, ``true`` is not 1), and sizes are bounded by ``limits`` (choices,
 messages, stop strings, 64-bit integers), each refusal naming its limit. The output
-constraint fields are read by ``structured_outputs``.
+constraint fields are read by ``structured_outputs``; a chat's messages are
+``chat_message``'s.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from kvledger.engine.sampling.params import MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_PENALTY
+from kvledger.engine.server.chat_message import ChatMessage
 from kvledger.engine.server.chat_options import ChatTemplateOptions
 from kvledger.engine.server.limits import (
     MAX_CACHE_SALT_CHARS,
@@ -38,7 +40,6 @@ from kvledger.engine.server.structured_outputs import (
 )
 from kvledger.engine.server.tools.protocol import (
     NamedToolChoice,
-    ToolCallIn,
     ToolChoice,
     ToolList,
     check_tool_choice,
@@ -209,57 +210,6 @@ class CompletionRequest(_Request):
     def prompt_logprobs_k(self) -> int | None:
         """``echo`` with ``logprobs``: the prompt's logprobs, from the prefill itself."""
         return self.logprobs if self.echo else None
-
-
-class ChatMessage(Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Any = None
-    name: str | None = None
-    refusal: None = None  # an assistant message may echo back OpenAI's null refusal
-    tool_calls: list[ToolCallIn] | None = None  # an assistant's calls, sent back
-    tool_call_id: str | None = None             # a tool message: the call it answers
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _content(cls, content: Any) -> str:
-        if isinstance(content, str):
-            return content
-        if content is None:
-            return ""
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                if not (isinstance(part, dict) and part.get("type") == "text"
-                        and isinstance(part.get("text"), str) and len(part) == 2):
-                    raise ValueError("parts must be {\"type\": \"text\", \"text\": ...}; other "
-                                     "modalities are not supported")
-                texts.append(part["text"])
-            return "".join(texts)
-        raise ValueError("must be a string or a list of text parts")
-
-    @field_validator("tool_calls")
-    @classmethod
-    def _tool_calls(cls, calls: list[ToolCallIn] | None, info) -> list[ToolCallIn] | None:
-        if calls is not None and info.data.get("role") != "assistant":
-            raise ValueError("only assistant messages carry tool calls")
-        return calls
-
-    @field_validator("tool_call_id")
-    @classmethod
-    def _tool_call_id(cls, call_id: str | None, info) -> str | None:
-        if call_id is not None and info.data.get("role") != "tool":
-            raise ValueError("only tool messages answer a tool call")
-        return call_id
-
-    def as_template_input(self) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": self.role, "content": self.content}
-        if self.name is not None:
-            message["name"] = self.name
-        if self.tool_calls:
-            message["tool_calls"] = [c.as_template_input() for c in self.tool_calls]
-        if self.tool_call_id is not None:
-            message["tool_call_id"] = self.tool_call_id
-        return message
 
 
 class ChatRequest(_Request, ChatTemplateOptions):

@@ -16,10 +16,10 @@ from pydantic import Field, model_validator
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.server.api_errors import bad_request
+from kvledger.engine.server.chat_message import ChatMessage
 from kvledger.engine.server.chat_options import ChatTemplateOptions
 from kvledger.engine.server.limits import MAX_INT, decode_json
 from kvledger.engine.server.openai_api import read_body
-from kvledger.engine.server.protocol import ChatMessage
 from kvledger.engine.server.request_fields import render_chat
 from kvledger.engine.server.state import STATE, ServerState
 from kvledger.engine.server.tools.protocol import ToolList, template_tools
