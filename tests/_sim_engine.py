@@ -84,6 +84,7 @@ def sim_engine(model_dir, *, num_blocks: int, block_size: int, max_num_seqs: int
                        tokenizer, runner, ledger)
     engine.scheduler = Scheduler(ledger, max_num_seqs, max_num_batched_tokens, max_loras,
                                  engine.headroom)
+    engine.intake.scheduler = engine.scheduler  # the one its adds and aborts go to
     return engine
 
 
@@ -115,7 +116,7 @@ def brute_force_safe(engine: LLMEngine) -> bool:
     request uses, a free slot. Seats, slots and holders are read from the scheduler's
     sequences and the blocks' lists, not from the ledger's bookkeeping."""
     ledger, scheduler = engine.ledger, engine.scheduler
-    seqs = [*scheduler.running.values(), *scheduler.waiting, *engine._pending_adds.values()]
+    seqs = [*scheduler.running.values(), *scheduler.waiting, *engine.intake.pending_adds.values()]
     live = [s for s in seqs if not s.reservation.released]
     holders: dict[int, set[int]] = {}
     for i, seq in enumerate(live):

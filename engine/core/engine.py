@@ -3,14 +3,12 @@
 run the model -> sample -> postprocess.
 
 ``add_request`` and ``abort_request`` may be called from any thread while ``step()`` runs
-in another: they are queued under a lock and applied at the start of the next step,
-aborts first, so freed blocks are back before anything new is scheduled.
+in another: the engine's ``Intake`` (``intake.py``) queues them for the next step.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 import torch
@@ -19,6 +17,7 @@ from kvledger.engine.admission.headroom import Headroom
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.core import request as rules
 from kvledger.engine.core.cpu_threads import ThreadGovernor
+from kvledger.engine.core.intake import Intake
 from kvledger.engine.core.lora_registry import LoraRegistry
 from kvledger.engine.core.outputs import RequestOutput, request_output
 from kvledger.engine.core.request import EngineRequest
@@ -65,12 +64,7 @@ class LLMEngine:
                                    config.max_loras if config.enable_lora else None, self.headroom)
         self.sampler = Sampler(config.seed, runner.device, tokenizer.eos_token_ids)
         self._shared_generator = self.sampler.generator  # unseeded rows draw from it
-        self._lock = threading.Lock()
-        self._pending_adds: dict[str, Sequence] = {}
-        self._pending_aborts: list[str] = []
-        self._aborted: list[Sequence] = []  # finished by abort, reported by the next step
-        # Every request added and not yet reported finished: what abort_all releases.
-        self._live: dict[str, Sequence] = {}
+        self.intake = Intake(self.scheduler)  # what add_request and abort_request queue
         self.consecutive_failed_steps = 0
         self.num_prefill_tokens = 0  # prompt tokens computed (not those found in the cache)
         self.stall_watch = StallWatch()  # requests here and none advancing: a bug, made loud
@@ -140,10 +134,7 @@ class LLMEngine:
             # Its priority is the one it runs at (``order.run_priority``: 0 under fcfs).
             seq = Sequence.start(request_id, request, reservation, self.tokenizer,
                                  self.runner.device, request.priority)
-            with self._lock:  # check and claim the id in one step
-                if request_id in self._live:
-                    raise BadInput(f"request id {request_id!r} is already in use")
-                self._live[request_id] = self._pending_adds[request_id] = seq
+            self.intake.add(seq)
         except BaseException:
             if reservation is not None:
                 self.ledger.release(reservation)
@@ -162,35 +153,18 @@ class LLMEngine:
         return reservation
 
     def abort_request(self, request_id: str) -> None:
-        """Stop a request; idempotent. A request not yet picked up is released at once;
-        a running one at the start of the next step. Either way the next step reports
-        it with ``finish_reason == "abort"``."""
-        with self._lock:
-            seq = self._pending_adds.pop(request_id, None)
-            if seq is not None:
-                self.scheduler.finish(seq, "abort")  # only releases: it never reached the queues
-                self._aborted.append(seq)
-            elif request_id in self._live:
-                self._pending_aborts.append(request_id)
+        """Stop a request; idempotent (``Intake.abort``): the next step reports it with
+        ``finish_reason == "abort"``."""
+        self.intake.abort(request_id)
 
     def abort_all(self) -> None:
         """Finish every request the engine holds as aborted and release its blocks now,
         without stepping (shutdown, an interrupted ``generate``, or after ``step()`` raised,
         whatever state it left the queues in). Call it only while no ``step()`` runs."""
-        with self._lock:
-            live = list(self._live.values())
-            for held in (self._live, self._pending_adds, self._pending_aborts, self._aborted):
-                held.clear()
-        live += [*self.scheduler.waiting, *self.scheduler.running.values()]  # all live already
-        self.scheduler.waiting.clear()
-        for seq in live:
-            if not seq.is_finished:
-                self.scheduler.finish(seq, "abort")
+        self.intake.abort_all()
 
     def has_unfinished_requests(self) -> bool:
-        with self._lock:
-            pending = bool(self._pending_adds or self._pending_aborts or self._aborted)
-        return pending or self.scheduler.has_unfinished()
+        return self.intake.has_pending() or self.scheduler.has_unfinished()
 
     # -- the loop (one thread) --------------------------------------------------------
 
@@ -203,7 +177,7 @@ class LLMEngine:
         included) fails the requests of that step, empties the allocator's cache and lets
         the rest go on. Only ``MAX_CONSECUTIVE_FAILED_STEPS`` failed forward passes in a
         row raise ``EngineFailed``: then the engine itself is broken."""
-        outputs = [request_output(seq, []) for seq in self._apply_pending()]
+        outputs = [request_output(seq, []) for seq in self.intake.take()]
         batch = self.scheduler.schedule()
         self.stall_watch.observe(not batch.is_empty, self.scheduler.has_unfinished(),
                                  self.scheduler.describe)
@@ -293,8 +267,7 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence, reason: str, *, uncache: bool = False) -> None:
         self.scheduler.finish(seq, reason, uncache=uncache)
-        with self._lock:
-            self._live.pop(seq.request_id, None)
+        self.intake.forget(seq.request_id)
 
     def _fail(self, seq: Sequence, stage: str, exc: BaseException, *,
               traceback: bool = True, uncache: bool = False) -> RequestOutput:
@@ -323,20 +296,3 @@ class LLMEngine:
             raise EngineFailed(f"{self.consecutive_failed_steps} forward passes failed in a "
                                "row; the engine cannot make progress")
         return outputs
-
-    def _apply_pending(self) -> list[Sequence]:
-        """Aborts, then adds, queued since the last step; the aborted sequences."""
-        with self._lock:
-            aborts, self._pending_aborts = self._pending_aborts, []
-            adds, self._pending_adds = list(self._pending_adds.values()), {}
-            aborted, self._aborted = self._aborted, []
-        for request_id in aborts:
-            seq = self.scheduler.abort(request_id)
-            if seq is not None:
-                aborted.append(seq)
-        for seq in adds:
-            self.scheduler.add(seq)
-        with self._lock:
-            for seq in aborted:
-                self._live.pop(seq.request_id, None)
-        return aborted

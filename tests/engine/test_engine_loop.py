@@ -349,7 +349,7 @@ def test_random_adds_aborts_and_steps_never_over_commit_and_drain_to_zero(tiny_l
             held = ledger.reserved_blocks if admission == "reserve" else ledger.used_blocks
             assert held <= ledger.num_blocks
             live = (list(engine.scheduler.running.values()) + list(engine.scheduler.waiting)
-                    + list(engine._pending_adds.values()))
+                    + list(engine.intake.pending_adds.values()))
             assert all(s.reservation.used_blocks <= s.reservation.num_blocks for s in live)
             # Prompts repeat, so cached prefix blocks are shared: each counts once.
             assert ledger.used_blocks == len({b for s in live for b in s.block_ids})

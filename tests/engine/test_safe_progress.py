@@ -126,7 +126,7 @@ def test_the_head_takes_its_tokens_first_from_the_back_of_the_line(tiny_llama_di
     assert engine.ledger.head() is None  # nothing over-committed: any order finishes
     submit(engine, "a", [5, 6, 7], 1)
     submit(engine, "b", [9], 1)  # needs 2 blocks, the least: it can finish first
-    assert engine.ledger.head() is engine._pending_adds["b"].reservation
+    assert engine.ledger.head() is engine.intake.pending_adds["b"].reservation
     finished = [out.request_id for out in engine.step() if out.finished]
     assert finished == ["b"]  # seated first, its prompt computed and its token sampled
     assert run_until_idle(engine) == {"a": "length", "long": "length"}
@@ -245,7 +245,7 @@ class SafeProgress(RuleBasedStateMachine):
         engine = self.engine
         ran = len(engine.runner.batches)
         # With nothing to apply first, the head the step will run is the ledger's now.
-        quiet = not engine._pending_adds and not engine._pending_aborts
+        quiet = not engine.intake.pending_adds and not engine.intake.pending_aborts
         head = engine.ledger.head() if quiet else None
         before = head and next(s.num_computed_tokens for s in engine.scheduler._seq_of.values()
                                if s.reservation is head)
