@@ -164,6 +164,12 @@ class EngineConfig:
         help="share the KV blocks of prompts that begin alike between requests, as vLLM does "
              "by default",
         crd=Crd("engine", "share computed prompt blocks between requests (default true)"))
+    enable_sleep_mode: bool = setting(
+        False, "--enable-sleep-mode", SWITCH, group=WORKLOAD,
+        help="serve vLLM's POST /sleep?level=1|2, POST /wake_up and GET /is_sleeping (with "
+             "VLLM_SERVER_DEV_MODE=1, behind the API key): level 1 keeps the weights in host "
+             "memory and frees the KV pool, level 2 frees both and reads the weights again "
+             "on wake; one process only, no LoRA (docs/serving.md, sleep mode)")
     prefix_caching_hash_algo: str = setting(
         "sha256", "--prefix-caching-hash-algo", choice(HASH_ALGOS), group=WORKLOAD,
         help="how the block keys KV events publish are made, as vLLM makes its own: sha256 "

@@ -153,6 +153,18 @@ class TenantLineFull(KVCacheFull):
         self.wait_s = wait_s
 
 
+class EngineSleeping(KvledgerError):
+    """The engine is asleep, or waking (sleep mode): no request is taken until it is
+    awake, in about ``retry_after_s`` (HTTP 503 with Retry-After)."""
+
+    def __init__(self, level: int, retry_after_s: float, *, waking: bool = False) -> None:
+        state = "waking" if waking else f"asleep (level {level})"
+        super().__init__(f"the engine is {state}: POST /wake_up wakes it; retry in "
+                         f"{retry_after_s:.0f}s")
+        self.level = level
+        self.retry_after_s = retry_after_s
+
+
 class EngineDeadError(RuntimeError):
     """The engine's step loop failed, or a rank is gone: no request can make progress
     (HTTP 503)."""

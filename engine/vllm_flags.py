@@ -109,7 +109,6 @@ RULES: dict[str, Rule] = {
     "--disable-cascade-attn": _noop("kvledger has no cascade attention"),
     "--lora-dtype": _only(["auto"], "another dtype for LoRA adapters",
                           "adapters run in the model's dtype"),
-    "--no-enable-sleep-mode": _noop("kvledger has no sleep mode"),
     "--no-enable-log-requests": _noop("kvledger does not log requests"),
     "--disable-log-requests": _noop("kvledger does not log requests"),
     "--enable-log-requests": _noop(_NOT_PLANNED.format("`kvledger serve`'s request log")),
@@ -154,7 +153,6 @@ RULES: dict[str, Rule] = {
     "--reasoning-parser": _refuse("reasoning parsers"),
     "--enable-reasoning": _refuse("reasoning parsers"),
     "--speculative-config": _refuse("speculative decoding"),
-    "--enable-sleep-mode": _refuse("sleep mode"),
     "--limit-mm-per-prompt": _refuse("multimodal inputs: it serves text"),
     "--guided-decoding-backend": _refuse("choosing a structured-output backend: it uses "
                                          "llguidance"),

@@ -18,6 +18,7 @@ from kvledger.engine.model import paged_attention, prefill_attention
 from kvledger.engine.model.attention import AttentionMetadata, PrefillSpan
 from kvledger.engine.model.cpu_linear import pack_linears
 from kvledger.engine.model.fusion import fuse_projections
+from kvledger.engine.model.loader import Weights
 from kvledger.engine.model.lora import LoraSlots
 from kvledger.engine.model.moe import SparseMoE
 from kvledger.engine.model.transformer import CausalLM, RotaryEmbedding
@@ -64,9 +65,11 @@ class ModelRunner:
         # pipeline stage before the last has no LM head (model/pipeline.py).
         self.dtype = model.model.layers[0].input_layernorm.weight.dtype
         self.has_head = hasattr(model, "lm_head")
+        self.fused = fuse  # how the model's layers were arranged: a reloaded one must match
         if fuse:
             fuse_projections(model)
-        pack_linears(model, device)  # on the CPU: oneDNN's packed weights (cpu_linear.py)
+        # On the CPU: oneDNN's packed weights (cpu_linear.py).
+        self.packed = pack_linears(model, device) > 0
         self.block_size = block_size
         self.max_model_len = max_model_len
         if paged is None:  # the device's default path (planner/attention.py)
@@ -87,6 +90,7 @@ class ModelRunner:
         self.kv_cache: torch.Tensor | None = None
         self.lora: LoraSlots | None = None  # with --enable-lora: the adapter slots
         self.decode_graphs: DecodeGraphs | None = None  # use_decode_graphs
+        self.weights: Weights | None = None  # where they were read: read again after sleep
 
     def enable_lora(self, max_loras: int, max_lora_rank: int) -> int:
         """Preallocate the adapter slots (after the packed base layers); returns their bytes."""

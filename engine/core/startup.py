@@ -13,6 +13,7 @@ from kvledger.engine.checkpoint.hub.cache import serving_source
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri, model_reference
 from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.config import EngineConfig
+from kvledger.engine.core import sleep
 from kvledger.engine.core.cpu_threads import cap_torch_threads
 from kvledger.engine.core.runner import TORCH_DTYPES, ModelRunner
 from kvledger.engine.errors import BadInput, DoesNotFit
@@ -20,11 +21,11 @@ from kvledger.engine.kv.events import KVEventLog
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.model import paged_attention
 from kvledger.engine.model.generation_config import describe as describe_defaults
-from kvledger.engine.model.loader import load_model, weights_bytes
+from kvledger.engine.model.loader import Weights, weights_bytes
 from kvledger.engine.model.tokenizer import Tokenizer
 from kvledger.engine.node_config import DEFAULT_MASTER_ADDR
 from kvledger.engine.planner.attention import TRITON_ATTN, attention_backend
-from kvledger.engine.planner.device import DeviceMemory, probe_device
+from kvledger.engine.planner.device import DeviceMemory, probe_device, probe_host
 from kvledger.engine.planner.estimates import capture_sizes, format_size
 from kvledger.engine.planner.limit import host_memory_note
 from kvledger.engine.planner.plan import Measured, Plan, make_plan
@@ -39,6 +40,7 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     or broken checkpoint. An hf:// model is loaded from the hub cache (``serving_source``:
     downloaded first when incomplete, unless HF_HUB_OFFLINE is set)."""
     check_stages(config)
+    sleep.check(config)  # --enable-sleep-mode's limits, before anything is read
     source = serving_source(config.model, config.download_dir, hub_timeout_s=config.hub_timeout_s)
     model_config = ModelConfig.from_dir(source.path)  # refuses unsupported architectures
     # What the engine can run beyond that is the plan's verdict (planner/support.py),
@@ -50,6 +52,9 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     device = torch_device(config.device)
     if reads_in_place(config, device):  # refused before anything is loaded
         paged_attention.require(device)
+    if config.enable_sleep_mode and device.type == "cuda":  # level 1's host copy
+        sleep.check_host(plan.classes["weights"], probe_host(
+            container_limit_bytes=config.container_memory_limit_bytes))
     cap_torch_threads(torch)  # a pod's CPU limit is a quota torch does not see
     tokenizer = Tokenizer(source.path, config.generation_config,
                           tokenizer_folder(config.tokenizer))
@@ -58,11 +63,12 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
         runner, planned_on = start_ranks(config, plan, source, device, device_memory)
     else:
-        model = load_model(source.path, model_config, TORCH_DTYPES[plan.model_dtype], device,
-                           quantize_fp8=config.quantization == "fp8"
-                           and not model_config.weight_format)
-        runner = ModelRunner(model, device, plan.max_model_len, plan.kv.block_size,
+        weights = Weights(source.path, model_config, TORCH_DTYPES[plan.model_dtype], device,
+                          quantize_fp8=config.quantization == "fp8"
+                          and not model_config.weight_format)
+        runner = ModelRunner(weights.load(), device, plan.max_model_len, plan.kv.block_size,
                              fuse=not config.enable_lora, paged=reads_in_place(config, device))
+        runner.weights = weights  # read again on waking from sleep level 2 (core/sleep.py)
     graphs = (config.tensor_parallel_size == config.pipeline_parallel_size == 1
               and not config.enforce_eager and not config.enable_lora
               and runner.can_use_decode_graphs())

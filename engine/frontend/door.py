@@ -16,6 +16,7 @@ checks, its scheduler admits); SGLang's tokenizer manager sends typed requests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from kvledger.engine.errors import UnknownModel
 from kvledger.engine.frontend import checks
 from kvledger.engine.frontend.generation import Generation
 from kvledger.engine.frontend.offload import Offload
+from kvledger.engine.frontend.sleeping import SleepGate
 from kvledger.engine.frontend.submission import PromptRun, Submission, Tenant
 from kvledger.engine.lora_config import LoRARequest
 from kvledger.engine.sampling.params import SamplingParams
@@ -74,6 +76,9 @@ class FrontDoor:
         self.line_watch = LineWatch(self.admission, lambda: not engine.has_unfinished_requests())
         self._line_watching: asyncio.Task[None] | None = None
         self._grammars: GrammarCompiler | None = None
+        # --enable-sleep-mode: who may come in while the engine sleeps (frontend/sleeping.py)
+        self.sleep = (SleepGate(engine, lambda: bool(self.running or self.waiting))
+                      if engine.config.enable_sleep_mode else None)
 
     # -- what it serves --------------------------------------------------------------
     @property
@@ -214,8 +219,12 @@ class FrontDoor:
         ``Generation`` (iterate it for ``(choice, output)``; ``aclose`` it whatever
         happens). Raises the engine's errors: BadInput (UnknownModel, PromptTooLong,
         CapTooLarge, PoolTooSmall, BadConstraint...) for a request that cannot run here,
-        KVCacheFull (with its wait) for one the pool cannot hold now, EngineDeadError.
-        Nothing is held once it raises."""
+        KVCacheFull (with its wait) for one the pool cannot hold now, EngineDeadError,
+        EngineSleeping. Nothing is held once it raises."""
+        with self.sleep.entry() if self.sleep is not None else contextlib.nullcontext():
+            return await self._submit(sub)
+
+    async def _submit(self, sub: Submission) -> Generation:
         priority = run_priority(self.admission.scheduling_policy, sub.tenant, sub.priority)
         longest = max(checks.max_prompt_tokens(prompt) for prompt in sub.prompts)
         early = self.admission.early_rejection(longest, sub.params.max_tokens, sub.n,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,6 +44,22 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     if not shards:
         raise BadInput(f"{model_dir}: no *.safetensors weights (pytorch .bin is not supported)")
     return [model_dir / name for name in shards]
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Where a model's weights come from and how they are read (``load_model``'s
+    arguments), kept so they can be read again (sleep mode's level 2, ``core/sleep.py``)."""
+
+    model_dir: str | Path
+    config: ModelConfig
+    dtype: torch.dtype
+    device: torch.device
+    quantize_fp8: bool = False
+
+    def load(self) -> CausalLM:
+        return load_model(self.model_dir, self.config, self.dtype, self.device,
+                          quantize_fp8=self.quantize_fp8)
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,

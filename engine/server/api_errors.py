@@ -17,6 +17,7 @@ from kvledger.engine.errors import (
     BadInput,
     CapTooLarge,
     EngineDeadError,
+    EngineSleeping,
     KVCacheFull,
     PoolTooSmall,
     PromptTooLong,
@@ -129,4 +130,7 @@ def engine_error(exc: Exception) -> ApiError | None:
         return bad_request(str(exc), exc.param)
     if isinstance(exc, EngineDeadError):
         return ApiError(503, str(exc), code="engine_dead", reason="engine_dead")
+    if isinstance(exc, EngineSleeping):
+        return ApiError(503, str(exc), code="engine_sleeping", reason="sleeping",
+                        headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))})
     return None

@@ -17,6 +17,8 @@ from aiohttp import web
 from kvledger.engine.server.api_errors import ApiError, error_body
 from kvledger.engine.server.lora_routes import LoraCollector, add_routes, model_cards
 from kvledger.engine.server.openai_api import chat_completions, completions
+from kvledger.engine.server.sleep_routes import PATHS as SLEEP_PATHS
+from kvledger.engine.server.sleep_routes import add_sleep_routes
 from kvledger.engine.server.state import API_KEY_INDEX, STATE, ServeOptions, ServerState
 from kvledger.engine.server.tokenize_api import detokenize, tokenize, version
 
@@ -25,7 +27,7 @@ log = logging.getLogger(__name__)
 # What an API key guards: the API and the tokenizer (each costs CPU); not the probes or
 # /version. /metrics has a key of its own (--metrics-api-key), so a tenant's key cannot
 # read the prefix cache's counters.
-_KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize", "/reset_prefix_cache")
+_KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize", "/reset_prefix_cache", *SLEEP_PATHS)
 # vLLM serves its development endpoints (/reset_prefix_cache among them) only with this
 # variable set to 1; so does kvledger, behind the API key as well.
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
@@ -66,6 +68,7 @@ def build_app(options: ServeOptions | None = None) -> web.Application:
     add_routes(app)  # /v1/load_lora_adapter, /v1/unload_lora_adapter
     if os.environ.get(DEV_MODE_ENV, "").strip() == "1":
         app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
+        add_sleep_routes(app)  # /sleep, /wake_up, /is_sleeping (with --enable-sleep-mode)
     for path in UNSERVED:
         app.router.add_route("*", path, _unserved)
     return app
@@ -165,6 +168,8 @@ async def ready(request: web.Request) -> web.Response:
         return web.json_response({"status": "engine_dead"}, status=503)
     if state.stalled is not None:
         return web.json_response({"status": "engine_stalled"}, status=503)
+    if state.door.sleep is not None and state.door.sleep.is_sleeping:
+        return web.json_response({"status": "sleeping"}, status=503)
     return web.json_response({"status": "ready", "model": state.model_name})
 
 

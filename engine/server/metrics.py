@@ -144,6 +144,11 @@ class ServerMetrics:
                 self.tenant_rejected.labels(tenant, reason)
         self.vllm: VllmSeries | None = None  # once a model is served
 
+    def sleep_state(self, level: int | None) -> None:
+        """``vllm:engine_sleep_state`` for sleep ``level`` (None: awake)."""
+        if self.vllm is not None:
+            self.vllm.sleep_state(level)
+
     def serve_model(self, model_name: str, max_model_len: int, cache: CacheInfo) -> None:
         """Export vLLM's request series for the model now served (once: one model a server)."""
         if self.vllm is None:

@@ -26,6 +26,8 @@ TIME_TO_FIRST_TOKEN_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1
                                  640.0, 2560.0)
 INTER_TOKEN_LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
                                  1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+# vllm:engine_sleep_state's sleep_state labels (its PrometheusStatLogger.record_sleep_state).
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 # vllm/v1/engine FINISH_REASON_STRINGS, each exported at 0 from the start as vLLM does.
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 # kvledger's finish reasons vLLM lacks: a grammar's dead end ends the text as a stop does
@@ -120,6 +122,18 @@ class VllmSeries:
         info = cache.labels()
         Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
               list(info), registry=registry).labels(**info).set(1)
+        sleep = Gauge("vllm:engine_sleep_state", "Engine sleep state; awake = 0 means engine "
+                      "is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 "
+                      "means sleep level 1; discard_all = 1 means sleep level 2.",
+                      [*LABELS, "sleep_state"], registry=registry)
+        self._sleep = {state: sleep.labels(*values, state) for state in SLEEP_STATES}
+        self.sleep_state(None)
+
+    def sleep_state(self, level: int | None) -> None:
+        """vLLM's three samples for ``level`` (None: awake; 0 pauses, moves nothing)."""
+        self._sleep["awake"].set(level is None)
+        self._sleep["weights_offloaded"].set(level == 1)
+        self._sleep["discard_all"].set(level == 2)
 
     def finished(self, reasons: list[str]) -> None:
         """Count the finished choices of one request by vLLM's ``finished_reason``."""
