@@ -38,6 +38,7 @@ from pathlib import Path
 from local_server import free_port
 
 from kvledger.engine.core import nodes as node_channel
+from kvledger.engine.core.rank_follower import Follower
 from kvledger.engine.core.rank_messages import (
     ChunkView,
     Execute,
@@ -46,7 +47,6 @@ from kvledger.engine.core.rank_messages import (
     Start,
     StepView,
 )
-from kvledger.engine.core.ranks import Follower
 from kvledger.engine.core.sealed import MAGIC, NONCE_BYTES
 from kvledger.engine.model.builtin import write_model
 from kvledger.engine.node_config import NODE_KEY_ENV, Nodes, free_port_pair

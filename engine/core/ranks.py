@@ -7,7 +7,8 @@ Failure: a watchdog thread polls the ranks' processes; one that exits (killed, o
 memory, a crash) marks the group lost at once, and the callbacks given to ``on_lost`` run
 (``kvledger serve`` answers /health 503 and exits non-zero). A step already inside a
 collective fails when the peer's connection closes (gloo) or after ``RANK_TIMEOUT_S``
-(the process group's timeout), never hangs; every later step raises ``RankLost``.
+(the process group's timeout), never hangs; every later step raises ``RankLost``. Each
+other rank is a ``Follower`` (``rank_follower``): its connection and its replies.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
-import queue
 import socket
 import threading
 import time
@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
+from kvledger.engine.core.rank_follower import RANK_START_TIMEOUT_S, Follower, RankLost
 from kvledger.engine.core.rank_messages import (
     AllocateKvCache,
     Execute,
@@ -33,7 +34,6 @@ from kvledger.engine.core.rank_messages import (
     RankFigures,
     RankSpec,
     Start,
-    Stop,
     step_view,
 )
 from kvledger.engine.core.rank_worker import (
@@ -43,99 +43,24 @@ from kvledger.engine.core.rank_worker import (
     terminal_interrupt_held,
 )
 from kvledger.engine.core.rank_worker import main as worker_main
-from kvledger.engine.core.wire import BadMessage, Link, PipeLink, encode
-from kvledger.engine.errors import EngineFailed
+from kvledger.engine.core.wire import PipeLink, encode
 from kvledger.engine.node_config import Nodes
 from kvledger.engine.planner.device import DeviceMemory
 
-if TYPE_CHECKING:  # torch's side and the channel, imported where they are used
-    from kvledger.engine.core.nodes import Channel
+if TYPE_CHECKING:  # torch's side, imported where it is used
     from kvledger.engine.core.runner import ModelRunner, StepOutput
     from kvledger.engine.core.scheduler import ScheduledBatch
 
 log = logging.getLogger("kvledger.engine")
 
 RANK_TIMEOUT_S = 60.0  # a collective no peer joins by then fails
-RANK_START_TIMEOUT_S = 600.0  # each rank loads the whole checkpoint before it is ready
 WATCH_INTERVAL_S = 0.2
-
-
-class RankLost(EngineFailed):
-    """A rank's process is gone: the engine cannot compute another step."""
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class Follower:
-    """A rank other than 0, as rank 0 reaches it: a process of this machine over a pipe
-    (``PipeLink``), or a rank of another machine over its sealed channel
-    (``core/nodes.py``; then no process here). A thread reads what it sends into
-    ``inbox``; ``gone`` says why it is lost."""
-
-    def __init__(self, rank: int, conn: Link | Channel,
-                 process: BaseProcess | None = None) -> None:
-        self.rank, self.conn, self.process = rank, conn, process
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.closed: str | None = None
-        self._lock = threading.Lock()
-        threading.Thread(target=self._read, name=f"kvledger-rank-{rank}-reader",
-                         daemon=True).start()
-
-    def _read(self) -> None:
-        while True:
-            try:
-                message = self.conn.recv()
-            except (EOFError, OSError, BadMessage) as exc:  # a frame that does not open too
-                self.closed = str(exc) if str(exc) else "its connection closed"
-                self.inbox.put(None)
-                return
-            self.inbox.put(message)
-
-    def send(self, message: Message) -> None:
-        self.send_bytes(encode(message))
-
-    def send_bytes(self, data: bytes) -> None:
-        """A message ``encode`` wrote (once for every rank)."""
-        with self._lock:
-            self.conn.send_bytes(data)
-
-    def gone(self, world: int) -> str | None:
-        if self.process is not None and not self.process.is_alive():
-            return f"rank {self.rank} of {world} exited (exit code {self.process.exitcode})"
-        if self.process is None and self.closed is not None:
-            return f"rank {self.rank} of {world} at {self.conn.peer} is gone: {self.closed}"
-        return None
-
-    def reply(self, group: RankGroup, deadline: float | None = None) -> Message:
-        """Its answer to the call just sent; RankLost if it is gone (or, by ``deadline``,
-        silent) first."""
-        world = group.spec.world
-        while True:
-            try:
-                message = self.inbox.get(timeout=0.2)
-            except queue.Empty:
-                reason = group.lost or self.gone(world)
-                if reason is None and deadline is not None and time.monotonic() > deadline:
-                    reason = f"rank {self.rank} did not start within {RANK_START_TIMEOUT_S:g} s"
-                if reason is None:
-                    continue
-            else:
-                if message is not None:
-                    return message
-                reason = (group.lost or self.gone(world)
-                          or f"rank {self.rank}'s connection closed ({self.closed})")
-            group.mark_lost(reason)
-            raise RankLost(group.lost)
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError, EOFError):
-            self.send(Stop())
-        if self.process is None:
-            self.conn.close()
 
 
 class RankGroup:

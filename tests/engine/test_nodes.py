@@ -319,7 +319,7 @@ def test_a_rank_that_is_not_another_machines_is_refused() -> None:
 
 def test_a_silent_peer_is_lost_within_the_silence(monkeypatch) -> None:
     """A machine whose network is gone sends no pulse: rank 0's reader fails it."""
-    from kvledger.engine.core.ranks import Follower
+    from kvledger.engine.core.rank_follower import Follower
 
     monkeypatch.setattr(node_channel, "SILENCE_S", 0.5)
     port = free_port()

@@ -20,6 +20,7 @@ from _server_helpers import free_port
 from kvledger.engine.core import nodes as node_channel
 from kvledger.engine.core import wire
 from kvledger.engine.core.listener import listen_at
+from kvledger.engine.core.rank_follower import Follower
 from kvledger.engine.core.rank_messages import (
     Alive,
     AllocateKvCache,
@@ -37,7 +38,6 @@ from kvledger.engine.core.rank_messages import (
     StepView,
     Stop,
 )
-from kvledger.engine.core.ranks import Follower
 from kvledger.engine.core.sealed import MAGIC
 from kvledger.engine.core.store_gate import StoreGate
 from kvledger.engine.errors import BadInput
