@@ -11,22 +11,17 @@ arrival. Nobody
 overtakes the first in that order, so the blocks that come back accumulate for it, never
 for a smaller late-comer; with ``--backfill`` one whose start would delay none of the first
 ``BACKFILL_DEPTH`` in line may go first (``due_back``).
-A refusal (LineFull: the line full; TenantLineFull: the tenant's places taken;
-KVCacheFull: it may not wait, or the wait ran out) carries the wait after which enough
-blocks are due back for it and those ahead of it in order: the running requests'
-remaining caps at the observed decode rate, soonest first, with jitter so rejected
-clients do not return in lock-step. ``done`` forgets the
-request; the engine releases the blocks it was handed, ``give_back`` any it never was.
+A request it cannot take is refused (LineFull, TenantLineFull, KVCacheFull) with the wait
+``refusal`` estimates for it. ``done`` forgets the request; the engine releases the blocks
+it was handed, ``give_back`` any it never was.
 The server awaits ``admit``; ``LLM.generate``, which steps the engine itself, lines up with
 ``line_up`` and hands each ticket over as ``capacity_changed`` grants it. The errors are
 the engine's (``kvledger.engine.errors``); the server maps them to HTTP.
 
 With prefix caching the ledger pins the cached blocks the prompt begins with, so a
 request may claim fewer blocks than ``blocks_for(prompt + cap)``: a refusal counts the
-blocks it would claim now, and its wait what each running request's release really gives
-back (the ledger's ``blocks_returned``: a prefix several chats pinned comes back with the
-last of them). Whether a request is too large for the pool (PoolTooSmall) never depends on
-the cache.
+blocks it would claim now. Whether a request is too large for the pool (PoolTooSmall)
+never depends on the cache.
 """
 
 from __future__ import annotations
@@ -40,13 +35,13 @@ from typing import TYPE_CHECKING
 
 from kvledger.engine import serve_defaults
 from kvledger.engine.admission.cap import output_cap
-from kvledger.engine.admission.due_back import jittered_wait_s, projection, seconds_until_freed
+from kvledger.engine.admission.due_back import projection
 from kvledger.engine.admission.headroom import NO_HEADROOM, Headroom
 from kvledger.engine.admission.order import ANONYMOUS, LineOrder, Tenant
+from kvledger.engine.admission.refusal import Refusals
 from kvledger.engine.admission.ticket import Outcome, Ticket, Waiter
-from kvledger.engine.errors import KVCacheFull, LineFull, TenantLineFull
+from kvledger.engine.errors import KVCacheFull
 from kvledger.engine.kv.block_pool import Salt
-from kvledger.engine.kv.claims import cacheable_blocks
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.kv.reservation import Reservation
 
@@ -58,7 +53,6 @@ __all__ = ["BACKFILL_DEPTH", "DEFAULT_MAX_QUEUE_LEN", "Admission", "Ticket"]
 # At most this many requests wait in line for a reservation (--max-queue-len); one more is
 # a LineFull whose wait counts the blocks of those ahead of it in order.
 DEFAULT_MAX_QUEUE_LEN = serve_defaults.MAX_QUEUE_LEN
-DEFAULT_DECODE_TOKENS_PER_S = 20.0  # before the first decode step is observed
 # With --backfill: how many in line are planned. Simulated on bench/serving.py's overload,
 # 4 gave 4% more goodput at the same p99; 16, 9% more at a 13% longer p99.
 BACKFILL_DEPTH = 4
@@ -86,12 +80,12 @@ class Admission:
         self.headroom = headroom  # what only urgent requests may take (headroom.py)
         self.backfilled = 0  # requests admitted ahead of the line (kvledger_requests_backfilled_total)
         self.granted = 0  # requests admitted, at once or from the line (the line's stall watch)
-        self._decode_tokens_per_s = decode_tokens_per_s
-        self._rng = rng or random.Random()
         self._clock = clock
         self._next_plan = 0.0  # after an engine step, backfill no sooner (capacity_changed)
-        self._line = LineOrder(policy=scheduling_policy, fair=tenant_fairness)
+        self.line = LineOrder(policy=scheduling_policy, fair=tenant_fairness)  # who waits
         self.running: dict[str, Ticket] = {}
+        # What a refused request is told: the limit it hit, and when to come back.
+        self.refusals = Refusals(self, decode_tokens_per_s, rng or random.Random())
 
     # -- the cap -------------------------------------------------------------------
     def effective_cap(self, prompt_tokens: int, requested: int | None) -> int:
@@ -102,11 +96,11 @@ class Admission:
     # -- admit ---------------------------------------------------------------------
     @property
     def queue_length(self) -> int:
-        return len(self._line)
+        return len(self.line)
 
     @property
     def scheduling_policy(self) -> str:
-        return self._line.policy
+        return self.line.policy
 
     @property
     def queues(self) -> bool:
@@ -116,15 +110,15 @@ class Admission:
 
     @property
     def queue_full(self) -> bool:
-        return self.max_queue_len is not None and len(self._line) >= self.max_queue_len
+        return self.max_queue_len is not None and len(self.line) >= self.max_queue_len
 
     def waiting_by_tenant(self) -> dict[str, int]:
         """Requests in line by tenant label (``kvledger_tenant_requests_waiting``)."""
-        return self._line.queued_by_label()
+        return self.line.queued_by_label()
 
     def tenant_full(self, tenant: Tenant) -> bool:
         """Whether ``tenant`` holds every place in line it may (``Tenant.max_queued``)."""
-        return tenant.max_queued is not None and self._line.queued(tenant) >= tenant.max_queued
+        return tenant.max_queued is not None and self.line.queued(tenant) >= tenant.max_queued
 
     def line_up(self, request_id: str, prompt_tokens: int, cap_tokens: int, outcome: Outcome,
                 n: int = 1, *, prompt_token_ids: list[int] | None = None,
@@ -152,9 +146,9 @@ class Admission:
         # With nobody in line it goes now if it fits. Else it joins the line, whose first
         # in order (perhaps itself: a higher priority, a tenant's fair turn) goes if it
         # fits, and whose backfilling may start it at once.
-        reservations = None if self._line else waiter.try_reserve(self.ledger)
+        reservations = None if self.line else waiter.try_reserve(self.ledger)
         if reservations is not None:
-            self._line.served(tenant, priority, tokens * n)  # its share, all the same
+            self.line.served(tenant, priority, tokens * n)  # its share, all the same
             outcome.set_result(self._grant(waiter, reservations))
             return waiter
         # What it would claim now (its cached blocks considered), for the refusal's estimate.
@@ -162,9 +156,9 @@ class Admission:
                                                   use_cached=use_cached, salt=salt)
         if not self.queues or self.queue_full or self.tenant_full(tenant):
             # refused now; the wait counts those ahead of it in order
-            raise self.rejection(waiter.blocks, tenant, priority)
+            raise self.refusals.rejection(waiter.blocks, tenant, priority)
         waiter.outcome = outcome
-        waiter.place = self._line.join(waiter, tenant, priority, tokens * n)
+        waiter.place = self.line.join(waiter, tenant, priority, tokens * n)
         self.capacity_changed()  # it may be first in order
         return waiter
 
@@ -204,8 +198,8 @@ class Admission:
                 return future.result()
             future.cancel()
             self._leave(waiter)  # first: its wait counts those ahead of it, not itself
-            raise self.rejection(waiter.blocks, waiter.tenant, waiter.priority,
-                                 wait_over=True) from None
+            raise self.refusals.rejection(waiter.blocks, waiter.tenant, waiter.priority,
+                                          wait_over=True) from None
         except asyncio.CancelledError:
             granted = future.done() and not future.cancelled() and future.exception() is None
             if granted:  # the client left just as its blocks came: give them back
@@ -225,39 +219,16 @@ class Admission:
     def early_rejection(self, max_prompt_tokens: int, requested: int | None,
                         n: int = 1, tenant: Tenant = ANONYMOUS,
                         priority: int = 0) -> KVCacheFull | None:
-        """The KVCacheFull for a request whose prompt is at most ``max_prompt_tokens`` long,
-        when the answer cannot depend on its exact length; else None (tokenize and ``admit``).
-
-        Under overload this skips tokenizing, so the bound must hold whatever the prompt
-        and the cache hold. Each choice draws the blocks of ``prompt + cap`` its cached
-        hits do not cover, and hits are whole blocks before the prompt's last token: with
-        a cap, a choice draws at least ``blocks_for(1 + cap)``, cached or not; with the
-        cap unset it needs exactly ``max_model_len`` tokens, of which at most
-        ``(max_prompt_tokens - 1) // block_size`` blocks may be cached.
-        """
-        if (self.queues and not self.queue_full and not self.tenant_full(tenant)) \
-                or max_prompt_tokens >= self.max_model_len:
-            return None  # it would queue, or it might be PromptTooLong
-        if requested is not None and max_prompt_tokens + requested > self.max_model_len:
-            return None  # it might be CapTooLarge
-        cached = 0
-        if requested is None and self.ledger.enable_prefix_caching:
-            cached = cacheable_blocks(max_prompt_tokens, self.ledger.block_size)
-        least = n * (self.ledger.blocks_for(self.max_model_len) - cached if requested is None
-                     else self.ledger.blocks_for(1 + requested))
-        # Free blocks decide unless the line is full, or when over-committing (safe).
-        fits = (least <= self.ledger.free_blocks - self.headroom.kept_from(priority)[0]
-                or self.ledger.overcommit is not None)
-        if least > self.ledger.num_blocks or (fits and not self.queues):  # a full line: refused
-            return None
-        return self.rejection(least, tenant, priority)
+        """The refusal of a request whose prompt is at most ``max_prompt_tokens`` long, when
+        the answer cannot depend on its exact length (``Refusals.early``); else None."""
+        return self.refusals.early(max_prompt_tokens, requested, n, tenant, priority)
 
     def capacity_changed(self, step: bool = False) -> None:
         """Blocks may have come back: grant waiters in line order while they fit, then
         backfill. After an engine ``step`` the backfill plan is redone only once 9 times its
         last cost has passed (a long context's plan can take a step's time)."""
-        while self._line:
-            head = next(iter(self._line))
+        while self.line:
+            head = next(iter(self.line))
             reservations = head.try_reserve(self.ledger)
             if reservations is None:
                 break
@@ -277,7 +248,7 @@ class Admission:
         none moves an earlier plan. Never the head (the ledger refused it), nor one the
         ledger refuses, nor anyone once every seat (``max_num_seqs``) is taken."""
         plan = projection(self.ledger, self.running.values())
-        line = list(itertools.islice(self._line, BACKFILL_DEPTH))
+        line = list(itertools.islice(self.line, BACKFILL_DEPTH))
         for place, waiter in enumerate(line):
             start = waiter.place_in(plan)
             if start is None:  # never, as projected (blocks held beyond it): plan no further
@@ -296,12 +267,12 @@ class Admission:
     def close(self, error: Exception) -> None:
         """Refuse every waiter with ``error`` (shutdown); later admits are the caller's to stop."""
         self.max_queue_len = 0
-        for waiter in list(self._line):
+        for waiter in list(self.line):
             self._leave(waiter)
             waiter.outcome.set_exception(error)
 
     def _leave(self, waiter: Waiter, granted: bool = False) -> None:
-        self._line.leave(waiter, waiter.tenant, waiter.place, granted=granted)
+        self.line.leave(waiter, waiter.tenant, waiter.place, granted=granted)
 
     def progress(self, ticket: Ticket, generated_tokens: int) -> None:
         ticket.generated_tokens = generated_tokens
@@ -317,33 +288,3 @@ class Admission:
         it was handed, ``give_back`` the rest)."""
         self.running.pop(ticket.request_id, None)
         self.capacity_changed()
-
-    # -- the refusal's wait (the server's Retry-After) ---------------------------------
-    def estimate_wait_s(self, blocks: int, ahead_blocks: int | None = None,
-                        kept_blocks: int = 0) -> float:
-        """Seconds until ``blocks`` (behind ``ahead_blocks`` already queued; None: the
-        whole line; with ``kept_blocks`` of the pool it may not take) can be reserved, as
-        the admitted requests reach their caps (``seconds_until_freed``)."""
-        if ahead_blocks is None:
-            ahead_blocks = sum(w.blocks for w in self._line)
-        deficit = blocks + ahead_blocks + kept_blocks - self.ledger.free_blocks
-        if deficit <= 0:
-            return 0.0
-        rate = self._decode_tokens_per_s() or DEFAULT_DECODE_TOKENS_PER_S
-        return seconds_until_freed(deficit, list(self.running.values()), self.ledger, rate,
-                                   self.max_num_seqs)
-
-    def rejection(self, blocks: int, tenant: Tenant = ANONYMOUS, priority: int = 0, *,
-                  wait_over: bool = False) -> KVCacheFull:
-        """The refusal of a request of ``blocks`` from ``tenant`` at ``priority``, naming
-        the limit it hit, with a jittered wait estimated for its own place in order (the
-        blocks of those the line would grant before it)."""
-        place = self._line.place_for(tenant, priority)
-        ahead = sum(w.blocks for w in self._line.ahead_of(place))
-        kept = self.headroom.kept_from(priority)[0]
-        wait_s = jittered_wait_s(self.estimate_wait_s(blocks, ahead, kept), self._rng)
-        if not wait_over and self.queues and self.queue_full:
-            return LineFull(len(self._line), self.max_queue_len, wait_s)
-        if not wait_over and self.queues and self.tenant_full(tenant):
-            return TenantLineFull(tenant.label, self._line.queued(tenant), wait_s)
-        return KVCacheFull(blocks, self.ledger.free_blocks, wait_s)

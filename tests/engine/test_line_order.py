@@ -178,12 +178,13 @@ def test_retry_after_counts_only_those_ahead_in_the_tenants_own_place():
         running.append(outcome.result())
     for i in range(8):
         adm.line_up(f"a{i}", 8, 24, concurrent.futures.Future(), tenant=A)
-    line = adm._line
+    line = adm.line
     assert len(list(line.ahead_of(line.place_for(B, 0)))) == 1
     assert len(list(line.ahead_of(line.place_for(A, 0)))) == 8
     # B's block and the one of A's ahead of it: back once two end (4 s at 1 token/s,
     # +25% and 0.25 s at most); A's behind all of A's: not before the last (24 s)
-    assert adm.rejection(1, B).wait_s <= 5.25 and adm.rejection(1, A).wait_s >= 24
+    refuse = adm.refusals.rejection
+    assert refuse(1, B).wait_s <= 5.25 and refuse(1, A).wait_s >= 24
 
 
 def test_the_order_refuses_unknown_policies_and_bad_weights():

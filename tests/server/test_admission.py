@@ -93,10 +93,10 @@ async def test_429_carries_whole_seconds_and_ms_estimated_from_remaining_caps():
     slow = await adm.admit("slow", 16, 64)  # 5 blocks, 64 tokens left -> due in 6.4 s
     fast = await adm.admit("fast", 16, 64)  # 5 blocks
     adm.progress(fast, 54)                  # 10 tokens left -> due in 1.0 s
-    assert adm.estimate_wait_s(3) == pytest.approx(1.0)   # the fast one frees enough
-    assert adm.estimate_wait_s(8) == pytest.approx(6.4)   # needs both
+    assert adm.refusals.estimate_wait_s(3) == pytest.approx(1.0)   # the fast one frees enough
+    assert adm.refusals.estimate_wait_s(8) == pytest.approx(6.4)   # needs both
     adm.progress(slow, 34)                                # 30 left -> 3.0 s
-    assert adm.estimate_wait_s(8) == pytest.approx(3.0)
+    assert adm.refusals.estimate_wait_s(8) == pytest.approx(3.0)
     with refused() as info:
         await adm.admit("c", 16, 100)  # 8 blocks
     error = info.value
@@ -111,7 +111,8 @@ async def test_429_carries_whole_seconds_and_ms_estimated_from_remaining_caps():
 async def test_retry_after_is_jittered_across_clients():
     adm = _admission(num_blocks=4, rate=10.0)
     await adm.admit("a", 16, 48)
-    delays = {admission_error(adm.rejection(4)).headers["retry-after-ms"] for _ in range(20)}
+    refused = [admission_error(adm.refusals.rejection(4)) for _ in range(20)]
+    delays = {error.headers["retry-after-ms"] for error in refused}
     assert len(delays) > 10
 
 
@@ -256,10 +257,10 @@ async def test_estimate_counts_requests_queued_behind_the_engines_max_num_seqs()
     for name in ("a", "b", "c"):  # 4 blocks each, 50 tokens to go: 5 s of decoding
         await adm.admit(name, 14, 50)
     # a and b run now and are done at 5 s; c waits for a slot and is done at 10 s.
-    assert adm.estimate_wait_s(4) == pytest.approx(5.0)
-    assert adm.estimate_wait_s(12) == pytest.approx(10.0)
+    assert adm.refusals.estimate_wait_s(4) == pytest.approx(5.0)
+    assert adm.refusals.estimate_wait_s(12) == pytest.approx(10.0)
     adm.max_num_seqs = None  # were all three running at once, all would be back at 5 s
-    assert adm.estimate_wait_s(12) == pytest.approx(5.0)
+    assert adm.refusals.estimate_wait_s(12) == pytest.approx(5.0)
 
 
 async def test_retry_after_of_a_timed_out_waiter_counts_the_waiters_queued_ahead():
@@ -275,7 +276,7 @@ async def test_retry_after_of_a_timed_out_waiter_counts_the_waiters_queued_ahead
         await adm.admit("behind", 16, 16)     # needs 2
     # Alone, its 2 blocks are back with `soon` at 1.0 s; behind `ahead`'s 4 it needs 6,
     # which only `late` returning at 4.8 s provides.
-    assert adm.estimate_wait_s(2, ahead_blocks=0) == pytest.approx(1.0)
+    assert adm.refusals.estimate_wait_s(2, ahead_blocks=0) == pytest.approx(1.0)
     retry_ms = int(info.value.headers["retry-after-ms"])
     assert 4800 <= retry_ms <= 4800 * (1 + JITTER_FRACTION) + 250
     ahead.cancel()
@@ -444,11 +445,11 @@ async def test_retry_after_counts_a_shared_prefix_once_as_the_pool_really_frees_
     assert ledger.reserved_blocks == prefix_blocks + 8 * 2 and ledger.free_blocks == 24
     for needed in (25, 30, 40, 41, 64):
         truth = next(due_s[i] for i, free in enumerate(free_after) if free >= needed)
-        assert adm.estimate_wait_s(needed) == pytest.approx(truth), needed
+        assert adm.refusals.estimate_wait_s(needed) == pytest.approx(truth), needed
     # 40 of 64 free needs 16 more: seven chats' own blocks (14) are not enough; only the
     # last chat, releasing the prefix too, gets there. Counting the prefix in every chat
     # would have said the first one (0.1 s).
-    assert adm.estimate_wait_s(40) == pytest.approx(due_s[-1])
+    assert adm.refusals.estimate_wait_s(40) == pytest.approx(due_s[-1])
 
 
 async def test_a_large_promise_at_the_head_gets_the_blocks_as_they_come_back():
