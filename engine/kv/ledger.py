@@ -38,7 +38,8 @@ Figures: ``used_blocks`` = in use; ``reserved_blocks`` = in use + outstanding;
 ``free_blocks`` = ``num_blocks - reserved_blocks``, what admission may still claim
 (cached included; negative when over-committed); ``cached_blocks`` (evictable);
 ``evicted_blocks``; ``prefix_cache_queries``/``_hits`` in tokens, as vLLM. With caching
-off (or no prompt ids) each reservation claims ``blocks_for(prompt + cap)``.
+off (or no prompt ids) each reservation claims ``blocks_for(prompt + cap)``; what one would
+claim now, with the cache as it is, is its quote (``quote.py``).
 
 Thread-safe: the server reserves and releases on the asyncio thread, the engine draws,
 registers and releases in its worker thread; one lock guards it all.
@@ -51,8 +52,9 @@ from collections.abc import Sequence
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.kv import claims
-from kvledger.engine.kv.block_pool import BlockHash, BlockPool, Salt, salt_root
+from kvledger.engine.kv.block_pool import BlockPool, Salt
 from kvledger.engine.kv.events import KVEventLog
+from kvledger.engine.kv.quote import Quote
 from kvledger.engine.kv.reservation import PromptShare, Reservation
 from kvledger.engine.kv.safety import Overcommit
 
@@ -140,44 +142,39 @@ class KVLedger:
         same salt finds them, or is found by it. ``adapter``: the request's LoRA adapter
         (None: the base model), for the slot it will take: one per adapter object. It is
         admitted only while safe without the ``kept`` blocks and seats (headroom)."""
-        root = salt_root(salt)
-        needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached,
-                                                root)
-        full = claims.shareable_blocks(count, len(prompt_token_ids or ()), self.block_size,
-                                       use_cached)
+        quote = self._quote(num_tokens, count, prompt_token_ids, use_cached, salt)
         with self._lock:
-            hits, cost = self._hits(hashes[:lookups or 0], needed, count)
-            shared = max(0, full - len(hits))
-            cost -= shared * (count - 1)
+            price = quote.price(self._pool)
+            hits, shared = price.hits, price.shared
             if self.overcommit is None:
-                if self._pool.num_in_use + self._outstanding + cost > self.num_blocks - kept[0]:
+                if (self._pool.num_in_use + self._outstanding + price.blocks
+                        > self.num_blocks - kept[0]):
                     return None
             elif not self.overcommit.admits(self._pool.num_in_use, self._outstanding,
-                                            self._pool.ref_counts, count, needed - len(hits),
-                                            hits, cost - (needed - len(hits)) * count + shared
-                                            * (count - 1), len(prompt_token_ids or ()),
-                                            num_tokens, shared, adapter, kept=kept):
+                                            self._pool.ref_counts, count, price.draws, hits,
+                                            price.revived, quote.prompt_tokens, num_tokens,
+                                            shared, adapter, kept=kept):
                 return None
             for block in hits:
                 self._pool.pin(block, count)
-            self._outstanding += (needed - len(hits)) * count - shared * (count - 1)
-            if lookups is not None:  # the cache was usable for this prompt
-                self.prefix_cache_queries += len(prompt_token_ids) * count
+            self._outstanding += price.promised
+            if quote.lookups is not None:  # the cache was usable for this prompt
+                self.prefix_cache_queries += quote.prompt_tokens * count
                 self.prefix_cache_hits += len(hits) * self.block_size * count
             prompt = prompt_token_ids if self.enable_prefix_caching else None
-            reservations = [Reservation(needed, hits, self.block_size, hashes, prompt, root,
-                                        adapter, salt) for _ in range(count)]
+            reservations = [Reservation(quote.needed, hits, self.block_size, quote.hashes,
+                                        prompt, quote.root, adapter, salt)
+                            for _ in range(count)]
             if self.overcommit is not None:
-                self.overcommit.admit(reservations, len(prompt_token_ids or ()), num_tokens,
-                                      shared)
+                self.overcommit.admit(reservations, quote.prompt_tokens, num_tokens, shared)
         if shared:
             PromptShare.begin(reservations, len(hits), len(hits) + shared)
         return reservations
 
-    def _prepare(self, num_tokens: int, count: int, prompt_token_ids: Sequence[int] | None,
-                 use_cached: bool, root: BlockHash | None) -> tuple[int, list[BlockHash], int | None]:
-        return claims.prompt_keys(num_tokens, count, prompt_token_ids, self.block_size,
-                           caching=self.enable_prefix_caching, use_cached=use_cached, root=root)
+    def _quote(self, num_tokens: int, count: int, prompt_token_ids: Sequence[int] | None,
+               use_cached: bool, salt: Salt | str | None) -> Quote:
+        return Quote.of(num_tokens, count, prompt_token_ids, self.block_size,
+                        caching=self.enable_prefix_caching, use_cached=use_cached, salt=salt)
 
     def check_fits(self, num_tokens: int, count: int = 1, prompt_tokens: int = 0, *,
                    share: bool = False, kept_blocks: int = 0) -> int:
@@ -190,20 +187,9 @@ class KVLedger:
                       use_cached: bool = True, salt: Salt | str | None = None) -> int:
         """The blocks ``try_reserve_each`` would claim now (its draws, and the cached
         blocks it would pin); without a prompt or caching, ``count * blocks_for``."""
-        needed, hashes, lookups = self._prepare(num_tokens, count, prompt_token_ids, use_cached,
-                                                salt_root(salt))
-        full = claims.shareable_blocks(count, len(prompt_token_ids or ()), self.block_size,
-                                       use_cached)
+        quote = self._quote(num_tokens, count, prompt_token_ids, use_cached, salt)
         with self._lock:
-            hits, cost = self._hits(hashes[:lookups or 0], needed, count)
-            return cost - max(0, full - len(hits)) * (count - 1)
-
-    def _hits(self, hashes: list[BlockHash], needed: int, count: int) -> tuple[list[int], int]:
-        """The cached blocks the keys find (up to the first miss), and what admitting
-        ``count`` reservations with them would claim. Under the lock."""
-        hits = self._pool.find(hashes)
-        revived = sum(1 for block in hits if self._pool.ref_counts[block] == 0)
-        return hits, (needed - len(hits)) * count + revived
+            return quote.price(self._pool).blocks
 
     def blocks_returned(self, groups: Sequence[Sequence[Reservation]]) -> list[int]:
         """``claims.returned_in_order`` against the pool's holders now."""
