@@ -18,7 +18,10 @@ weights. Torch-free.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
+
+from kvledger.engine import json_text
+from kvledger.engine.errors import BadInput
 
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -60,3 +63,19 @@ def unindexed_weights(names: Iterable[str]) -> list[str]:
     if SINGLE_FILE in present:
         return [SINGLE_FILE]
     return sorted(n for n in present if "/" not in n and n.endswith(WEIGHTS_SUFFIX))
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    """The safetensors the model is loaded from: the index's shards, else those a folder
+    without an index is loaded from (``unindexed_weights``, which the hub fetch takes)."""
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json_text.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise BadInput(f"{index}: bad safetensors index: {exc}") from None
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    shards = unindexed_weights(p.name for p in model_dir.iterdir())
+    if not shards:
+        raise BadInput(f"{model_dir}: no *.safetensors weights (pytorch .bin is not supported)")
+    return [model_dir / name for name in shards]

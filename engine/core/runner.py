@@ -24,6 +24,7 @@ from kvledger.engine.model.moe import SparseMoE
 from kvledger.engine.model.transformer import CausalLM, RotaryEmbedding
 from kvledger.engine.planner.attention import TRITON_ATTN, attention_backend
 from kvledger.engine.planner.pool import blocks_for
+from kvledger.engine.planner.ready_time import TimeToReady
 from kvledger.engine.sampling.logprobs import TokenLogprobs, logprobs_of
 from kvledger.engine.sampling.params import MAX_LOGPROBS
 
@@ -91,6 +92,7 @@ class ModelRunner:
         self.lora: LoraSlots | None = None  # with --enable-lora: the adapter slots
         self.decode_graphs: DecodeGraphs | None = None  # use_decode_graphs
         self.weights: Weights | None = None  # where they were read: read again after sleep
+        self.time_to_ready: TimeToReady | None = None  # what its start took (startup.py)
 
     def enable_lora(self, max_loras: int, max_lora_rank: int) -> int:
         """Preallocate the adapter slots (after the packed base layers); returns their bytes."""

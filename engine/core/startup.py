@@ -6,9 +6,12 @@ a mixed step -> re-plan with the measured figures (refuse again if that no longe
 from __future__ import annotations
 
 import logging
+import time
+from pathlib import Path
 
 import torch
 
+from kvledger.engine.checkpoint.files import checkpoint_files
 from kvledger.engine.checkpoint.hub.cache import serving_source
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri, model_reference
 from kvledger.engine.checkpoint.model_config import ModelConfig
@@ -29,6 +32,7 @@ from kvledger.engine.planner.device import DeviceMemory, probe_device, probe_hos
 from kvledger.engine.planner.estimates import capture_sizes, format_size
 from kvledger.engine.planner.limit import host_memory_note
 from kvledger.engine.planner.plan import Measured, Plan, make_plan
+from kvledger.engine.planner.ready_time import ReadSpeed, predict
 from kvledger.engine.planner.report import render_report
 
 log = logging.getLogger("kvledger.engine")
@@ -60,23 +64,31 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
                           tokenizer_folder(config.tokenizer))
     log.info("%s", describe_defaults(tokenizer.sampling_defaults, config.generation_config))
     planned_on = device_memory  # with --nnodes, the smallest machine's device
-    if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
-        runner, planned_on = start_ranks(config, plan, source, device, device_memory)
-    else:
-        weights = Weights(source.path, model_config, TORCH_DTYPES[plan.model_dtype], device,
-                          quantize_fp8=config.quantization == "fp8"
-                          and not model_config.weight_format)
-        runner = ModelRunner(weights.load(), device, plan.max_model_len, plan.kv.block_size,
-                             fuse=not config.enable_lora, paged=reads_in_place(config, device))
-        runner.weights = weights  # read again on waking from sleep level 2 (core/sleep.py)
+    ready = predict(checkpoint_files(Path(source.path)))  # a timed read of the weights' files
+    ready.weight_bytes = plan.classes["weights"]
+    ready.place_speed = place_speed(device, TORCH_DTYPES[plan.model_dtype])
+    ready.place_passes = 2 if device.type == "cpu" else 1  # on the CPU: packed as well
+    with ready.phase("read"):
+        if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
+            runner, planned_on = start_ranks(config, plan, source, device, device_memory)
+        else:
+            weights = Weights(source.path, model_config, TORCH_DTYPES[plan.model_dtype], device,
+                              quantize_fp8=config.quantization == "fp8"
+                              and not model_config.weight_format)
+            runner = ModelRunner(weights.load(), device, plan.max_model_len,
+                                 plan.kv.block_size, fuse=not config.enable_lora,
+                                 paged=reads_in_place(config, device))
+            runner.weights = weights  # read again on waking from sleep level 2 (core/sleep.py)
+    runner.time_to_ready = ready  # the server adds its warm-up
     graphs = (config.tensor_parallel_size == config.pipeline_parallel_size == 1
               and not config.enforce_eager and not config.enable_lora
               and runner.can_use_decode_graphs())
-    if config.pipeline_parallel_size > 1:
-        measured = _measure_stages(runner, plan, device, device_memory, config)
-    else:
-        measured = _measure(runner, plan, device, device_memory, config,
-                            graphs_captured=graphs and device.type == "cuda")
+    with ready.phase("profile"):
+        if config.pipeline_parallel_size > 1:
+            measured = _measure_stages(runner, plan, device, device_memory, config)
+        else:
+            measured = _measure(runner, plan, device, device_memory, config,
+                                graphs_captured=graphs and device.type == "cuda")
     measured_plan = make_plan(config, device=planned_on, measured=measured, source=source)
     log_predicted_vs_measured(plan, measured_plan)
     if not measured_plan.fits:
@@ -92,9 +104,11 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     if note is not None:  # before the allocation, which takes a while at many GiB
         log.info("%s", note)
     # With decode graphs, one block more than the ledger hands out: the padding's.
-    pool_bytes = runner.allocate_kv_cache(kv.num_blocks + (1 if graphs else 0), kv.dtype)
+    with ready.phase("kv"):
+        pool_bytes = runner.allocate_kv_cache(kv.num_blocks + (1 if graphs else 0), kv.dtype)
     if graphs:
-        _use_decode_graphs(runner, measured_plan, capture=device.type == "cuda")
+        with ready.phase("graphs"):
+            _use_decode_graphs(runner, measured_plan, capture=device.type == "cuda")
     log.info("KV pool: %d blocks x %d tokens (%d bytes), %d sequences of %d tokens; "
              "max_num_seqs %d (%s)", kv.num_blocks, kv.block_size, pool_bytes, kv.sequences,
              measured_plan.max_model_len, measured_plan.max_num_seqs,
@@ -104,7 +118,23 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
                       overcommit=config.admission == "safe", max_live=measured_plan.max_num_seqs,
                       max_adapters=config.max_loras if config.enable_lora else None,
                       events=_event_log(config, kv.block_size, model_config.sliding_window))
+    log.info("%s", ready.describe())
     return measured_plan, tokenizer, runner, ledger
+
+
+def place_speed(device: torch.device, dtype: torch.dtype,
+                sample_bytes: int = 64 << 20) -> ReadSpeed:
+    """A timed copy of ``sample_bytes`` from host memory to ``device`` in ``dtype`` (a
+    loaded tensor's placing): what the start's prediction counts per pass."""
+    source = torch.empty(sample_bytes // dtype.itemsize, dtype=dtype)
+    source.fill_(1)  # touched: the pages exist before the timing
+    started = time.perf_counter()
+    placed = source.to(device, copy=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed = time.perf_counter() - started
+    del placed
+    return ReadSpeed(sample_bytes, elapsed)
 
 
 def _event_log(config: EngineConfig, block_size: int, window: int | None) -> KVEventLog | None:

@@ -114,7 +114,17 @@ class FrontDoor:
         driver.start()
         self._line_watching = asyncio.create_task(self.line_watch.run())
         if warm:
-            await self._warm_up()
+            ready = self.engine.runner.time_to_ready  # what the start took, warm-up too
+            with ready.phase("warmup") if ready is not None else contextlib.nullcontext():
+                await self._warm_up()
+            if ready is not None:
+                log.info("%s", ready.describe())
+
+    @property
+    def time_to_ready(self) -> dict[str, Any] | None:
+        """The start's phases, predicted and measured (``planner/ready_time.py``)."""
+        ready = self.engine.runner.time_to_ready
+        return None if ready is None else ready.to_json()
 
     async def _warm_up(self) -> None:
         """One tiny greedy request; its last (warm) decode step seeds the decode rate that

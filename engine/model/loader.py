@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from kvledger.engine import json_text
-from kvledger.engine.checkpoint.files import INDEX_FILE, unindexed_weights
+from kvledger.engine.checkpoint.files import checkpoint_files
 from kvledger.engine.checkpoint.fp8_format import (
     KV_SCALE_SUFFIXES,
     SCALE_SUFFIXES,
@@ -30,22 +31,6 @@ from kvledger.engine.model.pipeline import Stage, StageLM
 from kvledger.engine.model.transformer import CausalLM
 
 
-def checkpoint_files(model_dir: Path) -> list[Path]:
-    """The safetensors the model is loaded from: the index's shards, else those a folder
-    without an index is loaded from (``checkpoint/files.py``, which the hub fetch takes)."""
-    index = model_dir / INDEX_FILE
-    if index.is_file():
-        try:
-            weight_map = json_text.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError) as exc:
-            raise BadInput(f"{index}: bad safetensors index: {exc}") from None
-        return [model_dir / name for name in sorted(set(weight_map.values()))]
-    shards = unindexed_weights(p.name for p in model_dir.iterdir())
-    if not shards:
-        raise BadInput(f"{model_dir}: no *.safetensors weights (pytorch .bin is not supported)")
-    return [model_dir / name for name in shards]
-
-
 @dataclass(frozen=True)
 class Weights:
     """Where a model's weights come from and how they are read (``load_model``'s
@@ -62,6 +47,32 @@ class Weights:
                           quantize_fp8=self.quantize_fp8)
 
 
+# The initializers torch's layers call in __init__. On the meta device they compute
+# nothing, but the first of them imports torch's reference ops (torch._refs): about a
+# second of every start (and of every wake from sleep level 2) for values the checkpoint
+# replaces anyway.
+_INITIALIZERS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_",
+                 "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "zeros_", "ones_",
+                 "constant_")
+
+
+@contextlib.contextmanager
+def _no_init() -> Iterator[None]:
+    """torch.nn.init's initializers as no-ops while the model is built on the meta device."""
+    saved = {name: getattr(torch.nn.init, name) for name in _INITIALIZERS}
+    try:
+        for name in _INITIALIZERS:
+            setattr(torch.nn.init, name, _unchanged)
+        yield
+    finally:
+        for name, initializer in saved.items():
+            setattr(torch.nn.init, name, initializer)
+
+
+def _unchanged(tensor: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+    return tensor
+
+
 def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
                device: torch.device, *, quantize_fp8: bool = False,
                stage: Stage | None = None) -> CausalLM | StageLM:
@@ -75,7 +86,7 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
     from safetensors import safe_open
 
     model_dir = Path(model_dir)
-    with torch.device("meta"):
+    with _no_init(), torch.device("meta"):
         model = CausalLM(config) if stage is None else StageLM(config, stage)
     state: dict[str, torch.Tensor] = {}
     for path in checkpoint_files(model_dir):

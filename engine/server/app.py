@@ -214,6 +214,7 @@ async def budget(request: web.Request) -> web.Response:
         "prefix_cache": _prefix_cache(ledger),
         "queue": state.door.queue_status(),
         "decode_tokens_per_s": state.door.decode_tokens_per_s,
+        "time_to_ready": state.door.time_to_ready,
         "time": time.time(),
     })
 

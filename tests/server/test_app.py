@@ -191,6 +191,14 @@ async def test_models_budget_metrics(aiohttp_client, llm):
     assert budget["plan"]["kv"]["num_blocks"] == 32 and budget["plan"]["fits"] is True
     assert budget["queue"] == {"waiting": 0, "running": 0, "max_queue_wait_s": None,
                                "max_queue_len": 256, "backfill": False, "backfilled": 0}
+    ready = budget["time_to_ready"]  # the start's phases (planner/ready_time.py)
+    assert set(ready["measured_s"]) == {"read", "profile", "kv", "warmup"}
+    assert all(seconds >= 0 for seconds in ready["measured_s"].values())  # to the ms
+    assert ready["measured_s"]["read"] > 0 and ready["place_passes"] == 2  # the CPU packs
+    assert ready["weight_file_bytes"] > 0 and ready["read_bytes_per_s"] > 0
+    assert ready["predicted_s"]["read"] == pytest.approx(  # read, then placed twice
+        ready["weight_file_bytes"] / ready["read_bytes_per_s"]
+        + ready["weight_bytes"] * 2 / ready["place_bytes_per_s"], rel=1e-3, abs=1e-3)
     text = await (await client.get("/metrics")).text()
     for name in ("kvledger_kv_blocks_total 32.0", "kvledger_kv_blocks_reserved 0.0",
                  "kvledger_kv_blocks_used 0.0", "kvledger_requests_admitted_total",

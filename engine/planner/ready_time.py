@@ -1,0 +1,137 @@
+"""Time to ready: how long a start takes, predicted before loading and measured after.
+
+A start is phases (``PHASES``): ``read`` the weights (loading: reading the checkpoint and
+placing its tensors), ``profile`` (the profiled steps that measure activations), ``kv``
+(allocating the KV pool), ``graphs`` (capturing decode steps as CUDA graphs) and
+``warmup`` (one tiny request through the whole path, the server's). Before anything is
+loaded the read is predicted from the checkpoint's bytes and the bandwidth a short timed
+read of the same files gets now (``measure_read``: on the model's own volume, through
+whatever page cache it has); the other phases are measured only, for now. The engine logs
+predicted against measured at start-up, ``/v1/budget`` shows both, and
+``bench/cold_start.py`` compares them, cold cache and warm.
+
+Torch-free: the planner's room.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvledger.engine.planner.estimates import format_size
+
+PHASES = ("read", "profile", "kv", "graphs", "warmup")
+SAMPLE_BYTES = 256 << 20  # what a prediction reads, at most
+SAMPLE_SECONDS = 1.0  # and for at most this long
+CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class ReadSpeed:
+    """A timed sequential read: ``bytes`` in ``seconds``."""
+
+    bytes: int
+    seconds: float
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else float("inf")
+
+
+def measure_read(files: list[Path], sample_bytes: int = SAMPLE_BYTES,
+                 max_seconds: float = SAMPLE_SECONDS) -> ReadSpeed | None:
+    """Read the largest of ``files`` from its middle on, in large blocks, until
+    ``sample_bytes`` or ``max_seconds``; None when there is nothing to read. The middle:
+    the plan has just read each file's header, which the page cache now holds."""
+    sized = [(f.stat().st_size, f) for f in files if f.is_file()]
+    if not sized:
+        return None
+    size, path = max(sized)
+    read = 0
+    started = time.perf_counter()
+    with open(path, "rb", buffering=0) as handle:
+        handle.seek(size // 2 if size > 2 * CHUNK else 0)
+        while read < sample_bytes and time.perf_counter() - started < max_seconds:
+            chunk = handle.read(CHUNK)
+            if not chunk:
+                break
+            read += len(chunk)
+    elapsed = time.perf_counter() - started
+    return ReadSpeed(read, elapsed) if read else None
+
+
+@dataclass
+class TimeToReady:
+    """A start's phases, predicted (None: not predicted) and measured, in seconds.
+
+    The read is predicted as the files' bytes over the timed read, plus placing the loaded
+    weights (``weight_bytes``, in the model's dtype) ``place_passes`` times over a timed
+    copy on the device (``place_speed``; the engine measures it, torch being its room):
+    one pass converts each tensor to the model's dtype on its device, and on the CPU a
+    second packs the linear layers for oneDNN."""
+
+    weight_file_bytes: int
+    read_speed: ReadSpeed | None
+    measured: dict[str, float] = field(default_factory=dict)
+    weight_bytes: int = 0
+    place_speed: ReadSpeed | None = None
+    place_passes: int = 1
+
+    @property
+    def predicted(self) -> dict[str, float | None]:
+        read = None
+        if self.read_speed is not None:
+            read = self.weight_file_bytes / self.read_speed.bytes_per_s
+            if self.place_speed is not None:
+                read += self.weight_bytes * self.place_passes / self.place_speed.bytes_per_s
+        return {"read": read, **{phase: None for phase in PHASES[1:]}}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the ``with`` block as phase ``name``."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.measured[name] = time.perf_counter() - started
+
+    def to_json(self) -> dict:
+        speed = self.read_speed
+        place = self.place_speed
+        return {"weight_file_bytes": self.weight_file_bytes, "weight_bytes": self.weight_bytes,
+                "read_bytes_per_s": None if speed is None else round(speed.bytes_per_s),
+                "place_bytes_per_s": None if place is None else round(place.bytes_per_s),
+                "place_passes": self.place_passes,
+                "predicted_s": {k: _round(v) for k, v in self.predicted.items()},
+                "measured_s": {k: _round(v) for k, v in self.measured.items()},
+                "measured_total_s": _round(sum(self.measured.values()))}
+
+    def describe(self) -> str:
+        """One log line: each phase predicted vs measured."""
+        parts = []
+        for phase in PHASES:
+            if phase not in self.measured:
+                continue
+            want = self.predicted[phase]
+            got = self.measured[phase]
+            parts.append(f"{phase} {got:.2f}s" + ("" if want is None else
+                                                  f" (predicted {want:.2f}s)"))
+        speed = self.read_speed
+        rate = "" if speed is None else (
+            f"; {format_size(self.weight_file_bytes)} of weights at "
+            f"{format_size(round(speed.bytes_per_s))}/s measured before loading")
+        return "time to ready: " + ", ".join(parts) + rate
+
+
+def predict(files: list[Path]) -> TimeToReady:
+    """The prediction for loading ``files``: their bytes over a timed read of them now."""
+    existing = [f for f in files if f.is_file()]
+    return TimeToReady(sum(os.path.getsize(f) for f in existing), measure_read(existing))
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
