@@ -215,6 +215,42 @@ def service_manifest(name: str, namespace: str = "default", **spec: Any) -> dict
             "metadata": {"name": name, "namespace": namespace}, "spec": body_spec}
 
 
+def condition(obj: dict | None, kind: str) -> dict:
+    """The resource's status condition of type ``kind`` ({} when it has none)."""
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c["type"] == kind:
+            return c
+    return {}
+
+
+# Every placement and environment field, as Kubernetes writes it in a pod.
+PLACEMENT = {
+    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4", "pool": "gpu"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                    {"key": "spot", "operator": "Equal", "value": "true",
+                     "effect": "NoExecute", "tolerationSeconds": 600}],
+    "affinity": {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "topology.kubernetes.io/zone", "operator": "In",
+                 "values": ["us-east-1a", "us-east-1b"]}]}]}},
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100, "podAffinityTerm": {
+                "topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": {"kvledger.dev/inferenceservice": "m"}}}}]}},
+    "priorityClassName": "inference-high",
+    "runtimeClassName": "nvidia",
+    "imagePullSecrets": [{"name": "registry"}],
+    "serviceAccountName": "llm-serving",
+    "env": [{"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:True"},
+            {"name": "NCCL_SOCKET_IFNAME", "valueFrom": {"configMapKeyRef": {
+                "name": "network", "key": "interface"}}},
+            {"name": "NCCL_DEBUG", "valueFrom": {"secretKeyRef": {"name": "d", "key": "level"}}}],
+    "podAnnotations": {"prometheus.io/scrape": "true"},
+    "podLabels": {"team": "ml", "cost-center": "42"},
+}
+
+
 # The part of `kubectl describe inferenceservice` a user reads to learn why, laid out
 # the way kubectl lays it out: conditions (messages below) and events.
 def _table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:

@@ -2,7 +2,7 @@
 
 The planner is the pre-flight's (``plan_on``, given the engine flags the pods get and one
 node's GPU memory as ``--device-memory``), so the webhook and the init container answer
-alike for the same node: same fits, same figures (tests/operator/test_fit_corpus.py). The
+alike for the same node: same fits, same figures (tests/operator/webhook/test_fit_corpus.py). The
 webhook plans each GPU as wholly free, its total memory as GPU feature discovery labels it
 (NVML's total, in whole MiB); the pre-flight sees what is actually free on the node it
 lands on, so it may still refuse a run the webhook let through (another process holds

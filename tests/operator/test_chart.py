@@ -6,39 +6,16 @@ Grafana dashboard's ConfigMap carries dashboards/kvledger.json. Runs ``helm temp
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
-import yaml
+from chart_harness import CHART, HELM, by_kind, helm_template
 
-ROOT = Path(__file__).parents[2]
-CHART = ROOT / "charts" / "kvledger"
-HELM = next((str(p) for p in (ROOT / ".tools" / "bin" / "helm", shutil.which("helm"))
-             if p and Path(p).is_file()), None)
 pytestmark = pytest.mark.skipif(HELM is None, reason="helm is not installed "
                                 "(bash scripts/helm_check.sh installs it into .tools/)")
 
 
-def helm_template(*flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([HELM, "template", "kvledger", str(CHART), "--namespace",
-                           "kvledger-system", *flags], capture_output=True, text=True,
-                          timeout=60)
-
-
 def kinds(*flags: str) -> dict[str, list[dict]]:
     return by_kind(helm_template(*flags))
-
-
-def by_kind(done: subprocess.CompletedProcess) -> dict[str, list[dict]]:
-    """A successful ``helm template``'s objects by kind."""
-    assert done.returncode == 0, done.stderr
-    by_kind: dict[str, list[dict]] = {}
-    for doc in yaml.safe_load_all(done.stdout):
-        if doc:
-            by_kind.setdefault(doc["kind"], []).append(doc)
-    return by_kind
 
 
 def test_the_defaults_render_without_monitors_or_dashboard():

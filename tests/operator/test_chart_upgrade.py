@@ -11,8 +11,8 @@ import subprocess
 
 import kmock
 import pytest
+from chart_harness import CHART, HELM, by_kind
 from operator_harness import Cluster, emulated_cluster
-from test_chart import CHART, HELM, by_kind
 
 pytestmark = pytest.mark.skipif(HELM is None, reason="helm is not installed "
                                 "(bash scripts/helm_check.sh installs it into .tools/)")

@@ -11,6 +11,7 @@ from pathlib import Path
 import celpy
 import pytest
 import yaml
+from operator_harness import PLACEMENT
 
 from kvledger.engine.checkpoint.hub.repo import HUB_URI_RE, parse_uri
 from kvledger.engine.errors import BadInput
@@ -139,34 +140,6 @@ def test_schema_is_structural():
 def _doc(**spec) -> dict:
     return {"apiVersion": "kvledger.dev/v1alpha1", "kind": "InferenceService",
             "metadata": {"name": "m"}, "spec": {"model": {"path": "/m"}, **spec}}
-
-
-# Every placement and environment field, as Kubernetes writes it in a pod.
-PLACEMENT = {
-    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4", "pool": "gpu"},
-    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-                    {"key": "spot", "operator": "Equal", "value": "true",
-                     "effect": "NoExecute", "tolerationSeconds": 600}],
-    "affinity": {
-        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "topology.kubernetes.io/zone", "operator": "In",
-                 "values": ["us-east-1a", "us-east-1b"]}]}]}},
-        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
-            "weight": 100, "podAffinityTerm": {
-                "topologyKey": "kubernetes.io/hostname",
-                "labelSelector": {"matchLabels": {"kvledger.dev/inferenceservice": "m"}}}}]}},
-    "priorityClassName": "inference-high",
-    "runtimeClassName": "nvidia",
-    "imagePullSecrets": [{"name": "registry"}],
-    "serviceAccountName": "llm-serving",
-    "env": [{"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:True"},
-            {"name": "NCCL_SOCKET_IFNAME", "valueFrom": {"configMapKeyRef": {
-                "name": "network", "key": "interface"}}},
-            {"name": "NCCL_DEBUG", "valueFrom": {"secretKeyRef": {"name": "d", "key": "level"}}}],
-    "podAnnotations": {"prometheus.io/scrape": "true"},
-    "podLabels": {"team": "ml", "cost-center": "42"},
-}
 
 
 def test_placement_fields_validate_and_simple_ones_are_typed():

@@ -9,8 +9,7 @@ from __future__ import annotations
 import jsonschema
 import pytest
 import yaml
-from operator_harness import eventually, running_operator, service_manifest
-from test_kmock import condition
+from operator_harness import condition, eventually, running_operator, service_manifest
 from vendored_crds import DATA, check_release, header_and_body, strict_version_schema
 
 from kvledger.engine.errors import BadInput

@@ -8,7 +8,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from test_crd import PLACEMENT
+from operator_harness import PLACEMENT
 
 from kvledger.engine.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput

@@ -30,7 +30,7 @@ MODEL = {"model": {"path": "/models/m"}}
 HPA = ("autoscaling/v2", "horizontalpodautoscalers")
 SCALED_OBJECT = ("keda.sh/v1alpha1", "scaledobjects")
 PDB = ("policy/v1", "poddisruptionbudgets")
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 # Kubernetes releases the rendered objects must be valid for: the oldest this supports
 # (autoscaling/v2 and policy/v1 are GA since 1.23 and 1.21; unhealthyPodEvictionPolicy
 # since 1.27) and the newest kubernetes-validate knows.

@@ -9,8 +9,8 @@ import re
 
 import pytest
 import pytest_asyncio
-from operator_harness import eventually, running_operator, service_manifest
-from test_kmock import FITS, REFUSED, REPORT, condition, plan_line, preflight_done
+from operator_harness import condition, eventually, running_operator, service_manifest
+from test_kmock import FITS, REFUSED, REPORT, plan_line, preflight_done
 
 from kvledger.operator.api.resource import API_VERSION, PLURAL
 from kvledger.operator.render.render import LABEL

@@ -24,7 +24,7 @@ from hub_server import HubServer
 from operator_harness import emulated_cluster
 from webhook_harness import SERVER_NAME, admission_review, gpu_node, webhook_operator
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 H100 = ("h100", 4, 81559, "NVIDIA-H100-80GB-HBM3")
 
 

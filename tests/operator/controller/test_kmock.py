@@ -11,7 +11,7 @@ import json
 import kopf
 import pytest
 import pytest_asyncio
-from operator_harness import eventually, running_operator, service_manifest
+from operator_harness import condition, eventually, running_operator, service_manifest
 
 from kvledger.engine.checkpoint.hub import repo as hub
 from kvledger.engine.errors import BadInput
@@ -65,13 +65,6 @@ POLICY = Policy(priority_classes=("high",), hub_endpoints=("https://huggingface.
 async def cluster():
     async with running_operator(default_image="kvledger:test", policy=POLICY) as running:
         yield running
-
-
-def condition(obj: dict | None, kind: str) -> dict:
-    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if c["type"] == kind:
-            return c
-    return {}
 
 
 def pod(service: str, name: str, status: dict) -> dict:

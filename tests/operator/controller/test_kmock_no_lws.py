@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 import pytest_asyncio
-from operator_harness import eventually, running_operator, service_manifest
-from test_kmock import condition
+from operator_harness import condition, eventually, running_operator, service_manifest
 
 from kvledger.operator.api.resource import API_VERSION, PLURAL
 from kvledger.operator.render.render_group import LWS_API_VERSION, LWS_PLURAL, LWS_RELEASE

@@ -26,7 +26,7 @@ from operator_harness import local_argv
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT
 from kvledger.operator.render.render import render_deployment
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "bench"))
 from plan_speed import write_sparse_checkpoint  # noqa: E402
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kvledger.operator.api.crd import openapi_schema
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # kvledger's own sections, whose every field the table names one by one (the others, such
 # as affinity or env, are Kubernetes' types, named as a whole).
 OWN_SECTIONS = ("model", "engine", "memory", "tools", "autoscaling")

@@ -11,20 +11,17 @@ into .tools/; skipped where there is no helm)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import celpy
 import pytest
 import yaml
-from test_chart import HELM, by_kind, helm_template
+from chart_harness import CHART, HELM, ROOT, by_kind, helm_template
 
 from kvledger.operator.api.crd import validate_manifest
 from kvledger.operator.api.spec import parse_spec
 from kvledger.operator.render.policy import POLICY_ENV, Policy
 
-ROOT = Path(__file__).parents[2]
-CHART = ROOT / "charts" / "kvledger"
 DOCS = [ROOT / "README.md", CHART / "README.md", CHART / "templates" / "NOTES.txt",
         *sorted((ROOT / "docs").glob("*.md"))]
 APPLY = re.compile(r"kubectl apply -f (examples/[\w.-]+\.yaml)")

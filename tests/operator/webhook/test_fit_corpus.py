@@ -26,7 +26,7 @@ from kvledger.operator.render.render import render_pod_spec
 from kvledger.operator.webhook.inventory import candidates
 from kvledger.operator.webhook.webhook import Webhook
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "bench"))
 from plan_speed import write_sparse_checkpoint  # noqa: E402
 
