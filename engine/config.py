@@ -44,7 +44,7 @@ from kvledger.engine.lora_config import (
     check_lora_flags,
 )
 from kvledger.engine.node_config import Nodes
-from kvledger.engine.settings import (
+from kvledger.engine.setting_kinds import (
     BYTES,
     FRACTION,
     FREE_SIZE,
@@ -58,13 +58,10 @@ from kvledger.engine.settings import (
     SWITCH,
     TEXT,
     TOKENS,
-    Crd,
     Kind,
-    check_settings,
     choice,
-    render_flags,
-    setting,
 )
+from kvledger.engine.settings import Crd, check_settings, render_flags, setting
 
 # vLLM's JSON, read once (kv_events_config.py); rendered back the same way.
 KV_EVENTS = Kind("text", parse=KVEventsConfig.parse, render=lambda c: [c.to_json()])

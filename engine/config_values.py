@@ -1,11 +1,11 @@
 """What each of the engine's settings accepts (``config.py`` declares the settings): the
 values of its choices, its defaults, the argument kinds the settings share beyond
-``settings.py``'s, and the ``--help`` groups they are shown in."""
+``setting_kinds.py``'s, and the ``--help`` groups they are shown in."""
 
 from __future__ import annotations
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.settings import Kind, positive_int
+from kvledger.engine.setting_kinds import Kind, positive_int
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -23,6 +23,9 @@ MIN_DEFAULT_BATCHED_TOKENS = 2048  # the step budget's least default: a realisti
 # Structured outputs' compiled grammars (host memory; typical schemas well under 1 MiB, a
 # hostile one tens of MiB): planned where the device's memory is the host's (CPU, unified).
 DEFAULT_GRAMMAR_CACHE_BYTES = 128 * 2**20
+# The most logprobs a token reports (vLLM's default --max-logprobs): the bound of serve's
+# --max-logprobs and of a request's logprobs (sampling/params.py).
+MAX_LOGPROBS = 20
 
 
 def quantization_arg(text: str) -> str:

@@ -1,10 +1,10 @@
-"""`kvledger serve`'s own defaults, THE one place they are written: the server's flags, its
-options, the admission line, and the operator's CRD, spec and rendered pods read them here
-(torch-free, importing nothing: the operator may read them)."""
+"""``kvledger serve``'s defaults by the names the admission line (``admission/line.py``) and
+the front door (``frontend/door.py``) read them: each is ``ServeConfig``'s own default
+(``serve_config.py``, the one declaration), never a second copy of its value."""
 
 from __future__ import annotations
 
-PORT = 8000
-SHUTDOWN_GRACE_S = 30  # on SIGTERM, how long in-flight requests may finish
-MAX_QUEUE_LEN = 256  # requests that may wait in line for their KV reservations
-TENANT_FAIRNESS = True  # the line takes turns between tenants (admission/order.py)
+from kvledger.engine.serve_config import ServeConfig
+
+MAX_QUEUE_LEN = ServeConfig.max_queue_len  # requests that may wait in line for their KV
+TENANT_FAIRNESS = ServeConfig.tenant_fairness  # the line takes turns between tenants

@@ -48,8 +48,8 @@ from kvledger.engine.checkpoint.hub.uri import is_hub_uri
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, BadInput
 from kvledger.engine.node_config import NODE_KEY_ENV, free_port_pair
+from kvledger.engine.serve_config import ServeConfig
 from kvledger.operator.api.crd import validate_manifest
-from kvledger.operator.api.resource import DEFAULT_PORT
 from kvledger.operator.api.spec import Model, ServiceSpec, as_spec
 
 HELP = "run an InferenceService manifest locally, no cluster"
@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("manifest", metavar="SERVICE.yaml", help="an InferenceService manifest")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on")
     parser.add_argument("--port", type=int, default=None,
-                        help=f"port to serve on (default: spec.port, else {DEFAULT_PORT})")
+                        help=f"port to serve on (default: spec.port, else {ServeConfig.port})")
     parser.add_argument("--model-path", default=None, metavar="DIR",
                         help="local checkpoint directory (default: spec.model.path, mapped "
                              "through a hostPath volume)")
@@ -140,11 +140,13 @@ def ignored_fields(spec: dict[str, Any]) -> list[str]:
 
 def serve_argv(flags: list[str], host: str, port: int,
                spec: ServiceSpec | dict[str, Any]) -> list[str]:
-    """``serve`` with the pod's flags, its own ones (drain, queue) included, but the
+    """``serve`` with the pod's flags, its own ones (port, drain, queue) included, but the
     tenants file only a cluster mounts (``tenantsSecretRef`` is cluster-only here)."""
-    local = dataclasses.replace(as_spec(spec), tenants_secret=None)
+    spec = as_spec(spec)
+    local = dataclasses.replace(spec, serve=dataclasses.replace(spec.serve, port=port,
+                                                                tenants_file=None))
     return [sys.executable, "-m", "kvledger.engine.cli", "serve", *flags,
-            "--host", host, "--port", str(port), *local.serving_flags()]
+            "--host", host, *local.serving_flags()]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -194,7 +196,7 @@ def _run_hub_model(name: str, spec: ServiceSpec, flags: list[str],
 
 def _exec_serve(name: str, spec: ServiceSpec, flags: list[str],
                 args: argparse.Namespace) -> int:
-    port = args.port if args.port is not None else spec.port
+    port = args.port if args.port is not None else spec.serve.port
     argv = serve_argv(flags, args.host, port, spec)
     env = None
     if spec.nodes > 1:

@@ -19,7 +19,7 @@ from published_models import published_config, published_tensors
 
 from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.planner.report import render_report
-from kvledger.engine.settings import parse_size
+from kvledger.engine.setting_kinds import parse_size
 from kvledger.operator.local_run import load_manifest, local_config
 from kvledger.operator.render.render import render_deployment
 

@@ -21,7 +21,7 @@ from kvledger.engine.checkpoint.hub.uri import model_reference
 from kvledger.engine.errors import EXIT_OK, BadInput
 from kvledger.engine.lora_config import lora_module_arg
 from kvledger.engine.planner.report import format_size
-from kvledger.engine.settings import positive_seconds
+from kvledger.engine.setting_kinds import positive_seconds
 
 HELP = "download an hf:// model's files the engine needs into the hub cache"
 

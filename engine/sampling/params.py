@@ -6,10 +6,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvledger.engine.config_values import MAX_LOGPROBS  # the engine's bound, serve's too
 from kvledger.engine.errors import BadInput
 
 GREEDY_BELOW_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS
-MAX_LOGPROBS = 20                # vLLM's default --max-logprobs
 MAX_LOGIT_BIAS_VALUE = 100.0     # OpenAI's bound on a logit_bias value (either sign)
 MAX_PENALTY = 2.0                # OpenAI's bound on presence and frequency penalties
 

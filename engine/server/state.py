@@ -10,17 +10,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from aiohttp import web
 
-from kvledger.engine import serve_defaults
 from kvledger.engine.errors import BadInput, UnknownModel
 from kvledger.engine.frontend.door import FrontDoor, LineOptions
 from kvledger.engine.frontend.offload import Offload
 from kvledger.engine.frontend.submission import Tenant
 from kvledger.engine.lora_config import LoRARequest
+from kvledger.engine.serve_config import ServeConfig
 from kvledger.engine.server.api_errors import ApiError, engine_error
 from kvledger.engine.server.metrics import ServerMetrics
 from kvledger.engine.server.tenants import Tenants, TenantSpec
@@ -31,48 +31,19 @@ R = TypeVar("R")
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 4 * 2**20
-# Slow clients: a request's headers must arrive within this of its first byte (or of the
-# connection opening), its body within this of its headers; an idle keep-alive connection
-# closes after the last. 75 s outlasts the 60 s idle timeout of common load balancers, so
-# they, not the server, close idle connections (no race on reuse).
-DEFAULT_HEADER_TIMEOUT_S = 10.0
-DEFAULT_BODY_TIMEOUT_S = 30.0
-DEFAULT_KEEPALIVE_TIMEOUT_S = 75.0
-# A schema whose grammar takes longer than this to compile is a 400 (a client's 570 KiB
-# anyOf took about 2 s on one core; typical schemas take milliseconds).
-DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S = 10.0
-
 
 @dataclass(frozen=True)
-class ServeOptions:
-    api_keys: tuple[str, ...] = ()       # any one of them opens /v1/*; none: no key needed
-    salt_cache_per_key: bool = False     # requests under different keys never share KV blocks
-    metrics_api_key: str | None = None   # None: /metrics is open (Prometheus' default)
-    max_queue_wait_s: float | None = None  # None: a waiter waits as long as it takes
-    max_queue_len: int = serve_defaults.MAX_QUEUE_LEN
-    backfill: bool = False               # later requests done before the head may go first
-    tenant_fairness: bool = serve_defaults.TENANT_FAIRNESS  # the line takes turns (order.py)
-    max_queue_len_per_tenant: int | None = None  # None: Tenants' default (half, or all)
+class ServeOptions(ServeConfig):
+    """What the server runs with: serve's options (``ServeConfig``, each declared once with
+    its flag, default and CRD field), the keys and chat template as the serve verb resolved
+    them, and the tenants its ``--tenants-file`` names."""
+
     tenants: tuple[TenantSpec, ...] = ()  # --tenants-file's (server/tenants.py)
-    tenant_header: str | None = None      # a gateway's header naming the tenant
-    tenant_header_from: tuple[str, ...] = ()  # the peers (CIDRs) it is believed from
-    shutdown_grace_s: float = serve_defaults.SHUTDOWN_GRACE_S
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
-    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
-    keepalive_timeout_s: float = DEFAULT_KEEPALIVE_TIMEOUT_S
-    grammar_compile_timeout_s: float = DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S
-    enable_auto_tool_choice: bool = False  # vLLM's: tool_choice "auto" is served
-    tool_call_parser: str | None = None    # vLLM's: hermes, llama3_json, mistral; None: the template's
-    allow_runtime_lora_updating: bool = False  # /v1/load_lora_adapter (server/lora_routes.py)
-    log_requests: bool = False            # vLLM's --enable-log-requests: a line per request
-    return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens token_id:N
-    prompt_tokens_details: bool = False   # vLLM's: usage.prompt_tokens_details.cached_tokens
-    max_logprobs: int = 20                # vLLM's --max-logprobs (at most 20 here)
-    chat_template: str | None = None     # vLLM's --chat-template: renders every chat instead
-    trust_request_chat_template: bool = False  # a request's own chat_template may render
-    default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # under a request's
+
+    @classmethod
+    def of(cls, config: ServeConfig, **resolved: Any) -> ServeOptions:
+        """``config``'s options with ``resolved`` (the tenants, keys read from elsewhere)."""
+        return cls(**{**{f.name: getattr(config, f.name) for f in fields(config)}, **resolved})
 
 
 class ServerState:

@@ -2,22 +2,26 @@
 
 Its cross-field rules come from ``spec_rules`` and its defaults from ``resource``; the
 grammars it shares with the engine are derived from the engine's own regexes, never
-written here a second time: a SIZE (``kvledger.engine.settings``) and a hub uri
+written here a second time: a SIZE (``kvledger.engine.setting_kinds``) and a hub uri
 (``kvledger.engine.checkpoint.hub.repo``). ``spec.engine`` and ``spec.memory`` are generated
-from the engine's settings (``EngineConfig``'s declarations, ``engine/settings.py``).
+from the engine's settings (``EngineConfig``'s declarations, ``engine/settings.py``), and
+serve's own fields (``spec.port``, ``spec.shutdownGraceSeconds``, the line's, ``spec.tools``,
+...) from serve's (``ServeConfig``'s, ``engine/serve_config.py``).
 """
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import MISSING
 from typing import Any
 
-from kvledger.engine import serve_defaults
 from kvledger.engine.checkpoint.hub.uri import HUB_URI_RE
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.lora_config import LORA_NAME_RE
-from kvledger.engine.settings import SIZE_RE, Setting, settings_of
-from kvledger.engine.vllm_flags import PARSERS
+from kvledger.engine.serve_config import ServeConfig
+from kvledger.engine.setting_kinds import SIZE_RE
+from kvledger.engine.settings import Setting, default_of, settings_of
 from kvledger.operator.api.crd_pod import PLACEMENT
 from kvledger.operator.api.quantity import TARGET_PATTERN
 from kvledger.operator.api.resource import (
@@ -28,9 +32,7 @@ from kvledger.operator.api.resource import (
     DEFAULT_MOUNT_PATH,
     DEFAULT_NODES,
     DEFAULT_PICKER_FAILURE_MODE,
-    DEFAULT_PORT,
     DEFAULT_REPLICAS,
-    DEFAULT_SHUTDOWN_GRACE_S,
     MAX_NODES,
     PICKER_FAILURE_MODES,
 )
@@ -45,7 +47,7 @@ def crd_pattern(owner: re.Pattern[str]) -> str:
     return f"^{body.removeprefix('^').removesuffix('$')}$"
 
 
-# A SIZE, as engine.settings.parse_size reads it (40Gi, 40GiB, 40G, 512MiB, plain bytes).
+# A SIZE, as engine.setting_kinds.parse_size reads it (40Gi, 40GiB, 40G, 512MiB, plain bytes).
 SIZE_PATTERN = crd_pattern(SIZE_RE)
 # hf://ORG/NAME[@REVISION], as the engine's parse_uri matches it before its own checks
 # (no leading or trailing '.' or '-' in a name, a revision's characters), which the
@@ -63,22 +65,29 @@ _SIZE = {"type": "string", "pattern": SIZE_PATTERN}
 INT_OR_STRING = [{"type": "integer"}, {"type": "string"}]
 _SIZE_OR_BYTES = {"x-kubernetes-int-or-string": True, "anyOf": INT_OR_STRING, "minimum": 1,
                   "pattern": SIZE_PATTERN}
-# What each kind of engine setting (engine/settings.py) is in OpenAPI; "choice" is an enum.
+# What each kind of setting (engine/setting_kinds.py, serve_values.py) is in OpenAPI;
+# "choice" is an enum.
 KIND_SCHEMAS: dict[str, dict[str, Any]] = {
     "integer": {"type": "integer"},
     "positive": {"type": "integer", "minimum": 1},
+    "count": {"type": "integer", "minimum": 0},
+    "port": {"type": "integer", "minimum": 1},  # serve's 0 (any free port) is no Service's
     "boolean": {"type": "boolean"},
     "fraction": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1},
     "share": {"type": "number", "minimum": 0, "maximum": 1, "exclusiveMaximum": True},
     "seconds": {"type": "number", "minimum": 0, "exclusiveMinimum": True},
+    "seconds_or_zero": {"type": "number", "minimum": 0},
     "size": _SIZE,
     "bytes": _SIZE_OR_BYTES,
     "text": {"type": "string", "minLength": 1},
+    "object": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
 }
 
 
-def setting_schema(declared: Setting) -> dict[str, Any]:
-    """A setting's CRD property: its kind's schema, its description, its own keys."""
+def setting_schema(declared: Setting, default: Any = MISSING) -> dict[str, Any]:
+    """A setting's CRD property: its kind's schema, its description (where it writes
+    ``%(default)s``, the field's ``default`` as the resource writes it, JSON), its own keys,
+    and the default when the CRD declares it (``Crd.defaulted``)."""
     kind, crd = declared.kind, declared.crd
     if kind.domain == "choice":
         typed = "integer" if all(isinstance(v, int) for v in kind.values) else "string"
@@ -86,16 +95,34 @@ def setting_schema(declared: Setting) -> dict[str, Any]:
     else:
         schema = dict(KIND_SCHEMAS[kind.domain])
     if crd is not None and crd.description:
-        schema["description"] = crd.description
-    return {**schema, **(crd.schema if crd is not None else {})}
+        schema["description"] = (crd.description % {"default": json.dumps(default)}
+                                 if default is not MISSING else crd.description)
+    schema = {**schema, **(crd.schema if crd is not None else {})}
+    if crd is not None and crd.defaulted:
+        schema["default"] = default
+    return schema
 
 
-def setting_properties(section: str, config_type: type[EngineConfig] = EngineConfig) -> dict:
-    """``spec.<section>``'s properties: one per setting of ``config_type`` declared there,
-    in the order of its fields."""
-    return {declared.spec_name: setting_schema(declared)
-            for _, declared in settings_of(config_type)
+def setting_properties(section: str, config_type: type = EngineConfig) -> dict:
+    """``spec.<section>``'s properties (``""``: ``spec``'s own): one per setting of
+    ``config_type`` declared there, in the order of its fields."""
+    return {declared.spec_name: setting_schema(declared, default_of(f))
+            for f, declared in settings_of(config_type)
             if declared.crd is not None and declared.crd.section == section}
+
+
+# serve's fields of spec itself (port, drain, the line, ...), in ServeConfig's order; the
+# spec's own fields sit between them where the CRD has always listed them (_served).
+_SERVED = setting_properties("", ServeConfig)
+
+
+def _served(after: str | None = None, through: str | None = None) -> dict[str, Any]:
+    """serve's fields of ``spec`` declared after ``after`` up to ``through`` (None: from the
+    first, to the last): a field declared anew lands without an edit here."""
+    names = list(_SERVED)
+    start = 0 if after is None else names.index(after) + 1
+    stop = len(names) if through is None else names.index(through) + 1
+    return {name: _SERVED[name] for name in names[start:stop]}
 
 
 # A Secret's name is a DNS-1123 subdomain; a key is letters, digits, '-', '_' and '.'.
@@ -176,14 +203,7 @@ _TOOLS = ruled({
     "type": "object",
     "description": "OpenAI tool calling on /v1/chat/completions: \"required\" and named "
                    "calls always work; \"auto\" needs these (vLLM's flags).",
-    "properties": {
-        "toolCallParser": {"type": "string", "enum": list(PARSERS),
-                           "description": "the format calls are written and parsed in "
-                                          "(--tool-call-parser; default: the chat template's)"},
-        "enableAutoToolChoice": {"type": "boolean",
-                                 "description": "let the model choose to call "
-                                                "(--enable-auto-tool-choice)"},
-    },
+    "properties": setting_properties("tools", ServeConfig),
 }, "tools")
 
 _MEMORY = {
@@ -275,35 +295,13 @@ SPEC_SCHEMA = ruled({
                             "autoscaling, the autoscaler writes it)", default=DEFAULT_REPLICAS),
         "image": {"type": "string", "minLength": 1,
                   "description": "kvledger image (default: the operator's configured image)"},
-        "port": _int(1, "HTTP port of the engine and the Service", maximum=65535,
-                     default=DEFAULT_PORT),
-        "shutdownGraceSeconds": _int(0, "on SIGTERM (scale-down, rollout, eviction), how "
-                                        "long in-flight requests may finish before they are "
-                                        "aborted (--shutdown-grace); the pod's grace is 20 s "
-                                        "more", maximum=3600, default=DEFAULT_SHUTDOWN_GRACE_S),
-        "maxQueueWaitSeconds": _int(0, "how long a request may wait in line for its KV "
-                                       "reservation before a 429 (--max-queue-wait; 0: "
-                                       "refused at once; not set: as long as it takes)",
-                                    maximum=600),
+        **_served(through="maxQueueWaitSeconds"),
         "tools": _TOOLS,
         "adapters": {"type": "array", "items": _ADAPTER, "maxItems": 256,
                      "description": "LoRA adapters served beside the model (--enable-lora "
                                     "--lora-modules NAME=URI); the pre-flight plans their "
                                     "slots (engine.maxLoras x engine.maxLoraRank)"},
-        "maxQueueLength": _int(0, "how many requests may wait in line for their KV "
-                                  "reservations, taking turns between tenants; one more is "
-                                  "a 429 queue_full (--max-queue-len; 0: refused at once; "
-                                  f"not set: {serve_defaults.MAX_QUEUE_LEN}); what "
-                                  "requestsWaiting autoscaling counts",
-                               maximum=100000),
-        "maxQueueLengthPerTenant": _int(0, "places in line one tenant (API key) may hold; "
-                                           "one more is its own 429 tenant_queue_full "
-                                           "(--max-queue-len-per-tenant; not set: half the "
-                                           "line with two keys or more)", maximum=100000),
-        "tenantFairness": {"type": "boolean",
-                           "description": "the line takes turns between tenants (default "
-                                          f"{str(serve_defaults.TENANT_FAIRNESS).lower()}; "
-                                          "false: arrival order, --no-tenant-fairness)"},
+        **_served(after="maxQueueWaitSeconds", through="tenantFairness"),
         "tenantsSecretRef": {
             "type": "object", "required": ["name", "key"],
             "description": "A Secret key holding the tenants file (YAML: each tenant's name, "
@@ -326,10 +324,7 @@ SPEC_SCHEMA = ruled({
                            "KVLEDGER_API_KEY; clients send 'Authorization: Bearer KEY')",
             "properties": {"name": _SECRET_NAME, "key": _SECRET_KEY},
         },
-        "allowRuntimeLoraUpdating": {
-            "type": "boolean",
-            "description": "serve /v1/load_lora_adapter and /v1/unload_lora_adapter "
-                           "(--allow-runtime-lora-updating; needs apiKeySecretRef)"},
+        **_served(after="tenantFairness"),
         **PLACEMENT,
         "autoscaling": _AUTOSCALING,
         "inferencePool": _INFERENCE_POOL,

@@ -2,12 +2,12 @@
 
 The CRD (``crd_schema.py``) declares these defaults and the parsed spec (``spec.py``) falls
 back to them, so an API server that applied them and one that did not (or ``kvledger
-run``, which has none) give the same spec.
+run``, which has none) give the same spec. Serve's own fields (``port``,
+``shutdownGraceSeconds``, the line's) take serve's defaults, declared with each option in
+``kvledger.engine.serve_config.ServeConfig``.
 """
 
 from __future__ import annotations
-
-from kvledger.engine import serve_defaults
 
 GROUP = "kvledger.dev"
 VERSION = "v1alpha1"
@@ -23,12 +23,6 @@ DEFAULT_GPUS = 1
 DEFAULT_NODES = 1
 MAX_NODES = 64
 DEFAULT_REPLICAS = 1
-DEFAULT_PORT = serve_defaults.PORT  # kvledger serve's own defaults (engine/serve_defaults.py)
-DEFAULT_SHUTDOWN_GRACE_S = serve_defaults.SHUTDOWN_GRACE_S
-# Not set: serve's own defaults (a line of serve_defaults.MAX_QUEUE_LEN requests, each
-# waiting as long as it takes).
-DEFAULT_MAX_QUEUE_WAIT_S = None
-DEFAULT_MAX_QUEUE_LENGTH = None
 DEFAULT_MOUNT_PATH = "/models"
 # Where the engine reads spec.tenantsSecretRef's file (a Secret volume, read-only).
 TENANTS_DIR = "/etc/kvledger/tenants"

@@ -17,27 +17,24 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from kvledger.engine import serve_defaults
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.lora_config import LoraModule
-from kvledger.engine.settings import parse_size, settings_of
+from kvledger.engine.serve_config import ServeConfig
+from kvledger.engine.setting_kinds import parse_size
+from kvledger.engine.settings import default_of, settings_of
 from kvledger.operator.api.parallel import tensor_parallel_size
 from kvledger.operator.api.quantity import quantity_bytes, target_value
 from kvledger.operator.api.resource import (
     AUTOSCALING_METRICS,
     AUTOSCALING_PROVIDERS,
     DEFAULT_GPUS,
-    DEFAULT_MAX_QUEUE_LENGTH,
-    DEFAULT_MAX_QUEUE_WAIT_S,
     DEFAULT_MIN_REPLICAS,
     DEFAULT_MOUNT_PATH,
     DEFAULT_NODES,
     DEFAULT_PICKER_FAILURE_MODE,
-    DEFAULT_PORT,
     DEFAULT_REPLICAS,
-    DEFAULT_SHUTDOWN_GRACE_S,
     DEFAULT_TARGETS,
     TENANTS_FILE,
 )
@@ -107,15 +104,13 @@ class ServiceSpec:
 
     model: Model
     engine: EngineConfig  # both containers' flags, for the pod's device
+    # serve's own options (port, drain, line, tools, ...), and the fields the resource (or
+    # the operator: the tenants file) gives, passed on even at serve's default
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    serve_given: frozenset[str] = frozenset()
     gpus: int = DEFAULT_GPUS  # per pod: with nodes > 1, each pod of a group has as many
     nodes: int = DEFAULT_NODES  # pods per replica: more than 1 is a LeaderWorkerSet group
     replicas: int = DEFAULT_REPLICAS
-    port: int = DEFAULT_PORT
-    shutdown_grace_s: int = DEFAULT_SHUTDOWN_GRACE_S
-    max_queue_wait_s: int | None = DEFAULT_MAX_QUEUE_WAIT_S  # None: serve's default
-    max_queue_length: int | None = DEFAULT_MAX_QUEUE_LENGTH  # None: serve's default
-    tool_call_parser: str | None = None
-    enable_auto_tool_choice: bool = False
     image: str | None = None
     autoscaling: Autoscaling | None = None
     # spec.resources.limits.memory in bytes: the engine container's cgroup limit.
@@ -128,32 +123,14 @@ class ServiceSpec:
     pod_labels: dict[str, str] = field(default_factory=dict)
     api_key_secret: tuple[str, str] | None = None  # (Secret name, key): KVLEDGER_API_KEY
     tenants_secret: tuple[str, str] | None = None  # (Secret name, key): --tenants-file
-    max_queue_length_per_tenant: int | None = None  # None: serve's default
-    tenant_fairness: bool = serve_defaults.TENANT_FAIRNESS
-    allow_runtime_lora_updating: bool = False
     inference_pool: InferencePool | None = None  # None: a plain Service only
 
     def serving_flags(self) -> list[str]:
-        """``serve``'s own flags (the pod's and ``kvledger run``'s): the SIGTERM drain, the
-        line a request may wait in for its reservation and tool calling, when set."""
-        flags = ["--shutdown-grace", str(self.shutdown_grace_s)]
-        if self.max_queue_wait_s is not None:
-            flags += ["--max-queue-wait", str(self.max_queue_wait_s)]
-        if self.max_queue_length is not None:
-            flags += ["--max-queue-len", str(self.max_queue_length)]
-        if self.max_queue_length_per_tenant is not None:
-            flags += ["--max-queue-len-per-tenant", str(self.max_queue_length_per_tenant)]
-        if not self.tenant_fairness:
-            flags += ["--no-tenant-fairness"]
-        if self.tenants_secret is not None:
-            flags += ["--tenants-file", TENANTS_FILE]
-        if self.tool_call_parser is not None:
-            flags += ["--tool-call-parser", self.tool_call_parser]
-        if self.enable_auto_tool_choice:
-            flags += ["--enable-auto-tool-choice"]
-        if self.allow_runtime_lora_updating:
-            flags += ["--allow-runtime-lora-updating"]
-        return flags
+        """``serve``'s own flags (the pod's and ``kvledger run``'s), generated from
+        ``ServeConfig``'s declarations: the port, the SIGTERM drain, the line a request may
+        wait in for its reservation, the tenants file and tool calling, as the resource
+        gives them."""
+        return self.serve.to_flags(self.serve_given)
 
 
 def cluster_device(gpus: int) -> str:
@@ -170,18 +147,17 @@ def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
     gpus = raw.get("gpus", DEFAULT_GPUS)
     nodes = raw.get("nodes", DEFAULT_NODES)
     limits = (raw.get("resources") or {}).get("limits") or {}
+    serving = spec_settings(raw, ServeConfig)
+    if "tenantsSecretRef" in raw:  # its key, mounted where serve reads it
+        serving["tenants_file"] = TENANTS_FILE
     return ServiceSpec(
         model=model,
         engine=_engine_config(raw, model, cluster_device(gpus), tensor_parallel_size(gpus), nodes),
         gpus=gpus,
         nodes=nodes,
         replicas=raw.get("replicas", DEFAULT_REPLICAS),
-        port=raw.get("port", DEFAULT_PORT),
-        shutdown_grace_s=raw.get("shutdownGraceSeconds", DEFAULT_SHUTDOWN_GRACE_S),
-        max_queue_wait_s=raw.get("maxQueueWaitSeconds", DEFAULT_MAX_QUEUE_WAIT_S),
-        max_queue_length=raw.get("maxQueueLength", DEFAULT_MAX_QUEUE_LENGTH),
-        tool_call_parser=(raw.get("tools") or {}).get("toolCallParser"),
-        enable_auto_tool_choice=bool((raw.get("tools") or {}).get("enableAutoToolChoice")),
+        serve=ServeConfig(**serving),
+        serve_given=frozenset(serving),
         image=raw.get("image") or None,
         autoscaling=scaling,
         container_memory_limit_bytes=(quantity_bytes("spec.resources.limits.memory",
@@ -195,9 +171,6 @@ def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
         pod_labels=dict(raw.get("podLabels") or {}),
         api_key_secret=_secret_ref(raw.get("apiKeySecretRef")),
         tenants_secret=_secret_ref(raw.get("tenantsSecretRef")),
-        max_queue_length_per_tenant=raw.get("maxQueueLengthPerTenant"),
-        tenant_fairness=raw.get("tenantFairness", serve_defaults.TENANT_FAIRNESS),
-        allow_runtime_lora_updating=bool(raw.get("allowRuntimeLoraUpdating")),
         inference_pool=_inference_pool(raw.get("inferencePool")),
     )
 
@@ -252,20 +225,26 @@ def _engine_config(raw: Mapping[str, Any], model: Model, device: str,
         raise BadInput(f"invalid spec: {exc}") from None
 
 
-def spec_settings(raw: Mapping[str, Any], config_type: type[EngineConfig] = EngineConfig
+def spec_settings(raw: Mapping[str, Any], config_type: type = EngineConfig
                   ) -> dict[str, Any]:
-    """The config's values ``spec.engine`` and ``spec.memory`` set: each setting of
-    ``config_type`` declared in the CRD (``engine/settings.py``), by its spec name; a SIZE
-    is read as bytes, more than 0."""
+    """The config's values the spec sets (``spec.engine``, ``spec.memory``, ``spec.tools``
+    or ``spec`` itself): each setting of ``config_type`` declared in the CRD
+    (``engine/settings.py``), by its spec name; one the CRD defaults is set to that default
+    when the spec lacks it, as the API server fills it in (``kvledger run`` has none); a
+    SIZE is read as bytes, more than 0."""
     values: dict[str, Any] = {}
     for f, declared in settings_of(config_type):
         crd, name = declared.crd, declared.spec_name
-        section = (raw.get(crd.section) or {}) if crd is not None else {}
+        if crd is None:
+            continue
+        section = raw if crd.section == "" else (raw.get(crd.section) or {})
         if name not in section:
+            if crd.defaulted:
+                values[f.name] = default_of(f)
             continue
         value = section[name]
         if declared.kind.domain in ("size", "bytes"):
-            value = _positive_size(f"{crd.section}.{name}", value)
+            value = _positive_size(".".join(filter(None, (crd.section, name))), value)
         values[f.name] = value
     return values
 

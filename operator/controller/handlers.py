@@ -40,7 +40,8 @@ import kopf
 import yaml
 
 from kvledger.engine.errors import BadInput
-from kvledger.operator.api.resource import API_VERSION, DEFAULT_PORT, GROUP, PLURAL, VERSION
+from kvledger.engine.serve_config import ServeConfig
+from kvledger.operator.api.resource import API_VERSION, GROUP, PLURAL, VERSION
 from kvledger.operator.api.spec import ServiceSpec, parse_spec
 from kvledger.operator.cluster.hub_models import HubModels
 from kvledger.operator.cluster.kube import KubeApi, KubeError, contains, object_path
@@ -247,7 +248,8 @@ async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: ko
             pods=[entry["status"] for entry in entries], spec_error=spec_error,
             spec_reason=spec_reason,
             endpoint=render.endpoint(name, namespace,
-                                     spec.port if spec else raw.get("port", DEFAULT_PORT)),
+                                     spec.serve.port if spec
+                                     else raw.get("port", ServeConfig.port)),
             model=model, model_error=model_error,
             selector=(render_group.serving_selector(name, spec) if spec
                       else render.pod_selector(name)),

@@ -52,7 +52,7 @@ def render_inference_pool(name: str, namespace: str, spec: ServiceSpec,
         "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
         "spec": {
             "selector": {"matchLabels": serving_labels(name, spec)},
-            "targetPorts": [{"number": spec.port}],
+            "targetPorts": [{"number": spec.serve.port}],
             "endpointPickerRef": {"kind": "Service", "name": picker,
                                   "port": {"number": port},
                                   "failureMode": pool.failure_mode},

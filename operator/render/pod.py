@@ -111,10 +111,10 @@ def engine_env(spec: ServiceSpec, hub_endpoint: str) -> list[dict[str, Any]]:
     whatever the image's own environment says, so only the spec turns runtime adapter
     loading on or sends a hub token anywhere."""
     env = [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
-            "value": "true" if spec.allow_runtime_lora_updating else "false"}]
+            "value": "true" if spec.serve.allow_runtime_lora_updating else "false"}]
     if spec.api_key_secret is not None:
         env.append(secret_env("KVLEDGER_API_KEY", spec.api_key_secret))
-    if spec.model.uri is not None or spec.allow_runtime_lora_updating:  # it may ask the hub
+    if spec.model.uri is not None or spec.serve.allow_runtime_lora_updating:  # it may ask the hub
         env.append({"name": "HF_ENDPOINT", "value": hub_endpoint})
     if spec.model.uri is not None:  # the model is in the cache fetch filled
         env.append({"name": "HF_HUB_OFFLINE", "value": "1"})

@@ -260,7 +260,7 @@ def render_network_policy(name: str, namespace: str, spec: ServiceSpec | dict[st
         "spec": {
             "podSelector": {"matchLabels": selector_labels(name)},
             "policyTypes": ["Ingress"],
-            "ingress": [{"from": sources, "ports": [{"protocol": "TCP", "port": spec.port}]}],
+            "ingress": [{"from": sources, "ports": [{"protocol": "TCP", "port": spec.serve.port}]}],
         },
     }
 

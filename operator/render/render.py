@@ -49,7 +49,7 @@ def engine_flags(spec: ServiceSpec | dict[str, Any]) -> list[str]:
 
 def termination_grace_s(spec: ServiceSpec) -> int:
     """The pod's ``terminationGracePeriodSeconds``: preStop sleep + drain + margin."""
-    return PRESTOP_SLEEP_S + spec.shutdown_grace_s + TERMINATION_MARGIN_S
+    return PRESTOP_SLEEP_S + spec.serve.shutdown_grace_s + TERMINATION_MARGIN_S
 
 
 def selector_labels(name: str) -> dict[str, str]:
@@ -100,7 +100,7 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
     spec = as_spec(spec)
     flags = spec.engine.to_flags()
     uri = spec.model.uri
-    port = spec.port
+    port = spec.serve.port
     image = spec.image or default_image
     volumes, mounts = parts.volumes(spec, download_bytes)
     volumes += shm_volume(spec.gpus)  # the engine's ranks: NCCL's shared memory
@@ -148,8 +148,8 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
         "name": "engine",
         "image": image,
         "command": ["kvledger", "serve"],
-        "args": [*flags, *download, "--host", "0.0.0.0", "--port", str(port),
-                 *spec.serving_flags(), *gateway_flags(spec, gateway)],
+        "args": [*flags, *download, "--host", "0.0.0.0", *spec.serving_flags(),
+                 *gateway_flags(spec, gateway)],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": engine_resources,
@@ -260,7 +260,7 @@ def pod_template_metadata(name: str, spec: ServiceSpec, *, serving: bool = True)
 
 def render_service(name: str, namespace: str,
                    spec: ServiceSpec | dict[str, Any]) -> dict[str, Any]:
-    port = as_spec(spec).port
+    port = as_spec(spec).serve.port
     return {
         "apiVersion": "v1",
         "kind": "Service",

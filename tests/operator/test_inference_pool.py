@@ -67,7 +67,7 @@ def test_rendered_pools_are_valid_and_select_the_serving_pods(raw, pool_schema):
     assert not errors, errors[:5]
     service = render_serving_service("chat", "team-a", spec)
     assert pool["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
-    assert pool["spec"]["targetPorts"] == [{"number": spec.port}]
+    assert pool["spec"]["targetPorts"] == [{"number": spec.serve.port}]
     picker = pool["spec"]["endpointPickerRef"]
     expected = raw["inferencePool"].get("endpointPicker", {})
     assert picker["name"] == expected.get("name", "default-epp")

@@ -139,7 +139,7 @@ def test_the_shutdown_grace_is_a_flag_serve_takes():
     from kvledger.engine.cli import build_parser
 
     engine = pod_spec({**SPEC, "shutdownGraceSeconds": 120})["containers"][0]
-    assert build_parser("serve").parse_args(engine["args"]).shutdown_grace == 120
+    assert build_parser("serve").parse_args(engine["args"]).shutdown_grace_s == 120
 
 
 def test_deployment_and_service_select_the_pods_by_label():

@@ -1,0 +1,226 @@
+"""``kvledger serve``'s own options (the server's, beside the engine's ``EngineConfig``) as
+one validated dataclass.
+
+Each field is declared once, with ``setting(...)`` (``engine/settings.py``): its default,
+its flag, its kind, its ``--help`` line (which shows the default as ``%(default)s``, never
+a copy) and, where the InferenceService exposes it, its CRD field (``spec.<name>`` or
+``spec.tools.<name>``, whose description may show the default the same way). What each
+accepts is ``serve_values.py``'s. Generated from these declarations: serve's flags
+(``add_setting_flags``), the server's options (``server/state.py``'s ``ServeOptions`` is
+this plus the tenants read from ``--tenants-file``), and in the operator the CRD's fields,
+the spec's mapping and the pod's flags. The fields are declared in the order the pod's
+flags are written, each ``--help`` group in that order too.
+
+A secret or a local path given only on the command line (``--api-key``, ``--api-key-file``)
+is declared without a CRD field; the operator passes keys as env from a Secret.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvledger.engine.config_values import MAX_LOGPROBS
+from kvledger.engine.errors import BadInput
+from kvledger.engine.serve_values import (
+    BODY_BYTES,
+    JSON_OBJECT,
+    LOGPROBS,
+    OPENAI_API,
+    PARSER,
+    PORT,
+    SERVER,
+    WORDS,
+)
+from kvledger.engine.setting_kinds import (
+    COUNT,
+    ON,
+    SECONDS,
+    SECONDS_OR_ZERO,
+    SWITCH,
+    TEXT,
+    choice,
+)
+from kvledger.engine.settings import Crd, check_settings, render_flags, setting
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Every option of ``kvledger serve`` that is not the engine's. One declaration per
+    field (``setting``): its default, flag, kind, help and, for the InferenceService, its
+    CRD field (``defaulted``: the CRD declares the default, and the pod always gets it)."""
+
+    host: str = setting(
+        "0.0.0.0", "--host", TEXT, group=SERVER,
+        help="the address to listen on (default %(default)s: every interface)")
+    port: int = setting(
+        8000, "--port", PORT, group=SERVER, help="the port to listen on (default %(default)s)",
+        crd=Crd("", "HTTP port of the engine and the Service", schema={"maximum": 65535},
+                defaulted=True))
+    api_keys: tuple[str, ...] = setting(  # serve adds $KVLEDGER_API_KEY's and the file's
+        (), "--api-key", WORDS, metavar="KEY", group=SERVER,
+        help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize; "
+             "several keys (repeat the flag, or list them) each open it (default: "
+             "$KVLEDGER_API_KEY; unset = no key)")
+    api_key_file: str | None = setting(
+        None, "--api-key-file", TEXT, metavar="PATH", group=SERVER,
+        help="more API keys, one per line (blank lines and # comments skipped), e.g. a "
+             "mounted Secret")
+    salt_cache_per_key: bool = setting(
+        False, "--cache-salt-per-key", ON, group=SERVER,
+        help="key the prefix cache by API key too: requests under different keys never share "
+             "KV blocks, so none can tell from its timing what another key's clients sent")
+    metrics_api_key: str | None = setting(  # serve reads $KVLEDGER_METRICS_API_KEY if unset
+        None, "--metrics-api-key", TEXT, metavar="KEY", group=SERVER,
+        help="require 'Authorization: Bearer KEY' on /metrics (default: "
+             "$KVLEDGER_METRICS_API_KEY; unset = open, as Prometheus expects; its prefix-cache "
+             "counters tell how much of a guessed prompt was cached)")
+    shutdown_grace_s: float = setting(
+        30, "--shutdown-grace", SECONDS_OR_ZERO, group=SERVER,
+        help="on SIGTERM, let in-flight requests run this long before aborting them "
+             "(default %(default)s)",
+        crd=Crd("", "on SIGTERM (scale-down, rollout, eviction), how long in-flight requests "
+                    "may finish before they are aborted (--shutdown-grace); the pod's grace is "
+                    "20 s more", name="shutdownGraceSeconds",
+                schema={"type": "integer", "maximum": 3600}, defaulted=True))
+    max_queue_wait_s: float | None = setting(  # None: a waiter waits as long as it takes
+        None, "--max-queue-wait", SECONDS_OR_ZERO, group=SERVER,
+        help="a request waits in line at most this long before its 429 (default: as long as "
+             "it takes, or until its client leaves; 0: answer at once)",
+        crd=Crd("", "how long a request may wait in line for its KV reservation before a 429 "
+                    "(--max-queue-wait; 0: refused at once; not set: as long as it takes)",
+                name="maxQueueWaitSeconds", schema={"type": "integer", "maximum": 600}))
+    max_queue_len: int = setting(
+        256, "--max-queue-len", COUNT, group=SERVER,
+        help="requests that cannot be reserved now wait in one line of at most N (default "
+             "%(default)s; nobody overtakes the first in its order, unless --backfill); a "
+             "request that finds it full is a 429 queue_full (0: no line, answer at once)",
+        crd=Crd("", "how many requests may wait in line for their KV reservations, taking "
+                    "turns between tenants; one more is a 429 queue_full (--max-queue-len; 0: "
+                    "refused at once; not set: %(default)s); what requestsWaiting autoscaling "
+                    "counts", name="maxQueueLength", schema={"maximum": 100000}))
+    max_queue_len_per_tenant: int | None = setting(  # None: Tenants' default (half, or all)
+        None, "--max-queue-len-per-tenant", COUNT, group=SERVER,
+        help="places in line one API key may hold; one more is a 429 tenant_queue_full for "
+             "that key alone (default: half the line with two keys or more, else all of it)",
+        crd=Crd("", "places in line one tenant (API key) may hold; one more is its own 429 "
+                    "tenant_queue_full (--max-queue-len-per-tenant; not set: half the line "
+                    "with two keys or more)", name="maxQueueLengthPerTenant",
+                schema={"maximum": 100000}))
+    tenant_fairness: bool = setting(
+        True, "--tenant-fairness", SWITCH, group=SERVER,
+        help="the line takes turns between API keys (weighted fair queuing), so one key's "
+             "flood delays another key's request by about one admission (default on; "
+             "--no-tenant-fairness: arrival order)",
+        crd=Crd("", "the line takes turns between tenants (default %(default)s; false: arrival "
+                    "order, --no-tenant-fairness)"))
+    tenants_file: str | None = setting(  # the operator's: spec.tenantsSecretRef, mounted
+        None, "--tenants-file", TEXT, metavar="PATH", group=SERVER,
+        help="tenants as YAML (a mounted Secret): each a name (its metrics label), its API "
+             "keys, its weight in the line, its places in line (maxQueued) and its default "
+             "and most urgent priorities; its keys open /v1/* as --api-key's do "
+             "(docs/serving.md, tenants)")
+    tenant_header: str | None = setting(  # a gateway's header naming the tenant
+        None, "--tenant-header", TEXT, metavar="NAME", group=SERVER,
+        help="a header a gateway sets to name the request's tenant (e.g. x-kvledger-tenant), "
+             "believed only from --tenant-header-from, once (given twice: a 400); a name the "
+             "tenants file lacks runs at its least urgent tier")
+    tenant_header_from: tuple[str, ...] = setting(
+        (), "--tenant-header-from", WORDS, metavar="CIDR", group=SERVER,
+        help="the peers whose --tenant-header is believed (e.g. the gateway's pod network)")
+    backfill: bool = setting(
+        False, "--backfill", SWITCH, group=SERVER,
+        help="plan the first 4 in line at their soonest starts, as the KV pool is projected "
+             "(a token per step), and let one planned for now go first: it delays none of "
+             "those plans (default off: strict FIFO)")
+    max_body_bytes: int = setting(
+        4 * 2**20, "--max-body-bytes", BODY_BYTES, group=SERVER,
+        help="larger request bodies get 413 (default 4MiB)")
+    # Slow clients: a request's headers must arrive within this of its first byte (or of the
+    # connection opening), its body within this of its headers; an idle keep-alive
+    # connection closes after the last. 75 s outlasts the 60 s idle timeout of common load
+    # balancers, so they, not the server, close idle connections (no race on reuse).
+    header_timeout_s: float = setting(
+        10.0, "--header-timeout", SECONDS, group=SERVER,
+        help="close a connection whose request headers take longer than this (default "
+             "%(default)g)")
+    body_timeout_s: float = setting(
+        30.0, "--body-timeout", SECONDS, group=SERVER,
+        help="answer 408 to a request whose body takes longer than this after its headers "
+             "(default %(default)g)")
+    keepalive_timeout_s: float = setting(
+        75.0, "--keepalive-timeout", SECONDS_OR_ZERO, group=SERVER,
+        help="close a keep-alive connection idle this long (default %(default)g; 0: one "
+             "request per connection)")
+    # A client's 570 KiB anyOf took about 2 s on one core; typical schemas take milliseconds.
+    grammar_compile_timeout_s: float = setting(
+        10.0, "--grammar-compile-timeout", SECONDS, group=SERVER,
+        help="a structured-output schema whose grammar takes longer than this to compile is "
+             "a 400 (default %(default)g)")
+    tool_call_parser: str | None = setting(  # None: the one the chat template shows
+        None, "--tool-call-parser", PARSER, group=OPENAI_API,
+        help=f"vLLM's: the tool-call format, one of {', '.join(PARSER.values)} (default: the "
+             "one the chat template shows, else hermes)",
+        crd=Crd("tools", "the format calls are written and parsed in (--tool-call-parser; "
+                         "default: the chat template's)"))
+    enable_auto_tool_choice: bool = setting(
+        False, "--enable-auto-tool-choice", SWITCH, group=OPENAI_API,
+        help="vLLM's: serve tool_choice \"auto\" (the model chooses; its calls are parsed with "
+             "--tool-call-parser); without it \"auto\", the default when a request gives "
+             "tools, is a 400",
+        crd=Crd("tools", "let the model choose to call (--enable-auto-tool-choice)"))
+    chat_template: str | None = setting(  # serve reads and compiles it: the template's source
+        None, "--chat-template", TEXT, metavar="FILE|TEMPLATE", group=OPENAI_API,
+        help="vLLM's: render every chat with this jinja2 template (a file's path, or the "
+             "template itself) instead of the model's (chat_template.jinja, "
+             "additional_chat_templates/, tokenizer_config.json's chat_template)")
+    trust_request_chat_template: bool = setting(
+        False, "--trust-request-chat-template", SWITCH, group=OPENAI_API,
+        help="vLLM's: let a request's own chat_template render it (a template is code the "
+             "server runs; default off: such a request is a 400)")
+    default_chat_template_kwargs: Mapping[str, Any] = setting(  # under a request's own
+        None, "--default-chat-template-kwargs", JSON_OBJECT, group=OPENAI_API, factory=dict,
+        help="vLLM's: variables every chat template render gets (e.g. "
+             "'{\"enable_thinking\": false}'); a request's chat_template_kwargs override them")
+    allow_runtime_lora_updating: bool = setting(  # server/lora_routes.py
+        False, "--allow-runtime-lora-updating", ON, group=OPENAI_API,
+        help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (with "
+             "--enable-lora), as vLLM does when $VLLM_ALLOW_RUNTIME_LORA_UPDATING is true "
+             "(that variable is read too)",
+        crd=Crd("", "serve /v1/load_lora_adapter and /v1/unload_lora_adapter "
+                    "(--allow-runtime-lora-updating; needs apiKeySecretRef)"))
+    log_level: str = setting(
+        "info", "--log-level", choice(LOG_LEVELS), group=OPENAI_API,
+        help="the server's log level (default %(default)s)")
+    log_requests: bool = setting(
+        False, "--enable-log-requests", SWITCH, group=OPENAI_API,
+        help="vLLM's: log a line per admitted request (its id, prompt tokens, max_tokens, n, "
+             "model and sampling parameters; never the prompt's text)")
+    return_tokens_as_token_ids: bool = setting(
+        False, "--return-tokens-as-token-ids", SWITCH, group=OPENAI_API,
+        help="vLLM's: logprobs name their tokens token_id:N for every request (a request's "
+             "own return_tokens_as_token_ids does it for that request)")
+    prompt_tokens_details: bool = setting(  # usage.prompt_tokens_details.cached_tokens
+        False, "--enable-prompt-tokens-details", SWITCH, group=OPENAI_API,
+        help="vLLM's: answers' usage carry prompt_tokens_details.cached_tokens, the prompt "
+             "tokens found in the prefix cache (with several tenants, add "
+             "--cache-salt-per-key, or it tells one what another sent)")
+    max_logprobs: int = setting(
+        MAX_LOGPROBS, "--max-logprobs", LOGPROBS, group=OPENAI_API,
+        help=f"vLLM's: the most logprobs a request may ask per token (default and most "
+             f"{MAX_LOGPROBS}); more is a 400")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "api_keys", tuple(self.api_keys))
+        object.__setattr__(self, "tenant_header_from", tuple(self.tenant_header_from))
+        check_settings(self, ServeConfig)  # each value in its kind's domain
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise BadInput("--enable-auto-tool-choice requires --tool-call-parser")
+
+    def to_flags(self, given: Collection[str] = ()) -> list[str]:
+        """The flags that reproduce these options (``render_flags``; ``given``: the fields a
+        resource set, passed on at their defaults too)."""
+        return render_flags(self, given)

@@ -1,0 +1,84 @@
+"""What each of ``kvledger serve``'s own options accepts (``serve_config.py`` declares the
+options): the kinds beyond ``setting_kinds.py``'s, and the ``--help`` groups they are shown in."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from kvledger.engine import json_text
+from kvledger.engine.config_values import MAX_LOGPROBS
+from kvledger.engine.errors import BadInput
+from kvledger.engine.setting_kinds import Kind, size_arg
+from kvledger.engine.vllm_flags import PARSERS, RULES, refusal
+
+# The --help groups, in the order they are listed (after the engine's and the machines').
+SERVER = "server"
+OPENAI_API = "the OpenAI API (vLLM's flags)"
+
+
+def _port(flag: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise BadInput(f"{flag} must be in 0..65535, got {value}")
+
+
+def _some_bytes(flag: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BadInput(f"{flag} must be at least 1 byte, got {value}")
+
+
+def tool_call_parser(name: str) -> str:
+    """One of ``PARSERS``; any other is refused by name as plan refuses it."""
+    if name not in PARSERS:
+        raise BadInput(refusal("--tool-call-parser", [name], RULES["--tool-call-parser"]))
+    return name
+
+
+def _too_many_logprobs(flag: str, given: Any) -> BadInput:
+    return BadInput(f"{flag} {given}: kvledger reports at most {MAX_LOGPROBS} logprobs per "
+                    f"token (0-{MAX_LOGPROBS})")
+
+
+def max_logprobs(text: str) -> int:
+    """--max-logprobs: 0..MAX_LOGPROBS; vLLM's -1 (the vocabulary) is refused by name."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 0 <= value <= MAX_LOGPROBS:
+        raise _too_many_logprobs("--max-logprobs", text)
+    return value
+
+
+def _logprobs(flag: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS:
+        raise _too_many_logprobs(flag, value)
+
+
+def json_object(text: str) -> dict:
+    """argparse type for a JSON object."""
+    try:
+        value = json_text.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({exc})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def _object(flag: str, value: Any) -> None:
+    if not isinstance(value, dict):
+        raise BadInput(f"{flag} must be a JSON object, got {value!r}")
+
+
+# A port: 0 on the command line is any free one; the CRD's spec.port starts at 1 (a Service
+# needs a real one: operator/api/crd_schema.py types the domain).
+PORT = Kind("port", parse=int, check=_port)
+BODY_BYTES = Kind("bytes", parse=size_arg, check=_some_bytes, metavar="SIZE")
+WORDS = Kind("text", action="extend", nargs="+", render=list)  # --x A B --x C: (A, B, C)
+PARSER = Kind("choice", parse=tool_call_parser, values=PARSERS, metavar="NAME",
+              check=lambda _flag, value: tool_call_parser(value))
+LOGPROBS = Kind("count", parse=max_logprobs, check=_logprobs, metavar="N")
+JSON_OBJECT = Kind("object", parse=json_object, check=_object, metavar="JSON",
+                   render=lambda value: [json.dumps(value)])
