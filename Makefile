@@ -12,7 +12,7 @@ TORCH_PIN ?= torch==2.13.0
 # runtime-only check does that in its own VENV).
 EDITABLE ?= -e
 
-.PHONY: install install-test demo test lint image crd
+.PHONY: install install-test demo test lint image crd docs
 
 # The image (Dockerfile): IMAGE names it; BASE, TORCH_PIN and TORCH_INDEX_URL choose the
 # base and the torch build; IMAGE_BUILD_FLAGS adds engine flags (--volume, --build-arg).
@@ -47,6 +47,11 @@ test:
 # scripts/helm_check.sh fail while either is stale.
 crd:
 	$(BIN)/python -m kvledger.operator.api.crd --write
+
+# docs/serving.md's table of serve's own flags, generated from engine/serve_config.py; a
+# test fails while it is stale.
+docs:
+	$(BIN)/python scripts/serve_flags_table.py --write
 
 image:
 	$(CONTAINER_ENGINE) build -t $(IMAGE) \

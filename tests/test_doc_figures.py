@@ -1,15 +1,21 @@
 """Figures the docs state about the code are computed from it, so they cannot drift: the
 share of vLLM's flags taken, refused and accepted as no-ops (docs/coming-from-vllm.md,
-as ``scripts/vllm_flag_share.py`` prints it); the size of the test suite is not stated
-in prose at all (``pytest --collect-only`` says it)."""
+as ``scripts/vllm_flag_share.py`` prints it); serve's own flags and their defaults
+(docs/serving.md's table, generated from ``ServeConfig`` by ``scripts/serve_flags_table.py``;
+the defaults docs/operator.md's CRD table and prose give serve's fields); the size of the
+test suite is not stated in prose at all (``pytest --collect-only`` says it)."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
 from collections import Counter
 from pathlib import Path
 
 from kvledger.engine.cli import build_parser
+from kvledger.engine.serve_config import ServeConfig
+from kvledger.engine.settings import default_of, settings_of
 from kvledger.engine.vllm_flags import verdicts
 
 ROOT = Path(__file__).parent.parent
@@ -30,3 +36,31 @@ def test_no_doc_states_how_many_tests_the_suite_has() -> None:
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         found = re.findall(r"about [\d,]+ tests|[\d,]{4,} tests", path.read_text())
         assert found == [], path.name
+
+
+def test_serves_flag_table_is_generated_from_the_declarations() -> None:
+    spec = importlib.util.spec_from_file_location("serve_flags_table",
+                                                  ROOT / "scripts" / "serve_flags_table.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    text = (ROOT / "docs" / "serving.md").read_text()
+    assert script.with_table(text) == text, "docs/serving.md's serve flags are stale: make docs"
+
+
+def test_the_defaults_the_docs_give_serves_fields_are_serves() -> None:
+    """docs/operator.md's CRD table names each of serve's fields with its default in
+    parentheses, where it gives one; the prose that names the line's length gives serve's."""
+    operator_md = (ROOT / "docs" / "operator.md").read_text()
+    checked = set()
+    for f, declared in settings_of(ServeConfig):
+        default = default_of(f)
+        if declared.crd is None or default is None or default is False:
+            continue
+        for given in re.findall(rf"`{declared.spec_name}` \(([^)]*)\)", operator_md):
+            assert json.dumps(default) in re.split(r"[ ,;]", given), (declared.spec_name, given)
+            checked.add(declared.spec_name)
+    assert checked == {"port", "shutdownGraceSeconds", "maxQueueLength", "tenantFairness"}
+    length = str(ServeConfig.max_queue_len)
+    assert re.findall(r"--max-queue-len`, (\d+) unless", operator_md) == [length]
+    serving_md = (ROOT / "docs" / "serving.md").read_text()
+    assert re.findall(r"at most `--max-queue-len` \((\d+)\)", serving_md) == [length]
