@@ -59,12 +59,12 @@ def test_a_quantized_checkpoint_is_refused_before_loading(tmp_path, capsys, monk
     from budget_checkpoints import write_quantized
 
     from kvledger.engine.checkpoint.model_config import SERVED_WEIGHTS
-    from kvledger.engine.core import startup
+    from kvledger.engine.model.loader import Weights
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the weights were loaded")
 
-    monkeypatch.setattr(startup, "load_model", no_loading)
+    monkeypatch.setattr(Weights, "load", no_loading)
     write_quantized(tmp_path, method, quantization_config=quantization_config)
     code = main(["serve", "--model", str(tmp_path), "--device", "cpu", "--host", "127.0.0.1",
                  "--port", "0", "--log-level", "error"])
