@@ -28,7 +28,7 @@ from kvledger.operator.api.crd_schema import HUB_URI_PATTERN, SIZE_PATTERN
 from kvledger.operator.api.spec import parse_spec
 from kvledger.operator.api.spec_rules import RULES, check_rules, nodes
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 

@@ -354,7 +354,7 @@ def pod_spec_of(spec: dict, **kw) -> dict:
     return render_deployment("llama", "ml", spec, **kw)["spec"]["template"]["spec"]
 
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples").glob("*.yaml"))
 # Specs beyond the examples: every placement field, a hub model in an emptyDir.
 TENANTS = {"tenantsSecretRef": {"name": "tenants", "key": "tenants.yaml"},
            "maxQueueLengthPerTenant": 32, "tenantFairness": False}
