@@ -16,6 +16,7 @@ Torch-free: the planner's room.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import time
 from collections.abc import Iterator
@@ -46,20 +47,23 @@ def measure_read(files: list[Path], sample_bytes: int = SAMPLE_BYTES,
                  max_seconds: float = SAMPLE_SECONDS) -> ReadSpeed | None:
     """Read the largest of ``files`` from its middle on, in large blocks, until
     ``sample_bytes`` or ``max_seconds``; None when there is nothing to read. The middle:
-    the plan has just read each file's header, which the page cache now holds."""
+    the plan has just read each file's header, which the page cache now holds. Read as
+    safetensors reads it, through a memory map: each page a fault, cached or not (a plain
+    ``read()`` of a warm file is about twice as fast as loading it)."""
     sized = [(f.stat().st_size, f) for f in files if f.is_file()]
     if not sized:
         return None
     size, path = max(sized)
+    if size == 0:
+        return None
     read = 0
     started = time.perf_counter()
-    with open(path, "rb", buffering=0) as handle:
-        handle.seek(size // 2 if size > 2 * CHUNK else 0)
-        while read < sample_bytes and time.perf_counter() - started < max_seconds:
-            chunk = handle.read(CHUNK)
-            if not chunk:
-                break
-            read += len(chunk)
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        offset = size // 2 if size > 2 * CHUNK else 0
+        while (read < sample_bytes and offset < size
+               and time.perf_counter() - started < max_seconds):
+            read += len(mm[offset:offset + CHUNK])  # a copy: every page faulted in
+            offset += CHUNK
     elapsed = time.perf_counter() - started
     return ReadSpeed(read, elapsed) if read else None
 
