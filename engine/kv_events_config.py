@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields
 
+from kvledger.engine import json_text
 from kvledger.engine.errors import BadInput
 
 _SCHEMES = ("tcp://", "ipc://", "inproc://")
@@ -44,7 +45,7 @@ class KVEventsConfig:
     def parse(cls, text: str) -> KVEventsConfig:
         """The flag's JSON object (BadInput, one line, naming what is wrong)."""
         try:
-            given = json.loads(text)
+            given = json_text.loads(text)  # a RecursionError is a ValueError here too
         except ValueError as exc:
             raise BadInput(f"--kv-events-config: not JSON ({exc})") from None
         if not isinstance(given, dict):

@@ -152,7 +152,8 @@ def test_the_config_reads_vllms_json_and_refuses_the_rest():
                                     '"publisher": "null"}').enabled
     for bad in ('{"enable_kv_cache_events": true, "foo": 1}', '[]', 'nope',
                 '{"publisher": "kafka"}', '{"endpoint": "http://x:1"}', '{"hwm": 0}',
-                '{"enable_kv_cache_events": "yes"}', '{"buffer_steps": true}'):
+                '{"enable_kv_cache_events": "yes"}', '{"buffer_steps": true}',
+                "[" * 100_000):  # nested past the parser's recursion: one line, no traceback
         with pytest.raises(BadInput, match="--kv-events-config"):
             KVEventsConfig.parse(bad)
     engine = EngineConfig(model="/m", kv_events_config=config)
