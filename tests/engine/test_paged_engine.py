@@ -100,13 +100,13 @@ def test_triton_attention_on_a_cpu_without_the_interpreter_is_refused(tiny_llama
                                                                        monkeypatch):
     """Triton has no CPU backend: asked for there, the engine refuses in one line, before
     it loads anything."""
-    from kvledger.engine.core import startup
+    from kvledger.engine.model.loader import Weights
 
     def loaded(*args, **kwargs):
         raise AssertionError("the model was loaded before the refusal")
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr(startup, "load_model", loaded)
+    monkeypatch.setattr(Weights, "load", loaded)
     with pytest.raises(BadInput, match="TRITON_ATTN needs Triton and a CUDA device"):
         LLM(str(tiny_llama_dir), device=DEVICE, attention_backend="TRITON_ATTN")
 

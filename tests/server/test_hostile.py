@@ -15,6 +15,8 @@ from _engine_helpers import heavy_schema
 from _server_helpers import make_llm, metric, start_app
 
 from kvledger.engine.commands.serve import _api_keys, add_arguments
+from kvledger.engine.serve_config import ServeConfig
+from kvledger.engine.settings import values_from_args
 
 HITS = "kvledger_prefix_cache_hits_total"
 FAILED = "kvledger_requests_failed_total"
@@ -161,20 +163,24 @@ def test_api_keys_from_flags_the_environment_and_a_file(tmp_path, monkeypatch):
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
+
+    def serving(*argv: str) -> ServeConfig:  # as serve's main reads its flags
+        return ServeConfig(**values_from_args(parser.parse_args(["--model", "m", *argv]),
+                                              ServeConfig))
+
     keys = tmp_path / "keys"
     keys.write_text("# team keys\nkey-c\n\n  key-d  \nkey-a\n")
-    args = parser.parse_args(["--model", "m", "--api-key", "key-a", "--api-key", "key-b",
-                              "--api-key-file", str(keys)])
+    args = serving("--api-key", "key-a", "--api-key", "key-b", "--api-key-file", str(keys))
     assert _api_keys(args) == ("key-a", "key-b", "key-c", "key-d")
     monkeypatch.setenv("KVLEDGER_API_KEY", "from-env")
-    assert _api_keys(parser.parse_args(["--model", "m"])) == ("from-env",)
-    assert _api_keys(parser.parse_args(["--model", "m", "--api-key", "x", "y"])) == ("x", "y")
+    assert _api_keys(serving()) == ("from-env",)
+    assert _api_keys(serving("--api-key", "x", "y")) == ("x", "y")
     empty = tmp_path / "empty"
     empty.write_text("# nothing\n")
     from kvledger.engine.errors import BadInput
 
     with pytest.raises(BadInput, match="holds no key"):
-        _api_keys(parser.parse_args(["--model", "m", "--api-key-file", str(empty)]))
+        _api_keys(serving("--api-key-file", str(empty)))
 
 
 # -- n choices ------------------------------------------------------------------------------
