@@ -136,7 +136,9 @@ async def test_sdk_raises_not_found_at_once_for_an_endpoint_not_served(serve):
         started = time.monotonic()
         with pytest.raises(openai.NotFoundError) as raised:
             await call()
-        assert time.monotonic() - started < 0.5, path  # asked once: no retry's back-off
+        # No retries' back-off (two took 1.3-1.5 s; a loaded full suite took 0.51 s for
+        # one request): the count of requests below is the exact check.
+        assert time.monotonic() - started < 1.2, path
         assert f"kvledger does not serve {path}" in raised.value.message
         assert "/v1/chat/completions" in raised.value.message
     async with aiohttp.ClientSession() as http, http.get(
