@@ -37,14 +37,15 @@ import torch
 
 from kvledger.engine.model.paged_attention import (
     FP8_FORMATS,
-    decode_fp8,
     first_line,
     next_pow2,
     tl,
     triton,
 )
 
-if triton is not None:
+if triton is not None:  # a plain install has no Triton: the module still imports
+    from kvledger.engine.model.paged_attention import decode_fp8
+
     @triton.jit
     def attend_positions(q, acc, m_i, l_i, n0, hi, pos_q, seen_from, table, k_base, v_base,
                          scale_log2, k_scale, v_scale,

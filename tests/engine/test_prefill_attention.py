@@ -167,3 +167,19 @@ def test_the_start_up_self_check_passes_and_names_a_kernel_that_fails(monkeypatc
     monkeypatch.setattr(pf, "chunk_attention", lambda q, *args, **kwargs: q * 0 + 1)
     assert pf.self_check(torch.device(DEVICE), torch.float32).startswith(
         "its output differs from SDPA's")
+
+
+def test_both_kernels_modules_import_without_triton():
+    """A plain install has no Triton (it is a test extra; CUDA builds of torch bring it):
+    the modules still import, and the path is refused by name (``paged_attention.require``)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['triton'] = sys.modules['triton.language'] = None\n"
+            "import torch\n"
+            "from kvledger.engine.model import paged_attention, prefill_attention\n"
+            "assert prefill_attention.triton is None\n"
+            "assert not paged_attention.available(torch.device('cpu'))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
