@@ -4,6 +4,7 @@ wire against vLLM's own frames is tests/server/test_kv_events_wire.py."""
 from __future__ import annotations
 
 import socket
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -201,3 +202,44 @@ def test_llm_refuses_events_it_would_never_publish(tiny_llama_dir):
     with pytest.raises(BadInput, match="kvledger serve --kv-events-config"):
         LLM(str(tiny_llama_dir), device="cpu", kv_events_config=KVEventsConfig(
             enable_kv_cache_events=True, publisher="zmq"))
+
+
+def test_an_address_without_a_wildcard_is_connected_to_as_a_routers(tmp_path):
+    """The cluster's form: the router binds, every engine connects to it (vLLM's rule:
+    an endpoint without ``*``, ``::``, ipc or inproc is connected to), and the router's
+    subscriber, reading all along, gets every batch."""
+    import threading
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.SUB)
+    router.setsockopt(zmq.SUBSCRIBE, b"")
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    got, stop = [], threading.Event()
+
+    def read() -> None:  # a SUB sends its subscription as it is polled
+        while not stop.is_set():
+            if router.poll(20):
+                got.append(router.recv_multipart())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    log = KVEventLog(BS)
+    publisher = KVEventPublisher(KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
+                                                endpoint=f"tcp://127.0.0.1:{port}",
+                                                topic="kv@10.0.0.7@m"), log)
+    try:
+        assert publisher.endpoint == f"tcp://127.0.0.1:{port}"
+        time.sleep(0.3)  # connected, and the subscription across
+        for _ in range(3):
+            log.cleared()
+            log.seal()
+        deadline = time.monotonic() + 5
+        while len(got) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        publisher.close()
+        stop.set()
+        reader.join()
+        ctx.destroy(linger=0)
+    assert [(f[0], int.from_bytes(f[1], "big")) for f in got] == [
+        (b"kv@10.0.0.7@m", 0), (b"kv@10.0.0.7@m", 1), (b"kv@10.0.0.7@m", 2)]
