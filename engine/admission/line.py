@@ -33,7 +33,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from kvledger.engine import serve_defaults
 from kvledger.engine.admission.cap import output_cap
 from kvledger.engine.admission.due_back import projection
 from kvledger.engine.admission.headroom import NO_HEADROOM, Headroom
@@ -44,6 +43,7 @@ from kvledger.engine.errors import KVCacheFull
 from kvledger.engine.kv.block_pool import Salt
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.kv.reservation import Reservation
+from kvledger.engine.serve_config import ServeConfig
 
 if TYPE_CHECKING:
     from kvledger.engine.model.lora_adapter import LoraAdapter
@@ -52,7 +52,7 @@ __all__ = ["BACKFILL_DEPTH", "DEFAULT_MAX_QUEUE_LEN", "Admission", "Ticket"]
 
 # At most this many requests wait in line for a reservation (--max-queue-len); one more is
 # a LineFull whose wait counts the blocks of those ahead of it in order.
-DEFAULT_MAX_QUEUE_LEN = serve_defaults.MAX_QUEUE_LEN
+DEFAULT_MAX_QUEUE_LEN = ServeConfig.max_queue_len
 # With --backfill: how many in line are planned. Simulated on bench/serving.py's overload,
 # 4 gave 4% more goodput at the same p99; 16, 9% more at a 13% longer p99.
 BACKFILL_DEPTH = 4
@@ -66,7 +66,7 @@ class Admission:
                  max_queue_len: int | None = DEFAULT_MAX_QUEUE_LEN,
                  max_num_seqs: int | None = None, backfill: bool = False,
                  scheduling_policy: str = "fcfs",
-                 tenant_fairness: bool = serve_defaults.TENANT_FAIRNESS,
+                 tenant_fairness: bool = ServeConfig.tenant_fairness,
                  headroom: Headroom = NO_HEADROOM,
                  decode_tokens_per_s: Callable[[], float | None] = lambda: None,
                  rng: random.Random | None = None,

@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvledger.engine import serve_defaults
 from kvledger.engine.admission.line import Admission
 from kvledger.engine.admission.order import run_priority
 from kvledger.engine.core.async_engine import AsyncEngine
@@ -35,6 +34,7 @@ from kvledger.engine.frontend.sleeping import SleepGate
 from kvledger.engine.frontend.submission import PromptRun, Submission, Tenant
 from kvledger.engine.lora_config import LoRARequest
 from kvledger.engine.sampling.params import SamplingParams
+from kvledger.engine.serve_config import ServeConfig
 
 if TYPE_CHECKING:  # the engine pulls torch in, the grammar compiler llguidance
     from kvledger.engine.core.engine import LLMEngine
@@ -51,7 +51,7 @@ class LineOptions:
     max_queue_wait_s: float | None = None  # None: a waiter waits as long as it takes
     max_queue_len: int | None = None        # None: no cap
     backfill: bool = False                  # later requests may go before the head
-    tenant_fairness: bool = serve_defaults.TENANT_FAIRNESS  # the line takes turns
+    tenant_fairness: bool = ServeConfig.tenant_fairness  # the line takes turns
     grammar_compile_timeout_s: float | None = None  # None: as long as it takes
 
 
