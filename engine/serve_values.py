@@ -73,7 +73,7 @@ def _object(flag: str, value: Any) -> None:
 
 
 # A port: 0 on the command line is any free one; the CRD's spec.port starts at 1 (a Service
-# needs a real one: operator/api/crd_schema.py types the domain).
+# needs a real one: operator/api/setting_schema.py types the domain).
 PORT = Kind("port", parse=int, check=_port)
 BODY_BYTES = Kind("bytes", parse=size_arg, check=_some_bytes, metavar="SIZE")
 WORDS = Kind("text", action="extend", nargs="+", render=list)  # --x A B --x C: (A, B, C)

@@ -3,7 +3,7 @@ reads one (``parse``, argparse's type), how a config checks one given in Python 
 (``check``), and the domain the operator types in the CRD; the SIZE grammar.
 
 Torch-free and Kubernetes-free: a ``Kind`` names its domain (``"positive"``, ``"size"``,
-...) and the operator owns what that is in OpenAPI (``operator/api/crd_schema.py``).
+...) and the operator owns what that is in OpenAPI (``operator/api/setting_schema.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from kvledger.engine.errors import BadInput
 from kvledger.engine.vllm_numbers import human_readable_int
 
-# The size grammar (Kubernetes quantities); the CRD's pattern is built from it (operator/api/crd_schema.py).
+# The size grammar (Kubernetes quantities); the CRD's pattern is built from it (operator/api/setting_schema.py).
 SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTPE]i?B?|[kKMGTPE]B|[kKMGTPE]|B)?\s*$")
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50, "E": 2**60}
 _DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
@@ -140,7 +140,7 @@ class Kind:
     """A setting's domain: how its flag reads a value (``parse``, or ``values`` as the
     choices), how the config checks one given in Python or a spec (``check(flag, value)``
     raises BadInput, one line), and its ``domain``, which the CRD types
-    (``operator/api/crd_schema.py``). ``render`` writes a value back as flag arguments."""
+    (``operator/api/setting_schema.py``). ``render`` writes a value back as flag arguments."""
 
     domain: str
     parse: Callable[[str], Any] | None = None

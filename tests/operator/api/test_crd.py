@@ -24,7 +24,7 @@ from kvledger.operator.api.crd import (
     openapi_schema,
     validate_manifest,
 )
-from kvledger.operator.api.crd_schema import HUB_URI_PATTERN, SIZE_PATTERN
+from kvledger.operator.api.setting_schema import HUB_URI_PATTERN, SIZE_PATTERN
 from kvledger.operator.api.spec import parse_spec
 from kvledger.operator.api.spec_rules import RULES, check_rules, nodes
 

@@ -13,8 +13,9 @@ from kvledger.engine.serve_config import ServeConfig
 from kvledger.engine.serve_values import SERVER
 from kvledger.engine.setting_kinds import COUNT
 from kvledger.engine.settings import Crd, setting, settings_of, values_from_args
-from kvledger.operator.api.crd_schema import SPEC_SCHEMA, setting_properties
+from kvledger.operator.api.crd_schema import SPEC_SCHEMA
 from kvledger.operator.api.resource import TENANTS_FILE
+from kvledger.operator.api.setting_schema import setting_properties
 from kvledger.operator.api.spec import parse_spec, spec_settings
 
 MODEL = {"path": "/models/m"}

@@ -15,12 +15,8 @@ from kvledger.engine.config_values import MEMORY, WORKLOAD
 from kvledger.engine.errors import BadInput
 from kvledger.engine.setting_kinds import POSITIVE_INT, SIZE, Kind
 from kvledger.engine.settings import Crd, setting
-from kvledger.operator.api.crd_schema import (
-    KIND_SCHEMAS,
-    SIZE_PATTERN,
-    SPEC_SCHEMA,
-    setting_properties,
-)
+from kvledger.operator.api.crd_schema import SPEC_SCHEMA
+from kvledger.operator.api.setting_schema import KIND_SCHEMAS, SIZE_PATTERN, setting_properties
 from kvledger.operator.api.spec import spec_settings
 
 
