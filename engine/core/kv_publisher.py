@@ -31,6 +31,12 @@ log = logging.getLogger("kvledger.kv_events")
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _POLL_S = 0.05  # how long the thread waits for a batch before it looks at replay requests
+# What a peer may send: a replay request is 8 bytes, a subscription a topic prefix; a
+# larger message closes its connection (ZMQ_MAXMSGSIZE) before it is held.
+_MAX_INBOUND_BYTES = 1024
+# Replay requests answered per turn of the loop: a peer sending them without pause delays
+# the batches everyone else reads by at most this many answers.
+_REPLAYS_PER_TURN = 4
 
 
 def binds(endpoint: str) -> bool:
@@ -50,15 +56,19 @@ class KVEventPublisher:
         self._topic = config.topic.encode()
         self._kept: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._next_seq = 0
+        self.replays_answered = 0
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(config.hwm)
+        self._pub.setsockopt(zmq.MAXMSGSIZE, _MAX_INBOUND_BYTES)
         self._replay: zmq.Socket | None = None
         try:
             self.endpoint = _attach(self._pub, config.endpoint)
             self.replay_endpoint = None
             if config.replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.ROUTER)
+                self._replay.setsockopt(zmq.MAXMSGSIZE, _MAX_INBOUND_BYTES)
+                self._replay.set_hwm(config.hwm)
                 self.replay_endpoint = _attach(self._replay, config.replay_endpoint, bind=True)
         except BadInput:
             self._ctx.destroy(linger=0)
@@ -85,7 +95,9 @@ class KVEventPublisher:
         encoder = msgspec.msgpack.Encoder()
         while True:
             if self._replay is not None:
-                while self._replay.poll(0):
+                for _ in range(_REPLAYS_PER_TURN):
+                    if not self._replay.poll(0):
+                        break
                     self._answer_replay()
             stopping = self._stopping.is_set()
             for batch in self._events.take(0 if stopping else _POLL_S):
@@ -112,6 +124,7 @@ class KVEventPublisher:
                 self._replay.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big"),
                                              payload))
         self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
+        self.replays_answered += 1
 
 
 def _attach(sock: zmq.Socket, endpoint: str, *, bind: bool | None = None) -> str:

@@ -243,3 +243,45 @@ def test_an_address_without_a_wildcard_is_connected_to_as_a_routers(tmp_path):
         ctx.destroy(linger=0)
     assert [(f[0], int.from_bytes(f[1], "big")) for f in got] == [
         (b"kv@10.0.0.7@m", 0), (b"kv@10.0.0.7@m", 1), (b"kv@10.0.0.7@m", 2)]
+
+
+def test_replay_peers_are_bounded_in_bytes_and_cannot_starve_the_live_stream(tmp_path):
+    """A replay request over the inbound bound closes its connection unanswered; a peer
+    asking for the whole buffer without pause delays a new batch by a few answers only."""
+    log = KVEventLog(BS)
+    config = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
+                            endpoint=f"ipc://{tmp_path}/pub",
+                            replay_endpoint=f"ipc://{tmp_path}/replay", buffer_steps=200)
+    publisher = KVEventPublisher(config, log)
+    ctx = zmq.Context()
+    try:
+        for _ in range(200):
+            log.cleared()
+            log.seal()
+        while publisher.published < 200:
+            time.sleep(0.01)
+        big = ctx.socket(zmq.DEALER)
+        big.connect(f"ipc://{tmp_path}/replay")
+        big.send_multipart([b"", b"x" * 4096])
+        assert not big.poll(500)  # dropped with its connection: no answer
+        assert publisher._replay.getsockopt(zmq.MAXMSGSIZE) == 1024
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(f"ipc://{tmp_path}/pub")
+        flood = ctx.socket(zmq.DEALER)
+        flood.setsockopt(zmq.RCVHWM, 0)
+        flood.connect(f"ipc://{tmp_path}/replay")
+        sub.poll(200)  # the subscription goes out as the SUB is read
+        time.sleep(0.2)
+        for _ in range(300):  # each asks for all 200 batches
+            flood.send_multipart([b"", (0).to_bytes(8, "big")])
+        time.sleep(0.05)
+        log.cleared()
+        log.seal()  # seq 200, live
+        assert sub.poll(3000)
+        assert int.from_bytes(sub.recv_multipart()[1], "big") == 200
+        assert publisher.published == 201
+        assert publisher.replays_answered < 100  # the batch went before the flood's rest
+    finally:
+        publisher.close()
+        ctx.destroy(linger=0)
