@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -162,6 +164,8 @@ async def start_webhook(args: argparse.Namespace, memo: kopf.Memo,
         await kube.close()
         raise BadInput(f"cannot set up the webhook's certificate: {exc}") from None
     folder = Path(tempfile.mkdtemp(prefix="kvledger-webhook-"))
+    # The key leaves with the process (it stayed in /tmp after each operator's run).
+    atexit.register(shutil.rmtree, folder, True)
     cert, key = files.write(folder)
     memo.webhook_server = webhook.server(args.webhook_port, cert, key, files.ca,
                                          args.webhook_timeout)

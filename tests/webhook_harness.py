@@ -81,7 +81,8 @@ async def webhook_operator(cluster: Cluster, log: Path, *, policy: dict[str, Any
                            timeout_s: float = 8.0) -> AsyncIterator[WebhookClient]:
     """``kvledger operator --webhook-port`` in self-signed mode, its own process against the
     emulator (with the chart's ValidatingWebhookConfiguration, no caBundle yet), once its
-    CA is in the configuration and it answers; stderr goes to ``log``."""
+    CA is in the configuration and it answers; stderr goes to ``log``, its temporary files
+    (TMPDIR) to the folder ``operator-tmp`` beside it."""
     port = free_port()
     await cluster.api.create(WEBHOOK_CONFIGURATIONS, {
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -89,8 +90,10 @@ async def webhook_operator(cluster: Cluster, log: Path, *, policy: dict[str, Any
         "webhooks": [{"name": "inferenceservices.kvledger.dev", "clientConfig": {"service": {
             "namespace": WEBHOOK_NAMESPACE, "name": WEBHOOK_SERVICE, "path": "/validate"}},
             "sideEffects": "None", "admissionReviewVersions": ["v1"]}]})
+    tmp = log.parent / "operator-tmp"
+    tmp.mkdir(exist_ok=True)
     env = {**os.environ, "KUBECONFIG": cluster.kubeconfig, "POD_NAMESPACE": WEBHOOK_NAMESPACE,
-           "KVLEDGER_POLICY": json.dumps(policy or {})}
+           "KVLEDGER_POLICY": json.dumps(policy or {}), "TMPDIR": str(tmp)}
     with log.open("w") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "kvledger.engine.cli", "operator", "--namespace", "default",

@@ -49,11 +49,15 @@ def _end_while_loading() -> NoReturn:
     """End the process at once, exit 0: the load cannot be interrupted (torch's kernels, a
     process group forming), and Python finalizing under a thread inside torch's C++ aborts
     ("terminate called without an active exception", exit -6). The rank processes
-    started so far are ended first (SIGTERM, which they do not handle)."""
+    started so far are ended first (SIGTERM, which they do not handle), and a hub model's
+header mirror that the plan was reading is removed."""
     import multiprocessing
+
+    from kvledger.engine.checkpoint.hub.headers import remove_open_mirrors
 
     for child in multiprocessing.active_children():
         child.terminate()
+    remove_open_mirrors()  # atexit does not run past os._exit
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

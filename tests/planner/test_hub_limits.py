@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 import pytest
@@ -22,7 +24,7 @@ from hostile_hub import CONFIG, shard_name, tiny_tensors, write_heavy_repo, writ
 from hub_server import LISTING, HubServer
 
 from kvledger.engine.checkpoint.hub import reads as hub_http
-from kvledger.engine.checkpoint.hub.headers import header_mirror
+from kvledger.engine.checkpoint.hub.headers import header_mirror, remove_open_mirrors
 from kvledger.engine.checkpoint.hub.repo import download_bytes
 from kvledger.engine.errors import BadInput
 
@@ -56,6 +58,40 @@ def test_each_file_has_its_own_deadline_within_the_commands(hub, tmp_path, monke
     with pytest.raises(BadInput, match=r"config\.json .*took longer than the 1 s per file"), \
             header_mirror("hf://kvledger/tiny-llama", timeout_s=60.0):
         pass
+
+
+def test_a_mirror_open_when_the_process_ends_is_removed_and_not_made_again(
+        hub, tmp_path, monkeypatch):
+    """The operator's sizing threads are daemons: at SIGTERM the process ends inside a
+    ``with header_mirror`` whose ``finally`` never runs. ``remove_open_mirrors`` (atexit,
+    and before serve's os._exit) removes the folder, and the header reads still under way
+    fail instead of making it again (each stayed, 13 MiB for a wide model, 450 of them
+    after a day of runs)."""
+    point_hub_at(monkeypatch, hub.url, tmp_path)
+    hub.drip_s["config.json"] = 0.005  # its read is under way at the exit (~2 s)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    (tmp_path / "tmp").mkdir()
+    failed: list[BaseException] = []
+
+    def size() -> None:
+        try:
+            with header_mirror("hf://kvledger/tiny-llama", timeout_s=30.0):
+                pass
+        except BaseException as exc:  # what the read under way ends with
+            failed.append(exc)
+
+    thread = threading.Thread(target=size, daemon=True)
+    thread.start()
+    while not hub.served_bytes("kvledger/tiny-llama", "config.json"):
+        time.sleep(0.01)
+    (mirror,) = (tmp_path / "tmp").iterdir()
+    remove_open_mirrors()
+    assert not mirror.exists()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert isinstance(failed[0], FileNotFoundError), failed  # config.json had no folder
+    assert not list((tmp_path / "tmp").iterdir())
 
 
 def test_plan_with_a_stalled_hub_is_one_error_line(hub, tmp_path):

@@ -11,11 +11,16 @@ What a read may take is bounded (``read_limits``): every byte of the index and t
 goes straight to its file as it arrives, never held whole, and is counted against the
 read's ``ReadBudget`` before it is asked for (a header's length is known from its first 8
 bytes), so a repo whose headers claim 100 MB each is refused after those 8 bytes, naming
-the limit. The mirror's folder lives as long as the ``with`` block.
+the limit. The mirror's folder lives as long as the ``with`` block, and no longer than the
+process: one still open when the process ends (the operator at SIGTERM while a sizing runs on
+a daemon thread, ``kvledger serve`` ended while it plans) is removed at exit
+(``remove_open_mirrors``, run by ``atexit`` and by the paths that end with ``os._exit``), so an
+operator asked to size models does not fill its disk with mirrors over its restarts.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import struct
@@ -49,6 +54,23 @@ from kvledger.engine.errors import BadInput
 # huggingface_hub's own header reader assumes), so one request per shard usually does.
 HEADER_PREFIX_BYTES = 100_000
 PARALLEL_REQUESTS = 8
+
+# The mirrors' folders open now (those of a process's threads), for remove_open_mirrors.
+_OPEN: set[str] = set()
+_OPEN_LOCK = threading.Lock()
+
+
+def remove_open_mirrors() -> None:
+    """Remove every mirror folder still open: the process ends (atexit, or before an
+    ``os._exit``) while a thread stages one."""
+    with _OPEN_LOCK:
+        folders = list(_OPEN)
+        _OPEN.clear()
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+atexit.register(remove_open_mirrors)
 
 
 @contextmanager
@@ -85,6 +107,8 @@ def header_mirror(uri: str, *, token: str | None = None, endpoint: str | None = 
     except OSError as exc:
         raise BadInput(f"cannot create a temporary folder for the headers of {uri}: "
                        f"{exc.strerror or exc} (set TMPDIR to a writable folder)") from None
+    with _OPEN_LOCK:
+        _OPEN.add(tmp)
     try:
         write_mirror(listing, Path(tmp), ReadBudget(limits or ReadLimits(), listing.where()))
         yield ModelSource(tmp, uri=listing.model.uri, commit=listing.commit)
@@ -93,6 +117,8 @@ def header_mirror(uri: str, *, token: str | None = None, endpoint: str | None = 
         # Its own class (OverLimit stays one), with the model's name for the folder's.
         raise type(exc)(str(exc).replace(tmp + os.sep, where + " ").replace(tmp, where)) from None
     finally:
+        with _OPEN_LOCK:
+            _OPEN.discard(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -101,9 +127,9 @@ def write_mirror(listing: RepoListing, root: Path, budget: ReadBudget) -> int:
     byte counted on ``budget`` before it is asked for; returns the bytes received."""
     if CONFIG_FILE in listing.sizes:
         budget.take_bytes(min(listing.sizes[CONFIG_FILE] or 0, MAX_CONFIG_BYTES))
-        _write(root / CONFIG_FILE, read_small_file(listing, CONFIG_FILE, MAX_CONFIG_BYTES))
+        _write(root, CONFIG_FILE, read_small_file(listing, CONFIG_FILE, MAX_CONFIG_BYTES))
     else:
-        _write(root / CONFIG_FILE, b"")
+        _write(root, CONFIG_FILE, b"")
     index = None
     if INDEX_FILE in listing.sizes:
         budget.take_bytes(listing.sizes[INDEX_FILE])
@@ -113,19 +139,18 @@ def write_mirror(listing: RepoListing, root: Path, budget: ReadBudget) -> int:
             index = read_shard_index(f.read, listing.where(INDEX_FILE), budget, owners=False)
     shards = [n for n in engine_files(listing, index) if n.endswith(".safetensors")]
     budget.check_shards(len(shards))
-    parallel(lambda name: read_header(listing, name, root / name, budget), shards,
+    parallel(lambda name: read_header(listing, name, root, budget), shards,
              PARALLEL_REQUESTS, budget.stop)
     return budget.taken_bytes
 
 
-def read_header(listing: RepoListing, filename: str, path: Path, budget: ReadBudget) -> None:
+def read_header(listing: RepoListing, filename: str, root: Path, budget: ReadBudget) -> None:
     """Write the first ``8 + N`` bytes of a safetensors file (length prefix and JSON
-    header) to ``path``, then make it the file's size (sparse), by Range requests that
+    header) to its place under ``root``, then make it the file's size (sparse), by Range requests that
     stream into the file. The ``N`` bytes are counted on ``budget`` before they are asked
     for; an absurd length is written as is, for the header validation to name."""
     size = listing.sizes[filename]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
+    with open(_place(root, filename), "wb") as f:
         if size:
             budget.take_bytes(min(8, size))
             head = _Header(f, size, budget)
@@ -203,6 +228,15 @@ def parallel(work: Callable[[str], None], items: list[str], threads: int,
         raise errors[0]
 
 
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+def _write(root: Path, filename: str, data: bytes) -> None:
+    _place(root, filename).write_bytes(data)
+
+
+def _place(root: Path, filename: str) -> Path:
+    """``root / filename``, its folders made below ``root`` but never ``root`` itself: a
+    thread still writing when the mirror was removed (the process ending) fails
+    (FileNotFoundError) instead of making the folder again for nobody to remove."""
+    path = root / filename
+    for folder in reversed(path.relative_to(root).parents[:-1]):
+        (root / folder).mkdir(exist_ok=True)
+    return path
