@@ -25,6 +25,7 @@ import collections
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -258,6 +259,7 @@ async def bench(args: argparse.Namespace) -> int:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+        shutil.rmtree(model_dir.parent, ignore_errors=True)  # the log stays, for a reader
     return report(soak, pool, rss_start, rss_end, elapsed, log_path, args)
 
 
