@@ -97,7 +97,10 @@ class Cluster:
         meta.setdefault("generation", 1)
         meta.setdefault("creationTimestamp", "2026-01-01T00:00:00Z")
         meta["resourceVersion"] = str(next(self._versions))
-        return await self.api.create(object_path(api_version, plural, meta["namespace"]), body)
+        # Raw, not through the operator's typed ``create``: a test's object stands for what
+        # others wrote (a kubelet's pod with only the status fields a test reads).
+        return await self.api.request("POST", object_path(api_version, plural,
+                                                          meta["namespace"]), body) or {}
 
     async def patch(self, api_version: str, plural: str, namespace: str, name: str,
                     body: dict[str, Any], *, bump_generation: bool = False,

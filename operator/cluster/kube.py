@@ -1,22 +1,35 @@
-"""A small async Kubernetes REST client for the operator's children and status.
+"""The operator's own calls to the API server, through the official client's asyncio
+half (``kubernetes.aio``).
 
-kopf owns the watches and events; this client does the few direct calls the handlers
+kopf owns the watches and events; this module does the few direct calls the handlers
 need (apply a child, create a Secret once, read/patch a status, delete), with the credentials
-kopf logged in with (``kopf.ConnectionInfo``). Patches are JSON merge patches.
+kopf logged in with (``kopf.ConnectionInfo``: its headers and TLS context) on
+``kubernetes.aio``'s ``ApiClient`` (its transport, serialization and errors). A built-in
+kind is sent as the client's typed model (``V1Deployment``, ``V1Service``, ``V1Secret``, ...):
+``typed`` validates the body field by field against it and refuses one the model would
+change (a field it does not know, an int where a quantity is a string) before it is
+sent, rather than have the API server coerce or drop it. Custom resources
+(LeaderWorkerSet, InferencePool, ScaledObject, ours) go as dicts; the tests check them
+against their vendored CRDs.
+
+Changes are JSON merge patches with kubectl's last-applied record (``apply``), not
+server-side apply: kmock's emulator, the API server of the tests, does not take apply
+patches, and a client-side record is what ``kubectl apply`` itself did for years.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from typing import Any
 
-import aiohttp
 import kopf
 
 from kvledger.engine import json_text
 
-_MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
+_MERGE_PATCH = "application/merge-patch+json"
+TIMEOUT_S = 30.0
 # The body last applied to a child, as kubectl's last-applied-configuration: a merge patch
 # leaves a key it does not name, so a field dropped from the desired state (a nodeSelector
 # taken out of the spec) must be named with null, and only a field we set before may be.
@@ -36,60 +49,134 @@ def object_path(api_version: str, plural: str, namespace: str, name: str | None 
     return f"{path}/{name}" if name else path
 
 
+def model_class(api_version: str, kind: str) -> type | None:
+    """The official client's model of a built-in kind (``V1Deployment`` for apps/v1
+    Deployment), None for a custom resource's (a group of its own, or one the client does
+    not know: GAIE's ``inference.networking.k8s.io``)."""
+    group, _, version = api_version.rpartition("/")
+    if group and "." in group and not group.endswith(".k8s.io"):
+        return None
+    from kubernetes.aio import client
+
+    try:
+        return getattr(client, version[:1].upper() + version[1:] + kind)
+    except AttributeError:
+        return None
+
+
+def typed(body: dict[str, Any]) -> Any:
+    """``body`` as the client's typed model when its kind is built in (else ``body``).
+    KubeError 422 (as the API server's Invalid) when the model refuses a field or would
+    send it otherwise than written: nothing is coerced or dropped on the way."""
+    model = model_class(str(body.get("apiVersion", "")), str(body.get("kind", "")))
+    if model is None:
+        return body
+    from pydantic import ValidationError
+
+    where = f"{body['kind']} {(body.get('metadata') or {}).get('name', '')}".rstrip()
+    try:
+        out = model.from_dict(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise KubeError(422, f"{where} is not a valid {model.__name__}: {field}: "
+                             f"{first['msg']}") from None
+    if _serializer().sanitize_for_serialization(out) != body:
+        raise KubeError(422, f"{where}: the client's {model.__name__} would not send it as "
+                             f"written (a field it does not know, or of another type)")
+    return out
+
+
+@functools.cache
+def _serializer() -> Any:
+    """An ApiClient for its serialization alone (it opens no connection)."""
+    from kubernetes.aio.client import ApiClient
+
+    return ApiClient()
+
+
 class KubeApi:
-    """One aiohttp session to the API server; close it with ``close()``."""
+    """One ``kubernetes.aio`` ApiClient to the API server; close it with ``close()``."""
 
     def __init__(self, info: kopf.ConnectionInfo | None = None) -> None:
         self._info = info
-        self._session: aiohttp.ClientSession | None = None
-        self._retired: list[aiohttp.ClientSession] = []
+        self._client: Any = None
+        self._retired: list[Any] = []
 
     def connect(self, info: kopf.ConnectionInfo) -> None:
         """Use these credentials from the next call on (kopf may log in again)."""
-        if self._session is not None:
-            self._retired.append(self._session)
-        self._info, self._session = info, None
+        if self._client is not None:
+            self._retired.append(self._client)
+        self._info, self._client = info, None
 
-    def _open(self) -> aiohttp.ClientSession:
+    def _open(self) -> Any:
         if self._info is None:
             raise KubeError(0, "not logged in to a Kubernetes API server")
-        if self._session is None or self._session.closed:
-            # kopf's own helpers: bearer/basic auth, CA and client certificates (also
-            # the embedded *-data of a kubeconfig), insecure-skip-tls-verify.
-            tls = self._info.as_ssl_context() if self._info.server.startswith("https") else False
-            self._session = aiohttp.ClientSession(
-                base_url=self._info.server.rstrip("/") + "/",
-                headers=self._info.as_http_headers(),
-                connector=aiohttp.TCPConnector(ssl=tls),
-                timeout=aiohttp.ClientTimeout(total=30))
-        return self._session
+        if self._client is None:
+            from kubernetes.aio.client import ApiClient, Configuration
+
+            # No proxy from the environment, as kopf's own watches: and aiohttp's lookup of
+            # it (and of ~/.netrc) on a thread at every call cost 5x the call's CPU.
+            client = ApiClient(Configuration(host=self._info.server.rstrip("/"),
+                                             client_session_kwargs={"trust_env": False}))
+            # kopf's own: bearer/basic auth, CA and client certificates (also the embedded
+            # *-data of a kubeconfig), insecure-skip-tls-verify. The context is read when
+            # the client opens its session, at the first call.
+            for header, value in self._info.as_http_headers().items():
+                client.set_default_header(header, value)
+            if self._info.server.startswith("https"):
+                client.rest_client.ssl_context = self._info.as_ssl_context()
+            self._client = client
+        return self._client
 
     async def close(self) -> None:
-        for session in [*self._retired, self._session]:
-            if session is not None:
-                await session.close()
-        self._retired, self._session = [], None
+        for client in [*self._retired, self._client]:
+            if client is not None:
+                await client.close()
+        self._retired, self._client = [], None
 
-    async def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any] | None:
-        """The response object; None for 404 on GET/DELETE; KubeError for other failures."""
-        async with self._open().request(method, path.lstrip("/"), **kwargs) as response:
-            if response.status == 404 and method in ("GET", "DELETE"):
-                return None
-            body = await response.json(content_type=None) if response.content_length != 0 else {}
-            if response.status >= 400:
-                message = body.get("message") if isinstance(body, dict) else None
-                raise KubeError(response.status, message or response.reason or "")
-            return body
+    async def request(self, method: str, path: str, body: Any = None, *,
+                    query: dict[str, str] | None = None,
+                    content_type: str | None = None) -> dict[str, Any] | None:
+        """One call as written (``body`` a dict, or a typed model): the response object;
+        None for 404 on GET/DELETE; KubeError for other failures (the API server's, or
+        none reached: status 0)."""
+        from kubernetes.aio.client.exceptions import OpenApiException
+
+        client = self._open()
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        try:
+            request = await client.param_serialize(
+                method, path, query_params=list((query or {}).items()) or None,
+                header_params=headers, body=body)
+            response = await client.call_api(*request, _request_timeout=TIMEOUT_S)
+            data = await response.read()
+        except OpenApiException as exc:
+            raise KubeError(getattr(exc, "status", 0) or 0, str(exc).splitlines()[0]) from None
+        except (OSError, TimeoutError) as exc:  # aiohttp's connection errors are OSErrors
+            raise KubeError(0, f"{type(exc).__name__}: {exc}") from None
+        if response.status == 404 and method in ("GET", "DELETE"):
+            return None
+        try:
+            answer = json_text.loads(data) if data else {}
+        except ValueError:
+            answer = {}
+        if response.status >= 400:
+            message = answer.get("message") if isinstance(answer, dict) else None
+            raise KubeError(response.status, message or response.reason or "")
+        return answer if isinstance(answer, dict) else {}
 
     async def get(self, path: str) -> dict[str, Any] | None:
-        return await self._call("GET", path)
+        return await self.request("GET", path)
 
     async def list(self, path: str, label_selector: str) -> list[dict[str, Any]]:
-        body = await self._call("GET", path, params={"labelSelector": label_selector})
+        body = await self.request("GET", path, query={"labelSelector": label_selector})
         return list((body or {}).get("items") or [])
 
     async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._call("POST", path, json=body) or {}
+        return await self.request("POST", path, typed(body)) or {}
 
     async def create_once(self, api_version: str, plural: str, body: dict[str, Any]) -> bool:
         """Create the object unless one of its name exists (True if created). Nothing is
@@ -104,18 +191,20 @@ class KubeApi:
         return True
 
     async def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._call("PATCH", path, json=body, headers=_MERGE_PATCH) or {}
+        return await self.request("PATCH", path, body, content_type=_MERGE_PATCH) or {}
 
     async def delete(self, path: str) -> bool:
         """True if it was there; children go too (background propagation)."""
-        found = await self._call("DELETE", path, json={"propagationPolicy": "Background"})
+        found = await self.request("DELETE", path, {"apiVersion": "v1", "kind": "DeleteOptions",
+                                                  "propagationPolicy": "Background"})
         return found is not None
 
     async def apply(self, api_version: str, plural: str, body: dict[str, Any]) -> str:
         """Create the object, or merge-patch it to the desired state; 'created'/'updated'/'unchanged'.
 
         A field this client applied before and ``body`` no longer has is removed; fields
-        others set (a ``kubectl rollout restart`` annotation, server defaults) stay."""
+        others set (a ``kubectl rollout restart`` annotation, server defaults) stay. What
+        is sent is checked against its typed model (``typed``) first."""
         meta = body["metadata"]
         path = object_path(api_version, plural, meta["namespace"], meta["name"])
         desired = copy.deepcopy(body)
@@ -128,6 +217,7 @@ class KubeApi:
         removed = removals(_last_applied(live), body, live)
         if contains(live, desired) and not removed:
             return "unchanged"
+        typed(desired)  # what the patch makes of the object: refused here if not valid
         await self.patch(path, _merged(desired, removed))
         return "updated"
 

@@ -34,7 +34,7 @@ def container_security() -> dict[str, Any]:
 
 
 def gpu_limits(spec: ServiceSpec) -> dict[str, Any]:
-    return {GPU_RESOURCE: spec.gpus} if spec.gpus > 0 else {}
+    return {GPU_RESOURCE: str(spec.gpus)} if spec.gpus > 0 else {}  # a quantity: a string
 
 
 def cache_size_limit(download_bytes: int) -> str:

@@ -41,7 +41,8 @@ async def installed_configuration(cluster: Cluster) -> None:
         "metadata": {"name": "kvledger", "labels": {"app.kubernetes.io/managed-by": "Helm"},
                      "annotations": {"meta.helm.sh/release-name": "kvledger",
                                      "meta.helm.sh/release-namespace": "kvledger-system"}},
-        "webhooks": [{"name": HOOK, "clientConfig": {"caBundle": CA_BUNDLE}}]})
+        "webhooks": [{"name": HOOK, "clientConfig": {"caBundle": CA_BUNDLE},
+                      "sideEffects": "None", "admissionReviewVersions": ["v1"]}]})
 
 
 async def render_against(cluster: Cluster, *flags: str) -> dict[str, list[dict]]:

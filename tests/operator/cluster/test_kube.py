@@ -7,7 +7,15 @@ import kopf
 import pytest
 from operator_harness import emulated_cluster
 
-from kvledger.operator.cluster.kube import KubeApi, KubeError, contains, object_path, removals
+from kvledger.operator.cluster.kube import (
+    KubeApi,
+    KubeError,
+    contains,
+    model_class,
+    object_path,
+    removals,
+    typed,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
 
@@ -88,3 +96,37 @@ def test_contains_ignores_server_defaults_but_not_changes():
     assert not contains(live, {"spec": {"replicas": 2}})
     assert not contains(live, {"spec": {"containers": [{"name": "a"}, {"name": "b"}]}})
     assert contains({"limits": {"nvidia.com/gpu": "1"}}, {"limits": {"nvidia.com/gpu": 1}})
+
+
+def deployment(limits: dict) -> dict:
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "d", "namespace": "ns"},
+            "spec": {"selector": {"matchLabels": {"app": "d"}},
+                     "template": {"metadata": {"labels": {"app": "d"}}, "spec": {"containers": [
+                         {"name": "engine", "image": "kvledger:test",
+                          "resources": {"limits": limits}}]}}}}
+
+
+async def test_a_built_in_child_goes_as_its_typed_model_and_a_bad_one_never_leaves():
+    """What the operator sends of a built-in kind is the official client's model of it: a
+    quantity as an int (which the API server would coerce) or a field the model does not
+    know (which it would drop) is refused, naming it, before any request; a custom
+    resource goes as written."""
+    assert type(typed(deployment({"nvidia.com/gpu": "1"}))).__name__ == "V1Deployment"
+    with pytest.raises(KubeError, match=r"HTTP 422: Deployment d is not a valid V1Deployment: "
+                                        r"limits\.nvidia\.com/gpu: Input should be a valid string"):
+        typed(deployment({"nvidia.com/gpu": 1}))
+    unknown = deployment({})
+    unknown["spec"]["template"]["spec"]["containers"][0]["gpuCount"] = 1
+    with pytest.raises(KubeError, match="would not send it as written"):
+        typed(unknown)
+    pool = {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+            "metadata": {"name": "p"}, "spec": {"anything": 1}}
+    assert typed(pool) is pool
+    assert model_class("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet") is None
+    async with emulated_cluster() as cluster:
+        with pytest.raises(KubeError):
+            await cluster.api.apply("apps/v1", "deployments", deployment({"nvidia.com/gpu": 1}))
+        assert not [r for r in cluster.emulator if r.method != "GET"]
+        assert await cluster.api.apply("apps/v1", "deployments",
+                                       deployment({"nvidia.com/gpu": "1"})) == "created"

@@ -13,6 +13,7 @@ import yaml
 from kvledger.engine.errors import BadInput
 from kvledger.operator.api.crd import validate_manifest
 from kvledger.operator.api.spec import parse_spec
+from kvledger.operator.cluster.kube import typed
 from kvledger.operator.render.autoscaling import (
     DEFAULT_PROMETHEUS_URL,
     METRICS,
@@ -69,6 +70,7 @@ def test_hpa_scales_the_resource_on_a_pods_metric_with_the_default_target(metric
     }
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(hpa, version, strict=True)
+    typed(hpa)  # and sent as the client's typed model, unchanged
 
 
 @pytest.mark.parametrize(("target", "averageValue", "threshold"), [
@@ -166,6 +168,7 @@ def test_pdb_evicts_one_pod_at_a_time_and_selects_the_deployments_pods():
     assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(pdb, version, strict=True)
+    typed(pdb)
 
 
 def test_status_selector_selects_the_deployments_pods():
@@ -218,6 +221,7 @@ def test_the_autoscaling_examples_render_valid_children(example):
         if child is not None:
             kubernetes_validate.validate(child, kubernetes_validate.latest_version(),
                                          strict=True)
+            typed(child)
 
 
 def test_the_docs_show_what_the_examples_render():

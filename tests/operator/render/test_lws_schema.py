@@ -8,6 +8,7 @@ import jsonschema
 import pytest
 from vendored_crds import DATA, check_release, strict_version_schema
 
+from kvledger.operator.cluster.kube import typed
 from kvledger.operator.render.render_group import (
     LWS_API_VERSION,
     LWS_RELEASE,
@@ -52,6 +53,11 @@ def test_rendered_leader_worker_sets_are_valid_against_the_lws_crd(spec, lws_sch
                     key=lambda e: list(e.absolute_path))
     assert not errors, [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
                         for e in errors[:5]]
+    # Its pod templates are the client's typed V1PodTemplateSpec, sent unchanged.
+    group = body["spec"]["leaderWorkerTemplate"]
+    for template in (group["leaderTemplate"], group["workerTemplate"]):
+        typed({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
+               "template": template})
 
 
 def test_the_strict_schema_catches_a_misplaced_field(lws_schema):

@@ -14,6 +14,7 @@ from operator_harness import eventually, running_operator, service_manifest
 from kvledger.engine.errors import BadInput
 from kvledger.operator.api.resource import API_VERSION, PLURAL
 from kvledger.operator.api.spec import parse_spec
+from kvledger.operator.cluster.kube import typed
 from kvledger.operator.render.policy import Policy, PolicyDenied
 
 IMAGE = "ghcr.io/kvledger/kvledger:0.1.0"
@@ -190,6 +191,7 @@ def test_the_network_policy_admits_the_namespace_and_the_listed_ones_on_the_port
 
     policy = render_network_policy("llama", "team-a", {**BASE, "port": 9000}, ("monitoring",))
     kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
+    typed(policy)  # and sent as the client's typed model, unchanged
     assert policy["spec"]["podSelector"] == {"matchLabels": {LABEL: "llama"}}
     assert policy["spec"]["ingress"] == [{
         "from": [{"podSelector": {}},

@@ -14,6 +14,7 @@ from kvledger.engine.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
 from kvledger.operator.api.crd import validate_manifest
 from kvledger.operator.api.spec import parse_spec
+from kvledger.operator.cluster.kube import typed
 from kvledger.operator.render.pod import CACHE_DIR, GPU_TOLERATION, cache_size_limit
 from kvledger.operator.render.render import (
     LABEL,
@@ -86,7 +87,7 @@ def test_pod_mounts_plan_and_model_read_only_and_requests_gpus():
         assert mounts["model"] == {"name": "model", "mountPath": "/models", "readOnly": True}
         assert PLAN_PATH.startswith(mounts["plan"]["mountPath"] + "/")
     assert engine["resources"] == {"requests": {"cpu": "4", "memory": "16Gi"},
-                                   "limits": {"memory": "32Gi", "nvidia.com/gpu": 1}}
+                                   "limits": {"memory": "32Gi", "nvidia.com/gpu": "1"}}
     assert preflight["resources"] == engine["resources"]
     assert SPEC["resources"]["limits"] == {"memory": "32Gi"}  # the spec is not mutated
 
@@ -255,7 +256,7 @@ def test_hub_pod_runs_preflight_then_fetch_then_engine():
                               "--shutdown-grace", "30"]
     assert fetch["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert fetch["resources"] == {"requests": {"cpu": "4"}, "limits": {"memory": "32Gi"}}
-    assert engine["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == "1"
 
 
 def test_hub_token_and_mirror_reach_only_the_containers_that_talk_to_the_hub():
@@ -375,6 +376,7 @@ def test_rendered_children_of_every_example_pass_kubernetes_schema(example):
     for child in (render_deployment(name, "default", doc["spec"]),
                   render_service(name, "default", doc["spec"])):
         kubernetes_validate.validate(child, kubernetes_validate.latest_version(), strict=True)
+        typed(child)  # and sent as the client's typed model, unchanged
 
 
 @pytest.mark.parametrize("name", EXTRA_SPECS)
@@ -385,6 +387,7 @@ def test_rendered_children_of_every_field_pass_kubernetes_schema(name):
     for child in (render_deployment(name, "default", spec, download_bytes=16 * GIB),
                   render_service(name, "default", spec)):
         kubernetes_validate.validate(child, kubernetes_validate.latest_version(), strict=True)
+        typed(child)  # and sent as the client's typed model, unchanged
 
 
 def test_spec_tools_become_the_engine_flags_and_auto_needs_a_parser():

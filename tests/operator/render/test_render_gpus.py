@@ -32,7 +32,7 @@ def test_n_gpus_render_the_tensor_parallel_size_the_gpus_and_a_memory_backed_shm
     for container in (preflight, engine):
         args = container["args"]
         assert args[args.index("--tensor-parallel-size") + 1] == str(gpus)
-        assert container["resources"]["limits"][GPU_RESOURCE] == gpus
+        assert container["resources"]["limits"][GPU_RESOURCE] == str(gpus)
     [shm] = [v for v in pod["volumes"] if v["name"] == "dshm"]
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": shm_size_limit(gpus)}
     assert {"name": "dshm", "mountPath": "/dev/shm"} in engine["volumeMounts"]
@@ -84,7 +84,7 @@ def test_pipeline_stages_split_the_pods_gpus():
         args = container["args"]
         assert args[args.index("--tensor-parallel-size") + 1] == "2"
         assert args[args.index("--pipeline-parallel-size") + 1] == "2"
-    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
     with pytest.raises(BadInput, match=r"engine\.pipelineParallelSize must divide gpus"):
         parse_spec({**raw, "gpus": 3})
     with pytest.raises(BadInput, match=r"engine\.pipelineParallelSize must divide gpus"):

@@ -65,7 +65,7 @@ def test_two_nodes_of_two_gpus_is_a_group_of_two_pods_with_tp2_pp2():
     assert args[args.index("--tensor-parallel-size") + 1] == "2"
     assert args[args.index("--pipeline-parallel-size") + 1] == "2"
     for pod in (leader, worker):
-        assert _engine(pod)["resources"]["limits"]["nvidia.com/gpu"] == 2
+        assert _engine(pod)["resources"]["limits"]["nvidia.com/gpu"] == "2"
 
 
 def test_the_preflight_runs_on_the_leader_with_the_engines_tp_and_pp():
