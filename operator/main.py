@@ -40,6 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the Prometheus KEDA queries for spec.autoscaling provider keda "
                              "when the spec names none (env KVLEDGER_PROMETHEUS_URL; default "
                              f"{autoscaling.DEFAULT_PROMETHEUS_URL})")
+    parser.add_argument("--keda-http-scaler",
+                        default=os.environ.get("KVLEDGER_KEDA_HTTP_SCALER",
+                                               autoscaling.DEFAULT_HTTP_SCALER),
+                        metavar="HOST:PORT",
+                        help="KEDA's HTTP add-on's external scaler, for spec.autoscaling."
+                             "httpAddOn (env KVLEDGER_KEDA_HTTP_SCALER; default "
+                             f"{autoscaling.DEFAULT_HTTP_SCALER}, where its chart installs it)")
     hook = parser.add_argument_group(
         "admission webhook", "refuse at `kubectl apply` an InferenceService that fits no node "
         "it may run on (the chart's webhook: values pass these)")
@@ -71,12 +78,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def operator_memo(default_image: str, kube: KubeApi | None = None, *,
                   prometheus_url: str = autoscaling.DEFAULT_PROMETHEUS_URL,
+                  http_scaler: str = autoscaling.DEFAULT_HTTP_SCALER,
                   policy: Policy | None = None) -> kopf.Memo:
     """The state the handlers share (see handlers.py)."""
     from kvledger.operator.cluster.hub_models import HubModels
 
     return kopf.Memo(default_image=default_image, prometheus_url=prometheus_url,
-                     policy=policy or Policy(), status_locks={}, apply_locks={},
+                     http_scaler=http_scaler, policy=policy or Policy(), status_locks={}, apply_locks={},
                      kube=kube or KubeApi(), hub_models=HubModels())
 
 
@@ -91,7 +99,8 @@ def main(args: argparse.Namespace) -> int:
     # Fail fast with one line, not kopf's retry loop, when there is no cluster to talk to.
     handlers.find_credentials(kopf.OperatorSettings())
 
-    memo = operator_memo(args.engine_image, prometheus_url=args.prometheus_url, policy=policy)
+    memo = operator_memo(args.engine_image, prometheus_url=args.prometheus_url,
+                         http_scaler=args.keda_http_scaler, policy=policy)
     asyncio.run(_run(args, memo, where))
     return 0
 

@@ -137,10 +137,11 @@ async def eventually(check: Callable[[], Any | Awaitable[Any]], *, timeout_s: fl
 
 
 @contextlib.asynccontextmanager
-async def emulated_cluster(lws: bool = True, pool: bool = False) -> AsyncIterator[Cluster]:
+async def emulated_cluster(lws: bool = True, pool: bool = False,
+                           http_add_on: bool = False) -> AsyncIterator[Cluster]:
     """The emulator on a local port, the CRD, KEDA's ScaledObject, (``lws``)
-    LeaderWorkerSet and (``pool``) GAIE's InferencePool declared, and ``Cluster.kubeconfig``
-    for it.
+    LeaderWorkerSet, (``pool``) GAIE's InferencePool and (``http_add_on``) KEDA's HTTP
+    add-on's InterceptorRoute declared, and ``Cluster.kubeconfig`` for it.
 
     kmock merges a subresource's patch into the object, so a patch of ``scale`` with a
     Scale's body (``{"spec": {"replicas": N}}``) writes ``spec.replicas`` as the API
@@ -162,6 +163,10 @@ async def emulated_cluster(lws: bool = True, pool: bool = False) -> AsyncIterato
         emulator.resources["inference.networking.k8s.io/v1/inferencepools"] = kmock.ResourceInfo(
             namespaced=True, kind="InferencePool", singular="inferencepool", shortnames=set(),
             verbs=verbs, subresources={"status"})
+    if http_add_on:
+        emulator.resources["http.keda.sh/v1beta1/interceptorroutes"] = kmock.ResourceInfo(
+            namespaced=True, kind="InterceptorRoute", singular="interceptorroute",
+            shortnames={"ir"}, verbs=verbs, subresources={"status"})
     async with emulator, kmock.Server(emulator) as server:
         url = str(server.url).rstrip("/")
         with tempfile.TemporaryDirectory() as tmp:
@@ -184,14 +189,15 @@ async def emulated_cluster(lws: bool = True, pool: bool = False) -> AsyncIterato
 
 @contextlib.asynccontextmanager
 async def running_operator(default_image: str = "kvledger:test", policy=None,
-                           lws: bool = True, pool: bool = False) -> AsyncIterator[Cluster]:
+                           lws: bool = True, pool: bool = False,
+                           http_add_on: bool = False) -> AsyncIterator[Cluster]:
     """The emulator and the real operator in this event loop (login via KUBECONFIG), under
     ``policy`` (an ``operator.policy.Policy``; the Helm chart's defaults when None), on a
     cluster that serves LeaderWorkerSet or (``lws`` False) not, and InferencePool
     (``pool``) or not."""
     from kvledger.operator.controller import handlers  # noqa: F401  (registers the handlers)
 
-    async with emulated_cluster(lws, pool) as cluster:
+    async with emulated_cluster(lws, pool, http_add_on) as cluster:
         saved = os.environ.get("KUBECONFIG")
         os.environ["KUBECONFIG"] = cluster.kubeconfig
         stop, ready = asyncio.Event(), asyncio.Event()
@@ -216,6 +222,16 @@ def service_manifest(name: str, namespace: str = "default", **spec: Any) -> dict
     body_spec.update(spec)
     return {"apiVersion": API_VERSION, "kind": KIND,
             "metadata": {"name": name, "namespace": namespace}, "spec": body_spec}
+
+
+async def ready_for(cluster: Cluster, name: str, reason: str) -> dict:
+    """The resource's Ready condition once its reason is ``reason`` (in namespace
+    default)."""
+    def ready() -> dict | None:
+        found = condition(cluster.stored(API_VERSION, PLURAL, "default", name), "Ready")
+        return found if found.get("reason") == reason else None
+
+    return await eventually(ready, what=f"Ready=False/{reason}")
 
 
 def condition(obj: dict | None, kind: str) -> dict:

@@ -20,11 +20,15 @@ from kvledger.operator.api.resource import (
     AUTOSCALING_METRICS,
     AUTOSCALING_PROVIDERS,
     DEFAULT_GPUS,
+    DEFAULT_HTTP_CONCURRENCY,
     DEFAULT_MIN_REPLICAS,
     DEFAULT_MOUNT_PATH,
     DEFAULT_NODES,
     DEFAULT_PICKER_FAILURE_MODE,
     DEFAULT_REPLICAS,
+    DURATION_PATTERN,
+    HOST_PATTERN,
+    MAX_HTTP_HOSTS,
     MAX_NODES,
     PICKER_FAILURE_MODES,
 )
@@ -173,6 +177,30 @@ _AUTOSCALING = ruled({
                            "operator's --prometheus-url)",
             "properties": {"serverAddress": {"type": "string", "pattern": r"^https?://\S+$",
                                              "maxLength": 2048}},
+        },
+        "httpAddOn": {
+            "type": "object", "required": ["hosts"],
+            "description": "provider keda: KEDA's HTTP add-on fronts the service. The "
+                           "operator renders an InterceptorRoute (http.keda.sh/v1beta1) to "
+                           "its Service and adds the add-on's external-push trigger to the "
+                           "ScaledObject: the interceptor holds requests while no pod is "
+                           "ready and wakes the service from zero. Needs the add-on installed",
+            "properties": {
+                "hosts": {"type": "array", "minItems": 1, "maxItems": MAX_HTTP_HOSTS,
+                          "description": "the Host headers the interceptor routes here "
+                                         "(\"*.example.com\", or \"*\" for any)",
+                          "items": {"type": "string", "maxLength": 253,
+                                    "pattern": HOST_PATTERN}},
+                "concurrency": _int(1, "in-flight requests a pod, the add-on's metric's "
+                                       "target (with the spec's own metric: the higher "
+                                       "count wins)",
+                                    default=DEFAULT_HTTP_CONCURRENCY),
+                "readinessTimeout": {"type": "string", "pattern": DURATION_PATTERN,
+                                     "maxLength": 32,
+                                     "description": "how long the interceptor holds a "
+                                                    "request while no pod is ready (\"5m\"; "
+                                                    "default: the add-on's)"},
+            },
         },
     },
 }, "autoscaling")

@@ -41,5 +41,12 @@ DEFAULT_PICKER_PORT = 9002  # the Endpoint Picker's ext-proc port in GAIE's own 
 AUTOSCALING_METRICS = ("kvReservedRatio", "requestsWaiting", "rejectionRate")
 AUTOSCALING_PROVIDERS = ("hpa", "keda")
 DEFAULT_MIN_REPLICAS = 1
+# autoscaling.httpAddOn: in-flight requests a pod for the add-on's metric (its own default).
+DEFAULT_HTTP_CONCURRENCY = 100
+# Its readiness timeout, a Go duration as the add-on reads one ("90s", "5m", "1h30m"), and
+# the Host headers it routes (a leading "*." or "*" alone for any).
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+HOST_PATTERN = r"^(\*|(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)$"
+MAX_HTTP_HOSTS = 16
 # The per-pod target each metric holds when spec.autoscaling.target is not given.
 DEFAULT_TARGETS = {"kvReservedRatio": "0.8", "requestsWaiting": "4", "rejectionRate": "1"}

@@ -214,6 +214,9 @@ RULES: tuple[Rule, ...] = (
          "to zero",
          lambda scaling: scaling.get("minReplicas", 1) >= 1
          or scaling.get("provider") == "keda"),
+    Rule("autoscaling", "!has(self.httpAddOn) || has(self.provider) && self.provider == 'keda'",
+         "autoscaling.httpAddOn applies to provider keda only (the add-on's trigger is KEDA's)",
+         lambda scaling: "httpAddOn" not in scaling or scaling.get("provider") == "keda"),
     Rule("autoscaling", "!has(self.prometheus) || has(self.provider) && self.provider == 'keda'",
          "autoscaling.prometheus applies to provider keda only (an HPA reads its Pods metric "
          "through prometheus-adapter)",

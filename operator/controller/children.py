@@ -5,7 +5,8 @@ The pods' owner is a Deployment, or with ``spec.nodes`` above 1 a LeaderWorkerSe
 LeaderWorkerSet needs the cluster to serve ``leaderworkerset.x-k8s.io/v1``; where it does
 not, nothing is applied or deleted (a Deployment still serves) and ``LeaderWorkerSetMissing``
 says what to install; so does ``InferencePoolMissing`` for a ``spec.inferencePool`` on a
-cluster that does not serve ``inference.networking.k8s.io/v1``. A group's control-channel key is a Secret the operator creates and
+cluster that does not serve ``inference.networking.k8s.io/v1``, and ``HttpAddOnMissing`` for
+an ``autoscaling.httpAddOn`` without KEDA's HTTP add-on (``ApiMissing``, all three). A group's control-channel key is a Secret the operator creates and
 never reads back (it may create Secrets, never read them), under a name the API server
 generates in that very create and that ``status.nodeKeySecret`` keeps: a fixed name could
 be taken first by anyone who may create Secrets in the namespace, with a key of their own,
@@ -46,17 +47,59 @@ class ModelUnavailable(Exception):
     """The hub model's download size cannot be had now; the message is one line, no token."""
 
 
-class LeaderWorkerSetMissing(Exception):
+class ApiMissing(Exception):
+    """A kind the spec needs that the cluster does not serve: nothing is applied, the
+    status says what to install (``Ready=False`` with ``reason``), asked again slowly."""
+
+    reason = "ApiMissing"
+
+
+class LeaderWorkerSetMissing(ApiMissing):
     """``spec.nodes`` above 1 on a cluster that does not serve LeaderWorkerSet (one line)."""
 
+    reason = "LeaderWorkerSetMissing"
 
-class InferencePoolMissing(Exception):
+
+class InferencePoolMissing(ApiMissing):
     """``spec.inferencePool`` on a cluster that does not serve InferencePool (one line)."""
+
+    reason = "InferencePoolMissing"
+
+
+class HttpAddOnMissing(ApiMissing):
+    """``autoscaling.httpAddOn`` on a cluster without KEDA's HTTP add-on (one line)."""
+
+    reason = "KedaHttpAddOnMissing"
+
+
+async def served(kube: KubeApi, api_version: str) -> bool:
+    """Whether the API server serves ``api_version`` (its discovery)."""
+    return await kube.get(f"/apis/{api_version}") is not None
 
 
 async def pool_served(kube: KubeApi) -> bool:
     """Whether the API server serves ``inference.networking.k8s.io/v1`` (its discovery)."""
-    return await kube.get(f"/apis/{gateway.POOL_API_VERSION}") is not None
+    return await served(kube, gateway.POOL_API_VERSION)
+
+
+async def missing_api(kube: KubeApi, spec: ServiceSpec) -> ApiMissing | None:
+    """What the spec needs beside LeaderWorkerSet that the cluster does not serve: the
+    InferencePool, or KEDA's HTTP add-on."""
+    if spec.inference_pool is not None and not await pool_served(kube):
+        return InferencePoolMissing(pool_missing())
+    scaling = spec.autoscaling
+    if (scaling is not None and scaling.http_add_on is not None
+            and not await served(kube, autoscaling.HTTP_ADD_ON_API_VERSION)):
+        return HttpAddOnMissing(http_add_on_missing())
+    return None
+
+
+def http_add_on_missing() -> str:
+    return (f"autoscaling.httpAddOn needs KEDA's HTTP add-on "
+            f"({autoscaling.HTTP_ADD_ON_API_VERSION}), which this cluster does not serve: "
+            f"install it (helm install http-add-on kedacore/keda-add-ons-http --namespace "
+            f"keda, release {autoscaling.HTTP_ADD_ON_RELEASE} or later); the operator applies "
+            f"the route within a minute")
 
 
 def pool_missing() -> str:
@@ -89,7 +132,7 @@ async def apply_children(memo: kopf.Memo, name: str, namespace: str) -> dict[str
     replicas never step back to a count the autoscaler already replaced.
 
     Raises BadInput if the spec can never work, ModelUnavailable if the hub model's size
-    cannot be had now, LeaderWorkerSetMissing, InferencePoolMissing, KubeError if the API
+    cannot be had now, ApiMissing (LeaderWorkerSet, InferencePool, the HTTP add-on), KubeError if the API
     server fails.
     """
     lock = memo.apply_locks.setdefault((namespace, name), asyncio.Lock())
@@ -102,8 +145,9 @@ async def apply_children(memo: kopf.Memo, name: str, namespace: str) -> dict[str
         memo.policy.check(spec, memo.default_image)  # PolicyDenied: nothing is applied
         if spec.nodes > 1 and not await lws_served(memo.kube):
             raise LeaderWorkerSetMissing(lws_missing(spec))
-        if spec.inference_pool is not None and not await pool_served(memo.kube):
-            raise InferencePoolMissing(pool_missing())
+        missing = await missing_api(memo.kube, spec)
+        if missing is not None:
+            raise missing
         model = await download_size(memo, spec, owner.get("status") or {})
         await _apply(memo, name, namespace, spec, kopf.Body(owner),
                      model.get("downloadBytes") if model else None)
@@ -120,7 +164,8 @@ async def _apply(memo: kopf.Memo, name: str, namespace: str, spec: ServiceSpec,
         download_bytes=download_bytes, hub_endpoint=memo.policy.hub_endpoint(spec),
         gateway=memo.policy.gateway)
     optional = autoscaling.render_scaling(name, namespace, spec,
-                                          prometheus_url=memo.prometheus_url)
+                                          prometheus_url=memo.prometheus_url,
+                                          http_scaler=memo.http_scaler)
     optional[NETWORK_POLICY] = network_policy(name, namespace, spec, memo.policy.network_policy)
     # None: deleted, as the other optional children (a 404 where the API is not served).
     optional[gateway.INFERENCE_POOLS] = gateway.render_inference_pool(

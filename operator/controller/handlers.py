@@ -48,14 +48,12 @@ from kvledger.operator.cluster.kube import KubeApi, KubeError, contains, object_
 from kvledger.operator.controller import status
 from kvledger.operator.controller.children import (
     CHILDREN,
-    InferencePoolMissing,
-    LeaderWorkerSetMissing,
+    ApiMissing,
     ModelUnavailable,
     apply_children,
     lws_missing,
     lws_served,
-    pool_missing,
-    pool_served,
+    missing_api,
 )
 from kvledger.operator.render import autoscaling, render, render_group
 from kvledger.operator.render.policy import Policy, PolicyDenied
@@ -85,6 +83,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         settings.admission.managed = None  # the chart renders the configuration
     memo.setdefault("default_image", render.DEFAULT_IMAGE)
     memo.setdefault("prometheus_url", autoscaling.DEFAULT_PROMETHEUS_URL)
+    memo.setdefault("http_scaler", autoscaling.DEFAULT_HTTP_SCALER)
     memo.setdefault("policy", Policy())
     memo.setdefault("status_locks", {})
     memo.setdefault("apply_locks", {})
@@ -153,7 +152,7 @@ async def reconcile(name: str, namespace: str, memo: kopf.Memo, pods_by_service:
     except ModelUnavailable as exc:
         await sync_status(memo, namespace, name, *indexes, model_error=str(exc))
         raise kopf.TemporaryError(f"model unavailable: {exc}", delay=HUB_RETRY_DELAY_S) from None
-    except (LeaderWorkerSetMissing, InferencePoolMissing) as exc:  # an install fixes it:
+    except ApiMissing as exc:  # an install fixes it:
         # asked again, slowly
         await sync_status(memo, namespace, name, *indexes)
         raise kopf.TemporaryError(str(exc), delay=HUB_RETRY_DELAY_S) from None
@@ -170,8 +169,8 @@ async def resync(name: str, namespace: str, memo: kopf.Memo, pods_by_service: ko
     model, model_error = None, None
     try:
         model = await apply_children(memo, name, namespace)
-    except (BadInput, LeaderWorkerSetMissing, InferencePoolMissing):
-        pass  # reported by sync_status (InvalidSpec, LeaderWorkerSetMissing, InferencePoolMissing)
+    except (BadInput, ApiMissing):
+        pass  # reported by sync_status (InvalidSpec, the missing API's reason)
     except ModelUnavailable as exc:
         model_error = str(exc)
     await sync_status(memo, namespace, name, pods_by_service, deployments_by_service,
@@ -240,9 +239,10 @@ async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: ko
         workload = (await _group_state(memo.kube, namespace, name, spec, entries)
                     if spec is not None and spec.nodes > 1 else
                     {"replicas": deployments[0].get("replicas", 0) if deployments else 0})
-        if (spec is not None and spec.inference_pool is not None and "blocked" not in workload
-                and not await pool_served(memo.kube)):
-            workload["blocked"] = ("InferencePoolMissing", pool_missing())
+        missing = (await missing_api(memo.kube, spec)
+                   if spec is not None and "blocked" not in workload else None)
+        if missing is not None:
+            workload["blocked"] = (missing.reason, str(missing))
         new = status.compute_status(
             spec=spec, generation=obj.get("metadata", {}).get("generation"), old=old,
             pods=[entry["status"] for entry in entries], spec_error=spec_error,

@@ -24,7 +24,7 @@ WARNING_REASONS = {"DoesNotFit", "PreflightBadInput", "PreflightFailed", "Invali
                    "PolicyDenied",
                    "OOMKilled", "EngineCrashLoop", "ImagePullFailed", "Unschedulable",
                    "FetchFailed", "ModelUnavailable", "LeaderWorkerSetMissing",
-                   "InferencePoolMissing"}
+                   "InferencePoolMissing", "KedaHttpAddOnMissing"}
 NO_FIGURES = (f"(no plan figures: the pre-flight's message has no {PLAN_LINE_PREFIX.strip()} "
               "line; is its image older than the operator's?)")
 
@@ -188,7 +188,8 @@ def compute_status(*, spec: ServiceSpec | dict[str, Any] | None, generation: int
 
     A multi-node service also shows ``group_pods`` (``status.pods``: ``group_pod_status``),
     and ``blocked`` (reason, message) is what keeps it from being applied at all
-    (``LeaderWorkerSetMissing``; ``InferencePoolMissing`` for any service behind a pool):
+    (``LeaderWorkerSetMissing``; ``InferencePoolMissing`` for any service behind a pool,
+    ``KedaHttpAddOnMissing`` for one behind KEDA's HTTP add-on):
     ``Ready=False`` with it, whatever pods there are.
     """
     conditions = list(old.get("conditions") or [])

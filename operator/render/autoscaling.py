@@ -13,6 +13,13 @@ resource's ``spec.replicas`` stays the one source of the Deployment's count.
 KEDA's query selects the series by the labels every Kubernetes scrape gives a target,
 ``namespace`` and ``pod`` (the Deployment's pod names: ``pod_name_pattern``), so it needs
 no pod label mapped into Prometheus.
+
+With ``autoscaling.httpAddOn`` (provider keda), KEDA's HTTP add-on fronts the service: an
+``http.keda.sh/v1beta1`` InterceptorRoute sends the requests for its hosts to the
+resource's Service, and the ScaledObject gains the add-on's ``external-push`` trigger
+(its scaler counts the requests the interceptor holds). At zero pods the engines' series
+are gone and the Prometheus trigger reads nothing; the add-on's trigger is what wakes the
+service, while the interceptor holds the requests that came.
 """
 
 from __future__ import annotations
@@ -30,6 +37,12 @@ from kvledger.operator.render.render import labels, selector_labels
 # the operator's --prometheus-url (env KVLEDGER_PROMETHEUS_URL), by default the Service
 # the Prometheus Operator (kube-prometheus-stack) creates in namespace "monitoring".
 DEFAULT_PROMETHEUS_URL = "http://prometheus-operated.monitoring.svc:9090"
+# The HTTP add-on's external scaler, where its chart installs it (namespace keda); the
+# operator's --keda-http-scaler (env KVLEDGER_KEDA_HTTP_SCALER) names another.
+DEFAULT_HTTP_SCALER = "keda-add-ons-http-external-scaler.keda:9090"
+HTTP_ADD_ON_API_VERSION = "http.keda.sh/v1beta1"
+HTTP_ADD_ON_RELEASE = "v0.15.0"
+INTERCEPTOR_ROUTES = (HTTP_ADD_ON_API_VERSION, "interceptorroutes")
 # A node drain evicts one replica at a time: the others keep serving meanwhile.
 PDB_MAX_UNAVAILABLE = 1
 
@@ -136,11 +149,13 @@ def render_hpa(name: str, namespace: str, settings: Autoscaling) -> dict[str, An
 
 def render_scaled_object(name: str, namespace: str, settings: Autoscaling, *,
                          prometheus_url: str = DEFAULT_PROMETHEUS_URL,
-                         nodes: int = 1) -> dict[str, Any]:
-    """The KEDA ScaledObject (provider keda) of the resource's scale subresource.
+                         nodes: int = 1, http_scaler: str = DEFAULT_HTTP_SCALER,
+                         ) -> dict[str, Any]:
+    """The KEDA ScaledObject (provider keda) of the resource's scale subresource, with the
+    HTTP add-on's trigger (at ``http_scaler``) when the add-on fronts the service.
 
     ``prometheus_url`` is the operator's default; ``serverAddress`` in the spec wins."""
-    return {
+    scaled = {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
         "metadata": _meta(name, namespace),
@@ -160,6 +175,33 @@ def render_scaled_object(name: str, namespace: str, settings: Autoscaling, *,
             }],
         },
     }
+    if settings.http_add_on is not None:
+        scaled["spec"]["triggers"].append({
+            "type": "external-push",
+            "metadata": {"scalerAddress": http_scaler, "interceptorRoute": name},
+        })
+    return scaled
+
+
+def render_interceptor_route(name: str, namespace: str, settings: Autoscaling,
+                             port: int) -> dict[str, Any]:
+    """The HTTP add-on's route to the resource's Service (``autoscaling.httpAddOn``): the
+    requests for its hosts, counted for its trigger, held while no pod is ready."""
+    add_on = settings.http_add_on
+    assert add_on is not None
+    route: dict[str, Any] = {
+        "apiVersion": HTTP_ADD_ON_API_VERSION,
+        "kind": "InterceptorRoute",
+        "metadata": _meta(name, namespace),
+        "spec": {
+            "target": {"service": name, "port": port},
+            "rules": [{"hosts": list(add_on.hosts)}],
+            "scalingMetric": {"concurrency": {"targetValue": add_on.concurrency}},
+        },
+    }
+    if add_on.readiness_timeout is not None:
+        route["spec"]["timeouts"] = {"readiness": add_on.readiness_timeout}
+    return route
 
 
 def pdb_wanted(spec: ServiceSpec | dict[str, Any]) -> bool:
@@ -187,21 +229,25 @@ def render_pdb(name: str, namespace: str) -> dict[str, Any]:
 # (apiVersion, plural) of every child this module renders, in the order they are removed.
 OPTIONAL_CHILDREN = (("autoscaling/v2", "horizontalpodautoscalers"),
                      ("keda.sh/v1alpha1", "scaledobjects"),
+                     INTERCEPTOR_ROUTES,
                      ("policy/v1", "poddisruptionbudgets"))
 
 
 def render_scaling(name: str, namespace: str, spec: ServiceSpec | dict[str, Any], *,
                    prometheus_url: str = DEFAULT_PROMETHEUS_URL,
+                   http_scaler: str = DEFAULT_HTTP_SCALER,
                    ) -> dict[tuple[str, str], dict[str, Any] | None]:
     """Each optional child (``OPTIONAL_CHILDREN``) -> its body, or None where the spec
     wants none (the caller deletes it). Raises BadInput for a spec dict that is invalid."""
     spec = as_spec(spec)
     settings = spec.autoscaling
-    hpa = scaled = None
+    hpa = scaled = route = None
     if settings is not None and settings.provider == "hpa":
         hpa = render_hpa(name, namespace, settings)
     elif settings is not None:
         scaled = render_scaled_object(name, namespace, settings, prometheus_url=prometheus_url,
-                                      nodes=spec.nodes)
+                                      nodes=spec.nodes, http_scaler=http_scaler)
+        if settings.http_add_on is not None:
+            route = render_interceptor_route(name, namespace, settings, spec.serve.port)
     pdb = render_pdb(name, namespace) if pdb_wanted(spec) else None
-    return dict(zip(OPTIONAL_CHILDREN, (hpa, scaled, pdb), strict=True))
+    return dict(zip(OPTIONAL_CHILDREN, (hpa, scaled, route, pdb), strict=True))

@@ -89,7 +89,7 @@ def test_autoscaling_fields_validate_with_their_defaults_and_types():
     assert scaling["required"] == ["maxReplicas"]
     assert {k: v.get("default") for k, v in scaling["properties"].items()} == {
         "minReplicas": 1, "maxReplicas": None, "metric": "kvReservedRatio", "target": None,
-        "provider": "hpa", "prometheus": None}
+        "provider": "hpa", "prometheus": None, "httpAddOn": None}
     for ok in ({"maxReplicas": 4}, {"maxReplicas": 4, "target": "0.8"},
                {"maxReplicas": 4, "target": "800m"}, {"maxReplicas": 4, "target": ".5"},
                {"minReplicas": 0, "maxReplicas": 8, "metric": "requestsWaiting", "target": 6,

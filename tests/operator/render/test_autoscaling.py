@@ -16,6 +16,7 @@ from kvledger.operator.api.spec import parse_spec
 from kvledger.operator.cluster.kube import typed
 from kvledger.operator.render.autoscaling import (
     DEFAULT_PROMETHEUS_URL,
+    INTERCEPTOR_ROUTES,
     METRICS,
     decimal,
     pdb_wanted,
@@ -180,7 +181,8 @@ def test_status_selector_selects_the_deployments_pods():
 
 
 def test_no_autoscaling_no_autoscaler():
-    assert rendered(MODEL) == {HPA: None, SCALED_OBJECT: None, PDB: None}
+    assert rendered(MODEL) == {HPA: None, SCALED_OBJECT: None, INTERCEPTOR_ROUTES: None,
+                               PDB: None}
     assert parse_spec(MODEL).autoscaling is None
 
 

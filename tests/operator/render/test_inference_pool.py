@@ -9,7 +9,7 @@ from __future__ import annotations
 import jsonschema
 import pytest
 import yaml
-from operator_harness import condition, eventually, running_operator, service_manifest
+from operator_harness import eventually, ready_for, running_operator, service_manifest
 from vendored_crds import DATA, check_release, header_and_body, strict_version_schema
 
 from kvledger.engine.errors import BadInput
@@ -182,10 +182,6 @@ async def test_a_cluster_without_the_crd_is_told_what_to_install():
     async with running_operator(pool=False) as cluster:
         manifest = service_manifest("chat", inferencePool={"endpointPicker": {"name": "epp"}})
         await cluster.create(API_VERSION, PLURAL, manifest)
-        ready = await eventually(
-            lambda: condition(cluster.stored(API_VERSION, PLURAL, "default", "chat"), "Ready")
-            .get("reason") == "InferencePoolMissing"
-            and condition(cluster.stored(API_VERSION, PLURAL, "default", "chat"), "Ready"),
-            what="Ready=False/InferencePoolMissing")
+        ready = await ready_for(cluster, "chat", "InferencePoolMissing")
         assert ready["status"] == "False" and GAIE_RELEASE in ready["message"]
         assert cluster.stored("apps/v1", "deployments", "default", "chat") is None

@@ -1,0 +1,148 @@
+"""KEDA's side of scaling: every ScaledObject the operator renders is valid against KEDA's
+own CRD, and with ``autoscaling.httpAddOn`` the HTTP add-on's InterceptorRoute against the
+add-on's (both vendored under tests/data/keda, strict: a field the schema does not name is
+an error here). Scale to zero wakes through the add-on: the route sends the hosts' requests
+to the Service, the ScaledObject carries the add-on's trigger beside the Prometheus one, and
+a cluster without the add-on is told what to install, with nothing applied."""
+
+from __future__ import annotations
+
+import jsonschema
+import pytest
+from operator_harness import eventually, ready_for, running_operator, service_manifest
+from vendored_crds import DATA, check_release, strict_version_schema
+
+from kvledger.engine.errors import BadInput
+from kvledger.operator.api.crd import validate_manifest
+from kvledger.operator.api.resource import API_VERSION, PLURAL
+from kvledger.operator.api.spec import parse_spec
+from kvledger.operator.render.autoscaling import (
+    DEFAULT_HTTP_SCALER,
+    HTTP_ADD_ON_RELEASE,
+    INTERCEPTOR_ROUTES,
+    render_scaling,
+)
+
+SCALED_OBJECTS = DATA / "keda" / "keda.sh_scaledobjects.yaml"
+INTERCEPTOR_ROUTE_CRD = DATA / "keda" / "http.keda.sh_interceptorroutes.yaml"
+SCALED_OBJECT = ("keda.sh/v1alpha1", "scaledobjects")
+MODEL = {"path": "/models/m"}
+ZERO = {"minReplicas": 0, "maxReplicas": 4, "provider": "keda"}
+ADD_ON = {"hosts": ["llama.example.com"]}
+SPECS = {
+    "keda": {"model": MODEL, "autoscaling": {"maxReplicas": 3, "provider": "keda"}},
+    "keda, a group, its own Prometheus": {
+        "model": MODEL, "nodes": 2, "gpus": 2, "autoscaling": {
+            "maxReplicas": 2, "provider": "keda", "metric": "requestsWaiting",
+            "prometheus": {"serverAddress": "http://prom.monitoring:9090"}}},
+    "to zero behind the add-on": {"model": MODEL, "autoscaling": {**ZERO, "httpAddOn": ADD_ON}},
+    "the add-on, every field, its own port": {
+        "model": MODEL, "port": 9000, "autoscaling": {**ZERO, "httpAddOn": {
+            "hosts": ["llama.example.com", "*.models.example.com"], "concurrency": 16,
+            "readinessTimeout": "5m"}}},
+}
+
+
+@pytest.fixture(scope="module")
+def schemas() -> dict:
+    return {"ScaledObject": strict_version_schema(SCALED_OBJECTS, "v1alpha1"),
+            "InterceptorRoute": strict_version_schema(INTERCEPTOR_ROUTE_CRD, "v1beta1")}
+
+
+def test_the_vendored_crds_are_the_release_files_their_headers_name():
+    check_release(SCALED_OBJECTS, "v2.20.2")
+    check_release(INTERCEPTOR_ROUTE_CRD, HTTP_ADD_ON_RELEASE)
+
+
+@pytest.mark.parametrize("spec", SPECS.values(), ids=SPECS.keys())
+def test_rendered_keda_children_are_valid_against_keda_and_the_add_on(spec, schemas):
+    validate_manifest({"apiVersion": API_VERSION, "kind": "InferenceService",
+                       "metadata": {"name": "llama"}, "spec": spec})
+    children = render_scaling("llama", "team-a", spec)
+    rendered = [body for body in (children[SCALED_OBJECT], children[INTERCEPTOR_ROUTES])
+                if body is not None]
+    assert rendered
+    for body in rendered:
+        errors = list(jsonschema.Draft4Validator(schemas[body["kind"]]).iter_errors(body))
+        assert not errors, [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+                            for e in errors[:5]]
+
+
+def test_to_zero_the_add_on_routes_to_the_service_and_its_trigger_wakes_it():
+    spec = SPECS["the add-on, every field, its own port"]
+    children = render_scaling("llama", "team-a", spec, http_scaler="scaler.keda:9090")
+    route = children[INTERCEPTOR_ROUTES]
+    assert route["metadata"]["name"] == "llama" and route["metadata"]["namespace"] == "team-a"
+    assert route["spec"] == {
+        "target": {"service": "llama", "port": 9000},
+        "rules": [{"hosts": ["llama.example.com", "*.models.example.com"]}],
+        "scalingMetric": {"concurrency": {"targetValue": 16}},
+        "timeouts": {"readiness": "5m"}}
+    scaled = children[SCALED_OBJECT]["spec"]
+    assert scaled["minReplicaCount"] == 0
+    prometheus, add_on = scaled["triggers"]
+    assert prometheus["type"] == "prometheus"
+    assert add_on == {"type": "external-push", "metadata": {
+        "scalerAddress": "scaler.keda:9090", "interceptorRoute": "llama"}}
+    plain = render_scaling("llama", "team-a", SPECS["to zero behind the add-on"])
+    assert plain[SCALED_OBJECT]["spec"]["triggers"][1]["metadata"]["scalerAddress"] == \
+        DEFAULT_HTTP_SCALER
+    assert "timeouts" not in plain[INTERCEPTOR_ROUTES]["spec"]  # the add-on's own default
+    without = render_scaling("llama", "team-a", {"model": MODEL, "autoscaling": ZERO})
+    assert without[INTERCEPTOR_ROUTES] is None
+    assert [t["type"] for t in without[SCALED_OBJECT]["spec"]["triggers"]] == ["prometheus"]
+
+
+@pytest.mark.parametrize(("scaling", "message"), [
+    # A rule (CEL in the CRD; tests/operator/api check each rule's CEL and Python agree).
+    ({"maxReplicas": 2, "httpAddOn": ADD_ON}, "applies to provider keda only"),
+    # The schema's own fields.
+    ({**ZERO, "httpAddOn": {"hosts": []}}, "must list 1 to 16 host names"),
+    ({**ZERO, "httpAddOn": {"hosts": ["Bad_Host"]}}, "must list 1 to 16 host names"),
+    ({**ZERO, "httpAddOn": {**ADD_ON, "concurrency": 0}}, "concurrency must be at least 1"),
+    ({**ZERO, "httpAddOn": {**ADD_ON, "readinessTimeout": "soon"}},
+     "readinessTimeout must be a duration"),
+])
+def test_a_bad_add_on_is_refused_by_the_operator_and_the_crd(scaling, message):
+    with pytest.raises(BadInput, match=message):
+        parse_spec({"model": MODEL, "autoscaling": scaling})
+    if scaling.get("provider") != "keda":
+        return  # the rule's CEL, which the schema's validator does not run
+    with pytest.raises(BadInput):
+        validate_manifest({"apiVersion": API_VERSION, "kind": "InferenceService",
+                           "metadata": {"name": "llama"},
+                           "spec": {"model": MODEL, "autoscaling": scaling}})
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
+async def test_the_operator_applies_the_route_and_removes_it_with_the_field():
+    async with running_operator(http_add_on=True) as cluster:
+        manifest = service_manifest("chat", autoscaling={**ZERO, "httpAddOn": ADD_ON})
+        await cluster.create(API_VERSION, PLURAL, manifest)
+        route = await eventually(lambda: cluster.stored(*INTERCEPTOR_ROUTES, "default", "chat"),
+                                 what="interceptorroute")
+        owner = cluster.stored(API_VERSION, PLURAL, "default", "chat")
+        [ref] = route["metadata"]["ownerReferences"]
+        assert ref["uid"] == owner["metadata"]["uid"]
+        scaled = cluster.stored(*SCALED_OBJECT, "default", "chat")
+        assert [t["type"] for t in scaled["spec"]["triggers"]] == ["prometheus", "external-push"]
+        await cluster.patch(API_VERSION, PLURAL, "default", "chat",
+                            {"spec": {"autoscaling": {"httpAddOn": None}}})
+        await eventually(lambda: cluster.stored(*INTERCEPTOR_ROUTES, "default", "chat") is None,
+                         what="the route deleted")
+        await eventually(lambda: [t["type"] for t in cluster.stored(
+            *SCALED_OBJECT, "default", "chat")["spec"]["triggers"]] == ["prometheus"],
+            what="the add-on's trigger removed")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
+async def test_a_cluster_without_the_add_on_is_told_what_to_install():
+    async with running_operator(http_add_on=False) as cluster:
+        manifest = service_manifest("chat", autoscaling={**ZERO, "httpAddOn": ADD_ON})
+        await cluster.create(API_VERSION, PLURAL, manifest)
+        ready = await ready_for(cluster, "chat", "KedaHttpAddOnMissing")
+        assert ready["status"] == "False" and HTTP_ADD_ON_RELEASE in ready["message"]
+        assert "keda-add-ons-http" in ready["message"]
+        assert cluster.stored("apps/v1", "deployments", "default", "chat") is None
