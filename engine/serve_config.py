@@ -192,6 +192,11 @@ class ServeConfig:
              "(that variable is read too)",
         crd=Crd("", "serve /v1/load_lora_adapter and /v1/unload_lora_adapter "
                     "(--allow-runtime-lora-updating; needs apiKeySecretRef)"))
+    sleep_level_file: str | None = setting(  # the operator's: spec.sleep, mounted
+        None, "--sleep-level-file", TEXT, metavar="PATH", group=SERVER,
+        help="with --enable-sleep-mode: a file naming the sleep level the engine should be "
+             "at (0, 1 or 2; empty or absent: awake), read every second; each change is "
+             "acted on as POST /sleep (waiting for what is admitted) or /wake_up would")
     log_level: str = setting(
         "info", "--log-level", choice(LOG_LEVELS), group=OPENAI_API,
         help="the server's log level (default %(default)s)")

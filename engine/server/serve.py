@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import NoReturn
 
 from aiohttp import web
@@ -109,7 +110,10 @@ async def serve(config, options: ServeOptions, host: str, port: int) -> int:
                  state.model_name, engine.max_model_len, engine.ledger.num_blocks,
                  engine.ledger.block_size)
         lost = _rank_lost(engine, loop)
+        follower = _follow_sleep_file(state, options)
         await asyncio.wait([stopped, lost], return_when=asyncio.FIRST_COMPLETED)
+        if follower is not None:
+            follower.cancel()
         if lost.done():
             return await _rank_lost_exit(state, lost.result())
         log.info("%s: draining (grace %.0fs)", stopped.result(), options.shutdown_grace_s)
@@ -122,6 +126,16 @@ async def serve(config, options: ServeOptions, host: str, port: int) -> int:
         if ranks is not None:
             ranks.stop()
         await runner.cleanup()
+
+
+def _follow_sleep_file(state, options: ServeOptions) -> asyncio.Task | None:
+    """With --sleep-level-file (and sleep mode on): the task acting on the file."""
+    if options.sleep_level_file is None or state.door.sleep is None:
+        return None
+    from kvledger.engine.server import sleep_file
+
+    return asyncio.create_task(sleep_file.follow(
+        state.door.sleep, Path(options.sleep_level_file), state.metrics.sleep_state))
 
 
 def _rank_lost(engine, loop: asyncio.AbstractEventLoop) -> asyncio.Future:

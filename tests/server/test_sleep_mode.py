@@ -143,3 +143,70 @@ def test_runs_sleep_mode_cannot_serve_are_refused_before_loading():
     with pytest.raises(BadInput, match=r"keeps the weights \(16.0 GiB\) in host memory.*"
                                        r"give the container 6.0 GiB more"):
         sleep.check_host(16 << 30, host)
+
+
+async def test_a_sleep_level_file_puts_it_to_sleep_and_wakes_it_on_each_change(
+        aiohttp_client, llm, tmp_path, caplog):
+    """``--sleep-level-file`` (the operator's spec.sleep, a mounted ConfigMap): each change of
+    the file is acted on once, as /sleep or /wake_up would; a text that is no level is
+    logged and ignored; a wake over HTTP meanwhile stands until the file changes again."""
+    from kvledger.engine.server import sleep_file
+    from kvledger.engine.server.state import STATE
+
+    client = await start_app(aiohttp_client, llm)
+    before = await _text(client)
+    state = client.server.app[STATE]
+    path = tmp_path / "level"
+    follower = asyncio.create_task(sleep_file.follow(state.door.sleep, path,
+                                                     state.metrics.sleep_state, poll_s=0.02))
+
+    async def sleeping() -> bool:
+        return (await (await client.get("/is_sleeping")).json())["is_sleeping"]
+
+    async def until(wanted: bool) -> None:
+        for _ in range(250):
+            if await sleeping() == wanted:
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"is_sleeping never became {wanted}")
+
+    try:
+        await asyncio.sleep(0.1)
+        assert not await sleeping()  # absent: awake
+        path.write_text("1\n")
+        await until(True)
+        assert (await _complete(client)).status == 503
+        assert (await _sleep_state(client))["weights_offloaded"] == 1
+        path.write_text("2")  # another level: woken, then slept again
+        await until(True)
+        for _ in range(250):
+            if llm.runner.kv_cache is None and _weights(llm) == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert _weights(llm) == 0
+        path.write_text("")
+        await until(False)
+        assert await _text(client) == before
+        path.write_text("soon")
+        await asyncio.sleep(0.2)
+        assert not await sleeping()
+        assert "'soon' is no sleep level" in caplog.text
+        path.write_text("1")
+        await until(True)
+        await client.post("/wake_up")  # by hand: it stands, the file has not changed
+        await asyncio.sleep(0.2)
+        assert not await sleeping()
+    finally:
+        follower.cancel()
+        if await sleeping():
+            await client.post("/wake_up")
+
+
+def test_a_sleep_level_file_says_0_1_2_or_awake():
+    from kvledger.engine.server.sleep_file import wanted_level
+
+    assert [wanted_level(t) for t in ("", " \n", "awake", "0", "1\n", " 2 ")] == \
+        [None, None, None, 0, 1, 2]
+    for text in ("3", "-1", "one", "1 2"):
+        with pytest.raises(BadInput, match="is no sleep level"):
+            wanted_level(text)
