@@ -166,7 +166,10 @@ class EngineConfig:
         help="serve vLLM's POST /sleep?level=1|2, POST /wake_up and GET /is_sleeping (with "
              "VLLM_SERVER_DEV_MODE=1, behind the API key): level 1 keeps the weights in host "
              "memory and frees the KV pool, level 2 frees both and reads the weights again "
-             "on wake; one process only, no LoRA (docs/serving.md, sleep mode)")
+             "on wake; one process only, no LoRA (docs/serving.md, sleep mode)",
+        crd=Crd("engine", "vLLM's sleep mode (--enable-sleep-mode): spec.sleep puts the pods "
+                          "to sleep and wakes them without a restart; one process a pod "
+                          "(gpus at most 1, nodes 1, no adapters)"))
     prefix_caching_hash_algo: str = setting(
         "sha256", "--prefix-caching-hash-algo", choice(HASH_ALGOS), group=WORKLOAD,
         help="how the block keys KV events publish are made, as vLLM makes its own: sha256 "

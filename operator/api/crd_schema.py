@@ -259,6 +259,12 @@ SPEC_SCHEMA = ruled({
                                     "--lora-modules NAME=URI); the pre-flight plans their "
                                     "slots (engine.maxLoras x engine.maxLoraRank)"},
         **_served(after="maxQueueWaitSeconds", through="tenantFairness"),
+        "sleep": {"type": "integer", "minimum": 0, "maximum": 2,
+                  "description": "with engine.enableSleepMode: the sleep level the pods "
+                                 "should be at (0, 1: weights to host memory, 2: weights "
+                                 "dropped); unset: awake. Changed without a restart: the "
+                                 "operator writes it into the ConfigMap NAME-sleep, which "
+                                 "each engine reads"},
         "tenantsSecretRef": {
             "type": "object", "required": ["name", "key"],
             "description": "A Secret key holding the tenants file (YAML: each tenant's name, "

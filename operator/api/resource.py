@@ -27,6 +27,16 @@ DEFAULT_MOUNT_PATH = "/models"
 # Where the engine reads spec.tenantsSecretRef's file (a Secret volume, read-only).
 TENANTS_DIR = "/etc/kvledger/tenants"
 TENANTS_FILE = f"{TENANTS_DIR}/tenants.yaml"
+# Where the engine reads spec.sleep (with engine.enableSleepMode): a ConfigMap the operator
+# owns, NAME-sleep, its key "level" mounted read-only (serve --sleep-level-file).
+SLEEP_DIR = "/etc/kvledger/sleep"
+SLEEP_KEY = "level"
+SLEEP_LEVEL_FILE = f"{SLEEP_DIR}/{SLEEP_KEY}"
+
+
+def sleep_config_map(name: str) -> str:
+    """The ConfigMap holding a resource's spec.sleep."""
+    return f"{name}-sleep"
 # Where the pods talk to the hub when neither the spec nor the admin (Helm hub.endpoints)
 # names another.
 DEFAULT_HUB_ENDPOINT = "https://huggingface.co"

@@ -41,6 +41,7 @@ from kvledger.operator.api.resource import (
     DURATION_PATTERN,
     HOST_PATTERN,
     MAX_HTTP_HOSTS,
+    SLEEP_LEVEL_FILE,
     TENANTS_FILE,
 )
 from kvledger.operator.api.spec_rules import check_rules
@@ -141,6 +142,7 @@ class ServiceSpec:
     api_key_secret: tuple[str, str] | None = None  # (Secret name, key): KVLEDGER_API_KEY
     tenants_secret: tuple[str, str] | None = None  # (Secret name, key): --tenants-file
     inference_pool: InferencePool | None = None  # None: a plain Service only
+    sleep: int | None = None  # spec.sleep: the level the pods should be at (None: awake)
 
     def serving_flags(self) -> list[str]:
         """``serve``'s own flags (the pod's and ``kvledger run``'s), generated from
@@ -167,6 +169,8 @@ def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
     serving = spec_settings(raw, ServeConfig)
     if "tenantsSecretRef" in raw:  # its key, mounted where serve reads it
         serving["tenants_file"] = TENANTS_FILE
+    if (raw.get("engine") or {}).get("enableSleepMode"):  # spec.sleep, mounted likewise
+        serving["sleep_level_file"] = SLEEP_LEVEL_FILE
     return ServiceSpec(
         model=model,
         engine=_engine_config(raw, model, cluster_device(gpus), tensor_parallel_size(gpus), nodes),
@@ -189,6 +193,7 @@ def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
         api_key_secret=_secret_ref(raw.get("apiKeySecretRef")),
         tenants_secret=_secret_ref(raw.get("tenantsSecretRef")),
         inference_pool=_inference_pool(raw.get("inferencePool")),
+        sleep=raw.get("sleep"),
     )
 
 

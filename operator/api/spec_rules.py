@@ -214,6 +214,18 @@ RULES: tuple[Rule, ...] = (
          "to zero",
          lambda scaling: scaling.get("minReplicas", 1) >= 1
          or scaling.get("provider") == "keda"),
+    Rule("", "!has(self.sleep) || has(self.engine) && has(self.engine.enableSleepMode)"
+         " && self.engine.enableSleepMode",
+         "sleep needs engine.enableSleepMode (the pods must be started in sleep mode)",
+         lambda spec: "sleep" not in spec
+         or bool((spec.get("engine") or {}).get("enableSleepMode"))),
+    Rule("", "!has(self.engine) || !has(self.engine.enableSleepMode)"
+         " || !self.engine.enableSleepMode || (!has(self.gpus) || self.gpus <= 1)"
+         " && (!has(self.nodes) || self.nodes == 1) && !has(self.adapters)",
+         "engine.enableSleepMode needs one process a pod: gpus at most 1, nodes 1 and no "
+         "adapters",
+         lambda spec: not (spec.get("engine") or {}).get("enableSleepMode")
+         or (spec.get("gpus", 0) <= 1 and spec.get("nodes", 1) == 1 and "adapters" not in spec)),
     Rule("autoscaling", "!has(self.httpAddOn) || has(self.provider) && self.provider == 'keda'",
          "autoscaling.httpAddOn applies to provider keda only (the add-on's trigger is KEDA's)",
          lambda scaling: "httpAddOn" not in scaling or scaling.get("provider") == "keda"),

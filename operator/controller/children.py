@@ -26,7 +26,9 @@ from kvledger.operator.api.resource import API_VERSION, PLURAL
 from kvledger.operator.api.spec import ServiceSpec, parse_spec
 from kvledger.operator.cluster.kube import KubeApi, KubeError, object_path
 from kvledger.operator.render import autoscaling, gateway, render_group
+from kvledger.operator.render.pod import render_sleep_config_map
 from kvledger.operator.render.policy import render_network_policy
+from kvledger.operator.render.render import labels
 from kvledger.operator.render.render_group import (
     DEPLOYMENTS,
     LEADER_WORKER_SETS,
@@ -37,6 +39,7 @@ from kvledger.operator.render.render_group import (
 # Every child, in the order they go when the resource does (the key Secret goes with its
 # owner through the garbage collector: the operator has no right to delete Secrets).
 NETWORK_POLICY = ("networking.k8s.io/v1", "networkpolicies")
+CONFIG_MAPS = ("v1", "configmaps")  # spec.sleep's (NAME-sleep)
 CHILDREN = (DEPLOYMENTS, LEADER_WORKER_SETS, ("v1", "services"), *autoscaling.OPTIONAL_CHILDREN,
             NETWORK_POLICY, gateway.INFERENCE_POOLS)
 LWS_INSTALL = (f"kubectl apply --server-side -f https://github.com/kubernetes-sigs/lws/"
@@ -171,12 +174,17 @@ async def _apply(memo: kopf.Memo, name: str, namespace: str, spec: ServiceSpec,
     optional[gateway.INFERENCE_POOLS] = gateway.render_inference_pool(
         name, namespace, spec, memo.policy.picker, memo.policy.picker_port)
     service = render_group.render_serving_service(name, namespace, spec)
-    wanted = [body for body in (workload, service, *optional.values()) if body is not None]
+    # Before the pods that read it; kept (not deleted) when sleep mode goes: it is small,
+    # owned, and goes with the resource.
+    sleep = render_sleep_config_map(name, namespace, spec, labels(name))
+    wanted = [body for body in (workload, service, sleep, *optional.values()) if body is not None]
     kopf.adopt(wanted, owner=owner)
     # Unwanted first: an HPA and a ScaledObject never scale the resource together.
     for (api_version, plural), body in optional.items():
         if body is None:
             await kube.delete(object_path(api_version, plural, namespace, name))
+    if sleep is not None:
+        await kube.apply(*CONFIG_MAPS, sleep)
     await kube.apply(*kind, workload)
     other = DEPLOYMENTS if kind == LEADER_WORKER_SETS else LEADER_WORKER_SETS
     await kube.delete(object_path(*other, namespace, name))

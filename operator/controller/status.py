@@ -231,6 +231,11 @@ def compute_status(*, spec: ServiceSpec | dict[str, Any] | None, generation: int
         set_condition(READY, "False", *problem)
     elif replicas == 0:
         set_condition(READY, "False", "ScaledToZero", "spec.replicas is 0")
+    elif spec.sleep is not None:  # asleep, the pods answer 503 and are not ready
+        set_condition(READY, "False", "Sleeping",
+                      f"spec.sleep is {spec.sleep}: {replicas - ready_count}/{replicas} pods "
+                      f"asleep (requests get 503 with a Retry-After); remove spec.sleep to "
+                      f"wake them")
     elif ready_count > 0:
         set_condition(READY, "True", "Ready", f"{ready_count}/{replicas} replicas ready")
     else:

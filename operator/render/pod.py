@@ -8,7 +8,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from kvledger.operator.api.resource import TENANTS_DIR
+from kvledger.operator.api.resource import (
+    SLEEP_DIR,
+    SLEEP_KEY,
+    TENANTS_DIR,
+    sleep_config_map,
+)
 from kvledger.operator.api.spec import ServiceSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -79,6 +84,30 @@ def tmp_mount() -> dict[str, Any]:
 
 def cache_mount(read_only: bool) -> dict[str, Any]:
     return {"name": "model-cache", "mountPath": CACHE_DIR, "readOnly": read_only}
+
+
+def sleep_volume(name: str, spec: ServiceSpec,
+                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, the engine's mounts) with ``engine.enableSleepMode``: the ConfigMap of
+    ``spec.sleep`` (``sleep_config_map``), read-only, for the engine alone. Optional: a pod
+    started before the operator wrote it is awake."""
+    if not spec.engine.enable_sleep_mode:
+        return [], []
+    return ([{"name": "sleep", "configMap": {
+                "name": sleep_config_map(name), "optional": True, "defaultMode": 0o444,
+                "items": [{"key": SLEEP_KEY, "path": SLEEP_KEY}]}}],
+            [{"name": "sleep", "mountPath": SLEEP_DIR, "readOnly": True}])
+
+
+def render_sleep_config_map(name: str, namespace: str, spec: ServiceSpec,
+                            labels: dict[str, str]) -> dict[str, Any] | None:
+    """The ConfigMap the engines read ``spec.sleep`` from (None without sleep mode)."""
+    if not spec.engine.enable_sleep_mode:
+        return None
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": sleep_config_map(name), "namespace": namespace,
+                         "labels": labels},
+            "data": {SLEEP_KEY: "" if spec.sleep is None else str(spec.sleep)}}
 
 
 def tenants_volume(spec: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -89,7 +89,7 @@ NO_GATEWAY = GatewayWiring()
 
 def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = DEFAULT_IMAGE,
                     download_bytes: int | None = None, hub_endpoint: str | None = None,
-                    gateway: GatewayWiring = NO_GATEWAY) -> dict[str, Any]:
+                    gateway: GatewayWiring = NO_GATEWAY, name: str = "") -> dict[str, Any]:
     """The pod: init containers ``preflight`` (and ``fetch`` for a hub model), then
     ``engine``. ``download_bytes`` is the hub model's download size, which sizes its
     emptyDir cache (None: not known, no limit); ``hub_endpoint`` where the pods talk to the
@@ -105,6 +105,7 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
     volumes, mounts = parts.volumes(spec, download_bytes)
     volumes += shm_volume(spec.gpus)  # the engine's ranks: NCCL's shared memory
     tenant_volumes, tenant_mounts = parts.tenants_volume(spec)
+    sleep_volumes, sleep_mounts = parts.sleep_volume(name, spec)  # the resource's name
     gpu_limits = parts.gpu_limits(spec)
     engine_resources = {key: dict(value) for key, value in spec.resources.items()}
     if gpu_limits:
@@ -154,7 +155,7 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": engine_resources,
         "volumeMounts": mounts + ([parts.cache_mount(read_only=True)] if uri is not None else [])
-        + shm_mount(spec.gpus) + tenant_mounts,
+        + shm_mount(spec.gpus) + tenant_mounts + sleep_mounts,
         "securityContext": parts.container_security(),
         # Loading a large checkpoint takes minutes: the startup probe holds off liveness.
         "startupProbe": {"httpGet": {"path": "/health", "port": "http"},
@@ -180,7 +181,7 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
         **parts.placement(spec),
         "initContainers": init_containers,
         "containers": [engine],
-        "volumes": volumes + tenant_volumes,
+        "volumes": volumes + tenant_volumes + sleep_volumes,
     }
 
 
@@ -207,7 +208,7 @@ def render_deployment(name: str, namespace: str, spec: ServiceSpec | dict[str, A
                 "spec": render_pod_spec(spec, default_image=default_image,
                                         download_bytes=download_bytes,
                                         hub_endpoint=hub_endpoint,
-                                        gateway=gateway),
+                                        gateway=gateway, name=name),
             },
         },
     }

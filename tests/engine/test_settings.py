@@ -33,7 +33,7 @@ DECLARED = {
     "max_cudagraph_capture_size": ("--max-cudagraph-capture-size", None),
     "attention_backend": ("--attention-backend", None),  # the device's default in a pod
     "enable_prefix_caching": ("--enable-prefix-caching", "engine.enablePrefixCaching"),
-    "enable_sleep_mode": ("--enable-sleep-mode", None),
+    "enable_sleep_mode": ("--enable-sleep-mode", "engine.enableSleepMode"),
     "prefix_caching_hash_algo": ("--prefix-caching-hash-algo", None),
     "kv_events_config": ("--kv-events-config", None),
     "quantization": ("--quantization", "engine.quantization"),

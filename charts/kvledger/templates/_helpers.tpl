@@ -45,6 +45,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   resources: [pods]
   verbs: [get, list, watch]
 {{- /*
+  Sleep mode (spec.engine.enableSleepMode, operator/render/pod.py): the ConfigMap NAME-sleep
+  holding spec.sleep, which the engines read (it goes with its owner: no delete).
+*/}}
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, create, patch]
+{{- /*
   Multi-node services (spec.nodes > 1, operator/render/render_group.py): a LeaderWorkerSet (watched
   for its status), a NetworkPolicy fencing the group's ports (also the admin's
   networkPolicy.enabled one), and the group's key Secret, created once. No Secret is read:
