@@ -52,6 +52,7 @@ class ModelSource:
     path: str
     uri: str | None = None
     commit: str | None = None
+    headers_only: bool = False  # a header mirror: the weights' bytes are holes, not data
 
 
 @dataclass(frozen=True)

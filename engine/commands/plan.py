@@ -13,7 +13,7 @@ import sys
 
 from kvledger.engine.checkpoint.hub.headers import planning_source
 from kvledger.engine.config_flags import add_engine_flags, config_from_args
-from kvledger.engine.planner.plan import make_plan
+from kvledger.engine.planner.plan import make_plan, with_predicted_start
 from kvledger.engine.planner.report import render_report
 from kvledger.engine.vllm_flags import add_vllm_flags
 
@@ -30,7 +30,7 @@ def main(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     with planning_source(config.model, config.download_dir,
                          hub_timeout_s=config.hub_timeout_s) as source:
-        plan = make_plan(config, source=source)
+        plan = with_predicted_start(make_plan(config, source=source))
     if args.json:
         print(json.dumps(plan.to_json(), indent=2))
     else:

@@ -20,7 +20,7 @@ from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.adapters import check_adapters
-from kvledger.engine.planner.plan import Plan, make_plan
+from kvledger.engine.planner.plan import Plan, make_plan, with_predicted_start
 from kvledger.engine.planner.report import (
     TERMINATION_LOG_MAX_BYTES,
     plan_line,
@@ -51,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     with planning_source(config.model, config.download_dir,
                          hub_timeout_s=config.hub_timeout_s) as source:
-        plan = make_plan(config, source=source)
+        plan = with_predicted_start(make_plan(config, source=source))
         check_adapters(config, plan.shape)  # each local adapter, as the engine will read it
         # The engine container refuses a checkpoint it cannot run (architecture, activation,
         # RoPE type) at once; refuse it here too, so the pod says so instead of crash-looping.

@@ -46,7 +46,8 @@ class ReadSpeed:
 def measure_read(files: list[Path], sample_bytes: int = SAMPLE_BYTES,
                  max_seconds: float = SAMPLE_SECONDS) -> ReadSpeed | None:
     """Read the largest of ``files`` from its middle on, in large blocks, until
-    ``sample_bytes`` or ``max_seconds``; None when there is nothing to read. The middle:
+    ``sample_bytes`` or ``max_seconds``; None when there is nothing to read (no file, or a
+    sparse one: a header mirror's, a benchmark's). The middle:
     the plan has just read each file's header, which the page cache now holds. Read as
     safetensors reads it, through a memory map: each page a fault, cached or not (a plain
     ``read()`` of a warm file is about twice as fast as loading it)."""
@@ -54,8 +55,8 @@ def measure_read(files: list[Path], sample_bytes: int = SAMPLE_BYTES,
     if not sized:
         return None
     size, path = max(sized)
-    if size == 0:
-        return None
+    if size == 0 or path.stat().st_blocks * 512 < size // 2:
+        return None  # empty, or mostly holes (a sparse file): its read would time nothing
     read = 0
     started = time.perf_counter()
     with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mm:
@@ -113,6 +114,23 @@ class TimeToReady:
                 "predicted_s": {k: _round(v) for k, v in self.predicted.items()},
                 "measured_s": {k: _round(v) for k, v in self.measured.items()},
                 "measured_total_s": _round(sum(self.measured.values()))}
+
+    def plan_json(self) -> dict:
+        """What the plan says of the start before it: the read predicted, and from what."""
+        speed = self.read_speed
+        return {"weight_file_bytes": self.weight_file_bytes,
+                "read_bytes_per_s": None if speed is None else round(speed.bytes_per_s),
+                "predicted_s": {"read": _round(self.predicted["read"])}}
+
+    def plan_text(self) -> str | None:
+        """The report's line (None: nothing to predict from)."""
+        speed = self.read_speed
+        read = self.predicted["read"]
+        if speed is None or read is None:
+            return None
+        return (f"  time to ready: reading the weights ~{read:.1f}s "
+                f"({format_size(self.weight_file_bytes)} at "
+                f"{format_size(round(speed.bytes_per_s))}/s, timed now on their volume)")
 
     def describe(self) -> str:
         """One log line: each phase predicted vs measured."""

@@ -13,6 +13,7 @@ from kvledger.engine.errors import EXIT_DOES_NOT_FIT, EXIT_OK
 from kvledger.engine.planner.device import DeviceMemory
 from kvledger.engine.planner.limit import cap_above_free
 from kvledger.engine.planner.pool import ENGINE_RULE, PoolGroup
+from kvledger.engine.planner.ready_time import TimeToReady
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,9 @@ class Plan:
     pipeline_parallel_size: int = 1
     stage: int = 0
     stages: tuple[StageFigures, ...] = ()
+    # The start's read, predicted from a timed read of the checkpoint (``kvledger plan`` and
+    # ``preflight``; ``ready_time.with_predicted_start``); None for a hub model's headers.
+    time_to_ready: TimeToReady | None = None
 
     @property
     def exit_code(self) -> int:
@@ -170,6 +174,8 @@ class Plan:
             "warnings": list(self.warnings),
             "device": dataclasses.asdict(self.device),
             "model": self._model_json(),
+            **({"time_to_ready": self.time_to_ready.plan_json()}
+               if self.time_to_ready is not None else {}),
         }
 
     def _model_json(self) -> dict:

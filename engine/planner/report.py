@@ -40,6 +40,9 @@ def render_report(plan: Plan) -> str:
     if not plan.fits:
         lines += _remedy_lines(plan)
     lines.append(_limit_line(plan))
+    ready = plan.time_to_ready.plan_text() if plan.time_to_ready is not None else None
+    if ready is not None and plan.fits:  # a refused run never starts
+        lines.append(ready)
     lines += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(lines) + "\n"
 

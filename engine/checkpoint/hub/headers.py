@@ -111,7 +111,7 @@ def header_mirror(uri: str, *, token: str | None = None, endpoint: str | None = 
         _OPEN.add(tmp)
     try:
         write_mirror(listing, Path(tmp), ReadBudget(limits or ReadLimits(), listing.where()))
-        yield ModelSource(tmp, uri=listing.model.uri, commit=listing.commit)
+        yield ModelSource(tmp, uri=listing.model.uri, commit=listing.commit, headers_only=True)
     except BadInput as exc:
         where = listing.where()
         # Its own class (OverLimit stays one), with the model's name for the folder's.
