@@ -59,7 +59,8 @@ CLUSTER_ONLY_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClass
                        "runtimeClassName", "imagePullSecrets", "serviceAccountName", "env",
                        "envFrom", "podAnnotations", "podLabels", "autoscaling", "inferencePool",
                        "apiKeySecretRef",  # locally: serve's --api-key or KVLEDGER_API_KEY
-                       "tenantsSecretRef")  # locally: serve's --tenants-file
+                       "tenantsSecretRef",  # locally: serve's --tenants-file
+                       "sleep")  # locally: serve's --sleep-level-file, or POST /sleep
 CLUSTER_ONLY_MODEL_FIELDS = ("tokenSecretRef", "endpoint", "cache")
 
 
@@ -141,10 +142,10 @@ def ignored_fields(spec: dict[str, Any]) -> list[str]:
 def serve_argv(flags: list[str], host: str, port: int,
                spec: ServiceSpec | dict[str, Any]) -> list[str]:
     """``serve`` with the pod's flags, its own ones (port, drain, queue) included, but the
-    tenants file only a cluster mounts (``tenantsSecretRef`` is cluster-only here)."""
+    files only a cluster mounts (``tenantsSecretRef`` and ``sleep`` are cluster-only here)."""
     spec = as_spec(spec)
-    local = dataclasses.replace(spec, serve=dataclasses.replace(spec.serve, port=port,
-                                                                tenants_file=None))
+    local = dataclasses.replace(spec, serve=dataclasses.replace(
+        spec.serve, port=port, tenants_file=None, sleep_level_file=None))
     return [sys.executable, "-m", "kvledger.engine.cli", "serve", *flags,
             "--host", host, *local.serving_flags()]
 

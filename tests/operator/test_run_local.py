@@ -436,6 +436,19 @@ def test_an_inference_pool_is_validated_then_ignored_off_the_cluster(tiny_model,
     assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == 2
 
 
+def test_sleep_is_validated_then_ignored_off_the_cluster(tiny_model, tmp_path, capsys):
+    """spec.sleep is the cluster's ConfigMap; locally serve gets no sleep file (sleep mode
+    stays on: POST /sleep in development mode), and a line says so."""
+    from kvledger.operator.local_run import serve_argv
+
+    doc = manifest(gpus=0, engine={"enableSleepMode": True}, sleep=1)
+    doc["spec"]["model"]["path"] = str(tiny_model)
+    assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == 0
+    assert capsys.readouterr().out.startswith("local: ignored off the cluster: spec.sleep\n")
+    argv = serve_argv(["--enable-sleep-mode"], "127.0.0.1", 8001, doc["spec"])
+    assert "--enable-sleep-mode" in argv and "--sleep-level-file" not in argv
+
+
 def test_a_hub_model_is_preflighted_and_served_by_its_uri(tmp_path, capsys, monkeypatch):
     """The uri goes to the pod's own pre-flight and to serve as --model; the Secret, mirror
     and cache of the manifest are the cluster's (the shell's HF_TOKEN applies here)."""
