@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import copy
 import posixpath
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri
@@ -26,24 +24,17 @@ from kvledger.engine.serve_config import ServeConfig
 from kvledger.engine.setting_kinds import parse_size
 from kvledger.engine.settings import default_of, settings_of
 from kvledger.operator.api.parallel import tensor_parallel_size
-from kvledger.operator.api.quantity import quantity_bytes, target_value
+from kvledger.operator.api.quantity import quantity_bytes
 from kvledger.operator.api.resource import (
-    AUTOSCALING_METRICS,
-    AUTOSCALING_PROVIDERS,
     DEFAULT_GPUS,
-    DEFAULT_HTTP_CONCURRENCY,
-    DEFAULT_MIN_REPLICAS,
     DEFAULT_MOUNT_PATH,
     DEFAULT_NODES,
     DEFAULT_PICKER_FAILURE_MODE,
     DEFAULT_REPLICAS,
-    DEFAULT_TARGETS,
-    DURATION_PATTERN,
-    HOST_PATTERN,
-    MAX_HTTP_HOSTS,
     SLEEP_LEVEL_FILE,
     TENANTS_FILE,
 )
+from kvledger.operator.api.scaling_spec import Autoscaling, parse_autoscaling
 from kvledger.operator.api.spec_rules import check_rules
 
 # The pod's fields the spec passes through as Kubernetes writes them.
@@ -78,30 +69,6 @@ class Model:
         """Whether rendering the pod needs the hub model's download size: an emptyDir
         cache is sized from it; a claim has its own size."""
         return self.uri is not None and self.cache_claim is None
-
-
-@dataclass(frozen=True)
-class HttpAddOn:
-    """``spec.autoscaling.httpAddOn``: KEDA's HTTP add-on fronts the service; its
-    interceptor routes requests for ``hosts`` here, holds them while no pod is ready (for
-    ``readiness_timeout``, else the add-on's own), and wakes the service from zero."""
-
-    hosts: tuple[str, ...]
-    concurrency: int = DEFAULT_HTTP_CONCURRENCY
-    readiness_timeout: str | None = None
-
-
-@dataclass(frozen=True)
-class Autoscaling:
-    """``spec.autoscaling`` with its defaults; ``target`` is the exact per-pod value."""
-
-    min_replicas: int
-    max_replicas: int
-    metric: str
-    target: Fraction
-    provider: str
-    server_address: str | None
-    http_add_on: HttpAddOn | None = None
 
 
 @dataclass(frozen=True)
@@ -160,7 +127,7 @@ def cluster_device(gpus: int) -> str:
 def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
     """The spec as a frozen value. Raises BadInput (one line) for a spec that can never
     work: what the CRD's schema or rules refuse, and flags the engine refuses."""
-    scaling = _autoscaling(raw.get("autoscaling"))  # its field checks come before its rules
+    scaling = parse_autoscaling(raw.get("autoscaling"))  # its field checks come before its rules
     check_rules(raw)
     model = _model(raw.get("model") or {})
     gpus = raw.get("gpus", DEFAULT_GPUS)
@@ -309,44 +276,6 @@ def _positive_size(field_name: str, value: Any) -> int:
     if size <= 0:
         raise BadInput(f"{field_name} must be more than 0 bytes, got {value!r}")
     return size
-
-
-def _autoscaling(scaling: Mapping[str, Any] | None) -> Autoscaling | None:
-    """``spec.autoscaling`` with the CRD's defaults, or None without it. Raises BadInput for
-    fields the schema refuses; its cross-field rules are ``spec_rules``'."""
-    if scaling is None:
-        return None
-    metric = scaling.get("metric", AUTOSCALING_METRICS[0])
-    provider = scaling.get("provider", AUTOSCALING_PROVIDERS[0])
-    if metric not in AUTOSCALING_METRICS or provider not in AUTOSCALING_PROVIDERS:
-        raise BadInput(f"autoscaling: unknown metric {metric!r} or provider {provider!r}")
-    low, high = scaling.get("minReplicas", DEFAULT_MIN_REPLICAS), scaling.get("maxReplicas")
-    if not isinstance(high, int) or high < 1 or not isinstance(low, int) or low < 0:
-        raise BadInput("autoscaling.maxReplicas must be at least 1 and minReplicas at least 0")
-    add_on = scaling.get("httpAddOn")
-    return Autoscaling(min_replicas=low, max_replicas=high, metric=metric,
-                       target=target_value(scaling.get("target", DEFAULT_TARGETS[metric])),
-                       provider=provider,
-                       server_address=(scaling.get("prometheus") or {}).get("serverAddress"),
-                       http_add_on=None if add_on is None else _http_add_on(add_on))
-
-
-def _http_add_on(add_on: Mapping[str, Any]) -> HttpAddOn:
-    """``autoscaling.httpAddOn`` checked as the CRD's schema does (BadInput, one line)."""
-    hosts = add_on.get("hosts")
-    if (not isinstance(hosts, list) or not 1 <= len(hosts) <= MAX_HTTP_HOSTS
-            or not all(isinstance(h, str) and len(h) <= 253 and re.match(HOST_PATTERN, h)
-                       for h in hosts)):
-        raise BadInput(f"autoscaling.httpAddOn.hosts must list 1 to {MAX_HTTP_HOSTS} host "
-                       f"names (a leading \"*.\" or \"*\" alone for any), got {hosts!r}")
-    concurrency = add_on.get("concurrency", DEFAULT_HTTP_CONCURRENCY)
-    timeout = add_on.get("readinessTimeout")
-    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
-        raise BadInput(f"autoscaling.httpAddOn.concurrency must be at least 1, got {concurrency!r}")
-    if timeout is not None and not (isinstance(timeout, str) and re.match(DURATION_PATTERN, timeout)):
-        raise BadInput("autoscaling.httpAddOn.readinessTimeout must be a duration such as "
-                       f"\"90s\" or \"5m\", got {timeout!r}")
-    return HttpAddOn(tuple(hosts), concurrency, timeout)
 
 
 def _inference_pool(pool: Mapping[str, Any] | None) -> InferencePool | None:

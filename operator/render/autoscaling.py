@@ -30,7 +30,8 @@ from fractions import Fraction
 from typing import Any
 
 from kvledger.operator.api.resource import API_VERSION, KIND
-from kvledger.operator.api.spec import Autoscaling, ServiceSpec, as_spec
+from kvledger.operator.api.scaling_spec import Autoscaling
+from kvledger.operator.api.spec import ServiceSpec, as_spec
 from kvledger.operator.render.render import labels, selector_labels
 
 # Where KEDA queries Prometheus unless spec.autoscaling.prometheus.serverAddress says:
