@@ -187,8 +187,10 @@ _AUTOSCALING = ruled({
                            "ready and wakes the service from zero. Needs the add-on installed",
             "properties": {
                 "hosts": {"type": "array", "minItems": 1, "maxItems": MAX_HTTP_HOSTS,
-                          "description": "the Host headers the interceptor routes here "
-                                         "(\"*.example.com\", or \"*\" for any)",
+                          "description": "the Host headers the interceptor routes here: "
+                                         "the Service's own cluster names (NAME.NAMESPACE"
+                                         "[.svc[.cluster.local]]), others as the admin's "
+                                         "policy.httpAddOnHosts allows",
                           "items": {"type": "string", "maxLength": 253,
                                     "pattern": HOST_PATTERN}},
                 "concurrency": _int(1, "in-flight requests a pod, the add-on's metric's "

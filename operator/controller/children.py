@@ -145,7 +145,8 @@ async def apply_children(memo: kopf.Memo, name: str, namespace: str) -> dict[str
             return None  # going: the garbage collector (or isvc_event) removes the children
         # Parsed once: an invalid spec is refused before anything is asked or applied.
         spec = parse_spec(owner.get("spec") or {})
-        memo.policy.check(spec, memo.default_image)  # PolicyDenied: nothing is applied
+        # PolicyDenied: nothing is applied.
+        memo.policy.check(spec, memo.default_image, name=name, namespace=namespace)
         if spec.nodes > 1 and not await lws_served(memo.kube):
             raise LeaderWorkerSetMissing(lws_missing(spec))
         missing = await missing_api(memo.kube, spec)

@@ -228,7 +228,7 @@ async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: ko
         spec, spec_error, spec_reason = None, None, "InvalidSpec"
         try:
             spec = parse_spec(raw)
-            memo.policy.check(spec, memo.default_image)
+            memo.policy.check(spec, memo.default_image, name=name, namespace=namespace)
         except PolicyDenied as exc:
             spec, spec_error, spec_reason = None, str(exc), "PolicyDenied"
         except BadInput as exc:

@@ -13,6 +13,11 @@ more than their namespace already allows them.
   allowed;
 - ``spec.model.endpoint`` only from the listed hub endpoints (the public hub by default),
   over https when a token goes with it: the pods send ``HF_TOKEN`` there;
+- ``autoscaling.httpAddOn.hosts`` only the service's own cluster names (``NAME.NAMESPACE``,
+  ``.svc``, ``.svc.cluster.local``) and the listed patterns (none by default), in which
+  ``{name}`` and ``{namespace}`` stand for the resource's: KEDA's interceptor is one for
+  the whole cluster, so a host another namespace's clients use (or ``*``) would route
+  their requests to this service;
 - with ``networkPolicy.enabled``, each service gets a NetworkPolicy that admits only its
   own namespace's pods and those of the listed namespaces (a gateway's, the metrics
   scraper's) to the engine's port (``render_network_policy``, pure like ``render``'s).
@@ -71,6 +76,9 @@ class Policy:
     # (the gateway's CIDRs: its fairness header believed) and gateway.kvEvents (the
     # router's address the engines publish KV events to).
     gateway: GatewayWiring = NO_GATEWAY
+    # Host patterns autoscaling.httpAddOn.hosts may claim beside the service's own cluster
+    # names ({name} and {namespace} the resource's; Helm value policy.httpAddOnHosts).
+    http_hosts: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, text: str | None) -> Policy:
@@ -85,7 +93,8 @@ class Policy:
         if not isinstance(raw, dict):
             raise BadInput("KVLEDGER_POLICY must be a JSON object")
         unknown = sorted(set(raw) - {"images", "hostPaths", "priorityClasses", "controlPlane",
-                                     "hubEndpoints", "networkPolicy", "gateway"})
+                                     "hubEndpoints", "networkPolicy", "gateway",
+                                     "httpAddOnHosts"})
         if unknown:
             raise BadInput(f"KVLEDGER_POLICY: unknown key {unknown[0]!r}")
         endpoints = _strings(raw, "hubEndpoints", (DEFAULT_HUB_ENDPOINT,))
@@ -130,11 +139,15 @@ class Policy:
                    network_policy=_strings(network, "allowNamespaces", ())
                    if network.get("enabled") else None,
                    picker=name, picker_port=port,
-                   gateway=GatewayWiring(peers, *_kv_events(gateway.get("kvEvents"))))
+                   gateway=GatewayWiring(peers, *_kv_events(gateway.get("kvEvents"))),
+                   http_hosts=_strings(raw, "httpAddOnHosts", ()))
 
-    def check(self, spec: ServiceSpec, default_image: str) -> None:
+    def check(self, spec: ServiceSpec, default_image: str, *, name: str | None = None,
+              namespace: str | None = None) -> None:
         """PolicyDenied for the first thing ``spec`` asks that this policy does not allow;
-        BadInput for an InferencePool whose picker neither the spec nor the admin names."""
+        BadInput for an InferencePool whose picker neither the spec nor the admin names.
+        The HTTP add-on's hosts are checked when the resource's ``name`` and ``namespace``
+        are known (a webhook review of a generated name is not: the operator checks)."""
         if spec.image is not None and not _image_allowed(spec.image,
                                                          (*self.images, _repository(default_image))):
             raise PolicyDenied(f"spec.image {spec.image} is not allowed: images are the "
@@ -167,10 +180,29 @@ class Policy:
             if spec.model.token_secret is not None and urlsplit(endpoint).scheme != "https":
                 raise PolicyDenied(f"spec.model.endpoint {endpoint}: a token "
                                    "(spec.model.tokenSecretRef) is sent over https only")
+        add_on = spec.autoscaling.http_add_on if spec.autoscaling is not None else None
+        if add_on is not None and name is not None and namespace is not None:
+            allowed = self.http_hosts_of(name, namespace)
+            for host in add_on.hosts:
+                if not any(_host_matches(host, pattern) for pattern in allowed):
+                    raise PolicyDenied(
+                        f"spec.autoscaling.httpAddOn.hosts {host} is not allowed: KEDA's "
+                        "interceptor serves the whole cluster, so hosts are the cluster "
+                        "admin's choice (the operator's Helm value policy.httpAddOnHosts, "
+                        "{name} and {namespace} standing for the resource's); allowed here: "
+                        f"{', '.join(allowed)}")
         if spec.inference_pool is not None and not (spec.inference_pool.picker or self.picker):
             raise BadInput("spec.inferencePool needs its Endpoint Picker: set "
                            "spec.inferencePool.endpointPicker.name (a Service in this "
                            "namespace), or the operator's Helm value gateway.endpointPicker.name")
+
+    def http_hosts_of(self, name: str, namespace: str) -> list[str]:
+        """The hosts (and ``*.`` patterns) the resource ``namespace/name`` may claim: its
+        Service's cluster names, then the admin's patterns filled in."""
+        own = [f"{name}.{namespace}", f"{name}.{namespace}.svc",
+               f"{name}.{namespace}.svc.cluster.local"]
+        return own + [p.replace("{name}", name).replace("{namespace}", namespace)
+                      for p in self.http_hosts]
 
     def hub_endpoint(self, spec: ServiceSpec) -> str:
         """The hub endpoint the pods talk to: the spec's (allowed by ``check``), else the
@@ -282,3 +314,15 @@ def _kv_events(raw: Any) -> tuple[str | None, str]:
                        "tcp://HOST:PORT (the router's, connected to), hashAlgo: "
                        f"{' or '.join(HASH_ALGOS)}}}")
     return endpoint, algo
+
+
+def _host_matches(host: str, pattern: str) -> bool:
+    """Whether a requested host (or ``*.`` pattern) lies within an allowed one: the same,
+    or below a ``*.`` pattern (a requested ``*.a.b`` only under an allowed ``*.b`` or the
+    same ``*.a.b``); a requested ``*`` only where ``*`` is allowed."""
+    if host == pattern or pattern == "*":
+        return True
+    if pattern.startswith("*."):
+        suffix = pattern[1:]  # ".example.com"
+        return host.endswith(suffix) and host != suffix.lstrip(".")
+    return False

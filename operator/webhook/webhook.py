@@ -202,7 +202,7 @@ def gpu_nodes(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]] | None:
 
 async def validate(body: kopf.Body, old: kopf.Body | None, operation: str, memo: kopf.Memo,
                    warnings: list[str], gpu_nodes: kopf.Index, logger: logging.Logger,
-                   **_: Any) -> None:
+                   namespace: str | None = None, **_: Any) -> None:
     """kopf's validating handler: AdmissionError refuses, ``warnings`` reach kubectl.
 
     A fault of the webhook's own lets the resource in with a warning (and a log line), as
@@ -216,7 +216,8 @@ async def validate(body: kopf.Body, old: kopf.Body | None, operation: str, memo:
     name = meta.get("name") or f"{meta.get('generateName', '')}<generated>"
     try:
         spec = parse_spec(spec_raw)
-        memo.policy.check(spec, memo.default_image)
+        memo.policy.check(spec, memo.default_image, name=meta.get("name"),
+                          namespace=meta.get("namespace") or namespace)
     except PolicyDenied as exc:
         raise kopf.AdmissionError(f"{name}: {exc}", code=403) from None
     except BadInput as exc:

@@ -29,6 +29,7 @@ SCALED_OBJECT = ("keda.sh/v1alpha1", "scaledobjects")
 MODEL = {"path": "/models/m"}
 ZERO = {"minReplicas": 0, "maxReplicas": 4, "provider": "keda"}
 ADD_ON = {"hosts": ["llama.example.com"]}
+OWN = {"hosts": ["chat.default.svc.cluster.local"]}  # the service's own cluster name
 SPECS = {
     "keda": {"model": MODEL, "autoscaling": {"maxReplicas": 3, "provider": "keda"}},
     "keda, a group, its own Prometheus": {
@@ -118,7 +119,7 @@ def test_a_bad_add_on_is_refused_by_the_operator_and_the_crd(scaling, message):
 @pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
 async def test_the_operator_applies_the_route_and_removes_it_with_the_field():
     async with running_operator(http_add_on=True) as cluster:
-        manifest = service_manifest("chat", autoscaling={**ZERO, "httpAddOn": ADD_ON})
+        manifest = service_manifest("chat", autoscaling={**ZERO, "httpAddOn": OWN})
         await cluster.create(API_VERSION, PLURAL, manifest)
         route = await eventually(lambda: cluster.stored(*INTERCEPTOR_ROUTES, "default", "chat"),
                                  what="interceptorroute")
@@ -140,9 +141,41 @@ async def test_the_operator_applies_the_route_and_removes_it_with_the_field():
 @pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
 async def test_a_cluster_without_the_add_on_is_told_what_to_install():
     async with running_operator(http_add_on=False) as cluster:
-        manifest = service_manifest("chat", autoscaling={**ZERO, "httpAddOn": ADD_ON})
+        manifest = service_manifest("chat", autoscaling={**ZERO, "httpAddOn": OWN})
         await cluster.create(API_VERSION, PLURAL, manifest)
         ready = await ready_for(cluster, "chat", "KedaHttpAddOnMissing")
         assert ready["status"] == "False" and HTTP_ADD_ON_RELEASE in ready["message"]
         assert "keda-add-ons-http" in ready["message"]
         assert cluster.stored("apps/v1", "deployments", "default", "chat") is None
+
+
+@pytest.mark.parametrize(("hosts", "allowed"), [
+    (["chat.team-a", "chat.team-a.svc", "chat.team-a.svc.cluster.local"], True),
+    (["chat.team-b.svc.cluster.local"], False),  # another namespace's service
+    (["*"], False),  # every host nobody else claims, at the cluster's one interceptor
+    (["llama.example.com"], False),  # a public host: maybe another tenant's
+    (["chat.team-a.models.example.com", "x.team-a.example.com"], True),  # the admin's
+    (["*.team-a.example.com"], True),
+    (["x.team-b.example.com"], False),
+    (["*.example.com"], False),  # wider than the admin's pattern
+])
+def test_the_hosts_a_resource_claims_at_the_interceptor_are_its_own(hosts, allowed):
+    """KEDA's interceptor is one for the cluster: a route claiming a host that another
+    namespace's clients use would send their requests (prompts, keys) to this service. A
+    resource may claim its own Service's cluster names, and what the admin's patterns
+    give its namespace; the operator and the webhook refuse the rest (PolicyDenied)."""
+    from kvledger.operator.render.policy import Policy, PolicyDenied
+
+    policy = Policy(http_hosts=("{name}.{namespace}.models.example.com",
+                                "*.{namespace}.example.com"))
+    spec = parse_spec({"model": MODEL, "autoscaling": {**ZERO, "httpAddOn": {"hosts": hosts}}})
+    if allowed:
+        policy.check(spec, "kvledger:test", name="chat", namespace="team-a")
+    else:
+        with pytest.raises(PolicyDenied, match=r"policy\.httpAddOnHosts"):
+            policy.check(spec, "kvledger:test", name="chat", namespace="team-a")
+    with pytest.raises(PolicyDenied):  # the chart's default: the cluster names only
+        Policy().check(parse_spec({"model": MODEL, "autoscaling": {
+            **ZERO, "httpAddOn": ADD_ON}}), "kvledger:test", name="chat", namespace="team-a")
+    assert Policy.from_json('{"httpAddOnHosts": ["*.{namespace}.example.com"]}').http_hosts \
+        == ("*.{namespace}.example.com",)

@@ -82,6 +82,18 @@ async def _verdicts(cluster, client):
     assert not invalid["allowed"] and invalid["status"]["code"] == 422
     local = await ask(admission_review({"model": {"path": "/models/x"}, "gpus": 1}))
     assert local["allowed"] and "on the pod's volume" in local["warnings"][0]
+    # A host another namespace's clients use, claimed at KEDA's one interceptor: refused
+    # at kubectl apply, naming the Helm value; the service's own cluster name is not.
+    scaling = {"provider": "keda", "minReplicas": 0, "maxReplicas": 2}
+    stolen = await ask(admission_review({"model": {"path": "/m"}, "autoscaling": {
+        **scaling, "httpAddOn": {"hosts": ["chat.team-b.svc.cluster.local"]}}},
+        name="chat", namespace="team-a"))
+    assert not stolen["allowed"] and stolen["status"]["code"] == 403
+    assert "policy.httpAddOnHosts" in stolen["status"]["message"]
+    own = await ask(admission_review({"model": {"path": "/m"}, "autoscaling": {
+        **scaling, "httpAddOn": {"hosts": ["chat.team-a.svc.cluster.local"]}}},
+        name="chat", namespace="team-a"))
+    assert own["allowed"], own
     # A node whose GPUs GFD did not label: the watch brings it in, and the same request
     # is now allowed with a warning.
     await cluster.api.create("/api/v1/nodes", node("dark", "8", {}))
