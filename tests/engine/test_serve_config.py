@@ -32,6 +32,7 @@ DECLARED = {
                                  None),
     "tenant_fairness": ("--tenant-fairness", ".tenantFairness", True),
     "tenants_file": ("--tenants-file", None, None),  # from tenantsSecretRef, mounted
+    "sleep_level_file": ("--sleep-level-file", None, None),  # from spec.sleep, mounted
     "tenant_header": ("--tenant-header", None, None),
     "tenant_header_from": ("--tenant-header-from", None, ()),
     "backfill": ("--backfill", None, False),
