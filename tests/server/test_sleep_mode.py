@@ -174,8 +174,12 @@ async def test_a_sleep_level_file_puts_it_to_sleep_and_wakes_it_on_each_change(
         await asyncio.sleep(0.1)
         assert not await sleeping()  # absent: awake
         path.write_text("1\n")
-        await until(True)
+        await until(True)  # the door closes first; the gauge moves once the memory is freed
         assert (await _complete(client)).status == 503
+        for _ in range(250):
+            if (await _sleep_state(client))["weights_offloaded"] == 1:
+                break
+            await asyncio.sleep(0.02)
         assert (await _sleep_state(client))["weights_offloaded"] == 1
         path.write_text("2")  # another level: woken, then slept again
         await until(True)
