@@ -164,10 +164,10 @@ def main(args: argparse.Namespace) -> int:
 
     # The planner is torch-free; importing it here keeps `run --help` instant.
     from kvledger.engine.checkpoint.model_config import ModelConfig
-    from kvledger.engine.planner.plan import make_plan
+    from kvledger.engine.planner.plan import make_plan, with_predicted_start
     from kvledger.engine.planner.report import render_report
 
-    plan = make_plan(config)
+    plan = with_predicted_start(make_plan(config))
     ModelConfig.from_dir(config.model)  # what `serve` would refuse at once (as the preflight)
     if not plan.fits:
         sys.stderr.write(f"{name}: pre-flight refused the plan\n{render_report(plan)}")

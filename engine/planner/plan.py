@@ -336,7 +336,8 @@ def with_predicted_start(plan: Plan) -> Plan:
     """``plan`` with its start's read predicted from a short timed read of the checkpoint
     it was made from (the weights' volume, as the engine will read it); unchanged for a
     hub model's header mirror, whose weights are holes."""
-    source = plan.source
-    if source is None or source.headers_only:
+    source = plan.source or ModelSource(plan.config.model)
+    folder = Path(source.path)
+    if source.headers_only or not folder.is_dir():
         return plan
-    return dataclasses.replace(plan, time_to_ready=predict(checkpoint_files(Path(source.path))))
+    return dataclasses.replace(plan, time_to_ready=predict(checkpoint_files(folder)))

@@ -410,6 +410,7 @@ def test_cluster_only_fields_are_validated_then_ignored_and_it_says_so(tiny_mode
     assert out.startswith("local: ignored off the cluster: spec.nodeSelector, spec.tolerations, "
                           "spec.env, spec.podLabels\n")
     assert "pre-flight passed" in out
+    assert "time to ready: reading the weights ~" in out  # timed on the model's folder
 
 
 def test_autoscaling_is_validated_then_ignored_off_the_cluster(tiny_model, tmp_path, capsys):
