@@ -34,9 +34,13 @@ def wanted_level(text: str) -> int | None:
     raise BadInput(f"{text[:40]!r} is no sleep level (0, 1 or 2; empty: awake)")
 
 
+MAX_BYTES = 64  # a level is one character; more is read no further
+
+
 def _read(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8", errors="replace")[:64]
+        with path.open("rb") as f:
+            return f.read(MAX_BYTES).decode("utf-8", errors="replace")
     except OSError:  # absent (not mounted yet, or removed): awake
         return ""
 

@@ -214,3 +214,13 @@ def test_a_sleep_level_file_says_0_1_2_or_awake():
     for text in ("3", "-1", "one", "1 2"):
         with pytest.raises(BadInput, match="is no sleep level"):
             wanted_level(text)
+
+
+def test_a_sleep_level_file_is_read_no_further_than_a_level_needs(tmp_path):
+    """The file is the pod's, but read every second: a huge one costs 64 bytes a read."""
+    from kvledger.engine.server.sleep_file import MAX_BYTES, _read
+
+    path = tmp_path / "level"
+    path.write_text("1" + " " * (8 << 20))
+    assert _read(path) == "1" + " " * (MAX_BYTES - 1)
+    assert _read(tmp_path / "absent") == ""
