@@ -164,7 +164,8 @@ def main(args: argparse.Namespace) -> int:
 
     # The planner is torch-free; importing it here keeps `run --help` instant.
     from kvledger.engine.checkpoint.model_config import ModelConfig
-    from kvledger.engine.planner.plan import make_plan, with_predicted_start
+    from kvledger.engine.planner.plan import make_plan
+    from kvledger.engine.planner.predicted_start import with_predicted_start
     from kvledger.engine.planner.report import render_report
 
     plan = with_predicted_start(make_plan(config))

@@ -20,7 +20,8 @@ from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.adapters import check_adapters
-from kvledger.engine.planner.plan import Plan, make_plan, with_predicted_start
+from kvledger.engine.planner.plan import Plan, make_plan
+from kvledger.engine.planner.predicted_start import with_predicted_start
 from kvledger.engine.planner.report import (
     TERMINATION_LOG_MAX_BYTES,
     plan_line,

@@ -22,7 +22,6 @@ here, never a plan that "fits" (``model.loadable``).
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 from kvledger.engine.checkpoint.contents import (
     ModelShape,
@@ -31,7 +30,6 @@ from kvledger.engine.checkpoint.contents import (
     model_shape,
     read_weights,
 )
-from kvledger.engine.checkpoint.files import checkpoint_files
 from kvledger.engine.checkpoint.hf_config import read_config_json
 from kvledger.engine.checkpoint.loadable import loadable_config
 from kvledger.engine.checkpoint.model_config import SUPPORTED_ARCHITECTURES
@@ -58,7 +56,6 @@ from kvledger.engine.planner.pool import (
     blocks_for,
     kv_geometry,
 )
-from kvledger.engine.planner.ready_time import predict
 from kvledger.engine.planner.record import KVInfo, Measured, Plan
 from kvledger.engine.planner.remedies import find_remedies
 from kvledger.engine.planner.seats import (
@@ -330,14 +327,3 @@ def _lora_bytes(config: EngineConfig, shape: ModelShape, dtype_bytes: int) -> in
 
 def _pick(measured_value: int | None, estimate: int) -> int:
     return estimate if measured_value is None else measured_value
-
-
-def with_predicted_start(plan: Plan) -> Plan:
-    """``plan`` with its start's read predicted from a short timed read of the checkpoint
-    it was made from (the weights' volume, as the engine will read it); unchanged for a
-    hub model's header mirror, whose weights are holes."""
-    source = plan.source or ModelSource(plan.config.model)
-    folder = Path(source.path)
-    if source.headers_only or not folder.is_dir():
-        return plan
-    return dataclasses.replace(plan, time_to_ready=predict(checkpoint_files(folder)))

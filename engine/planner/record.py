@@ -135,7 +135,7 @@ class Plan:
     stage: int = 0
     stages: tuple[StageFigures, ...] = ()
     # The start's read, predicted from a timed read of the checkpoint (``kvledger plan`` and
-    # ``preflight``; ``ready_time.with_predicted_start``); None for a hub model's headers.
+    # ``preflight``; ``predicted_start``); None for a hub model's headers.
     time_to_ready: TimeToReady | None = None
 
     @property

@@ -114,7 +114,7 @@ def pool_missing() -> str:
 
 async def lws_served(kube: KubeApi) -> bool:
     """Whether the API server serves ``leaderworkerset.x-k8s.io/v1`` (its discovery)."""
-    return await kube.get(f"/apis/{LWS_API_VERSION}") is not None
+    return await served(kube, LWS_API_VERSION)
 
 
 def lws_missing(spec: ServiceSpec) -> str:
