@@ -69,7 +69,13 @@ class Relay:
     every byte, and may write frames of its own towards machine 0."""
 
     def __init__(self, to_port: int) -> None:
+        # Its own port, never machine 0's: ``to_port`` came from free_port(), and the system
+        # may hand the port it just freed to this bind (machine 0 then failed to listen).
         self.server = listen_at("127.0.0.1", 0)
+        while self.server.getsockname()[1] in (to_port, to_port - 1):
+            taken = self.server
+            self.server = listen_at("127.0.0.1", 0)
+            taken.close()
         self.port = self.server.getsockname()[1]
         self.seen = bytearray()
         self.upstream: socket.socket | None = None
