@@ -39,7 +39,6 @@ import posixpath
 import secrets
 import subprocess
 import sys
-from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -50,7 +49,7 @@ from kvledger.engine.errors import EXIT_DOES_NOT_FIT, BadInput
 from kvledger.engine.node_config import NODE_KEY_ENV, free_port_pair
 from kvledger.engine.serve_config import ServeConfig
 from kvledger.operator.api.crd import validate_manifest
-from kvledger.operator.api.spec import Model, ServiceSpec, as_spec
+from kvledger.operator.api.spec import Model, ServiceSpec, parse_spec
 
 HELP = "run an InferenceService manifest locally, no cluster"
 
@@ -116,13 +115,12 @@ def load_manifest(path: str) -> dict[str, Any]:
     return validate_manifest(docs[0])
 
 
-def local_config(spec: ServiceSpec | dict[str, Any], model_path: str | None = None,
+def local_config(spec: ServiceSpec, model_path: str | None = None,
                  ) -> EngineConfig:
     """The pod's flags, for this machine: the model path mapped to a local one, the
     device left to auto-detect unless the spec asks for none (``gpus: 0`` -> the CPU), and
     host memory capped by the container's memory limit as the pod's cgroup caps it.
     Adapter directories (``spec.adapters``) are mapped as the model's path is."""
-    spec = as_spec(spec)
     adapters = tuple(m if is_hub_uri(m.path) else
                      dataclasses.replace(m, path=local_path(spec.model, m.path))
                      for m in spec.engine.lora_modules)
@@ -140,10 +138,9 @@ def ignored_fields(spec: dict[str, Any]) -> list[str]:
 
 
 def serve_argv(flags: list[str], host: str, port: int,
-               spec: ServiceSpec | dict[str, Any]) -> list[str]:
+               spec: ServiceSpec) -> list[str]:
     """``serve`` with the pod's flags, its own ones (port, drain, queue) included, but the
     files only a cluster mounts (``tenantsSecretRef`` and ``sleep`` are cluster-only here)."""
-    spec = as_spec(spec)
     local = dataclasses.replace(spec, serve=dataclasses.replace(
         spec.serve, port=port, tenants_file=None, sleep_level_file=None))
     return [sys.executable, "-m", "kvledger.engine.cli", "serve", *flags,
@@ -152,7 +149,7 @@ def serve_argv(flags: list[str], host: str, port: int,
 
 def main(args: argparse.Namespace) -> int:
     doc = load_manifest(args.manifest)
-    spec = as_spec(doc["spec"])
+    spec = parse_spec(doc["spec"])
     config = local_config(spec, args.model_path)
     flags = config.to_flags()
     name = doc["metadata"]["name"]
@@ -242,7 +239,7 @@ def _gpus_of(env: dict[str, str], gpus: int, rank: int) -> dict[str, str]:
     return {**env, "CUDA_VISIBLE_DEVICES": ",".join(mine)}
 
 
-def local_model_path(spec: ServiceSpec | Mapping[str, Any]) -> str:
+def local_model_path(spec: ServiceSpec) -> str:
     """Where ``spec.model.path`` is on this machine, mapped the way the kubelet mounts it
     (a ``spec.model.uri`` is returned as it is).
 
@@ -251,7 +248,7 @@ def local_model_path(spec: ServiceSpec | Mapping[str, Any]) -> str:
     no meaning off the cluster), the path is taken as a local path. Paths are normalised
     (``/models/./m/`` is ``/models/m``); the rules refuse a ``..`` segment.
     """
-    model = as_spec(spec).model
+    model = spec.model
     if model.path is None:
         return model.uri or ""  # the engine downloads it into its own cache
     return local_path(model, model.path)

@@ -149,6 +149,7 @@ check dashboard --set metrics.grafanaDashboard.enabled=true
 "$PY" - "$OUT/monitors.yaml" "$OUT/monitors.json" <<'PYEOF'
 import json, re, sys
 import yaml
+from kvledger.operator.api.spec import parse_spec
 from kvledger.operator.render.render import LABEL, render_deployment, render_service
 
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
@@ -167,7 +168,7 @@ def selects(selector, labels):
                "NotIn": labels.get(e["key"]) not in values}[op]
     return ok
 
-spec = {"model": {"path": "/models/m"}, "gpus": 0}
+spec = parse_spec({"model": {"path": "/models/m"}, "gpus": 0})
 deployment = render_deployment("llama", "team-a", spec)
 pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
 pod_port = deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["name"]

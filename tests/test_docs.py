@@ -29,6 +29,7 @@ from operator_harness import (
     eventually,
     running_operator,
 )
+from spec_helpers import spec_of
 from webhook_harness import admission_review, gpu_node, kubectl_says, webhook_operator
 
 from kvledger.engine import cli
@@ -205,7 +206,7 @@ def _tiny_refusal(page: str, name: str, capsys, model_root: Path) -> str:
     spec = yaml.safe_load(manifest.read_text())["spec"]
     # The reader writes the model where the manifest's hostPath volume finds it.
     written = _kvledger_args(commands, "make-model")
-    assert written[1:] == ["tiny-llama", local_model_path(spec)], written
+    assert written[1:] == ["tiny-llama", local_model_path(spec_of(spec))], written
     code, _, err = _run_cli([*args[:1], str(manifest), *args[2:], "--preflight-only",
                              "--model-path", str(model_root / "tiny-llama")], capsys)
     assert code == EXIT_DOES_NOT_FIT, err

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from budget_checkpoints import write_header_only
 from published_models import published_config, published_tensors
+from spec_helpers import spec_of
 
 from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.planner.report import render_report
@@ -53,7 +54,7 @@ def example_plan(path: Path, models: dict[str, Path]):
     where = spec["model"].get("path") or spec["model"]["uri"]
     model = (models["tiny"] if "tiny-llama" in where
              else models["qwen3-8b"] if "Qwen3-8B" in where else models["llama-8b"])
-    config = local_config(spec, str(model))
+    config = local_config(spec_of(spec), str(model))
     card = CARD.search(comments(path))
     if card is not None:
         size = parse_size(card.group(1) + card.group(2))
@@ -82,7 +83,7 @@ def test_every_example_plans_on_the_card_it_names(path: Path, models) -> None:
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_the_pod_declares_max_num_seqs_only_where_the_manifest_does(path: Path) -> None:
     spec = load_manifest(str(path))["spec"]
-    pod = render_deployment("x", "ns", spec)["spec"]["template"]["spec"]
+    pod = render_deployment("x", "ns", spec_of(spec))["spec"]["template"]["spec"]
     containers = {c["name"]: c for c in pod["initContainers"] + pod["containers"]}
     declared = "maxNumSeqs" in (spec.get("engine") or {})
     for name in ("preflight", "engine"):

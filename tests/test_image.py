@@ -14,6 +14,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import yaml
+from spec_helpers import spec_of
 
 from kvledger.operator.render import render
 
@@ -49,7 +50,7 @@ def test_dockerfile_runs_kvledger_as_the_pods_uid() -> None:
     assert re.search(r"^ARG BASE=\S+", dockerfile, re.M)
     # Homes and caches live under /tmp, the writable emptyDir of a read-only root.
     tmp_mounts = [m["mountPath"] for m in render.render_pod_spec(
-        {"model": {"path": "/m"}, "gpus": 0})["containers"][0]["volumeMounts"]]
+        spec_of({"model": {"path": "/m"}, "gpus": 0}))["containers"][0]["volumeMounts"]]
     assert "/tmp" in tmp_mounts
     for env in ("HOME=/tmp", "XDG_CACHE_HOME=/tmp/", "HF_HOME=/tmp/"):
         assert env in dockerfile

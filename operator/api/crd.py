@@ -85,6 +85,17 @@ _STATUS = {
                      "description": "label selector of the pods (the scale subresource's: "
                                     "the HPA reads its Pods metrics with it)"},
         "endpoint": {"type": "string"},
+        "startup": {
+            "type": "object",
+            "description": "the start of the pod that became ready last, measured from its "
+                           "status's timestamps: seconds from the pod's start to ready "
+                           "(total), of its init containers (preflight, fetch) and of the "
+                           "engine container's start to ready (engine)",
+            "properties": {
+                "readyAt": {"type": "string"},
+                "seconds": {"type": "object", "additionalProperties": {"type": "integer"}},
+            },
+        },
     },
 }
 

@@ -164,12 +164,6 @@ def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
     )
 
 
-def as_spec(spec: ServiceSpec | Mapping[str, Any]) -> ServiceSpec:
-    """``spec`` parsed (``parse_spec``) unless it already is: the renderers' entry points
-    take either, for callers that hold a manifest's spec (scripts, tests)."""
-    return spec if isinstance(spec, ServiceSpec) else parse_spec(spec)
-
-
 def _secret_ref(ref: Mapping[str, Any] | None) -> tuple[str, str] | None:
     return None if ref is None else (ref["name"], ref["key"])
 

@@ -22,11 +22,19 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kopf
 
 from kvledger.engine import json_text
+
+if TYPE_CHECKING:  # the client's models load on the first call
+    from kubernetes.aio.client import ApiClient
+    from pydantic import BaseModel
+
+# An object as the API server sends and takes it (JSON); a built-in kind's goes out as
+# the client's typed model of it (``typed``).
+Body = dict[str, Any]
 
 _MERGE_PATCH = "application/merge-patch+json"
 TIMEOUT_S = 30.0
@@ -49,7 +57,7 @@ def object_path(api_version: str, plural: str, namespace: str, name: str | None 
     return f"{path}/{name}" if name else path
 
 
-def model_class(api_version: str, kind: str) -> type | None:
+def model_class(api_version: str, kind: str) -> type[BaseModel] | None:
     """The official client's model of a built-in kind (``V1Deployment`` for apps/v1
     Deployment), None for a custom resource's (a group of its own, or one the client does
     not know: GAIE's ``inference.networking.k8s.io``)."""
@@ -64,7 +72,7 @@ def model_class(api_version: str, kind: str) -> type | None:
         return None
 
 
-def typed(body: dict[str, Any]) -> Any:
+def typed(body: Body) -> Body | BaseModel:
     """``body`` as the client's typed model when its kind is built in (else ``body``).
     KubeError 422 (as the API server's Invalid) when the model refuses a field or would
     send it otherwise than written: nothing is coerced or dropped on the way."""
@@ -88,7 +96,7 @@ def typed(body: dict[str, Any]) -> Any:
 
 
 @functools.cache
-def _serializer() -> Any:
+def _serializer() -> ApiClient:
     """An ApiClient for its serialization alone (it opens no connection)."""
     from kubernetes.aio.client import ApiClient
 
@@ -100,8 +108,8 @@ class KubeApi:
 
     def __init__(self, info: kopf.ConnectionInfo | None = None) -> None:
         self._info = info
-        self._client: Any = None
-        self._retired: list[Any] = []
+        self._client: ApiClient | None = None
+        self._retired: list[ApiClient] = []
 
     def connect(self, info: kopf.ConnectionInfo) -> None:
         """Use these credentials from the next call on (kopf may log in again)."""
@@ -109,7 +117,7 @@ class KubeApi:
             self._retired.append(self._client)
         self._info, self._client = info, None
 
-    def _open(self) -> Any:
+    def _open(self) -> ApiClient:
         if self._info is None:
             raise KubeError(0, "not logged in to a Kubernetes API server")
         if self._client is None:
@@ -135,9 +143,9 @@ class KubeApi:
                 await client.close()
         self._retired, self._client = [], None
 
-    async def request(self, method: str, path: str, body: Any = None, *,
+    async def request(self, method: str, path: str, body: Body | BaseModel | None = None, *,
                     query: dict[str, str] | None = None,
-                    content_type: str | None = None) -> dict[str, Any] | None:
+                    content_type: str | None = None) -> Body | None:
         """One call as written (``body`` a dict, or a typed model): the response object;
         None for 404 on GET/DELETE; KubeError for other failures (the API server's, or
         none reached: status 0)."""
@@ -168,17 +176,17 @@ class KubeApi:
             raise KubeError(response.status, message or response.reason or "")
         return answer if isinstance(answer, dict) else {}
 
-    async def get(self, path: str) -> dict[str, Any] | None:
+    async def get(self, path: str) -> Body | None:
         return await self.request("GET", path)
 
-    async def list(self, path: str, label_selector: str) -> list[dict[str, Any]]:
+    async def list(self, path: str, label_selector: str) -> list[Body]:
         body = await self.request("GET", path, query={"labelSelector": label_selector})
         return list((body or {}).get("items") or [])
 
-    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def create(self, path: str, body: Body) -> Body:
         return await self.request("POST", path, typed(body)) or {}
 
-    async def create_once(self, api_version: str, plural: str, body: dict[str, Any]) -> bool:
+    async def create_once(self, api_version: str, plural: str, body: Body) -> bool:
         """Create the object unless one of its name exists (True if created). Nothing is
         read or rewritten: a Secret keeps the value it was first created with."""
         meta = body["metadata"]
@@ -190,7 +198,7 @@ class KubeApi:
             raise
         return True
 
-    async def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def patch(self, path: str, body: Body) -> Body:
         return await self.request("PATCH", path, body, content_type=_MERGE_PATCH) or {}
 
     async def delete(self, path: str) -> bool:
@@ -199,7 +207,7 @@ class KubeApi:
                                                   "propagationPolicy": "Background"})
         return found is not None
 
-    async def apply(self, api_version: str, plural: str, body: dict[str, Any]) -> str:
+    async def apply(self, api_version: str, plural: str, body: Body) -> str:
         """Create the object, or merge-patch it to the desired state; 'created'/'updated'/'unchanged'.
 
         A field this client applied before and ``body`` no longer has is removed; fields
@@ -222,7 +230,7 @@ class KubeApi:
         return "updated"
 
 
-def _last_applied(live: dict[str, Any]) -> dict[str, Any]:
+def _last_applied(live: Body) -> Body:
     text = ((live.get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED)
     try:
         last = json_text.loads(text) if text else {}
@@ -231,10 +239,10 @@ def _last_applied(live: dict[str, Any]) -> dict[str, Any]:
     return last if isinstance(last, dict) else {}
 
 
-def removals(last: dict[str, Any], desired: dict[str, Any], live: Any) -> dict[str, Any]:
+def removals(last: Body, desired: Body, live: object) -> Body:
     """The merge patch (nulls) that removes what ``last`` set, ``desired`` drops and ``live``
     still has; lists need none (a merge patch replaces a list whole)."""
-    out: dict[str, Any] = {}
+    out: Body = {}
     if not isinstance(live, dict):
         return out
     for key, value in last.items():
@@ -256,14 +264,14 @@ def removals(last: dict[str, Any], desired: dict[str, Any], live: Any) -> dict[s
     return out
 
 
-def _merged(desired: dict[str, Any], removed: dict[str, Any]) -> dict[str, Any]:
+def _merged(desired: Body, removed: Body) -> Body:
     out = dict(desired)
     for key, value in removed.items():
         out[key] = _merged(out.get(key) or {}, value) if isinstance(value, dict) else value
     return out
 
 
-def contains(live: Any, desired: Any) -> bool:
+def contains(live: object, desired: object) -> bool:
     """Whether every field we set is already so (the server adds defaults we ignore)."""
     if isinstance(desired, dict):
         return isinstance(live, dict) and all(

@@ -24,6 +24,7 @@ import kopf
 from kvledger.engine.errors import BadInput
 from kvledger.operator.api.resource import API_VERSION, PLURAL
 from kvledger.operator.api.spec import ServiceSpec, parse_spec
+from kvledger.operator.api.status_types import ModelRecord, ServiceStatus
 from kvledger.operator.cluster.kube import KubeApi, KubeError, object_path
 from kvledger.operator.render import autoscaling, gateway, render_group
 from kvledger.operator.render.pod import render_sleep_config_map
@@ -123,7 +124,7 @@ def lws_missing(spec: ServiceSpec) -> str:
             f"{LWS_INSTALL}); the operator applies the group within a minute")
 
 
-async def apply_children(memo: kopf.Memo, name: str, namespace: str) -> dict[str, Any] | None:
+async def apply_children(memo: kopf.Memo, name: str, namespace: str) -> ModelRecord | None:
     """Render and apply the resource's children as it is now: the Deployment or
     LeaderWorkerSet, the Service, the HPA or ScaledObject and the PodDisruptionBudget where
     the spec wants them, the NetworkPolicy (the admin's, or a group's) and a group's key
@@ -229,7 +230,7 @@ def network_policy(name: str, namespace: str, spec: ServiceSpec,
 
 
 async def download_size(memo: kopf.Memo, spec: ServiceSpec,
-                        status: dict[str, Any]) -> dict[str, Any] | None:
+                        status: ServiceStatus) -> ModelRecord | None:
     """``{uri, downloadBytes}`` when the pod's emptyDir cache must be sized, else None:
     from ``status.model`` when this uri was asked before, else from the hub, with no token,
     at the endpoint the admin allows (``memo.hub_models``: the operator's hub threads and
@@ -241,7 +242,7 @@ async def download_size(memo: kopf.Memo, spec: ServiceSpec,
     uri = spec.model.uri
     if spec.model.token_secret is not None:
         return {"uri": uri}  # the operator reads no Secret: the pod's fetch sizes it
-    known = status.get("model") or {}
+    known: ModelRecord = status.get("model") or {}
     if known.get("uri") == uri and isinstance(known.get("downloadBytes"), int):
         return {"uri": uri, "downloadBytes": known["downloadBytes"]}
     from kvledger.operator.cluster.hub_models import HubUnavailable

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-from typing import Any
+from typing import Any, cast
 
 import kopf
 import yaml
@@ -43,6 +43,7 @@ from kvledger.engine.errors import BadInput
 from kvledger.engine.serve_config import ServeConfig
 from kvledger.operator.api.resource import API_VERSION, GROUP, PLURAL, VERSION
 from kvledger.operator.api.spec import ServiceSpec, parse_spec
+from kvledger.operator.api.status_types import ModelRecord, PodEntry, PodStatus
 from kvledger.operator.cluster.hub_models import HubModels
 from kvledger.operator.cluster.kube import KubeApi, KubeError, contains, object_path
 from kvledger.operator.controller import status
@@ -122,11 +123,11 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.index("pods", labels=_POD_FILTER)
 def pods_by_service(namespace: str, name: str, labels: kopf.Labels,
-                    status: kopf.Status, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+                    status: kopf.Status, **_: Any) -> dict[tuple[str, str], PodEntry]:
     """(namespace, InferenceService name) -> each of its pods' name and status, and where
     a LeaderWorkerSet made it, its group's and its own index in the group."""
     return {(namespace, labels[render.LABEL]): {
-        "name": name, "status": dict(status),
+        "name": name, "status": cast(PodStatus, dict(status)),
         "group": labels.get(render_group.GROUP_INDEX_LABEL),
         "worker": labels.get(render_group.WORKER_INDEX_LABEL)}}
 
@@ -211,7 +212,7 @@ async def isvc_event(type: str, name: str, namespace: str, memo: kopf.Memo,
 
 async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: kopf.Index,
                       deployments_index: kopf.Index | None = None, *,
-                      model: dict[str, Any] | None = None,
+                      model: ModelRecord | None = None,
                       model_error: str | None = None) -> None:
     """Recompute the resource's status from its pods and its Deployment's (or
     LeaderWorkerSet's) status, and patch it if it changed.
@@ -263,7 +264,7 @@ async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: ko
 
 
 async def _group_state(kube: KubeApi, namespace: str, name: str, spec: ServiceSpec,
-                       entries: list[dict[str, Any]]) -> dict[str, Any]:
+                       entries: list[PodEntry]) -> dict[str, Any]:
     """``compute_status``'s keywords for a multi-node service: its LeaderWorkerSet's counts
     of groups, every pod of them, or what blocks it (LWS not served)."""
     lws = await kube.get(object_path(*render_group.LEADER_WORKER_SETS, namespace, name))

@@ -9,11 +9,23 @@ while a hub model's download size cannot be had.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import cast
 
 from kvledger.engine.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT
 from kvledger.engine.planner.report import PLAN_LINE_PREFIX, format_size, read_plan_line
-from kvledger.operator.api.spec import ServiceSpec, as_spec
+from kvledger.operator.api.spec import ServiceSpec
+from kvledger.operator.api.status_types import (
+    Condition,
+    ContainerStatus,
+    GroupPod,
+    Json,
+    ModelRecord,
+    PodEntry,
+    PodStatus,
+    ServiceStatus,
+    Terminated,
+)
+from kvledger.operator.controller.startup import measured_start
 
 MEMORY_BUDGET = "MemoryBudget"
 READY = "Ready"
@@ -29,7 +41,7 @@ NO_FIGURES = (f"(no plan figures: the pre-flight's message has no {PLAN_LINE_PRE
               "line; is its image older than the operator's?)")
 
 
-def plan_status(figures: dict[str, Any]) -> dict[str, Any]:
+def plan_status(figures: dict[str, Json]) -> dict[str, Json]:
     """The plan's figures (the pre-flight's plan line) in camelCase, plus human sizes for
     the printer columns and a reader: ``required``, ``limit``, and ``spare`` or ``shortBy``,
     written as the report writes them."""
@@ -37,15 +49,15 @@ def plan_status(figures: dict[str, Any]) -> dict[str, Any]:
         head, *rest = key.split("_")
         return head + "".join(part.capitalize() for part in rest)
 
-    def convert(value: Any) -> Any:
+    def convert(value: Json) -> Json:
         if isinstance(value, dict):
             return {camel(k): convert(v) for k, v in value.items()}
         if isinstance(value, list):
             return [convert(v) for v in value]
         return value
 
-    out = convert(figures)
-    sizes = {"required": figures.get("required_bytes"), "limit": figures.get("limit_bytes")}
+    out = cast(dict[str, Json], convert(figures))
+    sizes: dict[str, Json] = {"required": figures.get("required_bytes"), "limit": figures.get("limit_bytes")}
     if figures.get("fits") and isinstance(sizes["required"], int) \
             and isinstance(sizes["limit"], int):
         sizes["spare"] = sizes["limit"] - sizes["required"]
@@ -55,7 +67,7 @@ def plan_status(figures: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_message(message: str, fits: bool) -> tuple[str, dict[str, Any]]:
+def read_message(message: str, fits: bool) -> tuple[str, dict[str, Json]]:
     """(the ``MemoryBudget`` message, ``status.plan``) of a pre-flight's termination message
     (or log): the plan comes from its plan line, never from the report's words.
 
@@ -71,22 +83,23 @@ def read_message(message: str, fits: bool) -> tuple[str, dict[str, Any]]:
     return f"{said}{separator}{NO_FIGURES}".strip(), {"fits": fits}
 
 
-def _terminated(container: dict[str, Any] | None) -> dict[str, Any] | None:
+def _terminated(container: ContainerStatus | None) -> Terminated | None:
     if not container:
         return None
     return ((container.get("state") or {}).get("terminated")
             or (container.get("lastState") or {}).get("terminated"))
 
 
-def _waiting_reason(container: dict[str, Any] | None) -> str | None:
+def _waiting_reason(container: ContainerStatus | None) -> str | None:
     return (((container or {}).get("state") or {}).get("waiting") or {}).get("reason")
 
 
-def _containers(pod_status: dict[str, Any], key: str) -> dict[str, dict[str, Any]]:
-    return {c.get("name"): c for c in pod_status.get(key) or []}
+def _containers(pod_status: PodStatus, key: str) -> dict[str, ContainerStatus]:
+    statuses: list[ContainerStatus] = pod_status.get(key) or []  # type: ignore[assignment]
+    return {c.get("name", ""): c for c in statuses}
 
 
-def preflight_outcome(pod_status: dict[str, Any]) -> tuple[str, str] | None:
+def preflight_outcome(pod_status: PodStatus) -> tuple[str, str] | None:
     """(reason, termination message) of the pod's pre-flight, or None while it has not ended."""
     done = _terminated(_containers(pod_status, "initContainerStatuses").get("preflight"))
     if done is None:
@@ -101,7 +114,7 @@ def preflight_outcome(pod_status: dict[str, Any]) -> tuple[str, str] | None:
     return "PreflightFailed", message or f"the pre-flight exited {code} ({done.get('reason')})"
 
 
-def pod_problem(pod_status: dict[str, Any]) -> tuple[str, str] | None:
+def pod_problem(pod_status: PodStatus) -> tuple[str, str] | None:
     """(reason, message) when a pod cannot become ready on its own, else None."""
     for condition in pod_status.get("conditions") or []:
         if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
@@ -139,13 +152,12 @@ def pod_problem(pod_status: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def pod_ready(pod_status: dict[str, Any]) -> bool:
+def pod_ready(pod_status: PodStatus) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True"
                for c in pod_status.get("conditions") or [])
 
 
-def upsert_condition(conditions: list[dict[str, Any]], new: dict[str, Any],
-                     now: str) -> list[dict[str, Any]]:
+def upsert_condition(conditions: list[Condition], new: Condition, now: str) -> list[Condition]:
     """Replace the condition of ``new['type']``; keep its transition time if status held."""
     out, old = [], None
     for condition in conditions:
@@ -154,28 +166,27 @@ def upsert_condition(conditions: list[dict[str, Any]], new: dict[str, Any],
         else:
             out.append(condition)
     held = old is not None and old.get("status") == new["status"]
-    merged = {**new, "lastTransitionTime": old.get("lastTransitionTime", now) if held else now}
+    merged: Condition = {**new, "lastTransitionTime": old.get("lastTransitionTime", now) if held else now}
     return [*out, merged]
 
 
-def find_condition(conditions: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
+def find_condition(conditions: list[Condition], kind: str) -> Condition | None:
     return next((c for c in conditions if c.get("type") == kind), None)
 
 
-def compute_status(*, spec: ServiceSpec | dict[str, Any] | None, generation: int | None,
-                   old: dict[str, Any],
-                   pods: list[dict[str, Any]], spec_error: str | None,
-                   endpoint: str, now: str, model: dict[str, Any] | None = None,
+def compute_status(*, spec: ServiceSpec | None, generation: int | None,
+                   old: ServiceStatus,
+                   pods: list[PodStatus], spec_error: str | None,
+                   endpoint: str, now: str, model: ModelRecord | None = None,
                    model_error: str | None = None, replicas: int = 0,
                    selector: str | None = None,
                    spec_reason: str = "InvalidSpec", ready_replicas: int | None = None,
-                   group_pods: list[dict[str, Any]] | None = None,
-                   blocked: tuple[str, str] | None = None) -> dict[str, Any]:
+                   group_pods: list[GroupPod] | None = None,
+                   blocked: tuple[str, str] | None = None) -> ServiceStatus:
     """The whole desired status from the pods' statuses (level-based: history-free).
 
     ``old`` is the current status (for transition times and what pods no longer show);
-    ``spec`` is the parsed spec (or a spec dict, parsed here), and ``spec_error`` is set
-    instead when the spec can never work (``spec_reason``: InvalidSpec, or PolicyDenied
+    ``spec`` is the parsed spec, and ``spec_error`` is set instead (``spec`` None) when the spec can never work (``spec_reason``: InvalidSpec, or PolicyDenied
     for what the cluster admin's policy does not allow). For a hub model cached in an
     emptyDir, ``model`` is its download size just had (``status.model``, else the old one)
     and ``model_error`` why it could not be had: until ``status.model`` holds the spec's
@@ -193,7 +204,7 @@ def compute_status(*, spec: ServiceSpec | dict[str, Any] | None, generation: int
     ``Ready=False`` with it, whatever pods there are.
     """
     conditions = list(old.get("conditions") or [])
-    status: dict[str, Any] = {"endpoint": endpoint, "replicas": replicas}
+    status: ServiceStatus = {"endpoint": endpoint, "replicas": replicas}
     if selector is not None:
         status["selector"] = selector
     if generation is not None:
@@ -201,7 +212,7 @@ def compute_status(*, spec: ServiceSpec | dict[str, Any] | None, generation: int
 
     def set_condition(kind: str, value: str, reason: str, message: str) -> None:
         nonlocal conditions
-        condition = {"type": kind, "status": value, "reason": reason, "message": message}
+        condition: Condition = {"type": kind, "status": value, "reason": reason, "message": message}
         if generation is not None:
             condition["observedGeneration"] = generation
         conditions = upsert_condition(conditions, condition, now)
@@ -216,7 +227,6 @@ def compute_status(*, spec: ServiceSpec | dict[str, Any] | None, generation: int
         status.update(conditions=conditions, readyReplicas=0)
         return status
 
-    spec = as_spec(spec)
     refusal = _memory_budget(pods, old, status, set_condition)
     model_problem = _model_status(spec, model, model_error, old, status)
     ready_count = (sum(pod_ready(p) for p in pods) if ready_replicas is None
@@ -240,15 +250,18 @@ def compute_status(*, spec: ServiceSpec | dict[str, Any] | None, generation: int
         set_condition(READY, "True", "Ready", f"{ready_count}/{replicas} replicas ready")
     else:
         set_condition(READY, "False", "Starting", f"0/{replicas} replicas ready")
+    startup = measured_start(pods)
+    if startup is not None:  # else the last one measured stays (the patch names no startup)
+        status["startup"] = startup
     status.update(conditions=conditions, readyReplicas=ready_count)
     return status
 
 
-def group_pod_status(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def group_pod_status(entries: list[PodEntry]) -> list[GroupPod]:
     """``status.pods`` of a multi-node service from the pod index's entries (``name``,
     ``status``, LWS's ``group`` and ``worker`` indexes): every pod of every group, each
     group's leader first, with its phase and readiness."""
-    def order(entry: dict[str, Any]) -> tuple[int, int, str]:
+    def order(entry: PodEntry) -> tuple[int, int, str]:
         return (int(entry.get("group") or 0), int(entry.get("worker") or 0), entry["name"])
 
     return [{"name": entry["name"], "group": int(entry.get("group") or 0),
@@ -258,7 +271,7 @@ def group_pod_status(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for entry in sorted(entries, key=order)]
 
 
-def _memory_budget(pods: list[dict[str, Any]], old: dict[str, Any], status: dict[str, Any],
+def _memory_budget(pods: list[PodStatus], old: ServiceStatus, status: ServiceStatus,
                    set_condition: Callable[[str, str, str, str], None]) -> tuple[str, str] | None:
     """``MemoryBudget`` (and ``status.plan``) from the pods' pre-flights: a refusal's
     reason and message when one refused (None when none did)."""
@@ -281,8 +294,8 @@ def _memory_budget(pods: list[dict[str, Any]], old: dict[str, Any], status: dict
     return refusal
 
 
-def _model_status(spec: ServiceSpec, model: dict[str, Any] | None, model_error: str | None,
-                  old: dict[str, Any], status: dict[str, Any]) -> str | None:
+def _model_status(spec: ServiceSpec, model: ModelRecord | None, model_error: str | None,
+                  old: ServiceStatus, status: ServiceStatus) -> str | None:
     """``status.model`` for a hub model, and why it cannot be had yet (None: it can, or
     the spec needs no download size): until ``status.model`` holds the spec's uri, a
     ``ModelUnavailable`` Ready stays so."""
@@ -303,7 +316,7 @@ def _model_status(spec: ServiceSpec, model: dict[str, Any] | None, model_error: 
     return None
 
 
-def transition_events(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+def transition_events(old: list[Condition], new: list[Condition]) -> list[tuple[str, str, str]]:
     """(type, reason, one-line message) events for the Ready condition's transitions."""
     before, after = find_condition(old, READY) or {}, find_condition(new, READY)
     if after is None or (before.get("status"), before.get("reason")) == (

@@ -31,7 +31,7 @@ from typing import Any
 
 from kvledger.operator.api.resource import API_VERSION, KIND
 from kvledger.operator.api.scaling_spec import Autoscaling
-from kvledger.operator.api.spec import ServiceSpec, as_spec
+from kvledger.operator.api.spec import ServiceSpec
 from kvledger.operator.render.render import labels, selector_labels
 
 # Where KEDA queries Prometheus unless spec.autoscaling.prometheus.serverAddress says:
@@ -205,9 +205,8 @@ def render_interceptor_route(name: str, namespace: str, settings: Autoscaling,
     return route
 
 
-def pdb_wanted(spec: ServiceSpec | dict[str, Any]) -> bool:
+def pdb_wanted(spec: ServiceSpec) -> bool:
     """A PodDisruptionBudget is owned while the resource can have more than one pod."""
-    spec = as_spec(spec)
     settings = spec.autoscaling
     return max(spec.replicas, settings.max_replicas if settings else 0) > 1
 
@@ -234,13 +233,12 @@ OPTIONAL_CHILDREN = (("autoscaling/v2", "horizontalpodautoscalers"),
                      ("policy/v1", "poddisruptionbudgets"))
 
 
-def render_scaling(name: str, namespace: str, spec: ServiceSpec | dict[str, Any], *,
+def render_scaling(name: str, namespace: str, spec: ServiceSpec, *,
                    prometheus_url: str = DEFAULT_PROMETHEUS_URL,
                    http_scaler: str = DEFAULT_HTTP_SCALER,
                    ) -> dict[tuple[str, str], dict[str, Any] | None]:
     """Each optional child (``OPTIONAL_CHILDREN``) -> its body, or None where the spec
-    wants none (the caller deletes it). Raises BadInput for a spec dict that is invalid."""
-    spec = as_spec(spec)
+    wants none (the caller deletes it)."""
     settings = spec.autoscaling
     hpa = scaled = route = None
     if settings is not None and settings.provider == "hpa":

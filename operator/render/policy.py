@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 from kvledger.engine.errors import BadInput
 from kvledger.engine.kv_events_config import HASH_ALGOS
 from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT, DEFAULT_PICKER_PORT
-from kvledger.operator.api.spec import ServiceSpec, as_spec
+from kvledger.operator.api.spec import ServiceSpec
 from kvledger.operator.render.render import (
     NO_GATEWAY,
     GatewayWiring,
@@ -275,13 +275,12 @@ def _match_expressions(node: Any) -> list[dict[str, Any]]:
     return found
 
 
-def render_network_policy(name: str, namespace: str, spec: ServiceSpec | dict[str, Any],
+def render_network_policy(name: str, namespace: str, spec: ServiceSpec,
                           allow_namespaces: tuple[str, ...] = ()) -> dict[str, Any]:
     """The NetworkPolicy named as the resource (with the admin's ``networkPolicy.enabled``):
     its pods admit, on the engine's port only, the pods of their own namespace and of
     ``allow_namespaces`` (a gateway's, the metrics scraper's), and nothing else. The
     kubelet's probes come from the node, which a NetworkPolicy does not filter."""
-    spec = as_spec(spec)
     sources: list[dict[str, Any]] = [{"podSelector": {}}]  # this namespace's pods
     sources += [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": other}}}
                 for other in allow_namespaces]

@@ -8,7 +8,8 @@ loading a byte, with the refusal in its termination message. A hub model
 from headers read over HTTP, and only a plan that fits is downloaded.
 
 Nothing here does I/O: a hub model's download size (it sizes an emptyDir cache) is a
-parameter. The spec is the parsed one (``spec.parse_spec``) or a manifest's dict.
+parameter. The spec is the parsed one (``spec.parse_spec``, a ``ServiceSpec``): a manifest is
+parsed once by its caller, never here.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from kvledger.operator.api.parallel import shm_mount, shm_volume
 from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT
-from kvledger.operator.api.spec import ServiceSpec, as_spec, hub_adapters
+from kvledger.operator.api.spec import ServiceSpec, hub_adapters
 from kvledger.operator.render import pod as parts
 from kvledger.operator.render.pod import CACHE_DIR, GPU_RESOURCE, PLAN_DIR
 
@@ -42,9 +43,9 @@ PRESTOP_SLEEP_S = 5
 TERMINATION_MARGIN_S = 15
 
 
-def engine_flags(spec: ServiceSpec | dict[str, Any]) -> list[str]:
-    """The flags both containers get (raises BadInput for a spec that can never work)."""
-    return as_spec(spec).engine.to_flags()
+def engine_flags(spec: ServiceSpec) -> list[str]:
+    """The flags both containers get."""
+    return spec.engine.to_flags()
 
 
 def termination_grace_s(spec: ServiceSpec) -> int:
@@ -87,7 +88,7 @@ class GatewayWiring:
 NO_GATEWAY = GatewayWiring()
 
 
-def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = DEFAULT_IMAGE,
+def render_pod_spec(spec: ServiceSpec, *, default_image: str = DEFAULT_IMAGE,
                     download_bytes: int | None = None, hub_endpoint: str | None = None,
                     gateway: GatewayWiring = NO_GATEWAY, name: str = "") -> dict[str, Any]:
     """The pod: init containers ``preflight`` (and ``fetch`` for a hub model), then
@@ -95,9 +96,7 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
     emptyDir cache (None: not known, no limit); ``hub_endpoint`` where the pods talk to the
     hub (the admin's choice, ``policy.Policy.hub_endpoint``; None: the spec's
     ``model.endpoint``, else the public hub); ``gateway`` what the admin's Helm values
-    ``gateway`` give a service behind an InferencePool (``gateway_flags``). Raises BadInput
-    for a spec that can never work."""
-    spec = as_spec(spec)
+    ``gateway`` give a service behind an InferencePool (``gateway_flags``)."""
     flags = spec.engine.to_flags()
     uri = spec.model.uri
     port = spec.serve.port
@@ -185,13 +184,12 @@ def render_pod_spec(spec: ServiceSpec | dict[str, Any], *, default_image: str = 
     }
 
 
-def render_deployment(name: str, namespace: str, spec: ServiceSpec | dict[str, Any], *,
+def render_deployment(name: str, namespace: str, spec: ServiceSpec, *,
                       default_image: str = DEFAULT_IMAGE, download_bytes: int | None = None,
                       hub_endpoint: str | None = None,
                       gateway: GatewayWiring = NO_GATEWAY) -> dict[str, Any]:
     """The Deployment named as the resource (owner references are added by the caller).
     ``download_bytes``, ``hub_endpoint`` and ``gateway``: see ``render_pod_spec``."""
-    spec = as_spec(spec)
     # With GPUs, a surge pod would wait for a GPU the old pod holds: replace in place.
     strategy = ({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
                 if spec.gpus > 0 else {"type": "RollingUpdate"})
@@ -260,8 +258,8 @@ def pod_template_metadata(name: str, spec: ServiceSpec, *, serving: bool = True)
 
 
 def render_service(name: str, namespace: str,
-                   spec: ServiceSpec | dict[str, Any]) -> dict[str, Any]:
-    port = as_spec(spec).serve.port
+                   spec: ServiceSpec) -> dict[str, Any]:
+    port = spec.serve.port
     return {
         "apiVersion": "v1",
         "kind": "Service",

@@ -31,7 +31,7 @@ import base64
 import copy
 from typing import Any
 
-from kvledger.operator.api.spec import ServiceSpec, as_spec
+from kvledger.operator.api.spec import ServiceSpec
 from kvledger.operator.render.policy import render_network_policy
 from kvledger.operator.render.render import (
     DEFAULT_IMAGE,
@@ -121,7 +121,7 @@ def group_pod_specs(key_secret: str, spec: ServiceSpec, pod: dict[str, Any]
     return leader, worker
 
 
-def render_leader_worker_set(name: str, namespace: str, spec: ServiceSpec | dict[str, Any], *,
+def render_leader_worker_set(name: str, namespace: str, spec: ServiceSpec, *,
                              key_secret: str, default_image: str = DEFAULT_IMAGE,
                              download_bytes: int | None = None,
                              hub_endpoint: str | None = None,
@@ -129,7 +129,6 @@ def render_leader_worker_set(name: str, namespace: str, spec: ServiceSpec | dict
     """The LeaderWorkerSet named as the resource: ``spec.replicas`` groups of ``spec.nodes``
     pods, whose engines read the control channel's key from the Secret ``key_secret``.
     ``download_bytes``, ``hub_endpoint`` and ``gateway``: see ``render.render_pod_spec``."""
-    spec = as_spec(spec)
     pod = render_pod_spec(spec, default_image=default_image, download_bytes=download_bytes,
                           hub_endpoint=hub_endpoint, gateway=gateway)
     leader, worker = group_pod_specs(key_secret, spec, pod)

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import yaml
 from container_harness import MEASURED, podman
+from spec_helpers import spec_of
 
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT
 from kvledger.operator.api.crd import API_VERSION, KIND, validate_manifest
@@ -87,7 +88,7 @@ class PlayedPod:
     def __init__(self, doc: dict[str, Any], workdir: Path) -> None:
         self.name = doc["metadata"]["name"]
         self.pod = f"{self.name}-pod-0"  # kube play's name for a Deployment's pod
-        deployment = render_deployment(self.name, "default", doc["spec"])
+        deployment = render_deployment(self.name, "default", spec_of(doc["spec"]))
         self.yaml_path = workdir / f"{self.name}.yaml"
         self.yaml_path.write_text(yaml.safe_dump(for_podman(deployment)))
         self.volumes = [v["name"] for v in for_podman(deployment)["spec"]["template"]["spec"]
@@ -210,7 +211,7 @@ def test_refused_pod_stops_at_its_preflight_with_the_breakdown(
     # termination log), through the operator's status logic.
     pod_status = {"initContainerStatuses": [{"name": "preflight", "state": {"terminated": {
         "exitCode": EXIT_DOES_NOT_FIT, "reason": "Error", "message": report}}}]}
-    status = compute_status(spec=doc["spec"], generation=1, old={}, pods=[pod_status],
+    status = compute_status(spec=spec_of(doc["spec"]), generation=1, old={}, pods=[pod_status],
                             spec_error=None, endpoint="", now="2026-01-01T00:00:00Z")
     budget = find_condition(status["conditions"], MEMORY_BUDGET)
     assert (budget["status"], budget["reason"]) == ("False", "DoesNotFit")

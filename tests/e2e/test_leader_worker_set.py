@@ -24,6 +24,7 @@ import pytest
 import yaml
 from container_harness import MEASURED, podman
 from lws_harness import WORKER_INDEX_LABEL, for_podman, group_pods
+from spec_helpers import spec_of
 
 from kvledger.engine.llm import LLM
 from kvledger.engine.sampling.params import SamplingParams
@@ -107,7 +108,7 @@ def test_a_two_pod_group_serves_the_tokens_of_one_process(
             "resources": {"limits": {"memory": "2Gi", "cpu": "1"}},
         },
     })
-    lws = render_leader_worker_set(NAME, "default", doc["spec"],
+    lws = render_leader_worker_set(NAME, "default", spec_of(doc["spec"]),
                                    key_secret=f"{NAME}-nodes-e2e00")
     leader_pod, worker_pod = group_pods(lws)
     assert worker_pod["metadata"]["labels"][WORKER_INDEX_LABEL] == "1"

@@ -9,6 +9,7 @@ import json
 
 import pytest
 from chart_harness import CHART, HELM, by_kind, helm_template
+from spec_helpers import spec_of
 
 pytestmark = pytest.mark.skipif(HELM is None, reason="helm is not installed "
                                 "(bash scripts/helm_check.sh installs it into .tools/)")
@@ -156,7 +157,7 @@ def test_a_network_policy_lets_only_the_api_server_reach_the_webhook():
     selector = policy["spec"]["podSelector"]["matchLabels"]
     assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     engine = render_deployment("kvledger", "kvledger-system",
-                               {"model": {"path": "/models/m"}, "gpus": 0})
+                               spec_of({"model": {"path": "/models/m"}, "gpus": 0}))
     assert not selector.items() <= engine["spec"]["template"]["metadata"]["labels"].items()
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     webhook_port = [{"port": "webhook", "protocol": "TCP"}]

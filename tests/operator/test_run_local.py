@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from _server_helpers import free_port
+from spec_helpers import spec_of
 
 from kvledger.engine.cli import main as kvledger
 from kvledger.engine.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT
@@ -61,11 +62,11 @@ def test_examples_preflight_locally(example, tiny_model, capsys):
 def test_hostpath_maps_the_pod_path_to_the_node_path():
     spec = manifest()["spec"]
     spec["model"]["volume"] = {"hostPath": {"path": "/srv/models"}, "mountPath": "/models"}
-    assert local_model_path(spec) == "/srv/models/tiny-llama"
+    assert local_model_path(spec_of(spec)) == "/srv/models/tiny-llama"
     spec["model"]["path"] = "/models"
-    assert local_model_path(spec) == "/srv/models"
+    assert local_model_path(spec_of(spec)) == "/srv/models"
     spec["model"]["volume"] = {"persistentVolumeClaim": {"claimName": "m"}}
-    assert local_model_path(spec) == "/models"  # no local meaning: taken as is
+    assert local_model_path(spec_of(spec)) == "/models"  # no local meaning: taken as is
 
 
 def test_run_reads_the_model_through_the_hostpath_volume(tiny_model, tmp_path, capsys):
@@ -82,7 +83,7 @@ def test_run_reads_the_model_through_the_hostpath_volume(tiny_model, tmp_path, c
     ("2048Ki", 2 * 2**20), ("1000k", 10**6), ("1500m", 2),  # millis round up, as Kubernetes
 ])
 def test_the_container_memory_limit_is_read_as_a_kubernetes_quantity(quantity, expected):
-    config = local_config(manifest(gpus=0, resources={"limits": {"memory": quantity}})["spec"])
+    config = local_config(spec_of(manifest(gpus=0, resources={"limits": {"memory": quantity}})["spec"]))
     assert config.container_memory_limit_bytes == expected
     assert config.memory_limit_bytes is None  # the device's size, not a cap
 
@@ -130,7 +131,7 @@ def test_a_roomy_gpus_0_memory_limit_fits_and_is_the_devices_size(tiny_model, tm
     out = capsys.readouterr().out
     assert "fits: engine requires" in out
     assert "(host memory (container limit), 4.0 GiB total" in out
-    flags = local_config(doc["spec"]).to_flags()
+    flags = local_config(spec_of(doc["spec"])).to_flags()
     assert flags[flags.index("--container-memory-limit") + 1] == str(4 * 2**30)
     assert "--memory-limit" not in flags
 
@@ -143,18 +144,18 @@ def test_model_path_is_normalised_and_dotdot_is_refused_by_run_and_operator():
     spec["model"]["path"] = "/models/./tiny-llama/"
     spec["model"]["volume"] = {"hostPath": {"path": "/srv/models"}, "mountPath": "/models/"}
     assert parse_spec(spec).engine.model == "/models/tiny-llama"
-    assert local_model_path(spec) == "/srv/models/tiny-llama"
+    assert local_model_path(spec_of(spec)) == "/srv/models/tiny-llama"
     spec["model"]["path"] = "/models/../etc"  # was /srv/etc here, /etc in the pod
     with pytest.raises(BadInput, match=r"must not contain a '\.\.' segment"):
-        local_config(spec)
+        local_config(spec_of(spec))
     with pytest.raises(BadInput, match=r"must not contain a '\.\.' segment"):
-        engine_flags(spec)
+        engine_flags(spec_of(spec))
 
 
 def test_local_device_is_the_cpu_only_when_the_spec_has_no_gpus():
-    assert local_config(manifest(gpus=0)["spec"]).device == "cpu"
-    assert local_config(manifest(gpus=1)["spec"]).device == "auto"
-    assert local_config(manifest()["spec"], "/elsewhere").model == "/elsewhere"
+    assert local_config(spec_of(manifest(gpus=0)["spec"])).device == "cpu"
+    assert local_config(spec_of(manifest(gpus=1)["spec"])).device == "auto"
+    assert local_config(spec_of(manifest()["spec"]), "/elsewhere").model == "/elsewhere"
 
 
 @pytest.mark.parametrize(("doc", "expected"), [
@@ -259,8 +260,8 @@ def test_missing_file_and_missing_model(tmp_path, capsys):
 def test_serve_gets_the_flags_the_pod_gets(tiny_model):
     spec = manifest(engine={"maxModelLen": 512, "kvCacheDtype": "fp8"},
                     memory={"limit": "1Gi"})["spec"]
-    flags = local_config(spec, str(tiny_model)).to_flags()
-    argv = serve_argv(flags, "127.0.0.1", 9000, spec)
+    flags = local_config(spec_of(spec), str(tiny_model)).to_flags()
+    argv = serve_argv(flags, "127.0.0.1", 9000, spec_of(spec))
     assert argv[1:4] == ["-m", "kvledger.engine.cli", "serve"]
     assert argv[4:-6] == flags
     assert flags[flags.index("--max-model-len") + 1] == "512"
@@ -269,12 +270,12 @@ def test_serve_gets_the_flags_the_pod_gets(tiny_model):
     assert argv[-2:] == ["--shutdown-grace", "30"]  # the line: serve's own defaults
     # spec.shutdownGraceSeconds and maxQueueWaitSeconds are serve's here as in the pod.
     spec.update(shutdownGraceSeconds=90, maxQueueWaitSeconds=5, maxQueueLength=7)
-    assert serve_argv(flags, "127.0.0.1", 9000, spec)[-6:] == \
+    assert serve_argv(flags, "127.0.0.1", 9000, spec_of(spec))[-6:] == \
         ["--shutdown-grace", "90", "--max-queue-wait", "5", "--max-queue-len", "7"]
     # The tenants' line settings too; their file is a cluster's Secret (ignored here).
     spec.update(maxQueueLengthPerTenant=3, tenantFairness=False,
                 tenantsSecretRef={"name": "tenants", "key": "tenants.yaml"})
-    assert serve_argv(flags, "127.0.0.1", 9000, spec)[-3:] == \
+    assert serve_argv(flags, "127.0.0.1", 9000, spec_of(spec))[-3:] == \
         ["--max-queue-len-per-tenant", "3", "--no-tenant-fairness"]
 
 
@@ -446,7 +447,7 @@ def test_sleep_is_validated_then_ignored_off_the_cluster(tiny_model, tmp_path, c
     doc["spec"]["model"]["path"] = str(tiny_model)
     assert kvledger(["run", write(tmp_path, doc), "--preflight-only"]) == 0
     assert capsys.readouterr().out.startswith("local: ignored off the cluster: spec.sleep\n")
-    argv = serve_argv(["--enable-sleep-mode"], "127.0.0.1", 8001, doc["spec"])
+    argv = serve_argv(["--enable-sleep-mode"], "127.0.0.1", 8001, spec_of(doc["spec"]))
     assert "--enable-sleep-mode" in argv and "--sleep-level-file" not in argv
 
 

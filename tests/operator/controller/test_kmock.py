@@ -439,3 +439,33 @@ async def test_the_resync_timer_sizes_a_hub_model_the_hub_could_not_size_before(
     obj = cluster.stored(API_VERSION, PLURAL, NS, "later")
     assert obj["status"]["model"] == {"uri": "hf://org/later", "downloadBytes": 3 * GIB}
     assert condition(obj, "Ready")["reason"] == "Starting"
+
+
+async def test_the_measured_start_reaches_the_status_and_outlives_its_pod(cluster):
+    await create_service(cluster, "timed")
+    started = {"phase": "Running", "startTime": "2026-12-06T10:00:00Z",
+               "conditions": [{"type": "Ready", "status": "True",
+                               "lastTransitionTime": "2026-12-06T10:00:42Z"}],
+               "initContainerStatuses": [{**preflight_done(0, plan_line(FITS)), "state": {
+                   "terminated": {"exitCode": 0, "reason": "Completed",
+                                  "message": plan_line(FITS),
+                                  "startedAt": "2026-12-06T10:00:02Z",
+                                  "finishedAt": "2026-12-06T10:00:05Z"}}}],
+               "containerStatuses": [{"name": "engine", "ready": True, "restartCount": 0,
+                                      "state": {"running": {
+                                          "startedAt": "2026-12-06T10:00:06Z"}}}]}
+    await cluster.create("v1", "pods", pod("timed", "timed-1", started))
+
+    def startup():
+        return (cluster.stored(API_VERSION, PLURAL, NS, "timed").get("status") or {}).get(
+            "startup")
+
+    measured = await eventually(startup, what="status.startup")
+    assert measured == {"readyAt": "2026-12-06T10:00:42Z",
+                        "seconds": {"total": 42, "preflight": 3, "engine": 36}}
+    # The pod goes (scaled to zero, evicted): the last start measured stays on the resource.
+    assert await cluster.delete("v1", "pods", NS, "timed-1")
+    await eventually(lambda: condition(cluster.stored(API_VERSION, PLURAL, NS, "timed"),
+                                       "Ready").get("reason") == "Starting",
+                     what="Ready=False/Starting")
+    assert startup() == measured

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from spec_helpers import spec_of
 
 from kvledger.engine.cli import main as kvledger
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT
@@ -51,7 +52,7 @@ def engine(state: dict, last: dict | None = None, restarts: int = 0) -> dict:
 
 
 def status_of(pods: list[dict], old: dict | None = None, **kw) -> dict:
-    return compute_status(spec=kw.get("spec", {"model": {"path": "/m"}, "replicas": 1}),
+    return compute_status(spec=spec_of(kw.get("spec", {"model": {"path": "/m"}, "replicas": 1})),
                           generation=kw.get("generation", 3), old=old or {}, pods=pods,
                           spec_error=kw.get("spec_error"),
                           endpoint="http://x.ns.svc.cluster.local:8000", now=kw.get("now", "T1"),
@@ -325,7 +326,7 @@ def test_the_scale_subresource_fields_are_always_written():
     invalid spec included (an HPA still reads them); ``readyReplicas`` counts ready pods."""
     ready = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
     for spec_error in (None, "gpus must be 0 or 1"):
-        status = compute_status(spec={"model": {"path": "/m"}, "replicas": 3}, generation=1,
+        status = compute_status(spec=spec_of({"model": {"path": "/m"}, "replicas": 3}), generation=1,
                                 old={}, pods=[ready],
                                 spec_error=spec_error, endpoint="http://x", now="T1",
                                 replicas=2, selector="kvledger.dev/inferenceservice=x")

@@ -9,6 +9,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from spec_helpers import spec_of
 
 from kvledger.engine.errors import BadInput
 from kvledger.operator.api.crd import validate_manifest
@@ -44,7 +45,7 @@ def scaling(**fields) -> dict:
 
 
 def rendered(spec: dict, **kw) -> dict:
-    return render_scaling("llama", "ml", spec, **kw)
+    return render_scaling("llama", "ml", spec_of(spec), **kw)
 
 
 @pytest.mark.parametrize(("metric", "pods_metric", "target"), [
@@ -157,13 +158,13 @@ def test_the_pod_pattern_matches_the_deployments_pods_only(name):
 ])
 def test_a_pdb_is_wanted_while_there_can_be_more_than_one_pod(spec, wanted):
     spec = {**MODEL, **spec}
-    assert pdb_wanted(spec) is wanted
+    assert pdb_wanted(spec_of(spec)) is wanted
     assert (rendered(spec)[PDB] is not None) is wanted
 
 
 def test_pdb_evicts_one_pod_at_a_time_and_selects_the_deployments_pods():
     pdb = render_pdb("llama", "ml")
-    deployment = render_deployment("llama", "ml", {**MODEL, "replicas": 3})
+    deployment = render_deployment("llama", "ml", spec_of({**MODEL, "replicas": 3}))
     assert pdb["spec"]["maxUnavailable"] == 1
     assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
     assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
@@ -173,7 +174,7 @@ def test_pdb_evicts_one_pod_at_a_time_and_selects_the_deployments_pods():
 
 
 def test_status_selector_selects_the_deployments_pods():
-    deployment = render_deployment("llama", "ml", MODEL)
+    deployment = render_deployment("llama", "ml", spec_of(MODEL))
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     selector = dict(term.split("=") for term in pod_selector("llama").split(","))
     assert selector == deployment["spec"]["selector"]["matchLabels"]
@@ -208,7 +209,7 @@ def test_the_operator_refuses_what_the_crd_refuses(fields, message):
     with pytest.raises(BadInput, match=re.escape(message)):
         rendered(scaling(**fields))
     with pytest.raises(BadInput, match=re.escape(message)):
-        render_deployment("llama", "ml", scaling(**fields))  # the spec is invalid as a whole
+        render_deployment("llama", "ml", spec_of(scaling(**fields)))  # the spec is invalid as a whole
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLES.glob("autoscaling*.yaml")),
@@ -216,7 +217,7 @@ def test_the_operator_refuses_what_the_crd_refuses(fields, message):
 def test_the_autoscaling_examples_render_valid_children(example):
     doc = validate_manifest(yaml.safe_load(example.read_text()))
     name, spec = doc["metadata"]["name"], doc["spec"]
-    children = render_scaling(name, "default", spec)
+    children = render_scaling(name, "default", spec_of(spec))
     assert children[PDB] is not None
     assert (children[HPA] is None) != (children[SCALED_OBJECT] is None)
     for child in (children[HPA], children[PDB]):
@@ -232,7 +233,7 @@ def test_the_docs_show_what_the_examples_render():
     docs = {}
     for example in ("autoscaling.yaml", "autoscaling-keda.yaml"):
         doc = yaml.safe_load((EXAMPLES / example).read_text())
-        docs[example] = render_scaling(doc["metadata"]["name"], "team-a", doc["spec"])
+        docs[example] = render_scaling(doc["metadata"]["name"], "team-a", spec_of(doc["spec"]))
     hpa = docs["autoscaling.yaml"][HPA]["spec"]
     assert f"metric: {{name: {hpa['metrics'][0]['pods']['metric']['name']}}}" in text
     assert f"averageValue: {hpa['metrics'][0]['pods']['target']['averageValue']}}}" in text

@@ -29,6 +29,7 @@ from kvledger.operator.render.render import render_deployment
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "bench"))
 from plan_speed import write_sparse_checkpoint  # noqa: E402
+from spec_helpers import spec_of  # noqa: E402
 
 TOKEN = "hf_pod_test_token"
 SECRET = {"name": "hf-token", "key": "token"}
@@ -84,7 +85,7 @@ def hub_pod(hub: HubServer, repo: str, tmp_path: Path, **spec) -> tuple[dict, Ku
                       "tokenSecretRef": SECRET},
             "gpus": 0, **spec}
     size = download_bytes(uri, token=TOKEN, endpoint=hub.url)
-    deployment = render_deployment("hub-pod", "default", full, download_bytes=size)
+    deployment = render_deployment("hub-pod", "default", spec_of(full), download_bytes=size)
     pod_spec = deployment["spec"]["template"]["spec"]
     return pod_spec, Kubelet(pod_spec, tmp_path, {(SECRET["name"], SECRET["key"]): TOKEN})
 

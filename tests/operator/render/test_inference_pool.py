@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 import yaml
 from operator_harness import eventually, ready_for, running_operator, service_manifest
+from spec_helpers import spec_of
 from vendored_crds import DATA, check_release, header_and_body, strict_version_schema
 
 from kvledger.engine.errors import BadInput
@@ -94,7 +95,7 @@ def test_the_gateways_fairness_header_is_believed_from_the_admins_addresses_alon
     pooled = parse_spec(SPECS["one pod a replica"])
 
     def engine_args(spec, **options):
-        pod = render_deployment("chat", "ns", spec, **options)["spec"]["template"]["spec"]
+        pod = render_deployment("chat", "ns", spec_of(spec), **options)["spec"]["template"]["spec"]
         return pod["containers"][0]["args"]
 
     args = engine_args(pooled, gateway=GatewayWiring(peers=("10.8.0.0/16", "10.9.1.2")))
@@ -119,7 +120,7 @@ def test_engines_behind_a_pool_publish_kv_events_to_the_admins_router_alone():
     pooled = parse_spec(SPECS["one pod a replica"])
     admin = Policy.from_json('{"gateway": {"kvEvents": {"endpoint": '
                              '"tcp://epp-kv.gateway.svc:5557"}}}')
-    pod = render_deployment("chat", "ns", pooled, gateway=admin.gateway)["spec"]["template"]
+    pod = render_deployment("chat", "ns", spec_of(pooled), gateway=admin.gateway)["spec"]["template"]
     engine = pod["spec"]["containers"][0]
     flags = engine["args"][engine["args"].index("--kv-events-config"):]
     config = KVEventsConfig.parse(flags[1])  # what the engine will read
@@ -132,7 +133,7 @@ def test_engines_behind_a_pool_publish_kv_events_to_the_admins_router_alone():
     plain_engine = plain["spec"]["template"]["spec"]["containers"][0]
     assert "--kv-events-config" not in plain_engine["args"]
     assert "POD_IP" not in {var["name"] for var in plain_engine.get("env", [])}
-    unset = render_deployment("chat", "ns", pooled, gateway=Policy().gateway)
+    unset = render_deployment("chat", "ns", spec_of(pooled), gateway=Policy().gateway)
     assert "--kv-events-config" not in unset["spec"]["template"]["spec"]["containers"][0]["args"]
     assert Policy.from_json('{"gateway": {"kvEvents": {"endpoint": "tcp://r:1", '
                             '"hashAlgo": "sha256"}}}').gateway.hash_algo == "sha256"
@@ -147,12 +148,12 @@ def test_engines_behind_a_pool_publish_kv_events_to_the_admins_router_alone():
 
 def test_only_serving_pods_carry_the_serving_label():
     pooled = parse_spec(SPECS["one pod a replica"])
-    labels = render_deployment("chat", "ns", pooled)["spec"]["template"]["metadata"]["labels"]
+    labels = render_deployment("chat", "ns", spec_of(pooled))["spec"]["template"]["metadata"]["labels"]
     assert labels[INFERENCE_SERVING_LABEL] == "true"
     plain = render_deployment("chat", "ns", parse_spec({"model": MODEL}))
     assert INFERENCE_SERVING_LABEL not in plain["spec"]["template"]["metadata"]["labels"]
-    group = render_leader_worker_set("chat", "ns", SPECS["a group's leaders, its own port and "
-                                                         "FailOpen"], key_secret="k")
+    group = render_leader_worker_set("chat", "ns", spec_of(SPECS["a group's leaders, its own port and "
+                                                         "FailOpen"]), key_secret="k")
     templates = group["spec"]["leaderWorkerTemplate"]
     assert templates["leaderTemplate"]["metadata"]["labels"][INFERENCE_SERVING_LABEL] == "true"
     assert INFERENCE_SERVING_LABEL not in templates["workerTemplate"]["metadata"]["labels"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import jsonschema
 import pytest
 from operator_harness import eventually, ready_for, running_operator, service_manifest
+from spec_helpers import spec_of
 from vendored_crds import DATA, check_release, strict_version_schema
 
 from kvledger.engine.errors import BadInput
@@ -59,7 +60,7 @@ def test_the_vendored_crds_are_the_release_files_their_headers_name():
 def test_rendered_keda_children_are_valid_against_keda_and_the_add_on(spec, schemas):
     validate_manifest({"apiVersion": API_VERSION, "kind": "InferenceService",
                        "metadata": {"name": "llama"}, "spec": spec})
-    children = render_scaling("llama", "team-a", spec)
+    children = render_scaling("llama", "team-a", spec_of(spec))
     rendered = [body for body in (children[SCALED_OBJECT], children[INTERCEPTOR_ROUTES])
                 if body is not None]
     assert rendered
@@ -71,7 +72,7 @@ def test_rendered_keda_children_are_valid_against_keda_and_the_add_on(spec, sche
 
 def test_to_zero_the_add_on_routes_to_the_service_and_its_trigger_wakes_it():
     spec = SPECS["the add-on, every field, its own port"]
-    children = render_scaling("llama", "team-a", spec, http_scaler="scaler.keda:9090")
+    children = render_scaling("llama", "team-a", spec_of(spec), http_scaler="scaler.keda:9090")
     route = children[INTERCEPTOR_ROUTES]
     assert route["metadata"]["name"] == "llama" and route["metadata"]["namespace"] == "team-a"
     assert route["spec"] == {
@@ -85,11 +86,11 @@ def test_to_zero_the_add_on_routes_to_the_service_and_its_trigger_wakes_it():
     assert prometheus["type"] == "prometheus"
     assert add_on == {"type": "external-push", "metadata": {
         "scalerAddress": "scaler.keda:9090", "interceptorRoute": "llama"}}
-    plain = render_scaling("llama", "team-a", SPECS["to zero behind the add-on"])
+    plain = render_scaling("llama", "team-a", spec_of(SPECS["to zero behind the add-on"]))
     assert plain[SCALED_OBJECT]["spec"]["triggers"][1]["metadata"]["scalerAddress"] == \
         DEFAULT_HTTP_SCALER
     assert "timeouts" not in plain[INTERCEPTOR_ROUTES]["spec"]  # the add-on's own default
-    without = render_scaling("llama", "team-a", {"model": MODEL, "autoscaling": ZERO})
+    without = render_scaling("llama", "team-a", spec_of({"model": MODEL, "autoscaling": ZERO}))
     assert without[INTERCEPTOR_ROUTES] is None
     assert [t["type"] for t in without[SCALED_OBJECT]["spec"]["triggers"]] == ["prometheus"]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from spec_helpers import spec_of
 
 from kvledger.engine.cli import main
 from kvledger.engine.errors import BadInput
@@ -36,7 +37,7 @@ def _manifest(spec: dict) -> dict:
 
 
 def _containers(spec: dict) -> dict[str, dict]:
-    pod = render_pod_spec(spec)
+    pod = render_pod_spec(spec_of(spec))
     return {c["name"]: c for c in pod["initContainers"] + pod["containers"]}
 
 
@@ -89,7 +90,7 @@ def test_the_crd_schema_refuses_malformed_adapters(adapter):
 
 
 def test_run_maps_adapter_directories_through_the_hostpath_volume():
-    config = local_config(ON_VOLUME)
+    config = local_config(spec_of(ON_VOLUME))
     assert [(m.name, m.path) for m in config.lora_modules] == [
         ("sql", "/srv/models/adapters/sql"), ("chat", "/srv/models/adapters/chat")]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jsonschema
 import pytest
+from spec_helpers import spec_of
 from vendored_crds import DATA, check_release, strict_version_schema
 
 from kvledger.operator.cluster.kube import typed
@@ -47,7 +48,7 @@ def test_the_vendored_crd_is_the_release_file_its_header_names():
 
 @pytest.mark.parametrize("spec", SPECS.values(), ids=SPECS.keys())
 def test_rendered_leader_worker_sets_are_valid_against_the_lws_crd(spec, lws_schema):
-    body = render_leader_worker_set("svc", "team-a", spec, key_secret="svc-nodes-abcde",
+    body = render_leader_worker_set("svc", "team-a", spec_of(spec), key_secret="svc-nodes-abcde",
                                     download_bytes=None)
     errors = sorted(jsonschema.Draft4Validator(lws_schema).iter_errors(body),
                     key=lambda e: list(e.absolute_path))
@@ -61,7 +62,7 @@ def test_rendered_leader_worker_sets_are_valid_against_the_lws_crd(spec, lws_sch
 
 
 def test_the_strict_schema_catches_a_misplaced_field(lws_schema):
-    body = render_leader_worker_set("svc", "team-a", SPECS["two nodes of two GPUs"],
+    body = render_leader_worker_set("svc", "team-a", spec_of(SPECS["two nodes of two GPUs"]),
                                     key_secret="svc-nodes-abcde")
     body["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0][
         "startupPolicy"] = "LeaderCreated"

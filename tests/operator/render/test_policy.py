@@ -10,6 +10,7 @@ import re
 import pytest
 import pytest_asyncio
 from operator_harness import eventually, running_operator, service_manifest
+from spec_helpers import spec_of
 
 from kvledger.engine.errors import BadInput
 from kvledger.operator.api.resource import API_VERSION, PLURAL
@@ -189,7 +190,7 @@ def test_the_network_policy_admits_the_namespace_and_the_listed_ones_on_the_port
     from kvledger.operator.render.policy import render_network_policy
     from kvledger.operator.render.render import LABEL
 
-    policy = render_network_policy("llama", "team-a", {**BASE, "port": 9000}, ("monitoring",))
+    policy = render_network_policy("llama", "team-a", spec_of({**BASE, "port": 9000}), ("monitoring",))
     kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
     typed(policy)  # and sent as the client's typed model, unchanged
     assert policy["spec"]["podSelector"] == {"matchLabels": {LABEL: "llama"}}
@@ -263,8 +264,8 @@ def restricted_violations(pod: dict) -> list[str]:
 def test_rendered_pods_meet_pod_security_restricted(spec):
     from kvledger.operator.render.render import render_deployment
 
-    pod = render_deployment("m", "team-a", spec, download_bytes=2**30)["spec"]["template"]["spec"]
+    pod = render_deployment("m", "team-a", spec_of(spec), download_bytes=2**30)["spec"]["template"]["spec"]
     assert restricted_violations(pod) == []
     # The one exception, and only when the admin allows it: a host folder.
-    host = render_deployment("m", "team-a", HOST)["spec"]["template"]["spec"]
+    host = render_deployment("m", "team-a", spec_of(HOST))["spec"]["template"]["spec"]
     assert restricted_violations(host) == ["volume model: ['hostPath']"]

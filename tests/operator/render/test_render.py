@@ -9,6 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from operator_harness import PLACEMENT
+from spec_helpers import spec_of
 
 from kvledger.engine.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
@@ -40,11 +41,11 @@ SPEC = {
 
 
 def pod_spec(spec: dict) -> dict:
-    return render_deployment("llama", "ml", spec)["spec"]["template"]["spec"]
+    return render_deployment("llama", "ml", spec_of(spec))["spec"]["template"]["spec"]
 
 
 def test_every_spec_field_becomes_its_flag_and_parses_back():
-    flags = engine_flags(SPEC)
+    flags = engine_flags(spec_of(SPEC))
     parser = argparse.ArgumentParser()
     add_engine_flags(parser)
     parsed = config_from_args(parser.parse_args(flags))
@@ -64,7 +65,7 @@ def test_every_spec_field_becomes_its_flag_and_parses_back():
 def test_preflight_and_engine_get_the_same_flags():
     spec = pod_spec(SPEC)
     [preflight], [engine] = spec["initContainers"], spec["containers"]
-    flags = engine_flags(SPEC)
+    flags = engine_flags(spec_of(SPEC))
     assert preflight["command"] == ["kvledger", "preflight"]
     assert preflight["args"] == [*flags, "--plan-out", PLAN_PATH,
                                  "--termination-log", "/dev/termination-log"]
@@ -144,8 +145,8 @@ def test_the_shutdown_grace_is_a_flag_serve_takes():
 
 
 def test_deployment_and_service_select_the_pods_by_label():
-    deployment = render_deployment("llama", "ml", SPEC, default_image="img:1")
-    service = render_service("llama", "ml", SPEC)
+    deployment = render_deployment("llama", "ml", spec_of(SPEC), default_image="img:1")
+    service = render_service("llama", "ml", spec_of(SPEC))
     assert deployment["spec"]["replicas"] == 3
     assert deployment["spec"]["selector"]["matchLabels"] == {LABEL: "llama"}
     assert deployment["spec"]["template"]["metadata"]["labels"][LABEL] == "llama"
@@ -153,22 +154,22 @@ def test_deployment_and_service_select_the_pods_by_label():
     assert service["spec"]["selector"] == {LABEL: "llama"}
     assert service["spec"]["ports"] == [{"name": "http", "port": 9000, "targetPort": "http",
                                          "protocol": "TCP"}]
-    assert render_deployment("llama", "ml", {**SPEC, "image": "mine:2"})[
+    assert render_deployment("llama", "ml", spec_of({**SPEC, "image": "mine:2"}))[
         "spec"]["template"]["spec"]["containers"][0]["image"] == "mine:2"
 
 
 def test_a_spec_that_can_never_work_raises_bad_input():
     with pytest.raises(BadInput, match=r"memory\.limit must be more than 0 bytes"):
-        render_deployment("x", "ns", {"model": {"path": "/m"}, "memory": {"limit": "0Gi"}})
+        render_deployment("x", "ns", spec_of({"model": {"path": "/m"}, "memory": {"limit": "0Gi"}}))
     with pytest.raises(BadInput, match="maxNumBatchedTokens must be at least maxNumSeqs"):
-        engine_flags({"model": {"path": "/m"},
-                      "engine": {"maxNumSeqs": 64, "maxNumBatchedTokens": 32}})
+        engine_flags(spec_of({"model": {"path": "/m"},
+                      "engine": {"maxNumSeqs": 64, "maxNumBatchedTokens": 32}}))
 
 
 def test_gpus_beyond_one_node_are_refused_by_name():
     with pytest.raises(BadInput, match="gpus must be at most 8: kvledger serves a model on "
                                        "the GPUs of one node"):
-        render_deployment("x", "ns", {"model": {"path": "/m"}, "gpus": 9})
+        render_deployment("x", "ns", spec_of({"model": {"path": "/m"}, "gpus": 9}))
 
 
 # -- placement and environment ----------------------------------------------------------
@@ -178,7 +179,7 @@ def test_gpus_beyond_one_node_are_refused_by_name():
 ENGINE_ENV = [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "false"}]
 
 def test_placement_fields_pass_through_to_the_pod_as_kubernetes_names_them():
-    deployment = render_deployment("llama", "ml", {**SPEC, **PLACEMENT})
+    deployment = render_deployment("llama", "ml", spec_of({**SPEC, **PLACEMENT}))
     template = deployment["spec"]["template"]
     pod = template["spec"]
     for field in ("nodeSelector", "tolerations", "affinity", "priorityClassName",
@@ -203,7 +204,7 @@ def test_placement_fields_pass_through_to_the_pod_as_kubernetes_names_them():
 
 def test_the_operators_labels_win_over_pod_labels():
     spec = {**SPEC, "podLabels": {LABEL: "other", "app.kubernetes.io/name": "mine", "team": "a"}}
-    deployment = render_deployment("llama", "ml", spec)
+    deployment = render_deployment("llama", "ml", spec_of(spec))
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert labels[LABEL] == "llama" and labels["app.kubernetes.io/name"] == "kvledger"
     assert labels["team"] == "a"
@@ -244,7 +245,7 @@ def test_hub_pod_runs_preflight_then_fetch_then_engine():
     assert [c["name"] for c in pod["initContainers"]] == ["preflight", "fetch"]
     containers = _containers(pod)
     preflight, fetch, engine = containers["preflight"], containers["fetch"], containers["engine"]
-    flags = engine_flags(HUB)
+    flags = engine_flags(spec_of(HUB))
     assert flags[:2] == ["--model", "hf://meta-llama/Llama-3.1-8B-Instruct@main"]
     assert preflight["args"] == [*flags, "--plan-out", PLAN_PATH,
                                  "--termination-log", "/dev/termination-log"]
@@ -352,7 +353,7 @@ def test_cache_size_limit_is_the_download_plus_5_percent_plus_1_gib(download_byt
 
 
 def pod_spec_of(spec: dict, **kw) -> dict:
-    return render_deployment("llama", "ml", spec, **kw)["spec"]["template"]["spec"]
+    return render_deployment("llama", "ml", spec_of(spec), **kw)["spec"]["template"]["spec"]
 
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples").glob("*.yaml"))
@@ -373,8 +374,8 @@ def test_rendered_children_of_every_example_pass_kubernetes_schema(example):
     """What the operator would apply, checked against Kubernetes' own schemas (strict)."""
     doc = yaml.safe_load(example.read_text())
     name = doc["metadata"]["name"]
-    for child in (render_deployment(name, "default", doc["spec"]),
-                  render_service(name, "default", doc["spec"])):
+    for child in (render_deployment(name, "default", spec_of(doc["spec"])),
+                  render_service(name, "default", spec_of(doc["spec"]))):
         kubernetes_validate.validate(child, kubernetes_validate.latest_version(), strict=True)
         typed(child)  # and sent as the client's typed model, unchanged
 
@@ -384,8 +385,8 @@ def test_rendered_children_of_every_field_pass_kubernetes_schema(name):
     spec = EXTRA_SPECS[name]
     validate_manifest({"apiVersion": "kvledger.dev/v1alpha1", "kind": "InferenceService",
                        "metadata": {"name": name}, "spec": spec})
-    for child in (render_deployment(name, "default", spec, download_bytes=16 * GIB),
-                  render_service(name, "default", spec)):
+    for child in (render_deployment(name, "default", spec_of(spec), download_bytes=16 * GIB),
+                  render_service(name, "default", spec_of(spec))):
         kubernetes_validate.validate(child, kubernetes_validate.latest_version(), strict=True)
         typed(child)  # and sent as the client's typed model, unchanged
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from spec_helpers import spec_of
 
 from kvledger.engine.cli import main
 from kvledger.engine.planner.estimates import NCCL_BYTES_PER_RANK
@@ -16,7 +17,7 @@ from kvledger.operator.render.render import render_pod_spec
 
 
 def _pod(gpus: int, path: str = "/m") -> dict:
-    return render_pod_spec({"model": {"path": path}, "gpus": gpus})
+    return render_pod_spec(spec_of({"model": {"path": path}, "gpus": gpus}))
 
 
 def _containers(pod: dict) -> tuple[dict, dict]:
@@ -79,7 +80,7 @@ def test_pipeline_stages_split_the_pods_gpus():
     raw = {"model": {"path": "/models/m"}, "gpus": 4, "engine": {"pipelineParallelSize": 2}}
     spec = parse_spec(raw)
     assert (spec.engine.pipeline_parallel_size, spec.engine.tensor_parallel_size) == (2, 2)
-    pod = render_pod_spec(raw)
+    pod = render_pod_spec(spec_of(raw))
     for container in (pod["initContainers"][0], pod["containers"][0]):
         args = container["args"]
         assert args[args.index("--tensor-parallel-size") + 1] == "2"

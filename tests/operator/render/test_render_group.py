@@ -7,6 +7,7 @@ import base64
 import re
 
 import pytest
+from spec_helpers import spec_of
 
 from kvledger.engine.errors import BadInput
 from kvledger.operator.api.spec import parse_spec
@@ -33,7 +34,7 @@ GROUP_FLAGS = ["--nnodes", "2", "--node-rank", "$(LWS_WORKER_INDEX)",
 
 def _pods(spec: dict) -> tuple[dict, dict, dict]:
     """(LeaderWorkerSet, leader pod spec, worker pod spec)."""
-    lws = render_leader_worker_set("big", "ns", spec, key_secret="big-nodes-x7k2q",
+    lws = render_leader_worker_set("big", "ns", spec_of(spec), key_secret="big-nodes-x7k2q",
                                    default_image="kvledger:test")
     template = lws["spec"]["leaderWorkerTemplate"]
     return lws, template["leaderTemplate"]["spec"], template["workerTemplate"]["spec"]
@@ -57,8 +58,8 @@ def test_two_nodes_of_two_gpus_is_a_group_of_two_pods_with_tp2_pp2():
     assert template["restartPolicy"] == "RecreateGroupOnPodRestart"
     # The args of one pod of 4 GPUs in 2 stages, exactly, then the group's; a worker has
     # no HTTP server.
-    deployed = _engine(render_deployment("big", "ns", {**spec, "gpus": 4, "nodes": 1, "engine": {
-        "pipelineParallelSize": 2}}, default_image="kvledger:test")["spec"]["template"]["spec"])
+    deployed = _engine(render_deployment("big", "ns", spec_of({**spec, "gpus": 4, "nodes": 1, "engine": {
+        "pipelineParallelSize": 2}}), default_image="kvledger:test")["spec"]["template"]["spec"])
     assert _engine(leader)["args"] == deployed["args"] + GROUP_FLAGS
     assert _engine(worker)["args"] == deployed["args"] + GROUP_FLAGS + ["--headless"]
     args = _engine(leader)["args"]
@@ -163,7 +164,7 @@ def test_one_node_is_the_deployment_as_before():
     assert spec.nodes == 1
     kind, body = render_workload("one", "ns", spec, default_image="kvledger:test")
     assert kind == ("apps/v1", "deployments")
-    assert body == render_deployment("one", "ns", spec, default_image="kvledger:test")
+    assert body == render_deployment("one", "ns", spec_of(spec), default_image="kvledger:test")
     kind, body = render_workload("two", "ns", parse_spec({"model": MODEL, "nodes": 2}),
                                  key_secret="two-nodes-abcde")
     assert kind == ("leaderworkerset.x-k8s.io/v1", "leaderworkersets")
@@ -173,8 +174,8 @@ def test_one_node_is_the_deployment_as_before():
 
 
 def test_keda_sums_the_metric_over_the_leaders_which_alone_serve_it():
-    scaling = render_scaling("big", "ns", {"model": MODEL, "nodes": 2, "autoscaling": {
-        "maxReplicas": 3, "provider": "keda", "metric": "requestsWaiting"}})
+    scaling = render_scaling("big", "ns", spec_of({"model": MODEL, "nodes": 2, "autoscaling": {
+        "maxReplicas": 3, "provider": "keda", "metric": "requestsWaiting"}}))
     [scaled] = [body for body in scaling.values() if body and body["kind"] == "ScaledObject"]
     query = scaled["spec"]["triggers"][0]["metadata"]["query"]
     assert query == 'sum(kvledger_requests_waiting{namespace="ns",pod=~"big-[0-9]+"})'

@@ -8,6 +8,7 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 from operator_harness import eventually, ready_for, running_operator, service_manifest
+from spec_helpers import spec_of
 
 from kvledger.engine.errors import BadInput
 from kvledger.operator.api.resource import API_VERSION, PLURAL, SLEEP_LEVEL_FILE
@@ -21,7 +22,7 @@ SLEEPY = {"model": MODEL, "engine": {"enableSleepMode": True}}
 
 
 def test_sleep_mode_mounts_the_level_for_the_engine_alone():
-    deployment = render_deployment("chat", "team-a", {**SLEEPY, "sleep": 1})
+    deployment = render_deployment("chat", "team-a", spec_of({**SLEEPY, "sleep": 1}))
     kubernetes_validate.validate(deployment, kubernetes_validate.latest_version(), strict=True)
     typed(deployment)
     pod = deployment["spec"]["template"]["spec"]
@@ -34,9 +35,9 @@ def test_sleep_mode_mounts_the_level_for_the_engine_alone():
     assert SLEEP_LEVEL_FILE.rsplit("/", 1)[0] in [m["mountPath"] for m in engine["volumeMounts"]]
     assert all(m["name"] != "sleep" for m in preflight["volumeMounts"])
     # The level is not in the pod: changing it replaces no pod.
-    assert deployment == render_deployment("chat", "team-a", {**SLEEPY, "sleep": 2})
-    assert deployment == render_deployment("chat", "team-a", SLEEPY)
-    plain = render_deployment("chat", "team-a", {"model": MODEL})
+    assert deployment == render_deployment("chat", "team-a", spec_of({**SLEEPY, "sleep": 2}))
+    assert deployment == render_deployment("chat", "team-a", spec_of(SLEEPY))
+    plain = render_deployment("chat", "team-a", spec_of({"model": MODEL}))
     assert "--sleep-level-file" not in plain["spec"]["template"]["spec"]["containers"][0]["args"]
 
 

@@ -29,6 +29,7 @@ from kvledger.operator.webhook.webhook import Webhook
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "bench"))
 from plan_speed import write_sparse_checkpoint  # noqa: E402
+from spec_helpers import spec_of  # noqa: E402
 
 MiB = 2**20
 
@@ -97,7 +98,7 @@ def test_the_webhook_answers_as_the_pre_flight_on_every_node(hub, case, inventor
     nodes = INVENTORIES[inventory]
     verdict = asyncio.run(Webhook().verdict(case, spec, nodes, hub.url))
 
-    pod = render_pod_spec(raw, hub_endpoint=hub.url)
+    pod = render_pod_spec(spec_of(raw), hub_endpoint=hub.url)
     eligible = [n for n in candidates(nodes, pod) if n.gpus >= spec.gpus]
     fits_somewhere = False
     for node in eligible:
