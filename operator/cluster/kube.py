@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import kopf
 
@@ -30,11 +30,17 @@ from kvledger.engine import json_text
 
 if TYPE_CHECKING:  # the client's models load on the first call
     from kubernetes.aio.client import ApiClient
-    from pydantic import BaseModel
 
 # An object as the API server sends and takes it (JSON); a built-in kind's goes out as
 # the client's typed model of it (``typed``).
 Body = dict[str, Any]
+
+
+class ClientModel(Protocol):
+    """One of the official client's models (``V1Deployment``, ...: pydantic models)."""
+
+    @classmethod
+    def from_dict(cls, obj: Body) -> Self: ...
 
 _MERGE_PATCH = "application/merge-patch+json"
 TIMEOUT_S = 30.0
@@ -57,7 +63,7 @@ def object_path(api_version: str, plural: str, namespace: str, name: str | None 
     return f"{path}/{name}" if name else path
 
 
-def model_class(api_version: str, kind: str) -> type[BaseModel] | None:
+def model_class(api_version: str, kind: str) -> type[ClientModel] | None:
     """The official client's model of a built-in kind (``V1Deployment`` for apps/v1
     Deployment), None for a custom resource's (a group of its own, or one the client does
     not know: GAIE's ``inference.networking.k8s.io``)."""
@@ -72,7 +78,7 @@ def model_class(api_version: str, kind: str) -> type[BaseModel] | None:
         return None
 
 
-def typed(body: Body) -> Body | BaseModel:
+def typed(body: Body) -> Body | ClientModel:
     """``body`` as the client's typed model when its kind is built in (else ``body``).
     KubeError 422 (as the API server's Invalid) when the model refuses a field or would
     send it otherwise than written: nothing is coerced or dropped on the way."""
@@ -143,7 +149,7 @@ class KubeApi:
                 await client.close()
         self._retired, self._client = [], None
 
-    async def request(self, method: str, path: str, body: Body | BaseModel | None = None, *,
+    async def request(self, method: str, path: str, body: Body | ClientModel | None = None, *,
                     query: dict[str, str] | None = None,
                     content_type: str | None = None) -> Body | None:
         """One call as written (``body`` a dict, or a typed model): the response object;

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -153,7 +153,7 @@ async def apply_children(memo: kopf.Memo, name: str, namespace: str) -> ModelRec
         missing = await missing_api(memo.kube, spec)
         if missing is not None:
             raise missing
-        model = await download_size(memo, spec, owner.get("status") or {})
+        model = await download_size(memo, spec, cast(ServiceStatus, owner.get("status") or {}))
         await _apply(memo, name, namespace, spec, kopf.Body(owner),
                      model.get("downloadBytes") if model else None)
         return model
@@ -237,9 +237,9 @@ async def download_size(memo: kopf.Memo, spec: ServiceSpec,
     limits, as the webhook's reads). A model that needs a
     token is sized in its pod: ``{uri}`` alone, and the emptyDir gets no limit. Raises
     ModelUnavailable with a one-line reason."""
-    if not spec.model.needs_download_size:
-        return None
     uri = spec.model.uri
+    if not spec.model.needs_download_size or uri is None:
+        return None
     if spec.model.token_secret is not None:
         return {"uri": uri}  # the operator reads no Secret: the pod's fetch sizes it
     known: ModelRecord = status.get("model") or {}

@@ -43,7 +43,7 @@ from kvledger.engine.errors import BadInput
 from kvledger.engine.serve_config import ServeConfig
 from kvledger.operator.api.resource import API_VERSION, GROUP, PLURAL, VERSION
 from kvledger.operator.api.spec import ServiceSpec, parse_spec
-from kvledger.operator.api.status_types import ModelRecord, PodEntry, PodStatus
+from kvledger.operator.api.status_types import ModelRecord, PodEntry, PodStatus, ServiceStatus
 from kvledger.operator.cluster.hub_models import HubModels
 from kvledger.operator.cluster.kube import KubeApi, KubeError, contains, object_path
 from kvledger.operator.controller import status
@@ -234,7 +234,7 @@ async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: ko
             spec, spec_error, spec_reason = None, str(exc), "PolicyDenied"
         except BadInput as exc:
             spec_error = str(exc)
-        old = obj.get("status") or {}
+        old = cast(ServiceStatus, obj.get("status") or {})
         entries = list(pods_index.get((namespace, name), []))
         deployments = list((deployments_index or {}).get((namespace, name), []))
         workload = (await _group_state(memo.kube, namespace, name, spec, entries)

@@ -128,7 +128,7 @@ def pod_problem(pod_status: PodStatus) -> tuple[str, str] | None:
             waiting = container["state"]["waiting"]
             return "ImagePullFailed", (f"container {name} cannot pull its image ({reason}): "
                                        f"{waiting.get('message', '')}").rstrip(": ")
-    fetch = statuses.get("fetch")
+    fetch = statuses.get("fetch") or {}
     fetched = _terminated(fetch)
     if fetched is not None and fetched.get("exitCode") != 0:
         detail = [line for line in (fetched.get("message") or "").strip().splitlines() if line]
@@ -136,7 +136,7 @@ def pod_problem(pod_status: PodStatus) -> tuple[str, str] | None:
             f"the fetch init container failed to download the model (exit "
             f"{fetched.get('exitCode')}, restarts: {fetch.get('restartCount', 0)})"
             + (f": {detail[-1].strip()}" if detail else ""))
-    engine = statuses.get("engine")
+    engine = statuses.get("engine") or {}
     done = _terminated(engine)
     if done is not None and done.get("reason") == "OOMKilled":
         return "OOMKilled", ("engine container was killed for exceeding its host-memory limit "
@@ -159,14 +159,16 @@ def pod_ready(pod_status: PodStatus) -> bool:
 
 def upsert_condition(conditions: list[Condition], new: Condition, now: str) -> list[Condition]:
     """Replace the condition of ``new['type']``; keep its transition time if status held."""
-    out, old = [], None
+    out: list[Condition] = []
+    old: Condition = {}
     for condition in conditions:
         if condition.get("type") == new["type"]:
             old = condition
         else:
             out.append(condition)
-    held = old is not None and old.get("status") == new["status"]
-    merged: Condition = {**new, "lastTransitionTime": old.get("lastTransitionTime", now) if held else now}
+    held = bool(old) and old.get("status") == new["status"]
+    merged: Condition = {**new, "lastTransitionTime": old.get("lastTransitionTime", now)
+                         if held else now}
     return [*out, merged]
 
 
@@ -221,10 +223,10 @@ def compute_status(*, spec: ServiceSpec | None, generation: int | None,
         status["pods"] = group_pods
     elif "pods" in old:
         status["pods"] = None  # one node again: the merge patch removes the list
-    if spec_error is not None or blocked is not None:
-        set_condition(READY, "False", *((spec_reason, spec_error) if blocked is None
+    if spec is None or spec_error is not None or blocked is not None:
+        set_condition(READY, "False", *((spec_reason, spec_error or "") if blocked is None
                                         else blocked))
-        status.update(conditions=conditions, readyReplicas=0)
+        status["conditions"], status["readyReplicas"] = conditions, 0
         return status
 
     refusal = _memory_budget(pods, old, status, set_condition)
@@ -253,7 +255,7 @@ def compute_status(*, spec: ServiceSpec | None, generation: int | None,
     startup = measured_start(pods)
     if startup is not None:  # else the last one measured stays (the patch names no startup)
         status["startup"] = startup
-    status.update(conditions=conditions, readyReplicas=ready_count)
+    status["conditions"], status["readyReplicas"] = conditions, ready_count
     return status
 
 
