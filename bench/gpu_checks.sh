@@ -104,8 +104,8 @@ finish() {  # the last lines: every failed step named; exit status 1 if any fail
 if [ "${1:-}" = speed ]; then  # the GPU path: its tests compiled, then bench/gpu_speed.py
     step 120 "the paged kernels (decodes, later chunks) compiled against SDPA; greedy tokens of both attention paths, and of captured graphs against eager (float32)" \
         env TRITON_INTERPRET=0 KVLEDGER_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider \
-        -o addopts="" tests/engine/test_paged_attention.py tests/engine/test_prefill_attention.py \
-        tests/engine/test_paged_engine.py
+        -o addopts="" tests/engine/model/test_paged_attention.py tests/engine/model/test_prefill_attention.py \
+        tests/engine/core/test_paged_engine.py
     step 440 "bench/gpu_speed.py: decode, prefill and a later chunk against the card's own limits" \
         "$PY" bench/gpu_speed.py --out "${OUT:-bench/results}/gpu_speed.json"
     finish
@@ -129,7 +129,7 @@ step 90 "gpu_memory_check small-llama bf16, fp8 KV, 64 x 2048, 4096-token steps"
 # (c) ---------------------------------------------------------------------------------
 step 150 "engine tests on CUDA: greedy equality vs transformers (float32), meta-device runner" \
     env KVLEDGER_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
-    tests/engine/test_hf_equivalence.py tests/engine/test_device_paths.py
+    tests/engine/model/test_hf_equivalence.py tests/engine/core/test_device_paths.py
 step 50 "seeded and greedy sampling on CUDA, bf16 weights, bf16 and fp8 KV" "$PY" - <<'EOF'
 import tempfile
 

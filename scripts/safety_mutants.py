@@ -21,10 +21,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTS = ["tests/engine/test_banker.py", "tests/engine/test_safe_admission.py",
-         "tests/engine/test_safe_progress.py",
-         "tests/engine/test_ledger.py", "tests/engine/test_prompt_share.py",
-         "tests/engine/test_prefix_cache.py"]
+TESTS = ["tests/engine/kv/test_banker.py", "tests/engine/kv/test_safe_admission.py",
+         "tests/engine/kv/test_safe_progress.py",
+         "tests/engine/kv/test_ledger.py", "tests/engine/kv/test_prompt_share.py",
+         "tests/engine/kv/test_prefix_cache.py"]
 
 # name -> (file, text, replacement): each text occurs exactly once.
 MUTANTS = {

@@ -9,7 +9,7 @@ at M=3 and 543 us at M=32. oneDNN's inner product on weights reordered for it
 and 163 us at M=32, the same numbers as ``F.linear`` to float rounding (a relative
 1e-6: another order of summation).
 So a step costs nearly the same for one sequence or a few, as it should while the
-weights dominate (``tests/engine/test_cpu_linear.py``; the step figures are in
+weights dominate (``tests/engine/model/test_cpu_linear.py``; the step figures are in
 docs/benchmarks.md).
 
 Not on every CPU, though: on one machine the packed step ran at 0.72x ``nn.Linear``'s

@@ -5,7 +5,7 @@ A decode step multiplies a handful of rows by every weight matrix: its cost is r
 weights plus a fixed cost per product, so the same weights in fewer, larger products cost
 less (docs/benchmarks.md, "Fused projections"). One product computes each output from the
 same row and weights, so the result is the separate products' to float rounding
-(``tests/engine/test_fusion.py``).
+(``tests/engine/model/test_fusion.py``).
 
 Fused after loading (the checkpoint's names load as they are) and after tensor-parallel
 sharding (each rank fuses its own shards), before the CPU packs the weights. Only plain

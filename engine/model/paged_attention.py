@@ -25,7 +25,7 @@ kernel and times its ``(k_scale, v_scale)``. Block sizes and head dims need not 
 of two (they are padded inside the kernel and the padding is not read).
 
 The kernel is tested on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``) against
-SDPA on the gathered tensors (tests/engine/test_paged_attention.py).
+SDPA on the gathered tensors (tests/engine/model/test_paged_attention.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 input embedding on the first stage, the final norm and the LM head on the last, as vLLM
 builds a stage. Which layers and tensors a stage holds is ``planner/stages.py``'s rule,
 the one the plan counts, so a stage loads exactly the bytes its plan says
-(tests/engine/test_pipeline_stages.py).
+(tests/engine/model/test_pipeline_stages.py).
 
 ``StageLM`` takes the first stage's token ids, or an earlier stage's hidden states, and
 gives the next stage's input, or on the last stage the hidden states after the final norm

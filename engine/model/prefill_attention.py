@@ -28,7 +28,7 @@ kernel exists to save.
 Every layout the decode kernel reads (fp32/bf16/fp16, fp8 e4m3fn/e5m2 decoded in the kernel
 and times ``(k_scale, v_scale)``; MHA/GQA/MQA; head dims and block sizes that are not
 powers of two, padded inside) is read here. Tested on the CPU under Triton's interpreter
-against SDPA on the gathered tensors (tests/engine/test_prefill_attention.py).
+against SDPA on the gathered tensors (tests/engine/model/test_prefill_attention.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 checkpoint is planned, not refused, at its stored size (one byte a weight, float32
 scales, the rest at the model dtype); ``--quantization fp8`` is planned at the size it
 quantizes to; FP8 variants the engine does not serve are refused by name. That the
-engine holds exactly the planned bytes: tests/engine/test_fp8.py."""
+engine holds exactly the planned bytes: tests/engine/model/test_fp8.py."""
 
 from __future__ import annotations
 

@@ -161,7 +161,7 @@ def test_moe_experts_are_split_and_the_router_replicated(tmp_path) -> None:
 def test_plan_takes_vllms_multi_node_flags_and_serve_checks_them(tiny_llama_dir, capsys,
                                                                  monkeypatch) -> None:
     """A plan is per GPU of each stage wherever the stages run: plan takes the machines'
-    flags as they are; serve runs them (tests/engine/test_nodes.py), and refuses a run the
+    flags as they are; serve runs them (tests/engine/core/test_nodes.py), and refuses a run the
     machines cannot split evenly, one line, exit 2."""
     nodes = ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
              "--master-port", "29500"]

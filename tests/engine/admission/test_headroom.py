@@ -1,6 +1,6 @@
 """Headroom without preemption (``--priority-headroom``): best-effort requests never take
 the kept blocks or seats, an urgent request takes them at once, and nothing admitted can
-strand (tests/engine/test_safe_progress.py runs the same with random traffic)."""
+strand (tests/engine/kv/test_safe_progress.py runs the same with random traffic)."""
 
 from __future__ import annotations
 

@@ -335,7 +335,7 @@ def test_a_matcher_that_cannot_start_gives_the_reservation_back(engine):
 
 
 def test_processing_and_logprobs_stay_on_the_logits_device():
-    # meta refuses a CPU tensor meeting a meta one, as CUDA would (tests/engine/test_device_paths.py).
+    # meta refuses a CPU tensor meeting a meta one, as CUDA would (tests/engine/core/test_device_paths.py).
     meta = torch.device("meta")
     params = SamplingParams(logit_bias={1: 5.0}, repetition_penalty=1.3, frequency_penalty=0.5,
                             presence_penalty=0.5, min_tokens=4, stop_token_ids=[2],
