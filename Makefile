@@ -48,7 +48,7 @@ test:
 crd:
 	$(BIN)/python -m kvledger.operator.api.crd --write
 
-# docs/serving.md's table of serve's own flags, generated from engine/serve_config.py; a
+# docs/serving.md's table of serve's own flags, generated from engine/settings/serve_config.py; a
 # test fails while it is stale.
 docs:
 	$(BIN)/python scripts/serve_flags_table.py --write

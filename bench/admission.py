@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 import torch
 
 from kvledger.engine.admission.line import Admission
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.core.async_engine import AsyncEngine
 from kvledger.engine.core.engine import LLMEngine
 from kvledger.engine.errors import KVCacheFull
@@ -45,6 +44,7 @@ from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.model.builtin import write_model
 from kvledger.engine.sampling.params import SamplingParams
 from kvledger.engine.server.api_errors import retry_headers
+from kvledger.engine.settings.config import EngineConfig
 
 POLICIES = ("fixed-cap", "prompt-only", "reservation")
 BASELINE_RETRY_S = 0.1

@@ -30,9 +30,9 @@ FLAT_LIMIT = 1.3  # step(3) / step(1)
 
 
 def make_engine(model_dir: str, packed: bool, fused: bool = True):
-    from kvledger.engine.config import EngineConfig
     from kvledger.engine.core import runner
     from kvledger.engine.core.engine import LLMEngine
+    from kvledger.engine.settings.config import EngineConfig
 
     if packed:  # every linear layer packed, whatever the start-up measurement would say
         runner.pack_linears = functools.partial(runner.pack_linears, measure=False)

@@ -114,7 +114,6 @@ def main() -> int:
         return 2
 
     from kvledger.engine.checkpoint.model_config import ModelConfig
-    from kvledger.engine.config import EngineConfig
     from kvledger.engine.core.engine import LLMEngine
     from kvledger.engine.core.runner import TORCH_DTYPES, ModelRunner
     from kvledger.engine.core.startup import context_bytes
@@ -123,6 +122,7 @@ def main() -> int:
     from kvledger.engine.planner.device import probe_device
     from kvledger.engine.planner.plan import make_plan
     from kvledger.engine.sampling.params import SamplingParams
+    from kvledger.engine.settings.config import EngineConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(write_model(args.model, tmp))

@@ -58,10 +58,10 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("error: gpu_oom_check needs a CUDA device (torch sees none)", file=sys.stderr)
         return 2
-    from kvledger.engine.config import EngineConfig
     from kvledger.engine.core.engine import LLMEngine
     from kvledger.engine.model.builtin import write_model
     from kvledger.engine.sampling.params import SamplingParams
+    from kvledger.engine.settings.config import EngineConfig
 
     model_dir = write_model("small-llama", tempfile.mkdtemp(prefix="kvledger-oom-"))
     # No prefix cache: the reference run would leave prompts 4-7 cached, and computing

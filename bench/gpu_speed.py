@@ -209,8 +209,8 @@ def activation_plan(config: dict, backend: str, runner, device: torch.device, ba
     """The planner's activation estimate for this run (a what-if card of the device's
     size), beside the profile pass's measured peak (None on the CPU)."""
     from kvledger.engine.checkpoint.contents import WeightsInfo, model_shape
-    from kvledger.engine.config import EngineConfig
     from kvledger.engine.planner.plan import make_plan
+    from kvledger.engine.settings.config import EngineConfig
 
     total = weight_bytes(runner)
     plan = make_plan(EngineConfig(model="random", device_memory_bytes=free_bytes(device),

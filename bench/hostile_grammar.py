@@ -130,7 +130,7 @@ def main() -> int:
     from kvledger.engine.model.builtin import write_model
     from kvledger.engine.model.tokenizer import Tokenizer
     from kvledger.engine.sampling.grammar import GrammarCompiler, GrammarSpec, compile_workers
-    from kvledger.engine.setting_kinds import parse_size
+    from kvledger.engine.settings.kinds import parse_size
 
     args.cache_bytes = parse_size(args.cache)
     args.workers = compile_workers()

@@ -49,7 +49,7 @@ from kvledger.engine.core.rank_messages import (
 )
 from kvledger.engine.core.sealed import MAGIC, NONCE_BYTES
 from kvledger.engine.model.builtin import write_model
-from kvledger.engine.node_config import NODE_KEY_ENV, Nodes, free_port_pair
+from kvledger.engine.settings.node_config import NODE_KEY_ENV, Nodes, free_port_pair
 
 KEY = "hostile-nodes-bench-key-0123456789"
 KVLEDGER = [sys.executable, "-m", "kvledger.engine.cli"]

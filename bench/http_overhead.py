@@ -46,10 +46,10 @@ async def serve(bare_port: int, kv_port: int, model_dir: str) -> None:
     """Child: the bare app and the kvledger app (pool fully held) until stdin closes."""
     import torch
 
-    from kvledger.engine.config import EngineConfig
     from kvledger.engine.core.engine import LLMEngine
     from kvledger.engine.server.app import build_app
     from kvledger.engine.server.state import STATE
+    from kvledger.engine.settings.config import EngineConfig
 
     torch.set_num_threads(1)
     bare = web.Application()

@@ -42,8 +42,8 @@ BASELINE_BYTES = 512 * MiB
 
 def refuse(uri: str, endpoint: str):
     from kvledger.engine.checkpoint.hub.headers import header_mirror
-    from kvledger.engine.config import EngineConfig
     from kvledger.engine.planner.plan import make_plan
+    from kvledger.engine.settings.config import EngineConfig
 
     config = EngineConfig(model=uri, device_memory_bytes=192 * GiB, max_model_len=8192,
                           max_num_seqs=64)

@@ -53,7 +53,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from local_server import free_port, wait_ready  # noqa: E402
 
-from kvledger.engine.config import EngineConfig  # noqa: E402
 from kvledger.engine.core.engine import LLMEngine  # noqa: E402
 from kvledger.engine.core.kv_publisher import KVEventPublisher  # noqa: E402
 from kvledger.engine.errors import AdmissionRejected  # noqa: E402
@@ -65,8 +64,9 @@ from kvledger.engine.kv.events import (  # noqa: E402
     KVEventBatch,
     KVEventLog,
 )
-from kvledger.engine.kv_events_config import KVEventsConfig  # noqa: E402
 from kvledger.engine.sampling.params import SamplingParams  # noqa: E402
+from kvledger.engine.settings.config import EngineConfig  # noqa: E402
+from kvledger.engine.settings.kv_events_config import KVEventsConfig  # noqa: E402
 
 BLOCK = 16
 DOC_TOKENS = 256

@@ -35,8 +35,8 @@ from pathlib import Path
 from safetensors import safe_open
 
 from kvledger.engine.checkpoint.contents import read_weights
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.planner.plan import make_plan
+from kvledger.engine.settings.config import EngineConfig
 
 GiB = 2**30
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,

@@ -32,8 +32,8 @@ from tp_throughput import PARAMS, PROMPTS, run, same_tokens
 from kvledger.engine.llm import LLM
 from kvledger.engine.model.builtin import write_model
 from kvledger.engine.model.loader import weights_bytes
-from kvledger.engine.node_config import NODE_KEY_ENV, Nodes, free_port_pair
 from kvledger.engine.sampling.params import SamplingParams
+from kvledger.engine.settings.node_config import NODE_KEY_ENV, Nodes, free_port_pair
 
 MiB = 2**20
 

@@ -38,8 +38,8 @@ GROUP_SIZE = 128
 
 
 def make_engine(model_dir: str, quantization: str | None):
-    from kvledger.engine.config import EngineConfig
     from kvledger.engine.core.engine import LLMEngine
+    from kvledger.engine.settings.config import EngineConfig
 
     return LLMEngine.from_config(EngineConfig(
         model=model_dir, device="cpu", dtype="float32", max_model_len=512, max_num_seqs=16,
@@ -48,8 +48,8 @@ def make_engine(model_dir: str, quantization: str | None):
 
 
 def planned_weights(model_dir: str, quantization: str | None) -> int:
-    from kvledger.engine.config import EngineConfig
     from kvledger.engine.planner.plan import make_plan
+    from kvledger.engine.settings.config import EngineConfig
 
     return make_plan(EngineConfig(model=model_dir, device="cpu", dtype="float32",
                                   max_model_len=512, quantization=quantization)).classes["weights"]

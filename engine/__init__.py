@@ -23,7 +23,7 @@ def __getattr__(name: str) -> Any:
 
         return SamplingParams
     if name == "LoRARequest":  # torch-free
-        from kvledger.engine.lora_config import LoRARequest
+        from kvledger.engine.settings.lora_config import LoRARequest
 
         return LoRARequest
     raise AttributeError(f"module 'kvledger.engine' has no attribute {name!r}")

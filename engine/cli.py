@@ -17,7 +17,7 @@ import sys
 from importlib.metadata import entry_points, version
 
 from kvledger.engine.errors import EXIT_BAD_INPUT, BadInput, KvledgerError
-from kvledger.engine.launch_line import dashed, with_config
+from kvledger.engine.settings.launch_line import dashed, with_config
 
 # The engine's own commands: name -> module.
 ENGINE_COMMANDS: dict[str, str] = {

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 
 from kvledger.engine.checkpoint.hub.uri import model_reference
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.core.engine import LLMEngine
 from kvledger.engine.core.outputs import RequestOutput
 from kvledger.engine.errors import BadInput
 from kvledger.engine.frontend.door import FrontDoor, Submission
-from kvledger.engine.lora_config import LoRARequest
 from kvledger.engine.sampling.params import SamplingParams
+from kvledger.engine.settings.config import EngineConfig
+from kvledger.engine.settings.lora_config import LoRARequest
 
 
 class LLM:

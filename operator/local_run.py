@@ -44,10 +44,10 @@ from typing import Any
 import yaml
 
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, BadInput
-from kvledger.engine.node_config import NODE_KEY_ENV, free_port_pair
-from kvledger.engine.serve_config import ServeConfig
+from kvledger.engine.settings.config import EngineConfig
+from kvledger.engine.settings.node_config import NODE_KEY_ENV, free_port_pair
+from kvledger.engine.settings.serve_config import ServeConfig
 from kvledger.operator.api.crd import validate_manifest
 from kvledger.operator.api.spec import Model, ServiceSpec, parse_spec
 

@@ -1,5 +1,5 @@
 """docs/serving.md's table of ``kvledger serve``'s own flags, generated from their
-declarations (``ServeConfig``, engine/serve_config.py): each flag, its default, the
+declarations (``ServeConfig``, engine/settings/serve_config.py): each flag, its default, the
 InferenceService field that sets it, and its ``--help`` line. The table sits between the
 markers ``BEGIN`` and ``END`` below; tests/test_doc_figures.py fails while it is stale.
 
@@ -14,11 +14,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvledger.engine.serve_config import ServeConfig
-from kvledger.engine.settings import add_setting_flags, default_of, settings_of
+from kvledger.engine.settings.declare import add_setting_flags, default_of, settings_of
+from kvledger.engine.settings.serve_config import ServeConfig
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "serving.md"
-BEGIN = "<!-- serve-flags: generated from engine/serve_config.py by `make docs` -->"
+BEGIN = "<!-- serve-flags: generated from engine/settings/serve_config.py by `make docs` -->"
 END = "<!-- end of serve-flags -->"
 _UNITS = [("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)]
 

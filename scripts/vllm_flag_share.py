@@ -13,7 +13,7 @@ import sys
 from collections import Counter
 
 from kvledger.engine.cli import build_parser
-from kvledger.engine.vllm_flags import verdicts
+from kvledger.engine.settings.vllm_flags import verdicts
 
 
 def main() -> int:

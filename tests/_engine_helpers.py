@@ -8,8 +8,8 @@ import os
 
 import torch
 
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.core.engine import LLMEngine
+from kvledger.engine.settings.config import EngineConfig
 
 DEVICE = os.environ.get("KVLEDGER_TEST_DEVICE", "cpu")
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.server.app import build_app
 from kvledger.engine.server.state import STATE, ServeOptions
+from kvledger.engine.settings.config import EngineConfig
 
 
 def make_llm(model_dir: Path, **flags):

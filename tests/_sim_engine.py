@@ -13,7 +13,6 @@ from types import SimpleNamespace
 
 import torch
 
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.core.engine import LLMEngine
 from kvledger.engine.core.request import EngineRequest
 from kvledger.engine.core.runner import StepOutput
@@ -21,6 +20,7 @@ from kvledger.engine.core.scheduler import ScheduledBatch, Scheduler
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.model.tokenizer import Tokenizer
 from kvledger.engine.sampling.params import SamplingParams
+from kvledger.engine.settings.config import EngineConfig
 
 
 @dataclass(frozen=True, eq=False)

@@ -14,9 +14,9 @@ from collections import Counter
 from pathlib import Path
 
 from kvledger.engine.cli import build_parser
-from kvledger.engine.serve_config import ServeConfig
-from kvledger.engine.settings import default_of, settings_of
-from kvledger.engine.vllm_flags import verdicts
+from kvledger.engine.settings.declare import default_of, settings_of
+from kvledger.engine.settings.serve_config import ServeConfig
+from kvledger.engine.settings.vllm_flags import verdicts
 
 ROOT = Path(__file__).parent.parent
 

@@ -20,7 +20,7 @@ from spec_helpers import spec_of
 
 from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.planner.report import render_report
-from kvledger.engine.setting_kinds import parse_size
+from kvledger.engine.settings.kinds import parse_size
 from kvledger.operator.local_run import load_manifest, local_config
 from kvledger.operator.render.render import render_deployment
 

@@ -43,7 +43,7 @@ from kvledger.engine.errors import KVCacheFull
 from kvledger.engine.kv.block_pool import Salt
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.kv.reservation import Reservation
-from kvledger.engine.serve_config import ServeConfig
+from kvledger.engine.settings.serve_config import ServeConfig
 
 if TYPE_CHECKING:
     from kvledger.engine.model.lora_adapter import LoraAdapter

@@ -31,8 +31,8 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kvledger.engine.config_values import POLICIES
 from kvledger.engine.errors import BadInput
+from kvledger.engine.settings.config_values import POLICIES
 
 # The label of a tenant a trusted gateway's header names but --tenants-file does not list.
 OTHER = "other"

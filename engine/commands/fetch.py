@@ -19,9 +19,9 @@ from kvledger.engine.checkpoint.hub.reads import DEFAULT_HUB_TIMEOUT_S
 from kvledger.engine.checkpoint.hub.repo import is_hub_uri, parse_uri
 from kvledger.engine.checkpoint.hub.uri import model_reference
 from kvledger.engine.errors import EXIT_OK, BadInput
-from kvledger.engine.lora_config import lora_module_arg
 from kvledger.engine.planner.report import format_size
-from kvledger.engine.setting_kinds import positive_seconds
+from kvledger.engine.settings.kinds import positive_seconds
+from kvledger.engine.settings.lora_config import lora_module_arg
 
 HELP = "download an hf:// model's files the engine needs into the hub cache"
 

@@ -12,11 +12,11 @@ import json
 import sys
 
 from kvledger.engine.checkpoint.hub.headers import planning_source
-from kvledger.engine.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.planner.predicted_start import with_predicted_start
 from kvledger.engine.planner.report import render_report
-from kvledger.engine.vllm_flags import add_vllm_flags
+from kvledger.engine.settings.config_flags import add_engine_flags, config_from_args
+from kvledger.engine.settings.vllm_flags import add_vllm_flags
 
 HELP = "print the memory budget of a declared run"
 

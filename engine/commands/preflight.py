@@ -17,7 +17,6 @@ from pathlib import Path
 
 from kvledger.engine.checkpoint.hub.headers import planning_source
 from kvledger.engine.checkpoint.model_config import ModelConfig
-from kvledger.engine.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.adapters import check_adapters
 from kvledger.engine.planner.plan import Plan, make_plan
@@ -28,7 +27,8 @@ from kvledger.engine.planner.report import (
     render_report,
     truncate_utf8,
 )
-from kvledger.engine.vllm_flags import add_vllm_flags
+from kvledger.engine.settings.config_flags import add_engine_flags, config_from_args
+from kvledger.engine.settings.vllm_flags import add_vllm_flags
 
 HELP = "the init container: plan, write the plan JSON and a termination report"
 

@@ -14,16 +14,16 @@ import sys
 
 from kvledger.engine.checkpoint.hub.cache import offline_snapshot
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
-from kvledger.engine.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.chat_template import compiled, template_argument
-from kvledger.engine.node_config import add_node_flags, nodes_from_args
-from kvledger.engine.serve_config import ServeConfig
 from kvledger.engine.server.serve import serve
 from kvledger.engine.server.state import ServeOptions
 from kvledger.engine.server.tenants import read_tenants_file
-from kvledger.engine.settings import add_setting_flags, values_from_args
-from kvledger.engine.vllm_flags import add_vllm_flags
+from kvledger.engine.settings.config_flags import add_engine_flags, config_from_args
+from kvledger.engine.settings.declare import add_setting_flags, values_from_args
+from kvledger.engine.settings.node_config import add_node_flags, nodes_from_args
+from kvledger.engine.settings.serve_config import ServeConfig
+from kvledger.engine.settings.vllm_flags import add_vllm_flags
 
 HELP = "plan (measured), load the model and serve HTTP"
 

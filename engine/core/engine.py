@@ -14,7 +14,6 @@ import time
 import torch
 
 from kvledger.engine.admission.headroom import Headroom
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.core import request as rules
 from kvledger.engine.core.cpu_threads import ThreadGovernor
 from kvledger.engine.core.intake import Intake
@@ -28,13 +27,14 @@ from kvledger.engine.core.stall import StallWatch
 from kvledger.engine.errors import AdmissionRejected, BadInput, EngineFailed, NonFiniteLogits
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.kv.reservation import Reservation
-from kvledger.engine.lora_config import LoRARequest
 from kvledger.engine.model.lora_adapter import LoraAdapter
 from kvledger.engine.model.tokenizer import Tokenizer
 from kvledger.engine.planner.plan import Plan
 from kvledger.engine.sampling.logprobs import TokenLogprobs
 from kvledger.engine.sampling.params import SamplingParams
 from kvledger.engine.sampling.sampler import Sampled, Sampler, sample_each
+from kvledger.engine.settings.config import EngineConfig
+from kvledger.engine.settings.lora_config import LoRARequest
 
 log = logging.getLogger("kvledger.engine")
 

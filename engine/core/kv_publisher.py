@@ -25,7 +25,7 @@ import zmq
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.kv.events import KVEventLog
-from kvledger.engine.kv_events_config import KVEventsConfig
+from kvledger.engine.settings.kv_events_config import KVEventsConfig
 
 log = logging.getLogger("kvledger.kv_events")
 

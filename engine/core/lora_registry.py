@@ -16,10 +16,10 @@ from collections import OrderedDict
 import torch
 
 from kvledger.engine.checkpoint.model_config import ModelConfig
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
-from kvledger.engine.lora_config import LoraModule, LoRARequest
 from kvledger.engine.model.lora_adapter import LoraAdapter, load_adapter, max_weights_bytes
+from kvledger.engine.settings.config import EngineConfig
+from kvledger.engine.settings.lora_config import LoraModule, LoRARequest
 
 # Adapters served by name take ids above this, apart from the ids Python API callers pick.
 SERVED_ID_BASE = 1_000_000

@@ -17,8 +17,8 @@ from typing import Any
 
 from kvledger.engine.core.nodes import fingerprint, join
 from kvledger.engine.errors import BadInput
-from kvledger.engine.node_config import Nodes
 from kvledger.engine.planner.device import DeviceMemory, probe_device
+from kvledger.engine.settings.node_config import Nodes
 
 log = logging.getLogger("kvledger.nodes")
 

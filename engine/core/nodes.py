@@ -1,4 +1,4 @@
-"""Ranks on other machines (``--nnodes N``, ``engine/node_config.py``): the control channel
+"""Ranks on other machines (``--nnodes N``, ``engine/settings/node_config.py``): the control channel
 that carries rank 0's calls to them (a machine of rank above 0 runs its ranks in
 ``core/node_machine.py``).
 
@@ -40,8 +40,8 @@ from kvledger.engine.core.sealed import (
 )
 from kvledger.engine.core.wire import decode, encode
 from kvledger.engine.errors import BadInput, EngineFailed
-from kvledger.engine.node_config import NODE_KEY_ENV, Nodes
 from kvledger.engine.planner.device import DeviceMemory
+from kvledger.engine.settings.node_config import NODE_KEY_ENV, Nodes
 
 log = logging.getLogger("kvledger.nodes")
 

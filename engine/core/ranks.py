@@ -44,8 +44,8 @@ from kvledger.engine.core.rank_worker import (
 )
 from kvledger.engine.core.rank_worker import main as worker_main
 from kvledger.engine.core.wire import PipeLink, encode
-from kvledger.engine.node_config import Nodes
 from kvledger.engine.planner.device import DeviceMemory
+from kvledger.engine.settings.node_config import Nodes
 
 if TYPE_CHECKING:  # torch's side, imported where it is used
     from kvledger.engine.core.runner import ModelRunner, StepOutput

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.core.runner import ModelRunner
 from kvledger.engine.errors import BadInput
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.planner.device import DeviceMemory
 from kvledger.engine.planner.estimates import format_size
+from kvledger.engine.settings.config import EngineConfig
 
 log = logging.getLogger("kvledger.sleep")
 

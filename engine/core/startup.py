@@ -15,7 +15,6 @@ from kvledger.engine.checkpoint.files import checkpoint_files
 from kvledger.engine.checkpoint.hub.cache import serving_source
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri, model_reference
 from kvledger.engine.checkpoint.model_config import ModelConfig
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.core import sleep
 from kvledger.engine.core.cpu_threads import cap_torch_threads
 from kvledger.engine.core.runner import TORCH_DTYPES, ModelRunner
@@ -26,7 +25,6 @@ from kvledger.engine.model import paged_attention
 from kvledger.engine.model.generation_config import describe as describe_defaults
 from kvledger.engine.model.loader import Weights, weights_bytes
 from kvledger.engine.model.tokenizer import Tokenizer
-from kvledger.engine.node_config import DEFAULT_MASTER_ADDR
 from kvledger.engine.planner.attention import TRITON_ATTN, attention_backend
 from kvledger.engine.planner.device import DeviceMemory, probe_device, probe_host
 from kvledger.engine.planner.estimates import capture_sizes, format_size
@@ -34,6 +32,8 @@ from kvledger.engine.planner.limit import host_memory_note
 from kvledger.engine.planner.plan import Measured, Plan, make_plan
 from kvledger.engine.planner.ready_time import ReadSpeed, predict
 from kvledger.engine.planner.report import render_report
+from kvledger.engine.settings.config import EngineConfig
+from kvledger.engine.settings.node_config import DEFAULT_MASTER_ADDR
 
 log = logging.getLogger("kvledger.engine")
 

@@ -32,9 +32,9 @@ from kvledger.engine.frontend.generation import Generation
 from kvledger.engine.frontend.offload import Offload
 from kvledger.engine.frontend.sleeping import SleepGate
 from kvledger.engine.frontend.submission import PromptRun, Submission, Tenant
-from kvledger.engine.lora_config import LoRARequest
 from kvledger.engine.sampling.params import SamplingParams
-from kvledger.engine.serve_config import ServeConfig
+from kvledger.engine.settings.lora_config import LoRARequest
+from kvledger.engine.settings.serve_config import ServeConfig
 
 if TYPE_CHECKING:  # the engine pulls torch in, the grammar compiler llguidance
     from kvledger.engine.core.engine import LLMEngine

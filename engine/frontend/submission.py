@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 from kvledger.engine.admission.order import ANONYMOUS, OTHER, Tenant
 from kvledger.engine.admission.ticket import Ticket
 from kvledger.engine.core.request import EngineRequest
-from kvledger.engine.lora_config import LoRARequest
 from kvledger.engine.sampling.params import SamplingParams
+from kvledger.engine.settings.lora_config import LoRARequest
 
 if TYPE_CHECKING:  # the grammar compiler pulls llguidance in
     from kvledger.engine.sampling.grammar import GrammarSpec

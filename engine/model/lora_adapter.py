@@ -12,7 +12,6 @@ import torch
 
 from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.errors import BadInput
-from kvledger.engine.lora_config import LoRARequest
 from kvledger.engine.planner.adapters import (  # noqa: F401 - re-exported
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -20,6 +19,7 @@ from kvledger.engine.planner.adapters import (  # noqa: F401 - re-exported
     max_weights_bytes,
     read_adapter_files,
 )
+from kvledger.engine.settings.lora_config import LoRARequest
 
 
 @dataclass

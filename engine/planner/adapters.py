@@ -21,9 +21,9 @@ from kvledger.engine import json_text
 from kvledger.engine.checkpoint.contents import ModelShape
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri
 from kvledger.engine.checkpoint.safetensors_header import TensorInfo, read_safetensors_header
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.lora_bytes import LORA_TARGETS, adapter_elements, module_shapes
+from kvledger.engine.settings.config import EngineConfig
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"

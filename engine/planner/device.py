@@ -16,8 +16,8 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
+from kvledger.engine.settings.config import EngineConfig
 
 # cgroup v1 reports "no limit" as a page-rounded 2**63 - 1.
 _UNLIMITED_V1 = 2**62

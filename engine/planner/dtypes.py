@@ -10,9 +10,9 @@ the engine runs in, so this module is the one owner of the rule.
 from __future__ import annotations
 
 from kvledger.engine.checkpoint.contents import ModelShape, WeightsInfo
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.planner import estimates
 from kvledger.engine.planner.device import DeviceMemory
+from kvledger.engine.settings.config import EngineConfig
 
 _FLOATS = ("float32", "float16", "bfloat16", "float64")
 

@@ -10,9 +10,9 @@
 
 from __future__ import annotations
 
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.planner import estimates
 from kvledger.engine.planner.device import DeviceMemory
+from kvledger.engine.settings.config import EngineConfig
 
 FREE_MEMORY = "free-memory"  # the limit's source when no cap is given
 

@@ -34,8 +34,6 @@ from kvledger.engine.checkpoint.hf_config import read_config_json
 from kvledger.engine.checkpoint.loadable import loadable_config
 from kvledger.engine.checkpoint.model_config import SUPPORTED_ARCHITECTURES
 from kvledger.engine.checkpoint.read_limits import ReadLimits
-from kvledger.engine.config import EngineConfig
-from kvledger.engine.config_values import DEFAULT_MAX_NUM_SEQS, MIN_DEFAULT_BATCHED_TOKENS
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner import estimates
 from kvledger.engine.planner.attention import attention_backend, gathers_kv
@@ -69,6 +67,8 @@ from kvledger.engine.planner.sharding import check_shardable, rank_shape
 from kvledger.engine.planner.stages import staged
 from kvledger.engine.planner.support import check_engine_run, expert_width
 from kvledger.engine.planner.weight_bytes import dequantization_bytes, loaded_weight_bytes
+from kvledger.engine.settings.config import EngineConfig
+from kvledger.engine.settings.config_values import DEFAULT_MAX_NUM_SEQS, MIN_DEFAULT_BATCHED_TOKENS
 
 
 def resolve_max_model_len(config: EngineConfig, shape: ModelShape) -> int:

@@ -8,12 +8,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from kvledger.engine.checkpoint.contents import ModelShape, ModelSource, WeightsInfo
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT, EXIT_OK
 from kvledger.engine.planner.device import DeviceMemory
 from kvledger.engine.planner.limit import cap_above_free
 from kvledger.engine.planner.pool import ENGINE_RULE, PoolGroup
 from kvledger.engine.planner.ready_time import TimeToReady
+from kvledger.engine.settings.config import EngineConfig
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ MAX_GPUS_PER_MACHINE = 8  # an 8-GPU node (DGX/HGX): the most one pod's GPUs can
 MAX_STAGES = 16  # pipeline stages, one machine each: beyond this a remedy is not offered
 
 if TYPE_CHECKING:
-    from kvledger.engine.config import EngineConfig
+    from kvledger.engine.settings.config import EngineConfig
 
 
 Replan = Callable[["EngineConfig"], Plan]

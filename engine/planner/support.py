@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from kvledger.engine.checkpoint.contents import ModelShape, WeightsInfo
 from kvledger.engine.checkpoint.weight_formats import run_format
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
+from kvledger.engine.settings.config import EngineConfig
 
 # rule -> (file under engine/, the function or class that owns it, its refusal's words)
 RULE_OWNERS = {
@@ -35,7 +35,7 @@ RULE_OWNERS = {
     "no LoRA adapters across pipeline stages":
         ("core/startup.py", "check_stages", "does not serve LoRA "),
     "--max-num-batched-tokens at least --max-num-seqs":
-        ("config.py", "EngineConfig.__post_init__", "every running sequence decodes"),
+        ("settings/config.py", "EngineConfig.__post_init__", "every running sequence decodes"),
     "prompt logprobs need every prompt position computed, no cached blocks":
         ("core/request.py", "EngineRequest.uses_cached_blocks", "needs every prompt position"),
 }

@@ -30,9 +30,9 @@ from typing import Any, Literal
 import numpy as np
 
 from kvledger.engine import json_text
-from kvledger.engine.config_values import DEFAULT_GRAMMAR_CACHE_BYTES
 from kvledger.engine.errors import BadConstraint
 from kvledger.engine.sampling.grammar_matcher import Grammar
+from kvledger.engine.settings.config_values import DEFAULT_GRAMMAR_CACHE_BYTES
 
 CACHE_ENTRIES = 64
 _MESSAGE_LIMIT = 200

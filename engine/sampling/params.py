@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvledger.engine.config_values import MAX_LOGPROBS  # the engine's bound, serve's too
 from kvledger.engine.errors import BadInput
+from kvledger.engine.settings.config_values import MAX_LOGPROBS  # the engine's bound, serve's too
 
 GREEDY_BELOW_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS
 MAX_LOGIT_BIAS_VALUE = 100.0     # OpenAI's bound on a logit_bias value (either sign)

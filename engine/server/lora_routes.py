@@ -21,10 +21,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from kvledger.engine.checkpoint.hub.repo import is_hub_uri
 from kvledger.engine.errors import BadInput
-from kvledger.engine.lora_config import LoraModule
 from kvledger.engine.server.api_errors import ApiError, bad_request
 from kvledger.engine.server.limits import decode_json
 from kvledger.engine.server.state import STATE, ServerState
+from kvledger.engine.settings.lora_config import LoraModule
 
 RUNTIME_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 

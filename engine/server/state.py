@@ -19,13 +19,13 @@ from kvledger.engine.errors import BadInput, UnknownModel
 from kvledger.engine.frontend.door import FrontDoor, LineOptions
 from kvledger.engine.frontend.offload import Offload
 from kvledger.engine.frontend.submission import Tenant
-from kvledger.engine.lora_config import LoRARequest
-from kvledger.engine.serve_config import ServeConfig
 from kvledger.engine.server.api_errors import ApiError, engine_error
 from kvledger.engine.server.metrics import ServerMetrics
 from kvledger.engine.server.tenants import Tenants, TenantSpec
 from kvledger.engine.server.vllm_metrics import CacheInfo
 from kvledger.engine.server.watched_series import watch_series
+from kvledger.engine.settings.lora_config import LoRARequest
+from kvledger.engine.settings.serve_config import ServeConfig
 
 R = TypeVar("R")
 

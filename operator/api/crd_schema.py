@@ -3,17 +3,17 @@
 Its cross-field rules come from ``spec_rules``, its defaults from ``resource``, and what a
 declared setting is in OpenAPI from ``setting_schema`` (with the grammars shared with the
 engine: a SIZE, a hub uri). ``spec.engine`` and ``spec.memory`` are generated
-from the engine's settings (``EngineConfig``'s declarations, ``engine/settings.py``), and
+from the engine's settings (``EngineConfig``'s declarations, ``engine/settings/declare.py``), and
 serve's own fields (``spec.port``, ``spec.shutdownGraceSeconds``, the line's, ``spec.tools``,
-...) from serve's (``ServeConfig``'s, ``engine/serve_config.py``).
+...) from serve's (``ServeConfig``'s, ``engine/settings/serve_config.py``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvledger.engine.lora_config import LORA_NAME_RE
-from kvledger.engine.serve_config import ServeConfig
+from kvledger.engine.settings.lora_config import LORA_NAME_RE
+from kvledger.engine.settings.serve_config import ServeConfig
 from kvledger.operator.api.crd_pod import PLACEMENT
 from kvledger.operator.api.quantity import TARGET_PATTERN
 from kvledger.operator.api.resource import (

@@ -1,7 +1,7 @@
 """Kubernetes quantities the spec holds: a container's memory limit, an autoscaling target.
 
 The engine's own SIZE grammar (``memory.limit``, ``kvCacheMemoryBytes``) is
-``kvledger.engine.setting_kinds.parse_size``'s; these are Kubernetes' (k8s.io/apimachinery
+``kvledger.engine.settings.kinds.parse_size``'s; these are Kubernetes' (k8s.io/apimachinery
 resource.Quantity), which the pod and the HPA read.
 """
 

@@ -4,7 +4,7 @@ The CRD (``crd_schema.py``) declares these defaults and the parsed spec (``spec.
 back to them, so an API server that applied them and one that did not (or ``kvledger
 run``, which has none) give the same spec. Serve's own fields (``port``,
 ``shutdownGraceSeconds``, the line's) take serve's defaults, declared with each option in
-``kvledger.engine.serve_config.ServeConfig``.
+``kvledger.engine.settings.serve_config.ServeConfig``.
 """
 
 from __future__ import annotations

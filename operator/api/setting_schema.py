@@ -1,8 +1,8 @@
 """What a declared setting is in the InferenceService's schema (OpenAPI v3): each kind of
 setting's schema, a setting's property (description, default, its own keys) and a
-section's properties from a config's declarations (``engine/settings.py``); and the
+section's properties from a config's declarations (``engine/settings/declare.py``); and the
 grammars the schema shares with the engine, derived from the engine's own regexes, never
-written a second time: a SIZE (``kvledger.engine.setting_kinds``) and a hub uri
+written a second time: a SIZE (``kvledger.engine.settings.kinds``) and a hub uri
 (``kvledger.engine.checkpoint.hub.uri``). ``crd_schema.py`` builds the spec from these."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dataclasses import MISSING
 from typing import Any
 
 from kvledger.engine.checkpoint.hub.uri import HUB_URI_RE
-from kvledger.engine.config import EngineConfig
-from kvledger.engine.setting_kinds import SIZE_RE
-from kvledger.engine.settings import Setting, default_of, settings_of
+from kvledger.engine.settings.config import EngineConfig
+from kvledger.engine.settings.declare import Setting, default_of, settings_of
+from kvledger.engine.settings.kinds import SIZE_RE
 
 
 def crd_pattern(owner: re.Pattern[str]) -> str:
@@ -40,7 +40,7 @@ _SIZE = {"type": "string", "pattern": SIZE_PATTERN}
 INT_OR_STRING = [{"type": "integer"}, {"type": "string"}]
 _SIZE_OR_BYTES = {"x-kubernetes-int-or-string": True, "anyOf": INT_OR_STRING, "minimum": 1,
                   "pattern": SIZE_PATTERN}
-# What each kind of setting (engine/setting_kinds.py, serve_values.py) is in OpenAPI;
+# What each kind of setting (engine/settings/kinds.py, serve_values.py) is in OpenAPI;
 # "choice" is an enum.
 KIND_SCHEMAS: dict[str, dict[str, Any]] = {
     "integer": {"type": "integer"},

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
-from kvledger.engine.lora_config import LoraModule
-from kvledger.engine.serve_config import ServeConfig
-from kvledger.engine.setting_kinds import parse_size
-from kvledger.engine.settings import default_of, settings_of
+from kvledger.engine.settings.config import EngineConfig
+from kvledger.engine.settings.declare import default_of, settings_of
+from kvledger.engine.settings.kinds import parse_size
+from kvledger.engine.settings.lora_config import LoraModule
+from kvledger.engine.settings.serve_config import ServeConfig
 from kvledger.operator.api.parallel import tensor_parallel_size
 from kvledger.operator.api.quantity import quantity_bytes
 from kvledger.operator.api.resource import (
@@ -212,7 +212,7 @@ def spec_settings(raw: Mapping[str, Any], config_type: type = EngineConfig
                   ) -> dict[str, Any]:
     """The config's values the spec sets (``spec.engine``, ``spec.memory``, ``spec.tools``
     or ``spec`` itself): each setting of ``config_type`` declared in the CRD
-    (``engine/settings.py``), by its spec name; one the CRD defaults is set to that default
+    (``engine/settings/declare.py``), by its spec name; one the CRD defaults is set to that default
     when the spec lacks it, as the API server fills it in (``kvledger run`` has none); a
     SIZE is read as bytes, more than 0."""
     values: dict[str, Any] = {}

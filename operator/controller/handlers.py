@@ -40,7 +40,7 @@ import kopf
 import yaml
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.serve_config import ServeConfig
+from kvledger.engine.settings.serve_config import ServeConfig
 from kvledger.operator.api.resource import API_VERSION, GROUP, PLURAL, VERSION
 from kvledger.operator.api.spec import ServiceSpec, parse_spec
 from kvledger.operator.api.status_types import ModelRecord, PodEntry, PodStatus, ServiceStatus

@@ -41,7 +41,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.kv_events_config import HASH_ALGOS
+from kvledger.engine.settings.kv_events_config import HASH_ALGOS
 from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT, DEFAULT_PICKER_PORT
 from kvledger.operator.api.spec import ServiceSpec
 from kvledger.operator.render.render import (
@@ -297,7 +297,7 @@ def render_network_policy(name: str, namespace: str, spec: ServiceSpec,
 
 
 # tcp://HOST:PORT the engines connect to: a wildcard would make them bind instead, open to
-# every pod that can reach them (kvledger.engine.kv_events_config's rule, as vLLM's).
+# every pod that can reach them (kvledger.engine.settings.kv_events_config's rule, as vLLM's).
 _CONNECT = re.compile(r"^tcp://(?![*:\[])[^\s/*]+:(\d{1,5})$")
 
 

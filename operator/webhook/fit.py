@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.planner.record import Plan, Remedy
 from kvledger.engine.planner.report import format_size, render_report, truncate_utf8
-from kvledger.engine.settings import settings_of
+from kvledger.engine.settings.config import EngineConfig
+from kvledger.engine.settings.declare import settings_of
 from kvledger.operator.api.spec import ServiceSpec
 from kvledger.operator.render.pod import placement
 from kvledger.operator.webhook.inventory import PRODUCT_LABEL, GpuNode, candidates

@@ -42,11 +42,11 @@ from typing import Any
 import kopf
 
 from kvledger.engine.cli import build_parser
-from kvledger.engine.config import EngineConfig
-from kvledger.engine.config_flags import config_from_args
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.planner.record import Plan
+from kvledger.engine.settings.config import EngineConfig
+from kvledger.engine.settings.config_flags import config_from_args
 from kvledger.operator.api.resource import GROUP, PLURAL, VERSION
 from kvledger.operator.api.spec import ServiceSpec, parse_spec
 from kvledger.operator.cluster.hub_models import Headers, HubModels, HubUnavailable

@@ -6,10 +6,10 @@ import argparse
 
 import pytest
 
-from kvledger.engine.config import EngineConfig
-from kvledger.engine.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
-from kvledger.engine.setting_kinds import parse_size
+from kvledger.engine.settings.config import EngineConfig
+from kvledger.engine.settings.config_flags import add_engine_flags, config_from_args
+from kvledger.engine.settings.kinds import parse_size
 
 
 @pytest.mark.parametrize(

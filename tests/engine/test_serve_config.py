@@ -1,5 +1,5 @@
 """Every option of ``kvledger serve`` that is not the engine's is one ServeConfig field
-(engine/serve_config.py): its flag, default, help and CRD field; serve's "server" and "the
+(engine/settings/serve_config.py): its flag, default, help and CRD field; serve's "server" and "the
 OpenAI API" flags are generated from those declarations, and the server runs with them."""
 
 from __future__ import annotations
@@ -11,10 +11,15 @@ import pytest
 
 from kvledger.engine.cli import build_parser
 from kvledger.engine.errors import BadInput
-from kvledger.engine.serve_config import ServeConfig
 from kvledger.engine.server.state import ServeOptions
-from kvledger.engine.setting_kinds import parse_size
-from kvledger.engine.settings import add_setting_flags, default_of, settings_of, values_from_args
+from kvledger.engine.settings.declare import (
+    add_setting_flags,
+    default_of,
+    settings_of,
+    values_from_args,
+)
+from kvledger.engine.settings.kinds import parse_size
+from kvledger.engine.settings.serve_config import ServeConfig
 
 # field -> (its flag, spec.SECTION.NAME, its default): a new field must be added here, on
 # purpose; "" is spec's own level.

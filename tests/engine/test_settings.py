@@ -1,4 +1,4 @@
-"""Every EngineConfig field is declared once (engine/settings.py): its flag, its kind, its
+"""Every EngineConfig field is declared once (engine/settings/declare.py): its flag, its kind, its
 help and its CRD field; the flags are generated from those declarations."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kvledger.engine.config import EngineConfig
-from kvledger.engine.config_flags import add_engine_flags
-from kvledger.engine.settings import settings_of
+from kvledger.engine.settings.config import EngineConfig
+from kvledger.engine.settings.config_flags import add_engine_flags
+from kvledger.engine.settings.declare import settings_of
 
 # field -> (its flag, spec.SECTION.NAME): a new field must be added here, on purpose.
 DECLARED = {
@@ -27,7 +27,7 @@ DECLARED = {
     "kv_cache_dtype": ("--kv-cache-dtype", "engine.kvCacheDtype"),
     "tensor_parallel_size": ("--tensor-parallel-size", None),  # from spec.gpus
     "pipeline_parallel_size": ("--pipeline-parallel-size", "engine.pipelineParallelSize"),
-    "nodes": (None, None),  # serve's --nnodes ... (engine/node_config.py), not a setting's flag
+    "nodes": (None, None),  # serve's --nnodes ... (engine/settings/node_config.py), not a setting's flag
     "enforce_eager": ("--enforce-eager", "engine.enforceEager"),
     "cudagraph_capture_sizes": ("--cudagraph-capture-sizes", None),
     "max_cudagraph_capture_size": ("--max-cudagraph-capture-size", None),

@@ -16,7 +16,7 @@ from _server_helpers import free_port, reap, wait_for_serve
 from kvledger.engine import LLM
 from kvledger.engine.cli import main
 from kvledger.engine.errors import BadInput
-from kvledger.engine.vllm_numbers import human_readable_int
+from kvledger.engine.settings.vllm_numbers import human_readable_int
 
 # vLLM's own examples (its docstring), and the rest of its grammar.
 VLLM_READS = [("1k", 1000), ("1K", 1024), ("25.6k", 25600), ("2M", 2 * 2**20),

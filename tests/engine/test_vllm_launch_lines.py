@@ -16,10 +16,10 @@ import shlex
 import pytest
 
 from kvledger.engine.cli import build_parser, main
-from kvledger.engine.config_flags import config_from_args
 from kvledger.engine.errors import BadInput
-from kvledger.engine.launch_line import dashed
-from kvledger.engine.vllm_flags import VLLM_SERVE_FLAGS
+from kvledger.engine.settings.config_flags import config_from_args
+from kvledger.engine.settings.launch_line import dashed
+from kvledger.engine.settings.vllm_flags import VLLM_SERVE_FLAGS
 
 ACCEPTED = None
 # (where the line comes from, the line after `vllm serve`, the flag it is refused by or None)
@@ -232,7 +232,7 @@ def test_the_shares_the_docs_give_are_the_parsers() -> None:
     from collections import Counter
     from pathlib import Path
 
-    from kvledger.engine.vllm_flags import verdicts
+    from kvledger.engine.settings.vllm_flags import verdicts
 
     counts = Counter(verdicts(build_parser("serve")).values())
     root = Path(__file__).resolve().parents[2]

@@ -7,10 +7,10 @@ import types
 
 import pytest
 
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner import device as device_mod
 from kvledger.engine.planner.device import probe_device, probe_host, probe_nvml
+from kvledger.engine.settings.config import EngineConfig
 
 GiB = 2**30
 

@@ -13,9 +13,9 @@ from published_models import published_config, published_tensors
 from kvledger.engine.checkpoint.contents import read_weights
 from kvledger.engine.checkpoint.model_config import SERVED_WEIGHTS
 from kvledger.engine.cli import main
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.plan import make_plan
+from kvledger.engine.settings.config import EngineConfig
 
 GiB = 2**30
 

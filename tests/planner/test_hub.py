@@ -19,8 +19,8 @@ from budget_checkpoints import write_checkpoint
 from hub_server import HubServer, closed_port_url
 
 from kvledger.engine.checkpoint.hub.repo import HubModel, download_bytes, is_hub_uri, parse_uri
-from kvledger.engine.config_flags import config_from_args
 from kvledger.engine.errors import BadInput
+from kvledger.engine.settings.config_flags import config_from_args
 from kvledger.operator.api.crd import validate_manifest
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,12 +16,12 @@ from published_models import parameter_count, published_config, published_tensor
 
 from kvledger.engine.checkpoint.model_config import SUPPORTED_ARCHITECTURES
 from kvledger.engine.cli import main
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.device import DeviceMemory
 from kvledger.engine.planner.plan import Plan, make_plan
 from kvledger.engine.planner.pool import ENGINE_RULE, VLLM_RULE
 from kvledger.engine.planner.report import render_report
+from kvledger.engine.settings.config import EngineConfig
 
 GiB = 2**30
 H200 = DeviceMemory("what-if", "H200", 141 * GiB, 141 * GiB, False)

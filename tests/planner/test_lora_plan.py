@@ -48,9 +48,9 @@ def test_max_lora_rank_is_one_of_vllms(rank) -> None:
 def test_lora_flags_round_trip_and_parse_vllms_forms() -> None:
     import argparse
 
-    from kvledger.engine.config import EngineConfig
-    from kvledger.engine.config_flags import add_engine_flags, config_from_args
-    from kvledger.engine.lora_config import LoraModule
+    from kvledger.engine.settings.config import EngineConfig
+    from kvledger.engine.settings.config_flags import add_engine_flags, config_from_args
+    from kvledger.engine.settings.lora_config import LoraModule
 
     parser = argparse.ArgumentParser()
     add_engine_flags(parser)

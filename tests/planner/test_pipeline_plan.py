@@ -12,7 +12,6 @@ import pytest
 from published_models import published_config, published_tensors, published_weights
 
 from kvledger.engine.checkpoint.contents import TensorInfo, model_shape
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.planner.report import render_report
@@ -22,6 +21,7 @@ from kvledger.engine.planner.stages import (
     stage_weights,
     tensor_stages,
 )
+from kvledger.engine.settings.config import EngineConfig
 
 GiB = 2**30
 

@@ -13,14 +13,14 @@ from published_models import published_shape, published_weights
 from safetensors.torch import load_file, save_file
 
 from kvledger.engine.checkpoint.contents import ModelShape, WeightsInfo
-from kvledger.engine.config import EngineConfig
-from kvledger.engine.config_values import DEFAULT_GRAMMAR_CACHE_BYTES
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner import estimates
 from kvledger.engine.planner.device import DeviceMemory
 from kvledger.engine.planner.limit import largest_utilization
 from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.planner.record import CLASSES, Measured
+from kvledger.engine.settings.config import EngineConfig
+from kvledger.engine.settings.config_values import DEFAULT_GRAMMAR_CACHE_BYTES
 
 GiB = 2**30
 MiB = 2**20

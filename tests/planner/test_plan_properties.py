@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from kvledger.engine.checkpoint.contents import ModelShape, WeightsInfo
 from kvledger.engine.checkpoint.layout import AttentionLayout, LayerKV
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.planner.device import DeviceMemory
 from kvledger.engine.planner.plan import make_plan
+from kvledger.engine.settings.config import EngineConfig
 
 GiB = 2**30
 CAP_FIELDS = {"--gpu-memory-utilization": "gpu_memory_utilization",

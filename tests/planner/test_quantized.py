@@ -27,9 +27,9 @@ from kvledger.engine.checkpoint.int4_format import SERVED_4BIT
 from kvledger.engine.checkpoint.loadable import loadable_config, unexpected_tensors
 from kvledger.engine.checkpoint.model_config import SERVED_WEIGHTS, ModelConfig
 from kvledger.engine.cli import main
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.plan import make_plan
+from kvledger.engine.settings.config import EngineConfig
 
 # fp8 (tests/planner/test_fp8_plan.py) and 4-bit gptq, awq and compressed-tensors W4A16
 # (below) are served; these are not.
@@ -144,7 +144,7 @@ def test_any_other_method_and_none_named_are_refused_too(tmp_path) -> None:
 
 
 def make_plan_for(model_dir):
-    from kvledger.engine.config import EngineConfig
+    from kvledger.engine.settings.config import EngineConfig
 
     return make_plan(EngineConfig(model=str(model_dir), device_memory_bytes=24 * 2**30))
 

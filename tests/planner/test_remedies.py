@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from budget_checkpoints import llama_shapes, write_config, write_header_only
 
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.planner.plan import Plan, make_plan
 from kvledger.engine.planner.remedies import largest_fitting
+from kvledger.engine.settings.config import EngineConfig
 
 GiB = 2**30
 

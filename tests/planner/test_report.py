@@ -7,10 +7,10 @@ import re
 from published_models import published_shape
 
 from kvledger.engine.checkpoint.contents import WeightsInfo
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.planner.device import DeviceMemory
 from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.planner.report import format_size, render_report
+from kvledger.engine.settings.config import EngineConfig
 
 GiB = 2**30
 SHAPE = published_shape("Qwen2.5-32B-Instruct")

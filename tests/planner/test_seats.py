@@ -10,11 +10,11 @@ import json
 import pytest
 from published_models import published_shape, published_weights
 
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.planner.device import DeviceMemory
 from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.planner.record import Measured
 from kvledger.engine.planner.report import plan_figures, render_report
+from kvledger.engine.settings.config import EngineConfig
 
 GiB = 2**30
 LLAMA_8B = published_shape("Llama-3-8B")

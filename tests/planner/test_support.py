@@ -13,10 +13,10 @@ import pytest
 
 from kvledger.engine.checkpoint.contents import ModelShape, WeightsInfo
 from kvledger.engine.checkpoint.safetensors_header import TensorInfo
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.sharding import check_shardable
 from kvledger.engine.planner.support import RULE_OWNERS, check_engine_run, expert_width
+from kvledger.engine.settings.config import EngineConfig
 
 ENGINE = Path(importlib.import_module("kvledger.engine").__file__).parent
 SHAPE = ModelShape("MixtralForCausalLM", 2, 8, 4, 16, 128, 256, 1000, 4096, "bfloat16")

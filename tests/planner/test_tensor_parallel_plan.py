@@ -13,10 +13,10 @@ from budget_checkpoints import write_header_only
 from published_models import published_config, published_tensors
 
 from kvledger.engine.cli import main
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner import estimates
 from kvledger.engine.planner.plan import make_plan
+from kvledger.engine.settings.config import EngineConfig
 
 GiB = 2**30
 # Llama-3-70B, bf16
@@ -191,8 +191,8 @@ def test_data_parallel_is_refused_by_name(tiny_llama_dir, capsys, flag) -> None:
     ("--pipeline_parallel_size", "pipeline_parallel_size")])
 def test_every_command_reads_the_flag(command, flag, field) -> None:
     from kvledger.engine.cli import build_parser
-    from kvledger.engine.config_flags import config_from_args
-    from kvledger.engine.launch_line import dashed
+    from kvledger.engine.settings.config_flags import config_from_args
+    from kvledger.engine.settings.launch_line import dashed
 
     config = config_from_args(build_parser(command).parse_args(dashed(["/m", flag, "2"])))
     assert getattr(config, field) == 2

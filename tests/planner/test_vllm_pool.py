@@ -6,9 +6,9 @@ import pytest
 from published_models import published_shape
 
 from kvledger.engine.checkpoint.contents import WeightsInfo
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.planner.device import DeviceMemory
 from kvledger.engine.planner.plan import Measured, make_plan
+from kvledger.engine.settings.config import EngineConfig
 
 GiB = 2**30
 

@@ -9,9 +9,9 @@ import json
 import pytest
 from _server_helpers import fill_pool, make_llm, metric, model_name, start_app, wait_for_metric
 
-from kvledger.engine.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.server.app import build_app
 from kvledger.engine.server.state import STATE
+from kvledger.engine.settings.config_flags import add_engine_flags, config_from_args
 
 
 @pytest.fixture(scope="module")

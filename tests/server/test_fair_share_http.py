@@ -12,7 +12,7 @@ import pytest
 from _lora_helpers import write_adapter
 from _server_helpers import make_llm, model_name, start_app, wait_for_metric
 
-from kvledger.engine.lora_config import LoraModule
+from kvledger.engine.settings.lora_config import LoraModule
 
 KEYS = ("key-a", "key-b")
 

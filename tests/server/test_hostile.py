@@ -15,8 +15,8 @@ from _engine_helpers import heavy_schema
 from _server_helpers import make_llm, metric, start_app
 
 from kvledger.engine.commands.serve import _api_keys, add_arguments
-from kvledger.engine.serve_config import ServeConfig
-from kvledger.engine.settings import values_from_args
+from kvledger.engine.settings.declare import values_from_args
+from kvledger.engine.settings.serve_config import ServeConfig
 
 HITS = "kvledger_prefix_cache_hits_total"
 FAILED = "kvledger_requests_failed_total"

@@ -28,7 +28,7 @@ from kvledger.engine.kv.events import (
     BlockStored,
     KVEventBatch,
 )
-from kvledger.engine.kv_events_config import KVEventsConfig
+from kvledger.engine.settings.kv_events_config import KVEventsConfig
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "kv_events"
 SCENARIO = json.loads((DATA / "scenario.json").read_text())

@@ -13,7 +13,7 @@ from _lora_helpers import write_adapter
 from _server_helpers import make_llm, metric, start_app
 
 from kvledger.engine import LLM, LoRARequest, SamplingParams
-from kvledger.engine.lora_config import LoraModule
+from kvledger.engine.settings.lora_config import LoraModule
 
 PROMPT = [5, 17, 42, 9, 33, 7, 120, 64, 3]
 

@@ -13,8 +13,8 @@ from _lora_helpers import write_adapter
 from _server_helpers import make_llm, metric, start_app, wait_for_metric
 
 from kvledger.engine.core.stall import StallWatch
-from kvledger.engine.lora_config import LoraModule
 from kvledger.engine.server.state import STATE
+from kvledger.engine.settings.lora_config import LoraModule
 
 
 @pytest.fixture(scope="module")

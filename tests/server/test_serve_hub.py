@@ -14,7 +14,7 @@ from _hub_helpers import hub_env, kvledger, one_error_line, point_hub_at
 from _server_helpers import free_port, wait_for_serve
 from hub_server import HubServer
 
-from kvledger.engine.config import EngineConfig
+from kvledger.engine.settings.config import EngineConfig
 
 URI = "hf://kvledger/tiny-llama"
 

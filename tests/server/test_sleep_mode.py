@@ -11,10 +11,10 @@ import pytest
 from _server_helpers import make_llm, model_name, start_app
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.core import sleep
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.device import DeviceMemory
+from kvledger.engine.settings.config import EngineConfig
 
 PROMPT = list(range(300, 340))
 

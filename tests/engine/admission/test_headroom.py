@@ -8,10 +8,10 @@ import pytest
 from _sim_engine import sim_engine, submit
 
 from kvledger.engine.admission.headroom import NO_HEADROOM, Headroom
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput, PoolTooSmall
 from kvledger.engine.kv.ledger import KVLedger
 from kvledger.engine.server.api_errors import admission_error
+from kvledger.engine.settings.config import EngineConfig
 
 BEST_EFFORT, URGENT = 10, 0
 

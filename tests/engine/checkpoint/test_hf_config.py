@@ -13,12 +13,12 @@ import torch
 
 from kvledger.engine.checkpoint.contents import ModelShape, model_shape
 from kvledger.engine.checkpoint.model_config import ModelConfig
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.builtin import MODELS
 from kvledger.engine.model.loader import load_model
 from kvledger.engine.planner.device import DeviceMemory
 from kvledger.engine.planner.plan import make_plan
+from kvledger.engine.settings.config import EngineConfig
 
 transformers = pytest.importorskip("transformers")
 

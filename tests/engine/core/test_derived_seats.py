@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 from _engine_helpers import assert_pool_empty, drain
 
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.core.engine import LLMEngine
 from kvledger.engine.core.runner import ModelRunner
 from kvledger.engine.errors import DoesNotFit
 from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.sampling.params import SamplingParams
+from kvledger.engine.settings.config import EngineConfig
 
 MAX_MODEL_LEN = 1024
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

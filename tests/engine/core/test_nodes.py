@@ -25,8 +25,8 @@ from kvledger.engine.core import nodes as node_channel
 from kvledger.engine.core.rank_messages import RankSpec, Start
 from kvledger.engine.errors import BadInput
 from kvledger.engine.llm import LLM
-from kvledger.engine.node_config import NODE_KEY_ENV, Nodes, free_port_pair
 from kvledger.engine.sampling.params import SamplingParams
+from kvledger.engine.settings.node_config import NODE_KEY_ENV, Nodes, free_port_pair
 
 KEY = "kvledger-test-key-0123456789"
 PROMPTS = [[1, 5, 9, 33, 7, 21, 2], [2, 3, 4], list(range(10, 60))]

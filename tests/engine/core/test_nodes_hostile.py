@@ -41,8 +41,8 @@ from kvledger.engine.core.rank_messages import (
 from kvledger.engine.core.sealed import MAGIC
 from kvledger.engine.core.store_gate import StoreGate
 from kvledger.engine.errors import BadInput
-from kvledger.engine.node_config import Nodes
 from kvledger.engine.planner.device import DeviceMemory
+from kvledger.engine.settings.node_config import Nodes
 
 KEY = b"kvledger-test-key-0123456789"
 SPEC = RankSpec(model_dir="/m", world=2, device="cpu", dtype="float32", max_model_len=128,

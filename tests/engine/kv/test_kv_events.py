@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 import zmq
 
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.core.kv_publisher import KVEventPublisher
 from kvledger.engine.errors import BadInput
 from kvledger.engine.kv.block_pool import Salt
@@ -22,7 +21,8 @@ from kvledger.engine.kv.events import (
     KVEventLog,
 )
 from kvledger.engine.kv.ledger import KVLedger
-from kvledger.engine.kv_events_config import KVEventsConfig
+from kvledger.engine.settings.config import EngineConfig
+from kvledger.engine.settings.kv_events_config import KVEventsConfig
 
 BS = 4
 # vLLM 0.32's published keys for tokens 1..32 as a prompt's first block, from its own

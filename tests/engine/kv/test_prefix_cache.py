@@ -12,9 +12,9 @@ import pytest
 from _engine_helpers import DEVICE, evictions, hf_greedy
 
 from kvledger.engine import LLM, SamplingParams
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.core.engine import LLMEngine
 from kvledger.engine.errors import BadInput
+from kvledger.engine.settings.config import EngineConfig
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 

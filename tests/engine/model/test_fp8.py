@@ -22,10 +22,10 @@ from _fp8_checkpoints import STATIC_INPUT_SCALE, write_fp8
 
 from kvledger.engine import LLM, SamplingParams
 from kvledger.engine.checkpoint.fp8_format import quantized_linear
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.model.fp8_linear import Fp8Linear, quantize
 from kvledger.engine.model.loader import weights_bytes
 from kvledger.engine.planner.plan import make_plan
+from kvledger.engine.settings.config import EngineConfig
 
 FLAGS = {"max_model_len": 128, "max_num_seqs": 3, "device": "cpu", "dtype": "float32"}
 

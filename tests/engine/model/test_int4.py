@@ -16,10 +16,10 @@ from _engine_helpers import hf_greedy
 from _int4_checkpoints import pack, quantize_layer, write_int4
 
 from kvledger.engine import LLM, SamplingParams
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.model.int4_linear import Int4Linear, unpack_nibbles
 from kvledger.engine.model.loader import weights_bytes
 from kvledger.engine.planner.plan import make_plan
+from kvledger.engine.settings.config import EngineConfig
 
 FLAGS = {"max_model_len": 128, "max_num_seqs": 3, "device": "cpu", "dtype": "float32"}
 

@@ -20,10 +20,10 @@ from _fp8_checkpoints import write_fp8
 from safetensors.torch import load_file, save_file
 
 from kvledger.engine import LLM, SamplingParams
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.loader import weights_bytes
 from kvledger.engine.planner.plan import make_plan
+from kvledger.engine.settings.config import EngineConfig
 
 FLAGS = {"max_model_len": 128, "max_num_seqs": 3, "device": "cpu", "dtype": "float32",
          "kv_cache_dtype": "fp8", "enable_prefix_caching": False}

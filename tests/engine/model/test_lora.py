@@ -13,7 +13,7 @@ from _lora_helpers import peft_greedy, write_adapter
 
 from kvledger.engine import LLM, LoRARequest, SamplingParams
 from kvledger.engine.errors import BadInput
-from kvledger.engine.lora_config import LoraModule
+from kvledger.engine.settings.lora_config import LoraModule
 
 PROMPTS = [[5, 17, 42, 9, 33, 7, 120, 64, 3, 88, 21], [11, 2, 250, 19], list(range(30, 70))]
 GREEDY = SamplingParams(temperature=0, max_tokens=16)

@@ -11,7 +11,7 @@ from hub_server import HubServer
 
 from kvledger.engine import LLM, LoRARequest, SamplingParams
 from kvledger.engine.errors import BadInput
-from kvledger.engine.lora_config import LoraModule
+from kvledger.engine.settings.lora_config import LoraModule
 
 PROMPT = [5, 17, 42, 9, 33, 7]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

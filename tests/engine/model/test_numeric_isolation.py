@@ -15,8 +15,8 @@ import pytest
 from _engine_helpers import assert_pool_empty, drain, make_engine
 from _lora_helpers import write_adapter
 
-from kvledger.engine.lora_config import LoraModule
 from kvledger.engine.sampling.params import SamplingParams
+from kvledger.engine.settings.lora_config import LoraModule
 
 PROMPTS = {f"r{i}": [5 + i, 17, 40 + 3 * i, 9] * (1 + i % 3) for i in range(6)}
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

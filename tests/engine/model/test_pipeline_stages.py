@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from kvledger.engine.checkpoint.model_config import ModelConfig
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.model.attention import AttentionMetadata, PrefillSpan
 from kvledger.engine.model.loader import load_model, weights_bytes
 from kvledger.engine.model.pipeline import Stage
 from kvledger.engine.model.transformer import RotaryEmbedding
 from kvledger.engine.planner.plan import make_plan
+from kvledger.engine.settings.config import EngineConfig
 
 CPU = torch.device("cpu")
 CASES = [("tiny-llama", 2), ("tiny-llama", 4), ("small-llama", 2), ("small-llama", 4),

@@ -15,7 +15,7 @@ from operator_harness import PLACEMENT
 
 from kvledger.engine.checkpoint.hub.repo import HUB_URI_RE, parse_uri
 from kvledger.engine.errors import BadInput
-from kvledger.engine.setting_kinds import SIZE_RE, parse_size
+from kvledger.engine.settings.kinds import SIZE_RE, parse_size
 from kvledger.operator.api import crd
 from kvledger.operator.api.crd import (
     CRD_FILES,

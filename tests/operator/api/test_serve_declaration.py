@@ -1,5 +1,5 @@
 """serve's own options reach the resource from one declaration each (ServeConfig,
-engine/serve_config.py): the CRD's fields of spec and spec.tools, their defaults, the
+engine/settings/serve_config.py): the CRD's fields of spec and spec.tools, their defaults, the
 spec's mapping and the pod's flags, which serve parses back to the same options."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import pytest
 
 from kvledger.engine.cli import build_parser
-from kvledger.engine.serve_config import ServeConfig
-from kvledger.engine.serve_values import SERVER
-from kvledger.engine.setting_kinds import COUNT
-from kvledger.engine.settings import Crd, setting, settings_of, values_from_args
+from kvledger.engine.settings.declare import Crd, setting, settings_of, values_from_args
+from kvledger.engine.settings.kinds import COUNT
+from kvledger.engine.settings.serve_config import ServeConfig
+from kvledger.engine.settings.serve_values import SERVER
 from kvledger.operator.api.crd_schema import SPEC_SCHEMA
 from kvledger.operator.api.resource import TENANTS_FILE
 from kvledger.operator.api.setting_schema import setting_properties

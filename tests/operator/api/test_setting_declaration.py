@@ -1,4 +1,4 @@
-"""A new engine setting is one declaration (engine/settings.py): it appears in the CRD's
+"""A new engine setting is one declaration (engine/settings/declare.py): it appears in the CRD's
 schema, the command line, the spec's mapping and the pod's flags with no other edit."""
 
 from __future__ import annotations
@@ -8,13 +8,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvledger.engine import serve_values, setting_kinds
-from kvledger.engine.config import EngineConfig
-from kvledger.engine.config_flags import add_engine_flags, config_from_args
-from kvledger.engine.config_values import MEMORY, WORKLOAD
 from kvledger.engine.errors import BadInput
-from kvledger.engine.setting_kinds import POSITIVE_INT, SIZE, Kind
-from kvledger.engine.settings import Crd, setting
+from kvledger.engine.settings import kinds as setting_kinds
+from kvledger.engine.settings import serve_values
+from kvledger.engine.settings.config import EngineConfig
+from kvledger.engine.settings.config_flags import add_engine_flags, config_from_args
+from kvledger.engine.settings.config_values import MEMORY, WORKLOAD
+from kvledger.engine.settings.declare import Crd, setting
+from kvledger.engine.settings.kinds import POSITIVE_INT, SIZE, Kind
 from kvledger.operator.api.crd_schema import SPEC_SCHEMA
 from kvledger.operator.api.setting_schema import KIND_SCHEMAS, SIZE_PATTERN, setting_properties
 from kvledger.operator.api.spec import spec_settings

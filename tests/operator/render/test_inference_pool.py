@@ -14,7 +14,7 @@ from spec_helpers import spec_of
 from vendored_crds import DATA, check_release, header_and_body, strict_version_schema
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.kv_events_config import KVEventsConfig
+from kvledger.engine.settings.kv_events_config import KVEventsConfig
 from kvledger.operator.api.resource import API_VERSION, PLURAL
 from kvledger.operator.api.spec import parse_spec
 from kvledger.operator.render.gateway import (

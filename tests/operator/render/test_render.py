@@ -11,8 +11,8 @@ import yaml
 from operator_harness import PLACEMENT
 from spec_helpers import spec_of
 
-from kvledger.engine.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.errors import BadInput
+from kvledger.engine.settings.config_flags import add_engine_flags, config_from_args
 from kvledger.operator.api.crd import validate_manifest
 from kvledger.operator.api.spec import parse_spec
 from kvledger.operator.cluster.kube import typed

@@ -206,8 +206,8 @@ def test_a_memory_limit_above_every_gpu_is_refused_without_reading_the_model(
     """A model on a volume is not read, but a memory.limit larger than one GPU of every
     node it may run on fits none, whatever the model: refused, as the pre-flight refuses a
     cap above the device's memory (checked here with the planner on such a GPU)."""
-    from kvledger.engine.config import EngineConfig
     from kvledger.engine.planner.plan import make_plan
+    from kvledger.engine.settings.config import EngineConfig
 
     volume = {"path": "/models/x", "volume": {"persistentVolumeClaim": {"claimName": "m"}}}
     refused = verdict(hub, [BIG, SMALL], model=volume, memory={"limit": "5Gi"})

@@ -3,7 +3,7 @@
 "base_model_name"}``), ``--max-loras``, ``--max-lora-rank``, ``--max-cpu-loras``; and
 ``LoRARequest``, the per-request adapter of the Python API.
 
-The flags themselves are declared with the other settings (``engine/config.py``).
+The flags themselves are declared with the other settings (``engine/settings/config.py``).
 Torch-free: the planner reads these (the memory the engine preallocates for the adapter
 slots, ``planner/lora_bytes.py``); the engine loads the adapters (``model/lora_adapter.py``).
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from kvledger.engine import json_text
 from kvledger.engine.errors import BadInput
-from kvledger.engine.setting_kinds import Kind
+from kvledger.engine.settings.kinds import Kind
 
 # vLLM's defaults (vllm/config/lora.py): one adapter in a batch, rank up to 16.
 DEFAULT_MAX_LORAS = 1
@@ -115,7 +115,7 @@ def check_lora_flags(enable_lora: bool, modules: tuple[LoraModule, ...], max_lor
         raise BadInput(f"--lora-modules names {twice[0]!r} twice")
 
 
-# Their kinds of setting (engine/setting_kinds.py), for EngineConfig's LoRA fields. The counts
+# Their kinds of setting (engine/settings/kinds.py), for EngineConfig's LoRA fields. The counts
 # are checked together (check_lora_flags), as vLLM does.
 LORA_MODULES = Kind("lora-modules", parse=lora_module_arg, nargs="+", metavar="NAME=PATH",
                     render=lambda modules: [m.as_flag() for m in modules])

@@ -1,7 +1,7 @@
 """Every ``vllm serve`` flag kvledger does not define itself, and what it does here.
 
 A vLLM launch line must port as it is: each of vLLM's flags is kvledger's own (same name,
-same behaviour: ``engine/config.py``, ``engine/server/serve.py``), accepted because it
+same behaviour: ``engine/settings/config.py``, ``engine/server/serve.py``), accepted because it
 changes nothing here (the reason is in ``--help``), or refused by name with one line and
 exit 2 saying why; never argparse's ``unrecognized arguments``. ``RULES`` is the one owner
 of the last two; a vLLM flag without a rule is refused as unsupported.
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.vllm_serve_flags import VLLM_SERVE_FLAGS
+from kvledger.engine.settings.vllm_serve_flags import VLLM_SERVE_FLAGS
 
 # vLLM's --tool-call-parser names kvledger reads calls in (server/tools/formats.py holds
 # their readers, one per name; a test checks the two agree).
@@ -64,14 +64,14 @@ _EAGER = ("kvledger runs eagerly: no torch.compile or CUDA graphs for an optimiz
 # flag (as typed; a --no- form has its own rule where it differs) -> Rule
 RULES: dict[str, Rule] = {
     # Parallelism: --tensor-parallel-size and --pipeline-parallel-size are kvledger's own
-    # (engine/config.py); the others at 1 are what kvledger does.
+    # (engine/settings/config.py); the others at 1 are what kvledger does.
     "--data-parallel-size": _only(["1"], "data parallelism yet", _ONE_DEVICE),
     "--decode-context-parallel-size": _only(["1"], "context parallelism yet", _ONE_DEVICE),
     "--prefill-context-parallel-size": _only(["1"], "context parallelism yet", _ONE_DEVICE),
     "--enable-expert-parallel": _refuse("expert parallelism yet"),
     "--no-enable-expert-parallel": _noop(_ONE_DEVICE),
     # vLLM's multi-node flags: a plan is per GPU of each stage wherever the stages run
-    # (--pipeline-parallel-size); `kvledger serve` runs the machines (engine/node_config.py).
+    # (--pipeline-parallel-size); `kvledger serve` runs the machines (engine/settings/node_config.py).
     "--nnodes": _noop(_NOT_PLANNED.format("the machines a run spans"), nargs=1),
     "--node-rank": _noop(_NOT_PLANNED.format("which machine this is"), nargs=1),
     "--master-addr": _noop(_NOT_PLANNED.format("the first machine's address"), nargs=1),
@@ -121,7 +121,7 @@ RULES: dict[str, Rule] = {
     "--use-tqdm-on-load": _noop("kvledger shows no progress bar while loading"),
     "--no-use-tqdm-on-load": _noop("kvledger shows no progress bar while loading"),
     "--config": Rule(why="a YAML file of flags, read as vLLM reads it (the command line's "
-                         "own flags win; engine/launch_line.py)", nargs=1, read=True),
+                         "own flags win; engine/settings/launch_line.py)", nargs=1, read=True),
     "--optimization-level": _noop(_EAGER, nargs=1),  # -O0..3, -O.level=N (launch_line)
     "--compilation-config": _noop(_EAGER, nargs=1),
     "--calculate-kv-scales": _refuse("computing fp8 KV cache scales as it runs: an fp8 KV "
@@ -213,7 +213,7 @@ def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
     is a no-op)."""
     group = parser.add_argument_group(
         "vLLM's other flags", "accepted where they change nothing here (below); every other "
-        "`vllm serve` flag is refused by name, one error line, exit 2 (engine/vllm_flags.py)")
+        "`vllm serve` flag is refused by name, one error line, exit 2 (engine/settings/vllm_flags.py)")
     taken = parser._option_string_actions  # argparse's own registry of defined flags
     for action in VLLM_SERVE_FLAGS:
         for form in _forms(action):

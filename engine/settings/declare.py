@@ -1,14 +1,14 @@
 """One declaration per setting: its flag, its kind, its help and its CRD field.
 
-Each field of ``EngineConfig`` (``engine/config.py``) and of ``ServeConfig`` (serve's own
-options, ``engine/serve_config.py``) is declared with ``setting(...)``, which stores a
+Each field of ``EngineConfig`` (``engine/settings/config.py``) and of ``ServeConfig`` (serve's own
+options, ``engine/settings/serve_config.py``) is declared with ``setting(...)``, which stores a
 ``Setting`` in the field's metadata. Everything else is generated from those
 declarations: the command line's flags (``add_setting_flags``), the check of each value
 (``check_settings``), a config turned back into flags for the pod (``render_flags``), and,
 in the operator, the CRD's properties (``spec.engine``, ``spec.memory``, ``spec.tools`` and
 serve's fields of ``spec`` itself: ``operator/api/crd_schema.py``) and the spec's mapping
 onto the config (``operator/api/spec.py``). A new field is one declaration, then ``make crd``.
-What a value may be is its ``Kind`` (``setting_kinds.py``).
+What a value may be is its ``Kind`` (``kinds.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
-from kvledger.engine.setting_kinds import Kind
+from kvledger.engine.settings.kinds import Kind
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The kinds of value a setting takes (``settings.py`` declares the settings): how its flag
+"""The kinds of value a setting takes (``declare.py`` declares the settings): how its flag
 reads one (``parse``, argparse's type), how a config checks one given in Python or a spec
 (``check``), and the domain the operator types in the CRD; the SIZE grammar.
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.vllm_numbers import human_readable_int
+from kvledger.engine.settings.vllm_numbers import human_readable_int
 
 # The size grammar (Kubernetes quantities); the CRD's pattern is built from it (operator/api/setting_schema.py).
 SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTPE]i?B?|[kKMGTPE]B|[kKMGTPE]|B)?\s*$")

@@ -1,6 +1,6 @@
 """The engine's flags (vLLM's names) as one validated dataclass.
 
-Each field is declared once, with ``setting(...)`` (``engine/settings.py``): its flag, its
+Each field is declared once, with ``setting(...)`` (``engine/settings/declare.py``): its flag, its
 kind, its ``--help`` line and its CRD field; what each accepts is ``config_values.py``'s.
 ``add_engine_flags`` (``config_flags.py``), ``EngineConfig.to_flags``, and the operator's
 CRD schema and spec mapping are generated from those declarations.
@@ -12,7 +12,8 @@ from dataclasses import MISSING, dataclass
 
 from kvledger.engine.checkpoint.hub.reads import DEFAULT_HUB_TIMEOUT_S
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
-from kvledger.engine.config_values import (
+from kvledger.engine.errors import BadInput
+from kvledger.engine.settings.config_values import (
     ADMISSIONS,
     ATTENTION_BACKENDS,
     DEFAULT_BLOCK_SIZE,
@@ -31,20 +32,8 @@ from kvledger.engine.config_values import (
     SIZES,
     WORKLOAD,
 )
-from kvledger.engine.errors import BadInput
-from kvledger.engine.kv_events_config import HASH_ALGOS, KVEventsConfig
-from kvledger.engine.lora_config import (
-    DEFAULT_MAX_LORA_RANK,
-    DEFAULT_MAX_LORAS,
-    LORA_COUNT,
-    LORA_MODULES,
-    LORA_RANK,
-    LORA_RANKS,
-    LoraModule,
-    check_lora_flags,
-)
-from kvledger.engine.node_config import Nodes
-from kvledger.engine.setting_kinds import (
+from kvledger.engine.settings.declare import Crd, check_settings, render_flags, setting
+from kvledger.engine.settings.kinds import (
     BYTES,
     FRACTION,
     FREE_SIZE,
@@ -61,7 +50,18 @@ from kvledger.engine.setting_kinds import (
     Kind,
     choice,
 )
-from kvledger.engine.settings import Crd, check_settings, render_flags, setting
+from kvledger.engine.settings.kv_events_config import HASH_ALGOS, KVEventsConfig
+from kvledger.engine.settings.lora_config import (
+    DEFAULT_MAX_LORA_RANK,
+    DEFAULT_MAX_LORAS,
+    LORA_COUNT,
+    LORA_MODULES,
+    LORA_RANK,
+    LORA_RANKS,
+    LoraModule,
+    check_lora_flags,
+)
+from kvledger.engine.settings.node_config import Nodes
 
 # vLLM's JSON, read once (kv_events_config.py); rendered back the same way.
 KV_EVENTS = Kind("text", parse=KVEventsConfig.parse, render=lambda c: [c.to_json()])
@@ -272,7 +272,7 @@ class EngineConfig:
         help="host memory the compiled grammars of structured outputs may hold (default "
              "128MiB; least recently used out first; a schema larger on its own is a 400); "
              "counted in the plan on the CPU and unified memory")
-    enable_lora: bool = setting(  # LoRA adapters: engine/lora_config.py
+    enable_lora: bool = setting(  # LoRA adapters: engine/settings/lora_config.py
         False, "--enable-lora", SWITCH, group=LORA,
         help="serve LoRA adapters beside the base model: a request names one in `model`; "
              "adapters and the base run in the same batch",

@@ -1,5 +1,5 @@
 """What each of ``kvledger serve``'s own options accepts (``serve_config.py`` declares the
-options): the kinds beyond ``setting_kinds.py``'s, and the ``--help`` groups they are shown in."""
+options): the kinds beyond ``kinds.py``'s, and the ``--help`` groups they are shown in."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import json
 from typing import Any
 
 from kvledger.engine import json_text
-from kvledger.engine.config_values import MAX_LOGPROBS
 from kvledger.engine.errors import BadInput
-from kvledger.engine.setting_kinds import Kind, size_arg
-from kvledger.engine.vllm_flags import PARSERS, RULES, refusal
+from kvledger.engine.settings.config_values import MAX_LOGPROBS
+from kvledger.engine.settings.kinds import Kind, size_arg
+from kvledger.engine.settings.vllm_flags import PARSERS, RULES, refusal
 
 # The --help groups, in the order they are listed (after the engine's and the machines').
 SERVER = "server"

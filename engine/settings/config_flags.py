@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 
 from kvledger.engine.checkpoint.hub.uri import model_reference
-from kvledger.engine.config import EngineConfig
-from kvledger.engine.config_values import WORKLOAD
 from kvledger.engine.errors import BadInput
-from kvledger.engine.settings import add_setting_flags, values_from_args
+from kvledger.engine.settings.config import EngineConfig
+from kvledger.engine.settings.config_values import WORKLOAD
+from kvledger.engine.settings.declare import add_setting_flags, values_from_args
 
 
 def add_engine_flags(parser: argparse.ArgumentParser,

@@ -1,11 +1,11 @@
 """What each of the engine's settings accepts (``config.py`` declares the settings): the
 values of its choices, its defaults, the argument kinds the settings share beyond
-``setting_kinds.py``'s, and the ``--help`` groups they are shown in."""
+``kinds.py``'s, and the ``--help`` groups they are shown in."""
 
 from __future__ import annotations
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.setting_kinds import Kind, positive_int
+from kvledger.engine.settings.kinds import Kind, positive_int
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")

@@ -1,7 +1,7 @@
 """``kvledger serve``'s own options (the server's, beside the engine's ``EngineConfig``) as
 one validated dataclass.
 
-Each field is declared once, with ``setting(...)`` (``engine/settings.py``): its default,
+Each field is declared once, with ``setting(...)`` (``engine/settings/declare.py``): its default,
 its flag, its kind, its ``--help`` line (which shows the default as ``%(default)s``, never
 a copy) and, where the InferenceService exposes it, its CRD field (``spec.<name>`` or
 ``spec.tools.<name>``, whose description may show the default the same way). What each
@@ -21,9 +21,19 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvledger.engine.config_values import MAX_LOGPROBS
 from kvledger.engine.errors import BadInput
-from kvledger.engine.serve_values import (
+from kvledger.engine.settings.config_values import MAX_LOGPROBS
+from kvledger.engine.settings.declare import Crd, check_settings, render_flags, setting
+from kvledger.engine.settings.kinds import (
+    COUNT,
+    ON,
+    SECONDS,
+    SECONDS_OR_ZERO,
+    SWITCH,
+    TEXT,
+    choice,
+)
+from kvledger.engine.settings.serve_values import (
     BODY_BYTES,
     JSON_OBJECT,
     LOGPROBS,
@@ -33,16 +43,6 @@ from kvledger.engine.serve_values import (
     SERVER,
     WORDS,
 )
-from kvledger.engine.setting_kinds import (
-    COUNT,
-    ON,
-    SECONDS,
-    SECONDS_OR_ZERO,
-    SWITCH,
-    TEXT,
-    choice,
-)
-from kvledger.engine.settings import Crd, check_settings, render_flags, setting
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
