@@ -17,12 +17,28 @@ itself holds reservations, grammars and generators that stay in rank 0.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from msgspec import Struct
 
 from kvledger.engine.core.scheduler import PrefillChunk, ScheduledBatch
 from kvledger.engine.planner.device import DeviceMemory
+
+if TYPE_CHECKING:  # the runner pulls torch in
+    from kvledger.engine.core.runner import StepOutput
+    from kvledger.engine.core.sequence import Sequence
+
+
+class RankRunner(Protocol):
+    """What a rank's messages run on: its shard's ``ModelRunner``, or a pipeline stage's
+    ``StageRunner``."""
+
+    def profile(self, num_tokens: int, max_model_len: int, max_num_seqs: int,
+                kv_dtype: str = "auto") -> int | None: ...
+
+    def allocate_kv_cache(self, num_blocks: int, kv_dtype: str) -> int: ...
+
+    def execute(self, batch: ScheduledBatch) -> StepOutput: ...
 
 
 @dataclass(frozen=True)
@@ -85,7 +101,7 @@ class StepView(Struct, frozen=True):
                               list(self.decodes), list(self.fresh_blocks))
 
 
-def seq_view(seq: Any, prompt_tokens: bool) -> SeqView:
+def seq_view(seq: Sequence, prompt_tokens: bool) -> SeqView:
     """``seq`` as plain values; its prompt only when this step computes part of it."""
     return SeqView(seq.request_id, list(seq.prompt_token_ids) if prompt_tokens else [],
                    seq.num_prompt_tokens, seq.num_tokens, seq.last_token_id,
@@ -128,7 +144,7 @@ class Profile(Struct, frozen=True, tag=True):
     max_num_seqs: int
     kv_dtype: str = "auto"
 
-    def run(self, runner: Any) -> int | None:
+    def run(self, runner: RankRunner) -> int | None:
         return runner.profile(self.num_tokens, self.max_model_len, self.max_num_seqs,
                               self.kv_dtype)
 
@@ -143,14 +159,14 @@ class AllocateKvCache(Struct, frozen=True, tag=True):
     num_blocks: int
     kv_dtype: str
 
-    def run(self, runner: Any) -> int:
+    def run(self, runner: RankRunner) -> int:
         return runner.allocate_kv_cache(self.num_blocks, self.kv_dtype)
 
 
 class Execute(Struct, frozen=True, tag=True):
     step: StepView
 
-    def run(self, runner: Any) -> Any:
+    def run(self, runner: RankRunner) -> StepOutput:
         return runner.execute(self.step.batch())
 
 
