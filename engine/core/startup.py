@@ -6,7 +6,6 @@ a mixed step -> re-plan with the measured figures (refuse again if that no longe
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import torch
@@ -17,7 +16,8 @@ from kvledger.engine.checkpoint.hub.uri import is_hub_uri, model_reference
 from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.core import sleep
 from kvledger.engine.core.cpu_threads import cap_torch_threads
-from kvledger.engine.core.runner import TORCH_DTYPES, ModelRunner
+from kvledger.engine.core.runner import PROMPT_LOGPROBS_ROWS, TORCH_DTYPES, ModelRunner
+from kvledger.engine.core.start_probes import matmul_speed, place_speed
 from kvledger.engine.errors import BadInput, DoesNotFit
 from kvledger.engine.kv.events import KVEventLog
 from kvledger.engine.kv.ledger import KVLedger
@@ -30,7 +30,7 @@ from kvledger.engine.planner.device import DeviceMemory, probe_device, probe_hos
 from kvledger.engine.planner.estimates import capture_sizes, format_size
 from kvledger.engine.planner.limit import host_memory_note
 from kvledger.engine.planner.plan import Measured, Plan, make_plan
-from kvledger.engine.planner.ready_time import ReadSpeed, predict
+from kvledger.engine.planner.ready_time import predict, profile_flops
 from kvledger.engine.planner.report import render_report
 from kvledger.engine.settings.config import EngineConfig
 from kvledger.engine.settings.node_config import DEFAULT_MASTER_ADDR
@@ -66,8 +66,17 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     planned_on = device_memory  # with --nnodes, the smallest machine's device
     ready = predict(checkpoint_files(Path(source.path)))  # a timed read of the weights' files
     ready.weight_bytes = plan.classes["weights"]
-    ready.place_speed = place_speed(device, TORCH_DTYPES[plan.model_dtype])
+    dtype = TORCH_DTYPES[plan.model_dtype]
+    ready.place_speed = place_speed(device, dtype)
     ready.place_passes = 2 if device.type == "cpu" else 1  # on the CPU: packed as well
+    ready.kv_bytes = plan.classes["kv_cache"]
+    if config.tensor_parallel_size == config.pipeline_parallel_size == 1:  # one process
+        ready.matmul_flops_per_s = matmul_speed(device, dtype, model_config.hidden_size,
+                                                model_config.intermediate_size)
+        ready.profile_flops = profile_flops(
+            model_config, plan.max_num_batched_tokens, plan.max_model_len,
+            mixed_step=device.type != "cpu", max_num_seqs=plan.max_num_seqs,
+            logit_rows=PROMPT_LOGPROBS_ROWS)
     with ready.phase("read"):
         if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
             runner, planned_on = start_ranks(config, plan, source, device, device_memory)
@@ -120,23 +129,6 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
                       events=_event_log(config, kv.block_size, model_config.sliding_window))
     log.info("%s", ready.describe())
     return measured_plan, tokenizer, runner, ledger
-
-
-def place_speed(device: torch.device, dtype: torch.dtype,
-                sample_bytes: int = 64 << 20) -> ReadSpeed:
-    """A timed copy of ``sample_bytes`` from host memory to ``device`` in ``dtype`` (a
-    loaded tensor's placing): what the start's prediction counts per pass."""
-    source = torch.empty(sample_bytes // dtype.itemsize, dtype=dtype)
-    source.fill_(1)  # touched: the pages exist before the timing
-    started = time.perf_counter()
-    placed = source.to(device, copy=True)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - started
-    del placed
-    if device.type == "cuda":  # not left in the allocator's cache for the weights to meet
-        torch.cuda.empty_cache()
-    return ReadSpeed(sample_bytes, elapsed)
 
 
 def _event_log(config: EngineConfig, block_size: int, window: int | None) -> KVEventLog | None:

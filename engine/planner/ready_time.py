@@ -6,7 +6,11 @@ placing its tensors), ``profile`` (the profiled steps that measure activations),
 ``warmup`` (one tiny request through the whole path, the server's). Before anything is
 loaded the read is predicted from the checkpoint's bytes and the bandwidth a short timed
 read of the same files gets now (``measure_read``: on the model's own volume, through
-whatever page cache it has); the other phases are measured only, for now. The engine logs
+whatever page cache it has); the profile from the arithmetic of its steps
+(``profile_flops``, from config.json's shape) over a timed matmul of the model's own
+shape on the device (the engine times it, torch being its room); the KV pool's
+allocation from its bytes over the timed copy. Graphs and the warm-up are measured
+only. The engine logs
 predicted against measured at start-up, ``/v1/budget`` shows both, and
 ``bench/cold_start.py`` compares them, cold cache and warm.
 
@@ -23,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.planner.estimates import format_size
 
 PHASES = ("read", "profile", "kv", "graphs", "warmup")
@@ -85,6 +90,9 @@ class TimeToReady:
     weight_bytes: int = 0
     place_speed: ReadSpeed | None = None
     place_passes: int = 1
+    profile_flops: float = 0.0  # the profiled steps' arithmetic (``profile_flops``)
+    matmul_flops_per_s: float | None = None  # a timed matmul of the model's shape
+    kv_bytes: int = 0  # the KV pool the plan allocates
 
     @property
     def predicted(self) -> dict[str, float | None]:
@@ -93,7 +101,11 @@ class TimeToReady:
             read = self.weight_file_bytes / self.read_speed.bytes_per_s
             if self.place_speed is not None:
                 read += self.weight_bytes * self.place_passes / self.place_speed.bytes_per_s
-        return {"read": read, **{phase: None for phase in PHASES[1:]}}
+        speed, place = self.matmul_flops_per_s, self.place_speed
+        profile = (self.profile_flops / speed if speed and self.profile_flops else None)
+        kv = (self.kv_bytes / place.bytes_per_s if place is not None and self.kv_bytes
+              else None)
+        return {"read": read, "profile": profile, "kv": kv, "graphs": None, "warmup": None}
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -111,6 +123,9 @@ class TimeToReady:
                 "read_bytes_per_s": None if speed is None else round(speed.bytes_per_s),
                 "place_bytes_per_s": None if place is None else round(place.bytes_per_s),
                 "place_passes": self.place_passes,
+                "profile_flops": round(self.profile_flops),
+                "matmul_flops_per_s": None if self.matmul_flops_per_s is None
+                else round(self.matmul_flops_per_s),
                 "predicted_s": {k: _round(v) for k, v in self.predicted.items()},
                 "measured_s": {k: _round(v) for k, v in self.measured.items()},
                 "measured_total_s": _round(sum(self.measured.values()))}
@@ -153,6 +168,39 @@ def predict(files: list[Path]) -> TimeToReady:
     """The prediction for loading ``files``: their bytes over a timed read of them now."""
     existing = [f for f in files if f.is_file()]
     return TimeToReady(sum(os.path.getsize(f) for f in existing), measure_read(existing))
+
+
+def profile_flops(config: ModelConfig, num_tokens: int, max_model_len: int, *,
+                  mixed_step: bool, max_num_seqs: int, logit_rows: int) -> float:
+    """The arithmetic of the engine's profiled steps (``ModelRunner.profile``), in
+    floating-point operations: a prefill of ``num_tokens`` tokens as whole prompts of
+    ``max_model_len - 1`` tokens, its logits and ``logit_rows`` rows of prompt logprobs;
+    with ``mixed_step`` (off the CPU) also ``max_num_seqs - 1`` decodes at the full
+    context beside the rest of the budget as a prompt's last chunk. Two operations a
+    multiply-add: the linear layers (a routed MLP's chosen experts only), attention's
+    scores and sums (causal), the vocabulary's projection."""
+    hidden, layers = config.hidden_size, config.num_layers
+    q = config.num_attention_heads * config.head_dim
+    kv = config.num_kv_heads * config.head_dim
+    moe = config.moe
+    sparse = len(moe.sparse_layers) if moe is not None else 0
+    mlp = ((layers - sparse) * 3 * hidden * config.intermediate_size
+           + (0 if moe is None else sparse * (moe.num_experts_per_tok * 3 * hidden
+                                              * moe.intermediate_size
+                                              + hidden * moe.num_experts)))
+    per_token = 2 * (layers * (hidden * (q + 2 * kv) + q * hidden) + mlp)
+    longest = max(1, max_model_len - 1)
+    lengths = [longest] * (num_tokens // longest) + (
+        [num_tokens % longest] if num_tokens % longest else [])
+    scores = 2 * q * layers  # a query meeting a key: its score, then its share of the sum
+    flops = (per_token * num_tokens + scores * sum(n * (n + 1) for n in lengths)
+             + 2 * hidden * config.vocab_size * (len(lengths) + logit_rows))
+    if mixed_step:
+        decodes = max(0, min(max_num_seqs, num_tokens) - 1)
+        chunk = num_tokens - decodes
+        flops += (per_token * num_tokens + 2 * scores * (decodes + chunk) * longest
+                  + 2 * hidden * config.vocab_size * (decodes + 1))
+    return float(flops)
 
 
 def _round(value: float | None) -> float | None:

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import time
 
-from kvledger.engine.planner.ready_time import PHASES, TimeToReady, measure_read, predict
+from kvledger.engine.planner.ready_time import (
+    PHASES,
+    ReadSpeed,
+    TimeToReady,
+    measure_read,
+    predict,
+)
 
 
 def test_a_timed_read_of_the_largest_file_predicts_the_whole(tmp_path):
@@ -78,3 +84,50 @@ def test_plan_predicts_the_read_and_the_operator_shows_it(tmp_path, capsys):
     assert status["timeToReady"]["predictedS"]["read"] == figures["time_to_ready"][
         "predicted_s"]["read"]
     assert status["timeToReady"]["weightFileBytes"] == files
+
+
+def _shape(**moe):
+    from kvledger.engine.checkpoint.model_config import ModelConfig, MoEConfig
+
+    return ModelConfig(
+        architecture="LlamaForCausalLM", num_layers=2, num_attention_heads=4, num_kv_heads=2,
+        head_dim=8, hidden_size=32, intermediate_size=64, vocab_size=100,
+        max_position_embeddings=64, torch_dtype="float32", rms_norm_eps=1e-5,
+        rope_theta=1e4, rope_scaling=None, qkv_bias=False, o_bias=False, sliding_window=None,
+        moe=MoEConfig(**moe) if moe else None)
+
+
+def test_the_profiled_steps_arithmetic_is_counted_from_the_shape():
+    from kvledger.engine.planner.ready_time import profile_flops
+
+    # 2 layers: q 32x32, k and v 32x16 each, o 32x32, an MLP of 3 x 32x64; 2 per multiply-add.
+    per_token = 2 * 2 * (32 * (32 + 2 * 16) + 32 * 32 + 3 * 32 * 64)
+    # 20 tokens as prompts of 9 (max_model_len 10): 9, 9, 2; causal scores and sums.
+    attention = 2 * 32 * 2 * (9 * 10 + 9 * 10 + 2 * 3)
+    logits = 2 * 32 * 100 * (3 + 4)
+    assert profile_flops(_shape(), 20, 10, mixed_step=False, max_num_seqs=4,
+                         logit_rows=4) == per_token * 20 + attention + logits
+    # Off the CPU the mixed step too: 3 decodes at the full context beside a chunk of 17.
+    mixed = per_token * 20 + 2 * 2 * 32 * 2 * (3 + 17) * 9 + 2 * 32 * 100 * 4
+    assert profile_flops(_shape(), 20, 10, mixed_step=True, max_num_seqs=4,
+                         logit_rows=4) == per_token * 20 + attention + logits + mixed
+
+
+def test_a_routed_mlp_counts_only_the_experts_a_token_meets():
+    from kvledger.engine.planner.ready_time import profile_flops
+
+    dense = profile_flops(_shape(), 16, 17, mixed_step=False, max_num_seqs=1, logit_rows=0)
+    routed = profile_flops(_shape(num_experts=8, num_experts_per_tok=2, intermediate_size=64,
+                                  normalize_topk=True, sparse_layers=(1,)),
+                           16, 17, mixed_step=False, max_num_seqs=1, logit_rows=0)
+    # Layer 1's MLP: 2 experts of 3 x 32x64 and the router's 32x8, in place of one dense.
+    assert routed - dense == 2 * 16 * (2 * 3 * 32 * 64 + 32 * 8 - 3 * 32 * 64)
+
+
+def test_the_profile_and_the_pool_are_predicted_from_timed_probes():
+    ready = TimeToReady(0, None, profile_flops=4e9, matmul_flops_per_s=2e9, kv_bytes=1 << 30)
+    assert ready.predicted["profile"] == 2.0 and ready.predicted["kv"] is None
+    ready.place_speed = ReadSpeed(1 << 30, 0.5)
+    assert ready.predicted["kv"] == 0.5
+    assert ready.predicted["graphs"] is None and ready.predicted["warmup"] is None
+    assert ready.to_json()["profile_flops"] == 4_000_000_000

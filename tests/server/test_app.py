@@ -199,6 +199,14 @@ async def test_models_budget_metrics(aiohttp_client, llm):
     assert ready["predicted_s"]["read"] == pytest.approx(  # read, then placed twice
         ready["weight_file_bytes"] / ready["read_bytes_per_s"]
         + ready["weight_bytes"] * 2 / ready["place_bytes_per_s"], rel=1e-3, abs=1e-3)
+    # The profile: its steps' arithmetic over the timed matmul; the pool: its bytes over
+    # the timed copy (the plan's KV class); graphs and the warm-up measured only.
+    assert ready["profile_flops"] > 0 and ready["matmul_flops_per_s"] > 0
+    assert ready["predicted_s"]["profile"] == pytest.approx(
+        ready["profile_flops"] / ready["matmul_flops_per_s"], rel=1e-2, abs=1e-3)
+    assert ready["predicted_s"]["kv"] == pytest.approx(
+        budget["plan"]["classes"]["kv_cache"] / ready["place_bytes_per_s"], rel=1e-2, abs=1e-3)
+    assert ready["predicted_s"]["graphs"] is None and ready["predicted_s"]["warmup"] is None
     text = await (await client.get("/metrics")).text()
     for name in ("kvledger_kv_blocks_total 32.0", "kvledger_kv_blocks_reserved 0.0",
                  "kvledger_kv_blocks_used 0.0", "kvledger_requests_admitted_total",
