@@ -30,6 +30,7 @@ from kvledger.engine.errors import UnknownModel
 from kvledger.engine.frontend import checks
 from kvledger.engine.frontend.generation import Generation
 from kvledger.engine.frontend.offload import Offload
+from kvledger.engine.frontend.served import Served
 from kvledger.engine.frontend.sleeping import SleepGate
 from kvledger.engine.frontend.submission import PromptRun, Submission, Tenant
 from kvledger.engine.sampling.params import SamplingParams
@@ -65,6 +66,7 @@ class FrontDoor:
         self.line = line
         self.offload = offload
         self.driver: AsyncEngine | None = None  # once started
+        self.served = Served(engine)  # what the server may read of the engine
         self.admission = Admission(
             engine.ledger, max_model_len=engine.max_model_len,
             max_queue_wait_s=line.max_queue_wait_s, max_queue_len=line.max_queue_len,

@@ -14,6 +14,7 @@ import time
 
 from aiohttp import web
 
+from kvledger.engine.frontend.served import PoolGauges
 from kvledger.engine.server.api_errors import ApiError, error_body
 from kvledger.engine.server.lora_routes import LoraCollector, add_routes, model_cards
 from kvledger.engine.server.openai_api import chat_completions, completions
@@ -180,7 +181,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    if state.engine is None:
+    if state.served is None:
         return web.json_response({"object": "list", "data": []})
     return web.json_response({"object": "list", "data": model_cards(state)})
 
@@ -198,20 +199,20 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
 async def budget(request: web.Request) -> web.Response:
     """The plan the engine runs under and the pool's live state (read-only)."""
     state = request.app[STATE]
-    if state.engine is None:
+    served = state.served
+    if served is None:
         raise ApiError(503, "the model is still loading", code="not_ready", reason="not_ready")
-    ledger = state.engine.ledger
-    plan = state.engine.plan.to_json() if state.engine.plan is not None else None
+    pool = served.pool()
     return web.json_response({
-        "model": state.model_name,
-        "max_model_len": state.engine.max_model_len,
-        "plan": plan,
-        "pool": {"block_size": ledger.block_size, "total_blocks": ledger.num_blocks,
-                 "reserved_blocks": ledger.reserved_blocks, "used_blocks": ledger.used_blocks,
-                 "free_blocks": ledger.free_blocks,
-                 "admission": "safe" if ledger.overcommit else "reserve",
-                 "paused": ledger.paused_reservations},
-        "prefix_cache": _prefix_cache(ledger),
+        "model": served.model_name,
+        "max_model_len": served.max_model_len,
+        "plan": served.plan_json(),
+        "pool": {"block_size": pool.block_size, "total_blocks": pool.num_blocks,
+                 "reserved_blocks": pool.reserved_blocks, "used_blocks": pool.used_blocks,
+                 "free_blocks": pool.free_blocks,
+                 "admission": "safe" if pool.overcommit else "reserve",
+                 "paused": pool.paused_reservations},
+        "prefix_cache": _prefix_cache(pool),
         "queue": state.door.queue_status(),
         "decode_tokens_per_s": state.door.decode_tokens_per_s,
         "time_to_ready": state.door.time_to_ready,
@@ -219,10 +220,10 @@ async def budget(request: web.Request) -> web.Response:
     })
 
 
-def _prefix_cache(ledger) -> dict:
+def _prefix_cache(pool: PoolGauges) -> dict:
     """Whether the prefix cache is on, its evictable blocks, and its hit rate in prompt
     tokens (None before the first lookup)."""
-    queries, hits = ledger.prefix_cache_queries, ledger.prefix_cache_hits
-    return {"enabled": ledger.enable_prefix_caching, "cached_blocks": ledger.cached_blocks,
+    queries, hits = pool.prefix_cache_queries, pool.prefix_cache_hits
+    return {"enabled": pool.enable_prefix_caching, "cached_blocks": pool.cached_blocks,
             "queries_tokens": queries, "hits_tokens": hits,
             "hit_rate": hits / queries if queries else None}

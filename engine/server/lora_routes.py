@@ -41,15 +41,14 @@ def add_routes(app: web.Application) -> None:
 
 def model_cards(state: ServerState) -> list[dict[str, Any]]:
     """``/v1/models``' entries: the base model's names, then every adapter."""
-    engine = state.engine
+    served = state.served
     card = {"object": "model", "created": int(state.started_at), "owned_by": "kvledger",
-            "max_model_len": engine.max_model_len}
-    cards = [{"id": name, **card, "root": engine.config.model, "parent": None}
+            "max_model_len": served.max_model_len}
+    cards = [{"id": name, **card, "root": served.model_root, "parent": None}
              for name in state.door.model_names]
-    if engine.loras is not None:
-        cards += [{"id": name, **card, "root": lora.lora_path if is_hub_uri(lora.lora_path)
-                   else name, "parent": state.model_name}
-                  for name, lora in engine.loras.served.items()]
+    cards += [{"id": name, **card, "root": lora.lora_path if is_hub_uri(lora.lora_path)
+               else name, "parent": state.model_name}
+              for name, lora in served.adapters().items()]
     return cards
 
 
@@ -62,7 +61,7 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
         module = LoraModule(name, path)
         # Reading and checking the adapter is file (or hub) I/O and tensor work: off the
         # loop, on the adapters' own threads.
-        await state.offload.load_adapter(state.engine.loras.add, module)
+        await state.offload.load_adapter(state.served.add_adapter, module)
     except BadInput as exc:
         raise bad_request(str(exc), "lora_path") from None
     return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
@@ -74,10 +73,10 @@ async def unload_lora_adapter(request: web.Request) -> web.Response:
     if not isinstance(name, str) or not name:
         raise bad_request("'lora_name' needs to be provided to unload a LoRA adapter.",
                           "lora_name")
-    if name not in state.engine.loras.served:
+    if name not in state.served.adapters():
         raise ApiError(404, f"The lora adapter '{name}' cannot be found.",
                        code="model_not_found", param="lora_name", reason="unknown_model")
-    state.engine.loras.remove(name)
+    state.served.remove_adapter(name)
     return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
 
@@ -88,7 +87,7 @@ async def _runtime_request(request: web.Request) -> tuple[ServerState, dict]:
     if not runtime_updating_allowed(state.options.allow_runtime_lora_updating):
         raise web.HTTPNotFound()
     state.check_accepting()
-    if state.engine.loras is None:
+    if not state.served.lora_enabled:
         raise bad_request("LoRA adapters need the engine started with --enable-lora")
     body = decode_json(await request.read())
     if not isinstance(body, dict):
@@ -105,18 +104,18 @@ class LoraCollector:
         self.state = state
 
     def collect(self):
-        engine = self.state.engine
-        if engine is None or engine.loras is None:
+        served = self.state.served
+        gauges = None if served is None else served.adapter_gauges()
+        if gauges is None:
             return
-        running, waiting = engine.scheduler.lora_names
         info = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
                                  labels=["max_lora", "running_lora_adapters",
                                          "waiting_lora_adapters"])
-        info.add_metric([str(engine.config.max_loras), ",".join(running), ",".join(waiting)],
-                        time.time())
+        info.add_metric([str(gauges.max_loras), ",".join(gauges.running),
+                         ",".join(gauges.waiting)], time.time())
         yield info
         counts = CounterMetricFamily("kvledger_lora_requests", "requests admitted for each "
                                      "LoRA adapter", labels=["adapter"])
-        for name, count in sorted(engine.loras.requests_total.items()):
+        for name, count in sorted(gauges.requests_total.items()):
             counts.add_metric([name], count)
         yield counts

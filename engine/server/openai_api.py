@@ -153,7 +153,7 @@ def _admitted(state: ServerState, p: answers.Prepared, lora) -> None:
                  "/".join(str(run.cap_tokens) for run in generation.runs), p.req.n,
                  p.req.model, params.summary())
     if lora is not None:
-        state.engine.loras.count(lora.lora_name)
+        state.served.count_adapter_request(lora.lora_name)
 
 
 async def read_body(request: web.Request) -> bytes:
@@ -185,8 +185,8 @@ def _tool_plan(state: ServerState, req: GenerationRequest) -> ToolPlan:
         return tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls,
                          auto_enabled=state.options.enable_auto_tool_choice,
                          parser=state.options.tool_call_parser,
-                         chat_template=state.engine.tokenizer.chat_template,
-                         specials=control_token_ids(state.engine.tokenizer))
+                         chat_template=state.door.tokenizer.chat_template,
+                         specials=control_token_ids(state.door.tokenizer))
     except Refusal as exc:
         raise bad_request(exc.message, exc.param) from None
 

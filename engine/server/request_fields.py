@@ -35,7 +35,7 @@ def render_chat(state: ServerState, req: ChatTemplateOptions, messages: list[dic
         except BadInput as exc:
             raise bad_request(str(exc), "chat_template") from None
     try:
-        return state.engine.tokenizer.apply_chat_template(
+        return state.door.tokenizer.apply_chat_template(
             messages, add_generation_prompt=req.add_generation_prompt, tools=tools,
             template=req.chat_template, kwargs=kwargs,
             continue_final_message=req.continue_final_message)

@@ -17,6 +17,7 @@ from typing import NoReturn
 from aiohttp import web
 
 from kvledger.engine.errors import DoesNotFit, KvledgerError
+from kvledger.engine.frontend.served import Served
 from kvledger.engine.server.app import build_app
 from kvledger.engine.server.state import STATE, ServeOptions
 from kvledger.engine.slow_clients import limited_runner
@@ -106,10 +107,10 @@ async def serve(config, options: ServeOptions, host: str, port: int) -> int:
             print(exc.report, file=sys.stderr)
             return exc.exit_code
         await state.attach(engine)
+        served, pool = state.served, state.served.pool()
         log.info("ready: serving %r (context %d tokens, %d KV blocks of %d tokens)",
-                 state.model_name, engine.max_model_len, engine.ledger.num_blocks,
-                 engine.ledger.block_size)
-        lost = _rank_lost(engine, loop)
+                 served.model_name, served.max_model_len, pool.num_blocks, pool.block_size)
+        lost = _rank_lost(served, loop)
         follower = _follow_sleep_file(state, options)
         await asyncio.wait([stopped, lost], return_when=asyncio.FIRST_COMPLETED)
         if follower is not None:
@@ -122,9 +123,8 @@ async def serve(config, options: ServeOptions, host: str, port: int) -> int:
     finally:
         if not stopped.done():
             stopped.cancel()
-        ranks = getattr(state.engine.runner, "ranks", None) if state.engine else None
-        if ranks is not None:
-            ranks.stop()
+        if state.served is not None:
+            state.served.stop_ranks()
         await runner.cleanup()
 
 
@@ -138,13 +138,11 @@ def _follow_sleep_file(state, options: ServeOptions) -> asyncio.Task | None:
         state.door.sleep, Path(options.sleep_level_file), state.metrics.sleep_state))
 
 
-def _rank_lost(engine, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+def _rank_lost(served: Served, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
     """Settled with the reason when a rank (-tp, -pp, another machine's) is lost; never
     for one rank."""
     lost = loop.create_future()
-    ranks = getattr(engine.runner, "ranks", None)
-    if ranks is not None:
-        ranks.on_lost(lambda reason: loop.call_soon_threadsafe(_settle, lost, reason, None))
+    served.on_rank_lost(lambda reason: loop.call_soon_threadsafe(_settle, lost, reason, None))
     return lost
 
 

@@ -18,6 +18,7 @@ from aiohttp import web
 from kvledger.engine.errors import BadInput, UnknownModel
 from kvledger.engine.frontend.door import FrontDoor, LineOptions
 from kvledger.engine.frontend.offload import Offload
+from kvledger.engine.frontend.served import Served
 from kvledger.engine.frontend.submission import Tenant
 from kvledger.engine.server.api_errors import ApiError, engine_error
 from kvledger.engine.server.metrics import ServerMetrics
@@ -64,9 +65,9 @@ class ServerState:
         watch_series(self)
 
     @property
-    def engine(self) -> Any:
-        """The engine the door leads to (its tokenizer, ledger, plan), once loaded."""
-        return None if self.door is None else self.door.engine
+    def served(self) -> Served | None:
+        """What the server may read of the engine (``frontend/served.py``), once loaded."""
+        return None if self.door is None else self.door.served
 
     @property
     def stalled(self) -> str | None:
@@ -124,7 +125,7 @@ class ServerState:
         """One token's text, as logprobs show it (cached: a vocabulary's worth at most)."""
         text = self._token_texts.get(token_id)
         if text is None:
-            text = self.engine.tokenizer.decode([token_id], skip_special_tokens=False)
+            text = self.door.tokenizer.decode([token_id], skip_special_tokens=False)
             self._token_texts[token_id] = text
         return text
 
@@ -143,7 +144,7 @@ class ServerState:
 
     @property
     def model_name(self) -> str:
-        return self.engine.model_name
+        return self.door.served.model_name
 
     def check_model(self, name: str) -> LoRARequest | None:
         """None for the base model, else the adapter ``name`` names (``FrontDoor.model``);

@@ -51,7 +51,7 @@ class DetokenizeRequest(Strict):
 async def tokenize(request: web.Request) -> web.Response:
     state, req, size = await _read(request, TokenizeRequest)
     ids = await state.off_loop(size, _tokenize, state, req)
-    body: dict[str, Any] = {"count": len(ids), "max_model_len": state.engine.max_model_len,
+    body: dict[str, Any] = {"count": len(ids), "max_model_len": state.served.max_model_len,
                             "tokens": ids, "token_strs": None}
     if req.return_token_strs:
         body["token_strs"] = [state.token_text(t) for t in ids]
@@ -61,10 +61,10 @@ async def tokenize(request: web.Request) -> web.Response:
 async def detokenize(request: web.Request) -> web.Response:
     state, req, size = await _read(request, DetokenizeRequest)
     try:
-        state.engine.check_prompt(req.tokens or [0])
+        state.served.check_prompt_ids(req.tokens or [0])
     except BadInput as exc:
         raise bad_request(str(exc), "tokens") from None
-    text = await state.off_loop(size, state.engine.tokenizer.decode, req.tokens)
+    text = await state.off_loop(size, state.door.tokenizer.decode, req.tokens)
     return web.json_response({"prompt": text})
 
 
@@ -88,7 +88,7 @@ def _parse(model, raw: bytes):
 
 
 def _tokenize(state, req: TokenizeRequest) -> list[int]:
-    tokenizer = state.engine.tokenizer
+    tokenizer = state.door.tokenizer
     if req.messages is not None:
         text = render_chat(state, req, [m.as_template_input() for m in req.messages],
                            template_tools(req.tools))

@@ -13,18 +13,18 @@ ServerState = Any
 
 def watch_series(state: ServerState) -> None:
     """Register ``state``'s series with its ``metrics`` (each read at scrape time)."""
-    ledger = lambda attr: lambda: (getattr(state.engine.ledger, attr)  # noqa: E731
-                                   if state.engine else 0)
+    pool = lambda attr: lambda: (getattr(state.served.pool(), attr)  # noqa: E731
+                                 if state.served else 0)
     door = lambda attr: lambda: getattr(state.door, attr) if state.door else 0  # noqa: E731
     waiting = door("waiting")
     state.metrics.watch_tenants(state.tenants.labels, lambda: (
         state.door.waiting_by_tenant() if state.door else {}))
     state.metrics.watch({
-        "kvledger_kv_blocks_total": ("KV blocks in the pool", ledger("num_blocks")),
+        "kvledger_kv_blocks_total": ("KV blocks in the pool", pool("num_blocks")),
         "kvledger_kv_blocks_reserved": ("KV blocks claimed by admitted requests",
-                                        ledger("reserved_blocks")),
+                                        pool("reserved_blocks")),
         "kvledger_kv_blocks_used": ("KV blocks held by running requests (cached blocks "
-                                    "not included)", ledger("used_blocks")),
+                                    "not included)", pool("used_blocks")),
         "kvledger_kv_reserved_ratio": ("share of the KV blocks claimed by admitted "
                                        "requests, 0..1", lambda: _kv_reserved_ratio(state)),
         "kvledger_requests_waiting": ("requests waiting for a reservation", waiting),
@@ -34,7 +34,7 @@ def watch_series(state: ServerState) -> None:
                                       door("running")),
         "kvledger_requests_paused": ("requests whose next KV block was refused at the "
                                      "last step (--admission safe): they keep their "
-                                     "blocks and wait", ledger("paused_reservations")),
+                                     "blocks and wait", pool("paused_reservations")),
         "kvledger_engine_stalled": ("1 while the engine holds requests and none has "
                                     "progressed for a while (a bug: /health is 503)",
                                     _stall(state, "stalled")),
@@ -45,13 +45,11 @@ def watch_series(state: ServerState) -> None:
         "kvledger_kv_draws_refused": ("engine steps a request sat out because its next "
                                       "KV block would have left another unable to finish "
                                       "(--admission safe)",
-                                      lambda: state.engine.ledger.overcommit.refused_draws
-                                      if state.engine and state.engine.ledger.overcommit
-                                      else 0),
+                                      pool("refused_draws")),
         "kvledger_prefix_cache_queries": ("prompt tokens of requests that looked up the "
-                                          "prefix cache", ledger("prefix_cache_queries")),
+                                          "prefix cache", pool("prefix_cache_queries")),
         "kvledger_prefix_cache_hits": ("prompt tokens found in the prefix cache (not "
-                                       "computed again)", ledger("prefix_cache_hits")),
+                                       "computed again)", pool("prefix_cache_hits")),
         "kvledger_engine_stalls": ("times the engine stalled (kvledger_engine_stalled)",
                                    _stall(state, "stalls")),
         "kvledger_line_stalls": ("times the admission line stalled (kvledger_line_stalled)",
@@ -65,11 +63,12 @@ def watch_series(state: ServerState) -> None:
                                          "they start now and delay the plans of none "
                                          "of the first in line",
                                          door("backfilled")),
-    }, model_name=lambda: state.engine.model_name if state.engine else None)
+    }, model_name=lambda: state.served.model_name if state.served else None)
 
 
 def _stall(state: ServerState, attr: str) -> Callable[[], float]:
-    return lambda: getattr(state.engine.stall_watch, attr) if state.engine else 0
+    index = ("stalled", "stalls").index(attr)
+    return lambda: state.served.engine_stall()[index] if state.served else 0
 
 
 def _line_stall(state: ServerState, attr: str) -> Callable[[], float]:
@@ -81,6 +80,7 @@ def _driver(state: ServerState, attr: str) -> Callable[[], float]:
 
 
 def _kv_reserved_ratio(state: ServerState) -> float:
-    if state.engine is None:
+    if state.served is None:
         return 0.0
-    return state.engine.ledger.reserved_blocks / state.engine.ledger.num_blocks
+    pool = state.served.pool()
+    return pool.reserved_blocks / pool.num_blocks

@@ -266,7 +266,7 @@ async def test_full_pool_refuses_with_the_same_answer_before_and_after_tokenizin
         aiohttp_client, reserving_llm):
     # No line: refused at once. Reserving, the promise held decides, unwritten as it is.
     client = await start_app(aiohttp_client, reserving_llm, max_queue_len=0)
-    ledger = client.app[STATE].engine.ledger
+    ledger = client.app[STATE].door.engine.ledger
     held = ledger.try_reserve(ledger.block_size * (ledger.num_blocks - 1))  # 1 block free
     try:
         for body in ({"prompt": "short"}, {"prompt": [5, 6, 7]},
@@ -286,7 +286,7 @@ async def test_full_pool_refuses_with_the_same_answer_before_and_after_tokenizin
 
 async def test_max_queue_wait_holds_a_request_until_blocks_return(aiohttp_client, llm):
     client = await start_app(aiohttp_client, llm, max_queue_wait_s=5.0)
-    ledger = client.app[STATE].engine.ledger
+    ledger = client.app[STATE].door.engine.ledger
     held = fill_pool(ledger)
     request = asyncio.create_task(client.post("/v1/completions", json={
         "model": model_name(client), "prompt": "x", "max_tokens": 2}))

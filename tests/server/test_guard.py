@@ -310,7 +310,7 @@ async def test_more_messages_than_the_limit_is_400(aiohttp_client, llm):
 async def test_a_client_gone_while_its_prompt_is_tokenized_reserves_nothing(aiohttp_client, llm,
                                                                             monkeypatch):
     client = await start_app(aiohttp_client, llm)
-    tokenizer = client.app[STATE].engine.tokenizer
+    tokenizer = client.app[STATE].door.engine.tokenizer
     started, release = threading.Event(), threading.Event()
     encode = tokenizer.encode
 

@@ -15,7 +15,6 @@ from _server_helpers import make_llm, metric, start_app
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.frontend.offload import ADAPTER_THREADS
-from kvledger.engine.server.state import STATE
 
 PROMPT = [5, 17, 42, 9, 33, 7, 120, 64, 3]
 
@@ -151,7 +150,6 @@ async def test_adapter_loads_that_hang_hold_up_no_other_request(aiohttp_client, 
     once; the loads run on threads of their own, at most ADAPTER_THREADS of them."""
     monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
     client = await start_app(aiohttp_client, llm)
-    state = client.app[STATE]
     release, started = threading.Event(), []
 
     def stuck(module):
@@ -159,7 +157,7 @@ async def test_adapter_loads_that_hang_hold_up_no_other_request(aiohttp_client, 
         release.wait(30)
         raise BadInput("the hub did not answer")
 
-    monkeypatch.setattr(state.engine.loras, "add", stuck)
+    monkeypatch.setattr(llm.loras, "add", stuck)  # the engine the test holds
     loads = [asyncio.create_task(client.post("/v1/load_lora_adapter", json={
         "lora_name": f"hub{i}", "lora_path": f"hf://kvledger/stuck-{i}"})) for i in range(4)]
     for _ in range(100):  # the loads reach their threads (later on a loaded machine)

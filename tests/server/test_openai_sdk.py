@@ -100,7 +100,7 @@ async def test_sdk_sees_openai_errors(serve):
 
 async def test_sdk_retries_a_429_after_the_advertised_delay(serve):
     app, client, seen = await serve(max_queue_len=0)  # no line: a full pool is a 429 at once
-    ledger = app[STATE].engine.ledger
+    ledger = app[STATE].door.engine.ledger
     held = fill_pool(ledger)  # the pool is full
 
     async def release_after_first_refusal() -> None:

@@ -66,7 +66,7 @@ async def test_disconnect_before_the_stream_headers_is_quiet_and_releases(aiohtt
     app.middlewares.append(remember)
     client = await aiohttp_client(app)
     await app[STATE].attach(llm)
-    tokenizer = client.app[STATE].engine.tokenizer
+    tokenizer = client.app[STATE].door.engine.tokenizer
     encode = tokenizer.encode
 
     def encode_then_hang_up(*args, **kwargs):  # the client vanishes while we tokenize
@@ -93,7 +93,7 @@ async def test_disconnect_while_waiting_for_a_whole_answer_releases(aiohttp_clie
 
 async def test_disconnect_while_queued_for_blocks_leaks_nothing(aiohttp_client, llm):
     client = await start_app(aiohttp_client, llm, max_queue_wait_s=30.0)
-    ledger = client.app[STATE].engine.ledger
+    ledger = client.app[STATE].door.engine.ledger
     held = fill_pool(ledger)  # the pool is full
     try:
         with pytest.raises(asyncio.TimeoutError):

@@ -106,7 +106,7 @@ async def test_reserved_ratio_is_reserved_over_total_blocks(aiohttp_client, llm,
 async def test_queued_requests_count_as_waiting(aiohttp_client, llm):
     client = await start_app(aiohttp_client, llm, max_queue_wait_s=5.0)
     state = client.app[STATE]
-    ledger = state.engine.ledger
+    ledger = llm.ledger  # the engine the test holds; the server reads it only through its door
     held = fill_pool(ledger)  # the whole pool: both requests queue
     requests = [_post_ids(client, [7, 8], 2), _post_ids(client, [9, 10], 2)]
     try:
@@ -152,7 +152,7 @@ async def test_kv_cache_full_is_exported_at_zero_and_counts_each_429(aiohttp_cli
     client = await start_app(aiohttp_client, llm, max_queue_len=0)  # refused at once
     full = ("kvledger_requests_rejected_total", frozenset({("reason", "kv_cache_full")}))
     assert (await _samples(client))[full] == 0  # present before any rejection
-    ledger = client.app[STATE].engine.ledger
+    ledger = client.app[STATE].door.engine.ledger
     held = fill_pool(ledger)
     try:
         response = await client.post("/v1/completions", json={

@@ -149,3 +149,30 @@ def test_a_full_pool_refuses_before_tokenizing_and_holds_nothing(reserving_llm):
             await door.stop()
 
     asyncio.run(scenario())
+
+
+def test_the_server_holds_nothing_of_the_engine_but_its_door():
+    """Beside the import contract (server/ imports nothing of core/, admission/, kv/),
+    no server module reaches the engine object it is handed: past ``ServerState.attach``
+    (which builds the door around it) and the start's loading, the server reads the
+    engine only through the door and its ``Served`` view (frontend/served.py)."""
+    import re
+    from pathlib import Path
+
+    import kvledger.engine.server as server
+    from kvledger.engine.server.state import ServerState
+
+    assert not hasattr(ServerState, "engine")
+    reaches = re.compile(r"\bengine\.(ledger|loras|scheduler|runner|stall_watch|plan|config"
+                         r"|check_prompt|max_model_len|tokenizer)\b|\b(state|door)\.engine\b")
+    allowed = {("state.py", "attach")}  # where the door is built around the engine
+    found = []
+    for path in Path(server.__file__).parent.rglob("*.py"):
+        function = ""
+        for line in path.read_text().splitlines():
+            defined = re.match(r"\s*(?:async\s+)?def (\w+)", line)
+            if defined and not line.startswith("        "):
+                function = defined.group(1)
+            if reaches.search(line) and (path.name, function) not in allowed:
+                found.append(f"{path.name}:{function}: {line.strip()}")
+    assert not found, found
