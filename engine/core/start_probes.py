@@ -12,7 +12,9 @@ import torch
 
 from kvledger.engine.planner.ready_time import ReadSpeed
 
-MATMUL_ROWS = 256  # tokens of the timed matmul: a prefill's, not a decode's
+# Tokens of the timed matmul: a prefill's, not a decode's; a GPU needs more rows than the
+# CPU to run at the rate a long prefill gets (timed here on the CPU only).
+MATMUL_ROWS = {"cpu": 256, "cuda": 2048}
 
 
 def place_speed(device: torch.device, dtype: torch.dtype,
@@ -39,7 +41,8 @@ def matmul_speed(device: torch.device, dtype: torch.dtype, hidden: int,
     of at least three runs, repeated for ``min_seconds`` (a small model's product is
     microseconds, where one run times the thread pool waking, not the arithmetic), after
     one untimed run (the library's first call sets itself up)."""
-    rows = torch.ones(MATMUL_ROWS, hidden, dtype=dtype, device=device)
+    count = MATMUL_ROWS.get(device.type, MATMUL_ROWS["cpu"])
+    rows = torch.ones(count, hidden, dtype=dtype, device=device)
     weight = torch.ones(intermediate, hidden, dtype=dtype, device=device)
     torch.nn.functional.linear(rows, weight)
     _sync(device)
@@ -53,7 +56,7 @@ def matmul_speed(device: torch.device, dtype: torch.dtype, hidden: int,
     del rows, weight
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return 2 * MATMUL_ROWS * hidden * intermediate / max(fastest, 1e-9)
+    return 2 * count * hidden * intermediate / max(fastest, 1e-9)
 
 
 def _sync(device: torch.device) -> None:
