@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvledger.engine.settings.lora_config import LoraModule, LoRARequest
 
@@ -33,6 +33,13 @@ class PoolGauges:
     enable_prefix_caching: bool
     prefix_cache_queries: int
     prefix_cache_hits: int
+
+
+class StallCounts(NamedTuple):
+    """The engine loop's stall watch (``core/stall.py``): stuck now, and how often it was."""
+
+    stalled: bool
+    stalls: int
 
 
 @dataclass(frozen=True)
@@ -88,10 +95,9 @@ class Served:
             prefix_cache_queries=ledger.prefix_cache_queries,
             prefix_cache_hits=ledger.prefix_cache_hits)
 
-    def engine_stall(self) -> tuple[bool, int]:
-        """(stalled now, times it stalled) of the engine's loop (``core/stall.py``)."""
+    def engine_stall(self) -> StallCounts:
         watch = self._engine.stall_watch
-        return bool(watch.stalled), watch.stalls
+        return StallCounts(bool(watch.stalled), watch.stalls)
 
     def on_rank_lost(self, callback: Callable[[str], None]) -> None:
         """``callback(reason)`` when a rank other processes run is lost (none: never)."""

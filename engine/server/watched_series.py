@@ -67,8 +67,7 @@ def watch_series(state: ServerState) -> None:
 
 
 def _stall(state: ServerState, attr: str) -> Callable[[], float]:
-    index = ("stalled", "stalls").index(attr)
-    return lambda: state.served.engine_stall()[index] if state.served else 0
+    return lambda: getattr(state.served.engine_stall(), attr) if state.served else 0
 
 
 def _line_stall(state: ServerState, attr: str) -> Callable[[], float]:

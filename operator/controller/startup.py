@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import datetime
 
-from kvledger.operator.api.status_types import ContainerStatus, PodStatus, Startup
+from kvledger.operator.api.status_types import PodStatus, Startup
+from kvledger.operator.controller.pod_status import containers
 
 INIT_CONTAINERS = ("preflight", "fetch")
 
@@ -29,7 +30,7 @@ def measured_start(pods: list[PodStatus]) -> Startup | None:
 def _start(pod: PodStatus) -> tuple[datetime.datetime, Startup] | None:
     ready_at = next((c.get("lastTransitionTime") for c in pod.get("conditions") or []
                      if c.get("type") == "Ready" and c.get("status") == "True"), None)
-    engine = _container(pod.get("containerStatuses"), "engine")
+    engine = containers(pod, "containerStatuses").get("engine")
     engine_at = ((engine or {}).get("state") or {}).get("running", {}).get("startedAt")
     ready, engine_start, pod_start = (_time(ready_at), _time(engine_at),
                                       _time(pod.get("startTime")))
@@ -39,17 +40,14 @@ def _start(pod: PodStatus) -> tuple[datetime.datetime, Startup] | None:
     if pod_start is not None and pod_start <= engine_start:
         seconds["total"] = _seconds(pod_start, ready)
     for name in INIT_CONTAINERS:
-        done = (_container(pod.get("initContainerStatuses"), name) or {}).get(
+        # This run's end only: a failed earlier run (lastState) timed nothing that counts.
+        done = (containers(pod, "initContainerStatuses").get(name) or {}).get(
             "state", {}).get("terminated") or {}
         began, ended = _time(done.get("startedAt")), _time(done.get("finishedAt"))
         if done.get("exitCode") == 0 and began is not None and ended is not None \
                 and began <= ended:
             seconds[name] = _seconds(began, ended)
     return ready, {"readyAt": str(ready_at), "seconds": seconds}
-
-
-def _container(statuses: list[ContainerStatus] | None, name: str) -> ContainerStatus | None:
-    return next((c for c in statuses or [] if c.get("name") == name), None)
 
 
 def _time(text: object) -> datetime.datetime | None:

@@ -11,26 +11,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import cast
 
-from kvledger.engine.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT
 from kvledger.engine.planner.report import PLAN_LINE_PREFIX, format_size, read_plan_line
 from kvledger.operator.api.spec import ServiceSpec
 from kvledger.operator.api.status_types import (
     Condition,
-    ContainerStatus,
     GroupPod,
     Json,
     ModelRecord,
     PodEntry,
     PodStatus,
     ServiceStatus,
-    Terminated,
 )
+from kvledger.operator.controller.pod_status import pod_problem, pod_ready, preflight_outcome
 from kvledger.operator.controller.startup import measured_start
 
 MEMORY_BUDGET = "MemoryBudget"
 READY = "Ready"
-IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
-                      "ErrImageNeverPull"}
 # Ready=False reasons that deserve a Warning event on the resource.
 WARNING_REASONS = {"DoesNotFit", "PreflightBadInput", "PreflightFailed", "InvalidSpec",
                    "PolicyDenied",
@@ -81,80 +77,6 @@ def read_message(message: str, fits: bool) -> tuple[str, dict[str, Json]]:
         return said, plan_status(figures)
     separator = " " if fits else "\n"  # a headline stays one line
     return f"{said}{separator}{NO_FIGURES}".strip(), {"fits": fits}
-
-
-def _terminated(container: ContainerStatus | None) -> Terminated | None:
-    if not container:
-        return None
-    return ((container.get("state") or {}).get("terminated")
-            or (container.get("lastState") or {}).get("terminated"))
-
-
-def _waiting_reason(container: ContainerStatus | None) -> str | None:
-    return (((container or {}).get("state") or {}).get("waiting") or {}).get("reason")
-
-
-def _containers(pod_status: PodStatus, key: str) -> dict[str, ContainerStatus]:
-    statuses: list[ContainerStatus] = pod_status.get(key) or []  # type: ignore[assignment]
-    return {c.get("name", ""): c for c in statuses}
-
-
-def preflight_outcome(pod_status: PodStatus) -> tuple[str, str] | None:
-    """(reason, termination message) of the pod's pre-flight, or None while it has not ended."""
-    done = _terminated(_containers(pod_status, "initContainerStatuses").get("preflight"))
-    if done is None:
-        return None
-    code, message = done.get("exitCode"), (done.get("message") or "").strip()
-    if code == 0:
-        return "Fits", message
-    if code == EXIT_DOES_NOT_FIT:
-        return "DoesNotFit", message or "the pre-flight refused the plan (exit 3)"
-    if code == EXIT_BAD_INPUT:
-        return "PreflightBadInput", message or "the pre-flight rejected its flags (exit 2)"
-    return "PreflightFailed", message or f"the pre-flight exited {code} ({done.get('reason')})"
-
-
-def pod_problem(pod_status: PodStatus) -> tuple[str, str] | None:
-    """(reason, message) when a pod cannot become ready on its own, else None."""
-    for condition in pod_status.get("conditions") or []:
-        if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
-                and condition.get("reason") == "Unschedulable"):
-            return "Unschedulable", f"pod cannot be scheduled: {condition.get('message', '')}"
-    statuses = {**_containers(pod_status, "initContainerStatuses"),
-                **_containers(pod_status, "containerStatuses")}
-    for name, container in statuses.items():
-        reason = _waiting_reason(container)
-        if reason in IMAGE_PULL_REASONS:
-            waiting = container["state"]["waiting"]
-            return "ImagePullFailed", (f"container {name} cannot pull its image ({reason}): "
-                                       f"{waiting.get('message', '')}").rstrip(": ")
-    fetch = statuses.get("fetch") or {}
-    fetched = _terminated(fetch)
-    if fetched is not None and fetched.get("exitCode") != 0:
-        detail = [line for line in (fetched.get("message") or "").strip().splitlines() if line]
-        return "FetchFailed", (
-            f"the fetch init container failed to download the model (exit "
-            f"{fetched.get('exitCode')}, restarts: {fetch.get('restartCount', 0)})"
-            + (f": {detail[-1].strip()}" if detail else ""))
-    engine = statuses.get("engine") or {}
-    done = _terminated(engine)
-    if done is not None and done.get("reason") == "OOMKilled":
-        return "OOMKilled", ("engine container was killed for exceeding its host-memory limit "
-                             f"(OOMKilled, restarts: {engine.get('restartCount', 0)}); "
-                             "raise spec.resources.limits.memory")
-    if _waiting_reason(engine) == "CrashLoopBackOff":
-        last = done or {}
-        detail = (last.get("message") or "").strip().splitlines()
-        return "EngineCrashLoop", (
-            f"engine container is crash-looping (exit {last.get('exitCode')}, "
-            f"{last.get('reason', 'Error')}, restarts: {engine.get('restartCount', 0)})"
-            + (f": {detail[-1]}" if detail else ""))
-    return None
-
-
-def pod_ready(pod_status: PodStatus) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in pod_status.get("conditions") or [])
 
 
 def upsert_condition(conditions: list[Condition], new: Condition, now: str) -> list[Condition]:

@@ -10,12 +10,11 @@ from spec_helpers import spec_of
 from kvledger.engine.cli import main as kvledger
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT
 from kvledger.engine.planner.report import PLAN_LINE_PREFIX, format_size
+from kvledger.operator.controller.pod_status import pod_problem, preflight_outcome
 from kvledger.operator.controller.status import (
     NO_FIGURES,
     compute_status,
     plan_status,
-    pod_problem,
-    preflight_outcome,
     read_message,
     transition_events,
     upsert_condition,
