@@ -138,10 +138,12 @@ async def eventually(check: Callable[[], Any | Awaitable[Any]], *, timeout_s: fl
 
 @contextlib.asynccontextmanager
 async def emulated_cluster(lws: bool = True, pool: bool = False,
-                           http_add_on: bool = False) -> AsyncIterator[Cluster]:
+                           http_add_on: bool = False,
+                           objectives: bool = False) -> AsyncIterator[Cluster]:
     """The emulator on a local port, the CRD, KEDA's ScaledObject, (``lws``)
     LeaderWorkerSet, (``pool``) GAIE's InferencePool and (``http_add_on``) KEDA's HTTP
-    add-on's InterceptorRoute declared, and ``Cluster.kubeconfig`` for it.
+    add-on's InterceptorRoute and (``objectives``) the router's InferenceObjective declared,
+    and ``Cluster.kubeconfig`` for it.
 
     kmock merges a subresource's patch into the object, so a patch of ``scale`` with a
     Scale's body (``{"spec": {"replicas": N}}``) writes ``spec.replicas`` as the API
@@ -163,6 +165,11 @@ async def emulated_cluster(lws: bool = True, pool: bool = False,
         emulator.resources["inference.networking.k8s.io/v1/inferencepools"] = kmock.ResourceInfo(
             namespaced=True, kind="InferencePool", singular="inferencepool", shortnames=set(),
             verbs=verbs, subresources={"status"})
+    if objectives:
+        emulator.resources["inference.networking.x-k8s.io/v1alpha2/inferenceobjectives"] = \
+            kmock.ResourceInfo(namespaced=True, kind="InferenceObjective",
+                               singular="inferenceobjective", shortnames=set(), verbs=verbs,
+                               subresources={"status"})
     if http_add_on:
         emulator.resources["http.keda.sh/v1beta1/interceptorroutes"] = kmock.ResourceInfo(
             namespaced=True, kind="InterceptorRoute", singular="interceptorroute",
@@ -190,14 +197,15 @@ async def emulated_cluster(lws: bool = True, pool: bool = False,
 @contextlib.asynccontextmanager
 async def running_operator(default_image: str = "kvledger:test", policy=None,
                            lws: bool = True, pool: bool = False,
-                           http_add_on: bool = False) -> AsyncIterator[Cluster]:
+                           http_add_on: bool = False,
+                           objectives: bool = False) -> AsyncIterator[Cluster]:
     """The emulator and the real operator in this event loop (login via KUBECONFIG), under
     ``policy`` (an ``operator.policy.Policy``; the Helm chart's defaults when None), on a
-    cluster that serves LeaderWorkerSet or (``lws`` False) not, and InferencePool
-    (``pool``) or not."""
+    cluster that serves LeaderWorkerSet or (``lws`` False) not, InferencePool (``pool``)
+    or not, and InferenceObjective (``objectives``) or not."""
     from kvledger.operator.controller import handlers  # noqa: F401  (registers the handlers)
 
-    async with emulated_cluster(lws, pool, http_add_on) as cluster:
+    async with emulated_cluster(lws, pool, http_add_on, objectives) as cluster:
         saved = os.environ.get("KUBECONFIG")
         os.environ["KUBECONFIG"] = cluster.kubeconfig
         stop, ready = asyncio.Event(), asyncio.Event()

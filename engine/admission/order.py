@@ -73,11 +73,17 @@ class Tenant:
         return asked
 
 
-def run_priority(policy: str, tenant: Tenant, asked: int | None) -> int:
+def run_priority(policy: str, tenant: Tenant, asked: int | None,
+                 objective: int | None = None) -> int:
     """The one rule of a request's priority: it orders the line and the seats under
-    ``--scheduling-policy priority`` only (``Tenant.priority_for``); under fcfs it is 0,
-    and a non-zero one asked is BadInput, as vLLM documents, never silently dropped."""
+    ``--scheduling-policy priority`` only: the one ``asked`` (``Tenant.priority_for``),
+    else the gateway's ``objective`` (an InferenceObjective's, in this order and already
+    held to the tenant's floor: ``server/objectives.py``), else the tenant's default.
+    Under fcfs it is 0, the objective is not used, and a non-zero one asked is BadInput,
+    as vLLM documents, never silently dropped."""
     if policy == "priority":
+        if asked is None and objective is not None:
+            return objective
         return tenant.priority_for(asked)
     if asked:
         raise BadInput(f"priority {asked} needs --scheduling-policy priority (this "

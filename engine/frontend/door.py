@@ -237,7 +237,8 @@ class FrontDoor:
             return await self._submit(sub)
 
     async def _submit(self, sub: Submission) -> Generation:
-        priority = run_priority(self.admission.scheduling_policy, sub.tenant, sub.priority)
+        priority = run_priority(self.admission.scheduling_policy, sub.tenant, sub.priority,
+                                sub.objective_priority)
         longest = max(checks.max_prompt_tokens(prompt) for prompt in sub.prompts)
         early = self.admission.early_rejection(longest, sub.params.max_tokens, sub.n,
                                                sub.tenant, priority)
@@ -263,7 +264,8 @@ class FrontDoor:
     def prepare(self, sub: Submission) -> PromptRun:
         """``LLM``'s one-prompt submission checked in this thread, as ``submit`` checks it
         (no early refusal: its line has no cap); admitted later by ``run_offline``."""
-        priority = run_priority(self.admission.scheduling_policy, sub.tenant, sub.priority)
+        priority = run_priority(self.admission.scheduling_policy, sub.tenant, sub.priority,
+                                sub.objective_priority)
         ids = checks.encode_all(self.engine, sub)
         caps = checks.caps(self.engine, sub, ids)
         params = checks.choice_params(self.engine, sub, caps, None)

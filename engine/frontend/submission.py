@@ -40,11 +40,12 @@ class Submission:
     grammar: GrammarSpec | None = None  # compiled at the door, shared by the choices
     lora: LoRARequest | None = None      # its adapter; None: the base model
     tenant: Tenant = ANONYMOUS
-    priority: int | None = None         # asked; None: its tenant's default
+    priority: int | None = None         # asked; None: the objective's, else its tenant's
     cache_salt: str | None = None        # keys its prefix-cache blocks apart (with the adapter's)
     add_special_tokens: bool = True      # False: a rendered chat template holds its own
     body_bytes: int | None = None        # the request's size: small ones are prepared inline
     published_salt: str | None = None    # the client's own cache_salt: KV events carry it
+    objective_priority: int | None = None  # the gateway's InferenceObjective's, in this order
 
 
 @dataclass

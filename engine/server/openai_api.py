@@ -79,6 +79,7 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     sub = Submission(f"{id_prefix}-{uuid.uuid4().hex}", prompts,
                      sampling_params(req, door.sampling_defaults, tools.kept_ids),
                      req.n, spec, lora, tenant, req.priority, _client_salt(request, state, req),
+                     objective_priority=state.objective(request, tenant),
                      add_special_tokens=req.kind != "chat", body_bytes=len(raw),
                      published_salt=req.cache_salt)
     generation = await _submit(state, door, sub, req, tools)

@@ -111,9 +111,10 @@ async def serve(config, options: ServeOptions, host: str, port: int) -> int:
         log.info("ready: serving %r (context %d tokens, %d KV blocks of %d tokens)",
                  served.model_name, served.max_model_len, pool.num_blocks, pool.block_size)
         lost = _rank_lost(served, loop)
-        follower = _follow_sleep_file(state, options)
+        followers = [task for task in (_follow_sleep_file(state, options),
+                                       _follow_objectives(state)) if task is not None]
         await asyncio.wait([stopped, lost], return_when=asyncio.FIRST_COMPLETED)
-        if follower is not None:
+        for follower in followers:
             follower.cancel()
         if lost.done():
             return await _rank_lost_exit(state, lost.result())
@@ -136,6 +137,13 @@ def _follow_sleep_file(state, options: ServeOptions) -> asyncio.Task | None:
 
     return asyncio.create_task(sleep_file.follow(
         state.door.sleep, Path(options.sleep_level_file), state.metrics.sleep_state))
+
+
+def _follow_objectives(state) -> asyncio.Task | None:
+    """With --objectives-file: the task reading it again as the kubelet rewrites it."""
+    if state.objectives.path is None:
+        return None
+    return asyncio.create_task(state.objectives.follow())
 
 
 def _rank_lost(served: Served, loop: asyncio.AbstractEventLoop) -> asyncio.Future:

@@ -22,6 +22,7 @@ from kvledger.engine.frontend.served import Served
 from kvledger.engine.frontend.submission import Tenant
 from kvledger.engine.server.api_errors import ApiError, engine_error
 from kvledger.engine.server.metrics import ServerMetrics
+from kvledger.engine.server.objectives import Objectives
 from kvledger.engine.server.tenants import Tenants, TenantSpec
 from kvledger.engine.server.vllm_metrics import CacheInfo
 from kvledger.engine.server.watched_series import watch_series
@@ -55,6 +56,10 @@ class ServerState:
                                max_queued=options.max_queue_len_per_tenant,
                                header=options.tenant_header,
                                header_from=options.tenant_header_from)
+        self.objectives = Objectives(options.objective_header, options.objectives_file,
+                                     self.tenants)
+        if self.objectives.path is not None:
+            self.objectives.reload()
         self.metrics = ServerMetrics(self.tenants.labels)
         self.door: FrontDoor | None = None  # the engine's one way in, once loaded
         self.ready = False
@@ -159,6 +164,15 @@ class ServerState:
         a trusted gateway's header, its API key, else everyone's anonymous tenant)."""
         try:
             return self.tenants.of(request.get(API_KEY_INDEX), request.headers, request.remote)
+        except BadInput as exc:
+            raise ApiError(400, str(exc), code="invalid_request", reason="bad_request") from None
+
+
+    def objective(self, request: web.Request, tenant: Tenant) -> int | None:
+        """The priority of the objective the request's gateway named, held to ``tenant``'s
+        floor (``Objectives.priority``); None without one."""
+        try:
+            return self.objectives.priority(request.headers, request.remote, tenant)
         except BadInput as exc:
             raise ApiError(400, str(exc), code="invalid_request", reason="bad_request") from None
 

@@ -143,6 +143,7 @@ class Tenants:
         if header is not None and not self._trusted:
             raise BadInput("--tenant-header needs --tenant-header-from (the gateway's "
                            "addresses): a header anyone may send names no tenant")
+        self._tiered = bool(specs)  # the file gives floors an objective is held to
         # A header's name the file does not hold: the least urgent tier the file gives.
         self._unlisted = (max([0, *(spec.priority for spec in specs)]),
                           max([0, *(_floor(spec) for spec in specs)]))
@@ -167,8 +168,8 @@ class Tenants:
         (``key_index``: the index of the key it came with, None without one), else the
         anonymous one. BadInput for a header value that is too long, or a header given
         more than once."""
-        if self.header is not None and peer is not None and self._trusts(peer):
-            named = _one_value(headers, self.header).lower()
+        if self.header is not None and self.trusts(peer):
+            named = one_value(headers, self.header).lower()
             if named:
                 if len(named) > MAX_HEADER_TENANT_CHARS:
                     raise BadInput(f"{self.header} is longer than {MAX_HEADER_TENANT_CHARS} "
@@ -180,7 +181,18 @@ class Tenants:
             return self._by_index[key_index]
         return self._anonymous
 
-    def _trusts(self, peer: str) -> bool:
+    def held(self, tenant: Tenant, priority: int) -> int:
+        """A gateway objective's ``priority`` (this server's order) for ``tenant``'s
+        request: no more urgent than the floor the tenants file gives it. Without a file
+        there are no tiers to guard, and the objective's priority stands."""
+        if self._tiered and tenant.min_priority is not None:
+            return max(priority, tenant.min_priority)
+        return priority
+
+    def trusts(self, peer: str | None) -> bool:
+        """Whether ``peer`` is one of ``--tenant-header-from``'s (a gateway's address)."""
+        if peer is None:
+            return False
         try:
             address = ipaddress.ip_address(peer)
         except ValueError:  # a Unix socket's peer, or none
@@ -193,7 +205,7 @@ def _floor(spec: TenantSpec) -> int:
     return spec.priority if spec.min_priority is None else spec.min_priority
 
 
-def _one_value(headers: Mapping[str, str], name: str) -> str:
+def one_value(headers: Mapping[str, str], name: str, what: str = "tenant") -> str:
     """The one value of the header ``name`` ('' when absent). BadInput naming it when the
     request carries it more than once, or one value lists several (a proxy joins repeated
     headers with commas): a gateway that adds its header after the client's own would
@@ -202,6 +214,6 @@ def _one_value(headers: Mapping[str, str], name: str) -> str:
     values = getall(name, []) if getall is not None else ([headers[name]] if name in headers
                                                            else [])
     if len(values) > 1 or (values and "," in values[0]):
-        raise BadInput(f"{name} is given more than once: a request names one tenant (the "
+        raise BadInput(f"{name} is given more than once: a request names one {what} (the "
                        f"gateway must replace a client's {name}, not add to it)")
     return values[0].strip() if values else ""

@@ -131,6 +131,17 @@ class ServeConfig:
     tenant_header_from: tuple[str, ...] = setting(
         (), "--tenant-header-from", WORDS, metavar="CIDR", group=SERVER,
         help="the peers whose --tenant-header is believed (e.g. the gateway's pod network)")
+    objective_header: str | None = setting(  # the operator's, behind an InferencePool
+        None, "--objective-header", TEXT, metavar="NAME", group=SERVER,
+        help="a header a gateway sets to name the request's InferenceObjective (e.g. "
+             "x-gateway-inference-objective), believed only from --tenant-header-from, "
+             "once; its priority (from --objectives-file) is the request's when it asks "
+             "none, under --scheduling-policy priority")
+    objectives_file: str | None = setting(  # the operator's: the pool's objectives, mounted
+        None, "--objectives-file", TEXT, metavar="PATH", group=SERVER,
+        help="the objectives --objective-header may name, as YAML (objectives: a list of "
+             "name and priority, higher more urgent, as InferenceObjective's), read again "
+             "each second when it changes (docs/serving.md, objectives)")
     backfill: bool = setting(
         False, "--backfill", SWITCH, group=SERVER,
         help="plan the first 4 in line at their soonest starts, as the KV pool is projected "

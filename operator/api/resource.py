@@ -34,6 +34,19 @@ SLEEP_KEY = "level"
 SLEEP_LEVEL_FILE = f"{SLEEP_DIR}/{SLEEP_KEY}"
 
 
+# Where the engine reads the objectives of its InferencePool (spec.inferencePool, with the
+# admin's gateway addresses): a ConfigMap the operator owns, NAME-objectives, mounted
+# read-only (serve --objectives-file), rewritten as InferenceObjectives change.
+OBJECTIVES_DIR = "/etc/kvledger/objectives"
+OBJECTIVES_KEY = "objectives.yaml"
+OBJECTIVES_FILE = f"{OBJECTIVES_DIR}/{OBJECTIVES_KEY}"
+
+
+def objectives_config_map(name: str) -> str:
+    """The ConfigMap holding the objectives of a resource's InferencePool."""
+    return f"{name}-objectives"
+
+
 def sleep_config_map(name: str) -> str:
     """The ConfigMap holding a resource's spec.sleep."""
     return f"{name}-sleep"

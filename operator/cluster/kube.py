@@ -185,8 +185,10 @@ class KubeApi:
     async def get(self, path: str) -> Body | None:
         return await self.request("GET", path)
 
-    async def list(self, path: str, label_selector: str) -> list[Body]:
-        body = await self.request("GET", path, query={"labelSelector": label_selector})
+    async def list(self, path: str, label_selector: str | None = None) -> list[Body]:
+        """The collection's items (none where its kind is not served: a 404)."""
+        query = {"labelSelector": label_selector} if label_selector is not None else None
+        body = await self.request("GET", path, query=query)
         return list((body or {}).get("items") or [])
 
     async def create(self, path: str, body: Body) -> Body:

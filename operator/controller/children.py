@@ -29,7 +29,7 @@ from kvledger.operator.cluster.kube import KubeApi, KubeError, object_path
 from kvledger.operator.render import autoscaling, gateway, render_group
 from kvledger.operator.render.pod import render_sleep_config_map
 from kvledger.operator.render.policy import render_network_policy
-from kvledger.operator.render.render import labels
+from kvledger.operator.render.render import GatewayWiring, labels, objectives_wired
 from kvledger.operator.render.render_group import (
     DEPLOYMENTS,
     LEADER_WORKER_SETS,
@@ -40,7 +40,7 @@ from kvledger.operator.render.render_group import (
 # Every child, in the order they go when the resource does (the key Secret goes with its
 # owner through the garbage collector: the operator has no right to delete Secrets).
 NETWORK_POLICY = ("networking.k8s.io/v1", "networkpolicies")
-CONFIG_MAPS = ("v1", "configmaps")  # spec.sleep's (NAME-sleep)
+CONFIG_MAPS = ("v1", "configmaps")  # spec.sleep's (NAME-sleep), the objectives' (NAME-objectives)
 CHILDREN = (DEPLOYMENTS, LEADER_WORKER_SETS, ("v1", "services"), *autoscaling.OPTIONAL_CHILDREN,
             NETWORK_POLICY, gateway.INFERENCE_POOLS)
 LWS_INSTALL = (f"kubectl apply --server-side -f https://github.com/kubernetes-sigs/lws/"
@@ -179,14 +179,17 @@ async def _apply(memo: kopf.Memo, name: str, namespace: str, spec: ServiceSpec,
     # Before the pods that read it; kept (not deleted) when sleep mode goes: it is small,
     # owned, and goes with the resource.
     sleep = render_sleep_config_map(name, namespace, spec, labels(name))
-    wanted = [body for body in (workload, service, sleep, *optional.values()) if body is not None]
+    objectives = await objectives_config_map(kube, name, namespace, spec, memo.policy.gateway)
+    wanted = [body for body in (workload, service, sleep, objectives, *optional.values())
+              if body is not None]
     kopf.adopt(wanted, owner=owner)
     # Unwanted first: an HPA and a ScaledObject never scale the resource together.
     for (api_version, plural), body in optional.items():
         if body is None:
             await kube.delete(object_path(api_version, plural, namespace, name))
-    if sleep is not None:
-        await kube.apply(*CONFIG_MAPS, sleep)
+    for config_map in (sleep, objectives):
+        if config_map is not None:
+            await kube.apply(*CONFIG_MAPS, config_map)
     await kube.apply(*kind, workload)
     other = DEPLOYMENTS if kind == LEADER_WORKER_SETS else LEADER_WORKER_SETS
     await kube.delete(object_path(*other, namespace, name))
@@ -194,6 +197,39 @@ async def _apply(memo: kopf.Memo, name: str, namespace: str, spec: ServiceSpec,
     for (api_version, plural), body in optional.items():
         if body is not None:
             await kube.apply(api_version, plural, body)
+
+
+async def objectives_config_map(kube: KubeApi, name: str, namespace: str, spec: ServiceSpec,
+                                wiring: GatewayWiring) -> dict[str, Any] | None:
+    """The ConfigMap of the InferencePool's objectives as the namespace holds them now (none
+    where the cluster does not serve InferenceObjective), or None when the engines read
+    none (``render.objectives_wired``). Kept, not deleted, when they no longer do: small,
+    owned, and it goes with the resource."""
+    if not objectives_wired(spec, wiring):
+        return None
+    listed = await kube.list(object_path(*gateway.INFERENCE_OBJECTIVES, namespace))
+    return gateway.render_objectives_config_map(name, namespace,
+                                                gateway.pool_objectives(listed, name))
+
+
+async def apply_objectives(memo: kopf.Memo, name: str, namespace: str) -> None:
+    """Write the objectives ConfigMap of the resource ``name`` again (an objective naming
+    its pool changed), under the resource's apply lock; nothing for a resource that is
+    gone, invalid or not behind a gateway."""
+    lock = memo.apply_locks.setdefault((namespace, name), asyncio.Lock())
+    async with lock:
+        owner = await memo.kube.get(object_path(API_VERSION, PLURAL, namespace, name))
+        if owner is None or owner.get("metadata", {}).get("deletionTimestamp"):
+            return
+        try:
+            spec = parse_spec(owner.get("spec") or {})
+        except BadInput:
+            return  # its status says so; the next valid spec writes the file
+        body = await objectives_config_map(memo.kube, name, namespace, spec,
+                                           memo.policy.gateway)
+        if body is not None:
+            kopf.adopt(body, owner=kopf.Body(owner))
+            await memo.kube.apply(*CONFIG_MAPS, body)
 
 
 async def node_key_secret(kube: KubeApi, name: str, namespace: str, owner: kopf.Body) -> str:

@@ -10,6 +10,8 @@
 - pod, Deployment and LeaderWorkerSet events (label ``kvledger.dev/inferenceservice``):
   recompute the owner's status from every pod it has and its Deployment's (indexes) or
   LeaderWorkerSet's status, so status is a function of what they report now.
+- InferenceObjective events: the objectives ConfigMap of the service whose InferencePool
+  the objective names, written again (``children.apply_objectives``).
 - the resource's DELETED event: delete its children. In a cluster the garbage collector
   does this through the owner references anyway; this needs no deletion handler (and so
   no finalizer of ours) and covers API servers without a garbage collector. kopf adds
@@ -34,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import re
 from typing import Any, cast
 
 import kopf
@@ -52,17 +55,19 @@ from kvledger.operator.controller.children import (
     ApiMissing,
     ModelUnavailable,
     apply_children,
+    apply_objectives,
     lws_missing,
     lws_served,
     missing_api,
 )
-from kvledger.operator.render import autoscaling, render, render_group
+from kvledger.operator.render import autoscaling, gateway, render, render_group
 from kvledger.operator.render.policy import Policy, PolicyDenied
 
 ISVC = (GROUP, VERSION, PLURAL)
 RECONCILE_INTERVAL_S = 60.0
 RETRY_DELAY_S = 10.0
 _POD_FILTER = {render.LABEL: kopf.PRESENT}
+_DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a resource's name
 # The hub down, a gated model without a token, a Secret not created yet: each is fixed
 # outside the spec, so it is asked again (and the resource does not change meanwhile).
 HUB_RETRY_DELAY_S = 60.0
@@ -196,6 +201,22 @@ async def deployment_changed(labels: kopf.Labels, namespace: str, memo: kopf.Mem
     its status is read at each pod event and every 60 s."""
     await sync_status(memo, namespace, labels[render.LABEL], pods_by_service,
                       deployments_by_service)
+
+
+@kopf.on.event(gateway.OBJECTIVE_GROUP, "v1alpha2", gateway.OBJECTIVE_PLURAL)
+async def objective_changed(spec: kopf.Spec, namespace: str, memo: kopf.Memo,
+                            logger: logging.Logger, **_: Any) -> None:
+    """An InferenceObjective created, changed or deleted: the objectives file of the service
+    whose pool it names is written again now (every 60 s anyway, by ``resync``: also for a
+    pool an objective no longer names). Watched where the router's CRD was served when the
+    operator started."""
+    pool = (spec.get("poolRef") or {}).get("name")
+    if not isinstance(pool, str) or not _DNS_NAME.fullmatch(pool):
+        return
+    try:
+        await apply_objectives(memo, pool, namespace)
+    except KubeError as exc:
+        logger.warning(f"writing the objectives of {namespace}/{pool} failed: {exc}")
 
 
 @kopf.on.event(*ISVC)

@@ -9,14 +9,27 @@ where each request goes. The picker reads the pods' ``/metrics`` under vLLM's na
 ``vllm:lora_requests_info``), which the engine exports as vLLM does; the serving pods
 carry ``llm-d.ai/inference-serving: "true"``, the label llm-d's tooling finds model
 servers by (``render.pod_template_metadata``).
+
+The pool's ``InferenceObjective``s (``inference.networking.x-k8s.io/v1alpha2``, each naming
+the pool in ``spec.poolRef``) go into the ConfigMap ``NAME-objectives`` as name and
+priority, which the engines read as the file behind ``--objectives-file``: a client's
+``x-gateway-inference-objective`` header then sets its request's priority in the engine's
+line as in the router's (``server/objectives.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+import yaml
+
 from kvledger.engine.errors import BadInput
-from kvledger.operator.api.resource import DEFAULT_PICKER_PORT
+from kvledger.operator.api.resource import (
+    DEFAULT_PICKER_PORT,
+    OBJECTIVES_KEY,
+    objectives_config_map,
+)
 from kvledger.operator.api.spec import ServiceSpec
 from kvledger.operator.render.render import labels
 from kvledger.operator.render.render_group import serving_labels
@@ -25,6 +38,11 @@ POOL_GROUP = "inference.networking.k8s.io"
 POOL_API_VERSION = f"{POOL_GROUP}/v1"
 POOL_PLURAL = "inferencepools"
 INFERENCE_POOLS = (POOL_API_VERSION, POOL_PLURAL)
+# The router's InferenceObjective: a priority for the requests that name it.
+OBJECTIVE_GROUP = "inference.networking.x-k8s.io"
+OBJECTIVE_API_VERSION = f"{OBJECTIVE_GROUP}/v1alpha2"
+OBJECTIVE_PLURAL = "inferenceobjectives"
+INFERENCE_OBJECTIVES = (OBJECTIVE_API_VERSION, OBJECTIVE_PLURAL)
 # The release whose CRD tests/data/gaie vendors, and the one a refusal names.
 GAIE_RELEASE = "v1.6.0"
 GAIE_INSTALL = (f"kubectl apply -f https://github.com/kubernetes-sigs/"
@@ -58,3 +76,35 @@ def render_inference_pool(name: str, namespace: str, spec: ServiceSpec,
                                   "failureMode": pool.failure_mode},
         },
     }
+
+
+def pool_objectives(objectives: Iterable[Mapping[str, Any]], pool: str) -> list[dict[str, Any]]:
+    """The objectives of the InferencePool ``pool`` (its namespace's objectives, as listed),
+    as the engine's file holds them: name and priority (unset: 0, as the router reads it),
+    by name. An objective naming another pool, or another kind, is not this pool's; one
+    whose priority is not a 32-bit integer is left out (GAIE v1.5.0's CRD admits any
+    integer; the router's, since, int32, as the engine reads it)."""
+    chosen = []
+    for objective in objectives:
+        spec = objective.get("spec") or {}
+        ref = spec.get("poolRef") or {}
+        if (ref.get("name") != pool or ref.get("group", POOL_GROUP) != POOL_GROUP
+                or ref.get("kind", "InferencePool") != "InferencePool"):
+            continue
+        name = (objective.get("metadata") or {}).get("name")
+        priority = spec.get("priority", 0)
+        if (not isinstance(name, str) or isinstance(priority, bool)
+                or not isinstance(priority, int) or not -2**31 <= priority < 2**31):
+            continue
+        chosen.append({"name": name, "priority": priority})
+    return sorted(chosen, key=lambda entry: entry["name"])
+
+
+def render_objectives_config_map(name: str, namespace: str,
+                                 objectives: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ConfigMap the engines read their pool's ``objectives`` from (``pool_objectives``)."""
+    text = yaml.safe_dump({"objectives": objectives}, sort_keys=False)
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": objectives_config_map(name), "namespace": namespace,
+                         "labels": labels(name)},
+            "data": {OBJECTIVES_KEY: text}}

@@ -9,9 +9,12 @@ import copy
 from typing import Any
 
 from kvledger.operator.api.resource import (
+    OBJECTIVES_DIR,
+    OBJECTIVES_KEY,
     SLEEP_DIR,
     SLEEP_KEY,
     TENANTS_DIR,
+    objectives_config_map,
     sleep_config_map,
 )
 from kvledger.operator.api.spec import ServiceSpec
@@ -97,6 +100,16 @@ def sleep_volume(name: str, spec: ServiceSpec,
                 "name": sleep_config_map(name), "optional": True, "defaultMode": 0o444,
                 "items": [{"key": SLEEP_KEY, "path": SLEEP_KEY}]}}],
             [{"name": "sleep", "mountPath": SLEEP_DIR, "readOnly": True}])
+
+
+def objectives_volume(name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, the engine's mounts) of the InferencePool's objectives
+    (``objectives_config_map``), read-only, for the engine alone. Optional: a pod started
+    before the operator wrote it has none, until the kubelet writes the file."""
+    return ([{"name": "objectives", "configMap": {
+                "name": objectives_config_map(name), "optional": True, "defaultMode": 0o444,
+                "items": [{"key": OBJECTIVES_KEY, "path": OBJECTIVES_KEY}]}}],
+            [{"name": "objectives", "mountPath": OBJECTIVES_DIR, "readOnly": True}])
 
 
 def render_sleep_config_map(name: str, namespace: str, spec: ServiceSpec,

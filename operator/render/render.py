@@ -20,7 +20,7 @@ from importlib.metadata import version
 from typing import Any
 
 from kvledger.operator.api.parallel import shm_mount, shm_volume
-from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT
+from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT, OBJECTIVES_FILE
 from kvledger.operator.api.spec import ServiceSpec, hub_adapters
 from kvledger.operator.render import pod as parts
 from kvledger.operator.render.pod import CACHE_DIR, GPU_RESOURCE, PLAN_DIR
@@ -104,7 +104,12 @@ def render_pod_spec(spec: ServiceSpec, *, default_image: str = DEFAULT_IMAGE,
     volumes, mounts = parts.volumes(spec, download_bytes)
     volumes += shm_volume(spec.gpus)  # the engine's ranks: NCCL's shared memory
     tenant_volumes, tenant_mounts = parts.tenants_volume(spec)
-    sleep_volumes, sleep_mounts = parts.sleep_volume(name, spec)  # the resource's name
+    # The engine's own ConfigMaps, named after the resource: spec.sleep's, the objectives'.
+    config_volumes, config_mounts = parts.sleep_volume(name, spec)
+    if objectives_wired(spec, gateway):
+        objective_volumes, objective_mounts = parts.objectives_volume(name)
+        config_volumes, config_mounts = (config_volumes + objective_volumes,
+                                         config_mounts + objective_mounts)
     gpu_limits = parts.gpu_limits(spec)
     engine_resources = {key: dict(value) for key, value in spec.resources.items()}
     if gpu_limits:
@@ -154,7 +159,7 @@ def render_pod_spec(spec: ServiceSpec, *, default_image: str = DEFAULT_IMAGE,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": engine_resources,
         "volumeMounts": mounts + ([parts.cache_mount(read_only=True)] if uri is not None else [])
-        + shm_mount(spec.gpus) + tenant_mounts + sleep_mounts,
+        + shm_mount(spec.gpus) + tenant_mounts + config_mounts,
         "securityContext": parts.container_security(),
         # Loading a large checkpoint takes minutes: the startup probe holds off liveness.
         "startupProbe": {"httpGet": {"path": "/health", "port": "http"},
@@ -180,7 +185,7 @@ def render_pod_spec(spec: ServiceSpec, *, default_image: str = DEFAULT_IMAGE,
         **parts.placement(spec),
         "initContainers": init_containers,
         "containers": [engine],
-        "volumes": volumes + tenant_volumes + sleep_volumes,
+        "volumes": volumes + tenant_volumes + config_volumes,
     }
 
 
@@ -216,18 +221,28 @@ def render_deployment(name: str, namespace: str, spec: ServiceSpec, *,
 INFERENCE_SERVING_LABEL = "llm-d.ai/inference-serving"
 # The header the Gateway API Inference Extension names a request's fairness group in.
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+# The header a client names its InferenceObjective in (the router's; its priority).
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+
+
+def objectives_wired(spec: ServiceSpec, gateway: GatewayWiring) -> bool:
+    """Whether the engines read the pool's objectives: behind an InferencePool whose
+    gateway's addresses the admin gave (a header from anyone else sets nothing)."""
+    return spec.inference_pool is not None and bool(gateway.peers)
 
 
 def gateway_flags(spec: ServiceSpec, gateway: GatewayWiring) -> list[str]:
     """``serve``'s flags for a service behind an InferencePool: the fairness header as the
-    tenant, from ``gateway.peers`` alone (none listed: nobody's to set); KV events sent to
+    tenant and the objective header as the priority (the pool's objectives, mounted:
+    ``objectives_wired``), from ``gateway.peers`` alone (none listed: nobody's to set); KV events sent to
     ``gateway.kv_events`` under llm-d's topic ``kv@<pod IP>@<model>`` (the kubelet puts the
     pod's IP in ``$(POD_IP)``: ``gateway_env``). None for a service not behind one."""
     if spec.inference_pool is None:
         return []
     flags = []
-    if gateway.peers:
-        flags += ["--tenant-header", FAIRNESS_HEADER, "--tenant-header-from", *gateway.peers]
+    if objectives_wired(spec, gateway):
+        flags += ["--tenant-header", FAIRNESS_HEADER, "--tenant-header-from", *gateway.peers,
+                  "--objective-header", OBJECTIVE_HEADER, "--objectives-file", OBJECTIVES_FILE]
     if gateway.kv_events:
         config = {"enable_kv_cache_events": True, "publisher": "zmq",
                   "endpoint": gateway.kv_events,

@@ -40,6 +40,8 @@ DECLARED = {
     "sleep_level_file": ("--sleep-level-file", None, None),  # from spec.sleep, mounted
     "tenant_header": ("--tenant-header", None, None),
     "tenant_header_from": ("--tenant-header-from", None, ()),
+    "objective_header": ("--objective-header", None, None),
+    "objectives_file": ("--objectives-file", None, None),
     "backfill": ("--backfill", None, False),
     "max_body_bytes": ("--max-body-bytes", None, 4 * 2**20),
     "header_timeout_s": ("--header-timeout", None, 10.0),

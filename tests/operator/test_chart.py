@@ -244,3 +244,14 @@ def test_without_the_webhook_nothing_of_it_renders():
     assert not any(a.startswith("--webhook") for a in operator_args(rendered))
     assert all("nodes" not in r["resources"] for c in rendered["ClusterRole"]
                for r in c["rules"])
+
+
+def test_the_operator_may_read_the_routers_objectives_and_nothing_more_of_them():
+    """The objectives of a service's InferencePool go into its engines' ConfigMap: the
+    operator lists and watches them (the handler's event, the resync's list); it never
+    writes one."""
+    [role] = [r for r in kinds()["ClusterRole"] if r["metadata"]["name"] == "kvledger"]
+    granted = [r for r in role["rules"]
+               if "inference.networking.x-k8s.io" in r["apiGroups"]]
+    assert granted == [{"apiGroups": ["inference.networking.x-k8s.io"],
+                        "resources": ["inferenceobjectives"], "verbs": ["list", "watch"]}]

@@ -46,7 +46,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [get, list, watch]
 {{- /*
   Sleep mode (spec.engine.enableSleepMode, operator/render/pod.py): the ConfigMap NAME-sleep
-  holding spec.sleep, which the engines read (it goes with its owner: no delete).
+  holding spec.sleep, and behind a gateway NAME-objectives, which the engines read (they go
+  with their owner: no delete).
 */}}
 - apiGroups: [""]
   resources: [configmaps]
@@ -66,11 +67,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [get, create, patch, delete]
 {{- /*
   Behind the Gateway API Inference Extension (spec.inferencePool, operator/render/gateway.py):
-  the InferencePool of the service's serving pods.
+  the InferencePool of the service's serving pods, and the router's InferenceObjectives
+  (read and watched: their priorities go into the ConfigMap NAME-objectives, above).
 */}}
 - apiGroups: [inference.networking.k8s.io]
   resources: [inferencepools]
   verbs: [get, create, patch, delete]
+- apiGroups: [inference.networking.x-k8s.io]
+  resources: [inferenceobjectives]
+  verbs: [list, watch]
 - apiGroups: [""]
   resources: [secrets]
   verbs: [create]

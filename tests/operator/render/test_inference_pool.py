@@ -99,8 +99,9 @@ def test_the_gateways_fairness_header_is_believed_from_the_admins_addresses_alon
         return pod["containers"][0]["args"]
 
     args = engine_args(pooled, gateway=GatewayWiring(peers=("10.8.0.0/16", "10.9.1.2")))
-    assert args[-5:] == ["--tenant-header", "x-gateway-inference-fairness-id",
-                         "--tenant-header-from", "10.8.0.0/16", "10.9.1.2"]
+    assert args[-9:-4] == ["--tenant-header", "x-gateway-inference-fairness-id",
+                           "--tenant-header-from", "10.8.0.0/16", "10.9.1.2"]
+    assert args[-4:-2] == ["--objective-header", "x-gateway-inference-objective"]
     assert "--tenant-header" not in engine_args(pooled)  # no addresses: nobody's to set
     plain = parse_spec({"model": MODEL})
     assert "--tenant-header" not in engine_args(plain, gateway=GatewayWiring(("10.8.0.0/16",)))
