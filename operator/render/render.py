@@ -219,6 +219,9 @@ def render_deployment(name: str, namespace: str, spec: ServiceSpec, *,
 
 # The label llm-d's charts and tools select model-server pods by (with spec.inferencePool).
 INFERENCE_SERVING_LABEL = "llm-d.ai/inference-serving"
+# The label the router's metrics extractor picks a pod's metric names by: vLLM's are ours.
+ENGINE_TYPE_LABEL = "llm-d.ai/engine-type"
+ENGINE_TYPE = "vllm"
 # The header the Gateway API Inference Extension names a request's fairness group in.
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 # The header a client names its InferenceObjective in (the router's; its priority).
@@ -267,6 +270,7 @@ def pod_template_metadata(name: str, spec: ServiceSpec, *, serving: bool = True)
     meta: dict[str, Any] = {"labels": {**spec.pod_labels, **labels(name)}}
     if serving and spec.inference_pool is not None:
         meta["labels"][INFERENCE_SERVING_LABEL] = "true"
+        meta["labels"][ENGINE_TYPE_LABEL] = ENGINE_TYPE
     if spec.pod_annotations:
         meta["annotations"] = dict(spec.pod_annotations)
     return meta

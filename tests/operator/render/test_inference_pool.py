@@ -147,17 +147,22 @@ def test_engines_behind_a_pool_publish_kv_events_to_the_admins_router_alone():
                          '"hashAlgo": "xxhash"}}}')
 
 
-def test_only_serving_pods_carry_the_serving_label():
+def test_only_serving_pods_carry_the_serving_and_engine_type_labels():
+    """The router's metrics extractor picks the metric names by ``llm-d.ai/engine-type``
+    (its default engine when absent, which an admin may set to another): vllm's are ours."""
     pooled = parse_spec(SPECS["one pod a replica"])
     labels = render_deployment("chat", "ns", spec_of(pooled))["spec"]["template"]["metadata"]["labels"]
     assert labels[INFERENCE_SERVING_LABEL] == "true"
+    assert labels["llm-d.ai/engine-type"] == "vllm"
     plain = render_deployment("chat", "ns", parse_spec({"model": MODEL}))
     assert INFERENCE_SERVING_LABEL not in plain["spec"]["template"]["metadata"]["labels"]
+    assert "llm-d.ai/engine-type" not in plain["spec"]["template"]["metadata"]["labels"]
     group = render_leader_worker_set("chat", "ns", spec_of(SPECS["a group's leaders, its own port and "
                                                          "FailOpen"]), key_secret="k")
     templates = group["spec"]["leaderWorkerTemplate"]
     assert templates["leaderTemplate"]["metadata"]["labels"][INFERENCE_SERVING_LABEL] == "true"
     assert INFERENCE_SERVING_LABEL not in templates["workerTemplate"]["metadata"]["labels"]
+    assert "llm-d.ai/engine-type" not in templates["workerTemplate"]["metadata"]["labels"]
 
 
 @pytest.mark.timeout(60)
