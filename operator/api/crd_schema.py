@@ -28,6 +28,7 @@ from kvledger.operator.api.resource import (
     DEFAULT_REPLICAS,
     DURATION_PATTERN,
     HOST_PATTERN,
+    HTTP_COLD_STARTS,
     MAX_HTTP_HOSTS,
     MAX_NODES,
     PICKER_FAILURE_MODES,
@@ -202,6 +203,13 @@ _AUTOSCALING = ruled({
                                      "description": "how long the interceptor holds a "
                                                     "request while no pod is ready (\"5m\"; "
                                                     "default: the add-on's)"},
+                "coldStart": {"type": "string", "enum": list(HTTP_COLD_STARTS),
+                              "default": HTTP_COLD_STARTS[0],
+                              "description": "while no pod is ready: hold (the interceptor "
+                                             "holds each request until one is) or "
+                                             "retryAfter (it answers 503 at once, Retry-After "
+                                             "the last start's seconds, and the service "
+                                             "wakes all the same)"},
             },
         },
     },

@@ -66,6 +66,12 @@ AUTOSCALING_PROVIDERS = ("hpa", "keda")
 DEFAULT_MIN_REPLICAS = 1
 # autoscaling.httpAddOn: in-flight requests a pod for the add-on's metric (its own default).
 DEFAULT_HTTP_CONCURRENCY = 100
+# autoscaling.httpAddOn.coldStart: what a request meets while no pod is ready. "hold": the
+# interceptor holds it until one is (readinessTimeout); "retryAfter": the interceptor answers
+# 503 at once with a Retry-After of the predicted time to ready, and the service wakes.
+HTTP_COLD_STARTS = ("hold", "retryAfter")
+# That Retry-After until one start is measured (status.startup.seconds.total).
+DEFAULT_START_S = 60
 # Its readiness timeout, a Go duration as the add-on reads one ("90s", "5m", "1h30m"), and
 # the Host headers it routes (a leading "*." or "*" alone for any).
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"

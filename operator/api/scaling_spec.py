@@ -19,6 +19,7 @@ from kvledger.operator.api.resource import (
     DEFAULT_TARGETS,
     DURATION_PATTERN,
     HOST_PATTERN,
+    HTTP_COLD_STARTS,
     MAX_HTTP_HOSTS,
 )
 
@@ -26,12 +27,14 @@ from kvledger.operator.api.resource import (
 @dataclass(frozen=True)
 class HttpAddOn:
     """``spec.autoscaling.httpAddOn``: KEDA's HTTP add-on fronts the service; its
-    interceptor routes requests for ``hosts`` here, holds them while no pod is ready (for
-    ``readiness_timeout``, else the add-on's own), and wakes the service from zero."""
+    interceptor routes requests for ``hosts`` here, and wakes the service from zero. While
+    no pod is ready it holds them (``cold_start`` "hold": for ``readiness_timeout``, else
+    the add-on's own) or answers 503 with a Retry-After at once ("retryAfter")."""
 
     hosts: tuple[str, ...]
     concurrency: int = DEFAULT_HTTP_CONCURRENCY
     readiness_timeout: str | None = None
+    cold_start: str = HTTP_COLD_STARTS[0]
 
 
 @dataclass(frozen=True)
@@ -82,4 +85,8 @@ def _http_add_on(add_on: Mapping[str, Any]) -> HttpAddOn:
     if timeout is not None and not (isinstance(timeout, str) and re.match(DURATION_PATTERN, timeout)):
         raise BadInput("autoscaling.httpAddOn.readinessTimeout must be a duration such as "
                        f"\"90s\" or \"5m\", got {timeout!r}")
-    return HttpAddOn(tuple(hosts), concurrency, timeout)
+    cold_start = add_on.get("coldStart", HTTP_COLD_STARTS[0])
+    if cold_start not in HTTP_COLD_STARTS:
+        raise BadInput(f"autoscaling.httpAddOn.coldStart must be one of "
+                       f"{', '.join(HTTP_COLD_STARTS)}, got {cold_start!r}")
+    return HttpAddOn(tuple(hosts), concurrency, timeout, cold_start)

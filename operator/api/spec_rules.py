@@ -229,6 +229,12 @@ RULES: tuple[Rule, ...] = (
     Rule("autoscaling", "!has(self.httpAddOn) || has(self.provider) && self.provider == 'keda'",
          "autoscaling.httpAddOn applies to provider keda only (the add-on's trigger is KEDA's)",
          lambda scaling: "httpAddOn" not in scaling or scaling.get("provider") == "keda"),
+    Rule("autoscaling", "!has(self.httpAddOn) || !has(self.httpAddOn.coldStart)"
+         " || self.httpAddOn.coldStart != 'retryAfter' || !has(self.httpAddOn.readinessTimeout)",
+         "autoscaling.httpAddOn.readinessTimeout holds requests, which coldStart retryAfter "
+         "answers at once: set one or the other",
+         lambda scaling: (scaling.get("httpAddOn") or {}).get("coldStart") != "retryAfter"
+         or "readinessTimeout" not in (scaling.get("httpAddOn") or {})),
     Rule("autoscaling", "!has(self.prometheus) || has(self.provider) && self.provider == 'keda'",
          "autoscaling.prometheus applies to provider keda only (an HPA reads its Pods metric "
          "through prometheus-adapter)",

@@ -170,7 +170,8 @@ async def _apply(memo: kopf.Memo, name: str, namespace: str, spec: ServiceSpec,
         gateway=memo.policy.gateway)
     optional = autoscaling.render_scaling(name, namespace, spec,
                                           prometheus_url=memo.prometheus_url,
-                                          http_scaler=memo.http_scaler)
+                                          http_scaler=memo.http_scaler,
+                                          start_seconds=last_start_seconds(owner))
     optional[NETWORK_POLICY] = network_policy(name, namespace, spec, memo.policy.network_policy)
     # None: deleted, as the other optional children (a 404 where the API is not served).
     optional[gateway.INFERENCE_POOLS] = gateway.render_inference_pool(
@@ -230,6 +231,12 @@ async def apply_objectives(memo: kopf.Memo, name: str, namespace: str) -> None:
         if body is not None:
             kopf.adopt(body, owner=kopf.Body(owner))
             await memo.kube.apply(*CONFIG_MAPS, body)
+
+
+def last_start_seconds(owner: kopf.Body) -> int | None:
+    """The last start measured (``status.startup.seconds.total``), None before one."""
+    total = (((owner.get("status") or {}).get("startup") or {}).get("seconds") or {}).get("total")
+    return total if isinstance(total, int) and not isinstance(total, bool) else None
 
 
 async def node_key_secret(kube: KubeApi, name: str, namespace: str, owner: kopf.Body) -> str:

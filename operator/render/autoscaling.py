@@ -19,17 +19,23 @@ With ``autoscaling.httpAddOn`` (provider keda), KEDA's HTTP add-on fronts the se
 resource's Service, and the ScaledObject gains the add-on's ``external-push`` trigger
 (its scaler counts the requests the interceptor holds). At zero pods the engines' series
 are gone and the Prometheus trigger reads nothing; the add-on's trigger is what wakes the
-service, while the interceptor holds the requests that came.
+service, while the interceptor holds the requests that came, or, with ``coldStart:
+retryAfter``, answers them at once: a 503 with ``Retry-After`` the last start's seconds
+(the route's placeholder). Such a request is over in microseconds, too soon for the
+scaler's concurrency sample, so that route also counts a request rate whose target no load
+reaches (``WAKE_RATE_TARGET``): any request in its window makes the trigger active, which
+is what wakes the service, and it never asks more replicas than the concurrency does.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from kvledger.operator.api.resource import API_VERSION, KIND
+from kvledger.operator.api.resource import API_VERSION, DEFAULT_START_S, KIND
 from kvledger.operator.api.scaling_spec import Autoscaling
 from kvledger.operator.api.spec import ServiceSpec
 from kvledger.operator.render.render import labels, selector_labels
@@ -44,6 +50,11 @@ DEFAULT_HTTP_SCALER = "keda-add-ons-http-external-scaler.keda:9090"
 HTTP_ADD_ON_API_VERSION = "http.keda.sh/v1beta1"
 HTTP_ADD_ON_RELEASE = "v0.15.0"
 INTERCEPTOR_ROUTES = (HTTP_ADD_ON_API_VERSION, "interceptorroutes")
+# coldStart retryAfter: the request rate that only wakes the service (int32's largest: the
+# replicas it asks, ceil(rate / target), are 1 at any rate a cluster sees), over a window
+# longer than a start, so the trigger stays active until a pod is ready.
+WAKE_RATE_TARGET = 2**31 - 1
+WAKE_RATE_WINDOW = "5m"
 # A node drain evicts one replica at a time: the others keep serving meanwhile.
 PDB_MAX_UNAVAILABLE = 1
 
@@ -184,12 +195,15 @@ def render_scaled_object(name: str, namespace: str, settings: Autoscaling, *,
     return scaled
 
 
-def render_interceptor_route(name: str, namespace: str, settings: Autoscaling,
-                             port: int) -> dict[str, Any]:
+def render_interceptor_route(name: str, namespace: str, settings: Autoscaling, port: int,
+                             start_seconds: int | None = None) -> dict[str, Any]:
     """The HTTP add-on's route to the resource's Service (``autoscaling.httpAddOn``): the
-    requests for its hosts, counted for its trigger, held while no pod is ready."""
+    requests for its hosts, counted for its trigger, held while no pod is ready; with
+    ``coldStart: retryAfter`` answered then at once (``cold_start_answer``), with
+    ``Retry-After`` of ``start_seconds`` (the last start measured; None: not yet)."""
     add_on = settings.http_add_on
     assert add_on is not None
+    metric: dict[str, Any] = {"concurrency": {"targetValue": add_on.concurrency}}
     route: dict[str, Any] = {
         "apiVersion": HTTP_ADD_ON_API_VERSION,
         "kind": "InterceptorRoute",
@@ -197,12 +211,30 @@ def render_interceptor_route(name: str, namespace: str, settings: Autoscaling,
         "spec": {
             "target": {"service": name, "port": port},
             "rules": [{"hosts": list(add_on.hosts)}],
-            "scalingMetric": {"concurrency": {"targetValue": add_on.concurrency}},
+            "scalingMetric": metric,
         },
     }
     if add_on.readiness_timeout is not None:
         route["spec"]["timeouts"] = {"readiness": add_on.readiness_timeout}
+    if add_on.cold_start == "retryAfter":
+        metric["requestRate"] = {"targetValue": WAKE_RATE_TARGET, "window": WAKE_RATE_WINDOW}
+        route["spec"]["coldStart"] = {"placeholder": {
+            "response": cold_start_answer(name, start_seconds)}}
     return route
+
+
+def cold_start_answer(name: str, start_seconds: int | None) -> dict[str, Any]:
+    """The interceptor's answer while no pod is ready: 503, ``Retry-After`` the start's
+    whole seconds (``DEFAULT_START_S`` until one is measured), and the error in the shape
+    the engine's own 503s have (OpenAI's)."""
+    seconds = start_seconds if start_seconds is not None and start_seconds > 0 \
+        else DEFAULT_START_S
+    message = f"{name} is starting from zero replicas: retry in {seconds} s"
+    body = {"error": {"message": message, "type": "service_unavailable",
+                      "code": "scaled_to_zero", "param": None}}
+    return {"statusCode": 503,
+            "headers": {"Retry-After": str(seconds), "Content-Type": "application/json"},
+            "body": json.dumps(body, separators=(",", ":"))}
 
 
 def pdb_wanted(spec: ServiceSpec) -> bool:
@@ -235,10 +267,11 @@ OPTIONAL_CHILDREN = (("autoscaling/v2", "horizontalpodautoscalers"),
 
 def render_scaling(name: str, namespace: str, spec: ServiceSpec, *,
                    prometheus_url: str = DEFAULT_PROMETHEUS_URL,
-                   http_scaler: str = DEFAULT_HTTP_SCALER,
+                   http_scaler: str = DEFAULT_HTTP_SCALER, start_seconds: int | None = None,
                    ) -> dict[tuple[str, str], dict[str, Any] | None]:
     """Each optional child (``OPTIONAL_CHILDREN``) -> its body, or None where the spec
-    wants none (the caller deletes it)."""
+    wants none (the caller deletes it). ``start_seconds``: the last start measured
+    (``status.startup.seconds.total``), a cold start's Retry-After."""
     settings = spec.autoscaling
     hpa = scaled = route = None
     if settings is not None and settings.provider == "hpa":
@@ -247,6 +280,7 @@ def render_scaling(name: str, namespace: str, spec: ServiceSpec, *,
         scaled = render_scaled_object(name, namespace, settings, prometheus_url=prometheus_url,
                                       nodes=spec.nodes, http_scaler=http_scaler)
         if settings.http_add_on is not None:
-            route = render_interceptor_route(name, namespace, settings, spec.serve.port)
+            route = render_interceptor_route(name, namespace, settings, spec.serve.port,
+                                             start_seconds)
     pdb = render_pdb(name, namespace) if pdb_wanted(spec) else None
     return dict(zip(OPTIONAL_CHILDREN, (hpa, scaled, route, pdb), strict=True))

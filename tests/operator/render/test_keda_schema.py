@@ -42,6 +42,8 @@ SPECS = {
         "model": MODEL, "port": 9000, "autoscaling": {**ZERO, "httpAddOn": {
             "hosts": ["llama.example.com", "*.models.example.com"], "concurrency": 16,
             "readinessTimeout": "5m"}}},
+    "the add-on answering a cold start at once": {
+        "model": MODEL, "autoscaling": {**ZERO, "httpAddOn": {**ADD_ON, "coldStart": "retryAfter"}}},
 }
 
 
@@ -95,6 +97,37 @@ def test_to_zero_the_add_on_routes_to_the_service_and_its_trigger_wakes_it():
     assert [t["type"] for t in without[SCALED_OBJECT]["spec"]["triggers"]] == ["prometheus"]
 
 
+def test_a_cold_start_answered_at_once_says_when_to_retry_and_still_wakes_the_service():
+    """``coldStart: retryAfter``: the interceptor's placeholder answers while no pod is
+    ready, in the engine's own 503 shape, Retry-After the last start's seconds (60 before
+    one is measured). The add-on counts a placeholder's request (its counting middleware
+    wraps the placeholder) but only for microseconds, too short for the concurrency sample:
+    the request rate the route also counts makes its trigger active, with a target so high
+    it never asks a second replica."""
+    import json
+
+    from kvledger.engine.server.api_errors import error_body
+    from kvledger.operator.render.autoscaling import WAKE_RATE_TARGET
+
+    spec = spec_of(SPECS["the add-on answering a cold start at once"])
+    for measured, seconds in ((None, 60), (137, 137), (0, 60)):
+        route = render_scaling("llama", "team-a", spec,
+                               start_seconds=measured)[INTERCEPTOR_ROUTES]["spec"]
+        answer = route["coldStart"]["placeholder"]["response"]
+        assert answer["statusCode"] == 503
+        assert answer["headers"] == {"Retry-After": str(seconds),
+                                     "Content-Type": "application/json"}
+        message = f"llama is starting from zero replicas: retry in {seconds} s"
+        assert json.loads(answer["body"]) == error_body(503, message, "scaled_to_zero")
+        assert route["scalingMetric"] == {
+            "concurrency": {"targetValue": 100},
+            "requestRate": {"targetValue": WAKE_RATE_TARGET, "window": "5m"}}
+        assert "timeouts" not in route
+    held = render_scaling("llama", "team-a", spec_of(SPECS["to zero behind the add-on"]),
+                          start_seconds=137)[INTERCEPTOR_ROUTES]["spec"]
+    assert "coldStart" not in held and set(held["scalingMetric"]) == {"concurrency"}
+
+
 @pytest.mark.parametrize(("scaling", "message"), [
     # A rule (CEL in the CRD; tests/operator/api check each rule's CEL and Python agree).
     ({"maxReplicas": 2, "httpAddOn": ADD_ON}, "applies to provider keda only"),
@@ -104,12 +137,15 @@ def test_to_zero_the_add_on_routes_to_the_service_and_its_trigger_wakes_it():
     ({**ZERO, "httpAddOn": {**ADD_ON, "concurrency": 0}}, "concurrency must be at least 1"),
     ({**ZERO, "httpAddOn": {**ADD_ON, "readinessTimeout": "soon"}},
      "readinessTimeout must be a duration"),
+    ({**ZERO, "httpAddOn": {**ADD_ON, "coldStart": "wait"}}, "coldStart must be one of"),
+    ({**ZERO, "httpAddOn": {**ADD_ON, "coldStart": "retryAfter", "readinessTimeout": "5m"}},
+     "set one or the other"),
 ])
 def test_a_bad_add_on_is_refused_by_the_operator_and_the_crd(scaling, message):
     with pytest.raises(BadInput, match=message):
         parse_spec({"model": MODEL, "autoscaling": scaling})
-    if scaling.get("provider") != "keda":
-        return  # the rule's CEL, which the schema's validator does not run
+    if scaling.get("provider") != "keda" or message == "set one or the other":
+        return  # a rule's CEL, which the schema's validator does not run
     with pytest.raises(BadInput):
         validate_manifest({"apiVersion": API_VERSION, "kind": "InferenceService",
                            "metadata": {"name": "llama"},
@@ -136,6 +172,30 @@ async def test_the_operator_applies_the_route_and_removes_it_with_the_field():
         await eventually(lambda: [t["type"] for t in cluster.stored(
             *SCALED_OBJECT, "default", "chat")["spec"]["triggers"]] == ["prometheus"],
             what="the add-on's trigger removed")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
+async def test_the_operator_puts_the_last_start_in_the_cold_start_answer():
+    """The Retry-After follows ``status.startup``: a scale-up measured is the next answer's
+    wait, written at the next reconcile."""
+    async with running_operator(http_add_on=True) as cluster:
+        manifest = service_manifest("chat", autoscaling={
+            **ZERO, "httpAddOn": {**OWN, "coldStart": "retryAfter"}})
+        await cluster.create(API_VERSION, PLURAL, manifest)
+
+        def retry_after():
+            route = cluster.stored(*INTERCEPTOR_ROUTES, "default", "chat")
+            answer = ((route or {}).get("spec", {}).get("coldStart") or {}).get("placeholder")
+            return answer and answer["response"]["headers"]["Retry-After"]
+
+        assert await eventually(retry_after, what="the route") == "60"
+        await cluster.patch(API_VERSION, PLURAL, "default", "chat", {"status": {"startup": {
+            "readyAt": "2026-12-06T10:00:00Z", "seconds": {"total": 95, "engine": 80}}}},
+            subresource="status")
+        await cluster.patch(API_VERSION, PLURAL, "default", "chat",
+                            {"spec": {"autoscaling": {"maxReplicas": 5}}}, bump_generation=True)
+        await eventually(lambda: retry_after() == "95", what="the measured start")
 
 
 @pytest.mark.timeout(60)
