@@ -27,6 +27,9 @@
 # attention kernels' (decodes, later prompt chunks) and the CUDA graphs' tests compiled on
 # the GPU, then
 # bench/gpu_speed.py, its JSON written to $OUT/gpu_speed.json (commit it under bench/results/).
+# `bash bench/gpu_checks.sh load` (about 5 minutes) runs (a), then bench/weight_readers.py on
+# CUDA: its JSON written to $OUT/weight_readers-cuda.json (the libraries come as wheels from
+# bench/gpu_wheels.sh; cold only where the run may drop the page cache).
 # `bash bench/gpu_checks.sh serving` (a second call, about 5 minutes) runs (a), then only
 # bench/serving.py with kvledger on CUDA: part 1 at concurrency 1, 3, 8, 32 and one
 # overload round (vLLM too when a CUDA build of it is on PATH; otherwise kvledger alone).
@@ -108,6 +111,13 @@ if [ "${1:-}" = speed ]; then  # the GPU path: its tests compiled, then bench/gp
         tests/engine/core/test_paged_engine.py
     step 440 "bench/gpu_speed.py: decode, prefill and a later chunk against the card's own limits" \
         "$PY" bench/gpu_speed.py --out "${OUT:-bench/results}/gpu_speed.json"
+    finish
+fi
+
+if [ "${1:-}" = load ]; then  # the weights' read: kvledger's reader against the libraries
+    step 420 "bench/weight_readers.py: a 1.45 GB checkpoint to the GPU, kvledger against fastsafetensors and runai-model-streamer, cold and warm" \
+        "$PY" bench/weight_readers.py --device cuda --rounds 3 \
+        --json "${OUT:-bench/results}/weight_readers-cuda.json"
     finish
 fi
 

@@ -17,4 +17,10 @@ mkdir .whl
 "$PY" -m pip download --quiet --disable-pip-version-check --dest .whl --only-binary=:all: \
     --implementation cp --python-version 3.12 \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 "pydantic==$version"
+# bench/weight_readers.py's rivals (`gpu_checks.sh load`): never the engine's dependencies.
+"$PY" -m pip download --quiet --disable-pip-version-check --dest .whl --only-binary=:all: \
+    --implementation cp --python-version 3.12 --no-deps \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 \
+    fastsafetensors runai-model-streamer humanize
 ls .whl
