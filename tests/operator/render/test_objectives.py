@@ -8,6 +8,8 @@ as objectives come and go, and writes an empty one where the CRD is not served."
 
 from __future__ import annotations
 
+import asyncio
+
 import jsonschema
 import pytest
 import yaml
@@ -36,12 +38,13 @@ POOLED = {"model": MODEL, "inferencePool": {"endpointPicker": {"name": "epp"}}}
 PEERS = GatewayWiring(peers=("10.8.0.0/16",))
 
 
-def objective(name: str, pool: str, priority: int | None = None, **ref) -> dict:
+def objective(name: str, pool: str, priority: int | None = None, namespace: str = "default",
+              **ref) -> dict:
     spec: dict = {"poolRef": {"name": pool, **ref}}
     if priority is not None:
         spec["priority"] = priority
     body = {"apiVersion": OBJECTIVE_API_VERSION, "kind": "InferenceObjective",
-            "metadata": {"name": name, "namespace": "default"}, "spec": spec}
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
     jsonschema.validate(body, SCHEMA)  # as the API server would admit it
     return body
 
@@ -116,10 +119,13 @@ def _file(cluster) -> dict[str, int] | None:
 @pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
 async def test_the_operator_keeps_the_file_as_objectives_come_and_go():
     """Each change is in the file within seconds (the objective's event), not the 60 s
-    resync; another pool's objective never is."""
+    resync; another pool's objective never is, nor one another namespace's author wrote
+    naming a pool of this name (its pool is in its own namespace)."""
     async with running_operator(policy=_policy(), pool=True, objectives=True) as cluster:
         await cluster.create(*INFERENCE_OBJECTIVES, objective("critical", "chat", 10))
         await cluster.create(*INFERENCE_OBJECTIVES, objective("theirs", "other", 99))
+        await cluster.create(*INFERENCE_OBJECTIVES,
+                             objective("urgent", "chat", 1000, namespace="intruder"))
         await cluster.create(API_VERSION, PLURAL,
                              service_manifest("chat", inferencePool={}))
         await eventually(lambda: _file(cluster) == {"critical": 10}, what="the first file")
@@ -136,6 +142,10 @@ async def test_the_operator_keeps_the_file_as_objectives_come_and_go():
         await cluster.delete(*INFERENCE_OBJECTIVES, "default", "batch")
         await eventually(lambda: _file(cluster) == {"critical": 20},
                          what="an objective deleted", timeout_s=10)
+        await cluster.patch(*INFERENCE_OBJECTIVES, "intruder", "urgent",
+                            {"spec": {"priority": 2000}})  # its event names pool "chat"
+        await asyncio.sleep(1)
+        assert _file(cluster) == {"critical": 20}
 
 
 @pytest.mark.timeout(60)
