@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -41,18 +40,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from cold_start import drop_caches, write_big  # noqa: E402
+
 TOLERANCE = 0.20
 WAYS = ("plain read", "kvledger", "fastsafetensors", "runai-model-streamer", "engine load")
 LIBRARIES = ("fastsafetensors", "runai-model-streamer")
-
-
-def drop_caches() -> bool:
-    try:
-        os.sync()
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def weight_files(model: Path) -> list[Path]:
@@ -173,9 +166,6 @@ def timed(way: str, model: Path, device: str) -> float:
 
 
 def write_model(folder: Path) -> Path:
-    sys.path.insert(0, str(ROOT / "bench"))
-    from cold_start import write_big
-
     tokenizer = folder / "tiny"
     subprocess.run([sys.executable, "-m", "kvledger.engine.cli", "make-model", "tiny-llama",
                     str(tokenizer)], check=True, capture_output=True)
