@@ -43,6 +43,9 @@ OBJECTIVE_GROUP = "inference.networking.x-k8s.io"
 OBJECTIVE_API_VERSION = f"{OBJECTIVE_GROUP}/v1alpha2"
 OBJECTIVE_PLURAL = "inferenceobjectives"
 INFERENCE_OBJECTIVES = (OBJECTIVE_API_VERSION, OBJECTIVE_PLURAL)
+# The objectives a pool's file holds at most (by name): about 0.3 MB at the longest names,
+# well inside a ConfigMap's 1 MiB and the engine's read of the file.
+MAX_OBJECTIVES = 1000
 # The release whose CRD tests/data/gaie vendors, and the one a refusal names.
 GAIE_RELEASE = "v1.6.0"
 GAIE_INSTALL = (f"kubectl apply -f https://github.com/kubernetes-sigs/"
@@ -83,7 +86,9 @@ def pool_objectives(objectives: Iterable[Mapping[str, Any]], pool: str) -> list[
     as the engine's file holds them: name and priority (unset: 0, as the router reads it),
     by name. An objective naming another pool, or another kind, is not this pool's; one
     whose priority is not a 32-bit integer is left out (GAIE v1.5.0's CRD admits any
-    integer; the router's, since, int32, as the engine reads it)."""
+    integer; the router's, since, int32, as the engine reads it). At most
+    ``MAX_OBJECTIVES``, the first by name: a namespace that wrote more would otherwise make
+    a ConfigMap the API server refuses, and the service's every reconcile with it."""
     chosen = []
     for objective in objectives:
         spec = objective.get("spec") or {}
@@ -97,7 +102,7 @@ def pool_objectives(objectives: Iterable[Mapping[str, Any]], pool: str) -> list[
                 or not isinstance(priority, int) or not -2**31 <= priority < 2**31):
             continue
         chosen.append({"name": name, "priority": priority})
-    return sorted(chosen, key=lambda entry: entry["name"])
+    return sorted(chosen, key=lambda entry: entry["name"])[:MAX_OBJECTIVES]
 
 
 def render_objectives_config_map(name: str, namespace: str,

@@ -64,6 +64,19 @@ def test_the_pools_objectives_are_its_own_by_name():
         {"name": "plain", "priority": 0}]
 
 
+def test_a_namespace_with_too_many_objectives_still_gets_a_file_the_api_takes():
+    """A ConfigMap holds 1 MiB: past MAX_OBJECTIVES (the first by name kept), the file would
+    be refused, and every reconcile of the service with it."""
+    from kvledger.operator.render.gateway import MAX_OBJECTIVES
+
+    listed = [objective(f"o{i:05d}-" + "x" * 240, "chat", i) for i in range(MAX_OBJECTIVES + 50)]
+    chosen = pool_objectives(listed, "chat")
+    assert len(chosen) == MAX_OBJECTIVES and chosen[0]["name"].startswith("o00000-")
+    text = render_objectives_config_map("chat", "ns", chosen)["data"][OBJECTIVES_KEY]
+    assert len(text.encode()) < 2**20 // 2
+    assert len(parse_objectives(text, "f")) == MAX_OBJECTIVES
+
+
 def test_the_file_the_operator_writes_is_what_the_engine_reads():
     chosen = pool_objectives([objective("critical", "chat", 10),
                               objective("a: b # not yaml", "chat", -3)], "chat")
