@@ -12,9 +12,11 @@ launch to ``/ready`` timed here, and the engine's own phases from ``/v1/budget``
 weights' bytes over a timed read of the same files), the profile (its arithmetic over a
 timed matmul) and the KV pool, against what each measured, then the warm-up.
 
-Claim (exit 1 with a line when it fails): on the transformers checkpoint the read and the
-profile are each predicted within 25% of what they measured, cold and warm. The small built-in models are
+Claim (exit 1 with a line when it fails): on the transformers checkpoint the read is
+predicted within 25% of what it measured, cold and warm. The small built-in models are
 reported, not claimed: their read is fixed costs (building modules, packing), not bytes.
+Nor is the CPU's profile: a check of one short prompt (``runner.CPU_CHECK_TOKENS``), fixed
+costs, where a GPU's profiles the whole step budget.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from local_server import free_port, wait_ready  # noqa: E402
 
 TOLERANCE = 0.25
-CLAIMED = ("read", "profile")  # the phases whose prediction is claimed
+CLAIMED = ("read",)  # the phases whose prediction is claimed (on the CPU)
 
 
 def drop_caches() -> bool:

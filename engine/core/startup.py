@@ -16,7 +16,12 @@ from kvledger.engine.checkpoint.hub.uri import is_hub_uri, model_reference
 from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.core import sleep
 from kvledger.engine.core.cpu_threads import cap_torch_threads
-from kvledger.engine.core.runner import PROMPT_LOGPROBS_ROWS, TORCH_DTYPES, ModelRunner
+from kvledger.engine.core.runner import (
+    CPU_CHECK_TOKENS,
+    PROMPT_LOGPROBS_ROWS,
+    TORCH_DTYPES,
+    ModelRunner,
+)
 from kvledger.engine.core.start_probes import matmul_speed, place_speed
 from kvledger.engine.errors import BadInput, DoesNotFit
 from kvledger.engine.kv.events import KVEventLog
@@ -73,10 +78,7 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     if config.tensor_parallel_size == config.pipeline_parallel_size == 1:  # one process
         ready.matmul_flops_per_s = matmul_speed(device, dtype, model_config.hidden_size,
                                                 model_config.intermediate_size)
-        ready.profile_flops = profile_flops(
-            model_config, plan.max_num_batched_tokens, plan.max_model_len,
-            mixed_step=device.type != "cpu", max_num_seqs=plan.max_num_seqs,
-            logit_rows=PROMPT_LOGPROBS_ROWS)
+        ready.profile_flops = _profile_flops(model_config, plan, device)
     with ready.phase("read"):
         if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
             runner, planned_on = start_ranks(config, plan, source, device, device_memory)
@@ -129,6 +131,17 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
                       events=_event_log(config, kv.block_size, model_config.sliding_window))
     log.info("%s", ready.describe())
     return measured_plan, tokenizer, runner, ledger
+
+
+def _profile_flops(model_config: ModelConfig, plan: Plan, device: torch.device) -> float:
+    """The arithmetic of ``ModelRunner.profile``'s steps: the prefill and the mixed step
+    at the plan's budget, or on the CPU the one short prompt that checks the model runs."""
+    if device.type == "cpu":
+        return profile_flops(model_config, CPU_CHECK_TOKENS, CPU_CHECK_TOKENS + 1,
+                             mixed_step=False, max_num_seqs=1, logit_rows=CPU_CHECK_TOKENS)
+    return profile_flops(model_config, plan.max_num_batched_tokens, plan.max_model_len,
+                         mixed_step=True, max_num_seqs=plan.max_num_seqs,
+                         logit_rows=PROMPT_LOGPROBS_ROWS)
 
 
 def _event_log(config: EngineConfig, block_size: int, window: int | None) -> KVEventLog | None:
