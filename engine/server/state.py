@@ -167,7 +167,6 @@ class ServerState:
         except BadInput as exc:
             raise ApiError(400, str(exc), code="invalid_request", reason="bad_request") from None
 
-
     def objective(self, request: web.Request, tenant: Tenant) -> int | None:
         """The priority of the objective the request's gateway named, held to ``tenant``'s
         floor (``Objectives.priority``); None without one."""
