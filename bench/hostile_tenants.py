@@ -8,7 +8,11 @@ would send to get a tier it does not hold:
 - a case variant of a listed name (``Gold``) and a name the file does not list, each asking
   priority -1000: held to the listed tenant's floor, and to the lowest tier's;
 - a tenants file naming a tenant ``key-0``, the name the server gives ``--api-key``'s
-  first key: refused at start, one line naming it.
+  first key: refused at start, one line naming it;
+- the gateway's InferenceObjective header naming the most urgent objective (priority 100):
+  a key the file does not list goes ahead of the line, as the objective says, but tenant
+  silver (floor 10) is held to its floor and waits behind gold's request at 0; the header
+  twice is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from local_server import free_port, wait_ready
 from multidict import CIMultiDict
 
 HEADER = "x-kvledger-tenant"
+OBJECTIVE = "x-gateway-inference-objective"
+OBJECTIVES = "objectives:\n  - name: critical\n    priority: 100\n"
 TENANTS = """tenants:
   - name: gold
     keys: [sk-gold]
@@ -43,21 +49,28 @@ def serve(kvledger: list[str], folder: Path, tenants: str, port: int) -> subproc
     """``kvledger serve`` of tiny-llama with ``tenants``; its stderr in ``serve-PORT.log``."""
     path = folder / f"tenants-{port}.yaml"
     path.write_text(tenants)
+    objectives = folder / f"objectives-{port}.yaml"
+    objectives.write_text(OBJECTIVES)
     log = (folder / f"serve-{port}.log").open("w")
     return subprocess.Popen([*kvledger, "serve", "--model", str(folder / "tiny"), "--device",
                              "cpu", "--port", str(port), "--max-model-len", "256",
+                             # 16 blocks of 16: a 150-token answer runs alone, the rest wait
+                             # in line, whose order the finishing order shows
+                             "--num-gpu-blocks-override", "16",
                              "--api-key", "sk-plain", "--tenants-file", str(path),
                              "--tenant-header", HEADER, "--tenant-header-from", "127.0.0.1/32",
-                             "--scheduling-policy", "priority"],
+                             "--objective-header", OBJECTIVE, "--objectives-file",
+                             str(objectives), "--scheduling-policy", "priority"],
                             stdout=subprocess.DEVNULL, stderr=log)
 
 
 async def _complete(session, base: str, model: str, key: str, headers: list[tuple[str, str]],
-                    priority: int) -> tuple[int, str]:
+                    priority: int | None, max_tokens: int = 2) -> tuple[int, str]:
     sent = CIMultiDict([("Authorization", f"Bearer {key}"), *headers])
+    asked = {} if priority is None else {"priority": priority}
     async with session.post(base + "/v1/completions", headers=sent, json={
-            "model": model, "prompt": "Once upon a time", "max_tokens": 2,
-            "priority": priority}) as response:
+            "model": model, "prompt": "Once upon a time", "max_tokens": max_tokens,
+            "ignore_eos": True, **asked}) as response:
         body = await response.json(content_type=None)
         message = body["error"]["message"] if response.status != 200 else "admitted"
         return response.status, message
@@ -79,6 +92,60 @@ async def header_attacks(base: str, model: str, failed: list[str]) -> None:
                                               [(HEADER, name)], -1000)
             check(status == 400, f"header {name!r} at priority -1000 (floor: {floor})",
                   f"{status} {message[:110]}")
+
+
+async def _waiting(session, base: str, count: int) -> None:
+    """Until the line holds ``count`` requests (``kvledger_requests_waiting``)."""
+    for _ in range(300):
+        async with session.get(base + "/metrics") as response:
+            text = await response.text()
+        for line in text.splitlines():
+            if line.startswith("kvledger_requests_waiting ") and float(line.split()[1]) >= count:
+                return
+        await asyncio.sleep(0.02)
+    sys.exit(f"the line never held {count} requests")
+
+
+async def objective_attacks(base: str, model: str, failed: list[str]) -> None:
+    """Room for one answer of 200 tokens: four of gold's plain requests (priority 0), one
+    runs and three wait; then silver's and --api-key's, each naming the objective of
+    priority 100 (this server's -100)."""
+    def check(ok: bool, what: str, got: object) -> None:
+        print(f"objectives, {what}: {got}")
+        if not ok:
+            failed.append(f"objectives, {what}: {got}")
+
+    finished: list[str] = []
+
+    async def send(session, name: str, key: str, headers):
+        status, message = await _complete(session, base, model, key, headers, None, 200)
+        finished.append(name)
+        return status, message
+
+    async with aiohttp.ClientSession() as session:
+        status, message = await _complete(session, base, model, "sk-plain",
+                                          [(OBJECTIVE, "critical"), (OBJECTIVE, "critical")],
+                                          None)
+        check(status == 400 and OBJECTIVE in message, "the objective header twice",
+              f"{status} {message[:90]}")
+        golds = [asyncio.create_task(send(session, f"gold {i}", "sk-gold", []))
+                 for i in range(4)]
+        await _waiting(session, base, 3)
+        silver = asyncio.create_task(send(session, "silver+critical", "sk-silver",
+                                          [(OBJECTIVE, "critical")]))
+        await _waiting(session, base, 4)
+        plain = asyncio.create_task(send(session, "key-0+critical", "sk-plain",
+                                         [(OBJECTIVE, "critical")]))
+        await _waiting(session, base, 5)
+        answers = await asyncio.gather(*golds, silver, plain)
+    check(all(status == 200 for status, _ in answers), "every request answered",
+          [status for status, _ in answers])
+    check(finished.index("key-0+critical") <= 1,
+          "--api-key's key (no floor) naming critical: next once the running one ends",
+          finished)
+    check(finished[-1] == "silver+critical",
+          "silver (floor 10) naming critical: held to its floor, after gold's three at 0",
+          finished)
 
 
 async def _started(base: str, proc: subprocess.Popen) -> str | None:
@@ -135,6 +202,7 @@ def tenant_attacks(kvledger: list[str], folder: Path, failed: list[str]) -> None
     try:
         model = asyncio.run(wait_ready(base, proc))
         asyncio.run(header_attacks(base, model, failed))
+        asyncio.run(objective_attacks(base, model, failed))
     finally:
         proc.terminate()
         proc.wait(30)
