@@ -22,7 +22,8 @@ names is refused, naming the header. Names are matched without regard to case. A
 file holds is that tenant; any other is a tenant of its own in the line, counted under the
 label ``other`` (bounded metrics), and held to the least urgent tier the file gives (no
 more urgent than any listed tenant may ask), so a name nobody configured is never a way
-around a floor. Without keys or header everyone is one tenant, ``anonymous``.
+around a floor. Without keys or header everyone is one tenant, ``anonymous``; with a file,
+held to that same least urgent tier (leaving the header out is no way around a floor).
 """
 
 from __future__ import annotations
@@ -133,7 +134,6 @@ class Tenants:
         self._by_index = [self._by_name[owner[key].name] if key in owner
                           else Tenant(f"key:{i}", f"key-{i}", max_queued=max_queued)
                           for i, key in enumerate(self.keys)]
-        self._anonymous = Tenant(ANONYMOUS.key, ANONYMOUS.label, max_queued=max_queued)
         self.header = header.lower() if header else None
         try:
             self._trusted = tuple(ipaddress.ip_network(cidr, strict=False)
@@ -147,6 +147,12 @@ class Tenants:
         # A header's name the file does not hold: the least urgent tier the file gives.
         self._unlisted = (max([0, *(spec.priority for spec in specs)]),
                           max([0, *(_floor(spec) for spec in specs)]))
+        # A request that names no tenant at all (no key, no header): with the file's tiers,
+        # held to that same tier, or leaving the header out would be a way around a floor.
+        self._anonymous = (Tenant(ANONYMOUS.key, ANONYMOUS.label, max_queued=max_queued,
+                                  priority=self._unlisted[0], min_priority=self._unlisted[1])
+                           if specs else
+                           Tenant(ANONYMOUS.key, ANONYMOUS.label, max_queued=max_queued))
 
     def _tenant(self, spec: TenantSpec) -> Tenant:
         max_queued = spec.max_queued if spec.max_queued is not None else self._default_queued

@@ -130,3 +130,27 @@ def test_a_file_tenant_named_as_an_api_key_is_refused_at_start(tiny_llama_dir, t
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"error: --tenants-file {path}: tenant 2: name must be")
     assert f"got '{name}'" in err
+
+
+async def test_leaving_the_header_out_is_no_way_around_a_floor(aiohttp_client, llm, tmp_path):
+    """Tenants named by the gateway's header alone (no keys): a request that carries no
+    header (a client whose gateway route lets it through without one) is anonymous. Before,
+    anonymous had no floor: priority -1000 ran ahead of every tier. Now it is held to the
+    least urgent tier the file gives, as a name the file does not list is."""
+    path = tmp_path / "tenants.yaml"
+    path.write_text("tenants:\n  - name: gold\n  - name: silver\n    priority: 10\n"
+                    "    minPriority: 10\n")
+    client = await start_app(aiohttp_client, llm, tenants=read_tenants_file(path),
+                             tenant_header=HEADER, tenant_header_from=("127.0.0.1/32",))
+
+    async def send(**body):
+        response = await client.post("/v1/completions", json={
+            "model": model_name(client), "prompt": "Once upon a time", "max_tokens": 2, **body})
+        return response.status, await response.json()
+
+    status, body = await send(priority=-1000)
+    assert status == 400 and body["error"]["param"] == "priority"
+    assert "more urgent than tenant anonymous may ask (at least 10)" in body["error"]["message"]
+    assert (await send(priority=10))[0] == 200 and (await send())[0] == 200
+    without_file = Tenants((), (), max_queue_len=8, header=HEADER, header_from=("10.0.0.0/8",))
+    assert without_file.of(None, {}, "10.0.0.1").priority_for(-1000) == -1000  # no tiers
