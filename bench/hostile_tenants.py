@@ -9,6 +9,8 @@ would send to get a tier it does not hold:
   priority -1000: held to the listed tenant's floor, and to the lowest tier's;
 - a tenants file naming a tenant ``key-0``, the name the server gives ``--api-key``'s
   first key: refused at start, one line naming it;
+- tenants named by the header alone (no keys), a request that leaves the header out, at
+  priority -1000: held to the lowest tier, as an unlisted name is;
 - the gateway's InferenceObjective header naming the most urgent objective (priority 100):
   a key the file does not list goes ahead of the line, as the objective says, but tenant
   silver (floor 10) is held to its floor and waits behind gold's request at 0; the header
@@ -45,8 +47,11 @@ COLLIDING = TENANTS + """  - name: key-0
 """
 
 
-def serve(kvledger: list[str], folder: Path, tenants: str, port: int) -> subprocess.Popen:
-    """``kvledger serve`` of tiny-llama with ``tenants``; its stderr in ``serve-PORT.log``."""
+def serve(kvledger: list[str], folder: Path, tenants: str, port: int,
+          api_key: bool = True) -> subprocess.Popen:
+    """``kvledger serve`` of tiny-llama with ``tenants`` (and ``--api-key sk-plain``, unless
+    ``api_key`` is False: tenants named by the header alone); its stderr in
+    ``serve-PORT.log``."""
     path = folder / f"tenants-{port}.yaml"
     path.write_text(tenants)
     objectives = folder / f"objectives-{port}.yaml"
@@ -57,7 +62,8 @@ def serve(kvledger: list[str], folder: Path, tenants: str, port: int) -> subproc
                              # 16 blocks of 16: a 150-token answer runs alone, the rest wait
                              # in line, whose order the finishing order shows
                              "--num-gpu-blocks-override", "16",
-                             "--api-key", "sk-plain", "--tenants-file", str(path),
+                             *(["--api-key", "sk-plain"] if api_key else []),
+                             "--tenants-file", str(path),
                              "--tenant-header", HEADER, "--tenant-header-from", "127.0.0.1/32",
                              "--objective-header", OBJECTIVE, "--objectives-file",
                              str(objectives), "--scheduling-policy", "priority"],
@@ -195,6 +201,35 @@ def colliding_file(kvledger: list[str], folder: Path, failed: list[str]) -> None
             proc.wait(30)
 
 
+HEADER_ONLY = "tenants:\n  - name: gold\n  - name: silver\n    priority: 10\n    minPriority: 10\n"
+
+
+def no_header(kvledger: list[str], folder: Path, failed: list[str]) -> None:
+    """Tenants the header alone names: a request without it is anonymous, which must not
+    be a way around the file's floors."""
+    port = free_port()
+    proc = serve(kvledger, folder, HEADER_ONLY, port, api_key=False)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        model = asyncio.run(wait_ready(base, proc))
+
+        async def bare() -> tuple[int, str]:
+            async with aiohttp.ClientSession() as session, session.post(
+                    base + "/v1/completions", json={"model": model, "prompt": "Once upon",
+                                                    "max_tokens": 2, "priority": -1000}) as r:
+                body = await r.json(content_type=None)
+                return r.status, body["error"]["message"] if r.status != 200 else "admitted"
+
+        status, message = asyncio.run(bare())
+        print(f"tenants, no header and no key at priority -1000 (floor: the lowest tier): "
+              f"{status} {message[:100]}")
+        if status != 400:
+            failed.append(f"tenants, no header at priority -1000: {status} {message[:100]}")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def tenant_attacks(kvledger: list[str], folder: Path, failed: list[str]) -> None:
     port = free_port()
     proc = serve(kvledger, folder, TENANTS, port)
@@ -207,6 +242,7 @@ def tenant_attacks(kvledger: list[str], folder: Path, failed: list[str]) -> None
         proc.terminate()
         proc.wait(30)
     colliding_file(kvledger, folder, failed)
+    no_header(kvledger, folder, failed)
 
 
 if __name__ == "__main__":
