@@ -173,24 +173,37 @@ def write_model(folder: Path) -> Path:
 
 
 def measure(model: Path, device: str, rounds: int, cold: bool = True) -> dict:
+    """Every importable way's seconds, cold and warm, over ``rounds``; a way that fails
+    (a library that cannot run on this device) is reported with its error and left out of
+    the later rounds, so one failure costs a GPU run none of the others' figures."""
     ways = [w for w in WAYS if available(w)]
     size = sum(p.stat().st_size for p in weight_files(model))
     cold_ok = cold and drop_caches()
     seconds: dict[str, dict[str, list[float]]] = {"cold": {}, "warm": {}}
+    failed: dict[str, str] = {}
     for round_ in range(rounds):
         order = ways if round_ % 2 == 0 else ways[::-1]
         for way in order:
+            if way in failed:
+                continue
+            try:
+                if cold_ok:
+                    drop_caches()
+                    cold_s = timed(way, model, device)
+                timed("plain read", model, device)  # the files in the page cache
+                warm_s = timed(way, model, device)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                failed[way] = str(exc).strip().splitlines()[-1][:300]
+                continue
             if cold_ok:
-                drop_caches()
-                seconds["cold"].setdefault(way, []).append(timed(way, model, device))
-            timed("plain read", model, device)  # the files in the page cache
-            seconds["warm"].setdefault(way, []).append(timed(way, model, device))
+                seconds["cold"].setdefault(way, []).append(cold_s)
+            seconds["warm"].setdefault(way, []).append(warm_s)
     report = {"device": device, "file_bytes": size, "rounds": rounds, "cold_measured": cold_ok,
-              "missing": [w for w in WAYS if w not in ways], "seconds": seconds,
-              "MiB_per_s": {}}
+              "missing": [w for w in WAYS if w not in ways], "failed": failed,
+              "seconds": seconds, "MiB_per_s": {}}
     for cache, by_way in seconds.items():
         report["MiB_per_s"][cache] = {way: round(size / statistics.median(s) / 2**20)
-                                      for way, s in by_way.items()}
+                                      for way, s in by_way.items() if way not in failed}
     return report
 
 
@@ -242,6 +255,8 @@ def main() -> int:
         print("cold: not measured (--warm-only, or this process may not drop the page cache)")
     if report["missing"]:
         print(f"not importable, not measured: {', '.join(report['missing'])}")
+    for way, error in report["failed"].items():
+        print(f"{way}: failed, not measured: {error}")
     print(json.dumps(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")

@@ -402,3 +402,30 @@ def test_weight_readers_claim_wants_a_library_faster_in_one_cache_and_no_slower(
     [line] = verdict(report({"fastsafetensors": 130}, {"fastsafetensors": 100}))
     assert line == ("fastsafetensors reads 1.30x kvledger's speed cold, 1.00x kvledger's "
                     "speed warm")
+
+
+def test_weight_readers_reports_a_way_that_fails_and_measures_the_rest(tmp_path, monkeypatch):
+    """On a scarce GPU run a library that cannot run there must cost none of the other
+    figures: it is named with its error and left out of the later rounds."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import weight_readers
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 1024)
+    calls = []
+
+    def timed(way, model, device):
+        calls.append(way)
+        if way == "kvledger":
+            raise RuntimeError("kvledger: exit 1: Traceback ...\nOSError: no such device")
+        return 0.5
+
+    monkeypatch.setattr(weight_readers, "timed", timed)
+    monkeypatch.setattr(weight_readers, "available", lambda way: way in ("plain read",
+                                                                          "kvledger"))
+    report = weight_readers.measure(tmp_path, "cpu", rounds=2, cold=False)
+    assert report["failed"] == {"kvledger": "OSError: no such device"}
+    assert calls.count("kvledger") == 1  # not tried again in the second round
+    assert report["MiB_per_s"]["warm"] == {"plain read": 0}
+    assert weight_readers.verdict(report) == []
