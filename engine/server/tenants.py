@@ -149,10 +149,8 @@ class Tenants:
                           max([0, *(_floor(spec) for spec in specs)]))
         # A request that names no tenant at all (no key, no header): with the file's tiers,
         # held to that same tier, or leaving the header out would be a way around a floor.
-        self._anonymous = (Tenant(ANONYMOUS.key, ANONYMOUS.label, max_queued=max_queued,
-                                  priority=self._unlisted[0], min_priority=self._unlisted[1])
-                           if specs else
-                           Tenant(ANONYMOUS.key, ANONYMOUS.label, max_queued=max_queued))
+        tier = {"priority": self._unlisted[0], "min_priority": self._unlisted[1]} if specs else {}
+        self._anonymous = Tenant(ANONYMOUS.key, ANONYMOUS.label, max_queued=max_queued, **tier)
 
     def _tenant(self, spec: TenantSpec) -> Tenant:
         max_queued = spec.max_queued if spec.max_queued is not None else self._default_queued

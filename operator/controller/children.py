@@ -180,7 +180,7 @@ async def _apply(memo: kopf.Memo, name: str, namespace: str, spec: ServiceSpec,
     # Before the pods that read it; kept (not deleted) when sleep mode goes: it is small,
     # owned, and goes with the resource.
     sleep = render_sleep_config_map(name, namespace, spec, labels(name))
-    objectives = await objectives_config_map(kube, name, namespace, spec, memo.policy.gateway)
+    objectives = await pool_objectives_child(kube, name, namespace, spec, memo.policy.gateway)
     wanted = [body for body in (workload, service, sleep, objectives, *optional.values())
               if body is not None]
     kopf.adopt(wanted, owner=owner)
@@ -200,7 +200,7 @@ async def _apply(memo: kopf.Memo, name: str, namespace: str, spec: ServiceSpec,
             await kube.apply(api_version, plural, body)
 
 
-async def objectives_config_map(kube: KubeApi, name: str, namespace: str, spec: ServiceSpec,
+async def pool_objectives_child(kube: KubeApi, name: str, namespace: str, spec: ServiceSpec,
                                 wiring: GatewayWiring) -> dict[str, Any] | None:
     """The ConfigMap of the InferencePool's objectives as the namespace holds them now (none
     where the cluster does not serve InferenceObjective), or None when the engines read
@@ -226,7 +226,7 @@ async def apply_objectives(memo: kopf.Memo, name: str, namespace: str) -> None:
             spec = parse_spec(owner.get("spec") or {})
         except BadInput:
             return  # its status says so; the next valid spec writes the file
-        body = await objectives_config_map(memo.kube, name, namespace, spec,
+        body = await pool_objectives_child(memo.kube, name, namespace, spec,
                                            memo.policy.gateway)
         if body is not None:
             kopf.adopt(body, owner=kopf.Body(owner))
