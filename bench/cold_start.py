@@ -52,8 +52,10 @@ def drop_caches() -> bool:
         return False
 
 
-def write_big(folder: Path, layers: int, tokenizer_from: Path) -> Path:
-    """A Llama as transformers writes it: random weights in bfloat16, our tokenizer."""
+def write_big(folder: Path, layers: int, tokenizer_from: Path,
+              max_shard_size: str | None = None) -> Path:
+    """A Llama as transformers writes it: random weights in bfloat16, our tokenizer; in
+    shards of at most ``max_shard_size`` (``"200MB"``) with an index, when given."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -62,7 +64,8 @@ def write_big(folder: Path, layers: int, tokenizer_from: Path) -> Path:
                          num_hidden_layers=layers, num_attention_heads=16,
                          num_key_value_heads=4, max_position_embeddings=2048,
                          tie_word_embeddings=False, torch_dtype="bfloat16")
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(
+        folder, **({} if max_shard_size is None else {"max_shard_size": max_shard_size}))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tokenizer_from / name, folder / name)
     return folder

@@ -19,7 +19,11 @@ process may) and warm (after one untimed run); the median counts:
   importable (neither is a dependency: ``pip install fastsafetensors
   runai-model-streamer``);
 - ``engine load``: the engine's read phase as its start measures it: ``load_model``, then
-  (on the CPU) q/k/v and gate/up fused and the linear layers packed for oneDNN.
+  (on the CPU) q/k/v and gate/up fused and the linear layers packed for oneDNN; ``engine
+  load, prefetch`` and ``engine load, eager`` the same with ``--safetensors-load-strategy``
+  (checkpoint/read_ahead.py: the files read ahead by 8 threads, or each read whole first).
+  ``--shards N`` writes the checkpoint in about N files, where reading ahead has files to
+  read side by side.
 
 Claim (exit 1 with a line when it fails): no library reads more than 20% faster than
 kvledger's reader in one cache (cold, warm) while no slower in the other: one that did would
@@ -31,6 +35,7 @@ is compute, not reading).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -44,7 +49,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from cold_start import drop_caches, write_big  # noqa: E402
 
 TOLERANCE = 0.20
-WAYS = ("plain read", "kvledger", "fastsafetensors", "runai-model-streamer", "engine load")
+WAYS = ("plain read", "kvledger", "fastsafetensors", "runai-model-streamer", "engine load",
+        "engine load, prefetch", "engine load, eager")
 LIBRARIES = ("fastsafetensors", "runai-model-streamer")
 
 
@@ -100,30 +106,37 @@ def _runai(files: list[Path], device: str) -> dict:
     return out
 
 
-def _engine(files: list[Path], device: str):
+def _engine(files: list[Path], device: str, strategy: str | None = None):
     import torch
 
     from kvledger.engine.checkpoint.model_config import ModelConfig
+    from kvledger.engine.checkpoint.read_ahead import WeightReading
     from kvledger.engine.model.cpu_linear import pack_linears
     from kvledger.engine.model.fusion import fuse_projections
     from kvledger.engine.model.loader import load_model
 
     model_dir = files[0].parent
     target = torch.device(device)
-    model = load_model(model_dir, ModelConfig.from_dir(model_dir), torch.bfloat16, target)
+    model = load_model(model_dir, ModelConfig.from_dir(model_dir), torch.bfloat16, target,
+                       reading=WeightReading(strategy))
     fuse_projections(model)
     pack_linears(model, target, measure=False)
     return model
 
 
+ENGINE_IMPORTS = ("safetensors.torch", "kvledger.engine.model.loader",
+                  "kvledger.engine.model.fusion", "kvledger.engine.model.cpu_linear",
+                  "kvledger.engine.checkpoint.model_config",
+                  "kvledger.engine.checkpoint.read_ahead")
 IMPORTS = {"plain read": (), "kvledger": ("safetensors", "safetensors.torch"),
            "fastsafetensors": ("fastsafetensors",),
            "runai-model-streamer": ("runai_model_streamer",),
-           "engine load": ("safetensors.torch", "kvledger.engine.model.loader",
-                           "kvledger.engine.model.fusion", "kvledger.engine.model.cpu_linear",
-                           "kvledger.engine.checkpoint.model_config")}
+           "engine load": ENGINE_IMPORTS, "engine load, prefetch": ENGINE_IMPORTS,
+           "engine load, eager": ENGINE_IMPORTS}
 RUNS = {"plain read": _plain, "kvledger": _kvledger, "fastsafetensors": _fastsafetensors,
-        "runai-model-streamer": _runai, "engine load": _engine}
+        "runai-model-streamer": _runai, "engine load": _engine,
+        "engine load, prefetch": functools.partial(_engine, strategy="prefetch"),
+        "engine load, eager": functools.partial(_engine, strategy="eager")}
 
 
 def run_one(way: str, model: Path, device: str) -> None:
@@ -165,18 +178,22 @@ def timed(way: str, model: Path, device: str) -> float:
     return json.loads(answer.stdout.strip().splitlines()[-1])["seconds"]
 
 
-def write_model(folder: Path) -> Path:
+def write_model(folder: Path, shards: int = 1) -> Path:
     tokenizer = folder / "tiny"
     subprocess.run([sys.executable, "-m", "kvledger.engine.cli", "make-model", "tiny-llama",
                     str(tokenizer)], check=True, capture_output=True)
-    return write_big(folder / "big", 16, tokenizer)
+    # 1.45 GB in all; transformers cuts shards at tensor boundaries, below the size given
+    return write_big(folder / "big", 16, tokenizer,
+                     None if shards <= 1 else f"{1450 // shards + 1}MB")
 
 
-def measure(model: Path, device: str, rounds: int, cold: bool = True) -> dict:
-    """Every importable way's seconds, cold and warm, over ``rounds``; a way that fails
-    (a library that cannot run on this device) is reported with its error and left out of
-    the later rounds, so one failure costs a GPU run none of the others' figures."""
-    ways = [w for w in WAYS if available(w)]
+def measure(model: Path, device: str, rounds: int, cold: bool = True,
+            only: tuple[str, ...] = WAYS) -> dict:
+    """Every importable way's seconds (of ``only``), cold and warm, over ``rounds``; a way
+    that fails (a library that cannot run on this device) is reported with its error and
+    left out of the later rounds, so one failure costs a GPU run none of the others'
+    figures."""
+    ways = [w for w in WAYS if w in only and available(w)]
     size = sum(p.stat().st_size for p in weight_files(model))
     cold_ok = cold and drop_caches()
     seconds: dict[str, dict[str, list[float]]] = {"cold": {}, "warm": {}}
@@ -199,7 +216,7 @@ def measure(model: Path, device: str, rounds: int, cold: bool = True) -> dict:
                 seconds["cold"].setdefault(way, []).append(cold_s)
             seconds["warm"].setdefault(way, []).append(warm_s)
     report = {"device": device, "file_bytes": size, "rounds": rounds, "cold_measured": cold_ok,
-              "missing": [w for w in WAYS if w not in ways], "failed": failed,
+              "missing": [w for w in WAYS if w in only and w not in ways], "failed": failed,
               "seconds": seconds, "MiB_per_s": {}}
     for cache, by_way in seconds.items():
         report["MiB_per_s"][cache] = {way: round(size / statistics.median(s) / 2**20)
@@ -229,9 +246,13 @@ def main() -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--model", type=Path, help="a checkpoint folder (default: write one)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--shards", type=int, default=1,
+                        help="write the checkpoint in about this many files (default 1)")
     parser.add_argument("--json", type=Path, help="write the report here too")
     parser.add_argument("--warm-only", action="store_true",
                         help="leave the page cache alone (no cold runs)")
+    parser.add_argument("--only", nargs="+", choices=WAYS, default=WAYS, metavar="WAY",
+                        help="time these ways alone (default: all)")
     parser.add_argument("--child", choices=WAYS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -247,8 +268,9 @@ def main() -> int:
         print(f"error: {args.model} holds no .safetensors file", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model or write_model(Path(tmp))
-        report = measure(model, args.device, args.rounds, cold=not args.warm_only)
+        model = args.model or write_model(Path(tmp), args.shards)
+        report = measure(model, args.device, args.rounds, cold=not args.warm_only,
+                         only=tuple(args.only))
     for cache, speeds in report["MiB_per_s"].items():
         print(f"{cache}: " + ", ".join(f"{way} {speed} MiB/s" for way, speed in speeds.items()))
     if not report["cold_measured"]:

@@ -35,3 +35,26 @@ def make_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(make_model_dir: Callable[[str], Path]) -> Path:
     return make_model_dir("tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def sharded_tiny_llama_dir(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny-llama in two shards with an index, as transformers writes a larger model."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(tiny_llama_dir / "model.safetensors"))
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    folder = tmp_path_factory.mktemp("sharded") / "tiny-llama"
+    folder.mkdir()
+    for p in tiny_llama_dir.iterdir():
+        if p.name != "model.safetensors":
+            (folder / p.name).write_bytes(p.read_bytes())
+    for file, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, str(folder / file), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return folder

@@ -122,12 +122,14 @@ def build_runner(spec: RankSpec, rank: int) -> ModelRunner:
         group = stage_groups(spec, rank)
         stage = Stage.of(config, rank // tp, spec.stages)
         model = load_model(spec.model_dir, config, TORCH_DTYPES[spec.dtype],
-                           torch.device("cpu") if tp > 1 else device, stage=stage)
+                           torch.device("cpu") if tp > 1 else device, stage=stage,
+                           reading=spec.reading(rank))
         model = shard_model(model, Ranks(rank % tp, tp, group)).to(device)
         return StageRunner(model, device, spec.max_model_len, spec.block_size, fuse=spec.fuse,
                            tp_rank=rank % tp, tp=tp, paged=spec.paged)
     # The whole checkpoint is read on the host, then cut: only the shard reaches the device.
-    model = load_model(spec.model_dir, config, TORCH_DTYPES[spec.dtype], torch.device("cpu"))
+    model = load_model(spec.model_dir, config, TORCH_DTYPES[spec.dtype], torch.device("cpu"),
+                       reading=spec.reading(rank))
     model = shard_model(model, Ranks(rank, spec.world))
     model = model.to(device)
     return ModelRunner(model, device, spec.max_model_len, spec.block_size, fuse=spec.fuse,

@@ -85,7 +85,8 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
         else:
             weights = Weights(source.path, model_config, TORCH_DTYPES[plan.model_dtype], device,
                               quantize_fp8=config.quantization == "fp8"
-                              and not model_config.weight_format)
+                              and not model_config.weight_format,
+                              reading=config.weight_reading)
             runner = ModelRunner(weights.load(), device, plan.max_model_len,
                                  plan.kv.block_size, fuse=not config.enable_lora,
                                  paged=reads_in_place(config, device))
@@ -252,7 +253,10 @@ def start_ranks(config: EngineConfig, plan: Plan, source, device: torch.device,
                     timeout_s=RANK_TIMEOUT_S, threads=threads, fuse=not config.enable_lora,
                     stages=stages, nodes=nodes.count if nodes else 1,
                     master_addr=nodes.master_addr if nodes else DEFAULT_MASTER_ADDR,
-                    paged=reads_in_place(config, device))
+                    paged=reads_in_place(config, device),
+                    load_strategy=config.safetensors_load_strategy,
+                    prefetch_threads=config.safetensors_prefetch_num_threads,
+                    prefetch_block_bytes=config.safetensors_prefetch_block_size)
     planned_on = [probed]
 
     def plan_on_machines(devices: dict[int, DeviceMemory | None]) -> None:

@@ -18,6 +18,13 @@ from kvledger.engine.checkpoint.fp8_format import (
 )
 from kvledger.engine.checkpoint.loadable import IGNORED_SUFFIXES, loaded_names
 from kvledger.engine.checkpoint.model_config import ModelConfig
+from kvledger.engine.checkpoint.read_ahead import (
+    AS_VLLM_DEFAULTS,
+    ReadAhead,
+    WeightReading,
+    prefetches,
+    read_whole,
+)
 from kvledger.engine.checkpoint.weight_formats import WEIGHT_FORMATS
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.fp8_linear import (
@@ -29,6 +36,7 @@ from kvledger.engine.model.fp8_linear import (
 from kvledger.engine.model.int4_linear import install_int4_linears
 from kvledger.engine.model.pipeline import Stage, StageLM
 from kvledger.engine.model.transformer import CausalLM
+from kvledger.engine.planner.device import probe_host
 
 
 @dataclass(frozen=True)
@@ -41,10 +49,11 @@ class Weights:
     dtype: torch.dtype
     device: torch.device
     quantize_fp8: bool = False
+    reading: WeightReading = AS_VLLM_DEFAULTS
 
     def load(self) -> CausalLM:
         return load_model(self.model_dir, self.config, self.dtype, self.device,
-                          quantize_fp8=self.quantize_fp8)
+                          quantize_fp8=self.quantize_fp8, reading=self.reading)
 
 
 # The initializers torch's layers call in __init__. On the meta device they compute
@@ -75,34 +84,29 @@ def _unchanged(tensor: torch.Tensor, *args: object, **kwargs: object) -> torch.T
 
 def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
                device: torch.device, *, quantize_fp8: bool = False,
-               stage: Stage | None = None) -> CausalLM | StageLM:
+               stage: Stage | None = None,
+               reading: WeightReading = AS_VLLM_DEFAULTS) -> CausalLM | StageLM:
     """Build the model on the meta device, then assign the checkpoint's tensors in ``dtype``
     on ``device``: no random init, no second copy of the weights. An FP8 checkpoint's
     weights stay FP8 and its scales float32, in ``Fp8Linear`` layers; a 4-bit checkpoint's
     (GPTQ, AWQ, W4A16) tensors stay as stored, in ``Int4Linear`` layers; ``quantize_fp8``
     (``--quantization fp8``) quantizes an unquantized checkpoint's linear layers so, each
     as it is read (the whole model is never held unquantized). With a pipeline ``stage``
-    only that stage's tensors are read (``model/pipeline.py``), into a ``StageLM``."""
-    from safetensors import safe_open
-
+    only that stage's tensors are read (``model/pipeline.py``), into a ``StageLM``. The files
+    are read as ``reading`` says (``checkpoint/read_ahead.py``: ahead in the background, each
+    whole before its tensors, or as the memory map takes them)."""
     model_dir = Path(model_dir)
     with _no_init(), torch.device("meta"):
         model = CausalLM(config) if stage is None else StageLM(config, stage)
-    state: dict[str, torch.Tensor] = {}
-    for path in checkpoint_files(model_dir):
-        if not path.is_file():
-            raise BadInput(f"{path}: listed in the index but missing")
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                    if name.endswith(IGNORED_SUFFIXES) or (
-                            stage is not None and not stage.holds(name, config)):
-                        continue
-                    local = name if stage is None else stage.local_name(name, config)
-                    state.update(_loaded(local, f.get_tensor(name), config, dtype, device,
-                                         quantize_fp8))
-        except (OSError, RuntimeError) as exc:
-            raise BadInput(f"{path}: cannot read safetensors: {exc}") from None
+    files = checkpoint_files(model_dir)
+    present = [path for path in files if path.is_file()]
+    ahead = (ReadAhead(present, reading).start()
+             if prefetches(reading, present, _available_host_bytes()) else None)
+    try:
+        state = _read_state(files, config, dtype, device, quantize_fp8, stage, reading)
+    finally:
+        if ahead is not None:  # no read outlives the load
+            ahead.join()
     kv_scales = {name: state.pop(name) for name in list(state) if name.endswith(KV_SCALE_SUFFIXES)}
     served = WEIGHT_FORMATS.get(config.weight_format)
     if served is not None and served.packed:  # 4-bit layers, in their weights' stead
@@ -128,6 +132,42 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
     if config.tie_word_embeddings and whole:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval().requires_grad_(False)
+
+
+def _available_host_bytes() -> int | None:
+    """The host memory a read ahead may fill (``probe_host``: the cgroup's limit counted);
+    None where it cannot be told."""
+    try:
+        return probe_host().free_bytes
+    except BadInput:
+        return None
+
+
+def _read_state(files: list[Path], config: ModelConfig, dtype: torch.dtype,
+                device: torch.device, quantize_fp8: bool, stage: Stage | None,
+                reading: WeightReading) -> dict[str, torch.Tensor]:
+    """Every tensor of ``files`` that the model (or ``stage``) holds, as ``_loaded`` gives
+    it; with ``eager`` reading, each file read whole before its tensors are taken."""
+    from safetensors import safe_open
+
+    state: dict[str, torch.Tensor] = {}
+    for path in files:
+        if not path.is_file():
+            raise BadInput(f"{path}: listed in the index but missing")
+        try:
+            if reading.strategy == "eager":
+                read_whole(path, reading.block_bytes)
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                    if name.endswith(IGNORED_SUFFIXES) or (
+                            stage is not None and not stage.holds(name, config)):
+                        continue
+                    local = name if stage is None else stage.local_name(name, config)
+                    state.update(_loaded(local, f.get_tensor(name), config, dtype, device,
+                                         quantize_fp8))
+        except (OSError, RuntimeError) as exc:
+            raise BadInput(f"{path}: cannot read safetensors: {exc}") from None
+    return state
 
 
 def _loaded(name: str, tensor: torch.Tensor, config: ModelConfig, dtype: torch.dtype,

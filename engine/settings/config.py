@@ -12,6 +12,11 @@ from dataclasses import MISSING, dataclass
 
 from kvledger.engine.checkpoint.hub.reads import DEFAULT_HUB_TIMEOUT_S
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
+from kvledger.engine.checkpoint.read_ahead import (
+    DEFAULT_BLOCK_BYTES,
+    DEFAULT_THREADS,
+    WeightReading,
+)
 from kvledger.engine.errors import BadInput
 from kvledger.engine.settings.config_values import (
     ADMISSIONS,
@@ -23,6 +28,7 @@ from kvledger.engine.settings.config_values import (
     DEVICES,
     DTYPES,
     KV_CACHE_DTYPES,
+    LOAD_STRATEGY,
     LORA,
     MEMORY,
     MIN_DEFAULT_BATCHED_TOKENS,
@@ -87,6 +93,25 @@ class EngineConfig:
         None, "--download-dir", PATH, metavar="DIR", group=WORKLOAD,
         help="the hub cache an hf:// model is fetched into and served from (default: "
              "huggingface_hub's, $HF_HUB_CACHE or $HF_HOME/hub)")
+    safetensors_load_strategy: str | None = setting(
+        None, "--safetensors-load-strategy", LOAD_STRATEGY, metavar="{lazy,eager,prefetch}",
+        group=WORKLOAD,
+        help="how the checkpoint's files are read, as vLLM reads them: lazy (as the memory "
+             "map takes each tensor), prefetch (read ahead into the page cache by a pool of "
+             "threads while loading), eager (each file read whole before its tensors); "
+             "default: lazy, prefetched on NFS, Lustre or FUSE where the files fit in 90%% "
+             "of the host memory available",
+        crd=Crd("engine", "how the checkpoint's files are read: lazy, prefetch or eager "
+                          "(--safetensors-load-strategy; unset: prefetched on NFS, "
+                          "Lustre or FUSE)"))
+    safetensors_prefetch_num_threads: int = setting(
+        DEFAULT_THREADS, "--safetensors-prefetch-num-threads", POSITIVE_INT, metavar="N",
+        group=WORKLOAD,
+        help=f"threads that read the files ahead (default {DEFAULT_THREADS})")
+    safetensors_prefetch_block_size: int = setting(
+        DEFAULT_BLOCK_BYTES, "--safetensors-prefetch-block-size", BYTES, group=WORKLOAD,
+        help=f"bytes each read ahead (or eager read) asks at a time (default "
+             f"{DEFAULT_BLOCK_BYTES}, 16 MiB)")
     served_model_name: str | None = setting(
         None, "--served-model-name", NAMES, group=WORKLOAD,
         help="the name(s) requests use for the model (default: --model); with several, as in "
@@ -322,6 +347,13 @@ class EngineConfig:
         if self.priority_headroom and self.scheduling_policy != "priority":
             raise BadInput("--priority-headroom needs --scheduling-policy priority: under fcfs "
                            "every request has priority 0")
+
+    @property
+    def weight_reading(self) -> WeightReading:
+        """How the checkpoint's files are read (``checkpoint/read_ahead.py``)."""
+        return WeightReading(self.safetensors_load_strategy,
+                             self.safetensors_prefetch_num_threads,
+                             self.safetensors_prefetch_block_size)
 
     def to_flags(self) -> list[str]:
         """The command-line flags that reproduce this config (inverse of the parser)."""

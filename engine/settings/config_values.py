@@ -4,6 +4,7 @@ values of its choices, its defaults, the argument kinds the settings share beyon
 
 from __future__ import annotations
 
+from kvledger.engine.checkpoint.read_ahead import STRATEGIES
 from kvledger.engine.errors import BadInput
 from kvledger.engine.settings.kinds import Kind, positive_int
 
@@ -38,6 +39,17 @@ def quantization_arg(text: str) -> str:
     return text
 
 
+def load_strategy_arg(text: str) -> str:
+    """``--safetensors-load-strategy``: lazy, eager or prefetch (checkpoint/read_ahead.py),
+    or one line naming what is refused (BadInput, exit 2)."""
+    if text not in STRATEGIES:
+        what = ("torchao's tensor subclasses" if text == "torchao"
+                else f"a load strategy {text!r}")
+        raise BadInput(f"--safetensors-load-strategy {text}: kvledger does not read "
+                       f"{what}; lazy, eager or prefetch")
+    return text
+
+
 # The --help groups, in the order they are listed.
 WORKLOAD = "model and workload"
 MEMORY = "memory caps (the smallest one given wins)"
@@ -46,6 +58,8 @@ LORA = "LoRA adapters (vLLM's flags)"
 
 QUANTIZATION = Kind("choice", parse=quantization_arg,
                     check=lambda _flag, value: quantization_arg(value), values=QUANTIZATIONS)
+LOAD_STRATEGY = Kind("choice", parse=load_strategy_arg,
+                     check=lambda _flag, value: load_strategy_arg(value), values=STRATEGIES)
 NAMES = Kind("text", nargs="+", metavar="NAME")  # the aliases follow the first (to_flags)
 
 

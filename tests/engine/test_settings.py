@@ -17,6 +17,10 @@ DECLARED = {
     "model": ("--model", None),  # spec.model.path or .uri, mapped by operator/api/spec.py
     "hub_timeout_s": ("--hub-timeout", None),
     "download_dir": ("--download-dir", None),
+    "safetensors_load_strategy": ("--safetensors-load-strategy",
+                                  "engine.safetensorsLoadStrategy"),
+    "safetensors_prefetch_num_threads": ("--safetensors-prefetch-num-threads", None),
+    "safetensors_prefetch_block_size": ("--safetensors-prefetch-block-size", None),
     "served_model_name": ("--served-model-name", None),  # spec.model.name
     "served_model_aliases": (None, None),  # the rest of --served-model-name's names
     "max_model_len": ("--max-model-len", "engine.maxModelLen"),
