@@ -2,6 +2,7 @@
 a cold page cache (where this process may drop it) and a warm one.
 
     .venv/bin/python bench/cold_start.py [--big-layers 16] [--json]
+    .venv/bin/python bench/cold_start.py --model DIR [--serve-flag=--FLAG=VALUE ...]
 
 Checkpoints: the built-in tiny-llama and small-llama (``make-model``), and a Llama written
 by transformers' ``save_pretrained`` (random bf16 weights, hidden 2048, ``--big-layers``
@@ -12,8 +13,9 @@ launch to ``/ready`` timed here, and the engine's own phases from ``/v1/budget``
 weights' bytes over a timed read of the same files), the profile (its arithmetic over a
 timed matmul) and the KV pool, against what each measured, then the warm-up.
 
-Claim (exit 1 with a line when it fails): on the transformers checkpoint the read is
-predicted within 25% of what it measured, cold and warm. The small built-in models are
+Claim (exit 1 with a line when it fails): on the transformers checkpoint (or ``--model``'s,
+served with the ``--serve-flag``s given) the read is predicted within 25% of what it
+measured, cold and warm. The small built-in models are
 reported, not claimed: their read is fixed costs (building modules, packing), not bytes.
 Nor is the CPU's profile: a check of one short prompt (``runner.CPU_CHECK_TOKENS``), fixed
 costs, where a GPU's profiles the whole step budget.
@@ -71,12 +73,12 @@ def write_big(folder: Path, layers: int, tokenizer_from: Path,
     return folder
 
 
-async def start(model_dir: Path) -> dict:
+async def start(model_dir: Path, flags: tuple[str, ...] = ()) -> dict:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "kvledger.engine.cli", "serve", "--model", str(model_dir),
                "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
-               "--max-model-len", "512", "--log-level", "warning"]
+               "--max-model-len", "512", "--log-level", "warning", *flags]
     began = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -95,24 +97,33 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--big-layers", type=int, default=16)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--model", type=Path,
+                        help="time this checkpoint alone (claimed as the transformers one)")
+    parser.add_argument("--serve-flag", action="append", default=[], metavar="FLAG",
+                        help="a flag for kvledger serve, e.g. --serve-flag="
+                             "--safetensors-load-strategy=prefetch (repeatable)")
     args = parser.parse_args()
     from kvledger.engine.model.builtin import write_model
 
     report, failures = {}, []
+    claimed = "transformers-llama" if args.model is None else str(args.model)
     with tempfile.TemporaryDirectory() as tmp:
-        folders = {name: write_model(name, Path(tmp) / name)
-                   for name in ("tiny-llama", "small-llama")}
-        folders["transformers-llama"] = write_big(Path(tmp) / "big", args.big_layers,
-                                                  folders["small-llama"])
+        if args.model is not None:
+            folders = {claimed: args.model}
+        else:
+            folders = {name: write_model(name, Path(tmp) / name)
+                       for name in ("tiny-llama", "small-llama")}
+            folders[claimed] = write_big(Path(tmp) / "big", args.big_layers,
+                                         folders["small-llama"])
         for name, folder in folders.items():
             runs = {}
             for cache in ("cold", "warm"):
                 if cache == "cold" and not drop_caches():
                     runs["cold"] = "not measured: the page cache cannot be dropped here"
                     continue
-                runs[cache] = asyncio.run(start(folder))
+                runs[cache] = asyncio.run(start(folder, tuple(args.serve_flag)))
             report[name] = runs
-            if name != "transformers-llama":
+            if name != claimed:
                 continue
             for cache, run in runs.items():
                 if isinstance(run, str):

@@ -28,7 +28,8 @@
 # the GPU, then
 # bench/gpu_speed.py, its JSON written to $OUT/gpu_speed.json (commit it under bench/results/).
 # `bash bench/gpu_checks.sh load` (about 5 minutes) runs (a), then bench/weight_readers.py on
-# CUDA: its JSON written to $OUT/weight_readers-cuda.json (the libraries come as wheels from
+# CUDA, the checkpoint in 8 shards (the engine's load lazy, prefetched and eager beside the
+# libraries): its JSON written to $OUT/weight_readers-cuda.json (the libraries come as wheels from
 # bench/gpu_wheels.sh; cold only where the run may drop the page cache).
 # `bash bench/gpu_checks.sh serving` (a second call, about 5 minutes) runs (a), then only
 # bench/serving.py with kvledger on CUDA: part 1 at concurrency 1, 3, 8, 32 and one
@@ -115,8 +116,9 @@ if [ "${1:-}" = speed ]; then  # the GPU path: its tests compiled, then bench/gp
 fi
 
 if [ "${1:-}" = load ]; then  # the weights' read: kvledger's reader against the libraries
-    step 420 "bench/weight_readers.py: a 1.45 GB checkpoint to the GPU, kvledger against fastsafetensors and runai-model-streamer, cold and warm" \
-        "$PY" bench/weight_readers.py --device cuda --rounds 3 \
+    # 7 ways x (cold, a warming read, warm) x 2 rounds: 42 processes, each importing torch
+    step 420 "bench/weight_readers.py: a 1.45 GB checkpoint in 8 shards to the GPU, kvledger (lazy, prefetch, eager) against fastsafetensors and runai-model-streamer, cold and warm" \
+        "$PY" bench/weight_readers.py --device cuda --rounds 2 --shards 8 \
         --json "${OUT:-bench/results}/weight_readers-cuda.json"
     finish
 fi

@@ -13,8 +13,9 @@ round trip, so vLLM reads the files ahead, and so does kvledger:
   (the plan's promise while loading holds either way).
 - ``lazy``: the memory map alone.
 - not given: ``lazy``, but prefetched when the files lie on NFS or Lustre (vLLM's rule) or
-  on a FUSE filesystem (gcsfuse, mountpoint-s3, blobfuse2: where a model bucket is mounted)
-  and fit in 90% of the host memory available; the loader logs which and why. FUSE is
+  on FUSE over remote storage (gcsfuse, mountpoint-s3, blobfuse2...: where a model bucket
+  is mounted; ``REMOTE_FUSE``) and fit in 90% of the host memory available; the loader
+  logs which and why. FUSE is
   kvledger's addition: on a FUSE volume answering each read after 1 ms, prefetching loaded
   8 shards 1.5x faster cold and 2.2x warm (docs/benchmarks.md).
 
@@ -36,7 +37,12 @@ from pathlib import Path
 STRATEGIES = ("lazy", "eager", "prefetch")
 DEFAULT_THREADS = 8  # vLLM's --safetensors-prefetch-num-threads
 DEFAULT_BLOCK_BYTES = 16 << 20  # and --safetensors-prefetch-block-size
-NETWORK_FILESYSTEMS = ("nfs", "nfs4", "lustre", "fuse")  # and fuse.NAME, FUSE's subtypes
+NETWORK_FILESYSTEMS = ("nfs", "nfs4", "lustre")  # vLLM's
+# FUSE mounts of remote storage, by /proc/mounts' "fuse.SUBTYPE" (a bare "fuse" names none):
+# model buckets and remote folders. Not the local ones (fuse-overlayfs, a rootless
+# container's own files; squashfuse), which a read ahead would only slow.
+REMOTE_FUSE = ("", "gcsfuse", "mountpoint-s3", "blobfuse2", "s3fs", "geesefs", "goofys",
+               "rclone", "sshfs", "juicefs")
 FITS_SHARE = 0.9  # prefetched unasked only within this share of the host memory available
 
 log = logging.getLogger("kvledger.engine")
@@ -78,13 +84,29 @@ def filesystem_type(path: Path, mounts: Path = Path("/proc/mounts")) -> str:
     return kind
 
 
-def prefetches(reading: WeightReading, files: list[Path], available_bytes: int | None,
-               mounts: Path = Path("/proc/mounts")) -> bool:
-    """Whether ``files`` are read ahead in the background, and the log line that says why
-    (logged here): asked (``prefetch``), or not asked and on a network filesystem where
-    they fit in ``FITS_SHARE`` of ``available_bytes``."""
+def remote_fuse(kind: str) -> bool:
+    """Whether a filesystem of type ``kind`` is FUSE over remote storage (``REMOTE_FUSE``)."""
+    base, _, subtype = kind.partition(".")
+    return base == "fuse" and subtype in REMOTE_FUSE
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether the files are read ahead, and why (``reason``, the loader's log line;
+    ``warn``: logged as a warning)."""
+
+    prefetch: bool
+    reason: str
+    warn: bool = False
+
+
+def verdict(reading: WeightReading, files: list[Path], available_bytes: int | None,
+            mounts: Path = Path("/proc/mounts")) -> Verdict:
+    """Whether ``files`` are read ahead in the background: asked (``prefetch``), or not
+    asked and on a network or FUSE filesystem where they fit in ``FITS_SHARE`` of
+    ``available_bytes``."""
     if reading.strategy in ("lazy", "eager") or not files:
-        return False
+        return Verdict(False, f"read {reading.strategy or 'as the loader takes them'}")
     size = sum(f.stat().st_size for f in files)
     kind = filesystem_type(files[0], mounts)
     fits = available_bytes is None or size <= FITS_SHARE * available_bytes
@@ -93,19 +115,27 @@ def prefetches(reading: WeightReading, files: list[Path], available_bytes: int |
              f" GiB of host memory available")
     if reading.strategy == "prefetch":
         if not fits:
-            log.warning("%s: prefetching all the same (--safetensors-load-strategy "
-                        "prefetch), though they do not fit in %d%% of it", where,
-                        round(FITS_SHARE * 100))
-        return True
-    network = kind.partition(".")[0] in NETWORK_FILESYSTEMS
+            return Verdict(True, f"{where}: prefetching all the same (--safetensors-load-"
+                                 f"strategy prefetch), though they do not fit in "
+                                 f"{round(FITS_SHARE * 100)}% of it", warn=True)
+        return Verdict(True, f"{where}: prefetching them (--safetensors-load-strategy "
+                             "prefetch)")
+    network = kind in NETWORK_FILESYSTEMS or remote_fuse(kind)
     if network and fits:
-        log.info("%s: prefetching them (a network or FUSE filesystem; "
-                 "--safetensors-load-strategy lazy does not)", where)
-        return True
-    log.info("%s: read as the loader takes them (%s; --safetensors-load-strategy "
-             "prefetch reads them ahead)", where,
-             "more than fits in memory" if network else "not a network or FUSE filesystem")
-    return False
+        return Verdict(True, f"{where}: prefetching them (a network or FUSE filesystem; "
+                             "--safetensors-load-strategy lazy does not)")
+    return Verdict(False, f"{where}: read as the loader takes them ("
+                          f"{'more than fits in memory' if network else 'not a network or FUSE filesystem'}"
+                          "; --safetensors-load-strategy prefetch reads them ahead)")
+
+
+def prefetches(reading: WeightReading, files: list[Path], available_bytes: int | None,
+               mounts: Path = Path("/proc/mounts")) -> bool:
+    """``verdict``'s answer, its reason logged (the loader's)."""
+    said = verdict(reading, files, available_bytes, mounts)
+    if files and reading.strategy not in ("lazy", "eager"):
+        log.log(logging.WARNING if said.warn else logging.INFO, "%s", said.reason)
+    return said.prefetch
 
 
 def read_whole(path: Path, block_bytes: int = DEFAULT_BLOCK_BYTES) -> int:

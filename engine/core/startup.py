@@ -31,7 +31,12 @@ from kvledger.engine.model.generation_config import describe as describe_default
 from kvledger.engine.model.loader import Weights, weights_bytes
 from kvledger.engine.model.tokenizer import Tokenizer
 from kvledger.engine.planner.attention import TRITON_ATTN, attention_backend
-from kvledger.engine.planner.device import DeviceMemory, probe_device, probe_host
+from kvledger.engine.planner.device import (
+    DeviceMemory,
+    host_available_bytes,
+    probe_device,
+    probe_host,
+)
 from kvledger.engine.planner.estimates import capture_sizes, format_size
 from kvledger.engine.planner.limit import host_memory_note
 from kvledger.engine.planner.plan import Measured, Plan, make_plan
@@ -69,7 +74,8 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
                           tokenizer_folder(config.tokenizer))
     log.info("%s", describe_defaults(tokenizer.sampling_defaults, config.generation_config))
     planned_on = device_memory  # with --nnodes, the smallest machine's device
-    ready = predict(checkpoint_files(Path(source.path)))  # a timed read of the weights' files
+    ready = predict(checkpoint_files(Path(source.path)),  # a timed read of the weights' files
+                    config.weight_reading, host_available_bytes())
     ready.weight_bytes = plan.classes["weights"]
     dtype = TORCH_DTYPES[plan.model_dtype]
     ready.place_speed = place_speed(device, dtype)

@@ -36,7 +36,7 @@ from kvledger.engine.model.fp8_linear import (
 from kvledger.engine.model.int4_linear import install_int4_linears
 from kvledger.engine.model.pipeline import Stage, StageLM
 from kvledger.engine.model.transformer import CausalLM
-from kvledger.engine.planner.device import probe_host
+from kvledger.engine.planner.device import host_available_bytes
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
     files = checkpoint_files(model_dir)
     present = [path for path in files if path.is_file()]
     ahead = (ReadAhead(present, reading).start()
-             if prefetches(reading, present, _available_host_bytes()) else None)
+             if prefetches(reading, present, host_available_bytes()) else None)
     try:
         state = _read_state(files, config, dtype, device, quantize_fp8, stage, reading)
     finally:
@@ -132,15 +132,6 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
     if config.tie_word_embeddings and whole:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval().requires_grad_(False)
-
-
-def _available_host_bytes() -> int | None:
-    """The host memory a read ahead may fill (``probe_host``: the cgroup's limit counted);
-    None where it cannot be told."""
-    try:
-        return probe_host().free_bytes
-    except BadInput:
-        return None
 
 
 def _read_state(files: list[Path], config: ModelConfig, dtype: torch.dtype,

@@ -137,6 +137,15 @@ def _addressing_mode(pynvml, handle) -> str:
             getattr(pynvml, "NVML_DEVICE_ADDRESSING_MODE_HMM", 1): "HMM"}.get(mode, "NONE")
 
 
+def host_available_bytes() -> int | None:
+    """The host memory free now (``probe_host``: the cgroup's limit counted), what a read
+    ahead of the checkpoint may fill; None where it cannot be told."""
+    try:
+        return probe_host().free_bytes
+    except BadInput:
+        return None
+
+
 def probe_host(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup"), *,
                container_limit_bytes: int | None = None) -> DeviceMemory:
     """Host memory (MemTotal/MemAvailable) capped by this process's cgroup memory limit

@@ -1,6 +1,7 @@
 """The plan's start, predicted before it: the weights' read from a short timed read of the
-checkpoint the plan was made from (``ready_time``), for ``kvledger plan``, the pod's
-pre-flight and ``kvledger run``; the engine times its own start."""
+checkpoint the plan was made from, as the engine will read it (``ready_time``;
+``--safetensors-load-strategy``), for ``kvledger plan``, the pod's pre-flight and
+``kvledger run``; the engine times its own start."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from kvledger.engine.checkpoint.contents import ModelSource
 from kvledger.engine.checkpoint.files import checkpoint_files
+from kvledger.engine.planner.device import host_available_bytes
 from kvledger.engine.planner.ready_time import predict
 from kvledger.engine.planner.record import Plan
 
@@ -21,4 +23,5 @@ def with_predicted_start(plan: Plan) -> Plan:
     folder = Path(source.path)
     if source.headers_only or not folder.is_dir():
         return plan
-    return dataclasses.replace(plan, time_to_ready=predict(checkpoint_files(folder)))
+    return dataclasses.replace(plan, time_to_ready=predict(
+        checkpoint_files(folder), plan.config.weight_reading, host_available_bytes()))

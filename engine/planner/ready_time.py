@@ -6,7 +6,8 @@ placing its tensors), ``profile`` (the profiled steps that measure activations),
 ``warmup`` (one tiny request through the whole path, the server's). Before anything is
 loaded the read is predicted from the checkpoint's bytes and the bandwidth a short timed
 read of the same files gets now (``measure_read``: on the model's own volume, through
-whatever page cache it has); the profile from the arithmetic of its steps
+whatever page cache it has; several files at once where the loader reads them ahead,
+``--safetensors-load-strategy``); the profile from the arithmetic of its steps
 (``profile_flops``, from config.json's shape) over a timed matmul of the model's own
 shape on the device (the engine times it, torch being its room); the KV pool's
 allocation from its bytes over the timed copy. Graphs and the warm-up are measured
@@ -20,14 +21,17 @@ Torch-free: the planner's room.
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvledger.engine.checkpoint.model_config import ModelConfig
+from kvledger.engine.checkpoint.read_ahead import AS_VLLM_DEFAULTS, WeightReading, verdict
 from kvledger.engine.planner.estimates import format_size
 
 PHASES = ("read", "profile", "kv", "graphs", "warmup")
@@ -49,29 +53,69 @@ class ReadSpeed:
 
 
 def measure_read(files: list[Path], sample_bytes: int = SAMPLE_BYTES,
-                 max_seconds: float = SAMPLE_SECONDS) -> ReadSpeed | None:
+                 max_seconds: float = SAMPLE_SECONDS, threads: int = 1) -> ReadSpeed | None:
     """Read the largest of ``files`` from its middle on, in large blocks, until
     ``sample_bytes`` or ``max_seconds``; None when there is nothing to read (no file, or a
     sparse one: a header mirror's, a benchmark's). The middle:
     the plan has just read each file's header, which the page cache now holds. Read as
     safetensors reads it, through a memory map: each page a fault, cached or not (a plain
-    ``read()`` of a warm file is about twice as fast as loading it)."""
-    sized = [(f.stat().st_size, f) for f in files if f.is_file()]
+    ``read()`` of a warm file is about twice as fast as loading it). With ``threads`` (a
+    read ahead's, ``checkpoint/read_ahead.py``), the ``threads`` largest files at once, a
+    share of the sample each, with ``read()`` as the read ahead reads them, side by side
+    (a memory map's copy holds Python's lock through its page faults: threads would take
+    turns)."""
+    sized = sorted(((f.stat().st_size, f) for f in files if f.is_file()), reverse=True)
+    sized = [(size, path) for size, path in sized[:max(1, threads)]
+             if size and _data_in_middle(path, size)]
     if not sized:
         return None
-    size, path = max(sized)
-    if size == 0 or path.stat().st_blocks * 512 < size // 2:
-        return None  # empty, or mostly holes (a sparse file): its read would time nothing
-    read = 0
     started = time.perf_counter()
-    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        offset = size // 2 if size > 2 * CHUNK else 0
-        while (read < sample_bytes and offset < size
-               and time.perf_counter() - started < max_seconds):
-            read += len(mm[offset:offset + CHUNK])  # a copy: every page faulted in
-            offset += CHUNK
+    share = sample_bytes // len(sized)
+    if threads <= 1:
+        read = _read_middle(sized[0][1], share, started, max_seconds)
+    else:
+        with ThreadPoolExecutor(len(sized)) as pool:
+            read = sum(pool.map(lambda item: _read_middle(item[1], share, started, max_seconds,
+                                                          mapped=False), sized))
     elapsed = time.perf_counter() - started
     return ReadSpeed(read, elapsed) if read else None
+
+
+def _data_in_middle(path: Path, size: int) -> bool:
+    """Whether ``path`` holds data from its middle on, not a hole to its end (a header
+    mirror's shard). Asked of the filesystem (``SEEK_DATA``); one that cannot say (the
+    call unsupported) counts as data, as does a file whose blocks are not reported (FUSE
+    mounts of buckets report none)."""
+    try:
+        with open(path, "rb") as handle:
+            os.lseek(handle.fileno(), size // 2, os.SEEK_DATA)
+        return True
+    except OSError as exc:
+        return exc.errno != errno.ENXIO  # ENXIO: nothing but a hole from the middle on
+
+
+def _read_middle(path: Path, sample_bytes: int, started: float, max_seconds: float, *,
+                 mapped: bool = True) -> int:
+    """The bytes of ``path`` read from its middle on, up to ``sample_bytes``, until
+    ``max_seconds`` after ``started``: through a memory map (``mapped``) or ``read()``."""
+    size = path.stat().st_size
+    offset = size // 2 if size > 2 * CHUNK else 0
+    read = 0
+    with open(path, "rb", buffering=0) as handle:
+        if mapped:
+            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                while (read < sample_bytes and offset + read < size
+                       and time.perf_counter() - started < max_seconds):
+                    read += len(mm[offset + read:offset + read + CHUNK])  # every page faulted
+            return read
+        view = memoryview(bytearray(CHUNK))
+        handle.seek(offset)
+        while read < sample_bytes and time.perf_counter() - started < max_seconds:
+            count = handle.readinto(view)
+            if not count:
+                break
+            read += count
+    return read
 
 
 @dataclass
@@ -164,10 +208,15 @@ class TimeToReady:
         return "time to ready: " + ", ".join(parts) + rate
 
 
-def predict(files: list[Path]) -> TimeToReady:
-    """The prediction for loading ``files``: their bytes over a timed read of them now."""
+def predict(files: list[Path], reading: WeightReading = AS_VLLM_DEFAULTS,
+            available_bytes: int | None = None) -> TimeToReady:
+    """The prediction for loading ``files`` as ``reading`` says: their bytes over a timed
+    read of them now, several at once where they will be read ahead (``verdict``, with
+    ``available_bytes`` of host memory)."""
     existing = [f for f in files if f.is_file()]
-    return TimeToReady(sum(os.path.getsize(f) for f in existing), measure_read(existing))
+    ahead = verdict(reading, existing, available_bytes).prefetch
+    return TimeToReady(sum(os.path.getsize(f) for f in existing),
+                       measure_read(existing, threads=reading.threads if ahead else 1))
 
 
 def profile_flops(config: ModelConfig, num_tokens: int, max_model_len: int, *,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+from kvledger.engine.checkpoint.read_ahead import WeightReading
+from kvledger.engine.planner import ready_time
 from kvledger.engine.planner.ready_time import (
     PHASES,
     ReadSpeed,
@@ -25,6 +27,25 @@ def test_a_timed_read_of_the_largest_file_predicts_the_whole(tmp_path):
     assert ready.predicted["read"] == ready.weight_file_bytes / ready.read_speed.bytes_per_s
     assert [ready.predicted[p] for p in PHASES[1:]] == [None] * (len(PHASES) - 1)
     assert predict([]).predicted["read"] is None and measure_read([]) is None
+
+
+def test_a_read_ahead_is_predicted_from_files_read_side_by_side(tmp_path, monkeypatch):
+    """Where the loader will read the files ahead, several at once, the prediction times
+    them so: the largest files, a share of the sample from each one's middle."""
+    files = [tmp_path / f"model-{i}.safetensors" for i in range(3)]
+    for path in files:
+        path.write_bytes(b"z" * (24 << 20))
+    speed = measure_read(files, sample_bytes=24 << 20, threads=3)
+    assert speed.bytes == 24 << 20  # 8 MiB from each
+    timed = []
+    real = ready_time.measure_read
+    monkeypatch.setattr(ready_time, "measure_read", lambda found, threads=1: (
+        timed.append(threads) or real(found, sample_bytes=8 << 20, threads=threads)))
+    predict(files, WeightReading("prefetch", threads=8))
+    predict(files, WeightReading("lazy"))
+    predict(files, WeightReading("eager"))
+    predict(files)  # a local disk: not read ahead unasked
+    assert timed == [8, 1, 1, 1]
 
 
 def test_phases_are_timed_and_reported_predicted_against_measured():
@@ -51,6 +72,21 @@ def test_a_sparse_file_is_not_timed(tmp_path):
         f.truncate(64 << 20)
     assert measure_read([sparse]) is None
     assert predict([sparse]).predicted["read"] is None
+
+
+def test_a_file_whose_holes_cannot_be_told_is_timed(tmp_path, monkeypatch):
+    """Where the filesystem cannot say where data lies (FUSE mounts of buckets report no
+    blocks, some support no SEEK_DATA), the file counts as data and is timed."""
+    import errno
+
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"w" * (24 << 20))
+
+    def unsupported(fd, offset, whence):
+        raise OSError(errno.EINVAL, "no SEEK_DATA here")
+
+    monkeypatch.setattr(ready_time.os, "lseek", unsupported)
+    assert measure_read([path]).bytes == 12 << 20  # from the middle to the end
 
 
 def test_plan_predicts_the_read_and_the_operator_shows_it(tmp_path, capsys):

@@ -63,7 +63,8 @@ def test_vllms_rule_prefetches_a_network_or_fuse_filesystem_when_the_files_fit(
         shards, mounts, monkeypatch, caplog):
     monkeypatch.setattr("kvledger.engine.checkpoint.read_ahead.filesystem_type",
                         lambda path, _mounts: {"nfs": "nfs4", "local": "ext4",
-                                               "bucket": "fuse.gcsfuse"}[where])
+                                               "bucket": "fuse.gcsfuse",
+                                               "container": "fuse.fuse-overlayfs"}[where])
     size = sum(f.stat().st_size for f in shards)
     default, asked = WeightReading(), WeightReading("prefetch")
     caplog.set_level(logging.INFO, "kvledger.engine")
@@ -81,6 +82,8 @@ def test_vllms_rule_prefetches_a_network_or_fuse_filesystem_when_the_files_fit(
     assert "though they do not fit in 90% of it" in caplog.text
     where = "bucket"  # a bucket mounted through FUSE: as a network filesystem
     assert prefetches(default, shards, available_bytes=GIB)
+    where = "container"  # a rootless container's own files, FUSE but local
+    assert not prefetches(default, shards, available_bytes=GIB)
     where = "nfs"
     assert not prefetches(WeightReading("lazy"), shards, available_bytes=GIB)
     assert not prefetches(WeightReading("eager"), shards, available_bytes=GIB)
