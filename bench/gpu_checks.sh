@@ -116,8 +116,8 @@ if [ "${1:-}" = speed ]; then  # the GPU path: its tests compiled, then bench/gp
 fi
 
 if [ "${1:-}" = load ]; then  # the weights' read: kvledger's reader against the libraries
-    # 7 ways x (cold, a warming read, warm) x 2 rounds: 42 processes, each importing torch
-    step 420 "bench/weight_readers.py: a 1.45 GB checkpoint in 8 shards to the GPU, kvledger (lazy, prefetch, eager) against fastsafetensors and runai-model-streamer, cold and warm" \
+    # 8 ways x (cold, a warming read, warm) x 2 rounds: 48 processes, each importing torch
+    step 420 "bench/weight_readers.py: a 1.45 GB checkpoint in 8 shards to the GPU, kvledger (default, lazy, prefetch, eager) against fastsafetensors and runai-model-streamer, cold and warm" \
         "$PY" bench/weight_readers.py --device cuda --rounds 2 --shards 8 \
         --json "${OUT:-bench/results}/weight_readers-cuda.json"
     finish

@@ -19,9 +19,11 @@ process may) and warm (after one untimed run); the median counts:
   importable (neither is a dependency: ``pip install fastsafetensors
   runai-model-streamer``);
 - ``engine load``: the engine's read phase as its start measures it: ``load_model``, then
-  (on the CPU) q/k/v and gate/up fused and the linear layers packed for oneDNN; ``engine
-  load, prefetch`` and ``engine load, eager`` the same with ``--safetensors-load-strategy``
-  (checkpoint/read_ahead.py: the files read ahead by 8 threads, or each read whole first).
+  (on the CPU) q/k/v and gate/up fused and the linear layers packed for oneDNN, the files
+  read as the default does (``--safetensors-load-strategy`` not given: read ahead on a
+  remote volume); ``engine load, lazy|prefetch|eager`` the same with that strategy
+  (checkpoint/read_ahead.py: the memory map alone, the files read ahead by 8 threads, or
+  each read whole first).
   ``--shards N`` writes the checkpoint in about N files, where reading ahead has files to
   read side by side.
 
@@ -50,7 +52,7 @@ from cold_start import drop_caches, write_big  # noqa: E402
 
 TOLERANCE = 0.20
 WAYS = ("plain read", "kvledger", "fastsafetensors", "runai-model-streamer", "engine load",
-        "engine load, prefetch", "engine load, eager")
+        "engine load, lazy", "engine load, prefetch", "engine load, eager")
 LIBRARIES = ("fastsafetensors", "runai-model-streamer")
 
 
@@ -131,10 +133,11 @@ ENGINE_IMPORTS = ("safetensors.torch", "kvledger.engine.model.loader",
 IMPORTS = {"plain read": (), "kvledger": ("safetensors", "safetensors.torch"),
            "fastsafetensors": ("fastsafetensors",),
            "runai-model-streamer": ("runai_model_streamer",),
-           "engine load": ENGINE_IMPORTS, "engine load, prefetch": ENGINE_IMPORTS,
-           "engine load, eager": ENGINE_IMPORTS}
+           "engine load": ENGINE_IMPORTS, "engine load, lazy": ENGINE_IMPORTS,
+           "engine load, prefetch": ENGINE_IMPORTS, "engine load, eager": ENGINE_IMPORTS}
 RUNS = {"plain read": _plain, "kvledger": _kvledger, "fastsafetensors": _fastsafetensors,
         "runai-model-streamer": _runai, "engine load": _engine,
+        "engine load, lazy": functools.partial(_engine, strategy="lazy"),
         "engine load, prefetch": functools.partial(_engine, strategy="prefetch"),
         "engine load, eager": functools.partial(_engine, strategy="eager")}
 

@@ -6,7 +6,8 @@ round trip, so vLLM reads the files ahead, and so does kvledger:
 
 - ``prefetch``: a background pool of ``threads`` reads the files whole, in blocks of
   ``block_bytes``, several files at once, into the page cache while the loader goes on;
-  the loader then finds its pages in memory.
+  the loader then finds its pages in memory. The kernel reads them for the threads
+  (``sendfile`` to /dev/null): no copy into this process, no buffer per thread.
 - ``eager``: each file read whole, in large blocks, before its tensors are taken. vLLM
   reads it into the process's memory and deserializes it from there; here it goes through
   the page cache, so no second copy of a shard sits in the process beside the weights
@@ -26,6 +27,7 @@ Torch-free: the checkpoint room.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -44,6 +46,7 @@ NETWORK_FILESYSTEMS = ("nfs", "nfs4", "lustre")  # vLLM's
 REMOTE_FUSE = ("", "gcsfuse", "mountpoint-s3", "blobfuse2", "s3fs", "geesefs", "goofys",
                "rclone", "sshfs", "juicefs")
 FITS_SHARE = 0.9  # prefetched unasked only within this share of the host memory available
+FALLBACK_BYTES = 16 << 20  # a read's buffer where sendfile cannot serve
 
 log = logging.getLogger("kvledger.engine")
 
@@ -138,14 +141,25 @@ def prefetches(reading: WeightReading, files: list[Path], available_bytes: int |
     return said.prefetch
 
 
+def cache_span(fd: int, offset: int, count: int, sink: int) -> int:
+    """Read up to ``count`` bytes of the file ``fd`` at ``offset`` into the page cache, no
+    copy reaching this process: the kernel moves them to ``sink``, an open /dev/null
+    (``sendfile``); the bytes read, 0 at the end. A file ``sendfile`` cannot take is
+    read (``os.pread``, ``FALLBACK_BYTES`` at most) instead."""
+    try:
+        return os.sendfile(sink, fd, offset, count)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
+        return len(os.pread(fd, min(count, FALLBACK_BYTES), offset))
+
+
 def read_whole(path: Path, block_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
-    """Read ``path`` from start to end in blocks of ``block_bytes`` into one reused buffer
-    (its pages then sit in the page cache); the bytes read."""
-    buffer = bytearray(block_bytes)
-    view = memoryview(buffer)
+    """Read ``path`` from start to end, ``block_bytes`` at a time, into the page cache
+    (``cache_span``); the bytes read."""
     total = 0
-    with open(path, "rb", buffering=0) as handle:
-        while count := handle.readinto(view):
+    with open(path, "rb", buffering=0) as handle, open(os.devnull, "wb") as sink:
+        while count := cache_span(handle.fileno(), total, block_bytes, sink.fileno()):
             total += count
     return total
 

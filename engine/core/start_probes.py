@@ -1,6 +1,7 @@
 """What the start's prediction times on the device before anything is loaded
 (``planner/ready_time.py`` predicts from them): a copy from host memory to the device in
-the model's dtype (placing each loaded tensor; allocating the KV pool), and a matmul of
+the model's dtype (placing each loaded tensor; allocating the KV pool), on the CPU a
+oneDNN reorder of the model's own MLP shape (packing the linear layers), and a matmul of
 the model's own shape (the profiled steps' arithmetic). Each takes a few tens of
 milliseconds."""
 
@@ -10,6 +11,7 @@ import time
 
 import torch
 
+from kvledger.engine.model.cpu_linear import PACK_FOR_ROWS, packable
 from kvledger.engine.planner.ready_time import ReadSpeed
 
 # Tokens of the timed matmul: a prefill's, not a decode's; a GPU needs more rows than the
@@ -31,6 +33,25 @@ def place_speed(device: torch.device, dtype: torch.dtype,
     if device.type == "cuda":  # not left in the allocator's cache for the weights to meet
         torch.cuda.empty_cache()
     return ReadSpeed(sample_bytes, elapsed)
+
+
+@torch.inference_mode()
+def pack_speed(device: torch.device, dtype: torch.dtype, hidden: int,
+               intermediate: int) -> ReadSpeed | None:
+    """On the CPU, a timed oneDNN reorder of an ``[intermediate, hidden]`` weight in
+    ``dtype`` (``cpu_linear.PackedLinear``'s packing of the model's own MLP shape), the
+    faster of two after one untimed; None where nothing is packed (another device, a
+    dtype this CPU's oneDNN cannot pack)."""
+    if device.type != "cpu" or not packable(dtype):
+        return None
+    weight = torch.ones(intermediate, hidden, dtype=dtype)
+    torch.ops.mkldnn._reorder_linear_weight(weight, PACK_FOR_ROWS)
+    fastest = float("inf")
+    for _ in range(2):
+        started = time.perf_counter()
+        torch.ops.mkldnn._reorder_linear_weight(weight, PACK_FOR_ROWS)
+        fastest = min(fastest, time.perf_counter() - started)
+    return ReadSpeed(weight.numel() * weight.element_size(), fastest)
 
 
 @torch.inference_mode()

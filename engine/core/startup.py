@@ -22,7 +22,7 @@ from kvledger.engine.core.runner import (
     TORCH_DTYPES,
     ModelRunner,
 )
-from kvledger.engine.core.start_probes import matmul_speed, place_speed
+from kvledger.engine.core.start_probes import matmul_speed, pack_speed, place_speed
 from kvledger.engine.errors import BadInput, DoesNotFit
 from kvledger.engine.kv.events import KVEventLog
 from kvledger.engine.kv.ledger import KVLedger
@@ -79,7 +79,8 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     ready.weight_bytes = plan.classes["weights"]
     dtype = TORCH_DTYPES[plan.model_dtype]
     ready.place_speed = place_speed(device, dtype)
-    ready.place_passes = 2 if device.type == "cpu" else 1  # on the CPU: packed as well
+    ready.pack_speed = pack_speed(device, dtype, model_config.hidden_size,  # the CPU's
+                                  model_config.intermediate_size)
     ready.kv_bytes = plan.classes["kv_cache"]
     if config.tensor_parallel_size == config.pipeline_parallel_size == 1:  # one process
         ready.matmul_flops_per_s = matmul_speed(device, dtype, model_config.hidden_size,

@@ -31,7 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvledger.engine.checkpoint.model_config import ModelConfig
-from kvledger.engine.checkpoint.read_ahead import AS_VLLM_DEFAULTS, WeightReading, verdict
+from kvledger.engine.checkpoint.read_ahead import (
+    AS_VLLM_DEFAULTS,
+    WeightReading,
+    cache_span,
+    verdict,
+)
 from kvledger.engine.planner.estimates import format_size
 
 PHASES = ("read", "profile", "kv", "graphs", "warmup")
@@ -61,7 +66,7 @@ def measure_read(files: list[Path], sample_bytes: int = SAMPLE_BYTES,
     safetensors reads it, through a memory map: each page a fault, cached or not (a plain
     ``read()`` of a warm file is about twice as fast as loading it). With ``threads`` (a
     read ahead's, ``checkpoint/read_ahead.py``), the ``threads`` largest files at once, a
-    share of the sample each, with ``read()`` as the read ahead reads them, side by side
+    share of the sample each, as the read ahead reads them (``cache_span``), side by side
     (a memory map's copy holds Python's lock through its page faults: threads would take
     turns)."""
     sized = sorted(((f.stat().st_size, f) for f in files if f.is_file()), reverse=True)
@@ -97,7 +102,8 @@ def _data_in_middle(path: Path, size: int) -> bool:
 def _read_middle(path: Path, sample_bytes: int, started: float, max_seconds: float, *,
                  mapped: bool = True) -> int:
     """The bytes of ``path`` read from its middle on, up to ``sample_bytes``, until
-    ``max_seconds`` after ``started``: through a memory map (``mapped``) or ``read()``."""
+    ``max_seconds`` after ``started``: through a memory map (``mapped``) or as the read
+    ahead reads (``cache_span``)."""
     size = path.stat().st_size
     offset = size // 2 if size > 2 * CHUNK else 0
     read = 0
@@ -108,13 +114,12 @@ def _read_middle(path: Path, sample_bytes: int, started: float, max_seconds: flo
                        and time.perf_counter() - started < max_seconds):
                     read += len(mm[offset + read:offset + read + CHUNK])  # every page faulted
             return read
-        view = memoryview(bytearray(CHUNK))
-        handle.seek(offset)
-        while read < sample_bytes and time.perf_counter() - started < max_seconds:
-            count = handle.readinto(view)
-            if not count:
-                break
-            read += count
+        with open(os.devnull, "wb") as sink:
+            while read < sample_bytes and time.perf_counter() - started < max_seconds:
+                count = cache_span(handle.fileno(), offset + read, CHUNK, sink.fileno())
+                if not count:
+                    break
+                read += count
     return read
 
 
@@ -123,28 +128,36 @@ class TimeToReady:
     """A start's phases, predicted (None: not predicted) and measured, in seconds.
 
     The read is predicted as the files' bytes over the timed read, plus placing the loaded
-    weights (``weight_bytes``, in the model's dtype) ``place_passes`` times over a timed
-    copy on the device (``place_speed``; the engine measures it, torch being its room):
-    one pass converts each tensor to the model's dtype on its device, and on the CPU a
-    second packs the linear layers for oneDNN."""
+    weights (``weight_bytes``, in the model's dtype) over a timed copy on the device
+    (``place_speed``: each tensor in the model's dtype on its device; the engine measures
+    it, torch being its room), plus on the CPU packing them for oneDNN over a timed
+    reorder of the model's own shape (``pack_speed``: a reorder is slower than a copy).
+    Where the files are read ahead, the read
+    ahead and the loader's memory map go side by side: the slower of the two counts, the
+    map's speed over pages already read (``mapped_speed``)."""
 
     weight_file_bytes: int
     read_speed: ReadSpeed | None
     measured: dict[str, float] = field(default_factory=dict)
     weight_bytes: int = 0
     place_speed: ReadSpeed | None = None
-    place_passes: int = 1
+    pack_speed: ReadSpeed | None = None  # the CPU's oneDNN packing (None: no packing)
     profile_flops: float = 0.0  # the profiled steps' arithmetic (``profile_flops``)
     matmul_flops_per_s: float | None = None  # a timed matmul of the model's shape
     kv_bytes: int = 0  # the KV pool the plan allocates
+    mapped_speed: ReadSpeed | None = None  # read ahead: the map over pages it has read
 
     @property
     def predicted(self) -> dict[str, float | None]:
         read = None
         if self.read_speed is not None:
-            read = self.weight_file_bytes / self.read_speed.bytes_per_s
-            if self.place_speed is not None:
-                read += self.weight_bytes * self.place_passes / self.place_speed.bytes_per_s
+            speed = self.read_speed.bytes_per_s
+            if self.mapped_speed is not None:
+                speed = min(speed, self.mapped_speed.bytes_per_s)
+            read = self.weight_file_bytes / speed
+            for pass_speed in (self.place_speed, self.pack_speed):
+                if pass_speed is not None:
+                    read += self.weight_bytes / pass_speed.bytes_per_s
         speed, place = self.matmul_flops_per_s, self.place_speed
         profile = (self.profile_flops / speed if speed and self.profile_flops else None)
         kv = (self.kv_bytes / place.bytes_per_s if place is not None and self.kv_bytes
@@ -166,7 +179,10 @@ class TimeToReady:
         return {"weight_file_bytes": self.weight_file_bytes, "weight_bytes": self.weight_bytes,
                 "read_bytes_per_s": None if speed is None else round(speed.bytes_per_s),
                 "place_bytes_per_s": None if place is None else round(place.bytes_per_s),
-                "place_passes": self.place_passes,
+                "pack_bytes_per_s": None if self.pack_speed is None
+                else round(self.pack_speed.bytes_per_s),
+                "mapped_bytes_per_s": None if self.mapped_speed is None
+                else round(self.mapped_speed.bytes_per_s),
                 "profile_flops": round(self.profile_flops),
                 "matmul_flops_per_s": None if self.matmul_flops_per_s is None
                 else round(self.matmul_flops_per_s),
@@ -215,8 +231,12 @@ def predict(files: list[Path], reading: WeightReading = AS_VLLM_DEFAULTS,
     ``available_bytes`` of host memory)."""
     existing = [f for f in files if f.is_file()]
     ahead = verdict(reading, existing, available_bytes).prefetch
-    return TimeToReady(sum(os.path.getsize(f) for f in existing),
-                       measure_read(existing, threads=reading.threads if ahead else 1))
+    ready = TimeToReady(sum(os.path.getsize(f) for f in existing),
+                        measure_read(existing, threads=reading.threads if ahead else 1))
+    if ahead and ready.read_speed is not None:  # the largest file's share, now read: mapped
+        share = SAMPLE_BYTES // max(1, min(reading.threads, len(existing)))
+        ready.mapped_speed = measure_read(existing, sample_bytes=share)
+    return ready
 
 
 def profile_flops(config: ModelConfig, num_tokens: int, max_model_len: int, *,

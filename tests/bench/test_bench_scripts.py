@@ -381,7 +381,7 @@ def test_weight_readers_times_every_way_it_can_import(tmp_path):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["cold_measured"] is False and report["seconds"]["cold"] == {}
     measured = set(report["MiB_per_s"]["warm"])
-    engine = {"engine load", "engine load, prefetch", "engine load, eager"}
+    engine = {"engine load", "engine load, lazy", "engine load, prefetch", "engine load, eager"}
     assert {"plain read", "kvledger"} | engine <= measured
     assert measured | set(report["missing"]) == {"plain read", "kvledger", "fastsafetensors",
                                                  "runai-model-streamer"} | engine

@@ -39,13 +39,21 @@ def test_a_read_ahead_is_predicted_from_files_read_side_by_side(tmp_path, monkey
     assert speed.bytes == 24 << 20  # 8 MiB from each
     timed = []
     real = ready_time.measure_read
-    monkeypatch.setattr(ready_time, "measure_read", lambda found, threads=1: (
-        timed.append(threads) or real(found, sample_bytes=8 << 20, threads=threads)))
-    predict(files, WeightReading("prefetch", threads=8))
-    predict(files, WeightReading("lazy"))
+    monkeypatch.setattr(ready_time, "measure_read", lambda found, threads=1, sample_bytes=None: (
+        timed.append((threads, sample_bytes))
+        or real(found, sample_bytes=sample_bytes or 8 << 20, threads=threads)))
+    ahead = predict(files, WeightReading("prefetch", threads=8))
+    # read side by side, then the largest file's share again through a map, as the loader
+    # takes the pages the read ahead has read: the slower of the two counts
+    assert timed == [(8, None), (1, ready_time.SAMPLE_BYTES // 3)]
+    slower = min(ahead.read_speed.bytes_per_s, ahead.mapped_speed.bytes_per_s)
+    assert ahead.predicted["read"] == ahead.weight_file_bytes / slower
+    assert ahead.to_json()["mapped_bytes_per_s"] == round(ahead.mapped_speed.bytes_per_s)
+    timed.clear()
+    assert predict(files, WeightReading("lazy")).mapped_speed is None
     predict(files, WeightReading("eager"))
     predict(files)  # a local disk: not read ahead unasked
-    assert timed == [8, 1, 1, 1]
+    assert timed == [(1, None)] * 3
 
 
 def test_phases_are_timed_and_reported_predicted_against_measured():

@@ -90,8 +90,16 @@ def test_vllms_rule_prefetches_a_network_or_fuse_filesystem_when_the_files_fit(
     assert not prefetches(asked, [], available_bytes=GIB)
 
 
-def test_read_whole_reads_every_byte_in_blocks(shards):
+def test_read_whole_reads_every_byte_in_blocks(shards, monkeypatch):
     assert read_whole(shards[2], block_bytes=1 << 20) == (5 << 20) + 7
+    import errno
+    import os
+
+    def unsupported(*_args):  # a filesystem sendfile cannot read from
+        raise OSError(errno.EINVAL, "sendfile")
+
+    monkeypatch.setattr(os, "sendfile", unsupported)
+    assert read_whole(shards[2], block_bytes=64 << 30) == (5 << 20) + 7  # pread, 16 MiB a go
 
 
 def test_the_read_ahead_reads_every_file_and_ranks_share_them(shards, caplog):
