@@ -180,8 +180,8 @@ class ReadAhead:
 
     def start(self) -> ReadAhead:
         log.info("prefetching %d checkpoint files into the page cache in the background "
-                 "(%d threads, %d MiB blocks)", len(self.files), self.reading.threads,
-                 self.reading.block_bytes >> 20)
+                 "(%d threads, %d MiB blocks)", len(self.files),
+                 min(self.reading.threads, len(self.files)), self.reading.block_bytes >> 20)
         self._thread.start()
         return self
 

@@ -104,9 +104,11 @@ def test_read_whole_reads_every_byte_in_blocks(shards, monkeypatch):
 
 def test_the_read_ahead_reads_every_file_and_ranks_share_them(shards, caplog):
     caplog.set_level(logging.INFO, "kvledger.engine")
-    whole = ReadAhead(shards, WeightReading("prefetch", threads=2, block_bytes=1 << 20)).start()
+    whole = ReadAhead(shards, WeightReading("prefetch", threads=8, block_bytes=1 << 20)).start()
     whole.join(timeout=30)
     assert whole.bytes_read == sum(f.stat().st_size for f in shards) and not whole.failed
+    assert "prefetching 3 checkpoint files into the page cache in the background (3 threads" \
+        in caplog.text  # no more threads than files
     assert "prefetched 3 checkpoint files (0.01 GiB)" in caplog.text
     parts = [ReadAhead(shards, WeightReading("prefetch", share=(i, 2))) for i in range(2)]
     assert [p.files for p in parts] == [[shards[0], shards[2]], [shards[1]]]
