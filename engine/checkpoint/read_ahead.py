@@ -11,14 +11,14 @@ round trip, so vLLM reads the files ahead, and so does kvledger:
 - ``eager``: each file read whole, in large blocks, before its tensors are taken. vLLM
   reads it into the process's memory and deserializes it from there; here it goes through
   the page cache, so no second copy of a shard sits in the process beside the weights
-  (the plan's promise while loading holds either way).
+  and the plan's promise while loading holds.
 - ``lazy``: the memory map alone.
 - not given: ``lazy``, but prefetched when the files lie on NFS or Lustre (vLLM's rule) or
   on FUSE over remote storage (gcsfuse, mountpoint-s3, blobfuse2...: where a model bucket
   is mounted; ``REMOTE_FUSE``) and fit in 90% of the host memory available; the loader
-  logs which and why. FUSE is
-  kvledger's addition: on a FUSE volume answering each read after 1 ms, prefetching loaded
-  8 shards 1.5x faster cold and 2.2x warm (docs/benchmarks.md).
+  logs which and why. FUSE is kvledger's addition: on a FUSE volume answering each read
+  after 1 ms, reading ahead loaded 9 files 1.4-1.5x faster cold and 1.6x warm
+  (docs/benchmarks.md, "Reading ahead on a slow volume").
 
 A failed read ahead is a warning: the loader reads what it needs itself.
 
