@@ -191,11 +191,12 @@ def write_model(folder: Path, shards: int = 1) -> Path:
 
 
 def measure(model: Path, device: str, rounds: int, cold: bool = True,
-            only: tuple[str, ...] = WAYS) -> dict:
+            only: tuple[str, ...] = WAYS, partial: Path | None = None) -> dict:
     """Every importable way's seconds (of ``only``), cold and warm, over ``rounds``; a way
     that fails (a library that cannot run on this device) is reported with its error and
     left out of the later rounds, so one failure costs a GPU run none of the others'
-    figures."""
+    figures. After each way of each round the report so far is written to ``partial``: a
+    run stopped by its time limit keeps what it measured."""
     ways = [w for w in WAYS if w in only and available(w)]
     size = sum(p.stat().st_size for p in weight_files(model))
     cold_ok = cold and drop_caches()
@@ -218,6 +219,15 @@ def measure(model: Path, device: str, rounds: int, cold: bool = True,
             if cold_ok:
                 seconds["cold"].setdefault(way, []).append(cold_s)
             seconds["warm"].setdefault(way, []).append(warm_s)
+            if partial is not None:
+                partial.write_text(json.dumps(_report(
+                    device, size, round_ + 1, cold_ok, only, ways, failed, seconds)) + "\n")
+    return _report(device, size, rounds, cold_ok, only, ways, failed, seconds)
+
+
+def _report(device: str, size: int, rounds: int, cold_ok: bool, only: tuple[str, ...],
+            ways: list[str], failed: dict[str, str],
+            seconds: dict[str, dict[str, list[float]]]) -> dict:
     report = {"device": device, "file_bytes": size, "rounds": rounds, "cold_measured": cold_ok,
               "missing": [w for w in WAYS if w in only and w not in ways], "failed": failed,
               "seconds": seconds, "MiB_per_s": {}}
@@ -273,7 +283,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or write_model(Path(tmp), args.shards)
         report = measure(model, args.device, args.rounds, cold=not args.warm_only,
-                         only=tuple(args.only))
+                         only=tuple(args.only), partial=args.json)
     for cache, speeds in report["MiB_per_s"].items():
         print(f"{cache}: " + ", ".join(f"{way} {speed} MiB/s" for way, speed in speeds.items()))
     if not report["cold_measured"]:

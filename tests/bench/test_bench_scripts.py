@@ -375,10 +375,12 @@ def test_weight_readers_times_every_way_it_can_import(tmp_path):
     subprocess.run([sys.executable, "-m", "kvledger.engine.cli", "make-model", "tiny-llama",
                     str(model)], check=True, capture_output=True, timeout=120)
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "weight_readers.py"),
-                             "--model", str(model), "--rounds", "1", "--warm-only"],
+                             "--model", str(model), "--rounds", "1", "--warm-only",
+                             "--json", str(tmp_path / "report.json")],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert json.loads((tmp_path / "report.json").read_text()) == report
     assert report["cold_measured"] is False and report["seconds"]["cold"] == {}
     measured = set(report["MiB_per_s"]["warm"])
     engine = {"engine load", "engine load, lazy", "engine load, prefetch", "engine load, eager"}
@@ -430,3 +432,32 @@ def test_weight_readers_reports_a_way_that_fails_and_measures_the_rest(tmp_path,
     assert calls.count("kvledger") == 1  # not tried again in the second round
     assert report["MiB_per_s"]["warm"] == {"plain read": 0}
     assert weight_readers.verdict(report) == []
+
+
+def test_weight_readers_keeps_what_it_measured_when_stopped(tmp_path, monkeypatch):
+    """A GPU run stopped by its step's time limit keeps the ways it has timed: the report
+    so far is written after each way."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import weight_readers
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"x" * 2**20)
+    calls = []
+
+    def timed(way, _model, _device):
+        calls.append(way)
+        if len(calls) > 4:  # the step's limit: killed in the third way
+            raise SystemExit(124)
+        return 0.5
+
+    monkeypatch.setattr(weight_readers, "timed", timed)
+    partial = tmp_path / "report.json"
+    with pytest.raises(SystemExit):
+        weight_readers.measure(model, "cpu", rounds=2, cold=False,
+                               only=("plain read", "kvledger", "engine load"), partial=partial)
+    report = json.loads(partial.read_text())
+    assert report["seconds"]["warm"] == {"plain read": [0.5], "kvledger": [0.5]}
+    assert report["MiB_per_s"]["warm"] == {"plain read": 2, "kvledger": 2}
