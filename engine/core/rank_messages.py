@@ -16,16 +16,13 @@ itself holds reservations, grammars and generators that stay in rank 0.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from msgspec import Struct
 
-from kvledger.engine.checkpoint.read_ahead import (
-    DEFAULT_BLOCK_BYTES,
-    DEFAULT_THREADS,
-    WeightReading,
-)
+from kvledger.engine.checkpoint.read_ahead import AS_VLLM_DEFAULTS, WeightReading
 from kvledger.engine.core.scheduler import PrefillChunk, ScheduledBatch
 from kvledger.engine.planner.device import DeviceMemory
 
@@ -64,9 +61,7 @@ class RankSpec:
     nodes: int = 1  # --nnodes: machine m runs ranks m * world / nodes onwards
     master_addr: str = "127.0.0.1"  # where rank 0's store listens (--master-addr)
     paged: bool = False  # attention reads the KV pool in place (--attention-backend)
-    load_strategy: str | None = None  # --safetensors-load-strategy (checkpoint/read_ahead.py)
-    prefetch_threads: int = DEFAULT_THREADS
-    prefetch_block_bytes: int = DEFAULT_BLOCK_BYTES
+    weight_reading: WeightReading = AS_VLLM_DEFAULTS  # --safetensors-load-strategy and co.
 
     def device_index(self, rank: int) -> int:
         """``rank``'s GPU on its own machine."""
@@ -75,9 +70,8 @@ class RankSpec:
     def reading(self, rank: int) -> WeightReading:
         """How ``rank`` reads the checkpoint: the ranks of one machine share the files'
         read ahead out (each machine reads its own copy)."""
-        return WeightReading(self.load_strategy, self.prefetch_threads,
-                             self.prefetch_block_bytes,
-                             share=(self.device_index(rank), self.world // self.nodes))
+        return dataclasses.replace(self.weight_reading,
+                                   share=(self.device_index(rank), self.world // self.nodes))
 
 
 class ParamsView(Struct, frozen=True):

@@ -261,9 +261,7 @@ def start_ranks(config: EngineConfig, plan: Plan, source, device: torch.device,
                     stages=stages, nodes=nodes.count if nodes else 1,
                     master_addr=nodes.master_addr if nodes else DEFAULT_MASTER_ADDR,
                     paged=reads_in_place(config, device),
-                    load_strategy=config.safetensors_load_strategy,
-                    prefetch_threads=config.safetensors_prefetch_num_threads,
-                    prefetch_block_bytes=config.safetensors_prefetch_block_size)
+                    weight_reading=config.weight_reading)
     planned_on = [probed]
 
     def plan_on_machines(devices: dict[int, DeviceMemory | None]) -> None:

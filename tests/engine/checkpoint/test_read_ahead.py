@@ -126,9 +126,13 @@ def test_a_file_the_read_ahead_cannot_read_is_a_warning(shards, caplog):
 def test_a_ranks_share_is_its_place_on_its_own_machine():
     spec = RankSpec(model_dir="/m", world=4, device="cuda", dtype="bfloat16", max_model_len=8,
                     block_size=16, master_port=1, timeout_s=1.0, nodes=2,
-                    load_strategy="prefetch", prefetch_threads=3)
+                    weight_reading=WeightReading("prefetch", threads=3))
     assert [spec.reading(rank).share for rank in range(4)] == [(0, 2), (1, 2), (0, 2), (1, 2)]
     assert spec.reading(3) == WeightReading("prefetch", 3, 16 << 20, share=(1, 2))
+    from kvledger.engine.core.rank_messages import Start
+    from kvledger.engine.core.wire import decode, encode
+
+    assert decode(encode(Start(spec))).spec == spec  # as machine 0 sends it to the others
 
 
 @pytest.fixture
