@@ -35,7 +35,8 @@ RULE_OWNERS = {
     "no LoRA adapters across pipeline stages":
         ("core/startup.py", "check_stages", "does not serve LoRA "),
     "--max-num-batched-tokens at least --max-num-seqs":
-        ("settings/config.py", "EngineConfig.__post_init__", "every running sequence decodes"),
+        ("settings/workload_config.py", "WorkloadSettings.check_workload",
+         "every running sequence decodes"),
     "prompt logprobs need every prompt position computed, no cached blocks":
         ("core/request.py", "EngineRequest.uses_cached_blocks", "needs every prompt position"),
 }

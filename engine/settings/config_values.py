@@ -1,4 +1,4 @@
-"""What each of the engine's settings accepts (``config.py`` declares the settings): the
+"""What each of the engine's settings accepts (``*_config.py`` declare the settings): the
 values of its choices, its defaults, the argument kinds the settings share beyond
 ``kinds.py``'s, and the ``--help`` groups they are shown in."""
 

@@ -1,7 +1,7 @@
 """One declaration per setting: its flag, its kind, its help and its CRD field.
 
-Each field of ``EngineConfig`` (``engine/settings/config.py``) and of ``ServeConfig`` (serve's own
-options, ``engine/settings/serve_config.py``) is declared with ``setting(...)``, which stores a
+Each field of ``EngineConfig`` (``engine/settings/config.py`` composes them) and of
+``ServeConfig`` (serve's own options, ``engine/settings/serve_config.py``) is declared with ``setting(...)``, which stores a
 ``Setting`` in the field's metadata. Everything else is generated from those
 declarations: the command line's flags (``add_setting_flags``), the check of each value
 (``check_settings``), a config turned back into flags for the pod (``render_flags``), and,

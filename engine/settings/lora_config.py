@@ -3,7 +3,7 @@
 "base_model_name"}``), ``--max-loras``, ``--max-lora-rank``, ``--max-cpu-loras``; and
 ``LoRARequest``, the per-request adapter of the Python API.
 
-The flags themselves are declared with the other settings (``engine/settings/config.py``).
+The flags are declared here (``LoraSettings``), which ``EngineConfig`` composes.
 Torch-free: the planner reads these (the memory the engine preallocates for the adapter
 slots, ``planner/lora_bytes.py``); the engine loads the adapters (``model/lora_adapter.py``).
 """
@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 from kvledger.engine import json_text
 from kvledger.engine.errors import BadInput
-from kvledger.engine.settings.kinds import Kind
+from kvledger.engine.settings.config_values import LORA
+from kvledger.engine.settings.declare import Crd, setting
+from kvledger.engine.settings.kinds import SWITCH, Kind
 
 # vLLM's defaults (vllm/config/lora.py): one adapter in a batch, rank up to 16.
 DEFAULT_MAX_LORAS = 1
@@ -115,9 +117,49 @@ def check_lora_flags(enable_lora: bool, modules: tuple[LoraModule, ...], max_lor
         raise BadInput(f"--lora-modules names {twice[0]!r} twice")
 
 
-# Their kinds of setting (engine/settings/kinds.py), for EngineConfig's LoRA fields. The counts
+# Their kinds of setting (engine/settings/kinds.py), for LoraSettings' fields. The counts
 # are checked together (check_lora_flags), as vLLM does.
 LORA_MODULES = Kind("lora-modules", parse=lora_module_arg, nargs="+", metavar="NAME=PATH",
                     render=lambda modules: [m.as_flag() for m in modules])
 LORA_COUNT = Kind("positive", parse=int)
 LORA_RANK = Kind("choice", parse=int, values=LORA_RANKS)
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """The LoRA flags, each declared once (``setting``); checked together by
+    ``check_lora``."""
+
+    enable_lora: bool = setting(
+        False, "--enable-lora", SWITCH, group=LORA,
+        help="serve LoRA adapters beside the base model: a request names one in `model`; "
+             "adapters and the base run in the same batch",
+        crd=Crd("engine", "serve LoRA adapters (--enable-lora; on with spec.adapters; alone, "
+                          "for adapters loaded at run time)"))
+    lora_modules: tuple[LoraModule, ...] = setting(  # the operator sets it from spec.adapters
+        (), "--lora-modules", LORA_MODULES, group=LORA,
+        help="adapters served from the start: NAME=PATH (a PEFT directory with "
+             "adapter_config.json and adapter_model.safetensors, or hf://ORG/NAME[@REVISION]) "
+             "or JSON {\"name\", \"path\", \"base_model_name\"}")
+    max_loras: int = setting(
+        DEFAULT_MAX_LORAS, "--max-loras", LORA_COUNT, group=LORA,
+        help=f"adapters in one batch (default {DEFAULT_MAX_LORAS}): the slots the engine "
+             "preallocates; a request whose adapter finds no slot waits",
+        crd=Crd("engine", "adapters in one batch: the slots preallocated (--max-loras, "
+                          "default 1)"))
+    max_lora_rank: int = setting(
+        DEFAULT_MAX_LORA_RANK, "--max-lora-rank", LORA_RANK, group=LORA,
+        help=f"the largest rank an adapter may have (default {DEFAULT_MAX_LORA_RANK}; one of "
+             f"{', '.join(map(str, LORA_RANKS))}); each slot is preallocated at this rank",
+        crd=Crd("engine", "the largest adapter rank (--max-lora-rank, default 16)"))
+    max_cpu_loras: int | None = setting(
+        None, "--max-cpu-loras", LORA_COUNT, group=LORA,
+        help="adapters held loaded in host memory (default --max-loras); others are read from "
+             "disk again when a request needs them",
+        crd=Crd("engine", "adapters held in host memory (--max-cpu-loras)"))
+
+    def check_lora(self) -> None:
+        """BadInput, one line, for LoRA flags that contradict each other."""
+        object.__setattr__(self, "lora_modules", tuple(self.lora_modules))
+        check_lora_flags(self.enable_lora, self.lora_modules, self.max_loras,
+                         self.max_lora_rank, self.max_cpu_loras)

@@ -1,7 +1,7 @@
 """Every ``vllm serve`` flag kvledger does not define itself, and what it does here.
 
 A vLLM launch line must port as it is: each of vLLM's flags is kvledger's own (same name,
-same behaviour: ``engine/settings/config.py``, ``engine/server/serve.py``), accepted because it
+same behaviour: ``engine/settings/*_config.py``, ``engine/server/serve.py``), accepted because it
 changes nothing here (the reason is in ``--help``), or refused by name with one line and
 exit 2 saying why; never argparse's ``unrecognized arguments``. ``RULES`` is the one owner
 of the last two; a vLLM flag without a rule is refused as unsupported.
@@ -64,7 +64,7 @@ _EAGER = ("kvledger runs eagerly: no torch.compile or CUDA graphs for an optimiz
 # flag (as typed; a --no- form has its own rule where it differs) -> Rule
 RULES: dict[str, Rule] = {
     # Parallelism: --tensor-parallel-size and --pipeline-parallel-size are kvledger's own
-    # (engine/settings/config.py); the others at 1 are what kvledger does.
+    # (engine/settings/workload_config.py); the others at 1 are what kvledger does.
     "--data-parallel-size": _only(["1"], "data parallelism yet", _ONE_DEVICE),
     "--decode-context-parallel-size": _only(["1"], "context parallelism yet", _ONE_DEVICE),
     "--prefill-context-parallel-size": _only(["1"], "context parallelism yet", _ONE_DEVICE),
