@@ -1,22 +1,83 @@
 """What the start's prediction times on the device before anything is loaded
 (``planner/ready_time.py`` predicts from them): a copy from host memory to the device in
 the model's dtype (placing each loaded tensor; allocating the KV pool), on the CPU a
-oneDNN reorder of the model's own MLP shape (packing the linear layers), and a matmul of
-the model's own shape (the profiled steps' arithmetic). Each takes a few tens of
+oneDNN reorder of the model's own MLP shape (packing the linear layers), a matmul of
+the model's own shape (the profiled steps' arithmetic), a decode step's product of one
+row (streaming weights) and decode steps of the model's own kinds of layer, shrunk (what
+a step costs beside its weights: per layer and per step). Each takes a few tens of
 milliseconds."""
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
 import time
+from pathlib import Path
 
 import torch
 
-from kvledger.engine.model.cpu_linear import PACK_FOR_ROWS, packable
-from kvledger.engine.planner.ready_time import ReadSpeed
+from kvledger.engine.checkpoint.files import checkpoint_files
+from kvledger.engine.checkpoint.model_config import ModelConfig
+from kvledger.engine.core.runner import (
+    CPU_CHECK_TOKENS,
+    PROMPT_LOGPROBS_ROWS,
+    TORCH_DTYPES,
+    ModelRunner,
+)
+from kvledger.engine.model.cpu_linear import PACK_FOR_ROWS, PackedLinear, packable
+from kvledger.engine.model.transformer import CausalLM
+from kvledger.engine.planner.device import host_available_bytes
+from kvledger.engine.planner.plan import Plan
+from kvledger.engine.planner.ready_time import (
+    ReadSpeed,
+    StepCost,
+    TimeToReady,
+    predict,
+    profile_flops,
+)
+from kvledger.engine.settings.config import EngineConfig
+
+# The shrunk layers of ``step_cost``: one KV head with its query heads at the model's
+# head size, an MLP (or each expert's) this wide, this many tokens of vocabulary.
+SHRUNK_WIDTH = 64
+SHRUNK_VOCAB = 256
 
 # Tokens of the timed matmul: a prefill's, not a decode's; a GPU needs more rows than the
 # CPU to run at the rate a long prefill gets (timed here on the CPU only).
 MATMUL_ROWS = {"cpu": 256, "cuda": 2048}
+
+
+def predict_start(config: EngineConfig, plan: Plan, model_config: ModelConfig,
+                  model_dir: Path, device: torch.device, *, paged: bool) -> TimeToReady:
+    """The start's phases predicted before anything is loaded: a timed read of the
+    weights' files as they will be read, then this module's probes on ``device`` (those
+    of a step, in one process only: ranks time their own)."""
+    ready = predict(checkpoint_files(model_dir), config.weight_reading, host_available_bytes())
+    ready.weight_bytes = plan.classes["weights"]
+    ready.kv_bytes = plan.classes["kv_cache"]
+    ready.num_layers = model_config.num_layers
+    dtype = TORCH_DTYPES[plan.model_dtype]
+    hidden, intermediate = model_config.hidden_size, model_config.intermediate_size
+    ready.place_speed = place_speed(device, dtype)
+    ready.pack_speed = pack_speed(device, dtype, hidden, intermediate)  # the CPU's
+    if config.tensor_parallel_size == config.pipeline_parallel_size == 1:
+        ready.matmul_flops_per_s = matmul_speed(device, dtype, hidden, intermediate)
+        ready.profile_flops = _profile_flops(model_config, plan, device)
+        ready.stream_speed = stream_speed(device, dtype, hidden)
+        ready.step_cost = step_cost(model_config, device, dtype, plan.kv.block_size,
+                                    fuse=not config.enable_lora, paged=paged)
+    return ready
+
+
+def _profile_flops(model_config: ModelConfig, plan: Plan, device: torch.device) -> float:
+    """The arithmetic of ``ModelRunner.profile``'s steps: the prefill and the mixed step
+    at the plan's budget, or on the CPU the one short prompt that checks the model runs."""
+    if device.type == "cpu":
+        return profile_flops(model_config, CPU_CHECK_TOKENS, CPU_CHECK_TOKENS + 1,
+                             mixed_step=False, max_num_seqs=1, logit_rows=CPU_CHECK_TOKENS)
+    return profile_flops(model_config, plan.max_num_batched_tokens, plan.max_model_len,
+                         mixed_step=True, max_num_seqs=plan.max_num_seqs,
+                         logit_rows=PROMPT_LOGPROBS_ROWS)
 
 
 def place_speed(device: torch.device, dtype: torch.dtype,
@@ -78,6 +139,93 @@ def matmul_speed(device: torch.device, dtype: torch.dtype, hidden: int,
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return 2 * count * hidden * intermediate / max(fastest, 1e-9)
+
+
+@torch.inference_mode()
+def stream_speed(device: torch.device, dtype: torch.dtype, hidden: int,
+                 sample_bytes: int = 64 << 20, min_seconds: float = 0.05) -> ReadSpeed:
+    """A decode step's product: one row times a ``sample_bytes`` weight of the model's
+    ``hidden`` width (more than a CPU's last-level cache, so it streams from memory as a
+    step's weights do), packed where the CPU packs the linear layers; the median of at
+    least five, repeated for ``min_seconds`` (a moment's stall is one sample of many),
+    after one untimed: a step as it runs, not at its best."""
+    weight = torch.ones(max(1, sample_bytes // (hidden * dtype.itemsize)), hidden,
+                        dtype=dtype, device=device)
+    row = torch.ones(1, hidden, dtype=dtype, device=device)
+    layer = (PackedLinear(weight, None) if device.type == "cpu" and packable(dtype)
+             else torch.nn.Linear(hidden, weight.shape[0], bias=False, device="meta"))
+    if isinstance(layer, PackedLinear):
+        read = layer.packed.numel() * layer.packed.element_size()
+    else:
+        layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+        read = weight.numel() * weight.element_size()
+    del weight
+    layer(row)
+    _sync(device)
+    seconds: list[float] = []
+    while len(seconds) < 5 or (sum(seconds) < min_seconds and len(seconds) < 50):
+        started = time.perf_counter()
+        layer(row)
+        _sync(device)
+        seconds.append(time.perf_counter() - started)
+    del layer
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return ReadSpeed(read, statistics.median(seconds))
+
+
+@torch.inference_mode()
+def step_cost(config: ModelConfig, device: torch.device, dtype: torch.dtype,
+              block_size: int, *, fuse: bool, paged: bool, repeats: int = 5) -> StepCost:
+    """What a decode step costs beside streaming its weights, per layer and per step: a
+    one-sequence decode step (the runner's path: its metadata, rotary lookup, layers and
+    LM head) of the model's own kinds of layer shrunk (``shrunk``), with one layer and
+    with three, each the median of ``repeats`` after a first run; a layer's cost is half
+    the difference, the step's the rest, and a new shape's the one-layer model's first
+    run beyond its median (the kernels' libraries set up for a shape on its first call:
+    oneDNN's primitives, a GPU's kernel choices)."""
+    seconds, first = {}, 0.0
+    for layers in (1, 3):
+        with torch.device(device):
+            model = CausalLM(shrunk(config, layers)).to(dtype).eval().requires_grad_(False)
+        runner = ModelRunner(model, device, 2 * block_size, block_size, fuse=fuse,
+                             paged=paged)
+        runner.allocate_kv_cache(2, "auto")
+        timed = []
+        for _ in range(repeats + 1):
+            started = time.perf_counter()
+            meta = runner.attention.metadata([], [([0], 2)],
+                                             torch.tensor([1], device=device))
+            cos, sin = runner.rope.lookup(torch.ones(1, dtype=torch.long, device=device))
+            hidden = runner.model(torch.zeros(1, dtype=torch.long, device=device), cos, sin,
+                                  runner.kv_cache, meta)
+            runner.model.logits(hidden).argmax(-1).tolist()  # the token back on the host
+            timed.append(time.perf_counter() - started)
+        seconds[layers] = statistics.median(timed[1:])
+        if layers == 1:
+            first = max(0.0, timed[0] - seconds[1])
+        del runner, model
+    per_layer = max(0.0, (seconds[3] - seconds[1]) / 2)
+    return StepCost(per_layer, max(0.0, seconds[1] - per_layer), first)
+
+
+def shrunk(config: ModelConfig, layers: int) -> ModelConfig:
+    """``config``'s kinds of layer (norms, biases, q/k norms, sliding window, routed
+    experts) at a tiny size: ``layers`` of them, one KV head with as many query heads as
+    share it at the model's head size, MLPs ``SHRUNK_WIDTH`` wide, a vocabulary of
+    ``SHRUNK_VOCAB``; unquantized, as a step's cost beside its weights is the layers'
+    kernels and their dispatch."""
+    group = max(1, config.num_attention_heads // max(1, config.num_kv_heads))
+    moe = config.moe
+    if moe is not None:
+        moe = dataclasses.replace(
+            moe, intermediate_size=SHRUNK_WIDTH,
+            sparse_layers=tuple(range(layers)) if moe.sparse_layers else ())
+    return dataclasses.replace(
+        config, num_layers=layers, num_attention_heads=group, num_kv_heads=1,
+        hidden_size=group * config.head_dim, intermediate_size=SHRUNK_WIDTH,
+        vocab_size=SHRUNK_VOCAB, tie_word_embeddings=False, layout=None, quantization="",
+        weight_format="", moe=moe)
 
 
 def _sync(device: torch.device) -> None:

@@ -10,19 +10,16 @@ from pathlib import Path
 
 import torch
 
-from kvledger.engine.checkpoint.files import checkpoint_files
 from kvledger.engine.checkpoint.hub.cache import serving_source
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri, model_reference
 from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.core import sleep
 from kvledger.engine.core.cpu_threads import cap_torch_threads
 from kvledger.engine.core.runner import (
-    CPU_CHECK_TOKENS,
-    PROMPT_LOGPROBS_ROWS,
     TORCH_DTYPES,
     ModelRunner,
 )
-from kvledger.engine.core.start_probes import matmul_speed, pack_speed, place_speed
+from kvledger.engine.core.start_probes import predict_start
 from kvledger.engine.errors import BadInput, DoesNotFit
 from kvledger.engine.kv.events import KVEventLog
 from kvledger.engine.kv.ledger import KVLedger
@@ -33,14 +30,12 @@ from kvledger.engine.model.tokenizer import Tokenizer
 from kvledger.engine.planner.attention import TRITON_ATTN, attention_backend
 from kvledger.engine.planner.device import (
     DeviceMemory,
-    host_available_bytes,
     probe_device,
     probe_host,
 )
 from kvledger.engine.planner.estimates import capture_sizes, format_size
 from kvledger.engine.planner.limit import host_memory_note
 from kvledger.engine.planner.plan import Measured, Plan, make_plan
-from kvledger.engine.planner.ready_time import predict, profile_flops
 from kvledger.engine.planner.report import render_report
 from kvledger.engine.settings.config import EngineConfig
 from kvledger.engine.settings.node_config import DEFAULT_MASTER_ADDR
@@ -74,18 +69,8 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
                           tokenizer_folder(config.tokenizer))
     log.info("%s", describe_defaults(tokenizer.sampling_defaults, config.generation_config))
     planned_on = device_memory  # with --nnodes, the smallest machine's device
-    ready = predict(checkpoint_files(Path(source.path)),  # a timed read of the weights' files
-                    config.weight_reading, host_available_bytes())
-    ready.weight_bytes = plan.classes["weights"]
-    dtype = TORCH_DTYPES[plan.model_dtype]
-    ready.place_speed = place_speed(device, dtype)
-    ready.pack_speed = pack_speed(device, dtype, model_config.hidden_size,  # the CPU's
-                                  model_config.intermediate_size)
-    ready.kv_bytes = plan.classes["kv_cache"]
-    if config.tensor_parallel_size == config.pipeline_parallel_size == 1:  # one process
-        ready.matmul_flops_per_s = matmul_speed(device, dtype, model_config.hidden_size,
-                                                model_config.intermediate_size)
-        ready.profile_flops = _profile_flops(model_config, plan, device)
+    ready = predict_start(config, plan, model_config, Path(source.path), device,
+                          paged=reads_in_place(config, device))
     with ready.phase("read"):
         if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
             runner, planned_on = start_ranks(config, plan, source, device, device_memory)
@@ -141,17 +126,6 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
     return measured_plan, tokenizer, runner, ledger
 
 
-def _profile_flops(model_config: ModelConfig, plan: Plan, device: torch.device) -> float:
-    """The arithmetic of ``ModelRunner.profile``'s steps: the prefill and the mixed step
-    at the plan's budget, or on the CPU the one short prompt that checks the model runs."""
-    if device.type == "cpu":
-        return profile_flops(model_config, CPU_CHECK_TOKENS, CPU_CHECK_TOKENS + 1,
-                             mixed_step=False, max_num_seqs=1, logit_rows=CPU_CHECK_TOKENS)
-    return profile_flops(model_config, plan.max_num_batched_tokens, plan.max_model_len,
-                         mixed_step=True, max_num_seqs=plan.max_num_seqs,
-                         logit_rows=PROMPT_LOGPROBS_ROWS)
-
-
 def _event_log(config: EngineConfig, block_size: int, window: int | None) -> KVEventLog | None:
     """Where the ledger logs KV events for the publisher (``--kv-events-config``), or None."""
     events = config.kv_events_config
@@ -189,6 +163,8 @@ def _use_decode_graphs(runner: ModelRunner, plan: Plan, *, capture: bool) -> Non
                           config.max_cudagraph_capture_size)
     if not sizes:  # every size given is above max_num_seqs, or none was given
         return
+    if capture and runner.time_to_ready is not None:  # the capture's prediction
+        runner.time_to_ready.graph_sizes = len(sizes)
     runner.use_decode_graphs(sizes, capture=capture)
     if not capture:
         return

@@ -33,6 +33,7 @@ from kvledger.engine.frontend.offload import Offload
 from kvledger.engine.frontend.served import Served
 from kvledger.engine.frontend.sleeping import SleepGate
 from kvledger.engine.frontend.submission import PromptRun, Submission, Tenant
+from kvledger.engine.planner.ready_time import WARMUP_STEPS
 from kvledger.engine.sampling.params import SamplingParams
 from kvledger.engine.settings.lora_config import LoRARequest
 from kvledger.engine.settings.serve_config import ServeConfig
@@ -132,8 +133,8 @@ class FrontDoor:
         """One tiny greedy request; its last (warm) decode step seeds the decode rate that
         Retry-After estimates use."""
         ids = self.tokenizer.encode("Hello", add_special_tokens=True)[:8] or [0]
-        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-        reservation = self.engine.ledger.try_reserve(len(ids) + 4)
+        params = SamplingParams(temperature=0.0, max_tokens=WARMUP_STEPS, ignore_eos=True)
+        reservation = self.engine.ledger.try_reserve(len(ids) + WARMUP_STEPS)
         async for _ in self.driver.generate("kvledger-warmup", ids, params, reservation):
             pass
         self.driver.restart_rate()

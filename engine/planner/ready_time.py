@@ -10,9 +10,10 @@ whatever page cache it has; several files at once where the loader reads them ah
 ``--safetensors-load-strategy``); the profile from the arithmetic of its steps
 (``profile_flops``, from config.json's shape) over a timed matmul of the model's own
 shape on the device (the engine times it, torch being its room); the KV pool's
-allocation from its bytes over the timed copy. Graphs and the warm-up are measured
-only. The engine logs
-predicted against measured at start-up, ``/v1/budget`` shows both, and
+allocation from its bytes over the timed copy; the warm-up's steps and the graphs'
+captures from a decode step's cost (``StepCost``: the weights streamed at a timed
+one-row product's speed, and what a step costs beside them, timed on the model's own
+kinds of layer shrunk). The engine logs predicted against measured at start-up, ``/v1/budget`` shows both, and
 ``bench/cold_start.py`` compares them, cold cache and warm.
 
 Torch-free: the planner's room.
@@ -40,6 +41,7 @@ from kvledger.engine.checkpoint.read_ahead import (
 from kvledger.engine.planner.estimates import format_size
 
 PHASES = ("read", "profile", "kv", "graphs", "warmup")
+WARMUP_STEPS = 4  # the warm-up's request: its prompt's step, then decode steps to 4 tokens
 SAMPLE_BYTES = 256 << 20  # what a prediction reads, at most
 SAMPLE_SECONDS = 1.0  # and for at most this long
 CHUNK = 8 << 20
@@ -123,6 +125,18 @@ def _read_middle(path: Path, sample_bytes: int, started: float, max_seconds: flo
     return read
 
 
+@dataclass(frozen=True)
+class StepCost:
+    """What a decode step costs beside streaming its weights: ``per_layer`` seconds for
+    each layer (its kernels and their dispatch), ``per_step`` once (its metadata, the
+    LM head's dispatch, the token back on the host), and ``new_shape`` more the first time
+    a step of a new shape runs (its kernels set up)."""
+
+    per_layer: float
+    per_step: float
+    new_shape: float = 0.0
+
+
 @dataclass
 class TimeToReady:
     """A start's phases, predicted (None: not predicted) and measured, in seconds.
@@ -134,7 +148,14 @@ class TimeToReady:
     reorder of the model's own shape (``pack_speed``: a reorder is slower than a copy).
     Where the files are read ahead, the read
     ahead and the loader's memory map go side by side: the slower of the two counts, the
-    map's speed over pages already read (``mapped_speed``)."""
+    map's speed over pages already read (``mapped_speed``).
+
+    A decode step is predicted as the weights streamed at a timed one-row product's speed
+    (``stream_speed``) plus ``num_layers`` layers' and one step's ``step_cost``; with
+    ``graph_sizes`` captured, a replayed step as the weights streamed plus the step's
+    cost alone. The warm-up is ``WARMUP_STEPS`` steps, its prompt's eager, its decodes
+    replayed where graphs are captured; the capture two forwards a size (one run, one
+    captured), each the eager step but its LM head."""
 
     weight_file_bytes: int
     read_speed: ReadSpeed | None
@@ -146,6 +167,10 @@ class TimeToReady:
     matmul_flops_per_s: float | None = None  # a timed matmul of the model's shape
     kv_bytes: int = 0  # the KV pool the plan allocates
     mapped_speed: ReadSpeed | None = None  # read ahead: the map over pages it has read
+    stream_speed: ReadSpeed | None = None  # a decode step's one-row product
+    step_cost: StepCost | None = None  # a decode step's cost beside its weights
+    num_layers: int = 0
+    graph_sizes: int = 0  # decode sizes captured as CUDA graphs (0: none)
 
     @property
     def predicted(self) -> dict[str, float | None]:
@@ -162,7 +187,19 @@ class TimeToReady:
         profile = (self.profile_flops / speed if speed and self.profile_flops else None)
         kv = (self.kv_bytes / place.bytes_per_s if place is not None and self.kv_bytes
               else None)
-        return {"read": read, "profile": profile, "kv": kv, "graphs": None, "warmup": None}
+        graphs = warmup = None
+        cost, stream = self.step_cost, self.stream_speed
+        if cost is not None and stream is not None and self.weight_bytes:
+            weights = self.weight_bytes / stream.bytes_per_s
+            layers = self.num_layers * cost.per_layer
+            eager = weights + layers + cost.per_step
+            decode = weights + cost.per_step if self.graph_sizes else eager
+            shapes = 1 if self.graph_sizes else 2
+            warmup = eager + (WARMUP_STEPS - 1) * decode + shapes * cost.new_shape
+            if self.graph_sizes:
+                graphs = 2 * self.graph_sizes * (weights + layers)
+        return {"read": read, "profile": profile, "kv": kv, "graphs": graphs,
+                "warmup": warmup}
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -183,6 +220,12 @@ class TimeToReady:
                 else round(self.pack_speed.bytes_per_s),
                 "mapped_bytes_per_s": None if self.mapped_speed is None
                 else round(self.mapped_speed.bytes_per_s),
+                "stream_bytes_per_s": None if self.stream_speed is None
+                else round(self.stream_speed.bytes_per_s),
+                "step_cost_s": None if self.step_cost is None
+                else {"per_layer": round(self.step_cost.per_layer, 6),
+                      "per_step": round(self.step_cost.per_step, 6),
+                      "new_shape": round(self.step_cost.new_shape, 6)},
                 "profile_flops": round(self.profile_flops),
                 "matmul_flops_per_s": None if self.matmul_flops_per_s is None
                 else round(self.matmul_flops_per_s),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from kvledger.engine.checkpoint.read_ahead import WeightReading
 from kvledger.engine.planner import ready_time
 from kvledger.engine.planner.ready_time import (
@@ -175,3 +177,25 @@ def test_the_profile_and_the_pool_are_predicted_from_timed_probes():
     assert ready.predicted["kv"] == 0.5
     assert ready.predicted["graphs"] is None and ready.predicted["warmup"] is None
     assert ready.to_json()["profile_flops"] == 4_000_000_000
+
+
+def test_the_warm_up_and_the_capture_are_predicted_from_a_steps_cost():
+    from kvledger.engine.planner.ready_time import WARMUP_STEPS, StepCost
+
+    # 1 GiB of weights streamed at 4 GiB/s: 0.25 s a step; 10 layers at 2 ms, 5 ms a step.
+    ready = TimeToReady(0, None, weight_bytes=1 << 30, num_layers=10,
+                        stream_speed=ReadSpeed(4 << 30, 1.0))
+    assert ready.predicted["warmup"] is None  # no step's cost timed: not predicted
+    ready.step_cost = StepCost(per_layer=0.002, per_step=0.005, new_shape=0.003)
+    eager = 0.25 + 10 * 0.002 + 0.005
+    assert WARMUP_STEPS == 4  # and two new shapes: the prompt's step, the decodes'
+    assert ready.predicted["warmup"] == pytest.approx(4 * eager + 2 * 0.003)
+    assert ready.predicted["graphs"] is None  # nothing captured
+    # Captured: the prompt's step eager, the decodes replayed (no layer's dispatch), and
+    # the capture two forwards (one run, one captured) of each size, LM head aside.
+    ready.graph_sizes = 3
+    assert ready.predicted["warmup"] == pytest.approx(eager + 3 * (0.25 + 0.005) + 0.003)
+    assert ready.predicted["graphs"] == pytest.approx(2 * 3 * (0.25 + 10 * 0.002))
+    body = ready.to_json()
+    assert body["stream_bytes_per_s"] == 4 << 30
+    assert body["step_cost_s"] == {"per_layer": 0.002, "per_step": 0.005, "new_shape": 0.003}

@@ -201,13 +201,20 @@ async def test_models_budget_metrics(aiohttp_client, llm):
         + ready["weight_bytes"] / ready["place_bytes_per_s"]
         + ready["weight_bytes"] / ready["pack_bytes_per_s"], rel=1e-3, abs=1e-3)
     # The profile: its steps' arithmetic over the timed matmul; the pool: its bytes over
-    # the timed copy (the plan's KV class); graphs and the warm-up measured only.
+    # the timed copy (the plan's KV class); the warm-up: its steps, each the weights over
+    # the timed one-row product and the step's timed cost beside them; no graphs here.
     assert ready["profile_flops"] > 0 and ready["matmul_flops_per_s"] > 0
     assert ready["predicted_s"]["profile"] == pytest.approx(
         ready["profile_flops"] / ready["matmul_flops_per_s"], rel=1e-2, abs=1e-3)
     assert ready["predicted_s"]["kv"] == pytest.approx(
         budget["plan"]["classes"]["kv_cache"] / ready["place_bytes_per_s"], rel=1e-2, abs=1e-3)
-    assert ready["predicted_s"]["graphs"] is None and ready["predicted_s"]["warmup"] is None
+    assert ready["stream_bytes_per_s"] > 0 and ready["step_cost_s"]["per_layer"] > 0
+    cost = ready["step_cost_s"]
+    step = (ready["weight_bytes"] / ready["stream_bytes_per_s"]
+            + llm.runner.config.num_layers * cost["per_layer"] + cost["per_step"])
+    assert ready["predicted_s"]["warmup"] == pytest.approx(4 * step + 2 * cost["new_shape"],
+                                                          rel=1e-2, abs=2e-3)
+    assert ready["predicted_s"]["graphs"] is None
     text = await (await client.get("/metrics")).text()
     for name in ("kvledger_kv_blocks_total 32.0", "kvledger_kv_blocks_reserved 0.0",
                  "kvledger_kv_blocks_used 0.0", "kvledger_requests_admitted_total",

@@ -1,0 +1,48 @@
+"""The start's probes of a decode step (core/start_probes.py): the weights' streaming speed
+and what a step costs beside them, timed on the model's own kinds of layer shrunk."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvledger.engine.checkpoint.model_config import ModelConfig
+from kvledger.engine.core.start_probes import SHRUNK_WIDTH, shrunk, step_cost, stream_speed
+from kvledger.engine.model.moe import SparseMoE
+from kvledger.engine.model.transformer import CausalLM
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-mistral"])
+def test_the_shrunk_model_keeps_each_kind_of_layer(make_model_dir, name):
+    config = ModelConfig.from_dir(make_model_dir(name))
+    tiny = shrunk(config, 3)
+    group = config.num_attention_heads // config.num_kv_heads
+    assert (tiny.num_layers, tiny.num_kv_heads, tiny.num_attention_heads) == (3, 1, group)
+    assert tiny.head_dim == config.head_dim and tiny.hidden_size == group * config.head_dim
+    assert tiny.intermediate_size == SHRUNK_WIDTH and tiny.weight_format == ""
+    # What sets a layer's kernels stays: norms, biases, the window, the routed experts.
+    for kept in ("qk_norm", "qkv_bias", "o_bias", "sliding_window", "rms_norm_eps",
+                 "rope_scaling"):
+        assert getattr(tiny, kept) == getattr(config, kept)
+    model = CausalLM(tiny)
+    routed = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    if config.moe is None:
+        assert tiny.moe is None and not routed
+    else:
+        assert len(routed) == 3 and tiny.moe.num_experts == config.moe.num_experts
+        assert tiny.moe.num_experts_per_tok == config.moe.num_experts_per_tok
+
+
+def test_a_steps_cost_beside_its_weights_is_timed_per_layer_and_per_step(make_model_dir):
+    config = ModelConfig.from_dir(make_model_dir("tiny-llama"))
+    cost = step_cost(config, CPU, torch.float32, 16, fuse=True, paged=False, repeats=3)
+    # A layer is a few dozen kernels, each tens of microseconds to dispatch on this CPU.
+    assert 1e-5 < cost.per_layer < 0.05 and 0 <= cost.per_step < 0.05
+
+
+def test_the_streaming_speed_reads_a_weight_larger_than_a_cache():
+    speed = stream_speed(CPU, torch.float32, 512, sample_bytes=32 << 20)
+    assert speed.bytes >= 32 << 20 and speed.seconds > 0
+    assert 1e8 < speed.bytes_per_s < 1e12  # memory's speed, not a cache's or nothing
