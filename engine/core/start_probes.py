@@ -65,7 +65,8 @@ def predict_start(config: EngineConfig, plan: Plan, model_config: ModelConfig,
         ready.profile_flops = _profile_flops(model_config, plan, device)
         ready.stream_speed = stream_speed(device, dtype, hidden)
         ready.step_cost = step_cost(model_config, device, dtype, plan.kv.block_size,
-                                    fuse=not config.enable_lora, paged=paged)
+                                    plan.max_model_len, fuse=not config.enable_lora,
+                                    paged=paged)
     return ready
 
 
@@ -176,20 +177,23 @@ def stream_speed(device: torch.device, dtype: torch.dtype, hidden: int,
 
 @torch.inference_mode()
 def step_cost(config: ModelConfig, device: torch.device, dtype: torch.dtype,
-              block_size: int, *, fuse: bool, paged: bool, repeats: int = 5) -> StepCost:
+              block_size: int, max_model_len: int, *, fuse: bool, paged: bool,
+              repeats: int = 5) -> StepCost:
     """What a decode step costs beside streaming its weights, per layer and per step: a
     one-sequence decode step (the runner's path: its metadata, rotary lookup, layers and
     LM head) of the model's own kinds of layer shrunk (``shrunk``), with one layer and
     with three, each the median of ``repeats`` after a first run; a layer's cost is half
-    the difference, the step's the rest, and a new shape's the one-layer model's first
-    run beyond its median (the kernels' libraries set up for a shape on its first call:
-    oneDNN's primitives, a GPU's kernel choices)."""
+    the difference, the step's the rest. On the CPU a new shape's is the one-layer model's
+    first run beyond its median (oneDNN sets up its primitives for a shape on its first
+    call). On a GPU the first call of a shape compiles the paged kernels, once a process
+    (the probe runs at the model's ``max_model_len``, so the engine's own kernels are the
+    ones compiled here), and the profile meets them before the warm-up: none counted."""
     seconds, first = {}, 0.0
     for layers in (1, 3):
         with torch.device(device):
             model = CausalLM(shrunk(config, layers)).to(dtype).eval().requires_grad_(False)
-        runner = ModelRunner(model, device, 2 * block_size, block_size, fuse=fuse,
-                             paged=paged)
+        context = max_model_len if device.type == "cuda" else 2 * block_size
+        runner = ModelRunner(model, device, context, block_size, fuse=fuse, paged=paged)
         runner.allocate_kv_cache(2, "auto")
         timed = []
         for _ in range(repeats + 1):
@@ -202,7 +206,7 @@ def step_cost(config: ModelConfig, device: torch.device, dtype: torch.dtype,
             runner.model.logits(hidden).argmax(-1).tolist()  # the token back on the host
             timed.append(time.perf_counter() - started)
         seconds[layers] = statistics.median(timed[1:])
-        if layers == 1:
+        if layers == 1 and device.type == "cpu":
             first = max(0.0, timed[0] - seconds[1])
         del runner, model
     per_layer = max(0.0, (seconds[3] - seconds[1]) / 2)
