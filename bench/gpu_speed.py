@@ -12,7 +12,11 @@ its capture time too); a prefill of 8 x 2,048 tokens as a fraction of the matmul
 after a prefix-cache hit) on both paths as a fraction of the matmul peak (``TORCH_SDPA``
 gathers the sequence for SDPA under a causal mask; ``TRITON_ATTN`` reads it in place
 through the query-tiled kernel, model/prefill_attention.py); and the planned vs profiled
-activation peak of each path (the gathered copy is planned on TORCH_SDPA only).
+activation peak of each path (the gathered copy is planned on TORCH_SDPA only). Beside
+each decode step (and each graph's capture), what the start's prediction says of it
+(``predicted_step_s``, ``predicted_capture_s``: planner/ready_time.py's ``StepCost`` from
+the start's probes on this device, core/start_probes.py), so a GPU run checks the warm-up's
+and the capture's predictions too.
 
 Every sequence has blocks of its own (shared blocks would be read from L2, not HBM); a
 shape whose KV pool (or gathered copy) does not fit the free memory is skipped, and says so.
@@ -96,6 +100,18 @@ def build_runner(config: dict, device: torch.device, paged: bool, max_model_len:
     return ModelRunner(model.eval(), device, max_model_len, BLOCK_SIZE, paged=paged)
 
 
+def start_probes(config: dict, device: torch.device, max_model_len: int, *, paged: bool):
+    """The start's probes of a decode step (core/start_probes.py) for this shape: what a
+    step costs beside its bytes, and the speed they stream at."""
+    from kvledger.engine.checkpoint.model_config import ModelConfig
+    from kvledger.engine.core.start_probes import step_cost, stream_speed
+
+    shape = ModelConfig.from_dict(config)
+    cost = step_cost(shape, device, torch.bfloat16, BLOCK_SIZE, max_model_len, fuse=True,
+                     paged=paged)
+    return cost, stream_speed(device, torch.bfloat16, shape.hidden_size).bytes_per_s
+
+
 def weight_bytes(runner) -> int:
     return sum(p.numel() * p.element_size() for p in runner.model.parameters())
 
@@ -151,7 +167,8 @@ def decode(runner, config: dict, batch: int, context: int, device: torch.device,
     if device.type == "cuda":
         torch.cuda.empty_cache()
     read = weight_bytes(runner) + kv_bytes
-    row = {"step_s": seconds, "tokens_per_s": batch / seconds, "bytes_read": read}
+    row = {"step_s": seconds, "tokens_per_s": batch / seconds, "bytes_read": read,
+           "weight_bytes": weight_bytes(runner)}
     return dict(row, capture_s=capture_s) if graphs else row
 
 
@@ -249,6 +266,10 @@ def main() -> int:
     bandwidth = result["limits"]["bandwidth_bytes_per_s"]
     peak = result["limits"]["matmul_flops_per_s"]
     max_model_len = max(contexts)
+    cost, stream = start_probes(config, device, max_model_len,
+                                paged=paged_attention.available(device))
+    result["start_probes"] = {"stream_bytes_per_s": stream, "per_layer_s": cost.per_layer,
+                              "per_step_s": cost.per_step}
     for path, backend, graphs in paths:
         runner = build_runner(config, device, backend == "TRITON_ATTN", max_model_len)
         for batch in batches:
@@ -256,6 +277,12 @@ def main() -> int:
                 row = decode(runner, config, batch, context, device, repeat, graphs)
                 if "step_s" in row:
                     row["of_bandwidth"] = row["bytes_read"] / row["step_s"] / bandwidth
+                    # What the start's prediction (planner/ready_time.py) says of it.
+                    layers, streamed = config["num_hidden_layers"], row["bytes_read"] / stream
+                    row["predicted_step_s"] = cost.step(streamed, layers, replayed=graphs)
+                    if graphs:
+                        row["predicted_capture_s"] = cost.capture(
+                            row["weight_bytes"] / stream, layers, 1)
                 result["decode"][f"{path} b{batch} c{context}"] = row
                 print(f"decode {path} batch {batch} context {context}: {row}", flush=True)
         if graphs:  # prefill and activations are the eager path's

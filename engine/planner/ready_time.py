@@ -136,6 +136,16 @@ class StepCost:
     per_step: float
     new_shape: float = 0.0
 
+    def step(self, stream_s: float, layers: int, *, replayed: bool = False) -> float:
+        """A decode step of ``layers`` layers whose bytes stream in ``stream_s``: each
+        layer's cost too unless it is replayed as a CUDA graph, and the step's."""
+        return stream_s + (0.0 if replayed else layers * self.per_layer) + self.per_step
+
+    def capture(self, stream_s: float, layers: int, sizes: int) -> float:
+        """Capturing ``sizes`` decode sizes as CUDA graphs: two forwards a size (one run,
+        one captured), each the weights streamed and the layers' cost, LM head aside."""
+        return 2 * sizes * (stream_s + layers * self.per_layer)
+
 
 @dataclass
 class TimeToReady:
@@ -190,14 +200,12 @@ class TimeToReady:
         graphs = warmup = None
         cost, stream = self.step_cost, self.stream_speed
         if cost is not None and stream is not None and self.weight_bytes:
-            weights = self.weight_bytes / stream.bytes_per_s
-            layers = self.num_layers * cost.per_layer
-            eager = weights + layers + cost.per_step
-            decode = weights + cost.per_step if self.graph_sizes else eager
-            shapes = 1 if self.graph_sizes else 2
-            warmup = eager + (WARMUP_STEPS - 1) * decode + shapes * cost.new_shape
-            if self.graph_sizes:
-                graphs = 2 * self.graph_sizes * (weights + layers)
+            weights, sizes = self.weight_bytes / stream.bytes_per_s, self.graph_sizes
+            decode = cost.step(weights, self.num_layers, replayed=sizes > 0)
+            warmup = (cost.step(weights, self.num_layers) + (WARMUP_STEPS - 1) * decode
+                      + (1 if sizes else 2) * cost.new_shape)
+            if sizes:
+                graphs = cost.capture(weights, self.num_layers, sizes)
         return {"read": read, "profile": profile, "kv": kv, "graphs": graphs,
                 "warmup": warmup}
 

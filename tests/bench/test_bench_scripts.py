@@ -347,6 +347,11 @@ def test_gpu_speed_smoke_produces_every_figure_on_both_attention_paths():
     paths = ("TORCH_SDPA", "TRITON_ATTN", "TRITON_ATTN+graphs")
     assert sorted(figures["decode"]) == [f"{p} b{n} c40" for p in paths for n in (1, 2)]
     assert all(row["of_bandwidth"] > 0 for row in figures["decode"].values())
+    # The start's prediction of each step (and each capture) beside what it measured.
+    assert figures["start_probes"]["stream_bytes_per_s"] > 0
+    assert all(row["predicted_step_s"] > 0 for row in figures["decode"].values())
+    assert all(figures["decode"][f"TRITON_ATTN+graphs b{n} c40"]["predicted_capture_s"] > 0
+               for n in (1, 2))
     assert all(row["of_matmul_peak"] > 0 for row in figures["prefill"].values())
     assert sorted(figures["chunk_prefill"]) == ["TORCH_SDPA", "TRITON_ATTN"]
     assert all(row["of_matmul_peak"] > 0 for row in figures["chunk_prefill"].values())
