@@ -211,6 +211,8 @@ def step_cost(config: ModelConfig, device: torch.device, dtype: torch.dtype,
         if layers == 1 and device.type == "cpu":
             first = max(0.0, timed[0] - seconds[1])
         del runner, model
+    if device.type == "cuda":  # nothing of the probe left in the allocator's cache
+        torch.cuda.empty_cache()
     per_layer = max(0.0, (seconds[3] - seconds[1]) / 2)
     return StepCost(per_layer, max(0.0, seconds[1] - per_layer), first)
 
