@@ -24,7 +24,12 @@ from kvledger.engine.core.runner import (
     TORCH_DTYPES,
     ModelRunner,
 )
-from kvledger.engine.model.cpu_linear import PACK_FOR_ROWS, PackedLinear, packable
+from kvledger.engine.model.cpu_linear import (
+    PACK_FOR_ROWS,
+    PackedLinear,
+    measured_bytes,
+    packable,
+)
 from kvledger.engine.model.transformer import CausalLM
 from kvledger.engine.planner.device import host_available_bytes
 from kvledger.engine.planner.plan import Plan
@@ -68,6 +73,8 @@ def predict_start(config: EngineConfig, plan: Plan, model_config: ModelConfig,
         ready.profile_flops = _profile_flops(model_config, plan, device)
         ready.stream_speed = stream_speed(device, dtype, hidden,
                                           min(STREAM_SAMPLE_BYTES, ready.weight_bytes))
+        if ready.pack_speed is not None:  # the timing that decides whether packing pays
+            ready.pack_timing_bytes = measured_bytes(ready.weight_bytes)
         ready.step_cost = step_cost(model_config, device, dtype, plan.kv.block_size,
                                     plan.max_model_len, fuse=not config.enable_lora,
                                     paged=paged)

@@ -42,7 +42,7 @@ PACKED_DTYPES = (torch.float32, torch.bfloat16)
 SAMPLE_BYTES = 128 << 20
 MEASURE_MIN_BYTES = 32 << 20
 SAMPLE_ROWS = (1, 4, 16)
-SAMPLE_REPEATS = 5
+SAMPLE_REPEATS = 3
 
 log = logging.getLogger("kvledger.engine")
 
@@ -77,6 +77,16 @@ def packable(dtype: torch.dtype) -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def measured_bytes(linear_bytes: int) -> int:
+    """The weights' bytes ``packing_pays`` streams deciding for a model of
+    ``linear_bytes`` of linear weights (0: under ``MEASURE_MIN_BYTES``, packed
+    unmeasured): its sample, dense and packed, at each of ``SAMPLE_ROWS``, each
+    ``SAMPLE_REPEATS`` times."""
+    if linear_bytes < MEASURE_MIN_BYTES:
+        return 0
+    return 2 * len(SAMPLE_ROWS) * SAMPLE_REPEATS * min(SAMPLE_BYTES, linear_bytes)
 
 
 def _weight_bytes(layer: nn.Linear) -> int:

@@ -155,7 +155,9 @@ class TimeToReady:
     weights (``weight_bytes``, in the model's dtype) over a timed copy on the device
     (``place_speed``: each tensor in the model's dtype on its device; the engine measures
     it, torch being its room), plus on the CPU packing them for oneDNN over a timed
-    reorder of the model's own shape (``pack_speed``: a reorder is slower than a copy).
+    reorder of the model's own shape (``pack_speed``: a reorder is slower than a copy),
+    and the timing that decides whether packing pays, its sample's bytes streamed
+    (``pack_timing_bytes``) at the decode step's speed (``stream_speed``).
     Where the files are read ahead, the read
     ahead and the loader's memory map go side by side: the slower of the two counts, the
     map's speed over pages already read (``mapped_speed``).
@@ -173,6 +175,7 @@ class TimeToReady:
     weight_bytes: int = 0
     place_speed: ReadSpeed | None = None
     pack_speed: ReadSpeed | None = None  # the CPU's oneDNN packing (None: no packing)
+    pack_timing_bytes: int = 0  # what deciding whether packing pays streams (cpu_linear)
     profile_flops: float = 0.0  # the profiled steps' arithmetic (``profile_flops``)
     matmul_flops_per_s: float | None = None  # a timed matmul of the model's shape
     kv_bytes: int = 0  # the KV pool the plan allocates
@@ -193,6 +196,8 @@ class TimeToReady:
             for pass_speed in (self.place_speed, self.pack_speed):
                 if pass_speed is not None:
                     read += self.weight_bytes / pass_speed.bytes_per_s
+            if self.pack_speed is not None and self.stream_speed is not None:
+                read += self.pack_timing_bytes / self.stream_speed.bytes_per_s
         speed, place = self.matmul_flops_per_s, self.place_speed
         profile = (self.profile_flops / speed if speed and self.profile_flops else None)
         kv = (self.kv_bytes / place.bytes_per_s if place is not None and self.kv_bytes
@@ -226,6 +231,7 @@ class TimeToReady:
                 "place_bytes_per_s": None if place is None else round(place.bytes_per_s),
                 "pack_bytes_per_s": None if self.pack_speed is None
                 else round(self.pack_speed.bytes_per_s),
+                "pack_timing_bytes": self.pack_timing_bytes,
                 "mapped_bytes_per_s": None if self.mapped_speed is None
                 else round(self.mapped_speed.bytes_per_s),
                 "stream_bytes_per_s": None if self.stream_speed is None

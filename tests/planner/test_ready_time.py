@@ -199,3 +199,16 @@ def test_the_warm_up_and_the_capture_are_predicted_from_a_steps_cost():
     body = ready.to_json()
     assert body["stream_bytes_per_s"] == 4 << 30
     assert body["step_cost_s"] == {"per_layer": 0.002, "per_step": 0.005, "new_shape": 0.003}
+
+
+def test_the_timing_that_decides_packing_is_part_of_the_predicted_read():
+    from kvledger.engine.model.cpu_linear import MEASURE_MIN_BYTES, SAMPLE_BYTES, measured_bytes
+
+    assert measured_bytes(MEASURE_MIN_BYTES - 1) == 0  # packed unmeasured
+    assert measured_bytes(1 << 40) == 2 * 3 * 3 * SAMPLE_BYTES  # dense and packed, 3 rows, 3x
+    ready = TimeToReady(1 << 30, ReadSpeed(1 << 30, 1.0), weight_bytes=1 << 30,
+                        place_speed=ReadSpeed(1 << 30, 0.5), pack_speed=ReadSpeed(1 << 30, 0.25))
+    assert ready.predicted["read"] == pytest.approx(1.75)
+    ready.stream_speed, ready.pack_timing_bytes = ReadSpeed(4 << 30, 1.0), 2 << 30
+    assert ready.predicted["read"] == pytest.approx(1.75 + 0.5)
+    assert ready.to_json()["pack_timing_bytes"] == 2 << 30
