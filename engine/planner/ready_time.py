@@ -13,8 +13,9 @@ shape on the device (the engine times it, torch being its room); the KV pool's
 allocation from its bytes over the timed copy; the warm-up's steps and the graphs'
 captures from a decode step's cost (``StepCost``: the weights streamed at a timed
 one-row product's speed, and what a step costs beside them, timed on the model's own
-kinds of layer shrunk). The engine logs predicted against measured at start-up, ``/v1/budget`` shows both, and
-``bench/cold_start.py`` compares them, cold cache and warm.
+kinds of layer shrunk). The engine logs predicted against measured at start-up,
+``/v1/budget`` shows both, and ``bench/cold_start.py`` compares them, cold cache and
+warm.
 
 Torch-free: the planner's room.
 """
@@ -166,8 +167,9 @@ class TimeToReady:
     (``stream_speed``) plus ``num_layers`` layers' and one step's ``step_cost``; with
     ``graph_sizes`` captured, a replayed step as the weights streamed plus the step's
     cost alone. The warm-up is ``WARMUP_STEPS`` steps, its prompt's eager, its decodes
-    replayed where graphs are captured; the capture two forwards a size (one run, one
-    captured), each the eager step but its LM head."""
+    replayed where graphs are captured, with each new shape's set-up (``StepCost.new_shape``:
+    the prompt's and the decodes', the prompt's alone where they replay); the capture two
+    forwards a size (one run, one captured), each the eager step but its LM head."""
 
     weight_file_bytes: int
     read_speed: ReadSpeed | None
