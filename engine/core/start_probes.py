@@ -33,13 +33,8 @@ from kvledger.engine.model.cpu_linear import (
 from kvledger.engine.model.transformer import CausalLM
 from kvledger.engine.planner.device import host_available_bytes
 from kvledger.engine.planner.plan import Plan
-from kvledger.engine.planner.ready_time import (
-    ReadSpeed,
-    StepCost,
-    TimeToReady,
-    predict,
-    profile_flops,
-)
+from kvledger.engine.planner.read_speed import ReadSpeed
+from kvledger.engine.planner.ready_time import StepCost, TimeToReady, predict, profile_flops
 from kvledger.engine.settings.config import EngineConfig
 
 # The shrunk layers of ``step_cost``: one KV head with its query heads at the model's
@@ -187,41 +182,47 @@ def stream_speed(device: torch.device, dtype: torch.dtype, hidden: int,
 @torch.inference_mode()
 def step_cost(config: ModelConfig, device: torch.device, dtype: torch.dtype,
               block_size: int, max_model_len: int, *, fuse: bool, paged: bool,
-              repeats: int = 3) -> StepCost:
+              repeats: int = 5) -> StepCost:
     """What a decode step costs beside streaming its weights, per layer and per step: a
     one-sequence decode step (the runner's path: its metadata, rotary lookup, layers and
     LM head) of the model's own kinds of layer shrunk (``shrunk``), with one layer and
-    with three, each the median of ``repeats`` after a first run; a layer's cost is half
-    the difference, the step's the rest. On the CPU a new shape's is the one-layer model's
-    first run beyond its median (oneDNN sets up its primitives for a shape on its first
-    call). On a GPU the first call of a shape compiles the paged kernels, once a process
-    (the probe runs at the model's ``max_model_len``, so the engine's own kernels are the
-    ones compiled here), and the profile meets them before the warm-up: none counted."""
-    seconds, first = {}, 0.0
+    with three, each run first once, then in turn ``repeats`` times (a machine that slows
+    down meanwhile slows both), each the median; a layer's cost is half the difference,
+    the step's the rest. On the CPU a new shape's is the one-layer model's first run
+    beyond its median (oneDNN sets up its primitives for a shape on its first call). On a
+    GPU the first call of a shape compiles the paged kernels, once a process (the probe
+    runs at the model's ``max_model_len``, so the engine's own kernels are the ones
+    compiled here), and the profile meets them before the warm-up: none counted."""
+    context = max_model_len if device.type == "cuda" else 2 * block_size
+    runners = {}
     for layers in (1, 3):
         with torch.device(device):
             model = CausalLM(shrunk(config, layers)).to(dtype).eval().requires_grad_(False)
-        context = max_model_len if device.type == "cuda" else 2 * block_size
-        runner = ModelRunner(model, device, context, block_size, fuse=fuse, paged=paged)
-        runner.allocate_kv_cache(2, "auto")
-        timed = []
-        for _ in range(repeats + 1):
-            started = time.perf_counter()
-            meta = runner.attention.metadata([], [([0], 2)],
-                                             torch.tensor([1], device=device))
-            cos, sin = runner.rope.lookup(torch.ones(1, dtype=torch.long, device=device))
-            hidden = runner.model(torch.zeros(1, dtype=torch.long, device=device), cos, sin,
-                                  runner.kv_cache, meta)
-            runner.model.logits(hidden).argmax(-1).tolist()  # the token back on the host
-            timed.append(time.perf_counter() - started)
-        seconds[layers] = statistics.median(timed[1:])
-        if layers == 1 and device.type == "cpu":
-            first = max(0.0, timed[0] - seconds[1])
-        del runner, model
+        runners[layers] = ModelRunner(model, device, context, block_size, fuse=fuse,
+                                      paged=paged)
+        runners[layers].allocate_kv_cache(2, "auto")
+    timed: dict[int, list[float]] = {1: [], 3: []}
+    for _ in range(repeats + 1):
+        for layers, runner in runners.items():
+            timed[layers].append(_decode_step_seconds(runner, device))
+    del runners
     if device.type == "cuda":  # nothing of the probe left in the allocator's cache
         torch.cuda.empty_cache()
-    per_layer = max(0.0, (seconds[3] - seconds[1]) / 2)
-    return StepCost(per_layer, max(0.0, seconds[1] - per_layer), first)
+    one, three = (statistics.median(timed[n][1:]) for n in (1, 3))
+    first = max(0.0, timed[1][0] - one) if device.type == "cpu" else 0.0
+    per_layer = max(0.0, (three - one) / 2)
+    return StepCost(per_layer, max(0.0, one - per_layer), first)
+
+
+def _decode_step_seconds(runner: ModelRunner, device: torch.device) -> float:
+    """One sequence's decode step through ``runner``, its token back on the host."""
+    started = time.perf_counter()
+    meta = runner.attention.metadata([], [([0], 2)], torch.tensor([1], device=device))
+    cos, sin = runner.rope.lookup(torch.ones(1, dtype=torch.long, device=device))
+    hidden = runner.model(torch.zeros(1, dtype=torch.long, device=device), cos, sin,
+                          runner.kv_cache, meta)
+    runner.model.logits(hidden).argmax(-1).tolist()
+    return time.perf_counter() - started
 
 
 def shrunk(config: ModelConfig, layers: int) -> ModelConfig:

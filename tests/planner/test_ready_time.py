@@ -1,5 +1,5 @@
 """Time to ready (planner/ready_time.py): the read predicted from a timed read of the
-weights' own files, the phases measured."""
+weights' own files (planner/read_speed.py), the phases measured."""
 
 from __future__ import annotations
 
@@ -8,14 +8,9 @@ import time
 import pytest
 
 from kvledger.engine.checkpoint.read_ahead import WeightReading
-from kvledger.engine.planner import ready_time
-from kvledger.engine.planner.ready_time import (
-    PHASES,
-    ReadSpeed,
-    TimeToReady,
-    measure_read,
-    predict,
-)
+from kvledger.engine.planner import read_speed, ready_time
+from kvledger.engine.planner.read_speed import ReadSpeed, measure_read
+from kvledger.engine.planner.ready_time import PHASES, TimeToReady, predict
 
 
 def test_a_timed_read_of_the_largest_file_predicts_the_whole(tmp_path):
@@ -47,7 +42,7 @@ def test_a_read_ahead_is_predicted_from_files_read_side_by_side(tmp_path, monkey
     ahead = predict(files, WeightReading("prefetch", threads=8))
     # read side by side, then the largest file's share again through a map, as the loader
     # takes the pages the read ahead has read: the slower of the two counts
-    assert timed == [(8, None), (1, ready_time.SAMPLE_BYTES // 3)]
+    assert timed == [(8, None), (1, read_speed.SAMPLE_BYTES // 3)]
     slower = min(ahead.read_speed.bytes_per_s, ahead.mapped_speed.bytes_per_s)
     assert ahead.predicted["read"] == ahead.weight_file_bytes / slower
     assert ahead.to_json()["mapped_bytes_per_s"] == round(ahead.mapped_speed.bytes_per_s)
@@ -95,7 +90,7 @@ def test_a_file_whose_holes_cannot_be_told_is_timed(tmp_path, monkeypatch):
     def unsupported(fd, offset, whence):
         raise OSError(errno.EINVAL, "no SEEK_DATA here")
 
-    monkeypatch.setattr(ready_time.os, "lseek", unsupported)
+    monkeypatch.setattr(read_speed.os, "lseek", unsupported)
     assert measure_read([path]).bytes == 12 << 20  # from the middle to the end
 
 

@@ -208,7 +208,7 @@ async def test_models_budget_metrics(aiohttp_client, llm):
         ready["profile_flops"] / ready["matmul_flops_per_s"], rel=1e-2, abs=1e-3)
     assert ready["predicted_s"]["kv"] == pytest.approx(
         budget["plan"]["classes"]["kv_cache"] / ready["place_bytes_per_s"], rel=1e-2, abs=1e-3)
-    assert ready["stream_bytes_per_s"] > 0 and ready["step_cost_s"]["per_layer"] > 0
+    assert ready["stream_bytes_per_s"] > 0 and ready["step_cost_s"]["per_layer"] >= 0
     cost = ready["step_cost_s"]
     step = (ready["weight_bytes"] / ready["stream_bytes_per_s"]
             + llm.runner.config.num_layers * cost["per_layer"] + cost["per_step"])

@@ -37,9 +37,11 @@ def test_the_shrunk_model_keeps_each_kind_of_layer(make_model_dir, name):
 
 def test_a_steps_cost_beside_its_weights_is_timed_per_layer_and_per_step(make_model_dir):
     config = ModelConfig.from_dir(make_model_dir("tiny-llama"))
-    cost = step_cost(config, CPU, torch.float32, 16, 128, fuse=True, paged=False, repeats=3)
-    # A layer is a few dozen kernels, each tens of microseconds to dispatch on this CPU.
-    assert 1e-5 < cost.per_layer < 0.05 and 0 <= cost.per_step < 0.05
+    cost = step_cost(config, CPU, torch.float32, 16, 128, fuse=True, paged=False, repeats=9)
+    # A layer is a few dozen kernels, each tens of microseconds to dispatch on this CPU;
+    # a busy machine (the tests' other worker) moves a median, not the order of it.
+    assert 0 <= cost.per_layer < 0.05 and 0 <= cost.per_step < 0.05
+    assert 1e-4 < 3 * cost.per_layer + cost.per_step < 0.1  # a three-layer step costs
     assert 0 <= cost.new_shape < 1  # oneDNN's set-up of the shapes' primitives
 
 
