@@ -41,9 +41,10 @@ from kvledger.engine.settings.config import EngineConfig
 # head size, an MLP (or each expert's) this wide, this many tokens of vocabulary.
 SHRUNK_WIDTH = 64
 SHRUNK_VOCAB = 256
-# The streaming probe's weight: a model's weights up to this, more than a CPU's last-level
-# cache (a model that fits in the cache streams from it in its steps, and is timed so).
-STREAM_SAMPLE_BYTES = 64 << 20
+# The streaming probe's weight: a model's weights up to this, more than the device's
+# last-level cache (a CPU's tens of MiB; an H100's or H200's L2, 50 MiB): a model that fits
+# in the cache streams from it in its steps, and is timed so.
+STREAM_SAMPLE_BYTES = {"cpu": 64 << 20, "cuda": 512 << 20}
 
 # Tokens of the timed matmul: a prefill's, not a decode's; a GPU needs more rows than the
 # CPU to run at the rate a long prefill gets (timed here on the CPU only).
@@ -67,7 +68,7 @@ def predict_start(config: EngineConfig, plan: Plan, model_config: ModelConfig,
         ready.matmul_flops_per_s = matmul_speed(device, dtype, hidden, intermediate)
         ready.profile_flops = _profile_flops(model_config, plan, device)
         ready.stream_speed = stream_speed(device, dtype, hidden,
-                                          min(STREAM_SAMPLE_BYTES, ready.weight_bytes))
+                                          min(_stream_sample(device), ready.weight_bytes))
         if ready.pack_speed is not None:  # the timing that decides whether packing pays
             ready.pack_timing_bytes = measured_bytes(ready.weight_bytes)
         ready.step_cost = step_cost(model_config, device, dtype, plan.kv.block_size,
@@ -150,12 +151,14 @@ def matmul_speed(device: torch.device, dtype: torch.dtype, hidden: int,
 
 @torch.inference_mode()
 def stream_speed(device: torch.device, dtype: torch.dtype, hidden: int,
-                 sample_bytes: int = STREAM_SAMPLE_BYTES, min_seconds: float = 0.02) -> ReadSpeed:
+                 sample_bytes: int | None = None, min_seconds: float = 0.02) -> ReadSpeed:
     """A decode step's product: one row times a ``sample_bytes`` weight of the model's
-    ``hidden`` width (a model's weights, up to more than a CPU's last-level cache: what
-    a step streams), packed where the CPU packs the linear layers (one row reads a packed
-    weight faster: 19 against 14 GB/s here); the median of at least five, repeated for
-    ``min_seconds``, after one untimed: a step as it runs, not at its best."""
+    ``hidden`` width (a model's weights, up to more than the device's last-level cache:
+    what a step streams; None: the device's ``STREAM_SAMPLE_BYTES``), packed where the
+    CPU packs the linear layers (one row reads a packed weight faster: 19 against 14 GB/s
+    here); the median of at least five, repeated for ``min_seconds``, after one untimed: a
+    step as it runs, not at its best."""
+    sample_bytes = _stream_sample(device) if sample_bytes is None else sample_bytes
     weight = torch.ones(max(1, sample_bytes // (hidden * dtype.itemsize)), hidden,
                         dtype=dtype, device=device)
     row = torch.ones(1, hidden, dtype=dtype, device=device)
@@ -242,6 +245,10 @@ def shrunk(config: ModelConfig, layers: int) -> ModelConfig:
         hidden_size=group * config.head_dim, intermediate_size=SHRUNK_WIDTH,
         vocab_size=SHRUNK_VOCAB, tie_word_embeddings=False, layout=None, quantization="",
         weight_format="", moe=moe)
+
+
+def _stream_sample(device: torch.device) -> int:
+    return STREAM_SAMPLE_BYTES.get(device.type, STREAM_SAMPLE_BYTES["cpu"])
 
 
 def _sync(device: torch.device) -> None:

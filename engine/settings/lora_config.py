@@ -159,7 +159,8 @@ class LoraSettings:
         crd=Crd("engine", "adapters held in host memory (--max-cpu-loras)"))
 
     def check_lora(self) -> None:
-        """BadInput, one line, for LoRA flags that contradict each other."""
+        """``lora_modules`` as a tuple; BadInput, one line, for LoRA flags that contradict
+        each other."""
         object.__setattr__(self, "lora_modules", tuple(self.lora_modules))
         check_lora_flags(self.enable_lora, self.lora_modules, self.max_loras,
                          self.max_lora_rank, self.max_cpu_loras)
