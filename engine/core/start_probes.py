@@ -218,13 +218,12 @@ def step_cost(config: ModelConfig, device: torch.device, dtype: torch.dtype,
 
 
 def _decode_step_seconds(runner: ModelRunner, device: torch.device) -> float:
-    """One sequence's decode step through ``runner``, its token back on the host."""
+    """One sequence's decode step through ``runner``, as ``ModelRunner.execute`` runs one
+    (its metadata, the model's hidden states, the logits), its token back on the host."""
     started = time.perf_counter()
     meta = runner.attention.metadata([], [([0], 2)], torch.tensor([1], device=device))
-    cos, sin = runner.rope.lookup(torch.ones(1, dtype=torch.long, device=device))
-    hidden = runner.model(torch.zeros(1, dtype=torch.long, device=device), cos, sin,
-                          runner.kv_cache, meta)
-    runner.model.logits(hidden).argmax(-1).tolist()
+    hidden = runner._hidden([0], [1], meta, runner.kv_cache)
+    runner._logits(hidden, [0]).argmax(-1).tolist()
     return time.perf_counter() - started
 
 
