@@ -11,7 +11,8 @@ process may) and warm (after one untimed run); the median counts:
 
 - ``plain read``: the files read in 64 MiB blocks into one reused buffer, nothing kept: the
   volume's (or the page cache's) own speed, the reference;
-- ``kvledger``: what the engine's loader reads with, safetensors' ``safe_open``, each
+- ``kvledger``: what the engine's loader reads with, views of each file's memory map
+  (``model/mapped_file.py``; safetensors' ``safe_open`` before 2026-12-07), each
   tensor on the device as an owned copy (``.clone()`` on the CPU: the engine's tensors are
   the file's mapped pages until used; ``.to(device)`` on a GPU);
 - ``fastsafetensors`` (``SafeTensorsFileLoader``; on the CPU its ``nogds`` pread path) and
@@ -72,14 +73,14 @@ def _plain(files: list[Path], device: str) -> None:
 
 
 def _kvledger(files: list[Path], device: str) -> dict:
-    from safetensors import safe_open
+    from kvledger.engine.model.mapped_file import MappedFile
 
     out = {}
     for path in files:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                tensor = f.get_tensor(name)
-                out[name] = tensor.clone() if device == "cpu" else tensor.to(device)
+        mapped = MappedFile(path)
+        for name in mapped.names:
+            tensor = mapped.tensor(name)
+            out[name] = tensor.clone() if device == "cpu" else tensor.to(device)
     return out
 
 

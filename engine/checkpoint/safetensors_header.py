@@ -41,6 +41,7 @@ class TensorInfo(NamedTuple):
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
+    begin: int = 0  # where its bytes start in the data region (after the header)
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
@@ -56,6 +57,13 @@ def read_safetensors_header(path: str | os.PathLike,
                             budget: ReadBudget | None = None) -> list[TensorInfo]:
     """The tensors one safetensors file holds, from its header alone (validated), counted
     against ``budget`` as they are read."""
+    return read_safetensors_layout(path, budget)[0]
+
+
+def read_safetensors_layout(path: str | os.PathLike, budget: ReadBudget | None = None,
+                            ) -> tuple[list[TensorInfo], int]:
+    """``read_safetensors_header``'s tensors, and where the data region starts in the file
+    (each tensor's bytes at that plus its ``begin``)."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -90,7 +98,7 @@ def read_safetensors_header(path: str | os.PathLike,
     except MalformedJson as exc:
         raise BadInput(f"{path}: corrupt safetensors header: not valid JSON ({exc})") from None
     _check_offsets(path, spans, file_bytes - 8 - header_len)
-    return tensors
+    return tensors, 8 + header_len
 
 
 def _whole_entries(path: Path, header: object, raw: str,
@@ -184,7 +192,7 @@ def _fast_tensor_info(name: str, entry: object) -> TensorInfo | None:
     if bits % 8 or bits // 8 != end - begin or begin < 0:
         return None
     # The dtype's own string: one per dtype, not one per tensor.
-    return TensorInfo(name, _DTYPE_NAMES[dtype], tuple(shape), bits // 8)
+    return TensorInfo(name, _DTYPE_NAMES[dtype], tuple(shape), bits // 8, begin)
 
 
 def _tensor_info(path: Path, name: str, entry: object) -> TensorInfo:
@@ -209,7 +217,7 @@ def _tensor_info(path: Path, name: str, entry: object) -> TensorInfo:
         size = f"{_digits(bits // 8)} bytes" if bits % 8 == 0 else f"{_digits(bits)} bits"
         raise BadInput(f"{path}: tensor {name!r} {dtype}{_shape_text(shape)} needs {size} but "
                        f"its data_offsets span {_digits(offsets[1] - offsets[0])}")
-    return TensorInfo(name, dtype, tuple(shape), bits // 8)
+    return TensorInfo(name, dtype, tuple(shape), bits // 8, offsets[0])
 
 
 def _digits(n: int) -> str:

@@ -32,6 +32,7 @@ from kvledger.engine.model.cpu_linear import (
 )
 from kvledger.engine.model.transformer import CausalLM
 from kvledger.engine.planner.device import host_available_bytes
+from kvledger.engine.planner.dtypes import checkpoint_dtype
 from kvledger.engine.planner.plan import Plan
 from kvledger.engine.planner.read_speed import ReadSpeed
 from kvledger.engine.planner.ready_time import StepCost, TimeToReady, predict, profile_flops
@@ -45,6 +46,9 @@ SHRUNK_VOCAB = 256
 # last-level cache (a CPU's tens of MiB; an H100's or H200's L2, 50 MiB): a model that fits
 # in the cache streams from it in its steps, and is timed so.
 STREAM_SAMPLE_BYTES = {"cpu": 64 << 20, "cuda": 512 << 20}
+
+# The packing probe's weights, in all: more than a CPU's last-level cache.
+PACK_SAMPLE_BYTES = 96 << 20
 
 # Tokens of the timed matmul: a prefill's, not a decode's; a GPU needs more rows than the
 # CPU to run at the rate a long prefill gets (timed here on the CPU only).
@@ -63,7 +67,10 @@ def predict_start(config: EngineConfig, plan: Plan, model_config: ModelConfig,
     dtype = TORCH_DTYPES[plan.model_dtype]
     hidden, intermediate = model_config.hidden_size, model_config.intermediate_size
     ready.place_speed = place_speed(device, dtype)
-    ready.pack_speed = pack_speed(device, dtype, hidden, intermediate)  # the CPU's
+    ready.copies_weights = (device.type != "cpu"
+                            or checkpoint_dtype(plan.shape, plan.weights) != plan.model_dtype)
+    ready.pack_speed = pack_speed(device, dtype, hidden, intermediate,  # the CPU's
+                                  ready.weight_bytes)
     if config.tensor_parallel_size == config.pipeline_parallel_size == 1:
         ready.matmul_flops_per_s = matmul_speed(device, dtype, hidden, intermediate)
         ready.profile_flops = _profile_flops(model_config, plan, device)
@@ -105,22 +112,28 @@ def place_speed(device: torch.device, dtype: torch.dtype,
 
 
 @torch.inference_mode()
-def pack_speed(device: torch.device, dtype: torch.dtype, hidden: int,
-               intermediate: int) -> ReadSpeed | None:
-    """On the CPU, a timed oneDNN reorder of an ``[intermediate, hidden]`` weight in
-    ``dtype`` (``cpu_linear.PackedLinear``'s packing of the model's own MLP shape), the
-    faster of two after one untimed; None where nothing is packed (another device, a
-    dtype this CPU's oneDNN cannot pack)."""
+def pack_speed(device: torch.device, dtype: torch.dtype, hidden: int, intermediate: int,
+               model_bytes: int) -> ReadSpeed | None:
+    """On the CPU, timed oneDNN reorders of ``[intermediate, hidden]`` weights in ``dtype``
+    (``cpu_linear.PackedLinear``'s packing of the model's own MLP shape): distinct weights,
+    as many bytes as the model's weights up to ``PACK_SAMPLE_BYTES`` (more than a
+    last-level cache: read from memory, as the packing pass reads a model's; one weight
+    reordered again comes from the cache), each packed copy kept until the end (written
+    to new pages, as a model's are: a copy freed at once lends its pages to the next),
+    after one untimed reorder that sets the primitive up; None where nothing is packed (another device, a dtype this CPU's oneDNN
+    cannot pack)."""
     if device.type != "cpu" or not packable(dtype):
         return None
-    weight = torch.ones(intermediate, hidden, dtype=dtype)
-    torch.ops.mkldnn._reorder_linear_weight(weight, PACK_FOR_ROWS)
-    fastest = float("inf")
-    for _ in range(2):
-        started = time.perf_counter()
-        torch.ops.mkldnn._reorder_linear_weight(weight, PACK_FOR_ROWS)
-        fastest = min(fastest, time.perf_counter() - started)
-    return ReadSpeed(weight.numel() * weight.element_size(), fastest)
+    weight_bytes = intermediate * hidden * dtype.itemsize
+    count = -(-min(PACK_SAMPLE_BYTES, model_bytes) // weight_bytes)
+    weights = [torch.ones(intermediate, hidden, dtype=dtype) for _ in range(max(2, count))]
+    torch.ops.mkldnn._reorder_linear_weight(weights[0], PACK_FOR_ROWS)
+    started = time.perf_counter()
+    packed = [torch.ops.mkldnn._reorder_linear_weight(weight, PACK_FOR_ROWS)
+              for weight in weights[1:]]  # each kept, as a model's are: into new pages
+    elapsed = time.perf_counter() - started
+    del packed
+    return ReadSpeed(weight_bytes * (len(weights) - 1), elapsed)
 
 
 @torch.inference_mode()

@@ -34,6 +34,7 @@ from kvledger.engine.model.fp8_linear import (
     scale_shape,
 )
 from kvledger.engine.model.int4_linear import install_int4_linears
+from kvledger.engine.model.mapped_file import MappedFile
 from kvledger.engine.model.pipeline import Stage, StageLM
 from kvledger.engine.model.transformer import CausalLM
 from kvledger.engine.planner.device import host_available_bytes
@@ -138,9 +139,8 @@ def _read_state(files: list[Path], config: ModelConfig, dtype: torch.dtype,
                 device: torch.device, quantize_fp8: bool, stage: Stage | None,
                 reading: WeightReading) -> dict[str, torch.Tensor]:
     """Every tensor of ``files`` that the model (or ``stage``) holds, as ``_loaded`` gives
-    it; with ``eager`` reading, each file read whole before its tensors are taken."""
-    from safetensors import safe_open
-
+    it, from views of each file's memory map (``mapped_file.py``: read as they are used,
+    in the file's order); with ``eager`` reading, each file read whole first."""
     state: dict[str, torch.Tensor] = {}
     for path in files:
         if not path.is_file():
@@ -148,14 +148,14 @@ def _read_state(files: list[Path], config: ModelConfig, dtype: torch.dtype,
         try:
             if reading.strategy == "eager":
                 read_whole(path, reading.block_bytes)
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                    if name.endswith(IGNORED_SUFFIXES) or (
-                            stage is not None and not stage.holds(name, config)):
-                        continue
-                    local = name if stage is None else stage.local_name(name, config)
-                    state.update(_loaded(local, f.get_tensor(name), config, dtype, device,
-                                         quantize_fp8))
+            mapped = MappedFile(path)
+            for name in mapped.names:
+                if name.endswith(IGNORED_SUFFIXES) or (
+                        stage is not None and not stage.holds(name, config)):
+                    continue
+                local = name if stage is None else stage.local_name(name, config)
+                state.update(_loaded(local, mapped.tensor(name), config, dtype, device,
+                                     quantize_fp8))
         except (OSError, RuntimeError) as exc:
             raise BadInput(f"{path}: cannot read safetensors: {exc}") from None
     return state

@@ -71,7 +71,10 @@ class TimeToReady:
     The read is predicted as the files' bytes over the timed read, plus placing the loaded
     weights (``weight_bytes``, in the model's dtype) over a timed copy on the device
     (``place_speed``: each tensor in the model's dtype on its device; the engine measures
-    it, torch being its room), plus on the CPU packing them for oneDNN over a timed
+    it, torch being its room) where loading copies them (``copies_weights``: onto another
+    device, or into another dtype; on the CPU in the checkpoint's own dtype the loaded
+    tensors are views of the files' memory maps, and the first pass over them, fusing or
+    packing, is their read), plus on the CPU packing them for oneDNN over a timed
     reorder of the model's own shape (``pack_speed``: a reorder is slower than a copy),
     and the timing that decides whether packing pays, its sample's bytes streamed
     (``pack_timing_bytes``) at the decode step's speed (``stream_speed``).
@@ -92,6 +95,7 @@ class TimeToReady:
     measured: dict[str, float] = field(default_factory=dict)
     weight_bytes: int = 0
     place_speed: ReadSpeed | None = None
+    copies_weights: bool = True  # loading copies the weights (see above)
     pack_speed: ReadSpeed | None = None  # the CPU's oneDNN packing (None: no packing)
     pack_timing_bytes: int = 0  # what deciding whether packing pays streams (cpu_linear)
     profile_flops: float = 0.0  # the profiled steps' arithmetic (``profile_flops``)
@@ -110,8 +114,16 @@ class TimeToReady:
             speed = self.read_speed.bytes_per_s
             if self.mapped_speed is not None:
                 speed = min(speed, self.mapped_speed.bytes_per_s)
-            read = self.weight_file_bytes / speed
-            for pass_speed in (self.place_speed, self.pack_speed):
+            # The timed read's own bytes are in the page cache by the time the loader
+            # reads them: copied out of it, not read again.
+            sampled = min(self.read_speed.bytes, self.weight_file_bytes)
+            read = (self.weight_file_bytes - sampled) / speed
+            if sampled and self.place_speed is not None:
+                read += sampled / self.place_speed.bytes_per_s
+            else:
+                read += sampled / speed
+            place = self.place_speed if self.copies_weights else None
+            for pass_speed in (place, self.pack_speed):
                 if pass_speed is not None:
                     read += self.weight_bytes / pass_speed.bytes_per_s
             if self.pack_speed is not None and self.stream_speed is not None:
@@ -149,6 +161,7 @@ class TimeToReady:
                 "place_bytes_per_s": None if place is None else round(place.bytes_per_s),
                 "pack_bytes_per_s": None if self.pack_speed is None
                 else round(self.pack_speed.bytes_per_s),
+                "copies_weights": self.copies_weights,
                 "pack_timing_bytes": self.pack_timing_bytes,
                 "mapped_bytes_per_s": None if self.mapped_speed is None
                 else round(self.mapped_speed.bytes_per_s),

@@ -44,7 +44,7 @@ def test_a_read_ahead_is_predicted_from_files_read_side_by_side(tmp_path, monkey
     # takes the pages the read ahead has read: the slower of the two counts
     assert timed == [(8, None), (1, read_speed.SAMPLE_BYTES // 3)]
     slower = min(ahead.read_speed.bytes_per_s, ahead.mapped_speed.bytes_per_s)
-    assert ahead.predicted["read"] == ahead.weight_file_bytes / slower
+    assert ahead.predicted["read"] == pytest.approx(ahead.weight_file_bytes / slower)
     assert ahead.to_json()["mapped_bytes_per_s"] == round(ahead.mapped_speed.bytes_per_s)
     timed.clear()
     assert predict(files, WeightReading("lazy")).mapped_speed is None
@@ -201,9 +201,22 @@ def test_the_timing_that_decides_packing_is_part_of_the_predicted_read():
 
     assert measured_bytes(MEASURE_MIN_BYTES - 1) == 0  # packed unmeasured
     assert measured_bytes(1 << 40) == 2 * 3 * 3 * SAMPLE_BYTES  # dense and packed, 3 rows, 3x
-    ready = TimeToReady(1 << 30, ReadSpeed(1 << 30, 1.0), weight_bytes=1 << 30,
+    ready = TimeToReady(1 << 30, ReadSpeed(256 << 20, 0.25), weight_bytes=1 << 30,
                         place_speed=ReadSpeed(1 << 30, 0.5), pack_speed=ReadSpeed(1 << 30, 0.25))
-    assert ready.predicted["read"] == pytest.approx(1.75)
+    read = 0.75 + 0.125  # the files (the timed read's own bytes copied from the page cache)
+    assert ready.predicted["read"] == pytest.approx(read + 0.5 + 0.25)  # placed, packed
     ready.stream_speed, ready.pack_timing_bytes = ReadSpeed(4 << 30, 1.0), 2 << 30
-    assert ready.predicted["read"] == pytest.approx(1.75 + 0.5)
+    assert ready.predicted["read"] == pytest.approx(read + 0.5 + 0.25 + 0.5)
     assert ready.to_json()["pack_timing_bytes"] == 2 << 30
+
+
+def test_the_read_counts_a_copy_only_where_loading_copies():
+    """On the CPU in the checkpoint's own dtype the loaded tensors are views of the files'
+    maps: reading them is the first pass over them, no copy of its own. The timed read's
+    bytes are in the page cache when the loader comes: copied out, not read again."""
+    ready = TimeToReady(1 << 30, ReadSpeed(256 << 20, 0.5), weight_bytes=1 << 30,
+                        place_speed=ReadSpeed(1 << 30, 0.25))
+    assert ready.predicted["read"] == pytest.approx(1.5 + 0.0625 + 0.25)
+    ready.copies_weights = False
+    assert ready.predicted["read"] == pytest.approx(1.5 + 0.0625)
+    assert ready.to_json()["copies_weights"] is False

@@ -3,11 +3,22 @@ and what a step costs beside them, timed on the model's own kinds of layer shrun
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 
 from kvledger.engine.checkpoint.model_config import ModelConfig
-from kvledger.engine.core.start_probes import SHRUNK_WIDTH, shrunk, step_cost, stream_speed
+from kvledger.engine.core import start_probes
+from kvledger.engine.core.start_probes import (
+    PACK_SAMPLE_BYTES,
+    SHRUNK_WIDTH,
+    pack_speed,
+    shrunk,
+    step_cost,
+    stream_speed,
+)
+from kvledger.engine.model.cpu_linear import packable
 from kvledger.engine.model.moe import SparseMoE
 from kvledger.engine.model.transformer import CausalLM
 
@@ -49,3 +60,32 @@ def test_the_streaming_speed_reads_a_weight_larger_than_a_cache():
     speed = stream_speed(CPU, torch.float32, 512, sample_bytes=32 << 20)
     assert speed.bytes >= 32 << 20 and speed.seconds > 0
     assert 1e8 < speed.bytes_per_s < 1e12  # memory's speed, not a cache's or nothing
+
+
+@pytest.mark.skipif(not packable(torch.float32), reason="this CPU's oneDNN packs nothing")
+def test_packing_is_timed_on_distinct_weights_each_kept_as_a_model_keeps_them(monkeypatch):
+    """One weight reordered again is read from the cache, and a packed copy freed at once
+    lends its pages to the next: the packing pass of a model meets neither."""
+    sources, timed, kept = [], [], []
+    real = torch.ops.mkldnn._reorder_linear_weight
+
+    class Ops:
+        @staticmethod
+        def _reorder_linear_weight(weight, rows):
+            kept.append(all(ref() is not None for ref in timed))  # the earlier copies
+            out = real(weight, rows)
+            if sources:  # the first, untimed, may go
+                timed.append(weakref.ref(out))
+            sources.append(weight.data_ptr())
+            return out
+
+    monkeypatch.setattr(start_probes.torch.ops, "mkldnn", Ops)
+    hidden, intermediate = 512, 1024
+    weight_bytes = hidden * intermediate * 4
+    speed = pack_speed(CPU, torch.float32, hidden, intermediate, model_bytes=1 << 40)
+    count = PACK_SAMPLE_BYTES // weight_bytes
+    assert len(sources) == len(set(sources)) == count  # the first untimed
+    assert speed.bytes == (count - 1) * weight_bytes and speed.seconds > 0
+    assert all(kept) and all(ref() is None for ref in timed)  # kept to the end, then freed
+    small = pack_speed(CPU, torch.float32, hidden, intermediate, model_bytes=3 * weight_bytes)
+    assert small.bytes == 2 * weight_bytes  # as many bytes as the model's, one untimed

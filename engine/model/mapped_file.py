@@ -1,0 +1,70 @@
+"""A safetensors file's tensors as views of one private memory map of it: nothing is read
+until a tensor's bytes are used.
+
+safetensors' own ``safe_open(...).get_tensor`` touches each tensor's pages as it hands
+the tensor over: cold, every tensor is a synchronous read where its bytes lie, and the
+kernel's read-around makes each 8-16 MiB (291 tensors of a 1.45 GB checkpoint: 0.8-0.9 s
+of reads in no useful order before a byte is used). Views of one map leave the reading
+to the pass that uses the bytes (fusing, packing, copying to a GPU), which walks the file
+in order, so the kernel reads it ahead as it goes (docs/benchmarks.md, "Reading the
+weights").
+
+The header is read and checked by ``checkpoint/safetensors_header.py`` (as strictly as
+safetensors does: offsets contiguous from 0 and covering the data region), so every view
+lies inside the file. The map is private (copy on write): a tensor written to never
+reaches the file. A view whose offset its dtype cannot be aligned to is copied out.
+"""
+
+from __future__ import annotations
+
+import mmap
+from pathlib import Path
+
+import torch
+
+from kvledger.engine.checkpoint.safetensors_header import TensorInfo, read_safetensors_layout
+from kvledger.engine.errors import BadInput
+
+TORCH_DTYPES = {
+    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
+    "U16": torch.uint16, "I32": torch.int32, "U32": torch.uint32, "I64": torch.int64,
+    "U64": torch.uint64, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F32": torch.float32, "F64": torch.float64, "C64": torch.complex64,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "F8_E4M3FNUZ": torch.float8_e4m3fnuz, "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
+    "F8_E8M0": torch.float8_e8m0fnu,
+}
+
+
+class MappedFile:
+    """One safetensors file, mapped: ``names`` in the header's order, ``tensor(name)`` a
+    view (BadInput for a dtype torch has no tensors of: the 4- and 6-bit floats)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        infos, self._data_start = read_safetensors_layout(self.path)
+        self._infos: dict[str, TensorInfo] = {info.name: info for info in infos}
+        self._map: mmap.mmap | None = None
+        if any(info.nbytes for info in infos):
+            with open(self.path, "rb") as handle:
+                self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._infos)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        info = self._infos[name]
+        dtype = TORCH_DTYPES.get(info.dtype)
+        if dtype is None:
+            raise BadInput(f"{self.path}: tensor {name!r} is {info.dtype}, which torch "
+                           "holds no tensors of")
+        if info.nbytes == 0 or self._map is None:
+            return torch.empty(info.shape, dtype=dtype)
+        offset = self._data_start + info.begin
+        if offset % dtype.itemsize:  # a view would be misaligned for its dtype
+            raw = torch.frombuffer(self._map, dtype=torch.uint8, count=info.nbytes,
+                                   offset=offset)
+            return raw.clone().view(dtype).view(info.shape)
+        return torch.frombuffer(self._map, dtype=dtype, offset=offset,
+                                count=info.nbytes // dtype.itemsize).view(info.shape)
