@@ -15,39 +15,13 @@ choice and is kept.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from pathlib import Path
 
+from kvledger.engine.planner.device import CGROUP, cgroup_cpu_limit, cpu_threads
+
 log = logging.getLogger("kvledger.engine")
-
-CGROUP = Path("/sys/fs/cgroup")
-
-
-def cgroup_cpu_limit(root: Path = CGROUP) -> float | None:
-    """The CPUs the cgroup's CFS quota allows (quota / period), or None when unlimited or
-    unreadable."""
-    try:
-        quota, _, period = (root / "cpu.max").read_text().strip().partition(" ")
-        if quota == "max":
-            return None
-        return int(quota) / int(period or 100_000)
-    except (OSError, ValueError):
-        pass
-    try:
-        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
-    except (OSError, ValueError):
-        return None
-    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
-
-
-def cpu_threads(affinity: int, limit: float | None) -> int:
-    """Threads for ``affinity`` usable CPUs under a quota of ``limit`` CPUs (None: none)."""
-    if limit is None:
-        return max(1, affinity)
-    return max(1, min(affinity, math.ceil(limit)))
 
 
 def cap_torch_threads(torch_module, environ=os.environ, root: Path = CGROUP) -> int:

@@ -60,7 +60,8 @@ def predict_start(config: EngineConfig, plan: Plan, model_config: ModelConfig,
     """The start's phases predicted before anything is loaded: a timed read of the
     weights' files as they will be read, then this module's probes on ``device`` (those
     of a step, in one process only: ranks time their own)."""
-    ready = predict(checkpoint_files(model_dir), config.weight_reading, host_available_bytes())
+    ready = predict(checkpoint_files(model_dir), config.weight_reading, host_available_bytes(),
+                    faults=torch.get_num_threads() if device.type == "cpu" else 1)
     ready.weight_bytes = plan.classes["weights"]
     ready.kv_bytes = plan.classes["kv_cache"]
     ready.num_layers = model_config.num_layers
@@ -127,13 +128,14 @@ def pack_speed(device: torch.device, dtype: torch.dtype, hidden: int, intermedia
     weight_bytes = intermediate * hidden * dtype.itemsize
     count = -(-min(PACK_SAMPLE_BYTES, model_bytes) // weight_bytes)
     weights = [torch.ones(intermediate, hidden, dtype=dtype) for _ in range(max(2, count))]
-    torch.ops.mkldnn._reorder_linear_weight(weights[0], PACK_FOR_ROWS)
+    torch.ops.mkldnn._reorder_linear_weight(weights.pop(), PACK_FOR_ROWS)
+    timed, packed = len(weights), []
     started = time.perf_counter()
-    packed = [torch.ops.mkldnn._reorder_linear_weight(weight, PACK_FOR_ROWS)
-              for weight in weights[1:]]  # each kept, as a model's are: into new pages
+    while weights:  # each packed copy kept, each dense weight let go, as a model's are
+        packed.append(torch.ops.mkldnn._reorder_linear_weight(weights.pop(), PACK_FOR_ROWS))
     elapsed = time.perf_counter() - started
     del packed
-    return ReadSpeed(weight_bytes * (len(weights) - 1), elapsed)
+    return ReadSpeed(weight_bytes * timed, elapsed)
 
 
 @torch.inference_mode()

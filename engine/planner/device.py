@@ -12,6 +12,7 @@ NVIDIA GPU (``--device cuda``, or ``auto`` when one is there); host memory for
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -224,3 +225,42 @@ def _read_int(path: Path) -> int | None:
     except OSError:
         return None
     return int(text) if text.isdigit() else None  # "max" (v2, unlimited) -> None
+
+
+# -- the CPUs torch's kernels run on (core/cpu_threads.py caps torch's pool so) -----------
+
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def cgroup_cpu_limit(root: Path = CGROUP) -> float | None:
+    """The CPUs the cgroup's CFS quota allows (quota / period), or None when unlimited or
+    unreadable."""
+    try:
+        quota, _, period = (root / "cpu.max").read_text().strip().partition(" ")
+        if quota == "max":
+            return None
+        return int(quota) / int(period or 100_000)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+
+
+def cpu_threads(affinity: int, limit: float | None) -> int:
+    """Threads for ``affinity`` usable CPUs under a quota of ``limit`` CPUs (None: none)."""
+    if limit is None:
+        return max(1, affinity)
+    return max(1, min(affinity, math.ceil(limit)))
+
+
+def host_threads(environ: dict[str, str] | os._Environ = os.environ, root: Path = CGROUP) -> int:
+    """The threads torch's CPU kernels will use here: ``OMP_NUM_THREADS`` when set, else
+    the CPUs this process may run on under the cgroup's quota (``cpu_threads``)."""
+    with contextlib.suppress(ValueError):
+        if int(environ.get("OMP_NUM_THREADS", "")) > 0:
+            return int(environ["OMP_NUM_THREADS"])
+    return cpu_threads(len(os.sched_getaffinity(0)), cgroup_cpu_limit(root))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kvledger.engine.checkpoint.contents import ModelSource
 from kvledger.engine.checkpoint.files import checkpoint_files
-from kvledger.engine.planner.device import host_available_bytes
+from kvledger.engine.planner.device import host_available_bytes, host_threads
 from kvledger.engine.planner.ready_time import predict
 from kvledger.engine.planner.record import Plan
 
@@ -23,5 +23,6 @@ def with_predicted_start(plan: Plan) -> Plan:
     folder = Path(source.path)
     if source.headers_only or not folder.is_dir():
         return plan
+    faults = host_threads() if plan.device.kind == "cpu" else 1  # as the engine's torch
     return dataclasses.replace(plan, time_to_ready=predict(
-        checkpoint_files(folder), plan.config.weight_reading, host_available_bytes()))
+        checkpoint_files(folder), plan.config.weight_reading, host_available_bytes(), faults))

@@ -213,17 +213,20 @@ class TimeToReady:
 
 
 def predict(files: list[Path], reading: WeightReading = AS_VLLM_DEFAULTS,
-            available_bytes: int | None = None) -> TimeToReady:
+            available_bytes: int | None = None, faults: int = 1) -> TimeToReady:
     """The prediction for loading ``files`` as ``reading`` says: their bytes over a timed
     read of them now, several at once where they will be read ahead (``verdict``, with
-    ``available_bytes`` of host memory)."""
+    ``available_bytes`` of host memory), through a memory map in ``faults`` threads at
+    once where the loader's first pass over the weights faults them so (on the CPU,
+    torch's threads)."""
     existing = [f for f in files if f.is_file()]
     ahead = verdict(reading, existing, available_bytes).prefetch
     ready = TimeToReady(sum(os.path.getsize(f) for f in existing),
-                        measure_read(existing, threads=reading.threads if ahead else 1))
+                        measure_read(existing, threads=reading.threads if ahead else 1,
+                                     faults=faults))
     if ahead and ready.read_speed is not None:  # the largest file's share, now read: mapped
         share = SAMPLE_BYTES // max(1, min(reading.threads, len(existing)))
-        ready.mapped_speed = measure_read(existing, sample_bytes=share)
+        ready.mapped_speed = measure_read(existing, sample_bytes=share, faults=faults)
     return ready
 
 

@@ -3,6 +3,7 @@ weights' own files (planner/read_speed.py), the phases measured."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -26,6 +27,32 @@ def test_a_timed_read_of_the_largest_file_predicts_the_whole(tmp_path):
     assert predict([]).predicted["read"] is None and measure_read([]) is None
 
 
+def test_the_mapped_read_faults_in_as_many_threads_as_the_loader(tmp_path, monkeypatch):
+    """On the CPU the loader's first pass over a tensor splits it among torch's threads,
+    whose page faults a disk serves side by side: the timed read faults so too, each
+    thread over its own contiguous share of the sample, from the file's middle on."""
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(bytes(range(256)) * ((64 << 20) // 256))
+    copies: list[tuple[int, int, int]] = []
+    real = read_speed.ctypes.memmove
+
+    def memmove(dst, src, count):
+        copies.append((threading.get_ident(), src, count))
+        return real(dst, src, count)
+
+    monkeypatch.setattr(read_speed.ctypes, "memmove", memmove)
+    speed = measure_read([path], sample_bytes=32 << 20, faults=2)
+    assert speed.bytes == 32 << 20
+    threads = {ident for ident, *_ in copies}
+    assert len(threads) == 2
+    starts = sorted(min(src for ident, src, _ in copies if ident == t) for t in threads)
+    ends = sorted(max(src + n for ident, src, n in copies if ident == t) for t in threads)
+    assert starts[1] - starts[0] == 16 << 20 == ends[0] - starts[0] == ends[1] - starts[1]
+    copies.clear()
+    assert measure_read([path], sample_bytes=32 << 20).bytes == 32 << 20  # one: the default
+    assert len({ident for ident, *_ in copies}) == 1
+
+
 def test_a_read_ahead_is_predicted_from_files_read_side_by_side(tmp_path, monkeypatch):
     """Where the loader will read the files ahead, several at once, the prediction times
     them so: the largest files, a share of the sample from each one's middle."""
@@ -36,9 +63,11 @@ def test_a_read_ahead_is_predicted_from_files_read_side_by_side(tmp_path, monkey
     assert speed.bytes == 24 << 20  # 8 MiB from each
     timed = []
     real = ready_time.measure_read
-    monkeypatch.setattr(ready_time, "measure_read", lambda found, threads=1, sample_bytes=None: (
-        timed.append((threads, sample_bytes))
-        or real(found, sample_bytes=sample_bytes or 8 << 20, threads=threads)))
+    monkeypatch.setattr(ready_time, "measure_read",
+                        lambda found, threads=1, sample_bytes=None, faults=1: (
+                            timed.append((threads, sample_bytes))
+                            or real(found, sample_bytes=sample_bytes or 8 << 20,
+                                    threads=threads, faults=faults)))
     ahead = predict(files, WeightReading("prefetch", threads=8))
     # read side by side, then the largest file's share again through a map, as the loader
     # takes the pages the read ahead has read: the slower of the two counts

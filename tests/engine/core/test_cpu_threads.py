@@ -9,11 +9,10 @@ import pytest
 from kvledger.engine.core.cpu_threads import (
     ThreadGovernor,
     cap_torch_threads,
-    cgroup_cpu_limit,
-    cpu_threads,
     idle_seconds,
     next_threads,
 )
+from kvledger.engine.planner.device import cgroup_cpu_limit, cpu_threads, host_threads
 
 
 def _cgroup(tmp_path, v2=None, v1=None):
@@ -45,6 +44,17 @@ def test_threads_are_the_quota_rounded_up_within_the_affinity():
     assert cpu_threads(64, 0.25) == 1
     assert cpu_threads(4, 16.0) == 4
     assert cpu_threads(8, None) == 8
+
+
+def test_the_planner_counts_the_threads_torch_will_use(tmp_path):
+    """The plan's timed read faults in as many threads as the engine's torch will copy
+    with: OMP_NUM_THREADS when set, else the affinity under the quota."""
+    affinity = len(os.sched_getaffinity(0))
+    assert host_threads({}, _cgroup(tmp_path / "none")) == affinity
+    (tmp_path / "one").mkdir()
+    assert host_threads({}, _cgroup(tmp_path / "one", "100000 100000\n")) == 1
+    assert host_threads({"OMP_NUM_THREADS": "3"}, _cgroup(tmp_path / "one")) == 3
+    assert host_threads({"OMP_NUM_THREADS": "many"}, _cgroup(tmp_path / "one")) == 1
 
 
 class _Torch:
