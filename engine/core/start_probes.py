@@ -68,8 +68,10 @@ def predict_start(config: EngineConfig, plan: Plan, model_config: ModelConfig,
     dtype = TORCH_DTYPES[plan.model_dtype]
     hidden, intermediate = model_config.hidden_size, model_config.intermediate_size
     ready.place_speed = place_speed(device, dtype)
-    ready.copies_weights = (device.type != "cpu"
-                            or checkpoint_dtype(plan.shape, plan.weights) != plan.model_dtype)
+    ready.copies_weights = (device.type != "cpu"  # onto the device, into another dtype,
+                            or checkpoint_dtype(plan.shape, plan.weights) != plan.model_dtype
+                            or (config.quantization == "fp8"  # or quantized as they load
+                                and not model_config.weight_format))
     ready.pack_speed = pack_speed(device, dtype, hidden, intermediate,  # the CPU's
                                   ready.weight_bytes)
     if config.tensor_parallel_size == config.pipeline_parallel_size == 1:

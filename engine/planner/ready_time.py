@@ -158,6 +158,7 @@ class TimeToReady:
         place = self.place_speed
         return {"weight_file_bytes": self.weight_file_bytes, "weight_bytes": self.weight_bytes,
                 "read_bytes_per_s": None if speed is None else round(speed.bytes_per_s),
+                "read_sample_bytes": None if speed is None else speed.bytes,
                 "place_bytes_per_s": None if place is None else round(place.bytes_per_s),
                 "pack_bytes_per_s": None if self.pack_speed is None
                 else round(self.pack_speed.bytes_per_s),
