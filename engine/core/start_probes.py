@@ -118,13 +118,13 @@ def place_speed(device: torch.device, dtype: torch.dtype,
 def pack_speed(device: torch.device, dtype: torch.dtype, hidden: int, intermediate: int,
                model_bytes: int) -> ReadSpeed | None:
     """On the CPU, timed oneDNN reorders of ``[intermediate, hidden]`` weights in ``dtype``
-    (``cpu_linear.PackedLinear``'s packing of the model's own MLP shape): distinct weights,
-    as many bytes as the model's weights up to ``PACK_SAMPLE_BYTES`` (more than a
-    last-level cache: read from memory, as the packing pass reads a model's; one weight
-    reordered again comes from the cache), each packed copy kept until the end (written
-    to new pages, as a model's are: a copy freed at once lends its pages to the next),
-    after one untimed reorder that sets the primitive up; None where nothing is packed (another device, a dtype this CPU's oneDNN
-    cannot pack)."""
+    (``cpu_linear.PackedLinear``'s packing of the model's own MLP shape), as the packing
+    pass meets a model's: distinct weights, as many bytes as the model's up to
+    ``PACK_SAMPLE_BYTES`` (more than a last-level cache: one weight reordered again comes
+    from the cache), each packed copy kept to the end (written to new pages: a copy freed
+    at once lends its pages to the next) and each dense weight let go once packed; after
+    one untimed reorder that sets the primitive up. None where nothing is packed (another
+    device, a dtype this CPU's oneDNN cannot pack)."""
     if device.type != "cpu" or not packable(dtype):
         return None
     weight_bytes = intermediate * hidden * dtype.itemsize
@@ -133,7 +133,7 @@ def pack_speed(device: torch.device, dtype: torch.dtype, hidden: int, intermedia
     torch.ops.mkldnn._reorder_linear_weight(weights.pop(), PACK_FOR_ROWS)
     timed, packed = len(weights), []
     started = time.perf_counter()
-    while weights:  # each packed copy kept, each dense weight let go, as a model's are
+    while weights:
         packed.append(torch.ops.mkldnn._reorder_linear_weight(weights.pop(), PACK_FOR_ROWS))
     elapsed = time.perf_counter() - started
     del packed

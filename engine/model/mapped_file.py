@@ -6,8 +6,8 @@ the tensor over: cold, every tensor is a synchronous read where its bytes lie, a
 kernel's read-around makes each 8-16 MiB (291 tensors of a 1.45 GB checkpoint: 0.8-0.9 s
 of reads in no useful order before a byte is used). Views of one map leave the reading
 to the pass that uses the bytes (fusing, packing, copying to a GPU), which walks the file
-in order, so the kernel reads it ahead as it goes (docs/benchmarks.md, "Reading the
-weights").
+in order, so the kernel reads it ahead as it goes (docs/benchmarks.md, "Time to ready":
+a cold load of that checkpoint 0.2 s shorter).
 
 The header is read and checked by ``checkpoint/safetensors_header.py`` (as strictly as
 safetensors does: offsets contiguous from 0 and covering the data region), so every view
@@ -25,7 +25,9 @@ import torch
 from kvledger.engine.checkpoint.safetensors_header import TensorInfo, read_safetensors_layout
 from kvledger.engine.errors import BadInput
 
-TORCH_DTYPES = {
+# safetensors' dtype names (checkpoint/safetensors_header.DTYPE_BITS) as torch's; the
+# 4- and 6-bit floats have none.
+SAFETENSORS_DTYPES = {
     "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
     "U16": torch.uint16, "I32": torch.int32, "U32": torch.uint32, "I64": torch.int64,
     "U64": torch.uint64, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -55,7 +57,7 @@ class MappedFile:
 
     def tensor(self, name: str) -> torch.Tensor:
         info = self._infos[name]
-        dtype = TORCH_DTYPES.get(info.dtype)
+        dtype = SAFETENSORS_DTYPES.get(info.dtype)
         if dtype is None:
             raise BadInput(f"{self.path}: tensor {name!r} is {info.dtype}, which torch "
                            "holds no tensors of")

@@ -117,11 +117,8 @@ class TimeToReady:
             # The timed read's own bytes are in the page cache by the time the loader
             # reads them: copied out of it, not read again.
             sampled = min(self.read_speed.bytes, self.weight_file_bytes)
-            read = (self.weight_file_bytes - sampled) / speed
-            if sampled and self.place_speed is not None:
-                read += sampled / self.place_speed.bytes_per_s
-            else:
-                read += sampled / speed
+            copy = speed if self.place_speed is None else self.place_speed.bytes_per_s
+            read = (self.weight_file_bytes - sampled) / speed + sampled / copy
             place = self.place_speed if self.copies_weights else None
             for pass_speed in (place, self.pack_speed):
                 if pass_speed is not None:

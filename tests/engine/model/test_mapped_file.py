@@ -9,14 +9,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.model.mapped_file import TORCH_DTYPES, MappedFile
+from kvledger.engine.model.mapped_file import SAFETENSORS_DTYPES, MappedFile
 
 
 def _every_dtype() -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     values = torch.randn(3, 5) * 4
     out = {}
-    for name, dtype in TORCH_DTYPES.items():
+    for name, dtype in SAFETENSORS_DTYPES.items():
         if dtype in (torch.uint16, torch.uint32, torch.uint64):
             out[name] = values.abs().to(torch.int64).to(dtype)
         elif dtype == torch.complex64:
