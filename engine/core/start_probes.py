@@ -117,27 +117,32 @@ def place_speed(device: torch.device, dtype: torch.dtype,
 @torch.inference_mode()
 def pack_speed(device: torch.device, dtype: torch.dtype, hidden: int, intermediate: int,
                model_bytes: int) -> ReadSpeed | None:
-    """On the CPU, timed oneDNN reorders of ``[intermediate, hidden]`` weights in ``dtype``
-    (``cpu_linear.PackedLinear``'s packing of the model's own MLP shape), as the packing
-    pass meets a model's: distinct weights, as many bytes as the model's up to
+    """On the CPU, timed oneDNN reorders of the model's own MLP (``cpu_linear.PackedLinear``'s
+    packing): its gate's and up's ``[intermediate, hidden]`` weights and its down's
+    ``[hidden, intermediate]`` in turn (a reorder's speed depends on the shape: here the
+    down's ran 2-3 times the gate's; a model's projections in and out of the hidden width
+    hold its bytes about two to one, as an MLP's do) in ``dtype``, as the packing pass
+    meets a model's: distinct weights, as many bytes as the model's up to
     ``PACK_SAMPLE_BYTES`` (more than a last-level cache: one weight reordered again comes
     from the cache), each packed copy kept to the end (written to new pages: a copy freed
     at once lends its pages to the next) and each dense weight let go once packed; after
-    one untimed reorder that sets the primitive up. None where nothing is packed (another
-    device, a dtype this CPU's oneDNN cannot pack)."""
+    one untimed reorder of each shape, which sets its primitive up. None where nothing is
+    packed (another device, a dtype this CPU's oneDNN cannot pack)."""
     if device.type != "cpu" or not packable(dtype):
         return None
+    shapes = [(intermediate, hidden)] * 2 + [(hidden, intermediate)]  # gate, up, down
+    for shape in dict.fromkeys(shapes):
+        torch.ops.mkldnn._reorder_linear_weight(torch.ones(shape, dtype=dtype), PACK_FOR_ROWS)
     weight_bytes = intermediate * hidden * dtype.itemsize
-    count = -(-min(PACK_SAMPLE_BYTES, model_bytes) // weight_bytes)
-    weights = [torch.ones(intermediate, hidden, dtype=dtype) for _ in range(max(2, count))]
-    torch.ops.mkldnn._reorder_linear_weight(weights.pop(), PACK_FOR_ROWS)
-    timed, packed = len(weights), []
+    count = max(len(shapes), -(-min(PACK_SAMPLE_BYTES, model_bytes) // weight_bytes))
+    weights = [torch.ones(shapes[i % len(shapes)], dtype=dtype) for i in range(count)]
+    packed = []
     started = time.perf_counter()
     while weights:
         packed.append(torch.ops.mkldnn._reorder_linear_weight(weights.pop(), PACK_FOR_ROWS))
     elapsed = time.perf_counter() - started
     del packed
-    return ReadSpeed(weight_bytes * timed, elapsed)
+    return ReadSpeed(weight_bytes * count, elapsed)
 
 
 @torch.inference_mode()
