@@ -1,6 +1,6 @@
 """How a checkpoint's files are read, as vLLM's ``--safetensors-load-strategy`` says.
 
-The loader takes each tensor through safetensors' memory map (``lazy``): a page is read
+The loader takes each tensor as a view of its file's memory map (``lazy``): a page is read
 when a tensor first touches it. On a network filesystem that is many small reads, each a
 round trip, so vLLM reads the files ahead, and so does kvledger:
 
