@@ -26,6 +26,7 @@ from kvledger.operator.api.resource import API_VERSION, PLURAL
 from kvledger.operator.api.spec import ServiceSpec, parse_spec
 from kvledger.operator.api.status_types import ModelRecord, ServiceStatus
 from kvledger.operator.cluster.kube import KubeApi, KubeError, object_path
+from kvledger.operator.controller.startup import cold_start_seconds
 from kvledger.operator.render import autoscaling, gateway, render_group
 from kvledger.operator.render.pod import render_sleep_config_map
 from kvledger.operator.render.policy import render_network_policy
@@ -171,7 +172,7 @@ async def _apply(memo: kopf.Memo, name: str, namespace: str, spec: ServiceSpec,
     optional = autoscaling.render_scaling(name, namespace, spec,
                                           prometheus_url=memo.prometheus_url,
                                           http_scaler=memo.http_scaler,
-                                          start_seconds=last_start_seconds(owner))
+                                          start_seconds=cold_start_seconds(owner))
     optional[NETWORK_POLICY] = network_policy(name, namespace, spec, memo.policy.network_policy)
     # None: deleted, as the other optional children (a 404 where the API is not served).
     optional[gateway.INFERENCE_POOLS] = gateway.render_inference_pool(
@@ -231,12 +232,6 @@ async def apply_objectives(memo: kopf.Memo, name: str, namespace: str) -> None:
         if body is not None:
             kopf.adopt(body, owner=kopf.Body(owner))
             await memo.kube.apply(*CONFIG_MAPS, body)
-
-
-def last_start_seconds(owner: kopf.Body) -> int | None:
-    """The last start measured (``status.startup.seconds.total``), None before one."""
-    total = (((owner.get("status") or {}).get("startup") or {}).get("seconds") or {}).get("total")
-    return total if isinstance(total, int) and not isinstance(total, bool) else None
 
 
 async def node_key_secret(kube: KubeApi, name: str, namespace: str, owner: kopf.Body) -> str:

@@ -7,17 +7,26 @@ the pod's start (``status.startTime``, the kubelet took it) to its ``Ready`` con
 and within it each init container's run (``preflight``, and ``fetch`` for a hub model:
 the download) and the engine's, from its container's start to ready (loading, placing,
 profiling, capturing graphs, warming up: ``/v1/budget``'s ``time_to_ready`` has those
-phases one by one). Timestamps are the API server's, to the second.
+phases one by one). Timestamps are the API server's, to the second. A cold start's wait
+(the interceptor's ``Retry-After`` at zero replicas) is the last start measured, else the
+read the pre-flight predicted (``cold_start_seconds``).
 """
 
 from __future__ import annotations
 
 import datetime
+import math
+from collections.abc import Mapping
+from typing import Any
 
+from kvledger.operator.api.resource import DEFAULT_START_S
 from kvledger.operator.api.status_types import PodStatus, Startup
 from kvledger.operator.controller.pod_status import containers
 
 INIT_CONTAINERS = ("preflight", "fetch")
+# A predicted read past this is not a start anyone waits for (and the pre-flight's figure
+# comes from the tenant's pod: bounded, as everything read from there is).
+MAX_PREDICTED_START_S = 24 * 3600
 
 
 def measured_start(pods: list[PodStatus]) -> Startup | None:
@@ -64,3 +73,20 @@ def _time(text: object) -> datetime.datetime | None:
 
 def _seconds(start: datetime.datetime, end: datetime.datetime) -> int:
     return round((end - start).total_seconds())
+
+
+def cold_start_seconds(owner: Mapping[str, Any]) -> int | None:
+    """A cold start's wait: the last start measured (``status.startup.seconds.total``);
+    before one, the read the pre-flight predicted (``status.plan.timeToReady.predictedS
+    .read``, whole seconds rounded up) where it is longer than ``DEFAULT_START_S`` (a
+    start takes at least its read); None: neither (the default)."""
+    status = owner.get("status") or {}
+    total = ((status.get("startup") or {}).get("seconds") or {}).get("total")
+    if isinstance(total, int) and not isinstance(total, bool):
+        return total
+    read = (((status.get("plan") or {}).get("timeToReady") or {}).get("predictedS")
+            or {}).get("read")
+    if isinstance(read, int | float) and not isinstance(read, bool) \
+            and DEFAULT_START_S < read < MAX_PREDICTED_START_S:
+        return math.ceil(read)
+    return None

@@ -20,8 +20,9 @@ resource's Service, and the ScaledObject gains the add-on's ``external-push`` tr
 (its scaler counts the requests the interceptor holds). At zero pods the engines' series
 are gone and the Prometheus trigger reads nothing; the add-on's trigger is what wakes the
 service, while the interceptor holds the requests that came, or, with ``coldStart:
-retryAfter``, answers them at once: a 503 with ``Retry-After`` the last start's seconds
-(the route's placeholder). Such a request is over in microseconds, too soon for the
+retryAfter``, answers them at once: a 503 with ``Retry-After`` the last start's seconds,
+or before one the pre-flight's predicted read where longer than the default (the route's
+placeholder). Such a request is over in microseconds, too soon for the
 scaler's concurrency sample, so that route also counts a request rate whose target no load
 reaches (``WAKE_RATE_TARGET``): any request in its window makes the trigger active, which
 is what wakes the service, and it never asks more replicas than the concurrency does.
@@ -200,7 +201,9 @@ def render_interceptor_route(name: str, namespace: str, settings: Autoscaling, p
     """The HTTP add-on's route to the resource's Service (``autoscaling.httpAddOn``): the
     requests for its hosts, counted for its trigger, held while no pod is ready; with
     ``coldStart: retryAfter`` answered then at once (``cold_start_answer``), with
-    ``Retry-After`` of ``start_seconds`` (the last start measured; None: not yet)."""
+    ``Retry-After`` of ``start_seconds`` (the last start measured, else the pre-flight's
+    predicted read where longer than the default: ``children.cold_start_seconds``; None:
+    neither)."""
     add_on = settings.http_add_on
     assert add_on is not None
     metric: dict[str, Any] = {"concurrency": {"targetValue": add_on.concurrency}}
@@ -225,8 +228,8 @@ def render_interceptor_route(name: str, namespace: str, settings: Autoscaling, p
 
 def cold_start_answer(name: str, start_seconds: int | None) -> dict[str, Any]:
     """The interceptor's answer while no pod is ready: 503, ``Retry-After`` the start's
-    whole seconds (``DEFAULT_START_S`` until one is measured), and the error in the shape
-    the engine's own 503s have (OpenAI's)."""
+    whole seconds (``DEFAULT_START_S`` until one is measured or predicted longer), and the
+    error in the shape the engine's own 503s have (OpenAI's)."""
     seconds = start_seconds if start_seconds is not None and start_seconds > 0 \
         else DEFAULT_START_S
     message = f"{name} is starting from zero replicas: retry in {seconds} s"
@@ -270,8 +273,8 @@ def render_scaling(name: str, namespace: str, spec: ServiceSpec, *,
                    http_scaler: str = DEFAULT_HTTP_SCALER, start_seconds: int | None = None,
                    ) -> dict[tuple[str, str], dict[str, Any] | None]:
     """Each optional child (``OPTIONAL_CHILDREN``) -> its body, or None where the spec
-    wants none (the caller deletes it). ``start_seconds``: the last start measured
-    (``status.startup.seconds.total``), a cold start's Retry-After."""
+    wants none (the caller deletes it). ``start_seconds``: a cold start's Retry-After (the
+    last start measured, ``status.startup.seconds.total``, else the predicted read)."""
     settings = spec.autoscaling
     hpa = scaled = route = None
     if settings is not None and settings.provider == "hpa":

@@ -178,7 +178,8 @@ async def test_the_operator_applies_the_route_and_removes_it_with_the_field():
 @pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
 async def test_the_operator_puts_the_last_start_in_the_cold_start_answer():
     """The Retry-After follows ``status.startup``: a scale-up measured is the next answer's
-    wait, written at the next reconcile."""
+    wait, written at the next reconcile (``cold_start_seconds``, whose predicted read
+    before a measured start is tested below)."""
     async with running_operator(http_add_on=True) as cluster:
         manifest = service_manifest("chat", autoscaling={
             **ZERO, "httpAddOn": {**OWN, "coldStart": "retryAfter"}})
@@ -240,3 +241,23 @@ def test_the_hosts_a_resource_claims_at_the_interceptor_are_its_own(hosts, allow
             **ZERO, "httpAddOn": ADD_ON}}), "kvledger:test", name="chat", namespace="team-a")
     assert Policy.from_json('{"httpAddOnHosts": ["*.{namespace}.example.com"]}').http_hosts \
         == ("*.{namespace}.example.com",)
+
+
+@pytest.mark.parametrize(("status", "seconds"), [
+    ({}, None),
+    ({"startup": {"seconds": {"total": 95}}, "plan": {"timeToReady": {"predictedS": {"read": 300}}}}, 95),
+    ({"plan": {"timeToReady": {"predictedS": {"read": 300.01}}}}, 301),
+    ({"plan": {"timeToReady": {"predictedS": {"read": 12.5}}}}, None),  # the default is longer
+    ({"plan": {"timeToReady": {"predictedS": {"read": float("nan")}}}}, None),
+    ({"plan": {"timeToReady": {"predictedS": {"read": float("inf")}}}}, None),
+    ({"plan": {"timeToReady": {"predictedS": {"read": 1e300}}}}, None),
+    ({"plan": {"timeToReady": {"predictedS": {"read": True}}}}, None),
+    ({"plan": {"timeToReady": {"predictedS": {"read": "600"}}}}, None),
+    ({"plan": {"timeToReady": None}}, None),
+])
+def test_a_cold_starts_wait_is_measured_else_predicted_within_bounds(status, seconds):
+    """The pre-flight's figure comes from the tenant's own pod: a number past a day, not a
+    number, or not finite leaves the default (and only ever this service's own answer)."""
+    from kvledger.operator.controller.startup import cold_start_seconds
+
+    assert cold_start_seconds({"status": status}) == seconds
