@@ -19,7 +19,7 @@ import os
 import time
 from pathlib import Path
 
-from kvledger.engine.planner.device import CGROUP, cgroup_cpu_limit, cpu_threads
+from kvledger.engine.planner.device import CGROUP, host_threads
 
 log = logging.getLogger("kvledger.engine")
 
@@ -30,7 +30,7 @@ def cap_torch_threads(torch_module, environ=os.environ, root: Path = CGROUP) -> 
     current = torch_module.get_num_threads()
     if environ.get("OMP_NUM_THREADS"):
         return current
-    wanted = min(current, cpu_threads(len(os.sched_getaffinity(0)), cgroup_cpu_limit(root)))
+    wanted = min(current, host_threads(environ, root))  # the quota's CPUs: no OMP_NUM_THREADS
     if wanted != current:
         torch_module.set_num_threads(wanted)
     return wanted
