@@ -17,7 +17,7 @@ Claim (exit 1 with a line when it fails): on the transformers checkpoint (or ``-
 served with the ``--serve-flag``s given) the read is predicted within 25% of what it
 measured, cold and warm. The small built-in models are
 reported, not claimed: their read is fixed costs (building modules, packing), not bytes.
-Nor is the CPU's profile: a check of one short prompt (``runner.CPU_CHECK_TOKENS``), fixed
+Nor is the CPU's profile: a check of one short prompt (``profile_steps.CPU_CHECK_TOKENS``), fixed
 costs, where a GPU's profiles the whole step budget.
 """
 

@@ -4,18 +4,18 @@ one tensor of ``[num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]`
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
 
+from kvledger.engine.core import profile_steps
 from kvledger.engine.core.decode_graphs import DecodeGraphs
 from kvledger.engine.core.scheduler import ScheduledBatch
 from kvledger.engine.core.sequence import Sequence
 from kvledger.engine.core.step_attention import StepAttention
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model import paged_attention, prefill_attention
-from kvledger.engine.model.attention import AttentionMetadata, PrefillSpan
+from kvledger.engine.model.attention import AttentionMetadata
 from kvledger.engine.model.cpu_linear import pack_linears
 from kvledger.engine.model.fusion import fuse_projections
 from kvledger.engine.model.loader import Weights
@@ -23,13 +23,9 @@ from kvledger.engine.model.lora import LoraSlots
 from kvledger.engine.model.moe import SparseMoE
 from kvledger.engine.model.transformer import CausalLM, RotaryEmbedding
 from kvledger.engine.planner.attention import TRITON_ATTN, attention_backend
-from kvledger.engine.planner.pool import blocks_for
 from kvledger.engine.planner.ready_time import TimeToReady
 from kvledger.engine.sampling.logprobs import TokenLogprobs, logprobs_of
 from kvledger.engine.sampling.params import MAX_LOGPROBS
-
-# One step's inputs: token ids, positions, attention metadata, the rows to return logits for.
-_Step = tuple[list[int], list[int], AttentionMetadata, list[int]]
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                 "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
@@ -38,10 +34,6 @@ TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": 
 # Prompt logprobs are computed this many positions at a time, so a 2048-token chunk never
 # holds a [2048, vocab] float32 logits tensor (and its log_softmax) at once.
 PROMPT_LOGPROBS_ROWS = 256
-# On the CPU the profile measures nothing (no allocator statistics): its step only checks
-# that the model runs, on this many tokens at the top of the context (the rotary table's
-# last positions), as vLLM's CPU runner skips its profile run when it compiles nothing.
-CPU_CHECK_TOKENS = 16
 
 
 @dataclass
@@ -207,19 +199,20 @@ class ModelRunner:
           kernel's partial outputs (nothing gathered). A pure decode step takes no more.
 
         The mixed step reads a one-block scratch cache through block tables that repeat
-        block 0: the gathered tensors have their real size, the pool is not needed. On
-        the CPU nothing is measured: one prompt of ``CPU_CHECK_TOKENS`` tokens at the top
-        of the context checks that the model runs (every layer, the logits, a slice of
-        prompt logprobs), in milliseconds where the full prefill took most of a start
-        (9 of 14 s for a 1.4 GB checkpoint).
+        block 0: the gathered tensors have their real size, the pool is not needed
+        (``profile_steps.py`` builds both). On the CPU nothing is measured: one prompt of
+        ``CPU_CHECK_TOKENS`` tokens at the top of the context checks that the model runs
+        (every layer, the logits, a slice of prompt logprobs), in milliseconds where the
+        full prefill took most of a start (9 of 14 s for a 1.4 GB checkpoint).
         """
         cuda = self.device.type == "cuda"
         scratch = None
         if self.device.type == "cpu":
-            steps = [self._check_prefill(max_model_len)]
+            steps = [profile_steps.check_step(self.attention, max_model_len)]
         else:
-            steps = [self._profile_prefill(num_tokens, max_model_len),
-                     self._profile_mixed(num_tokens, max_model_len, max_num_seqs)]
+            steps = [profile_steps.prefill_step(self.attention, num_tokens, max_model_len),
+                     profile_steps.mixed_step(self.attention, num_tokens, max_model_len,
+                                              max_num_seqs)]
             scratch = self._new_kv_cache(1, kv_dtype)
         if cuda:
             torch.cuda.synchronize(self.device)
@@ -249,51 +242,6 @@ class ModelRunner:
         # and the context is measured as device memory the allocator does not hold.
         torch.cuda.empty_cache()
         return peak
-
-    def _profile_prefill(self, num_tokens: int, max_model_len: int) -> _Step:
-        """Whole prompts of ``max_model_len - 1`` tokens (the longest a request has), the
-        last one shorter."""
-        longest = max(1, max_model_len - 1)
-        lengths = [longest] * (num_tokens // longest)
-        if num_tokens % longest:
-            lengths.append(num_tokens % longest)
-        positions = [p for n in lengths for p in range(n)]
-        last_index = [end - 1 for end in itertools.accumulate(lengths)]
-        meta = AttentionMetadata(None, [PrefillSpan(0, n, self.attention.window_mask(n)) for n in lengths], [])
-        return [0] * num_tokens, positions, meta, last_index
-
-    def _check_prefill(self, max_model_len: int) -> _Step:
-        """One prompt of ``CPU_CHECK_TOKENS`` tokens (fewer in a shorter context) ending at
-        the context's last position."""
-        n = min(CPU_CHECK_TOKENS, max_model_len)
-        meta = AttentionMetadata(None, [PrefillSpan(0, n, self.attention.window_mask(n))], [])
-        return [0] * n, list(range(max_model_len - n, max_model_len)), meta, [n - 1]
-
-    def _profile_mixed(self, num_tokens: int, max_model_len: int, max_num_seqs: int) -> _Step:
-        """In ``execute``'s order: the longest later chunk there can be (a prompt's last
-        chunk, ending at position ``max_model_len - 1``), whole prompts with the rest of
-        the prompt budget if any, then the decodes at position ``max_model_len - 1``."""
-        bs = self.block_size
-        width = blocks_for(max_model_len, bs)
-        num_decodes = min(max_num_seqs, num_tokens) - 1
-        rest = num_tokens - num_decodes
-        chunk = max(0, min(rest, max_model_len - 2))  # a later chunk starts at position >= 1
-        chunks, positions, last_index = [], [], []
-        if chunk:
-            start = max_model_len - 1 - chunk
-            chunks.append(([0] * width, start, chunk))
-            positions, last_index = list(range(start, start + chunk)), [chunk - 1]
-        if rest > chunk:
-            _, more_positions, more, more_last = self._profile_prefill(rest - chunk, max_model_len)
-            chunks += [([], 0, span.length) for span in more.prefills]
-            positions += more_positions
-            last_index += [chunk + i for i in more_last]
-        decodes = [([0] * width, max_model_len)] * num_decodes
-        positions += [max_model_len - 1] * num_decodes
-        last_index += range(rest, num_tokens)
-        # Every token writes into the scratch block (repeated slots: the values do not matter).
-        slots = torch.arange(num_tokens, device=self.device) % bs
-        return [0] * num_tokens, positions, self.attention.metadata(chunks, decodes, slots), last_index
 
     def _hidden(self, input_ids: list[int], positions: list[int], meta: AttentionMetadata,
                 kv_cache: torch.Tensor | None) -> torch.Tensor:

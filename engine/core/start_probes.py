@@ -18,12 +18,8 @@ import torch
 
 from kvledger.engine.checkpoint.files import checkpoint_files
 from kvledger.engine.checkpoint.model_config import ModelConfig
-from kvledger.engine.core.runner import (
-    CPU_CHECK_TOKENS,
-    PROMPT_LOGPROBS_ROWS,
-    TORCH_DTYPES,
-    ModelRunner,
-)
+from kvledger.engine.core.profile_steps import CPU_CHECK_TOKENS
+from kvledger.engine.core.runner import PROMPT_LOGPROBS_ROWS, TORCH_DTYPES, ModelRunner
 from kvledger.engine.model.cpu_linear import (
     PACK_FOR_ROWS,
     PackedLinear,

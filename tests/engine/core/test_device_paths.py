@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kvledger.engine.checkpoint.model_config import ModelConfig
+from kvledger.engine.core.profile_steps import mixed_step
 from kvledger.engine.core.runner import ModelRunner
 from kvledger.engine.core.scheduler import Scheduler
 from kvledger.engine.core.sequence import Sequence
@@ -49,7 +50,7 @@ def test_profile_runs_both_steps_on_the_model_device(make_model_dir, name, kv_dt
 def test_the_mixed_profile_step_is_a_step_the_scheduler_can_make(tiny_llama_dir, tokens,
                                                                  max_model_len, seqs):
     runner = meta_runner(tiny_llama_dir, max_model_len)
-    ids, positions, meta, last_index = runner._profile_mixed(tokens, max_model_len, seqs)
+    ids, positions, meta, last_index = mixed_step(runner.attention, tokens, max_model_len, seqs)
     decodes = sum(g.num_seqs for g in meta.decode_groups)
     assert decodes == min(seqs, tokens) - 1
     assert len(ids) == len(positions) == meta.slot_mapping.shape[0] == tokens
@@ -134,7 +135,7 @@ def test_on_the_cpu_the_profile_is_a_short_check_at_the_top_of_the_context(tiny_
     of 14 s of a 1.4 GB checkpoint's start) to learn nothing. Now one prompt of
     CPU_CHECK_TOKENS tokens runs every layer at the context's last positions, so a rotary
     table one position short still fails the start, not the first long request."""
-    from kvledger.engine.core.runner import CPU_CHECK_TOKENS
+    from kvledger.engine.core.profile_steps import CPU_CHECK_TOKENS
 
     cpu = torch.device("cpu")
     model = load_model(tiny_llama_dir, ModelConfig.from_dir(tiny_llama_dir), torch.float32, cpu)

@@ -15,6 +15,7 @@ import pytest
 from _engine_helpers import DEVICE
 
 from kvledger.engine import LLM, SamplingParams
+from kvledger.engine.core.profile_steps import mixed_step
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model import attention
 
@@ -125,7 +126,7 @@ def test_the_mixed_profile_step_reads_the_scratch_block_in_place(tiny_llama_dir,
     model = load_model(tiny_llama_dir, ModelConfig.from_dir(tiny_llama_dir), torch.float32,
                        device)
     runner = ModelRunner(model, device, 64, block_size=16, paged=True)
-    ids, positions, meta, _ = runner._profile_mixed(20, 64, 4)
+    ids, positions, meta, _ = mixed_step(runner.attention, 20, 64, 4)
     assert meta.decode_groups == [] and meta.paged is not None
     chunk = meta.prefills[0]
     assert chunk.in_place and chunk.block_table is None and chunk.start + chunk.length == 63
