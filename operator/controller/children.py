@@ -28,8 +28,8 @@ from kvledger.operator.api.status_types import ModelRecord, ServiceStatus
 from kvledger.operator.cluster.kube import KubeApi, KubeError, object_path
 from kvledger.operator.controller.startup import cold_start_seconds
 from kvledger.operator.render import autoscaling, gateway, render_group
+from kvledger.operator.render.network_policy import render_network_policy
 from kvledger.operator.render.pod import render_sleep_config_map
-from kvledger.operator.render.policy import render_network_policy
 from kvledger.operator.render.render import GatewayWiring, labels, objectives_wired
 from kvledger.operator.render.render_group import (
     DEPLOYMENTS,

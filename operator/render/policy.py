@@ -20,7 +20,7 @@ more than their namespace already allows them.
   their requests to this service;
 - with ``networkPolicy.enabled``, each service gets a NetworkPolicy that admits only its
   own namespace's pods and those of the listed namespaces (a gateway's, the metrics
-  scraper's) to the engine's port (``render_network_policy``, pure like ``render``'s).
+  scraper's) to the engine's port (``network_policy.py`` renders it).
 
 A refusal is a ``PolicyDenied`` (a BadInput) whose one line names the field and the Helm
 value to change; the operator shows it as ``Ready=False/PolicyDenied`` and an event. The
@@ -44,12 +44,7 @@ from kvledger.engine.errors import BadInput
 from kvledger.engine.settings.kv_events_config import HASH_ALGOS
 from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT, DEFAULT_PICKER_PORT
 from kvledger.operator.api.spec import ServiceSpec
-from kvledger.operator.render.render import (
-    NO_GATEWAY,
-    GatewayWiring,
-    labels,
-    selector_labels,
-)
+from kvledger.operator.render.render import NO_GATEWAY, GatewayWiring
 
 POLICY_ENV = "KVLEDGER_POLICY"  # the operator's: the chart writes policy and hub values there
 CONTROL_PLANE_KEYS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
@@ -273,27 +268,6 @@ def _match_expressions(node: Any) -> list[dict[str, Any]]:
         elif isinstance(item, list):
             stack.extend(item)
     return found
-
-
-def render_network_policy(name: str, namespace: str, spec: ServiceSpec,
-                          allow_namespaces: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The NetworkPolicy named as the resource (with the admin's ``networkPolicy.enabled``):
-    its pods admit, on the engine's port only, the pods of their own namespace and of
-    ``allow_namespaces`` (a gateway's, the metrics scraper's), and nothing else. The
-    kubelet's probes come from the node, which a NetworkPolicy does not filter."""
-    sources: list[dict[str, Any]] = [{"podSelector": {}}]  # this namespace's pods
-    sources += [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": other}}}
-                for other in allow_namespaces]
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
-        "spec": {
-            "podSelector": {"matchLabels": selector_labels(name)},
-            "policyTypes": ["Ingress"],
-            "ingress": [{"from": sources, "ports": [{"protocol": "TCP", "port": spec.serve.port}]}],
-        },
-    }
 
 
 # tcp://HOST:PORT the engines connect to: a wildcard would make them bind instead, open to

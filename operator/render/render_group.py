@@ -32,7 +32,7 @@ import copy
 from typing import Any
 
 from kvledger.operator.api.spec import ServiceSpec
-from kvledger.operator.render.policy import render_network_policy
+from kvledger.operator.render.network_policy import render_network_policy
 from kvledger.operator.render.render import (
     DEFAULT_IMAGE,
     LABEL,
@@ -179,7 +179,7 @@ def render_group_network_policy(name: str, namespace: str, spec: ServiceSpec,
     LeaderWorkerSet admit each other on every port (the rendezvous, the control channel,
     the ranks' own connections) and others on the HTTP port only: from anywhere, or with
     the admin's ``networkPolicy.enabled`` (``allow_namespaces`` not None) from those
-    ``policy.render_network_policy`` admits."""
+    ``network_policy.render_network_policy`` admits."""
     body = render_network_policy(name, namespace, spec, allow_namespaces or ())
     [http] = body["spec"]["ingress"]
     if allow_namespaces is None:

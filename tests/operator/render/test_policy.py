@@ -187,7 +187,7 @@ async def test_a_stored_resource_with_env_the_rules_now_refuse_is_refused_by_nam
 def test_the_network_policy_admits_the_namespace_and_the_listed_ones_on_the_port():
     import kubernetes_validate
 
-    from kvledger.operator.render.policy import render_network_policy
+    from kvledger.operator.render.network_policy import render_network_policy
     from kvledger.operator.render.render import LABEL
 
     policy = render_network_policy("llama", "team-a", spec_of({**BASE, "port": 9000}), ("monitoring",))
