@@ -28,6 +28,7 @@ from kvledger.engine.core.async_engine import AsyncEngine
 from kvledger.engine.core.stall import LineWatch
 from kvledger.engine.errors import UnknownModel
 from kvledger.engine.frontend import checks
+from kvledger.engine.frontend.constraints import Constraints
 from kvledger.engine.frontend.generation import Generation
 from kvledger.engine.frontend.offload import Offload
 from kvledger.engine.frontend.served import Served
@@ -38,9 +39,8 @@ from kvledger.engine.sampling.params import SamplingParams
 from kvledger.engine.settings.lora_config import LoRARequest
 from kvledger.engine.settings.serve_config import ServeConfig
 
-if TYPE_CHECKING:  # the engine pulls torch in, the grammar compiler llguidance
+if TYPE_CHECKING:  # the engine pulls torch in
     from kvledger.engine.core.engine import LLMEngine
-    from kvledger.engine.sampling.grammar import GrammarCompiler, GrammarSpec
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class FrontDoor:
         engine.scheduler.fair = line.tenant_fairness  # seats and prompt tokens too
         self.line_watch = LineWatch(self.admission, lambda: not engine.has_unfinished_requests())
         self._line_watching: asyncio.Task[None] | None = None
-        self._grammars: GrammarCompiler | None = None
+        self.constraints = Constraints(engine, line.grammar_compile_timeout_s)
         # --enable-sleep-mode: who may come in while the engine sleeps (frontend/sleeping.py)
         self.sleep = (SleepGate(engine, lambda: bool(self.running or self.waiting))
                       if engine.config.enable_sleep_mode else None)
@@ -177,13 +177,12 @@ class FrontDoor:
             await asyncio.sleep(0.02)
 
     async def stop(self) -> None:
-        """Stop the driver and the line's watch; drop the grammar compiler."""
+        """Stop the driver and the line's watch; drop the constraints' compiler."""
         if self._line_watching is not None:
             self._line_watching.cancel()
         if self.driver is not None:
             await self.driver.stop()
-        if self._grammars is not None:
-            self._grammars.close()
+        self.constraints.close()
 
     def fail(self, reason: str) -> None:
         """A rank is gone (``-tp``, ``-pp``, another machine's): every request fails."""
@@ -247,7 +246,7 @@ class FrontDoor:
             raise early
         ids = await self.offload.run(sub.body_bytes, checks.encode_all, self.engine, sub)
         caps = checks.caps(self.engine, sub, ids)
-        grammar = None if sub.grammar is None else await self._compile(sub.grammar)
+        grammar = None if sub.grammar is None else await self.constraints.compile(sub.grammar)
         params = checks.choice_params(self.engine, sub, caps, grammar)
         adapter = None if sub.lora is None else await self.offload.load_adapter(
             self.engine.resolve_lora, sub.lora)
@@ -281,40 +280,6 @@ class FrontDoor:
 
         return run_to_end(self.engine, self.admission, runs)
 
-    # -- the output constraint --------------------------------------------------------
-    async def _compile(self, spec: GrammarSpec) -> Any:
-        """The compiled output constraint: from the cache at once, else compiled on the
-        compiler's own threads (a heavy schema takes seconds there, never a thread or a
-        lock another request waits on) within ``grammar_compile_timeout_s``, else
-        GrammarTooCostly."""
-        from kvledger.engine.sampling.grammar import GrammarSpec, compile_timeout_error
-
-        compiler, spec = self.grammars, GrammarSpec(*spec)
-        grammar = compiler.lookup(spec)
-        if grammar is not None:
-            return grammar
-        future = compiler.submit(spec)
-        timeout_s = self.line.grammar_compile_timeout_s
-        try:  # shielded: a timeout must not cancel a compile other requests wait for
-            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout_s)
-        except TimeoutError:
-            compiler.abandon(spec, future)
-            raise compile_timeout_error(spec, timeout_s) from None
-        except asyncio.CancelledError:
-            compiler.abandon(spec, future)
-            raise
-
-    @property
-    def grammars(self) -> GrammarCompiler:
-        """The engine's ``GrammarCompiler``, built at the first constrained request."""
-        if self._grammars is None:
-            from kvledger.engine.sampling.grammar import GrammarCompiler
-
-            tokenizer = self.engine.tokenizer
-            self._grammars = GrammarCompiler(tokenizer, tokenizer.eos_token_ids,
-                                             self.engine.runner.config.vocab_size,
-                                             cache_bytes=self.engine.config.grammar_cache_bytes)
-        return self._grammars
 
 def load_engine(config: Any) -> LLMEngine:
     """Plan, load and allocate the engine ``config`` declares (``LLMEngine.from_config``):
