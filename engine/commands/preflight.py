@@ -20,13 +20,9 @@ from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.errors import BadInput
 from kvledger.engine.planner.adapters import check_adapters
 from kvledger.engine.planner.plan import Plan, make_plan
+from kvledger.engine.planner.plan_line import TERMINATION_LOG_MAX_BYTES, plan_line, truncate_utf8
 from kvledger.engine.planner.predicted_start import with_predicted_start
-from kvledger.engine.planner.report import (
-    TERMINATION_LOG_MAX_BYTES,
-    plan_line,
-    render_report,
-    truncate_utf8,
-)
+from kvledger.engine.planner.report import render_report
 from kvledger.engine.settings.config_flags import add_engine_flags, config_from_args
 from kvledger.engine.settings.vllm_flags import add_vllm_flags
 

@@ -5,8 +5,6 @@ in MiB (under 0.1 MiB in KiB) so that small models do not read as all zeros.
 
 from __future__ import annotations
 
-import json
-
 from kvledger.engine.checkpoint.layout import MLA, SLIDING
 from kvledger.engine.checkpoint.weight_formats import run_format
 from kvledger.engine.planner.dtypes import half_precision_note
@@ -22,13 +20,6 @@ from kvledger.engine.planner.record import Plan, Remedy
 from kvledger.engine.planner.seats import KV_POOL
 from kvledger.engine.planner.stages import layers_text, stage_lines, stage_name
 
-TERMINATION_LOG_MAX_BYTES = 4096  # the kubelet keeps at most this much of the message
-# The pre-flight's machine-readable line: the plan's figures as JSON after this prefix, last
-# in its termination message and its log (commands/preflight.py); the operator reads it.
-PLAN_LINE_PREFIX = "kvledger-plan: "
-# What the line leaves out of the plan JSON: free text the report above it holds, so that
-# the line stays about 1 KiB (a hub uri is its longest part) and the report has the rest.
-_FREE_TEXT, _KV_FREE_TEXT = ("remedies", "warnings"), ("groups", "note")
 SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64",
                "fp8_e4m3": "fp8", "fp8_e5m2": "fp8_e5m2"}
 
@@ -45,57 +36,6 @@ def render_report(plan: Plan) -> str:
         lines.append(ready)
     lines += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(lines) + "\n"
-
-
-def plan_figures(plan: Plan) -> dict:
-    """The plan JSON less its free text (remedies, warnings, the KV layout's groups and
-    note): its figures, bytes as integers, under the plan JSON's own keys."""
-    figures = {k: v for k, v in plan.to_json().items() if k not in _FREE_TEXT}
-    figures["kv"] = {k: v for k, v in figures["kv"].items() if k not in _KV_FREE_TEXT}
-    return figures
-
-
-def plan_line(plan: Plan) -> str:
-    """``kvledger-plan: {figures}``, one line of compact JSON."""
-    return (PLAN_LINE_PREFIX
-            + json.dumps(plan_figures(plan), separators=(",", ":"), sort_keys=True) + "\n")
-
-
-def read_plan_line(message: str) -> tuple[str, dict | None]:
-    """(the message without its plan lines, the figures of the last one or None): what a
-    reader of a pre-flight's termination message or log gets, whoever wrote it."""
-    kept, figures = [], None
-    for line in message.splitlines(keepends=True):
-        if not line.startswith(PLAN_LINE_PREFIX):
-            kept.append(line)
-            continue
-        try:
-            parsed = json.loads(line[len(PLAN_LINE_PREFIX):])
-        except ValueError:
-            continue
-        if isinstance(parsed, dict) and isinstance(parsed.get("fits"), bool):
-            figures = parsed
-    return "".join(kept), figures
-
-
-def truncate_utf8(text: str, max_bytes: int = TERMINATION_LOG_MAX_BYTES) -> str:
-    """At most ``max_bytes`` of UTF-8: whole lines from the top, never half a character."""
-    if len(text.encode("utf-8")) <= max_bytes:
-        return text
-    marker = "... (truncated)\n"
-    budget = max_bytes - len(marker.encode("utf-8"))
-    kept: list[str] = []
-    used = 0
-    for line in text.splitlines(keepends=True):
-        size = len(line.encode("utf-8"))
-        if used + size > budget:
-            break
-        kept.append(line)
-        used += size
-    if not kept:  # a first line longer than the budget: cut it at a character boundary
-        head = text.encode("utf-8")[:budget - 1].decode("utf-8", errors="ignore")
-        kept = [head.rstrip("\n") + "\n"]
-    return "".join(kept) + marker
 
 
 def _headline(plan: Plan) -> str:

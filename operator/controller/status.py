@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import cast
 
-from kvledger.engine.planner.report import PLAN_LINE_PREFIX, format_size, read_plan_line
+from kvledger.engine.planner.plan_line import PLAN_LINE_PREFIX, read_plan_line
+from kvledger.engine.planner.report import format_size
 from kvledger.operator.api.spec import ServiceSpec
 from kvledger.operator.api.status_types import (
     Condition,

@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvledger.engine.planner.plan_line import truncate_utf8
 from kvledger.engine.planner.record import Plan, Remedy
-from kvledger.engine.planner.report import format_size, render_report, truncate_utf8
+from kvledger.engine.planner.report import format_size, render_report
 from kvledger.engine.settings.config import EngineConfig
 from kvledger.engine.settings.declare import settings_of
 from kvledger.operator.api.spec import ServiceSpec

@@ -10,7 +10,7 @@ import pytest
 from budget_checkpoints import write_checkpoint
 
 from kvledger.engine.cli import main
-from kvledger.engine.planner.report import (
+from kvledger.engine.planner.plan_line import (
     PLAN_LINE_PREFIX,
     TERMINATION_LOG_MAX_BYTES,
     read_plan_line,
@@ -115,7 +115,8 @@ def test_termination_log_is_at_most_4096_bytes(model, tmp_path, capsys) -> None:
 def test_a_long_report_is_cut_to_leave_the_plan_line_whole_and_last(model) -> None:
     from kvledger.engine.commands.preflight import termination_message
     from kvledger.engine.planner.plan import make_plan
-    from kvledger.engine.planner.report import plan_figures, render_report
+    from kvledger.engine.planner.plan_line import plan_figures
+    from kvledger.engine.planner.report import render_report
     from kvledger.engine.settings.config import EngineConfig
 
     plan = make_plan(EngineConfig(model=model, device_memory_bytes=2**30,

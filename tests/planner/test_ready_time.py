@@ -131,7 +131,7 @@ def test_plan_predicts_the_read_and_the_operator_shows_it(tmp_path, capsys):
 
     from kvledger.engine import cli
     from kvledger.engine.model.builtin import write_model
-    from kvledger.engine.planner.report import read_plan_line
+    from kvledger.engine.planner.plan_line import read_plan_line
     from kvledger.operator.controller.status import plan_status
 
     model = write_model("tiny-llama", tmp_path / "m")

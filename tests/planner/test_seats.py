@@ -12,8 +12,9 @@ from published_models import published_shape, published_weights
 
 from kvledger.engine.planner.device import DeviceMemory
 from kvledger.engine.planner.plan import make_plan
+from kvledger.engine.planner.plan_line import plan_figures
 from kvledger.engine.planner.record import Measured
-from kvledger.engine.planner.report import plan_figures, render_report
+from kvledger.engine.planner.report import render_report
 from kvledger.engine.settings.config import EngineConfig
 
 GiB = 2**30

@@ -15,7 +15,7 @@ from operator_harness import condition, eventually, running_operator, service_ma
 
 from kvledger.engine.checkpoint.hub import repo as hub
 from kvledger.engine.errors import BadInput
-from kvledger.engine.planner.report import PLAN_LINE_PREFIX
+from kvledger.engine.planner.plan_line import PLAN_LINE_PREFIX
 from kvledger.operator.api.resource import API_VERSION, PLURAL
 from kvledger.operator.cluster.hub_models import OPERATOR_LIMITS
 from kvledger.operator.controller import handlers

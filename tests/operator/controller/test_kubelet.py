@@ -26,7 +26,7 @@ from operator_harness import (
 )
 
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT
-from kvledger.engine.planner.report import PLAN_LINE_PREFIX, TERMINATION_LOG_MAX_BYTES
+from kvledger.engine.planner.plan_line import PLAN_LINE_PREFIX, TERMINATION_LOG_MAX_BYTES
 from kvledger.operator.api.resource import API_VERSION, PLURAL
 from kvledger.operator.render.policy import Policy
 

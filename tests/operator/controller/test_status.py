@@ -9,7 +9,8 @@ from spec_helpers import spec_of
 
 from kvledger.engine.cli import main as kvledger
 from kvledger.engine.errors import EXIT_DOES_NOT_FIT
-from kvledger.engine.planner.report import PLAN_LINE_PREFIX, format_size
+from kvledger.engine.planner.plan_line import PLAN_LINE_PREFIX
+from kvledger.engine.planner.report import format_size
 from kvledger.operator.controller.pod_status import pod_problem, preflight_outcome
 from kvledger.operator.controller.status import (
     NO_FIGURES,
