@@ -26,6 +26,9 @@ MEMBER_MAX_CHARS = 1 << 20
 # A text this small is parsed at once (json's C parser, at a fraction of the cost of
 # reading it member by member; what that builds is bounded by it too).
 WHOLE_MAX_CHARS = MEMBER_MAX_CHARS
+# json's int() refuses a number of more than sys.get_int_max_str_digits() (4,300) digits
+# with a bare ValueError; no size or offset has a twentieth of that.
+TOO_MANY_DIGITS = "a number of more digits than Python reads"
 _SPACE = re.compile(r"[ \t\n\r]*")
 _SPACES = frozenset(" \t\n\r")
 _VALUE_STARTS = frozenset('[{"-0123456789tfn')
@@ -48,10 +51,14 @@ class ObjectReader:
     ``value()``, or by ``begin()`` for a member that is itself read member by member;
     ``end()`` checks nothing but whitespace follows."""
 
-    def __init__(self, read: Callable[[int], bytes]) -> None:
+    def __init__(self, read: Callable[[int], bytes],
+                 object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None,
+                 ) -> None:
+        """``object_pairs_hook`` builds every object the values hold (json's own: it may
+        raise MalformedJson, e.g. for a key given twice)."""
         self._read = read
         self._decoder = codecs.getincrementaldecoder("utf-8")()
-        self._scan = make_scanner(json.JSONDecoder())
+        self._scan = make_scanner(json.JSONDecoder(object_pairs_hook=object_pairs_hook))
         self._text, self._pos, self._eof = "", 0, False
         self._member = self._value = 0  # where the current member, its value start
         self._first: list[bool] = []  # per open object: no member read yet
@@ -75,6 +82,10 @@ class ObjectReader:
             raise MalformedJson(_reason(exc)) from None
         except RecursionError:
             raise MalformedJson("JSON nested too deeply") from None
+        except MalformedJson:  # the object_pairs_hook's refusal
+            raise
+        except ValueError:
+            raise MalformedJson(TOO_MANY_DIGITS) from None
         if _SPACE.match(self._text, end).end() != len(self._text):
             raise MalformedJson("extra data after the value")
         return value
@@ -149,6 +160,10 @@ class ObjectReader:
             raise self._failed(exc) from None
         except RecursionError:
             raise MalformedJson("JSON nested too deeply") from None
+        except MalformedJson:  # the object_pairs_hook's refusal
+            raise
+        except ValueError:
+            raise MalformedJson(TOO_MANY_DIGITS) from None
         self._bounded()
         return value
 

@@ -2,9 +2,14 @@
 
 A safetensors file is ``u64 little-endian N`` + ``N`` bytes of JSON + the data region.
 The header maps each tensor name to ``{"dtype", "shape", "data_offsets": [begin, end]}``
-with offsets relative to the data region. We validate it as strictly as ``safetensors``
-does (offsets contiguous from 0 and covering the whole region), so a file accepted here
-is one ``safe_open`` can load, and its bytes are exactly the loaded tensors'.
+with offsets relative to the data region. We validate it at least as strictly as
+``safetensors`` does (offsets contiguous from 0 and covering the whole region; each field
+once; ``__metadata__`` an object of strings; no shape past 64 bits; names in UTF-8), so a
+file accepted here is one ``safe_open`` can load, and its bytes are exactly the loaded
+tensors' (tests/engine/model/test_mapped_file_hostile.py checks it against safetensors on
+mutants of a valid file). Stricter where safetensors is lax: a tensor named twice (it
+keeps the last), a field it does not define (it skips one, unless the value is JSON its
+parser refuses), ``-0`` refused as it refuses it only as a float.
 
 The header is read entry by entry (``json_stream``), never parsed whole: what a header
 costs is the records it declares (a ``ReadBudget`` counts them), not what ``json.loads``
@@ -16,7 +21,7 @@ from __future__ import annotations
 import os
 import struct
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 from kvledger.engine import json_text
 from kvledger.engine.checkpoint.read_limits import ReadBudget
@@ -35,6 +40,14 @@ DTYPE_BITS: dict[str, int] = {
 _DTYPE_NAMES = {name: name for name in DTYPE_BITS}
 # safetensors refuses larger headers; anything bigger is a corrupt length field.
 MAX_HEADER_BYTES = 100_000_000
+# A tensor's fields, each once. safetensors skips any other field, yet refuses one whose
+# value its JSON parser refuses (NaN, 1e400, nesting past 125 levels, a lone surrogate);
+# no writer writes one, so another field is refused here rather than checked as it would.
+FIELDS = frozenset({"dtype", "shape", "data_offsets"})
+# The largest shape torch can lay out: the product of its dimensions (0 counted as 1, as
+# torch's strides do) in an int64, so no dimension of an empty tensor overflows either.
+MAX_SPAN = 2**63 - 1
+
 
 class TensorInfo(NamedTuple):
     name: str
@@ -45,54 +58,93 @@ class TensorInfo(NamedTuple):
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    """json's ``object_pairs_hook``: safetensors refuses a field given twice (and a name
+    given twice is ambiguous), where json would keep the last."""
     seen: dict = {}
     for key, value in pairs:
         if key in seen:
-            raise ValueError(f"tensor name {key!r} appears twice")
+            raise MalformedJson(f"{key!r} appears twice")
         seen[key] = value
     return seen
+
+
+def _no_minus_zero(text: str) -> int:
+    """json's ``parse_int``: ``-0`` is a float to safetensors' parser, never a size."""
+    if text == "-0":
+        raise MalformedJson("-0 where a size must be")
+    return int(text)
+
+
+def _strict(text: str) -> object:
+    """``text`` parsed again as strictly as safetensors' JSON parser, where it holds a
+    ``-0`` (rare: json's ``parse_int`` hook slows every number, so only then)."""
+    return json_text.loads(text, object_pairs_hook=_no_duplicate_keys, parse_int=_no_minus_zero)
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` has a UTF-8 spelling (json reads ``"\\ud800"``, a lone surrogate,
+    that has none; safetensors refuses it)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_metadata(path: Path, metadata: object) -> None:
+    """``__metadata__`` is absent, null or an object of strings, as safetensors demands."""
+    if metadata is not None and not (
+            isinstance(metadata, dict)
+            and all(isinstance(v, str) and _utf8(k) and _utf8(v) for k, v in metadata.items())):
+        raise BadInput(f"{path}: corrupt safetensors header: __metadata__ is not an object "
+                       "of strings")
 
 
 def read_safetensors_header(path: str | os.PathLike,
                             budget: ReadBudget | None = None) -> list[TensorInfo]:
     """The tensors one safetensors file holds, from its header alone (validated), counted
     against ``budget`` as they are read."""
-    return read_safetensors_layout(path, budget)[0]
-
-
-def read_safetensors_layout(path: str | os.PathLike, budget: ReadBudget | None = None,
-                            ) -> tuple[list[TensorInfo], int]:
-    """``read_safetensors_header``'s tensors, and where the data region starts in the file
-    (each tensor's bytes at that plus its ``begin``)."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            file_bytes = os.fstat(f.fileno()).st_size
-            prefix = f.read(8)
-            if len(prefix) < 8:
-                raise BadInput(f"{path}: truncated safetensors file ({file_bytes} bytes, "
-                               "no header length)")
-            (header_len,) = struct.unpack("<Q", prefix)
-            if header_len > MAX_HEADER_BYTES or header_len > file_bytes - 8:
-                raise BadInput(f"{path}: corrupt safetensors header: header length "
-                               f"{header_len} exceeds the file ({file_bytes} bytes)")
-            left = [header_len]
-
-            def read(count: int) -> bytes:
-                data = f.read(min(count, left[0]))
-                left[0] -= len(data)
-                return data
-
-            reader = ObjectReader(read)
-            header = reader.whole_object()
-            if header is not None:  # it fits in one window: parsed at once, as it was
-                tensors, spans = _whole_entries(path, header, reader.text())
-                if budget is not None:
-                    budget.take_tensors(len(tensors))
-            else:
-                tensors, spans = _read_entries(path, reader, budget)
+            return read_open_layout(path, f, budget)[0]
     except OSError as exc:
         raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def read_open_layout(path: Path, f: BinaryIO, budget: ReadBudget | None = None,
+                     ) -> tuple[list[TensorInfo], int]:
+    """``read_safetensors_header``'s tensors of ``path`` open as ``f`` (at its start;
+    OSError as it comes), and where the data region starts in the file (each tensor's
+    bytes at that plus its ``begin``): a reader that maps the file goes on with the
+    descriptor it checked, not a file put in its place since."""
+    file_bytes = os.fstat(f.fileno()).st_size
+    prefix = f.read(8)
+    if len(prefix) < 8:
+        raise BadInput(f"{path}: truncated safetensors file ({file_bytes} bytes, "
+                       "no header length)")
+    (header_len,) = struct.unpack("<Q", prefix)
+    if header_len > MAX_HEADER_BYTES or header_len > file_bytes - 8:
+        raise BadInput(f"{path}: corrupt safetensors header: header length "
+                       f"{header_len} exceeds the file ({file_bytes} bytes)")
+    left = [header_len]
+
+    def read(count: int) -> bytes:
+        data = f.read(min(count, left[0]))
+        left[0] -= len(data)
+        return data
+
+    try:
+        reader = ObjectReader(read, object_pairs_hook=_no_duplicate_keys)
+        header = reader.whole_object()
+        if header is not None:  # it fits in one window: parsed at once, as it was
+            tensors, spans = _whole_entries(path, header, reader.text())
+            if budget is not None:
+                budget.take_tensors(len(tensors))
+        else:
+            tensors, spans = _read_entries(path, reader, budget)
     except NotAnObject as exc:
         raise BadInput(f"{path}: corrupt safetensors header: {exc}") from None
     except MalformedJson as exc:
@@ -107,13 +159,12 @@ def _whole_entries(path: Path, header: object, raw: str,
     ``json_stream.MEMBER_MAX_CHARS``)."""
     if not isinstance(header, dict):
         raise BadInput(f"{path}: corrupt safetensors header: not a JSON object")
-    entries = len(header) - ("__metadata__" in header)
-    if raw.count('"data_offsets"') != entries:
-        # A name given twice (JSON keeps the last one) or an odd header: re-parse strictly.
+    if "-0" in raw:
         try:
-            header = json_text.loads(raw, object_pairs_hook=_no_duplicate_keys)
+            _strict(raw)
         except ValueError as exc:
             raise BadInput(f"{path}: corrupt safetensors header: {exc}") from None
+    _check_metadata(path, header.get("__metadata__"))
     spans: list[tuple[int, int, str]] = []
     tensors = _fast_tensor_infos(header, spans)
     if tensors is None:  # something is off: the slow path names it
@@ -152,18 +203,17 @@ def _read_entries(path: Path, reader: ObjectReader, budget: ReadBudget | None,
     reader.begin()
     while (name := reader.key()) is not None:
         entry = reader.value()
-        if name == "__metadata__":
-            continue
         if name in names:
-            raise BadInput(f"{path}: corrupt safetensors header: tensor name {name!r} "
-                           "appears twice")
+            raise BadInput(f"{path}: corrupt safetensors header: {name!r} appears twice")
         names.add(name)
-        if reader.value_text().count('"data_offsets"') != 1:
-            # A field given twice (JSON keeps the last one): read the entry strictly.
+        if "-0" in reader.value_text():
             try:
-                json_text.loads(reader.value_text(), object_pairs_hook=_no_duplicate_keys)
+                _strict(reader.value_text())
             except ValueError as exc:
                 raise BadInput(f"{path}: corrupt safetensors header: {exc}") from None
+        if name == "__metadata__":
+            _check_metadata(path, entry)
+            continue
         info = _fast_tensor_info(name, entry) or _tensor_info(path, name, entry)
         tensors.append(info)
         spans.append((entry["data_offsets"][0], entry["data_offsets"][1], name))
@@ -183,13 +233,16 @@ def _fast_tensor_info(name: str, entry: object) -> TensorInfo | None:
         bits = DTYPE_BITS[dtype]
     except (TypeError, KeyError, ValueError):
         return None
-    if type(shape) is not list or type(begin) is not int or type(end) is not int:
+    if (type(shape) is not list or type(begin) is not int or type(end) is not int
+            or len(entry) != 3 or not (name.isascii() or _utf8(name))):
         return None
+    span = 1
     for d in shape:
         if type(d) is not int or d < 0:
             return None
         bits *= d
-    if bits % 8 or bits // 8 != end - begin or begin < 0:
+        span *= d or 1
+    if bits % 8 or bits // 8 != end - begin or begin < 0 or span > MAX_SPAN:
         return None
     # The dtype's own string: one per dtype, not one per tensor.
     return TensorInfo(name, _DTYPE_NAMES[dtype], tuple(shape), bits // 8, begin)
@@ -198,8 +251,14 @@ def _fast_tensor_info(name: str, entry: object) -> TensorInfo | None:
 def _tensor_info(path: Path, name: str, entry: object) -> TensorInfo:
     if not isinstance(entry, dict):
         raise BadInput(f"{path}: corrupt safetensors header: entry {name!r} is not an object")
+    if not _utf8(name):
+        raise BadInput(f"{path}: corrupt safetensors header: tensor name {name!r} is not "
+                       "UTF-8 (a lone surrogate)")
+    if unknown := set(entry) - FIELDS:
+        raise BadInput(f"{path}: corrupt safetensors header: tensor {name!r} has fields "
+                       f"safetensors does not define: {', '.join(map(repr, sorted(unknown)))}")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in DTYPE_BITS:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
         raise BadInput(f"{path}: tensor {name!r} has unknown dtype {dtype!r} "
                        f"(known: {', '.join(DTYPE_BITS)})")
     if (not isinstance(shape, list)
@@ -209,14 +268,18 @@ def _tensor_info(path: Path, name: str, entry: object) -> TensorInfo:
             or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
             or offsets[0] > offsets[1]):
         raise BadInput(f"{path}: tensor {name!r} has bad data_offsets {offsets!r}")
-    numel = 1
+    numel = span = 1
     for d in shape:
         numel *= d
+        span *= d or 1
     bits = numel * DTYPE_BITS[dtype]
     if bits % 8 or bits // 8 != offsets[1] - offsets[0]:
         size = f"{_digits(bits // 8)} bytes" if bits % 8 == 0 else f"{_digits(bits)} bits"
         raise BadInput(f"{path}: tensor {name!r} {dtype}{_shape_text(shape)} needs {size} but "
                        f"its data_offsets span {_digits(offsets[1] - offsets[0])}")
+    if span > MAX_SPAN:
+        raise BadInput(f"{path}: tensor {name!r} {dtype}{_shape_text(shape)} is larger than "
+                       "any tensor can be (its dimensions overflow 64 bits)")
     return TensorInfo(name, dtype, tuple(shape), bits // 8, offsets[0])
 
 

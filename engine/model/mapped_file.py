@@ -10,8 +10,9 @@ in order, so the kernel reads it ahead as it goes (docs/benchmarks.md, "Time to 
 a cold load of that checkpoint 0.2 s shorter).
 
 The header is read and checked by ``checkpoint/safetensors_header.py`` (as strictly as
-safetensors does: offsets contiguous from 0 and covering the data region), so every view
-lies inside the file. The map is private (copy on write): a tensor written to never
+safetensors does: offsets contiguous from 0 and covering the data region), through the
+descriptor that is then mapped, so every view lies inside the file mapped (a file cut
+short after it is mapped is beyond any reader's check: a view of the lost bytes faults). The map is private (copy on write): a tensor written to never
 reaches the file. A view whose offset its dtype cannot be aligned to is copied out.
 """
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from kvledger.engine.checkpoint.safetensors_header import TensorInfo, read_safetensors_layout
+from kvledger.engine.checkpoint.safetensors_header import TensorInfo, read_open_layout
 from kvledger.engine.errors import BadInput
 
 # safetensors' dtype names (checkpoint/safetensors_header.DTYPE_BITS) as torch's; the
@@ -44,12 +45,19 @@ class MappedFile:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        infos, self._data_start = read_safetensors_layout(self.path)
-        self._infos: dict[str, TensorInfo] = {info.name: info for info in infos}
         self._map: mmap.mmap | None = None
-        if any(info.nbytes for info in infos):
+        try:  # the file checked is the file mapped: one descriptor for both
             with open(self.path, "rb") as handle:
-                self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+                infos, self._data_start = read_open_layout(self.path, handle)
+                data_end = self._data_start + sum(info.nbytes for info in infos)
+                if data_end > self._data_start:
+                    self._map = _map(handle, self.path)
+        except OSError as exc:
+            raise BadInput(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        if self._map is not None and len(self._map) < data_end:
+            raise BadInput(f"{self.path}: the file shrank while it was read "
+                           f"({len(self._map)} bytes mapped, {data_end} checked)")
+        self._infos: dict[str, TensorInfo] = {info.name: info for info in infos}
 
     @property
     def names(self) -> list[str]:
@@ -70,3 +78,11 @@ class MappedFile:
             return raw.clone().view(dtype).view(info.shape)
         return torch.frombuffer(self._map, dtype=dtype, offset=offset,
                                 count=info.nbytes // dtype.itemsize).view(info.shape)
+
+
+def _map(handle, path: Path) -> mmap.mmap:
+    """The whole file, private (copy on write)."""
+    try:
+        return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+    except ValueError:  # an empty file: emptied since its header was read
+        raise BadInput(f"{path}: the file shrank while it was read") from None

@@ -1,6 +1,7 @@
 """The loader's view of a safetensors file (model/mapped_file.py): the same tensors
 safetensors' own reader gives, for every dtype torch holds, read only when used."""
 
+import os
 import struct
 
 import pytest
@@ -87,3 +88,36 @@ def test_a_corrupt_or_unholdable_file_is_bad_input(tmp_path):
     _write_raw(four_bit, '{"w":{"dtype":"F4","shape":[4],"data_offsets":[0,2]}}', b"\0\0")
     with pytest.raises(BadInput, match="F4"):
         MappedFile(four_bit).tensor("w")
+
+
+@pytest.mark.parametrize("left", [0, 8 + 60, None], ids=["emptied", "cut", "unchanged"])
+def test_the_file_checked_is_the_file_mapped(tmp_path, monkeypatch, left):
+    """The header is read through the descriptor that is mapped: a file cut short between
+    the two (replaced or truncated under the loader) is refused, never mapped short."""
+    from kvledger.engine.model import mapped_file
+
+    path = tmp_path / "w.safetensors"
+    save_file({"w": torch.arange(64, dtype=torch.float32)}, path)
+    checked = mapped_file.read_open_layout
+
+    def then_cut(path_, handle):
+        layout = checked(path_, handle)
+        if left is not None:
+            os.truncate(path_, left)
+        return layout
+
+    monkeypatch.setattr(mapped_file, "read_open_layout", then_cut)
+    if left is None:
+        assert MappedFile(path).tensor("w").tolist() == list(range(64))
+        return
+    with pytest.raises(BadInput, match="shrank while it was read"):
+        MappedFile(path)
+
+
+def test_a_field_safetensors_does_not_define_is_named(tmp_path):
+    """No writer adds a field to a tensor's entry; one that is there is refused by name
+    (safetensors skips it, unless its value is JSON its parser refuses)."""
+    path = tmp_path / "extra.safetensors"
+    _write_raw(path, '{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"note":1}}', b"x")
+    with pytest.raises(BadInput, match="'note'"):
+        MappedFile(path)
