@@ -7,6 +7,29 @@ EXIT_BAD_INPUT = 2
 EXIT_DOES_NOT_FIT = 3
 
 
+# Of a value a refusal quotes: a hostile file's value can run to megabytes, a message is one
+# line a person reads.
+SHOWN_CHARS = 200
+
+
+def clip(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how long it was."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` as a refusal quotes it (``clip``)."""
+    return clip(repr(value))
+
+
+def some(names: list[str], *, quote: bool = True, named: int = 3) -> str:
+    """The first ``named`` of ``names`` (each quoted with ``quote``, and clipped) and how
+    many more, for a one-line refusal."""
+    listed = ", ".join(shown(n) if quote else clip(n) for n in names[:named])
+    more = len(names) - named
+    return f"{listed} and {more} more" if more > 0 else listed
+
+
 class KvledgerError(Exception):
     """Base class: the message is one line a user can act on."""
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, clip
 
 FP8 = "fp8"
 FP8_DTYPE = "F8_E4M3"  # safetensors' name of torch.float8_e4m3fn
@@ -97,7 +97,7 @@ def _is_fp8(args: Any) -> bool:
 
 
 def _refuse(what: str) -> None:
-    raise BadInput(f"checkpoint's FP8 quantization has {what}; {SERVED_WEIGHTS}")
+    raise BadInput(f"checkpoint's FP8 quantization has {clip(what)}; {SERVED_WEIGHTS}")
 
 
 def quantized_linear(name: str) -> bool:

@@ -19,7 +19,8 @@ from typing import Any
 
 from kvledger.engine import json_text
 from kvledger.engine.checkpoint.files import CONFIG_FILE
-from kvledger.engine.errors import BadInput
+from kvledger.engine.checkpoint.read_limits import MAX_CONFIG_BYTES
+from kvledger.engine.errors import SHOWN_CHARS, BadInput, shown
 
 # The families read, by how their attention is laid out. Grouped-/multi-query attention:
 FULL_ATTENTION_ARCHITECTURES = (
@@ -54,6 +55,10 @@ _DEFAULT_WINDOW = {"Gemma2ForCausalLM": 4096, "Gemma3ForCausalLM": 4096,
                    "Gemma3ForConditionalGeneration": 4096, "GptOssForCausalLM": 128}
 QWEN_MAX_WINDOW_LAYERS = 28  # Qwen2Config's and Qwen3Config's default
 QWEN3_HEAD_DIM = 128  # Qwen3Config's default
+# No model has a size, count or context near these; past them a number only costs the
+# planner time and memory (a tuple per layer, a tensor name per layer and expert).
+MAX_CONFIG_NUMBER = 2**53
+MAX_LAYERS = 1024  # the deepest published models have ~130
 
 
 @dataclass(frozen=True)
@@ -92,10 +97,16 @@ def checked_model_dir(model_dir: str | os.PathLike) -> Path:
     return path
 
 
-def read_json(path: Path, what: str) -> object:
-    """A JSON file's value; BadInput naming ``what`` when missing, unreadable or garbled."""
+def read_json(path: Path, what: str, max_bytes: int | None = None) -> object:
+    """A JSON file's value; BadInput naming ``what`` when missing, unreadable, garbled or
+    (with ``max_bytes``) larger than that."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+        if max_bytes is not None and len(data) > max_bytes:
+            raise BadInput(f"{what} {path} is larger than {max_bytes:,} bytes, more than any "
+                           "model's")
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise BadInput(f"{path.parent}: no {what} (expected a Hugging Face checkpoint "
                        "directory)") from None
@@ -110,7 +121,7 @@ def read_json(path: Path, what: str) -> object:
 def read_config_json(model_dir: str | os.PathLike) -> dict[str, Any]:
     """The JSON object in ``model_dir``/config.json, as written."""
     path = checked_model_dir(model_dir)
-    config = read_json(path / CONFIG_FILE, CONFIG_FILE)
+    config = read_json(path / CONFIG_FILE, CONFIG_FILE, MAX_CONFIG_BYTES)
     if not isinstance(config, dict):
         raise BadInput(f"config.json in {path} must be a JSON object")
     return config
@@ -125,7 +136,8 @@ def text_config(config: Mapping[str, Any]) -> dict[str, Any]:
         for key in _SHARED_KEYS:
             merged.setdefault(key, config.get(key))
         config = merged
-    defaults = CONFIG_DEFAULTS.get(config.get("model_type"), {})
+    model_type = config.get("model_type")
+    defaults = CONFIG_DEFAULTS.get(model_type, {}) if isinstance(model_type, str) else {}
     return {**defaults, **{k: v for k, v in config.items() if v is not None or k not in defaults}}
 
 
@@ -142,8 +154,11 @@ def parse_config(config: Mapping[str, Any], architecture: str) -> HFConfig:
                        f"num_key_value_heads {kv_heads}")
     dtype = raw.get("torch_dtype") or raw.get("dtype") or ""
     if not isinstance(dtype, str):
-        raise BadInput(f"config.json torch_dtype must be a string, got {dtype!r}")
+        raise BadInput(f"config.json torch_dtype must be a string, got {shown(dtype)}")
     num_layers = positive(raw, "num_hidden_layers")
+    if num_layers > MAX_LAYERS:
+        raise BadInput(f"config.json 'num_hidden_layers' {num_layers} is more than the "
+                       f"{MAX_LAYERS} kvledger plans")
     mla = architecture in MLA_ARCHITECTURES
     if mla:  # a query/key head is the no-RoPE part and the RoPE part
         head_dim = positive(raw, "qk_nope_head_dim") + positive(raw, "qk_rope_head_dim")
@@ -179,7 +194,10 @@ def positive(config: Mapping[str, Any], key: str, default: int | None = None) ->
     if value is None:
         raise BadInput(f"config.json has no {key!r}")
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise BadInput(f"config.json {key!r} must be a positive integer, got {value!r}")
+        raise BadInput(f"config.json {key!r} must be a positive integer, got {shown(value)}")
+    if value > MAX_CONFIG_NUMBER:
+        raise BadInput(f"config.json {key!r} is larger than any model's (over "
+                       f"{MAX_CONFIG_NUMBER:,})")
     return value
 
 
@@ -217,7 +235,7 @@ def _layer_types(raw: Mapping[str, Any], architecture: str,
             first = QWEN_MAX_WINDOW_LAYERS if first is None else first
             if isinstance(first, bool) or not isinstance(first, int) or first < 0:
                 raise BadInput(f"config.json 'max_window_layers' must be a layer count, "
-                               f"got {first!r}")
+                               f"got {shown(first)}")
             kinds = tuple(SLIDING_ATTENTION if i >= first else FULL_ATTENTION
                           for i in range(num_layers))
     elif architecture in ("MistralForCausalLM", "MixtralForCausalLM"):
@@ -236,10 +254,11 @@ def _declared(raw: Mapping[str, Any], num_layers: int) -> tuple[str, ...]:
     declared = raw.get("layer_types")
     if not isinstance(declared, list) or len(declared) != num_layers:
         raise BadInput(f"config.json 'layer_types' must list one type per layer "
-                       f"({num_layers}), got {declared!r}")
-    unknown = sorted({str(t) for t in declared if t not in (FULL_ATTENTION, SLIDING_ATTENTION)})
+                       f"({num_layers}), got {shown(declared)}")
+    unknown = sorted({str(t)[:SHOWN_CHARS] for t in declared
+                      if t not in (FULL_ATTENTION, SLIDING_ATTENTION)})
     if unknown:
-        raise BadInput(f"config.json 'layer_types' has {', '.join(unknown)}: kvledger plans "
+        raise BadInput(f"config.json 'layer_types' has {', '.join(unknown[:3])}: kvledger plans "
                        "only full_attention and sliding_attention layers")
     return tuple(declared)
 
@@ -254,6 +273,6 @@ def _hybrid_pattern(raw: Mapping[str, Any], architecture: str,
     pattern = raw.get("sliding_window_pattern", raw.get("_sliding_window_pattern", 6))
     if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern <= 0:
         raise BadInput(f"config.json 'sliding_window_pattern' must be a positive integer, "
-                       f"got {pattern!r}")
+                       f"got {shown(pattern)}")
     return tuple(FULL_ATTENTION if (i + 1) % pattern == 0 else SLIDING_ATTENTION
                  for i in range(num_layers))

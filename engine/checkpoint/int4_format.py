@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvledger.engine.checkpoint.fp8_format import check_kv_cache_scheme
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, clip
 
 GPTQ, AWQ, W4A16 = "gptq", "awq", "w4a16"  # ModelConfig.quantization's names
 INT4_METHODS = (GPTQ, AWQ, W4A16)
@@ -94,7 +94,7 @@ def _group_size(value: Any, method: str) -> None:
 
 def _need(ok: Any, what: str) -> None:
     if not ok:
-        raise BadInput(f"checkpoint's 4-bit quantization has {what}; {SERVED_4BIT}")
+        raise BadInput(f"checkpoint's 4-bit quantization has {clip(what)}; {SERVED_4BIT}")
 
 
 def layer_tensor(name: str, method: str) -> bool:

@@ -18,7 +18,7 @@ from kvledger.engine.checkpoint.hf_config import (
     SUPPORTED_ARCHITECTURES,
     HFConfig,
 )
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, some
 
 FULL = "full"
 SLIDING = "sliding"
@@ -81,7 +81,7 @@ def pick_architecture(config: dict) -> str:
     for name in names:
         if name in planned:
             return name
-    given = ", ".join(names) or "(none given)"
+    given = some(names, quote=False) or "(none given)"
     raise BadInput(f"unsupported architecture {given} for planning; kvledger plans: "
                    f"{', '.join(planned)}")
 

@@ -12,18 +12,21 @@ rather than its engine crash-looping. The names the engine loads are the loader'
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kvledger.engine.checkpoint.contents import CASTABLE_DTYPES, TensorInfo
 from kvledger.engine.checkpoint.fp8_format import KV_SCALE_SUFFIXES, quantized_linear
 from kvledger.engine.checkpoint.model_config import SERVED_WEIGHTS, ModelConfig
-from kvledger.engine.checkpoint.weight_formats import WEIGHT_FORMATS, some
-from kvledger.engine.errors import BadInput
+from kvledger.engine.checkpoint.weight_formats import WEIGHT_FORMATS
+from kvledger.engine.errors import BadInput, some
 
 # Buffers some older checkpoints carry that the engine recomputes.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 FUSED_EXPERTS = ".mlp.experts."  # transformers 5's fused experts: LAYER.mlp.experts.WHAT
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"\.experts\.(\d+)\.")
 
 
 def loadable_config(raw: Mapping[str, Any], tensors: Iterable[TensorInfo]) -> ModelConfig:
@@ -37,6 +40,7 @@ def loadable_config(raw: Mapping[str, Any], tensors: Iterable[TensorInfo]) -> Mo
     4-bit checkpoint's packed layers (``int4_format``: all their tensors, ints as ints)."""
     config = ModelConfig.from_dict(raw)
     stored = [t for t in tensors if not t.name.endswith(IGNORED_SUFFIXES)]
+    _check_counts(stored, config)
     weight_format = WEIGHT_FORMATS.get(config.weight_format)
     quantized = weight_format.quantized_tensors(stored) if weight_format else set()
     unexpected = unexpected_tensors(stored, config)
@@ -51,6 +55,22 @@ def loadable_config(raw: Mapping[str, Any], tensors: Iterable[TensorInfo]) -> Mo
         raise BadInput(f"checkpoint stores weights in a dtype that is not a float: "
                        f"{some(packed, quote=False)} (quantized weights?); {SERVED_WEIGHTS}")
     return config
+
+
+def _check_counts(stored: list[TensorInfo], config: ModelConfig) -> None:
+    """BadInput when config.json declares more decoder layers, or experts, than the
+    checkpoint stores: the loader would find them missing, after loading the rest."""
+    layers = {int(m.group(1)) for t in stored if (m := _LAYER.match(t.name))}
+    if len(layers) < config.num_layers:
+        raise BadInput(f"config.json declares {config.num_layers} decoder layers; the "
+                       f"checkpoint stores {len(layers)}")
+    if config.moe is None:
+        return
+    experts = {int(m.group(1)) + 1 for t in stored if (m := _EXPERT.search(t.name))}
+    experts |= {t.shape[0] for t in stored if FUSED_EXPERTS in t.name and len(t.shape) == 3}
+    if experts and max(experts) < config.moe.num_experts:
+        raise BadInput(f"config.json declares {config.moe.num_experts} experts a layer; the "
+                       f"checkpoint stores {max(experts)}")
 
 
 def unexpected_tensors(tensors: Iterable[TensorInfo], config: ModelConfig) -> list[str]:
@@ -105,7 +125,8 @@ def loaded_names(name: str, shape: tuple[int, ...], config: ModelConfig) -> tupl
         return (name,)
     layer, fused, what = name.partition(FUSED_EXPERTS)
     mixtral = config.architecture == "MixtralForCausalLM"
-    if not fused or what not in ("gate_up_proj", "down_proj") or len(shape) != 3:
+    if (not fused or what not in ("gate_up_proj", "down_proj") or len(shape) != 3
+            or shape[0] != config.moe.num_experts):  # the loader could not split it either
         if mixtral and name.endswith(".mlp.gate.weight"):
             return (name.removesuffix("mlp.gate.weight") + "block_sparse_moe.gate.weight",)
         return (name,)

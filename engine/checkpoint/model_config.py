@@ -25,8 +25,9 @@ from kvledger.engine.checkpoint.hf_config import (
     read_config_json,
     text_config,
 )
+from kvledger.engine.checkpoint.read_limits import MAX_TENSORS
 from kvledger.engine.checkpoint.weight_formats import declared_format
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, shown, some
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 # Near misses, refused with the reason rather than only the list above.
@@ -81,26 +82,32 @@ class ModelConfig(ModelShape):
     def from_dict(cls, raw: Mapping[str, Any]) -> ModelConfig:
         """The engine's config from a config.json object; BadInput for what it cannot run."""
         raw = text_config(raw)
-        archs = raw.get("architectures") or []
+        archs = raw.get("architectures")
+        archs = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
             why = next((f" ({_WHY_NOT[a]})" for a in archs if a in _WHY_NOT), "")
-            raise BadInput(f"unsupported architecture {', '.join(archs) or '(none given)'}{why}; "
+            raise BadInput(f"unsupported architecture {some(archs, quote=False) or '(none given)'}{why}; "
                            f"kvledger runs {', '.join(SUPPORTED_ARCHITECTURES)}")
         weight_format = _weight_format(raw)
         if raw.get("hidden_act", "silu") != "silu":
-            raise BadInput(f"unsupported hidden_act {raw['hidden_act']!r} (only silu)")
+            raise BadInput(f"unsupported hidden_act {shown(raw['hidden_act'])} (only silu)")
         if raw.get("mlp_bias"):
             raise BadInput("unsupported: mlp_bias")
         _refuse_unknown_routing(raw)
         # transformers 5 writes rope_parameters = {"rope_type", "rope_theta", ...}.
-        rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        if not isinstance(rope, dict):
+            raise BadInput(f"config.json 'rope_parameters' (or 'rope_scaling') must be an "
+                           f"object, got {shown(rope)}")
+        rope = dict(rope)
         rope_theta = _positive_float("rope_theta", rope.pop("rope_theta",
                                                             raw.get("rope_theta", 10000.0)))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise BadInput(f"unsupported rope_scaling type {rope_type!r}; "
+            raise BadInput(f"unsupported rope_scaling type {shown(rope_type)}; "
                            f"kvledger supports {', '.join(SUPPORTED_ROPE_TYPES)}")
+        _check_rope_scaling(rope, rope_type)
         read = parse_config(raw, arch)
         bias = arch in _ATTENTION_BIAS and bool(raw.get("attention_bias", False))
         return cls(
@@ -138,13 +145,16 @@ def _moe(raw: Mapping[str, Any], arch: str, layers: int, intermediate_size: int)
         num_experts, top_k = positive(raw, "num_local_experts", 8), 2
         sparse, expert_size, normalize = tuple(range(layers)), intermediate_size, True
     elif arch == "Qwen3MoeForCausalLM":
-        if raw.get("num_experts") == 0:
+        # transformers 5 writes Qwen3MoeConfig's num_experts as num_local_experts.
+        key = "num_experts" if raw.get("num_experts") is not None else "num_local_experts"
+        if raw.get(key) == 0:
             return None  # every layer dense
-        num_experts, top_k = positive(raw, "num_experts", 128), 8
+        num_experts, top_k = positive(raw, key, 128), 8
         step = positive(raw, "decoder_sparse_step", 1)
         dense = raw.get("mlp_only_layers") or []
         if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
-            raise BadInput(f"config.json 'mlp_only_layers' must be a list of layer indices, got {dense!r}")
+            raise BadInput(f"config.json 'mlp_only_layers' must be a list of layer indices, got {shown(dense)}")
+        dense = set(dense)
         sparse = tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)
         expert_size = positive(raw, "moe_intermediate_size", 768)
         normalize = bool(raw.get("norm_topk_prob", False))
@@ -152,6 +162,9 @@ def _moe(raw: Mapping[str, Any], arch: str, layers: int, intermediate_size: int)
             return None
     else:
         return None
+    if len(sparse) * num_experts * 3 > MAX_TENSORS:  # each expert's three projections
+        raise BadInput(f"config.json declares {num_experts} experts in each of {len(sparse)} "
+                       f"layers: more tensors than the {MAX_TENSORS:,} kvledger reads of one model")
     top_k = positive(raw, "num_experts_per_tok", top_k)
     if top_k > num_experts:
         raise BadInput(f"config.json 'num_experts_per_tok' {top_k} is more than the {num_experts} experts")
@@ -172,7 +185,7 @@ def _weight_format(raw: Mapping[str, Any]) -> str:
         return served.name
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     if isinstance(method, str) and method:
-        raise BadInput(f"checkpoint is quantized with {method!r} "
+        raise BadInput(f"checkpoint is quantized with {shown(method)} "
                        f"(quantization_config.quant_method); {SERVED_WEIGHTS}")
     raise BadInput(f"checkpoint is quantized (config.json has a quantization_config, with no "
                    f"quant_method); {SERVED_WEIGHTS}")
@@ -183,14 +196,14 @@ def _refuse_unknown_routing(raw: Mapping[str, Any]) -> None:
     shared experts) would load and run wrong: refuse them by name."""
     for key in ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts"):
         if raw.get(key):
-            raise BadInput(f"unsupported: a shared expert ({key} {raw[key]}); kvledger runs "
+            raise BadInput(f"unsupported: a shared expert ({key} {shown(raw[key])}); kvledger runs "
                            "routed experts only")
     router = {"scoring_func": (None, "softmax"), "topk_method": (None, "greedy"),
               "n_group": (None, 0, 1), "topk_group": (None, 0, 1),
               "routed_scaling_factor": (None, 1, 1.0)}
     for key, allowed in router.items():
         if raw.get(key) not in allowed:
-            raise BadInput(f"unsupported MoE router: {key} {raw[key]!r} (kvledger routes by a "
+            raise BadInput(f"unsupported MoE router: {key} {shown(raw[key])} (kvledger routes by a "
                            "softmax over all experts, then top-k)")
 
 
@@ -199,8 +212,24 @@ def _positive_float(name: str, value: Any) -> float:
     would make every logit NaN (and sampling fail) rather than refuse at start-up."""
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         number = math.nan
     if isinstance(value, bool) or not (0.0 < number < math.inf):
-        raise BadInput(f"config.json {name!r} must be a positive number, got {value!r}")
+        raise BadInput(f"config.json {name!r} must be a positive number, got {shown(value)}")
     return number
+
+
+def _check_rope_scaling(rope: Mapping[str, Any], rope_type: str) -> None:
+    """What a scaled RoPE reads (``transformer._scale_inv_freq``), there and sound: a
+    missing one would be a KeyError at load, ``high_freq_factor <= low_freq_factor`` a
+    division by zero that turns the positions' frequencies NaN."""
+    if rope_type == "default":
+        return
+    _positive_float("rope_parameters.factor", rope.get("factor"))
+    if rope_type == "llama3":
+        low = _positive_float("rope_parameters.low_freq_factor", rope.get("low_freq_factor"))
+        high = _positive_float("rope_parameters.high_freq_factor", rope.get("high_freq_factor"))
+        if high <= low:
+            raise BadInput(f"config.json rope_parameters.high_freq_factor ({high}) must be more "
+                           f"than its low_freq_factor ({low})")
+        positive(rope, "original_max_position_embeddings")

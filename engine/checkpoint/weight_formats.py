@@ -43,16 +43,7 @@ from kvledger.engine.checkpoint.int4_format import (
     layer_prefixes,
     layer_tensor,
 )
-from kvledger.engine.errors import BadInput
-
-NAMED = 3  # tensors a refusal names
-
-
-def some(names: list[str], *, quote: bool = True) -> str:
-    """The first few of ``names`` and how many more, for a one-line refusal."""
-    shown = ", ".join(repr(n) if quote else n for n in names[:NAMED])
-    more = len(names) - NAMED
-    return f"{shown} and {more} more" if more > 0 else shown
+from kvledger.engine.errors import BadInput, some
 
 
 @dataclass(frozen=True)

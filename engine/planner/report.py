@@ -62,8 +62,11 @@ def _headline(plan: Plan) -> str:
                 f"(short by {format_size(plan.short_by_bytes)}){also}")
     if plan.cap_above_free:
         return _cap_headline(plan)
-    # Within the limit, yet refused: an explicit pool smaller than one sequence.
+    # Within the limit, yet refused: a pool smaller than what it must hold.
     kv = plan.kv
+    if kv.pool_mode not in ("override", "kv-cache-memory-bytes"):
+        return (f"error: the KV pool of {kv.num_blocks} blocks cannot hold the declared "
+                f"workload's {kv.required_blocks} blocks")
     source, pool = _explicit_pool(plan)
     return (f"error: the KV pool of {pool} blocks ({source}) cannot hold one "
             f"max_model_len={plan.max_model_len} sequence ({kv.required_blocks} blocks of "

@@ -123,7 +123,11 @@ def staged(shape: ModelShape, weights: WeightsInfo, stages: int,
     plans = [budget(s, stage_shape(shape, bounds, s),
                     stage_weights(weights, bounds, s, shape.tie_word_embeddings))
              for s in range(stages)]
-    blocks = min(p.kv.num_blocks for p in plans)
+    # A pool sized by memory (a cap, --kv-cache-memory-bytes) is the fewest blocks any stage
+    # holds, as vLLM takes; one sized by the workload, the most any stage's layers need (a
+    # stage of sliding layers needs a block more a sequence than one of full layers).
+    workload = all(p.kv.pool_mode == "workload" for p in plans)
+    blocks = (max if workload else min)(p.kv.num_blocks for p in plans)
     plans = [_with_blocks(p, blocks) for p in plans]
     short = [s for s, p in enumerate(plans) if not p.fits]
     deciding = short[0] if short else min(
@@ -136,7 +140,7 @@ def staged(shape: ModelShape, weights: WeightsInfo, stages: int,
 
 
 def _with_blocks(plan: Plan, blocks: int) -> Plan:
-    """``plan`` with a pool of ``blocks`` (no more than it had), re-judged."""
+    """``plan`` with a pool of ``blocks``, re-judged."""
     if blocks == plan.kv.num_blocks:
         return plan
     kv = dataclasses.replace(plan.kv, num_blocks=blocks,

@@ -20,7 +20,7 @@ from kvledger.engine.settings.config import EngineConfig
 RULE_OWNERS = {
     "the architectures, activations, RoPE types and quantization methods the engine runs":
         ("checkpoint/model_config.py", "ModelConfig.from_dict",
-         "unsupported architecture {', '.join(archs)"),
+         "unsupported architecture {some(archs"),
     "the quantized weight formats served, and all the planner and the loader ask of one":
         ("checkpoint/weight_formats.py", "Int4Weights.quantized_tensors",
          "4-bit layers the engine cannot load"),
