@@ -221,3 +221,21 @@ def test_a_memory_limit_above_every_gpu_is_refused_without_reading_the_model(
     assert within.allowed and "on the pod's volume" in within.warnings[0]
     unseen = verdict(hub, [BIG, UNLABELLED], model=volume, memory={"limit": "5Gi"})
     assert unseen.allowed  # a node whose GPUs are not known may hold it
+
+
+def test_a_kvledger_bug_on_a_tenants_files_leaves_that_model_unplanned(hub, monkeypatch, caplog):
+    """An exception the planner should never raise (a bug its hostile-file fuzzing has
+    not found) on one tenant's files: that model goes unplanned, logged with its
+    traceback, and the operator's reads go on; it is not refused on a bug's word."""
+    from kvledger.operator.cluster import hub_models
+
+    def buggy(*_args):
+        raise TypeError("unhashable type: 'list'")
+
+    monkeypatch.setattr(hub_models, "read_checkpoint", buggy)
+    headers = read_headers("hf://org/small-llama", hub.url, 10.0)
+    assert headers.refused is None and headers.shape is None
+    assert "TypeError: a kvledger bug" in headers.unread
+    assert "reading hf://org/small-llama's headers failed" in caplog.text
+    monkeypatch.undo()
+    assert read_headers("hf://org/small-llama", hub.url, 10.0).shape is not None
