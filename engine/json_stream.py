@@ -51,14 +51,10 @@ class ObjectReader:
     ``value()``, or by ``begin()`` for a member that is itself read member by member;
     ``end()`` checks nothing but whitespace follows."""
 
-    def __init__(self, read: Callable[[int], bytes],
-                 object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None,
-                 ) -> None:
-        """``object_pairs_hook`` builds every object the values hold (json's own: it may
-        raise MalformedJson, e.g. for a key given twice)."""
+    def __init__(self, read: Callable[[int], bytes]) -> None:
         self._read = read
         self._decoder = codecs.getincrementaldecoder("utf-8")()
-        self._scan = make_scanner(json.JSONDecoder(object_pairs_hook=object_pairs_hook))
+        self._scan = make_scanner(json.JSONDecoder())
         self._text, self._pos, self._eof = "", 0, False
         self._member = self._value = 0  # where the current member, its value start
         self._first: list[bool] = []  # per open object: no member read yet
@@ -82,8 +78,6 @@ class ObjectReader:
             raise MalformedJson(_reason(exc)) from None
         except RecursionError:
             raise MalformedJson("JSON nested too deeply") from None
-        except MalformedJson:  # the object_pairs_hook's refusal
-            raise
         except ValueError:
             raise MalformedJson(TOO_MANY_DIGITS) from None
         if _SPACE.match(self._text, end).end() != len(self._text):
@@ -160,8 +154,6 @@ class ObjectReader:
             raise self._failed(exc) from None
         except RecursionError:
             raise MalformedJson("JSON nested too deeply") from None
-        except MalformedJson:  # the object_pairs_hook's refusal
-            raise
         except ValueError:
             raise MalformedJson(TOO_MANY_DIGITS) from None
         self._bounded()
