@@ -69,7 +69,7 @@ def _check_counts(stored: list[TensorInfo], config: ModelConfig) -> None:
     experts = {int(m.group(1)) + 1 for t in stored if (m := _EXPERT.search(t.name))}
     experts |= {t.shape[0] for t in stored if FUSED_EXPERTS in t.name and len(t.shape) == 3}
     if experts and max(experts) < config.moe.num_experts:
-        raise BadInput(f"config.json declares {config.moe.num_experts} experts a layer; the "
+        raise BadInput(f"config.json declares {config.moe.num_experts} experts per layer; the "
                        f"checkpoint stores {max(experts)}")
 
 
