@@ -68,6 +68,42 @@ async def test_a_repo_of_huge_headers_is_answered_at_once_having_read_their_leng
         assert peak.mib - base < 16
 
 
+async def test_a_hostile_config_is_refused_at_once_and_the_operator_goes_on(tmp_path):
+    """config.json declaring a million layers (the planner built a tuple and a tensor name
+    per layer: 95 s and 2.3 GB before it was bounded), refused in one line, or a list for
+    ``model_type`` (a TypeError escaped the hub read), planned without that type's
+    defaults: each answered in well under the deadline, the operator grown by little and
+    a benign review answered after them."""
+    import json
+
+    answers = {}
+    with HubServer() as hub:
+        hub.add_commit("warm/small", write_moe_repo(tmp_path / "small", layers=2, experts=4))
+        for name, change in (("layers", {"num_hidden_layers": 10**6}),
+                             ("model-type", {"model_type": [1]})):
+            folder = write_moe_repo(tmp_path / name, layers=2, experts=4)
+            config = json.loads((folder / "config.json").read_text())
+            (folder / "config.json").write_text(json.dumps({**config, **change}))
+            hub.add_commit(f"hostile/{name}", folder)
+        async with emulated_cluster() as cluster, \
+                await started(cluster, hub, tmp_path / "log") as client:
+            assert (await client.ask(admission_review(hub_spec("warm/small"))))["allowed"]
+            base = rss_mib(client.pid)
+            with Peak(client.pid) as peak:
+                for name in ("layers", "model-type"):
+                    begun = time.monotonic()
+                    answer = await client.ask(admission_review(hub_spec(f"hostile/{name}")))
+                    answers[name] = (answer, time.monotonic() - begun)
+            after = await client.ask(admission_review(hub_spec("warm/small", gpus=2)))
+    layers, layers_s = answers["layers"]
+    assert not layers["allowed"] and layers_s < 2.0
+    assert "'num_hidden_layers' 1000000 is more than the 1024 kvledger plans" in (
+        layers["status"]["message"])
+    model_type, model_type_s = answers["model-type"]  # the type's defaults unread: planned
+    assert model_type["allowed"] and model_type_s < 2.0 and not model_type.get("warnings")
+    assert peak.mib - base < 16 and after["allowed"]
+
+
 async def test_big_models_cost_the_operator_its_budget_and_no_more(tmp_path):
     """Six distinct repos of 64,893 tensors each (~12.5 MiB of index and headers: as big as
     the operator reads) at once, twice: one kept, one more alive while it is judged (the
