@@ -20,8 +20,9 @@ from pathlib import Path
 from kvledger.engine import json_text
 from kvledger.engine.checkpoint.contents import ModelShape
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri
+from kvledger.engine.checkpoint.read_limits import MAX_CONFIG_BYTES
 from kvledger.engine.checkpoint.safetensors_header import TensorInfo, read_safetensors_header
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, shown
 from kvledger.engine.planner.lora_bytes import LORA_TARGETS, adapter_elements, module_shapes
 from kvledger.engine.settings.config import EngineConfig
 
@@ -29,7 +30,6 @@ CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PEFT_DEFAULT_ALPHA = 8  # peft.LoraConfig's lora_alpha when the file has none
 FLOAT_DTYPES = ("F32", "F16", "BF16")  # what PEFT writes an adapter in
-MAX_CONFIG_BYTES = 2**20  # an adapter_config.json is a few hundred bytes
 _TENSOR = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\."
                      r"(\w+)\.lora_([AB])\.weight$")
 
@@ -164,25 +164,20 @@ def _read_config(directory: Path, where: str) -> dict:
     return raw
 
 
-def _short(value: object, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def _check_config(raw: dict, where: str, max_lora_rank: int) -> tuple[int, float, set[str]]:
     """``(rank, scaling, targeted modules)``, or BadInput naming what cannot run."""
     if raw.get("peft_type", "LORA") != "LORA":
-        raise BadInput(f"{where}: peft_type {_short(raw['peft_type'])}; kvledger serves LORA adapters")
+        raise BadInput(f"{where}: peft_type {shown(raw['peft_type'])}; kvledger serves LORA adapters")
     rank = raw.get("r", 8)
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
-        raise BadInput(f"{where}: r must be a positive integer, got {_short(rank)}")
+        raise BadInput(f"{where}: r must be a positive integer, got {shown(rank)}")
     if rank > max_lora_rank:
         raise BadInput(f"{where}: rank {rank} is over --max-lora-rank {max_lora_rank}")
     alpha = raw.get("lora_alpha", PEFT_DEFAULT_ALPHA)
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not math.isfinite(alpha):
-        raise BadInput(f"{where}: lora_alpha must be a finite number, got {_short(alpha)}")
+        raise BadInput(f"{where}: lora_alpha must be a finite number, got {shown(alpha)}")
     refused = [(raw.get("use_dora"), "use_dora (DoRA)"),
-               (raw.get("bias", "none") != "none", f"bias {_short(raw.get('bias'))}"),
+               (raw.get("bias", "none") != "none", f"bias {shown(raw.get('bias'))}"),
                (raw.get("modules_to_save"), "modules_to_save"),
                (raw.get("fan_in_fan_out"), "fan_in_fan_out"),
                (raw.get("rank_pattern"), "rank_pattern"),
@@ -196,7 +191,7 @@ def _check_config(raw: dict, where: str, max_lora_rank: int) -> tuple[int, float
     if (isinstance(targets, str) or not isinstance(targets, list) or not targets
             or not all(isinstance(t, str) for t in targets)):
         raise BadInput(f"{where}: target_modules must be a list of module names or "
-                       f"\"all-linear\", got {_short(targets)}")
+                       f"\"all-linear\", got {shown(targets)}")
     unknown = sorted(str(t) for t in targets if t not in LORA_TARGETS)
     if unknown:
         raise BadInput(f"{where}: target module {unknown[0]!r} is not one kvledger adapts "
