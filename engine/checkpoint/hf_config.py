@@ -20,7 +20,7 @@ from typing import Any
 from kvledger.engine import json_text
 from kvledger.engine.checkpoint.files import CONFIG_FILE
 from kvledger.engine.checkpoint.read_limits import MAX_CONFIG_BYTES
-from kvledger.engine.errors import SHOWN_CHARS, BadInput, shown
+from kvledger.engine.errors import BadInput, shown, some
 
 # The families read, by how their attention is laid out. Grouped-/multi-query attention:
 FULL_ATTENTION_ARCHITECTURES = (
@@ -255,10 +255,9 @@ def _declared(raw: Mapping[str, Any], num_layers: int) -> tuple[str, ...]:
     if not isinstance(declared, list) or len(declared) != num_layers:
         raise BadInput(f"config.json 'layer_types' must list one type per layer "
                        f"({num_layers}), got {shown(declared)}")
-    unknown = sorted({str(t)[:SHOWN_CHARS] for t in declared
-                      if t not in (FULL_ATTENTION, SLIDING_ATTENTION)})
+    unknown = sorted({str(t) for t in declared if t not in (FULL_ATTENTION, SLIDING_ATTENTION)})
     if unknown:
-        raise BadInput(f"config.json 'layer_types' has {', '.join(unknown[:3])}: kvledger plans "
+        raise BadInput(f"config.json 'layer_types' has {some(unknown, quote=False)}: kvledger plans "
                        "only full_attention and sliding_attention layers")
     return tuple(declared)
 

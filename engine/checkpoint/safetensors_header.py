@@ -25,7 +25,7 @@ from typing import BinaryIO, NamedTuple
 
 from kvledger.engine import json_text
 from kvledger.engine.checkpoint.read_limits import ReadBudget
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, shown, some
 from kvledger.engine.json_stream import MalformedJson, NotAnObject, ObjectReader
 
 # Bits per element of every dtype safetensors knows (0.4 .. 0.8).
@@ -210,7 +210,7 @@ def _read_entries(path: Path, reader: ObjectReader, budget: ReadBudget | None,
     while (name := reader.key()) is not None:
         entry = reader.value()
         if name in names:
-            raise BadInput(f"{path}: corrupt safetensors header: {name!r} appears twice")
+            raise BadInput(f"{path}: corrupt safetensors header: {shown(name)} appears twice")
         names.add(name)
         _strict(path, reader.value_text(), name != "__metadata__")
         if name == "__metadata__":
@@ -250,34 +250,34 @@ def _fast_tensor_info(name: str, entry: object) -> TensorInfo | None:
 
 def _tensor_info(path: Path, name: str, entry: object) -> TensorInfo:
     if not isinstance(entry, dict):
-        raise BadInput(f"{path}: corrupt safetensors header: entry {name!r} is not an object")
+        raise BadInput(f"{path}: corrupt safetensors header: entry {shown(name)} is not an object")
     if not _utf8(name):
-        raise BadInput(f"{path}: corrupt safetensors header: tensor name {name!r} is not "
+        raise BadInput(f"{path}: corrupt safetensors header: tensor name {shown(name)} is not "
                        "UTF-8 (a lone surrogate)")
     if unknown := set(entry) - FIELDS:
-        raise BadInput(f"{path}: corrupt safetensors header: tensor {name!r} has fields "
-                       f"safetensors does not define: {', '.join(map(repr, sorted(unknown)))}")
+        raise BadInput(f"{path}: corrupt safetensors header: tensor {shown(name)} has fields "
+                       f"safetensors does not define: {some(sorted(unknown))}")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
-        raise BadInput(f"{path}: tensor {name!r} has unknown dtype {dtype!r} "
+        raise BadInput(f"{path}: tensor {shown(name)} has unknown dtype {dtype!r} "
                        f"(known: {', '.join(DTYPE_BITS)})")
     if (not isinstance(shape, list)
             or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-        raise BadInput(f"{path}: tensor {name!r} has a bad shape {shape!r}")
+        raise BadInput(f"{path}: tensor {shown(name)} has a bad shape {shape!r}")
     if (not isinstance(offsets, list) or len(offsets) != 2
             or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
             or offsets[0] > offsets[1]):
-        raise BadInput(f"{path}: tensor {name!r} has bad data_offsets {offsets!r}")
+        raise BadInput(f"{path}: tensor {shown(name)} has bad data_offsets {offsets!r}")
     numel = 1
     for d in shape:
         numel *= d
     bits = numel * DTYPE_BITS[dtype]
     if bits % 8 or bits // 8 != offsets[1] - offsets[0]:
         size = f"{_digits(bits // 8)} bytes" if bits % 8 == 0 else f"{_digits(bits)} bits"
-        raise BadInput(f"{path}: tensor {name!r} {dtype}{_shape_text(shape)} needs {size} but "
+        raise BadInput(f"{path}: tensor {shown(name)} {dtype}{_shape_text(shape)} needs {size} but "
                        f"its data_offsets span {_digits(offsets[1] - offsets[0])}")
     if _span(shape) > MAX_SPAN:
-        raise BadInput(f"{path}: tensor {name!r} {dtype}{_shape_text(shape)} is larger than "
+        raise BadInput(f"{path}: tensor {shown(name)} {dtype}{_shape_text(shape)} is larger than "
                        "any tensor can be (its dimensions overflow 64 bits)")
     return TensorInfo(name, dtype, tuple(shape), bits // 8, offsets[0])
 
@@ -307,11 +307,11 @@ def _check_offsets(path: Path, spans: list[tuple[int, int, str]], data_bytes: in
     position = 0
     for begin, end, name in spans:
         if end > data_bytes:
-            raise BadInput(f"{path}: corrupt safetensors header: tensor {name!r} ends at byte "
+            raise BadInput(f"{path}: corrupt safetensors header: tensor {shown(name)} ends at byte "
                            f"{end}, past the end of the file's {data_bytes} data bytes "
                            "(truncated file?)")
         if begin != position:
-            raise BadInput(f"{path}: corrupt safetensors header: tensor {name!r} starts at "
+            raise BadInput(f"{path}: corrupt safetensors header: tensor {shown(name)} starts at "
                            f"{begin}, expected {position} (overlap or gap)")
         position = end
     if position != data_bytes:

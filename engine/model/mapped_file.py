@@ -12,8 +12,9 @@ a cold load of that checkpoint 0.2 s shorter).
 The header is read and checked by ``checkpoint/safetensors_header.py`` (as strictly as
 safetensors does: offsets contiguous from 0 and covering the data region), through the
 descriptor that is then mapped, so every view lies inside the file mapped (a file cut
-short after it is mapped is beyond any reader's check: a view of the lost bytes faults). The map is private (copy on write): a tensor written to never
-reaches the file. A view whose offset its dtype cannot be aligned to is copied out.
+short after it is mapped is beyond any reader's check: a view of the lost bytes faults).
+The map is private (copy on write): a tensor written to never reaches the file. A view
+whose offset its dtype cannot be aligned to is copied out.
 """
 
 from __future__ import annotations
