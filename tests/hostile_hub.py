@@ -9,6 +9,7 @@ the shards of ``write_heavy_repo`` are hard links to one file.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -66,26 +67,29 @@ MOE_CONFIG = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe
 
 
 def write_moe_repo(folder: Path, *, layers: int, experts: int, shards: int = 8) -> Path:
-    """A Qwen3-MoE checkpoint the engine could load (every tensor one it loads, each a
-    sparse BF16 vector) with ``layers`` x ``experts``: 84 x 512 is 129,699 tensors in
+    """A Qwen3-MoE checkpoint the engine could load (every tensor one it loads, in its
+    shape, BF16, the data a hole) with ``layers`` x ``experts``: 84 x 512 is 129,699 tensors in
     ~25 MiB of index and headers, more than any published model's (Kimi K2, ~140,000
     tensors in 30 MiB, is DeepSeek's architecture, which the engine does not run)."""
-    from kvledger.engine.checkpoint.loadable import tensor_names
     from kvledger.engine.checkpoint.model_config import ModelConfig
+    from kvledger.engine.checkpoint.tensor_shapes import float_shapes
 
     config = dict(MOE_CONFIG, num_hidden_layers=layers, num_experts=experts)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
-    names = sorted(tensor_names(ModelConfig.from_dict(config)))
+    shapes = float_shapes(ModelConfig.from_dict(config))
+    names = sorted(shapes)
     weight_map = {}
     per_shard = -(-len(names) // shards)
     for k in range(shards):
-        part = names[k * per_shard:(k + 1) * per_shard]
-        entries = [f'"{name}":{{"dtype":"BF16","shape":[64],"data_offsets":[{i * 128},'
-                   f'{i * 128 + 128}]}}' for i, name in enumerate(part)]
+        part, entries, offset = names[k * per_shard:(k + 1) * per_shard], [], 0
+        for name in part:
+            size = 2 * math.prod(shapes[name])
+            entries.append(f'"{name}":{{"dtype":"BF16","shape":{list(shapes[name])},'
+                           f'"data_offsets":[{offset},{offset + size}]}}')
+            offset += size
         header = ("{" + ",".join(entries) + "}").encode()
-        write_shard(folder / shard_name(k, shards), header + b" " * (-len(header) % 8),
-                    128 * len(part))
+        write_shard(folder / shard_name(k, shards), header + b" " * (-len(header) % 8), offset)
         weight_map |= dict.fromkeys(part, shard_name(k, shards))
     (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     return folder

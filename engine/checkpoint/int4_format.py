@@ -108,3 +108,38 @@ def layer_prefixes(names: Any, method: str) -> set[str]:
     method's first tensor (``qweight`` / ``weight_packed``)."""
     first = "." + LAYER_TENSORS[method][0][0]
     return {n.removesuffix(first) for n in names if n.endswith(first)}
+
+
+def scale_name(method: str) -> str:
+    """A 4-bit layer's scales, whose shape gives its group count (``groups``)."""
+    return "weight_scale" if method == W4A16 else "scales"
+
+
+def group_count(method: str, prefix: str, scale_shape: tuple[int, ...]) -> int:
+    """How many groups of inputs the stored scales (``scale_name``) of the layer ``prefix``
+    count: W4A16's ``[out, groups]``, the others' ``[groups, out]``. BadInput unless 2-D."""
+    if len(scale_shape) != 2:
+        raise BadInput(f"4-bit layer {prefix} has scales of shape {list(scale_shape)}; "
+                       "kvledger reads 2-D scales")
+    return scale_shape[1] if method == W4A16 else scale_shape[0]
+
+
+def layer_shapes(method: str, prefix: str, in_features: int, out_features: int,
+                 groups: int) -> dict[str, tuple[int, ...]]:
+    """Each tensor of the 4-bit layer ``prefix`` (``[out_features, in_features]`` in
+    ``groups`` groups of inputs) as ``method`` stores it, the optional ones included (see
+    the module's docstring). BadInput, one line, for a layer the engine cannot unpack:
+    dimensions not divisible by 8, or inputs not split into equal groups."""
+    if in_features % 8 or out_features % 8 or groups < 1 or in_features % groups:
+        raise BadInput(f"4-bit layer {prefix} [{out_features}, {in_features}] with {groups} "
+                       "groups: kvledger needs dimensions divisible by 8 and equal groups")
+    words_in, words_out = in_features // 8, out_features // 8
+    if method == GPTQ:
+        return {"qweight": (words_in, out_features), "qzeros": (groups, words_out),
+                "scales": (groups, out_features), "g_idx": (in_features,)}
+    if method == AWQ:
+        return {"qweight": (in_features, words_out), "qzeros": (groups, words_out),
+                "scales": (groups, out_features)}
+    return {"weight_packed": (out_features, words_in), "weight_scale": (out_features, groups),
+            "weight_shape": (2,), "weight_zero_point": (words_out, groups)}
+

@@ -12,6 +12,7 @@ rather than its engine crash-looping. The names the engine loads are the loader'
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -19,6 +20,12 @@ from typing import Any
 from kvledger.engine.checkpoint.contents import CASTABLE_DTYPES, TensorInfo
 from kvledger.engine.checkpoint.fp8_format import KV_SCALE_SUFFIXES, quantized_linear
 from kvledger.engine.checkpoint.model_config import SERVED_WEIGHTS, ModelConfig
+from kvledger.engine.checkpoint.tensor_shapes import (
+    block,
+    expert_projections,
+    float_shapes,
+    fused_expert_shape,
+)
 from kvledger.engine.checkpoint.weight_formats import WEIGHT_FORMATS
 from kvledger.engine.errors import BadInput, some
 
@@ -37,7 +44,9 @@ def loadable_config(raw: Mapping[str, Any], tensors: Iterable[TensorInfo]) -> Mo
     of weights quantized without a quantization_config, another model's tensors), and
     weights stored in a dtype that is not a float (the loader would cast them as values),
     but for an FP8 checkpoint's quantized weights (F8_E4M3 with a ``weight_scale``) and a
-    4-bit checkpoint's packed layers (``int4_format``: all their tensors, ints as ints)."""
+    4-bit checkpoint's packed layers (``int4_format``: all their tensors, ints as ints),
+    and tensors whose shapes are not the ones config.json's widths give (``check_shapes``:
+    the plan would be sized from widths the loader then refuses)."""
     config = ModelConfig.from_dict(raw)
     stored = [t for t in tensors if not t.name.endswith(IGNORED_SUFFIXES)]
     _check_counts(stored, config)
@@ -54,7 +63,46 @@ def loadable_config(raw: Mapping[str, Any], tensors: Iterable[TensorInfo]) -> Mo
     if packed:
         raise BadInput(f"checkpoint stores weights in a dtype that is not a float: "
                        f"{some(packed, quote=False)} (quantized weights?); {SERVED_WEIGHTS}")
+    check_shapes(stored, config)
     return config
+
+
+def check_shapes(stored: list[TensorInfo], config: ModelConfig) -> None:
+    """BadInput, one line, when a stored tensor's shape is not the one the loader expects
+    for ``config`` (``float_shapes``; fused experts as ``fused_expert_shape``; a quantized
+    layer's scales and packed tensors as its format stores them; one number for each KV
+    cache scale), naming the first few and config.json's widths. Run after the names are
+    checked: a name the engine does not hold is refused as unexpected, not here."""
+    expected = float_shapes(config)
+    wrong = []
+    for t in stored:
+        if t.name.endswith(KV_SCALE_SUFFIXES):
+            if math.prod(t.shape) != 1:
+                wrong.append(f"{t.name!r} is {list(t.shape)}, expected one number")
+            continue
+        pieces = loaded_names(t.name, t.shape, config)
+        want = (expected.get(pieces[0]) if len(pieces) == 1
+                else fused_expert_shape(config, t.name.partition(FUSED_EXPERTS)[2]))
+        if want is not None and t.shape != want:
+            wrong.append(f"{t.name!r} is {list(t.shape)}, expected {list(want)}")
+    weight_format = WEIGHT_FORMATS.get(config.weight_format)
+    if weight_format is not None:
+        stored_shapes = {t.name: t.shape for t in stored}
+        wrong += weight_format.shape_errors(stored_shapes, expected)
+    if wrong:
+        raise BadInput(f"checkpoint's tensors do not have the shapes config.json gives: "
+                       f"{some(wrong, quote=False)} (config.json: {_widths(config)})")
+
+
+def _widths(config: ModelConfig) -> str:
+    """The config.json fields the shapes come from, as a refusal quotes them."""
+    widths = [f"hidden_size {config.hidden_size}", f"intermediate_size {config.intermediate_size}",
+              f"num_attention_heads {config.num_attention_heads}",
+              f"num_key_value_heads {config.num_kv_heads}", f"head_dim {config.head_dim}",
+              f"vocab_size {config.vocab_size}"]
+    if config.moe is not None:
+        widths += [f"experts {config.moe.num_experts} of {config.moe.intermediate_size}"]
+    return ", ".join(widths)
 
 
 def _check_counts(stored: list[TensorInfo], config: ModelConfig) -> None:
@@ -85,22 +133,9 @@ def unexpected_tensors(tensors: Iterable[TensorInfo], config: ModelConfig) -> li
 
 def tensor_names(config: ModelConfig) -> frozenset[str]:
     """Every tensor the engine's model may hold for ``config``, named as Hugging Face's
-    checkpoints name them: the state dict of ``CausalLM(config)`` (a test holds the two
-    equal), known without building it, so without torch; for an FP8 checkpoint, each
-    quantized linear layer's scales too; for a 4-bit one, its packed tensors."""
-    names = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
-    for layer in range(config.num_layers):
-        prefix = f"model.layers.{layer}."
-        attention = prefix + "self_attn."
-        names |= {f"{attention}{p}_proj.weight" for p in "qkvo"}
-        if config.qkv_bias:
-            names |= {f"{attention}{p}_proj.bias" for p in "qkv"}
-        if config.o_bias:
-            names.add(attention + "o_proj.bias")
-        if config.qk_norm:
-            names |= {attention + "q_norm.weight", attention + "k_norm.weight"}
-        names |= {prefix + "input_layernorm.weight", prefix + "post_attention_layernorm.weight"}
-        names |= _feed_forward_names(config, layer, prefix)
+    checkpoints name them (``float_shapes``); for an FP8 checkpoint, each quantized linear
+    layer's scales too; for a 4-bit one, its packed tensors."""
+    names = set(float_shapes(config))
     weight_format = WEIGHT_FORMATS.get(config.weight_format)
     if weight_format is not None:  # a quantized layer's scales or packed tensors
         names |= {n for w in list(names) if quantized_linear(w)
@@ -130,33 +165,8 @@ def loaded_names(name: str, shape: tuple[int, ...], config: ModelConfig) -> tupl
         if mixtral and name.endswith(".mlp.gate.weight"):
             return (name.removesuffix("mlp.gate.weight") + "block_sparse_moe.gate.weight",)
         return (name,)
-    block, (gate, up, down) = _block(config, layer + "."), _expert_projections(config)
-    experts = [f"{block}experts.{e}." for e in range(shape[0])]
+    at, (gate, up, down) = block(config, layer + "."), expert_projections(config)
+    experts = [f"{at}experts.{e}." for e in range(shape[0])]
     if what == "down_proj":
         return tuple(f"{e}{down}.weight" for e in experts)
     return tuple(f"{e}{p}.weight" for e in experts for p in (gate, up))
-
-
-def _feed_forward_names(config: ModelConfig, layer: int, prefix: str) -> set[str]:
-    """One layer's MLP, or its router and every expert."""
-    block = _block(config, prefix)
-    moe = config.moe
-    if moe is None or layer not in moe.sparse_layers:
-        return {f"{block}{p}_proj.weight" for p in ("gate", "up", "down")}
-    return {block + "gate.weight"} | {f"{block}experts.{e}.{p}.weight"
-                                      for e in range(moe.num_experts)
-                                      for p in _expert_projections(config)}
-
-
-def _block(config: ModelConfig, prefix: str) -> str:
-    """Where a layer's feed-forward is: Mixtral's checkpoints name it block_sparse_moe,
-    everyone else's mlp."""
-    return prefix + ("block_sparse_moe." if config.architecture == "MixtralForCausalLM"
-                     else "mlp.")
-
-
-def _expert_projections(config: ModelConfig) -> tuple[str, str, str]:
-    """An expert's (gate, up, down) names: Mixtral's w1, w3, w2."""
-    if config.architecture == "MixtralForCausalLM":
-        return ("w1", "w3", "w2")
-    return ("gate_proj", "up_proj", "down_proj")

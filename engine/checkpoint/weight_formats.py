@@ -10,6 +10,8 @@ loader ask of quantized weights, so none of them branches on a format's name:
   names a quantized linear layer adds;
 - ``kept_as_stored``: which tensors the loader keeps byte for byte (the planner counts
   them so);
+- ``shape_errors``: which of its stored tensors have shapes other than the ones the
+  loader expects for the config's widths (the pre-flight's check);
 - ``workspace_bytes``: what a step's dequantization adds to the activations;
 - ``can_shard``, ``packed`` (4-bit layers replace their weight; the loader installs
   ``int4_linear``, else ``fp8_linear``) and ``label`` (the plan's report).
@@ -20,6 +22,7 @@ is one class here and its layer in model/.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,9 +42,12 @@ from kvledger.engine.checkpoint.int4_format import (
     LAYER_TENSORS,
     PACKED_DTYPES,
     W4A16,
+    group_count,
     int4_method,
     layer_prefixes,
+    layer_shapes,
     layer_tensor,
+    scale_name,
 )
 from kvledger.engine.errors import BadInput, some
 
@@ -80,6 +86,21 @@ class Fp8Weights:
     def layer_tensors(self, weight: str) -> set[str]:
         """A quantized linear layer's scales, beside its weight."""
         return {weight.removesuffix(".weight") + suffix for suffix in SCALE_SUFFIXES}
+
+    def shape_errors(self, stored: Mapping[str, tuple[int, ...]], expected: Mapping[str, tuple[int, ...]]) -> list[str]:
+        """Each layer's scales of a shape the engine cannot hold (``fp8_linear.scale_shape``):
+        a ``weight_scale`` one number or one per output, an ``input_scale`` one number.
+        The FP8 weights themselves are stored in the float weights' shapes (``expected``)."""
+        wrong = []
+        for name, shape in stored.items():
+            if not name.endswith(SCALE_SUFFIXES):
+                continue
+            weight = expected.get(name.rsplit(".", 1)[0] + ".weight")
+            counts = {1} if name.endswith(".input_scale") or weight is None else {1, weight[0]}
+            if math.prod(shape) not in counts:
+                wrong.append(f"{name!r} is {list(shape)}, expected {' or '.join(map(str, sorted(counts)))} "
+                             "numbers")
+        return wrong
 
     def kept_as_stored(self, name: str) -> bool:
         return False  # FP8 weights are not floats, kept by the general rule; scales float32
@@ -148,6 +169,23 @@ class Int4Weights:
         """A quantized linear layer's tensors, in its weight's stead."""
         return {f"{weight.removesuffix('.weight')}.{part}"
                 for part in sum(LAYER_TENSORS[self.name], ())}
+
+    def shape_errors(self, stored: Mapping[str, tuple[int, ...]], expected: Mapping[str, tuple[int, ...]]) -> list[str]:
+        """Each 4-bit layer's tensors whose shapes are not the ones its float weight
+        ``[out, in]`` (``expected``) and its scales' group count give (``layer_shapes``);
+        BadInput for a layer the engine cannot unpack."""
+        wrong = []
+        for layer in sorted(layer_prefixes(stored, self.name)):
+            weight, scales = expected.get(layer + ".weight"), stored.get(f"{layer}.{scale_name(self.name)}")
+            if weight is None or scales is None:
+                continue  # refused by name: not the engine's layer, or its scales missing
+            out_features, in_features = weight
+            wants = layer_shapes(self.name, layer, in_features, out_features,
+                                 group_count(self.name, layer, scales))
+            wrong += [f"'{layer}.{part}' is {list(stored[f'{layer}.{part}'])}, expected {list(want)}"
+                      for part, want in wants.items()
+                      if stored.get(f"{layer}.{part}", want) != want]
+        return wrong
 
     def kept_as_stored(self, name: str) -> bool:
         return layer_tensor(name, self.name)

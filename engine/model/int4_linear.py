@@ -19,7 +19,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvledger.engine.checkpoint.fp8_format import QUANTIZED_PROJECTIONS
-from kvledger.engine.checkpoint.int4_format import AWQ, AWQ_ORDER, GPTQ, W4A16, layer_prefixes
+from kvledger.engine.checkpoint.int4_format import (
+    AWQ_ORDER,
+    GPTQ,
+    W4A16,
+    group_count,
+    layer_prefixes,
+    layer_shapes,
+    scale_name,
+)
 from kvledger.engine.errors import BadInput
 
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)  # nibble k of a word: bits 4k..4k+3
@@ -44,27 +52,18 @@ class Int4Linear(nn.Module):
     """``nn.Linear`` over a 4-bit layer's stored tensors, named as ``method`` stores them
     (buffers, so the model's tensors count them); shapes as ``_layer`` reads them."""
 
-    def __init__(self, method: str, in_features: int, out_features: int, groups: int, *,
-                 scale_dtype: torch.dtype, zeros: bool, g_idx: bool, bias: bool) -> None:
+    def __init__(self, method: str, prefix: str, in_features: int, out_features: int,
+                 groups: int, *, scale_dtype: torch.dtype, zeros: bool, g_idx: bool,
+                 bias: bool) -> None:
         super().__init__()
         self.method, self.in_features, self.out_features = method, in_features, out_features
         self.group_size = in_features // groups
-        i32 = torch.int32
-        if method == GPTQ:
-            self.register_buffer("qweight", torch.empty(in_features // 8, out_features, dtype=i32))
-            self.register_buffer("qzeros", torch.empty(groups, out_features // 8, dtype=i32))
-            self.register_buffer("scales", torch.empty(groups, out_features, dtype=scale_dtype))
-            self.register_buffer("g_idx", torch.empty(in_features, dtype=i32) if g_idx else None)
-        elif method == AWQ:
-            self.register_buffer("qweight", torch.empty(in_features, out_features // 8, dtype=i32))
-            self.register_buffer("qzeros", torch.empty(groups, out_features // 8, dtype=i32))
-            self.register_buffer("scales", torch.empty(groups, out_features, dtype=scale_dtype))
-        else:
-            self.register_buffer("weight_packed", torch.empty(out_features, in_features // 8, dtype=i32))
-            self.register_buffer("weight_scale", torch.empty(out_features, groups, dtype=scale_dtype))
-            self.register_buffer("weight_shape", torch.empty(2, dtype=torch.int64))
-            self.register_buffer("weight_zero_point", torch.empty(
-                out_features // 8, groups, dtype=i32) if zeros else None)
+        optional = {"g_idx": g_idx, "weight_zero_point": zeros}
+        for part, shape in layer_shapes(method, prefix, in_features, out_features, groups).items():
+            dtype = (scale_dtype if part == scale_name(method)
+                     else torch.int64 if part == "weight_shape" else torch.int32)
+            kept = optional.get(part, True)
+            self.register_buffer(part, torch.empty(shape, dtype=dtype) if kept else None)
         self.register_buffer("bias", torch.empty(out_features) if bias else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,14 +132,10 @@ def install_int4_linears(model: nn.Module, state: dict[str, torch.Tensor], metho
 def _layer(module: nn.Linear, prefix: str, state: dict[str, torch.Tensor], method: str) -> Int4Linear:
     """The layer for ``module``'s stored tensors, its group count read from its scales;
     the loader then checks every stored shape against it."""
-    in_features, out_features = module.in_features, module.out_features
-    scale = state.get(prefix + (".weight_scale" if method == W4A16 else ".scales"))
-    if scale is None or scale.dim() != 2:
-        raise BadInput(f"4-bit layer {prefix} has no 2-D scales")
-    groups = scale.shape[1] if method == W4A16 else scale.shape[0]
-    if in_features % 8 or out_features % 8 or in_features % groups:
-        raise BadInput(f"4-bit layer {prefix} [{out_features}, {in_features}] with {groups} "
-                       "groups: kvledger needs dimensions divisible by 8 and equal groups")
-    return Int4Linear(method, in_features, out_features, groups, scale_dtype=scale.dtype,
+    scale = state.get(f"{prefix}.{scale_name(method)}")
+    if scale is None:
+        raise BadInput(f"4-bit layer {prefix} has no scales")
+    return Int4Linear(method, prefix, module.in_features, module.out_features,
+                      group_count(method, prefix, tuple(scale.shape)), scale_dtype=scale.dtype,
                       zeros=prefix + ".weight_zero_point" in state,
                       g_idx=prefix + ".g_idx" in state, bias=module.bias is not None)

@@ -72,7 +72,7 @@ def test_a_layer_dequantizes_its_stored_tensors_exactly(method, sym, desc_act, d
                                       desc_act=desc_act, seed=1)
     fmt = {"compressed-tensors": "w4a16"}.get(method, method)
     groups = 4
-    layer = Int4Linear(fmt, 64, 48, groups, scale_dtype=torch.float16,
+    layer = Int4Linear(fmt, "layer", 64, 48, groups, scale_dtype=torch.float16,
                        zeros="weight_zero_point" in stored, g_idx="g_idx" in stored, bias=False)
     layer.load_state_dict(stored, assign=True)
     got = layer.dequantized(dtype)
@@ -90,7 +90,7 @@ def test_nibble_orders_are_the_published_ones():
     assert unpack_nibbles(word, 0).flatten().tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
     assert pack(torch.arange(8).view(1, 8), 1, (0, 2, 4, 6, 1, 3, 5, 7)).item() == 0x75316420
     # An AWQ layer of one input and outputs 0..7 reading that word dequantizes to 0..7.
-    layer = Int4Linear("awq", 8, 8, 1, scale_dtype=torch.float16, zeros=True, g_idx=False,
+    layer = Int4Linear("awq", "layer", 8, 8, 1, scale_dtype=torch.float16, zeros=True, g_idx=False,
                        bias=False)
     codes = torch.zeros(8, 8, dtype=torch.long)
     codes[0] = torch.arange(8)
@@ -103,7 +103,7 @@ def test_nibble_orders_are_the_published_ones():
 def test_gptq_v1_zeros_read_plus_one_as_vllm_reads_them():
     """A stored zero of 15 (a true zero of 0 stored as -1) reads as 16: the v1 format's
     convention, kept rather than guessed around."""
-    layer = Int4Linear("gptq", 8, 8, 1, scale_dtype=torch.float16, zeros=True, g_idx=False,
+    layer = Int4Linear("gptq", "layer", 8, 8, 1, scale_dtype=torch.float16, zeros=True, g_idx=False,
                        bias=False)
     layer.load_state_dict({"qweight": torch.zeros(1, 8, dtype=torch.int32),
                            "qzeros": torch.full((1, 1), -1, dtype=torch.int32),  # all 0xF

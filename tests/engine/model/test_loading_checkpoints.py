@@ -13,6 +13,7 @@ import torch
 from kvledger.engine.checkpoint.contents import read_weights
 from kvledger.engine.checkpoint.loadable import loaded_names, tensor_names
 from kvledger.engine.checkpoint.model_config import ModelConfig
+from kvledger.engine.checkpoint.tensor_shapes import float_shapes
 from kvledger.engine.cli import main as cli_main
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.builtin import MODELS
@@ -211,10 +212,10 @@ def test_experts_saved_fused_by_transformers_load_the_same(tmp_path, make_model_
 
 @pytest.mark.parametrize("change", [{}, {"attention_bias": True}, {"tie_word_embeddings": True}])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_the_names_the_preflight_checks_are_the_models(make_model_dir, name, change):
-    """``tensor_names`` (torch-free, what the pre-flight checks a checkpoint's headers
-    against) is the state dict of the model the loader fills, for every built-in shape
-    and its biased and tied variants."""
+def test_the_names_and_shapes_the_preflight_checks_are_the_models(make_model_dir, name, change):
+    """``tensor_names`` and ``float_shapes`` (torch-free, what the pre-flight checks a
+    checkpoint's headers against) are the state dict of the model the loader fills, names
+    and shapes, for every built-in shape and its biased and tied variants."""
     from kvledger.engine.model.transformer import CausalLM
 
     raw = {**json.loads((make_model_dir(name) / "config.json").read_text()), **change}
@@ -222,6 +223,7 @@ def test_the_names_the_preflight_checks_are_the_models(make_model_dir, name, cha
     with torch.device("meta"):
         model = CausalLM(config)
     assert tensor_names(config) == set(model.state_dict())
+    assert float_shapes(config) == {n: tuple(t.shape) for n, t in model.state_dict().items()}
 
 
 def test_fused_experts_are_named_as_the_loader_splits_them(make_model_dir):
