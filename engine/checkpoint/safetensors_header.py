@@ -4,7 +4,8 @@ A safetensors file is ``u64 little-endian N`` + ``N`` bytes of JSON + the data r
 The header maps each tensor name to ``{"dtype", "shape", "data_offsets": [begin, end]}``
 with offsets relative to the data region. We validate it at least as strictly as
 ``safetensors`` does (offsets contiguous from 0 and covering the whole region; each field
-once; ``__metadata__`` an object of strings; no shape past 64 bits; names in UTF-8), so a
+once; ``__metadata__`` an object of strings; no shape past 64 bits; names in UTF-8: the
+JSON rules in ``safetensors_strict``), so a
 file accepted here is one ``safe_open`` can load, and its bytes are exactly the loaded
 tensors' (tests/engine/model/test_mapped_file_hostile.py checks it against safetensors on
 mutants of a valid file). Stricter where safetensors is lax: a tensor named twice (it
@@ -23,8 +24,8 @@ import struct
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-from kvledger.engine import json_text
 from kvledger.engine.checkpoint.read_limits import ReadBudget
+from kvledger.engine.checkpoint.safetensors_strict import FIELDS, check_metadata, strict, utf8
 from kvledger.engine.errors import BadInput, shown, some
 from kvledger.engine.json_stream import MalformedJson, NotAnObject, ObjectReader
 
@@ -40,10 +41,6 @@ DTYPE_BITS: dict[str, int] = {
 _DTYPE_NAMES = {name: name for name in DTYPE_BITS}
 # safetensors refuses larger headers; anything bigger is a corrupt length field.
 MAX_HEADER_BYTES = 100_000_000
-# A tensor's fields, each once. safetensors skips any other field, yet refuses one whose
-# value its JSON parser refuses (NaN, 1e400, nesting past 125 levels, a lone surrogate);
-# no writer writes one, so another field is refused here rather than checked as it would.
-FIELDS = frozenset({"dtype", "shape", "data_offsets"})
 # The largest shape torch can lay out: the product of its dimensions (0 counted as 1, as
 # torch's strides do) in an int64, so no dimension of an empty tensor overflows either.
 MAX_SPAN = 2**63 - 1
@@ -55,61 +52,6 @@ class TensorInfo(NamedTuple):
     shape: tuple[int, ...]
     nbytes: int
     begin: int = 0  # where its bytes start in the data region (after the header)
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
-    """json's ``object_pairs_hook``: safetensors refuses a field given twice (and a name
-    given twice is ambiguous), where json would keep the last."""
-    seen: dict = {}
-    for key, value in pairs:
-        if key in seen:
-            raise MalformedJson(f"{key!r} appears twice")
-        seen[key] = value
-    return seen
-
-
-def _no_minus_zero(text: str) -> int:
-    """json's ``parse_int``: ``-0`` is a float to safetensors' parser, never a size."""
-    if text == "-0":
-        raise MalformedJson("-0 where a size must be")
-    return int(text)
-
-
-def _strict(path: Path, text: str, entries: int) -> None:
-    """BadInput unless ``text`` (the header, or one entry: ``entries`` 1) parses as strictly
-    as safetensors' JSON parser: no key twice, no ``-0``. It is parsed again only where it
-    may not (json's hooks cost a Python call per object or number, a fifth more of a large
-    header's reading): a ``-0`` in the text, or a field named other than once an entry, or
-    ``__metadata__`` more than once. Otherwise a field given twice would show as another
-    entry's missing field, refused as that."""
-    if ("-0" not in text and text.count('"__metadata__"') <= 1
-            and all(text.count(f'"{field}"') == entries for field in FIELDS)):
-        return
-    try:
-        json_text.loads(text, object_pairs_hook=_no_duplicate_keys, parse_int=_no_minus_zero)
-    except ValueError as exc:
-        raise BadInput(f"{path}: corrupt safetensors header: {exc}") from None
-
-
-def _utf8(text: str) -> bool:
-    """Whether ``text`` has a UTF-8 spelling (json reads ``"\\ud800"``, a lone surrogate,
-    that has none; safetensors refuses it)."""
-    if text.isascii():
-        return True
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _check_metadata(path: Path, metadata: object) -> None:
-    """``__metadata__`` is absent, null or an object of strings, as safetensors demands."""
-    if metadata is not None and not (
-            isinstance(metadata, dict)
-            and all(isinstance(v, str) and _utf8(k) and _utf8(v) for k, v in metadata.items())):
-        raise BadInput(f"{path}: corrupt safetensors header: __metadata__ is not an object "
-                       "of strings")
 
 
 def read_safetensors_header(path: str | os.PathLike,
@@ -169,8 +111,8 @@ def _whole_entries(path: Path, header: object, raw: str,
     ``json_stream.MEMBER_MAX_CHARS``)."""
     if not isinstance(header, dict):
         raise BadInput(f"{path}: corrupt safetensors header: not a JSON object")
-    _strict(path, raw, len(header) - ("__metadata__" in header))
-    _check_metadata(path, header.get("__metadata__"))
+    strict(path, raw, len(header) - ("__metadata__" in header))
+    check_metadata(path, header.get("__metadata__"))
     spans: list[tuple[int, int, str]] = []
     tensors = _fast_tensor_infos(header, spans)
     if tensors is None:  # something is off: the slow path names it
@@ -212,9 +154,9 @@ def _read_entries(path: Path, reader: ObjectReader, budget: ReadBudget | None,
         if name in names:
             raise BadInput(f"{path}: corrupt safetensors header: {shown(name)} appears twice")
         names.add(name)
-        _strict(path, reader.value_text(), name != "__metadata__")
+        strict(path, reader.value_text(), name != "__metadata__")
         if name == "__metadata__":
-            _check_metadata(path, entry)
+            check_metadata(path, entry)
             continue
         info = _fast_tensor_info(name, entry) or _tensor_info(path, name, entry)
         tensors.append(info)
@@ -236,7 +178,7 @@ def _fast_tensor_info(name: str, entry: object) -> TensorInfo | None:
     except (TypeError, KeyError, ValueError):
         return None
     if (type(shape) is not list or type(begin) is not int or type(end) is not int
-            or len(entry) != 3 or not (name.isascii() or _utf8(name))):
+            or len(entry) != 3 or not (name.isascii() or utf8(name))):
         return None
     for d in shape:
         if type(d) is not int or d < 0:
@@ -251,7 +193,7 @@ def _fast_tensor_info(name: str, entry: object) -> TensorInfo | None:
 def _tensor_info(path: Path, name: str, entry: object) -> TensorInfo:
     if not isinstance(entry, dict):
         raise BadInput(f"{path}: corrupt safetensors header: entry {shown(name)} is not an object")
-    if not _utf8(name):
+    if not utf8(name):
         raise BadInput(f"{path}: corrupt safetensors header: tensor name {shown(name)} is not "
                        "UTF-8 (a lone surrogate)")
     if unknown := set(entry) - FIELDS:

@@ -15,6 +15,7 @@ from kvledger.engine.checkpoint.hub.uri import is_hub_uri, model_reference
 from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.core import sleep
 from kvledger.engine.core.cpu_threads import cap_torch_threads
+from kvledger.engine.core.rank_start import start_ranks
 from kvledger.engine.core.runner import (
     TORCH_DTYPES,
     ModelRunner,
@@ -38,7 +39,6 @@ from kvledger.engine.planner.limit import host_memory_note
 from kvledger.engine.planner.plan import Measured, Plan, make_plan
 from kvledger.engine.planner.report import render_report
 from kvledger.engine.settings.config import EngineConfig
-from kvledger.engine.settings.node_config import DEFAULT_MASTER_ADDR
 
 log = logging.getLogger("kvledger.engine")
 
@@ -73,7 +73,8 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
                           paged=reads_in_place(config, device))
     with ready.phase("read"):
         if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
-            runner, planned_on = start_ranks(config, plan, source, device, device_memory)
+            runner, planned_on = start_ranks(config, plan, source, device, device_memory,
+                                              paged=reads_in_place(config, device))
         else:
             weights = Weights(source.path, model_config, TORCH_DTYPES[plan.model_dtype], device,
                               quantize_fp8=config.quantization == "fp8"
@@ -204,61 +205,6 @@ def check_stages(config: EngineConfig) -> None:
     if config.enable_lora:
         raise BadInput(f"--pipeline-parallel-size {pp}: kvledger's engine does not serve LoRA "
                        "adapters across pipeline stages")
-
-
-def start_ranks(config: EngineConfig, plan: Plan, source, device: torch.device,
-                probed: DeviceMemory):
-    """Rank 0's runner under ``--tensor-parallel-size N`` (or ``--pipeline-parallel-size
-    P``), and the device to plan on: ranks 1..N-1 started as their own processes
-    (``core/ranks.py``; with ``--nnodes``, this machine's, the others' joining over the
-    network), every rank holding its shard (its stage); BadInput when torch sees fewer
-    CUDA devices than ranks (what cannot be sharded, the plan refused first).
-
-    With ``--nnodes`` every other machine names its device as it joins; the smallest
-    (less free memory than ``probed``) is planned on again before any rank loads, and a
-    plan that no longer fits it is refused (DoesNotFit) on every machine."""
-    from kvledger.engine.core.rank_messages import RankSpec
-    from kvledger.engine.core.ranks import RANK_TIMEOUT_S, RankedRunner, RankGroup, free_port
-
-    # Shardable, and stages of one GPU each: the plan and check_stages said so.
-    stages, nodes = config.pipeline_parallel_size, config.nodes
-    world = config.tensor_parallel_size * stages
-    local = world // nodes.count if nodes else world  # this machine's ranks
-    if device.type == "cuda" and torch.cuda.device_count() < local:
-        raise BadInput(f"{local} ranks on this machine (--tensor-parallel-size x "
-                       f"--pipeline-parallel-size / --nnodes): torch sees "
-                       f"{torch.cuda.device_count()} CUDA devices")
-    threads = max(1, torch.get_num_threads() // local) if device.type == "cpu" else None
-    spec = RankSpec(model_dir=source.path, world=world, device=device.type,
-                    dtype=plan.model_dtype, max_model_len=plan.max_model_len,
-                    block_size=plan.kv.block_size,
-                    master_port=nodes.master_port if nodes else free_port(),
-                    timeout_s=RANK_TIMEOUT_S, threads=threads, fuse=not config.enable_lora,
-                    stages=stages, nodes=nodes.count if nodes else 1,
-                    master_addr=nodes.master_addr if nodes else DEFAULT_MASTER_ADDR,
-                    paged=reads_in_place(config, device),
-                    weight_reading=config.weight_reading)
-    planned_on = [probed]
-
-    def plan_on_machines(devices: dict[int, DeviceMemory | None]) -> None:
-        known = [(d.free_bytes, rank, d) for rank, d in devices.items() if d is not None]
-        if not known or min(known)[0] >= probed.free_bytes:
-            return
-        _, rank, smallest = min(known)
-        planned_on[0] = smallest
-        again = make_plan(config, device=smallest, source=source)
-        where = (f"rank {rank}'s machine (--node-rank {rank // local}): {smallest.name}, "
-                 f"{format_size(smallest.free_bytes)} free")
-        if not again.fits:
-            raise DoesNotFit(f"the plan does not fit {where}, less than this machine's\n"
-                             + render_report(again), again)
-        log.info("planned on %s, less than this machine's", where)
-
-    group = RankGroup(spec, nodes, plan_on_machines if nodes else None)
-    if threads:
-        group.threads_before = torch.get_num_threads()  # given back when the ranks stop
-        torch.set_num_threads(threads)  # the ranks share this machine's cores
-    return RankedRunner(group.start(), group), planned_on[0]
 
 
 def tokenizer_folder(given: str | None) -> str | None:
