@@ -12,15 +12,19 @@ import argparse
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, shown
 from kvledger.engine.settings.vllm_numbers import human_readable_int
 
 # The size grammar (Kubernetes quantities); the CRD's pattern is built from it (operator/api/setting_schema.py).
 SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTPE]i?B?|[kKMGTPE]B|[kKMGTPE]|B)?\s*$")
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50, "E": 2**60}
 _DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+# The largest size: what an int64 holds, as a Kubernetes quantity's bytes do (8 EiB).
+MAX_SIZE_BYTES = 2**63 - 1
+MAX_SIZE_DIGITS = len(str(MAX_SIZE_BYTES))
 
 
 def parse_size(text: str | int) -> int:
@@ -28,11 +32,12 @@ def parse_size(text: str | int) -> int:
     or plain bytes, as Kubernetes quantities. Raises BadInput on anything else."""
     if isinstance(text, int) and not isinstance(text, bool):
         if text < 0:
-            raise BadInput(f"size must not be negative: {text}")
-        return text
+            raise BadInput(f"size must not be negative: {shown(text)}")
+        return _at_most_8_eib(text, text)
     match = SIZE_RE.match(str(text))
     if not match:
-        raise BadInput(f"bad size {text!r}: use e.g. 40GiB, 40Gi, 40GB, 40G, 512MiB or plain bytes")
+        raise BadInput(f"bad size {shown(text)}: use e.g. 40GiB, 40Gi, 40GB, 40G, 512MiB or "
+                       "plain bytes")
     number, unit = match.group(1), (match.group(2) or "")
     unit = unit.upper()
     if unit in ("", "B"):
@@ -41,10 +46,21 @@ def parse_size(text: str | int) -> int:
         scale = _BINARY[unit[0]]
     else:
         scale = _DECIMAL[unit[0]]
-    value = float(number) * scale
     if scale == 1 and "." in number:
         raise BadInput(f"bad size {text!r}: a byte count must be a whole number")
-    return int(value)
+    whole, _, fraction = number.partition(".")
+    # Exact (a float rounds a byte count past 2**53, and overflows on a long one); a number
+    # with more digits than the largest size is refused without being computed.
+    size = (int(Fraction(f"{whole}.{fraction[:MAX_SIZE_DIGITS] or 0}") * scale)
+            if len(whole.lstrip("0")) <= MAX_SIZE_DIGITS else MAX_SIZE_BYTES + 1)
+    return _at_most_8_eib(size, text)
+
+
+def _at_most_8_eib(size: int, text: object) -> int:
+    if size > MAX_SIZE_BYTES:
+        raise BadInput(f"bad size {shown(text)}: more than 8 EiB less a byte, the most a "
+                       "size may be")
+    return size
 
 
 def size_arg(text: str) -> int:

@@ -206,6 +206,28 @@ def test_the_size_pattern_is_the_engines_size_grammar():
         parse_spec({"model": {"path": "/m"}, "memory": {"limit": "1.5"}})
 
 
+def test_a_size_is_exact_and_at_most_8_eib_wherever_it_is_read(capsys, tmp_path):
+    """A SIZE reads to the byte (a float rounded 2**53 + 1 bytes down), and one past an
+    int64's bytes is refused in one line: on the command line (exit 2) and in a tenant's
+    spec (InvalidSpec), where 400 digits of memory.limit raised OverflowError inside the
+    operator, the CRD's pattern having let them through."""
+    from kvledger.engine.cli import main
+
+    assert parse_size(str(2**53 + 1)) == 2**53 + 1
+    assert parse_size("1.000000001Gi") == 2**30 + 1
+    assert parse_size("7.5Ei") == 15 * 2**59 and parse_size(2**63 - 1) == 2**63 - 1
+    huge = "1" * 400
+    assert re.search(SIZE_PATTERN, huge)
+    for text in (huge, "8Ei", "9223372036854775808", 2**63, "0" * 5000 + huge + "Gi"):
+        with pytest.raises(BadInput, match="more than 8 EiB less a byte"):
+            parse_size(text)
+    with pytest.raises(BadInput, match=r"bad size '1111.*\(402 chars\): more than 8 EiB"):
+        parse_spec({"model": {"path": "/m"}, "memory": {"limit": huge}})
+    rc = main(["plan", "--model", str(tmp_path), "--device-memory", huge])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "more than 8 EiB" in err and "Traceback" not in err
+
+
 def test_kv_cache_memory_bytes_takes_bytes_or_a_size():
     doc = {"apiVersion": "kvledger.dev/v1alpha1", "kind": "InferenceService",
            "metadata": {"name": "m"}, "spec": {"model": {"path": "/m"}, "memory": {}}}
