@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from aiohttp import web
 
-from kvledger.engine.errors import DoesNotFit, KvledgerError
+from kvledger.engine.errors import DoesNotFit, KvledgerError, clip, shown
 from kvledger.engine.frontend.served import Served
 from kvledger.engine.server.app import build_app
 from kvledger.engine.server.state import STATE, ServeOptions
@@ -86,9 +86,11 @@ async def serve(config, options: ServeOptions, host: str, port: int) -> int:
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
-    except OSError as exc:
+    except (OSError, UnicodeError) as exc:  # UnicodeError: a name IDNA cannot spell
         await runner.cleanup()
-        raise KvledgerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        where = clip(host) if host.isprintable() else shown(host)
+        raise KvledgerError(f"cannot listen on {where}:{port}: {reason}") from None
     loop = asyncio.get_running_loop()
     # The first stop signal's name: Ctrl-C is SIGINT, the kubelet sends SIGTERM.
     stopped: asyncio.Future[str] = loop.create_future()

@@ -42,6 +42,17 @@ def test_port_in_use_exits_1(tiny_llama_dir, capsys):
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("host", ["a" * 64 + ".example", "[" * 300, "x\ny"])
+def test_a_host_no_resolver_can_spell_exits_1_in_one_line(tmp_path, capsys, host):
+    """A --host whose label IDNA cannot encode (over 63 characters) raised UnicodeError, a
+    traceback; one with a newline split the error over two lines."""
+    code = main(["serve", "--model", str(tmp_path / "nothing"), "--device", "cpu",
+                 "--host", host, "--port", "0", "--log-level", "error"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("error: cannot listen on ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize(("method", "quantization_config", "message"), [
     ("hqq", True, "error: checkpoint is quantized with 'hqq' (quantization_config.quant_method); "),
     ("gguf", True, "error: checkpoint is quantized with 'gguf' "),
