@@ -50,7 +50,8 @@ def fused_expert_shape(config: ModelConfig, what: str) -> Shape:
     ``[experts, 2 * inter, hidden]``, each expert's gate then up; ``down_proj`` ``[experts,
     hidden, inter]``)."""
     assert config.moe is not None
-    experts, inter, hidden = config.moe.num_experts, config.moe.intermediate_size, config.hidden_size
+    experts, inter = config.moe.num_experts, config.moe.intermediate_size
+    hidden = config.hidden_size
     return (experts, 2 * inter, hidden) if what == "gate_up_proj" else (experts, hidden, inter)
 
 

@@ -87,7 +87,8 @@ class Fp8Weights:
         """A quantized linear layer's scales, beside its weight."""
         return {weight.removesuffix(".weight") + suffix for suffix in SCALE_SUFFIXES}
 
-    def shape_errors(self, stored: Mapping[str, tuple[int, ...]], expected: Mapping[str, tuple[int, ...]]) -> list[str]:
+    def shape_errors(self, stored: Mapping[str, tuple[int, ...]],
+                     expected: Mapping[str, tuple[int, ...]]) -> list[str]:
         """Each layer's scales of a shape the engine cannot hold (``fp8_linear.scale_shape``):
         a ``weight_scale`` one number or one per output, an ``input_scale`` one number.
         The FP8 weights themselves are stored in the float weights' shapes (``expected``)."""
@@ -98,8 +99,8 @@ class Fp8Weights:
             weight = expected.get(name.rsplit(".", 1)[0] + ".weight")
             counts = {1} if name.endswith(".input_scale") or weight is None else {1, weight[0]}
             if math.prod(shape) not in counts:
-                wrong.append(f"{name!r} is {list(shape)}, expected {' or '.join(map(str, sorted(counts)))} "
-                             "numbers")
+                counted = " or ".join(map(str, sorted(counts)))
+                wrong.append(f"{name!r} is {list(shape)}, expected {counted} numbers")
         return wrong
 
     def kept_as_stored(self, name: str) -> bool:
@@ -170,20 +171,22 @@ class Int4Weights:
         return {f"{weight.removesuffix('.weight')}.{part}"
                 for part in sum(LAYER_TENSORS[self.name], ())}
 
-    def shape_errors(self, stored: Mapping[str, tuple[int, ...]], expected: Mapping[str, tuple[int, ...]]) -> list[str]:
+    def shape_errors(self, stored: Mapping[str, tuple[int, ...]],
+                     expected: Mapping[str, tuple[int, ...]]) -> list[str]:
         """Each 4-bit layer's tensors whose shapes are not the ones its float weight
         ``[out, in]`` (``expected``) and its scales' group count give (``layer_shapes``);
         BadInput for a layer the engine cannot unpack."""
         wrong = []
         for layer in sorted(layer_prefixes(stored, self.name)):
-            weight, scales = expected.get(layer + ".weight"), stored.get(f"{layer}.{scale_name(self.name)}")
+            weight = expected.get(layer + ".weight")
+            scales = stored.get(f"{layer}.{scale_name(self.name)}")
             if weight is None or scales is None:
                 continue  # refused by name: not the engine's layer, or its scales missing
             out_features, in_features = weight
             wants = layer_shapes(self.name, layer, in_features, out_features,
                                  group_count(self.name, layer, scales))
-            wrong += [f"'{layer}.{part}' is {list(stored[f'{layer}.{part}'])}, expected {list(want)}"
-                      for part, want in wants.items()
+            wrong += [f"'{layer}.{part}' is {list(stored[f'{layer}.{part}'])}, "
+                      f"expected {list(want)}" for part, want in wants.items()
                       if stored.get(f"{layer}.{part}", want) != want]
         return wrong
 
