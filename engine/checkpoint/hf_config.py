@@ -12,6 +12,7 @@ states (sizes, heads, layers, vocabulary, context) are required.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,12 +89,17 @@ class HFConfig:
 def checked_model_dir(model_dir: str | os.PathLike) -> Path:
     """``model_dir`` as a Path; BadInput when it is missing, not a folder or unreadable."""
     path = Path(model_dir)
-    if not path.exists():
-        raise BadInput(f"model directory {str(path)!r} does not exist")
-    if not path.is_dir():
-        raise BadInput(f"--model {str(path)!r} is not a directory")
+    named = shown(str(path))
+    try:
+        found = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise BadInput(f"model directory {named} does not exist") from None
+    except OSError as exc:  # a name too long, a loop of links, ...
+        raise BadInput(f"model directory {named}: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(found.st_mode):
+        raise BadInput(f"--model {named} is not a directory")
     if not os.access(path, os.R_OK | os.X_OK):
-        raise BadInput(f"model directory {str(path)!r} is not readable")
+        raise BadInput(f"model directory {named} is not readable")
     return path
 
 

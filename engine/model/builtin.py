@@ -25,7 +25,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, clip
 from kvledger.engine.model.bpe import train_byte_level_bpe
 from kvledger.engine.model.builtin_weights import write_weights
 
@@ -136,8 +136,10 @@ def install_model(name: str, out_dir: str | Path, *, force: bool = False) -> tup
     if name not in MODELS:
         raise BadInput(f"unknown built-in model {name!r}; choose one of: {', '.join(MODELS)}")
     out = Path(out_dir)
-    # Through a symlink, replace the folder it points at, not the link.
-    target = Path(os.path.realpath(out)) if out.is_symlink() else Path(os.path.abspath(out))
+    try:  # through a symlink, replace the folder it points at, not the link
+        target = Path(os.path.realpath(out)) if out.is_symlink() else Path(os.path.abspath(out))
+    except OSError as exc:  # a name too long, ...
+        raise BadInput(f"cannot write {name} to {clip(str(out))}: {exc.strerror or exc}") from None
     _entries(target, out)  # fail fast: not a folder, or unreadable
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

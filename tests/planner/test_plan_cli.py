@@ -148,6 +148,8 @@ def test_truncation_keeps_whole_lines_and_characters(char: str) -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--model", "/no/such/dir"], "does not exist"),
+    # A spec's model.path of 5,000 characters: stat's ENAMETOOLONG was an OSError traceback.
+    (["--model", "m" * 5000], "(5002 chars): File name too long"),
     (["--model", "{model}", "--memory-limit", "forty"], "bad size 'forty'"),
     (["--model", "{model}", "--device-memory", "1XB"], "bad size"),
     (["--model", "{model}", "--gpu-memory-utilization", "0"], "(0, 1]"),

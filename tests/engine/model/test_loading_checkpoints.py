@@ -116,6 +116,14 @@ def test_make_model_refuses_a_file_even_with_force(tmp_path, capsys):
     assert capsys.readouterr().err == f"error: {tmp_path / 'f'} exists and is not a directory; nothing written\n"
 
 
+def test_make_model_refuses_a_name_too_long_in_one_line(tmp_path, capsys):
+    """A folder name past the file system's 255 bytes: an OSError traceback before."""
+    assert cli_main(["make-model", "tiny-llama", str(tmp_path / ("m" * 300))]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write tiny-llama to ") and err.count("\n") == 1, err
+    assert "File name too long" in err and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("existing", [False, True])
 def test_an_interrupted_make_model_leaves_no_half_written_folder(tmp_path, tiny_llama_dir,
                                                                  monkeypatch, existing):
