@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from kvledger.engine.checkpoint.files import INDEX_FILE, unindexed_weights
+from kvledger.engine.checkpoint.files import INDEX_FILE, shard_name, unindexed_weights
 from kvledger.engine.checkpoint.hf_config import (
     HFConfig,
     checked_model_dir,
@@ -127,12 +127,7 @@ def _shard_files(model_dir: Path, budget: ReadBudget) -> tuple[list[Path], dict[
         except OSError as exc:
             raise BadInput(f"cannot read {INDEX_FILE} {index_path}: "
                            f"{exc.strerror or exc}") from None
-        shards = []
-        for name in index.shards:
-            shard = model_dir / name
-            if Path(name).is_absolute() or ".." in Path(name).parts:
-                raise BadInput(f"{index_path}: shard {name!r} is outside the model directory")
-            shards.append(shard)
+        shards = [model_dir / shard_name(name, str(index_path)) for name in index.shards]
         return shards, index.owners
     files = [model_dir / name for name in unindexed_weights(
         p.name for p in model_dir.iterdir())]
@@ -160,13 +155,13 @@ def read_weights(model_dir: str | os.PathLike, limits: ReadLimits | None = None)
     skipped: list[str] = []
     owners = weight_map or {}
     for shard in files:
-        shard_name = shard.name
+        stored_in = shard.name
         if weight_map is not None and not shard.is_file():
-            raise BadInput(f"{path / INDEX_FILE} names shard {shard_name!r}, which is missing")
+            raise BadInput(f"{path / INDEX_FILE} names shard {stored_in!r}, which is missing")
         for tensor in read_safetensors_header(shard, budget):
-            owner = owners.get(tensor.name, shard_name)
-            if owner != shard_name or tensor.name in chosen:
-                skipped.append(f"{shard_name}:{tensor.name}")
+            owner = owners.get(tensor.name, stored_in)
+            if owner != stored_in or tensor.name in chosen:
+                skipped.append(f"{stored_in}:{tensor.name}")
                 continue
             chosen[tensor.name] = tensor
     if weight_map:

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 from kvledger.engine import json_text
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, shown
 
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -65,6 +65,24 @@ def unindexed_weights(names: Iterable[str]) -> list[str]:
     return sorted(n for n in present if "/" not in n and n.endswith(WEIGHTS_SUFFIX))
 
 
+# The longest file name (one path component) Linux file systems hold, in bytes.
+MAX_NAME_BYTES = 255
+
+
+def shard_name(name: str, where: str) -> str:
+    """``name`` as the index ``where`` names a shard, refused (BadInput, one line) unless
+    it is a file inside the checkpoint's folder: no absolute path, no ``..``, no backslash,
+    each part a name a file system can hold (a longer one raised OSError from ``stat``).
+    The planner, the hub's listing and the loader all check a shard by this rule."""
+    path = PurePosixPath(name)
+    if path.is_absolute() or ".." in path.parts or "\\" in name:
+        raise BadInput(f"{where}: shard {shown(name)} is outside the model directory")
+    if any(len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for part in path.parts):
+        raise BadInput(f"{where}: shard {shown(name)} has a name longer than "
+                       f"{MAX_NAME_BYTES} bytes, which no file system holds")
+    return name
+
+
 def checkpoint_files(model_dir: Path) -> list[Path]:
     """The safetensors the model is loaded from: the index's shards, else those a folder
     without an index is loaded from (``unindexed_weights``, which the hub fetch takes)."""
@@ -74,7 +92,7 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
             weight_map = json_text.loads(index.read_text())["weight_map"]
         except (OSError, ValueError, KeyError) as exc:
             raise BadInput(f"{index}: bad safetensors index: {exc}") from None
-        return [model_dir / name for name in sorted(set(weight_map.values()))]
+        return [model_dir / shard_name(name, str(index)) for name in sorted(set(weight_map.values()))]
     shards = unindexed_weights(p.name for p in model_dir.iterdir())
     if not shards:
         raise BadInput(f"{model_dir}: no *.safetensors weights (pytorch .bin is not supported)")

@@ -223,6 +223,26 @@ def test_index_escaping_the_model_dir(tmp_path) -> None:
         read_weights(tmp_path)
 
 
+@pytest.mark.parametrize("shard", ["../evil.safetensors", "/etc/evil.safetensors",
+                                   "a\\..\\evil.safetensors", "q" * 300 + ".safetensors",
+                                   "sub/" + "\u00e9" * 128 + ".safetensors"])
+def test_an_index_naming_a_shard_no_folder_holds_is_refused_by_every_reader(tmp_path,
+                                                                          shard) -> None:
+    """The planner, the loader's file list and the hub's listing refuse alike a shard the
+    index names outside the folder or by a name no file system holds (a part of 300
+    characters, or 256 bytes of UTF-8, raised OSError from stat: a traceback)."""
+    from kvledger.engine.checkpoint.files import checkpoint_files
+
+    write_config(tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"w": shard}}))
+    refused = "outside the model directory|longer than 255 bytes"
+    with pytest.raises(BadInput, match=refused):
+        read_weights(tmp_path)
+    with pytest.raises(BadInput, match=refused):
+        checkpoint_files(tmp_path)
+
+
 LLAMA = {"architectures": ["LlamaForCausalLM"]}
 
 

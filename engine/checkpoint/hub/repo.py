@@ -14,7 +14,6 @@ ever printed or logged here.
 from __future__ import annotations
 
 import tempfile
-from pathlib import PurePosixPath
 from urllib.parse import quote
 
 from kvledger.engine import json_text
@@ -23,6 +22,7 @@ from kvledger.engine.checkpoint.files import (
     INDEX_FILE,
     SINGLE_FILE,
     read_beside_weights,
+    shard_name,
     unindexed_weights,
 )
 from kvledger.engine.checkpoint.hub.reads import (
@@ -107,9 +107,7 @@ def weight_files(listing: RepoListing, index: ShardIndex | None) -> list[str]:
         raise BadInput(f"{listing.where()} has no {SINGLE_FILE} or {INDEX_FILE}: kvledger "
                        f"loads only safetensors{hint}")
     for name in index.shards:
-        path = PurePosixPath(name)
-        if path.is_absolute() or ".." in path.parts or "\\" in name:
-            raise BadInput(f"{listing.where(INDEX_FILE)}: shard {name!r} is outside the repo")
+        shard_name(name, listing.where(INDEX_FILE))
         if name not in listing.sizes:
             raise BadInput(f"{listing.where(INDEX_FILE)} names shard {name!r}, which the repo "
                            "does not have")
