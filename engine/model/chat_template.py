@@ -17,12 +17,13 @@ variables the template reads (vLLM's rule; a name the server sets itself is refu
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from kvledger.engine.checkpoint.files import CHAT_TEMPLATE_DIR, CHAT_TEMPLATE_FILE, TEMPLATE_SUFFIX
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, shown
 
 
 class ReservedKwargs(BadInput):
@@ -56,11 +57,12 @@ def template_argument(value: str) -> str:
     looks like one (it holds ``{``, ``}`` or a newline); BadInput for a path that does not
     exist."""
     path = Path(value)
-    if path.is_file():
+    # os.path's: False, not OSError, for an inline template longer than a file name.
+    if os.path.isfile(path):
         return _read(path)
     if any(c in value for c in "{}\n"):
         return value
-    raise BadInput(f"--chat-template {value}: no such file, and not a jinja2 template "
+    raise BadInput(f"--chat-template {shown(value)}: no such file, and not a jinja2 template "
                    f"either (it holds no '{{', '}}' or newline)")
 
 

@@ -11,12 +11,13 @@ What is read (vLLM's list): ``temperature``, ``top_p``, ``top_k``, ``min_p``,
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 from kvledger.engine.checkpoint.files import GENERATION_CONFIG_FILE
 from kvledger.engine.checkpoint.hf_config import read_json
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, shown
 
 AUTO, VLLM = "auto", "vllm"
 # generation_config.json's name -> SamplingParams' (max_new_tokens is max_tokens there)
@@ -33,8 +34,8 @@ def sampling_defaults(model_dir: str | Path, source: str = AUTO) -> dict[str, An
     if source == VLLM:
         return {}
     folder = Path(model_dir) if source == AUTO else Path(source)
-    if source != AUTO and not folder.is_dir():
-        raise BadInput(f"--generation-config {source}: not 'auto', 'vllm' or a folder")
+    if source != AUTO and not os.path.isdir(folder):  # False for a name too long
+        raise BadInput(f"--generation-config {shown(source)}: not 'auto', 'vllm' or a folder")
     path = folder / GENERATION_CONFIG_FILE
     if not path.is_file():
         return {}

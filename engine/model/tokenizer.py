@@ -4,6 +4,7 @@ and what ``generation_config.json`` says of generating (EOS ids, sampling defaul
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from kvledger.engine.checkpoint.files import (
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
 )
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, clip
 from kvledger.engine.model import chat_template
 from kvledger.engine.model.generation_config import AUTO, sampling_defaults
 
@@ -32,9 +33,9 @@ class Tokenizer:
         model_dir = Path(model_dir)
         files = Path(tokenizer_dir) if tokenizer_dir is not None else model_dir
         path = files / TOKENIZER_FILE
-        if not path.is_file():
-            raise BadInput(f"{files}: no {TOKENIZER_FILE} (kvledger needs a fast tokenizer "
-                           "file; --tokenizer DIR reads one from another folder)")
+        if not os.path.isfile(path):  # False for a name too long, as for none
+            raise BadInput(f"{clip(str(files))}: no {TOKENIZER_FILE} (kvledger needs a fast "
+                           "tokenizer file; --tokenizer DIR reads one from another folder)")
         try:
             self._tok = HFTokenizer.from_file(str(path))
         except Exception as exc:  # the library raises a bare Exception on bad files

@@ -154,6 +154,14 @@ def test_chat_template_flag_takes_a_file_or_a_template(tmp_path, capsys, tiny_ll
     assert chat_template.template_argument(THINKING) == THINKING
     with pytest.raises(BadInput, match="no such file, and not a jinja2 template"):
         chat_template.template_argument(str(tmp_path / "missing.jinja"))
+    # A template given inline that is longer than a file name (255 bytes), as launch lines
+    # pass one: stat's ENAMETOOLONG was a traceback before the template was looked at.
+    inline = "{# " + "a long comment " * 30 + "#}" + THINKING
+    assert chat_template.template_argument(inline) == inline
+    with pytest.raises(BadInput, match="no such file, and not a jinja2 template"):
+        chat_template.template_argument("/tmp/" + "m" * 300 + ".jinja")
+    with pytest.raises(BadInput, match="no tokenizer.json"):
+        Tokenizer(tiny_llama_dir, tokenizer_dir=str(tmp_path / ("t" * 300)))
     tok = Tokenizer(tiny_llama_dir)
     tok.use_chat_template(THINKING)
     assert tok.apply_chat_template(CHAT) == "<|user|>\nOnce upon<|end|>\n<|assistant|>\n"

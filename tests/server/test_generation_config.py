@@ -37,6 +37,8 @@ def test_defaults_are_read_as_vllm_reads_them(published_dir, tmp_path):
     assert sampling_defaults(published_dir, str(tmp_path)) == {"top_p": 0.8, "min_p": 0.1}
     with pytest.raises(BadInput, match="not 'auto', 'vllm' or a folder"):
         sampling_defaults(published_dir, str(tmp_path / "missing"))
+    with pytest.raises(BadInput, match="not 'auto', 'vllm' or a folder"):  # OSError before
+        sampling_defaults(published_dir, str(tmp_path / ("m" * 300)))
     (tmp_path / "generation_config.json").write_text(json.dumps({"top_k": "many"}))
     with pytest.raises(BadInput, match="top_k must be a number"):
         sampling_defaults(published_dir, str(tmp_path))
