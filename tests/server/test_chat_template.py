@@ -160,7 +160,7 @@ def test_chat_template_flag_takes_a_file_or_a_template(tmp_path, capsys, tiny_ll
     assert chat_template.template_argument(inline) == inline
     with pytest.raises(BadInput, match="no such file, and not a jinja2 template"):
         chat_template.template_argument("/tmp/" + "m" * 300 + ".jinja")
-    with pytest.raises(BadInput, match="no tokenizer.json"):
+    with pytest.raises(BadInput, match=r"no tokenizer\.json"):
         Tokenizer(tiny_llama_dir, tokenizer_dir=str(tmp_path / ("t" * 300)))
     tok = Tokenizer(tiny_llama_dir)
     tok.use_chat_template(THINKING)
