@@ -22,6 +22,13 @@ def shown(value: object) -> str:
     return clip(repr(value))
 
 
+def plain(text: str) -> str:
+    """``text`` (an image, a folder, a name) as a refusal names it: as written where it is
+    printable, else quoted as ``shown`` quotes it (a newline in it would break the line);
+    clipped either way."""
+    return clip(text) if text.isprintable() else shown(text)
+
+
 def some(names: list[str], *, quote: bool = True, named: int = 3) -> str:
     """The first ``named`` of ``names`` (each quoted with ``quote``, and clipped) and how
     many more, for a one-line refusal."""

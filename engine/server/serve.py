@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from aiohttp import web
 
-from kvledger.engine.errors import DoesNotFit, KvledgerError, clip, shown
+from kvledger.engine.errors import DoesNotFit, KvledgerError, plain
 from kvledger.engine.frontend.served import Served
 from kvledger.engine.server.app import build_app
 from kvledger.engine.server.state import STATE, ServeOptions
@@ -89,8 +89,7 @@ async def serve(config, options: ServeOptions, host: str, port: int) -> int:
     except (OSError, UnicodeError) as exc:  # UnicodeError: a name IDNA cannot spell
         await runner.cleanup()
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        where = clip(host) if host.isprintable() else shown(host)
-        raise KvledgerError(f"cannot listen on {where}:{port}: {reason}") from None
+        raise KvledgerError(f"cannot listen on {plain(host)}:{port}: {reason}") from None
     loop = asyncio.get_running_loop()
     # The first stop signal's name: Ctrl-C is SIGINT, the kubelet sends SIGTERM.
     stopped: asyncio.Future[str] = loop.create_future()

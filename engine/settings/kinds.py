@@ -47,12 +47,14 @@ def parse_size(text: str | int) -> int:
     else:
         scale = _DECIMAL[unit[0]]
     if scale == 1 and "." in number:
-        raise BadInput(f"bad size {text!r}: a byte count must be a whole number")
+        raise BadInput(f"bad size {shown(text)}: a byte count must be a whole number")
     whole, _, fraction = number.partition(".")
+    # Leading zeros go first: int() refuses a string of more than 4,300 digits, zeros too.
+    whole = whole.lstrip("0") or "0"
     # Exact (a float rounds a byte count past 2**53, and overflows on a long one); a number
     # with more digits than the largest size is refused without being computed.
     size = (int(Fraction(f"{whole}.{fraction[:MAX_SIZE_DIGITS] or 0}") * scale)
-            if len(whole.lstrip("0")) <= MAX_SIZE_DIGITS else MAX_SIZE_BYTES + 1)
+            if len(whole) <= MAX_SIZE_DIGITS else MAX_SIZE_BYTES + 1)
     return _at_most_8_eib(size, text)
 
 

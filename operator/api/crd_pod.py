@@ -3,12 +3,19 @@ and environment, passed to the pod template as Kubernetes names them."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from kvledger.operator.api.spec_rules import ruled
 
-# What is simple is typed; what Kubernetes' own schema makes huge (affinity terms, an env
-# var's valueFrom) keeps its unknown fields, and the API server checks it in the pod.
+# Every field is typed, to its last level: what Kubernetes' own schema makes large (affinity
+# terms, an env var's valueFrom) is Kubernetes' schema itself, vendored by
+# scripts/vendor_pod_schemas.py. Kept open (x-kubernetes-preserve-unknown-fields), the API
+# server stored them however deep, and a thousand levels stop every JSON reader in the
+# operator, kopf's watch of every tenant's resources included.
+POD_SCHEMAS = json.loads((Path(__file__).parent / "pod_schemas.json").read_text())
+_TYPES = POD_SCHEMAS["types"]
 _STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
-_OPEN_OBJECT = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 _NAME_REF = {"type": "object", "required": ["name"],
              "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 253}}}
 _TOLERATION = ruled({
@@ -26,7 +33,7 @@ _ENV_VAR = ruled({
     "properties": {
         "name": {"type": "string", "minLength": 1, "maxLength": 4096},
         "value": {"type": "string"},
-        "valueFrom": {**_OPEN_OBJECT, "description": "as in a container's env "
+        "valueFrom": {**_TYPES["envVarSource"], "description": "as in a container's env "
                       "(secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef)"},
     },
 }, "env[]")
@@ -45,8 +52,8 @@ PLACEMENT = {
                                    "nvidia.com/gpu Exists NoSchedule)"},
     "affinity": {
         "type": "object", "description": "the pod's affinity, as Kubernetes writes it",
-        "properties": {"nodeAffinity": _OPEN_OBJECT, "podAffinity": _OPEN_OBJECT,
-                       "podAntiAffinity": _OPEN_OBJECT},
+        "properties": {part: _TYPES[part]
+                       for part in ("nodeAffinity", "podAffinity", "podAntiAffinity")},
     },
     "priorityClassName": {"type": "string", "minLength": 1, "maxLength": 253},
     "runtimeClassName": {"type": "string", "minLength": 1, "maxLength": 253},

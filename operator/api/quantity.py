@@ -13,7 +13,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, shown
 
 # A per-pod target: a whole number, a decimal, or thousandths ("800m"), as a quantity.
 TARGET_PATTERN = r"^([0-9]+([.][0-9]+)?|[.][0-9]+|[0-9]+m)$"
@@ -22,6 +22,11 @@ TARGET_PATTERN = r"^([0-9]+([.][0-9]+)?|[.][0-9]+|[0-9]+m)$"
 # M..E) suffix or an exponent (e3, E-2).
 _QUANTITY_RE = re.compile(r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
                           r"([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?")
+# The most characters a quantity may have: a byte count is an int64 (19 digits). The CRD's
+# int-or-string takes any string: a number of a million digits took the exact arithmetic
+# below half a minute (in the operator, on the event loop every tenant shares), and an
+# exponent of 5,000 digits raised int()'s ValueError.
+MAX_QUANTITY_CHARS = 64
 _QUANTITY_SCALE = {
     **{unit: 2 ** (10 * (i + 1)) for i, unit in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
     **{unit: Fraction(10) ** exp for unit, exp in (("n", -9), ("u", -6), ("m", -3), ("", 0),
@@ -50,17 +55,20 @@ def quantity_bytes(field: str, value: Any) -> int:
     text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
     match = _QUANTITY_RE.fullmatch(text) if isinstance(text, str) else None
     if match is None:
-        raise BadInput(f"{field}: {value!r} is not a Kubernetes quantity "
+        raise BadInput(f"{field}: {shown(value)} is not a Kubernetes quantity "
                        "(e.g. 2Gi, 2G, 2000M, 512Mi or plain bytes)")
     sign, number, suffix = match.group(1), match.group(2), match.group(3) or ""
+    if len(text) > MAX_QUANTITY_CHARS:
+        raise BadInput(f"{field}: {shown(value)} is out of range (more than "
+                       f"{MAX_QUANTITY_CHARS} characters)")
     if suffix[:1] in ("e", "E") and len(suffix) > 1:
         exponent = int(suffix[1:])
         if abs(exponent) > 30:  # beyond any machine's memory (and Kubernetes' int64)
-            raise BadInput(f"{field}: {value!r} is out of range")
+            raise BadInput(f"{field}: {shown(value)} is out of range")
         scale = Fraction(10) ** exponent
     else:
         scale = _QUANTITY_SCALE[suffix]
     size = math.ceil(Fraction(Decimal(number)) * scale)
     if sign == "-" or size <= 0:
-        raise BadInput(f"{field} must be more than 0 bytes, got {value!r}")
+        raise BadInput(f"{field} must be more than 0 bytes, got {shown(value)}")
     return size

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, plain, shown
 from kvledger.engine.settings.config import EngineConfig
 from kvledger.engine.settings.declare import default_of, settings_of
 from kvledger.engine.settings.kinds import parse_size
@@ -36,6 +36,7 @@ from kvledger.operator.api.resource import (
 )
 from kvledger.operator.api.scaling_spec import Autoscaling, parse_autoscaling
 from kvledger.operator.api.spec_rules import check_rules
+from kvledger.operator.api.spec_size import check_size
 
 # The pod's fields the spec passes through as Kubernetes writes them.
 POD_FIELDS = ("nodeSelector", "affinity", "priorityClassName", "runtimeClassName",
@@ -126,7 +127,9 @@ def cluster_device(gpus: int) -> str:
 
 def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
     """The spec as a frozen value. Raises BadInput (one line) for a spec that can never
-    work: what the CRD's schema or rules refuse, and flags the engine refuses."""
+    work: what the CRD's schema or rules refuse, flags the engine refuses, and a spec
+    deeper or larger than a pod's fields take (``spec_size``)."""
+    check_size(raw)
     scaling = parse_autoscaling(raw.get("autoscaling"))  # its field checks come before its rules
     check_rules(raw)
     model = _model(raw.get("model") or {})
@@ -151,7 +154,7 @@ def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
         container_memory_limit_bytes=(quantity_bytes("spec.resources.limits.memory",
                                                      limits["memory"])
                                       if "memory" in limits else None),
-        resources=copy.deepcopy(dict(raw.get("resources") or {})),
+        resources=_quantities(raw.get("resources") or {}),
         pod_fields={name: copy.deepcopy(raw[name]) for name in POD_FIELDS if name in raw},
         tolerations=copy.deepcopy(raw["tolerations"]) if "tolerations" in raw else None,
         env=copy.deepcopy(list(raw.get("env") or [])),
@@ -162,6 +165,16 @@ def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
         inference_pool=_inference_pool(raw.get("inferencePool")),
         sleep=raw.get("sleep"),
     )
+
+
+def _quantities(resources: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``spec.resources`` for the pod, every quantity a string (an integer as its digits)."""
+    # The CRD takes ``cpu: 4`` as Kubernetes does (int-or-string), but the client's model of
+    # a container's resources takes strings alone: an integer failed every apply of the pod.
+    return {kind: {name: str(quantity) if isinstance(quantity, int)
+                   and not isinstance(quantity, bool) else copy.deepcopy(quantity)
+                   for name, quantity in (quantities or {}).items()}
+            for kind, quantities in resources.items()}
 
 
 def _secret_ref(ref: Mapping[str, Any] | None) -> tuple[str, str] | None:
@@ -239,18 +252,18 @@ def _adapters(raw: list[Mapping[str, Any]], model: Model) -> tuple[LoraModule, .
     for adapter in raw:
         name, uri = adapter.get("name"), adapter.get("uri", "")
         if is_hub_uri(uri) and model.uri is None:
-            raise BadInput(f"spec.adapters {name}: a hub adapter ({uri}) is downloaded into a "
-                           "hub model's cache (spec.model.uri); with spec.model.path, put the "
-                           "adapter on the model's volume and give its directory")
+            raise BadInput(f"spec.adapters {name}: a hub adapter ({plain(uri)}) is downloaded "
+                           "into a hub model's cache (spec.model.uri); with spec.model.path, put "
+                           "the adapter on the model's volume and give its directory")
         if not is_hub_uri(uri) and (not uri.startswith("/") or ".." in uri.split("/")):
             raise BadInput(f"spec.adapters {name}: uri must be hf://ORG/NAME[@REVISION] or an "
-                           f"absolute directory without '..', got {uri!r}")
+                           f"absolute directory without '..', got {shown(uri)}")
         path = posixpath.normpath(uri) if uri.startswith("/") else uri
         mount = model.volume.mount_path if model.volume is not None else None
         if path.startswith("/") and mount is not None and not _under(path, mount):
-            raise BadInput(f"spec.adapters {name}: the directory {path} is not on the model's "
-                           f"volume, the pod's only mount for it: put the adapter under "
-                           f"{posixpath.normpath(mount)}")
+            raise BadInput(f"spec.adapters {name}: the directory {plain(path)} is not on the "
+                           f"model's volume, the pod's only mount for it: put the adapter under "
+                           f"{plain(posixpath.normpath(mount))}")
         out.append(LoraModule(name, path))
     return tuple(out)
 
@@ -268,7 +281,7 @@ def hub_adapters(spec: ServiceSpec) -> list[str]:
 def _positive_size(field_name: str, value: Any) -> int:
     size = parse_size(value)
     if size <= 0:
-        raise BadInput(f"{field_name} must be more than 0 bytes, got {value!r}")
+        raise BadInput(f"{field_name} must be more than 0 bytes, got {shown(value)}")
     return size
 
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, plain
 from kvledger.engine.settings.kv_events_config import HASH_ALGOS
 from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT, DEFAULT_PICKER_PORT
 from kvledger.operator.api.spec import ServiceSpec
@@ -145,21 +145,21 @@ class Policy:
         are known (a webhook review of a generated name is not: the operator checks)."""
         if spec.image is not None and not _image_allowed(spec.image,
                                                          (*self.images, _repository(default_image))):
-            raise PolicyDenied(f"spec.image {spec.image} is not allowed: images are the "
+            raise PolicyDenied(f"spec.image {plain(spec.image)} is not allowed: images are the "
                                "cluster admin's choice (the operator's Helm value "
                                f"policy.images; allowed now: {_listed(self.images, default_image)})")
         volume = spec.model.volume
         if volume is not None and volume.host_path is not None and not any(
                 _under(volume.host_path, folder) for folder in self.host_paths):
-            raise PolicyDenied(f"spec.model.volume.hostPath {volume.host_path} is not allowed: "
-                               "host folders are the cluster admin's choice (the operator's "
-                               f"Helm value policy.hostPaths; allowed now: "
+            raise PolicyDenied(f"spec.model.volume.hostPath {plain(volume.host_path)} is not "
+                               "allowed: host folders are the cluster admin's choice (the "
+                               "operator's Helm value policy.hostPaths; allowed now: "
                                f"{', '.join(self.host_paths) or 'none'})")
         priority = spec.pod_fields.get("priorityClassName")
         if priority is not None and priority not in self.priority_classes:
-            raise PolicyDenied(f"spec.priorityClassName {priority} is not allowed: priority "
-                               "classes are the cluster admin's choice (the operator's Helm "
-                               "value policy.priorityClasses; allowed now: "
+            raise PolicyDenied(f"spec.priorityClassName {plain(priority)} is not allowed: "
+                               "priority classes are the cluster admin's choice (the operator's "
+                               "Helm value policy.priorityClasses; allowed now: "
                                f"{', '.join(self.priority_classes) or 'none'})")
         if not self.control_plane and (where := _control_plane(spec)):
             raise PolicyDenied(f"{where} places the pods on control-plane nodes: only the "
@@ -168,12 +168,12 @@ class Policy:
         endpoint = spec.model.endpoint
         if endpoint is not None:
             if endpoint.rstrip("/") not in self.hub_endpoints:
-                raise PolicyDenied(f"spec.model.endpoint {endpoint} is not allowed: the pods "
-                                   "send the hub token there, so hub endpoints are the "
+                raise PolicyDenied(f"spec.model.endpoint {plain(endpoint)} is not allowed: the "
+                                   "pods send the hub token there, so hub endpoints are the "
                                    "cluster admin's choice (the operator's Helm value "
                                    f"hub.endpoints; allowed now: {', '.join(self.hub_endpoints)})")
             if spec.model.token_secret is not None and urlsplit(endpoint).scheme != "https":
-                raise PolicyDenied(f"spec.model.endpoint {endpoint}: a token "
+                raise PolicyDenied(f"spec.model.endpoint {plain(endpoint)}: a token "
                                    "(spec.model.tokenSecretRef) is sent over https only")
         add_on = spec.autoscaling.http_add_on if spec.autoscaling is not None else None
         if add_on is not None and name is not None and namespace is not None:

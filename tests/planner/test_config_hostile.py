@@ -20,15 +20,12 @@ import copy
 import json
 import os
 import shutil
-import signal
-import threading
-import time
-import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _budget import Budget
 from budget_checkpoints import write_header_only
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -147,59 +144,11 @@ FLAGS = ({}, {"memory_limit_bytes": 2 * GiB}, {"gpu_memory_utilization": 0.5},
          {"max_num_seqs": 4, "enforce_eager": True}, {"dtype": "float16"})
 
 
-class TooSlow(Exception):
-    """The alarm stopped an example at HARD_STOP_S."""
-
-
-class Budget:
-    """The block's time (``seconds``) and traced peak memory (``peak_bytes``). In the main
-    thread an alarm raises TooSlow from HARD_STOP_S on, every ALARM_REPEAT_S until the
-    block ends (a hostile number can loop for minutes, its memory growing all along, and
-    an exception raised in a weakref callback is swallowed); an alarm already set
-    (pytest-timeout's) is put back after, less the time spent."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.peak_bytes = 0
-        self._active = False
-
-    def __enter__(self) -> Budget:
-        self._alarm = threading.current_thread() is threading.main_thread()
-        if self._alarm:
-            self._handler = signal.signal(signal.SIGALRM, self._stop)
-            self._previous = signal.setitimer(signal.ITIMER_REAL, HARD_STOP_S, ALARM_REPEAT_S)
-        self._tracing = tracemalloc.is_tracing()
-        if not self._tracing:
-            tracemalloc.start()
-        tracemalloc.reset_peak()
-        self._base = tracemalloc.get_traced_memory()[0]
-        self._active = True
-        self._start = time.perf_counter()
-        return self
-
-    def _stop(self, signum: int, frame: Any) -> None:
-        if self._active and (frame is None or frame.f_code is not Budget.__exit__.__code__):
-            raise TooSlow(f"stopped after {time.perf_counter() - self._start:.1f} s")
-
-    def __exit__(self, *exc: object) -> None:
-        self._active = False
-        self.seconds = time.perf_counter() - self._start
-        if self._alarm:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, self._handler)
-            if self._previous[0] > 0:
-                signal.setitimer(signal.ITIMER_REAL,
-                                 max(self._previous[0] - self.seconds, 1e-3), self._previous[1])
-        self.peak_bytes = tracemalloc.get_traced_memory()[1] - self._base
-        if not self._tracing:
-            tracemalloc.stop()
-
-
 def plan_checkpoint(checkpoint: Checkpoint, device: DeviceMemory = GPU_80,
                     **flags: Any) -> tuple[Plan | BadInput, Budget]:
     """What ``kvledger plan`` does with the checkpoint as it now is: read it, plan it,
     print the plan as text and as JSON. BadInput is returned; anything else raised."""
-    with Budget() as spent:
+    with Budget(HARD_STOP_S, ALARM_REPEAT_S) as spent:
         try:
             shape, weights = read_checkpoint(str(checkpoint.path))
             plan = make_plan(EngineConfig(model=str(checkpoint.path), **flags), device=device,
@@ -555,7 +504,7 @@ def test_kvledger_plan_refuses_a_hostile_config_in_one_line(checkpoints, capsys,
     checkpoint.write(hostile(checkpoint.config))
     argv = ["plan", "--model", str(checkpoint.path), "--device-memory", "24GiB"]
     try:
-        with Budget():
+        with Budget(HARD_STOP_S, ALARM_REPEAT_S):
             rc = main([*argv, "--json"] if as_json else argv)
     except Exception as exc:
         pytest.fail(f"kvledger plan raised {type(exc).__name__}: {str(exc)[:200]}")

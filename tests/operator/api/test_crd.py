@@ -5,6 +5,7 @@ use, and the grammars it shares with the engine derived from the engine's own.""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -226,6 +227,23 @@ def test_a_size_is_exact_and_at_most_8_eib_wherever_it_is_read(capsys, tmp_path)
     rc = main(["plan", "--model", str(tmp_path), "--device-memory", huge])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "more than 8 EiB" in err and "Traceback" not in err
+
+
+def test_the_spec_is_typed_to_its_last_field_by_kubernetes_own_schemas():
+    """No field of the spec keeps unknown fields (x-kubernetes-preserve-unknown-fields):
+    the API server stored those however deep, and a thousand levels stop every JSON reader
+    in the operator, kopf's watch of every tenant's resources included. affinity and an env
+    var's valueFrom are Kubernetes' own schemas, vendored as the script writes them."""
+    import importlib.util
+
+    spec_schema = crd.openapi_schema()["properties"]["spec"]
+    assert "x-kubernetes-preserve-unknown-fields" not in json.dumps(spec_schema)
+    script = Path(__file__).parents[3] / "scripts" / "vendor_pod_schemas.py"
+    loaded = importlib.util.spec_from_file_location("vendor_pod_schemas", script)
+    vendor = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(vendor)
+    assert vendor.OUT.read_text() == vendor.text(vendor.pod_schemas()), \
+        "operator/api/pod_schemas.json is stale: run scripts/vendor_pod_schemas.py"
 
 
 def test_kv_cache_memory_bytes_takes_bytes_or_a_size():
