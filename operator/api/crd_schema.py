@@ -77,7 +77,9 @@ _MODEL = ruled({
         "uri": {"type": "string", "pattern": HUB_URI_PATTERN, "maxLength": 512,
                 "description": "hf://ORG/NAME[@REVISION]: planned from its headers over HTTP, "
                                "then downloaded by the fetch init container into the cache."},
-        "name": {"type": "string", "minLength": 1,
+        # At most 256 characters, none a leading '-' (the engine's parser would read the
+        # name as a flag, and the pod would never start).
+        "name": {"type": "string", "minLength": 1, "maxLength": 256, "pattern": "^[^-]",
                  "description": "Served model name (--served-model-name)."},
         "volume": ruled({
             "type": "object",

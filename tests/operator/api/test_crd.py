@@ -246,6 +246,16 @@ def test_the_spec_is_typed_to_its_last_field_by_kubernetes_own_schemas():
         "operator/api/pod_schemas.json is stale: run scripts/vendor_pod_schemas.py"
 
 
+@pytest.mark.parametrize("name", ["-x", "--help", "m" * 257])
+def test_a_model_name_the_pod_cannot_start_with_is_refused_at_apply(name):
+    """model.name is the engine's --served-model-name: one starting with '-' read as a flag
+    (the pod's parser refused it, the pod never started), and one of a megabyte made a
+    Deployment the API server refuses, whose apply failed without the status saying why."""
+    with pytest.raises(BadInput, match="spec.model.name"):
+        validate_manifest(_doc(model={"path": "/m", "name": name}))
+    validate_manifest(_doc(model={"path": "/m", "name": "org/model-8b:v1"}))
+
+
 def test_kv_cache_memory_bytes_takes_bytes_or_a_size():
     doc = {"apiVersion": "kvledger.dev/v1alpha1", "kind": "InferenceService",
            "metadata": {"name": "m"}, "spec": {"model": {"path": "/m"}, "memory": {}}}
