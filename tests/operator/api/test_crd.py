@@ -251,7 +251,7 @@ def test_a_model_name_the_pod_cannot_start_with_is_refused_at_apply(name):
     """model.name is the engine's --served-model-name: one starting with '-' read as a flag
     (the pod's parser refused it, the pod never started), and one of a megabyte made a
     Deployment the API server refuses, whose apply failed without the status saying why."""
-    with pytest.raises(BadInput, match="spec.model.name"):
+    with pytest.raises(BadInput, match=r"spec\.model\.name"):
         validate_manifest(_doc(model={"path": "/m", "name": name}))
     validate_manifest(_doc(model={"path": "/m", "name": "org/model-8b:v1"}))
 
