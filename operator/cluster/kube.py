@@ -55,6 +55,12 @@ class KubeError(Exception):
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
 
+    @property
+    def refused(self) -> bool:
+        """Whether the API server refused the request as it was written: a 4xx that a retry
+        alone does not pass (not a conflict, a rate limit or an object gone meanwhile)."""
+        return 400 <= self.status < 500 and self.status not in (404, 409, 429)
+
 
 def object_path(api_version: str, plural: str, namespace: str, name: str | None = None) -> str:
     """REST path of a namespaced collection or object, e.g. ('apps/v1', 'deployments', ...)."""

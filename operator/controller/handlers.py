@@ -42,7 +42,7 @@ from typing import Any, cast
 import kopf
 import yaml
 
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, clip
 from kvledger.engine.settings.serve_config import ServeConfig
 from kvledger.operator.api.resource import API_VERSION, GROUP, PLURAL, VERSION
 from kvledger.operator.api.spec import ServiceSpec, parse_spec
@@ -163,6 +163,7 @@ async def reconcile(name: str, namespace: str, memo: kopf.Memo, pods_by_service:
         await sync_status(memo, namespace, name, *indexes)
         raise kopf.TemporaryError(str(exc), delay=HUB_RETRY_DELAY_S) from None
     except KubeError as exc:  # the API server refused or failed: try again soon
+        await sync_status(memo, namespace, name, *indexes, apply_error=exc)
         raise kopf.TemporaryError(f"applying the children failed: {exc}",
                                   delay=RETRY_DELAY_S) from None
     await sync_status(memo, namespace, name, *indexes, model=model)
@@ -172,15 +173,17 @@ async def reconcile(name: str, namespace: str, memo: kopf.Memo, pods_by_service:
 async def resync(name: str, namespace: str, memo: kopf.Memo, pods_by_service: kopf.Index,
                  deployments_by_service: kopf.Index | None = None, **_: Any) -> None:
     """Repair drift (a child edited or deleted by hand) and refresh the status."""
-    model, model_error = None, None
+    model, model_error, apply_error = None, None, None
     try:
         model = await apply_children(memo, name, namespace)
     except (BadInput, ApiMissing):
         pass  # reported by sync_status (InvalidSpec, the missing API's reason)
     except ModelUnavailable as exc:
         model_error = str(exc)
+    except KubeError as exc:
+        apply_error = exc
     await sync_status(memo, namespace, name, pods_by_service, deployments_by_service,
-                      model=model, model_error=model_error)
+                      model=model, model_error=model_error, apply_error=apply_error)
 
 
 @kopf.on.event("pods", labels=_POD_FILTER)
@@ -234,12 +237,15 @@ async def isvc_event(type: str, name: str, namespace: str, memo: kopf.Memo,
 async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: kopf.Index,
                       deployments_index: kopf.Index | None = None, *,
                       model: ModelRecord | None = None,
-                      model_error: str | None = None) -> None:
+                      model_error: str | None = None,
+                      apply_error: KubeError | None = None) -> None:
     """Recompute the resource's status from its pods and its Deployment's (or
     LeaderWorkerSet's) status, and patch it if it changed.
 
     ``model``: a download size just had (``status.model``); ``model_error``: why it could
-    not be had (``Ready=False/ModelUnavailable``)."""
+    not be had (``Ready=False/ModelUnavailable``); ``apply_error``: the API server refused
+    a child (``Ready=False/ApplyFailed`` with its words, where it will not pass on a retry
+    alone: a 4xx but a conflict, a rate limit or a missing object)."""
     lock = memo.status_locks.setdefault((namespace, name), asyncio.Lock())
     async with lock:
         path = object_path(API_VERSION, PLURAL, namespace, name)
@@ -265,6 +271,9 @@ async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: ko
                    if spec is not None and "blocked" not in workload else None)
         if missing is not None:
             workload["blocked"] = (missing.reason, str(missing))
+        elif apply_error is not None and apply_error.refused:
+            workload["blocked"] = ("ApplyFailed", f"the API server refused a child: "
+                                                  f"{clip(str(apply_error))}")
         new = status.compute_status(
             spec=spec, generation=obj.get("metadata", {}).get("generation"), old=old,
             pods=[entry["status"] for entry in entries], spec_error=spec_error,

@@ -469,3 +469,34 @@ async def test_the_measured_start_reaches_the_status_and_outlives_its_pod(cluste
                                        "Ready").get("reason") == "Starting",
                      what="Ready=False/Starting")
     assert startup() == measured
+
+
+async def test_a_child_the_api_server_refuses_is_said_in_the_status(cluster, monkeypatch):
+    """A child the API server refuses as written (a 422: an object it finds invalid) was
+    retried every few seconds with nothing in the status; now Ready=False/ApplyFailed
+    quotes the API server, and a refusal a retry may pass (a conflict) says nothing."""
+    from kvledger.operator.cluster.kube import KubeApi, KubeError
+
+    applied = KubeApi.apply
+
+    async def apply(self, api_version, plural, body):
+        if plural == "deployments" and body["metadata"]["name"] == "refused":
+            raise KubeError(422, 'Deployment.apps "refused" is invalid: '
+                            "spec.template.metadata.annotations: Too long")
+        return await applied(self, api_version, plural, body)
+
+    monkeypatch.setattr(KubeApi, "apply", apply)
+    monkeypatch.setattr(handlers, "RETRY_DELAY_S", 0.3)
+    await cluster.create(API_VERSION, PLURAL, service_manifest("refused", NS))
+    ready = await eventually(lambda: condition(cluster.stored(
+        API_VERSION, PLURAL, NS, "refused"), "Ready").get("reason") == "ApplyFailed"
+        and condition(cluster.stored(API_VERSION, PLURAL, NS, "refused"), "Ready"),
+        what="ApplyFailed")
+    assert ready["status"] == "False" and ready["message"] == (
+        'the API server refused a child: HTTP 422: Deployment.apps "refused" is invalid: '
+        "spec.template.metadata.annotations: Too long")
+    assert not KubeError(409, "conflict").refused  # a retry passes it: not the status's
+    monkeypatch.setattr(KubeApi, "apply", applied)  # the child is taken: ApplyFailed goes
+    await eventually(lambda: condition(cluster.stored(
+        API_VERSION, PLURAL, NS, "refused"), "Ready").get("reason") != "ApplyFailed",
+        what="ApplyFailed cleared")
