@@ -33,7 +33,7 @@ from kvledger.engine.checkpoint.safetensors_header import (  # noqa: F401 - re-e
     read_safetensors_header,
 )
 from kvledger.engine.checkpoint.shard_index import read_shard_index
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, shown
 
 # Floating dtypes an explicit ``--dtype`` casts at load time; the others (quantized
 # payloads, scales, integer tensors) are loaded as stored.
@@ -156,8 +156,9 @@ def read_weights(model_dir: str | os.PathLike, limits: ReadLimits | None = None)
     owners = weight_map or {}
     for shard in files:
         stored_in = shard.name
-        if weight_map is not None and not shard.is_file():
-            raise BadInput(f"{path / INDEX_FILE} names shard {stored_in!r}, which is missing")
+        if weight_map is not None and not os.path.isfile(shard):  # False, never OSError
+            raise BadInput(f"{path / INDEX_FILE} names shard {shown(stored_in)}, which is "
+                           "missing")
         for tensor in read_safetensors_header(shard, budget):
             owner = owners.get(tensor.name, stored_in)
             if owner != stored_in or tensor.name in chosen:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,7 +101,7 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
     with _no_init(), torch.device("meta"):
         model = CausalLM(config) if stage is None else StageLM(config, stage)
     files = checkpoint_files(model_dir)
-    present = [path for path in files if path.is_file()]
+    present = [path for path in files if os.path.isfile(path)]
     ahead = (ReadAhead(present, reading).start()
              if prefetches(reading, present, host_available_bytes()) else None)
     try:
@@ -143,7 +144,7 @@ def _read_state(files: list[Path], config: ModelConfig, dtype: torch.dtype,
     in the file's order); with ``eager`` reading, each file read whole first."""
     state: dict[str, torch.Tensor] = {}
     for path in files:
-        if not path.is_file():
+        if not os.path.isfile(path):  # False for a name too long, never OSError
             raise BadInput(f"{path}: listed in the index but missing")
         try:
             if reading.strategy == "eager":

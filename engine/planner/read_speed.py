@@ -54,7 +54,7 @@ def measure_read(files: list[Path], sample_bytes: int = SAMPLE_BYTES,
     ``threads`` (a read ahead's, ``checkpoint/read_ahead.py``), the ``threads`` largest
     files at once, a share of the sample each, as the read ahead reads them
     (``cache_span``), side by side."""
-    sized = sorted(((f.stat().st_size, f) for f in files if f.is_file()), reverse=True)
+    sized = sorted(((f.stat().st_size, f) for f in files if os.path.isfile(f)), reverse=True)
     sized = [(size, path) for size, path in sized[:max(1, threads)]
              if size and _data_in_middle(path, size)]
     if not sized:

@@ -217,7 +217,7 @@ def predict(files: list[Path], reading: WeightReading = AS_VLLM_DEFAULTS,
     ``available_bytes`` of host memory), through a memory map in ``faults`` threads at
     once where the loader's first pass over the weights faults them so (on the CPU,
     torch's threads)."""
-    existing = [f for f in files if f.is_file()]
+    existing = [f for f in files if os.path.isfile(f)]
     ahead = verdict(reading, existing, available_bytes).prefetch
     ready = TimeToReady(sum(os.path.getsize(f) for f in existing),
                         measure_read(existing, threads=reading.threads if ahead else 1,

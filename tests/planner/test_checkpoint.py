@@ -243,6 +243,25 @@ def test_an_index_naming_a_shard_no_folder_holds_is_refused_by_every_reader(tmp_
         checkpoint_files(tmp_path)
 
 
+def test_a_shard_path_longer_than_a_path_may_be_is_missing_not_a_traceback(tmp_path) -> None:
+    """Twenty parts of 240 characters each: every part a file system holds, the whole more
+    than a path may be (4,096 bytes). stat's ENAMETOOLONG was an OSError traceback in plan,
+    preflight and the loader; the shard is missing, as a file that is not there."""
+    from kvledger.engine.checkpoint.model_config import ModelConfig
+    from kvledger.engine.model.loader import load_model
+
+    write_checkpoint(tmp_path, shards=2)
+    index = tmp_path / "model.safetensors.index.json"
+    shards = json.loads(index.read_text())
+    name, _ = next(iter(shards["weight_map"].items()))
+    shards["weight_map"][name] = "/".join(["q" * 240] * 20) + ".safetensors"
+    index.write_text(json.dumps(shards))
+    with pytest.raises(BadInput, match=r"names shard 'q+\.\.\. \(\d+ chars\), which is missing"):
+        read_weights(tmp_path)
+    with pytest.raises(BadInput, match="listed in the index but missing"):
+        load_model(tmp_path, ModelConfig.from_dir(tmp_path), torch.float32, torch.device("cpu"))
+
+
 LLAMA = {"architectures": ["LlamaForCausalLM"]}
 
 
