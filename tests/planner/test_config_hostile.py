@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from _budget import Budget
+from _tiny_models import ENGINE_MODELS, MODELS, TINY, save_tiny
 from budget_checkpoints import write_header_only
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -57,34 +58,8 @@ FUZZ_SETTINGS = settings(
 
 # --- the checkpoints: tiny random models, as transformers writes them --------------------
 
-_TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
-         "max_position_embeddings": 256}
-# name -> (config class, model class, fields besides _TINY); the first six are kvledger's
-# engine's own (planned as it runs them), the rest vLLM what-ifs (MLA, hybrid, gpt-oss).
-_MODELS = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 8}),
-    "mistral": ("MistralConfig", "MistralForCausalLM", {}),
-    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4}),
-    "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
-                 {"head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2,
-                  "moe_intermediate_size": 16}),
-    "deepseekv3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
-                   {"kv_lora_rank": 16, "q_lora_rank": 16, "qk_nope_head_dim": 8,
-                    "qk_rope_head_dim": 8, "v_head_dim": 8, "n_routed_experts": 4,
-                    "num_experts_per_tok": 2, "moe_intermediate_size": 16,
-                    "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1}),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 8}),
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 8}),
-    "gptoss": ("GptOssConfig", "GptOssForCausalLM",
-               {"intermediate_size": 32, "head_dim": 8, "num_local_experts": 4,
-                "num_experts_per_tok": 2}),
-}
-ENGINE_MODELS = ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3moe")
 GEMMA3_MULTIMODAL = "gemma3mm"  # Gemma3ForConditionalGeneration: the text model nested
-NAMES = (*_MODELS, GEMMA3_MULTIMODAL)
+NAMES = (*MODELS, GEMMA3_MULTIMODAL)
 
 
 class Checkpoint:
@@ -104,15 +79,12 @@ class Checkpoint:
 
 
 def _write_checkpoints(root: Path) -> dict[str, Checkpoint]:
-    import torch
     import transformers
 
     written = {}
-    for name, (config_class, model_class, fields) in _MODELS.items():
-        config = getattr(transformers, config_class)(**{**_TINY, **fields})
-        torch.manual_seed(0)
-        getattr(transformers, model_class)(config).save_pretrained(root / name)
-    text = transformers.Gemma3TextConfig(**{**_TINY, "head_dim": 8})
+    for name in MODELS:
+        save_tiny(name, root / name)
+    text = transformers.Gemma3TextConfig(**{**TINY, "head_dim": 8})
     vision = transformers.SiglipVisionConfig(hidden_size=16, intermediate_size=32,
                                              num_hidden_layers=1, num_attention_heads=2,
                                              image_size=28, patch_size=14)

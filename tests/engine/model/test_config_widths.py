@@ -21,6 +21,7 @@ import pytest
 import torch
 from _fp8_checkpoints import write_fp8
 from _int4_checkpoints import write_int4
+from _tiny_models import ENGINE_MODELS, save_tiny
 
 from kvledger.engine.checkpoint.contents import read_weights
 from kvledger.engine.checkpoint.loadable import loadable_config
@@ -29,21 +30,10 @@ from kvledger.engine.cli import main
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.loader import load_model
 
-_TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
-         "max_position_embeddings": 256}
 # The engine's architectures as transformers writes them; Qwen3's head_dim is not
 # hidden / heads, so a config without it is a wrong one.
-_TRANSFORMERS = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
-    "mistral": ("MistralConfig", "MistralForCausalLM", {}),
-    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4}),
-    "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
-                 {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
-                  "moe_intermediate_size": 16}),
-}
+_TRANSFORMERS = {name: {"head_dim": 16} if name.startswith("qwen3") else {}
+                 for name in ENGINE_MODELS}
 # Written from the built-in tiny-llama by the formats' own layouts (tests/_*_checkpoints).
 _QUANTIZED = ("fp8", "gptq", "awq", "compressed-tensors")
 WIDTHS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
@@ -52,15 +42,10 @@ WIDTHS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_va
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory, make_model_dir) -> dict[str, Path]:
-    import transformers
-
     root = tmp_path_factory.mktemp("widths")
     written = {}
-    for name, (config_class, model_class, fields) in _TRANSFORMERS.items():
-        config = getattr(transformers, config_class)(**{**_TINY, **fields})
-        torch.manual_seed(0)
-        getattr(transformers, model_class)(config).save_pretrained(root / name)
-        written[name] = root / name
+    for name, fields in _TRANSFORMERS.items():
+        written[name] = save_tiny(name, root / name, **fields)
     source = make_model_dir("tiny-llama")
     written["fp8"] = write_fp8(source, root / "fp8", per_channel=True, static=False)[0]
     for method in _QUANTIZED[1:]:
