@@ -52,7 +52,8 @@ def loadable_config(raw: Mapping[str, Any], tensors: Iterable[TensorInfo]) -> Mo
     _check_counts(stored, config)
     weight_format = WEIGHT_FORMATS.get(config.weight_format)
     quantized = weight_format.quantized_tensors(stored) if weight_format else set()
-    unexpected = unexpected_tensors(stored, config)
+    shapes = float_shapes(config)  # the names and the shapes checked below, built once
+    unexpected = unexpected_tensors(stored, config, shapes)
     if unexpected:
         raise BadInput(f"checkpoint has tensors kvledger's engine does not load for "
                        f"{config.architecture}: {some(unexpected)} (quantized weights and "
@@ -63,17 +64,18 @@ def loadable_config(raw: Mapping[str, Any], tensors: Iterable[TensorInfo]) -> Mo
     if packed:
         raise BadInput(f"checkpoint stores weights in a dtype that is not a float: "
                        f"{some(packed, quote=False)} (quantized weights?); {SERVED_WEIGHTS}")
-    check_shapes(stored, config)
+    check_shapes(stored, config, shapes)
     return config
 
 
-def check_shapes(stored: list[TensorInfo], config: ModelConfig) -> None:
+def check_shapes(stored: list[TensorInfo], config: ModelConfig,
+                 expected: Mapping[str, tuple[int, ...]] | None = None) -> None:
     """BadInput, one line, when a stored tensor's shape is not the one the loader expects
     for ``config`` (``float_shapes``; fused experts as ``fused_expert_shape``; a quantized
     layer's scales and packed tensors as its format stores them; one number for each KV
     cache scale), naming the first few and config.json's widths. Run after the names are
     checked: a name the engine does not hold is refused as unexpected, not here."""
-    expected = float_shapes(config)
+    expected = float_shapes(config) if expected is None else expected
     wrong = []
     for t in stored:
         if t.name.endswith(KV_SCALE_SUFFIXES):
@@ -121,21 +123,24 @@ def _check_counts(stored: list[TensorInfo], config: ModelConfig) -> None:
                        f"checkpoint stores {max(experts)}")
 
 
-def unexpected_tensors(tensors: Iterable[TensorInfo], config: ModelConfig) -> list[str]:
+def unexpected_tensors(tensors: Iterable[TensorInfo], config: ModelConfig,
+                       shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[str]:
     """The names of the stored ``tensors`` the loader would refuse for ``config``, sorted:
     those that fill none of the engine's tensors (``loaded_names``, ``tensor_names``)."""
-    expected = tensor_names(config) | kv_scale_names(config)
+    expected = tensor_names(config, shapes) | kv_scale_names(config)
     # Most names are the engine's as they are; only the others may be renamed or split.
     others = (t for t in tensors if t.name not in expected)
     return sorted(t.name for t in others if not t.name.endswith(IGNORED_SUFFIXES)
                   and not expected.issuperset(loaded_names(t.name, t.shape, config)))
 
 
-def tensor_names(config: ModelConfig) -> frozenset[str]:
+def tensor_names(config: ModelConfig,
+                 shapes: Mapping[str, tuple[int, ...]] | None = None) -> frozenset[str]:
     """Every tensor the engine's model may hold for ``config``, named as Hugging Face's
     checkpoints name them (``float_shapes``); for an FP8 checkpoint, each quantized linear
-    layer's scales too; for a 4-bit one, its packed tensors."""
-    names = set(float_shapes(config))
+    layer's scales too; for a 4-bit one, its packed tensors. ``shapes``: ``float_shapes``
+    already built."""
+    names = set(float_shapes(config) if shapes is None else shapes)
     weight_format = WEIGHT_FORMATS.get(config.weight_format)
     if weight_format is not None:  # a quantized layer's scales or packed tensors
         names |= {n for w in list(names) if quantized_linear(w)
