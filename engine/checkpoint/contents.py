@@ -26,6 +26,7 @@ from kvledger.engine.checkpoint.layout import (
     pick_architecture,
     read_layout,
 )
+from kvledger.engine.checkpoint.moe_config import MoEConfig, read_moe
 from kvledger.engine.checkpoint.read_limits import ReadBudget, ReadLimits
 from kvledger.engine.checkpoint.safetensors_header import (  # noqa: F401 - re-exported
     DTYPE_BITS,
@@ -74,6 +75,7 @@ class ModelShape:
     tie_word_embeddings: bool = False
     layout: AttentionLayout | None = None  # None: full attention on every layer
     quantization: str = ""  # config's quantization_config.quant_method, e.g. "mxfp4"
+    moe: MoEConfig | None = None  # routed experts (those the engine runs); None: dense
 
     def kv_layout(self) -> AttentionLayout:
         """What each layer keeps per token (``kv_layout``)."""
@@ -106,9 +108,10 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
 
 def shape_fields(read: HFConfig) -> dict[str, Any]:
     """``ModelShape``'s fields from one reading of config.json (``hf_config.parse_config``):
-    each as read, the layout worked out from the layer types."""
-    named = {f.name for f in fields(ModelShape)} - {"layout"}
-    return {**{name: getattr(read, name) for name in named}, "layout": read_layout(read)}
+    each as read, the layout worked out from the layer types, the experts from their fields."""
+    named = {f.name for f in fields(ModelShape)} - {"layout", "moe"}
+    return {**{name: getattr(read, name) for name in named}, "layout": read_layout(read),
+            "moe": read_moe(read)}
 
 
 def read_model_shape(model_dir: str | os.PathLike) -> ModelShape:

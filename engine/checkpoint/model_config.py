@@ -25,7 +25,7 @@ from kvledger.engine.checkpoint.hf_config import (
     read_config_json,
     text_config,
 )
-from kvledger.engine.checkpoint.read_limits import MAX_TENSORS
+from kvledger.engine.checkpoint.moe_config import refuse_unknown_routing
 from kvledger.engine.checkpoint.weight_formats import declared_format
 from kvledger.engine.errors import BadInput, shown, some
 
@@ -42,19 +42,6 @@ _ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"
 _QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
 
-@dataclass(frozen=True)
-class MoEConfig:
-    """Routed experts, as Mixtral and Qwen3-MoE route: a softmax over all ``num_experts``
-    router logits, the top ``num_experts_per_tok`` kept (renormalised to sum to 1 when
-    ``normalize_topk``), each token's output the weighted sum of its experts' MLPs."""
-
-    num_experts: int
-    num_experts_per_tok: int
-    intermediate_size: int  # each expert's
-    normalize_topk: bool
-    sparse_layers: tuple[int, ...]  # the layers with experts; the others have a dense MLP
-
-
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig(ModelShape):
     """The model's shape (``ModelShape``, the planner's record: ``intermediate_size`` is
@@ -68,7 +55,6 @@ class ModelConfig(ModelShape):
     o_bias: bool
     sliding_window: int | None
     qk_norm: bool = False  # RMSNorm over head_dim of each q and k head, before RoPE (Qwen3)
-    moe: MoEConfig | None = None
     # How the linear layers are stored, as the engine loads them: "fp8" (fp8_format.py);
     # "gptq", "awq", "w4a16": 4-bit (int4_format.py); "": not quantized. (``quantization``,
     # the shape's, is config.json's quant_method as written, e.g. "compressed-tensors".)
@@ -94,7 +80,7 @@ class ModelConfig(ModelShape):
             raise BadInput(f"unsupported hidden_act {shown(raw['hidden_act'])} (only silu)")
         if raw.get("mlp_bias"):
             raise BadInput("unsupported: mlp_bias")
-        _refuse_unknown_routing(raw)
+        refuse_unknown_routing(raw)
         # transformers 5 writes rope_parameters = {"rope_type", "rope_theta", ...}.
         rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
         if not isinstance(rope, dict):
@@ -119,7 +105,6 @@ class ModelConfig(ModelShape):
             o_bias=bias,
             sliding_window=_one_window(read),
             qk_norm=arch in _QK_NORM,
-            moe=_moe(raw, arch, read.num_layers, read.intermediate_size),
             weight_format=weight_format,
         )
 
@@ -135,40 +120,6 @@ def _one_window(read: HFConfig) -> int | None:
     raise BadInput(f"unsupported: {read.architecture} use_sliding_window with a sliding window "
                    "on only some layers (max_window_layers, layer_types); kvledger applies one "
                    "window to every layer")
-
-
-def _moe(raw: Mapping[str, Any], arch: str, layers: int, intermediate_size: int) -> MoEConfig | None:
-    """Mixtral: experts in every layer, top-k always renormalised. Qwen3-MoE: experts in
-    the layers ``(i + 1) % decoder_sparse_step == 0`` not in ``mlp_only_layers``. Fields
-    left out take transformers' defaults (MixtralConfig's, Qwen3MoeConfig's)."""
-    if arch == "MixtralForCausalLM":
-        num_experts, top_k = positive(raw, "num_local_experts", 8), 2
-        sparse, expert_size, normalize = tuple(range(layers)), intermediate_size, True
-    elif arch == "Qwen3MoeForCausalLM":
-        # transformers 5 writes Qwen3MoeConfig's num_experts as num_local_experts.
-        key = "num_experts" if raw.get("num_experts") is not None else "num_local_experts"
-        if raw.get(key) == 0:
-            return None  # every layer dense
-        num_experts, top_k = positive(raw, key, 128), 8
-        step = positive(raw, "decoder_sparse_step", 1)
-        dense = raw.get("mlp_only_layers") or []
-        if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
-            raise BadInput(f"config.json 'mlp_only_layers' must be a list of layer indices, got {shown(dense)}")
-        dense = set(dense)
-        sparse = tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)
-        expert_size = positive(raw, "moe_intermediate_size", 768)
-        normalize = bool(raw.get("norm_topk_prob", False))
-        if not sparse:
-            return None
-    else:
-        return None
-    if len(sparse) * num_experts * 3 > MAX_TENSORS:  # each expert's three projections
-        raise BadInput(f"config.json declares {num_experts} experts in each of {len(sparse)} "
-                       f"layers: more tensors than the {MAX_TENSORS:,} kvledger reads of one model")
-    top_k = positive(raw, "num_experts_per_tok", top_k)
-    if top_k > num_experts:
-        raise BadInput(f"config.json 'num_experts_per_tok' {top_k} is more than the {num_experts} experts")
-    return MoEConfig(num_experts, top_k, expert_size, normalize, sparse)
 
 
 def _weight_format(raw: Mapping[str, Any]) -> str:
@@ -189,22 +140,6 @@ def _weight_format(raw: Mapping[str, Any]) -> str:
                        f"(quantization_config.quant_method); {SERVED_WEIGHTS}")
     raise BadInput(f"checkpoint is quantized (config.json has a quantization_config, with no "
                    f"quant_method); {SERVED_WEIGHTS}")
-
-
-def _refuse_unknown_routing(raw: Mapping[str, Any]) -> None:
-    """Experts routed any other way than a softmax over all of them then top-k (and
-    shared experts) would load and run wrong: refuse them by name."""
-    for key in ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts"):
-        if raw.get(key):
-            raise BadInput(f"unsupported: a shared expert ({key} {shown(raw[key])}); kvledger runs "
-                           "routed experts only")
-    router = {"scoring_func": (None, "softmax"), "topk_method": (None, "greedy"),
-              "n_group": (None, 0, 1), "topk_group": (None, 0, 1),
-              "routed_scaling_factor": (None, 1, 1.0)}
-    for key, allowed in router.items():
-        if raw.get(key) not in allowed:
-            raise BadInput(f"unsupported MoE router: {key} {shown(raw[key])} (kvledger routes by a "
-                           "softmax over all experts, then top-k)")
 
 
 def _positive_float(name: str, value: Any) -> float:

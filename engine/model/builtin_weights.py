@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvledger.engine.checkpoint.model_config import ModelConfig, MoEConfig
+from kvledger.engine.checkpoint.model_config import ModelConfig
+from kvledger.engine.checkpoint.moe_config import MoEConfig
 
 # Linear layers: wider than HF's 0.02, so each step's top two logits stand apart.
 STD = 0.06

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvledger.engine.checkpoint.model_config import MoEConfig
+from kvledger.engine.checkpoint.moe_config import MoEConfig
 
 
 class MixtralExpert(nn.Module):

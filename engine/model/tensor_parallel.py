@@ -164,8 +164,7 @@ def shard_model(model: CausalLM | StageLM, ranks: Ranks) -> CausalLM | StageLM:
         else:  # untied, or a last stage holding the tied embedding as its head
             head, _ = _vocab_rows(model.lm_head.weight.data, ranks)
         model.lm_head = ParallelLMHead(head, config.vocab_size, ranks.world, ranks.group)
-    moe = config.moe and dataclasses.replace(
-        config.moe, intermediate_size=config.moe.intermediate_size // ranks.world)
+    moe = config.moe and config.moe.sharded(ranks.world)
     model.config = dataclasses.replace(
         config, num_attention_heads=config.num_attention_heads // ranks.world,
         num_kv_heads=max(1, config.num_kv_heads // ranks.world),

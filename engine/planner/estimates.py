@@ -76,12 +76,12 @@ def activation_peak_bytes(shape: ModelShape, dtype_bytes: int, max_num_batched_t
     Layers run one after another, so the peak is one layer's live tensors for all T tokens,
     the logits of the step, and the K/V attention gathers for one layer:
 
-        T * (4*hidden + (heads + 2*kv_heads)*head_dim + 3*intermediate) * dtype_bytes
+        T * ((4*hidden + (heads + 2*kv_heads)*head_dim) * dtype_bytes + mlp)
           + min(T, max_num_seqs) * vocab * 4 * 2
           + gathered_sequences * context_tokens * kv_heads * head_dim * 2 * gather_bytes
 
-    4*hidden: residual, normed input, attention output, layer output; q, k and v; the
-    MLP's gate, up and their product. Logits are float32 for the last token of each
+    4*hidden: residual, normed input, attention output, layer output; q, k and v; ``mlp``
+    the widest MLP a layer runs (``mlp_bytes_per_token``). Logits are float32 for the last token of each
     sequence, plus the probabilities the sampler computes from them. The engine's
     attention gathers the K and V of ``gathered_sequences`` (default ``max_num_seqs``: every
     decoding sequence on the CPU's path; 0 on a GPU's, whose kernels read the decodes and
@@ -90,16 +90,35 @@ def activation_peak_bytes(shape: ModelShape, dtype_bytes: int, max_num_batched_t
     KV dtype when that differs: ``gather_bytes`` = dtype_bytes (+ kv_dtype_bytes).
     """
     tokens = max_num_batched_tokens
-    per_token = (4 * shape.hidden_size
-                 + (shape.num_attention_heads + 2 * shape.num_kv_heads) * shape.head_dim
-                 + 3 * shape.intermediate_size)
+    per_token = ((4 * shape.hidden_size
+                  + (shape.num_attention_heads + 2 * shape.num_kv_heads) * shape.head_dim)
+                 * dtype_bytes + mlp_bytes_per_token(shape, dtype_bytes))
     logits_rows = min(tokens, max_num_seqs)
     gather_bytes = dtype_bytes
     if kv_dtype_bytes is not None and kv_dtype_bytes != dtype_bytes:
         gather_bytes += kv_dtype_bytes
     seqs = max_num_seqs if gathered_sequences is None else gathered_sequences
     gather = seqs * context_tokens * shape.num_kv_heads * shape.head_dim * 2 * gather_bytes
-    return tokens * per_token * dtype_bytes + logits_rows * shape.vocab_size * 4 * 2 + gather
+    return tokens * per_token + logits_rows * shape.vocab_size * 4 * 2 + gather
+
+
+def mlp_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
+    """What the widest MLP among the layers holds per token at its peak. A dense MLP: its
+    gate, up and their product, ``3 * intermediate``. A routed layer (``shape.moe``; the
+    engine's ``SparseMoE`` runs one expert at a time, and one expert may take every token):
+    the float32 softmax over every expert (the router's logits are gone by then), the top-k
+    weights, indices and sort order, then one expert's gate, up and product with its rows'
+    input and output (then its output and the output weighted). A model whose every layer
+    is routed never runs its dense width (Qwen3-MoE's ``intermediate_size``, which no
+    tensor has then)."""
+    moe = shape.moe
+    dense_layers = shape.num_layers - (len(moe.sparse_layers) if moe is not None else 0)
+    dense = 3 * shape.intermediate_size * dtype_bytes if dense_layers > 0 else 0
+    if moe is None:
+        return dense
+    routing = moe.num_experts * 4 + moe.num_experts_per_tok * (4 + 3 * 8 + dtype_bytes)
+    expert = (3 * moe.intermediate_size + 2 * shape.hidden_size) * dtype_bytes
+    return max(dense, routing + expert)
 
 
 def capture_sizes(max_num_seqs: int, sizes: tuple[int, ...] | None = None,

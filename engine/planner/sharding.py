@@ -61,7 +61,7 @@ def check_shardable(shape: ModelShape, tp: int, expert_width: int | None = None)
 
 def rank_shape(shape: ModelShape, tp: int) -> ModelShape:
     """The shape one rank computes with: its heads, its KV heads, its share of the MLP
-    (the vocabulary stays whole: the logits are gathered in full on rank 0)."""
+    and of each expert's (the vocabulary stays whole: the logits are gathered in full on rank 0)."""
     if tp == 1:
         return shape
     kv = kv_heads_per_rank(shape.num_kv_heads, tp)
@@ -69,6 +69,7 @@ def rank_shape(shape: ModelShape, tp: int) -> ModelShape:
         shape, num_attention_heads=shape.num_attention_heads // tp,
         num_kv_heads=shape.num_kv_heads if _mla(shape) else kv,
         intermediate_size=shape.intermediate_size // tp,
+        moe=shape.moe and shape.moe.sharded(tp),
         layout=None if shape.layout is None else _rank_layout(shape.layout, tp))
 
 

@@ -157,7 +157,8 @@ def test_plan_predicts_the_read_and_the_operator_shows_it(tmp_path, capsys):
 
 
 def _shape(**moe):
-    from kvledger.engine.checkpoint.model_config import ModelConfig, MoEConfig
+    from kvledger.engine.checkpoint.model_config import ModelConfig
+    from kvledger.engine.checkpoint.moe_config import MoEConfig
 
     return ModelConfig(
         architecture="LlamaForCausalLM", num_layers=2, num_attention_heads=4, num_kv_heads=2,
