@@ -183,7 +183,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def profile(self, num_tokens: int, max_model_len: int, max_num_seqs: int,
-                kv_dtype: str = "auto") -> int | None:
+                kv_dtype: str = "auto", *, full_steps: bool | None = None) -> int | None:
         """The peak activation bytes of the heaviest engine steps, on CUDA; None elsewhere
         (the CPU keeps no allocator statistics).
 
@@ -204,15 +204,19 @@ class ModelRunner:
         ``CPU_CHECK_TOKENS`` tokens at the top of the context checks that the model runs
         (every layer, the logits, a slice of prompt logprobs), in milliseconds where the
         full prefill took most of a start (9 of 14 s for a 1.4 GB checkpoint).
+        ``full_steps`` True runs the two full steps there too (a test counts their
+        tensors against the plan).
         """
         cuda = self.device.type == "cuda"
         scratch = None
-        if self.device.type == "cpu":
-            steps = [profile_steps.check_step(self.attention, max_model_len)]
+        # Each step is built as it runs: the engine never holds two steps' masks at once.
+        if self.device.type == "cpu" if full_steps is None else not full_steps:
+            steps = (profile_steps.check_step(self.attention, max_model_len),)
         else:
-            steps = [profile_steps.prefill_step(self.attention, num_tokens, max_model_len),
-                     profile_steps.mixed_step(self.attention, num_tokens, max_model_len,
-                                              max_num_seqs)]
+            steps = (build() for build in (
+                lambda: profile_steps.prefill_step(self.attention, num_tokens, max_model_len),
+                lambda: profile_steps.mixed_step(self.attention, num_tokens, max_model_len,
+                                                 max_num_seqs)))
             scratch = self._new_kv_cache(1, kv_dtype)
         if cuda:
             torch.cuda.synchronize(self.device)
@@ -232,6 +236,7 @@ class ModelRunner:
                 targets = torch.zeros(rows.shape[0], dtype=torch.long, device=self.device)
                 # Queued only: the memory is what is measured; no copy back (meta has none).
                 logprobs_of(self.model.logits(rows), targets, [MAX_LOGPROBS] * rows.shape[0])
+                del rows  # a view: it would keep this step's hidden states through the next
             del hidden, logits
         if not cuda:
             return None

@@ -76,13 +76,18 @@ def activation_peak_bytes(shape: ModelShape, dtype_bytes: int, max_num_batched_t
     Layers run one after another, so the peak is one layer's live tensors for all T tokens,
     the logits of the step, and the K/V attention gathers for one layer:
 
-        T * ((4*hidden + (heads + 2*kv_heads)*head_dim) * dtype_bytes + mlp)
+        T * max((4*hidden + qkv) * dtype_bytes + mlp, (2*hidden + 4*qkv + 2*head_dim) * dtype_bytes)
           + min(T, max_num_seqs) * vocab * 4 * 2
           + gathered_sequences * context_tokens * kv_heads * head_dim * 2 * gather_bytes
+          + the step's masks (``mask_bytes``)
 
-    4*hidden: residual, normed input, attention output, layer output; q, k and v; ``mlp``
-    the widest MLP a layer runs (``mlp_bytes_per_token``). Logits are float32 for the last token of each
-    sequence, plus the probabilities the sampler computes from them. The engine's
+    ``qkv`` = (heads + 2*kv_heads) * head_dim. 4*hidden: residual, normed input, attention
+    output, layer output; q, k and v; ``mlp`` the widest MLP a layer runs
+    (``mlp_bytes_per_token``). Or, where the heads are wide beside the MLP (narrow experts,
+    small models), attention's own peak: the layer's input and its norm, q, k and v, Qwen3's
+    normed q and k, RoPE's products and rotated copy, the rows of cos and sin. Logits are
+    float32 for the last token of each sequence, plus the probabilities the sampler
+    computes from them. The engine's
     attention gathers the K and V of ``gathered_sequences`` (default ``max_num_seqs``: every
     decoding sequence on the CPU's path; 0 on a GPU's, whose kernels read the decodes and
     the later prompt chunks in place) of ``context_tokens`` (max_model_len rounded up to
@@ -90,16 +95,34 @@ def activation_peak_bytes(shape: ModelShape, dtype_bytes: int, max_num_batched_t
     KV dtype when that differs: ``gather_bytes`` = dtype_bytes (+ kv_dtype_bytes).
     """
     tokens = max_num_batched_tokens
-    per_token = ((4 * shape.hidden_size
-                  + (shape.num_attention_heads + 2 * shape.num_kv_heads) * shape.head_dim)
-                 * dtype_bytes + mlp_bytes_per_token(shape, dtype_bytes))
+    qkv = (shape.num_attention_heads + 2 * shape.num_kv_heads) * shape.head_dim
+    per_token = max((4 * shape.hidden_size + qkv) * dtype_bytes
+                    + mlp_bytes_per_token(shape, dtype_bytes),
+                    (2 * shape.hidden_size + 4 * qkv + 2 * shape.head_dim) * dtype_bytes)
     logits_rows = min(tokens, max_num_seqs)
     gather_bytes = dtype_bytes
     if kv_dtype_bytes is not None and kv_dtype_bytes != dtype_bytes:
         gather_bytes += kv_dtype_bytes
     seqs = max_num_seqs if gathered_sequences is None else gathered_sequences
     gather = seqs * context_tokens * shape.num_kv_heads * shape.head_dim * 2 * gather_bytes
-    return tokens * per_token + logits_rows * shape.vocab_size * 4 * 2 + gather
+    masks = mask_bytes(shape, dtype_bytes, tokens, context_tokens, seqs)
+    return tokens * per_token + logits_rows * shape.vocab_size * 4 * 2 + gather + masks
+
+
+def mask_bytes(shape: ModelShape, dtype_bytes: int, tokens: int, context_tokens: int,
+               gathered_sequences: int) -> int:
+    """The masks a step of ``tokens`` tokens builds once and keeps through its layers
+    (``core/step_attention.py``): where attention gathers (``gathered_sequences`` > 0), a
+    later prompt chunk's causal mask over its context, one bool per query and key (at most
+    ``tokens * context_tokens``, which also bounds a first chunk's), and each decoding
+    sequence's additive mask over its context in the model dtype; elsewhere only a whole
+    prompt longer than a sliding window has one, a bool square of its length (at most
+    ``tokens * min(tokens, context_tokens)`` over the step's prompts)."""
+    if gathered_sequences > 0:
+        return tokens * context_tokens + gathered_sequences * context_tokens * dtype_bytes
+    longest = min(tokens, context_tokens)
+    windows = shape.kv_layout().sliding_windows
+    return tokens * longest if windows and min(windows) < longest else 0
 
 
 def mlp_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:

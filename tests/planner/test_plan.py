@@ -405,13 +405,21 @@ def test_a_float32_checkpoint_runs_in_half_precision_on_a_gpu(device, flag, expe
 
 def test_activation_formula_by_hand() -> None:
     tiny = ModelShape("LlamaForCausalLM", 2, 4, 2, 16, 64, 128, 256, 512, "bfloat16")
-    per_token = 4 * 64 + (4 + 2 * 2) * 16 + 3 * 128  # 768 elements
+    qkv = (4 + 2 * 2) * 16
+    per_token = max(4 * 64 + qkv + 3 * 128,  # 768 elements: the MLP's time
+                    2 * 64 + 4 * qkv + 2 * 16)  # 672: attention's
     step = 100 * per_token * 2  # 100 tokens in bf16
     logits = 4 * 256 * 4 * 2  # 4 sequences' last tokens, float32 logits + probabilities
     gather = 4 * 32 * 2 * 16 * 2 * (2 + 1)  # 4 seqs x 32 tokens, K and V, bf16 + fp8 copy
+    masks = 100 * 32 + 4 * 32 * 2  # a chunk's bool mask over 32 tokens, 4 additive in bf16
     assert estimates.activation_peak_bytes(tiny, 2, 100, 4, context_tokens=32,
-                                           kv_dtype_bytes=1) == step + logits + gather == 186368
+                                           kv_dtype_bytes=1) == step + logits + gather + masks
+    assert step + logits + gather + masks == 189824
     assert estimates.activation_peak_bytes(tiny, 2, 100, 4) == step + logits
+    # Attention's peak wins where the heads are wide beside the MLP.
+    wide = dataclasses.replace(tiny, num_attention_heads=16, num_kv_heads=8, head_dim=32)
+    assert estimates.activation_peak_bytes(wide, 2, 100, 4) == \
+        100 * (2 * 64 + 4 * (16 + 2 * 8) * 32 + 2 * 32) * 2 + logits
 
 
 def test_a_gpu_plan_counts_cublas_workspace() -> None:
