@@ -85,6 +85,8 @@ class Soak:
             body["prompt"] = words
         if capped or fault:
             body["max_tokens"] = rng.randint(16, 96)
+        elif not chat:
+            body["max_tokens"] = None  # the rest of the context (unset, a completion's is 16)
         if stream:
             body["stream_options"] = {"include_usage": True}
         if fault:

@@ -247,13 +247,15 @@ class LLMEngine:
         if seq.logprobs is not None:
             seq.logprobs.append(logprobs)
         params = seq.params
-        new_text = seq.detokenizer.add(token_id)
-        seq.text += new_text
         reason = None
         # vLLM's rule: before min_tokens, no stop token or string ends the request.
         checks_stops = len(seq.output_token_ids) >= params.min_tokens
         stop_token = checks_stops and (token_id in params.stop_token_set or (
             not params.ignore_eos and token_id in self.tokenizer.eos_token_ids))
+        # vLLM's: the token that stops a request is not detokenized into its text.
+        keep = not stop_token or params.include_stop_str_in_output
+        new_text = seq.detokenizer.add(token_id) if keep else ""
+        seq.text += new_text
         if stop_token or (seq.matcher is not None and seq.matcher.is_terminated) or (
                 checks_stops and new_text and params.stop_strings
                 and seq.cut_stop_string(len(new_text))):

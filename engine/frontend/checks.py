@@ -47,7 +47,8 @@ def _encode(engine: LLMEngine, sub: Submission, prompt: str | list[int]) -> list
 
 def caps(engine: LLMEngine, sub: Submission, ids: list[list[int]]) -> list[int]:
     """Each prompt's output cap (``output_cap``); then the tokenizer's ids checked."""
-    default = engine.tokenizer.sampling_defaults.get("max_tokens")
+    defaults = (engine.tokenizer.sampling_defaults.get("max_tokens"), sub.default_cap)
+    default = min((d for d in defaults if d is not None), default=None)
     result = [output_cap(engine.max_model_len, len(prompt_ids), sub.params.max_tokens,
                          default) for prompt_ids in ids]
     for prompt, prompt_ids in zip(sub.prompts, ids, strict=True):

@@ -46,6 +46,7 @@ class Submission:
     body_bytes: int | None = None        # the request's size: small ones are prepared inline
     published_salt: str | None = None    # the client's own cache_salt: KV events carry it
     objective_priority: int | None = None  # the gateway's InferenceObjective's, in this order
+    default_cap: int | None = None  # with no cap asked, at most this (vLLM's completions: 16)
 
 
 @dataclass

@@ -31,6 +31,8 @@ class ReservedKwargs(BadInput):
 
 
 DEFAULT, TOOL_USE = "default", "tool_use"
+# How a message's content reaches the template (--chat-template-content-format)
+AUTO, STRING, OPENAI = "auto", "string", "openai"
 # Set by the server from the request itself: a chat_template_kwargs entry may not.
 RESERVED_KWARGS = frozenset({"messages", "tools", "add_generation_prompt",
                              "continue_final_message", "bos_token", "eos_token",
@@ -83,11 +85,16 @@ def pick(templates: dict[str, str], tools: bool) -> str | None:
 
 def render(source: str, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
            tools: list[dict[str, Any]] | None, bos_token: str, eos_token: str,
-           kwargs: dict[str, Any] | None = None, continue_final_message: bool = False) -> str:
-    """``messages`` as the prompt text ``source`` makes of them. ``kwargs``: a request's
-    ``chat_template_kwargs``, those the template does not read dropped (vLLM drops them
-    too), a reserved name refused. BadInput when the template fails or raises."""
+           kwargs: dict[str, Any] | None = None, continue_final_message: bool = False,
+           content: str = AUTO) -> str:
+    """``messages`` as the prompt text ``source`` makes of them, each message's content
+    (a string, or a list of text parts) in the ``content`` format (``content_format``).
+    ``kwargs``: a request's ``chat_template_kwargs``, those the template does not read
+    dropped (vLLM drops them too), a reserved name refused. BadInput when the template
+    fails or raises."""
     template, variables = compiled(source)
+    openai = (content_format(source) if content == AUTO else content) == OPENAI
+    messages = [{**m, "content": _content(m.get("content"), openai)} for m in messages]
     extra = dict(kwargs or {})
     reserved = sorted(RESERVED_KWARGS & extra.keys())
     if reserved:
@@ -102,6 +109,38 @@ def render(source: str, messages: list[dict[str, Any]], *, add_generation_prompt
     except Exception as exc:  # jinja2's and the template's own errors alike
         raise BadInput(f"chat template failed: {exc}") from None
     return _open_final(text, messages) if continue_final_message else text
+
+
+@lru_cache(maxsize=32)
+def content_format(source: str) -> str:
+    """How ``source`` reads a message's content, as vLLM's ``auto`` tells: ``openai`` (a list
+    of ``{"type": "text", "text": ...}`` parts) when it loops over a message's content
+    (``{% for part in message['content'] %}``, filtered or not), else ``string``."""
+    from jinja2 import Environment, TemplateError, nodes
+
+    try:
+        tree = Environment().parse(source)
+    except TemplateError:
+        return STRING  # ``compiled`` says why
+    for loop in tree.find_all(nodes.For):
+        looped = loop.iter
+        while isinstance(looped, nodes.Filter | nodes.Test) and looped.node is not None:
+            looped = looped.node
+        if (isinstance(looped, nodes.Getattr) and looped.attr == "content") or (
+                isinstance(looped, nodes.Getitem) and isinstance(looped.arg, nodes.Const)
+                and looped.arg.value == "content"):
+            return OPENAI
+    return STRING
+
+
+def _content(content: Any, openai: bool) -> Any:
+    """A message's content as the template reads it: text parts joined by newlines (as
+    vLLM joins them), or every content a list of text parts."""
+    if openai:
+        return [{"type": "text", "text": content}] if isinstance(content, str) else content
+    if isinstance(content, list):
+        return "\n".join(part["text"] for part in content)
+    return content
 
 
 @lru_cache(maxsize=32)
@@ -129,6 +168,8 @@ def _open_final(text: str, messages: list[dict[str, Any]]) -> str:
     """``text`` cut right after the last message's content, as transformers'
     ``continue_final_message`` cuts it: what the template closes the turn with is gone."""
     content = messages[-1].get("content") if messages else None
+    if isinstance(content, list):  # its last text part, as transformers takes it
+        content = content[-1]["text"] if content else ""
     final = content.strip() if isinstance(content, str) else ""
     at = text.rfind(final)  # an empty final message: nothing cut, as transformers
     if at < 0:

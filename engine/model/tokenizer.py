@@ -99,13 +99,14 @@ class Tokenizer:
                             tools: list[dict[str, Any]] | None = None, *,
                             template: str | None = None,
                             kwargs: dict[str, Any] | None = None,
-                            continue_final_message: bool = False) -> str:
+                            continue_final_message: bool = False,
+                            content: str = "auto") -> str:
         """Render the chat as the model's prompt text. The template usually emits the BOS
         token itself, so encode the result with ``add_special_tokens=False``. ``tools``:
         OpenAI's tool objects, as Hugging Face templates take them (None: no tools);
         ``template``: a request's own (else the model's); ``kwargs``: its
-        ``chat_template_kwargs``; ``continue_final_message``: the last message left open
-        (``chat_template.render``)."""
+        ``chat_template_kwargs``; ``continue_final_message``: the last message left open;
+        ``content``: how the template gets a message's content (``chat_template.render``)."""
         source = template or chat_template.pick(self.chat_templates, tools=bool(tools))
         if source is None:
             raise BadInput("this model has no chat template (chat_template.jinja or "
@@ -114,7 +115,8 @@ class Tokenizer:
         return chat_template.render(source, messages, add_generation_prompt=add_generation_prompt,
                                     tools=tools, bos_token=self.bos_token or "",
                                     eos_token=self.eos_token or "", kwargs=kwargs,
-                                    continue_final_message=continue_final_message)
+                                    continue_final_message=continue_final_message,
+                                    content=content)
 
     def special_token_id(self, text: str) -> int | None:
         """The id of the special token ``text`` (one decoding drops), else None."""

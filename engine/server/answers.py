@@ -79,6 +79,8 @@ async def whole(state: ServerState, p: Prepared, outputs) -> web.Response:
     async for index, output in outputs:
         finals[index], counts[index] = output, len(output.token_ids)
         p.progress(counts)
+    if p.req.echo_only:  # the token computed for the prompt's logprobs is not an answer
+        counts = [0] * p.num_choices
     failed = next((f for f in finals if f.finish_reason == "error"), None)
     if failed is not None:  # the engine failed this request alone
         raise ApiError(500, _failed_message(failed), code="request_error",
@@ -105,31 +107,41 @@ def _chat_choice(state: ServerState, p: Prepared, index: int, final) -> dict[str
         if scanner.calls:
             message["tool_calls"] = [call.as_openai() for call in scanner.calls]
     return {"index": index, "message": message, "logprobs": logprobs,
-            "finish_reason": _finish_reason(final.finish_reason, scanner)}
+            "finish_reason": _finish_reason(final.finish_reason, scanner, p.tools)}
 
 
-def _finish_reason(reason: str | None, scanner: CallScanner | None) -> str | None:
-    """OpenAI's ``calls`` when the model stopped after calling; else the engine's."""
-    if reason == "stop" and scanner is not None and scanner.calls:
+def _finish_reason(reason: str | None, scanner: CallScanner | None,
+                   tools: ToolPlan) -> str | None:
+    """OpenAI's ``calls`` when the model stopped after calling as it chose (``auto`` or
+    ``required``); ``stop`` for a function the request named, as OpenAI and vLLM answer;
+    else the engine's."""
+    if reason == "stop" and scanner is not None and scanner.calls and not tools.named:
         return "tool_calls"
     return reason
 
 
 def _completion_choice(state: ServerState, p: Prepared, index: int, final) -> dict[str, Any]:
-    return {"index": index, "text": (p.echo(index) or "") + final.text,
-            "logprobs": _completion_logprobs(state, p.prompt_ids(index), final, 0, True, p.req),
+    text = "" if p.req.echo_only else final.text
+    return {"index": index, "text": (p.echo(index) or "") + text,
+            "logprobs": _completion_logprobs(state, p, index, final, 0, 0)[0],
             "finish_reason": final.finish_reason}
 
 
-def _completion_logprobs(state: ServerState, prompt_ids: list[int], output, sent: int,
-                         with_prompt: bool, req: GenerationRequest) -> dict[str, list] | None:
-    """Output tokens ``sent:`` (and the prompt's, for ``echo``) in the completions shape."""
+def _completion_logprobs(state: ServerState, p: Prepared, index: int, output, sent: int,
+                         offset: int) -> tuple[dict[str, list] | None, int]:
+    """Output tokens ``sent:`` (and the prompt's, for ``echo``, when ``sent`` is 0) in the
+    completions shape, the first token's text at ``offset`` in the choice's text; and the
+    offset after the last. Only the prompt's when the request echoes it alone."""
     if output.logprobs is None:
-        return None
-    entries = list(zip(output.token_ids[sent:], output.logprobs[sent:], strict=True))
-    if with_prompt and output.prompt_logprobs is not None:
-        entries = list(zip(prompt_ids, output.prompt_logprobs, strict=True)) + entries
-    return completion_logprobs(entries, _token_text(state, req))
+        return None, offset
+    entries = [] if p.req.echo_only else list(
+        zip(output.token_ids[sent:], output.logprobs[sent:], strict=True))
+    if sent == 0 and output.prompt_logprobs is not None:
+        entries = list(zip(p.prompt_ids(index), output.prompt_logprobs, strict=True)) + entries
+    logprobs = completion_logprobs(entries, _token_text(state, p.req), offset)
+    if logprobs["tokens"]:
+        offset = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
+    return logprobs, offset
 
 
 def _token_text(state: ServerState, req: GenerationRequest):
@@ -149,6 +161,7 @@ class _ChoiceStream:
     text: str = ""
     tokens: int = 0
     logprobs: int = 0
+    offset: int = 0  # where the next logprob's token starts in the text sent (text_offset)
     started: bool = False
     scanner: CallScanner | None = None  # a chat with tools: reads calls from the text
 
@@ -194,25 +207,29 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
                 await response.write(chunk(index, "", None, role=True))
         async for index, output in outputs:
             choice = sent[index]
-            choice.tokens = len(output.token_ids)
+            choice.tokens = 0 if req.echo_only else len(output.token_ids)
             p.progress([c.tokens for c in sent])
             if output.finished and output.finish_reason == "error":
                 await _end_with_error(state, response, 500, _failed_message(output),
                                       "request_error")
                 return response
             delta = ""
-            if output.text.startswith(choice.text):  # text already sent is never retracted
+            if req.echo_only:
+                pass  # the prompt alone is the answer
+            elif output.text.startswith(choice.text):  # text already sent is never retracted
                 delta, choice.text = output.text[len(choice.text):], output.text
             echo = p.echo(index)
             if not choice.started and echo is not None:
                 delta = echo + delta
             logprobs = None
             if output.logprobs is not None and len(output.logprobs) > choice.logprobs:
-                logprobs = (chat_logprobs(zip(output.token_ids[choice.logprobs:],
-                                              output.logprobs[choice.logprobs:], strict=True),
-                                          _token_text(state, req)) if chat
-                            else _completion_logprobs(state, p.prompt_ids(index), output,
-                                                      choice.logprobs, not choice.started, req))
+                if chat:
+                    logprobs = chat_logprobs(zip(output.token_ids[choice.logprobs:],
+                                                 output.logprobs[choice.logprobs:], strict=True),
+                                             _token_text(state, req))
+                else:
+                    logprobs, choice.offset = _completion_logprobs(
+                        state, p, index, output, choice.logprobs, choice.offset)
                 choice.logprobs = len(output.logprobs)
             choice.started = True
             if choice.scanner is None:
@@ -229,7 +246,7 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
                 if logprobs is not None:
                     await response.write(chunk(index, "", None, logprobs))
             if output.finished:
-                reason = _finish_reason(output.finish_reason, choice.scanner)
+                reason = _finish_reason(output.finish_reason, choice.scanner, p.tools)
                 await response.write(chunk(index, None if chat else "", reason))
         if req.include_usage:
             await response.write(event([], usage=True))

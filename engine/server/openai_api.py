@@ -81,7 +81,7 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
                      req.n, spec, lora, tenant, req.priority, _client_salt(request, state, req),
                      objective_priority=state.objective(request, tenant),
                      add_special_tokens=req.kind != "chat", body_bytes=len(raw),
-                     published_salt=req.cache_salt)
+                     published_salt=req.cache_salt, default_cap=req.default_cap)
     generation = await _submit(state, door, sub, req, tools)
     p = answers.Prepared(req, sub.request_id, generation, timeline, int(time.time()), tools,
                          [_echo(door, req, prompt, run.prompt_ids)

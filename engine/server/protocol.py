@@ -62,8 +62,17 @@ TopLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 
 
 class StreamOptions(Strict):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+    """vLLM's: ``stream_options`` given asks for the usage (``include_usage`` defaults to
+    true there, and a null is the default); ``continuous_usage_stats`` puts it on every
+    chunk too, only with ``include_usage``."""
+
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, data: Any) -> Any:
+        return known_fields(data, {}, cls.model_fields)
 
 
 class _Request(Strict):
@@ -72,7 +81,7 @@ class _Request(Strict):
     kind: ClassVar[str]
     unsupported: ClassVar[dict[str, tuple[Any, ...]]] = UNSUPPORTED_FIELDS
     _spec: tuple[str, str | None] | None = PrivateAttr(default=None)
-    model: str
+    model: str | None = None  # None: the base model, as vLLM takes a request without one
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
@@ -113,7 +122,7 @@ class _Request(Strict):
     @model_validator(mode="before")
     @classmethod
     def _known_fields(cls, data: Any) -> Any:
-        return known_fields(data, cls.unsupported, cls.model_fields.keys())
+        return known_fields(data, cls.unsupported, cls.model_fields)
 
     @field_validator("stop")
     @classmethod
@@ -175,12 +184,26 @@ class _Request(Strict):
         return self.max_tokens
 
     @property
+    def default_cap(self) -> int | None:
+        """The cap of a request that names none: None (the rest of the context, as the
+        door rules); completions' ``UNSET_CAP``."""
+        named = {"max_tokens", "max_completion_tokens"} & self.model_fields_set
+        return None if named else self.unset_cap
+
+    unset_cap: ClassVar[int | None] = None
+
+    @property
+    def echo_only(self) -> bool:
+        """The prompt echoed, nothing generated returned (completions' ``echo``)."""
+        return False
+
+    @property
     def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+        return self.stream_options is not None and bool(self.stream_options.include_usage)
 
     @property
     def continuous_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.continuous_usage_stats
+        return self.include_usage and bool(self.stream_options.continuous_usage_stats)
 
     @property
     def bias(self) -> dict[int, float] | None:
@@ -192,11 +215,33 @@ class _Request(Strict):
 
 class CompletionRequest(_Request):
     kind: ClassVar[str] = "completion"
+    # OpenAI's and vLLM's default for completions: an unset max_tokens is 16 tokens (or
+    # the room the prompt leaves, if less); null asks for the rest of the context.
+    unset_cap: ClassVar[int | None] = 16
+    # 0 only with echo: the prompt's text and logprobs, nothing generated (vLLM's).
+    max_tokens: Annotated[int, Field(ge=0, le=MAX_INT)] | None = None
     # Always a batch: one prompt (a string or token ids) or several, each answered with
     # ``n`` choices indexed ``prompt * n + choice``, as OpenAI and vLLM do.
     prompt: Any
     echo: bool = False
     logprobs: TopLogprobs | None = None
+
+    @model_validator(mode="after")
+    def _echo_only(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise Refusal("'max_tokens' must be at least 1 (0 only with 'echo': the prompt "
+                          "scored, nothing generated)", "max_tokens")
+        return self
+
+    @property
+    def echo_only(self) -> bool:
+        """``echo`` with ``max_tokens`` 0: one token is computed (the prompt's logprobs come
+        from its prefill), none is returned."""
+        return self.echo and self.max_tokens == 0
+
+    @property
+    def cap(self) -> int | None:
+        return 1 if self.echo_only else super().cap
 
     @field_validator("prompt", mode="before")
     @classmethod

@@ -38,7 +38,8 @@ def render_chat(state: ServerState, req: ChatTemplateOptions, messages: list[dic
         return state.door.tokenizer.apply_chat_template(
             messages, add_generation_prompt=req.add_generation_prompt, tools=tools,
             template=req.chat_template, kwargs=kwargs,
-            continue_final_message=req.continue_final_message)
+            continue_final_message=req.continue_final_message,
+            content=options.chat_template_content_format)
     except ReservedKwargs as exc:
         raise bad_request(str(exc), "chat_template_kwargs") from None
     except BadInput as exc:

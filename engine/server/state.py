@@ -151,9 +151,11 @@ class ServerState:
     def model_name(self) -> str:
         return self.door.served.model_name
 
-    def check_model(self, name: str) -> LoRARequest | None:
-        """None for the base model, else the adapter ``name`` names (``FrontDoor.model``);
-        404 naming it when neither."""
+    def check_model(self, name: str | None) -> LoRARequest | None:
+        """None for the base model (also when the request names none, as vLLM takes it),
+        else the adapter ``name`` names (``FrontDoor.model``); 404 naming it when neither."""
+        if name is None:
+            return None
         try:
             return self.door.model(name)
         except UnknownModel as exc:

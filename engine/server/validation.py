@@ -5,9 +5,11 @@ nothing), and a failed validation becomes the 400 naming the first field at faul
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.fields import FieldInfo
 
 from kvledger.engine.server.api_errors import ApiError, bad_request
 from kvledger.engine.server.limits import MAX_INT, MAX_N, shown
@@ -51,19 +53,25 @@ class Refusal(ValueError):
 
 
 def known_fields(data: Any, unsupported: dict[str, tuple[Any, ...]],
-                 declared: Any = ()) -> Any:
+                 declared: Mapping[str, FieldInfo] | None = None) -> Any:
     """A model's "before" validation: refuse the known-but-unsupported fields by name,
-    drop the ignored ones the model does not ``declare`` (chat's ``parallel_tool_calls``)."""
+    drop the ignored ones the model does not ``declare`` (chat's ``parallel_tool_calls``),
+    and read a ``null`` as unset where the field's default is not null (``"n": null`` is
+    1, ``"stream": null`` false, as vLLM's ``X | None`` fields read; clients send unset
+    fields as null)."""
     if not isinstance(data, dict):
         raise Refusal("the request body must be a JSON object")
-    if not (unsupported.keys() & data.keys() or IGNORED_FIELDS.keys() & data.keys()):
+    declared = declared or {}
+    nulls = [name for name, value in data.items() if value is None and name in declared
+             and declared[name].get_default(call_default_factory=True) is not None]
+    if not (unsupported.keys() & data.keys() or IGNORED_FIELDS.keys() & data.keys() or nulls):
         return data  # the common case: nothing to drop
-    data = dict(data)
+    data = {name: value for name, value in data.items() if name not in nulls}
     for name in unsupported.keys() & data.keys():
         value = data.pop(name)
         if not any(value == v and type(value) is type(v) for v in unsupported[name]):
             raise Refusal(f"'{name}' is not supported by this server", name)
-    for name in (IGNORED_FIELDS.keys() - set(declared)) & data.keys():
+    for name in (IGNORED_FIELDS.keys() - declared.keys()) & data.keys():
         value = data.pop(name)
         if value is not None and not isinstance(value, IGNORED_FIELDS[name]):
             raise Refusal(f"'{name}' must be a {_type_name(IGNORED_FIELDS[name])}", name)

@@ -45,6 +45,7 @@ from kvledger.engine.settings.serve_values import (
 )
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+CONTENT_FORMATS = ("auto", "string", "openai")  # model/chat_template.py's
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,12 @@ class ServeConfig:
         False, "--trust-request-chat-template", SWITCH, group=OPENAI_API,
         help="vLLM's: let a request's own chat_template render it (a template is code the "
              "server runs; default off: such a request is a 400)")
+    chat_template_content_format: str = setting(
+        "auto", "--chat-template-content-format", choice(CONTENT_FORMATS), group=OPENAI_API,
+        help="vLLM's: how the chat template gets a message's content: string (text parts "
+             "joined by newlines), openai (a list of {\"type\": \"text\", \"text\": ...} "
+             "parts), or auto (default: openai when the template loops over a message's "
+             "content, else string)")
     default_chat_template_kwargs: Mapping[str, Any] = setting(  # under a request's own
         None, "--default-chat-template-kwargs", JSON_OBJECT, group=OPENAI_API, factory=dict,
         help="vLLM's: variables every chat template render gets (e.g. "

@@ -52,6 +52,7 @@ DECLARED = {
     "enable_auto_tool_choice": ("--enable-auto-tool-choice", "tools.enableAutoToolChoice",
                                 False),
     "chat_template": ("--chat-template", None, None),
+    "chat_template_content_format": ("--chat-template-content-format", None, "auto"),
     "trust_request_chat_template": ("--trust-request-chat-template", None, False),
     "default_chat_template_kwargs": ("--default-chat-template-kwargs", None, {}),
     "allow_runtime_lora_updating": ("--allow-runtime-lora-updating",

@@ -92,7 +92,8 @@ async def test_streaming_completion_and_chat_end_with_usage_and_done(aiohttp_cli
      b'"content": "\\udfff"}]}', 400, "invalid_json"),
     ("/v1/completions", b'{"model": "MODEL", "prompt": "\\ud83e\\udd99", "max_tokens": 1}',
      200, None),
-    ("/v1/completions", b'{"prompt": "x"}', 400, "invalid_request"),
+    ("/v1/completions", b'{"model": "MODEL"}', 400, "invalid_request"),
+    ("/v1/completions", b'{"prompt": "x", "max_tokens": 1}', 200, None),  # no model: the base
     ("/v1/completions", b'{"model": "MODEL", "prompt": "x", "max_tokens": -4}', 400,
      "invalid_request"),
     ("/v1/completions", b'{"model": "MODEL", "prompt": "x", "max_tokens": 1.5}', 400,

@@ -40,14 +40,53 @@ def test_chat_prefers_max_completion_tokens_and_joins_text_parts():
                                    {"role": "user", "content": [{"type": "text", "text": "a"},
                                                                 {"type": "text", "text": "b"}]}]})
     assert req.cap == 4
+    # The parts reach the chat template as parts; its render joins them by newlines for a
+    # template that reads a string (model/chat_template.py).
     assert req.template_messages == [{"role": "system", "content": "be brief"},
-                                     {"role": "user", "content": "ab"}]
+                                     {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                  {"type": "text", "text": "b"}]}]
     assert parse_chat({"model": "m", "max_tokens": 9,
                        "messages": [{"role": "user", "content": "x"}]}).cap == 9
 
 
+def test_a_message_sent_back_as_the_sdk_dumps_it_is_taken():
+    """OpenAI's SDK's ``message.model_dump()`` of an answer, appended to the next request
+    (an agent's loop): its null fields and annotations change nothing; its reasoning
+    reaches the template as vLLM passes it; extra keys on a text part are dropped."""
+    answer = {"role": "assistant", "content": "hi", "refusal": None, "annotations": [],
+              "audio": None, "function_call": None, "tool_calls": None,
+              "reasoning_content": "thought"}
+    req = parse_chat({"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "a", "cache_control": {}}]},
+        answer, {"role": "user", "content": "again"}]})
+    assert req.template_messages[1] == {"role": "assistant", "content": "hi",
+                                        "reasoning": "thought", "reasoning_content": "thought"}
+    assert req.template_messages[0]["content"] == [{"type": "text", "text": "a"}]
+    tool = parse_chat({"model": "m", "messages": [
+        {"role": "tool", "tool_call_id": "c", "content": [{"type": "text", "text": "1"},
+                                                          {"type": "text", "text": "2"}]}]})
+    assert tool.template_messages[0]["content"] == "1\n2"  # a tool's parts: one string
+    for field, value in (("audio", {"id": "a"}), ("function_call", {"name": "f"})):
+        assert _refused(parse_chat, {"model": "m", "messages": [
+            {**answer, field: value}]}).param == f"messages[0].{field}"
+
+
+def test_unset_fields_may_be_sent_as_null():
+    """vLLM's fields are ``X | None``: a client that sends unset fields as null gets their
+    defaults (``n`` 1, ``stream`` false, ...); ``max_tokens`` null asks for the rest of the
+    context, where unset completions take 16."""
+    req = parse_chat({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": None,
+                      "logprobs": None, "stream": None, "parallel_tool_calls": None,
+                      "return_tokens_as_token_ids": None, "max_tokens": None})
+    assert (req.n, req.logprobs, req.stream, req.parallel_tool_calls, req.default_cap) == \
+        (1, False, False, True, None)
+    completion = parse_completion({"model": "m", "prompt": "x", "echo": None, "stream": None})
+    assert (completion.echo, completion.stream, completion.default_cap) == (False, False, 16)
+    assert parse_completion({"model": "m", "prompt": "x", "max_tokens": None}).default_cap is None
+    assert parse_completion({"prompt": "x"}).model is None  # the base model, as vLLM takes it
+
+
 @pytest.mark.parametrize("body, param", [
-    ({"prompt": "x"}, "model"),
     ({"model": 3, "prompt": "x"}, "model"),
     ({"model": "m"}, "prompt"),
     ({"model": "m", "prompt": ""}, "prompt"),
@@ -136,8 +175,24 @@ def test_new_sampling_fields():
     assert (req.n, req.presence_penalty, req.frequency_penalty, req.repetition_penalty) == \
         (3, -1.5, 2.0, 1.2)
     assert req.bias == {17: -100.0, 3: 5.5}
+    # vLLM's: stream_options given asks for the usage; continuous only with it.
     assert (req.logprobs_k(), req.prompt_logprobs_k(), req.continuous_usage) == (5, 5, True)
-    assert not req.include_usage
+    assert req.include_usage
+    off = {"model": "m", "prompt": "x", "stream": True,
+           "stream_options": {"include_usage": False, "continuous_usage_stats": True}}
+    assert not parse_completion(off).include_usage and not parse_completion(off).continuous_usage
+    nulls = parse_completion({**off, "stream_options": {"include_usage": None}})
+    assert nulls.include_usage and not nulls.continuous_usage
+
+
+def test_echo_alone_scores_the_prompt():
+    """``echo`` with ``max_tokens`` 0 (vLLM's): one token computed for the prompt's
+    logprobs, none returned; 0 without echo is a 400."""
+    req = parse_completion({"model": "m", "prompt": "x", "echo": True, "max_tokens": 0,
+                            "logprobs": 1})
+    assert (req.echo_only, req.cap, req.prompt_logprobs_k()) == (True, 1, 1)
+    assert _refused(parse_completion, {"model": "m", "prompt": "x", "max_tokens": 0}).param \
+        == "max_tokens"
 
 
 @pytest.mark.parametrize("extra, spec", [

@@ -39,7 +39,8 @@ def test_sigterm_drains_and_exits_zero(tiny_llama_dir):
         model = json.loads(ready.read())["model"]
         conn.close()
         stream_conn, stream = _request(port, "POST", "/v1/completions", {
-            "model": model, "prompt": "Once", "stream": True, "ignore_eos": True})
+            "model": model, "prompt": "Once", "stream": True, "ignore_eos": True,
+            "max_tokens": None})  # the rest of the context
         assert stream.status == 200
         first = stream.readline()
         assert first.startswith(b"data: ")

@@ -73,6 +73,7 @@ class ToolPlan:
     grammar: str | None
     max_calls: int | None
     kept_ids: frozenset[int] = frozenset()
+    named: bool = False  # the request named the function (its answer finishes "stop")
 
     def scanner(self) -> CallScanner | None:
         return None if self.parser is None else CallScanner(self.parser, self.max_calls)
@@ -123,7 +124,7 @@ def tool_plan(tools: list[Tool] | None, choice, parallel: bool, *, auto_enabled:
     parser = parser or template_parser(chat_template)
     fmt = MISTRAL_V11 if parser == "mistral" and ARGS in specials else FORMATS[parser]
     return ToolPlan(parser, calls_grammar(fmt, tools, parallel, specials), max_calls,
-                    _kept(parser, specials))
+                    _kept(parser, specials), named=isinstance(choice, NamedToolChoice))
 
 
 def _kept(parser: str, specials: dict[str, int]) -> frozenset[int]:

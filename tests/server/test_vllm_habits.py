@@ -1,0 +1,173 @@
+"""What a client written against vLLM's server expects of the answers, over HTTP (a sweep
+of vLLM 0.32's protocol and serving code found each of these different here): a
+completion's default cap, ``echo`` alone, the stopping token out of the text, usage with
+``stream_options``, streamed ``text_offset``, text parts and templates that read them.
+After each, every reserved block is back."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from _server_helpers import make_llm, model_name, start_app
+
+from kvledger.engine.server.state import STATE
+
+# A template that loops over a message's content (as multimodal models' templates do):
+# vLLM's "auto" hands it a list of parts.
+PARTS_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n"
+                  "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+                  "{% for part in m['content'] %}[{{ part['text'] }}]{% endfor %}{% endif %}"
+                  "<|end|>\n{% endfor %}<|assistant|>\n")
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama_dir):
+    return make_llm(tiny_llama_dir, max_num_seqs=8, num_gpu_blocks_override=64)
+
+
+@pytest.fixture
+async def client(aiohttp_client, llm):
+    client = await start_app(aiohttp_client, llm, trust_request_chat_template=True)
+    yield client
+    ledger = llm.ledger
+    assert ledger.reserved_blocks == 0 and ledger.used_blocks == 0
+
+
+async def _post(client, path: str, body: dict) -> dict:
+    response = await client.post(path, json={"model": model_name(client), **body})
+    answer = await response.json()
+    assert response.status == 200, answer
+    return answer
+
+
+async def _events(client, path: str, body: dict) -> list[dict]:
+    response = await client.post(path, json={"model": model_name(client), "stream": True,
+                                             **body})
+    assert response.status == 200
+    text = (await response.read()).decode()
+    return [json.loads(line[6:]) for line in text.splitlines()
+            if line.startswith("data: {")]
+
+
+async def test_a_completion_without_max_tokens_stops_at_16_as_vllms(client):
+    answer = await _post(client, "/v1/completions", {"prompt": "Once", "ignore_eos": True})
+    assert answer["usage"]["completion_tokens"] == 16
+    assert answer["choices"][0]["finish_reason"] == "length"
+    # null asks for the rest of the context (256 - the prompt's tokens).
+    whole = await _post(client, "/v1/completions", {"prompt": [5, 6], "ignore_eos": True,
+                                                    "max_tokens": None})
+    assert whole["usage"]["completion_tokens"] == 254
+    # A prompt that leaves fewer than 16 tokens gets what is left, not a 400.
+    short = await _post(client, "/v1/completions", {"prompt": [5] * 250, "ignore_eos": True})
+    assert short["usage"]["completion_tokens"] == 6
+    # A chat's unset cap is the rest of the context, as vLLM's.
+    chat = await _post(client, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}], "ignore_eos": True})
+    assert chat["usage"]["completion_tokens"] == 256 - chat["usage"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_echo_with_max_tokens_0_scores_the_prompt_alone(client, stream):
+    body = {"prompt": "Once upon a time", "echo": True, "max_tokens": 0, "logprobs": 1}
+    if stream:
+        events = await _events(client, "/v1/completions",
+                               {**body, "stream_options": {"include_usage": True}})
+        text = "".join(e["choices"][0]["text"] for e in events if e["choices"])
+        tokens = [t for e in events if e["choices"] and e["choices"][0]["logprobs"]
+                  for t in e["choices"][0]["logprobs"]["tokens"]]
+        usage = events[-1]["usage"]
+    else:
+        answer = await _post(client, "/v1/completions", body)
+        text, usage = answer["choices"][0]["text"], answer["usage"]
+        tokens = answer["choices"][0]["logprobs"]["tokens"]
+    assert text == "Once upon a time"
+    assert len(tokens) == usage["prompt_tokens"]  # the prompt's tokens, no generated one
+    assert usage["completion_tokens"] == 0
+
+
+async def test_the_token_that_stops_a_request_is_not_in_its_text(client, llm):
+    tokenizer = llm.tokenizer
+    eos = tokenizer.special_token_id("</s>")
+    free = await _post(client, "/v1/completions", {"prompt": "Once", "max_tokens": 8,
+                                                   "temperature": 0, "ignore_eos": True,
+                                                   "logprobs": 0})
+    ids = [int(t.split(":")[1]) for t in (await _post(client, "/v1/completions", {
+        "prompt": "Once", "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+        "logprobs": 0, "return_tokens_as_token_ids": True}))["choices"][0]["logprobs"]["tokens"]]
+    stop_at = ids[3]
+    before = tokenizer.decode(ids[:ids.index(stop_at)])
+    for stream in (False, True):
+        body = {"prompt": "Once", "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+                "stop_token_ids": [stop_at]}
+        for keep in (False, True):
+            asked = {**body, "include_stop_str_in_output": keep}
+            if stream:
+                text = "".join(e["choices"][0]["text"] for e in
+                               await _events(client, "/v1/completions", asked) if e["choices"])
+            else:
+                text = (await _post(client, "/v1/completions", asked))["choices"][0]["text"]
+            stopped = tokenizer.decode(ids[:ids.index(stop_at) + 1])
+            assert text == (stopped if keep else before), (stream, keep)
+    assert free["choices"][0]["text"].startswith(before)
+    # EOS kept as text (skip_special_tokens false) is not in the text when it stops it.
+    forced = await _post(client, "/v1/completions", {
+        "prompt": "Once", "max_tokens": 4, "logit_bias": {str(eos): 100},
+        "skip_special_tokens": False})
+    assert forced["choices"][0]["finish_reason"] == "stop"
+    assert "</s>" not in forced["choices"][0]["text"]
+
+
+async def test_stream_options_as_vllm_reads_them(client):
+    base = {"prompt": "Once", "max_tokens": 3, "ignore_eos": True}
+    usage_events = [e for e in await _events(client, "/v1/completions",
+                                             {**base, "stream_options": {}}) if "usage" in e]
+    assert len(usage_events) == 1 and usage_events[0]["usage"]["completion_tokens"] == 3
+    none = await _events(client, "/v1/completions", base)
+    assert not any("usage" in e for e in none)
+    off = await _events(client, "/v1/completions", {**base, "stream_options": {
+        "include_usage": False, "continuous_usage_stats": True}})
+    assert not any("usage" in e for e in off)
+    every = await _events(client, "/v1/completions", {**base, "stream_options": {
+        "continuous_usage_stats": True}})
+    assert all("usage" in e for e in every)
+
+
+async def test_streamed_text_offsets_are_the_whole_answers(client):
+    body = {"prompt": "Once upon", "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+            "logprobs": 1, "echo": True}
+    whole = (await _post(client, "/v1/completions", body))["choices"][0]["logprobs"]
+    offsets = [o for e in await _events(client, "/v1/completions", body)
+               if e["choices"] and e["choices"][0]["logprobs"]
+               for o in e["choices"][0]["logprobs"]["text_offset"]]
+    assert offsets == whole["text_offset"] and offsets == sorted(offsets) and offsets[-1] > 0
+
+
+async def test_text_parts_join_by_newlines_or_reach_a_template_that_loops_over_them(
+        client, llm):
+    parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]
+    messages = [{"role": "user", "content": parts}]
+    tokenizer = llm.tokenizer
+
+    async def prompt_ids(**extra) -> list[int]:
+        response = await client.post("/tokenize", json={"model": model_name(client),
+                                                        "messages": messages, **extra})
+        assert response.status == 200
+        return (await response.json())["tokens"]
+
+    joined = tokenizer.decode(await prompt_ids(), skip_special_tokens=False)
+    assert "Hello\nworld" in joined
+    looped = tokenizer.decode(await prompt_ids(chat_template=PARTS_TEMPLATE),
+                              skip_special_tokens=False)
+    assert "[Hello][world]" in looped
+    # A string's content reaches such a template as one part; "string" forces the join.
+    state = client.app[STATE]
+    options = state.options
+    try:
+        state.options = dataclasses.replace(options, chat_template_content_format="string")
+        forced = tokenizer.decode(await prompt_ids(chat_template=PARTS_TEMPLATE),
+                                  skip_special_tokens=False)
+    finally:
+        state.options = options
+    assert "Hello\nworld" in forced and "[Hello]" not in forced
