@@ -250,8 +250,10 @@ class LLMEngine:
         reason = None
         # vLLM's rule: before min_tokens, no stop token or string ends the request.
         checks_stops = len(seq.output_token_ids) >= params.min_tokens
-        stop_token = checks_stops and (token_id in params.stop_token_set or (
-            not params.ignore_eos and token_id in self.tokenizer.eos_token_ids))
+        eos = not params.ignore_eos and token_id in self.tokenizer.eos_token_ids
+        stop_token = checks_stops and (eos or token_id in params.stop_token_set)
+        if stop_token and not eos:
+            seq.stop_reason = token_id  # vLLM's: a stop token id is named, EOS is not
         # vLLM's: the token that stops a request is not detokenized into its text.
         keep = not stop_token or params.include_stop_str_in_output
         new_text = seq.detokenizer.add(token_id) if keep else ""

@@ -14,6 +14,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None
     logprobs: list[TokenLogprobs] | None = None
+    stop_reason: str | int | None = None
 
 
 @dataclass
@@ -29,7 +30,9 @@ class RequestOutput:
     ``logprobs``: one entry per token of ``token_ids``, when the request asked
     (``SamplingParams.logprobs``); ``prompt_logprobs``: one per prompt token (the first
     None: nothing predicts it), once the whole prompt is computed, when it asked.
-    ``outputs[0]`` repeats the same fields as vLLM's ``CompletionOutput``.
+    ``stop_reason``: the stop string or stop token id that finished it, as vLLM's (None
+    for EOS and the other reasons). ``outputs[0]`` repeats the same fields as vLLM's
+    ``CompletionOutput``.
     """
 
     request_id: str
@@ -43,10 +46,12 @@ class RequestOutput:
     error: str | None = field(default=None)
     logprobs: list[TokenLogprobs] | None = field(default=None)
     prompt_logprobs: list[TokenLogprobs | None] | None = field(default=None)
+    stop_reason: str | int | None = field(default=None)  # vLLM's: the stop string or token id
 
     @property
     def outputs(self) -> list[CompletionOutput]:
-        return [CompletionOutput(0, self.text, self.token_ids, self.finish_reason, self.logprobs)]
+        return [CompletionOutput(0, self.text, self.token_ids, self.finish_reason, self.logprobs,
+                                 self.stop_reason)]
 
 
 def request_output(seq, new_token_ids: list[int]) -> RequestOutput:
@@ -58,7 +63,8 @@ def request_output(seq, new_token_ids: list[int]) -> RequestOutput:
         # shows characters that a later cut removes.
         text = text[:max(0, len(text) - seq.params.longest_stop + 1)]
     output = RequestOutput(seq.request_id, seq.prompt_token_ids, list(seq.output_token_ids),
-                           new_token_ids, text, seq.is_finished, seq.finish_reason)
+                           new_token_ids, text, seq.is_finished, seq.finish_reason,
+                           stop_reason=seq.stop_reason)
     if seq.logprobs is not None:
         output.logprobs = list(seq.logprobs)
     if seq.prompt_logprobs is not None and seq.prompt_computed:

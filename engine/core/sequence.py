@@ -44,6 +44,8 @@ class Sequence:
         self.num_computed_tokens = 0 if reservation is None else reservation.num_cached_tokens
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
+        # vLLM's: the stop string or stop token id that ended it (None: EOS, or another reason)
+        self.stop_reason: str | int | None = None
         self.text = ""  # the output text so far, stop strings cut off
         self.logprobs: list[TokenLogprobs] | None = None if params.logprobs is None else []
         self.prompt_logprobs: list[TokenLogprobs | None] | None = (
@@ -104,9 +106,10 @@ class Sequence:
         costs the same however long the text has grown."""
         params = self.params
         start = max(0, len(self.text) - new_chars - params.longest_stop + 1)
-        hits = [(i, len(s)) for s in params.stop_strings if (i := self.text.find(s, start)) >= 0]
+        hits = [(i, len(s), s) for s in params.stop_strings
+                if (i := self.text.find(s, start)) >= 0]
         if not hits:
             return False
-        at, length = min(hits)
+        at, length, self.stop_reason = min(hits)
         self.text = self.text[:at + length if params.include_stop_str_in_output else at]
         return True

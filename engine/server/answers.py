@@ -107,7 +107,8 @@ def _chat_choice(state: ServerState, p: Prepared, index: int, final) -> dict[str
         if scanner.calls:
             message["tool_calls"] = [call.as_openai() for call in scanner.calls]
     return {"index": index, "message": message, "logprobs": logprobs,
-            "finish_reason": _finish_reason(final.finish_reason, scanner, p.tools)}
+            "finish_reason": _finish_reason(final.finish_reason, scanner, p.tools),
+            "stop_reason": final.stop_reason}
 
 
 def _finish_reason(reason: str | None, scanner: CallScanner | None,
@@ -124,7 +125,7 @@ def _completion_choice(state: ServerState, p: Prepared, index: int, final) -> di
     text = "" if p.req.echo_only else final.text
     return {"index": index, "text": (p.echo(index) or "") + text,
             "logprobs": _completion_logprobs(state, p, index, final, 0, 0)[0],
-            "finish_reason": final.finish_reason}
+            "finish_reason": final.finish_reason, "stop_reason": final.stop_reason}
 
 
 def _completion_logprobs(state: ServerState, p: Prepared, index: int, output, sent: int,
@@ -187,7 +188,8 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
         return _sse(payload)
 
     def chunk(index: int, delta: str | None, finish_reason: str | None,
-              logprobs: Any = None, role: bool = False, call: dict | None = None) -> bytes:
+              logprobs: Any = None, role: bool = False, call: dict | None = None,
+              stop_reason: str | int | None = None) -> bytes:
         if chat:
             content: dict[str, Any] = {"role": "assistant"} if role else {}
             if delta is not None:
@@ -195,10 +197,10 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
             if call is not None:
                 content["tool_calls"] = [call]
             choice = {"index": index, "delta": content, "logprobs": logprobs,
-                      "finish_reason": finish_reason}
+                      "finish_reason": finish_reason, "stop_reason": stop_reason}
         else:
             choice = {"index": index, "text": delta or "", "logprobs": logprobs,
-                      "finish_reason": finish_reason}
+                      "finish_reason": finish_reason, "stop_reason": stop_reason}
         return event([choice], usage=req.continuous_usage)
 
     try:
@@ -247,7 +249,8 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
                     await response.write(chunk(index, "", None, logprobs))
             if output.finished:
                 reason = _finish_reason(output.finish_reason, choice.scanner, p.tools)
-                await response.write(chunk(index, None if chat else "", reason))
+                await response.write(chunk(index, None if chat else "", reason,
+                                           stop_reason=output.stop_reason))
         if req.include_usage:
             await response.write(event([], usage=True))
         await response.write(b"data: [DONE]\n\n")

@@ -26,7 +26,7 @@ from kvledger.engine.frontend.generation import Generation
 from kvledger.engine.frontend.submission import Submission, Tenant
 from kvledger.engine.server import answers
 from kvledger.engine.server.api_errors import ApiError, admission_error, bad_request, engine_error
-from kvledger.engine.server.limits import decode_json
+from kvledger.engine.server.limits import MAX_CLIENT_ID_CHARS, decode_json
 from kvledger.engine.server.protocol import (
     GenerationRequest,
     parse_chat,
@@ -64,6 +64,7 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     state = request.app[STATE]
     door = state.check_accepting()
     timeline = state.metrics.timeline(arrived)
+    client_id = _client_request_id(request)
     raw = await read_body(request)
     req = await state.off_loop(len(raw), _parse, parse, raw)
     lora = state.check_model(req.model)  # a LoRA adapter's request, or None: the base model
@@ -83,7 +84,8 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
                      add_special_tokens=req.kind != "chat", body_bytes=len(raw),
                      published_salt=req.cache_salt, default_cap=req.default_cap)
     generation = await _submit(state, door, sub, req, tools)
-    p = answers.Prepared(req, sub.request_id, generation, timeline, int(time.time()), tools,
+    answer_id = sub.request_id if client_id is None else f"{id_prefix}-{client_id}"
+    p = answers.Prepared(req, answer_id, generation, timeline, int(time.time()), tools,
                          [_echo(door, req, prompt, run.prompt_ids)
                           for prompt, run in zip(prompts, generation.runs, strict=True)])
     try:
@@ -116,6 +118,21 @@ def busy(state: ServerState, tenant: Tenant, exc: KVCacheFull) -> ApiError:
     """The 429 of a refusal (``admission_error``), counted for ``tenant`` too."""
     state.metrics.count_tenant_rejection(tenant.label, exc.reason)
     return admission_error(exc)
+
+
+def _client_request_id(request: web.Request) -> str | None:
+    """The client's ``X-Request-Id``, which names the answer (``cmpl-ID``), as vLLM's does;
+    None without one. The engine keys the request by an id of its own all the same, so two
+    clients sending one id never meet. A 400 for one that is not 1-256 visible ASCII
+    characters."""
+    value = request.headers.get("X-Request-Id")
+    if value is None:
+        return None
+    if not (0 < len(value) <= MAX_CLIENT_ID_CHARS and value.isascii() and value.isprintable()
+            and " " not in value):
+        raise ApiError(400, f"X-Request-Id must be 1-{MAX_CLIENT_ID_CHARS} visible ASCII "
+                            "characters", code="invalid_request", reason="bad_request")
+    return value
 
 
 def _client_salt(request: web.Request, state: ServerState, req: GenerationRequest) -> str | None:

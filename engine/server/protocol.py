@@ -183,14 +183,15 @@ class _Request(Strict):
             return self.max_completion_tokens
         return self.max_tokens
 
+    unset_cap: ClassVar[int | None] = None  # a request's cap when it names none (None: the door's)
+
     @property
     def default_cap(self) -> int | None:
-        """The cap of a request that names none: None (the rest of the context, as the
-        door rules); completions' ``UNSET_CAP``."""
+        """The cap of a request that names none, neither set nor sent as null:
+        ``unset_cap`` (completions' 16), else None (the rest of the context, as the door
+        rules)."""
         named = {"max_tokens", "max_completion_tokens"} & self.model_fields_set
         return None if named else self.unset_cap
-
-    unset_cap: ClassVar[int | None] = None
 
     @property
     def echo_only(self) -> bool:

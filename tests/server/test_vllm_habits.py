@@ -171,3 +171,61 @@ async def test_text_parts_join_by_newlines_or_reach_a_template_that_loops_over_t
     finally:
         state.options = options
     assert "Hello\nworld" in forced and "[Hello]" not in forced
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_stop_reason_names_the_stop_string_or_token_as_vllms(client, path):
+    """vLLM's ``stop_reason``: the stop string or stop token id that ended a choice; null
+    for EOS, the cap and the rest; on the streamed choices too."""
+    ask = ({"prompt": "Once"} if path == "/v1/completions" else
+           {"messages": [{"role": "user", "content": "Once"}]})
+    base = {**ask, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+            "return_tokens_as_token_ids": True}
+    free = await _post(client, path, {**base, "logprobs": 0} if "prompt" in ask else
+                       {**base, "logprobs": True})
+    choice = free["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["stop_reason"] is None
+    if "prompt" in ask:
+        ids = [int(t.split(":")[1]) for t in choice["logprobs"]["tokens"]]
+        text = choice["text"]
+    else:
+        ids = [int(e["token"].split(":")[1]) for e in choice["logprobs"]["content"]]
+        text = choice["message"]["content"]
+    word = text[2:4]
+    cases = [({"stop_token_ids": [ids[5]]}, ids[5]), ({"stop": [word]}, word)]
+    for extra, reason in cases:
+        answer = (await _post(client, path, {**base, **extra}))["choices"][0]
+        assert (answer["finish_reason"], answer["stop_reason"]) == ("stop", reason)
+        events = await _events(client, path, {**base, **extra})
+        last = [e["choices"][0] for e in events if e["choices"]][-1]
+        assert (last["finish_reason"], last["stop_reason"]) == ("stop", reason)
+
+
+async def test_x_request_id_names_the_answer_and_two_clients_never_meet(client):
+    """vLLM's: the answer's id is ``cmpl-`` + the client's X-Request-Id. The engine keys
+    requests by its own ids: two requests sent at once under one id both run whole."""
+    import asyncio
+
+    body = {"model": model_name(client), "prompt": "Once", "max_tokens": 24,
+            "ignore_eos": True}
+    headers = {"X-Request-Id": "trace-0af7651916cd43dd"}
+
+    async def ask(stream: bool) -> tuple[str, int]:
+        response = await client.post("/v1/completions", json={**body, "stream": stream},
+                                     headers=headers)
+        assert response.status == 200
+        if not stream:
+            answer = await response.json()
+            return answer["id"], answer["usage"]["completion_tokens"]
+        events = [json.loads(line[6:]) for line in (await response.read()).decode().splitlines()
+                  if line.startswith("data: {")]
+        return events[0]["id"], sum(1 for e in events if e["choices"] and e["choices"][0]["text"])
+
+    answers = await asyncio.gather(ask(False), ask(False), ask(True))
+    assert {answer_id for answer_id, _ in answers} == {"cmpl-trace-0af7651916cd43dd"}
+    assert [n for _, n in answers[:2]] == [24, 24] and answers[2][1] > 0
+    for bad in ("a b", "x" * 257, "é"):
+        response = await client.post("/v1/completions", json=body,
+                                     headers={"X-Request-Id": bad})
+        assert response.status == 400
+        assert "X-Request-Id" in (await response.json())["error"]["message"]
