@@ -482,3 +482,19 @@ def test_load_memory_samples_the_read_phase_against_the_plan(tmp_path):
     assert report["resident_weights_bytes"] == report["plan_weights_bytes"]
     assert report["anon_peak_bytes"] >= report["anon_settled_bytes"] > 0
     assert 0 < report["anon_peak_over_plan_but_kv"] <= 1
+
+
+def test_cpu_memory_check_holds_the_process_to_its_plan(tmp_path):
+    """bench/cpu_memory_check.py on tiny-llama: every sequence to the full context in a
+    process of its own, its anonymous memory's peak (runtime included) within the plan's
+    required bytes, the JSON written."""
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "cpu_memory_check.py"),
+                             "--model", "tiny-llama", "--max-model-len", "256",
+                             "--max-num-seqs", "4", "--json", str(tmp_path / "report.json")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["within_plan"] and not report["short_requests"]
+    assert report["runtime_anon_bytes"] < report["loaded_anon_bytes"] \
+        <= report["peak_anon_bytes"] <= report["required_bytes"]
+    assert report["steps"] > 0 and report["num_blocks"] >= 4 * 256 // 16
