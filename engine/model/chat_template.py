@@ -135,10 +135,13 @@ def content_format(source: str) -> str:
 
 def _content(content: Any, openai: bool) -> Any:
     """A message's content as the template reads it: text parts joined by newlines (as
-    vLLM joins them), or every content a list of text parts."""
+    vLLM joins them), or every content a list of text parts. Anything else (an offline
+    caller's own shapes) reaches the template as given."""
     if openai:
         return [{"type": "text", "text": content}] if isinstance(content, str) else content
-    if isinstance(content, list):
+    if isinstance(content, list) and all(
+            isinstance(part, dict) and part.get("type") == "text"
+            and isinstance(part.get("text"), str) for part in content):
         return "\n".join(part["text"] for part in content)
     return content
 

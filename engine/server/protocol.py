@@ -52,6 +52,7 @@ from kvledger.engine.server.validation import (
     Strict,
     known_fields,
     prompt_batch,
+    unset_nulls,
     validate,
 )
 
@@ -72,7 +73,7 @@ class StreamOptions(Strict):
     @model_validator(mode="before")
     @classmethod
     def _nulls(cls, data: Any) -> Any:
-        return known_fields(data, {}, cls.model_fields)
+        return unset_nulls(data, cls.model_fields)
 
 
 class _Request(Strict):

@@ -62,11 +62,10 @@ def known_fields(data: Any, unsupported: dict[str, tuple[Any, ...]],
     if not isinstance(data, dict):
         raise Refusal("the request body must be a JSON object")
     declared = declared or {}
-    nulls = [name for name, value in data.items() if value is None and name in declared
-             and declared[name].get_default(call_default_factory=True) is not None]
-    if not (unsupported.keys() & data.keys() or IGNORED_FIELDS.keys() & data.keys() or nulls):
+    data = unset_nulls(data, declared)
+    if not (unsupported.keys() & data.keys() or IGNORED_FIELDS.keys() & data.keys()):
         return data  # the common case: nothing to drop
-    data = {name: value for name, value in data.items() if name not in nulls}
+    data = dict(data)
     for name in unsupported.keys() & data.keys():
         value = data.pop(name)
         if not any(value == v and type(value) is type(v) for v in unsupported[name]):
@@ -76,6 +75,16 @@ def known_fields(data: Any, unsupported: dict[str, tuple[Any, ...]],
         if value is not None and not isinstance(value, IGNORED_FIELDS[name]):
             raise Refusal(f"'{name}' must be a {_type_name(IGNORED_FIELDS[name])}", name)
     return data
+
+
+def unset_nulls(data: Any, declared: Mapping[str, FieldInfo]) -> Any:
+    """``data`` without the ``null``s of fields whose default is not null: unset, they take
+    it, as vLLM's ``X | None`` fields read a null."""
+    if not isinstance(data, dict):
+        return data  # the model says what it wanted
+    nulls = [name for name, value in data.items() if value is None and name in declared
+             and declared[name].get_default(call_default_factory=True) is not None]
+    return {k: v for k, v in data.items() if k not in nulls} if nulls else data
 
 
 def validate(model: type[BaseModel], body: Any) -> Any:

@@ -176,3 +176,29 @@ def test_plan_takes_the_servers_chat_template_flags_as_no_ops(tiny_llama_dir, ca
                      "--chat-template", "x.jinja", "--trust-request-chat-template",
                      "--default-chat-template-kwargs", "{}"])
     assert code == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("template, expected", [
+    ("{% for m in messages %}{{ m['content'] }}{% endfor %}", "string"),
+    ("{% for m in messages %}{% for p in m['content'] %}{{ p['text'] }}{% endfor %}"
+     "{% endfor %}", "openai"),
+    ("{% for m in messages %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endfor %}",
+     "openai"),
+    # Llama 3.2 Vision's and Qwen2-VL's shape: a string, else its parts
+    ("{% for m in messages %}{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+     "{% for c in m['content'] | selectattr('type', 'equalto', 'text') %}{{ c['text'] }}"
+     "{% endfor %}{% endif %}{% endfor %}", "openai"),
+    ("{% for m in messages %}{% for line in m['content'].split('\\n') %}{{ line }}"
+     "{% endfor %}{% endfor %}", "string"),
+    ("{% for m in messages %", "string"),  # not jinja2: compiled() refuses it
+])
+def test_the_content_format_auto_detects_is_vllms(template, expected):
+    assert chat_template.content_format(template) == expected
+
+
+def test_an_offline_callers_own_parts_reach_the_template_as_given():
+    template = "{% for m in messages %}{{ m['content'] | length }}{% endfor %}"
+    parts = [{"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "a"}]
+    assert chat_template.render(template, [{"role": "user", "content": parts}],
+                                add_generation_prompt=False, tools=None, bos_token="",
+                                eos_token="") == "2"
