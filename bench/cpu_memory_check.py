@@ -29,35 +29,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLE_S = 0.002
 
 
 def _child(args: argparse.Namespace) -> dict:
     """Runs in the measured process: the phases' anonymous and mapped memory."""
     import random
     import tempfile
-    import threading
     import time
 
-    def status() -> tuple[int, int]:
-        fields = {}
-        with open("/proc/self/status") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key in ("RssAnon", "RssFile"):
-                    fields[key] = int(value.split()[0]) * 1024
-        return fields["RssAnon"], fields["RssFile"]
-
-    peak = {"anon": 0, "file": 0}
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            anon, mapped = status()
-            peak["anon"], peak["file"] = max(peak["anon"], anon), max(peak["file"], mapped)
-            time.sleep(SAMPLE_S)
-
+    sys.path.insert(0, str(ROOT / "bench"))
     import torch  # noqa: F401 - the runtime counts from here
+    from load_memory import PeakSampler, status_kib
 
     from kvledger.engine.core.engine import LLMEngine
     from kvledger.engine.model.builtin import write_model
@@ -66,15 +48,14 @@ def _child(args: argparse.Namespace) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(write_model(args.model, Path(tmp) / args.model))
-        runtime_anon, _ = status()
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
+        runtime_anon = status_kib()["RssAnon"] << 10
+        sampler = PeakSampler().start()
         config = EngineConfig(model=model_dir, device="cpu", dtype=args.dtype,
                               max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                               max_num_batched_tokens=args.max_num_batched_tokens)
         engine = LLMEngine.from_config(config)
-        loaded_anon, loaded_file = status()
-        start_peak = dict(peak)
+        loaded = status_kib()
+        start_peak_anon = sampler.peak["RssAnon"] << 10
         plan = engine.plan
         rng = random.Random(0)
         vocab = engine.runner.config.vocab_size
@@ -91,14 +72,15 @@ def _child(args: argparse.Namespace) -> dict:
                     short.append(f"{out.request_id}: {out.finish_reason}")
             steps += 1
         elapsed = time.monotonic() - began
-        stop.set()
-        sampler.join()
+        sampler.stop()
+        peak = {"anon": sampler.peak["RssAnon"] << 10, "file": sampler.peak["RssFile"] << 10}
         return {"model": args.model, "dtype": plan.model_dtype, "max_model_len": context,
                 "max_num_seqs": seqs, "max_num_batched_tokens": plan.max_num_batched_tokens,
                 "num_blocks": plan.kv.num_blocks, "classes": plan.classes,
                 "required_bytes": plan.required_bytes, "runtime_anon_bytes": runtime_anon,
-                "loaded_anon_bytes": loaded_anon, "loaded_file_bytes": loaded_file,
-                "start_peak_anon_bytes": start_peak["anon"],
+                "loaded_anon_bytes": loaded["RssAnon"] << 10,
+                "loaded_file_bytes": loaded["RssFile"] << 10,
+                "start_peak_anon_bytes": start_peak_anon,
                 "peak_anon_bytes": peak["anon"], "peak_file_bytes": peak["file"],
                 "steps": steps, "workload_s": round(elapsed, 1), "short_requests": short}
 

@@ -39,7 +39,8 @@ from cold_start import write_big  # noqa: E402
 SAMPLE_S = 0.002
 
 
-def _status_kib() -> dict[str, int]:
+def status_kib() -> dict[str, int]:
+    """This process's ``RssAnon`` and ``RssFile`` now, in KiB."""
     out = {}
     with open("/proc/self/status") as status:
         for line in status:
@@ -47,6 +48,37 @@ def _status_kib() -> dict[str, int]:
             if key in ("RssAnon", "RssFile"):
                 out[key] = int(value.split()[0])
     return out
+
+
+class PeakSampler:
+    """``status_kib``'s peaks, read every ``SAMPLE_S`` by a thread of its own from
+    ``start`` to ``stop`` (the last moment counted too)."""
+
+    def __init__(self) -> None:
+        self.peak = status_kib()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._done.is_set():
+            self._take()
+            time.sleep(SAMPLE_S)
+
+    def _take(self) -> dict[str, int]:
+        now = status_kib()
+        for key, value in now.items():
+            self.peak[key] = max(self.peak[key], value)
+        return now
+
+    def start(self) -> PeakSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, int]:
+        """The figures at the stop; ``peak`` then holds the run's peaks."""
+        self._done.set()
+        self._thread.join()
+        return self._take()
 
 
 def child(model_dir: Path) -> dict:
@@ -64,29 +96,16 @@ def child(model_dir: Path) -> dict:
     config = EngineConfig(model=str(model_dir), device="cpu", max_model_len=512)
     plan = make_plan(config)
     model_config = ModelConfig.from_dir(model_dir)
-    before = _status_kib()
-    peak = dict(before)
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            for key, value in _status_kib().items():
-                peak[key] = max(peak[key], value)
-            time.sleep(SAMPLE_S)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    before = status_kib()
+    sampler = PeakSampler().start()
     started = time.perf_counter()
     weights = Weights(model_dir, model_config, TORCH_DTYPES[plan.model_dtype],
                       torch.device("cpu"))
     runner = ModelRunner(weights.load(), torch.device("cpu"), plan.max_model_len,
                          plan.kv.block_size)
     seconds = time.perf_counter() - started
-    done.set()
-    sampler.join()
-    after = _status_kib()
-    for key, value in after.items():  # the last moment counts too
-        peak[key] = max(peak[key], value)
+    after = sampler.stop()
+    peak = sampler.peak
     return {"plan_weights_bytes": plan.classes["weights"],
             "plan_required_bytes": plan.required_bytes,
             "plan_kv_cache_bytes": plan.classes["kv_cache"],
