@@ -81,7 +81,7 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
                      sampling_params(req, door.sampling_defaults, tools.kept_ids),
                      req.n, spec, lora, tenant, req.priority, _client_salt(request, state, req),
                      objective_priority=state.objective(request, tenant),
-                     add_special_tokens=req.kind != "chat", body_bytes=len(raw),
+                     add_special_tokens=req.special_tokens_added, body_bytes=len(raw),
                      published_salt=req.cache_salt, default_cap=req.default_cap)
     generation = await _submit(state, door, sub, req, tools)
     answer_id = sub.request_id if client_id is None else f"{id_prefix}-{client_id}"

@@ -119,6 +119,9 @@ class _Request(Strict):
     priority: Annotated[int, Field(ge=-MAX_INT - 1, le=MAX_INT)] | None = None
     # vLLM's: requests with different salts never share prefix-cache blocks
     cache_salt: Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS)] | None = None
+    # vLLM's: the prompt tokenized with the tokenizer's special tokens (BOS); None: a
+    # completion's true, a chat's false (its template writes its own)
+    add_special_tokens: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -198,6 +201,13 @@ class _Request(Strict):
     def echo_only(self) -> bool:
         """The prompt echoed, nothing generated returned (completions' ``echo``)."""
         return False
+
+    @property
+    def special_tokens_added(self) -> bool:
+        """Whether the prompt's text is tokenized with the tokenizer's special tokens."""
+        if self.add_special_tokens is not None:
+            return self.add_special_tokens
+        return self.kind != "chat"
 
     @property
     def include_usage(self) -> bool:

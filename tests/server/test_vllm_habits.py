@@ -229,3 +229,20 @@ async def test_x_request_id_names_the_answer_and_two_clients_never_meet(client):
                                      headers={"X-Request-Id": bad})
         assert response.status == 400
         assert "X-Request-Id" in (await response.json())["error"]["message"]
+
+
+async def test_add_special_tokens_as_vllm_reads_it(client, llm):
+    """vLLM's field: a completion's prompt gets the tokenizer's BOS unless it is false; a
+    chat's rendered template gets none unless it is true."""
+    bos = llm.tokenizer.bos_token
+
+    async def prompt_tokens(path: str, body: dict) -> int:
+        return (await _post(client, path, {**body, "max_tokens": 1}))["usage"]["prompt_tokens"]
+
+    plain = await prompt_tokens("/v1/completions", {"prompt": "Once"})
+    bare = await prompt_tokens("/v1/completions", {"prompt": "Once", "add_special_tokens": False})
+    assert bos and plain == bare + 1
+    ask = {"messages": [{"role": "user", "content": "hi"}]}
+    chat = await prompt_tokens("/v1/chat/completions", ask)
+    doubled = await prompt_tokens("/v1/chat/completions", {**ask, "add_special_tokens": True})
+    assert doubled == chat + 1  # the template's BOS, then the tokenizer's
