@@ -15,6 +15,7 @@ import time
 from aiohttp import web
 
 from kvledger.engine.frontend.served import PoolGauges
+from kvledger.engine.server import cors
 from kvledger.engine.server.api_errors import ApiError, error_body
 from kvledger.engine.server.lora_routes import LoraCollector, add_routes, model_cards
 from kvledger.engine.server.openai_api import chat_completions, completions
@@ -56,6 +57,8 @@ def build_app(options: ServeOptions | None = None) -> web.Application:
     app[STATE] = ServerState(options)
     app[STATE].metrics.registry.register(LoraCollector(app[STATE]))
     app.on_cleanup.append(_close)
+    if options.allowed_origins:
+        app.on_response_prepare.append(cors.on_prepare)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
@@ -96,6 +99,9 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
     state = request.app[STATE]
     code = "http_error"
     try:
+        answered = cors.preflight(request, state.options)
+        if answered is not None:
+            return answered
         _check_api_key(request)
         response = await handler(request)
     except ApiError as exc:

@@ -36,6 +36,7 @@ from kvledger.engine.settings.kinds import (
 from kvledger.engine.settings.serve_values import (
     BODY_BYTES,
     JSON_OBJECT,
+    JSON_STRINGS,
     LOGPROBS,
     OPENAI_API,
     PARSER,
@@ -215,6 +216,23 @@ class ServeConfig:
         help="with --enable-sleep-mode: a file naming the sleep level the engine should be "
              "at (0, 1 or 2; empty or absent: awake), read every second; each change is "
              "acted on as POST /sleep (waiting for what is admitted) or /wake_up would")
+    # Cross-origin requests from browsers (server/cors.py): off unless origins are named,
+    # where vLLM's default allows every origin.
+    allowed_origins: tuple[str, ...] = setting(
+        (), "--allowed-origins", JSON_STRINGS, group=OPENAI_API,
+        help="vLLM's: the origins whose browsers may call the API, a JSON list ('[\"*\"]': "
+             "any; unless given, none: no CORS headers, where vLLM allows every origin)")
+    allowed_methods: tuple[str, ...] = setting(
+        ("*",), "--allowed-methods", JSON_STRINGS, group=OPENAI_API,
+        help="vLLM's: the methods such a browser may use, a JSON list (unless given, all)")
+    allowed_headers: tuple[str, ...] = setting(
+        ("*",), "--allowed-headers", JSON_STRINGS, group=OPENAI_API,
+        help="vLLM's: the request headers such a browser may send, a JSON list (unless "
+             "given, any)")
+    allow_credentials: bool = setting(
+        False, "--allow-credentials", SWITCH, group=OPENAI_API,
+        help="vLLM's: let such a browser send its cookies and credentials (the origin is then "
+             "named, never '*')")
     log_level: str = setting(
         "info", "--log-level", choice(LOG_LEVELS), group=OPENAI_API,
         help="the server's log level (default %(default)s)")
@@ -239,6 +257,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "api_keys", tuple(self.api_keys))
         object.__setattr__(self, "tenant_header_from", tuple(self.tenant_header_from))
+        for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         check_settings(self, ServeConfig)  # each value in its kind's domain
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise BadInput("--enable-auto-tool-choice requires --tool-call-parser")

@@ -67,6 +67,23 @@ def json_object(text: str) -> dict:
     return value
 
 
+def json_strings(text: str) -> tuple[str, ...]:
+    """argparse type for a JSON list of strings (vLLM's ``--allowed-origins '["*"]'``)."""
+    try:
+        value = json_text.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {text!r} "
+                                         f"({exc})") from None
+    if not (isinstance(value, list) and all(isinstance(v, str) and v for v in value)):
+        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {text!r}")
+    return tuple(value)
+
+
+def _strings(flag: str, value: Any) -> None:
+    if not (isinstance(value, tuple | list) and all(isinstance(v, str) and v for v in value)):
+        raise BadInput(f"{flag} must be a list of strings, got {value!r}")
+
+
 def _object(flag: str, value: Any) -> None:
     if not isinstance(value, dict):
         raise BadInput(f"{flag} must be a JSON object, got {value!r}")
@@ -82,3 +99,5 @@ PARSER = Kind("choice", parse=tool_call_parser, values=PARSERS, metavar="NAME",
 LOGPROBS = Kind("count", parse=max_logprobs, check=_logprobs, metavar="N")
 JSON_OBJECT = Kind("object", parse=json_object, check=_object, metavar="JSON",
                    render=lambda value: [json.dumps(value)])
+JSON_STRINGS = Kind("text", parse=json_strings, check=_strings, metavar="JSON",
+                    render=lambda value: [json.dumps(list(value))])
