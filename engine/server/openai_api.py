@@ -84,6 +84,7 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
                      add_special_tokens=req.special_tokens_added, body_bytes=len(raw),
                      published_salt=req.cache_salt, default_cap=req.default_cap)
     generation = await _submit(state, door, sub, req, tools)
+    client_id = client_id or req.request_id  # the header's, as vLLM's, else the body's
     answer_id = sub.request_id if client_id is None else f"{id_prefix}-{client_id}"
     p = answers.Prepared(req, answer_id, generation, timeline, int(time.time()), tools,
                          [_echo(door, req, prompt, run.prompt_ids)
@@ -121,8 +122,8 @@ def busy(state: ServerState, tenant: Tenant, exc: KVCacheFull) -> ApiError:
 
 
 def _client_request_id(request: web.Request) -> str | None:
-    """The client's ``X-Request-Id``, which names the answer (``cmpl-ID``), as vLLM's does;
-    None without one. The engine keys the request by an id of its own all the same, so two
+    """The client's ``X-Request-Id``, which names the answer (``cmpl-ID``) as vLLM's does
+    (before the body's ``request_id``); None without one. The engine keys the request by an id of its own all the same, so two
     clients sending one id never meet. A 400 for one that is not 1-256 visible ASCII
     characters."""
     value = request.headers.get("X-Request-Id")

@@ -22,6 +22,7 @@ from kvledger.engine.server.chat_message import ChatMessage
 from kvledger.engine.server.chat_options import ChatTemplateOptions
 from kvledger.engine.server.limits import (
     MAX_CACHE_SALT_CHARS,
+    MAX_CLIENT_ID_CHARS,
     MAX_INT,
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_MESSAGES,
@@ -122,6 +123,9 @@ class _Request(Strict):
     # vLLM's: the prompt tokenized with the tokenizer's special tokens (BOS); None: a
     # completion's true, a chat's false (its template writes its own)
     add_special_tokens: bool | None = None
+    # vLLM's: names the answer (cmpl-ID) unless an X-Request-Id header does
+    request_id: Annotated[str, Field(min_length=1, max_length=MAX_CLIENT_ID_CHARS,
+                                     pattern=r"^[!-~]+$")] | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -246,3 +246,14 @@ async def test_add_special_tokens_as_vllm_reads_it(client, llm):
     chat = await prompt_tokens("/v1/chat/completions", ask)
     doubled = await prompt_tokens("/v1/chat/completions", {**ask, "add_special_tokens": True})
     assert doubled == chat + 1  # the template's BOS, then the tokenizer's
+
+
+async def test_the_bodys_request_id_names_the_answer_unless_the_header_does(client):
+    body = {"prompt": "Once", "max_tokens": 1, "request_id": "job-7"}
+    assert (await _post(client, "/v1/completions", body))["id"] == "cmpl-job-7"
+    response = await client.post("/v1/completions", json={"model": model_name(client), **body},
+                                 headers={"X-Request-Id": "trace-1"})
+    assert (await response.json())["id"] == "cmpl-trace-1"
+    response = await client.post("/v1/completions", json={
+        "model": model_name(client), **body, "request_id": "has space"})
+    assert response.status == 400 and (await response.json())["error"]["param"] == "request_id"
