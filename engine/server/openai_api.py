@@ -24,7 +24,7 @@ from kvledger.engine.errors import BadConstraint, EngineDeadError, KVCacheFull
 from kvledger.engine.frontend.door import FrontDoor
 from kvledger.engine.frontend.generation import Generation
 from kvledger.engine.frontend.submission import Submission, Tenant
-from kvledger.engine.server import answers
+from kvledger.engine.server import answer_stream, answers
 from kvledger.engine.server.api_errors import ApiError, admission_error, bad_request, engine_error
 from kvledger.engine.server.limits import MAX_CLIENT_ID_CHARS, decode_json
 from kvledger.engine.server.protocol import (
@@ -92,7 +92,7 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     try:
         _admitted(state, p, lora)
         if req.stream:
-            return await answers.stream(request, state, p, generation)
+            return await answer_stream.stream(request, state, p, generation)
         return await answers.whole(state, p, generation)
     except EngineDeadError as exc:
         raise engine_error(exc) from None
