@@ -86,12 +86,13 @@ def pick(templates: dict[str, str], tools: bool) -> str | None:
 def render(source: str, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
            tools: list[dict[str, Any]] | None, bos_token: str, eos_token: str,
            kwargs: dict[str, Any] | None = None, continue_final_message: bool = False,
-           content: str = AUTO) -> str:
+           content: str = AUTO, special_tokens: dict[str, Any] | None = None) -> str:
     """``messages`` as the prompt text ``source`` makes of them, each message's content
-    (a string, or a list of text parts) in the ``content`` format (``content_format``).
-    ``kwargs``: a request's ``chat_template_kwargs``, those the template does not read
-    dropped (vLLM drops them too), a reserved name refused. BadInput when the template
-    fails or raises."""
+    (a string, or a list of text parts) in the ``content`` format (``content_format``),
+    the tokenizer's ``special_tokens`` (``pad_token``...) as variables, as transformers
+    gives them. ``kwargs``: a request's ``chat_template_kwargs`` (over the special
+    tokens, as transformers merges them), those the template does not read dropped (vLLM
+    drops them too), a reserved name refused. BadInput when the template fails or raises."""
     template, variables = compiled(source)
     openai = (content_format(source) if content == AUTO else content) == OPENAI
     messages = [{**m, "content": _content(m.get("content"), openai)} for m in messages]
@@ -102,8 +103,10 @@ def render(source: str, messages: list[dict[str, Any]], *, add_generation_prompt
                              f"request's own fields set them)")
     extra = {k: v for k, v in extra.items() if k in variables}
     try:
-        text = template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               tools=tools, bos_token=bos_token, eos_token=eos_token, **extra)
+        text = template.render({**(special_tokens or {}), **extra, "messages": messages,
+                                "add_generation_prompt": add_generation_prompt,
+                                "tools": tools, "bos_token": bos_token,
+                                "eos_token": eos_token})
     except BadInput:
         raise
     except Exception as exc:  # jinja2's and the template's own errors alike
@@ -156,7 +159,9 @@ def compiled(source: str):
 
     if len(source.encode()) > MAX_TEMPLATE_BYTES:
         raise BadInput(f"the chat template is larger than {MAX_TEMPLATE_BYTES} bytes")
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols",
+                                                    _generation_tag()])
     env.globals["raise_exception"] = _raise_template_error
     env.globals["strftime_now"] = _strftime_now  # Llama 3.x templates date prompts
     env.filters["tojson"] = _tojson  # Hugging Face's: tool schemas render as plain JSON
@@ -165,6 +170,28 @@ def compiled(source: str):
     except TemplateError as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise BadInput(f"the chat template is not a valid jinja2 template: {message}") from None
+
+
+@lru_cache(maxsize=1)
+def _generation_tag():
+    """transformers' ``{% generation %}...{% endgeneration %}`` (its ``AssistantTracker``:
+    templates written for assistant-token masks mark the assistant's turns with it): the
+    body renders as it is; what it marks matters only to training."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class GenerationTag(Extension):
+        tags = frozenset({"generation"})
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    return GenerationTag
 
 
 def _open_final(text: str, messages: list[dict[str, Any]]) -> str:

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kvledger.engine.checkpoint.files import GENERATION_CONFIG_FILE
+from kvledger.engine.checkpoint.files import CONFIG_FILE, GENERATION_CONFIG_FILE
 from kvledger.engine.checkpoint.hf_config import read_json
 from kvledger.engine.errors import BadInput, shown
 
@@ -55,6 +55,24 @@ def sampling_defaults(model_dir: str | Path, source: str = AUTO) -> dict[str, An
             value = int(value)
         defaults[param] = value
     return defaults
+
+
+def stop_ids(model_dir: str | Path, source: str = AUTO) -> list[int]:
+    """The ids that end generation besides the tokenizer's EOS, as vLLM takes them (its
+    ``try_get_generation_config``): ``eos_token_id`` of the generation_config.json of
+    ``source``'s folder (the model's for ``auto`` and ``vllm``, which drops only the
+    sampling defaults), else of the model's config.json when there is no such file. A
+    config.json's ids do not stop a model whose generation_config.json leaves them out."""
+    folder = Path(model_dir) if source in (AUTO, VLLM) else Path(source)
+    path = folder / GENERATION_CONFIG_FILE
+    if not path.is_file():
+        path = Path(model_dir) / CONFIG_FILE
+        if not path.is_file():
+            return []
+    raw = read_json(path, path.name)
+    eos = raw.get("eos_token_id") if isinstance(raw, dict) else None
+    ids = [eos] if isinstance(eos, int) else eos if isinstance(eos, list) else []
+    return [i for i in ids if isinstance(i, int) and not isinstance(i, bool) and i >= 0]
 
 
 def describe(defaults: dict[str, Any], source: str) -> str:

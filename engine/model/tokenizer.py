@@ -10,14 +10,12 @@ from typing import Any
 
 from kvledger.engine import json_text
 from kvledger.engine.checkpoint.files import (
-    CONFIG_FILE,
-    GENERATION_CONFIG_FILE,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
 )
 from kvledger.engine.errors import BadInput, clip
 from kvledger.engine.model import chat_template
-from kvledger.engine.model.generation_config import AUTO, sampling_defaults
+from kvledger.engine.model.generation_config import AUTO, sampling_defaults, stop_ids
 
 
 class Tokenizer:
@@ -51,6 +49,8 @@ class Tokenizer:
         self.tokenizer_config = _read_json(files / TOKENIZER_CONFIG_FILE)
         self.bos_token = _token_text(self.tokenizer_config.get("bos_token"))
         self.eos_token = _token_text(self.tokenizer_config.get("eos_token"))
+        # What a chat template reads of them (transformers' special_tokens_map)
+        self.special_tokens = special_tokens_map(self.tokenizer_config)
         self.chat_templates = chat_template.read_templates(
             files, self.tokenizer_config.get("chat_template"))
         self.eos_token_ids: set[int] = set()
@@ -59,10 +59,7 @@ class Tokenizer:
         # The model's published sampling defaults (``generation_config``), for requests
         # that leave them unset; ``generation_config`` is --generation-config.
         self.sampling_defaults = sampling_defaults(model_dir, generation_config)
-        for source in (_read_json(model_dir / GENERATION_CONFIG_FILE),
-                       _read_json(model_dir / CONFIG_FILE)):
-            eos = source.get("eos_token_id")
-            self.eos_token_ids.update([eos] if isinstance(eos, int) else (eos or []))
+        self.eos_token_ids.update(stop_ids(model_dir, generation_config))
         for name, source in self.chat_templates.items():  # a bad one fails here, at load
             _check_template(f"{files}: chat template {name!r}", source)
 
@@ -94,6 +91,11 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary's string for ``token_id`` (byte-level BPE's ``Ġ`` and all, as
+        transformers' ``convert_ids_to_tokens``); None for an id past it."""
+        return self._tok.id_to_token(token_id)
+
     def apply_chat_template(self, messages: list[dict[str, Any]],
                             add_generation_prompt: bool = True,
                             tools: list[dict[str, Any]] | None = None, *,
@@ -115,6 +117,7 @@ class Tokenizer:
         return chat_template.render(source, messages, add_generation_prompt=add_generation_prompt,
                                     tools=tools, bos_token=self.bos_token or "",
                                     eos_token=self.eos_token or "", kwargs=kwargs,
+                                    special_tokens=self.special_tokens,
                                     continue_final_message=continue_final_message,
                                     content=content)
 
@@ -203,6 +206,23 @@ def _check_template(where: str, source: str) -> None:
         raise BadInput(f"{where}: {exc}") from None
 
 
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                       "cls_token", "mask_token")
+
+
+def special_tokens_map(config: dict[str, Any]) -> dict[str, Any]:
+    """The special tokens tokenizer_config.json names, by name (``pad_token``: its text),
+    with ``additional_special_tokens``: what transformers' ``special_tokens_map`` gives a
+    chat template."""
+    named = {name: text for name in SPECIAL_TOKEN_NAMES
+             if (text := _token_text(config.get(name))) is not None}
+    extra = config.get("additional_special_tokens")
+    if isinstance(extra, list):
+        named["additional_special_tokens"] = [
+            t for t in map(_token_text, extra) if t is not None]
+    return named
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
@@ -217,5 +237,5 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _token_text(token: Any) -> str | None:
     if isinstance(token, dict):  # {"content": "<s>", "__type": "AddedToken", ...}
-        return token.get("content")
-    return token
+        token = token.get("content")
+    return token if isinstance(token, str) else None

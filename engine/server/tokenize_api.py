@@ -53,8 +53,9 @@ async def tokenize(request: web.Request) -> web.Response:
     ids = await state.off_loop(size, _tokenize, state, req)
     body: dict[str, Any] = {"count": len(ids), "max_model_len": state.served.max_model_len,
                             "tokens": ids, "token_strs": None}
-    if req.return_token_strs:
-        body["token_strs"] = [state.token_text(t) for t in ids]
+    if req.return_token_strs:  # the vocabulary's strings, as vLLM's convert_ids_to_tokens
+        tokenizer = state.door.tokenizer
+        body["token_strs"] = [tokenizer.id_to_token(t) or "" for t in ids]
     return web.json_response(body)
 
 
@@ -64,7 +65,8 @@ async def detokenize(request: web.Request) -> web.Response:
         state.served.check_prompt_ids(req.tokens or [0])
     except BadInput as exc:
         raise bad_request(str(exc), "tokens") from None
-    text = await state.off_loop(size, state.door.tokenizer.decode, req.tokens)
+    # Special tokens kept, as vLLM's (transformers' decode keeps them by default).
+    text = await state.off_loop(size, state.door.tokenizer.decode, req.tokens, False)
     return web.json_response({"prompt": text})
 
 
