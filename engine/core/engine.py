@@ -236,34 +236,10 @@ class LLMEngine:
         return request_output(seq, [token_id])
 
     def _append_token(self, seq: Sequence, token_id: int, logprobs: TokenLogprobs | None) -> None:
-        """Add the sampled token and finish the sequence if it stops here. Raises when its
-        grammar refuses the token (the caller fails this sequence alone)."""
-        if seq.matcher is not None and not seq.matcher.accept(token_id):
-            if seq.matcher.dead_end:  # nothing could follow: the output ends here
-                self._finish(seq, "grammar")
-                return
-            raise ValueError(f"the grammar does not allow token {token_id} here")
-        seq.output_token_ids.append(token_id)
-        if seq.logprobs is not None:
-            seq.logprobs.append(logprobs)
-        params = seq.params
-        reason = None
-        # vLLM's rule: before min_tokens, no stop token or string ends the request.
-        checks_stops = len(seq.output_token_ids) >= params.min_tokens
-        eos = not params.ignore_eos and token_id in self.tokenizer.eos_token_ids
-        stop_token = checks_stops and (eos or token_id in params.stop_token_set)
-        if stop_token and not eos:
-            seq.stop_reason = token_id  # vLLM's: a stop token id is named, EOS is not
-        # vLLM's: the token that stops a request is not detokenized into its text.
-        keep = not stop_token or params.include_stop_str_in_output
-        new_text = seq.detokenizer.add(token_id) if keep else ""
-        seq.text += new_text
-        if stop_token or (seq.matcher is not None and seq.matcher.is_terminated) or (
-                checks_stops and new_text and params.stop_strings
-                and seq.cut_stop_string(len(new_text))):
-            reason = "stop"
-        elif len(seq.output_token_ids) >= seq.max_tokens:
-            reason = "length"
+        """Add the sampled token and finish the sequence if it stops here
+        (``Sequence.append``). Raises when its grammar refuses the token (the caller fails
+        this sequence alone)."""
+        reason = seq.append(token_id, logprobs, self.tokenizer.eos_token_ids)
         if reason is not None:
             self._finish(seq, reason)
 

@@ -100,6 +100,38 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
+    def append(self, token_id: int, logprobs: TokenLogprobs | None,
+               eos_token_ids: set[int]) -> str | None:
+        """Add a sampled token, its text and logprobs; the reason it finishes here
+        (``stop``, ``length``, ``grammar``), else None. ValueError when its grammar refuses
+        the token. vLLM's rules: before ``min_tokens`` no stop token or string ends it; the
+        token that stops it (EOS, a stop token id) is not detokenized into its text unless
+        ``include_stop_str_in_output``, and a stop token id (not EOS) is its
+        ``stop_reason``."""
+        if self.matcher is not None and not self.matcher.accept(token_id):
+            if self.matcher.dead_end:  # nothing could follow: the output ends here
+                return "grammar"
+            raise ValueError(f"the grammar does not allow token {token_id} here")
+        self.output_token_ids.append(token_id)
+        if self.logprobs is not None:
+            self.logprobs.append(logprobs)
+        params = self.params
+        checks_stops = len(self.output_token_ids) >= params.min_tokens
+        eos = not params.ignore_eos and token_id in eos_token_ids
+        stop_token = checks_stops and (eos or token_id in params.stop_token_set)
+        if stop_token and not eos:
+            self.stop_reason = token_id
+        keep = not stop_token or params.include_stop_str_in_output
+        new_text = self.detokenizer.add(token_id) if keep else ""
+        self.text += new_text
+        if stop_token or (self.matcher is not None and self.matcher.is_terminated) or (
+                checks_stops and new_text and params.stop_strings
+                and self.cut_stop_string(len(new_text))):
+            return "stop"
+        if len(self.output_token_ids) >= self.max_tokens:
+            return "length"
+        return None
+
     def cut_stop_string(self, new_chars: int) -> bool:
         """Cut the text at the first stop string that the ``new_chars`` last characters
         complete. Only those and the ``longest - 1`` before them are searched, so a token
