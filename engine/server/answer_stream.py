@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -40,6 +40,9 @@ class _ChoiceStream:
     logprobs: int = 0
     offset: int = 0  # where the next logprob's token starts in the text sent (text_offset)
     started: bool = False
+    ids_seen: int = 0  # return_token_ids: the output's ids read so far,
+    ids: list[int] = field(default_factory=list)  # of which the next chunk's (unsent)
+    prompt_sent: bool = False  # return_token_ids: its prompt's ids went out
     scanner: CallScanner | None = None  # a chat with tools: reads calls from the text
 
 
@@ -56,9 +59,12 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
     obj = "chat.completion.chunk" if chat else "text_completion"
     sent = [_ChoiceStream(scanner=p.tools.scanner()) for _ in range(p.num_choices)]
 
-    def event(choices: list[dict[str, Any]], usage: bool = False) -> bytes:
+    def event(choices: list[dict[str, Any]], usage: bool = False,
+              prompt_ids: list[int] | None = None) -> bytes:
         payload = {"id": p.request_id, "object": obj, "created": p.created, "model": req.model,
                    "choices": choices}
+        if prompt_ids is not None:  # a chat's, with its first chunk (return_token_ids)
+            payload["prompt_token_ids"] = prompt_ids
         if usage:
             payload["usage"] = usage_of(p, sum(c.tokens for c in sent))
         return _sse(payload)
@@ -77,7 +83,15 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
         else:
             choice = {"index": index, "text": delta or "", "logprobs": logprobs,
                       "finish_reason": finish_reason, "stop_reason": stop_reason}
-        return event([choice], usage=req.continuous_usage)
+        prompt_ids = None
+        if req.return_token_ids:  # vLLM's: each chunk the ids its text came from
+            sent_ids = sent[index]
+            choice["token_ids"], sent_ids.ids = sent_ids.ids, []
+            if not sent_ids.prompt_sent:
+                sent_ids.prompt_sent, prompt_ids = True, p.prompt_ids(index)
+                if not chat:
+                    choice["prompt_token_ids"], prompt_ids = prompt_ids, None
+        return event([choice], usage=req.continuous_usage, prompt_ids=prompt_ids)
 
     try:
         if chat:
@@ -87,6 +101,9 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
             choice = sent[index]
             choice.tokens = 0 if req.echo_only else len(output.token_ids)
             p.progress([c.tokens for c in sent])
+            if req.return_token_ids and not req.echo_only:
+                choice.ids += output.token_ids[choice.ids_seen:]
+                choice.ids_seen = len(output.token_ids)
             if output.finished and output.finish_reason == "error":
                 await _end_with_error(state, response, 500, failed_message(output),
                                       "request_error")

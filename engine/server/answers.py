@@ -82,10 +82,17 @@ async def whole(state: ServerState, p: Prepared, outputs) -> web.Response:
     chat = p.req.kind == "chat"
     choices = [_chat_choice(state, p, i, f) if chat else _completion_choice(state, p, i, f)
                for i, f in enumerate(finals)]
-    return web.json_response({"id": p.request_id,
-                              "object": "chat.completion" if chat else "text_completion",
-                              "created": p.created, "model": p.req.model, "choices": choices,
-                              "usage": usage_of(p, sum(counts))})
+    answer = {"id": p.request_id, "object": "chat.completion" if chat else "text_completion",
+              "created": p.created, "model": p.req.model, "choices": choices,
+              "usage": usage_of(p, sum(counts))}
+    if p.req.return_token_ids:  # vLLM's: the ids the answer came from (a chat's prompt's
+        for index, choice in enumerate(choices):  # on the answer, a completion's each)
+            choice["token_ids"] = [] if p.req.echo_only else finals[index].token_ids
+            if not chat:
+                choice["prompt_token_ids"] = p.prompt_ids(index)
+        if chat:
+            answer["prompt_token_ids"] = p.prompt_ids(0)
+    return web.json_response(answer)
 
 
 def _chat_choice(state: ServerState, p: Prepared, index: int, final) -> dict[str, Any]:

@@ -90,6 +90,7 @@ class GenerationFields(Strict):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:123"
+    return_token_ids: bool = False  # vLLM's: the answer carries its prompt's and output's ids
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None

@@ -257,3 +257,30 @@ async def test_the_bodys_request_id_names_the_answer_unless_the_header_does(clie
     response = await client.post("/v1/completions", json={
         "model": model_name(client), **body, "request_id": "has space"})
     assert response.status == 400 and (await response.json())["error"]["param"] == "request_id"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_return_token_ids_gives_the_ids_whole_and_streamed(client, path):
+    """vLLM's ``return_token_ids`` (RL frameworks read rollouts' ids, not the text back):
+    the prompt's ids (a chat's on the answer, a completion's on each choice) and each
+    choice's output ids; streamed, each chunk the ids its text came from, the prompt's with
+    the first chunk."""
+    chat = path.endswith("chat/completions")
+    ask = ({"messages": [{"role": "user", "content": "Once"}]} if chat else {"prompt": "Once"})
+    body = {**ask, "max_tokens": 9, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True, "n": 2}
+    whole = await _post(client, path, body)
+    tokenized = await _post(client, "/tokenize", ask)
+    prompt_ids = whole["prompt_token_ids"] if chat else whole["choices"][0]["prompt_token_ids"]
+    assert prompt_ids == tokenized["tokens"]
+    assert [len(c["token_ids"]) for c in whole["choices"]] == [9, 9]
+    events = await _events(client, path, body)
+    streamed = {0: [], 1: []}
+    for event in events:
+        for choice in event["choices"]:
+            streamed[choice["index"]] += choice["token_ids"]
+    assert [streamed[0], streamed[1]] == [c["token_ids"] for c in whole["choices"]]
+    firsts = [e for e in events if "prompt_token_ids" in (e if chat else e["choices"][0])]
+    assert len(firsts) == 2  # once per choice
+    plain = await _post(client, path, {**ask, "max_tokens": 2})
+    assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
