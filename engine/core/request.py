@@ -64,11 +64,13 @@ def check_prompt_ids(prompt_token_ids: list[int], vocab_size: int) -> None:
 
 
 def check_param_ids(params: SamplingParams, vocab_size: int) -> None:
-    """BadInput unless the token ids ``params`` names (``logit_bias``'s) are under
-    ``vocab_size``."""
-    if params.logit_bias and max(params.logit_bias) >= vocab_size:
-        raise BadInput(f"logit_bias token ids must be in [0, {vocab_size}), "
-                       f"got {max(params.logit_bias)}", "logit_bias")
+    """BadInput unless the token ids ``params`` names (``logit_bias``'s,
+    ``allowed_token_ids``) are under ``vocab_size``."""
+    for name, ids in (("logit_bias", params.logit_bias),
+                      ("allowed_token_ids", params.allowed_token_ids)):
+        if ids and max(ids) >= vocab_size:
+            raise BadInput(f"{name} token ids must be in [0, {vocab_size}), got {max(ids)}",
+                           name)
 
 
 def check_reservation(reservation: Reservation, request: EngineRequest,

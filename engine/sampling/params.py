@@ -68,6 +68,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_tokens: int = 0
     logit_bias: dict[int, float] | None = None
+    # vLLM's: the only tokens it may sample (its own row's logits selected; None: all)
+    allowed_token_ids: tuple[int, ...] | None = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
@@ -149,12 +151,18 @@ class SamplingParams:
             self.logit_bias = {t: _number(f"logit_bias[{t}]", v, -MAX_LOGIT_BIAS_VALUE,
                                           MAX_LOGIT_BIAS_VALUE)
                                for t, v in self.logit_bias.items()}
+        if self.allowed_token_ids is not None:
+            allowed = self.allowed_token_ids
+            if not isinstance(allowed, list | tuple) or not allowed or not all(
+                    _is_int(t) and t >= 0 for t in allowed):
+                raise BadInput("allowed_token_ids must be a non-empty list of token ids")
+            self.allowed_token_ids = tuple(sorted(set(allowed)))
         if self.grammar is not None and not callable(getattr(self.grammar, "matcher", None)):
             raise BadInput("grammar must be a compiled grammar with a matcher() method")
         self.has_penalties = (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                               or self.repetition_penalty != 1.0)
         self.processes_logits = bool(self.has_penalties or self.logit_bias
-                                     or self.grammar is not None)
+                                     or self.allowed_token_ids or self.grammar is not None)
 
     def summary(self) -> str:
         """How it samples, in one line (a request log's; never its stop strings' text)."""

@@ -152,6 +152,9 @@ def process_logits(logits: torch.Tensor, seq: Sequence, eos_token_ids: frozenset
         row.index_add_(0, ids, values)
     if params.has_penalties:
         row = apply_penalties(row, seq.prompt_token_ids, seq.output_token_ids, params)
+    if params.allowed_token_ids is not None:  # those logits selected into a row of -inf
+        ids = torch.tensor(params.allowed_token_ids, dtype=torch.long, device=row.device)
+        row = torch.full_like(row, NEG_INF).index_copy_(0, ids, row.index_select(0, ids))
     if seq.matcher is not None:
         seq.matcher.fill_mask(row)
     if len(seq.output_token_ids) < params.min_tokens:

@@ -25,6 +25,7 @@ MAX_MESSAGES = 2048
 MAX_N = 128                           # OpenAI's limit on choices per request
 MAX_LOGIT_BIAS_ENTRIES = 1024         # token ids in one request's logit_bias
 MAX_CACHE_SALT_CHARS = 1024           # vLLM suggests 43 (256 random bits, base64)
+MAX_ALLOWED_TOKEN_IDS = 1 << 18   # allowed_token_ids: a vocabulary's worth (Gemma 3: 262,144)
 MAX_CLIENT_ID_CHARS = 256  # an X-Request-Id naming the answer (trace ids are 32-64)
 MAX_STOP_STRINGS = 64                 # OpenAI allows 4
 MAX_STOP_STRING_CHARS = 1024          # each

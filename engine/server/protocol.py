@@ -111,6 +111,9 @@ class ChatRequest(GenerationFields, ChatTemplateOptions):
     def _tools(self) -> ChatRequest:
         self.tool_choice = check_tool_choice(self.tools, self.tool_choice,
                                              "tool_choice" in self.model_fields_set)
+        if self.calls_required and self.allowed_token_ids is not None:
+            raise Refusal(f"'tool_choice' {self.tool_choice_label} constrains the output "
+                          "itself; drop 'allowed_token_ids'", "allowed_token_ids")
         if self.calls_required and self.grammar() is not None:
             raise Refusal(f"'tool_choice' {self.tool_choice_label} constrains the output "
                           f"itself; drop {constraint_field(self)}", "tool_choice")

@@ -12,6 +12,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from kvledger.engine.sampling.params import MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_PENALTY
 from kvledger.engine.server.limits import (
+    MAX_ALLOWED_TOKEN_IDS,
     MAX_CACHE_SALT_CHARS,
     MAX_CLIENT_ID_CHARS,
     MAX_INT,
@@ -85,6 +86,9 @@ class GenerationFields(Strict):
     repetition_penalty: Annotated[float, Field(gt=0.0, le=100.0)] | None = None
     min_tokens: Annotated[int, Field(ge=0, le=MAX_INT)] = 0
     stop_token_ids: list[TokenId] | None = None
+    # vLLM's: the only tokens sampled (at most the vocabulary's worth: MAX_ALLOWED_TOKEN_IDS)
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1,
+                                                      max_length=MAX_ALLOWED_TOKEN_IDS)] | None = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
@@ -161,6 +165,9 @@ class GenerationFields(Strict):
             raise Refusal("'stream_options' is only allowed when 'stream' is true",
                            "stream_options")
         self._spec = output_constraint(self)  # checked (and its schema serialised) once
+        if self._spec is not None and self.allowed_token_ids is not None:
+            raise Refusal("'allowed_token_ids' and an output constraint would each choose the "
+                          "tokens; use one", "allowed_token_ids")
         return self
 
     # -- what the engine needs ------------------------------------------------------

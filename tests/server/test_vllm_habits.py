@@ -284,3 +284,42 @@ async def test_return_token_ids_gives_the_ids_whole_and_streamed(client, path):
     assert len(firsts) == 2  # once per choice
     plain = await _post(client, path, {**ask, "max_tokens": 2})
     assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
+
+
+async def test_allowed_token_ids_bound_one_request_alone(client):
+    """vLLM's ``allowed_token_ids``: the request samples among those ids only (its own
+    logits row selected), greedy and seeded alike; a request beside it in the same steps
+    draws exactly what it draws alone."""
+    import asyncio
+
+    plain = {"prompt": "Once", "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+             "logprobs": 0, "return_tokens_as_token_ids": True}
+
+    def ids(answer: dict) -> list[int]:
+        return [int(t.split(":")[1]) for t in answer["choices"][0]["logprobs"]["tokens"]]
+
+    alone = ids(await _post(client, "/v1/completions", plain))
+    allowed = [alone[1], alone[4], 17]
+    bounded, beside = await asyncio.gather(
+        _post(client, "/v1/completions", {**plain, "allowed_token_ids": allowed,
+                                           "temperature": 1.0, "seed": 3}),
+        _post(client, "/v1/completions", plain))
+    assert set(ids(bounded)) <= set(allowed) and ids(beside) == alone
+    greedy = ids(await _post(client, "/v1/completions", {**plain, "allowed_token_ids": allowed}))
+    assert set(greedy) <= set(allowed)
+    for bad in ([], [10**6]):
+        response = await client.post("/v1/completions", json={
+            "model": model_name(client), **plain, "allowed_token_ids": bad})
+        assert response.status == 400
+        assert (await response.json())["error"]["param"] == "allowed_token_ids"
+
+
+async def test_allowed_token_ids_beside_an_output_constraint_is_refused(client):
+    for extra in ({"response_format": {"type": "json_object"}},
+                  {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                   "tool_choice": "required"}):
+        response = await client.post("/v1/chat/completions", json={
+            "model": model_name(client), "messages": [{"role": "user", "content": "x"}],
+            "allowed_token_ids": [5, 6], **extra})
+        assert response.status == 400
+        assert (await response.json())["error"]["param"] == "allowed_token_ids"
