@@ -30,6 +30,7 @@ from kvledger.engine.kv.reservation import Reservation
 from kvledger.engine.model.lora_adapter import LoraAdapter
 from kvledger.engine.model.tokenizer import Tokenizer
 from kvledger.engine.planner.plan import Plan
+from kvledger.engine.sampling import bad_words
 from kvledger.engine.sampling.logprobs import TokenLogprobs
 from kvledger.engine.sampling.params import SamplingParams
 from kvledger.engine.sampling.sampler import Sampled, Sampler, sample_each
@@ -89,6 +90,7 @@ class LLMEngine:
         (``KVLedger.check_fits``) and its adapter (``resolve_lora``); BadInput
         (PromptTooLong, CapTooLarge, PoolTooSmall...) for the first it breaks."""
         self.check_prompt(prompt_token_ids)
+        params = bad_words.resolved(params, self.tokenizer)
         self.check_params(params)
         cap = rules.output_cap(self.max_model_len, len(prompt_token_ids), params.max_tokens)
         self.ledger.check_fits(len(prompt_token_ids) + cap)

@@ -18,6 +18,7 @@ from kvledger.engine.core.request import EngineRequest
 from kvledger.engine.errors import BadInput
 from kvledger.engine.frontend.submission import PromptRun, Submission
 from kvledger.engine.kv.block_pool import Salt
+from kvledger.engine.sampling import bad_words
 from kvledger.engine.sampling.params import SamplingParams
 
 if TYPE_CHECKING:  # the engine pulls torch in
@@ -66,6 +67,7 @@ def choice_params(engine: LLMEngine, sub: Submission, caps: list[int],
     base, n = sub.params, sub.n
     if grammar is not None:
         base = replace(base, grammar=grammar)
+    base = bad_words.resolved(base, engine.tokenizer)
     params = []
     for k in range(len(caps) * n):
         seed = base.seed

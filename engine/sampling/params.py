@@ -70,6 +70,10 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     # vLLM's: the only tokens it may sample (its own row's logits selected; None: all)
     allowed_token_ids: tuple[int, ...] | None = None
+    # vLLM's: words never written; their token sequences (``bad_words.word_sequences``)
+    # are found with the tokenizer at the engine's door
+    bad_words: tuple[str, ...] | None = None
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
@@ -157,12 +161,18 @@ class SamplingParams:
                     _is_int(t) and t >= 0 for t in allowed):
                 raise BadInput("allowed_token_ids must be a non-empty list of token ids")
             self.allowed_token_ids = tuple(sorted(set(allowed)))
+        if self.bad_words is not None:
+            if not isinstance(self.bad_words, list | tuple) or not all(
+                    isinstance(w, str) and w.strip() for w in self.bad_words):
+                raise BadInput("bad_words must be a list of words, none empty")
+            self.bad_words = tuple(self.bad_words)
         if self.grammar is not None and not callable(getattr(self.grammar, "matcher", None)):
             raise BadInput("grammar must be a compiled grammar with a matcher() method")
         self.has_penalties = (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                               or self.repetition_penalty != 1.0)
         self.processes_logits = bool(self.has_penalties or self.logit_bias
-                                     or self.allowed_token_ids or self.grammar is not None)
+                                     or self.allowed_token_ids or self.bad_words_token_ids
+                                     or self.grammar is not None)
 
     def summary(self) -> str:
         """How it samples, in one line (a request log's; never its stop strings' text)."""

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from kvledger.engine.errors import NonFiniteLogits
+from kvledger.engine.sampling.bad_words import ban
 from kvledger.engine.sampling.logprobs import TokenLogprobs, logprobs_of
 from kvledger.engine.sampling.params import SamplingParams
 
@@ -152,6 +153,8 @@ def process_logits(logits: torch.Tensor, seq: Sequence, eos_token_ids: frozenset
         row.index_add_(0, ids, values)
     if params.has_penalties:
         row = apply_penalties(row, seq.prompt_token_ids, seq.output_token_ids, params)
+    if params.bad_words_token_ids:
+        row = ban(row, params.bad_words_token_ids, seq.output_token_ids)
     if params.allowed_token_ids is not None:  # those logits selected into a row of -inf
         ids = torch.tensor(params.allowed_token_ids, dtype=torch.long, device=row.device)
         row = torch.full_like(row, NEG_INF).index_copy_(0, ids, row.index_select(0, ids))

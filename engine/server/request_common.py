@@ -86,6 +86,9 @@ class GenerationFields(Strict):
     repetition_penalty: Annotated[float, Field(gt=0.0, le=100.0)] | None = None
     min_tokens: Annotated[int, Field(ge=0, le=MAX_INT)] = 0
     stop_token_ids: list[TokenId] | None = None
+    # vLLM's: words never written (bounded as stop strings are)
+    bad_words: list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]] | None = Field(
+        None, max_length=MAX_STOP_STRINGS)
     # vLLM's: the only tokens sampled (at most the vocabulary's worth: MAX_ALLOWED_TOKEN_IDS)
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1,
                                                       max_length=MAX_ALLOWED_TOKEN_IDS)] | None = None

@@ -83,7 +83,7 @@ def sampling_params(req: GenerationRequest, defaults: dict[str, Any] | None = No
             max_tokens=req.cap, stop=req.stop or None, stop_token_ids=req.stop_token_ids,
             ignore_eos=req.ignore_eos, min_tokens=req.min_tokens,
             logit_bias=req.bias, logprobs=req.logprobs_k(),
-            allowed_token_ids=req.allowed_token_ids,
+            allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words,
             prompt_logprobs=req.prompt_logprobs_k(),
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,

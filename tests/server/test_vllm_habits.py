@@ -323,3 +323,43 @@ async def test_allowed_token_ids_beside_an_output_constraint_is_refused(client):
             "allowed_token_ids": [5, 6], **extra})
         assert response.status == 400
         assert (await response.json())["error"]["param"] == "allowed_token_ids"
+
+
+async def test_bad_words_are_never_written_as_vllm_reads_them(client, llm):
+    """vLLM's ``bad_words``: each word's token sequences, alone and after a space; a
+    sequence's last token is out of the request's row once the rest ends the output."""
+    from kvledger.engine.sampling.bad_words import ban, word_sequences
+
+    plain = {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0,
+             "ignore_eos": True, "logprobs": 0, "return_tokens_as_token_ids": True}
+
+    def ids(answer: dict) -> list[int]:
+        return [int(t.split(":")[1]) for t in answer["choices"][0]["logprobs"]["tokens"]]
+
+    def written(seq, output) -> bool:
+        return any(tuple(output[i:i + len(seq)]) == tuple(seq)
+                   for i in range(len(output) - len(seq) + 1))
+
+    free = ids(await _post(client, "/v1/completions", plain))
+    tokenizer = llm.tokenizer
+
+    def sequences_of(word: str):
+        return word_sequences(lambda text: tokenizer.encode(text, add_special_tokens=False),
+                              [word])
+
+    # A word the free answer writes as one of its sequences (a whole token, say " the").
+    word = next(w for t in free if (w := tokenizer.decode([t]).strip()).isalpha()
+                and any(written(s, free) for s in sequences_of(w)))
+    bounded = ids(await _post(client, "/v1/completions", {**plain, "bad_words": [word]}))
+    for seq in sequences_of(word):
+        assert not written(seq, bounded), (word, seq, bounded)
+    assert bounded != free
+    # The rule itself: a sequence's last token goes once the rest ends the output.
+    import torch
+
+    row = torch.zeros(10)
+    assert torch.isinf(ban(row, [(3, 4), (7,)], [1, 3])[[4, 7]]).all()
+    assert not torch.isinf(ban(row, [(3, 4)], [3, 1])).any()
+    response = await client.post("/v1/completions", json={
+        "model": model_name(client), **plain, "bad_words": [""]})
+    assert response.status == 400
