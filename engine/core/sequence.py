@@ -46,6 +46,7 @@ class Sequence:
         self.finish_reason: str | None = None
         # vLLM's: the stop string or stop token id that ended it (None: EOS, or another reason)
         self.stop_reason: str | int | None = None
+        self._allowed: torch.Tensor | None = None  # allowed_token_ids on the logits' device
         self.text = ""  # the output text so far, stop strings cut off
         self.logprobs: list[TokenLogprobs] | None = None if params.logprobs is None else []
         self.prompt_logprobs: list[TokenLogprobs | None] | None = (
@@ -99,6 +100,15 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    def allowed_index(self, device: torch.device) -> torch.Tensor:
+        """Its ``allowed_token_ids`` as an index on ``device``, built once: up to a
+        vocabulary's worth of ids (13 ms to build from a list of 262,144), which every step
+        would otherwise pay for everyone in the batch."""
+        if self._allowed is None or self._allowed.device != device:
+            self._allowed = torch.tensor(self.params.allowed_token_ids, dtype=torch.long,
+                                         device=device)
+        return self._allowed
 
     def append(self, token_id: int, logprobs: TokenLogprobs | None,
                eos_token_ids: set[int]) -> str | None:

@@ -156,7 +156,7 @@ def process_logits(logits: torch.Tensor, seq: Sequence, eos_token_ids: frozenset
     if params.bad_words_token_ids:
         row = ban(row, params.bad_words_token_ids, seq.output_token_ids)
     if params.allowed_token_ids is not None:  # those logits selected into a row of -inf
-        ids = torch.tensor(params.allowed_token_ids, dtype=torch.long, device=row.device)
+        ids = seq.allowed_index(row.device)
         row = torch.full_like(row, NEG_INF).index_copy_(0, ids, row.index_select(0, ids))
     if seq.matcher is not None:
         seq.matcher.fill_mask(row)

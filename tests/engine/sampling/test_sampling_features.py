@@ -344,3 +344,14 @@ def test_processing_and_logprobs_stay_on_the_logits_device():
     assert row.device == meta and row.shape == (8,)
     targets = torch.zeros(3, dtype=torch.long, device=meta)
     logprobs_of(torch.zeros(3, 8, device=meta), targets, [2, 0, 5])  # queued; read() would copy
+
+
+def test_allowed_token_ids_select_the_row_and_build_their_index_once():
+    logits = torch.tensor([1.0, 4.0, 2.0, 3.0, 0.0])
+    seq = _seq(SamplingParams(allowed_token_ids=[4, 2]))
+    assert process_logits(logits, seq, frozenset()).tolist() == \
+        [NEG_INF, NEG_INF, 2.0, NEG_INF, 0.0]
+    index = seq.allowed_index(logits.device)
+    process_logits(logits, seq, frozenset())
+    # A vocabulary's worth of ids would cost every step ~13 ms to build again.
+    assert seq.allowed_index(logits.device) is index
