@@ -73,7 +73,8 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
               logprobs: Any = None, role: bool = False, call: dict | None = None,
               stop_reason: str | int | None = None) -> bytes:
         if chat:
-            content: dict[str, Any] = {"role": "assistant"} if role else {}
+            content: dict[str, Any] = (
+                {"role": req.answer_role(state.options.response_role)} if role else {})
             if delta is not None:
                 content["content"] = delta
             if call is not None:

@@ -100,7 +100,8 @@ def _chat_choice(state: ServerState, p: Prepared, index: int, final) -> dict[str
     if final.logprobs is not None:
         logprobs = chat_logprobs(zip(final.token_ids, final.logprobs, strict=True),
                                  token_text(state, p.req))
-    message: dict[str, Any] = {"role": "assistant", "content": final.text}
+    message: dict[str, Any] = {"role": p.req.answer_role(state.options.response_role),
+                               "content": final.text}
     scanner = p.tools.scanner()
     if scanner is not None:  # the same reading a stream makes, all at once
         scanner.feed(final.text, final=True)

@@ -134,6 +134,11 @@ class ChatRequest(GenerationFields, ChatTemplateOptions):
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.as_template_input() for m in self.messages]
 
+    def answer_role(self, response_role: str) -> str:
+        """The role of its answer, as vLLM's ``get_chat_request_role``: ``--response-role``
+        with a generation prompt, else the last message's (a continued message's)."""
+        return response_role if self.add_generation_prompt else self.messages[-1].role
+
     @property
     def template_tools(self) -> list[dict[str, Any]] | None:
         return template_tools(self.tools)

@@ -194,6 +194,10 @@ class ServeConfig:
         False, "--trust-request-chat-template", SWITCH, group=OPENAI_API,
         help="vLLM's: let a request's own chat_template render it (a template is code the "
              "server runs; default off: such a request is a 400)")
+    response_role: str = setting(
+        "assistant", "--response-role", TEXT, metavar="ROLE", group=OPENAI_API,
+        help="vLLM's: the role a chat's answer has when the request asks for a generation "
+             "prompt (else the last message's, as vLLM answers; default %(default)s)")
     chat_template_content_format: str = setting(
         "auto", "--chat-template-content-format", choice(CONTENT_FORMATS), group=OPENAI_API,
         help="vLLM's: how the chat template gets a message's content: string (text parts "

@@ -100,8 +100,6 @@ RULES: dict[str, Rule] = {
                               "kvledger reads the model's tokenizer.json"),
     "--model-impl": _only(["auto"], "choosing vLLM's or transformers' model code",
                           "kvledger has its own"),
-    "--response-role": _only(["assistant"], "another response role",
-                             "chat answers have the role assistant"),
     "--swap-space": _noop("kvledger reserves a request's KV blocks when it admits it, so "
                           "nothing is swapped to the host", nargs=1),
     "--use-v2-block-manager": _noop("kvledger's KV cache is paged in blocks already"),

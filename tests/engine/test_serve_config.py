@@ -52,6 +52,7 @@ DECLARED = {
     "enable_auto_tool_choice": ("--enable-auto-tool-choice", "tools.enableAutoToolChoice",
                                 False),
     "chat_template": ("--chat-template", None, None),
+    "response_role": ("--response-role", None, "assistant"),
     "chat_template_content_format": ("--chat-template-content-format", None, "auto"),
     "trust_request_chat_template": ("--trust-request-chat-template", None, False),
     "default_chat_template_kwargs": ("--default-chat-template-kwargs", None, {}),
@@ -108,7 +109,7 @@ def test_help_shows_each_declared_default() -> None:
         else:
             assert shown == (f"{default:g}" if isinstance(default, float) else str(default)), \
                 declared.flag
-    assert checked == 14  # every default a help line names
+    assert checked == 15  # every default a help line names
 
 
 @pytest.mark.parametrize(("values", "message"), [

@@ -363,3 +363,27 @@ async def test_bad_words_are_never_written_as_vllm_reads_them(client, llm):
     response = await client.post("/v1/completions", json={
         "model": model_name(client), **plain, "bad_words": [""]})
     assert response.status == 400
+
+
+async def test_the_answers_role_is_vllms(client):
+    """vLLM's ``get_chat_request_role``: ``--response-role`` (assistant) with a generation
+    prompt, else the last message's role (a continued message's)."""
+    base = {"max_tokens": 2, "ignore_eos": True}
+    ask = [{"role": "user", "content": "hi"}]
+    answer = await _post(client, "/v1/chat/completions", {**base, "messages": ask})
+    assert answer["choices"][0]["message"]["role"] == "assistant"
+    continued = [*ask, {"role": "assistant", "content": "Once"}]
+    for body in ({"messages": continued, "continue_final_message": True},
+                 {"messages": ask, "add_generation_prompt": False}):
+        answer = await _post(client, "/v1/chat/completions", {**base, **body})
+        assert answer["choices"][0]["message"]["role"] == body["messages"][-1]["role"]
+        events = await _events(client, "/v1/chat/completions", {**base, **body})
+        assert events[0]["choices"][0]["delta"]["role"] == body["messages"][-1]["role"]
+    state = client.app[STATE]
+    options = state.options
+    try:
+        state.options = dataclasses.replace(options, response_role="model")
+        answer = await _post(client, "/v1/chat/completions", {**base, "messages": ask})
+    finally:
+        state.options = options
+    assert answer["choices"][0]["message"]["role"] == "model"
