@@ -27,6 +27,8 @@ MAX_LOGIT_BIAS_ENTRIES = 1024         # token ids in one request's logit_bias
 MAX_CACHE_SALT_CHARS = 1024           # vLLM suggests 43 (256 random bits, base64)
 MAX_ALLOWED_TOKEN_IDS = 1 << 18   # allowed_token_ids: a vocabulary's worth (Gemma 3: 262,144)
 MAX_CLIENT_ID_CHARS = 256  # an X-Request-Id naming the answer (trace ids are 32-64)
+# A client's id for its answer (X-Request-Id, request_id): visible ASCII, no space
+CLIENT_ID_PATTERN = rf"^[!-~]{{1,{MAX_CLIENT_ID_CHARS}}}$"
 MAX_STOP_STRINGS = 64                 # OpenAI allows 4
 MAX_STOP_STRING_CHARS = 1024          # each
 MAX_STOP_TOTAL_CHARS = 4096           # all of them together

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 
@@ -26,7 +27,7 @@ from kvledger.engine.frontend.generation import Generation
 from kvledger.engine.frontend.submission import Submission, Tenant
 from kvledger.engine.server import answer_stream, answers
 from kvledger.engine.server.api_errors import ApiError, admission_error, bad_request, engine_error
-from kvledger.engine.server.limits import MAX_CLIENT_ID_CHARS, decode_json
+from kvledger.engine.server.limits import CLIENT_ID_PATTERN, MAX_CLIENT_ID_CHARS, decode_json
 from kvledger.engine.server.protocol import (
     GenerationRequest,
     parse_chat,
@@ -129,8 +130,7 @@ def _client_request_id(request: web.Request) -> str | None:
     value = request.headers.get("X-Request-Id")
     if value is None:
         return None
-    if not (0 < len(value) <= MAX_CLIENT_ID_CHARS and value.isascii() and value.isprintable()
-            and " " not in value):
+    if re.fullmatch(CLIENT_ID_PATTERN, value) is None:  # the body's request_id's rule
         raise ApiError(400, f"X-Request-Id must be 1-{MAX_CLIENT_ID_CHARS} visible ASCII "
                             "characters", code="invalid_request", reason="bad_request")
     return value

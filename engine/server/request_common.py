@@ -12,9 +12,9 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from kvledger.engine.sampling.params import MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_PENALTY
 from kvledger.engine.server.limits import (
+    CLIENT_ID_PATTERN,
     MAX_ALLOWED_TOKEN_IDS,
     MAX_CACHE_SALT_CHARS,
-    MAX_CLIENT_ID_CHARS,
     MAX_INT,
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_N,
@@ -111,8 +111,7 @@ class GenerationFields(Strict):
     # completion's true, a chat's false (its template writes its own)
     add_special_tokens: bool | None = None
     # vLLM's: names the answer (cmpl-ID) unless an X-Request-Id header does
-    request_id: Annotated[str, Field(min_length=1, max_length=MAX_CLIENT_ID_CHARS,
-                                     pattern=r"^[!-~]+$")] | None = None
+    request_id: Annotated[str, Field(pattern=CLIENT_ID_PATTERN)] | None = None
 
     @model_validator(mode="before")
     @classmethod
