@@ -350,7 +350,13 @@ async def test_bad_words_are_never_written_as_vllm_reads_them(client, llm):
     # A word the free answer writes as one of its sequences (a whole token, say " the").
     word = next(w for t in free if (w := tokenizer.decode([t]).strip()).isalpha()
                 and any(written(s, free) for s in sequences_of(w)))
-    bounded = ids(await _post(client, "/v1/completions", {**plain, "bad_words": [word]}))
+    import asyncio
+
+    answer, beside = await asyncio.gather(  # a request beside it draws what it draws alone
+        _post(client, "/v1/completions", {**plain, "bad_words": [word]}),
+        _post(client, "/v1/completions", plain))
+    bounded = ids(answer)
+    assert ids(beside) == free
     for seq in sequences_of(word):
         assert not written(seq, bounded), (word, seq, bounded)
     assert bounded != free
