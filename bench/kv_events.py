@@ -147,7 +147,7 @@ def engine_run(model_dir: str, prompts: list[list[int]], concurrency: int, event
     engine = LLMEngine.from_config(EngineConfig(
         model=model_dir, device="cpu", block_size=BLOCK, max_model_len=512,
         num_gpu_blocks_override=pool, max_num_seqs=concurrency, kv_events_config=kv))
-    log = engine.ledger.events
+    log = engine.ledger.prefix_cache.events
     publisher = KVEventPublisher(kv, log) if events else None
     subscriber = Subscriber(endpoint) if events else None
     timer = Timed(log) if events else None

@@ -134,7 +134,7 @@ def simulate(args, *, eager: bool) -> Outcome:
                             else len(request.prompt))
             except RuntimeError as exc:
                 outcome.errors.append(f"grow at admission: {exc}")
-            ledger.register(reservation, request.prompt, len(request.prompt))
+            ledger.prefix_cache.register(reservation, request.prompt, len(request.prompt))
             running.append((request, reservation))
         if not running:
             outcome.errors.append("the head of the line can never be admitted")
@@ -148,7 +148,7 @@ def simulate(args, *, eager: bool) -> Outcome:
                 ledger.grow(reservation, len(tokens))
             except RuntimeError as exc:
                 outcome.errors.append(f"grow mid-flight: {exc}")
-            ledger.register(reservation, tokens, len(tokens) - 1)  # the last is not computed yet
+            ledger.prefix_cache.register(reservation, tokens, len(tokens) - 1)  # the last is not computed yet
             if len(request.output) < request.output_len:
                 still.append((request, reservation))
                 continue
@@ -159,8 +159,8 @@ def simulate(args, *, eager: bool) -> Outcome:
         running = still
         outcome.steps += 1
         outcome.cached_block_steps += ledger.cached_blocks
-    outcome.queried_tokens = ledger.prefix_cache_queries
-    outcome.hit_tokens = ledger.prefix_cache_hits
+    outcome.queried_tokens = ledger.prefix_cache.queries
+    outcome.hit_tokens = ledger.prefix_cache.hits
     outcome.evictions = ledger.evicted_blocks
     if ledger.reserved_blocks or ledger.used_blocks:
         outcome.errors.append(f"ledger not empty at the end: {ledger.reserved_blocks} reserved")

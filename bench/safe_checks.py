@@ -83,7 +83,7 @@ def run(max_live: int, num_blocks: int, steps: int, safe: bool, seed: int) -> di
                 draw_s.append(time.perf_counter() - began)
             advanced |= entry[1] > written
             if written < len(prompt) <= entry[1]:
-                ledger.register(reservation, prompt, len(prompt))
+                ledger.prefix_cache.register(reservation, prompt, len(prompt))
             if entry[1] == total:
                 ledger.release(reservation)
                 live.remove(entry)

@@ -111,7 +111,7 @@ class Refusals:
         if requested is not None and max_prompt_tokens + requested > state.max_model_len:
             return None  # it might be CapTooLarge
         cached = 0
-        if requested is None and ledger.enable_prefix_caching:
+        if requested is None and ledger.prefix_cache.enabled:
             cached = cacheable_blocks(max_prompt_tokens, ledger.block_size)
         least = n * (ledger.blocks_for(state.max_model_len) - cached if requested is None
                      else ledger.blocks_for(1 + requested))

@@ -93,7 +93,7 @@ class AsyncEngine:
         """The worker thread, and the KV events' publisher when the ledger logs them
         (BadInput when its endpoint cannot be bound or connected)."""
         self._loop = asyncio.get_running_loop()
-        events = self.engine.ledger.events
+        events = self.engine.ledger.prefix_cache.events
         if events is not None:
             self.kv_events = KVEventPublisher(self.engine.config.kv_events_config, events)
         self._thread = threading.Thread(target=self._run, name="kvledger-engine", daemon=True)
@@ -186,7 +186,7 @@ class AsyncEngine:
             # Even an empty step may have released blocks (aborts), so always report.
             self._loop.call_soon_threadsafe(self._deliver, outputs)
             if self.kv_events is not None:  # the step's events, one batch (kv/events.py)
-                self.engine.ledger.events.seal()
+                self.engine.ledger.prefix_cache.events.seal()
             if not outputs and self.engine.stall_watch.idle_steps:
                 # Nothing ran: only a new request, an abort or a release can change that.
                 self._wake.wait(timeout=IDLE_STEP_WAIT_S)

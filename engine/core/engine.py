@@ -216,12 +216,12 @@ class LLMEngine:
                 self.ledger.share_prompt(seq.reservation)
         for seq in batch.decodes:
             seq.num_computed_tokens += 1
-        if not self.ledger.enable_prefix_caching:
+        if not self.ledger.prefix_cache.enabled:
             return
         block_size = self.ledger.block_size
         for seq in [chunk.seq for chunk in batch.prefills] + batch.decodes:
             if seq.num_computed_tokens // block_size > seq.reservation.num_registered_blocks:
-                self.ledger.register(seq.reservation, seq.token_ids, seq.num_computed_tokens)
+                self.ledger.prefix_cache.register(seq.reservation, seq.token_ids, seq.num_computed_tokens)
 
     def _postprocess(self, seq: Sequence, sampled: Sampled | Exception) -> RequestOutput:
         """Append the sampled token, or fail this sequence alone on a fault of its own (logits

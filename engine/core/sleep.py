@@ -92,7 +92,7 @@ class Sleep:
         runner = self.runner
         self.level = level  # from here on, what fails half-way is put back by wake()
         if level >= 1:
-            self.ledger.reset_prefix_cache()  # the pool's contents go
+            self.ledger.prefix_cache.reset()  # the pool's contents go
             if runner.decode_graphs is not None:
                 self._graph_sizes = runner.decode_graphs.sizes
                 runner.decode_graphs = None

@@ -212,9 +212,9 @@ class FrontDoor:
         running request holds are freed (how many is returned); those running requests
         hold stay theirs until released."""
         ledger = self.engine.ledger
-        dropped = ledger.reset_prefix_cache()
-        if ledger.events is not None:  # its AllBlocksCleared goes now, not after a next step
-            ledger.events.seal()
+        dropped = ledger.prefix_cache.reset()
+        if ledger.prefix_cache.events is not None:  # its AllBlocksCleared goes now, not after a next step
+            ledger.prefix_cache.events.seal()
         return dropped
 
     def queue_status(self) -> dict[str, Any]:

@@ -91,9 +91,9 @@ class Served:
             free_blocks=ledger.free_blocks, cached_blocks=ledger.cached_blocks,
             paused_reservations=ledger.paused_reservations, overcommit=bool(overcommit),
             refused_draws=overcommit.refused_draws if overcommit else 0,
-            enable_prefix_caching=ledger.enable_prefix_caching,
-            prefix_cache_queries=ledger.prefix_cache_queries,
-            prefix_cache_hits=ledger.prefix_cache_hits)
+            enable_prefix_caching=ledger.prefix_cache.enabled,
+            prefix_cache_queries=ledger.prefix_cache.queries,
+            prefix_cache_hits=ledger.prefix_cache.hits)
 
     def engine_stall(self) -> StallCounts:
         watch = self._engine.stall_watch

@@ -25,21 +25,14 @@ promise: admissions, draws and pins are allowed while every live reservation can
 reach its cap in some order (``safety.py``, the banker's algorithm); a draw that would
 break that is refused (``grow`` returns short) and its request pauses a step.
 
-A pinned block is never written: hits are whole blocks before the prompt's last token
-(when every prompt block is cached the last hit is dropped, so at least one token is
-computed and gives the logits), the sequence starts its prefill after them and writes
-only blocks it drew. ``register`` makes a drawn block findable once it is full and its
-K/V computed (prompt blocks, and blocks of generated tokens, so a chat that re-sends its
-history hits); when its key already names another block it stays private. A request that
-needs the logits of every prompt position (``prompt_logprobs``) reserves with
-``use_cached=False``: no hits, though its blocks are still registered for others.
+Prefix caching (``prefix_cache.py``) decides which cached blocks a prompt finds; the
+ledger pins them and keeps the counts.
 
 Figures: ``used_blocks`` = in use; ``reserved_blocks`` = in use + outstanding;
 ``free_blocks`` = ``num_blocks - reserved_blocks``, what admission may still claim
 (cached included; negative when over-committed); ``cached_blocks`` (evictable);
-``evicted_blocks``; ``prefix_cache_queries``/``_hits`` in tokens, as vLLM. With caching
-off (or no prompt ids) each reservation claims ``blocks_for(prompt + cap)``; what one would
-claim now, with the cache as it is, is its quote (``quote.py``).
+``evicted_blocks``. What a request would claim now, with the cache as it is, is its quote
+(``quote.py``).
 
 Thread-safe: the server reserves and releases on the asyncio thread, the engine draws,
 registers and releases in its worker thread; one lock guards it all.
@@ -54,14 +47,15 @@ from kvledger.engine.errors import BadInput
 from kvledger.engine.kv import claims
 from kvledger.engine.kv.block_pool import BlockPool, Salt
 from kvledger.engine.kv.events import KVEventLog
-from kvledger.engine.kv.quote import Quote
+from kvledger.engine.kv.prefix_cache import PrefixCache
 from kvledger.engine.kv.reservation import PromptShare, Reservation
 from kvledger.engine.kv.safety import Overcommit
 
 
 class KVLedger:
     """Verb-based allocator over ``num_blocks`` blocks of ``block_size`` tokens each:
-    ``try_reserve``, ``pin_cached``, ``grow``, ``register``, ``release`` (module docstring)."""
+    ``try_reserve``, ``pin_cached``, ``grow``, ``release`` (module docstring); what its
+    prompts find and register is its ``prefix_cache``."""
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
                  overcommit: bool = False, max_live: int | None = None,
@@ -70,15 +64,13 @@ class KVLedger:
             raise BadInput(f"a KV pool needs >= 1 block of >= 1 token, got {num_blocks} x {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.enable_prefix_caching = enable_prefix_caching
-        self.prefix_cache_queries = 0  # tokens
-        self.prefix_cache_hits = 0     # tokens
         self._pool = BlockPool(num_blocks, events)
-        self.events = events  # KV events (kv/events.py), or None
         self._outstanding = 0
         self.overcommit = (Overcommit(num_blocks, block_size, max_live, self._pool, max_adapters)
                            if overcommit else None)  # --admission safe (safety.py)
         self._lock = threading.Lock()
+        self.prefix_cache = PrefixCache(self._pool, block_size, self._lock,
+                                        enabled=enable_prefix_caching, events=events)
 
     # -- figures ------------------------------------------------------------------------
     @property
@@ -97,10 +89,6 @@ class KVLedger:
     @property
     def cached_blocks(self) -> int:
         return self._pool.num_cached
-
-    def reset_prefix_cache(self) -> int:  # vLLM's: nothing cached is found again; freed
-        with self._lock:
-            return self._pool.forget_all()
 
     @property
     def paused_reservations(self) -> int:  # refused a draw on their last try (--admission safe)
@@ -142,7 +130,7 @@ class KVLedger:
         same salt finds them, or is found by it. ``adapter``: the request's LoRA adapter
         (None: the base model), for the slot it will take: one per adapter object. It is
         admitted only while safe without the ``kept`` blocks and seats (headroom)."""
-        quote = self._quote(num_tokens, count, prompt_token_ids, use_cached, salt)
+        quote = self.prefix_cache.quote(num_tokens, count, prompt_token_ids, use_cached, salt)
         with self._lock:
             price = quote.price(self._pool)
             hits, shared = price.hits, price.shared
@@ -158,10 +146,8 @@ class KVLedger:
             for block in hits:
                 self._pool.pin(block, count)
             self._outstanding += price.promised
-            if quote.lookups is not None:  # the cache was usable for this prompt
-                self.prefix_cache_queries += quote.prompt_tokens * count
-                self.prefix_cache_hits += len(hits) * self.block_size * count
-            prompt = prompt_token_ids if self.enable_prefix_caching else None
+            self.prefix_cache.admitted(quote, len(hits))
+            prompt = prompt_token_ids if self.prefix_cache.enabled else None
             reservations = [Reservation(quote.needed, hits, self.block_size, quote.hashes,
                                         prompt, quote.root, adapter, salt)
                             for _ in range(count)]
@@ -170,11 +156,6 @@ class KVLedger:
         if shared:
             PromptShare.begin(reservations, len(hits), len(hits) + shared)
         return reservations
-
-    def _quote(self, num_tokens: int, count: int, prompt_token_ids: Sequence[int] | None,
-               use_cached: bool, salt: Salt | str | None) -> Quote:
-        return Quote.of(num_tokens, count, prompt_token_ids, self.block_size,
-                        caching=self.enable_prefix_caching, use_cached=use_cached, salt=salt)
 
     def check_fits(self, num_tokens: int, count: int = 1, prompt_tokens: int = 0, *,
                    share: bool = False, kept_blocks: int = 0) -> int:
@@ -187,7 +168,7 @@ class KVLedger:
                       use_cached: bool = True, salt: Salt | str | None = None) -> int:
         """The blocks ``try_reserve_each`` would claim now (its draws, and the cached
         blocks it would pin); without a prompt or caching, ``count * blocks_for``."""
-        quote = self._quote(num_tokens, count, prompt_token_ids, use_cached, salt)
+        quote = self.prefix_cache.quote(num_tokens, count, prompt_token_ids, use_cached, salt)
         with self._lock:
             return quote.price(self._pool).blocks
 
@@ -227,20 +208,13 @@ class KVLedger:
         was already in use). Returns the prompt tokens now cached; does nothing with
         caching off. Only for a request that may use cached blocks (no prompt logprobs)."""
         start = reservation.num_cached_blocks
-        if not self.enable_prefix_caching or len(reservation.block_ids) > start:
+        keys = self.prefix_cache.keys_to_pin(reservation, prompt_token_ids)
+        if keys is None:
             return reservation.num_cached_tokens
-        if reservation.prompt_token_ids is None:  # reserved without its prompt: not counted yet
-            with self._lock:
-                self.prefix_cache_queries += len(prompt_token_ids)
-        lookups = claims.cacheable_blocks(len(prompt_token_ids), self.block_size)
-        if start >= lookups:
-            return reservation.num_cached_tokens
-        hashes = claims.extend_keys(reservation.block_hashes, reservation.root, prompt_token_ids,
-                             self.block_size, lookups)
         with self._lock:
             if reservation.released:
                 return reservation.num_cached_tokens
-            found = self._pool.find(hashes[start:lookups])
+            found = self.prefix_cache.find(keys)
             if self.overcommit is not None and not self.overcommit.may_pin(
                     reservation, found, self._pool.num_in_use, self._pool.ref_counts):
                 found = []  # it draws them instead, as the check allows
@@ -249,11 +223,7 @@ class KVLedger:
                 reservation.block_ids.append(block)
                 reservation.draws_left -= 1
                 self._outstanding -= 1
-            cached = len(reservation.block_ids)
-            self.prefix_cache_hits += (cached - start) * self.block_size
-            reservation.num_cached_blocks = reservation.num_registered_blocks = cached
-            reservation.num_cached_tokens = cached * self.block_size
-        return reservation.num_cached_tokens
+            return self.prefix_cache.pinned(reservation, start)
 
     def grow(self, reservation: Reservation, num_tokens: int) -> int:
         """Hold blocks for the reservation's first ``num_tokens`` tokens; returns the tokens
@@ -279,25 +249,6 @@ class KVLedger:
                 safety.advance(reservation, num_tokens)
         return num_tokens
 
-    def register(self, reservation: Reservation, token_ids: Sequence[int],
-                 num_computed_tokens: int) -> None:
-        """Make the reservation's full blocks among its first ``num_computed_tokens``
-        tokens (whose K/V are now in the cache; ``token_ids`` are its tokens so far)
-        findable by later requests. Does nothing with caching off."""
-        full = min(num_computed_tokens // self.block_size, len(reservation.block_ids))
-        if not self.enable_prefix_caching or full <= reservation.num_registered_blocks:
-            return
-        hashes = claims.extend_keys(reservation.block_hashes, reservation.root, token_ids,
-                             self.block_size, full)
-        with self._lock:
-            if reservation.released:
-                return
-            stored = [i for i in range(reservation.num_registered_blocks, full)
-                      if self._pool.register(reservation.block_ids[i], hashes[i])]
-            reservation.num_registered_blocks = full
-            if self.events is not None and stored:
-                self.events.stored(reservation, hashes, stored, token_ids)
-
     def share_prompt(self, owner: Reservation) -> list[Reservation]:
         """Once ``owner`` has computed its prompt: pin its shared blocks for the choices
         waiting for them, which then start after them. Returns those choices."""
@@ -321,8 +272,7 @@ class KVLedger:
             if reservation.released:
                 return
             if uncache:
-                for block in reservation.block_ids[reservation.num_cached_blocks:]:
-                    self._pool.forget(block)
+                self.prefix_cache.forget(reservation.block_ids[reservation.num_cached_blocks:])
             reservation.released = True
             if self.overcommit is not None:
                 self.overcommit.forget(reservation)

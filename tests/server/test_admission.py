@@ -341,7 +341,7 @@ def _computed(ledger, prompt, tokens):
     """A reservation whose prompt is computed and registered, as the engine leaves it."""
     reservation = ledger.try_reserve(tokens, prompt)
     ledger.grow(reservation, len(prompt))
-    ledger.register(reservation, prompt, len(prompt))
+    ledger.prefix_cache.register(reservation, prompt, len(prompt))
     return reservation
 
 

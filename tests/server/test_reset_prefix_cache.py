@@ -29,17 +29,17 @@ async def test_a_reset_drops_the_cached_blocks(aiohttp_client, llm, monkeypatch)
     client = await start_app(aiohttp_client, llm)
     await _complete(client)
     assert llm.ledger.cached_blocks >= 2
-    hits = llm.ledger.prefix_cache_hits
+    hits = llm.ledger.prefix_cache.hits
     await _complete(client)
-    assert llm.ledger.prefix_cache_hits - hits == 32  # the repeat found both blocks
+    assert llm.ledger.prefix_cache.hits - hits == 32  # the repeat found both blocks
     cached = llm.ledger.cached_blocks
     response = await client.post("/reset_prefix_cache")
     assert response.status == 200
     assert (await response.json()) == {"dropped_blocks": cached}
     assert llm.ledger.cached_blocks == 0
-    hits = llm.ledger.prefix_cache_hits
+    hits = llm.ledger.prefix_cache.hits
     await _complete(client)
-    assert llm.ledger.prefix_cache_hits == hits  # computed again: nothing was found
+    assert llm.ledger.prefix_cache.hits == hits  # computed again: nothing was found
     assert llm.ledger.reserved_blocks == 0
 
 

@@ -48,7 +48,7 @@ def _ledger(num_blocks: int = 8) -> tuple[KVLedger, KVEventLog]:
 def _run(ledger: KVLedger, tokens: list[int], *, salt=None, adapter=None):
     reservation = ledger.try_reserve(len(tokens), tokens, salt=salt, adapter=adapter)
     ledger.grow(reservation, len(tokens))
-    ledger.register(reservation, tokens, len(tokens))
+    ledger.prefix_cache.register(reservation, tokens, len(tokens))
     return reservation
 
 
@@ -77,7 +77,7 @@ def test_stored_blocks_carry_tokens_parent_adapter_and_the_clients_salt_only():
     # the API key's part of the salt and the adapter's id stay private.
     assert event.extra_keys == [("sql", "t"), ("sql",)]
     # More of the sequence computed later: its next block, with its parent.
-    ledger.register(reservation, list(range(12)), 12)
+    ledger.prefix_cache.register(reservation, list(range(12)), 12)
     [more] = _sealed(log)
     assert more.parent_block_hash == event.block_hashes[-1] and more.token_ids == [8, 9, 10, 11]
 
@@ -89,7 +89,7 @@ def test_a_block_whose_key_another_holds_stays_private_and_unpublished():
     # Same prompt, not using the cache (prompt logprobs): its blocks' keys exist already.
     second = ledger.try_reserve(12, list(range(12)), use_cached=False)
     ledger.grow(second, 12)
-    ledger.register(second, list(range(12)), 12)
+    ledger.prefix_cache.register(second, list(range(12)), 12)
     assert _sealed(log) == []
     ledger.release(first)
     ledger.release(second)
@@ -114,7 +114,7 @@ def test_a_reset_clears_every_key_even_those_running_requests_hold():
     ledger.release(done)
     running = _run(ledger, list(range(50, 58)))
     _sealed(log)
-    assert ledger.reset_prefix_cache() == 2  # the cached ones freed; the held stay held
+    assert ledger.prefix_cache.reset() == 2  # the cached ones freed; the held stay held
     assert [type(e) for e in _sealed(log)] == [AllBlocksCleared]
     assert ledger.used_blocks == 2
     again = ledger.try_reserve(8, list(range(50, 58)))
@@ -126,7 +126,7 @@ def test_a_reset_clears_every_key_even_those_running_requests_hold():
 
 def test_nothing_is_logged_or_sealed_with_events_off():
     ledger = KVLedger(8, BS, enable_prefix_caching=True)
-    assert ledger.events is None
+    assert ledger.prefix_cache.events is None
     _run(ledger, list(range(8)))  # registers without a log
 
 
@@ -140,7 +140,7 @@ def test_sha256_cbor_keys_are_vllms():
     ledger = KVLedger(4, 32, enable_prefix_caching=True, events=KVEventLog(32))
     _run(ledger, list(range(1, 34)), adapter=SimpleNamespace(
         name="sql", lora_int_id=1, path="/adapters/sql"), salt=Salt("lora:1\0salt:t", "t"))
-    [event] = _sealed(ledger.events)
+    [event] = _sealed(ledger.prefix_cache.events)
     assert event.block_hashes == [SHA256_LORA_SALT_FIRST_BLOCK]
 
 

@@ -164,7 +164,7 @@ def _cached_ledger(num_blocks=8, block_size=4) -> KVLedger:
 def _compute(ledger: KVLedger, r, tokens: list[int]) -> None:
     """What the engine does for a prompt computed in one go: draw, then register."""
     ledger.grow(r, len(tokens))
-    ledger.register(r, tokens, len(tokens))
+    ledger.prefix_cache.register(r, tokens, len(tokens))
 
 
 def test_caching_off_or_without_prompt_ids_is_the_plain_ledger():
@@ -175,7 +175,7 @@ def test_caching_off_or_without_prompt_ids_is_the_plain_ledger():
         again = ledger.try_reserve(16, ids)
         assert again.num_cached_blocks == 0 and again.num_cached_tokens == 0
         assert (ledger.reserved_blocks, ledger.used_blocks, ledger.free_blocks) == (4, 0, 4)
-        assert (ledger.prefix_cache_queries, ledger.prefix_cache_hits) == (0, 0)
+        assert (ledger.prefix_cache.queries, ledger.prefix_cache.hits) == (0, 0)
     # Off, nothing is even kept: without prompt ids a block is still offered to others.
     assert KVLedger(8, 4).cached_blocks == 0 and ledger.cached_blocks == 3
 
@@ -192,7 +192,7 @@ def test_a_repeated_prefix_pins_its_cached_blocks_and_draws_only_the_rest():
     assert second.block_ids == full_blocks
     assert (second.num_cached_blocks, second.num_cached_tokens, second.draws_left) == (2, 8, 2)
     assert (ledger.used_blocks, ledger.reserved_blocks, ledger.cached_blocks) == (2, 4, 0)
-    assert (ledger.prefix_cache_queries, ledger.prefix_cache_hits) == (10 + 11, 8)
+    assert (ledger.prefix_cache.queries, ledger.prefix_cache.hits) == (10 + 11, 8)
 
 
 def test_sharing_counts_a_block_once_and_admission_counts_cached_blocks_as_free():
@@ -232,7 +232,7 @@ def test_prompt_logprobs_take_no_hits_but_their_blocks_are_registered():
     _compute(ledger, echo, prompt)
     assert ledger.try_reserve(12, prompt, use_cached=False).num_cached_blocks == 0
     assert ledger.try_reserve(12, prompt).num_cached_blocks == 2
-    assert ledger.prefix_cache_queries == 10                    # only the one that could hit
+    assert ledger.prefix_cache.queries == 10                    # only the one that could hit
 
 
 def test_a_block_whose_tokens_are_already_cached_stays_private():
@@ -272,7 +272,7 @@ def test_generated_blocks_are_registered_so_a_resent_history_hits():
     r = ledger.try_reserve(12, prompt)
     tokens = prompt + reply
     ledger.grow(r, len(tokens))
-    ledger.register(r, tokens, len(tokens) - 1)                 # the last token's K/V is not in yet
+    ledger.prefix_cache.register(r, tokens, len(tokens) - 1)                 # the last token's K/V is not in yet
     ledger.release(r)
     assert ledger.try_reserve(16, [*tokens, 7, 8]).num_cached_blocks == 2
 
@@ -342,7 +342,7 @@ class PrefixLedgerMachine(RuleBasedStateMachine):
             self.written[block] = tuple(tokens[:position + 1])
         req["computed"] = end
         if then_register:
-            self.ledger.register(r, tokens, end)
+            self.ledger.prefix_cache.register(r, tokens, end)
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -379,7 +379,7 @@ class PrefixLedgerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def register(self, data):
         req = self.live[data.draw(st.sampled_from(sorted(self.live)))]
-        self.ledger.register(req["r"], req["tokens"], req["computed"])
+        self.ledger.prefix_cache.register(req["r"], req["tokens"], req["computed"])
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -442,7 +442,7 @@ def test_a_request_about_to_start_pins_what_was_cached_since_its_admission():
     assert ledger.pin_cached(waiting, prompt) == 8
     assert waiting.block_ids == first.block_ids[:2] and waiting.draws_left == 2
     assert ledger.reserved_blocks == 6                           # in use already: 2 draws fewer
-    assert (ledger.prefix_cache_queries, ledger.prefix_cache_hits) == (20, 8)
+    assert (ledger.prefix_cache.queries, ledger.prefix_cache.hits) == (20, 8)
     ledger.grow(waiting, 12)
     assert ledger.pin_cached(waiting, prompt) == 8               # once it has drawn: no more
 
@@ -453,4 +453,4 @@ def test_a_query_is_counted_once_whether_found_at_admission_or_at_start():
     assert ledger.pin_cached(short, [1, 2, 3]) == 0
     blind = ledger.try_reserve(12)                               # reserved without its prompt
     assert ledger.pin_cached(blind, list(range(9))) == 0
-    assert (ledger.prefix_cache_queries, ledger.prefix_cache_hits) == (3 + 9, 0)
+    assert (ledger.prefix_cache.queries, ledger.prefix_cache.hits) == (3 + 9, 0)

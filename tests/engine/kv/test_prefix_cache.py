@@ -82,7 +82,7 @@ def test_greedy_tokens_equal_the_cache_off_and_transformers(tiny_llama_dir, refe
     assert {rid: out.token_ids for rid, out in run(off, prompts).items()} == expected
     total = sum(map(len, prompts.values()))
     assert off.num_prefill_tokens == len(prompts["whole"]) + 2 * total  # computes every token
-    assert off.ledger.cached_blocks == 0 and off.ledger.prefix_cache_hits == 0
+    assert off.ledger.cached_blocks == 0 and off.ledger.prefix_cache.hits == 0
 
     # The full blocks each prompt finds cached (never the one holding its last token).
     # First time: the warm-up's 3 blocks of the prefix for "whole" and "longer", the first
@@ -92,14 +92,14 @@ def test_greedy_tokens_equal_the_cache_off_and_transformers(tiny_llama_dir, refe
     again_hits = sum((len(prompt) - 1) // block_size for prompt in prompts.values())
 
     run(on, {"warm": prompts["whole"]})                         # caches the shared prefix
-    assert (on.num_prefill_tokens, on.ledger.prefix_cache_hits) == (len(prompts["whole"]), 0)
+    assert (on.num_prefill_tokens, on.ledger.prefix_cache.hits) == (len(prompts["whole"]), 0)
     first = run(on, prompts)                                    # hits: all, some or none
-    assert on.ledger.prefix_cache_hits == first_hits * block_size
+    assert on.ledger.prefix_cache.hits == first_hits * block_size
     again = run(on, prompts)                                    # hits their own blocks too
     assert {rid: out.token_ids for rid, out in first.items()} == expected
     assert {rid: out.token_ids for rid, out in again.items()} == expected
     hits = (first_hits + again_hits) * block_size
-    assert on.ledger.prefix_cache_hits == hits and evictions(on.ledger) == 0
+    assert on.ledger.prefix_cache.hits == hits and evictions(on.ledger) == 0
     # Exactly the cached tokens were not computed: the cache off computed them all.
     assert on.num_prefill_tokens == off.num_prefill_tokens - hits
     assert_idle(on)
@@ -112,10 +112,10 @@ def test_a_repeated_prompt_computes_only_its_uncached_tail_and_counts_its_hits(t
     first = run(engine, {"a": prompt})["a"]
     assert engine.num_prefill_tokens == 50
     ledger = engine.ledger
-    assert (ledger.prefix_cache_queries, ledger.prefix_cache_hits) == (50, 0)
+    assert (ledger.prefix_cache.queries, ledger.prefix_cache.hits) == (50, 0)
     second = run(engine, {"b": prompt})["b"]
     assert engine.num_prefill_tokens == 50 + 2                  # 48 tokens came from the cache
-    assert (ledger.prefix_cache_queries, ledger.prefix_cache_hits) == (100, 48)
+    assert (ledger.prefix_cache.queries, ledger.prefix_cache.hits) == (100, 48)
     assert second.token_ids == first.token_ids
     # A prompt of exactly 3 blocks recomputes its last one: its logits give the first token.
     run(engine, {"c": prompt[:48]})
@@ -128,7 +128,7 @@ def test_requests_admitted_together_hit_what_the_first_computed_when_they_start(
     prompt = list(range(60, 110))                               # 50 tokens: 3 full blocks
     final = run(engine, {f"r{i}": prompt for i in range(3)})    # admitted before any ran
     assert engine.num_prefill_tokens == 50 + 2 + 2
-    assert engine.ledger.prefix_cache_hits == 2 * 48
+    assert engine.ledger.prefix_cache.hits == 2 * 48
     assert len({tuple(out.token_ids) for out in final.values()}) == 1
     assert_idle(engine)
 
@@ -139,10 +139,10 @@ def test_a_resent_conversation_hits_the_blocks_of_the_reply(tiny_llama_dir):
     reply = run(engine, {"turn-1": prompt}, SamplingParams(temperature=0, max_tokens=30,
                                                             ignore_eos=True))["turn-1"]
     history = prompt + reply.token_ids + [5, 6, 7]              # 53 tokens
-    hits_before = engine.ledger.prefix_cache_hits
+    hits_before = engine.ledger.prefix_cache.hits
     second = run(engine, {"turn-2": history})["turn-2"]
     # 49 of the 50 tokens turn 1 computed are in 3 full blocks, two of them the reply's.
-    assert engine.ledger.prefix_cache_hits - hits_before == 48
+    assert engine.ledger.prefix_cache.hits - hits_before == 48
     off = make_engine(tiny_llama_dir, enable_prefix_caching=False)
     assert second.token_ids == run(off, {"turn-2": history})["turn-2"].token_ids
 
@@ -169,13 +169,13 @@ def test_cached_blocks_are_evicted_only_under_pressure_least_recently_released_f
     assert evictions(ledger) == 0
     both("pressure", [14] * 32)                                 # 4 blocks: 1 free, 3 evicted
     assert evictions(ledger) == 3
-    hits = ledger.prefix_cache_hits
+    hits = ledger.prefix_cache.hits
     both("new-again", new)
-    assert ledger.prefix_cache_hits - hits == 24                # the recent one survived
+    assert ledger.prefix_cache.hits - hits == 24                # the recent one survived
     both("old-again", old)                                      # recomputed in evicted blocks
-    assert ledger.prefix_cache_hits - hits == 24                # the old one was evicted
+    assert ledger.prefix_cache.hits - hits == 24                # the old one was evicted
     assert tokens["new-again"] == tokens["new"] and tokens["old-again"] == tokens["old"]
-    assert evictions(off.ledger) == 0 and off.ledger.prefix_cache_hits == 0
+    assert evictions(off.ledger) == 0 and off.ledger.prefix_cache.hits == 0
     assert_idle(engine)
 
 
@@ -200,14 +200,14 @@ def test_greedy_tokens_under_eviction_churn_equal_the_cache_off(tiny_llama_dir):
             wave[f"w{n}-ask-too"] = systems[1] + words(3)
         else:
             wave[f"w{n}-chat"] = previous + words(2)
-        evicted, hits = evictions(on.ledger), on.ledger.prefix_cache_hits
+        evicted, hits = evictions(on.ledger), on.ledger.prefix_cache.hits
         got = {rid: out.token_ids for rid, out in run(on, wave, params).items()}
         assert got == {rid: out.token_ids for rid, out in run(off, wave, params).items()}, wave
         if evicted:
-            hits_after_evictions += on.ledger.prefix_cache_hits - hits
+            hits_after_evictions += on.ledger.prefix_cache.hits - hits
         previous = wave[f"w{n}-ask"] + got[f"w{n}-ask"]
     assert evictions(on.ledger) >= 20 and hits_after_evictions >= 100  # real churn, real hits
-    assert on.num_prefill_tokens == off.num_prefill_tokens - on.ledger.prefix_cache_hits
+    assert on.num_prefill_tokens == off.num_prefill_tokens - on.ledger.prefix_cache.hits
     assert evictions(off.ledger) == 0
     assert_idle(on)
 
@@ -225,7 +225,7 @@ def test_prompt_logprobs_are_exact_with_the_cache_on(tiny_llama_dir):
         assert (got.token_id, got.rank) == (want.token_id, want.rank)
         assert got.logprob == pytest.approx(want.logprob, abs=1e-4)
         assert [t for t, _ in got.top] == [t for t, _ in want.top]
-    assert engine.ledger.prefix_cache_queries == len(prompt)    # the echo did not query
+    assert engine.ledger.prefix_cache.queries == len(prompt)    # the echo did not query
     assert engine.num_prefill_tokens == 2 * len(prompt)
     assert_idle(engine)
 
@@ -270,17 +270,17 @@ async def test_the_server_admits_with_the_prompt_so_a_repeat_hits(aiohttp_client
     body = {"model": model_name(client), "prompt": prompt, "max_tokens": 6, "temperature": 0,
             "ignore_eos": True}
     first = await (await client.post("/v1/completions", json=body)).json()
-    hits = llm.ledger.prefix_cache_hits
+    hits = llm.ledger.prefix_cache.hits
     second = await (await client.post("/v1/completions", json={**body, "n": 2})).json()
-    assert llm.ledger.prefix_cache_hits - hits == 2 * 32        # each choice pinned both
+    assert llm.ledger.prefix_cache.hits - hits == 2 * 32        # each choice pinned both
     assert [c["text"] for c in second["choices"]] == [first["choices"][0]["text"]] * 2
     echo = await (await client.post("/v1/completions", json={**body, "echo": True,
                                                              "logprobs": 1})).json()
-    assert llm.ledger.prefix_cache_hits - hits == 2 * 32        # echo needs every position
+    assert llm.ledger.prefix_cache.hits - hits == 2 * 32        # echo needs every position
     assert echo["choices"][0]["text"].endswith(first["choices"][0]["text"])
 
 
 def test_llm_takes_the_flag(tiny_llama_dir):
     llm = LLM(str(tiny_llama_dir), max_model_len=64, device=DEVICE, enable_prefix_caching=False)
-    assert not llm.engine.ledger.enable_prefix_caching
+    assert not llm.engine.ledger.prefix_cache.enabled
     assert "--no-enable-prefix-caching" in llm.engine.config.to_flags()

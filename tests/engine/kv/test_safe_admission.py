@@ -122,7 +122,7 @@ def _simulate(seed: int, caching: bool) -> list[int]:
             if held > tokens:
                 entry[3] = tokens + 1
                 advanced = True
-                ledger.register(reservation, prompt + [0] * total, min(entry[3], len(prompt)))
+                ledger.prefix_cache.register(reservation, prompt + [0] * total, min(entry[3], len(prompt)))
             if entry[3] == total:
                 ledger.release(reservation)
                 live.remove(entry)

@@ -85,10 +85,10 @@ def test_a_failed_requests_blocks_leave_the_prefix_cache(tiny_llama_dir):
     engine.step()  # the whole prompt computed and registered
     _poison_blocks(engine, "poisoned")
     assert drain(engine)["poisoned"].finish_reason == "error"
-    hits = engine.ledger.prefix_cache_hits
+    hits = engine.ledger.prefix_cache.hits
     engine.add_request("same", prompt, GREEDY)
     assert drain(engine)["same"].finish_reason == "length"
-    assert engine.ledger.prefix_cache_hits == hits  # nothing found: computed again
+    assert engine.ledger.prefix_cache.hits == hits  # nothing found: computed again
 
 
 def test_an_adapter_of_nan_weights_reaches_no_other_row(tiny_llama_dir, tmp_path):
