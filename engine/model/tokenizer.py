@@ -10,11 +10,12 @@ from typing import Any
 
 from kvledger.engine import json_text
 from kvledger.engine.checkpoint.files import (
+    CONFIG_FILE,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
 )
 from kvledger.engine.errors import BadInput, clip
-from kvledger.engine.model import chat_template
+from kvledger.engine.model import chat_template, tokenizer_class
 from kvledger.engine.model.generation_config import AUTO, sampling_defaults, stop_ids
 
 
@@ -35,9 +36,15 @@ class Tokenizer:
             raise BadInput(f"{clip(str(files))}: no {TOKENIZER_FILE} (kvledger needs a fast "
                            "tokenizer file; --tokenizer DIR reads one from another folder)")
         try:
-            self._tok = HFTokenizer.from_file(str(path))
+            text = path.read_text(encoding="utf-8")
+            self._tok = HFTokenizer.from_str(text)
         except Exception as exc:  # the library raises a bare Exception on bad files
             raise BadInput(f"{path}: cannot read tokenizer: {exc}") from None
+        self.tokenizer_config = _read_json(files / TOKENIZER_CONFIG_FILE)
+        # As transformers 5 reads it for the class it names (vLLM's tokenizer)
+        model_type = next((config.get("model_type") for folder in (files, model_dir)
+                           if (config := _read_json(folder / CONFIG_FILE))), None)
+        tokenizer_class.as_transformers_reads(self._tok, text, self.tokenizer_config, model_type)
         # The batch call releases the GIL while the Rust code runs; ``encode`` holds it
         # throughout (seconds for a 4 MiB prompt), which would stall the server's event
         # loop even from a worker thread. ``_fast`` skips the offsets nobody reads.
@@ -46,7 +53,6 @@ class Tokenizer:
         self.added_texts: dict[int, str] = {
             token_id: added.content
             for token_id, added in self._tok.get_added_tokens_decoder().items()}
-        self.tokenizer_config = _read_json(files / TOKENIZER_CONFIG_FILE)
         self.bos_token = _token_text(self.tokenizer_config.get("bos_token"))
         self.eos_token = _token_text(self.tokenizer_config.get("eos_token"))
         # What a chat template reads of them (transformers' special_tokens_map)
@@ -211,16 +217,11 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
 
 
 def special_tokens_map(config: dict[str, Any]) -> dict[str, Any]:
-    """The special tokens tokenizer_config.json names, by name (``pad_token``: its text),
-    with ``additional_special_tokens``: what transformers' ``special_tokens_map`` gives a
-    chat template."""
-    named = {name: text for name in SPECIAL_TOKEN_NAMES
-             if (text := _token_text(config.get(name))) is not None}
-    extra = config.get("additional_special_tokens")
-    if isinstance(extra, list):
-        named["additional_special_tokens"] = [
-            t for t in map(_token_text, extra) if t is not None]
-    return named
+    """The special tokens tokenizer_config.json names, by name (``pad_token``: its text):
+    what transformers 5's ``special_tokens_map`` gives a chat template (its extra special
+    tokens, ``additional_special_tokens`` before, are not among them)."""
+    return {name: text for name in SPECIAL_TOKEN_NAMES
+            if (text := _token_text(config.get(name))) is not None}
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -23,6 +23,8 @@ TEMPLATES = {
                    "{% generation %}<|assistant|>{{ m['content'] }}<|end|>{% endgeneration %}"
                    "{% else %}<|user|>{{ m['content'] }}<|end|>{% endif %}{% endfor %}"),
     "specials": "{{ bos_token }}[{{ pad_token }}][{{ unk_token }}]{{ messages[0]['content'] }}",
+    # transformers 5 gives a template the named tokens only, whatever the config lists
+    "extras": "[{{ additional_special_tokens }}][{{ extra_special_tokens }}]{{ messages[0]['content'] }}",
 }
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
         {"role": "assistant", "content": "hello"}, {"role": "user", "content": "again"}]
@@ -33,7 +35,8 @@ def model_dir(tiny_llama_dir, tmp_path):
     folder = tmp_path / "model"
     shutil.copytree(tiny_llama_dir, folder)
     config = json.loads((folder / "tokenizer_config.json").read_text())
-    config.update(pad_token="<|end|>", unk_token="<|system|>")
+    config.update(pad_token="<|end|>", unk_token="<|system|>",  # and transformers 4's key:
+                  additional_special_tokens=["<|user|>", "<|assistant|>"])
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return folder
 
