@@ -79,11 +79,15 @@ def main(args: argparse.Namespace) -> int:
     return asyncio.run(serve(config, options, serving.host, serving.port))
 
 
+API_KEY_VARIABLES = ("KVLEDGER_API_KEY", "VLLM_API_KEY")  # ours, and vLLM's (a Secret's)
+
+
 def _api_keys(serving: ServeConfig) -> tuple[str, ...]:
-    """--api-key's keys (else $KVLEDGER_API_KEY's) and --api-key-file's, in that order."""
+    """--api-key's keys (else those of $KVLEDGER_API_KEY and $VLLM_API_KEY, as vLLM takes
+    its variable) and --api-key-file's, in that order."""
     keys = list(serving.api_keys)
-    if not keys and os.environ.get("KVLEDGER_API_KEY"):
-        keys.append(os.environ["KVLEDGER_API_KEY"])
+    if not keys:
+        keys += [os.environ[name] for name in API_KEY_VARIABLES if os.environ.get(name)]
     if serving.api_key_file is not None:
         path = serving.api_key_file
         try:

@@ -58,9 +58,13 @@ def config_flags(path: str, parser: argparse.ArgumentParser) -> list[str]:
     if Path(path).suffix not in (".yaml", ".yml"):
         raise BadInput(f"--config {path}: a config file is YAML (.yaml or .yml)")
     try:
-        config: Any = yaml.safe_load(Path(path).read_text())
+        config: Any = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise BadInput(f"--config {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"--config {path}: not UTF-8 text (byte {exc.start})") from None
+    except RecursionError:
+        raise BadInput(f"--config {path}: nested too deeply") from None
     except yaml.YAMLError as exc:
         raise BadInput(f"--config {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if config is None:

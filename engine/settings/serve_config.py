@@ -37,6 +37,7 @@ from kvledger.engine.settings.serve_values import (
     BODY_BYTES,
     JSON_OBJECT,
     JSON_STRINGS,
+    LAST_WORDS,
     LOGPROBS,
     OPENAI_API,
     PARSER,
@@ -63,10 +64,11 @@ class ServeConfig:
         crd=Crd("", "HTTP port of the engine and the Service", schema={"maximum": 65535},
                 defaulted=True))
     api_keys: tuple[str, ...] = setting(  # serve adds $KVLEDGER_API_KEY's and the file's
-        (), "--api-key", WORDS, metavar="KEY", group=SERVER,
+        (), "--api-key", LAST_WORDS, metavar="KEY", group=SERVER,
         help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize; "
-             "several keys (repeat the flag, or list them) each open it (default: "
-             "$KVLEDGER_API_KEY; unset = no key)")
+             "several keys, listed, each open it; as in vLLM a later --api-key (the "
+             "command line's after a --config file's) replaces an earlier one (default: "
+             "$KVLEDGER_API_KEY and vLLM's $VLLM_API_KEY; unset = no key)")
     api_key_file: str | None = setting(
         None, "--api-key-file", TEXT, metavar="PATH", group=SERVER,
         help="more API keys, one per line (blank lines and # comments skipped), e.g. a "

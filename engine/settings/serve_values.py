@@ -94,6 +94,9 @@ def _object(flag: str, value: Any) -> None:
 PORT = Kind("port", parse=int, check=_port)
 BODY_BYTES = Kind("bytes", parse=size_arg, check=_some_bytes, metavar="SIZE")
 WORDS = Kind("text", action="extend", nargs="+", render=list)  # --x A B --x C: (A, B, C)
+# vLLM's list flags (argparse's store): --x A B --x C is (C,), so a launch line's later
+# value, or the command line's after a --config file's, replaces the earlier one
+LAST_WORDS = Kind("text", nargs="+", render=list)
 PARSER = Kind("choice", parse=tool_call_parser, values=PARSERS, metavar="NAME",
               check=lambda _flag, value: tool_call_parser(value))
 LOGPROBS = Kind("count", parse=max_logprobs, check=_logprobs, metavar="N")

@@ -217,10 +217,14 @@ def test_underscored_flags_and_a_config_file_read_as_vllm_reads_them(tiny_llama_
     assert main(["plan", *line]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert (plan["max_model_len"], plan["max_num_seqs"], plan["kv"]["block_size"]) == (64, 2, 8)
-    for text, error in (("- a list\n", "expected a mapping"), ("a: [\n", "not valid YAML")):
+    for text, error in (("- a list\n", "expected a mapping"), ("a: [\n", "not valid YAML"),
+                        ("[" * 100_000, "nested too deeply")):
         config.write_text(text)
         assert main(["plan", *line]) == 2
         assert error in capsys.readouterr().err
+    config.write_bytes(b"max-model-len: 256\n# caf\xe9\n")  # Latin-1: was a traceback
+    assert main(["plan", *line]) == 2
+    assert capsys.readouterr().err.startswith("error: --config")
     assert main(["plan", str(tiny_llama_dir), "--config", str(tmp_path / "none.yaml")]) == 2
     assert "No such file" in capsys.readouterr().err
     assert main(["plan", str(tiny_llama_dir), "--config", str(tmp_path / "x.json")]) == 2

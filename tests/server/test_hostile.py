@@ -16,6 +16,7 @@ from _server_helpers import make_llm, metric, start_app
 
 from kvledger.engine.commands.serve import _api_keys, add_arguments
 from kvledger.engine.settings.declare import values_from_args
+from kvledger.engine.settings.launch_line import with_config
 from kvledger.engine.settings.serve_config import ServeConfig
 
 HITS = "kvledger_prefix_cache_hits_total"
@@ -165,15 +166,24 @@ def test_api_keys_from_flags_the_environment_and_a_file(tmp_path, monkeypatch):
     add_arguments(parser)
 
     def serving(*argv: str) -> ServeConfig:  # as serve's main reads its flags
-        return ServeConfig(**values_from_args(parser.parse_args(["--model", "m", *argv]),
+        argv = tuple(with_config(["--model", "m", *argv], parser))
+        return ServeConfig(**values_from_args(parser.parse_args(argv),
                                               ServeConfig))
 
     keys = tmp_path / "keys"
     keys.write_text("# team keys\nkey-c\n\n  key-d  \nkey-a\n")
-    args = serving("--api-key", "key-a", "--api-key", "key-b", "--api-key-file", str(keys))
+    args = serving("--api-key", "key-a", "key-b", "--api-key-file", str(keys))
     assert _api_keys(args) == ("key-a", "key-b", "key-c", "key-d")
+    # vLLM's rule: a later --api-key replaces an earlier one (a rotated key stops working)
+    assert _api_keys(serving("--api-key", "old", "--api-key", "new")) == ("new",)
+    rotated = tmp_path / "serve.yaml"
+    rotated.write_text("api-key: [old]\n")  # the command line's key replaces the file's
+    assert _api_keys(serving("--config", str(rotated), "--api-key", "new")) == ("new",)
     monkeypatch.setenv("KVLEDGER_API_KEY", "from-env")
     assert _api_keys(serving()) == ("from-env",)
+    monkeypatch.delenv("KVLEDGER_API_KEY")
+    monkeypatch.setenv("VLLM_API_KEY", "vllms")  # before: ignored, the server open to all
+    assert _api_keys(serving()) == ("vllms",)
     assert _api_keys(serving("--api-key", "x", "y")) == ("x", "y")
     empty = tmp_path / "empty"
     empty.write_text("# nothing\n")
