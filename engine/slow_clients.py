@@ -9,6 +9,9 @@ admission webhook both use them (aiohttp only: no torch, no room of the engine).
   ``openai_api.read_body``, the webhook's server: 408);
 - idle: a keep-alive connection with no request for ``keepalive_timeout`` is closed
   (aiohttp's own);
+- reading: a connection whose client reads nothing for ``write_timeout_s`` while the server
+  has more of an answer to write than the socket takes (asyncio paused its writing) is
+  aborted, and what it held freed: an answer nobody reads cannot pile up in memory;
 - with ``CappedSite``: a TLS handshake not done within ``handshake_timeout_s`` is dropped
   (asyncio's own, 60 s unless told), and no more than ``max_connections`` are open at once:
   one past them is closed as it is accepted, before any TLS, so a flood costs the process
@@ -35,11 +38,12 @@ from aiohttp.web_protocol import RequestHandler
 
 
 def limited_runner(app: web.Application, *, header_timeout_s: float,
-                   keepalive_timeout: float, **kwargs: Any) -> web.AppRunner:
-    """The app's runner with these slow-client limits; ``kwargs`` go to aiohttp's
-    ``AppRunner``."""
+                   keepalive_timeout: float, write_timeout_s: float = 0.0,
+                   **kwargs: Any) -> web.AppRunner:
+    """The app's runner with these slow-client limits (0: none); ``kwargs`` go to
+    aiohttp's ``AppRunner``."""
     return _Runner(app, header_timeout_s=header_timeout_s, keepalive_timeout=keepalive_timeout,
-                   **kwargs)
+                   write_timeout_s=write_timeout_s, **kwargs)
 
 
 class CappedSite(web.BaseSite):
@@ -97,37 +101,64 @@ class _CappedListener(socket.socket):
 
 
 class _Runner(web.AppRunner):
-    def __init__(self, app: web.Application, *, header_timeout_s: float, **kwargs: Any) -> None:
+    def __init__(self, app: web.Application, *, header_timeout_s: float,
+                 write_timeout_s: float, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
-        self._header_timeout_s = header_timeout_s
+        self._timeouts = (header_timeout_s, write_timeout_s)
 
     async def _make_server(self) -> _Server:
-        return _Server(await super()._make_server(), self._header_timeout_s)
+        return _Server(await super()._make_server(), *self._timeouts)
 
 
 class _Server:
     """aiohttp's ``Server`` (the protocol factory) making ``_Connection`` protocols."""
 
-    def __init__(self, server: web.Server, header_timeout_s: float) -> None:
+    def __init__(self, server: web.Server, header_timeout_s: float,
+                 write_timeout_s: float) -> None:
         self._server = server
-        self._header_timeout_s = header_timeout_s
+        self._timeouts = (header_timeout_s, write_timeout_s)
 
     def __call__(self) -> RequestHandler:
         server = self._server
-        return _Connection(server, loop=server._loop, header_timeout_s=self._header_timeout_s,
-                           **server._kwargs)
+        header_timeout_s, write_timeout_s = self._timeouts
+        return _Connection(server, loop=server._loop, header_timeout_s=header_timeout_s,
+                           write_timeout_s=write_timeout_s, **server._kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._server, name)
 
 
 class _Connection(RequestHandler):
-    """aiohttp's per-connection protocol with a deadline on each request's headers."""
+    """aiohttp's per-connection protocol with a deadline on each request's headers, and
+    one on a client that stops reading its answer."""
 
-    def __init__(self, manager: web.Server, *, header_timeout_s: float, **kwargs: Any) -> None:
+    def __init__(self, manager: web.Server, *, header_timeout_s: float,
+                 write_timeout_s: float = 0.0, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._header_timeout_s = header_timeout_s
         self._header_deadline: asyncio.TimerHandle | None = None
+        self._write_timeout_s = write_timeout_s
+        self._write_deadline: asyncio.TimerHandle | None = None
+
+    def pause_writing(self) -> None:  # the socket's buffer is full: the client is not reading
+        super().pause_writing()
+        if self._write_timeout_s > 0 and self._write_deadline is None:
+            self._write_deadline = self._loop.call_later(self._write_timeout_s,
+                                                         self._reader_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stop_write_clock()
+
+    def _stop_write_clock(self) -> None:
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+
+    def _reader_stalled(self) -> None:
+        self._write_deadline = None
+        if self.transport is not None:
+            self.transport.abort()  # drops what it buffered; the handler sees a reset
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -143,6 +174,7 @@ class _Connection(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._stop_header_clock()
+        self._stop_write_clock()
         super().connection_lost(exc)
 
     def _awaiting_request(self) -> bool:

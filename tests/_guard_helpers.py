@@ -55,6 +55,7 @@ async def serving(llm, **options):
     serve_options = ServeOptions(**options)
     app = build_app(serve_options)
     runner = limited_runner(app, header_timeout_s=serve_options.header_timeout_s,
+                            write_timeout_s=serve_options.write_timeout_s,
                             keepalive_timeout=serve_options.keepalive_timeout_s,
                             handler_cancellation=True, access_log=None)
     await runner.setup()

@@ -24,6 +24,7 @@ from typing import Any
 
 from kvledger.engine.checkpoint.files import CHAT_TEMPLATE_DIR, CHAT_TEMPLATE_FILE, TEMPLATE_SUFFIX
 from kvledger.engine.errors import BadInput, shown
+from kvledger.engine.model import template_bounds
 
 
 class ReservedKwargs(BadInput):
@@ -86,14 +87,16 @@ def pick(templates: dict[str, str], tools: bool) -> str | None:
 def render(source: str, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
            tools: list[dict[str, Any]] | None, bos_token: str, eos_token: str,
            kwargs: dict[str, Any] | None = None, continue_final_message: bool = False,
-           content: str = AUTO, special_tokens: dict[str, Any] | None = None) -> str:
+           content: str = AUTO, special_tokens: dict[str, Any] | None = None,
+           untrusted: bool = False) -> str:
     """``messages`` as the prompt text ``source`` makes of them, each message's content
     (a string, or a list of text parts) in the ``content`` format (``content_format``),
     the tokenizer's ``special_tokens`` (``pad_token``...) as variables, as transformers
     gives them. ``kwargs``: a request's ``chat_template_kwargs`` (over the special
     tokens, as transformers merges them), those the template does not read dropped (vLLM
-    drops them too), a reserved name refused. BadInput when the template fails or raises."""
-    template, variables = compiled(source)
+    drops them too), a reserved name refused. ``untrusted``: a request's own template,
+    rendered within ``template_bounds``. BadInput when the template fails or raises."""
+    template, variables = compiled(source, untrusted)
     openai = (content_format(source) if content == AUTO else content) == OPENAI
     messages = [{**m, "content": _content(m.get("content"), openai)} for m in messages]
     extra = dict(kwargs or {})
@@ -102,11 +105,12 @@ def render(source: str, messages: list[dict[str, Any]], *, add_generation_prompt
         raise ReservedKwargs(f"chat_template_kwargs may not set {', '.join(reserved)} (the "
                              f"request's own fields set them)")
     extra = {k: v for k, v in extra.items() if k in variables}
+    context = {**(special_tokens or {}), **extra, "messages": messages,
+               "add_generation_prompt": add_generation_prompt, "tools": tools,
+               "bos_token": bos_token, "eos_token": eos_token}
     try:
-        text = template.render({**(special_tokens or {}), **extra, "messages": messages,
-                                "add_generation_prompt": add_generation_prompt,
-                                "tools": tools, "bos_token": bos_token,
-                                "eos_token": eos_token})
+        text = (template_bounds.render_bounded(template, context) if untrusted
+                else template.render(context))
     except BadInput:
         raise
     except Exception as exc:  # jinja2's and the template's own errors alike
@@ -150,18 +154,20 @@ def _content(content: Any, openai: bool) -> Any:
 
 
 @lru_cache(maxsize=32)
-def compiled(source: str):
+def compiled(source: str, untrusted: bool = False):
     """``source`` compiled in jinja2's immutable sandbox with Hugging Face's globals, and
-    the names it reads; cached (a request's own template is compiled once). BadInput,
-    one line, when it is not valid jinja2."""
+    the names it reads; cached (a request's own template is compiled once), a request's
+    (``untrusted``) in ``template_bounds``' sandbox. BadInput, one line, when it is not
+    valid jinja2."""
     from jinja2 import TemplateError, meta
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     if len(source.encode()) > MAX_TEMPLATE_BYTES:
         raise BadInput(f"the chat template is larger than {MAX_TEMPLATE_BYTES} bytes")
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols",
-                                                    _generation_tag()])
+    sandbox = (template_bounds.untrusted_environment if untrusted
+               else ImmutableSandboxedEnvironment)
+    env = sandbox(trim_blocks=True, lstrip_blocks=True,
+                  extensions=["jinja2.ext.loopcontrols", _generation_tag()])
     env.globals["raise_exception"] = _raise_template_error
     env.globals["strftime_now"] = _strftime_now  # Llama 3.x templates date prompts
     env.filters["tojson"] = _tojson  # Hugging Face's: tool schemas render as plain JSON

@@ -125,7 +125,7 @@ class Tokenizer:
                                     eos_token=self.eos_token or "", kwargs=kwargs,
                                     special_tokens=self.special_tokens,
                                     continue_final_message=continue_final_message,
-                                    content=content)
+                                    content=content, untrusted=template is not None)
 
     def special_token_id(self, text: str) -> int | None:
         """The id of the special token ``text`` (one decoding drops), else None."""

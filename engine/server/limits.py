@@ -90,6 +90,15 @@ def _too_deep():
                        f"(the limit per request)", code="invalid_json")
 
 
+def few_messages(messages: Any) -> Any:
+    """A chat's ``messages`` counted before any is validated (``MAX_MESSAGES``): the one
+    rule of every endpoint that takes them (chat completions, ``/tokenize``)."""
+    if isinstance(messages, list) and len(messages) > MAX_MESSAGES:
+        raise ValueError(f"holds {len(messages)} messages; at most {MAX_MESSAGES} are "
+                         f"allowed per request")
+    return messages
+
+
 def has_lone_surrogate(value: Any) -> bool:
     """Whether any string (key or value) inside ``value`` holds an unpaired surrogate.
     Iterative: a body may nest as deep as ``MAX_JSON_DEPTH`` allows, and the check must

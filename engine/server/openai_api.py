@@ -73,7 +73,9 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     req.model = state.model_name if lora is None else lora.lora_name
     check_logprobs(state, req)
     tools = _tool_plan(state, req)
-    prompts = [await state.off_loop(len(raw), chat_prompt, state, req)] \
+    # A request's own template is code whose cost its body does not bound: off the loop.
+    render_size = None if getattr(req, "chat_template", None) is not None else len(raw)
+    prompts = [await state.off_loop(render_size, chat_prompt, state, req)] \
         if req.kind == "chat" else req.prompt
     tenant = state.tenant(request)
     timeline.tenant = tenant.label

@@ -21,7 +21,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from kvledger.engine.server.chat_message import ChatMessage
 from kvledger.engine.server.chat_options import ChatTemplateOptions
-from kvledger.engine.server.limits import MAX_INT, MAX_MESSAGES
+from kvledger.engine.server.limits import MAX_INT, few_messages
 from kvledger.engine.server.request_common import GenerationFields, TopLogprobs
 from kvledger.engine.server.structured_outputs import constraint_field
 from kvledger.engine.server.tools.protocol import (
@@ -93,13 +93,7 @@ class ChatRequest(GenerationFields, ChatTemplateOptions):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
 
-    @field_validator("messages", mode="before")
-    @classmethod
-    def _message_count(cls, messages: Any) -> Any:
-        if isinstance(messages, list) and len(messages) > MAX_MESSAGES:
-            raise ValueError(f"holds {len(messages)} messages; at most {MAX_MESSAGES} are "
-                             f"allowed per request")
-        return messages
+    _message_count = field_validator("messages", mode="before")(few_messages)
 
     @model_validator(mode="after")
     def _logprobs_given(self) -> ChatRequest:

@@ -11,6 +11,7 @@ from typing import Any
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.model.chat_template import ReservedKwargs, compiled
+from kvledger.engine.model.template_bounds import TemplateTooCostly
 from kvledger.engine.server.api_errors import bad_request
 from kvledger.engine.server.chat_options import ChatTemplateOptions
 from kvledger.engine.server.protocol import ChatRequest, GenerationRequest
@@ -31,7 +32,7 @@ def render_chat(state: ServerState, req: ChatTemplateOptions, messages: list[dic
     kwargs = {**options.default_chat_template_kwargs, **(req.chat_template_kwargs or {})}
     if req.chat_template is not None:
         try:
-            compiled(req.chat_template)
+            compiled(req.chat_template, untrusted=True)
         except BadInput as exc:
             raise bad_request(str(exc), "chat_template") from None
     try:
@@ -42,6 +43,8 @@ def render_chat(state: ServerState, req: ChatTemplateOptions, messages: list[dic
             content=options.chat_template_content_format)
     except ReservedKwargs as exc:
         raise bad_request(str(exc), "chat_template_kwargs") from None
+    except TemplateTooCostly as exc:
+        raise bad_request(str(exc), "chat_template") from None
     except BadInput as exc:
         raise bad_request(str(exc), "messages") from None
 

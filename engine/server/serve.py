@@ -80,6 +80,7 @@ async def serve(config, options: ServeOptions, host: str, port: int) -> int:
     app = build_app(options)
     state = app[STATE]
     runner = limited_runner(app, header_timeout_s=options.header_timeout_s,
+                            write_timeout_s=options.write_timeout_s,
                             keepalive_timeout=options.keepalive_timeout_s,
                             handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
     await runner.setup()

@@ -8,17 +8,18 @@ Nothing is reserved.
 
 from __future__ import annotations
 
+import json
 from importlib.metadata import version as package_version
 from typing import Annotated, Any
 
 from aiohttp import web
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.server.api_errors import bad_request
 from kvledger.engine.server.chat_message import ChatMessage
 from kvledger.engine.server.chat_options import ChatTemplateOptions
-from kvledger.engine.server.limits import MAX_INT, decode_json
+from kvledger.engine.server.limits import MAX_INT, decode_json, few_messages
 from kvledger.engine.server.openai_api import read_body
 from kvledger.engine.server.request_fields import render_chat
 from kvledger.engine.server.state import STATE, ServerState
@@ -33,6 +34,8 @@ class TokenizeRequest(ChatTemplateOptions):
     tools: ToolList | None = None            # vLLM's: rendered by the chat template too
     add_special_tokens: bool | None = None   # default: True for a prompt, False for a chat
     return_token_strs: bool = False
+
+    _message_count = field_validator("messages", mode="before")(few_messages)
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
@@ -50,13 +53,21 @@ class DetokenizeRequest(Strict):
 
 async def tokenize(request: web.Request) -> web.Response:
     state, req, size = await _read(request, TokenizeRequest)
-    ids = await state.off_loop(size, _tokenize, state, req)
-    body: dict[str, Any] = {"count": len(ids), "max_model_len": state.served.max_model_len,
-                            "tokens": ids, "token_strs": None}
-    if req.return_token_strs:  # the vocabulary's strings, as vLLM's convert_ids_to_tokens
-        tokenizer = state.door.tokenizer
-        body["token_strs"] = [tokenizer.id_to_token(t) or "" for t in ids]
-    return web.json_response(body)
+    # A request's own template costs what its body does not say: off the loop. So does
+    # the answer, up to 8 bytes of JSON a prompt byte (its ids and their strings).
+    own_template = req.messages is not None and req.chat_template is not None
+    body = await state.off_loop(None if own_template else size, _tokenized, state, req)
+    return web.Response(body=body, content_type="application/json")
+
+
+def _tokenized(state, req: TokenizeRequest) -> bytes:
+    """The answer's JSON: the ids, and with ``return_token_strs`` the vocabulary's strings
+    (vLLM's convert_ids_to_tokens)."""
+    ids = _tokenize(state, req)
+    tokenizer = state.door.tokenizer
+    strs = [tokenizer.id_to_token(t) or "" for t in ids] if req.return_token_strs else None
+    return json.dumps({"count": len(ids), "max_model_len": state.served.max_model_len,
+                       "tokens": ids, "token_strs": strs}).encode()
 
 
 async def detokenize(request: web.Request) -> web.Response:

@@ -166,6 +166,12 @@ class ServeConfig:
         30.0, "--body-timeout", SECONDS, group=SERVER,
         help="answer 408 to a request whose body takes longer than this after its headers "
              "(default %(default)g)")
+    # A client that reads none of an answer while the server holds more than the socket's
+    # buffer of it (a 30 MB /tokenize answer) keeps that in memory: this drops it.
+    write_timeout_s: float = setting(
+        60.0, "--write-timeout", SECONDS, group=SERVER,
+        help="close a connection whose client has read nothing of its answer for this long "
+             "while the server waits to write more (default %(default)g)")
     keepalive_timeout_s: float = setting(
         75.0, "--keepalive-timeout", SECONDS_OR_ZERO, group=SERVER,
         help="close a keep-alive connection idle this long (default %(default)g; 0: one "

@@ -46,6 +46,7 @@ DECLARED = {
     "max_body_bytes": ("--max-body-bytes", None, 4 * 2**20),
     "header_timeout_s": ("--header-timeout", None, 10.0),
     "body_timeout_s": ("--body-timeout", None, 30.0),
+    "write_timeout_s": ("--write-timeout", None, 60.0),
     "keepalive_timeout_s": ("--keepalive-timeout", None, 75.0),
     "grammar_compile_timeout_s": ("--grammar-compile-timeout", None, 10.0),
     "tool_call_parser": ("--tool-call-parser", "tools.toolCallParser", None),
@@ -109,7 +110,7 @@ def test_help_shows_each_declared_default() -> None:
         else:
             assert shown == (f"{default:g}" if isinstance(default, float) else str(default)), \
                 declared.flag
-    assert checked == 15  # every default a help line names
+    assert checked == 16  # every default a help line names
 
 
 @pytest.mark.parametrize(("values", "message"), [

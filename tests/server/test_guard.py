@@ -11,6 +11,7 @@ compared with the work's own duration, not with a fixed number of milliseconds).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -27,6 +28,7 @@ from _server_helpers import make_llm, metric, model_name, start_app, wait_for_me
 
 from kvledger.engine.cli import main
 from kvledger.engine.core.async_engine import EngineDeadError
+from kvledger.engine.model.template_bounds import RENDER_SECONDS
 from kvledger.engine.server import limits, openai_api
 from kvledger.engine.server.state import STATE
 
@@ -307,6 +309,44 @@ async def test_more_messages_than_the_limit_is_400(aiohttp_client, llm):
             assert error["code"] == "context_length_exceeded"
 
 
+# A request's own template (--trust-request-chat-template) as an attacker writes it: before,
+# the loops held the event loop 10.5 s and the repeat took 26 s and 1.6 GB.
+TEMPLATE_BOMBS = {
+    "loops": "{% for i in range(100000) %}{% for j in range(3000) %}{% endfor %}{% endfor %}hi",
+    "repeat": "{{ 'x' * 50000000 }}",
+    "power": "{{ 7 ** 10000000 }}",
+    "long": "{% for i in range(100000) %}{{ 'abcdefghij' * 100 }}{% endfor %}",
+}
+
+
+@pytest.mark.parametrize("name", TEMPLATE_BOMBS)
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+async def test_a_requests_own_template_is_bounded_and_off_the_loop(aiohttp_client, llm, name,
+                                                                  path):
+    client = await start_app(aiohttp_client, llm, trust_request_chat_template=True)
+    body = json.dumps({"model": model_name(client), "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "hi"}],
+                       "chat_template": TEMPLATE_BOMBS[name]}).encode()
+    if path == "/tokenize":
+        body = json.dumps({**json.loads(body), "max_tokens": None}).encode()
+        body = body.replace(b', "max_tokens": null', b"")
+    started = time.perf_counter()
+    status, error = await _hostile(client, path, body)
+    assert status == 400 and error["param"] == "chat_template", error
+    assert time.perf_counter() - started < 2 * RENDER_SECONDS + 3  # _hostile may try twice
+
+
+async def test_tokenize_counts_messages_and_builds_its_answer_off_the_loop(aiohttp_client, llm):
+    client = await start_app(aiohttp_client, llm)
+    messages = [{"role": "user", "content": "hi"}] * (limits.MAX_MESSAGES + 1)
+    got, error = await _hostile(client, "/tokenize", json.dumps({"messages": messages}).encode())
+    assert got == 400 and str(limits.MAX_MESSAGES) in error["message"]  # was served
+    body = json.dumps({"prompt": _words(2_000_000), "return_token_strs": True}).encode()
+    status, answer, polled = await _hostile_polled(client, "/tokenize", body)
+    assert status == 200 and len(answer["token_strs"]) == answer["count"] > 100_000
+    _answered_all_along(polled)
+
+
 async def test_a_client_gone_while_its_prompt_is_tokenized_reserves_nothing(aiohttp_client, llm,
                                                                             monkeypatch):
     client = await start_app(aiohttp_client, llm)
@@ -428,6 +468,37 @@ async def test_an_idle_keepalive_connection_closes_after_its_timeout(llm):
         assert (await read_response(reader))[0] == 200
         assert await asyncio.wait_for(reader.read(1), 3) == b""
         writer.close()
+
+
+async def test_an_answer_nobody_reads_is_dropped_after_the_write_timeout(llm):
+    """A client that sends a request whose answer is megabytes and reads none of it: the
+    server holds the answer until the write timeout, then drops the connection (before,
+    eight such clients held 1.5 GB after they had gone)."""
+    import socket
+
+    async with serving(llm, write_timeout_s=0.5) as port:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=4096)
+        # An answer (about 15 MB) larger than what the kernel buffers for the socket
+        body = json.dumps({"prompt": _words(2_000_000), "return_token_strs": True}).encode()
+        writer.write(request_bytes("POST", "/tokenize", body))
+        await asyncio.sleep(5.0)  # reads nothing: tokenizing, then the timeout
+        received = b""
+        with contextlib.suppress(ConnectionError, TimeoutError):
+            while chunk := await asyncio.wait_for(reader.read(1 << 16), 5):
+                received += chunk
+        writer.close()
+        head, _, answer = received.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))
+        assert len(answer) < length  # cut off: the rest was dropped, not kept for it
+        async with (aiohttp.ClientSession() as session,  # and the server serves on
+                    session.get(f"http://127.0.0.1:{port}/health") as response):
+            assert response.status == 200
 
 
 @pytest.mark.parametrize("flags", [["--header-timeout", "0"], ["--body-timeout", "soon"],
