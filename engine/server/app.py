@@ -129,11 +129,16 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
 
 def _check_api_key(request: web.Request) -> None:
     """401 unless the request's bearer token is one of the keys that guard its path: the
-    API keys for ``_KEYED_PATHS``, the metrics key for ``/metrics``. The API key's index
+    API keys for ``_KEYED_PATHS``, the metrics key for ``/metrics`` (and ``/v1/budget``
+    when there is one). The API key's index
     is kept on the request (``API_KEY_INDEX``) for salting the prefix cache per key."""
     options = request.app[STATE].options
     if request.path == "/metrics":
         keys = (options.metrics_api_key,) if options.metrics_api_key else ()
+    elif request.path == "/v1/budget" and options.metrics_api_key:
+        # The pool's live figures are /metrics' (one tenant would watch another's prompt
+        # sizes and cache reuse in them): the operator's key, once it has its own.
+        keys = (options.metrics_api_key,)
     elif request.path.startswith(_KEYED_PATHS):
         keys = request.app[STATE].tenants.keys  # --api-key's, then --tenants-file's
     else:

@@ -79,9 +79,10 @@ class ServeConfig:
              "KV blocks, so none can tell from its timing what another key's clients sent")
     metrics_api_key: str | None = setting(  # serve reads $KVLEDGER_METRICS_API_KEY if unset
         None, "--metrics-api-key", TEXT, metavar="KEY", group=SERVER,
-        help="require 'Authorization: Bearer KEY' on /metrics (default: "
-             "$KVLEDGER_METRICS_API_KEY; unset = open, as Prometheus expects; its prefix-cache "
-             "counters tell how much of a guessed prompt was cached)")
+        help="require 'Authorization: Bearer KEY' on /metrics and /v1/budget, whose "
+             "prefix-cache counters tell how much of a guessed prompt was cached, and no "
+             "tenant's key then opens them (default: $KVLEDGER_METRICS_API_KEY; unset: "
+             "/metrics open, as Prometheus expects, /v1/budget behind the API keys)")
     shutdown_grace_s: float = setting(
         30, "--shutdown-grace", SECONDS_OR_ZERO, group=SERVER,
         help="on SIGTERM, let in-flight requests run this long before aborting them "

@@ -155,8 +155,16 @@ async def test_metrics_can_have_a_key_of_its_own(aiohttp_client, llm):
     assert tenant.status == 401  # a tenant's key cannot read the cache's counters
     scraper = await client.get("/metrics", headers={"Authorization": "Bearer scraper"})
     assert scraper.status == 200 and HITS in await scraper.text()
+    # /v1/budget's live figures are the same counters: the scraper's too (before, any
+    # tenant watched another's prompt sizes and cache hits there)
+    tenant = await client.get("/v1/budget", headers={"Authorization": "Bearer tenant"})
+    assert tenant.status == 401
+    scraper = await client.get("/v1/budget", headers={"Authorization": "Bearer scraper"})
+    assert scraper.status == 200 and "hits_tokens" in (await scraper.json())["prefix_cache"]
     open_client = await start_app(aiohttp_client, llm, api_keys=("tenant",))
     assert (await open_client.get("/metrics")).status == 200  # open by default
+    budget = await open_client.get("/v1/budget", headers={"Authorization": "Bearer tenant"})
+    assert budget.status == 200  # without a metrics key, the API keys' as before
 
 
 def test_api_keys_from_flags_the_environment_and_a_file(tmp_path, monkeypatch):
