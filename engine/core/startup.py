@@ -66,8 +66,10 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
             container_limit_bytes=config.container_memory_limit_bytes))
     cap_torch_threads(torch)  # a pod's CPU limit is a quota torch does not see
     tokenizer = Tokenizer(source.path, config.generation_config,
-                          tokenizer_folder(config.tokenizer))
-    log.info("%s", describe_defaults(tokenizer.sampling_defaults, config.generation_config))
+                          tokenizer_folder(config.tokenizer), config.override_generation_config)
+    log.info("%s", describe_defaults(tokenizer.sampling_defaults, config.generation_config,
+                                     config.override_generation_config,
+                                     tokenizer.max_tokens_cap))
     planned_on = device_memory  # with --nnodes, the smallest machine's device
     ready = predict_start(config, plan, model_config, Path(source.path), device,
                           paged=reads_in_place(config, device))

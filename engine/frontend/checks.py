@@ -48,10 +48,14 @@ def _encode(engine: LLMEngine, sub: Submission, prompt: str | list[int]) -> list
 
 def caps(engine: LLMEngine, sub: Submission, ids: list[list[int]]) -> list[int]:
     """Each prompt's output cap (``output_cap``); then the tokenizer's ids checked."""
-    defaults = (engine.tokenizer.sampling_defaults.get("max_tokens"), sub.default_cap)
-    default = min((d for d in defaults if d is not None), default=None)
-    result = [output_cap(engine.max_model_len, len(prompt_ids), sub.params.max_tokens,
-                         default) for prompt_ids in ids]
+    tokenizer = engine.tokenizer
+    # A request that names no cap: its kind's (completions' 16), else the model's
+    # max_new_tokens (vLLM's fallback); a folder's or the override's caps them all.
+    default = (sub.default_cap if sub.default_cap is not None
+               else tokenizer.sampling_defaults.get("max_tokens"))
+    result = [min(output_cap(engine.max_model_len, len(prompt_ids), sub.params.max_tokens,
+                             default), tokenizer.max_tokens_cap or engine.max_model_len)
+              for prompt_ids in ids]
     for prompt, prompt_ids in zip(sub.prompts, ids, strict=True):
         if not isinstance(prompt, list):  # the tokenizer's ids, checked once they fit
             engine.check_prompt(prompt_ids)

@@ -1,11 +1,14 @@
 """A model's published sampling defaults (``generation_config.json``), applied as vLLM
 applies them (``--generation-config``): ``auto`` (vLLM's default) reads the model's own
-file, ``vllm`` ignores it, a folder reads that folder's. A request's own value always wins;
-one it leaves unset takes the model's default, else the neutral one.
+file, ``vllm`` ignores it, a folder reads that folder's; ``--override-generation-config``'s
+JSON goes over what was read (over nothing with ``vllm``). A request's own value always
+wins; one it leaves unset takes the default, else the neutral one.
 
-What is read (vLLM's list): ``temperature``, ``top_p``, ``top_k``, ``min_p``,
-``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, and ``max_new_tokens``
-(the default and the most for ``max_tokens``).
+What is read (vLLM's ``get_diff_sampling_param``): ``temperature``, ``top_p``, ``top_k``,
+``min_p``, ``repetition_penalty`` and ``max_new_tokens`` (the default ``max_tokens`` of a
+request that names none: a chat's, a completion's only when sent as null, since a
+completion's default is 16). ``max_new_tokens`` also caps every request, whatever it asks,
+when it comes from a folder's file or from the override (vLLM's ``override_max_tokens``).
 """
 
 from __future__ import annotations
@@ -22,39 +25,56 @@ from kvledger.engine.errors import BadInput, shown
 AUTO, VLLM = "auto", "vllm"
 # generation_config.json's name -> SamplingParams' (max_new_tokens is max_tokens there)
 READ = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-        "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
-        "frequency_penalty": "frequency_penalty", "max_new_tokens": "max_tokens"}
+        "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+OVERRIDE_FLAG = "--override-generation-config"
 
 
-def sampling_defaults(model_dir: str | Path, source: str = AUTO) -> dict[str, Any]:
-    """The defaults ``source`` gives (SamplingParams' names; every one the file holds, as
-    vLLM reads it through transformers 5): {} for ``vllm`` or a model without the file.
-    BadInput for a folder that is not there, a file that is not JSON, or a value of the
-    wrong type."""
-    if source == VLLM:
-        return {}
-    folder = Path(model_dir) if source == AUTO else Path(source)
-    if source != AUTO and not os.path.isdir(folder):  # False for a name too long
-        raise BadInput(f"--generation-config {shown(source)}: not 'auto', 'vllm' or a folder")
-    path = folder / GENERATION_CONFIG_FILE
-    if not path.is_file():
-        return {}
-    raw = read_json(path, GENERATION_CONFIG_FILE)
-    if not isinstance(raw, dict):
-        raise BadInput(f"{path}: must be a JSON object, got {type(raw).__name__}")
+def sampling_defaults(model_dir: str | Path, source: str = AUTO,
+                      overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The defaults ``source`` gives with ``overrides`` over them (SamplingParams' names;
+    the keys of ``READ`` only, as vLLM reads them): {} for ``vllm`` without overrides or a
+    model without the file. BadInput for a folder that is not there, a file that is not
+    JSON, or a value of the wrong type."""
+    raw: dict[str, Any] = {}
+    where = OVERRIDE_FLAG
+    if source != VLLM:
+        folder = Path(model_dir) if source == AUTO else Path(source)
+        if source != AUTO and not os.path.isdir(folder):  # False for a name too long
+            raise BadInput(f"--generation-config {shown(source)}: not 'auto', 'vllm' or a folder")
+        path = folder / GENERATION_CONFIG_FILE
+        if path.is_file():
+            raw = read_json(path, GENERATION_CONFIG_FILE)
+            if not isinstance(raw, dict):
+                raise BadInput(f"{path}: must be a JSON object, got {type(raw).__name__}")
+            where = str(path)
+    if overrides:
+        raw = {**raw, **overrides}
+        where = f"{where} and {OVERRIDE_FLAG}" if where != OVERRIDE_FLAG else where
     defaults = {}
     for name, param in READ.items():
         value = raw.get(name)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise BadInput(f"{path}: {name} must be a number, got {value!r}")
+            raise BadInput(f"{where}: {name} must be a number, got {value!r}")
         if param in ("top_k", "max_tokens"):
             if value != int(value):
-                raise BadInput(f"{path}: {name} must be a whole number, got {value!r}")
+                raise BadInput(f"{where}: {name} must be a whole number, got {value!r}")
             value = int(value)
         defaults[param] = value
     return defaults
+
+
+def max_tokens_cap(defaults: dict[str, Any], source: str = AUTO,
+                   overrides: dict[str, Any] | None = None) -> int | None:
+    """The most tokens any request may generate, whatever it asks (vLLM's
+    ``override_max_tokens``): a folder's ``max_new_tokens`` (``defaults``, read with the
+    overrides), else the override's own; None: no such cap."""
+    if source not in (AUTO, VLLM):
+        return defaults.get("max_tokens")
+    if overrides and overrides.get("max_new_tokens") is not None:
+        return defaults.get("max_tokens")  # the override's, checked as defaults read it
+    return None
 
 
 def stop_ids(model_dir: str | Path, source: str = AUTO) -> list[int]:
@@ -75,12 +95,17 @@ def stop_ids(model_dir: str | Path, source: str = AUTO) -> list[int]:
     return [i for i in ids if isinstance(i, int) and not isinstance(i, bool) and i >= 0]
 
 
-def describe(defaults: dict[str, Any], source: str) -> str:
-    """The start-up line that says which defaults apply."""
-    where = "the model's generation_config.json" if source == AUTO else source
+def describe(defaults: dict[str, Any], source: str, overrides: dict[str, Any] | None = None,
+             cap: int | None = None) -> str:
+    """The start-up line that says which defaults apply (and the cap on every request)."""
+    where = {AUTO: "the model's generation_config.json", VLLM: "vLLM's neutral ones"}.get(
+        source, f"{source}/{GENERATION_CONFIG_FILE}")
+    if overrides:
+        where += f" and {OVERRIDE_FLAG}"
     if not defaults:
         return "sampling defaults: vLLM's neutral ones (" + (
             "--generation-config vllm" if source == VLLM else f"none in {where}") + ")"
     shown = ", ".join(f"{k}={v}" for k, v in defaults.items())
+    capped = f"; at most {cap} tokens for every request" if cap is not None else ""
     return (f"sampling defaults from {where} for requests that do not set them: {shown} "
-            f"(--generation-config vllm to use vLLM's neutral ones)")
+            f"(--generation-config vllm to use vLLM's neutral ones){capped}")

@@ -16,17 +16,24 @@ from kvledger.engine.checkpoint.files import (
 )
 from kvledger.engine.errors import BadInput, clip
 from kvledger.engine.model import chat_template, tokenizer_class
-from kvledger.engine.model.generation_config import AUTO, sampling_defaults, stop_ids
+from kvledger.engine.model.generation_config import (
+    AUTO,
+    max_tokens_cap,
+    sampling_defaults,
+    stop_ids,
+)
 
 
 class Tokenizer:
     """``encode``/``decode``, ``apply_chat_template`` and the set of EOS token ids."""
 
     def __init__(self, model_dir: str | Path, generation_config: str = AUTO,
-                 tokenizer_dir: str | Path | None = None) -> None:
+                 tokenizer_dir: str | Path | None = None,
+                 generation_overrides: dict[str, Any] | None = None) -> None:
         """The tokenizer files (tokenizer.json, tokenizer_config.json, chat templates) from
         ``tokenizer_dir`` (vLLM's ``--tokenizer``; default the model's folder), what
-        generating needs (generation_config.json, config.json) from ``model_dir``."""
+        generating needs (generation_config.json, config.json) from ``model_dir``, with
+        ``generation_overrides`` (``--override-generation-config``) over its defaults."""
         from tokenizers import Tokenizer as HFTokenizer
 
         model_dir = Path(model_dir)
@@ -63,8 +70,12 @@ class Tokenizer:
         if self.eos_token is not None and self.token_to_id(self.eos_token) is not None:
             self.eos_token_ids.add(self.token_to_id(self.eos_token))
         # The model's published sampling defaults (``generation_config``), for requests
-        # that leave them unset; ``generation_config`` is --generation-config.
-        self.sampling_defaults = sampling_defaults(model_dir, generation_config)
+        # that leave them unset; ``generation_config`` is --generation-config; and the cap
+        # on every request a folder's or the override's max_new_tokens sets.
+        self.sampling_defaults = sampling_defaults(model_dir, generation_config,
+                                                   generation_overrides)
+        self.max_tokens_cap = max_tokens_cap(self.sampling_defaults, generation_config,
+                                             generation_overrides)
         self.eos_token_ids.update(stop_ids(model_dir, generation_config))
         for name, source in self.chat_templates.items():  # a bad one fails here, at load
             _check_template(f"{files}: chat template {name!r}", source)

@@ -8,7 +8,9 @@ sampling defaults, the tokenizer and the grammars' cache (``--help``'s first gro
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass
+from typing import Any
 
 from kvledger.engine.checkpoint.hub.reads import DEFAULT_HUB_TIMEOUT_S
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
@@ -50,6 +52,7 @@ from kvledger.engine.settings.kinds import (
 )
 from kvledger.engine.settings.kv_events_config import HASH_ALGOS, KVEventsConfig
 from kvledger.engine.settings.node_config import Nodes
+from kvledger.engine.settings.serve_values import JSON_OBJECT
 
 # vLLM's JSON, read once (kv_events_config.py); rendered back the same way.
 KV_EVENTS = Kind("text", parse=KVEventsConfig.parse, render=lambda c: [c.to_json()])
@@ -227,12 +230,17 @@ class WorkloadSettings:
     generation_config: str = setting(
         "auto", "--generation-config", PATH, metavar="auto|vllm|DIR", group=WORKLOAD,
         help="vLLM's: the sampling defaults (temperature, top_p, top_k, min_p, "
-             "repetition_penalty, presence/frequency_penalty, max_new_tokens) of requests "
-             "that do not set them: 'auto' (default) the model's generation_config.json, "
-             "'vllm' none, DIR that folder's generation_config.json",
+             "repetition_penalty, max_new_tokens) of requests that do not set them: 'auto' "
+             "(default) the model's generation_config.json, 'vllm' none, DIR that folder's "
+             "generation_config.json, whose max_new_tokens also caps every request",
         crd=Crd("engine", "sampling defaults for requests that do not set them: auto (the "
                           "model's generation_config.json), vllm (none) or a folder "
                           "(--generation-config)"))
+    override_generation_config: Mapping[str, Any] = setting(
+        None, "--override-generation-config", JSON_OBJECT, group=WORKLOAD, factory=dict,
+        help="vLLM's: JSON over the sampling defaults --generation-config gives, e.g. "
+             "'{\"temperature\": 0.5}' (over none with 'vllm'); its max_new_tokens also caps "
+             "every request, as a --generation-config folder's does")
     tokenizer: str | None = setting(
         None, "--tokenizer", PATH, metavar="DIR", group=WORKLOAD,
         help="vLLM's: read the tokenizer (tokenizer.json, tokenizer_config.json, chat "

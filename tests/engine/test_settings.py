@@ -56,6 +56,7 @@ DECLARED = {
     "container_memory_limit_bytes": ("--container-memory-limit", None),  # spec.resources
     "seed": ("--seed", "engine.seed"),
     "generation_config": ("--generation-config", "engine.generationConfig"),
+    "override_generation_config": ("--override-generation-config", None),
     "tokenizer": ("--tokenizer", None),
     "grammar_cache_bytes": ("--grammar-cache-bytes", None),
     "enable_lora": ("--enable-lora", "engine.enableLora"),

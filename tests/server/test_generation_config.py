@@ -13,12 +13,13 @@ import torch
 from _server_helpers import make_llm, model_name, start_app
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.model.generation_config import sampling_defaults
+from kvledger.engine.model.generation_config import max_tokens_cap, sampling_defaults
 from kvledger.engine.sampling.params import SamplingParams
 
 # What a model card might publish: greedy by top_k 1, and a default output length.
 PUBLISHED = {"bos_token_id": 1, "eos_token_id": 2, "top_k": 1, "temperature": 0.7,
-             "max_new_tokens": 5}
+             "max_new_tokens": 5, "presence_penalty": 0.5}  # vLLM reads no penalty but
+                                                              # repetition_penalty
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,19 @@ def test_defaults_are_read_as_vllm_reads_them(published_dir, tmp_path):
     (tmp_path / "generation_config.json").write_text(json.dumps({"top_k": "many"}))
     with pytest.raises(BadInput, match="top_k must be a number"):
         sampling_defaults(published_dir, str(tmp_path))
+    # --override-generation-config: over the file, over nothing with vllm; its
+    # max_new_tokens (and a folder's) caps every request, the model's own file's does not
+    override = {"temperature": 0.2, "max_new_tokens": 9, "frequency_penalty": 1.0}
+    assert sampling_defaults(published_dir, "auto", override) == {
+        "top_k": 1, "temperature": 0.2, "max_tokens": 9}
+    assert sampling_defaults(published_dir, "vllm", override) == {"temperature": 0.2,
+                                                                 "max_tokens": 9}
+    assert max_tokens_cap(sampling_defaults(published_dir), "auto") is None
+    assert max_tokens_cap({"max_tokens": 9}, "vllm", override) == 9
+    (tmp_path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 7}))
+    assert max_tokens_cap(sampling_defaults(published_dir, str(tmp_path)), str(tmp_path)) == 7
+    with pytest.raises(BadInput, match="--override-generation-config: top_p must be a number"):
+        sampling_defaults(published_dir, "vllm", {"top_p": "high"})
 
 
 async def _texts(client, count: int, **body) -> list[str]:
@@ -61,13 +75,29 @@ async def test_unset_fields_take_the_models_defaults(aiohttp_client, published_d
     assert any("sampling defaults from the model's generation_config.json" in r.message
                and "top_k=1" in r.message for r in caplog.records)
     client = await start_app(aiohttp_client, llm)
-    # top_k 1 from the file: three unparameterised requests give one text, of 5 tokens
+    # top_k 1 from the file: three unparameterised requests give one text, of 16 tokens
+    # (a completion's default, as vLLM's; before, the model's 5)
     plain = await _texts(client, 3)
-    assert len(set(plain)) == 1 and plain[0][1] == 5
+    assert len(set(plain)) == 1 and plain[0][1] == 16
+    # max_tokens sent as null, and a chat naming none, take the model's max_new_tokens
+    assert (await _texts(client, 1, max_tokens=None))[0][1] == 5
+    chat = await client.post("/v1/chat/completions", json={
+        "model": model_name(client), "messages": [{"role": "user", "content": "hi"}]})
+    assert (await chat.json())["usage"]["completion_tokens"] == 5
     # a request's own values win: max_tokens 8, and top_k -1 samples again
     assert (await _texts(client, 1, max_tokens=8))[0][1] == 8
     sampled = await _texts(client, 4, top_k=-1, temperature=1.0, max_tokens=16)
     assert len(set(sampled)) > 1
+
+
+async def test_a_folders_or_the_overrides_max_new_tokens_caps_every_request(
+        aiohttp_client, published_dir, tmp_path):
+    (tmp_path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 7}))
+    for llm in (make_llm(published_dir, generation_config=str(tmp_path)),
+                make_llm(published_dir, override_generation_config={"max_new_tokens": 7})):
+        client = await start_app(aiohttp_client, llm)
+        assert [n for _, n in await _texts(client, 2, max_tokens=20)] == [7, 7]  # was 20
+        assert (await _texts(client, 1, max_tokens=3))[0][1] == 3
 
 
 async def test_generation_config_vllm_ignores_the_file(aiohttp_client, published_dir):
