@@ -231,11 +231,13 @@ class LLMEngine:
         if isinstance(sampled, Exception):
             return self._fail(seq, "sampling", sampled)
         token_id, logprobs = sampled
+        written = len(seq.output_token_ids)
         try:
             self._append_token(seq, token_id, logprobs)
         except Exception as exc:
             return self._fail(seq, "postprocessing", exc)
-        return request_output(seq, [token_id])
+        # A token refused at a dead end is not new: it was never written.
+        return request_output(seq, seq.output_token_ids[written:])
 
     def _append_token(self, seq: Sequence, token_id: int, logprobs: TokenLogprobs | None) -> None:
         """Add the sampled token and finish the sequence if it stops here

@@ -24,7 +24,8 @@ class RequestOutput:
     ``token_ids``/``text``: everything generated so far; ``new_token_ids``: this step's.
     ``finish_reason``: ``"stop"`` (EOS, stop token or stop string), ``"length"``
     (``max_tokens`` or the context limit), ``"grammar"`` (its output constraint allows no
-    further token: a dead end of the client's grammar, not a fault), ``"abort"``, or
+    further token: a dead end of the client's grammar, or bad words that take out every
+    one of its allowed token ids; not a fault), ``"abort"``, or
     ``"error"`` when the engine failed this request alone (``error`` says why; the other requests go on); None while
     running.
     ``logprobs``: one entry per token of ``token_ids``, when the request asked

@@ -10,6 +10,7 @@ from kvledger.engine.admission.order import ANONYMOUS, Place
 from kvledger.engine.core.request import EngineRequest
 from kvledger.engine.kv.reservation import Reservation
 from kvledger.engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from kvledger.engine.sampling.bad_words import BadWordsMatcher
 from kvledger.engine.sampling.logprobs import TokenLogprobs
 from kvledger.engine.sampling.params import SamplingParams
 
@@ -26,7 +27,8 @@ class Sequence:
 
     ``logprobs`` and ``prompt_logprobs`` are lists only when the request asked for them
     (None otherwise, so a request that did not ask carries nothing); ``matcher`` is its
-    grammar's state, when it has a grammar."""
+    grammar's state, when it has a grammar; ``bad_words_matcher`` its bad words', when it
+    has them."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  max_tokens: int, reservation: Reservation, detokenizer: IncrementalDetokenizer,
@@ -46,12 +48,14 @@ class Sequence:
         self.finish_reason: str | None = None
         # vLLM's: the stop string or stop token id that ended it (None: EOS, or another reason)
         self.stop_reason: str | int | None = None
-        self._allowed: torch.Tensor | None = None  # allowed_token_ids on the logits' device
         self.text = ""  # the output text so far, stop strings cut off
         self.logprobs: list[TokenLogprobs] | None = None if params.logprobs is None else []
         self.prompt_logprobs: list[TokenLogprobs | None] | None = (
             None if params.prompt_logprobs is None else [])
         self.matcher = None if params.grammar is None else params.grammar.matcher()
+        # Which of its bad words the output has begun, read token by token (bad_words.py).
+        self.bad_words_matcher = None if not params.bad_words_token_ids else BadWordsMatcher(
+            params.bad_words_token_ids, params.allowed_token_ids)
         self.lora = None  # its LoRA adapter (engine/model/lora_adapter.py), None: the base
         self.priority = 0  # its request's (lower is seated sooner; admission/headroom.py)
         self.tenant = ANONYMOUS  # its request's: its share of seats and prompt tokens
@@ -102,13 +106,11 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     def allowed_index(self, device: torch.device) -> torch.Tensor:
-        """Its ``allowed_token_ids`` as an index on ``device``, built once: up to a
-        vocabulary's worth of ids (13 ms to build from a list of 262,144), which every step
+        """Its ``allowed_token_ids`` as an index on ``device``, built once for its request
+        and shared by its choices (``AllowedTokenIds.index``): up to a vocabulary's worth of
+        ids (13 ms to build from a list of 262,144), which every step, and every choice,
         would otherwise pay for everyone in the batch."""
-        if self._allowed is None or self._allowed.device != device:
-            self._allowed = torch.tensor(self.params.allowed_token_ids, dtype=torch.long,
-                                         device=device)
-        return self._allowed
+        return self.params.allowed_token_ids.index(device)
 
     def append(self, token_id: int, logprobs: TokenLogprobs | None,
                eos_token_ids: set[int]) -> str | None:
@@ -117,7 +119,10 @@ class Sequence:
         the token. vLLM's rules: before ``min_tokens`` no stop token or string ends it; the
         token that stops it (EOS, a stop token id) is not detokenized into its text unless
         ``include_stop_str_in_output``, and a stop token id (not EOS) is its
-        ``stop_reason``."""
+        ``stop_reason``. At a dead end (its grammar's, or its bad words took out every one
+        of its allowed tokens) the token is not added and it finishes with ``grammar``."""
+        if self.bad_words_matcher is not None and self.bad_words_matcher.dead_end:
+            return "grammar"  # the token was drawn from outside its allowed ones: not written
         if self.matcher is not None and not self.matcher.accept(token_id):
             if self.matcher.dead_end:  # nothing could follow: the output ends here
                 return "grammar"

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from kvledger.engine.errors import NonFiniteLogits
-from kvledger.engine.sampling.bad_words import ban
+from kvledger.engine.sampling.bad_words import BadWordsMatcher
 from kvledger.engine.sampling.logprobs import TokenLogprobs, logprobs_of
 from kvledger.engine.sampling.params import SamplingParams
 
@@ -33,6 +33,9 @@ class Sequence(Protocol):
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     matcher: Any  # its grammar's state (grammar_matcher), or None
+    bad_words_matcher: BadWordsMatcher | None  # which of its bad words its output has begun
+
+    def allowed_index(self, device: torch.device) -> torch.Tensor: ...
 
 
 @dataclass
@@ -141,9 +144,10 @@ class Sampler:
 def process_logits(logits: torch.Tensor, seq: Sequence, eos_token_ids: frozenset[int]) -> torch.Tensor:
     """``seq``'s processed copy of its raw logits row ``[vocab]`` (``SamplingParams``
     says the order). Never all ``-inf``: the grammar's mask wins over min_tokens', and a
-    grammar that allows nothing leaves the raw row (its matcher, at a dead end, refuses
-    the token and the request finishes with ``"grammar"``), so argmax and multinomial
-    always get a token to pick."""
+    grammar that allows nothing, or bad words that take out every allowed token, leave the
+    raw row: its matcher, at a dead end, refuses the token and the request finishes with
+    ``"grammar"`` (``Sequence.append``), so argmax and multinomial always get a token to
+    pick and none outside the constraint is ever written."""
     params = seq.params
     row = logits.clone()
     vocab = row.shape[-1]
@@ -153,8 +157,11 @@ def process_logits(logits: torch.Tensor, seq: Sequence, eos_token_ids: frozenset
         row.index_add_(0, ids, values)
     if params.has_penalties:
         row = apply_penalties(row, seq.prompt_token_ids, seq.output_token_ids, params)
-    if params.bad_words_token_ids:
-        row = ban(row, params.bad_words_token_ids, seq.output_token_ids)
+    if seq.bad_words_matcher is not None:  # reads the tokens added since the last step
+        banned = seq.bad_words_matcher.banned(seq.output_token_ids)
+        if banned:
+            row = row.index_fill(0, torch.tensor(banned, dtype=torch.long, device=row.device),
+                                 NEG_INF)
     if params.allowed_token_ids is not None:  # those logits selected into a row of -inf
         ids = seq.allowed_index(row.device)
         row = torch.full_like(row, NEG_INF).index_copy_(0, ids, row.index_select(0, ids))

@@ -328,7 +328,7 @@ async def test_allowed_token_ids_beside_an_output_constraint_is_refused(client):
 async def test_bad_words_are_never_written_as_vllm_reads_them(client, llm):
     """vLLM's ``bad_words``: each word's token sequences, alone and after a space; a
     sequence's last token is out of the request's row once the rest ends the output."""
-    from kvledger.engine.sampling.bad_words import ban, word_sequences
+    from kvledger.engine.sampling.bad_words import BadWordSequences, BadWordsMatcher, word_sequences
 
     plain = {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0,
              "ignore_eos": True, "logprobs": 0, "return_tokens_as_token_ids": True}
@@ -361,14 +361,43 @@ async def test_bad_words_are_never_written_as_vllm_reads_them(client, llm):
         assert not written(seq, bounded), (word, seq, bounded)
     assert bounded != free
     # The rule itself: a sequence's last token goes once the rest ends the output.
-    import torch
-
-    row = torch.zeros(10)
-    assert torch.isinf(ban(row, [(3, 4), (7,)], [1, 3])[[4, 7]]).all()
-    assert not torch.isinf(ban(row, [(3, 4)], [3, 1])).any()
+    assert BadWordsMatcher(BadWordSequences([(3, 4), (7,)])).banned([1, 3]) == [4, 7]
+    assert BadWordsMatcher(BadWordSequences([(3, 4)])).banned([3, 1]) == []
     response = await client.post("/v1/completions", json={
         "model": model_name(client), **plain, "bad_words": [""]})
     assert response.status == 400
+
+
+async def test_bad_words_never_let_a_token_outside_allowed_token_ids(client, llm):
+    """Bad words beside ``allowed_token_ids``: one-token words that are every allowed id
+    are refused (400, naming ``bad_words``); words the output begins that ban every
+    allowed id end it there with ``"grammar"``, never a token from outside them; a request
+    beside it draws what it draws alone."""
+    import asyncio
+
+    def encode(text: str) -> list[int]:
+        return llm.tokenizer.encode(text, add_special_tokens=False)
+
+    one, spaced = encode("the"), encode(" the")  # one token each
+    assert len(one) == len(spaced) == 1
+    response = await client.post("/v1/completions", json={
+        "model": model_name(client), "prompt": "Once", "allowed_token_ids": one + spaced,
+        "bad_words": ["the"]})
+    assert response.status == 400
+    assert (await response.json())["error"]["param"] == "bad_words"
+    doubled = encode("aa")  # a twice: the first is allowed, then nothing is
+    assert len(doubled) == 2 and doubled[0] == doubled[1]
+    plain = {"prompt": "Once", "max_tokens": 8, "ignore_eos": True, "temperature": 0,
+             "return_token_ids": True}
+    alone = await _post(client, "/v1/completions", plain)
+    for extra in ({"temperature": 0}, {"temperature": 1.0, "seed": 5}):
+        ended, beside = await asyncio.gather(
+            _post(client, "/v1/completions", {**plain, **extra, "bad_words": ["aa"],
+                                               "allowed_token_ids": doubled[:1]}),
+            _post(client, "/v1/completions", plain))
+        choice = ended["choices"][0]
+        assert choice["finish_reason"] == "grammar" and choice["token_ids"] == doubled[:1]
+        assert beside["choices"][0]["token_ids"] == alone["choices"][0]["token_ids"]
 
 
 async def test_the_answers_role_is_vllms(client):

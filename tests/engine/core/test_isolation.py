@@ -136,6 +136,29 @@ def test_a_grammar_dead_end_finishes_the_request_as_grammar_not_as_a_fault(
     assert_pool_empty(engine)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_bad_words_that_take_every_allowed_token_finish_it_as_grammar(
+        engine, reference, caplog, temperature):
+    """Once its output begins a bad word for each allowed token, no token is left: it
+    finishes there, as at a grammar's dead end, and never writes (nor reports) a token
+    outside the allowed ones, which the raw logits it falls back to would give."""
+    add_all(engine)
+    engine.add_request("banned", [7, 8, 9], SamplingParams(
+        temperature=temperature, seed=3, max_tokens=12, ignore_eos=True,
+        allowed_token_ids=[70, 71], bad_words_token_ids=[[70, 70], [70, 71], [71, 70, 71]]))
+    reported = []
+    with caplog.at_level("WARNING", logger="kvledger.engine"):
+        final = drain(engine, lambda outputs: reported.extend(
+            out.new_token_ids for out in outputs if out.request_id == "banned"))
+    out = final["banned"]
+    assert out.finish_reason == "grammar" and out.error is None
+    assert set(out.token_ids) <= {70, 71} and out.token_ids[-1] == 70  # 70: both banned
+    assert [t for new in reported for t in new] == out.token_ids
+    assert not caplog.records
+    assert_others_exact(final, reference, {"banned"})
+    assert_pool_empty(engine)
+
+
 def test_a_detokenizer_fault_fails_that_request_alone(engine, reference, monkeypatch):
     real = engine.tokenizer.detokenizer
 
