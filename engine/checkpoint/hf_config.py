@@ -74,7 +74,7 @@ class HFConfig:
     hidden_size: int
     intermediate_size: int  # the dense MLP's (Mixtral: each expert's)
     vocab_size: int
-    max_position_embeddings: int
+    max_position_embeddings: int  # the positions it takes (``context_length``)
     torch_dtype: str  # e.g. "bfloat16"; "" when the config has none
     tie_word_embeddings: bool
     quantization: str  # quantization_config.quant_method, e.g. "mxfp4"; "" when none
@@ -158,9 +158,10 @@ def parse_config(config: Mapping[str, Any], architecture: str) -> HFConfig:
     if heads % kv_heads:
         raise BadInput(f"config.json num_attention_heads {heads} is not a multiple of "
                        f"num_key_value_heads {kv_heads}")
-    dtype = raw.get("torch_dtype") or raw.get("dtype") or ""
+    # transformers 5 writes ``dtype``, and reads it before the older ``torch_dtype``.
+    dtype = raw.get("dtype") or raw.get("torch_dtype") or ""
     if not isinstance(dtype, str):
-        raise BadInput(f"config.json torch_dtype must be a string, got {shown(dtype)}")
+        raise BadInput(f"config.json dtype must be a string, got {shown(dtype)}")
     num_layers = positive(raw, "num_hidden_layers")
     if num_layers > MAX_LAYERS:
         raise BadInput(f"config.json 'num_hidden_layers' {num_layers} is more than the "
@@ -180,7 +181,7 @@ def parse_config(config: Mapping[str, Any], architecture: str) -> HFConfig:
         hidden_size=hidden,
         intermediate_size=positive(raw, "intermediate_size"),
         vocab_size=positive(raw, "vocab_size"),
-        max_position_embeddings=positive(raw, "max_position_embeddings"),
+        max_position_embeddings=context_length(raw),
         torch_dtype=dtype,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         quantization=method if isinstance(method, str) else "",
@@ -190,6 +191,35 @@ def parse_config(config: Mapping[str, Any], architecture: str) -> HFConfig:
         qk_rope_head_dim=positive(raw, "qk_rope_head_dim") if mla else None,
         raw=raw,
     )
+
+
+def context_length(raw: Mapping[str, Any]) -> int:
+    """The positions the model takes, as vLLM derives ``max_model_len``
+    (``_get_and_verify_max_len``): ``max_position_embeddings``, times a RoPE scaling's
+    ``factor`` (yarn's from its ``original_max_position_embeddings``) unless its type
+    already counts it in (llama3, longrope, su) or the model is a Gemma 3 (its 128K is
+    scaled already). A transformers 5 config may give one RoPE per layer type: the last
+    factor counts, as in vLLM."""
+    positions = positive(raw, "max_position_embeddings")
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling")
+    if not isinstance(rope, Mapping) or "gemma3" in str(raw.get("model_type", "")):
+        return positions
+    nested = all(isinstance(value, Mapping) for value in rope.values()) and bool(rope)
+    factor = None
+    for part in rope.values() if nested else (rope,):
+        kind = part.get("rope_type", part.get("type", "default"))
+        if kind in ("su", "longrope", "llama3") or part.get("factor") is None:
+            continue
+        factor = part["factor"]
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not (
+                0 < factor <= MAX_CONFIG_NUMBER):
+            raise BadInput(f"config.json rope_parameters.factor must be a positive number, "
+                           f"got {shown(factor)}")
+        if kind == "yarn":
+            positions = positive(part, "original_max_position_embeddings", positions)
+    if factor is None:
+        return positions
+    return min(int(positions * factor), MAX_CONFIG_NUMBER)
 
 
 def positive(config: Mapping[str, Any], key: str, default: int | None = None) -> int:

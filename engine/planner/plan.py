@@ -72,12 +72,14 @@ from kvledger.engine.settings.config_values import DEFAULT_MAX_NUM_SEQS, MIN_DEF
 
 
 def resolve_max_model_len(config: EngineConfig, shape: ModelShape) -> int:
-    """``--max-model-len``, or the model's ``max_position_embeddings``; never more than it."""
+    """``--max-model-len``, or the positions the model takes (``max_position_embeddings``,
+    times a linear RoPE's factor); never more than those."""
     if config.max_model_len is None:
         return shape.max_position_embeddings
     if config.max_model_len > shape.max_position_embeddings:
-        raise BadInput(f"--max-model-len {config.max_model_len} is larger than the model's "
-                       f"max_position_embeddings ({shape.max_position_embeddings})")
+        raise BadInput(f"--max-model-len {config.max_model_len} is more than the "
+                       f"{shape.max_position_embeddings} positions the model takes (its "
+                       f"max_position_embeddings, times a linear RoPE's factor)")
     return config.max_model_len
 
 
