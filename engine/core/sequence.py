@@ -9,7 +9,8 @@ import torch
 from kvledger.engine.admission.order import ANONYMOUS, Place
 from kvledger.engine.core.request import EngineRequest
 from kvledger.engine.kv.reservation import Reservation
-from kvledger.engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from kvledger.engine.model.detokenizer import IncrementalDetokenizer
+from kvledger.engine.model.tokenizer import Tokenizer
 from kvledger.engine.sampling.bad_words import BadWordsMatcher
 from kvledger.engine.sampling.logprobs import TokenLogprobs
 from kvledger.engine.sampling.params import SamplingParams

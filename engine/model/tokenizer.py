@@ -16,6 +16,7 @@ from kvledger.engine.checkpoint.files import (
 )
 from kvledger.engine.errors import BadInput, clip
 from kvledger.engine.model import chat_template, tokenizer_class
+from kvledger.engine.model.detokenizer import IncrementalDetokenizer
 from kvledger.engine.model.generation_config import (
     AUTO,
     max_tokens_cap,
@@ -57,9 +58,12 @@ class Tokenizer:
         # loop even from a worker thread. ``_fast`` skips the offsets nobody reads.
         self._encode_batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
         # Every added token's text by id, special or not
-        self.added_texts: dict[int, str] = {
-            token_id: added.content
-            for token_id, added in self._tok.get_added_tokens_decoder().items()}
+        added = self._tok.get_added_tokens_decoder()
+        self.added_texts: dict[int, str] = {token_id: token.content
+                                            for token_id, token in added.items()}
+        # The ids a decode that skips special tokens drops
+        self.special_ids = frozenset(token_id for token_id, token in added.items()
+                                     if token.special)
         self.bos_token = _token_text(self.tokenizer_config.get("bos_token"))
         self.eos_token = _token_text(self.tokenizer_config.get("eos_token"))
         # What a chat template reads of them (transformers' special_tokens_map)
@@ -159,61 +163,6 @@ class Tokenizer:
         return IncrementalDetokenizer(self, prompt_token_ids, kept_special_ids,
                                       skip_special_tokens, spaces_between_special_tokens)
 
-
-
-class IncrementalDetokenizer:
-    """Streams text as tokens arrive, never splitting a multi-byte character.
-
-    Decodes a short window (a few tokens of context + the new ones) each step, as vLLM
-    does, so the cost per token does not grow with the length of the output. Special
-    tokens are dropped, but for ``kept_special_ids``, whose text goes in where they come
-    (the text around them decodes as if they were not there), and all of them with
-    ``skip_special_tokens`` False (vLLM's request field). With
-    ``spaces_between_special_tokens`` False too, an added token right after another is
-    its bare text, as vLLM's fast detokenizer gives it: a decoder that spaces tokens apart
-    (WordPiece's) spaces it from the text before them, never from each other.
-    """
-
-    _CONTEXT_TOKENS = 5
-
-    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int],
-                 kept_special_ids: frozenset[int] = frozenset(),
-                 skip_special_tokens: bool = True,
-                 spaces_between_special_tokens: bool = True) -> None:
-        self._tokenizer = tokenizer
-        self._kept = kept_special_ids
-        self._skip = skip_special_tokens
-        # Added tokens' texts, when they are not to be spaced apart (else None)
-        self._bare = (None if skip_special_tokens or spaces_between_special_tokens
-                      else tokenizer.added_texts)
-        self._last_added = False
-        self._ids: list[int] = list(prompt_token_ids[-self._CONTEXT_TOKENS:])
-        self._prefix_offset = 0
-        self._read_offset = len(self._ids)
-        self.text = ""
-
-    def add(self, token_id: int) -> str:
-        """Append one token; return the text it completes (possibly empty)."""
-        if token_id in self._kept:
-            kept = self._tokenizer.decode([token_id], skip_special_tokens=False)
-            self.text += kept
-            return kept
-        self._ids.append(token_id)
-        decode = self._tokenizer.decode
-        prefix = decode(self._ids[self._prefix_offset:self._read_offset], self._skip)
-        full = decode(self._ids[self._prefix_offset:], self._skip)
-        if len(full) <= len(prefix) or full.endswith("\ufffd"):
-            return ""  # an incomplete UTF-8 sequence, or a special token: wait
-        new_text = full[len(prefix):]
-        if self._bare is not None:
-            added = self._bare.get(token_id)
-            if added is not None and self._last_added:
-                new_text = added
-            self._last_added = added is not None
-        self._prefix_offset = self._read_offset
-        self._read_offset = len(self._ids)
-        self.text += new_text
-        return new_text
 
 
 def _check_template(where: str, source: str) -> None:

@@ -91,3 +91,22 @@ def test_a_byte_level_file_under_llamas_class_is_read_as_written(tiny_llama_dir,
     reference, ours = AutoTokenizer.from_pretrained(folder), Tokenizer(folder)
     for text in TEXTS:
         assert ours.encode(text) == reference.encode(text)
+
+
+@pytest.mark.parametrize("trailing_specials", [0, 4, 5, 12])
+def test_streamed_text_after_a_prompt_ending_in_special_tokens(sp_tokenizer, tmp_path,
+                                                                trailing_specials):
+    """A decoder that strips the text's first space (SentencePiece's) strips the prompt's,
+    not the answer's, however many special tokens end the prompt: the answer is what the
+    whole decode adds to the prompt's, as vLLM's detokenizer (which reads the whole prompt)
+    gives it. Before, five special tokens at the prompt's end lost the answer's space."""
+    folder = _folder(tmp_path, sp_tokenizer, "PreTrainedTokenizerFast", "llama")
+    reference, ours = AutoTokenizer.from_pretrained(folder), Tokenizer(folder)
+    eos = reference.convert_tokens_to_ids("</s>")
+    prompt = reference.encode("Once upon a time", add_special_tokens=False) + [eos] * trailing_specials
+    output = reference.encode(" Hello world", add_special_tokens=False)
+    detokenizer = ours.detokenizer(prompt)
+    streamed = "".join(detokenizer.add(token_id) for token_id in output)
+    whole = reference.decode(prompt + output, skip_special_tokens=True)
+    assert streamed == whole[len(reference.decode(prompt, skip_special_tokens=True)):]
+    assert streamed.startswith(" ")
