@@ -132,7 +132,10 @@ class Tokenizer:
         ``content``: how the template gets a message's content (``chat_template.render``)."""
         source = template or chat_template.pick(self.chat_templates, tools=bool(tools))
         if source is None:
-            raise BadInput("this model has no chat template (chat_template.jinja or "
+            # vLLM's sentence first: clients match on it to tell a base model
+            raise BadInput("As of transformers v4.44, default chat template is no longer "
+                           "allowed, so you must provide a chat template if the tokenizer "
+                           "does not define one. This model has none (chat_template.jinja or "
                            "tokenizer_config.json's chat_template); pass --chat-template, or "
                            "use the completions API")
         return chat_template.render(source, messages, add_generation_prompt=add_generation_prompt,
