@@ -157,7 +157,9 @@ class GenerationFields(Strict):
             raise ValueError(f"'logit_bias' holds {len(bias)} entries; at most "
                              f"{MAX_LOGIT_BIAS_ENTRIES} are allowed")
         for key in bias:
-            if not (key.isascii() and key.isdigit() and int(key) <= MAX_INT):
+            # The length first: int() of a key past 4,300 digits raises its own error
+            if not (key.isascii() and key.isdigit() and len(key) <= len(str(MAX_INT))
+                    and int(key) <= MAX_INT):
                 raise ValueError(f"keys must be token ids (\"123\"), got {shown(key)}")
         return bias
 

@@ -156,6 +156,9 @@ def test_refusals_say_what_is_wrong():
         _refused(parse_completion, {"model": "m", "prompt": "x", "max_tokens": "10"}))
     huge = str(_refused(parse_completion, {"model": "m", "prompt": "x", "seed": 10**400}))
     assert len(huge) < 200  # the 400-digit number is not echoed back
+    key = str(_refused(parse_completion, {"model": "m", "prompt": "x",
+                                          "logit_bias": {"9" * 5000: 1}}))
+    assert "keys must be token ids" in key and "set_int_max_str_digits" not in key
 
 
 def test_neutral_and_ignored_fields_are_accepted():
