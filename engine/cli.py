@@ -17,7 +17,7 @@ import sys
 from importlib.metadata import entry_points, version
 
 from kvledger.engine.errors import EXIT_BAD_INPUT, BadInput, KvledgerError
-from kvledger.engine.settings.launch_line import dashed, with_config
+from kvledger.engine.settings.launch_line import vllm_argv
 
 # The engine's own commands: name -> module.
 ENGINE_COMMANDS: dict[str, str] = {
@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser(argv[0])
         flags = argv[1:]
-        if argv[0] in LAUNCH_LINE_COMMANDS:  # vLLM's spellings: --max_model_len, --config
-            flags = with_config(dashed(flags), parser)
+        if argv[0] in LAUNCH_LINE_COMMANDS:  # vLLM's: --max_model_len, --config, --x.key
+            flags = vllm_argv(flags, parser)
         args = parser.parse_args(flags)
         return int(args._module.main(args) or 0)
     except KvledgerError as exc:

@@ -124,6 +124,15 @@ class _Server:
         return _Connection(server, loop=server._loop, header_timeout_s=header_timeout_s,
                            write_timeout_s=write_timeout_s, **server._kwargs)
 
+    @property
+    def request_factory(self) -> Any:
+        return self._server.request_factory
+
+    @request_factory.setter
+    def request_factory(self, factory: Any) -> None:
+        # Set on aiohttp's server, which each connection reads it from.
+        self._server.request_factory = factory
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._server, name)
 

@@ -14,11 +14,11 @@ import threading
 from pathlib import Path
 from typing import NoReturn
 
-from aiohttp import web
-
 from kvledger.engine.errors import DoesNotFit, KvledgerError, plain
 from kvledger.engine.frontend.served import Served
+from kvledger.engine.server import listen
 from kvledger.engine.server.app import build_app
+from kvledger.engine.server.root_path import serve_under
 from kvledger.engine.server.state import STATE, ServeOptions
 from kvledger.engine.slow_clients import limited_runner
 
@@ -84,8 +84,10 @@ async def serve(config, options: ServeOptions, host: str, port: int) -> int:
                             keepalive_timeout=options.keepalive_timeout_s,
                             handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
+    if options.root_path:
+        serve_under(runner.server, options.root_path)
     try:
-        site = web.TCPSite(runner, host, port)
+        site = listen.site(runner, host, port)
         await site.start()
     except (OSError, UnicodeError) as exc:  # UnicodeError: a name IDNA cannot spell
         await runner.cleanup()
@@ -96,7 +98,7 @@ async def serve(config, options: ServeOptions, host: str, port: int) -> int:
     stopped: asyncio.Future[str] = loop.create_future()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _settle, stopped, sig.name, None)
-    log.info("listening on http://%s:%d; loading %s", host, port, config.model)
+    log.info("listening on %s; loading %s", listen.url(host, port), config.model)
     try:
         loading = _load_in_thread(config)
         await asyncio.wait([loading, stopped], return_when=asyncio.FIRST_COMPLETED)

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import argparse
 
-from kvledger.engine.checkpoint.hub.uri import model_reference
+from kvledger.engine.checkpoint.hub.uri import model_reference, with_revision
 from kvledger.engine.errors import BadInput
+from kvledger.engine.settings.compilation_config import graph_settings
 from kvledger.engine.settings.config import EngineConfig
 from kvledger.engine.settings.config_values import WORKLOAD
 from kvledger.engine.settings.declare import add_setting_flags, values_from_args
+from kvledger.engine.settings.vllm_flags import vllm_dest
 
 
 def add_engine_flags(parser: argparse.ArgumentParser,
@@ -26,10 +28,17 @@ def add_engine_flags(parser: argparse.ArgumentParser,
 
 def config_from_args(args: argparse.Namespace,
                      config_type: type[EngineConfig] = EngineConfig) -> EngineConfig:
-    """Build the config from parsed flags; unknown namespace attributes are ignored."""
+    """Build the config from parsed flags, with the vLLM flags read rather than defined
+    (``--revision``, ``-O``, ``--compilation-config``: ``vllm_rules.py``) applied; other
+    namespace attributes are ignored."""
     values = values_from_args(args, config_type)
     given = _model(getattr(args, "model_tag", None), getattr(args, "model", None))
     values["model"] = model_reference(given) if given else given
+    revision = getattr(args, vllm_dest("--revision"), None)
+    if revision is not None and given:
+        values["model"] = with_revision(values["model"], revision)
+    values.update(graph_settings(values, getattr(args, vllm_dest("--optimization-level"), None),
+                                 getattr(args, vllm_dest("--compilation-config"), None)))
     if values["model"] != given and not values.get("served_model_name"):
         values["served_model_name"] = [given]  # requests name it as launched, as in vLLM
     names = values.get("served_model_name")

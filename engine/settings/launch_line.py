@@ -1,8 +1,9 @@
 """vLLM launch lines as vLLM reads them, before argparse sees them: flag names written with
-underscores (``--max_model_len``) are the dashed flags, and ``--config FILE.yaml`` is a
+underscores (``--max_model_len``) are the dashed flags, ``--config FILE.yaml`` is a
 file of flags (``max-model-len: 4096``, ``enforce-eager: true``) that the command line
-overrides. Used by the commands that take engine flags (``plan``, ``preflight``,
-``serve``)."""
+overrides, and a JSON flag may be given key by key (``--kv-events-config.topic x``,
+``dotted_args.py``). Used by the commands that take engine flags (``plan``,
+``preflight``, ``serve``): ``vllm_argv``."""
 
 from __future__ import annotations
 
@@ -12,21 +13,35 @@ from pathlib import Path
 from typing import Any
 
 from kvledger.engine.errors import BadInput
+from kvledger.engine.settings.dotted_args import merge_dotted
+
+
+def vllm_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """A launch line's arguments as argparse should see them, in vLLM's order: its
+    ``--config`` file's flags in, names dashed, dotted arguments merged."""
+    return merge_dotted(with_config(dashed(argv), parser))
 
 
 def dashed(argv: list[str]) -> list[str]:
-    """``--max_model_len=5`` -> ``--max-model-len=5`` (only a flag's name, never a value),
-    and vLLM's ``-O3``, ``-O=3``, ``-O 3`` (and the older ``-O.level=3``) ->
-    ``--optimization-level 3``, as vLLM's own parser rewrites them."""
+    """``--max_model_len=5`` -> ``--max-model-len=5`` (only a flag's name, up to its first
+    '.': a dotted key such as ``--kv_events_config.enable_kv_cache_events`` keeps its
+    underscores, and never a value), and vLLM's ``-O3``, ``-O=3``, ``-O 3`` ->
+    ``--optimization-level 3``, as vLLM's own parser rewrites them (``-O`` followed by
+    anything else too, so that ``-O 7`` is refused as a level). ``-O.KEY=VALUE`` is the
+    older vLLM's, where ``-O`` was the compilation config's short flag (``-cc`` now):
+    ``--compilation-config.KEY=VALUE`` (``dotted_args.py``)."""
     out = []
     for i, arg in enumerate(argv):
-        if arg.startswith("--") and "_" in arg.split("=", 1)[0]:
+        if arg.startswith("--") and "_" in arg.split("=", 1)[0].split(".", 1)[0]:
             name, sep, value = arg.partition("=")
-            arg = name.replace("_", "-") + sep + value
+            flag, dot, keys = name.partition(".")
+            arg = flag.replace("_", "-") + dot + keys + sep + value
+        elif arg.startswith("-O."):
+            arg = "--compilation-config" + arg[2:]
         elif arg.startswith("-O") and arg != "-O":
             out.append("--optimization-level")
             arg = arg[3:] if arg[2] == "=" else arg[2:]
-        elif arg == "-O" and i + 1 < len(argv) and argv[i + 1] in ("0", "1", "2", "3"):
+        elif arg == "-O" and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
             arg = "--optimization-level"
         out.append(arg)
     return out
@@ -73,7 +88,8 @@ def config_flags(path: str, parser: argparse.ArgumentParser) -> list[str]:
         raise BadInput(f"--config {path}: expected a mapping of flag names to values")
     flags: list[str] = []
     for key, value in config.items():
-        flag = "--" + str(key).replace("_", "-")
+        name, dot, keys = str(key).partition(".")  # a dotted key keeps its underscores
+        flag = "--" + name.replace("_", "-") + dot + keys
         if isinstance(value, bool):
             if value:
                 flags.append(flag)

@@ -24,6 +24,7 @@ from typing import Any
 from kvledger.engine.errors import BadInput
 from kvledger.engine.settings.config_values import MAX_LOGPROBS
 from kvledger.engine.settings.declare import Crd, check_settings, render_flags, setting
+from kvledger.engine.settings.flag_values import CONTENT_FORMATS
 from kvledger.engine.settings.kinds import (
     COUNT,
     ON,
@@ -38,16 +39,15 @@ from kvledger.engine.settings.serve_values import (
     JSON_OBJECT,
     JSON_STRINGS,
     LAST_WORDS,
+    LOG_LEVEL,
     LOGPROBS,
     OPENAI_API,
     PARSER,
     PORT,
+    ROOT_PATH,
     SERVER,
     WORDS,
 )
-
-LOG_LEVELS = ("debug", "info", "warning", "error")
-CONTENT_FORMATS = ("auto", "string", "openai")  # model/chat_template.py's
 
 
 @dataclass(frozen=True)
@@ -58,11 +58,17 @@ class ServeConfig:
 
     host: str = setting(
         "0.0.0.0", "--host", TEXT, group=SERVER,
-        help="the address to listen on (default %(default)s: every interface)")
+        help="the address to listen on (default %(default)s: every IPv4 interface; '::' every "
+             "IPv6 and IPv4 one, as vLLM's)")
     port: int = setting(
         8000, "--port", PORT, group=SERVER, help="the port to listen on (default %(default)s)",
         crd=Crd("", "HTTP port of the engine and the Service", schema={"maximum": 65535},
                 defaulted=True))
+    root_path: str | None = setting(  # server/root_path.py
+        None, "--root-path", ROOT_PATH, group=SERVER,
+        help="vLLM's: the path prefix a path-routing proxy serves the API under (e.g. "
+             "/llama): a request under it is served as the path after it (/llama/v1/models "
+             "is /v1/models), and one outside it as it is, as FastAPI's root_path")
     api_keys: tuple[str, ...] = setting(  # serve adds $KVLEDGER_API_KEY's and the file's
         (), "--api-key", LAST_WORDS, metavar="KEY", group=SERVER,
         help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize; "
@@ -83,10 +89,10 @@ class ServeConfig:
              "prefix-cache counters tell how much of a guessed prompt was cached, and no "
              "tenant's key then opens them (default: $KVLEDGER_METRICS_API_KEY; unset: "
              "/metrics open, as Prometheus expects, /v1/budget behind the API keys)")
-    shutdown_grace_s: float = setting(
-        30, "--shutdown-grace", SECONDS_OR_ZERO, group=SERVER,
-        help="on SIGTERM, let in-flight requests run this long before aborting them "
-             "(default %(default)s)",
+    shutdown_grace_s: float = setting(  # vLLM's --shutdown-timeout (its default is 0)
+        30, "--shutdown-grace", SECONDS_OR_ZERO, aliases=("--shutdown-timeout",), group=SERVER,
+        help="on SIGTERM, let in-flight requests run this long before aborting them, as "
+             "vLLM's --shutdown-timeout (0: abort them at once; default %(default)s)",
         crd=Crd("", "on SIGTERM (scale-down, rollout, eviction), how long in-flight requests "
                     "may finish before they are aborted (--shutdown-grace); the pod's grace is "
                     "20 s more", name="shutdownGraceSeconds",
@@ -247,8 +253,9 @@ class ServeConfig:
         help="vLLM's: let such a browser send its cookies and credentials (the origin is then "
              "named, never '*')")
     log_level: str = setting(
-        "info", "--log-level", choice(LOG_LEVELS), group=OPENAI_API,
-        help="the server's log level (default %(default)s)")
+        "info", "--log-level", LOG_LEVEL, group=OPENAI_API,
+        help="the server's log level: critical, error, warning, info or debug, in any case "
+             "(vLLM's DEBUG is debug; default %(default)s)")
     log_requests: bool = setting(
         False, "--enable-log-requests", SWITCH, group=OPENAI_API,
         help="vLLM's: log a line per admitted request (its id, prompt tokens, max_tokens, n, "

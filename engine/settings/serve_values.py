@@ -7,11 +7,11 @@ import argparse
 import json
 from typing import Any
 
-from kvledger.engine import json_text
 from kvledger.engine.errors import BadInput
 from kvledger.engine.settings.config_values import MAX_LOGPROBS
+from kvledger.engine.settings.flag_values import LOG_LEVELS, json_object, json_strings, log_level
 from kvledger.engine.settings.kinds import Kind, size_arg
-from kvledger.engine.settings.vllm_flags import PARSERS, RULES, refusal
+from kvledger.engine.settings.vllm_rules import PARSERS, RULES, refusal
 
 # The --help groups, in the order they are listed (after the engine's and the machines').
 SERVER = "server"
@@ -56,29 +56,6 @@ def _logprobs(flag: str, value: Any) -> None:
         raise _too_many_logprobs(flag, value)
 
 
-def json_object(text: str) -> dict:
-    """argparse type for a JSON object."""
-    try:
-        value = json_text.loads(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({exc})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
-    return value
-
-
-def json_strings(text: str) -> tuple[str, ...]:
-    """argparse type for a JSON list of strings (vLLM's ``--allowed-origins '["*"]'``)."""
-    try:
-        value = json_text.loads(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {text!r} "
-                                         f"({exc})") from None
-    if not (isinstance(value, list) and all(isinstance(v, str) and v for v in value)):
-        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {text!r}")
-    return tuple(value)
-
-
 def _strings(flag: str, value: Any) -> None:
     if not (isinstance(value, tuple | list) and all(isinstance(v, str) and v for v in value)):
         raise BadInput(f"{flag} must be a list of strings, got {value!r}")
@@ -87,6 +64,28 @@ def _strings(flag: str, value: Any) -> None:
 def _object(flag: str, value: Any) -> None:
     if not isinstance(value, dict):
         raise BadInput(f"{flag} must be a JSON object, got {value!r}")
+
+
+def _log_level(flag: str, value: Any) -> None:
+    if not isinstance(value, str) or value.lower() not in LOG_LEVELS:
+        raise BadInput(f"{flag} must be one of {', '.join(LOG_LEVELS)} (in any case), got "
+                       f"{value!r}")
+
+
+def root_path(text: str) -> str | None:
+    """argparse type of ``--root-path``: a path prefix, ``/`` then segments (a trailing
+    ``/`` dropped; ``/`` alone or empty: none)."""
+    prefix = text.rstrip("/")
+    if not prefix:
+        return None
+    if not text.startswith("/") or any(c in text for c in "?#%") or not text.isprintable():
+        raise argparse.ArgumentTypeError(f"expected a path prefix such as /llama, got {text!r}")
+    return prefix
+
+
+def _root_path(flag: str, value: Any) -> None:
+    if not isinstance(value, str) or root_path(value) != value:
+        raise BadInput(f"{flag} must be a path prefix such as /llama, got {value!r}")
 
 
 # A port: 0 on the command line is any free one; the CRD's spec.port starts at 1 (a Service
@@ -102,5 +101,9 @@ PARSER = Kind("choice", parse=tool_call_parser, values=PARSERS, metavar="NAME",
 LOGPROBS = Kind("count", parse=max_logprobs, check=_logprobs, metavar="N")
 JSON_OBJECT = Kind("object", parse=json_object, check=_object, metavar="JSON",
                    render=lambda value: [json.dumps(value)])
+# vLLM's --log-level spells them DEBUG, kvledger's serve debug: either, any case.
+LOG_LEVEL = Kind("choice", parse=log_level, check=_log_level, values=LOG_LEVELS,
+                 metavar="LEVEL")
+ROOT_PATH = Kind("text", parse=root_path, check=_root_path, metavar="PREFIX")
 JSON_STRINGS = Kind("text", parse=json_strings, check=_strings, metavar="JSON",
                     render=lambda value: [json.dumps(list(value))])

@@ -1,7 +1,7 @@
 """Every flag of vLLM 0.32's ``vllm serve``, one string per argparse action (a flag and its
 aliases), read from vLLM's source (``vllm/engine/arg_utils.py`` and
 ``vllm/entrypoints/launchers/cli_args.py``; vLLM is never imported), plus older flags still
-common in published launch lines. What each does in kvledger: ``vllm_flags.py``.
+common in published launch lines. What each does in kvledger: ``vllm_rules.py``.
 """
 
 VLLM_SERVE_FLAGS: tuple[str, ...] = (

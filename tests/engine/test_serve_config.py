@@ -26,6 +26,7 @@ from kvledger.engine.settings.serve_config import ServeConfig
 DECLARED = {
     "host": ("--host", None, "0.0.0.0"),
     "port": ("--port", ".port", 8000),
+    "root_path": ("--root-path", None, None),
     "api_keys": ("--api-key", None, ()),  # apiKeySecretRef: the engine's KVLEDGER_API_KEY
     "api_key_file": ("--api-key-file", None, None),
     "salt_cache_per_key": ("--cache-salt-per-key", None, False),

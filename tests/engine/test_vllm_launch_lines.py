@@ -18,7 +18,7 @@ import pytest
 from kvledger.engine.cli import build_parser, main
 from kvledger.engine.errors import BadInput
 from kvledger.engine.settings.config_flags import config_from_args
-from kvledger.engine.settings.launch_line import dashed
+from kvledger.engine.settings.launch_line import vllm_argv
 from kvledger.engine.settings.vllm_flags import VLLM_SERVE_FLAGS
 
 ACCEPTED = None
@@ -82,6 +82,14 @@ LAUNCH_LINES = [
     ("optimization level, spaced", "{model} -O 2 --compilation-config '{{\"level\": 3}}'",
      ACCEPTED),
     ("compilation level, older vLLM", "{model} -O.level=3 -O=1", ACCEPTED),
+    ("JSON flags key by key", "{model} -O0 -cc.cudagraph_mode=NONE "
+     "--kv-events-config.enable_kv_cache_events true --override-generation-config.top_p 0.9",
+     ACCEPTED),
+    ("speculative decoding, key by key", "{model} --speculative-config.method ngram "
+     "--speculative-config.num_speculative_tokens 5", "--speculative-config"),
+    ("CORS, roles and shutdown", "{model} --allowed-origins '[\"*\"]' --allow-credentials "
+     "--response-role assistant --chat-template-content-format string --shutdown-timeout 10 "
+     "--log-level DEBUG --max-log-len 100", ACCEPTED),
     ("request logging and token details", "{model} --enable-log-requests --max-logprobs 5 "
      "--return-tokens-as-token-ids --enable-prompt-tokens-details", ACCEPTED),
     ("a separate tokenizer", "{model} --tokenizer {model}", ACCEPTED),
@@ -120,11 +128,11 @@ def test_preflight_and_serve_read_the_line_as_plan_does(tiny_llama_dir, command,
                                                         line, refused_by) -> None:
     parser = build_parser(command)
     if refused_by is None:
-        config = config_from_args(parser.parse_args(dashed(_argv(line, tiny_llama_dir))))
+        config = config_from_args(parser.parse_args(vllm_argv(_argv(line, tiny_llama_dir), parser)))
         assert config.model == str(tiny_llama_dir)
     else:
         with pytest.raises(BadInput, match=f"^{re.escape(refused_by)}[ :].*kvledger does not support"):
-            parser.parse_args(dashed(_argv(line, tiny_llama_dir)))
+            parser.parse_args(vllm_argv(_argv(line, tiny_llama_dir), parser))
 
 
 @pytest.mark.parametrize("command", ["plan", "preflight", "serve"])

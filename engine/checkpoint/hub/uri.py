@@ -7,7 +7,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from kvledger.engine.errors import BadInput
+from kvledger.engine.errors import BadInput, plain
 
 SCHEME = "hf://"
 DEFAULT_REVISION = "main"
@@ -35,6 +35,24 @@ def model_reference(text: str) -> str:
     if BARE_ID_RE.fullmatch(text) and not text.startswith((".", "~")):
         return SCHEME + text
     return text
+
+
+def with_revision(model: str, revision: str) -> str:
+    """``model`` (as ``model_reference`` gives it) at vLLM's ``--revision REVISION``: an
+    hf:// model without a revision takes it, one with the same one is as it is; BadInput,
+    one line, for one with another, or for a local folder, which has no revisions."""
+    if not is_hub_uri(model):
+        raise BadInput(f"--revision {plain(revision)}: the model {plain(model)} is a local "
+                       "folder, which has no revisions: drop --revision, or name a hub "
+                       "model (ORG/NAME or hf://ORG/NAME)")
+    named = HUB_URI_RE.fullmatch(model)
+    own = named["rev"] if named is not None else None
+    if own is None:
+        return f"{model}@{revision}"
+    if own != revision:
+        raise BadInput(f"--revision {plain(revision)} and the model's own revision "
+                       f"({plain(model)}) differ: give one")
+    return model
 
 
 def is_hub_uri(text: str) -> bool:

@@ -21,7 +21,7 @@ from kvledger.engine.server.tools.formats import (
     OpenCall,
     ToolCall,
 )
-from kvledger.engine.settings.vllm_flags import PARSERS
+from kvledger.engine.settings.vllm_rules import PARSERS
 
 assert set(PARSERS) == set(READERS), "a --tool-call-parser name without its reader"
 __all__ = ["CONTROL_TOKENS", "PARSERS", "ArgumentsDelta", "CallScanner", "ToolCall"]
