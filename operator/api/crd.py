@@ -23,6 +23,8 @@ import yaml
 from kvledger.engine.checkpoint.hub.uri import parse_uri
 from kvledger.engine.errors import BadInput
 from kvledger.operator.api.crd_schema import SPEC_SCHEMA
+from kvledger.operator.api.model_sources import check_kserve_shape, refusal
+from kvledger.operator.api.names import check_name
 from kvledger.operator.api.resource import (
     API_VERSION,
     GROUP,
@@ -210,20 +212,21 @@ def validate_manifest(doc: Any) -> dict[str, Any]:
 
     OpenAPI 3.0 schemas are JSON Schema draft 4 (boolean ``exclusiveMinimum``). A hub uri
     is then parsed by the engine's own parser, which checks what its pattern cannot. The
-    CEL rules are checked by ``spec.parse_spec`` (``spec_rules``), with the same wording.
-    Raises BadInput naming the first offending field.
+    CEL rules are checked by ``spec.parse_spec`` (``spec_rules``), with the same wording,
+    and the name's (``names``: the webhook's, not the CRD's) here. A uri of another source (``pvc://``,
+    ``s3://``, ...) is refused with its rule's words, and a KServe-shaped spec naming
+    kvledger's fields (``model_sources``). Raises BadInput naming the first offending field.
     """
     if not isinstance(doc, dict):
         raise BadInput("manifest must be a YAML mapping (an InferenceService)")
+    check_kserve_shape(doc.get("spec"))  # KServe's, whatever its apiVersion: say ours
     if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
         raise BadInput(f"manifest must be apiVersion: {API_VERSION}, kind: {KIND}; "
                        f"got {doc.get('apiVersion')!r}, {doc.get('kind')!r}")
     schema = strict_schema(openapi_schema())
-    # The Deployment and Service are named as the resource, and a Service name must be a
-    # DNS-1035 label; the API server checks that, so `kvledger run` does it here.
+    # The name's own rule (names.py) is the CRD's root CEL, checked below.
     schema["properties"]["metadata"] = {"type": "object", "required": ["name"], "properties": {
-        "name": {"type": "string", "maxLength": 63,
-                 "pattern": "^[a-z]([-a-z0-9]*[a-z0-9])?$"}}}
+        "name": {"type": "string"}}}
     errors = sorted(jsonschema.Draft4Validator(schema).iter_errors(doc),
                     key=lambda e: list(e.absolute_path))
     if errors:
@@ -231,7 +234,13 @@ def validate_manifest(doc: Any) -> dict[str, Any]:
         where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
         if where == "spec.model.uri" and "://" not in str(error.instance):
             raise BadInput(f"invalid InferenceService at {where}: {BARE_HUB_ID}")
+        if where == "spec.model.uri" and (said := refusal(error.instance)) is not None:
+            raise BadInput(f"invalid InferenceService at {where}: {said}")
         raise BadInput(f"invalid InferenceService at {where}: {_short(error)}")
+    try:
+        check_name(doc["metadata"]["name"])
+    except BadInput as exc:
+        raise BadInput(f"invalid InferenceService at metadata.name: {exc}") from None
     uri = doc["spec"]["model"].get("uri")
     if uri is not None:
         try:

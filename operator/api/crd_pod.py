@@ -70,7 +70,10 @@ PLACEMENT = {
                 "description": "refused: it would import names kvledger cannot check; "
                                "name each variable in env (valueFrom.configMapKeyRef, "
                                "secretKeyRef)"},
-    "podAnnotations": {**_STRING_MAP, "description": "annotations of the pod template"},
-    "podLabels": {**_STRING_MAP, "description": "labels of the pod template; the operator's "
-                  "own labels win over the same keys"},
+    "podAnnotations": {**_STRING_MAP, "description": "annotations of the pod template, "
+                       "over the resource's own metadata.annotations (which the pods get "
+                       "too, less kubectl's, kopf's and kvledger.dev/ ones)"},
+    "podLabels": {**_STRING_MAP, "description": "labels of the pod template, over the "
+                  "resource's own metadata.labels (which the pods get too); the operator's "
+                  "own labels win over both"},
 }

@@ -76,7 +76,9 @@ _MODEL = ruled({
                  "description": "Checkpoint directory as the pod sees it (under volume.mountPath)."},
         "uri": {"type": "string", "pattern": HUB_URI_PATTERN, "maxLength": 512,
                 "description": "hf://ORG/NAME[@REVISION]: planned from its headers over HTTP, "
-                               "then downloaded by the fetch init container into the cache."},
+                               "then downloaded by the fetch init container into the cache. "
+                               "The Hub alone: a checkpoint on a claim (or a bucket a CSI "
+                               "driver mounts) is path, with volume."},
         # At most 256 characters, none a leading '-' (the engine's parser would read the
         # name as a flag, and the pod would never start).
         "name": {"type": "string", "minLength": 1, "maxLength": 256, "pattern": "^[^-]",
@@ -170,7 +172,9 @@ _AUTOSCALING = ruled({
             "minimum": 1, "pattern": TARGET_PATTERN, "maxLength": 32,
             "description": "per-pod average of the metric to hold, a quantity (4, \"0.8\", "
                            "\"800m\"); default 0.8 for kvReservedRatio, 4 for "
-                           "requestsWaiting, 1 for rejectionRate",
+                           "requestsWaiting, 1 for rejectionRate. Write a decimal as a "
+                           "string (target: \"0.8\"): the field is an integer or a string, "
+                           "and the API server refuses an unquoted 0.8 as neither",
         },
         "provider": {"type": "string", "enum": list(AUTOSCALING_PROVIDERS),
                      "default": AUTOSCALING_PROVIDERS[0]},
@@ -285,14 +289,16 @@ SPEC_SCHEMA = ruled({
                            "/v1/* as apiKeySecretRef's does",
             "properties": {"name": _SECRET_NAME, "key": _SECRET_KEY},
         },
-        "resources": {
+        "resources": ruled({
             "type": "object",
-            "description": "CPU and host memory of the engine container (GPUs come from gpus).",
+            "description": "CPU and host memory of the engine container. GPUs come from gpus "
+                           "alone: a GPU key here (nvidia.com/gpu, amd.com/gpu, ...) is "
+                           "refused.",
             "properties": {
                 "limits": {"type": "object", "additionalProperties": _QUANTITY},
                 "requests": {"type": "object", "additionalProperties": _QUANTITY},
             },
-        },
+        }, "resources"),
         "apiKeySecretRef": {
             "type": "object", "required": ["name", "key"],
             "description": "The Secret key holding the API key /v1/* requires (the engine's "

@@ -23,6 +23,7 @@ from kvledger.engine.settings.declare import default_of, settings_of
 from kvledger.engine.settings.kinds import parse_size
 from kvledger.engine.settings.lora_config import LoraModule
 from kvledger.engine.settings.serve_config import ServeConfig
+from kvledger.operator.api.model_sources import check_kserve_shape
 from kvledger.operator.api.parallel import tensor_parallel_size
 from kvledger.operator.api.quantity import quantity_bytes
 from kvledger.operator.api.resource import (
@@ -107,6 +108,10 @@ class ServiceSpec:
     env: list[dict[str, Any]] = field(default_factory=list)
     pod_annotations: dict[str, str] = field(default_factory=dict)
     pod_labels: dict[str, str] = field(default_factory=dict)
+    # The resource's own metadata.labels and metadata.annotations, filtered, for its pods
+    # (``propagation.with_metadata``; the spec alone has none).
+    resource_labels: dict[str, str] = field(default_factory=dict)
+    resource_annotations: dict[str, str] = field(default_factory=dict)
     api_key_secret: tuple[str, str] | None = None  # (Secret name, key): KVLEDGER_API_KEY
     tenants_secret: tuple[str, str] | None = None  # (Secret name, key): --tenants-file
     inference_pool: InferencePool | None = None  # None: a plain Service only
@@ -130,6 +135,7 @@ def parse_spec(raw: Mapping[str, Any]) -> ServiceSpec:
     work: what the CRD's schema or rules refuse, flags the engine refuses, and a spec
     deeper or larger than a pod's fields take (``spec_size``)."""
     check_size(raw)
+    check_kserve_shape(raw)  # before the rules: its model is under predictor
     scaling = parse_autoscaling(raw.get("autoscaling"))  # its field checks come before its rules
     check_rules(raw)
     model = _model(raw.get("model") or {})

@@ -15,11 +15,13 @@ CRD's default where the CEL relies on one (``mountPath``).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kvledger.engine.errors import BadInput
+from kvledger.operator.api import model_sources
 from kvledger.operator.api.env_policy import (
     ALLOWED_ENV,
     ENV_CEL,
@@ -64,6 +66,22 @@ class Rule:
 BARE_HUB_ID = ("model.uri is a hub uri, hf://ORG/NAME[@REVISION]: for the hub id ORG/NAME "
                "write hf://ORG/NAME (the bare id is a launch line's shorthand, not a "
                "manifest's)")
+
+
+# A GPU is spec.gpus: the operator requests it (nvidia.com/gpu) and the engine is planned
+# and sharded for it. One in resources was overridden by gpus (default 1): the engine ran
+# on 1 GPU of 2, or on the CPU of a pod that held one. Vendors' names: nvidia.com/gpu,
+# amd.com/gpu, gpu.intel.com/i915, NVIDIA's MIG slices.
+GPU_KEY_RE = r"/gpu$|^([^/]*[.])?gpu[.][^/]*/|^nvidia[.]com/mig-"
+GPU_IN_RESOURCES = (
+    "resources.limits and resources.requests take no GPU (nvidia.com/gpu, amd.com/gpu, "
+    "...): set spec.gpus, the GPUs per pod, which the operator requests and which sets the "
+    "engine's device and tensor parallelism (gpus: 0 runs on the CPU)")
+
+
+def _no_gpu_key(resources: Mapping[str, Any]) -> bool:
+    return not any(re.search(GPU_KEY_RE, str(key)) for kind in ("limits", "requests")
+                   for key in (resources.get(kind) or {}))
 
 
 def _under_mount(model: Mapping[str, Any]) -> bool:
@@ -169,6 +187,9 @@ RULES: tuple[Rule, ...] = (
          " ? self.volume.mountPath : self.volume.mountPath + '/')",
          "model.path must lie under model.volume.mountPath",
          _under_mount),
+    # KServe's sources (hf://ORG/NAME:REV, pvc://, s3://, ...), each with kvledger's way.
+    *(Rule("model", model_sources.cel(pattern), message, model_sources.holds(pattern))
+      for pattern, message in model_sources.SOURCES),
     Rule("model", "!has(self.uri) || !has(self.volume)",
          "model.volume holds a model.path checkpoint; a model.uri is downloaded into "
          "model.cache",
@@ -285,8 +306,13 @@ def nodes(spec: Mapping[str, Any], path: str) -> Iterator[Any]:
 
 
 def check_rules(spec: Mapping[str, Any]) -> None:
-    """Every rule, in Python; BadInput with the first broken rule's refusal."""
+    """Every rule, in Python; BadInput with the first broken rule's refusal. Then those
+    the CRD cannot hold (the webhook's and ``kvledger run``'s alone): a GPU in resources,
+    whose keys the schema cannot bound for CEL's cost."""
     for rule in RULES:
         for node in nodes(spec, rule.path):
             if not rule.holds(node):
                 raise BadInput(rule.refusal(node))
+    resources = spec.get("resources")
+    if isinstance(resources, Mapping) and not _no_gpu_key(resources):
+        raise BadInput(GPU_IN_RESOURCES)

@@ -22,6 +22,7 @@ from typing import Any, cast
 import kopf
 
 from kvledger.engine.errors import BadInput
+from kvledger.operator.api.propagation import with_metadata
 from kvledger.operator.api.resource import API_VERSION, PLURAL
 from kvledger.operator.api.spec import ServiceSpec, parse_spec
 from kvledger.operator.api.status_types import ModelRecord, ServiceStatus
@@ -146,7 +147,7 @@ async def apply_children(memo: kopf.Memo, name: str, namespace: str) -> ModelRec
         if owner is None or owner.get("metadata", {}).get("deletionTimestamp"):
             return None  # going: the garbage collector (or isvc_event) removes the children
         # Parsed once: an invalid spec is refused before anything is asked or applied.
-        spec = parse_spec(owner.get("spec") or {})
+        spec = with_metadata(parse_spec(owner.get("spec") or {}), owner.get("metadata"))
         # PolicyDenied: nothing is applied.
         memo.policy.check(spec, memo.default_image, name=name, namespace=namespace)
         if spec.nodes > 1 and not await lws_served(memo.kube):

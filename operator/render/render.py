@@ -201,7 +201,8 @@ def render_deployment(name: str, namespace: str, spec: ServiceSpec, *,
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": workload_labels(name, spec)},
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": selector_labels(name)},
@@ -262,17 +263,26 @@ def gateway_env(spec: ServiceSpec, gateway: GatewayWiring) -> list[dict[str, Any
     return [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
 
 
+def workload_labels(name: str, spec: ServiceSpec) -> dict[str, str]:
+    """The Deployment's (or LeaderWorkerSet's) labels: the resource's own
+    (``propagation``) under the operator's, which win."""
+    return {**spec.resource_labels, **labels(name)}
+
+
 def pod_template_metadata(name: str, spec: ServiceSpec, *, serving: bool = True) -> dict[str, Any]:
-    """A pod template's labels and annotations: ``podLabels`` under the operator's labels,
-    which win (the selector and the Service depend on them), and ``podAnnotations``. A
-    ``serving`` pod (one that answers HTTP) behind an InferencePool also carries
-    ``INFERENCE_SERVING_LABEL``."""
-    meta: dict[str, Any] = {"labels": {**spec.pod_labels, **labels(name)}}
+    """A pod template's labels and annotations, lowest first: the resource's own
+    (``propagation``: its metadata's labels and filtered annotations), ``podLabels`` and
+    ``podAnnotations``, then the operator's labels, which win (the selector and the Service
+    depend on them). A ``serving`` pod (one that answers HTTP) behind an InferencePool also
+    carries ``INFERENCE_SERVING_LABEL``."""
+    meta: dict[str, Any] = {"labels": {**spec.resource_labels, **spec.pod_labels,
+                                       **labels(name)}}
     if serving and spec.inference_pool is not None:
         meta["labels"][INFERENCE_SERVING_LABEL] = "true"
         meta["labels"][ENGINE_TYPE_LABEL] = ENGINE_TYPE
-    if spec.pod_annotations:
-        meta["annotations"] = dict(spec.pod_annotations)
+    annotations = {**spec.resource_annotations, **spec.pod_annotations}
+    if annotations:
+        meta["annotations"] = annotations
     return meta
 
 

@@ -44,6 +44,7 @@ from kvledger.operator.render.render import (
     render_pod_spec,
     render_service,
     selector_labels,
+    workload_labels,
 )
 
 LWS_GROUP = "leaderworkerset.x-k8s.io"
@@ -136,7 +137,8 @@ def render_leader_worker_set(name: str, namespace: str, spec: ServiceSpec, *,
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": "LeaderWorkerSet",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": workload_labels(name, spec)},
         "spec": {
             "replicas": spec.replicas,
             "startupPolicy": "LeaderCreated",

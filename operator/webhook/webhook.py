@@ -8,7 +8,8 @@ AdmissionReview contract, the deadline) at ``/validate`` when ``kvledger operato
 Service (``charts/kvledger``, ``webhook:``). The verdict is ``fit.judge``'s, on:
 
 - the spec as the operator parses it (an invalid spec or one the admin's policy forbids is
-  refused too, with the message ``kubectl describe`` would show later);
+  refused too, with the message ``kubectl describe`` would show later), and the name, which
+  must be able to name the Service (``names``);
 - the cluster's GPU nodes, kept by a kopf index from a watch of the Nodes (no list per
   request);
 - the model: a hub model's config.json and safetensors headers, read as the pre-flight reads
@@ -47,6 +48,7 @@ from kvledger.engine.planner.plan import make_plan
 from kvledger.engine.planner.record import Plan
 from kvledger.engine.settings.config import EngineConfig
 from kvledger.engine.settings.config_flags import config_from_args
+from kvledger.operator.api.names import check_name
 from kvledger.operator.api.resource import GROUP, PLURAL, VERSION
 from kvledger.operator.api.spec import ServiceSpec, parse_spec
 from kvledger.operator.cluster.hub_models import Headers, HubModels, HubUnavailable
@@ -215,6 +217,9 @@ async def validate(body: kopf.Body, old: kopf.Body | None, operation: str, memo:
         return
     name = meta.get("name") or f"{meta.get('generateName', '')}<generated>"
     try:
+        # The children are named after it: a name the Service cannot take is refused before
+        # any pod starts (an API server older than CEL validation lets it through the CRD).
+        check_name(meta.get("name"), meta.get("generateName"))
         spec = parse_spec(spec_raw)
         memo.policy.check(spec, memo.default_image, name=meta.get("name"),
                           namespace=meta.get("namespace") or namespace)

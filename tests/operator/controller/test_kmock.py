@@ -500,3 +500,26 @@ async def test_a_child_the_api_server_refuses_is_said_in_the_status(cluster, mon
     await eventually(lambda: condition(cluster.stored(
         API_VERSION, PLURAL, NS, "refused"), "Ready").get("reason") != "ApplyFailed",
         what="ApplyFailed cleared")
+
+
+async def test_the_resources_labels_and_annotations_reach_its_pods(cluster):
+    """As KServe's components get their InferenceService's: labels on the Deployment and
+    its pods (never the selector), filtered annotations on the pods; a label changed on
+    the resource reaches them too."""
+    manifest = service_manifest("labelled", NS, podLabels={"tier": "pod"})
+    manifest["metadata"]["labels"] = {"team": "ml", LABEL: "not-this"}
+    manifest["metadata"]["annotations"] = {
+        "kubectl.kubernetes.io/last-applied-configuration": "{}", "owner": "ml-platform"}
+    await cluster.create(API_VERSION, PLURAL, manifest)
+    deployment = await eventually(
+        lambda: cluster.stored("apps/v1", "deployments", NS, "labelled"), what="deployment")
+    template = deployment["spec"]["template"]["metadata"]
+    assert deployment["metadata"]["labels"]["team"] == "ml"
+    assert deployment["spec"]["selector"] == {"matchLabels": {LABEL: "labelled"}}
+    assert template["labels"] | {"team": "ml", "tier": "pod", LABEL: "labelled"} == (
+        template["labels"])
+    assert template["annotations"] == {"owner": "ml-platform"}
+    await cluster.patch(API_VERSION, PLURAL, NS, "labelled",
+                        {"metadata": {"labels": {"team": "search"}}})
+    await eventually(lambda: cluster.stored("apps/v1", "deployments", NS, "labelled")[
+        "spec"]["template"]["metadata"]["labels"]["team"] == "search", what="label changed")
