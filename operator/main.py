@@ -89,7 +89,10 @@ def operator_memo(default_image: str, kube: KubeApi | None = None, *,
 
 
 def main(args: argparse.Namespace) -> int:
-    kopf.configure(verbose=args.verbose, log_format=LOG_FORMATS[args.log_format])
+    # log_prefix None: kopf's own choice, as `kopf run` makes it: a text line names its
+    # resource ("[NS/NAME] ..."), a JSON one carries it as fields.
+    kopf.configure(verbose=args.verbose, log_format=LOG_FORMATS[args.log_format],
+                   log_prefix=None)
     # What only the cluster admin may allow (the chart writes its policy and hub values):
     # a bad one stops the operator here, with one line.
     policy = Policy.from_json(os.environ.get(POLICY_ENV))

@@ -79,6 +79,9 @@ _STATUS = {
                          "role": {"type": "string", "enum": ["leader", "worker"]},
                          "phase": {"type": "string"}, "ready": {"type": "boolean"}}}},
         "readyReplicas": {"type": "integer"},
+        "updatedReplicas": {"type": "integer",
+                            "description": "the Deployment's pods of the current spec's "
+                                           "template (a rollout's progress)"},
         "nodeKeySecret": {"type": "string",
                           "description": "with nodes above 1: the Secret holding the group's "
                                          "control-channel key, which the operator created "

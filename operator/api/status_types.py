@@ -48,6 +48,7 @@ class ContainerStatus(TypedDict, total=False):
     state: ContainerState
     lastState: ContainerState
     restartCount: int
+    ready: bool  # passes its readiness probe now
 
 
 class PodCondition(TypedDict, total=False):
@@ -78,8 +79,20 @@ class PodEntry(TypedDict, total=False):
     worker: str | None
 
 
+class DeploymentEntry(TypedDict, total=False):
+    """What the operator's Deployment index keeps of a service's Deployment
+    (``handlers.deployments_by_service``): its ``metadata.generation``, the resource's
+    generation it was applied from (``rollout.APPLIED_GENERATION``) and its ``status``
+    (``observedGeneration``, ``replicas``, ``updatedReplicas``, ``availableReplicas``)."""
+
+    generation: int | None
+    applied: str | None
+    status: dict[str, Json]
+
+
 class Condition(TypedDict, total=False):
-    """One of the resource's ``status.conditions`` (``MemoryBudget``, ``Ready``)."""
+    """One of the resource's ``status.conditions`` (``MemoryBudget``, ``Ready``,
+    ``Degraded``)."""
 
     type: str
     status: str  # "True", "False", "Unknown"
@@ -121,6 +134,7 @@ class ServiceStatus(TypedDict, total=False):
     endpoint: str
     replicas: int  # the scale subresource's
     readyReplicas: int
+    updatedReplicas: int  # the Deployment's pods of the current spec (``rollout.py``)
     selector: str  # the scale subresource's label selector
     observedGeneration: int
     conditions: list[Condition]

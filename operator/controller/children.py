@@ -27,6 +27,7 @@ from kvledger.operator.api.resource import API_VERSION, PLURAL
 from kvledger.operator.api.spec import ServiceSpec, parse_spec
 from kvledger.operator.api.status_types import ModelRecord, ServiceStatus
 from kvledger.operator.cluster.kube import KubeApi, KubeError, object_path
+from kvledger.operator.controller.rollout import APPLIED_GENERATION
 from kvledger.operator.controller.startup import cold_start_seconds
 from kvledger.operator.render import autoscaling, gateway, render_group
 from kvledger.operator.render.network_policy import render_network_policy
@@ -186,6 +187,9 @@ async def _apply(memo: kopf.Memo, name: str, namespace: str, spec: ServiceSpec,
     wanted = [body for body in (workload, service, sleep, objectives, *optional.values())
               if body is not None]
     kopf.adopt(wanted, owner=owner)
+    if kind == DEPLOYMENTS:  # which generation its pods serve (``rollout.py``)
+        workload["metadata"].setdefault("annotations", {})[APPLIED_GENERATION] = str(
+            owner.get("metadata", {}).get("generation", ""))
     # Unwanted first: an HPA and a ScaledObject never scale the resource together.
     for (api_version, plural), body in optional.items():
         if body is None:

@@ -27,7 +27,8 @@
   classes, control-plane nodes, hub endpoints) is checked before anything is applied:
   ``Ready=False/PolicyDenied`` naming the Helm value, and nothing rendered.
 
-Shared state travels in ``memo`` (set by ``main`` or a test): ``kube`` (KubeApi),
+kopf's settings and the cluster's credentials are ``setup.py``'s. Shared state travels in
+``memo`` (set by ``main`` or ``setup.configure``, or a test): ``kube`` (KubeApi),
 ``default_image``, ``prometheus_url``, ``policy``, ``status_locks`` and ``apply_locks``.
 """
 
@@ -40,16 +41,20 @@ import re
 from typing import Any, cast
 
 import kopf
-import yaml
 
 from kvledger.engine.errors import BadInput, clip
 from kvledger.engine.settings.serve_config import ServeConfig
 from kvledger.operator.api.resource import API_VERSION, GROUP, PLURAL, VERSION
 from kvledger.operator.api.spec import ServiceSpec, parse_spec
-from kvledger.operator.api.status_types import ModelRecord, PodEntry, PodStatus, ServiceStatus
-from kvledger.operator.cluster.hub_models import HubModels
+from kvledger.operator.api.status_types import (
+    DeploymentEntry,
+    ModelRecord,
+    PodEntry,
+    PodStatus,
+    ServiceStatus,
+)
 from kvledger.operator.cluster.kube import KubeApi, KubeError, contains, object_path
-from kvledger.operator.controller import status
+from kvledger.operator.controller import setup, status
 from kvledger.operator.controller.children import (
     CHILDREN,
     ApiMissing,
@@ -60,9 +65,12 @@ from kvledger.operator.controller.children import (
     lws_served,
     missing_api,
 )
-from kvledger.operator.render import autoscaling, gateway, render, render_group
-from kvledger.operator.render.policy import Policy, PolicyDenied
+from kvledger.operator.controller.rollout import APPLIED_GENERATION
+from kvledger.operator.render import gateway, render, render_group
+from kvledger.operator.render.policy import PolicyDenied
 
+# The operator's start and end (kopf's settings, credentials: setup.py) register with these.
+find_credentials, REPORTING_COMPONENT = setup.find_credentials, setup.REPORTING_COMPONENT
 ISVC = (GROUP, VERSION, PLURAL)
 RECONCILE_INTERVAL_S = 60.0
 RETRY_DELAY_S = 10.0
@@ -71,59 +79,6 @@ _DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a resource's 
 # The hub down, a gated model without a token, a Secret not created yet: each is fixed
 # outside the spec, so it is asked again (and the resource does not change meanwhile).
 HUB_RETRY_DELAY_S = 60.0
-
-
-@kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    # Progress and diff-base in annotations: the status belongs to kvledger alone.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
-    # Only the events we post on purpose, never handler logs.
-    settings.posting.loggers = False
-    settings.posting.level = logging.INFO
-    # The CRD is installed before the operator (Helm's crds/), so no runtime CRD scan:
-    # that keeps the RBAC to what the handlers use.
-    settings.scanning.disabled = True
-    if memo.get("webhook_server") is not None:  # kvledger operator --webhook-port
-        settings.admission.server = memo.webhook_server
-        settings.admission.managed = None  # the chart renders the configuration
-    memo.setdefault("default_image", render.DEFAULT_IMAGE)
-    memo.setdefault("prometheus_url", autoscaling.DEFAULT_PROMETHEUS_URL)
-    memo.setdefault("http_scaler", autoscaling.DEFAULT_HTTP_SCALER)
-    memo.setdefault("policy", Policy())
-    memo.setdefault("status_locks", {})
-    memo.setdefault("apply_locks", {})
-    memo.setdefault("kube", KubeApi())
-    memo.setdefault("hub_models", HubModels())
-
-
-def find_credentials(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
-    """In-cluster service account first, then $KUBECONFIG / ~/.kube/config; BadInput if none."""
-    try:
-        info = (kopf.login_with_service_account(settings=settings)
-                or kopf.login_with_kubeconfig(settings=settings))
-    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError, kopf.LoginError) as exc:
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise BadInput(f"cannot read the Kubernetes credentials: {detail}") from None
-    if info is None:
-        raise BadInput("no Kubernetes credentials: not in a pod, and no $KUBECONFIG "
-                       "or ~/.kube/config")
-    return info
-
-
-@kopf.on.login()
-def login(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
-    try:
-        info = find_credentials(settings)
-    except BadInput as exc:
-        raise kopf.PermanentError(str(exc)) from None
-    memo.kube.connect(info)
-    return info
-
-
-@kopf.on.cleanup()
-async def close(memo: kopf.Memo, **_: Any) -> None:
-    await memo.kube.close()
 
 
 @kopf.index("pods", labels=_POD_FILTER)
@@ -138,10 +93,14 @@ def pods_by_service(namespace: str, name: str, labels: kopf.Labels,
 
 
 @kopf.index("deployments", labels=_POD_FILTER)
-def deployments_by_service(namespace: str, labels: kopf.Labels, status: kopf.Status,
-                           **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    """(namespace, InferenceService name) -> its Deployment's status."""
-    return {(namespace, labels[render.LABEL]): dict(status)}
+def deployments_by_service(namespace: str, labels: kopf.Labels, meta: kopf.Meta,
+                           annotations: kopf.Annotations, status: kopf.Status,
+                           **_: Any) -> dict[tuple[str, str], DeploymentEntry]:
+    """(namespace, InferenceService name) -> its Deployment's generation, the resource's
+    generation it was applied from, and its status (``rollout.rollout_of`` reads them)."""
+    return {(namespace, labels[render.LABEL]): {
+        "generation": meta.get("generation"),
+        "applied": annotations.get(APPLIED_GENERATION), "status": dict(status)}}
 
 
 @kopf.on.create(*ISVC)
@@ -266,7 +225,9 @@ async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: ko
         deployments = list((deployments_index or {}).get((namespace, name), []))
         workload = (await _group_state(memo.kube, namespace, name, spec, entries)
                     if spec is not None and spec.nodes > 1 else
-                    {"replicas": deployments[0].get("replicas", 0) if deployments else 0})
+                    {"replicas": (deployments[0].get("status") or {}).get("replicas", 0)
+                     if deployments else 0,
+                     "deployment": deployments[0] if deployments else None})
         missing = (await missing_api(memo.kube, spec)
                    if spec is not None and "blocked" not in workload else None)
         if missing is not None:

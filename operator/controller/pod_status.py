@@ -1,7 +1,12 @@
 """What one pod's status says, as the kubelet writes it: how its pre-flight ended, why it
 cannot become ready on its own (unschedulable, an image it cannot pull, a failed
 download, OOM-killed, crash-looping), whether it is ready; its containers by name.
-``status.py`` makes the resource's conditions of it, ``startup.py`` its start's times."""
+``status.py`` makes the resource's conditions of it, ``startup.py`` its start's times.
+
+A container's ``lastState.terminated`` is kept by the kubelet until the next termination,
+so it explains a container only while that one is not serving again: an engine that
+runs and is ready now is judged by now (``engine_recovered``), and its last termination
+is at most a note (``past_oom``)."""
 
 from __future__ import annotations
 
@@ -13,10 +18,29 @@ IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
 
 
 def terminated(container: ContainerStatus | None) -> Terminated | None:
+    """The container's termination now, else its last one (an init container waiting to
+    run again: it has not succeeded since)."""
     if not container:
         return None
     return ((container.get("state") or {}).get("terminated")
             or (container.get("lastState") or {}).get("terminated"))
+
+
+def engine_recovered(pod_status: PodStatus, engine: ContainerStatus | None) -> bool:
+    """The engine container runs now and is ready (its own ``ready``, or the pod's Ready
+    condition): whatever ended its previous run is history, not its state."""
+    running = "running" in ((engine or {}).get("state") or {})
+    return running and (bool((engine or {}).get("ready")) or pod_ready(pod_status))
+
+
+def past_oom(pod_status: PodStatus) -> int | None:
+    """The engine's restarts, when it was OOM-killed last time and has recovered since
+    (running and ready again); None otherwise."""
+    engine = containers(pod_status, "containerStatuses").get("engine")
+    last = ((engine or {}).get("lastState") or {}).get("terminated") or {}
+    if last.get("reason") != "OOMKilled" or not engine_recovered(pod_status, engine):
+        return None
+    return int((engine or {}).get("restartCount") or 1)
 
 
 def _waiting_reason(container: ContainerStatus | None) -> str | None:
@@ -66,7 +90,9 @@ def pod_problem(pod_status: PodStatus) -> tuple[str, str] | None:
             f"{fetched.get('exitCode')}, restarts: {fetch.get('restartCount', 0)})"
             + (f": {detail[-1].strip()}" if detail else ""))
     engine = statuses.get("engine") or {}
-    done = terminated(engine)
+    # A running, ready engine is fine now, whatever its lastState says (the kubelet keeps
+    # that until the next termination: one OOM kill would otherwise be reported forever).
+    done = None if engine_recovered(pod_status, engine) else terminated(engine)
     if done is not None and done.get("reason") == "OOMKilled":
         return "OOMKilled", ("engine container was killed for exceeding its host-memory limit "
                              f"(OOMKilled, restarts: {engine.get('restartCount', 0)}); "

@@ -1,9 +1,11 @@
 """Pure status logic: what the pods report -> the InferenceService's conditions.
 
-Conditions (upserted by type): ``MemoryBudget`` (did the pre-flight approve the plan)
-and ``Ready`` (can it serve). ``Ready`` is never True while a pod crash-loops, was
-OOM-killed, cannot pull its image, cannot be scheduled or cannot download its model, nor
-while a hub model's download size cannot be had.
+Conditions (upserted by type): ``MemoryBudget`` (did the pre-flight approve the plan),
+``Ready`` (does a replica of the current spec serve) and ``Degraded`` (does a pod fail
+meanwhile): ``ready.py``. ``Ready`` is never True while the spec cannot be applied, the
+pre-flight refused it or a hub model's download size cannot be had; a pod that
+crash-loops, was OOM-killed, cannot pull its image, cannot be scheduled or cannot
+download its model keeps it False only while no replica of the current spec is ready.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from kvledger.engine.planner.report import format_size
 from kvledger.operator.api.spec import ServiceSpec
 from kvledger.operator.api.status_types import (
     Condition,
+    DeploymentEntry,
     GroupPod,
     Json,
     ModelRecord,
@@ -23,11 +26,14 @@ from kvledger.operator.api.status_types import (
     PodStatus,
     ServiceStatus,
 )
-from kvledger.operator.controller.pod_status import pod_problem, pod_ready, preflight_outcome
+from kvledger.operator.controller.pod_status import pod_ready, preflight_outcome
+from kvledger.operator.controller.ready import degraded_verdict, ready_verdict, serving_count
+from kvledger.operator.controller.rollout import rollout_of
 from kvledger.operator.controller.startup import measured_start
 
 MEMORY_BUDGET = "MemoryBudget"
 READY = "Ready"
+DEGRADED = "Degraded"
 # Ready=False reasons that deserve a Warning event on the resource.
 WARNING_REASONS = {"DoesNotFit", "PreflightBadInput", "PreflightFailed", "InvalidSpec",
                    "PolicyDenied",
@@ -107,7 +113,8 @@ def compute_status(*, spec: ServiceSpec | None, generation: int | None,
                    selector: str | None = None,
                    spec_reason: str = "InvalidSpec", ready_replicas: int | None = None,
                    group_pods: list[GroupPod] | None = None,
-                   blocked: tuple[str, str] | None = None) -> ServiceStatus:
+                   blocked: tuple[str, str] | None = None,
+                   deployment: DeploymentEntry | None = None) -> ServiceStatus:
     """The whole desired status from the pods' statuses (level-based: history-free).
 
     ``old`` is the current status (for transition times and what pods no longer show);
@@ -120,7 +127,9 @@ def compute_status(*, spec: ServiceSpec | None, generation: int | None,
     The scale subresource reads ``replicas`` (the pods the Deployment has, from its status)
     and ``selector`` (the pods' label selector, with which an HPA finds their metrics);
     ``readyReplicas`` counts the ready pods themselves, unless ``ready_replicas`` (a
-    LeaderWorkerSet's groups with every pod ready) is given.
+    LeaderWorkerSet's groups with every pod ready) is given. ``deployment`` (its index
+    entry) says which pods run the current spec (``rollout.py``: ``updatedReplicas``, and
+    what ``Ready`` counts); without one the ready pods do.
 
     A multi-node service also shows ``group_pods`` (``status.pods``: ``group_pod_status``),
     and ``blocked`` (reason, message) is what keeps it from being applied at all
@@ -156,28 +165,28 @@ def compute_status(*, spec: ServiceSpec | None, generation: int | None,
     model_problem = _model_status(spec, model, model_error, old, status)
     ready_count = (sum(pod_ready(p) for p in pods) if ready_replicas is None
                    else ready_replicas)
-    replicas = spec.replicas
-    problem = next((p for p in (pod_problem(pod) for pod in pods) if p is not None), None)
+    rollout = rollout_of(deployment, generation)
+    if rollout is not None:
+        status["updatedReplicas"] = rollout.updated
+    startup = measured_start(pods)
+    if startup is not None:  # else the last one measured stays (the patch names no startup)
+        status["startup"] = startup
     if model_problem is not None:  # no pod of this spec can exist yet
         set_condition(READY, "False", "ModelUnavailable", model_problem)
     elif refusal is not None:
         set_condition(READY, "False", refusal[0], (refusal[1].splitlines() or [""])[0])
-    elif problem is not None:
-        set_condition(READY, "False", *problem)
-    elif replicas == 0:
-        set_condition(READY, "False", "ScaledToZero", "spec.replicas is 0")
-    elif spec.sleep is not None:  # asleep, the pods answer 503 and are not ready
-        set_condition(READY, "False", "Sleeping",
-                      f"spec.sleep is {spec.sleep}: {replicas - ready_count}/{replicas} pods "
-                      f"asleep (requests get 503 with a Retry-After); remove spec.sleep to "
-                      f"wake them")
-    elif ready_count > 0:
-        set_condition(READY, "True", "Ready", f"{ready_count}/{replicas} replicas ready")
+    elif rollout is not None and not rollout.current \
+            and find_condition(conditions, READY) is not None:
+        # This generation is not applied to the Deployment yet, or its controller has not
+        # acted on it: whether its template changed (a rollout) or only its count (a
+        # scale) cannot be told, so the last verdict stands, with its own
+        # observedGeneration (older than the resource's: kubectl wait waits).
+        pass
     else:
-        set_condition(READY, "False", "Starting", f"0/{replicas} replicas ready")
-    startup = measured_start(pods)
-    if startup is not None:  # else the last one measured stays (the patch names no startup)
-        status["startup"] = startup
+        serving = serving_count(pods, rollout, ready_replicas)
+        set_condition(READY, *ready_verdict(spec, pods, rollout, serving, generation,
+                                            {**old, **status}))
+    set_condition(DEGRADED, *degraded_verdict(pods))
     status["conditions"], status["readyReplicas"] = conditions, ready_count
     return status
 
@@ -242,15 +251,23 @@ def _model_status(spec: ServiceSpec, model: ModelRecord | None, model_error: str
 
 
 def transition_events(old: list[Condition], new: list[Condition]) -> list[tuple[str, str, str]]:
-    """(type, reason, one-line message) events for the Ready condition's transitions."""
-    before, after = find_condition(old, READY) or {}, find_condition(new, READY)
-    if after is None or (before.get("status"), before.get("reason")) == (
-            after["status"], after.get("reason")):
-        return []
-    first_line = (after.get("message") or "").strip().splitlines()
-    message = first_line[0] if first_line else after.get("reason", "")
-    if after["status"] == "True":
-        return [("Normal", "Ready", message)]
-    if after.get("reason") in WARNING_REASONS:
-        return [("Warning", after["reason"], message)]
-    return []
+    """(type, reason, one-line message) events for the transitions of ``Ready`` (Normal
+    when True, Warning for a ``WARNING_REASONS`` one) and of ``Degraded`` to True or to
+    another reason (Warning, unless Ready's event just said the same reason): a pod
+    failing beside serving ones is told though Ready holds."""
+    events: list[tuple[str, str, str]] = []
+    for kind in (READY, DEGRADED):
+        before, after = find_condition(old, kind) or {}, find_condition(new, kind)
+        if after is None or (before.get("status"), before.get("reason")) == (
+                after["status"], after.get("reason")):
+            continue
+        first_line = (after.get("message") or "").strip().splitlines()
+        message = first_line[0] if first_line else after.get("reason", "")
+        if kind == READY and after["status"] == "True":
+            events.append(("Normal", "Ready", message))
+        elif kind == DEGRADED and after["status"] != "True":
+            continue  # healthy again: Ready's event (if any) says what serves
+        elif after.get("reason") in WARNING_REASONS and not any(
+                reason == after["reason"] for _, reason, _ in events):
+            events.append(("Warning", after["reason"], message))
+    return events

@@ -76,3 +76,40 @@ def test_a_bad_policy_stops_the_operator_with_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == ("error: KVLEDGER_POLICY: hostPaths must be absolute "
                                      "folders")
+
+
+@pytest.mark.parametrize("log_format", ["text", "full", "json"])
+def test_text_log_lines_name_their_resource(log_format, monkeypatch):
+    """kopf's own choice of prefix, as `kopf run` makes it: a text line begins with
+    "[NS/NAME]", a JSON line carries the resource as fields."""
+    import argparse
+    import logging
+
+    import kopf
+
+    from kvledger.operator import main as operator_main
+
+    asked: dict = {}
+
+    class Stop(Exception):
+        pass
+
+    def configure(**kw):
+        asked.update(kw)
+        raise Stop
+
+    monkeypatch.setattr(kopf, "configure", configure)
+    parser = argparse.ArgumentParser()
+    operator_main.add_arguments(parser)
+    with pytest.raises(Stop):
+        operator_main.main(parser.parse_args(["--log-format", log_format]))
+    formatter = kopf._core.actions.loggers.make_formatter(
+        log_format=asked["log_format"], log_prefix=asked["log_prefix"], log_refkey=None)
+    record = logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, "applied", None, None)
+    record.k8s_ref = {"namespace": "team-a", "name": "llama"}  # what kopf's object logger sets
+    record.k8s_skip = False
+    line = formatter.format(record)
+    if log_format == "json":
+        assert json.loads(line)["message"] == "applied"
+    else:
+        assert "[team-a/llama] applied" in line

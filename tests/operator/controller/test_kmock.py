@@ -143,8 +143,8 @@ async def test_preflight_refusal_lands_in_memory_budget_and_a_warning_event(clus
     assert event["message"] == REPORT.splitlines()[0]
 
 
-async def test_crash_looping_engine_is_never_ready(cluster):
-    await create_service(cluster, "crashy")
+async def test_a_crash_looping_or_oom_killed_replica_is_degraded_beside_a_serving_one(cluster):
+    await create_service(cluster, "crashy", replicas=2)
     ready_status = {"phase": "Running",
                     "conditions": [{"type": "Ready", "status": "True"}],
                     "initContainerStatuses": [preflight_done(
@@ -154,8 +154,15 @@ async def test_crash_looping_engine_is_never_ready(cluster):
                                            "state": {"running": {}}}]}
     await cluster.create("v1", "pods", pod("crashy", "crashy-1", ready_status))
 
+    def conditions():
+        obj = cluster.stored(API_VERSION, PLURAL, NS, "crashy")
+        return condition(obj, "Ready"), condition(obj, "Degraded")
+
     def ready_reason():
-        return condition(cluster.stored(API_VERSION, PLURAL, NS, "crashy"), "Ready").get("reason")
+        return conditions()[0].get("reason")
+
+    def degraded_reason():
+        return conditions()[1].get("reason")
 
     await eventually(lambda: ready_reason() == "Ready", what="Ready=True")
     obj = cluster.stored(API_VERSION, PLURAL, NS, "crashy")
@@ -165,8 +172,10 @@ async def test_crash_looping_engine_is_never_ready(cluster):
                                      "required": "1.2 GiB", "limit": "40.0 GiB",
                                      "spare": "38.8 GiB"}
     assert obj["status"]["readyReplicas"] == 1
+    assert condition(obj, "Degraded")["status"] == "False"
 
-    # A second replica crash-loops while the first still serves: not Ready.
+    # A second replica crash-loops while the first still serves: Ready holds (a replica
+    # serves the spec), Degraded says why the other does not.
     await cluster.create("v1", "pods", pod("crashy", "crashy-2", {
         "phase": "Running",
         "initContainerStatuses": [preflight_done(0)],
@@ -175,10 +184,11 @@ async def test_crash_looping_engine_is_never_ready(cluster):
             "state": {"waiting": {"reason": "CrashLoopBackOff"}},
             "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
                                          "message": "RuntimeError: CUDA error"}}}]}))
-    await eventually(lambda: ready_reason() == "EngineCrashLoop", what="EngineCrashLoop")
-    ready = condition(cluster.stored(API_VERSION, PLURAL, NS, "crashy"), "Ready")
-    assert ready["status"] == "False"
-    assert "exit 1" in ready["message"] and "CUDA error" in ready["message"]
+    await eventually(lambda: degraded_reason() == "EngineCrashLoop", what="EngineCrashLoop")
+    ready, degraded = conditions()
+    assert (ready["status"], ready["reason"]) == ("True", "Ready")
+    assert degraded["status"] == "True"
+    assert "exit 1" in degraded["message"] and "CUDA error" in degraded["message"]
 
     # Then it gets OOM-killed: the reason says so.
     await cluster.patch("v1", "pods", NS, "crashy-2", {"status": {"containerStatuses": [{
@@ -186,11 +196,75 @@ async def test_crash_looping_engine_is_never_ready(cluster):
         "state": {"waiting": {"reason": "CrashLoopBackOff"}},
         "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}},
         subresource="status")
-    await eventually(lambda: ready_reason() == "OOMKilled", what="OOMKilled")
-    # Events are posted asynchronously by kopf, after the status patch.
-    await eventually(lambda: {e["reason"] for e in cluster.events_for("crashy")
-                              if e.get("type") == "Warning"} >= {"EngineCrashLoop", "OOMKilled"},
-                     what="EngineCrashLoop and OOMKilled warning events")
+    await eventually(lambda: degraded_reason() == "OOMKilled", what="OOMKilled")
+    assert ready_reason() == "Ready"
+    # Events are posted asynchronously by kopf, after the status patch; from the operator.
+    warnings = await eventually(
+        lambda: [e for e in cluster.events_for("crashy") if e.get("type") == "Warning"
+                 and e["reason"] in {"EngineCrashLoop", "OOMKilled"}]
+        if {e["reason"] for e in cluster.events_for("crashy")
+            if e.get("type") == "Warning"} >= {"EngineCrashLoop", "OOMKilled"} else None,
+        what="EngineCrashLoop and OOMKilled warning events")
+    assert {e["source"]["component"] for e in warnings} == {handlers.REPORTING_COMPONENT}
+    assert {e["reportingComponent"] for e in warnings} == {handlers.REPORTING_COMPONENT}
+
+    # It restarts and serves: the kubelet keeps the OOM kill in lastState, but the pod
+    # is healthy now, and Ready's message keeps the kill as a note.
+    await cluster.patch("v1", "pods", NS, "crashy-2", {"status": {
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "containerStatuses": [{
+            "name": "engine", "ready": True, "restartCount": 5, "state": {"running": {}},
+            "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}},
+        subresource="status")
+    await eventually(lambda: degraded_reason() == "Healthy", what="Degraded=False")
+    ready = conditions()[0]
+    assert (ready["status"], ready["reason"]) == ("True", "Ready")
+    assert ready["message"].startswith("2/2 replicas ready; the engine of 1 ready pod(s) was "
+                                       "OOM-killed before (restarts: 5)")
+
+
+async def test_ready_waits_for_the_rollout_of_a_spec_update(cluster):
+    """`kubectl apply && kubectl wait --for=condition=Ready`: after a spec update, Ready
+    is False/RollingOut until the Deployment holds the new generation and one of its new
+    pods is available, whatever the old pods say."""
+    await create_service(cluster, "wait", engine={"maxModelLen": 1024})
+    await cluster.create("v1", "pods", pod("wait", "wait-1", {
+        "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+        "containerStatuses": [{"name": "engine", "ready": True, "state": {"running": {}}}]}))
+
+    async def controller_writes(observed: int, replicas: int, updated: int, available: int):
+        live = cluster.stored("apps/v1", "deployments", NS, "wait")
+        await cluster.patch("apps/v1", "deployments", NS, "wait", {"status": {
+            "observedGeneration": observed, "replicas": replicas,
+            "updatedReplicas": updated, "availableReplicas": available}},
+            subresource="status")
+        return live
+
+    def ready_is(status: str, reason: str, generation: int):
+        found = condition(cluster.stored(API_VERSION, PLURAL, NS, "wait"), "Ready")
+        return (found.get("status"), found.get("reason"), found.get("observedGeneration")) \
+            == (status, reason, generation)
+
+    deployment = await controller_writes(1, 1, 1, 1)
+    assert deployment["metadata"]["annotations"]["kvledger.dev/generation"] == "1"
+    await eventually(lambda: ready_is("True", "Ready", 1), what="Ready=True, generation 1")
+    # The API server bumps a Deployment's generation with the template the update below
+    # brings; kmock bumps none, so the test does, first.
+    await cluster.patch("apps/v1", "deployments", NS, "wait", {}, bump_generation=True)
+    await cluster.patch(API_VERSION, PLURAL, NS, "wait",
+                        {"spec": {"engine": {"maxModelLen": 4096}}}, bump_generation=True)
+    # Not yet applied, then not yet acted on by the Deployment controller (its counts are
+    # the old template's): Ready stands for generation 1, so kubectl wait still waits.
+    await eventually(lambda: cluster.stored("apps/v1", "deployments", NS, "wait")["metadata"]
+                     ["annotations"]["kvledger.dev/generation"] == "2", what="applied")
+    await eventually(lambda: cluster.stored(API_VERSION, PLURAL, NS, "wait")["status"]
+                     ["observedGeneration"] == 2, what="status of generation 2")
+    assert ready_is("True", "Ready", 1)
+    await controller_writes(2, 2, 1, 1)  # the new pod is starting; the old one serves
+    await eventually(lambda: ready_is("False", "RollingOut", 2), what="RollingOut")
+    assert cluster.stored(API_VERSION, PLURAL, NS, "wait")["status"]["updatedReplicas"] == 1
+    await controller_writes(2, 2, 1, 2)  # the new pod is available
+    await eventually(lambda: ready_is("True", "Ready", 2), what="Ready=True, generation 2")
 
 
 async def test_spec_update_rolls_the_deployment(cluster):

@@ -56,7 +56,8 @@ def status_of(pods: list[dict], old: dict | None = None, **kw) -> dict:
                           generation=kw.get("generation", 3), old=old or {}, pods=pods,
                           spec_error=kw.get("spec_error"),
                           endpoint="http://x.ns.svc.cluster.local:8000", now=kw.get("now", "T1"),
-                          model=kw.get("model"), model_error=kw.get("model_error"))
+                          model=kw.get("model"), model_error=kw.get("model_error"),
+                          deployment=kw.get("deployment"))
 
 
 def cond(status: dict, kind: str) -> dict:
@@ -177,18 +178,153 @@ def _ready_pod(extra_engine: dict | None = None) -> dict:
             "containerStatuses": [extra_engine or engine({"running": {}})]}
 
 
-def test_ready_only_without_crashing_pods():
+def test_a_pod_failing_beside_a_serving_one_is_degraded_not_unready():
+    """Ready is "a replica of the current spec serves": a crash-looping replica beside a
+    ready one is Degraded (with its reason, and a Warning event), not Ready=False; alone,
+    it is Ready=False with the same reason."""
     status = status_of([_ready_pod()])
     assert cond(status, "Ready")["status"] == "True" and status["readyReplicas"] == 1
     assert cond(status, "MemoryBudget")["reason"] == "Fits"
+    assert (cond(status, "Degraded")["status"], cond(status, "Degraded")["reason"]) == (
+        "False", "Healthy")
     crashing = {"initContainerStatuses": [preflight(0, FITS)], "containerStatuses": [engine(
         {"waiting": {"reason": "CrashLoopBackOff"}},
         {"terminated": {"exitCode": 1, "reason": "Error", "message": "boom\nRuntimeError: x"}},
         restarts=3)]}
-    status = status_of([_ready_pod(), crashing])
+    both = status_of([_ready_pod(), crashing], old=status, spec={"model": {"path": "/m"},
+                                                                 "replicas": 2})
+    ready, degraded = cond(both, "Ready"), cond(both, "Degraded")
+    assert (ready["status"], ready["reason"], ready["message"]) == (
+        "True", "Ready", "1/2 replicas ready")
+    assert (degraded["status"], degraded["reason"]) == ("True", "EngineCrashLoop")
+    assert degraded["message"].startswith("1/2 pods failing; engine container is crash-looping")
+    assert "exit 1" in degraded["message"] and degraded["message"].endswith("RuntimeError: x")
+    assert transition_events(status["conditions"], both["conditions"]) == [
+        ("Warning", "EngineCrashLoop", degraded["message"])]
+    alone = cond(status_of([crashing]), "Ready")
+    assert (alone["status"], alone["reason"]) == ("False", "EngineCrashLoop")
+    assert alone["message"].endswith("RuntimeError: x")
+
+
+def test_an_unschedulable_scale_up_or_a_bad_image_leaves_the_serving_replicas_ready():
+    """An HPA's scale-up waiting for the cluster autoscaler, or a pod that cannot pull its
+    image, beside ready replicas: Ready holds, Degraded says why."""
+    pending = {"conditions": [{"type": "PodScheduled", "status": "False",
+                               "reason": "Unschedulable",
+                               "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}
+    pull = {"initContainerStatuses": [{"name": "preflight", "state": {"waiting": {
+        "reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]}
+    three = {"model": {"path": "/m"}, "replicas": 3}
+    for failing, reason in ((pending, "Unschedulable"), (pull, "ImagePullFailed")):
+        status = status_of([_ready_pod(), failing], spec=three)
+        assert (cond(status, "Ready")["status"], cond(status, "Ready")["reason"]) == (
+            "True", "Ready")
+        assert (cond(status, "Degraded")["status"], cond(status, "Degraded")["reason"]) == (
+            "True", reason)
+        assert cond(status_of([failing], spec=three), "Ready")["reason"] == reason
+
+
+def test_a_recovered_oom_killed_engine_is_ready_and_the_message_says_it_was_killed():
+    """The kubelet keeps lastState.terminated (OOMKilled) until the next termination: a
+    running, ready engine is judged by now; Ready's message keeps the OOM kill as a note."""
+    recovered = _ready_pod(engine({"running": {"startedAt": "2026-01-01T00:01:00Z"}},
+                                  {"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+                                  restarts=1))
+    assert pod_problem(recovered) is None
+    killed = status_of([{"containerStatuses": [engine(
+        {"waiting": {"reason": "CrashLoopBackOff"}},
+        {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}, restarts=1)]}])
+    assert cond(killed, "Ready")["reason"] == "OOMKilled"
+    status = status_of([recovered], old=killed, now="T2")
     ready = cond(status, "Ready")
-    assert (ready["status"], ready["reason"]) == ("False", "EngineCrashLoop")
-    assert "exit 1" in ready["message"] and ready["message"].endswith("RuntimeError: x")
+    assert (ready["status"], ready["reason"]) == ("True", "Ready")
+    assert ready["message"].startswith("1/1 replicas ready; the engine of 1 ready pod(s) was "
+                                       "OOM-killed before (restarts: 1)")
+    assert cond(status, "Degraded")["status"] == "False"
+    assert transition_events(killed["conditions"], status["conditions"])[0][:2] == (
+        "Normal", "Ready")
+    # Running again but not ready yet (loading after the kill): still the OOM kill.
+    loading = {"containerStatuses": [engine(
+        {"running": {}}, {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}, 2)]}
+    assert pod_problem(loading)[0] == "OOMKilled"
+
+
+def deployment(generation: int, applied: int, observed: int, replicas: int, updated: int,
+               available: int) -> dict:
+    return {"generation": generation, "applied": str(applied),
+            "status": {"observedGeneration": observed, "replicas": replicas,
+                       "updatedReplicas": updated, "availableReplicas": available}}
+
+
+def test_ready_waits_for_a_replica_of_the_current_spec():
+    """After a spec update the old pods' readiness is not Ready: until the Deployment holds
+    the new generation (applied and observed) and one of its new pods is available, Ready
+    is False/RollingOut; updatedReplicas counts the new pods."""
+    two = {"model": {"path": "/m"}, "replicas": 2}
+    pods = [_ready_pod(), _ready_pod()]
+    before = status_of(pods, spec=two, generation=3,
+                       deployment=deployment(5, 3, 5, 2, 2, 2))
+    assert cond(before, "Ready")["message"] == "2/2 replicas ready"
+    assert before["updatedReplicas"] == 2
+    # Not applied yet, then not observed yet by the Deployment controller: a template
+    # change or a scale cannot be told apart, so Ready stands as it was, for generation 3
+    # (kubectl wait compares a condition's observedGeneration with the resource's).
+    for entry in (deployment(5, 3, 5, 2, 2, 2), deployment(6, 4, 5, 2, 2, 2)):
+        status = status_of(pods, old=before, spec=two, generation=4, deployment=entry)
+        assert cond(status, "Ready") == cond(before, "Ready"), entry
+        assert status["observedGeneration"] == 4 and status["updatedReplicas"] == 0
+    stages = [  # (the Deployment's entry, Ready's status and reason, updatedReplicas)
+        (deployment(6, 4, 6, 3, 1, 2), "False", "RollingOut", 1),  # new pod starting
+        (deployment(6, 4, 6, 3, 1, 3), "True", "Ready", 1),  # new pod available
+        (deployment(6, 4, 6, 2, 2, 2), "True", "Ready", 2),  # done
+        (deployment(7, 4, 7, 3, 3, 2), "True", "Ready", 3),  # a scale: no rollout
+    ]
+    for entry, value, reason, updated in stages:
+        status = status_of(pods, old=before, spec=two, generation=4, deployment=entry)
+        ready = cond(status, "Ready")
+        assert (ready["status"], ready["reason"], status["updatedReplicas"]) == (
+            value, reason, updated), entry
+        assert ready["observedGeneration"] == 4
+    assert cond(status_of(pods, spec=two, generation=4,  # the first status: said
+                          deployment=deployment(6, 4, 5, 2, 2, 2)), "Ready")["reason"] \
+        == "RollingOut"
+    rolling = cond(status_of(pods, spec=two, generation=4,
+                             deployment=deployment(6, 4, 6, 3, 1, 3)), "Ready")["message"]
+    assert rolling == ("1/2 replicas ready; rolling out generation 4: 1/2 pods updated, "
+                       "2 of an earlier spec left")
+    starting = cond(status_of(pods, spec=two, generation=4,
+                              deployment=deployment(6, 4, 6, 3, 1, 2)), "Ready")["message"]
+    assert starting.startswith("rolling out generation 4: 0/2 replicas of it ready")
+    # A new pod that crash-loops while only old ones serve: its reason, not RollingOut.
+    crashing = {"containerStatuses": [engine({"waiting": {"reason": "CrashLoopBackOff"}},
+                                             {"terminated": {"exitCode": 1}})]}
+    assert cond(status_of([*pods, crashing], spec=two, generation=4,
+                          deployment=deployment(6, 4, 6, 3, 1, 2)), "Ready")["reason"] \
+        == "EngineCrashLoop"
+    # No status from the Deployment controller yet (no pods either): the pods count.
+    fresh = {"generation": 1, "applied": "4", "status": {}}
+    assert cond(status_of(pods, spec=two, generation=4, deployment=fresh),
+                "Ready")["status"] == "True"
+
+
+def test_scaled_to_zero_is_ready_behind_the_http_add_on_and_says_what_wakes_it():
+    keda = {"model": {"path": "/m"}, "replicas": 0,
+            "autoscaling": {"provider": "keda", "minReplicas": 0, "maxReplicas": 2,
+                            "httpAddOn": {"hosts": ["m.ns.svc.cluster.local"]}}}
+    bare = {"model": {"path": "/m"}, "replicas": 0}
+    assert (cond(status_of([], spec=bare), "Ready")["status"],
+            cond(status_of([], spec=bare), "Ready")["reason"]) == ("False", "ScaledToZero")
+    ready = cond(status_of([], spec=keda), "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "ScaledToZero")
+    assert ready["message"] == ("0 replicas: a request to m.ns.svc.cluster.local through "
+                                "KEDA's HTTP add-on wakes it (it is held while a replica "
+                                "starts)")
+    measured = {"startup": {"readyAt": "T0", "seconds": {"total": 42}}}
+    assert cond(status_of([], spec=keda, old=measured), "Ready")["message"].endswith(
+        "; a start takes about 42 s")
+    keda["autoscaling"]["httpAddOn"]["coldStart"] = "retryAfter"
+    assert "answered 503 with a Retry-After" in cond(status_of([], spec=keda),
+                                                     "Ready")["message"]
 
 
 def test_oom_image_pull_and_unschedulable_reasons():
