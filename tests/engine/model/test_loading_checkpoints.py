@@ -372,7 +372,7 @@ def test_missing_files_are_one_line_bad_input(tmp_path, tiny_llama_dir):
     (empty / "config.json").write_text("{not json")
     with pytest.raises(BadInput, match="not valid JSON"):
         ModelConfig.from_dir(empty)
-    with pytest.raises(BadInput, match="default chat template is no longer allowed.*This "
+    with pytest.raises(BadInput, match=r"default chat template is no longer allowed.*This "
                                        "model has none"):
         no_template = tmp_path / "no-template"
         no_template.mkdir()
