@@ -13,6 +13,7 @@ import celpy
 import pytest
 import yaml
 from operator_harness import PLACEMENT
+from spec_helpers import cel_refusals
 
 from kvledger.engine.checkpoint.hub.repo import HUB_URI_RE, parse_uri
 from kvledger.engine.errors import BadInput
@@ -27,7 +28,7 @@ from kvledger.operator.api.crd import (
 )
 from kvledger.operator.api.setting_schema import HUB_URI_PATTERN, SIZE_PATTERN
 from kvledger.operator.api.spec import parse_spec
-from kvledger.operator.api.spec_rules import RULES, check_rules, nodes
+from kvledger.operator.api.spec_rules import RULES, check_rules
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -472,20 +473,7 @@ def test_cel_rules_and_python_checks_agree(spec, valid):
     where its field is set): the CEL's verdict is the Python check's, and the refusal
     the CRD's messageExpression words (naming the env variable, the envFrom source) is
     the one the operator and ``kvledger run`` give."""
-    env = celpy.Environment()
-    broken = []
-    for rule in RULES:
-        program = env.program(env.compile(rule.cel))
-        for node in nodes(spec, rule.path):
-            verdict = bool(program.evaluate({"self": celpy.json_to_cel(node)}))
-            assert verdict is bool(rule.holds(node)), (rule.message, node)
-            if not verdict:
-                words = rule.message
-                if (expression := rule.message_expression()) is not None:
-                    words = str(env.program(env.compile(expression)).evaluate(
-                        {"self": celpy.json_to_cel(node)}))
-                assert words == rule.refusal(node)
-                broken.append(words)
+    broken = cel_refusals(spec)
     assert (not broken) == valid
     if valid:
         check_rules(spec)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import re
 
-import celpy
 import pytest
+from spec_helpers import cel_refusals
 
 from kvledger.engine.errors import BadInput
 from kvledger.operator.api.crd import openapi_schema, validate_manifest
@@ -16,26 +16,12 @@ from kvledger.operator.api.model_sources import KSERVE_SHAPE, SOURCES
 from kvledger.operator.api.names import NAME_MESSAGE, check_name, name_ok
 from kvledger.operator.api.setting_schema import HUB_URI_PATTERN
 from kvledger.operator.api.spec import parse_spec
-from kvledger.operator.api.spec_rules import GPU_IN_RESOURCES, RULES, check_rules, nodes
+from kvledger.operator.api.spec_rules import GPU_IN_RESOURCES, check_rules
 
 
 def _doc(name: str = "m", **spec) -> dict:
     return {"apiVersion": "kvledger.dev/v1alpha1", "kind": "InferenceService",
             "metadata": {"name": name}, "spec": {"model": {"path": "/m"}, **spec}}
-
-
-def _cel_refusals(spec: dict) -> list[str]:
-    """The messages of the CRD rules the API server would break on ``spec``."""
-    env = celpy.Environment()
-    broken = []
-    for rule in RULES:
-        program = env.program(env.compile(rule.cel))
-        for node in nodes(spec, rule.path):
-            verdict = bool(program.evaluate({"self": celpy.json_to_cel(node)}))
-            assert verdict is bool(rule.holds(node)), (rule.message, node)
-            if not verdict:
-                broken.append(rule.message)
-    return broken
 
 
 @pytest.mark.parametrize("key", ["nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915",
@@ -46,7 +32,7 @@ def test_a_gpu_in_resources_is_refused_pointing_to_gpus(key, kind, gpus):
     """It was overridden by gpus (default 1): 1 GPU of 2, or a GPU held by a CPU engine."""
     spec = _doc(resources={kind: {"cpu": "4", key: "2"}},
                 **({} if gpus is None else {"gpus": gpus}))["spec"]
-    assert _cel_refusals(spec) == []  # not the CRD's: its keys are unbounded for CEL's cost
+    assert cel_refusals(spec) == []  # not the CRD's: its keys are unbounded for CEL's cost
     for check in (check_rules, parse_spec):
         with pytest.raises(BadInput, match="^" + re.escape(GPU_IN_RESOURCES) + "$"):
             check(spec)
@@ -58,7 +44,7 @@ def test_cpu_memory_and_other_resources_still_pass():
                             "hugepages-2Mi": "1Gi", "example.com/gpu-driver-token": "1"},
                  "requests": {"cpu": "2"}}
     spec = _doc(resources=resources)["spec"]
-    assert _cel_refusals(spec) == []
+    assert cel_refusals(spec) == []
     assert parse_spec(spec).resources["limits"]["cpu"] == "4"
 
 
@@ -74,7 +60,7 @@ def test_cpu_memory_and_other_resources_still_pass():
 ])
 def test_kserve_model_sources_get_the_kvledger_way(uri, says):
     spec = _doc(model={"uri": uri})["spec"]
-    [message] = _cel_refusals(spec)  # at kubectl apply, beside the pattern's error
+    [message] = cel_refusals(spec)  # at kubectl apply, beside the pattern's error
     assert says in message
     assert re.search(HUB_URI_PATTERN, uri) is None  # the pattern refuses it all the same
     with pytest.raises(BadInput, match="^" + re.escape(message) + "$"):
@@ -88,7 +74,7 @@ def test_kserve_model_sources_get_the_kvledger_way(uri, says):
 def test_the_sources_rules_accept_every_hub_uri(uri):
     for pattern, _ in SOURCES:
         assert re.match(pattern, uri) is None
-    assert _cel_refusals(_doc(model={"uri": uri})["spec"]) == []
+    assert cel_refusals(_doc(model={"uri": uri})["spec"]) == []
 
 
 def test_a_kserve_shaped_spec_names_kvledgers_fields():
