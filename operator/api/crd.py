@@ -90,6 +90,10 @@ _STATUS = {
                      "description": "label selector of the pods (the scale subresource's: "
                                     "the HPA reads its Pods metrics with it)"},
         "endpoint": {"type": "string"},
+        "url": {"type": "string",
+                "description": "the endpoint, where KServe's InferenceService has it"},
+        "address": {"type": "object", "description": "KServe's (Knative's Addressable): "
+                    "url, the endpoint", "properties": {"url": {"type": "string"}}},
         "startup": {
             "type": "object",
             "description": "the start of the pod that became ready last, measured from its "

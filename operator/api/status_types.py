@@ -132,6 +132,8 @@ class ServiceStatus(TypedDict, total=False):
     None is removed by the merge patch)."""
 
     endpoint: str
+    url: str  # the endpoint, where KServe's InferenceService has it
+    address: dict[str, str]  # {"url": the endpoint}, KServe's (Knative's Addressable)
     replicas: int  # the scale subresource's
     readyReplicas: int
     updatedReplicas: int  # the Deployment's pods of the current spec (``rollout.py``)

@@ -138,7 +138,9 @@ def compute_status(*, spec: ServiceSpec | None, generation: int | None,
     ``Ready=False`` with it, whatever pods there are.
     """
     conditions = list(old.get("conditions") or [])
-    status: ServiceStatus = {"endpoint": endpoint, "replicas": replicas}
+    # url and address.url: where KServe's clients and scripts read an InferenceService's
+    status: ServiceStatus = {"endpoint": endpoint, "url": endpoint,
+                             "address": {"url": endpoint}, "replicas": replicas}
     if selector is not None:
         status["selector"] = selector
     if generation is not None:

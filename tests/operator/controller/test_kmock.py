@@ -107,6 +107,8 @@ async def test_create_renders_owned_children_with_the_same_flags(cluster):
     status = await eventually(lambda: (cluster.stored(API_VERSION, PLURAL, NS, "alpha") or {})
                               .get("status"))
     assert status["endpoint"] == "http://alpha.default.svc.cluster.local:8000"
+    # and where KServe's clients read it (`kubectl get isvc X -o jsonpath={.status.url}`)
+    assert status["url"] == status["address"]["url"] == status["endpoint"]
     assert condition({"status": status}, "Ready")["status"] == "False"
 
 
