@@ -32,9 +32,7 @@ from kvledger.engine.checkpoint.contents import (
 )
 from kvledger.engine.checkpoint.hf_config import read_config_json
 from kvledger.engine.checkpoint.loadable import loadable_config
-from kvledger.engine.checkpoint.model_config import SUPPORTED_ARCHITECTURES
 from kvledger.engine.checkpoint.read_limits import ReadLimits
-from kvledger.engine.errors import BadInput
 from kvledger.engine.planner import estimates
 from kvledger.engine.planner.attention import attention_backend, gathers_kv
 from kvledger.engine.planner.device import DeviceMemory, probe_device
@@ -49,13 +47,17 @@ from kvledger.engine.planner.limit import (
 from kvledger.engine.planner.lora_bytes import lora_slot_bytes, module_shapes
 from kvledger.engine.planner.pool import (
     ENGINE_RULE,
-    VLLM_RULE,
     KVGeometry,
     blocks_for,
-    kv_geometry,
 )
 from kvledger.engine.planner.record import KVInfo, Measured, Plan
 from kvledger.engine.planner.remedies import find_remedies
+from kvledger.engine.planner.run_sizes import (
+    kv_layout_geometry,
+    kv_rule,
+    resolve_max_model_len,
+    resolve_max_num_batched_tokens,
+)
 from kvledger.engine.planner.seats import (
     DECLARED,
     DEFAULT,
@@ -68,39 +70,7 @@ from kvledger.engine.planner.stages import staged
 from kvledger.engine.planner.support import check_engine_run, expert_width
 from kvledger.engine.planner.weight_bytes import dequantization_bytes, loaded_weight_bytes
 from kvledger.engine.settings.config import EngineConfig
-from kvledger.engine.settings.config_values import DEFAULT_MAX_NUM_SEQS, MIN_DEFAULT_BATCHED_TOKENS
-
-
-def resolve_max_model_len(config: EngineConfig, shape: ModelShape) -> int:
-    """``--max-model-len``, or the positions the model takes (``max_position_embeddings``,
-    times a linear RoPE's factor); never more than those."""
-    if config.max_model_len is None:
-        return shape.max_position_embeddings
-    if config.max_model_len > shape.max_position_embeddings:
-        raise BadInput(f"--max-model-len {config.max_model_len} is more than the "
-                       f"{shape.max_position_embeddings} positions the model takes (its "
-                       f"max_position_embeddings, times a linear RoPE's factor)")
-    return config.max_model_len
-
-
-def resolve_max_num_batched_tokens(config: EngineConfig, max_model_len: int) -> int:
-    """The flag, or ``max(max_model_len, 2048)`` (a whole prompt fits in one step)."""
-    if config.max_num_batched_tokens is not None:
-        return config.max_num_batched_tokens
-    return max(max_model_len, MIN_DEFAULT_BATCHED_TOKENS)
-
-
-def kv_rule(shape: ModelShape) -> str:
-    """ENGINE_RULE for an architecture kvledger's engine serves (plan what it allocates),
-    else VLLM_RULE (a what-if for a vLLM launch line)."""
-    return ENGINE_RULE if shape.architecture in SUPPORTED_ARCHITECTURES else VLLM_RULE
-
-
-def kv_layout_geometry(shape: ModelShape, config: EngineConfig, kv_dtype: str,
-                       max_model_len: int, max_num_batched_tokens: int) -> KVGeometry:
-    """The KV pool's block and what one sequence takes, by layout and rule (``kv_pool``)."""
-    return kv_geometry(shape.kv_layout(), shape.architecture, kv_rule(shape), config.block_size,
-                       estimates.DTYPE_BYTES[kv_dtype], max_model_len, max_num_batched_tokens)
+from kvledger.engine.settings.config_values import DEFAULT_MAX_NUM_SEQS
 
 
 def read_checkpoint(model_dir: str, limits: ReadLimits | None = None,
