@@ -36,6 +36,7 @@ from kvledger.engine.server.protocol import (
 from kvledger.engine.server.request_fields import (
     chat_prompt,
     check_logprobs,
+    render_size,
     sampling_params,
 )
 from kvledger.engine.server.state import API_KEY_INDEX, STATE, ServerState
@@ -73,9 +74,7 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     req.model = state.model_name if lora is None else lora.lora_name
     check_logprobs(state, req)
     tools = _tool_plan(state, req)
-    # A request's own template is code whose cost its body does not bound: off the loop.
-    render_size = None if getattr(req, "chat_template", None) is not None else len(raw)
-    prompts = [await state.off_loop(render_size, chat_prompt, state, req)] \
+    prompts = [await state.off_loop(render_size(len(raw), req), chat_prompt, state, req)] \
         if req.kind == "chat" else req.prompt
     tenant = state.tenant(request)
     timeline.tenant = tenant.label

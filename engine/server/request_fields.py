@@ -18,6 +18,12 @@ from kvledger.engine.server.protocol import ChatRequest, GenerationRequest
 from kvledger.engine.server.state import ServerState
 
 
+def render_size(body_bytes: int, req: ChatTemplateOptions) -> int | None:
+    """The size ``off_loop`` judges a chat's rendering by: its body's, or None (always off
+    the loop) with its own template, code whose cost its body does not bound."""
+    return None if req.chat_template is not None else body_bytes
+
+
 def render_chat(state: ServerState, req: ChatTemplateOptions, messages: list[dict[str, Any]],
                 tools: list[dict[str, Any]] | None) -> str:
     """A chat rendered as prompt text: with the request's own template only under

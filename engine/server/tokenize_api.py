@@ -21,7 +21,7 @@ from kvledger.engine.server.chat_message import ChatMessage
 from kvledger.engine.server.chat_options import ChatTemplateOptions
 from kvledger.engine.server.limits import MAX_INT, decode_json, few_messages
 from kvledger.engine.server.openai_api import read_body
-from kvledger.engine.server.request_fields import render_chat
+from kvledger.engine.server.request_fields import render_chat, render_size
 from kvledger.engine.server.state import STATE, ServerState
 from kvledger.engine.server.tools.protocol import ToolList, template_tools
 from kvledger.engine.server.validation import Strict, validate
@@ -53,10 +53,9 @@ class DetokenizeRequest(Strict):
 
 async def tokenize(request: web.Request) -> web.Response:
     state, req, size = await _read(request, TokenizeRequest)
-    # A request's own template costs what its body does not say: off the loop. So does
-    # the answer, up to 8 bytes of JSON a prompt byte (its ids and their strings).
-    own_template = req.messages is not None and req.chat_template is not None
-    body = await state.off_loop(None if own_template else size, _tokenized, state, req)
+    # Off the loop by the body's size (the answer is up to 8 bytes of JSON a prompt byte:
+    # its ids and their strings), always with the request's own template.
+    body = await state.off_loop(render_size(size, req), _tokenized, state, req)
     return web.Response(body=body, content_type="application/json")
 
 
