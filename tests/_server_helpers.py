@@ -58,6 +58,12 @@ async def start_app(aiohttp_client, llm, **options):
     return client
 
 
+async def stop_app(client) -> None:
+    """Close ``client``'s app and stop its driver: an engine has one driver at a time, so
+    a test that serves the same ``llm`` from a second app stops the first one."""
+    await client.close()
+
+
 def metric_value(text: str, name: str, labels: str = "") -> float:
     """The value of one sample in a Prometheus exposition (0 when absent)."""
     pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else "") + r" (\S+)"

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,11 @@ _EWMA = 0.2  # weight of the newest step in the decode-rate average
 # After a step that ran nothing though requests are in (a request still being handed
 # over heads the order), wait this long or until woken rather than spin.
 IDLE_STEP_WAIT_S = 0.005
+
+# The engine each running driver steps: two drivers on one engine would each step it and
+# hand a request's outputs to whichever stepped, so the other's stream would wait forever.
+_DRIVERS: weakref.WeakKeyDictionary[LLMEngine, AsyncEngine] = weakref.WeakKeyDictionary()
+_DRIVERS_LOCK = threading.Lock()
 
 
 class RequestStream:
@@ -91,11 +97,21 @@ class AsyncEngine:
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
         """The worker thread, and the KV events' publisher when the ledger logs them
-        (BadInput when its endpoint cannot be bound or connected)."""
+        (BadInput when its endpoint cannot be bound or connected). RuntimeError when
+        another driver runs the same engine: an engine has one driver at a time."""
         self._loop = asyncio.get_running_loop()
+        with _DRIVERS_LOCK:
+            if _DRIVERS.get(self.engine, self) is not self:
+                raise RuntimeError("this engine is already driven by a running AsyncEngine;"
+                                   " stop that one first")
+            _DRIVERS[self.engine] = self
         events = self.engine.ledger.prefix_cache.events
         if events is not None:
-            self.kv_events = KVEventPublisher(self.engine.config.kv_events_config, events)
+            try:
+                self.kv_events = KVEventPublisher(self.engine.config.kv_events_config, events)
+            except BaseException:
+                self._let_go()
+                raise
         self._thread = threading.Thread(target=self._run, name="kvledger-engine", daemon=True)
         self._thread.start()
 
@@ -113,6 +129,13 @@ class AsyncEngine:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30.0)
         if self.kv_events is not None:
             self.kv_events.close()
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Another driver may run this engine now."""
+        with _DRIVERS_LOCK:
+            if _DRIVERS.get(self.engine) is self:
+                del _DRIVERS[self.engine]
 
     @property
     def decode_tokens_per_s(self) -> float | None:

@@ -6,7 +6,7 @@ answers named too."""
 from __future__ import annotations
 
 import pytest
-from _server_helpers import make_llm, model_name, start_app
+from _server_helpers import make_llm, model_name, start_app, stop_app
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.settings.serve_config import ServeConfig
@@ -59,6 +59,7 @@ async def test_any_origin_is_a_star_unless_credentials_are_allowed(aiohttp_clien
     star = await start_app(aiohttp_client, llm, allowed_origins=("*",))
     assert (await star.get("/health", headers={"Origin": PAGE})).headers[
         "Access-Control-Allow-Origin"] == "*"
+    await stop_app(star)
     named = await start_app(aiohttp_client, llm, allowed_origins=("*",), allow_credentials=True,
                             allowed_methods=("POST",), allowed_headers=("content-type",))
     response = await named.options("/v1/completions", headers=PREFLIGHT)

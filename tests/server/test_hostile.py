@@ -12,7 +12,7 @@ import time
 
 import pytest
 from _engine_helpers import heavy_schema
-from _server_helpers import make_llm, metric, start_app
+from _server_helpers import make_llm, metric, start_app, stop_app
 
 from kvledger.engine.commands.serve import _api_keys, add_arguments
 from kvledger.engine.settings.declare import values_from_args
@@ -161,6 +161,7 @@ async def test_metrics_can_have_a_key_of_its_own(aiohttp_client, llm):
     assert tenant.status == 401
     scraper = await client.get("/v1/budget", headers={"Authorization": "Bearer scraper"})
     assert scraper.status == 200 and "hits_tokens" in (await scraper.json())["prefix_cache"]
+    await stop_app(client)
     open_client = await start_app(aiohttp_client, llm, api_keys=("tenant",))
     assert (await open_client.get("/metrics")).status == 200  # open by default
     budget = await open_client.get("/v1/budget", headers={"Authorization": "Bearer tenant"})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from _server_helpers import make_llm, model_name, start_app
+from _server_helpers import make_llm, model_name, start_app, stop_app
 
 PROMPT = list(range(500, 540))  # 2 full blocks of 16 + 8 tokens
 
@@ -48,6 +48,7 @@ async def test_not_served_without_dev_mode_and_keyed_with_keys(aiohttp_client, l
     monkeypatch.delenv("VLLM_SERVER_DEV_MODE", raising=False)
     plain = await start_app(aiohttp_client, llm)
     assert (await plain.post("/reset_prefix_cache")).status == 404
+    await stop_app(plain)
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
     keyed = await start_app(aiohttp_client, llm, api_keys=("sk-a",))
     assert (await keyed.post("/reset_prefix_cache")).status == 401

@@ -8,7 +8,7 @@ import asyncio
 import json
 
 import pytest
-from _server_helpers import make_llm, model_name, start_app
+from _server_helpers import make_llm, model_name, start_app, stop_app
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvledger.engine.core import sleep
@@ -123,9 +123,11 @@ async def test_served_only_in_dev_mode_behind_the_key_and_with_the_flag(
     keyed = await start_app(aiohttp_client, llm, api_keys=("k",))
     assert (await keyed.post("/sleep")).status == 401
     assert (await keyed.get("/is_sleeping")).status == 401
+    await stop_app(keyed)
     monkeypatch.delenv("VLLM_SERVER_DEV_MODE")
     plain = await start_app(aiohttp_client, llm)
     assert (await plain.post("/sleep")).status == 404
+    await stop_app(plain)
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
     off = await start_app(aiohttp_client, make_llm(tiny_llama_dir))
     response = await off.post("/sleep")

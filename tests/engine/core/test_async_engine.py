@@ -103,3 +103,19 @@ async def test_from_the_call_on_a_reservation_is_the_engines_even_when_refused(l
     with pytest.raises(EngineDeadError):
         engine.generate("late", [5], _params(1), late)
     assert late.released and llm.ledger.reserved_blocks == 0
+
+
+async def test_an_engine_has_one_driver_at_a_time(llm, engine):
+    """A second driver on a running engine is refused: both would step it and hand a
+    request's outputs to whichever stepped, so the other's stream would wait forever."""
+    second = AsyncEngine(llm)
+    with pytest.raises(RuntimeError, match="already driven"):
+        second.start()
+    await engine.stop()
+    second.start()  # the first let go
+    try:
+        stream = second.generate("next", [5, 6], _params(2), llm.ledger.try_reserve(4))
+        assert [o.finished async for o in stream][-1]
+    finally:
+        await second.stop()
+    assert llm.ledger.reserved_blocks == 0
