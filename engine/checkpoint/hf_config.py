@@ -19,27 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from kvledger.engine import json_text
+from kvledger.engine.checkpoint.config_numbers import context_length, positive
 from kvledger.engine.checkpoint.files import CONFIG_FILE
+from kvledger.engine.checkpoint.layer_kinds import MLA_ARCHITECTURES, layer_types
 from kvledger.engine.checkpoint.read_limits import MAX_CONFIG_BYTES
-from kvledger.engine.errors import BadInput, shown, some
-
-# The families read, by how their attention is laid out. Grouped-/multi-query attention:
-FULL_ATTENTION_ARCHITECTURES = (
-    "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "GemmaForCausalLM")
-# Multi-head latent attention: DeepSeek-V2/V2-Lite, DeepSeek-V3/R1, Kimi-K2.
-MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
-# Sliding-window layers among full ones, per ``layer_types`` or the family's pattern.
-HYBRID_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM",
-                        "Gemma3ForConditionalGeneration", "GptOssForCausalLM")
-READ_ARCHITECTURES = FULL_ATTENTION_ARCHITECTURES + MLA_ARCHITECTURES + HYBRID_ARCHITECTURES
-# The architectures kvledger's engine runs (model_config.py checks the rest of their config).
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
-
-# transformers' ``layer_types`` values.
-FULL_ATTENTION = "full_attention"
-SLIDING_ATTENTION = "sliding_attention"
+from kvledger.engine.errors import BadInput, shown
 
 # transformers' defaults for fields a published config.json leaves out (Gemma 3's
 # multimodal checkpoints give only what differs from Gemma3TextConfig).
@@ -51,14 +35,9 @@ CONFIG_DEFAULTS = {
 # Keys a multimodal config keeps at its top level for the language model it nests.
 _SHARED_KEYS = ("architectures", "torch_dtype", "dtype", "tie_word_embeddings",
                 "quantization_config")
-# The window a family slides over when config.json gives none (transformers' defaults).
-_DEFAULT_WINDOW = {"Gemma2ForCausalLM": 4096, "Gemma3ForCausalLM": 4096,
-                   "Gemma3ForConditionalGeneration": 4096, "GptOssForCausalLM": 128}
-QWEN_MAX_WINDOW_LAYERS = 28  # Qwen2Config's and Qwen3Config's default
 QWEN3_HEAD_DIM = 128  # Qwen3Config's default
-# No model has a size, count or context near these; past them a number only costs the
-# planner time and memory (a tuple per layer, a tensor name per layer and expert).
-MAX_CONFIG_NUMBER = 2**53
+# No model is near this deep; past it a layer count only costs the planner time and
+# memory (a tuple per layer, a tensor name per layer and expert).
 MAX_LAYERS = 1024  # the deepest published models have ~130
 
 
@@ -169,7 +148,7 @@ def parse_config(config: Mapping[str, Any], architecture: str) -> HFConfig:
     mla = architecture in MLA_ARCHITECTURES
     if mla:  # a query/key head is the no-RoPE part and the RoPE part
         head_dim = positive(raw, "qk_nope_head_dim") + positive(raw, "qk_rope_head_dim")
-    layer_types, window = _layer_types(raw, architecture, num_layers)
+    kinds, window = layer_types(raw, architecture, num_layers)
     quant = raw.get("quantization_config")
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     return HFConfig(
@@ -185,56 +164,12 @@ def parse_config(config: Mapping[str, Any], architecture: str) -> HFConfig:
         torch_dtype=dtype,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         quantization=method if isinstance(method, str) else "",
-        layer_types=layer_types,
+        layer_types=kinds,
         sliding_window=window,
         kv_lora_rank=positive(raw, "kv_lora_rank") if mla else None,
         qk_rope_head_dim=positive(raw, "qk_rope_head_dim") if mla else None,
         raw=raw,
     )
-
-
-def context_length(raw: Mapping[str, Any]) -> int:
-    """The positions the model takes, as vLLM derives ``max_model_len``
-    (``_get_and_verify_max_len``): ``max_position_embeddings``, times a RoPE scaling's
-    ``factor`` (yarn's from its ``original_max_position_embeddings``) unless its type
-    already counts it in (llama3, longrope, su) or the model is a Gemma 3 (its 128K is
-    scaled already). A transformers 5 config may give one RoPE per layer type: the last
-    factor counts, as in vLLM."""
-    positions = positive(raw, "max_position_embeddings")
-    rope = raw.get("rope_parameters") or raw.get("rope_scaling")
-    if not isinstance(rope, Mapping) or "gemma3" in str(raw.get("model_type", "")):
-        return positions
-    nested = all(isinstance(value, Mapping) for value in rope.values()) and bool(rope)
-    factor = None
-    for part in rope.values() if nested else (rope,):
-        kind = part.get("rope_type", part.get("type", "default"))
-        if kind in ("su", "longrope", "llama3") or part.get("factor") is None:
-            continue
-        factor = part["factor"]
-        if isinstance(factor, bool) or not isinstance(factor, int | float) or not (
-                0 < factor <= MAX_CONFIG_NUMBER):
-            raise BadInput(f"config.json rope_parameters.factor must be a positive number, "
-                           f"got {shown(factor)}")
-        if kind == "yarn":
-            positions = positive(part, "original_max_position_embeddings", positions)
-    if factor is None:
-        return positions
-    return min(int(positions * factor), MAX_CONFIG_NUMBER)
-
-
-def positive(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
-    """``config[key]`` as a positive integer; absent or null is ``default``."""
-    value = config.get(key)
-    if value is None:
-        value = default
-    if value is None:
-        raise BadInput(f"config.json has no {key!r}")
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise BadInput(f"config.json {key!r} must be a positive integer, got {shown(value)}")
-    if value > MAX_CONFIG_NUMBER:
-        raise BadInput(f"config.json {key!r} is larger than any model's (over "
-                       f"{MAX_CONFIG_NUMBER:,})")
-    return value
 
 
 def _head_dim(raw: Mapping[str, Any], architecture: str, hidden: int, heads: int) -> int:
@@ -250,64 +185,3 @@ def _head_dim(raw: Mapping[str, Any], architecture: str, hidden: int, heads: int
         raise BadInput(f"config.json hidden_size {hidden} is not divisible by "
                        f"num_attention_heads {heads}, and there is no head_dim")
     return hidden // heads
-
-
-def _layer_types(raw: Mapping[str, Any], architecture: str,
-                 num_layers: int) -> tuple[tuple[str, ...], int | None]:
-    """(FULL_ATTENTION or SLIDING_ATTENTION per layer, the sliding layers' window), where
-    transformers' model for ``architecture`` slides."""
-    full = (FULL_ATTENTION,) * num_layers
-    if architecture.startswith("Qwen"):
-        # Qwen slides only with use_sliding_window (and a window): Qwen3-MoE every layer,
-        # Qwen2 and Qwen3 those layer_types marks, else those >= max_window_layers.
-        if not raw.get("use_sliding_window") or not raw.get("sliding_window"):
-            return full, None
-        if architecture == "Qwen3MoeForCausalLM":
-            kinds = (SLIDING_ATTENTION,) * num_layers
-        elif raw.get("layer_types") is not None:
-            kinds = _declared(raw, num_layers)
-        else:
-            first = raw.get("max_window_layers")
-            first = QWEN_MAX_WINDOW_LAYERS if first is None else first
-            if isinstance(first, bool) or not isinstance(first, int) or first < 0:
-                raise BadInput(f"config.json 'max_window_layers' must be a layer count, "
-                               f"got {shown(first)}")
-            kinds = tuple(SLIDING_ATTENTION if i >= first else FULL_ATTENTION
-                          for i in range(num_layers))
-    elif architecture in ("MistralForCausalLM", "MixtralForCausalLM"):
-        kinds = (SLIDING_ATTENTION,) * num_layers if raw.get("sliding_window") else full
-    elif architecture in HYBRID_ARCHITECTURES:
-        kinds = _declared(raw, num_layers) if raw.get("layer_types") is not None else \
-            _hybrid_pattern(raw, architecture, num_layers)
-    else:  # Llama, Gemma, MLA: full attention on every layer
-        return full, None
-    if SLIDING_ATTENTION not in kinds:
-        return kinds, None
-    return kinds, positive(raw, "sliding_window", _DEFAULT_WINDOW.get(architecture))
-
-
-def _declared(raw: Mapping[str, Any], num_layers: int) -> tuple[str, ...]:
-    declared = raw.get("layer_types")
-    if not isinstance(declared, list) or len(declared) != num_layers:
-        raise BadInput(f"config.json 'layer_types' must list one type per layer "
-                       f"({num_layers}), got {shown(declared)}")
-    unknown = sorted({str(t) for t in declared if t not in (FULL_ATTENTION, SLIDING_ATTENTION)})
-    if unknown:
-        raise BadInput(f"config.json 'layer_types' has {some(unknown, quote=False)}: kvledger plans "
-                       "only full_attention and sliding_attention layers")
-    return tuple(declared)
-
-
-def _hybrid_pattern(raw: Mapping[str, Any], architecture: str,
-                    num_layers: int) -> tuple[str, ...]:
-    """Gemma 2 and gpt-oss slide on even layers; Gemma 3 on all but every
-    ``sliding_window_pattern``-th (default 6: 5 local : 1 global)."""
-    if not architecture.startswith("Gemma3"):
-        return tuple(SLIDING_ATTENTION if i % 2 == 0 else FULL_ATTENTION
-                     for i in range(num_layers))
-    pattern = raw.get("sliding_window_pattern", raw.get("_sliding_window_pattern", 6))
-    if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern <= 0:
-        raise BadInput(f"config.json 'sliding_window_pattern' must be a positive integer, "
-                       f"got {shown(pattern)}")
-    return tuple(FULL_ATTENTION if (i + 1) % pattern == 0 else SLIDING_ATTENTION
-                 for i in range(num_layers))

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvledger.engine.checkpoint.hf_config import (
+from kvledger.engine.checkpoint.hf_config import HFConfig
+from kvledger.engine.checkpoint.layer_kinds import (
     MLA_ARCHITECTURES,
     READ_ARCHITECTURES,
     SLIDING_ATTENTION,
     SUPPORTED_ARCHITECTURES,
-    HFConfig,
 )
 from kvledger.engine.errors import BadInput, some
 

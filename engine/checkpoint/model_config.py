@@ -13,17 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvledger.engine.checkpoint.config_numbers import positive
 from kvledger.engine.checkpoint.contents import ModelShape, shape_fields
 from kvledger.engine.checkpoint.fp8_format import SERVED_WEIGHTS
 from kvledger.engine.checkpoint.hf_config import (
+    HFConfig,
+    parse_config,
+    read_config_json,
+    text_config,
+)
+from kvledger.engine.checkpoint.layer_kinds import (
     FULL_ATTENTION,
     SLIDING_ATTENTION,
     SUPPORTED_ARCHITECTURES,
-    HFConfig,
-    parse_config,
-    positive,
-    read_config_json,
-    text_config,
 )
 from kvledger.engine.checkpoint.moe_config import refuse_unknown_routing
 from kvledger.engine.checkpoint.weight_formats import declared_format

@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvledger.engine.checkpoint.hf_config import HFConfig, positive
+from kvledger.engine.checkpoint.config_numbers import positive
+from kvledger.engine.checkpoint.hf_config import HFConfig
 from kvledger.engine.checkpoint.read_limits import MAX_TENSORS
 from kvledger.engine.errors import BadInput, shown
 

@@ -35,7 +35,6 @@ from kvledger.engine.checkpoint.fp8_format import (
     SERVED_WEIGHTS,
     fp8_method,
 )
-from kvledger.engine.checkpoint.hf_config import SUPPORTED_ARCHITECTURES
 from kvledger.engine.checkpoint.int4_format import (
     AWQ,
     GPTQ,
@@ -49,6 +48,7 @@ from kvledger.engine.checkpoint.int4_format import (
     layer_tensor,
     scale_name,
 )
+from kvledger.engine.checkpoint.layer_kinds import SUPPORTED_ARCHITECTURES
 from kvledger.engine.errors import BadInput, some
 
 

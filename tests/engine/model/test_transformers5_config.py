@@ -1,5 +1,5 @@
 """config.json as transformers 5 writes and reads it, read as vLLM 0.32 reads it: a
-linear RoPE's factor widens the context (``hf_config.context_length``, vLLM's
+linear RoPE's factor widens the context (``config_numbers.context_length``, vLLM's
 ``_get_and_verify_max_len``), and ``dtype`` is read before the older ``torch_dtype``."""
 
 from __future__ import annotations
