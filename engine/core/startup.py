@@ -69,7 +69,7 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
                           tokenizer_folder(config.tokenizer), config.override_generation_config)
     log.info("%s", describe_defaults(tokenizer.sampling_defaults, config.generation_config,
                                      config.override_generation_config,
-                                     tokenizer.max_tokens_cap))
+                                     tokenizer.max_tokens_cap, source.path))
     planned_on = device_memory  # with --nnodes, the smallest machine's device
     ready = predict_start(config, plan, model_config, Path(source.path), device,
                           paged=reads_in_place(config, device))

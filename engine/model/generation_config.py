@@ -4,6 +4,10 @@ file, ``vllm`` ignores it, a folder reads that folder's; ``--override-generation
 JSON goes over what was read (over nothing with ``vllm``). A request's own value always
 wins; one it leaves unset takes the default, else the neutral one.
 
+A folder without ``generation_config.json`` gives the sampling values its ``config.json``
+states at its top level, as vLLM's ``try_get_generation_config`` takes them then
+(transformers' ``GenerationConfig.from_model_config``; older checkpoints kept them there).
+
 What is read (vLLM's ``get_diff_sampling_param``): ``temperature``, ``top_p``, ``top_k``,
 ``min_p``, ``repetition_penalty`` and ``max_new_tokens`` (the default ``max_tokens`` of a
 request that names none: a chat's, a completion's only when sent as null, since a
@@ -41,11 +45,13 @@ def sampling_defaults(model_dir: str | Path, source: str = AUTO,
         folder = Path(model_dir) if source == AUTO else Path(source)
         if source != AUTO and not os.path.isdir(folder):  # False for a name too long
             raise BadInput(f"--generation-config {shown(source)}: not 'auto', 'vllm' or a folder")
-        path = folder / GENERATION_CONFIG_FILE
-        if path.is_file():
-            raw = read_json(path, GENERATION_CONFIG_FILE)
+        path = published_file(folder)
+        if path is not None:
+            raw = read_json(path, path.name)
             if not isinstance(raw, dict):
                 raise BadInput(f"{path}: must be a JSON object, got {type(raw).__name__}")
+            if path.name == CONFIG_FILE:  # its sampling values, nothing else of it
+                raw = {name: raw[name] for name in READ if name in raw}
             where = str(path)
     if overrides:
         raw = {**raw, **overrides}
@@ -63,6 +69,15 @@ def sampling_defaults(model_dir: str | Path, source: str = AUTO,
             value = int(value)
         defaults[param] = value
     return defaults
+
+
+def published_file(folder: Path) -> Path | None:
+    """The file whose sampling values ``folder`` publishes: its generation_config.json,
+    else its config.json (vLLM's fallback), else None."""
+    for name in (GENERATION_CONFIG_FILE, CONFIG_FILE):
+        if (folder / name).is_file():
+            return folder / name
+    return None
 
 
 def max_tokens_cap(defaults: dict[str, Any], source: str = AUTO,
@@ -96,10 +111,16 @@ def stop_ids(model_dir: str | Path, source: str = AUTO) -> list[int]:
 
 
 def describe(defaults: dict[str, Any], source: str, overrides: dict[str, Any] | None = None,
-             cap: int | None = None) -> str:
+             cap: int | None = None, model_dir: str | Path | None = None) -> str:
     """The start-up line that says which defaults apply (and the cap on every request)."""
-    where = {AUTO: "the model's generation_config.json", VLLM: "vLLM's neutral ones"}.get(
-        source, f"{source}/{GENERATION_CONFIG_FILE}")
+    read = None
+    if source not in (AUTO, VLLM):
+        read = published_file(Path(source))
+    elif source == AUTO and model_dir is not None:
+        read = published_file(Path(model_dir))
+    name = read.name if read is not None else GENERATION_CONFIG_FILE
+    where = {AUTO: f"the model's {name}", VLLM: "vLLM's neutral ones"}.get(
+        source, f"{source}/{name}")
     if overrides:
         where += f" and {OVERRIDE_FLAG}"
     if not defaults:

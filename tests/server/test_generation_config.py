@@ -13,7 +13,7 @@ import torch
 from _server_helpers import make_llm, model_name, start_app
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.model.generation_config import max_tokens_cap, sampling_defaults
+from kvledger.engine.model.generation_config import describe, max_tokens_cap, sampling_defaults
 from kvledger.engine.sampling.params import SamplingParams
 
 # What a model card might publish: greedy by top_k 1, and a default output length.
@@ -123,3 +123,23 @@ def test_min_p_keeps_only_tokens_near_the_top():
     assert len({int(sampler._sample_row(logits, Seq(wide))) for _ in range(50)}) > 1
     with pytest.raises(BadInput, match="min_p must be a number in"):
         SamplingParams(min_p=1.5)
+
+
+def test_without_generation_config_json_config_jsons_sampling_values_are_read(
+        tiny_llama_dir, tmp_path):
+    """vLLM's fallback (``GenerationConfig.from_model_config``): an older checkpoint keeps
+    its sampling values in config.json; only those are read, and the start-up line says
+    where they came from."""
+    for path in tiny_llama_dir.iterdir():
+        if path.name != "generation_config.json":
+            shutil.copy(path, tmp_path / path.name)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert sampling_defaults(tmp_path) == {}  # kvledger's own config.json states none
+    config.update(temperature=0.6, top_p=0.9, max_length=20, do_sample=True)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert sampling_defaults(tmp_path) == {"temperature": 0.6, "top_p": 0.9}
+    assert "the model's config.json" in describe({"temperature": 0.6}, "auto",
+                                                 model_dir=tmp_path)
+    assert sampling_defaults(tmp_path, "vllm") == {}
+    (tmp_path / "generation_config.json").write_text(json.dumps({"top_k": 3}))
+    assert sampling_defaults(tmp_path) == {"top_k": 3}  # the file wins whole, as in vLLM
