@@ -20,7 +20,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from kvledger.engine.server.chat_message import ChatMessage
-from kvledger.engine.server.chat_options import ChatTemplateOptions
+from kvledger.engine.server.chat_options import ChatReasoningOptions
 from kvledger.engine.server.limits import MAX_INT, few_messages
 from kvledger.engine.server.request_common import GenerationFields, TopLogprobs
 from kvledger.engine.server.structured_outputs import constraint_field
@@ -83,7 +83,7 @@ class CompletionRequest(GenerationFields):
         return self.logprobs if self.echo else None
 
 
-class ChatRequest(GenerationFields, ChatTemplateOptions):
+class ChatRequest(GenerationFields, ChatReasoningOptions):
     kind: ClassVar[str] = "chat"
     unsupported: ClassVar[dict[str, tuple[Any, ...]]] = CHAT_UNSUPPORTED_FIELDS
     messages: Annotated[list[ChatMessage], Field(min_length=1)]

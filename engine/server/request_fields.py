@@ -27,15 +27,16 @@ def render_size(body_bytes: int, req: ChatTemplateOptions) -> int | None:
 def render_chat(state: ServerState, req: ChatTemplateOptions, messages: list[dict[str, Any]],
                 tools: list[dict[str, Any]] | None) -> str:
     """A chat rendered as prompt text: with the request's own template only under
-    ``--trust-request-chat-template`` (as vLLM), its ``chat_template_kwargs`` over
-    ``--default-chat-template-kwargs``; a 400 naming the field when it cannot be."""
+    ``--trust-request-chat-template`` (as vLLM), its ``chat_template_kwargs`` (and a chat's
+    ``reasoning_effort``) over ``--default-chat-template-kwargs``; a 400 naming the field
+    when it cannot be."""
     options = state.options
     if req.chat_template is not None and not options.trust_request_chat_template:
         raise bad_request("a chat_template in the request needs the server's "
                           "--trust-request-chat-template (a template is code the server "
                           "runs); without it the model's template renders every chat",
                           "chat_template")
-    kwargs = {**options.default_chat_template_kwargs, **(req.chat_template_kwargs or {})}
+    kwargs = req.template_kwargs(options.default_chat_template_kwargs)
     if req.chat_template is not None:
         try:
             compiled(req.chat_template, untrusted=True)

@@ -25,7 +25,7 @@ IGNORED_FIELDS: dict[str, type | tuple[type, ...]] = {
 UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []),
     "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
-    "audio": (None,), "prediction": (None,), "reasoning_effort": (None,),
+    "audio": (None,), "prediction": (None,),
     "web_search_options": (None,), "use_beam_search": (None, False),
     "length_penalty": (None, 1, 1.0), "truncate_prompt_tokens": (None,),
     "documents": (None, []),
