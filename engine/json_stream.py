@@ -49,12 +49,15 @@ class ObjectReader:
     """Members of the JSON object in ``read`` (``read(n)`` returns at most n bytes, b"" at
     the end): ``begin()``, then ``key()`` until it returns None, each key followed by
     ``value()``, or by ``begin()`` for a member that is itself read member by member;
-    ``end()`` checks nothing but whitespace follows."""
+    ``end()`` checks nothing but whitespace follows. ``object_pairs_hook`` is json's, for
+    every object parsed whole (a reader that refuses a key given twice)."""
 
-    def __init__(self, read: Callable[[int], bytes]) -> None:
+    def __init__(self, read: Callable[[int], bytes],
+                 object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None,
+                 ) -> None:
         self._read = read
         self._decoder = codecs.getincrementaldecoder("utf-8")()
-        self._scan = make_scanner(json.JSONDecoder())
+        self._scan = make_scanner(json.JSONDecoder(object_pairs_hook=object_pairs_hook))
         self._text, self._pos, self._eof = "", 0, False
         self._member = self._value = 0  # where the current member, its value start
         self._first: list[bool] = []  # per open object: no member read yet
@@ -78,6 +81,8 @@ class ObjectReader:
             raise MalformedJson(_reason(exc)) from None
         except RecursionError:
             raise MalformedJson("JSON nested too deeply") from None
+        except MalformedJson:  # the object_pairs_hook's refusal, as it said
+            raise
         except ValueError:
             raise MalformedJson(TOO_MANY_DIGITS) from None
         if _SPACE.match(self._text, end).end() != len(self._text):
@@ -154,6 +159,8 @@ class ObjectReader:
             raise self._failed(exc) from None
         except RecursionError:
             raise MalformedJson("JSON nested too deeply") from None
+        except MalformedJson:  # the object_pairs_hook's refusal, as it said
+            raise
         except ValueError:
             raise MalformedJson(TOO_MANY_DIGITS) from None
         self._bounded()

@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 from kvledger.engine.checkpoint.read_limits import ReadBudget
-from kvledger.engine.checkpoint.safetensors_strict import FIELDS, check_metadata, strict, utf8
+from kvledger.engine.checkpoint.safetensors_strict import (
+    FIELDS,
+    check_metadata,
+    no_duplicate_keys,
+    strict,
+    utf8,
+)
 from kvledger.engine.errors import BadInput, shown, some
 from kvledger.engine.json_stream import MalformedJson, NotAnObject, ObjectReader
 
@@ -89,7 +95,9 @@ def read_open_layout(path: Path, f: BinaryIO, budget: ReadBudget | None = None,
         return data
 
     try:
-        reader = ObjectReader(read)
+        # A name or field given twice is refused as it is parsed: safetensors refuses the
+        # first value whatever follows it, and a dict would keep only the last.
+        reader = ObjectReader(read, object_pairs_hook=no_duplicate_keys)
         header = reader.whole_object()
         if header is not None:  # it fits in one window: parsed at once, as it was
             tensors, spans = _whole_entries(path, header, reader.text())
@@ -111,7 +119,7 @@ def _whole_entries(path: Path, header: object, raw: str,
     ``json_stream.MEMBER_MAX_CHARS``)."""
     if not isinstance(header, dict):
         raise BadInput(f"{path}: corrupt safetensors header: not a JSON object")
-    strict(path, raw, len(header) - ("__metadata__" in header))
+    strict(path, raw)
     check_metadata(path, header.get("__metadata__"))
     spans: list[tuple[int, int, str]] = []
     tensors = _fast_tensor_infos(header, spans)
@@ -154,7 +162,7 @@ def _read_entries(path: Path, reader: ObjectReader, budget: ReadBudget | None,
         if name in names:
             raise BadInput(f"{path}: corrupt safetensors header: {shown(name)} appears twice")
         names.add(name)
-        strict(path, reader.value_text(), name != "__metadata__")
+        strict(path, reader.value_text())
         if name == "__metadata__":
             check_metadata(path, entry)
             continue

@@ -244,13 +244,16 @@ def _file(dtype='"U8"', shape="[1]", offsets="[0,1]", data=b"x", name='"a"', bef
     _file(inside='"dtype":"F32",'),  # a field given twice: JSON keeps the last
     _file(before='"__metadata__":{"k":1},'),
     _file(before='"__metadata__":{},"__metadata__":{},'),
+    _file(before='"a":0,'),  # a name twice, the first no tensor: JSON keeps the last (CI's fuzz)
+    _file(before='"a":{"x":1},'),
     _file(name='"\\ud800"'),  # a lone surrogate: no UTF-8 spells it
     _file(after=',"x":NaN'),
     _file(after=',"x":' + "[" * 200 + "]" * 200),
     _file(shape="[" + "9" * 5000 + "]"),
     _file(offsets="[0," + "9" * 5000 + "]"),
 ], ids=["past-end", "dtype-list", "dim-2**64", "shape-overflow", "minus-zero", "twice",
-        "metadata-int", "metadata-twice", "surrogate", "nan", "nested-200", "dim-5000-digits",
+        "metadata-int", "metadata-twice", "name-twice-first-not-a-tensor",
+        "name-twice-first-unknown-field", "surrogate", "nan", "nested-200", "dim-5000-digits",
         "offset-5000-digits"])
 @pytest.mark.parametrize("reader", list(READERS))
 def test_a_file_safetensors_refuses_is_bad_input(tmp_path_factory, content, reader):
