@@ -11,6 +11,7 @@ markers ``BEGIN`` and ``END`` below; tests/test_doc_figures.py fails while it is
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -35,6 +36,8 @@ def shown(value: object, metavar: str | None) -> str:
                 return f"`{value // size}{unit}`"
     if isinstance(value, float):
         return f"`{value:g}`"
+    if isinstance(value, (tuple, list)):  # a JSON list flag: as typed, not Python's repr
+        return f"`{json.dumps(list(value))}`"
     return f"`{value}`"
 
 

@@ -38,11 +38,16 @@ def test_no_doc_states_how_many_tests_the_suite_has() -> None:
         assert found == [], path.name
 
 
-def test_serves_flag_table_is_generated_from_the_declarations() -> None:
+def _flags_table_script():
     spec = importlib.util.spec_from_file_location("serve_flags_table",
                                                   ROOT / "scripts" / "serve_flags_table.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_serves_flag_table_is_generated_from_the_declarations() -> None:
+    script = _flags_table_script()
     text = (ROOT / "docs" / "serving.md").read_text()
     assert script.with_table(text) == text, "docs/serving.md's serve flags are stale: make docs"
 
@@ -64,3 +69,17 @@ def test_the_defaults_the_docs_give_serves_fields_are_serves() -> None:
     assert re.findall(r"--max-queue-len`, (\d+) unless", operator_md) == [length]
     serving_md = (ROOT / "docs" / "serving.md").read_text()
     assert re.findall(r"at most `--max-queue-len` \((\d+)\)", serving_md) == [length]
+
+
+def test_a_json_flags_default_is_shown_as_the_json_it_takes() -> None:
+    """The table's defaults are what a reader would type: ``--allowed-methods '["*"]'``,
+    never Python's ``('*',)``."""
+    script = _flags_table_script()
+    defaults = {f.name: (default_of(f), declared.kind.metavar)
+                for f, declared in settings_of(ServeConfig)}
+    lists = {name: default for name, (default, metavar) in defaults.items()
+             if metavar == "JSON" and default not in (None, (), {})}
+    assert lists, "no JSON flag with a default: the check checks nothing"
+    for name, default in lists.items():
+        cell = script.shown(default, "JSON")
+        assert json.loads(cell.strip("`")) == list(default), (name, cell)

@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 
 from kvledger.engine.checkpoint.hub.cache import serving_source
-from kvledger.engine.checkpoint.hub.uri import is_hub_uri, model_reference
 from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.core import sleep
 from kvledger.engine.core.cpu_threads import cap_torch_threads
@@ -66,7 +65,7 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
             container_limit_bytes=config.container_memory_limit_bytes))
     cap_torch_threads(torch)  # a pod's CPU limit is a quota torch does not see
     tokenizer = Tokenizer(source.path, config.generation_config,
-                          tokenizer_folder(config.tokenizer), config.override_generation_config)
+                          config.tokenizer, config.override_generation_config)
     log.info("%s", describe_defaults(tokenizer.sampling_defaults, config.generation_config,
                                      config.override_generation_config,
                                      tokenizer.max_tokens_cap, source.path))
@@ -207,17 +206,6 @@ def check_stages(config: EngineConfig) -> None:
     if config.enable_lora:
         raise BadInput(f"--pipeline-parallel-size {pp}: kvledger's engine does not serve LoRA "
                        "adapters across pipeline stages")
-
-
-def tokenizer_folder(given: str | None) -> str | None:
-    """--tokenizer's folder; BadInput for a hub id, which would need its own download."""
-    if given is None:
-        return None
-    if is_hub_uri(model_reference(given)):
-        raise BadInput(f"--tokenizer {given}: kvledger reads a tokenizer from a folder; "
-                       f"fetch the hub repo first (kvledger fetch --model {given}) and pass "
-                       f"its snapshot folder")
-    return given
 
 
 def torch_device(flag: str) -> torch.device:

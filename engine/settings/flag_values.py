@@ -1,7 +1,7 @@
 """Values of flags that both ``kvledger serve`` (its settings, ``serve_values.py``) and the
 vLLM flags ``plan`` and ``preflight`` accept without using (``vllm_rules.py``) read the
 same way, so a launch line whose value serve refuses is refused by plan too: JSON objects
-and lists, log levels, optional counts. Each is an argparse type: a bad value is
+and lists, log levels, optional counts, the logprobs limit. Each is an argparse type: a bad value is
 ``argparse.ArgumentTypeError``, which the command line turns into one ``error:`` line.
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 
 from kvledger.engine import json_text
+from kvledger.engine.errors import BadInput
+from kvledger.engine.settings.config_values import MAX_LOGPROBS
 
 # vLLM's --log-level (vllm/config/logging.py's LogLevel, upper case) in Python's names;
 # kvledger reads any case. NOTSET, vLLM's "inherit the parent's level", has no meaning for
@@ -70,3 +72,20 @@ def optional_text(text: str) -> str | None:
     """argparse type of vLLM's optional strings (``--revision``): ``None``/empty for none,
     as vLLM's ``optional_type(str)`` reads them."""
     return None if text in ("", "None") else text
+
+
+def too_many_logprobs(flag: str, given: object) -> BadInput:
+    return BadInput(f"{flag} {given}: kvledger reports at most {MAX_LOGPROBS} logprobs per "
+                    f"token (0-{MAX_LOGPROBS})")
+
+
+def max_logprobs(text: str) -> int:
+    """--max-logprobs: 0..MAX_LOGPROBS; vLLM's -1 (the vocabulary) is refused by name, by
+    serve and by plan alike (a pre-flight that passed it would leave serve to exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 0 <= value <= MAX_LOGPROBS:
+        raise too_many_logprobs("--max-logprobs", text)
+    return value

@@ -9,7 +9,14 @@ from typing import Any
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.settings.config_values import MAX_LOGPROBS
-from kvledger.engine.settings.flag_values import LOG_LEVELS, json_object, json_strings, log_level
+from kvledger.engine.settings.flag_values import (
+    LOG_LEVELS,
+    json_object,
+    json_strings,
+    log_level,
+    max_logprobs,
+    too_many_logprobs,
+)
 from kvledger.engine.settings.kinds import Kind, size_arg
 from kvledger.engine.settings.vllm_rules import PARSERS, RULES, refusal
 
@@ -35,25 +42,9 @@ def tool_call_parser(name: str) -> str:
     return name
 
 
-def _too_many_logprobs(flag: str, given: Any) -> BadInput:
-    return BadInput(f"{flag} {given}: kvledger reports at most {MAX_LOGPROBS} logprobs per "
-                    f"token (0-{MAX_LOGPROBS})")
-
-
-def max_logprobs(text: str) -> int:
-    """--max-logprobs: 0..MAX_LOGPROBS; vLLM's -1 (the vocabulary) is refused by name."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if not 0 <= value <= MAX_LOGPROBS:
-        raise _too_many_logprobs("--max-logprobs", text)
-    return value
-
-
 def _logprobs(flag: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS:
-        raise _too_many_logprobs(flag, value)
+        raise too_many_logprobs(flag, value)
 
 
 def _strings(flag: str, value: Any) -> None:

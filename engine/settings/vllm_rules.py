@@ -16,6 +16,7 @@ from kvledger.engine.settings.flag_values import (
     json_object,
     json_strings,
     log_level,
+    max_logprobs,
     optional_int,
     optional_text,
 )
@@ -156,7 +157,8 @@ RULES: dict[str, Rule] = {
                               "config.json, which the planner and the engine both read"),
     # kvledger serve's own flags (server/serve.py, settings/serve_config.py, node_config.py),
     # given to plan or preflight: a launch line plans as it serves, each value checked as
-    # vLLM's argparse checks it (tests/engine/test_vllm_flag_values.py).
+    # vLLM's argparse checks it, and one serve refuses (--max-logprobs -1) refused here too
+    # (tests/engine/test_vllm_flag_values.py).
     "--headless": _noop(_SERVE.format("API-less machines (--node-rank above 0)")),
     "--host": _noop(_SERVE.format("address"), nargs=1),
     "--port": _noop(_SERVE.format("port"), nargs=1, parse=int),
@@ -174,7 +176,7 @@ RULES: dict[str, Rule] = {
                                             nargs=1, choices=CONTENT_FORMATS),
     "--return-tokens-as-token-ids": _noop(_SERVE.format("logprobs' token names")),
     "--enable-prompt-tokens-details": _noop(_SERVE.format("usage")),
-    "--max-logprobs": _noop(_SERVE.format("logprobs limit"), nargs=1, parse=int),
+    "--max-logprobs": _noop(_SERVE.format("logprobs limit"), nargs=1, parse=max_logprobs),
     "--chat-template": _noop(_SERVE.format("chat template"), nargs=1),
     "--trust-request-chat-template": _noop(_SERVE.format(
         "trust in a request's chat template")),

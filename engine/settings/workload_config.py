@@ -13,7 +13,7 @@ from dataclasses import MISSING, dataclass
 from typing import Any
 
 from kvledger.engine.checkpoint.hub.reads import DEFAULT_HUB_TIMEOUT_S
-from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
+from kvledger.engine.checkpoint.hub.uri import is_hub_uri, model_reference, parse_uri
 from kvledger.engine.checkpoint.read_ahead import (
     DEFAULT_BLOCK_BYTES,
     DEFAULT_THREADS,
@@ -262,6 +262,11 @@ class WorkloadSettings:
                            "one token per step")
         if is_hub_uri(self.model):
             parse_uri(self.model)  # a malformed hf:// uri is bad input before anything runs
+        if self.tokenizer is not None and is_hub_uri(model_reference(self.tokenizer)):
+            # here, not at load: plan and the pod's pre-flight refuse what serve would
+            raise BadInput(f"--tokenizer {self.tokenizer}: kvledger reads a tokenizer from a "
+                           f"folder; fetch the hub repo first (kvledger fetch --model "
+                           f"{self.tokenizer}) and pass its snapshot folder")
         if self.priority_headroom and self.scheduling_policy != "priority":
             raise BadInput("--priority-headroom needs --scheduling-policy priority: under fcfs "
                            "every request has priority 0")

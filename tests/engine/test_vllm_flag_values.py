@@ -61,6 +61,23 @@ def test_a_value_vllm_refuses_is_one_line(capsys, tiny_llama_dir, command, argv,
     assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--max-logprobs", "-1"], "--max-logprobs -1: kvledger reports at most 20 logprobs"),
+    (["--max-logprobs", "21"], "--max-logprobs 21: kvledger reports at most 20 logprobs"),
+    (["--tokenizer", "Org/tokenizer-on-the-hub"], "reads a tokenizer from a folder"),
+])
+@pytest.mark.parametrize("command", ["plan", "preflight", "serve"])
+def test_a_value_serve_refuses_is_refused_by_the_preflight_too(capsys, tiny_llama_dir, tmp_path,
+                                                                command, argv, message) -> None:
+    """vLLM takes these, kvledger's serve does not: a pre-flight that passed them would
+    leave the pod's engine to exit 2 after the plan said it may start."""
+    extra = ["--plan-out", str(tmp_path / "plan.json"),
+             "--termination-log", str(tmp_path / "log")] if command == "preflight" else []
+    assert main([command, str(tiny_llama_dir), "--device", "cpu", *argv, *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize(("given", "level"), [
     ("DEBUG", "debug"), ("CRITICAL", "critical"), ("Warning", "warning"), ("info", "info")])
 def test_log_level_takes_vllms_spellings(given, level) -> None:
