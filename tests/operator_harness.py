@@ -272,7 +272,7 @@ PLACEMENT = {
     "env": [{"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:True"},
             {"name": "NCCL_SOCKET_IFNAME", "valueFrom": {"configMapKeyRef": {
                 "name": "network", "key": "interface"}}},
-            {"name": "NCCL_DEBUG", "valueFrom": {"secretKeyRef": {"name": "d", "key": "level"}}}],
+            {"name": "NCCL_DEBUG", "valueFrom": {"configMapKeyRef": {"name": "d", "key": "level"}}}],
     "podAnnotations": {"prometheus.io/scrape": "true"},
     "podLabels": {"team": "ml", "cost-center": "42"},
 }

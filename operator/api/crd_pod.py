@@ -34,7 +34,7 @@ _ENV_VAR = ruled({
         "name": {"type": "string", "minLength": 1, "maxLength": 4096},
         "value": {"type": "string"},
         "valueFrom": {**_TYPES["envVarSource"], "description": "as in a container's env "
-                      "(secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef)"},
+                      "(configMapKeyRef, fieldRef, resourceFieldRef; secretKeyRef is refused)"},
     },
 }, "env[]")
 _ENV_SOURCE_REF = {"type": "object", "required": ["name"],
@@ -68,12 +68,13 @@ PLACEMENT = {
                            "load code or send traffic elsewhere is refused by name"},
     "envFrom": {"type": "array", "items": _ENV_FROM, "maxItems": 64,
                 "description": "refused: it would import names kvledger cannot check; "
-                               "name each variable in env (valueFrom.configMapKeyRef, "
-                               "secretKeyRef)"},
-    "podAnnotations": {**_STRING_MAP, "description": "annotations of the pod template, "
-                       "over the resource's own metadata.annotations (which the pods get "
-                       "too, less kubectl's, kopf's and kvledger.dev/ ones)"},
-    "podLabels": {**_STRING_MAP, "description": "labels of the pod template, over the "
-                  "resource's own metadata.labels (which the pods get too); the operator's "
-                  "own labels win over both"},
+                               "name each variable in env (valueFrom.configMapKeyRef)"},
+    "podAnnotations": {**_STRING_MAP, "description": "annotations of the pod template, of "
+                       "the keys the operator's Helm value policy.podAnnotations allows, "
+                       "over the resource's own metadata.annotations (whose allowed keys "
+                       "the pods get too, less kubectl's, kopf's and kvledger.dev/ ones)"},
+    "podLabels": {**_STRING_MAP, "description": "labels of the pod template, of the keys "
+                  "the operator's Helm value policy.podLabels allows, over the "
+                  "resource's own metadata.labels (whose allowed keys the pods get "
+                  "too); the operator's own labels win over both"},
 }

@@ -33,7 +33,8 @@ no resource, and no Helm value that a CRD rule could not see, widens the list.
 
 ``envFrom`` imports every key of a ConfigMap or Secret, names the operator cannot check
 before the pods start (and must not read: it reads no Secret), so it is refused whole:
-``env`` with ``valueFrom.configMapKeyRef`` or ``secretKeyRef`` names each variable.
+``env`` with ``valueFrom.configMapKeyRef`` names each variable. ``valueFrom.secretKeyRef``
+is refused (``ENV_SECRET_MESSAGE``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,26 @@ ALLOWED_ENV = (
     "HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_ETAG_TIMEOUT", "HF_HUB_DISABLE_TELEMETRY",
     "HF_HUB_DISABLE_PROGRESS_BARS",
 )
+
+# No allowed variable holds a secret, and a Secret's value in a container's environment
+# reaches the resource's status when the container fails on it: fetch's last log line (the
+# kubelet's termination message, which the status quotes) was huggingface_hub's
+# ``invalid literal for int() with base 10: '<the value>'`` for an HF_HUB_ETAG_TIMEOUT read
+# from any Secret of the namespace. So valueFrom.secretKeyRef is refused: the Secrets a pod
+# needs are named by the spec's own fields, whose values no error quotes.
+ENV_SECRET_CEL = "!has(self.valueFrom) || !has(self.valueFrom.secretKeyRef)"
+ENV_SECRET_MESSAGE = (
+    "valueFrom.secretKeyRef is refused: none of the variables a resource may set holds a "
+    "secret, and a container that fails on a Secret's value quotes it in the resource's "
+    "status (its log's last line), handing the Secret to whoever may create an "
+    "InferenceService; the Secrets a pod needs are the spec's own fields (apiKeySecretRef, "
+    "tenantsSecretRef, model.tokenSecretRef)")
+
+
+def env_secret_free(var: Mapping[str, Any]) -> bool:
+    source = var.get("valueFrom")
+    return not isinstance(source, Mapping) or "secretKeyRef" not in source
+
 
 ENV_CEL = "self.name in [" + ", ".join(f"'{name}'" for name in ALLOWED_ENV) + "]"
 # The source an envFrom entry names, in CEL and in Python (the refusal names it).

@@ -6,7 +6,9 @@ LeaderWorkerSet) and the pod template, and an annotation the pod template. The p
 lowest first: the resource's metadata, then ``spec.podLabels``/``spec.podAnnotations``
 (written for the pods, so more specific), then the operator's own labels, which the
 selector and the Service depend on (``render.labels``). None goes into a selector: a
-selector is immutable, and the pods are selected by the operator's label alone.
+selector is immutable, and the pods are selected by the operator's label alone. Only the
+keys the cluster admin allows reach the pods (``render/pod_metadata_policy.py``): a label
+of another Service's selector would make them its endpoints.
 
 Dropped, as never meant for a pod: kubectl's last-applied-configuration (the whole
 manifest), kopf's own (``kopf.zalando.org/``) and the operator's (``kvledger.dev/``: kopf's

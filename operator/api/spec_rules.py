@@ -26,8 +26,11 @@ from kvledger.operator.api.env_policy import (
     ALLOWED_ENV,
     ENV_CEL,
     ENV_FROM_SOURCE_CEL,
+    ENV_SECRET_CEL,
+    ENV_SECRET_MESSAGE,
     env_allowed,
     env_from_source,
+    env_secret_free,
     env_subject,
 )
 from kvledger.operator.api.parallel import MAX_GPUS
@@ -120,7 +123,7 @@ ENV_FROM_MESSAGE = (
     "envFrom is refused: it imports every key of a ConfigMap or Secret, names kvledger "
     "cannot check before the pods start (a key LD_PRELOAD or HTTPS_PROXY would run code "
     "the cluster admin never approved or send the hub token elsewhere); name each variable "
-    "in env instead, with valueFrom.configMapKeyRef or valueFrom.secretKeyRef")
+    "in env instead, with valueFrom.configMapKeyRef")
 
 
 RULES: tuple[Rule, ...] = (
@@ -132,6 +135,8 @@ RULES: tuple[Rule, ...] = (
          or "tenantsSecretRef" in spec),
     # An allow-list, and envFrom refused whole: why, in env_policy.
     Rule("env[]", ENV_CEL, ENV_MESSAGE, env_allowed, subject=("'env ' + self.name", env_subject)),
+    Rule("env[]", ENV_SECRET_CEL, ENV_SECRET_MESSAGE, env_secret_free,
+         subject=("'env ' + self.name", env_subject)),
     Rule("envFrom[]", "false", ENV_FROM_MESSAGE, lambda source: False,
          subject=(ENV_FROM_SOURCE_CEL, env_from_source)),
     # One pod, one node: a pod's model shard is sharded over its node's GPUs (tensor

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Self
 import kopf
 
 from kvledger.engine import json_text
+from kvledger.operator.cluster.ownership import require_same_owner
 
 if TYPE_CHECKING:  # the client's models load on the first call
     from kubernetes.aio.client import ApiClient
@@ -215,10 +216,14 @@ class KubeApi:
     async def patch(self, path: str, body: Body) -> Body:
         return await self.request("PATCH", path, body, content_type=_MERGE_PATCH) or {}
 
-    async def delete(self, path: str) -> bool:
-        """True if it was there; children go too (background propagation)."""
-        found = await self.request("DELETE", path, {"apiVersion": "v1", "kind": "DeleteOptions",
-                                                  "propagationPolicy": "Background"})
+    async def delete(self, path: str, *, uid: str | None = None) -> bool:
+        """True if it was there; children go too (background propagation). With ``uid``,
+        only the object of that uid (a precondition: another is a 409)."""
+        options: Body = {"apiVersion": "v1", "kind": "DeleteOptions",
+                         "propagationPolicy": "Background"}
+        if uid is not None:
+            options["preconditions"] = {"uid": uid}
+        found = await self.request("DELETE", path, options)
         return found is not None
 
     async def apply(self, api_version: str, plural: str, body: Body) -> str:
@@ -236,6 +241,7 @@ class KubeApi:
         if live is None:
             await self.create(object_path(api_version, plural, meta["namespace"]), desired)
             return "created"
+        require_same_owner(live, body)  # another's object of this name is left as it is
         removed = removals(_last_applied(live), body, live)
         if contains(live, desired) and not removed:
             return "unchanged"

@@ -27,6 +27,7 @@ from kvledger.operator.api.resource import API_VERSION, PLURAL
 from kvledger.operator.api.spec import ServiceSpec, parse_spec
 from kvledger.operator.api.status_types import ModelRecord, ServiceStatus
 from kvledger.operator.cluster.kube import KubeApi, KubeError, object_path
+from kvledger.operator.cluster.ownership import delete_owned
 from kvledger.operator.controller.rollout import APPLIED_GENERATION
 from kvledger.operator.controller.startup import cold_start_seconds
 from kvledger.operator.render import autoscaling, gateway, render_group
@@ -151,6 +152,7 @@ async def apply_children(memo: kopf.Memo, name: str, namespace: str) -> ModelRec
         spec = with_metadata(parse_spec(owner.get("spec") or {}), owner.get("metadata"))
         # PolicyDenied: nothing is applied.
         memo.policy.check(spec, memo.default_image, name=name, namespace=namespace)
+        spec = memo.policy.pod_metadata(spec)  # the resource's own labels the admin allows
         if spec.nodes > 1 and not await lws_served(memo.kube):
             raise LeaderWorkerSetMissing(lws_missing(spec))
         missing = await missing_api(memo.kube, spec)
@@ -186,20 +188,21 @@ async def _apply(memo: kopf.Memo, name: str, namespace: str, spec: ServiceSpec,
     objectives = await pool_objectives_child(kube, name, namespace, spec, memo.policy.gateway)
     wanted = [body for body in (workload, service, sleep, objectives, *optional.values())
               if body is not None]
-    kopf.adopt(wanted, owner=owner)
+    kopf.append_owner_reference(wanted, owner=owner)  # not adopt: it copies every label
     if kind == DEPLOYMENTS:  # which generation its pods serve (``rollout.py``)
         workload["metadata"].setdefault("annotations", {})[APPLIED_GENERATION] = str(
             owner.get("metadata", {}).get("generation", ""))
+    uid = owner["metadata"]["uid"]  # only its own children are deleted (``ownership``)
     # Unwanted first: an HPA and a ScaledObject never scale the resource together.
     for (api_version, plural), body in optional.items():
         if body is None:
-            await kube.delete(object_path(api_version, plural, namespace, name))
+            await delete_owned(kube, object_path(api_version, plural, namespace, name), uid)
     for config_map in (sleep, objectives):
         if config_map is not None:
             await kube.apply(*CONFIG_MAPS, config_map)
     await kube.apply(*kind, workload)
     other = DEPLOYMENTS if kind == LEADER_WORKER_SETS else LEADER_WORKER_SETS
-    await kube.delete(object_path(*other, namespace, name))
+    await delete_owned(kube, object_path(*other, namespace, name), uid)
     await kube.apply("v1", "services", service)
     for (api_version, plural), body in optional.items():
         if body is not None:
@@ -235,7 +238,7 @@ async def apply_objectives(memo: kopf.Memo, name: str, namespace: str) -> None:
         body = await pool_objectives_child(memo.kube, name, namespace, spec,
                                            memo.policy.gateway)
         if body is not None:
-            kopf.adopt(body, owner=kopf.Body(owner))
+            kopf.append_owner_reference(body, owner=kopf.Body(owner))
             await memo.kube.apply(*CONFIG_MAPS, body)
 
 
@@ -247,7 +250,7 @@ async def node_key_secret(kube: KubeApi, name: str, namespace: str, owner: kopf.
     neither the resource's author nor anyone who may create Secrets chooses the key."""
     key = render_group.render_node_key_secret(
         name, namespace, secrets.token_bytes(render_group.NODE_KEY_BYTES))
-    kopf.adopt(key, owner=owner)
+    kopf.append_owner_reference(key, owner=owner)
     known = (owner.get("status") or {}).get("nodeKeySecret")
     if isinstance(known, str) and known.startswith(render_group.node_key_secret_prefix(name)):
         key["metadata"].pop("generateName")

@@ -54,6 +54,7 @@ from kvledger.operator.api.status_types import (
     ServiceStatus,
 )
 from kvledger.operator.cluster.kube import KubeApi, KubeError, contains, object_path
+from kvledger.operator.cluster.ownership import ChildTaken, delete_owned, owned_by
 from kvledger.operator.controller import setup, status
 from kvledger.operator.controller.children import (
     CHILDREN,
@@ -121,7 +122,7 @@ async def reconcile(name: str, namespace: str, memo: kopf.Memo, pods_by_service:
         # asked again, slowly
         await sync_status(memo, namespace, name, *indexes)
         raise kopf.TemporaryError(str(exc), delay=HUB_RETRY_DELAY_S) from None
-    except KubeError as exc:  # the API server refused or failed: try again soon
+    except (KubeError, ChildTaken) as exc:  # refused, failed, or another's: try again soon
         await sync_status(memo, namespace, name, *indexes, apply_error=exc)
         raise kopf.TemporaryError(f"applying the children failed: {exc}",
                                   delay=RETRY_DELAY_S) from None
@@ -139,7 +140,7 @@ async def resync(name: str, namespace: str, memo: kopf.Memo, pods_by_service: ko
         pass  # reported by sync_status (InvalidSpec, the missing API's reason)
     except ModelUnavailable as exc:
         model_error = str(exc)
-    except KubeError as exc:
+    except (KubeError, ChildTaken) as exc:
         apply_error = exc
     await sync_status(memo, namespace, name, pods_by_service, deployments_by_service,
                       model=model, model_error=model_error, apply_error=apply_error)
@@ -177,19 +178,21 @@ async def objective_changed(spec: kopf.Spec, namespace: str, memo: kopf.Memo,
         return
     try:
         await apply_objectives(memo, pool, namespace)
-    except KubeError as exc:
+    except (KubeError, ChildTaken) as exc:
         logger.warning(f"writing the objectives of {namespace}/{pool} failed: {exc}")
 
 
 @kopf.on.event(*ISVC)
-async def isvc_event(type: str, name: str, namespace: str, memo: kopf.Memo,
+async def isvc_event(type: str, name: str, namespace: str, memo: kopf.Memo, body: kopf.Body,
                      logger: logging.Logger, **_: Any) -> None:
     if type != "DELETED":
         return
     memo.status_locks.pop((namespace, name), None)
     memo.apply_locks.pop((namespace, name), None)
-    for api_version, plural in CHILDREN:
-        if await memo.kube.delete(object_path(api_version, plural, namespace, name)):
+    uid = body.get("metadata", {}).get("uid")
+    for api_version, plural in CHILDREN:  # its own only: another's of its name stays
+        if uid and await delete_owned(memo.kube, object_path(api_version, plural, namespace,
+                                                             name), uid):
             logger.info(f"deleted {plural[:-1]} {namespace}/{name}")
 
 
@@ -197,7 +200,7 @@ async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: ko
                       deployments_index: kopf.Index | None = None, *,
                       model: ModelRecord | None = None,
                       model_error: str | None = None,
-                      apply_error: KubeError | None = None) -> None:
+                      apply_error: KubeError | ChildTaken | None = None) -> None:
     """Recompute the resource's status from its pods and its Deployment's (or
     LeaderWorkerSet's) status, and patch it if it changed.
 
@@ -223,7 +226,8 @@ async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: ko
         old = cast(ServiceStatus, obj.get("status") or {})
         entries = list(pods_index.get((namespace, name), []))
         deployments = list((deployments_index or {}).get((namespace, name), []))
-        workload = (await _group_state(memo.kube, namespace, name, spec, entries)
+        workload = (await _group_state(memo.kube, namespace, name, spec, entries,
+                                       obj.get("metadata", {}).get("uid"))
                     if spec is not None and spec.nodes > 1 else
                     {"replicas": (deployments[0].get("status") or {}).get("replicas", 0)
                      if deployments else 0,
@@ -232,6 +236,8 @@ async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: ko
                    if spec is not None and "blocked" not in workload else None)
         if missing is not None:
             workload["blocked"] = (missing.reason, str(missing))
+        elif isinstance(apply_error, ChildTaken):
+            workload["blocked"] = (ChildTaken.reason, clip(str(apply_error)))
         elif apply_error is not None and apply_error.refused:
             workload["blocked"] = ("ApplyFailed", f"the API server refused a child: "
                                                   f"{clip(str(apply_error))}")
@@ -255,10 +261,13 @@ async def sync_status(memo: kopf.Memo, namespace: str, name: str, pods_index: ko
 
 
 async def _group_state(kube: KubeApi, namespace: str, name: str, spec: ServiceSpec,
-                       entries: list[PodEntry]) -> dict[str, Any]:
+                       entries: list[PodEntry], uid: str | None) -> dict[str, Any]:
     """``compute_status``'s keywords for a multi-node service: its LeaderWorkerSet's counts
-    of groups, every pod of them, or what blocks it (LWS not served)."""
+    of groups (its own: another's of its name counts nothing), every pod of them, or what
+    blocks it (LWS not served)."""
     lws = await kube.get(object_path(*render_group.LEADER_WORKER_SETS, namespace, name))
+    if lws is not None and not (uid and owned_by(lws, uid)):
+        lws = {}
     if lws is None and not await lws_served(kube):
         return {"replicas": 0, "blocked": ("LeaderWorkerSetMissing", lws_missing(spec))}
     counts = (lws or {}).get("status") or {}

@@ -18,6 +18,10 @@ more than their namespace already allows them.
   ``{name}`` and ``{namespace}`` stand for the resource's: KEDA's interceptor is one for
   the whole cluster, so a host another namespace's clients use (or ``*``) would route
   their requests to this service;
+- pod labels and annotations (``spec.podLabels``/``podAnnotations``, and the resource's own
+  metadata that reaches the pods) only of the listed keys (none by default): a label can
+  make the pods another Service's endpoints, an annotation take them out of the mesh
+  (``pod_metadata_policy``);
 - with ``networkPolicy.enabled``, each service gets a NetworkPolicy that admits only its
   own namespace's pods and those of the listed namespaces (a gateway's, the metrics
   scraper's) to the engine's port (``network_policy.py`` renders it).
@@ -44,6 +48,11 @@ from kvledger.engine.errors import BadInput, plain
 from kvledger.engine.settings.kv_events_config import HASH_ALGOS
 from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT, DEFAULT_PICKER_PORT
 from kvledger.operator.api.spec import ServiceSpec
+from kvledger.operator.render.pod_metadata_policy import (
+    allowed_resource_metadata,
+    refusal,
+    refused_key,
+)
 from kvledger.operator.render.render import NO_GATEWAY, GatewayWiring
 
 POLICY_ENV = "KVLEDGER_POLICY"  # the operator's: the chart writes policy and hub values there
@@ -74,6 +83,10 @@ class Policy:
     # Host patterns autoscaling.httpAddOn.hosts may claim beside the service's own cluster
     # names ({name} and {namespace} the resource's; Helm value policy.httpAddOnHosts).
     http_hosts: tuple[str, ...] = ()
+    # Label and annotation keys (or prefixes ending in '/') a resource may put on its pods
+    # (Helm values policy.podLabels, policy.podAnnotations): ``pod_metadata_policy``.
+    pod_labels: tuple[str, ...] = ()
+    pod_annotations: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, text: str | None) -> Policy:
@@ -89,7 +102,7 @@ class Policy:
             raise BadInput("KVLEDGER_POLICY must be a JSON object")
         unknown = sorted(set(raw) - {"images", "hostPaths", "priorityClasses", "controlPlane",
                                      "hubEndpoints", "networkPolicy", "gateway",
-                                     "httpAddOnHosts"})
+                                     "httpAddOnHosts", "podLabels", "podAnnotations"})
         if unknown:
             raise BadInput(f"KVLEDGER_POLICY: unknown key {unknown[0]!r}")
         endpoints = _strings(raw, "hubEndpoints", (DEFAULT_HUB_ENDPOINT,))
@@ -135,7 +148,9 @@ class Policy:
                    if network.get("enabled") else None,
                    picker=name, picker_port=port,
                    gateway=GatewayWiring(peers, *_kv_events(gateway.get("kvEvents"))),
-                   http_hosts=_strings(raw, "httpAddOnHosts", ()))
+                   http_hosts=_strings(raw, "httpAddOnHosts", ()),
+                   pod_labels=_strings(raw, "podLabels", ()),
+                   pod_annotations=_strings(raw, "podAnnotations", ()))
 
     def check(self, spec: ServiceSpec, default_image: str, *, name: str | None = None,
               namespace: str | None = None) -> None:
@@ -165,6 +180,11 @@ class Policy:
             raise PolicyDenied(f"{where} places the pods on control-plane nodes: only the "
                                "cluster admin may allow that (the operator's Helm value "
                                "policy.controlPlane)")
+        for field, values, allowed in (("podLabels", spec.pod_labels, self.pod_labels),
+                                       ("podAnnotations", spec.pod_annotations,
+                                        self.pod_annotations)):
+            if (key := refused_key(values, allowed)) is not None:
+                raise PolicyDenied(refusal(field, key, allowed))
         endpoint = spec.model.endpoint
         if endpoint is not None:
             if endpoint.rstrip("/") not in self.hub_endpoints:
@@ -198,6 +218,11 @@ class Policy:
                f"{name}.{namespace}.svc.cluster.local"]
         return own + [p.replace("{name}", name).replace("{namespace}", namespace)
                       for p in self.http_hosts]
+
+    def pod_metadata(self, spec: ServiceSpec) -> ServiceSpec:
+        """``spec`` with only the resource's own labels and annotations this policy lets
+        reach the pods (``pod_metadata_policy``)."""
+        return allowed_resource_metadata(spec, self.pod_labels, self.pod_annotations)
 
     def hub_endpoint(self, spec: ServiceSpec) -> str:
         """The hub endpoint the pods talk to: the spec's (allowed by ``check``), else the

@@ -399,6 +399,14 @@ CASES = [
                    "OMP_NUM_THREADS", "HF_HUB_DOWNLOAD_TIMEOUT")],
     *[({"model": {"path": "/m"}, "env": [{"name": name, "value": "x"}]}, False)
       for name in HOSTILE_ENV],
+    # A value from a Secret: refused (a failing container quotes it in the status); from a
+    # ConfigMap or a field, taken.
+    ({"model": {"path": "/m"}, "env": [{"name": "HF_HUB_ETAG_TIMEOUT", "valueFrom": {
+        "secretKeyRef": {"name": "db", "key": "password"}}}]}, False),
+    ({"model": {"path": "/m"}, "env": [{"name": "OMP_NUM_THREADS", "valueFrom": {
+        "configMapKeyRef": {"name": "tuning", "key": "threads"}}}]}, True),
+    ({"model": {"path": "/m"}, "env": [{"name": "OMP_NUM_THREADS", "valueFrom": {
+        "resourceFieldRef": {"resource": "limits.cpu"}}}]}, True),
     # envFrom imports names nobody checked: refused whatever it names.
     ({"model": {"path": "/m"}, "envFrom": [{"configMapRef": {"name": "c"}}]}, False),
     ({"model": {"path": "/m"}, "envFrom": [{"secretRef": {"name": "s"}, "prefix": "X_"}]},
@@ -491,7 +499,8 @@ def test_a_refused_env_name_is_named_at_kubectl_apply(name):
     doc = _doc(env=[{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": name, "value": "x"}])
     validate_manifest(doc)  # the schema itself takes any name: the rule refuses it
     [entry] = [v for path, node in _walk(openapi_schema()) if path == ".spec.env[]"
-               for v in node["x-kubernetes-validations"] if "messageExpression" in v]
+               for v in node["x-kubernetes-validations"] if "messageExpression" in v
+               and v["rule"].startswith("self.name in")]
     env = celpy.Environment()
     item = celpy.json_to_cel(doc["spec"]["env"][1])
     assert not env.program(env.compile(entry["rule"])).evaluate({"self": item})
@@ -500,3 +509,16 @@ def test_a_refused_env_name_is_named_at_kubectl_apply(name):
     assert said.endswith("(the operator's Helm value policy.images)")
     with pytest.raises(BadInput, match="^" + re.escape(said) + "$"):
         check_rules(doc["spec"])
+
+
+def test_an_env_value_from_a_secret_is_refused_naming_the_variable():
+    """An author who may not read the namespace's Secrets named one in
+    ``HF_HUB_ETAG_TIMEOUT``: fetch failed on ``int('<the value>')`` and the status quoted
+    its last log line, the Secret's value. Refused at ``kubectl apply`` and by the operator."""
+    var = {"name": "HF_HUB_ETAG_TIMEOUT",
+           "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}
+    spec = _doc(env=[var])["spec"]
+    [said] = cel_refusals(spec)
+    assert said.startswith("env HF_HUB_ETAG_TIMEOUT: valueFrom.secretKeyRef is refused")
+    with pytest.raises(BadInput, match="^" + re.escape(said) + "$"):
+        check_rules(spec)

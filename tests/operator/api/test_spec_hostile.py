@@ -238,7 +238,8 @@ GATEWAY = GatewayWiring(peers=("10.0.0.0/8",), kv_events="tcp://router.gw:5557")
 
 def allowing(spec: ServiceSpec) -> Policy:
     """The admin's policy that allows whatever ``spec`` asks (its image, host folder,
-    priority class, hub endpoint, control-plane placement, hosts), with every Helm value
+    priority class, hub endpoint, control-plane placement, hosts, pod labels and
+    annotations), with every Helm value
     that changes what is rendered set: a NetworkPolicy, a picker, the gateway's wiring."""
     return Policy(images=(_repository(spec.image),) if spec.image else (), host_paths=("/",),
                   priority_classes=tuple(filter(None, [spec.pod_fields.get("priorityClassName")])),
@@ -246,7 +247,8 @@ def allowing(spec: ServiceSpec) -> Policy:
                   hub_endpoints=("https://huggingface.co",
                                  *([spec.model.endpoint.rstrip("/")] if spec.model.endpoint else [])),
                   network_policy=("monitoring",), picker="epp", gateway=GATEWAY,
-                  http_hosts=("*",))
+                  http_hosts=("*",), pod_labels=tuple(spec.pod_labels),
+                  pod_annotations=tuple(spec.pod_annotations))
 
 
 def reconcile(name: str, raw: dict[str, Any], policy: Policy | None,
@@ -766,8 +768,8 @@ def test_an_affinity_of_hundreds_of_thousands_of_values_is_refused_at_once() -> 
 
 def test_a_spec_as_deep_and_large_as_kubernetes_own_fields_is_rendered() -> None:
     """The bounds are far past what Kubernetes' fields need: every affinity field at its
-    deepest, and env at the CRD's most variables, each from a Secret, parse and render."""
-    env = [{"name": "NCCL_DEBUG", "valueFrom": {"secretKeyRef": {"name": f"s{i}", "key": "k"}}}
+    deepest, and env at the CRD's most variables, each from a ConfigMap, parse and render."""
+    env = [{"name": "NCCL_DEBUG", "valueFrom": {"configMapKeyRef": {"name": f"s{i}", "key": "k"}}}
            for i in range(1024)]
     term = {"labelSelector": {"matchExpressions": [
                 {"key": "app", "operator": "In", "values": [f"v{i}" for i in range(50)]}],

@@ -56,9 +56,10 @@ def plan_line(figures: dict) -> str:
 
 
 MIRROR = "https://hf-mirror.example.com"
-# What the admin allows these tests (the operator's Helm values): a priority class, and a
-# hub mirror beside the public hub.
-POLICY = Policy(priority_classes=("high",), hub_endpoints=("https://huggingface.co", MIRROR))
+# What the admin allows these tests (the operator's Helm values): a priority class, a
+# hub mirror beside the public hub, and a few pod labels and annotations.
+POLICY = Policy(priority_classes=("high",), hub_endpoints=("https://huggingface.co", MIRROR),
+                pod_labels=("team", "tier"), pod_annotations=("note", "owner"))
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
