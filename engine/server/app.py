@@ -15,7 +15,7 @@ import time
 from aiohttp import web
 
 from kvledger.engine.frontend.served import PoolGauges
-from kvledger.engine.server import cors
+from kvledger.engine.server import cors, responses_api
 from kvledger.engine.server.api_errors import ApiError, error_body
 from kvledger.engine.server.lora_routes import LoraCollector, add_routes, model_cards
 from kvledger.engine.server.openai_api import chat_completions, completions
@@ -40,13 +40,13 @@ DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 # read like a wrong base URL.
 UNSERVED = {
     "/v1/embeddings": "embeddings (an embedding model's pooled output)",
-    "/v1/responses": "OpenAI's Responses API",
     "/v1/audio/transcriptions": "speech to text", "/v1/audio/translations": "speech to text",
     "/pooling": "pooling models' outputs", "/classify": "classification",
     "/score": "scoring", "/v1/score": "scoring", "/rerank": "reranking",
     "/v1/rerank": "reranking", "/v2/rerank": "reranking",
 }
-SERVED = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize")
+SERVED = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models", "/tokenize",
+          "/detokenize")
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
 
 
@@ -66,6 +66,7 @@ def build_app(options: ServeOptions | None = None) -> web.Application:
     app.router.add_get("/v1/budget", budget)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    responses_api.add_routes(app)  # /v1/responses (and its stored ids': none are kept)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/version", version)

@@ -54,14 +54,18 @@ log = logging.getLogger(__name__)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    return await _serve(request, parse_completion, "cmpl")
+    return await serve(request, parse_completion, "cmpl-")
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _serve(request, parse_chat, "chatcmpl")
+    return await serve(request, parse_chat, "chatcmpl-")
 
 
-async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamResponse:
+async def serve(request: web.Request, parse, id_prefix: str, whole=answers.whole,
+                stream=answer_stream.stream) -> web.StreamResponse:
+    """One generation request's whole story (the module's docstring): ``parse`` reads the
+    body as a completion's or a chat's request; ``whole`` and ``stream`` write its answer
+    (another API's shape, for a request translated into a chat's: ``responses_api``)."""
     arrived = time.monotonic()
     state = request.app[STATE]
     door = state.check_accepting()
@@ -79,7 +83,7 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
     tenant = state.tenant(request)
     timeline.tenant = tenant.label
     spec = ("lark", tools.grammar) if tools.grammar is not None else req.grammar()
-    sub = Submission(f"{id_prefix}-{uuid.uuid4().hex}", prompts,
+    sub = Submission(f"{id_prefix}{uuid.uuid4().hex}", prompts,
                      sampling_params(req, door.sampling_defaults, tools.kept_ids),
                      req.n, spec, lora, tenant, req.priority, _client_salt(request, state, req),
                      objective_priority=state.objective(request, tenant),
@@ -87,15 +91,15 @@ async def _serve(request: web.Request, parse, id_prefix: str) -> web.StreamRespo
                      published_salt=req.cache_salt, default_cap=req.default_cap)
     generation = await _submit(state, door, sub, req, tools)
     client_id = client_id or req.request_id  # the header's, as vLLM's, else the body's
-    answer_id = sub.request_id if client_id is None else f"{id_prefix}-{client_id}"
+    answer_id = sub.request_id if client_id is None else f"{id_prefix}{client_id}"
     p = answers.Prepared(req, answer_id, generation, timeline, int(time.time()), tools,
                          [_echo(door, req, prompt, run.prompt_ids)
                           for prompt, run in zip(prompts, generation.runs, strict=True)])
     try:
         _admitted(state, p, lora)
         if req.stream:
-            return await answer_stream.stream(request, state, p, generation)
-        return await answers.whole(state, p, generation)
+            return await stream(request, state, p, generation)
+        return await whole(state, p, generation)
     except EngineDeadError as exc:
         raise engine_error(exc) from None
     finally:

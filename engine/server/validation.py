@@ -103,12 +103,19 @@ _TYPE_MESSAGES = {"int_type": "must be an integer", "float_type": "must be a num
                   "model_type": "must be a JSON object", "finite_number": "must be finite"}
 
 
-def _first_error(exc: ValidationError) -> ApiError:
+def refusal_within(exc: ValidationError, loc: tuple[int | str, ...]) -> Refusal:
+    """The ``Refusal`` of a part of a body validated on its own (``loc``: where it sits in
+    the body, ``("input", 3)``), naming the field as the whole body's validation would."""
+    error = _first_error(exc, loc)
+    return Refusal(error.message, error.param)
+
+
+def _first_error(exc: ValidationError, within: tuple[int | str, ...] = ()) -> ApiError:
     error = exc.errors(include_url=False)[0]
     cause = (error.get("ctx") or {}).get("error")
     if isinstance(cause, Refusal):
         return bad_request(cause.message, cause.param)
-    param = _param(error["loc"])
+    param = _param(within + tuple(error["loc"]))
     if not param:
         return bad_request("the request body must be a JSON object" if error["type"] ==
                            "model_type" else str(cause or error["msg"]))

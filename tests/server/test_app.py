@@ -360,14 +360,15 @@ async def test_several_served_model_names_as_vllm_takes_them(aiohttp_client, tin
 
 
 async def test_vllm_endpoints_not_served_are_refused_by_name(aiohttp_client, llm):
-    """/v1/embeddings and /v1/responses (and vLLM's other non-generation endpoints) are a 404,
-    as vLLM answers a route its model does not serve, naming what kvledger serves rather
-    than reading like a wrong base URL."""
+    """/v1/embeddings (and vLLM's other non-generation endpoints) are a 404, as vLLM
+    answers a route its model does not serve, naming what kvledger serves rather than
+    reading like a wrong base URL."""
     client = await start_app(aiohttp_client, llm)
-    for path in ("/v1/embeddings", "/v1/responses", "/v1/rerank", "/pooling"):
+    for path in ("/v1/embeddings", "/v1/rerank", "/pooling"):
         response = await client.post(path, json={"model": model_name(client), "input": "hi"})
         assert response.status == 404, path
         error = (await response.json())["error"]
         assert error["code"] == "not_found" and f"does not serve {path} (" in error["message"]
         assert "/v1/chat/completions" in error["message"]
+        assert "/v1/responses" in error["message"]
     assert (await client.post("/v1/embedding", json={})).status == 404  # a typo stays a 404

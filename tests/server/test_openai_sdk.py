@@ -122,16 +122,33 @@ async def test_sdk_retries_a_429_after_the_advertised_delay(serve):
     assert ledger.reserved_blocks == 0
 
 
+async def test_sdk_responses_whole_streamed_and_not_stored(serve):
+    """``client.responses``: the SDK parses the answer (``output_text``), assembles the
+    stream into the same response, and raises NotFoundError for a stored id (none is)."""
+    app, client, _ = await serve(api_keys=("key",))
+    name = app[STATE].model_name
+    body = {"model": name, "input": "Once upon", "max_output_tokens": 6, "temperature": 0}
+    whole = await client.responses.create(**body)
+    assert whole.status == "incomplete" and whole.output_text
+    assert whole.usage.output_tokens == 6
+    async with client.responses.stream(**body) as stream:
+        async for _ in stream:
+            pass
+        streamed = await stream.get_final_response()
+    assert streamed.output_text == whole.output_text
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(whole.id)
+
+
 async def test_sdk_raises_not_found_at_once_for_an_endpoint_not_served(serve):
-    """/v1/embeddings and /v1/responses: a 4xx as vLLM answers a route its model does not
-    serve, which the SDK raises at once as NotFoundError naming what is missing (a 5xx it
-    retried twice, 1.3-1.5 s, then raised InternalServerError)."""
+    """/v1/embeddings: a 4xx as vLLM answers a route its model does not serve, which the
+    SDK raises at once as NotFoundError naming what is missing (a 5xx it retried twice,
+    1.3-1.5 s, then raised InternalServerError)."""
     app, quiet, _ = await serve()
     name = app[STATE].model_name
     client = openai.AsyncOpenAI(base_url=str(quiet.base_url), api_key="key")  # retries on
     assert client.max_retries == 2
-    calls = [("/v1/embeddings", lambda: client.embeddings.create(model=name, input="hi")),
-             ("/v1/responses", lambda: client.responses.create(model=name, input="hi"))]
+    calls = [("/v1/embeddings", lambda: client.embeddings.create(model=name, input="hi"))]
     for path, call in calls:
         started = time.monotonic()
         with pytest.raises(openai.NotFoundError) as raised:
@@ -145,5 +162,5 @@ async def test_sdk_raises_not_found_at_once_for_an_endpoint_not_served(serve):
             str(client.base_url).removesuffix("v1/") + "metrics") as response:
         metrics = await response.text()
     assert metric_value(metrics, "kvledger_requests_rejected_total",
-                        'reason="not_served"') == 2  # one request each: none retried
+                        'reason="not_served"') == 1  # one request: none retried
     await client.close()
