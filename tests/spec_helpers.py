@@ -23,7 +23,8 @@ def cel_refusals(spec: Mapping[str, Any]) -> list[str]:
     give."""
     import celpy
 
-    from kvledger.operator.api.spec_rules import RULES, nodes
+    from kvledger.operator.api.cel_rule import nodes
+    from kvledger.operator.api.spec_rules import RULES
 
     env = celpy.Environment()
     broken = []

@@ -101,3 +101,17 @@ def env_from_source(source: Mapping[str, Any]) -> str:
         if isinstance(source.get(kind), Mapping):
             return f"envFrom {kind} {source[kind].get('name', '')}"
     return "envFrom entry"
+
+
+ENV_MESSAGE = (
+    "not a variable a resource may set. The pods take only " + ", ".join(ALLOWED_ENV)
+    + " (speed and log settings: none loads code, reads a file, reaches a host or holds a "
+    "secret); the operator sets VLLM_*, KVLEDGER_*, HF_ENDPOINT and HF_TOKEN from the "
+    "spec's fields (allowRuntimeLoraUpdating, apiKeySecretRef, model.endpoint, "
+    "model.tokenSecretRef); any other belongs in an image the cluster admin allows (the "
+    "operator's Helm value policy.images)")
+ENV_FROM_MESSAGE = (
+    "envFrom is refused: it imports every key of a ConfigMap or Secret, names kvledger "
+    "cannot check before the pods start (a key LD_PRELOAD or HTTPS_PROXY would run code "
+    "the cluster admin never approved or send the hub token elsewhere); name each variable "
+    "in env instead, with valueFrom.configMapKeyRef")

@@ -6,26 +6,25 @@ in Python with the same message, for ``kvledger run`` (no API server) and for th
 operator (an API server older than CEL validation skips them). A test evaluates every CEL
 expression with a CEL interpreter and checks that the two halves of each rule agree.
 
-A rule's ``path`` is the schema node it sits on, under ``spec`` (``""``: the spec itself;
-``a.b``: field b of field a; ``a[]``: each item of the list a). The CEL sees the node after the API server
-applied the CRD's defaults; a Python check is given the node as written, so it takes the
+A rule (``cel_rule.Rule``) sits on a schema node under ``spec``. The CEL sees the node
+after the API server applied the CRD's defaults; a Python check is given the node as written, so it takes the
 CRD's default where the CEL relies on one (``mountPath``).
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from kvledger.engine.errors import BadInput
 from kvledger.operator.api import model_sources
+from kvledger.operator.api.cel_rule import Rule, nodes
 from kvledger.operator.api.env_policy import (
-    ALLOWED_ENV,
     ENV_CEL,
+    ENV_FROM_MESSAGE,
     ENV_FROM_SOURCE_CEL,
+    ENV_MESSAGE,
     ENV_SECRET_CEL,
     ENV_SECRET_MESSAGE,
     env_allowed,
@@ -41,30 +40,6 @@ from kvledger.operator.api.resource import (
     DEFAULT_MOUNT_PATH,
     DEFAULT_NODES,
 )
-
-
-@dataclass(frozen=True)
-class Rule:
-    path: str
-    cel: str
-    message: str
-    holds: Callable[[Any], bool]  # the CEL's verdict, in Python, on the same node
-    # For a rule on a list's items, what names the item refused (the API server names only
-    # its index): a CEL string expression and the same in Python. The refusal is the
-    # subject, ': ', then the message (the CRD's messageExpression).
-    subject: tuple[str, Callable[[Any], str]] | None = None
-
-    def message_expression(self) -> str | None:
-        """The CEL of the refusal naming the item (None without a subject); ``message``
-        stays the API server's fallback."""
-        if self.subject is None:
-            return None
-        return f"{self.subject[0]} + ': ' + {json.dumps(self.message)}"
-
-    def refusal(self, node: Any) -> str:
-        """The refusal of ``node``, as the CRD's messageExpression words it."""
-        return self.message if self.subject is None else f"{self.subject[1](node)}: {self.message}"
-
 
 BARE_HUB_ID = ("model.uri is a hub uri, hf://ORG/NAME[@REVISION]: for the hub id ORG/NAME "
                "write hf://ORG/NAME (the bare id is a launch line's shorthand, not a "
@@ -110,20 +85,6 @@ def _group_stages_fit(spec: Mapping[str, Any]) -> bool:
     if stages is None or nodes == 1:
         return True
     return stages % nodes == 0 and spec.get("gpus", DEFAULT_GPUS) % (stages // nodes) == 0
-
-
-ENV_MESSAGE = (
-    "not a variable a resource may set. The pods take only " + ", ".join(ALLOWED_ENV)
-    + " (speed and log settings: none loads code, reads a file, reaches a host or holds a "
-    "secret); the operator sets VLLM_*, KVLEDGER_*, HF_ENDPOINT and HF_TOKEN from the "
-    "spec's fields (allowRuntimeLoraUpdating, apiKeySecretRef, model.endpoint, "
-    "model.tokenSecretRef); any other belongs in an image the cluster admin allows (the "
-    "operator's Helm value policy.images)")
-ENV_FROM_MESSAGE = (
-    "envFrom is refused: it imports every key of a ConfigMap or Secret, names kvledger "
-    "cannot check before the pods start (a key LD_PRELOAD or HTTPS_PROXY would run code "
-    "the cluster admin never approved or send the hub token elsewhere); name each variable "
-    "in env instead, with valueFrom.configMapKeyRef")
 
 
 RULES: tuple[Rule, ...] = (
@@ -297,17 +258,6 @@ def ruled(schema: dict[str, Any], path: str) -> dict[str, Any]:
     """``schema`` with the cross-field rules of its node, if it has any."""
     rules = validations(path)
     return {**schema, "x-kubernetes-validations": rules} if rules else schema
-
-
-def nodes(spec: Mapping[str, Any], path: str) -> Iterator[Any]:
-    """The values of ``spec`` a rule at ``path`` applies to (none where a field is unset)."""
-    found: list[Any] = [spec]
-    for part in path.split(".") if path else ():
-        name = part.removesuffix("[]")
-        found = [node[name] for node in found if isinstance(node, Mapping) and name in node]
-        if part.endswith("[]"):
-            found = [item for node in found if isinstance(node, list) for item in node]
-    yield from found
 
 
 def check_rules(spec: Mapping[str, Any]) -> None:

@@ -10,7 +10,7 @@ more than their namespace already allows them.
   ``system-cluster-critical`` preempts other tenants' pods;
 - control-plane placement (a ``node-role.kubernetes.io/control-plane`` or ``master`` node
   selector, affinity term or toleration, or a toleration of every taint) only when
-  allowed;
+  allowed (these three judged by ``node_reach``);
 - ``spec.model.endpoint`` only from the listed hub endpoints (the public hub by default),
   over https when a token goes with it: the pods send ``HF_TOKEN`` there;
 - ``autoscaling.httpAddOn.hosts`` only the service's own cluster names (``NAME.NAMESPACE``,
@@ -39,7 +39,7 @@ import ipaddress
 import json
 import posixpath
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -48,6 +48,13 @@ from kvledger.engine.errors import BadInput, plain
 from kvledger.engine.settings.kv_events_config import HASH_ALGOS
 from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT, DEFAULT_PICKER_PORT
 from kvledger.operator.api.spec import ServiceSpec
+from kvledger.operator.render.node_reach import (
+    control_plane_field,
+    image_allowed,
+    listed_images,
+    repository,
+    under,
+)
 from kvledger.operator.render.pod_metadata_policy import (
     allowed_resource_metadata,
     refusal,
@@ -56,7 +63,6 @@ from kvledger.operator.render.pod_metadata_policy import (
 from kvledger.operator.render.render import NO_GATEWAY, GatewayWiring
 
 POLICY_ENV = "KVLEDGER_POLICY"  # the operator's: the chart writes policy and hub values there
-CONTROL_PLANE_KEYS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 
 
 class PolicyDenied(BadInput):
@@ -158,14 +164,14 @@ class Policy:
         BadInput for an InferencePool whose picker neither the spec nor the admin names.
         The HTTP add-on's hosts are checked when the resource's ``name`` and ``namespace``
         are known (a webhook review of a generated name is not: the operator checks)."""
-        if spec.image is not None and not _image_allowed(spec.image,
-                                                         (*self.images, _repository(default_image))):
+        if spec.image is not None and not image_allowed(spec.image,
+                                                         (*self.images, repository(default_image))):
             raise PolicyDenied(f"spec.image {plain(spec.image)} is not allowed: images are the "
                                "cluster admin's choice (the operator's Helm value "
-                               f"policy.images; allowed now: {_listed(self.images, default_image)})")
+                               f"policy.images; allowed now: {listed_images(self.images, default_image)})")
         volume = spec.model.volume
         if volume is not None and volume.host_path is not None and not any(
-                _under(volume.host_path, folder) for folder in self.host_paths):
+                under(volume.host_path, folder) for folder in self.host_paths):
             raise PolicyDenied(f"spec.model.volume.hostPath {plain(volume.host_path)} is not "
                                "allowed: host folders are the cluster admin's choice (the "
                                "operator's Helm value policy.hostPaths; allowed now: "
@@ -176,7 +182,7 @@ class Policy:
                                "priority classes are the cluster admin's choice (the operator's "
                                "Helm value policy.priorityClasses; allowed now: "
                                f"{', '.join(self.priority_classes) or 'none'})")
-        if not self.control_plane and (where := _control_plane(spec)):
+        if not self.control_plane and (where := control_plane_field(spec)):
             raise PolicyDenied(f"{where} places the pods on control-plane nodes: only the "
                                "cluster admin may allow that (the operator's Helm value "
                                "policy.controlPlane)")
@@ -235,64 +241,6 @@ def _strings(raw: Mapping[str, Any], key: str, default: tuple[str, ...]) -> tupl
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise BadInput(f"KVLEDGER_POLICY: {key} must be a list of non-empty strings")
     return tuple(value)
-
-
-def _repository(image: str) -> str:
-    """``image`` without its tag or digest."""
-    name = image.split("@", 1)[0]
-    slash = name.rfind("/")
-    colon = name.rfind(":")
-    return name[:colon] if colon > slash else name
-
-
-def _image_allowed(image: str, allowed: Sequence[str]) -> bool:
-    """An entry allows its repository with any tag or digest, or, ending in '/', every
-    image under it."""
-    return any(image.startswith(entry) if entry.endswith("/") else _repository(image) == entry
-               for entry in allowed)
-
-
-def _listed(images: Sequence[str], default_image: str) -> str:
-    return ", ".join(dict.fromkeys((_repository(default_image), *images)))
-
-
-def _under(path: str, folder: str) -> bool:
-    path = posixpath.normpath(path)
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
-
-
-def _control_plane(spec: ServiceSpec) -> str | None:
-    """The field that puts the pods on control-plane nodes, if one does."""
-    selector = spec.pod_fields.get("nodeSelector") or {}
-    if any(key in CONTROL_PLANE_KEYS for key in selector):
-        return "spec.nodeSelector"
-    for toleration in spec.tolerations or []:
-        key = toleration.get("key") or ""
-        if key in CONTROL_PLANE_KEYS or (not key and toleration.get("operator") == "Exists"):
-            return "spec.tolerations"
-    node = (spec.pod_fields.get("affinity") or {}).get("nodeAffinity") or {}
-    if any(e.get("key") in CONTROL_PLANE_KEYS and e.get("operator") in ("In", "Exists")
-           for e in _match_expressions(node)):
-        return "spec.affinity.nodeAffinity"
-    return None
-
-
-def _match_expressions(node: Any) -> list[dict[str, Any]]:
-    """Every ``matchExpressions`` item under a nodeAffinity, required and preferred (a
-    walk with a stack of its own: however deep the object, no recursion limit)."""
-    found: list[dict[str, Any]] = []
-    stack = [node]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            for key, value in item.items():
-                if key == "matchExpressions" and isinstance(value, list):
-                    found += [e for e in value if isinstance(e, dict)]
-                else:
-                    stack.append(value)
-        elif isinstance(item, list):
-            stack.extend(item)
-    return found
 
 
 # tcp://HOST:PORT the engines connect to: a wildcard would make them bind instead, open to

@@ -48,14 +48,16 @@ from hypothesis import strategies as st
 from operator_harness import PLACEMENT
 
 from kvledger.engine.errors import BadInput
+from kvledger.operator.api.cel_rule import nodes
 from kvledger.operator.api.crd import openapi_schema, strict_schema
 from kvledger.operator.api.spec import ServiceSpec, parse_spec
-from kvledger.operator.api.spec_rules import RULES, nodes
+from kvledger.operator.api.spec_rules import RULES
 from kvledger.operator.cluster.kube import KubeError, typed
 from kvledger.operator.controller import children, status
 from kvledger.operator.render import autoscaling, gateway, render, render_group
+from kvledger.operator.render.node_reach import repository
 from kvledger.operator.render.pod import render_sleep_config_map
-from kvledger.operator.render.policy import Policy, _repository
+from kvledger.operator.render.policy import Policy
 from kvledger.operator.render.render import DEFAULT_IMAGE, GatewayWiring
 
 MiB = 2**20
@@ -241,7 +243,7 @@ def allowing(spec: ServiceSpec) -> Policy:
     priority class, hub endpoint, control-plane placement, hosts, pod labels and
     annotations), with every Helm value
     that changes what is rendered set: a NetworkPolicy, a picker, the gateway's wiring."""
-    return Policy(images=(_repository(spec.image),) if spec.image else (), host_paths=("/",),
+    return Policy(images=(repository(spec.image),) if spec.image else (), host_paths=("/",),
                   priority_classes=tuple(filter(None, [spec.pod_fields.get("priorityClassName")])),
                   control_plane=True,
                   hub_endpoints=("https://huggingface.co",
