@@ -46,13 +46,22 @@ class _ChoiceStream:
     scanner: CallScanner | None = None  # a chat with tools: reads calls from the text
 
 
-async def stream(request: web.Request, state: ServerState, p: Prepared,
-                 outputs) -> web.StreamResponse:
+async def open_stream(request: web.Request) -> tuple[web.StreamResponse, bool]:
+    """The event stream's response, and whether its headers went out: not when the client
+    left before them (the route's ``aclose()`` of the generation then aborts the request)."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
     try:
         await response.prepare(request)
-    except ConnectionError:  # gone before the headers: aclosing() aborts the request
+    except ConnectionError:
+        return response, False
+    return response, True
+
+
+async def stream(request: web.Request, state: ServerState, p: Prepared,
+                 outputs) -> web.StreamResponse:
+    response, opened = await open_stream(request)
+    if not opened:
         return response
     req = p.req
     chat = req.kind == "chat"

@@ -22,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from kvledger.engine.errors import EngineDeadError
+from kvledger.engine.server.answer_stream import open_stream
 from kvledger.engine.server.answers import Prepared, failed_message
 from kvledger.engine.server.responses_answer import (
     call_item,
@@ -111,11 +112,8 @@ class _Events:
 
 async def stream(request: web.Request, state: ServerState, p: Prepared,
                  outputs) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
-    try:
-        await response.prepare(request)
-    except ConnectionError:  # gone before the headers: the route's aclose() aborts it
+    response, opened = await open_stream(request)
+    if not opened:
         return response
     events = _Events(response)
     scanner = p.tools.scanner()
