@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import socket
 import subprocess
@@ -92,10 +93,19 @@ def model_name(client) -> str:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 nothing listens on now, and one no other pytest-xdist worker
+    is handed: each takes the ports of its own remainder. The kernel hands a port freed a
+    moment ago to the next ``bind(0)`` too, so two workers were given the same port, and a
+    test that signals its server once the port answers signalled one still starting."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port % count == index % count:
+            return port
 
 
 def wait_for_serve(proc: subprocess.Popen, port: int, timeout_s: float = 90.0) -> None:

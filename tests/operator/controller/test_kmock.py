@@ -588,8 +588,9 @@ async def test_the_resources_labels_and_annotations_reach_its_pods(cluster):
     manifest["metadata"]["annotations"] = {
         "kubectl.kubernetes.io/last-applied-configuration": "{}", "owner": "ml-platform"}
     await cluster.create(API_VERSION, PLURAL, manifest)
-    deployment = await eventually(
-        lambda: cluster.stored("apps/v1", "deployments", NS, "labelled"), what="deployment")
+    deployment = await eventually(  # CI's two busy workers once took over 10 s
+        lambda: cluster.stored("apps/v1", "deployments", NS, "labelled"), what="deployment",
+        timeout_s=30)
     template = deployment["spec"]["template"]["metadata"]
     assert deployment["metadata"]["labels"]["team"] == "ml"
     assert deployment["spec"]["selector"] == {"matchLabels": {LABEL: "labelled"}}
