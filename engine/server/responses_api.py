@@ -16,14 +16,21 @@ from aiohttp import web
 
 from kvledger.engine.server import responses_answer, responses_stream
 from kvledger.engine.server.api_errors import ApiError
+from kvledger.engine.server.limits import shown
 from kvledger.engine.server.openai_api import serve
-from kvledger.engine.server.responses_request import parse_responses, responses_error
+from kvledger.engine.server.responses_request import (
+    NamedRefusal,
+    parse_responses,
+    responses_error,
+)
 
 
 async def create(request: web.Request) -> web.StreamResponse:
     try:
         return await serve(request, parse_responses, "resp_", whole=responses_answer.whole,
                            stream=responses_stream.stream)
+    except NamedRefusal:  # the body's own refusals name this API's fields already
+        raise
     except ApiError as exc:  # the door's refusals name chat's fields: name this API's
         raise responses_error(exc) from None
 
@@ -31,8 +38,8 @@ async def create(request: web.Request) -> web.StreamResponse:
 async def unstored(request: web.Request) -> web.Response:
     """Retrieve or cancel: vLLM's answer for an id it does not hold, as no id is held."""
     response_id = request.match_info["response_id"]
-    raise ApiError(404, f"Response with id '{response_id}' not found: this server keeps no "
-                        f"responses (as vLLM without VLLM_ENABLE_RESPONSES_API_STORE)",
+    raise ApiError(404, f"Response with id {shown(response_id, 80)} not found: this server "
+                        f"keeps no responses (as vLLM without VLLM_ENABLE_RESPONSES_API_STORE)",
                    code="not_found", param="response_id", reason="not_found")
 
 

@@ -6,12 +6,41 @@ the fields OpenAI's SDK sends; those that change nothing here say why.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from kvledger.engine.server.chat_options import ReasoningEffort
+from kvledger.engine.server.limits import shown
 from kvledger.engine.server.validation import Refusal, Strict
+
+# OpenAI's limits on ``metadata``. It changes nothing here but is echoed in each response
+# object (a stream's three), so 100,000 keys held the event loop 0.3 s to write them.
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+
+
+def _metadata_within_limits(value: Any) -> Any:
+    """``metadata`` counted and measured before it is validated (a non-object is left to
+    the type's own error)."""
+    if not isinstance(value, dict):
+        return value
+    if len(value) > MAX_METADATA_PAIRS:
+        raise Refusal(f"'metadata' holds {len(value)} pairs; at most {MAX_METADATA_PAIRS} "
+                      f"are allowed (OpenAI's limit)", "metadata")
+    for key, item in value.items():
+        if len(key) > MAX_METADATA_KEY_CHARS:
+            raise Refusal(f"'metadata' key {shown(key)} is longer than "
+                          f"{MAX_METADATA_KEY_CHARS} characters (OpenAI's limit)", "metadata")
+        if isinstance(item, str) and len(item) > MAX_METADATA_VALUE_CHARS:
+            raise Refusal(f"'metadata' value of {shown(key)} is longer than "
+                          f"{MAX_METADATA_VALUE_CHARS} characters (OpenAI's limit)",
+                          "metadata")
+    return value
+
+
+Metadata = Annotated[dict[str, str], BeforeValidator(_metadata_within_limits)]
 
 
 class FunctionTool(Strict):

@@ -41,10 +41,11 @@ class TextPart(Strict):
 
     @property
     def content(self) -> str:
+        """The part's text; a ``Refusal`` naming the field it lacks (``text``)."""
+        field = "refusal" if self.type == "refusal" else "text"
         value = self.refusal if self.type == "refusal" else self.text
         if not isinstance(value, str):
-            raise Refusal(f"the {self.type} part has no "
-                          f"'{'refusal' if self.type == 'refusal' else 'text'}'")
+            raise Refusal(f"the {self.type} part has no '{field}'", field)
         return value
 
 
@@ -131,8 +132,9 @@ def chat_messages(input_: str | list[InputItem], instructions: str | None) -> li
     for index, item in enumerate(input_):
         try:
             _add(messages, item)
-        except Refusal as exc:
-            raise Refusal(exc.message, f"input[{index}]") from None
+        except Refusal as exc:  # the field within the item, when it names one
+            where = f"input[{index}]" + (f".{exc.param}" if exc.param else "")
+            raise Refusal(exc.message, where) from None
     return messages
 
 
@@ -160,7 +162,7 @@ def _add(messages: list[dict[str, Any]], item: InputItem) -> None:
             messages.append({"role": "assistant", "tool_calls": [call]})
     elif isinstance(item, FunctionCallOutputItem):
         messages.append({"role": "tool", "tool_call_id": item.call_id,
-                         "content": _text(item.output, "\n")})
+                         "content": _text(item.output, "output", "\n")})
     elif isinstance(item, ReasoningItem):
         parts = item.content or item.summary
         text = parts[0].text if parts else ""
@@ -169,17 +171,23 @@ def _add(messages: list[dict[str, Any]], item: InputItem) -> None:
         else:
             messages.append({"role": "assistant", "reasoning": text})
     elif item.role == "assistant" and last is not None and "content" not in last:
-        last["content"] = _text(item.content)
+        last["content"] = _text(item.content, "content")
     else:
-        messages.append({"role": item.role, "content": _text(item.content)})
+        messages.append({"role": item.role, "content": _text(item.content, "content")})
 
 
-def _text(content: str | list[TextPart], sep: str | None = None) -> Any:
+def _text(content: str | list[TextPart], field: str, sep: str | None = None) -> Any:
     """A string stays one; parts become chat's text parts (joined with ``sep`` if given:
-    a tool's output is one string)."""
+    a tool's output is one string). A part without its text is a ``Refusal`` naming it
+    within the item (``content[1].text``); ``field`` is the item's field holding them."""
     if isinstance(content, str):
         return content
-    texts = [part.content for part in content]
+    texts = []
+    for index, part in enumerate(content):
+        try:
+            texts.append(part.content)
+        except Refusal as exc:
+            raise Refusal(exc.message, f"{field}[{index}].{exc.param}") from None
     if sep is not None:
         return sep.join(texts)
     return [{"type": "text", "text": text} for text in texts]

@@ -23,6 +23,7 @@ from kvledger.engine.server.limits import MAX_INT, shown
 from kvledger.engine.server.protocol import ChatRequest
 from kvledger.engine.server.responses_fields import (
     FunctionTool,
+    Metadata,
     NamedFunction,
     Reasoning,
     StreamOptions,
@@ -79,7 +80,7 @@ class ResponsesRequest(Strict):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     include_reasoning: bool = True  # vLLM's; there is no reasoning parser to hide
     truncation: Literal["auto", "disabled"] = "disabled"
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] = "auto"
     store: bool = True
     background: bool = False
@@ -175,9 +176,27 @@ class TranslatedChat(ChatRequest):
         return self._responses
 
 
+class NamedRefusal(ApiError):
+    """A refusal that already names this API's fields (``parse_responses``'): the route
+    passes it on as it is, where it renames the door's (``responses_error``). Renamed
+    twice, a body's own unknown ``max_tokens`` read "unknown field 'max_output_tokens'"."""
+
+    @classmethod
+    def of(cls, exc: ApiError) -> NamedRefusal:
+        return cls(exc.status, exc.message, code=exc.code, param=exc.param,
+                   reason=exc.reason, headers=exc.headers)
+
+
 def parse_responses(body: Any) -> TranslatedChat:
     """A Responses body as the chat request it is served as; a 400 naming the Responses
     field at fault, or vLLM's 404 for a ``previous_response_id`` (none is stored)."""
+    try:
+        return _translated(body)
+    except ApiError as exc:
+        raise NamedRefusal.of(exc) from None
+
+
+def _translated(body: Any) -> TranslatedChat:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     shared = {name: body[name] for name in SHARED_FIELDS if name in body}
@@ -186,8 +205,9 @@ def parse_responses(body: Any) -> TranslatedChat:
         own["parallel_tool_calls"] = shared["parallel_tool_calls"]
     req: ResponsesRequest = validate(ResponsesRequest, own)
     if req.previous_response_id is not None:
-        raise ApiError(404, f"Response with id '{req.previous_response_id}' not found: this "
-                            f"server keeps no responses (send the conversation in 'input')",
+        raise ApiError(404, f"Response with id {shown(req.previous_response_id, 80)} not "
+                            f"found: this server keeps no responses (send the conversation "
+                            f"in 'input')",
                        code="not_found", param="previous_response_id", reason="not_found")
     try:
         body = req.chat_body(shared)
