@@ -31,9 +31,10 @@ from kvledger.operator.cluster.ownership import delete_owned
 from kvledger.operator.controller.rollout import APPLIED_GENERATION
 from kvledger.operator.controller.startup import cold_start_seconds
 from kvledger.operator.render import autoscaling, gateway, render_group
+from kvledger.operator.render.gateway_wiring import GatewayWiring, objectives_wired
 from kvledger.operator.render.network_policy import render_network_policy
 from kvledger.operator.render.pod import render_sleep_config_map
-from kvledger.operator.render.render import GatewayWiring, labels, objectives_wired
+from kvledger.operator.render.render import labels
 from kvledger.operator.render.render_group import (
     DEPLOYMENTS,
     LEADER_WORKER_SETS,
@@ -213,7 +214,7 @@ async def pool_objectives_child(kube: KubeApi, name: str, namespace: str, spec: 
                                 wiring: GatewayWiring) -> dict[str, Any] | None:
     """The ConfigMap of the InferencePool's objectives as the namespace holds them now (none
     where the cluster does not serve InferenceObjective), or None when the engines read
-    none (``render.objectives_wired``). Kept, not deleted, when they no longer do: small,
+    none (``gateway_wiring.objectives_wired``). Kept, not deleted, when they no longer do: small,
     owned, and it goes with the resource."""
     if not objectives_wired(spec, wiring):
         return None

@@ -48,6 +48,7 @@ from kvledger.engine.errors import BadInput, plain
 from kvledger.engine.settings.kv_events_config import HASH_ALGOS
 from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT, DEFAULT_PICKER_PORT
 from kvledger.operator.api.spec import ServiceSpec
+from kvledger.operator.render.gateway_wiring import NO_GATEWAY, GatewayWiring
 from kvledger.operator.render.node_reach import (
     control_plane_field,
     image_allowed,
@@ -60,7 +61,6 @@ from kvledger.operator.render.pod_metadata_policy import (
     refusal,
     refused_key,
 )
-from kvledger.operator.render.render import NO_GATEWAY, GatewayWiring
 
 POLICY_ENV = "KVLEDGER_POLICY"  # the operator's: the chart writes policy and hub values there
 

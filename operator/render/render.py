@@ -14,15 +14,20 @@ parsed once by its caller, never here.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any
 
 from kvledger.operator.api.parallel import shm_mount, shm_volume
-from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT, OBJECTIVES_FILE
+from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT
 from kvledger.operator.api.spec import ServiceSpec, hub_adapters
 from kvledger.operator.render import pod as parts
+from kvledger.operator.render.gateway_wiring import (
+    NO_GATEWAY,
+    GatewayWiring,
+    gateway_env,
+    gateway_flags,
+    objectives_wired,
+)
 from kvledger.operator.render.pod import CACHE_DIR, GPU_RESOURCE, PLAN_DIR
 
 LABEL = "kvledger.dev/inferenceservice"
@@ -71,21 +76,6 @@ def labels(name: str) -> dict[str, str]:
         "app.kubernetes.io/instance": name,
         "app.kubernetes.io/managed-by": "kvledger-operator",
     }
-
-
-@dataclass(frozen=True)
-class GatewayWiring:
-    """What the admin's Helm values ``gateway`` give the engines of a service behind an
-    InferencePool: the gateway's addresses (``peers``: its fairness header is believed from
-    them alone), and the router's KV-events address (``kv_events``: the engines connect
-    to it and publish their blocks, keyed with ``hash_algo``)."""
-
-    peers: tuple[str, ...] = ()
-    kv_events: str | None = None
-    hash_algo: str = "sha256_cbor"
-
-
-NO_GATEWAY = GatewayWiring()
 
 
 def render_pod_spec(spec: ServiceSpec, *, default_image: str = DEFAULT_IMAGE,
@@ -223,46 +213,6 @@ INFERENCE_SERVING_LABEL = "llm-d.ai/inference-serving"
 # The label the router's metrics extractor picks a pod's metric names by: vLLM's are ours.
 ENGINE_TYPE_LABEL = "llm-d.ai/engine-type"
 ENGINE_TYPE = "vllm"
-# The header the Gateway API Inference Extension names a request's fairness group in.
-FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
-# The header a client names its InferenceObjective in (the router's; its priority).
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
-
-
-def objectives_wired(spec: ServiceSpec, gateway: GatewayWiring) -> bool:
-    """Whether the engines read the pool's objectives: behind an InferencePool whose
-    gateway's addresses the admin gave (a header from anyone else sets nothing)."""
-    return spec.inference_pool is not None and bool(gateway.peers)
-
-
-def gateway_flags(spec: ServiceSpec, gateway: GatewayWiring) -> list[str]:
-    """``serve``'s flags for a service behind an InferencePool: the fairness header as the
-    tenant and the objective header as the priority (the pool's objectives, mounted:
-    ``objectives_wired``), from ``gateway.peers`` alone (none listed: nobody's to set); KV events sent to
-    ``gateway.kv_events`` under llm-d's topic ``kv@<pod IP>@<model>`` (the kubelet puts the
-    pod's IP in ``$(POD_IP)``: ``gateway_env``). None for a service not behind one."""
-    if spec.inference_pool is None:
-        return []
-    flags = []
-    if objectives_wired(spec, gateway):
-        flags += ["--tenant-header", FAIRNESS_HEADER, "--tenant-header-from", *gateway.peers,
-                  "--objective-header", OBJECTIVE_HEADER, "--objectives-file", OBJECTIVES_FILE]
-    if gateway.kv_events:
-        config = {"enable_kv_cache_events": True, "publisher": "zmq",
-                  "endpoint": gateway.kv_events,
-                  "topic": f"kv@$(POD_IP)@{spec.engine.served_model_name}"}
-        flags += ["--kv-events-config", json.dumps(config, separators=(",", ":")),
-                  "--prefix-caching-hash-algo", gateway.hash_algo]
-    return flags
-
-
-def gateway_env(spec: ServiceSpec, gateway: GatewayWiring) -> list[dict[str, Any]]:
-    """The engine's ``POD_IP`` (the downward API) where its KV events' topic names it."""
-    if spec.inference_pool is None or not gateway.kv_events:
-        return []
-    return [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
-
-
 def workload_labels(name: str, spec: ServiceSpec) -> dict[str, str]:
     """The Deployment's (or LeaderWorkerSet's) labels: the resource's own
     (``propagation``) under the operator's, which win."""

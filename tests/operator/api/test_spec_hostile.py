@@ -54,11 +54,12 @@ from kvledger.operator.api.spec import ServiceSpec, parse_spec
 from kvledger.operator.api.spec_rules import RULES
 from kvledger.operator.cluster.kube import KubeError, typed
 from kvledger.operator.controller import children, status
-from kvledger.operator.render import autoscaling, gateway, render, render_group
+from kvledger.operator.render import autoscaling, gateway, gateway_wiring, render, render_group
+from kvledger.operator.render.gateway_wiring import GatewayWiring
 from kvledger.operator.render.node_reach import repository
 from kvledger.operator.render.pod import render_sleep_config_map
 from kvledger.operator.render.policy import Policy
-from kvledger.operator.render.render import DEFAULT_IMAGE, GatewayWiring
+from kvledger.operator.render.render import DEFAULT_IMAGE
 
 MiB = 2**20
 TIME_LIMIT_S = 2.0  # what one spec may cost a reconcile (a few ms each)
@@ -275,7 +276,7 @@ def reconcile(name: str, raw: dict[str, Any], policy: Policy | None,
     service = render_group.render_serving_service(name, NAMESPACE, spec)
     sleep = render_sleep_config_map(name, NAMESPACE, spec, render.labels(name))
     objectives = (gateway.render_objectives_config_map(name, NAMESPACE, [])
-                  if render.objectives_wired(spec, policy.gateway) else None)
+                  if gateway_wiring.objectives_wired(spec, policy.gateway) else None)
     key = (render_group.render_node_key_secret(name, NAMESPACE, b"\0" * 32)
            if spec.nodes > 1 else None)
     bodies = [body for body in (workload, service, sleep, objectives, key, *optional.values())

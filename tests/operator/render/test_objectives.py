@@ -27,8 +27,9 @@ from kvledger.operator.render.gateway import (
     pool_objectives,
     render_objectives_config_map,
 )
+from kvledger.operator.render.gateway_wiring import GatewayWiring
 from kvledger.operator.render.policy import Policy
-from kvledger.operator.render.render import GatewayWiring, render_deployment
+from kvledger.operator.render.render import render_deployment
 
 CRD = DATA / "gaie" / "inference.networking.x-k8s.io_inferenceobjectives.yaml"
 SCHEMA = strict_version_schema(CRD, "v1alpha2")
