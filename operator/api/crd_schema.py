@@ -14,36 +14,24 @@ from typing import Any
 
 from kvledger.engine.settings.lora_config import LORA_NAME_RE
 from kvledger.engine.settings.serve_config import ServeConfig
+from kvledger.operator.api.crd_autoscaling import AUTOSCALING
 from kvledger.operator.api.crd_pod import PLACEMENT
-from kvledger.operator.api.quantity import TARGET_PATTERN
 from kvledger.operator.api.resource import (
-    AUTOSCALING_METRICS,
-    AUTOSCALING_PROVIDERS,
     DEFAULT_GPUS,
-    DEFAULT_HTTP_CONCURRENCY,
-    DEFAULT_MIN_REPLICAS,
     DEFAULT_MOUNT_PATH,
     DEFAULT_NODES,
     DEFAULT_PICKER_FAILURE_MODE,
     DEFAULT_REPLICAS,
-    DURATION_PATTERN,
-    HOST_PATTERN,
-    HTTP_COLD_STARTS,
-    MAX_HTTP_HOSTS,
     MAX_NODES,
     PICKER_FAILURE_MODES,
 )
 from kvledger.operator.api.setting_schema import (
     HUB_URI_PATTERN,
     INT_OR_STRING,
+    integer,
     setting_properties,
 )
 from kvledger.operator.api.spec_rules import ruled
-
-
-def _int(minimum: int, description: str, **extra: Any) -> dict[str, Any]:
-    return {"type": "integer", "minimum": minimum, "description": description, **extra}
-
 
 # serve's fields of spec itself (port, drain, the line, ...), in ServeConfig's order; the
 # spec's own fields sit between them where the CRD has always listed them (_served).
@@ -152,75 +140,6 @@ _MEMORY = {
 
 _QUANTITY = {"x-kubernetes-int-or-string": True, "anyOf": INT_OR_STRING}
 
-_AUTOSCALING = ruled({
-    "type": "object",
-    "description": "Scale spec.replicas on a per-pod metric: the operator owns an HPA (provider "
-                   "hpa) or a KEDA ScaledObject (provider keda) whose target is this resource's "
-                   "scale subresource.",
-    "required": ["maxReplicas"],
-    "properties": {
-        "minReplicas": _int(0, "fewest pods (0 only with provider keda)",
-                            default=DEFAULT_MIN_REPLICAS),
-        "maxReplicas": _int(1, "most pods"),
-        "metric": {"type": "string", "enum": list(AUTOSCALING_METRICS),
-                   "default": AUTOSCALING_METRICS[0],
-                   "description": "kvReservedRatio (share of KV blocks reserved, 0..1), "
-                                  "requestsWaiting (requests queued for a reservation) or "
-                                  "rejectionRate (429s for a full KV cache per second)"},
-        "target": {
-            "x-kubernetes-int-or-string": True, "anyOf": INT_OR_STRING,
-            "minimum": 1, "pattern": TARGET_PATTERN, "maxLength": 32,
-            "description": "per-pod average of the metric to hold, a quantity (4, \"0.8\", "
-                           "\"800m\"); default 0.8 for kvReservedRatio, 4 for "
-                           "requestsWaiting, 1 for rejectionRate. Write a decimal as a "
-                           "string (target: \"0.8\"): the field is an integer or a string, "
-                           "and the API server refuses an unquoted 0.8 as neither",
-        },
-        "provider": {"type": "string", "enum": list(AUTOSCALING_PROVIDERS),
-                     "default": AUTOSCALING_PROVIDERS[0]},
-        "prometheus": {
-            "type": "object",
-            "description": "provider keda: where KEDA queries the metric (default: the "
-                           "operator's --prometheus-url)",
-            "properties": {"serverAddress": {"type": "string", "pattern": r"^https?://\S+$",
-                                             "maxLength": 2048}},
-        },
-        "httpAddOn": {
-            "type": "object", "required": ["hosts"],
-            "description": "provider keda: KEDA's HTTP add-on fronts the service. The "
-                           "operator renders an InterceptorRoute (http.keda.sh/v1beta1) to "
-                           "its Service and adds the add-on's external-push trigger to the "
-                           "ScaledObject: the interceptor holds requests while no pod is "
-                           "ready and wakes the service from zero. Needs the add-on installed",
-            "properties": {
-                "hosts": {"type": "array", "minItems": 1, "maxItems": MAX_HTTP_HOSTS,
-                          "description": "the Host headers the interceptor routes here: "
-                                         "the Service's own cluster names (NAME.NAMESPACE"
-                                         "[.svc[.cluster.local]]), others as the admin's "
-                                         "policy.httpAddOnHosts allows",
-                          "items": {"type": "string", "maxLength": 253,
-                                    "pattern": HOST_PATTERN}},
-                "concurrency": _int(1, "in-flight requests a pod, the add-on's metric's "
-                                       "target (with the spec's own metric: the higher "
-                                       "count wins)",
-                                    default=DEFAULT_HTTP_CONCURRENCY),
-                "readinessTimeout": {"type": "string", "pattern": DURATION_PATTERN,
-                                     "maxLength": 32,
-                                     "description": "how long the interceptor holds a "
-                                                    "request while no pod is ready (\"5m\"; "
-                                                    "default: the add-on's)"},
-                "coldStart": {"type": "string", "enum": list(HTTP_COLD_STARTS),
-                              "default": HTTP_COLD_STARTS[0],
-                              "description": "while no pod is ready: hold (the interceptor "
-                                             "holds each request until one is) or "
-                                             "retryAfter (it answers 503 at once, Retry-After "
-                                             "the last start's seconds, and the service "
-                                             "wakes all the same)"},
-            },
-        },
-    },
-}, "autoscaling")
-
 _INFERENCE_POOL = {
     "type": "object",
     "description": "serve behind the Gateway API Inference Extension: the operator renders "
@@ -235,7 +154,7 @@ _INFERENCE_POOL = {
             "properties": {
                 "name": {"type": "string", "minLength": 1, "maxLength": 63,
                          "pattern": r"^[a-z]([-a-z0-9]*[a-z0-9])?$"},
-                "port": _int(1, "its ext-proc port (default: the Helm value's, 9002)",
+                "port": integer(1, "its ext-proc port (default: the Helm value's, 9002)",
                              maximum=65535),
                 "failureMode": {"type": "string", "enum": list(PICKER_FAILURE_MODES),
                                 "default": DEFAULT_PICKER_FAILURE_MODE,
@@ -254,16 +173,16 @@ SPEC_SCHEMA = ruled({
         "model": _MODEL,
         "engine": _ENGINE,
         "memory": _MEMORY,
-        "gpus": ruled(_int(0, "GPUs per replica (nvidia.com/gpu), on one node: more than 1 "
+        "gpus": ruled(integer(0, "GPUs per replica (nvidia.com/gpu), on one node: more than 1 "
                                "shards the model over them (--tensor-parallel-size, planned "
                                "per GPU, a memory-backed /dev/shm)",
                             default=DEFAULT_GPUS), "gpus"),
-        "nodes": _int(1, "pods per replica, on as many nodes, gpus GPUs each: above 1, each "
+        "nodes": integer(1, "pods per replica, on as many nodes, gpus GPUs each: above 1, each "
                          "replica is a LeaderWorkerSet group (the leader serves HTTP, the "
                          "workers run later pipeline stages; engine.pipelineParallelSize "
                          "defaults to nodes); needs LeaderWorkerSet installed",
                       maximum=MAX_NODES, default=DEFAULT_NODES),
-        "replicas": _int(0, "pods (groups, with nodes above 1) serving this model (the scale "
+        "replicas": integer(0, "pods (groups, with nodes above 1) serving this model (the scale "
                             "subresource's; with "
                             "autoscaling, the autoscaler writes it)", default=DEFAULT_REPLICAS),
         "image": {"type": "string", "minLength": 1,
@@ -307,7 +226,7 @@ SPEC_SCHEMA = ruled({
         },
         **_served(after="tenantFairness"),
         **PLACEMENT,
-        "autoscaling": _AUTOSCALING,
+        "autoscaling": AUTOSCALING,
         "inferencePool": _INFERENCE_POOL,
     },
 }, "")

@@ -38,6 +38,11 @@ _SIZE = {"type": "string", "pattern": SIZE_PATTERN}
 # Structural int-or-string: the anyOf must be exactly these two bare types; value checks
 # sit beside it (minimum applies to the integer, pattern to the string), as for Quantity.
 INT_OR_STRING = [{"type": "integer"}, {"type": "string"}]
+
+
+def integer(minimum: int, description: str, **extra: Any) -> dict[str, Any]:
+    """An integer field of the CRD, at least ``minimum``."""
+    return {"type": "integer", "minimum": minimum, "description": description, **extra}
 _SIZE_OR_BYTES = {"x-kubernetes-int-or-string": True, "anyOf": INT_OR_STRING, "minimum": 1,
                   "pattern": SIZE_PATTERN}
 # What each kind of setting (engine/settings/kinds.py, serve_values.py) is in OpenAPI;
