@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import re
 import socket
 import subprocess
@@ -92,20 +93,30 @@ def model_name(client) -> str:
     return client.app[STATE].model_name
 
 
+# Ports tests hand to servers: below the ephemeral range (32768 on Linux) and the usual
+# services' ports.
+_PORTS_START, _PORTS_END = 20000, 32000
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 nothing listens on now, and one no other pytest-xdist worker
-    is handed: each takes the ports of its own remainder. The kernel hands a port freed a
-    moment ago to the next ``bind(0)`` too, so two workers were given the same port, and a
-    test that signals its server once the port answers signalled one still starting."""
+    """A TCP port on 127.0.0.1 nothing listens on now, from a range of ports no other
+    pytest-xdist worker is handed (below the kernel's ephemeral range, which ``bind(0)``
+    draws from). Two workers' ``bind(0)`` were given the same just-freed port, and a test
+    that signals its server once the port answers signalled one still starting."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     index = int(worker[2:]) if worker[2:].isdigit() else 0
     count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-    while True:
+    width = (_PORTS_END - _PORTS_START) // count
+    start = _PORTS_START + (index % count) * width
+    for _ in range(1000):
+        port = random.randrange(start, start + width)
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port % count == index % count:
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {start}-{start + width}")
 
 
 def wait_for_serve(proc: subprocess.Popen, port: int, timeout_s: float = 90.0) -> None:
