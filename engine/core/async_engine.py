@@ -92,6 +92,9 @@ class AsyncEngine:
         self._last_step_s: float | None = None
         # Steps that produced tokens, their wall time and tokens (kvledger_engine_step*_total).
         self.steps, self.step_seconds, self.step_tokens = 0, 0.0, 0
+        # Called on the worker thread with each step's tokens, the prompt tokens it computed
+        # and those it generated, when it computed any (vllm:iteration_tokens_total).
+        self.on_step_tokens: Callable[[int], None] | None = None
         self.kv_events: KVEventPublisher | None = None  # --kv-events-config
 
     # -- lifecycle -------------------------------------------------------------------
@@ -191,6 +194,7 @@ class AsyncEngine:
                 self._wake.clear()
                 continue
             started = time.perf_counter()
+            prefilled = self.engine.num_prefill_tokens
             try:
                 outputs = self.engine.step()
             except BaseException as exc:  # the engine is broken; fail everyone, loudly
@@ -202,6 +206,9 @@ class AsyncEngine:
             if tokens:
                 self.steps, self.step_tokens = self.steps + 1, self.step_tokens + tokens
                 self.step_seconds += elapsed
+            computed = self.engine.num_prefill_tokens - prefilled + tokens
+            if computed and self.on_step_tokens is not None:
+                self.on_step_tokens(computed)
             if any(not o.finished and o.new_token_ids for o in outputs):
                 self._last_step_s = elapsed
                 self._step_s = (elapsed if self._step_s is None

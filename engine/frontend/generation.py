@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class Generation:
     """Iterate it for ``(choice index, RequestOutput)``; choice ``k`` answers prompt
     ``k // n``. After ``aclose``: ``finish_reasons`` (``"abort"`` for a choice that did
-    not finish) and ``generated_tokens``."""
+    not finish) and ``choice_tokens`` (the tokens each choice generated)."""
 
     def __init__(self, admission: Admission, driver: AsyncEngine, block_size: int,
                  request_id: str, runs: list[PromptRun], n: int, tenant: Tenant) -> None:
@@ -31,7 +31,7 @@ class Generation:
         self.n = n
         self.tenant = tenant
         self.finish_reasons: list[str] = []
-        self.generated_tokens = 0
+        self.choice_tokens: list[int] = []
         self._admission = admission
         self._driver = driver
         self._block_size = block_size
@@ -42,6 +42,11 @@ class Generation:
     @property
     def num_choices(self) -> int:
         return len(self.runs) * self.n
+
+    @property
+    def generated_tokens(self) -> int:
+        """Every choice's generated tokens (after ``aclose``)."""
+        return sum(self.choice_tokens)
 
     @property
     def prompt_tokens(self) -> int:
@@ -98,7 +103,7 @@ class Generation:
             last = stream.last
             self.finish_reasons.append(last.finish_reason if last is not None and last.finished
                                        else "abort")
-            self.generated_tokens += len(last.token_ids) if last else 0
+            self.choice_tokens.append(len(last.token_ids) if last else 0)
         for run in self.runs:
             if run.ticket is not None:
                 admission.done(run.ticket)

@@ -223,10 +223,11 @@ class RequestTimeline:
             self._vllm.inter_token.observe(now - self._last_token_at)
         self._last_token_at, self._tokens = now, tokens
 
-    def finished(self, reasons: list[str], generated_tokens: int) -> None:
+    def finished(self, reasons: list[str], choice_tokens: list[int], n: int) -> None:
         """The end of an admitted request: its choices' finish reasons ("abort" for one cut
-        short) and the tokens they generated."""
+        short) and the tokens each generated (choice ``k`` answers prompt ``k // n``)."""
         now = time.monotonic()
+        generated_tokens = sum(choice_tokens)
         for reason in reasons:
             self._metrics.finished.labels(reason).inc()
         self._metrics.generation_tokens.inc(generated_tokens)
@@ -235,7 +236,7 @@ class RequestTimeline:
         vllm = self._vllm
         if vllm is None:
             return
-        vllm.finished(reasons)
+        vllm.finished(reasons, choice_tokens, n)
         vllm.generation_tokens.inc(generated_tokens)
         vllm.request_generation_tokens.observe(generated_tokens)
         vllm.e2e.observe(now - self.arrived)

@@ -104,7 +104,7 @@ async def serve(request: web.Request, parse, id_prefix: str, whole=answers.whole
         raise engine_error(exc) from None
     finally:
         await generation.aclose()
-        timeline.finished(generation.finish_reasons, generation.generated_tokens)
+        timeline.finished(generation.finish_reasons, generation.choice_tokens, generation.n)
 
 
 async def _submit(state: ServerState, door: FrontDoor, sub: Submission,

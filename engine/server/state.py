@@ -104,6 +104,8 @@ class ServerState:
             backfill=options.backfill, tenant_fairness=options.tenant_fairness,
             grammar_compile_timeout_s=options.grammar_compile_timeout_s), self.offload)
         await self.door.start(warm=warm)
+        # Each step from now on, the warm-up's not counted (as the requests' series).
+        self.door.driver.on_step_tokens = self.metrics.vllm.iteration_tokens.observe
         self.ready = True
 
     async def drain(self) -> None:

@@ -26,6 +26,9 @@ TIME_TO_FIRST_TOKEN_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1
                                  640.0, 2560.0)
 INTER_TOKEN_LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
                                  1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+# ITERATION_TOKENS_BUCKETS (tokens per engine step) and REQUEST_PARAMS_N_BUCKETS.
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+REQUEST_PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
 # vllm:engine_sleep_state's sleep_state labels (its PrometheusStatLogger.record_sleep_state).
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 # vllm/v1/engine FINISH_REASON_STRINGS, each exported at 0 from the start as vLLM does.
@@ -110,6 +113,19 @@ class VllmSeries:
         self.request_generation_tokens = histogram("vllm:request_generation_tokens",
                                                    "Number of generation tokens processed.",
                                                    tokens)
+        # Per prompt (vLLM's parent request of its n choices): the most tokens one of its
+        # choices generated, and its n.
+        self.max_num_generation_tokens = histogram(
+            "vllm:request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens.", tokens)
+        self.params_n = histogram("vllm:request_params_n",
+                                  "Histogram of the n request parameter.",
+                                  REQUEST_PARAMS_N_BUCKETS)
+        # Per engine step that computed tokens: the prompt tokens it computed (not those
+        # found in the prefix cache) and the tokens it generated, as vLLM counts them.
+        self.iteration_tokens = histogram("vllm:iteration_tokens_total",
+                                          "Histogram of number of tokens per engine_step.",
+                                          ITERATION_TOKENS_BUCKETS)
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens",
                                          "Number of generation tokens processed.")
@@ -135,7 +151,12 @@ class VllmSeries:
         self._sleep["weights_offloaded"].set(level == 1)
         self._sleep["discard_all"].set(level == 2)
 
-    def finished(self, reasons: list[str]) -> None:
-        """Count the finished choices of one request by vLLM's ``finished_reason``."""
+    def finished(self, reasons: list[str], choice_tokens: list[int], n: int) -> None:
+        """Count the finished choices of one request by vLLM's ``finished_reason``, and
+        observe each of its prompts' ``n`` and its choices' most tokens (``choice_tokens``:
+        each choice's, choice ``k`` answering prompt ``k // n``)."""
         for reason in reasons:
             self.success[_FINISHED_REASON.get(reason, reason)].inc()
+        for start in range(0, len(choice_tokens), n):
+            self.max_num_generation_tokens.observe(max(choice_tokens[start:start + n]))
+            self.params_n.observe(n)

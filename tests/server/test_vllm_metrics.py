@@ -25,8 +25,11 @@ REQUEST_SERIES = (
     "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success",
     "vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:num_preemptions",
     "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_requests_running",
-    "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:engine_sleep_state")
-TOKEN_HISTOGRAMS = ("vllm:request_prompt_tokens", "vllm:request_generation_tokens")
+    "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:engine_sleep_state",
+    "vllm:request_max_num_generation_tokens", "vllm:request_params_n",
+    "vllm:iteration_tokens_total")
+TOKEN_HISTOGRAMS = ("vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+                    "vllm:request_max_num_generation_tokens")
 PROMPT_IDS, MAX_TOKENS = list(range(5, 45)), 6  # two whole 16-token blocks: cached
 
 
