@@ -25,6 +25,7 @@ from kvledger.engine.server.answers import (
 )
 from kvledger.engine.server.api_errors import sse_error_event
 from kvledger.engine.server.logprobs import chat_logprobs
+from kvledger.engine.server.reasoning import ReasoningSplitter
 from kvledger.engine.server.state import ServerState
 from kvledger.engine.server.tools.parsers import ArgumentsDelta, CallScanner, ToolCall
 
@@ -44,6 +45,8 @@ class _ChoiceStream:
     ids: list[int] = field(default_factory=list)  # of which the next chunk's (unsent)
     prompt_sent: bool = False  # return_token_ids: its prompt's ids went out
     scanner: CallScanner | None = None  # a chat with tools: reads calls from the text
+    splitter: ReasoningSplitter | None = None  # --reasoning-parser: reasoning, then content
+    output_ids: list[int] = field(default_factory=list)  # its output's ids so far
 
 
 async def open_stream(request: web.Request) -> tuple[web.StreamResponse, bool]:
@@ -66,7 +69,10 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
     req = p.req
     chat = req.kind == "chat"
     obj = "chat.completion.chunk" if chat else "text_completion"
-    sent = [_ChoiceStream(scanner=p.tools.scanner()) for _ in range(p.num_choices)]
+    split = p.reasoning
+    sent = [_ChoiceStream(scanner=p.tools.scanner(),
+                          splitter=None if split is None else split.splitter())
+            for _ in range(p.num_choices)]
 
     def event(choices: list[dict[str, Any]], usage: bool = False,
               prompt_ids: list[int] | None = None) -> bytes:
@@ -75,15 +81,19 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
         if prompt_ids is not None:  # a chat's, with its first chunk (return_token_ids)
             payload["prompt_token_ids"] = prompt_ids
         if usage:
-            payload["usage"] = usage_of(p, sum(c.tokens for c in sent))
+            details = None if split is None else split.usage_details(
+                [c.splitter for c in sent], [c.output_ids for c in sent])
+            payload["usage"] = usage_of(p, sum(c.tokens for c in sent), details)
         return _sse(payload)
 
     def chunk(index: int, delta: str | None, finish_reason: str | None,
               logprobs: Any = None, role: bool = False, call: dict | None = None,
-              stop_reason: str | int | None = None) -> bytes:
+              stop_reason: str | int | None = None, reasoning: str | None = None) -> bytes:
         if chat:
             content: dict[str, Any] = (
                 {"role": req.answer_role(state.options.response_role)} if role else {})
+            if reasoning is not None:  # vLLM's delta.reasoning
+                content["reasoning"] = reasoning
             if delta is not None:
                 content["content"] = delta
             if call is not None:
@@ -137,11 +147,22 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
                         state, p, index, output, choice.logprobs, choice.offset)
                 choice.logprobs = len(output.logprobs)
             choice.started = True
+            content_text = choice.text
+            if choice.splitter is not None:  # the reasoning first, then the content
+                choice.output_ids = output.token_ids
+                thought, delta = choice.splitter.feed(output.text, output.token_ids,
+                                                      output.finished)
+                content_text = choice.splitter.content
+                if not split.include:  # vLLM drops logprobs with it: their tokens show it
+                    thought, logprobs = "", None
+                if thought:
+                    await response.write(chunk(index, None, None, logprobs, reasoning=thought))
+                    logprobs = None
             if choice.scanner is None:
                 if delta or logprobs is not None:
                     await response.write(chunk(index, delta, None, logprobs))
             else:
-                for piece in choice.scanner.feed(choice.text, output.finished):
+                for piece in choice.scanner.feed(content_text, output.finished):
                     if isinstance(piece, str):
                         await response.write(chunk(index, piece, None, logprobs))
                         logprobs = None

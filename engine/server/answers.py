@@ -17,6 +17,7 @@ from kvledger.engine.server.api_errors import ApiError
 from kvledger.engine.server.logprobs import chat_logprobs, completion_logprobs
 from kvledger.engine.server.metrics import RequestTimeline
 from kvledger.engine.server.protocol import GenerationRequest
+from kvledger.engine.server.reasoning import ReasoningPlan, ReasoningSplitter
 from kvledger.engine.server.state import ServerState
 from kvledger.engine.server.tools.calls import NO_TOOLS, ToolPlan
 from kvledger.engine.server.tools.parsers import CallScanner
@@ -39,6 +40,7 @@ class Prepared:
     # Prompt tokens found in the prefix cache, reported as usage.prompt_tokens_details
     # (--enable-prompt-tokens-details); None: not reported.
     cached_tokens: int | None = None
+    reasoning: ReasoningPlan | None = None  # --reasoning-parser's split of a chat's answers
 
     @property
     def num_choices(self) -> int:
@@ -58,13 +60,18 @@ class Prepared:
         self.generation.progress(counts)
 
 
-def usage_of(p: Prepared, completion_tokens: int) -> dict[str, Any]:
+def usage_of(p: Prepared, completion_tokens: int,
+             completion_details: dict[str, int] | None = None) -> dict[str, Any]:
+    """OpenAI's usage; ``completion_details``: vLLM's ``completion_tokens_details``
+    (a reasoning parser's ``reasoning_tokens``)."""
     prompt_tokens = p.generation.prompt_tokens
     usage: dict[str, Any] = {"prompt_tokens": prompt_tokens,
                              "completion_tokens": completion_tokens,
                              "total_tokens": prompt_tokens + completion_tokens}
     if p.cached_tokens is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": p.cached_tokens}
+    if completion_details is not None:
+        usage["completion_tokens_details"] = completion_details
     return usage
 
 
@@ -90,11 +97,15 @@ async def whole(state: ServerState, p: Prepared, outputs) -> web.Response:
 def _whole_body(state: ServerState, p: Prepared, finals: list, counts: list[int]) -> bytes:
     """The whole answer's JSON."""
     chat = p.req.kind == "chat"
-    choices = [_chat_choice(state, p, i, f) if chat else _completion_choice(state, p, i, f)
-               for i, f in enumerate(finals)]
+    split = p.reasoning
+    splitters = [None if split is None else split.splitter() for _ in finals]
+    choices = [_chat_choice(state, p, i, f, splitters[i]) if chat
+               else _completion_choice(state, p, i, f) for i, f in enumerate(finals)]
+    details = None if split is None else split.usage_details(
+        splitters, [f.token_ids for f in finals])
     answer = {"id": p.request_id, "object": "chat.completion" if chat else "text_completion",
               "created": p.created, "model": p.req.model, "choices": choices,
-              "usage": usage_of(p, sum(counts))}
+              "usage": usage_of(p, sum(counts), details)}
     if p.req.return_token_ids:  # vLLM's: the ids the answer came from (a chat's prompt's
         for index, choice in enumerate(choices):  # on the answer, a completion's each)
             choice["token_ids"] = [] if p.req.echo_only else finals[index].token_ids
@@ -110,17 +121,26 @@ def _whole_body(state: ServerState, p: Prepared, finals: list, counts: list[int]
             + json.dumps(answer)[1:].encode())
 
 
-def _chat_choice(state: ServerState, p: Prepared, index: int, final) -> dict[str, Any]:
+def _chat_choice(state: ServerState, p: Prepared, index: int, final,
+                 splitter: ReasoningSplitter | None) -> dict[str, Any]:
     logprobs = None
-    if final.logprobs is not None:
+    if final.logprobs is not None and (p.reasoning is None or p.reasoning.include):
+        # (vLLM drops them with the reasoning: their tokens would show it)
         logprobs = chat_logprobs(zip(final.token_ids, final.logprobs, strict=True),
                                  token_text(state, p.req))
+    text = final.text
     message: dict[str, Any] = {"role": p.req.answer_role(state.options.response_role),
-                               "content": final.text}
+                               "content": text}
+    if splitter is not None:  # vLLM's reasoning field, then the content after it
+        splitter.feed(final.text, final.token_ids, final=True)
+        text = splitter.content
+        message["content"] = text or None
+        message["reasoning"] = (splitter.reasoning or None) if p.reasoning.include else None
     scanner = p.tools.scanner()
     if scanner is not None:  # the same reading a stream makes, all at once
-        scanner.feed(final.text, final=True)
-        message["content"] = scanner.content or (None if scanner.calls else "")
+        scanner.feed(text, final=True)
+        empty = None if scanner.calls or splitter is not None else ""
+        message["content"] = scanner.content or empty
         if scanner.calls:
             message["tool_calls"] = [call.as_openai() for call in scanner.calls]
     return {"index": index, "message": message, "logprobs": logprobs,

@@ -33,6 +33,7 @@ from kvledger.engine.server.protocol import (
     parse_chat,
     parse_completion,
 )
+from kvledger.engine.server.reasoning_request import reasoning_plan
 from kvledger.engine.server.request_fields import (
     chat_prompt,
     check_logprobs,
@@ -78,13 +79,15 @@ async def serve(request: web.Request, parse, id_prefix: str, whole=answers.whole
     req.model = state.model_name if lora is None else lora.lora_name
     check_logprobs(state, req)
     tools = _tool_plan(state, req)
+    reasoning = reasoning_plan(state, req, tools)
     prompts = [await state.off_loop(render_size(len(raw), req), chat_prompt, state, req)] \
         if req.kind == "chat" else req.prompt
     tenant = state.tenant(request)
     timeline.tenant = tenant.label
     spec = ("lark", tools.grammar) if tools.grammar is not None else req.grammar()
     sub = Submission(f"{id_prefix}{uuid.uuid4().hex}", prompts,
-                     sampling_params(req, door.sampling_defaults, tools.kept_ids),
+                     sampling_params(req, door.sampling_defaults, tools.kept_ids | (
+                         frozenset() if reasoning is None else reasoning.tokens.kept_ids)),
                      req.n, spec, lora, tenant, req.priority, _client_salt(request, state, req),
                      objective_priority=state.objective(request, tenant),
                      add_special_tokens=req.special_tokens_added, body_bytes=len(raw),
@@ -94,7 +97,8 @@ async def serve(request: web.Request, parse, id_prefix: str, whole=answers.whole
     answer_id = sub.request_id if client_id is None else f"{id_prefix}{client_id}"
     p = answers.Prepared(req, answer_id, generation, timeline, int(time.time()), tools,
                          [_echo(door, req, prompt, run.prompt_ids)
-                          for prompt, run in zip(prompts, generation.runs, strict=True)])
+                          for prompt, run in zip(prompts, generation.runs, strict=True)],
+                         reasoning=reasoning)
     try:
         _admitted(state, p, lora)
         if req.stream:

@@ -92,6 +92,7 @@ class ChatRequest(GenerationFields, ChatReasoningOptions):
     tools: ToolList | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+    include_reasoning: bool = True  # vLLM's: false drops the reasoning (--reasoning-parser)
 
     _message_count = field_validator("messages", mode="before")(few_messages)
 

@@ -17,6 +17,7 @@ from aiohttp import web
 from kvledger.engine.server.answers import Prepared, failed_message, token_text
 from kvledger.engine.server.api_errors import ApiError
 from kvledger.engine.server.logprobs import chat_logprobs
+from kvledger.engine.server.reasoning import ReasoningSplitter
 from kvledger.engine.server.responses_fields import NamedFunction
 from kvledger.engine.server.responses_request import TranslatedChat
 from kvledger.engine.server.state import ServerState
@@ -60,7 +61,7 @@ def status_of(finish_reason: str | None) -> str:
 
 
 def response_object(p: Prepared, status: str, output: list[dict[str, Any]],
-                    output_tokens: int | None) -> dict[str, Any]:
+                    output_tokens: int | None, reasoning_tokens: int = 0) -> dict[str, Any]:
     """The ``response`` object, as vLLM's ``from_request`` fills it; ``output_tokens``
     None: no usage yet (a stream's first events)."""
     chat: TranslatedChat = p.req
@@ -84,11 +85,11 @@ def response_object(p: Prepared, status: str, output: list[dict[str, Any]],
         "service_tier": req.service_tier,
         "text": req.text.model_dump(by_alias=True, exclude_none=True) if req.text else None,
         "top_logprobs": params.logprobs, "truncation": req.truncation, "user": chat.user,
-        "usage": None if output_tokens is None else usage(p, output_tokens),
+        "usage": None if output_tokens is None else usage(p, output_tokens, reasoning_tokens),
     }
 
 
-def usage(p: Prepared, output_tokens: int) -> dict[str, Any]:
+def usage(p: Prepared, output_tokens: int, reasoning_tokens: int = 0) -> dict[str, Any]:
     """The Responses usage; cached tokens are counted only with
     ``--enable-prompt-tokens-details`` (as chat's are: they tell what other requests
     left in the cache), else 0."""
@@ -96,7 +97,7 @@ def usage(p: Prepared, output_tokens: int) -> dict[str, Any]:
     return {"input_tokens": input_tokens,
             "input_tokens_details": {"cached_tokens": p.cached_tokens or 0},
             "output_tokens": output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": input_tokens + output_tokens}
 
 
@@ -109,20 +110,33 @@ async def whole(state: ServerState, p: Prepared, outputs) -> web.Response:
     if final.finish_reason == "error":  # the engine failed this request alone
         raise ApiError(500, failed_message(final), code="request_error",
                        reason="request_error")
-    output = output_items(state, p, final)
-    body = response_object(p, status_of(final.finish_reason), output, len(final.token_ids))
+    splitter = None if p.reasoning is None else p.reasoning.splitter()
+    output = output_items(state, p, final, splitter)
+    reasoning_tokens = 0 if splitter is None else p.reasoning.usage_details(
+        [splitter], [final.token_ids])["reasoning_tokens"]
+    body = response_object(p, status_of(final.finish_reason), output, len(final.token_ids),
+                           reasoning_tokens)
     return web.Response(body=json.dumps(body), content_type="application/json",
                         charset="utf-8")
 
 
-def output_items(state: ServerState, p: Prepared, final) -> list[dict[str, Any]]:
-    """A finished answer's items: its text as a message (when there is text, or no call),
-    then its calls, read as a stream reads them (``CallScanner``)."""
-    text, calls = final.text, []
+def output_items(state: ServerState, p: Prepared, final,
+                 splitter: ReasoningSplitter | None = None) -> list[dict[str, Any]]:
+    """A finished answer's items: its reasoning (``--reasoning-parser``), its text as a
+    message (when there is text, or no call), then its calls, read as a stream reads them
+    (``CallScanner``)."""
+    text, calls, reasoning = final.text, [], []
+    if splitter is not None:
+        splitter.feed(final.text, final.token_ids, final=True)
+        text = splitter.content
+        if splitter.reasoning and p.reasoning.include:  # vLLM's item for non-Harmony models
+            reasoning = [{"id": item_id("rs"), "type": "reasoning", "summary": [],
+                          "content": [{"type": "reasoning_text", "text": splitter.reasoning}],
+                          "encrypted_content": None, "status": None}]
     scanner = p.tools.scanner()
     if scanner is not None:
-        scanner.feed(final.text, final=True)
+        scanner.feed(text, final=True)
         text, calls = scanner.content, scanner.calls
     logprobs = logprob_entries(state, p, final.token_ids, final.logprobs)
     items = [message_item(item_id("msg"), text, logprobs)] if text or not calls else []
-    return items + [call_item(item_id("fc"), call) for call in calls]
+    return reasoning + items + [call_item(item_id("fc"), call) for call in calls]

@@ -78,7 +78,7 @@ class ResponsesRequest(Strict):
     reasoning: Reasoning | None = None
     include: list[Includable] | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    include_reasoning: bool = True  # vLLM's; there is no reasoning parser to hide
+    include_reasoning: bool = True  # vLLM's: false drops the reasoning (--reasoning-parser)
     truncation: Literal["auto", "disabled"] = "disabled"
     metadata: Metadata | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] = "auto"
@@ -156,6 +156,8 @@ class ResponsesRequest(Strict):
             body["response_format"] = self.text.format.as_response_format()
         if self.reasoning is not None and self.reasoning.effort is not None:
             body["reasoning_effort"] = self.reasoning.effort
+        if not self.include_reasoning:
+            body["include_reasoning"] = False
         if self.logprobs:
             body["logprobs"] = True
             body["top_logprobs"] = self.top_logprobs or 0

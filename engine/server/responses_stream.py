@@ -117,6 +117,9 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
         return response
     events = _Events(response)
     scanner = p.tools.scanner()
+    # --reasoning-parser: only the content after the reasoning is the message's text (the
+    # reasoning item's events are not streamed yet: see docs/serving.md)
+    splitter = None if p.reasoning is None else p.reasoning.splitter()
     sent_text, sent_logprobs = "", 0
     with_logprobs = p.req.logprobs_k() is not None
     pending: list[dict[str, Any]] = []  # logprobs of tokens whose text is not out yet
@@ -137,7 +140,12 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
             delta = ""
             if output.text.startswith(sent_text):  # text sent is never retracted
                 delta, sent_text = output.text[len(sent_text):], output.text
-            pieces = [delta] if scanner is None else scanner.feed(sent_text, output.finished)
+            content_text = sent_text
+            if splitter is not None:
+                delta = splitter.feed(output.text, output.token_ids, output.finished)[1]
+                content_text = splitter.content
+            pieces = [delta] if scanner is None else scanner.feed(content_text,
+                                                                  output.finished)
             for piece in pieces:
                 if isinstance(piece, ToolCall):
                     await events.call_opened(piece)
@@ -153,8 +161,10 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
         if pending and events.logprobs is not None and events.open is not None:
             events.logprobs += pending  # tokens that wrote no text: in the item's list
         await events.close()
+        reasoning_tokens = 0 if splitter is None else p.reasoning.usage_details(
+            [splitter], [final.token_ids])["reasoning_tokens"]
         body = response_object(p, status_of(final.finish_reason), events.output,
-                               len(final.token_ids))
+                               len(final.token_ids), reasoning_tokens)
         await events.send("response.completed", response=body)
     except ConnectionError:  # the client went away; the route's aclose() aborts it
         pass

@@ -23,6 +23,7 @@ from kvledger.engine.frontend.submission import Tenant
 from kvledger.engine.server.api_errors import ApiError, engine_error
 from kvledger.engine.server.metrics import ServerMetrics
 from kvledger.engine.server.objectives import Objectives
+from kvledger.engine.server.reasoning import ReasoningTokens
 from kvledger.engine.server.tenants import Tenants, TenantSpec
 from kvledger.engine.server.vllm_metrics import CacheInfo
 from kvledger.engine.server.watched_series import watch_series
@@ -62,6 +63,7 @@ class ServerState:
             self.objectives.reload()
         self.metrics = ServerMetrics(self.tenants.labels)
         self.door: FrontDoor | None = None  # the engine's one way in, once loaded
+        self.reasoning: ReasoningTokens | None = None  # --reasoning-parser's, once loaded
         self.ready = False
         self.draining = False
         self.started_at = time.time()
@@ -91,6 +93,8 @@ class ServerState:
         options = self.options
         if options.chat_template is not None:  # checked when the flag was read
             engine.tokenizer.use_chat_template(options.chat_template)
+        if options.reasoning_parser is not None:  # BadInput (exit 2): markers not in vocab
+            self.reasoning = ReasoningTokens.of(options.reasoning_parser, engine.tokenizer)
         config = engine.config
         self.metrics.serve_model(engine.model_name, engine.max_model_len, CacheInfo(
             block_size=engine.ledger.block_size, cache_dtype=config.kv_cache_dtype,

@@ -44,6 +44,7 @@ from kvledger.engine.settings.serve_values import (
     OPENAI_API,
     PARSER,
     PORT,
+    REASONING_PARSER,
     ROOT_PATH,
     SERVER,
     WORDS,
@@ -194,6 +195,12 @@ class ServeConfig:
              "one the chat template shows, else hermes)",
         crd=Crd("tools", "the format calls are written and parsed in (--tool-call-parser; "
                          "default: the chat template's)"))
+    reasoning_parser: str | None = setting(  # None: answers are not split
+        None, "--reasoning-parser", REASONING_PARSER, group=OPENAI_API,
+        help=f"vLLM's: split a think-tag model's answer into message.reasoning and its "
+             f"content, one of {', '.join(REASONING_PARSER.values)} (default: not split)",
+        crd=Crd("", "split a think-tag model's answer into message.reasoning and its "
+                    "content (--reasoning-parser: deepseek_r1 or qwen3)"))
     enable_auto_tool_choice: bool = setting(
         False, "--enable-auto-tool-choice", SWITCH, group=OPENAI_API,
         help="vLLM's: serve tool_choice \"auto\" (the model chooses; its calls are parsed with "

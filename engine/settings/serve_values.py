@@ -18,7 +18,7 @@ from kvledger.engine.settings.flag_values import (
     too_many_logprobs,
 )
 from kvledger.engine.settings.kinds import Kind, size_arg
-from kvledger.engine.settings.vllm_rules import PARSERS, RULES, refusal
+from kvledger.engine.settings.vllm_rules import PARSERS, REASONING_PARSERS, RULES, refusal
 
 # The --help groups, in the order they are listed (after the engine's and the machines').
 SERVER = "server"
@@ -39,6 +39,13 @@ def tool_call_parser(name: str) -> str:
     """One of ``PARSERS``; any other is refused by name as plan refuses it."""
     if name not in PARSERS:
         raise BadInput(refusal("--tool-call-parser", [name], RULES["--tool-call-parser"]))
+    return name
+
+
+def reasoning_parser(name: str) -> str:
+    """One of ``REASONING_PARSERS``; any other is refused by name as plan refuses it."""
+    if name not in REASONING_PARSERS:
+        raise BadInput(refusal("--reasoning-parser", [name], RULES["--reasoning-parser"]))
     return name
 
 
@@ -89,6 +96,8 @@ WORDS = Kind("text", action="extend", nargs="+", render=list)  # --x A B --x C: 
 LAST_WORDS = Kind("text", nargs="+", render=list)
 PARSER = Kind("choice", parse=tool_call_parser, values=PARSERS, metavar="NAME",
               check=lambda _flag, value: tool_call_parser(value))
+REASONING_PARSER = Kind("choice", parse=reasoning_parser, values=REASONING_PARSERS,
+                        metavar="NAME", check=lambda _flag, value: reasoning_parser(value))
 LOGPROBS = Kind("count", parse=max_logprobs, check=_logprobs, metavar="N")
 JSON_OBJECT = Kind("object", parse=json_object, check=_object, metavar="JSON",
                    render=lambda value: [json.dumps(value)])

@@ -25,6 +25,9 @@ from kvledger.engine.settings.kinds import seconds_or_zero
 # vLLM's --tool-call-parser names kvledger reads calls in (server/tools/formats.py holds
 # their readers, one per name; a test checks the two agree).
 PARSERS = ("hermes", "llama3_json", "mistral")
+# vLLM's --reasoning-parser names kvledger splits answers by (server/reasoning.py holds
+# their rules, one per name; it checks the two agree).
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -185,13 +188,14 @@ RULES: dict[str, Rule] = {
     "--enable-auto-tool-choice": _noop(_SERVE.format("tool calling")),
     "--tool-call-parser": _only(PARSERS, "that tool-call parser",
                                 _SERVE.format("tool-call format")),
+    "--reasoning-parser": _only(REASONING_PARSERS, "that reasoning parser",
+                                _SERVE.format("reasoning parser")),
     # The model's revision: read into --model (settings/config_flags.py).
     "--revision": _read("an hf:// model's revision (a branch, tag or commit), as "
                         "hf://ORG/NAME@REVISION names it; a local folder has none",
                         optional_text),
     # Refused with a pointer to what kvledger does instead, or by the feature it lacks.
     "--hf-token": _refuse("--hf-token: set $HF_TOKEN"),
-    "--reasoning-parser": _refuse("reasoning parsers"),
     "--enable-reasoning": _refuse("reasoning parsers"),
     "--speculative-config": _refuse("speculative decoding"),
     "--limit-mm-per-prompt": _refuse("multimodal inputs: it serves text"),

@@ -51,6 +51,7 @@ DECLARED = {
     "keepalive_timeout_s": ("--keepalive-timeout", None, 75.0),
     "grammar_compile_timeout_s": ("--grammar-compile-timeout", None, 10.0),
     "tool_call_parser": ("--tool-call-parser", "tools.toolCallParser", None),
+    "reasoning_parser": ("--reasoning-parser", ".reasoningParser", None),
     "enable_auto_tool_choice": ("--enable-auto-tool-choice", "tools.enableAutoToolChoice",
                                 False),
     "chat_template": ("--chat-template", None, None),
@@ -121,6 +122,7 @@ def test_help_shows_each_declared_default() -> None:
     ({"max_queue_len": -1}, "--max-queue-len must be a whole number >= 0, got -1"),
     ({"shutdown_grace_s": -1}, "--shutdown-grace must be a number of seconds >= 0, got -1"),
     ({"tool_call_parser": "pythonic"}, "--tool-call-parser pythonic"),
+    ({"reasoning_parser": "granite"}, "--reasoning-parser granite"),
     ({"max_logprobs": 21}, "--max-logprobs 21: kvledger reports at most 20"),
 ])
 def test_a_value_out_of_its_kind_is_one_line_naming_the_flag(values, message) -> None:

@@ -67,7 +67,10 @@ LAUNCH_LINES = [
      ACCEPTED),
     ("tool calling: another parser", "{model} --tool-call-parser pythonic",
      "--tool-call-parser"),
-    ("reasoning outputs", "{model} --reasoning-parser deepseek_r1", "--reasoning-parser"),
+    ("reasoning outputs", "{model} --reasoning-parser deepseek_r1", ACCEPTED),
+    ("Qwen3 reasoning", "{model} --reasoning-parser qwen3", ACCEPTED),
+    ("reasoning outputs: another parser", "{model} --reasoning-parser granite",
+     "--reasoning-parser"),
     ("multimodal inputs", "{model} --limit-mm-per-prompt '{{\"image\": 2}}'",
      "--limit-mm-per-prompt"),
     ("Mistral", "{model} --tokenizer-mode mistral --config-format mistral "

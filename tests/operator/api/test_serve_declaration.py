@@ -40,7 +40,8 @@ def test_only_what_a_resource_may_set_is_a_crd_field() -> None:
     exposed = {f.name for f, declared in settings_of(ServeConfig) if declared.crd is not None}
     assert exposed == {"port", "shutdown_grace_s", "max_queue_wait_s", "max_queue_len",
                        "max_queue_len_per_tenant", "tenant_fairness", "tool_call_parser",
-                       "enable_auto_tool_choice", "allow_runtime_lora_updating"}
+                       "enable_auto_tool_choice", "allow_runtime_lora_updating",
+                       "reasoning_parser"}
 
 
 @pytest.mark.parametrize("raw", [

@@ -1,0 +1,188 @@
+"""``--reasoning-parser``: a think-tag model's answer split into its reasoning and its
+content, as vLLM 0.32's parsers split it, on token ids.
+
+- ``deepseek_r1`` (``DeepSeekR1ReasoningParser``): the answer starts in reasoning (the
+  template puts ``<think>`` in the prompt) and stays there until ``</think>``; with none,
+  it is all reasoning. ``<think>`` tokens inside reasoning are dropped.
+- ``qwen3`` (vLLM 0.32's ``Qwen3Parser`` engine, not the older text rule): the same,
+  and a duplicate ``</think>`` after reasoning is dropped; ``<tool_call>`` ends reasoning
+  too and stays in the content for the tool parser; ``enable_thinking: false`` (the
+  chat's template variables) makes the whole answer content.
+
+The markers must each be one token of the model's vocabulary: ``ReasoningTokens.of``
+refuses a model without them when the server starts. One ``ReasoningSplitter`` reads a
+choice's text and ids as they grow, for streamed and whole answers alike, so what a
+stream sends adds up to what the whole answer holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvledger.engine.errors import BadInput
+from kvledger.engine.settings.vllm_rules import REASONING_PARSERS
+
+
+@dataclass(frozen=True)
+class ReasoningRule:
+    """How one parser reads an answer: its start and end markers, a marker that ends
+    reasoning and stays in the content (``implicit_end``), whether a later end marker is
+    dropped from the content, and whether the chat's ``enable_thinking`` turns it off."""
+
+    start: str
+    end: str
+    implicit_end: str | None = None
+    drops_late_end: bool = False
+    reads_enable_thinking: bool = False
+    counts_unopened: bool = True  # reasoning tokens count without a <think> in the output
+
+
+RULES: dict[str, ReasoningRule] = {
+    "deepseek_r1": ReasoningRule("<think>", "</think>", counts_unopened=False),
+    "qwen3": ReasoningRule("<think>", "</think>", implicit_end="<tool_call>",
+                           drops_late_end=True, reads_enable_thinking=True),
+}
+
+
+@dataclass(frozen=True)
+class ReasoningTokens:
+    """A rule bound to a tokenizer: its markers' ids (``implicit_id`` None where the
+    vocabulary lacks that marker: then only the end marker ends reasoning)."""
+
+    name: str
+    rule: ReasoningRule
+    start_id: int
+    end_id: int
+    implicit_id: int | None
+    kept_ids: frozenset[int] = frozenset()  # markers decoding drops (special): kept in text
+
+    @classmethod
+    def of(cls, name: str, tokenizer) -> ReasoningTokens:
+        """The parser ``name`` for ``tokenizer``; BadInput (exit 2) when a marker is not
+        one token of its vocabulary, as vLLM refuses it at start-up."""
+        rule = RULES[name]
+        ids = {text: _single_token(tokenizer, text) for text in (rule.start, rule.end)}
+        missing = [text for text, token_id in ids.items() if token_id is None]
+        if missing:
+            raise BadInput(f"--reasoning-parser {name}: the model's tokenizer has no single "
+                           f"token for {' or '.join(missing)}; this parser needs a model "
+                           "that writes them (Qwen3, DeepSeek-R1 and its distills)")
+        implicit = None if rule.implicit_end is None else _single_token(tokenizer,
+                                                                         rule.implicit_end)
+        markers = [ids[rule.start], ids[rule.end]] + ([] if implicit is None else [implicit])
+        kept = frozenset(i for i in markers if tokenizer.decode([i]) == "")
+        return cls(name, rule, ids[rule.start], ids[rule.end], implicit, kept)
+
+    def thinking(self, template_kwargs: Mapping[str, Any]) -> bool:
+        """Whether a chat rendered with ``template_kwargs`` reasons (Qwen3's
+        ``enable_thinking: false`` does not)."""
+        return not (self.rule.reads_enable_thinking
+                    and template_kwargs.get("enable_thinking", True) is False)
+
+
+@dataclass(frozen=True)
+class ReasoningPlan:
+    """How one chat's answers are split: the parser's tokens, whether the chat reasons at
+    all (Qwen3's ``enable_thinking``), and whether its reasoning is sent
+    (``include_reasoning``, vLLM's field)."""
+
+    tokens: ReasoningTokens
+    thinking: bool = True
+    include: bool = True
+
+    def splitter(self) -> ReasoningSplitter:
+        return ReasoningSplitter(self.tokens, self.thinking)
+
+    def usage_details(self, splitters: list[ReasoningSplitter],
+                      outputs_ids: list[list[int]]) -> dict[str, int]:
+        """vLLM's ``completion_tokens_details`` of the choices' answers."""
+        return {"reasoning_tokens": sum(
+            reasoning_token_count(self.tokens, s, ids)
+            for s, ids in zip(splitters, outputs_ids, strict=True))}
+
+
+def _single_token(tokenizer, text: str) -> int | None:
+    token_id = tokenizer.token_to_id(text)
+    if token_id is None:
+        return None
+    return token_id if tokenizer.decode([token_id], skip_special_tokens=False) == text \
+        else None
+
+
+class ReasoningSplitter:
+    """A choice's answer, fed as it grows (each ``feed`` the whole text and ids so far),
+    as reasoning and content pieces. The ids decide where reasoning ends; the text is cut
+    at that marker's text in the part the new ids wrote (vLLM's streaming rule). Text
+    already handed out is never taken back."""
+
+    def __init__(self, tokens: ReasoningTokens, thinking: bool = True) -> None:
+        self.tokens = tokens
+        self.in_reasoning = thinking
+        self.reasoning = ""
+        self.content = ""
+        self.reasoning_tokens = 0  # output tokens read as reasoning (markers not counted)
+        self._ids_seen = 0
+        self._text_seen = 0
+
+    def feed(self, text: str, ids: list[int], final: bool) -> tuple[str, str]:
+        """The reasoning and the content that ``text`` and ``ids`` add."""
+        new_ids, new_text = ids[self._ids_seen:], text[self._text_seen:]
+        reasoning = content = ""
+        if self.in_reasoning:
+            t = self.tokens
+            cut = next((i for i, token_id in enumerate(new_ids)
+                        if token_id in (t.end_id, t.implicit_id)), None)
+            if cut is None:
+                reasoning = self._reasoning_text(new_ids, new_text)
+                new_ids, new_text = [], ""
+            else:
+                implicit = new_ids[cut] != t.end_id
+                marker = t.rule.implicit_end if implicit else t.rule.end
+                at = new_text.find(marker)
+                if at < 0 and not final:
+                    return "", ""  # the marker's text is not written yet: wait for it
+                if at < 0:  # cut off (a stop string): what came is reasoning
+                    at = len(new_text)
+                reasoning = self._reasoning_text(new_ids[:cut], new_text[:at])
+                self.in_reasoning = False
+                after = at if implicit else at + len(marker)
+                new_ids, new_text = new_ids[cut + (0 if implicit else 1):], new_text[after:]
+        if new_text or new_ids:
+            content = new_text
+            if self.tokens.rule.drops_late_end:
+                content = content.replace(self.tokens.rule.end, "",
+                                          new_ids.count(self.tokens.end_id))
+        self._ids_seen, self._text_seen = len(ids), max(self._text_seen, len(text))
+        self.reasoning += reasoning
+        self.content += content
+        return reasoning, content
+
+    def _reasoning_text(self, ids: list[int], text: str) -> str:
+        """Reasoning's ``text`` (written by ``ids``) without its start markers."""
+        t = self.tokens
+        starts = ids.count(t.start_id)
+        self.reasoning_tokens += len(ids) - starts
+        return text.replace(t.rule.start, "", starts) if starts else text
+
+
+def reasoning_token_count(tokens: ReasoningTokens, splitter: ReasoningSplitter,
+                          output_ids: list[int]) -> int:
+    """vLLM's ``completion_tokens_details.reasoning_tokens``: Qwen3's engine counts the
+    tokens it read as reasoning; DeepSeek-R1's (the think-tag base rule) only those
+    between a ``<think>`` and its ``</think>`` in the output itself."""
+    if tokens.rule.counts_unopened:
+        return splitter.reasoning_tokens
+    count = depth = 0
+    for token_id in output_ids:
+        if token_id == tokens.start_id:
+            depth += 1
+        elif token_id == tokens.end_id:
+            depth = max(0, depth - 1)
+        elif depth > 0:
+            count += 1
+    return count
+
+
+assert set(RULES) == set(REASONING_PARSERS), "a --reasoning-parser name without its rule"
