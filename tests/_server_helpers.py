@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import re
+import shutil
 import socket
 import subprocess
 import time
@@ -185,3 +187,26 @@ def _kill_a_rank(proc: subprocess.Popen, port: int) -> float:
     killed = time.monotonic()
     subprocess.run(["kill", "-9", str(rank)], check=True)
     return killed
+
+
+def with_added_tokens(model_dir: Path, out: Path, markers: list[str]) -> Path:
+    """A copy of the tiny checkpoint ``model_dir`` at ``out`` whose tokenizer, trained
+    again, holds ``markers`` as added tokens that are not special (as Qwen's tokenizer
+    holds ``<think>`` and ``<tool_call>``); the vocabulary keeps its size, so the weights
+    fit."""
+    from tokenizers import processors
+
+    from kvledger.engine.model.bpe import train_byte_level_bpe
+    from kvledger.engine.model.builtin import CORPUS, SPECIAL_TOKENS, TOKENIZER_VOCAB
+
+    shutil.copytree(model_dir, out)
+    tokenizer = train_byte_level_bpe(CORPUS.read_text().splitlines(),
+                                     TOKENIZER_VOCAB - len(markers), SPECIAL_TOKENS)
+    tokenizer.add_tokens(markers)
+    bos = tokenizer.token_to_id("<s>")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
+    config = json.loads((out / "config.json").read_text())
+    assert tokenizer.get_vocab_size() == config["vocab_size"]
+    tokenizer.save(str(out / "tokenizer.json"))
+    return out

@@ -6,14 +6,11 @@ on a server without the flag gives the raw text the split is checked against."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
-from _server_helpers import make_llm, model_name, start_app, stop_app
+from _server_helpers import make_llm, model_name, start_app, stop_app, with_added_tokens
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.model.bpe import train_byte_level_bpe
-from kvledger.engine.model.builtin import CORPUS, SPECIAL_TOKENS, TOKENIZER_VOCAB
 
 MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
 ASK = [{"role": "user", "content": "Why is the sky blue?"}]
@@ -21,18 +18,8 @@ ASK = [{"role": "user", "content": "Why is the sky blue?"}]
 
 @pytest.fixture(scope="module")
 def think_dir(tiny_llama_dir, tmp_path_factory):
-    from tokenizers import processors
-
-    out = tmp_path_factory.mktemp("think") / "model"
-    shutil.copytree(tiny_llama_dir, out)
-    tokenizer = train_byte_level_bpe(CORPUS.read_text().splitlines(),
-                                     TOKENIZER_VOCAB - len(MARKERS), SPECIAL_TOKENS)
-    tokenizer.add_tokens(MARKERS)
-    bos = tokenizer.token_to_id("<s>")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
-    tokenizer.save(str(out / "tokenizer.json"))
-    return out
+    return with_added_tokens(tiny_llama_dir, tmp_path_factory.mktemp("think") / "model",
+                             MARKERS)
 
 
 @pytest.fixture(scope="module")

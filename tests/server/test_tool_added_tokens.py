@@ -8,13 +8,9 @@ tokenizer, while plain constrained text still never turns into one of them."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
-from _server_helpers import make_llm, model_name, start_app
-
-from kvledger.engine.model.bpe import train_byte_level_bpe
-from kvledger.engine.model.builtin import CORPUS, SPECIAL_TOKENS, TOKENIZER_VOCAB
+from _server_helpers import make_llm, model_name, start_app, with_added_tokens
 
 MARKERS = ["<tool_call>", "</tool_call>"]
 TOOLS = [{"type": "function", "function": {
@@ -28,19 +24,8 @@ def qwen_like_dir(tiny_llama_dir, tmp_path_factory):
     """tiny-llama with its tokenizer trained again, the two markers then added as Qwen's
     tokenizer holds them (``add_tokens``, special false); the built-in template is
     Qwen2.5's hermes tool format. The vocabulary keeps its size, so the weights fit."""
-    from tokenizers import processors
-
-    out = tmp_path_factory.mktemp("qwen-like") / "model"
-    shutil.copytree(tiny_llama_dir, out)
-    tokenizer = train_byte_level_bpe(CORPUS.read_text().splitlines(),
-                                     TOKENIZER_VOCAB - len(MARKERS), SPECIAL_TOKENS)
-    tokenizer.add_tokens(MARKERS)
-    bos = tokenizer.token_to_id("<s>")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
-    assert tokenizer.get_vocab_size() == json.loads((out / "config.json").read_text())[
-        "vocab_size"]
-    tokenizer.save(str(out / "tokenizer.json"))
+    out = with_added_tokens(tiny_llama_dir, tmp_path_factory.mktemp("qwen-like") / "model",
+                            MARKERS)
     saved = json.loads((out / "tokenizer.json").read_text())
     added = {t["content"]: t["special"] for t in saved["added_tokens"]}
     assert added["<tool_call>"] is False and added["</tool_call>"] is False
