@@ -127,14 +127,19 @@ class ReasoningSplitter:
         self._text_seen = 0
 
     def feed(self, text: str, ids: list[int], final: bool) -> tuple[str, str]:
-        """The reasoning and the content that ``text`` and ``ids`` add."""
+        """The reasoning and the content that ``text`` and ``ids`` add. A marker whose id
+        came but whose text has not (held back behind a stop string's possible start)
+        holds back what follows until its text comes, so that the marker's text is
+        dropped the same however the answer was cut into steps."""
         new_ids, new_text = ids[self._ids_seen:], text[self._text_seen:]
         reasoning = content = ""
+        t = self.tokens
         if self.in_reasoning:
-            t = self.tokens
             cut = next((i for i, token_id in enumerate(new_ids)
                         if token_id in (t.end_id, t.implicit_id)), None)
             if cut is None:
+                if not final and _unwritten(new_text, t.rule.start, new_ids, t.start_id):
+                    return "", ""  # a <think>'s text is still to come: wait for it
                 reasoning = self._reasoning_text(new_ids, new_text)
                 new_ids, new_text = [], ""
             else:
@@ -151,9 +156,13 @@ class ReasoningSplitter:
                 new_ids, new_text = new_ids[cut + (0 if implicit else 1):], new_text[after:]
         if new_text or new_ids:
             content = new_text
-            if self.tokens.rule.drops_late_end:
-                content = content.replace(self.tokens.rule.end, "",
-                                          new_ids.count(self.tokens.end_id))
+            if t.rule.drops_late_end:
+                if not final and _unwritten(content, t.rule.end, new_ids, t.end_id):
+                    self.reasoning += reasoning  # the reasoning is sent, the content waits
+                    self._ids_seen, self._text_seen = len(ids) - len(new_ids), \
+                        len(text) - len(new_text)
+                    return reasoning, ""
+                content = content.replace(t.rule.end, "", new_ids.count(t.end_id))
         self._ids_seen, self._text_seen = len(ids), max(self._text_seen, len(text))
         self.reasoning += reasoning
         self.content += content
@@ -165,6 +174,12 @@ class ReasoningSplitter:
         starts = ids.count(t.start_id)
         self.reasoning_tokens += len(ids) - starts
         return text.replace(t.rule.start, "", starts) if starts else text
+
+
+def _unwritten(text: str, marker: str, ids: list[int], marker_id: int) -> bool:
+    """Whether ``ids`` hold more ``marker`` tokens than ``text`` holds their text."""
+    count = ids.count(marker_id)
+    return count > 0 and text.count(marker) < count
 
 
 def reasoning_token_count(tokens: ReasoningTokens, splitter: ReasoningSplitter,
