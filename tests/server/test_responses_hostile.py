@@ -89,3 +89,35 @@ async def test_an_id_echoed_in_a_404_is_cut_short(aiohttp_client, llm):
     response = await client.get("/v1/responses/" + "r" * 4000)
     assert response.status == 404
     assert len((await response.json())["error"]["message"]) < 300
+
+
+async def test_another_keys_cache_and_requests_change_nothing_of_a_tenants(aiohttp_client,
+                                                                           llm):
+    """Two keys, the cache salted per key: the second key sending the first's input finds
+    none of its blocks (``cached_tokens`` 0, so it learns nothing of what the first sent),
+    and each key's answers, alone or side by side with the other's, are its own greedy
+    tokens."""
+    import asyncio
+
+    client = await start_app(aiohttp_client, llm, api_keys=("key-a", "key-b"),
+                             salt_cache_per_key=True, prompt_tokens_details=True)
+    body = {"model": model_name(client), "input": "the sky is blue because " * 8,
+            "max_output_tokens": 8, "temperature": 0}
+
+    async def ask(key: str) -> dict:
+        response = await client.post("/v1/responses", json=body,
+                                     headers={"Authorization": f"Bearer {key}"})
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+    def cached(answer: dict) -> int:
+        return answer["usage"]["input_tokens_details"]["cached_tokens"]
+
+    first = await ask("key-a")
+    assert cached(await ask("key-a")) > 0  # its own blocks, found again
+    other = await ask("key-b")
+    assert cached(other) == 0
+    side_by_side = await asyncio.gather(ask("key-a"), ask("key-b"))
+    texts = {a["output"][0]["content"][0]["text"] for a in (first, other, *side_by_side)}
+    assert len(texts) == 1
+    assert llm.ledger.reserved_blocks == 0
