@@ -89,6 +89,16 @@ def response_object(p: Prepared, status: str, output: list[dict[str, Any]],
     }
 
 
+def finished_response(p: Prepared, final, output: list[dict[str, Any]],
+                      splitter: ReasoningSplitter | None) -> dict[str, Any]:
+    """The response object of a finished answer: its ``output`` items, the status its
+    last output says, the usage with the reasoning tokens ``splitter`` read."""
+    reasoning_tokens = 0 if splitter is None else p.reasoning.usage_details(
+        [splitter], [final.token_ids])["reasoning_tokens"]
+    return response_object(p, status_of(final.finish_reason), output, len(final.token_ids),
+                           reasoning_tokens)
+
+
 def usage(p: Prepared, output_tokens: int, reasoning_tokens: int = 0) -> dict[str, Any]:
     """The Responses usage; cached tokens are counted only with
     ``--enable-prompt-tokens-details`` (as chat's are: they tell what other requests
@@ -112,10 +122,7 @@ async def whole(state: ServerState, p: Prepared, outputs) -> web.Response:
                        reason="request_error")
     splitter = None if p.reasoning is None else p.reasoning.splitter()
     output = output_items(state, p, final, splitter)
-    reasoning_tokens = 0 if splitter is None else p.reasoning.usage_details(
-        [splitter], [final.token_ids])["reasoning_tokens"]
-    body = response_object(p, status_of(final.finish_reason), output, len(final.token_ids),
-                           reasoning_tokens)
+    body = finished_response(p, final, output, splitter)
     return web.Response(body=json.dumps(body), content_type="application/json",
                         charset="utf-8")
 

@@ -26,11 +26,11 @@ from kvledger.engine.server.answer_stream import open_stream
 from kvledger.engine.server.answers import Prepared, failed_message
 from kvledger.engine.server.responses_answer import (
     call_item,
+    finished_response,
     item_id,
     logprob_entries,
     message_item,
     response_object,
-    status_of,
     text_part,
 )
 from kvledger.engine.server.state import ServerState
@@ -161,10 +161,7 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
         if pending and events.logprobs is not None and events.open is not None:
             events.logprobs += pending  # tokens that wrote no text: in the item's list
         await events.close()
-        reasoning_tokens = 0 if splitter is None else p.reasoning.usage_details(
-            [splitter], [final.token_ids])["reasoning_tokens"]
-        body = response_object(p, status_of(final.finish_reason), events.output,
-                               len(final.token_ids), reasoning_tokens)
+        body = finished_response(p, final, events.output, splitter)
         await events.send("response.completed", response=body)
     except ConnectionError:  # the client went away; the route's aclose() aborts it
         pass
