@@ -24,6 +24,7 @@ from kvledger.engine.settings.lora_config import LoRARequest
 
 if TYPE_CHECKING:  # the grammar compiler pulls llguidance in
     from kvledger.engine.sampling.grammar import GrammarSpec
+    from kvledger.engine.sampling.grammar_gate import GrammarGate
 
 __all__ = ["ANONYMOUS", "OTHER", "PromptRun", "Submission", "Tenant"]
 
@@ -47,6 +48,7 @@ class Submission:
     published_salt: str | None = None    # the client's own cache_salt: KV events carry it
     objective_priority: int | None = None  # the gateway's InferenceObjective's, in this order
     default_cap: int | None = None  # with no cap asked, at most this (vLLM's completions: 16)
+    grammar_gate: GrammarGate | None = None  # where ``grammar`` starts (reasoning's end)
 
 
 @dataclass

@@ -22,7 +22,9 @@ class IncrementalDetokenizer:
     Decodes a short window (a few tokens of context + the new ones) each step, as vLLM
     does, so the cost per token does not grow with the length of the output. Special
     tokens are dropped, but for ``kept_special_ids``, whose text goes in where they come
-    (the text around them decodes as if they were not there), and all of them with
+    (the text around them decodes as if they were not there, but for ids still waiting
+    for the rest of a character: they are written as they stand before the marker, as a
+    decode of the whole output writes them, never after it), and all of them with
     ``skip_special_tokens`` False (vLLM's request field). With
     ``spaces_between_special_tokens`` False too, an added token right after another is
     its bare text, as vLLM's fast detokenizer gives it: a decoder that spaces tokens apart
@@ -66,7 +68,8 @@ class IncrementalDetokenizer:
     def add(self, token_id: int) -> str:
         """Append one token; return the text it completes (possibly empty)."""
         if token_id in self._kept:
-            kept = self._tokenizer.decode([token_id], skip_special_tokens=False)
+            kept = self._flushed() + self._tokenizer.decode([token_id],
+                                                            skip_special_tokens=False)
             self.text += kept
             return kept
         self._ids.append(token_id)
@@ -85,3 +88,15 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._ids)
         self.text += new_text
         return new_text
+
+    def _flushed(self) -> str:
+        """The text of the ids waiting for the rest of a character, as it stands (U+FFFD),
+        those ids then let go: a marker comes between them and what follows, so nothing
+        after it completes them."""
+        if self._read_offset == len(self._ids):
+            return ""
+        decode = self._tokenizer.decode
+        prefix = decode(self._ids[self._prefix_offset:self._read_offset], self._skip)
+        full = decode(self._ids[self._prefix_offset:], self._skip)
+        del self._ids[self._read_offset:]
+        return full[len(prefix):]

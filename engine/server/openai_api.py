@@ -79,7 +79,7 @@ async def serve(request: web.Request, parse, id_prefix: str, whole=answers.whole
     req.model = state.model_name if lora is None else lora.lora_name
     check_logprobs(state, req)
     tools = _tool_plan(state, req)
-    reasoning = reasoning_plan(state, req, tools)
+    reasoning = reasoning_plan(state, req)
     prompts = [await state.off_loop(render_size(len(raw), req), chat_prompt, state, req)] \
         if req.kind == "chat" else req.prompt
     tenant = state.tenant(request)
@@ -89,6 +89,7 @@ async def serve(request: web.Request, parse, id_prefix: str, whole=answers.whole
                      sampling_params(req, door.sampling_defaults, tools.kept_ids | (
                          frozenset() if reasoning is None else reasoning.tokens.kept_ids)),
                      req.n, spec, lora, tenant, req.priority, _client_salt(request, state, req),
+                     grammar_gate=None if reasoning is None else reasoning.grammar_gate(),
                      objective_priority=state.objective(request, tenant),
                      add_special_tokens=req.special_tokens_added, body_bytes=len(raw),
                      published_salt=req.cache_salt, default_cap=req.default_cap)

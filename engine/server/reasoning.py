@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvledger.engine.errors import BadInput
+from kvledger.engine.sampling.grammar_gate import GrammarGate
 from kvledger.engine.settings.vllm_rules import REASONING_PARSERS
 
 
@@ -94,6 +95,15 @@ class ReasoningPlan:
 
     def splitter(self) -> ReasoningSplitter:
         return ReasoningSplitter(self.tokens, self.thinking)
+
+    def grammar_gate(self) -> GrammarGate | None:
+        """Where an output constraint starts: at the reasoning's end, the marker ids the
+        splitter cuts at (None: the chat does not reason, so from the first token)."""
+        if not self.thinking:
+            return None
+        t = self.tokens
+        return GrammarGate(frozenset({t.end_id}),
+                           frozenset() if t.implicit_id is None else frozenset({t.implicit_id}))
 
     def usage_details(self, splitters: list[ReasoningSplitter],
                       outputs_ids: list[list[int]]) -> dict[str, int]:

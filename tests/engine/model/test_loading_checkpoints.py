@@ -418,3 +418,19 @@ def test_the_detokenizer_keeps_only_the_special_tokens_it_is_told(tiny_llama_dir
         text = "".join(detok.add(i) for i in ids)
         assert text == tok.decode(words[:3]) + shown + tok.decode(words[3:])
         assert "</s>" not in text
+
+
+def test_a_kept_marker_never_reorders_the_text_around_it(tiny_llama_dir):
+    """A character's first bytes, then a kept marker: the bytes go out (as U+FFFD, as a
+    decode of the whole output gives them) before the marker, not after it, where a tool
+    parser looking for text right after ``<tool_call>`` would find them."""
+    tok = Tokenizer(tiny_llama_dir)
+    end = tok.special_token_id("<|end|>")
+    head, *rest = tok.encode("é", add_special_tokens=False)
+    assert rest, "é is more than one byte token here"
+    sky = tok.encode(" sky", add_special_tokens=False)
+    ids = [*tok.encode("Hi", add_special_tokens=False), head, end, *rest, *sky]
+    detok = tok.detokenizer(tok.encode("Hi"), frozenset({end}))
+    pieces = [detok.add(i) for i in ids]
+    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=False)
+    assert pieces[ids.index(end)].endswith("\ufffd<|end|>")

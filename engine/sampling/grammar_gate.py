@@ -1,0 +1,83 @@
+"""A constraint that starts part way into the output: where a thinking model's reasoning
+ends (``--reasoning-parser``), as vLLM 0.32 applies ``response_format``, structured outputs
+and a required or named tool call only to the answer after the reasoning.
+
+A ``GrammarGate`` names the tokens that open the constraint: ``after`` (an end marker such
+as ``</think>``: the constraint starts with the next token; the marker itself is
+reasoning's) and ``at`` (a marker that ends the reasoning and is the answer's first token,
+Qwen3's ``<tool_call>``: the grammar must accept it). Until one comes, the sequence samples
+as if it had no grammar: no mask is filled, every token is accepted, and the grammar's
+state is not advanced, so the reasoning is the model's own and costs no grammar work.
+Once open, the gated matcher is the grammar's matcher. The gate reads the same marker ids
+the server's reasoning splitter cuts at, so the constraint covers exactly the content.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class GrammarGate:
+    """The tokens that open a gated constraint (see the module's docstring)."""
+
+    after: frozenset[int]
+    at: frozenset[int] = frozenset()
+
+    def over(self, grammar: Any) -> GatedGrammar:
+        """``grammar`` (compiled, shared) applied from where this gate opens."""
+        return GatedGrammar(grammar, self)
+
+
+class GatedGrammar:
+    """A compiled grammar behind a gate: each sequence's ``matcher()`` is a gated one."""
+
+    def __init__(self, grammar: Any, gate: GrammarGate) -> None:
+        self.grammar = grammar
+        self.gate = gate
+
+    def matcher(self) -> GatedMatcher:
+        return GatedMatcher(self.grammar.matcher(), self.gate)
+
+
+class GatedMatcher:
+    """One sequence's state: closed (reasoning: no mask, every token accepted) until a
+    token of its gate comes, then its grammar's matcher. Not thread-safe, as the matcher
+    it wraps."""
+
+    def __init__(self, inner: Any, gate: GrammarGate) -> None:
+        self._inner = inner
+        self._gate = gate
+        self.open = False
+        self._refused_opening = False  # the grammar refused the ``at`` token that opened it
+
+    @property
+    def dead_end(self) -> bool:
+        return self.open and (self._refused_opening or self._inner.dead_end)
+
+    @property
+    def is_terminated(self) -> bool:
+        return self.open and self._inner.is_terminated
+
+    def fill_mask(self, logits_row: torch.Tensor) -> None:
+        """The grammar's mask once open; nothing while the reasoning runs."""
+        if self.open:
+            self._inner.fill_mask(logits_row)
+
+    def accept(self, token_id: int) -> bool:
+        """Once open, the grammar's answer. Closed, every token is accepted; a gate token
+        opens it (an ``at`` token is the grammar's first: refused there, the output can
+        go no further as asked, a dead end, as a grammar's own)."""
+        if self.open:
+            return self._inner.accept(token_id)
+        if token_id in self._gate.after:
+            self.open = True
+        elif token_id in self._gate.at:
+            self.open = True
+            if not self._inner.accept(token_id):
+                self._refused_opening = True
+                return False
+        return True
