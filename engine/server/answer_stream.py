@@ -153,8 +153,10 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
                 thought, delta = choice.splitter.feed(output.text, output.token_ids,
                                                       output.finished)
                 content_text = choice.splitter.content
-                if not split.include:  # vLLM drops logprobs with it: their tokens show it
-                    thought, logprobs = "", None
+                if not split.include:
+                    thought = ""
+                if not p.shows_logprobs:
+                    logprobs = None
                 if thought:
                     await response.write(chunk(index, None, None, logprobs, reasoning=thought))
                     logprobs = None

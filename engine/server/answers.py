@@ -53,6 +53,12 @@ class Prepared:
     def echo(self, index: int) -> str | None:
         return self.echoes[index // self.req.n] if self.echoes else None
 
+    @property
+    def shows_logprobs(self) -> bool:
+        """Whether asked-for logprobs are sent: not beside ``include_reasoning: false``
+        (vLLM drops them with the reasoning: their tokens would show it)."""
+        return self.reasoning is None or self.reasoning.include
+
     def progress(self, counts: list[int]) -> None:
         """How far each choice has got (``counts``: its tokens), for the request's timeline
         and the line's estimates."""
@@ -124,8 +130,7 @@ def _whole_body(state: ServerState, p: Prepared, finals: list, counts: list[int]
 def _chat_choice(state: ServerState, p: Prepared, index: int, final,
                  splitter: ReasoningSplitter | None) -> dict[str, Any]:
     logprobs = None
-    if final.logprobs is not None and (p.reasoning is None or p.reasoning.include):
-        # (vLLM drops them with the reasoning: their tokens would show it)
+    if final.logprobs is not None and p.shows_logprobs:
         logprobs = chat_logprobs(zip(final.token_ids, final.logprobs, strict=True),
                                  token_text(state, p.req))
     text = final.text

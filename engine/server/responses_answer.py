@@ -1,6 +1,7 @@
 """A Responses request's outputs as the ``response`` object vLLM 0.32 builds
-(``ResponsesResponse.from_request``): its ``output`` items (an assistant ``message`` with
-``output_text``, then a ``function_call`` item per call), ``status`` (``incomplete`` with
+(``ResponsesResponse.from_request``): its ``output`` items (a ``reasoning`` item with
+``--reasoning-parser``, an assistant ``message`` with ``output_text``, then a
+``function_call`` item per call), ``status`` (``incomplete`` with
 ``incomplete_details.reason: "max_output_tokens"`` when the cap cut it), the ``usage`` in
 the Responses names, and the request's parameters echoed (the sampling values in
 effect). ``whole`` answers once; ``responses_stream`` sends the same items as events.
@@ -25,7 +26,8 @@ from kvledger.engine.server.tools.parsers import ToolCall
 
 
 def item_id(prefix: str) -> str:
-    """An output item's id: ``msg_...`` a message's, ``fc_...`` a function call's."""
+    """An output item's id: ``msg_...`` a message's, ``fc_...`` a function call's,
+    ``rs_...`` a reasoning item's."""
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
@@ -39,6 +41,20 @@ def message_item(msg_id: str, text: str, logprobs: list[dict[str, Any]] | None,
     content = [text_part(text, logprobs)] if text else []
     return {"id": msg_id, "type": "message", "role": "assistant", "status": status,
             "content": content}
+
+
+def reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
+def reasoning_item(rs_id: str, text: str | None, status: str = "completed") -> dict[str, Any]:
+    """vLLM's reasoning item for a model without Harmony; ``text`` None: no content yet
+    (the item a stream opens). Its ``status`` is ``completed`` once written, as vLLM's
+    stream closes it, whole answers too (vLLM's whole answer leaves it null), so that a
+    stream adds up to the whole answer."""
+    return {"id": rs_id, "type": "reasoning", "summary": [],
+            "content": None if text is None else [reasoning_part(text)],
+            "encrypted_content": None, "status": status}
 
 
 def call_item(fc_id: str, call: ToolCall, status: str = "completed") -> dict[str, Any]:
@@ -129,21 +145,22 @@ async def whole(state: ServerState, p: Prepared, outputs) -> web.Response:
 
 def output_items(state: ServerState, p: Prepared, final,
                  splitter: ReasoningSplitter | None = None) -> list[dict[str, Any]]:
-    """A finished answer's items: its reasoning (``--reasoning-parser``), its text as a
-    message (when there is text, or no call), then its calls, read as a stream reads them
+    """A finished answer's items: its reasoning (``--reasoning-parser``, unless
+    ``include_reasoning`` is false), its text as a message (when there is text, or no
+    other item, as vLLM's stream sends them), then its calls, read as a stream reads them
     (``CallScanner``)."""
     text, calls, reasoning = final.text, [], []
     if splitter is not None:
         splitter.feed(final.text, final.token_ids, final=True)
         text = splitter.content
-        if splitter.reasoning and p.reasoning.include:  # vLLM's item for non-Harmony models
-            reasoning = [{"id": item_id("rs"), "type": "reasoning", "summary": [],
-                          "content": [{"type": "reasoning_text", "text": splitter.reasoning}],
-                          "encrypted_content": None, "status": None}]
+        if splitter.reasoning and p.reasoning.include:
+            reasoning = [reasoning_item(item_id("rs"), splitter.reasoning)]
     scanner = p.tools.scanner()
     if scanner is not None:
         scanner.feed(text, final=True)
         text, calls = scanner.content, scanner.calls
-    logprobs = logprob_entries(state, p, final.token_ids, final.logprobs)
-    items = [message_item(item_id("msg"), text, logprobs)] if text or not calls else []
+    logprobs = logprob_entries(state, p, final.token_ids,
+                               final.logprobs if p.shows_logprobs else None)
+    message = text or not (calls or reasoning)
+    items = [message_item(item_id("msg"), text, logprobs)] if message else []
     return reasoning + items + [call_item(item_id("fc"), call) for call in calls]

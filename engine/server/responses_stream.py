@@ -3,13 +3,16 @@ model without Harmony (``SimpleStreamingEventProcessor``): ``event: TYPE`` then 
 JSON, numbered by ``sequence_number``.
 
 ``response.created`` and ``response.in_progress``; then each output item opened
-(``response.output_item.added``; a message's ``response.content_part.added``), written
-(``response.output_text.delta``, ``response.function_call_arguments.delta``) and closed
-(``...done``, ``response.output_item.done``) as the text turns from content to a call;
-then ``response.completed`` with the whole ``response`` (its ``status`` ``incomplete``
-when the cap cut it, as vLLM sends it) and its usage. A failure after the headers went
-out is an ``error`` event, as OpenAI's. A client that leaves is aborted by the chat
-route's ``finally``, like any other stream.
+(``response.output_item.added``; a message's or a reasoning item's
+``response.content_part.added``), written (``response.reasoning_text.delta``,
+``response.output_text.delta``, ``response.function_call_arguments.delta``) and closed
+(``...done``, ``response.content_part.done``, ``response.output_item.done``) as the
+answer turns from reasoning (``--reasoning-parser``) to content to a call; then
+``response.completed`` with the whole ``response`` (its ``status`` ``incomplete`` when
+the cap cut it, as vLLM sends it) and its usage: the items the events built and the
+usage ``responses_answer`` gives a whole answer, so the stream adds up to it. A failure
+after the headers went out is an ``error`` event, as OpenAI's. A client that leaves is
+aborted by the chat route's ``finally``, like any other stream.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from kvledger.engine.server.responses_answer import (
     item_id,
     logprob_entries,
     message_item,
+    reasoning_item,
+    reasoning_part,
     response_object,
     text_part,
 )
@@ -80,6 +85,20 @@ class _Events:
         await self.send("response.content_part.added", output_index=self.index,
                         item_id=self.open["id"], content_index=0, part=text_part("", []))
 
+    async def reasoning(self, delta: str) -> None:
+        """A piece of reasoning: its item opened first, as vLLM opens it (no content yet,
+        an empty ``reasoning_text`` part)."""
+        if self.open is None or self.open["type"] != "reasoning":
+            await self.close()
+            self.open, self.text = reasoning_item(item_id("rs"), None, "in_progress"), ""
+            await self.send("response.output_item.added", output_index=self.index,
+                            item=self.open)
+            await self.send("response.content_part.added", output_index=self.index,
+                            item_id=self.open["id"], content_index=0, part=reasoning_part(""))
+        self.text += delta
+        await self.send("response.reasoning_text.delta", output_index=self.index,
+                        item_id=self.open["id"], content_index=0, delta=delta)
+
     async def call_opened(self, call: ToolCall) -> None:
         await self.close()
         self.call, self.open = call, call_item(item_id("fc"), call, "in_progress")
@@ -101,6 +120,12 @@ class _Events:
             await self.send("response.content_part.done", output_index=self.index,
                             item_id=item["id"], content_index=0, part=part)
             item = message_item(item["id"], self.text, self.logprobs)
+        elif item["type"] == "reasoning":
+            await self.send("response.reasoning_text.done", output_index=self.index,
+                            item_id=item["id"], content_index=0, text=self.text)
+            await self.send("response.content_part.done", output_index=self.index,
+                            item_id=item["id"], content_index=0, part=reasoning_part(self.text))
+            item = reasoning_item(item["id"], self.text)
         else:
             item = call_item(item["id"], self.call)
             await self.send("response.function_call_arguments.done", output_index=self.index,
@@ -117,11 +142,11 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
         return response
     events = _Events(response)
     scanner = p.tools.scanner()
-    # --reasoning-parser: only the content after the reasoning is the message's text (the
-    # reasoning item's events are not streamed yet: see docs/serving.md)
+    # --reasoning-parser: the reasoning is its own item, first; the content after it is
+    # the message's text and its calls
     splitter = None if p.reasoning is None else p.reasoning.splitter()
     sent_text, sent_logprobs = "", 0
-    with_logprobs = p.req.logprobs_k() is not None
+    with_logprobs = p.req.logprobs_k() is not None and p.shows_logprobs
     pending: list[dict[str, Any]] = []  # logprobs of tokens whose text is not out yet
     try:
         started = response_object(p, "in_progress", [], None)
@@ -133,7 +158,7 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
             if output.finished and output.finish_reason == "error":
                 await _fail(state, events, failed_message(output), "request_error")
                 return response
-            if output.logprobs is not None:  # held until text goes out with them
+            if with_logprobs and output.logprobs is not None:  # held until text goes out
                 pending += logprob_entries(state, p, output.token_ids[sent_logprobs:],
                                            output.logprobs[sent_logprobs:])
                 sent_logprobs = len(output.logprobs)
@@ -141,9 +166,11 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
             if output.text.startswith(sent_text):  # text sent is never retracted
                 delta, sent_text = output.text[len(sent_text):], output.text
             content_text = sent_text
-            if splitter is not None:
-                delta = splitter.feed(output.text, output.token_ids, output.finished)[1]
+            if splitter is not None:  # the step's reasoning first, then its content (vLLM's)
+                thought, delta = splitter.feed(output.text, output.token_ids, output.finished)
                 content_text = splitter.content
+                if thought and p.reasoning.include:
+                    await events.reasoning(thought)
             pieces = [delta] if scanner is None else scanner.feed(content_text,
                                                                   output.finished)
             for piece in pieces:
