@@ -37,9 +37,14 @@ from kvledger.operator.render.render import LABEL
 
 
 class Emulator(kmock.KubernetesEmulator):
-    """kmock's emulator, plus ``metadata.generateName`` (kopf names its events that way)."""
+    """kmock's emulator, plus ``metadata.generateName`` (kopf names its events that way),
+    and reviews (a SubjectAccessReview) answered by the test's reaction and never stored, as
+    the API server answers them: kmock stores every create, and a second review (nameless
+    as the first) was a 409."""
 
     _generated = itertools.count(1)
+    REVIEWS = frozenset({"subjectaccessreviews", "selfsubjectaccessreviews",
+                         "localsubjectaccessreviews", "tokenreviews"})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -47,6 +52,8 @@ class Emulator(kmock.KubernetesEmulator):
 
     async def _handle(self, request: kmock.Request) -> Any:
         self.asked.append((request.method.value, str(getattr(request.resource, "plural", ""))))
+        if getattr(request.resource, "plural", None) in self.REVIEWS:
+            return await kmock.KubernetesScaffold._handle(self, request)  # the reactions alone
         meta = request.data.get("metadata") if isinstance(request.data, dict) else None
         if (request.method == kmock.method.POST and isinstance(meta, dict)
                 and "name" not in meta and meta.get("generateName")):
@@ -343,8 +350,10 @@ NS = "default"
 FALLBACK_LOG_LINES = 80  # the kubelet's FallbackToLogsOnError keeps the log's tail
 
 
-def run_container(container: dict, pod_spec: dict, scratch: Path) -> dict:
-    """Run one container as a local process, as a kubelet would; its terminated state."""
+def run_container(container: dict, pod_spec: dict, scratch: Path,
+                  env: dict[str, str] | None = None) -> dict:
+    """Run one container as a local process, as a kubelet would, with ``env`` (its env as
+    the kubelet resolves it) over this process's; its terminated state."""
     volumes = {v["name"]: v for v in pod_spec["volumes"]}
     mounts = {}
     for mount in container["volumeMounts"]:
@@ -356,10 +365,11 @@ def run_container(container: dict, pod_spec: dict, scratch: Path) -> dict:
             local.mkdir(parents=True, exist_ok=True)
             mounts[mount["mountPath"]] = str(local)
     termination_file = scratch / "termination-log"
-    mounts[container["terminationMessagePath"]] = str(termination_file)
+    mounts[container.get("terminationMessagePath", "/dev/termination-log")] = str(
+        termination_file)
 
     done = subprocess.run(local_argv(container, mounts), capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, env={**os.environ, **(env or {})})
     message = termination_file.read_text() if termination_file.exists() else ""
     if not message and done.returncode != 0 \
             and container["terminationMessagePolicy"] == "FallbackToLogsOnError":

@@ -32,8 +32,10 @@ SERVER_NAME = f"{WEBHOOK_SERVICE}.{WEBHOOK_NAMESPACE}.svc"  # what the certifica
 
 def admission_review(spec: dict[str, Any], *, operation: str = "CREATE",
                      old_spec: dict[str, Any] | None = None, dry_run: bool = False,
-                     name: str = "llm", namespace: str = "default") -> dict[str, Any]:
-    """An AdmissionReview v1 request as kube-apiserver sends it to a validating webhook."""
+                     name: str = "llm", namespace: str = "default",
+                     user: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An AdmissionReview v1 request as kube-apiserver sends it to a validating webhook
+    (``user``: its userInfo; alice's by default)."""
     obj = {"apiVersion": API_VERSION, "kind": KIND,
            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
     kind = {"group": GROUP, "version": VERSION, "kind": KIND}
@@ -42,7 +44,7 @@ def admission_review(spec: dict[str, Any], *, operation: str = "CREATE",
         "uid": str(uuid.uuid4()), "kind": kind, "resource": resource, "requestKind": kind,
         "requestResource": resource, "name": name, "namespace": namespace,
         "operation": operation,
-        "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+        "userInfo": user or {"username": "alice", "groups": ["system:authenticated"]},
         "object": obj,
         "oldObject": dict(obj, spec=old_spec) if old_spec is not None else None,
         "dryRun": dry_run,

@@ -6,9 +6,10 @@ it around kopf, which takes a review's body as it comes and answers in kind:
   spec of the wrong type) is ``NotAReview``: a 400 whose text is its one line here, never
   Python's (kopf answered such bodies with a bare 500, or refused them with Python's
   message).
-- kopf gets only what the handler reads of each object: ``apiVersion``, ``kind``,
-  ``metadata``'s ``name``, ``generateName``, ``namespace`` and ``deletionTimestamp``, and
-  ``spec``. Not its ``uid``: kopf keeps a memo per UPDATE's object uid for the operator's
+- kopf gets the requester's ``userInfo`` (name, uid, groups, extra: the webhook asks the
+  API server what they may read) and only what the handler reads of each object:
+  ``apiVersion``, ``kind``, ``metadata``'s ``name``, ``generateName``, ``namespace`` and
+  ``deletionTimestamp``, and ``spec``. Not its ``uid``: kopf keeps a memo per UPDATE's object uid for the operator's
   lifetime (50,000 made-up uids kept 59 MiB), and with none it keeps one. Nor its status,
   managed fields or annotations, which kopf would copy and diff.
 - The answer is ``admission.k8s.io/v1``'s ``AdmissionReview`` whatever the request named
@@ -62,12 +63,29 @@ def for_kopf(body: Any) -> tuple[str, str, dict[str, Any]]:
         "uid": uid, "operation": operation, "dryRun": request.get("dryRun") is True,
         "resource": {k: resource[k] for k in ("group", "version", "resource")},
         "subResource": sub if isinstance(sub, str) else None,
-        "userInfo": {"username": user.get("username")
-                     if isinstance(user.get("username"), str) else ""},
+        "userInfo": _user(user),
         **objects}}
     meta = (objects["object"] or objects["oldObject"])["metadata"]
     name = meta.get("name") or f"{meta.get('generateName', '')}<generated>"
     return uid, name, review
+
+
+def _user(user: dict[str, Any]) -> dict[str, Any]:
+    """Who asked, as the API server's authorizer knows them (the webhook asks it whether
+    they may read what the spec names): the name and uid, the groups and the extra, each
+    kept only when of its type."""
+    out: dict[str, Any] = {key: user[key] for key in ("username", "uid")
+                           if isinstance(user.get(key), str)}
+    out.setdefault("username", "")
+    groups = user.get("groups")
+    if isinstance(groups, list) and all(isinstance(g, str) for g in groups):
+        out["groups"] = groups
+    extra = user.get("extra")
+    if isinstance(extra, dict) and all(
+            isinstance(values, list) and all(isinstance(v, str) for v in values)
+            for values in extra.values()):
+        out["extra"] = extra
+    return out
 
 
 def _object(obj: Any, key: str) -> dict[str, Any] | None:

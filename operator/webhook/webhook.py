@@ -10,6 +10,8 @@ Service (``charts/kvledger``, ``webhook:``). The verdict is ``fit.judge``'s, on:
 - the spec as the operator parses it (an invalid spec or one the admin's policy forbids is
   refused too, with the message ``kubectl describe`` would show later), and the name, which
   must be able to name the Service (``names``);
+- the requester's right to read each Secret and ConfigMap the spec names, asked of the API
+  server (``access_review``: the pods would read them on the requester's behalf);
 - the cluster's GPU nodes, kept by a kopf index from a watch of the Nodes (no list per
   request);
 - the model: a hub model's config.json and safetensors headers, read as the pre-flight reads
@@ -55,7 +57,7 @@ from kvledger.operator.cluster.hub_models import Headers, HubModels, HubUnavaila
 from kvledger.operator.cluster.workers import Busy, Workers
 from kvledger.operator.render.policy import PolicyDenied
 from kvledger.operator.render.render import engine_flags
-from kvledger.operator.webhook import fit, inventory
+from kvledger.operator.webhook import access_review, fit, inventory
 from kvledger.operator.webhook.webhook_server import ANSWER_BY, WebhookServer, answer_margin_s
 
 WEBHOOK_ID = "validate"  # the path the server answers: the chart's clientConfig path
@@ -73,6 +75,9 @@ PLAN_WAITING = 16
 # dozens of hand-overs (every socket read and write): at 5 ms a cheap review waited 1-2 s
 # behind a flood of plans on 2 cores, at 1 ms 0.5 s (bench/hostile_cluster.py).
 SWITCH_INTERVAL_S = 0.001
+# What a refusal of ``access_review``'s adds: why, and what to do.
+READ_ONLY_YOURS = ("(a resource may name only the Secrets and ConfigMaps its author may "
+                   "read: ask for get on it, or have someone who may read it set the field)")
 
 
 class _NotKept(Exception):
@@ -204,13 +209,18 @@ def gpu_nodes(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]] | None:
 
 async def validate(body: kopf.Body, old: kopf.Body | None, operation: str, memo: kopf.Memo,
                    warnings: list[str], gpu_nodes: kopf.Index, logger: logging.Logger,
-                   namespace: str | None = None, **_: Any) -> None:
+                   namespace: str | None = None, userinfo: Mapping[str, Any] | None = None,
+                   **_: Any) -> None:
     """kopf's validating handler: AdmissionError refuses, ``warnings`` reach kubectl.
 
     A fault of the webhook's own lets the resource in with a warning (and a log line), as
-    ``failurePolicy: Ignore`` does when it cannot be reached: only a verdict refuses."""
+    ``failurePolicy: Ignore`` does when it cannot be reached: only a verdict refuses. The
+    one exception is the check that the requester may read the Secrets and ConfigMaps the
+    spec names (``access_review``), which refuses what it cannot confirm."""
     spec_raw = dict(body.get("spec") or {})
-    if operation == "UPDATE" and old is not None and dict(old.get("spec") or {}) == spec_raw:
+    old_spec = dict(old.get("spec") or {}) if operation == "UPDATE" and old is not None \
+        else None
+    if old_spec == spec_raw:
         return
     meta = body.get("metadata") or {}
     if meta.get("deletionTimestamp"):
@@ -227,10 +237,19 @@ async def validate(body: kopf.Body, old: kopf.Body | None, operation: str, memo:
         raise kopf.AdmissionError(f"{name}: {exc}", code=403) from None
     except BadInput as exc:
         raise kopf.AdmissionError(f"{name}: invalid spec: {exc}", code=422) from None
+    answer_by = ANSWER_BY.get(None)
+    if refs := access_review.to_confirm(spec_raw, old_spec):
+        within_s = ((answer_by - time.monotonic()) if answer_by is not None
+                    else memo.webhook.timeout_s - answer_margin_s(memo.webhook.timeout_s))
+        refused = await access_review.refusals(
+            memo.kube, userinfo, meta.get("namespace") or namespace or "", refs, within_s)
+        if refused:
+            raise kopf.AdmissionError(f"{name}: {'; '.join(refused)} {READ_ONLY_YOURS}",
+                                      code=403)
     nodes = list(gpu_nodes.get("gpu", ()))
     try:
         verdict = await memo.webhook.verdict(name, spec, nodes, memo.policy.hub_endpoint(spec),
-                                             ANSWER_BY.get(None))
+                                             answer_by)
     except BadInput as exc:  # the pre-flight exits 2 on it: refused alike
         raise kopf.AdmissionError(f"{name}: {exc}", code=422) from None
     except Exception as exc:  # a fault here must not refuse the resource

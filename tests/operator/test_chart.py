@@ -134,6 +134,9 @@ def test_the_webhook_renders_by_default_self_signed_with_its_rights():
                       if r["metadata"]["name"] == "kvledger-webhook"]
     assert cluster_role["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
+        # the webhook asks whether a resource's author may read what its spec names
+        {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"],
+         "verbs": ["create"]},
         {"apiGroups": ["admissionregistration.k8s.io"],
          "resources": ["validatingwebhookconfigurations"], "resourceNames": ["kvledger"],
          "verbs": ["get", "patch"]}]
@@ -244,8 +247,8 @@ def test_without_the_webhook_nothing_of_it_renders():
     assert not {"ValidatingWebhookConfiguration", "Role", "Certificate"} & set(rendered)
     assert [s["metadata"]["name"] for s in rendered.get("Service", [])] == []
     assert not any(a.startswith("--webhook") for a in operator_args(rendered))
-    assert all("nodes" not in r["resources"] for c in rendered["ClusterRole"]
-               for r in c["rules"])
+    assert all(not {"nodes", "subjectaccessreviews"} & set(r["resources"])
+               for c in rendered["ClusterRole"] for r in c["rules"])
 
 
 def test_the_operator_may_read_the_routers_objectives_and_nothing_more_of_them():
