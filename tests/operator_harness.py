@@ -128,9 +128,11 @@ class Cluster:
                 if e.get("involvedObject", {}).get("name") == name]
 
 
-async def eventually(check: Callable[[], Any | Awaitable[Any]], *, timeout_s: float = 10.0,
+async def eventually(check: Callable[[], Any | Awaitable[Any]], *, timeout_s: float = 30.0,
                      what: str = "condition") -> Any:
-    """Poll until ``check()`` returns something truthy; fail with ``what`` after the timeout."""
+    """Poll until ``check()`` returns something truthy; fail with ``what`` after the timeout
+    (30 s: a reconcile on CI's two busy workers took over 10 s; a check that holds
+    returns at once)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         result = check()

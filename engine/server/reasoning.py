@@ -17,8 +17,8 @@ stream sends adds up to what the whole answer holds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvledger.engine.errors import BadInput
@@ -58,6 +58,9 @@ class ReasoningTokens:
     end_id: int
     implicit_id: int | None
     kept_ids: frozenset[int] = frozenset()  # markers decoding drops (special): kept in text
+    # the tokenizer's decode: how many marker texts ordinary tokens spell (None: none)
+    decode: Callable[[list[int]], str] | None = field(default=None, compare=False,
+                                                      repr=False)
 
     @classmethod
     def of(cls, name: str, tokenizer) -> ReasoningTokens:
@@ -74,7 +77,8 @@ class ReasoningTokens:
                                                                          rule.implicit_end)
         markers = [ids[rule.start], ids[rule.end]] + ([] if implicit is None else [implicit])
         kept = frozenset(i for i in markers if tokenizer.decode([i]) == "")
-        return cls(name, rule, ids[rule.start], ids[rule.end], implicit, kept)
+        return cls(name, rule, ids[rule.start], ids[rule.end], implicit, kept,
+                   tokenizer.decode)
 
     def thinking(self, template_kwargs: Mapping[str, Any]) -> bool:
         """Whether a chat rendered with ``template_kwargs`` reasons (Qwen3's
@@ -141,55 +145,95 @@ class ReasoningSplitter:
         came but whose text has not (held back behind a stop string's possible start)
         holds back what follows until its text comes, so that the marker's text is
         dropped the same however the answer was cut into steps."""
-        new_ids, new_text = ids[self._ids_seen:], text[self._text_seen:]
-        reasoning = content = ""
         t = self.tokens
+        i, p = self._ids_seen, self._text_seen  # the ids and the text read so far
+        reasoning = content = ""
         if self.in_reasoning:
-            cut = next((i for i, token_id in enumerate(new_ids)
-                        if token_id in (t.end_id, t.implicit_id)), None)
+            cut = next((k for k in range(i, len(ids))
+                        if ids[k] in (t.end_id, t.implicit_id)), None)
             if cut is None:
-                if not final and _unwritten(new_text, t.rule.start, new_ids, t.start_id):
+                if not final and self._places(text, ids, t.rule.start, t.start_id, i) is None:
                     return "", ""  # a <think>'s text is still to come: wait for it
-                reasoning = self._reasoning_text(new_ids, new_text)
-                new_ids, new_text = [], ""
+                reasoning = self._reasoning_text(text, ids, i, len(ids), p, len(text))
+                i, p = len(ids), len(text)
             else:
-                implicit = new_ids[cut] != t.end_id
+                implicit = ids[cut] != t.end_id
                 marker = t.rule.implicit_end if implicit else t.rule.end
-                at = new_text.find(marker)
-                if at < 0 and not final:
+                places = self._places(text, ids[:cut + 1], marker, ids[cut], cut)
+                if places is None and not final:
                     return "", ""  # the marker's text is not written yet: wait for it
-                if at < 0:  # cut off (a stop string): what came is reasoning
-                    at = len(new_text)
-                reasoning = self._reasoning_text(new_ids[:cut], new_text[:at])
+                # cut off (a stop string): what came is reasoning
+                at = len(text) if places is None else places[0]
+                reasoning = self._reasoning_text(text, ids, i, cut, p, at)
                 self.in_reasoning = False
-                after = at if implicit else at + len(marker)
-                new_ids, new_text = new_ids[cut + (0 if implicit else 1):], new_text[after:]
-        if new_text or new_ids:
-            content = new_text
-            if t.rule.drops_late_end:
-                if not final and _unwritten(content, t.rule.end, new_ids, t.end_id):
+                i, p = cut + (0 if implicit else 1), min(len(text), at + (
+                    0 if implicit else len(marker)))
+        if p < len(text) or i < len(ids):
+            content = text[p:]
+            if t.rule.drops_late_end and t.end_id in ids[i:]:
+                places = self._places(text, ids, t.rule.end, t.end_id, i)
+                if places is None and not final:
                     self.reasoning += reasoning  # the reasoning is sent, the content waits
-                    self._ids_seen, self._text_seen = len(ids) - len(new_ids), \
-                        len(text) - len(new_text)
+                    self._ids_seen, self._text_seen = i, p
                     return reasoning, ""
-                content = content.replace(t.rule.end, "", new_ids.count(t.end_id))
+                content = content.replace(t.rule.end, "", ids[i:].count(t.end_id)) \
+                    if places is None else _without(content, [at - p for at in places],
+                                                    len(t.rule.end))
         self._ids_seen, self._text_seen = len(ids), max(self._text_seen, len(text))
         self.reasoning += reasoning
         self.content += content
         return reasoning, content
 
-    def _reasoning_text(self, ids: list[int], text: str) -> str:
-        """Reasoning's ``text`` (written by ``ids``) without its start markers."""
+    def _reasoning_text(self, text: str, ids: list[int], first: int, end: int,
+                        start: int, stop: int) -> str:
+        """The reasoning ``ids[first:end]`` wrote, ``text[start:stop]``, without its start
+        markers."""
         t = self.tokens
-        starts = ids.count(t.start_id)
-        self.reasoning_tokens += len(ids) - starts
-        return text.replace(t.rule.start, "", starts) if starts else text
+        starts = ids[first:end].count(t.start_id)
+        self.reasoning_tokens += end - first - starts
+        piece = text[start:stop]
+        if not starts:
+            return piece
+        places = self._places(text, ids[:end], t.rule.start, t.start_id, first)
+        return piece.replace(t.rule.start, "", starts) if places is None \
+            else _without(piece, [at - start for at in places], len(t.rule.start))
+
+    def _places(self, text: str, ids: list[int], marker: str, marker_id: int,
+                first: int) -> list[int] | None:
+        """Where in ``text`` (written by ``ids``) each ``marker_id`` from ``ids[first]`` on
+        wrote ``marker``, in order; None while one's text is not written yet. Ordinary
+        tokens that spell the marker's text (the ids between the markers, decoded) are
+        passed over, so a reasoning that writes ``</think>`` as text is not cut there. Read
+        from the output's start (text may lag its ids: a stop string's possible start is
+        held back), so only where a marker came."""
+        places: list[int] = []
+        if marker_id not in ids[first:]:
+            return places
+        start, ordinary = 0, []
+        for k, token_id in enumerate(ids):
+            if token_id != marker_id:
+                ordinary.append(token_id)
+                continue
+            spelled = self.tokens.decode(ordinary).count(marker) \
+                if ordinary and self.tokens.decode is not None else 0
+            ordinary = []
+            for _ in range(spelled + 1):
+                at = text.find(marker, start)
+                if at < 0:
+                    return None
+                start = at + len(marker)
+            if k >= first:
+                places.append(start - len(marker))
+        return places
 
 
-def _unwritten(text: str, marker: str, ids: list[int], marker_id: int) -> bool:
-    """Whether ``ids`` hold more ``marker`` tokens than ``text`` holds their text."""
-    count = ids.count(marker_id)
-    return count > 0 and text.count(marker) < count
+def _without(text: str, places: list[int], width: int) -> str:
+    """``text`` less the ``width`` characters at each of ``places``."""
+    kept, start = [], 0
+    for at in places:
+        kept.append(text[start:at])
+        start = at + width
+    return "".join(kept) + text[start:]
 
 
 def reasoning_token_count(tokens: ReasoningTokens, splitter: ReasoningSplitter,
