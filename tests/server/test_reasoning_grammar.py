@@ -2,7 +2,7 @@
 vLLM 0.32 applies it: the reasoning is the model's own (token for token what the same
 seeded request writes unconstrained), the content follows the constraint. On a tiny model
 whose tokenizer holds Qwen3's markers; a ``logit_bias`` on a marker makes the random
-weights end their reasoning within a few tokens."""
+weights end their reasoning within a few tokens (the fixtures are test_reasoning_http's)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ import json
 
 import jsonschema
 import pytest
-from _server_helpers import make_llm, model_name, start_app, stop_app, with_added_tokens
+from _server_helpers import model_name, start_app, stop_app
+from test_reasoning_http import ASK, llm, think_dir  # noqa: F401 (fixtures)
 
-MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
-ASK = [{"role": "user", "content": "Why is the sky blue?"}]
 SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "blue"]}},
           "required": ["color"], "additionalProperties": False}
 FORMAT = {"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA}}
@@ -24,20 +23,10 @@ TOOLS = [{"type": "function", "function": {
 SEEDS = range(4)
 
 
-@pytest.fixture(scope="module")
-def think_dir(tiny_llama_dir, tmp_path_factory):
-    return with_added_tokens(tiny_llama_dir, tmp_path_factory.mktemp("think") / "model",
-                             MARKERS)
-
-
-@pytest.fixture(scope="module")
-def llm(think_dir):
-    return make_llm(think_dir, max_model_len=1024, num_gpu_blocks_override=256)
-
-
-def _body(client, llm, seed: int, marker: str, bias: float = 4, **extra):
+def _body(client, engine, seed: int, marker: str, bias: float = 4, **extra):
     return {"model": model_name(client), "messages": ASK, "max_tokens": 80, "seed": seed,
-            "temperature": 1.0, "logit_bias": {str(llm.tokenizer.token_to_id(marker)): bias},
+            "temperature": 1.0,
+            "logit_bias": {str(engine.tokenizer.token_to_id(marker)): bias},
             "return_token_ids": True, **extra}
 
 
@@ -45,13 +34,14 @@ def _to_marker(ids: list[int], marker_id: int) -> list[int]:
     return ids[:ids.index(marker_id) + 1]
 
 
-async def _raws(aiohttp_client, llm, marker: str, **extra) -> list[tuple[str, list[int]]]:
+async def _raws(aiohttp_client, engine, marker: str,
+                **extra) -> list[tuple[str, list[int]]]:
     """Each seed's text and ids from a server without the flag and the constraint."""
-    plain = await start_app(aiohttp_client, llm)
+    plain = await start_app(aiohttp_client, engine)
     raws = []
     for seed in SEEDS:
         answer = await (await plain.post("/v1/chat/completions",
-                                         json=_body(plain, llm, seed, marker, **extra))).json()
+                                         json=_body(plain, engine, seed, marker, **extra))).json()
         choice = answer["choices"][0]
         raws.append((choice["message"]["content"], choice["token_ids"]))
     await stop_app(plain)
@@ -59,8 +49,8 @@ async def _raws(aiohttp_client, llm, marker: str, **extra) -> list[tuple[str, li
 
 
 @pytest.mark.parametrize("parser", ["deepseek_r1", "qwen3"])
-async def test_the_schema_constrains_the_content_not_the_reasoning(aiohttp_client, llm,
-                                                                   parser):
+async def test_the_schema_constrains_the_content_not_the_reasoning(
+        aiohttp_client, llm, parser):  # noqa: F811
     raws = await _raws(aiohttp_client, llm, "</think>")
     end = llm.tokenizer.token_to_id("</think>")
     client = await start_app(aiohttp_client, llm, reasoning_parser=parser)
@@ -95,7 +85,7 @@ async def test_the_schema_constrains_the_content_not_the_reasoning(aiohttp_clien
     await stop_app(client)
 
 
-async def test_a_required_tool_call_follows_qwen3s_reasoning(aiohttp_client, llm):
+async def test_a_required_tool_call_follows_qwen3s_reasoning(aiohttp_client, llm):  # noqa: F811
     """``<tool_call>`` ends Qwen3's reasoning and is the call grammar's first token."""
     raws = await _raws(aiohttp_client, llm, "<tool_call>", bias=6, tools=TOOLS,
                        tool_choice="none")
@@ -115,7 +105,8 @@ async def test_a_required_tool_call_follows_qwen3s_reasoning(aiohttp_client, llm
     await stop_app(client)
 
 
-async def test_a_marker_the_constraint_refuses_ends_the_answer(aiohttp_client, llm):
+async def test_a_marker_the_constraint_refuses_ends_the_answer(
+        aiohttp_client, llm):  # noqa: F811
     """Qwen3's ``<tool_call>`` ends the reasoning; a JSON schema cannot start with it, so
     the answer ends there, as at any dead end of a constraint (finish ``grammar``, no
     token outside the constraint written)."""
