@@ -1,13 +1,6 @@
 """``--reasoning-parser``: a think-tag model's answer split into its reasoning and its
-content, as vLLM 0.32's parsers split it, on token ids.
-
-- ``deepseek_r1`` (``DeepSeekR1ReasoningParser``): the answer starts in reasoning (the
-  template puts ``<think>`` in the prompt) and stays there until ``</think>``; with none,
-  it is all reasoning. ``<think>`` tokens inside reasoning are dropped.
-- ``qwen3`` (vLLM 0.32's ``Qwen3Parser`` engine, not the older text rule): the same,
-  and a duplicate ``</think>`` after reasoning is dropped; ``<tool_call>`` ends reasoning
-  too and stays in the content for the tool parser; ``enable_thinking: false`` (the
-  chat's template variables) makes the whole answer content.
+content, as vLLM 0.32's parser of that name splits a whole answer (``reasoning_rules.py``
+holds each parser's rule), read on token ids.
 
 The markers must each be one token of the model's vocabulary: ``ReasoningTokens.of``
 refuses a model without them when the server starts. One ``ReasoningSplitter`` reads a
@@ -23,68 +16,55 @@ from typing import Any
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.sampling.grammar_gate import GrammarGate
-from kvledger.engine.settings.vllm_rules import REASONING_PARSERS
-
-
-@dataclass(frozen=True)
-class ReasoningRule:
-    """How one parser reads an answer: its start and end markers, a marker that ends
-    reasoning and stays in the content (``implicit_end``), whether a later end marker is
-    dropped from the content, and whether the chat's ``enable_thinking`` turns it off."""
-
-    start: str
-    end: str
-    implicit_end: str | None = None
-    drops_late_end: bool = False
-    reads_enable_thinking: bool = False
-    counts_unopened: bool = True  # reasoning tokens count without a <think> in the output
-
-
-RULES: dict[str, ReasoningRule] = {
-    "deepseek_r1": ReasoningRule("<think>", "</think>", counts_unopened=False),
-    "qwen3": ReasoningRule("<think>", "</think>", implicit_end="<tool_call>",
-                           drops_late_end=True, reads_enable_thinking=True),
-}
+from kvledger.engine.server.reasoning_rules import RULES, ReasoningRule
 
 
 @dataclass(frozen=True)
 class ReasoningTokens:
     """A rule bound to a tokenizer: its markers' ids (``implicit_id`` None where the
-    vocabulary lacks that marker: then only the end marker ends reasoning)."""
+    vocabulary lacks that marker: then only the end marker ends reasoning; ``start_id``
+    None for a rule without a start marker), and the chat template its switch reads."""
 
     name: str
     rule: ReasoningRule
-    start_id: int
+    start_id: int | None
     end_id: int
     implicit_id: int | None
     kept_ids: frozenset[int] = frozenset()  # markers decoding drops (special): kept in text
     # the tokenizer's decode: how many marker texts ordinary tokens spell (None: none)
     decode: Callable[[list[int]], str] | None = field(default=None, compare=False,
                                                       repr=False)
+    template: str | None = None
+    tool_ids: frozenset[int] = frozenset()  # the rule's ``tool_markers`` that are tokens
 
     @classmethod
     def of(cls, name: str, tokenizer) -> ReasoningTokens:
-        """The parser ``name`` for ``tokenizer``; BadInput (exit 2) when a marker is not
-        one token of its vocabulary, as vLLM refuses it at start-up."""
+        """The parser ``name`` for ``tokenizer``; BadInput (exit 2) when a marker (or a
+        token the parser requires) is not one token of its vocabulary, as vLLM refuses
+        it at start-up."""
         rule = RULES[name]
-        ids = {text: _single_token(tokenizer, text) for text in (rule.start, rule.end)}
+        needed = [text for text in (rule.start, rule.end, *rule.requires) if text is not None]
+        ids = {text: _single_token(tokenizer, text) for text in needed}
         missing = [text for text, token_id in ids.items() if token_id is None]
         if missing:
             raise BadInput(f"--reasoning-parser {name}: the model's tokenizer has no single "
                            f"token for {' or '.join(missing)}; this parser needs a model "
-                           "that writes them (Qwen3, DeepSeek-R1 and its distills)")
+                           f"whose tokenizer has them ({rule.models})")
         implicit = None if rule.implicit_end is None else _single_token(tokenizer,
                                                                          rule.implicit_end)
-        markers = [ids[rule.start], ids[rule.end]] + ([] if implicit is None else [implicit])
+        tool = frozenset(token_id for text in rule.tool_markers
+                         if (token_id := _single_token(tokenizer, text)) is not None)
+        markers = [ids[text] for text in (rule.start, rule.end) if text is not None] + (
+            [] if implicit is None else [implicit]) + sorted(tool)
         kept = frozenset(i for i in markers if tokenizer.decode([i]) == "")
-        return cls(name, rule, ids[rule.start], ids[rule.end], implicit, kept,
-                   tokenizer.decode)
+        return cls(name, rule, None if rule.start is None else ids[rule.start],
+                   ids[rule.end], implicit, kept, tokenizer.decode,
+                   getattr(tokenizer, "chat_template", None), tool)
 
     def thinking(self, template_kwargs: Mapping[str, Any]) -> bool:
-        """Whether a chat rendered with ``template_kwargs`` reasons (Qwen3's
-        ``enable_thinking: false`` does not)."""
-        return not (self.rule.reads_enable_thinking
-                    and template_kwargs.get("enable_thinking", True) is False)
+        """Whether a chat rendered with ``template_kwargs`` reasons (the rule's switch:
+        Qwen3's ``enable_thinking: false`` does not)."""
+        return self.rule.switch is None or self.rule.switch(template_kwargs, self.template)
 
 
 @dataclass(frozen=True)
@@ -102,8 +82,10 @@ class ReasoningPlan:
 
     def grammar_gate(self) -> GrammarGate | None:
         """Where an output constraint starts: at the reasoning's end, the marker ids the
-        splitter cuts at (None: the chat does not reason, so from the first token)."""
-        if not self.thinking:
+        splitter cuts at (None: from the first token, where the chat does not reason or
+        the answer starts in content, as Magistral's: vLLM's parser engine then counts the
+        reasoning as ended before it starts, and the constraint leaves no room to open it)."""
+        if not self.thinking or not self.tokens.rule.starts_in_reasoning:
             return None
         t = self.tokens
         return GrammarGate(frozenset({t.end_id}),
@@ -111,9 +93,10 @@ class ReasoningPlan:
 
     def usage_details(self, splitters: list[ReasoningSplitter],
                       outputs_ids: list[list[int]]) -> dict[str, int]:
-        """vLLM's ``completion_tokens_details`` of the choices' answers."""
+        """vLLM's ``completion_tokens_details`` of the choices' answers (none for a chat
+        that does not think: vLLM's parser then reads no reasoning)."""
         return {"reasoning_tokens": sum(
-            reasoning_token_count(self.tokens, s, ids)
+            reasoning_token_count(self.tokens, s, ids) if self.thinking else 0
             for s, ids in zip(splitters, outputs_ids, strict=True))}
 
 
@@ -125,72 +108,106 @@ def _single_token(tokenizer, text: str) -> int | None:
         else None
 
 
+# One step of a split: the ids and the text read up to, the piece, whether the state changed
+_Step = tuple[int, int, str, bool]
+
+
 class ReasoningSplitter:
     """A choice's answer, fed as it grows (each ``feed`` the whole text and ids so far),
-    as reasoning and content pieces. The ids decide where reasoning ends; the text is cut
-    at that marker's text in the part the new ids wrote (vLLM's streaming rule). Text
-    already handed out is never taken back."""
+    as reasoning and content pieces. The ids decide where the state changes; the text is
+    cut at that marker's own text (vLLM's streaming rule). Text already handed out is
+    never taken back."""
 
     def __init__(self, tokens: ReasoningTokens, thinking: bool = True) -> None:
         self.tokens = tokens
-        self.in_reasoning = thinking
+        self.splits = thinking  # a chat that does not think is all content, as written
+        self.in_reasoning = thinking and tokens.rule.starts_in_reasoning
         self.reasoning = ""
         self.content = ""
         self.reasoning_tokens = 0  # output tokens read as reasoning (markers not counted)
         self._ids_seen = 0
         self._text_seen = 0
+        self._space = ""  # the reasoning's trailing whitespace, held (strips_trailing_space)
 
     def feed(self, text: str, ids: list[int], final: bool) -> tuple[str, str]:
         """The reasoning and the content that ``text`` and ``ids`` add. A marker whose id
         came but whose text has not (held back behind a stop string's possible start)
         holds back what follows until its text comes, so that the marker's text is
         dropped the same however the answer was cut into steps."""
-        t = self.tokens
-        i, p = self._ids_seen, self._text_seen  # the ids and the text read so far
         reasoning = content = ""
-        if self.in_reasoning:
-            cut = next((k for k in range(i, len(ids))
-                        if ids[k] in (t.end_id, t.implicit_id)), None)
-            if cut is None:
-                if not final and self._places(text, ids, t.rule.start, t.start_id, i) is None:
-                    return "", ""  # a <think>'s text is still to come: wait for it
-                reasoning = self._reasoning_text(text, ids, i, len(ids), p, len(text))
-                i, p = len(ids), len(text)
+        while True:
+            step = self._reasoning_step(text, ids, final) if self.in_reasoning \
+                else self._content_step(text, ids, final)
+            if step is None:
+                break  # a marker's text is still to come: wait for it
+            self._ids_seen, self._text_seen, piece, changed = step
+            if self.in_reasoning:
+                reasoning += self._without_trailing_space(piece)
             else:
-                implicit = ids[cut] != t.end_id
-                marker = t.rule.implicit_end if implicit else t.rule.end
-                places = self._places(text, ids[:cut + 1], marker, ids[cut], cut)
-                if places is None and not final:
-                    return "", ""  # the marker's text is not written yet: wait for it
-                # cut off (a stop string): what came is reasoning
-                at = len(text) if places is None else places[0]
-                reasoning = self._reasoning_text(text, ids, i, cut, p, at)
-                self.in_reasoning = False
-                i, p = cut + (0 if implicit else 1), min(len(text), at + (
-                    0 if implicit else len(marker)))
-        if p < len(text) or i < len(ids):
-            content = text[p:]
-            if t.rule.drops_late_end and t.end_id in ids[i:]:
-                places = self._places(text, ids, t.rule.end, t.end_id, i)
-                if places is None and not final:
-                    self.reasoning += reasoning  # the reasoning is sent, the content waits
-                    self._ids_seen, self._text_seen = i, p
-                    return reasoning, ""
-                content = content.replace(t.rule.end, "", ids[i:].count(t.end_id)) \
-                    if places is None else _without(content, [at - p for at in places],
-                                                    len(t.rule.end))
-        self._ids_seen, self._text_seen = len(ids), max(self._text_seen, len(text))
+                content += piece
+            if not changed:
+                break
+            self.in_reasoning = not self.in_reasoning
+        if final:
+            self._space = ""  # the reasoning's end: its trailing whitespace is cut
         self.reasoning += reasoning
         self.content += content
         return reasoning, content
 
+    def _reasoning_step(self, text: str, ids: list[int], final: bool) -> _Step | None:
+        """Reasoning up to its end marker (dropped) or implicit end (kept for the content),
+        or all of it; None to wait for a marker's text."""
+        t, i, p = self.tokens, self._ids_seen, self._text_seen
+        cut = next((k for k in range(i, len(ids)) if ids[k] in (t.end_id, t.implicit_id)),
+                   None)
+        if cut is None:
+            if not final and self._places(text, ids, t.rule.start, t.start_id, i) is None:
+                return None  # a <think>'s text is still to come
+            return len(ids), max(p, len(text)), self._reasoning_text(
+                text, ids, i, len(ids), p, len(text)), False
+        implicit = ids[cut] != t.end_id
+        marker = t.rule.implicit_end if implicit else t.rule.end
+        places = self._places(text, ids[:cut + 1], marker, ids[cut], cut)
+        if places is None and not final:
+            return None
+        at = len(text) if places is None else places[0]  # cut off (a stop string): all came
+        piece = self._reasoning_text(text, ids, i, cut, p, at)
+        return cut + (0 if implicit else 1), at if implicit else min(
+            len(text), at + len(marker)), piece, True
+
+    def _content_step(self, text: str, ids: list[int], final: bool) -> _Step | None:
+        """Content up to a start marker that opens reasoning again (``reopens``), or all
+        of it, late end markers dropped (``drops_late_end``); None to wait."""
+        t, rule, i, p = self.tokens, self.tokens.rule, self._ids_seen, self._text_seen
+        if not self.splits:
+            return len(ids), max(p, len(text)), text[p:], False
+        opener = next((k for k in range(i, len(ids)) if ids[k] == t.start_id), None) \
+            if rule.reopens else None
+        stop, at = len(ids), len(text)
+        if opener is not None:
+            places = self._places(text, ids[:opener + 1], rule.start, t.start_id, opener)
+            if places is None and not final:
+                return None
+            stop, at = opener, len(text) if places is None else places[0]
+        piece = text[p:at]
+        if rule.drops_late_end and t.end_id in ids[i:stop]:
+            places = self._places(text, ids[:stop], rule.end, t.end_id, i)
+            if places is None and not final:
+                return None  # the reasoning is sent, the content waits
+            piece = piece.replace(rule.end, "", ids[i:stop].count(t.end_id)) \
+                if places is None else _without(piece, [x - p for x in places], len(rule.end))
+        if opener is None:
+            return len(ids), max(p, len(text)), piece, False
+        return opener + 1, min(len(text), at + len(rule.start)), piece, True
+
     def _reasoning_text(self, text: str, ids: list[int], first: int, end: int,
                         start: int, stop: int) -> str:
         """The reasoning ``ids[first:end]`` wrote, ``text[start:stop]``, without its start
-        markers."""
+        markers; its tokens counted, but the markers and the tool markup."""
         t = self.tokens
-        starts = ids[first:end].count(t.start_id)
-        self.reasoning_tokens += end - first - starts
+        starts = 0 if t.start_id is None else ids[first:end].count(t.start_id)
+        self.reasoning_tokens += end - first - starts - sum(
+            token_id in t.tool_ids for token_id in ids[first:end])
         piece = text[start:stop]
         if not starts:
             return piece
@@ -198,7 +215,7 @@ class ReasoningSplitter:
         return piece.replace(t.rule.start, "", starts) if places is None \
             else _without(piece, [at - start for at in places], len(t.rule.start))
 
-    def _places(self, text: str, ids: list[int], marker: str, marker_id: int,
+    def _places(self, text: str, ids: list[int], marker: str | None, marker_id: int | None,
                 first: int) -> list[int] | None:
         """Where in ``text`` (written by ``ids``) each ``marker_id`` from ``ids[first]`` on
         wrote ``marker``, in order; None while one's text is not written yet. Ordinary
@@ -207,7 +224,7 @@ class ReasoningSplitter:
         from the output's start (text may lag its ids: a stop string's possible start is
         held back), so only where a marker came."""
         places: list[int] = []
-        if marker_id not in ids[first:]:
+        if marker is None or marker_id not in ids[first:]:
             return places
         start, ordinary = 0, []
         for k, token_id in enumerate(ids):
@@ -226,6 +243,16 @@ class ReasoningSplitter:
                 places.append(start - len(marker))
         return places
 
+    def _without_trailing_space(self, piece: str) -> str:
+        """``piece`` with its trailing whitespace held until more reasoning follows (and
+        dropped at the end), where the rule cuts it (vLLM's engine defers it the same)."""
+        if not piece or not self.tokens.rule.strips_trailing_space:
+            return piece
+        piece = self._space + piece
+        kept = piece.rstrip()
+        self._space = piece[len(kept):]
+        return kept
+
 
 def _without(text: str, places: list[int], width: int) -> str:
     """``text`` less the ``width`` characters at each of ``places``."""
@@ -238,9 +265,9 @@ def _without(text: str, places: list[int], width: int) -> str:
 
 def reasoning_token_count(tokens: ReasoningTokens, splitter: ReasoningSplitter,
                           output_ids: list[int]) -> int:
-    """vLLM's ``completion_tokens_details.reasoning_tokens``: Qwen3's engine counts the
-    tokens it read as reasoning; DeepSeek-R1's (the think-tag base rule) only those
-    between a ``<think>`` and its ``</think>`` in the output itself."""
+    """vLLM's ``completion_tokens_details.reasoning_tokens``: the parser engine counts the
+    tokens it read as reasoning; the think-tag base rule (deepseek_r1) only those between
+    a ``<think>`` and its ``</think>`` in the output itself."""
     if tokens.rule.counts_unopened:
         return splitter.reasoning_tokens
     count = depth = 0
@@ -252,6 +279,3 @@ def reasoning_token_count(tokens: ReasoningTokens, splitter: ReasoningSplitter,
         elif depth > 0:
             count += 1
     return count
-
-
-assert set(RULES) == set(REASONING_PARSERS), "a --reasoning-parser name without its rule"

@@ -200,7 +200,7 @@ class ServeConfig:
         help=f"vLLM's: split a think-tag model's answer into message.reasoning and its "
              f"content, one of {', '.join(REASONING_PARSER.values)} (default: not split)",
         crd=Crd("", "split a think-tag model's answer into message.reasoning and its "
-                    "content (--reasoning-parser: deepseek_r1 or qwen3)"))
+                    "content (--reasoning-parser: vLLM's parser of that name)"))
     enable_auto_tool_choice: bool = setting(
         False, "--enable-auto-tool-choice", SWITCH, group=OPENAI_API,
         help="vLLM's: serve tool_choice \"auto\" (the model chooses; its calls are parsed with "

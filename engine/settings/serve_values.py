@@ -18,7 +18,8 @@ from kvledger.engine.settings.flag_values import (
     too_many_logprobs,
 )
 from kvledger.engine.settings.kinds import Kind, size_arg
-from kvledger.engine.settings.vllm_rules import PARSERS, REASONING_PARSERS, RULES, refusal
+from kvledger.engine.settings.reasoning_parsers import REASONING_PARSERS
+from kvledger.engine.settings.vllm_rules import PARSERS, RULES, refusal
 
 # The --help groups, in the order they are listed (after the engine's and the machines').
 SERVER = "server"

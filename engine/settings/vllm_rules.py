@@ -21,13 +21,16 @@ from kvledger.engine.settings.flag_values import (
     optional_text,
 )
 from kvledger.engine.settings.kinds import seconds_or_zero
+from kvledger.engine.settings.reasoning_parsers import (
+    REASONING_PARSERS,
+    REFUSED_REASONING_PARSERS,
+)
 
 # vLLM's --tool-call-parser names kvledger reads calls in (server/tools/formats.py holds
 # their readers, one per name; a test checks the two agree).
 PARSERS = ("hermes", "llama3_json", "mistral")
-# vLLM's --reasoning-parser names kvledger splits answers by (server/reasoning.py holds
-# their rules, one per name; it checks the two agree).
-REASONING_PARSERS = ("deepseek_r1", "qwen3")
+# vLLM's --reasoning-parser names kvledger splits answers by, and why the others are
+# refused: reasoning_parsers.py.
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,8 @@ class Rule:
     are accepted (they ask for what kvledger does anyway), any other is refused.
     ``unsupported`` given and no ``accepts``: refused whenever it is given. ``read``: the
     value ``parse`` gives is kept as the namespace's ``_vllm_<flag>`` for
-    ``config_flags.py`` to read.
+    ``config_flags.py`` to read. ``reasons``: why a refused value is refused, for the
+    values vLLM knows (its other reasoning parsers).
     """
 
     why: str = ""
@@ -50,6 +54,7 @@ class Rule:
     read: bool = False  # accepted and read (``why`` says how), not a no-op
     parse: Callable[[str], Any] | None = None
     choices: tuple[str, ...] | None = None
+    reasons: tuple[tuple[str, str], ...] = ()  # (value, why it is refused)
 
     @property
     def refused_always(self) -> bool:
@@ -65,8 +70,10 @@ def _read(why: str, parse: Callable[[str], Any]) -> Rule:
     return Rule(why=why, nargs=1, read=True, parse=parse)
 
 
-def _only(values: Sequence[str], unsupported: str, why: str) -> Rule:
-    return Rule(why=why, unsupported=unsupported, accepts=frozenset(values), nargs=None)
+def _only(values: Sequence[str], unsupported: str, why: str,
+          reasons: dict[str, str] | None = None) -> Rule:
+    return Rule(why=why, unsupported=unsupported, accepts=frozenset(values), nargs=None,
+                reasons=tuple(sorted((reasons or {}).items())))
 
 
 def _refuse(unsupported: str) -> Rule:
@@ -189,7 +196,7 @@ RULES: dict[str, Rule] = {
     "--tool-call-parser": _only(PARSERS, "that tool-call parser",
                                 _SERVE.format("tool-call format")),
     "--reasoning-parser": _only(REASONING_PARSERS, "that reasoning parser",
-                                _SERVE.format("reasoning parser")),
+                                _SERVE.format("reasoning parser"), REFUSED_REASONING_PARSERS),
     # The model's revision: read into --model (settings/config_flags.py).
     "--revision": _read("an hf:// model's revision (a branch, tag or commit), as "
                         "hf://ORG/NAME@REVISION names it; a local folder has none",
@@ -214,4 +221,5 @@ def refusal(flag: str, values: Sequence[str], rule: Rule | None) -> str:
     names = sorted(rule.accepts)
     listed = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 2 else names)
     accepted = f" (only {listed})" if names else ""
-    return f"{given}: kvledger does not support {rule.unsupported}{accepted}"
+    why = next((f": {why}" for value, why in rule.reasons if value in values), "")
+    return f"{given}: kvledger does not support {rule.unsupported}{accepted}{why}"

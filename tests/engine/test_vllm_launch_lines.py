@@ -69,6 +69,10 @@ LAUNCH_LINES = [
      "--tool-call-parser"),
     ("reasoning outputs", "{model} --reasoning-parser deepseek_r1", ACCEPTED),
     ("Qwen3 reasoning", "{model} --reasoning-parser qwen3", ACCEPTED),
+    ("GLM-4.5 reasoning", "{model} --reasoning-parser glm45 --tool-call-parser hermes",
+     ACCEPTED),
+    ("Magistral reasoning", "{model} --reasoning-parser mistral", ACCEPTED),
+    ("gpt-oss reasoning", "{model} --reasoning-parser openai_gptoss", "--reasoning-parser"),
     ("reasoning outputs: another parser", "{model} --reasoning-parser granite",
      "--reasoning-parser"),
     ("multimodal inputs", "{model} --limit-mm-per-prompt '{{\"image\": 2}}'",
@@ -243,10 +247,15 @@ def test_underscored_flags_and_a_config_file_read_as_vllm_reads_them(tiny_llama_
 
 
 def test_the_shares_the_docs_give_are_the_parsers() -> None:
-    """README's and docs/coming-from-vllm.md's counts of vLLM's flags are what serve does."""
+    """README's and docs/coming-from-vllm.md's counts of vLLM's flags (and reasoning
+    parsers) are what serve does."""
     from collections import Counter
     from pathlib import Path
 
+    from kvledger.engine.settings.reasoning_parsers import (
+        REASONING_PARSERS,
+        REFUSED_REASONING_PARSERS,
+    )
     from kvledger.engine.settings.vllm_flags import verdicts
 
     counts = Counter(verdicts(build_parser("serve")).values())
@@ -259,3 +268,7 @@ def test_the_shares_the_docs_give_are_the_parsers() -> None:
     assert (f"Of vLLM 0.32's {total} `vllm serve` flags, {counts['implemented']} are "
             f"implemented, {counts['no-op']} are accepted") in page
     assert f"and {counts['refused']} are refused by name" in page
+    served, refused = len(REASONING_PARSERS), len(REFUSED_REASONING_PARSERS)
+    assert (f"of its {served + refused} `--reasoning-parser` names, {served} served and "
+            f"{refused} refused") in readme
+    assert f"Its other {refused} names" in page

@@ -75,12 +75,15 @@ def test_whole_and_streamed_split_alike(name, text, reasoning, content) -> None:
     assert _streamed(name, text) == (reasoning, content)
 
 
-def test_qwen3_without_thinking_is_all_content() -> None:
+def test_qwen3_without_thinking_is_all_content_as_written() -> None:
     tokens = ReasoningTokens.of("qwen3", TOK)
     assert tokens.thinking({"enable_thinking": False}) is False
     assert tokens.thinking({}) is True
     assert ReasoningTokens.of("deepseek_r1", TOK).thinking({"enable_thinking": False})
-    assert _whole("qwen3", "<think>x</think>y", thinking=False)[:2] == ("", "<think>xy")
+    # Qwen3Parser.extract_reasoning returns the output untouched: no </think> dropped
+    assert _whole("qwen3", "<think>x</think>y", thinking=False) == (
+        "", "<think>x</think>y", {"reasoning_tokens": 0})
+    assert _streamed("qwen3", "<think>x</think>y", thinking=False) == ("", "<think>x</think>y")
 
 
 def test_reasoning_tokens_as_vllm_counts_them() -> None:

@@ -1,6 +1,6 @@
-"""--reasoning-parser's promise under random outputs: what a stream sends (reasoning
-deltas, then content deltas) adds up to exactly what the whole answer holds, for either
-rule, thinking on or off, however the tokens are chunked into steps, and both agree on
+"""--reasoning-parser's promise under random outputs: what a stream sends (reasoning and
+content deltas) adds up to exactly what the whole answer holds, for every rule, thinking
+on or off, however the tokens are chunked into steps, and both agree on
 ``reasoning_tokens``. The outputs mix ordinary text, the markers (repeated, nested,
 adjacent, first or last), ordinary tokens that spell a marker's text, and multi-byte
 characters cut into byte-fallback tokens; the text is the engine's own
@@ -8,10 +8,13 @@ characters cut into byte-fallback tokens; the text is the engine's own
 text and ids so far at each step).
 
 The reference is a token-level reading of vLLM 0.32's rules (vLLM cannot be imported
-here): ``vllm/parser/qwen3.py``'s transitions (REASONING + THINK_START: dropped;
-REASONING + THINK_END: to CONTENT, dropped; CONTENT + THINK_END: dropped; TOOL_START ends
-reasoning) and ``DeepSeekR1ReasoningParser``'s token-id streaming rule, with
-``count_reasoning_tokens``' depth count. KVLEDGER_FUZZ_EXAMPLES hunts harder.
+here): the parser engine's transitions (``vllm/parser/qwen3.py``, ``glm47_moe.py``,
+``mistral.py``...: REASONING + THINK_START: dropped; REASONING + THINK_END: to CONTENT,
+dropped; CONTENT + THINK_END: dropped; CONTENT + THINK_START: to REASONING where the
+grammar has it; a tool opener ends reasoning; the reasoning's trailing whitespace cut; the
+tokens it read as reasoning counted, tool markup not) and ``DeepSeekR1ReasoningParser``'s
+token-id streaming rule, with ``count_reasoning_tokens``' depth count.
+KVLEDGER_FUZZ_EXAMPLES hunts harder.
 """
 
 from __future__ import annotations
@@ -23,42 +26,58 @@ from hypothesis import strategies as st
 
 from kvledger.engine.model.detokenizer import IncrementalDetokenizer
 from kvledger.engine.server.reasoning import ReasoningPlan, ReasoningTokens
+from kvledger.engine.server.reasoning_rules import RULES
 
 FUZZ = settings(max_examples=int(os.environ.get("KVLEDGER_FUZZ_EXAMPLES", "200")),
                 deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
-MARKERS = {1000: "<think>", 1001: "</think>", 1002: "<tool_call>"}
-# Ordinary tokens (ids 1..): text, pieces that spell part of the markers' text, and
-# ordinary tokens that spell a marker's whole text
-PIECES = ["a", "b", " ", "\n", "<", ">", "/", "</", "thin", "tool", "{}", "é", "</think>",
-          "<think>", "<tool_call>"]
-FAKE_END = PIECES.index("</think>") + 1  # the id of "</think>" written by an ordinary token
-TEXT_IDS = {i + 1: p for i, p in enumerate(PIECES)}
+START, END, CALL, TOOL = 1000, 1001, 1002, 1003  # a rule's markers' ids
+
+
+def _markers(name: str) -> dict[int, str]:
+    """The rule's markers by id: start, end, implicit end, a tool marker (where the rule
+    has none, Qwen's, as tokens the rule does not read), and what it requires."""
+    rule = RULES[name]
+    markers = {START: rule.start or "<think>", END: rule.end,
+               CALL: rule.implicit_end or "<tool_call>",
+               TOOL: (rule.tool_markers or ("</tool_call>",))[0]}
+    extra = [text for text in rule.requires if text not in markers.values()]
+    return markers | dict(enumerate(extra, TOOL + 1))  # poolside_v1's <assistant>
+
+
+# Ordinary tokens (ids 1..): text, pieces that spell part of the markers' text, and (the
+# last three) ordinary tokens that spell the rule's start, end and implicit end
+PIECES = ["a", "b", " ", "\n", "<", ">", "/", "</", "thin", "tool", "{}", "é", "[", "]"]
+FAKE_START, FAKE_END, FAKE_CALL = range(len(PIECES) + 1, len(PIECES) + 4)
 BYTE_BASE = 2000  # byte-fallback tokens: 2000 + byte
 WIDE = ["é", "€", "😀"]  # 2, 3 and 4 UTF-8 bytes
 
 
 class ByteTokenizer:
-    """The markers as added tokens (special or not), ordinary text pieces, and one token
-    per byte: a multi-byte character decodes only once all its bytes are there."""
+    """A rule's markers as added tokens (special or not), ordinary text pieces, and one
+    token per byte: a multi-byte character decodes only once all its bytes are there."""
 
-    def __init__(self, special: bool) -> None:
-        self.added_texts = dict(MARKERS)
-        self.special_ids = frozenset(MARKERS) if special else frozenset()
+    def __init__(self, special: bool, name: str = "qwen3") -> None:
+        self.markers = _markers(name)
+        self.texts = {i + 1: p for i, p in enumerate(PIECES)} | {
+            FAKE_START: self.markers[START], FAKE_END: self.markers[END],
+            FAKE_CALL: self.markers[CALL]}
+        self.added_texts = dict(self.markers)
+        self.special_ids = frozenset(self.markers) if special else frozenset()
 
     def token_to_id(self, text: str) -> int | None:
-        return next((i for i, m in MARKERS.items() if m == text), None)
+        return next((i for i, m in self.markers.items() if m == text), None)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         out = b""
         for i in ids:
-            if i in MARKERS:
+            if i in self.markers:
                 if not (skip_special_tokens and i in self.special_ids):
-                    out += MARKERS[i].encode()
+                    out += self.markers[i].encode()
             elif i >= BYTE_BASE:
                 out += bytes([i - BYTE_BASE])
             else:
-                out += TEXT_IDS[i].encode()
+                out += self.texts[i].encode()
         return out.decode("utf-8", errors="replace")
 
 
@@ -69,9 +88,10 @@ def outputs(draw) -> list[int]:
     for _ in range(draw(st.integers(0, 14))):
         kind = draw(st.sampled_from(["text", "text", "marker", "wide", "cut"]))
         if kind == "text":
-            ids.append(draw(st.sampled_from(list(TEXT_IDS))))
+            ids.append(draw(st.integers(1, FAKE_CALL)))
         elif kind == "marker":
-            ids.extend(draw(st.lists(st.sampled_from(list(MARKERS)), min_size=1, max_size=3)))
+            ids.extend(draw(st.lists(st.sampled_from([START, END, CALL, TOOL]), min_size=1,
+                                     max_size=3)))
         else:
             raw = draw(st.sampled_from(WIDE)).encode()
             if kind == "cut":  # a character's first bytes only: a marker may follow
@@ -98,31 +118,39 @@ def _steps(tok: ByteTokenizer, kept: frozenset[int], ids: list[int], cuts: list[
 
 def _reference(name: str, thinking: bool, ids: list[int], pieces: list[str]):
     """The token-level rule: each token's text goes where the state says."""
-    end, start, call = 1001, 1000, 1002 if name == "qwen3" else None
-    reasoning, content, count, in_reasoning = "", "", 0, thinking
+    rule = RULES[name]
+    start = START if rule.start else None
+    call = CALL if rule.implicit_end else None
+    reasoning, content, count = "", "", 0
+    in_reasoning = thinking and rule.starts_in_reasoning
     for token_id, piece in zip(ids, pieces, strict=True):
-        if in_reasoning:
-            if token_id == start:
-                continue
-            if token_id in (end, call):
+        if not thinking:
+            content += piece
+        elif in_reasoning:
+            if token_id in (END, call):
                 in_reasoning = False
                 content += piece if token_id == call else ""
-                continue
-            reasoning, count = reasoning + piece, count + 1
-        elif not (name == "qwen3" and token_id == end):
+            elif token_id != start:
+                reasoning += piece
+                count += token_id != TOOL or not rule.tool_markers
+        elif rule.reopens and token_id == start:
+            in_reasoning = True
+        elif not (rule.drops_late_end and token_id == END):
             content += piece
-    if name == "deepseek_r1":  # count_reasoning_tokens: between <think> and </think>
+    if rule.strips_trailing_space:
+        reasoning = reasoning.rstrip()
+    if not rule.counts_unopened:  # count_reasoning_tokens: between <think> and </think>
         count = depth = 0
         for token_id in ids:
             depth += token_id == start
-            depth -= token_id == end and depth > 0
-            count += depth > 0 and token_id not in (start, end)
-    return reasoning, content, count
+            depth -= token_id == END and depth > 0
+            count += depth > 0 and token_id not in (start, END)
+    return reasoning, content, count if thinking else 0
 
 
 @FUZZ
 @given(ids=outputs(), cuts=st.lists(st.booleans(), min_size=60, max_size=60),
-       name=st.sampled_from(["qwen3", "deepseek_r1"]), thinking=st.booleans(),
+       name=st.sampled_from(sorted(RULES)), thinking=st.booleans(),
        special=st.booleans(), hold=st.sampled_from([0, 0, 1, 3, 8]))
 def test_stream_adds_up_to_the_whole_answer(ids, cuts, name, thinking, special,
                                             hold) -> None:
@@ -130,9 +158,9 @@ def test_stream_adds_up_to_the_whole_answer(ids, cuts, name, thinking, special,
 
 
 def check(ids, cuts, name, thinking, special, hold=0) -> None:
-    tok = ByteTokenizer(special)
+    tok = ByteTokenizer(special, name)
     tokens = ReasoningTokens.of(name, tok)
-    plan = ReasoningPlan(tokens, thinking if tokens.rule.reads_enable_thinking else True)
+    plan = ReasoningPlan(tokens, thinking if tokens.rule.switch is not None else True)
     steps, pieces = _steps(tok, tokens.kept_ids, ids, cuts, hold)
     streamed, reasoning, content = plan.splitter(), "", ""
     for text, so_far, final in steps:
@@ -145,7 +173,7 @@ def check(ids, cuts, name, thinking, special, hold=0) -> None:
     count = plan.usage_details([whole], [ids])["reasoning_tokens"]
     assert plan.usage_details([streamed], [ids])["reasoning_tokens"] == count
     if "".join(pieces) == steps[-1][0] and all(
-            p == MARKERS[i] for i, p in zip(ids, pieces, strict=True) if i in MARKERS):
+            p == tok.markers[i] for i, p in zip(ids, pieces, strict=True) if i in tok.markers):
         # each token's text is its own (no character held across a marker): vLLM's rule
         assert (whole.reasoning, whole.content, count) == _reference(
             name, plan.thinking, ids, pieces)
@@ -179,6 +207,5 @@ def test_ordinary_tokens_spelling_a_marker_before_the_marker() -> None:
     assert (late.reasoning, late.content) == ("a", "</think>b")
     for name in ("qwen3", "deepseek_r1"):  # a start spelled as text stays in the reasoning
         split = ReasoningPlan(ReasoningTokens.of(name, tok)).splitter()
-        fake_start = PIECES.index("<think>") + 1
-        split.feed("<think><think>x</think>y", [fake_start, 1000, 1, 1001, 2], final=True)
+        split.feed("<think><think>x</think>y", [FAKE_START, 1000, 1, 1001, 2], final=True)
         assert (split.reasoning, split.content) == ("<think>x", "y")
