@@ -16,6 +16,7 @@ from typing import Any
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.sampling.grammar_gate import GrammarGate
+from kvledger.engine.server.marker_scan import MarkerScan, without
 from kvledger.engine.server.reasoning_rules import RULES, ReasoningRule
 
 
@@ -128,6 +129,7 @@ class ReasoningSplitter:
         self._ids_seen = 0
         self._text_seen = 0
         self._space = ""  # the reasoning's trailing whitespace, held (strips_trailing_space)
+        self._scans: dict[int, MarkerScan] = {}  # each marker's tokens found in the text
 
     def feed(self, text: str, ids: list[int], final: bool) -> tuple[str, str]:
         """The reasoning and the content that ``text`` and ``ids`` add. A marker whose id
@@ -161,13 +163,14 @@ class ReasoningSplitter:
         cut = next((k for k in range(i, len(ids)) if ids[k] in (t.end_id, t.implicit_id)),
                    None)
         if cut is None:
-            if not final and self._places(text, ids, t.rule.start, t.start_id, i) is None:
+            if not final and self._places(text, ids, t.rule.start, t.start_id, i,
+                                                 len(ids)) is None:
                 return None  # a <think>'s text is still to come
             return len(ids), max(p, len(text)), self._reasoning_text(
                 text, ids, i, len(ids), p, len(text)), False
         implicit = ids[cut] != t.end_id
         marker = t.rule.implicit_end if implicit else t.rule.end
-        places = self._places(text, ids[:cut + 1], marker, ids[cut], cut)
+        places = self._places(text, ids, marker, ids[cut], cut, cut + 1)
         if places is None and not final:
             return None
         at = len(text) if places is None else places[0]  # cut off (a stop string): all came
@@ -185,17 +188,17 @@ class ReasoningSplitter:
             if rule.reopens else None
         stop, at = len(ids), len(text)
         if opener is not None:
-            places = self._places(text, ids[:opener + 1], rule.start, t.start_id, opener)
+            places = self._places(text, ids, rule.start, t.start_id, opener, opener + 1)
             if places is None and not final:
                 return None
             stop, at = opener, len(text) if places is None else places[0]
         piece = text[p:at]
         if rule.drops_late_end and t.end_id in ids[i:stop]:
-            places = self._places(text, ids[:stop], rule.end, t.end_id, i)
+            places = self._places(text, ids, rule.end, t.end_id, i, stop)
             if places is None and not final:
                 return None  # the reasoning is sent, the content waits
             piece = piece.replace(rule.end, "", ids[i:stop].count(t.end_id)) \
-                if places is None else _without(piece, [x - p for x in places], len(rule.end))
+                if places is None else without(piece, [x - p for x in places], len(rule.end))
         if opener is None:
             return len(ids), max(p, len(text)), piece, False
         return opener + 1, min(len(text), at + len(rule.start)), piece, True
@@ -211,37 +214,26 @@ class ReasoningSplitter:
         piece = text[start:stop]
         if not starts:
             return piece
-        places = self._places(text, ids[:end], t.rule.start, t.start_id, first)
+        places = self._places(text, ids, t.rule.start, t.start_id, first, end)
         return piece.replace(t.rule.start, "", starts) if places is None \
-            else _without(piece, [at - start for at in places], len(t.rule.start))
+            else without(piece, [at - start for at in places], len(t.rule.start))
 
     def _places(self, text: str, ids: list[int], marker: str | None, marker_id: int | None,
-                first: int) -> list[int] | None:
-        """Where in ``text`` (written by ``ids``) each ``marker_id`` from ``ids[first]`` on
+                first: int, end: int) -> list[int] | None:
+        """Where in ``text`` (written by ``ids``) each ``marker_id`` of ``ids[first:end]``
         wrote ``marker``, in order; None while one's text is not written yet. Ordinary
         tokens that spell the marker's text (the ids between the markers, decoded) are
-        passed over, so a reasoning that writes ``</think>`` as text is not cut there. Read
-        from the output's start (text may lag its ids: a stop string's possible start is
-        held back), so only where a marker came."""
-        places: list[int] = []
-        if marker is None or marker_id not in ids[first:]:
-            return places
-        start, ordinary = 0, []
-        for k, token_id in enumerate(ids):
-            if token_id != marker_id:
-                ordinary.append(token_id)
-                continue
-            spelled = self.tokens.decode(ordinary).count(marker) \
-                if ordinary and self.tokens.decode is not None else 0
-            ordinary = []
-            for _ in range(spelled + 1):
-                at = text.find(marker, start)
-                if at < 0:
-                    return None
-                start = at + len(marker)
-            if k >= first:
-                places.append(start - len(marker))
-        return places
+        passed over, so a reasoning that writes ``</think>`` as text is not cut there. The
+        text may lag its ids (a stop string's possible start is held back), so each
+        marker's place is found from the output's start, once: ``MarkerScan`` keeps how
+        far, so an answer's markers cost their output's length once, not once a step."""
+        if marker is None or marker_id not in ids[first:end]:
+            return []
+        scan = self._scans.get(marker_id) or self._scans.setdefault(marker_id,
+                                                                  MarkerScan(marker_id))
+        if not scan.read(text, ids, end, marker, self.tokens.decode):
+            return None
+        return scan.between(first, end)
 
     def _without_trailing_space(self, piece: str) -> str:
         """``piece`` with its trailing whitespace held until more reasoning follows (and
@@ -252,15 +244,6 @@ class ReasoningSplitter:
         kept = piece.rstrip()
         self._space = piece[len(kept):]
         return kept
-
-
-def _without(text: str, places: list[int], width: int) -> str:
-    """``text`` less the ``width`` characters at each of ``places``."""
-    kept, start = [], 0
-    for at in places:
-        kept.append(text[start:at])
-        start = at + width
-    return "".join(kept) + text[start:]
 
 
 def reasoning_token_count(tokens: ReasoningTokens, splitter: ReasoningSplitter,

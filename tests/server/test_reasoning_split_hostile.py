@@ -209,3 +209,28 @@ def test_ordinary_tokens_spelling_a_marker_before_the_marker() -> None:
         split = ReasoningPlan(ReasoningTokens.of(name, tok)).splitter()
         split.feed("<think><think>x</think>y", [FAKE_START, 1000, 1, 1001, 2], final=True)
         assert (split.reasoning, split.content) == ("<think>x", "y")
+
+
+def test_a_streamed_answers_markers_cost_its_length_once() -> None:
+    """A client can make a model write markers all along (``logit_bias``): a stream fed a
+    token at a time decodes each id a bounded number of times, not once a step (which
+    held the event loop for seconds at a few thousand tokens)."""
+
+    class Counting(ByteTokenizer):
+        decoded = 0
+
+        def decode(self, ids, skip_special_tokens: bool = True) -> str:
+            Counting.decoded += len(ids)
+            return super().decode(ids, skip_special_tokens)
+
+    tok = Counting(special=False)
+    for unit in ([1, 1001], [FAKE_END, 1001], [1000, 1, 1001, 1]):
+        ids = [1001] + unit * 1000
+        splitter = ReasoningPlan(ReasoningTokens.of("glm45", tok)).splitter()
+        text, seen = "", []
+        Counting.decoded = 0
+        for k, token_id in enumerate(ids):
+            seen.append(token_id)
+            text += ByteTokenizer.decode(tok, [token_id])
+            splitter.feed(text, seen, final=k == len(ids) - 1)
+        assert Counting.decoded <= 4 * len(ids), (unit, Counting.decoded)
