@@ -13,15 +13,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the engine pulls torch in, the grammar compiler llguidance
     from kvledger.engine.core.engine import LLMEngine
     from kvledger.engine.sampling.grammar import GrammarCompiler, GrammarSpec
+    from kvledger.engine.settings.structured_outputs_config import StructuredOutputsConfig
 
 
 class Constraints:
     """The engine's output constraints, compiled within ``timeout_s`` (None: as long as
-    it takes)."""
+    it takes), JSON written as ``structured_outputs`` says (``sampling/json_grammar.py``)."""
 
-    def __init__(self, engine: LLMEngine, timeout_s: float | None) -> None:
+    def __init__(self, engine: LLMEngine, timeout_s: float | None,
+                 structured_outputs: StructuredOutputsConfig | None = None) -> None:
         self.engine = engine
         self.timeout_s = timeout_s
+        self.structured_outputs = structured_outputs  # --structured-outputs-config's
         self._compiler: GrammarCompiler | None = None
 
     async def compile(self, spec: GrammarSpec) -> Any:
@@ -53,7 +56,8 @@ class Constraints:
             tokenizer = self.engine.tokenizer
             self._compiler = GrammarCompiler(tokenizer, tokenizer.eos_token_ids,
                                              self.engine.runner.config.vocab_size,
-                                             cache_bytes=self.engine.config.grammar_cache_bytes)
+                                             cache_bytes=self.engine.config.grammar_cache_bytes,
+                                             structured_outputs=self.structured_outputs)
         return self._compiler
 
     def close(self) -> None:

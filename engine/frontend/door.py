@@ -38,6 +38,7 @@ from kvledger.engine.planner.ready_time import WARMUP_STEPS
 from kvledger.engine.sampling.params import SamplingParams
 from kvledger.engine.settings.lora_config import LoRARequest
 from kvledger.engine.settings.serve_config import ServeConfig
+from kvledger.engine.settings.structured_outputs_config import StructuredOutputsConfig
 
 if TYPE_CHECKING:  # the engine pulls torch in
     from kvledger.engine.core.engine import LLMEngine
@@ -47,14 +48,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LineOptions:
-    """How the door's admission line behaves (the server's ``--max-queue-*`` flags); the
-    defaults are ``LLM``'s: no cap on the line nor on the wait."""
+    """How the door's admission line behaves (the server's ``--max-queue-*`` flags) and
+    how it compiles constraints; the defaults are ``LLM``'s: no cap on the line nor on the
+    wait, vLLM's structured outputs defaults."""
 
     max_queue_wait_s: float | None = None  # None: a waiter waits as long as it takes
     max_queue_len: int | None = None        # None: no cap
     backfill: bool = False                  # later requests may go before the head
     tenant_fairness: bool = ServeConfig.tenant_fairness  # the line takes turns
     grammar_compile_timeout_s: float | None = None  # None: as long as it takes
+    structured_outputs: StructuredOutputsConfig = StructuredOutputsConfig()  # noqa: RUF009
 
 
 class FrontDoor:
@@ -78,7 +81,8 @@ class FrontDoor:
         engine.scheduler.fair = line.tenant_fairness  # seats and prompt tokens too
         self.line_watch = LineWatch(self.admission, lambda: not engine.has_unfinished_requests())
         self._line_watching: asyncio.Task[None] | None = None
-        self.constraints = Constraints(engine, line.grammar_compile_timeout_s)
+        self.constraints = Constraints(engine, line.grammar_compile_timeout_s,
+                                       line.structured_outputs)
         # --enable-sleep-mode: who may come in while the engine sleeps (frontend/sleeping.py)
         self.sleep = (SleepGate(engine, lambda: bool(self.running or self.waiting))
                       if engine.config.enable_sleep_mode else None)

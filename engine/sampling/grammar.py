@@ -32,7 +32,9 @@ import numpy as np
 from kvledger.engine import json_text
 from kvledger.engine.errors import BadConstraint
 from kvledger.engine.sampling.grammar_matcher import Grammar
+from kvledger.engine.sampling.json_grammar import json_schema_source
 from kvledger.engine.settings.config_values import DEFAULT_GRAMMAR_CACHE_BYTES
+from kvledger.engine.settings.structured_outputs_config import StructuredOutputsConfig
 
 CACHE_ENTRIES = 64
 _MESSAGE_LIMIT = 200
@@ -79,8 +81,11 @@ class GrammarCompiler:
     grammar larger than ``cache_bytes`` on its own is refused."""
 
     def __init__(self, tokenizer: Any, eos_token_ids: set[int], vocab_size: int, *,
-                 cache_bytes: int = DEFAULT_GRAMMAR_CACHE_BYTES, workers: int | None = None) -> None:
+                 cache_bytes: int = DEFAULT_GRAMMAR_CACHE_BYTES, workers: int | None = None,
+                 structured_outputs: StructuredOutputsConfig | None = None) -> None:
         self._tokenizer = tokenizer
+        # how JSON is written (json_grammar.py; None: vLLM's defaults)
+        self.structured_outputs = structured_outputs or StructuredOutputsConfig()
         self._eos_ids = frozenset(eos_token_ids)
         self._vocab_size = vocab_size
         self.cache_bytes = cache_bytes
@@ -177,7 +182,8 @@ class GrammarCompiler:
         if not self._eos_ids:
             raise GrammarError("this model has no EOS token, which structured outputs need")
         tokenizer = self._library_tokenizer()
-        matcher = LLMatcher(tokenizer, _grammar_source(spec), log_level=0)
+        matcher = LLMatcher(tokenizer, _grammar_source(spec, self.structured_outputs),
+                            log_level=0)
         if matcher.is_error():
             raise GrammarError(f"invalid {spec.kind}: {_one_line(matcher.get_error())}")
         grammar = Grammar(matcher, self._eos_ids, self._vocab_size,
@@ -250,12 +256,13 @@ def heap_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _grammar_source(spec: GrammarSpec) -> str:
-    """The llguidance grammar of ``spec``; GrammarError for a malformed value."""
+def _grammar_source(spec: GrammarSpec, structured_outputs: StructuredOutputsConfig) -> str:
+    """The llguidance grammar of ``spec`` (JSON written as ``structured_outputs`` says:
+    ``json_grammar.py``); GrammarError for a malformed value."""
     from llguidance import LLMatcher
 
     if spec.kind == "json_object":
-        return LLMatcher.grammar_from_json_schema({"type": "object"})
+        return json_schema_source({"type": "object"}, structured_outputs)
     if spec.value is None:
         raise GrammarError(f"{spec.kind} needs a value")
     if spec.kind == "json_schema":
@@ -264,7 +271,7 @@ def _grammar_source(spec: GrammarSpec) -> str:
             raise GrammarError(f"invalid json_schema: a schema is an object or a boolean, "
                                f"not {type(schema).__name__}")
         try:
-            return LLMatcher.grammar_from_json_schema(spec.value)
+            return json_schema_source(schema, structured_outputs)
         except ValueError as exc:
             raise GrammarError(f"invalid json_schema: {_one_line(str(exc))}") from None
     if spec.kind == "regex":

@@ -71,12 +71,14 @@ class ReasoningTokens:
 @dataclass(frozen=True)
 class ReasoningPlan:
     """How one chat's answers are split: the parser's tokens, whether the chat reasons at
-    all (Qwen3's ``enable_thinking``), and whether its reasoning is sent
-    (``include_reasoning``, vLLM's field)."""
+    all (Qwen3's ``enable_thinking``), whether its reasoning is sent (``include_reasoning``,
+    vLLM's field), and whether an output constraint covers the reasoning too
+    (``--structured-outputs-config``'s ``enable_in_reasoning``)."""
 
     tokens: ReasoningTokens
     thinking: bool = True
     include: bool = True
+    constrain_reasoning: bool = False
 
     def splitter(self) -> ReasoningSplitter:
         return ReasoningSplitter(self.tokens, self.thinking)
@@ -85,8 +87,10 @@ class ReasoningPlan:
         """Where an output constraint starts: at the reasoning's end, the marker ids the
         splitter cuts at (None: from the first token, where the chat does not reason or
         the answer starts in content, as Magistral's: vLLM's parser engine then counts the
-        reasoning as ended before it starts, and the constraint leaves no room to open it)."""
-        if not self.thinking or not self.tokens.rule.starts_in_reasoning:
+        reasoning as ended before it starts, and the constraint leaves no room to open it;
+        or where it covers the reasoning too, as vLLM's ``enable_in_reasoning`` has it)."""
+        if (self.constrain_reasoning or not self.thinking
+                or not self.tokens.rule.starts_in_reasoning):
             return None
         t = self.tokens
         return GrammarGate(frozenset({t.end_id}),

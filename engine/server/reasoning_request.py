@@ -5,7 +5,9 @@ An output constraint (``response_format``, ``structured_outputs``, a required or
 tool call) applies, as in vLLM 0.32, only once the reasoning ends (``ReasoningPlan.
 grammar_gate``): the reasoning is the model's own, the content follows the constraint.
 When the chat does not reason (Qwen3's ``enable_thinking: false``) the whole answer is
-content, and the constraint applies from the first token.
+content, and the constraint applies from the first token; so it does, reasoning included,
+under ``--structured-outputs-config '{"enable_in_reasoning": true}'`` (the parser still
+splits what the constrained answer holds).
 """
 
 from __future__ import annotations
@@ -28,4 +30,5 @@ def reasoning_plan(state: ServerState, req: GenerationRequest) -> ReasoningPlan 
                               "no reasoning to drop", "include_reasoning")
         return None
     thinking = tokens.thinking(req.template_kwargs(state.options.default_chat_template_kwargs))
-    return ReasoningPlan(tokens, thinking, req.include_reasoning)
+    return ReasoningPlan(tokens, thinking, req.include_reasoning,
+                         state.options.structured_outputs_config.enable_in_reasoning)

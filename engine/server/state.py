@@ -106,7 +106,8 @@ class ServerState:
         self.door = FrontDoor(engine, LineOptions(
             max_queue_wait_s=options.max_queue_wait_s, max_queue_len=options.max_queue_len,
             backfill=options.backfill, tenant_fairness=options.tenant_fairness,
-            grammar_compile_timeout_s=options.grammar_compile_timeout_s), self.offload)
+            grammar_compile_timeout_s=options.grammar_compile_timeout_s,
+            structured_outputs=options.structured_outputs_config), self.offload)
         await self.door.start(warm=warm)
         # Each step from now on, the warm-up's not counted (as the requests' series).
         self.door.driver.on_step_tokens = self.metrics.vllm.iteration_tokens.observe

@@ -158,7 +158,8 @@ class Kind:
     """A setting's domain: how its flag reads a value (``parse``, or ``values`` as the
     choices), how the config checks one given in Python or a spec (``check(flag, value)``
     raises BadInput, one line), and its ``domain``, which the CRD types
-    (``operator/api/setting_schema.py``). ``render`` writes a value back as flag arguments."""
+    (``operator/api/setting_schema.py``). ``render`` writes a value back as flag arguments;
+    ``from_spec`` reads the InferenceService spec's value (None: it is the config's as is)."""
 
     domain: str
     parse: Callable[[str], Any] | None = None
@@ -168,6 +169,7 @@ class Kind:
     nargs: str | None = None  # "+": a list (the flag's default is then None)
     metavar: str | None = None
     render: Callable[[Any], list[str]] | None = None
+    from_spec: Callable[[Any], Any] | None = None
 
 
 def _positive(flag: str, value: Any) -> None:

@@ -47,8 +47,10 @@ from kvledger.engine.settings.serve_values import (
     REASONING_PARSER,
     ROOT_PATH,
     SERVER,
+    STRUCTURED_OUTPUTS,
     WORDS,
 )
+from kvledger.engine.settings.structured_outputs_config import StructuredOutputsConfig
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,17 @@ class ServeConfig:
              f"content, one of {', '.join(REASONING_PARSER.values)} (default: not split)",
         crd=Crd("", "split a think-tag model's answer into message.reasoning and its "
                     "content (--reasoning-parser: vLLM's parser of that name)"))
+    structured_outputs_config: StructuredOutputsConfig = setting(  # noqa: RUF009 (frozen)
+        StructuredOutputsConfig(), "--structured-outputs-config", STRUCTURED_OUTPUTS,
+        group=OPENAI_API,
+        help="vLLM's JSON, or its keys one by one (--structured-outputs-config.backend "
+             "guidance): backend (auto, guidance: llguidance, kvledger's engine; xgrammar, "
+             "outlines, lm-format-enforcer: llguidance writing JSON as they do, objects "
+             "closed, their whitespace, serving what they would refuse), "
+             "disable_any_whitespace, disable_additional_properties, enable_in_reasoning "
+             "(constrain the reasoning too), reasoning_parser (docs/serving.md)",
+        crd=Crd("", "vLLM's --structured-outputs-config: how JSON is written, and whether "
+                    "the constraint covers the reasoning", name="structuredOutputs"))
     enable_auto_tool_choice: bool = setting(
         False, "--enable-auto-tool-choice", SWITCH, group=OPENAI_API,
         help="vLLM's: serve tool_choice \"auto\" (the model chooses; its calls are parsed with "
@@ -282,6 +295,9 @@ class ServeConfig:
              f"{MAX_LOGPROBS}); more is a 400")
 
     def __post_init__(self) -> None:
+        outputs = self.structured_outputs_config  # its reasoning_parser, unless the flag's
+        if self.reasoning_parser is None and getattr(outputs, "reasoning_parser", ""):
+            object.__setattr__(self, "reasoning_parser", outputs.reasoning_parser)
         object.__setattr__(self, "api_keys", tuple(self.api_keys))
         object.__setattr__(self, "tenant_header_from", tuple(self.tenant_header_from))
         for name in ("allowed_origins", "allowed_methods", "allowed_headers"):

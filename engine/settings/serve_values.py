@@ -19,6 +19,7 @@ from kvledger.engine.settings.flag_values import (
 )
 from kvledger.engine.settings.kinds import Kind, size_arg
 from kvledger.engine.settings.reasoning_parsers import REASONING_PARSERS
+from kvledger.engine.settings.structured_outputs_config import StructuredOutputsConfig
 from kvledger.engine.settings.vllm_rules import PARSERS, RULES, refusal
 
 # The --help groups, in the order they are listed (after the engine's and the machines').
@@ -65,6 +66,11 @@ def _object(flag: str, value: Any) -> None:
         raise BadInput(f"{flag} must be a JSON object, got {value!r}")
 
 
+def _structured_outputs(flag: str, value: Any) -> None:
+    if not isinstance(value, StructuredOutputsConfig):
+        raise BadInput(f"{flag} must be vLLM's structured outputs config, got {value!r}")
+
+
 def _log_level(flag: str, value: Any) -> None:
     if not isinstance(value, str) or value.lower() not in LOG_LEVELS:
         raise BadInput(f"{flag} must be one of {', '.join(LOG_LEVELS)} (in any case), got "
@@ -108,3 +114,9 @@ LOG_LEVEL = Kind("choice", parse=log_level, check=_log_level, values=LOG_LEVELS,
 ROOT_PATH = Kind("text", parse=root_path, check=_root_path, metavar="PREFIX")
 JSON_STRINGS = Kind("text", parse=json_strings, check=_strings, metavar="JSON",
                     render=lambda value: [json.dumps(list(value))])
+# vLLM's JSON, read once (structured_outputs_config.py), rendered back the same way; the
+# spec's camelCase object read into it.
+STRUCTURED_OUTPUTS = Kind("structured_outputs", parse=StructuredOutputsConfig.parse,
+                          check=_structured_outputs, metavar="JSON",
+                          render=lambda value: [value.to_json()],
+                          from_spec=StructuredOutputsConfig.from_spec)

@@ -25,6 +25,7 @@ from kvledger.engine.settings.reasoning_parsers import (
     REASONING_PARSERS,
     REFUSED_REASONING_PARSERS,
 )
+from kvledger.engine.settings.structured_outputs_config import StructuredOutputsConfig
 
 # vLLM's --tool-call-parser names kvledger reads calls in (server/tools/formats.py holds
 # their readers, one per name; a test checks the two agree).
@@ -197,6 +198,8 @@ RULES: dict[str, Rule] = {
                                 _SERVE.format("tool-call format")),
     "--reasoning-parser": _only(REASONING_PARSERS, "that reasoning parser",
                                 _SERVE.format("reasoning parser"), REFUSED_REASONING_PARSERS),
+    "--structured-outputs-config": _noop(_SERVE.format("structured outputs config"), nargs=1,
+                                         parse=StructuredOutputsConfig.parse),
     # The model's revision: read into --model (settings/config_flags.py).
     "--revision": _read("an hf:// model's revision (a branch, tag or commit), as "
                         "hf://ORG/NAME@REVISION names it; a local folder has none",
@@ -208,8 +211,6 @@ RULES: dict[str, Rule] = {
     "--limit-mm-per-prompt": _refuse("multimodal inputs: it serves text"),
     "--guided-decoding-backend": _refuse("choosing a structured-output backend: it uses "
                                          "llguidance"),
-    "--structured-outputs-config": _refuse("configuring structured outputs: it uses "
-                                           "llguidance"),
 }
 
 

@@ -35,7 +35,8 @@ from kvledger.operator.api.spec_rules import ruled
 
 # serve's fields of spec itself (port, drain, the line, ...), in ServeConfig's order; the
 # spec's own fields sit between them where the CRD has always listed them (_served).
-_SERVED = setting_properties("", ServeConfig)
+_SERVED = {name: ruled(schema, name)
+           for name, schema in setting_properties("", ServeConfig).items()}
 
 
 def _served(after: str | None = None, through: str | None = None) -> dict[str, Any]:

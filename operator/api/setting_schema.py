@@ -16,6 +16,7 @@ from kvledger.engine.checkpoint.hub.uri import HUB_URI_RE
 from kvledger.engine.settings.config import EngineConfig
 from kvledger.engine.settings.declare import Setting, default_of, settings_of
 from kvledger.engine.settings.kinds import SIZE_RE
+from kvledger.engine.settings.structured_outputs_config import BACKENDS, SPEC_KEYS
 
 
 def crd_pattern(owner: re.Pattern[str]) -> str:
@@ -45,6 +46,14 @@ def integer(minimum: int, description: str, **extra: Any) -> dict[str, Any]:
     return {"type": "integer", "minimum": minimum, "description": description, **extra}
 _SIZE_OR_BYTES = {"x-kubernetes-int-or-string": True, "anyOf": INT_OR_STRING, "minimum": 1,
                   "pattern": SIZE_PATTERN}
+_SO_HELP = {
+    "backend": "auto or guidance is llguidance, kvledger's engine; xgrammar, outlines or "
+               "lm-format-enforcer the same engine writing JSON as theirs (objects take only "
+               "their listed keys; their whitespace)",
+    "disableAnyWhitespace": "JSON without whitespace (backend xgrammar or guidance)",
+    "disableAdditionalProperties": "objects take only their listed keys (backend guidance)",
+    "enableInReasoning": "with reasoningParser, the output constraint applies from the first "
+                         "token, reasoning included (else once the reasoning ends)"}
 # What each kind of setting (engine/settings/kinds.py, serve_values.py) is in OpenAPI;
 # "choice" is an enum.
 KIND_SCHEMAS: dict[str, dict[str, Any]] = {
@@ -61,6 +70,11 @@ KIND_SCHEMAS: dict[str, dict[str, Any]] = {
     "bytes": _SIZE_OR_BYTES,
     "text": {"type": "string", "minLength": 1},
     "object": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+    # vLLM's structured outputs config, its keys camelCased (SPEC_KEYS: the engine's)
+    "structured_outputs": {"type": "object", "properties": {
+        name: ({"type": "string", "enum": list(BACKENDS)} if key == "backend"
+               else {"type": "boolean"}) | {"description": f"vLLM's {key}: {_SO_HELP[name]}"}
+        for name, key in SPEC_KEYS.items()}},
 }
 
 
@@ -75,7 +89,7 @@ def setting_schema(declared: Setting, default: Any = MISSING) -> dict[str, Any]:
     else:
         schema = dict(KIND_SCHEMAS[kind.domain])
     if crd is not None and crd.description:
-        schema["description"] = (crd.description % {"default": json.dumps(default)}
+        schema["description"] = (crd.description % {"default": json.dumps(default, default=str)}
                                  if default is not MISSING else crd.description)
     schema = {**schema, **(crd.schema if crd is not None else {})}
     if crd is not None and crd.defaulted:

@@ -247,6 +247,8 @@ def spec_settings(raw: Mapping[str, Any], config_type: type = EngineConfig
         value = section[name]
         if declared.kind.domain in ("size", "bytes"):
             value = _positive_size(".".join(filter(None, (crd.section, name))), value)
+        elif declared.kind.from_spec is not None:  # an object of the spec's own names
+            value = declared.kind.from_spec(value)
         values[f.name] = value
     return values
 

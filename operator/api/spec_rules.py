@@ -190,6 +190,20 @@ RULES: tuple[Rule, ...] = (
          " || has(self.toolCallParser)",
          "tools.enableAutoToolChoice needs tools.toolCallParser (the format \"auto\" parses)",
          lambda tools: not tools.get("enableAutoToolChoice") or "toolCallParser" in tools),
+    # vLLM's StructuredOutputsConfig validator, its words.
+    Rule("structuredOutputs", "!has(self.disableAnyWhitespace) || !self.disableAnyWhitespace"
+         " || has(self.backend) && (self.backend == 'xgrammar' || self.backend == 'guidance')",
+         "structuredOutputs.disableAnyWhitespace is only supported for backend xgrammar or "
+         "guidance (vLLM's rule)",
+         lambda outputs: not outputs.get("disableAnyWhitespace")
+         or outputs.get("backend") in ("xgrammar", "guidance")),
+    Rule("structuredOutputs", "!has(self.disableAdditionalProperties)"
+         " || !self.disableAdditionalProperties"
+         " || has(self.backend) && self.backend == 'guidance'",
+         "structuredOutputs.disableAdditionalProperties is only supported for backend "
+         "guidance (vLLM's rule)",
+         lambda outputs: not outputs.get("disableAdditionalProperties")
+         or outputs.get("backend") == "guidance"),
     Rule("autoscaling", "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
          "autoscaling.minReplicas must be at most autoscaling.maxReplicas",
          lambda scaling: "minReplicas" not in scaling

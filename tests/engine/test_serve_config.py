@@ -20,6 +20,7 @@ from kvledger.engine.settings.declare import (
 )
 from kvledger.engine.settings.kinds import parse_size
 from kvledger.engine.settings.serve_config import ServeConfig
+from kvledger.engine.settings.structured_outputs_config import StructuredOutputsConfig
 
 # field -> (its flag, spec.SECTION.NAME, its default): a new field must be added here, on
 # purpose; "" is spec's own level.
@@ -52,6 +53,8 @@ DECLARED = {
     "grammar_compile_timeout_s": ("--grammar-compile-timeout", None, 10.0),
     "tool_call_parser": ("--tool-call-parser", "tools.toolCallParser", None),
     "reasoning_parser": ("--reasoning-parser", ".reasoningParser", None),
+    "structured_outputs_config": ("--structured-outputs-config", ".structuredOutputs",
+                                  StructuredOutputsConfig()),
     "enable_auto_tool_choice": ("--enable-auto-tool-choice", "tools.enableAutoToolChoice",
                                 False),
     "chat_template": ("--chat-template", None, None),

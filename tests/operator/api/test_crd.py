@@ -416,6 +416,18 @@ CASES = [
     ({"model": {"path": "/m"}, "allowRuntimeLoraUpdating": True,
       "apiKeySecretRef": {"name": "keys", "key": "api"}}, True),
     ({"model": {"path": "/m"}, "allowRuntimeLoraUpdating": False}, True),
+    # vLLM's structured outputs validator: no whitespace with xgrammar or guidance, closed
+    # objects with guidance.
+    *[({"model": {"path": "/m"}, "structuredOutputs": outputs}, valid) for outputs, valid in [
+        ({"backend": "guidance", "disableAnyWhitespace": True}, True),
+        ({"backend": "xgrammar", "disableAnyWhitespace": True}, True),
+        ({"disableAnyWhitespace": True}, False),
+        ({"backend": "outlines", "disableAnyWhitespace": True}, False),
+        ({"backend": "guidance", "disableAdditionalProperties": True}, True),
+        ({"backend": "xgrammar", "disableAdditionalProperties": True}, False),
+        ({"disableAnyWhitespace": False, "disableAdditionalProperties": False}, True),
+        ({"enableInReasoning": True}, True),
+    ]],
     # The GPUs of one node: the model sharded over them.
     ({"model": {"path": "/m"}, "gpus": 0}, True),
     ({"model": {"path": "/m"}, "gpus": 1}, True),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from kvledger.engine.cli import build_parser
+from kvledger.engine.errors import BadInput
 from kvledger.engine.settings.declare import Crd, setting, settings_of, values_from_args
 from kvledger.engine.settings.kinds import COUNT
 from kvledger.engine.settings.serve_config import ServeConfig
@@ -17,6 +18,7 @@ from kvledger.operator.api.crd_schema import SPEC_SCHEMA
 from kvledger.operator.api.resource import TENANTS_FILE
 from kvledger.operator.api.setting_schema import setting_properties
 from kvledger.operator.api.spec import parse_spec, spec_settings
+from kvledger.operator.api.spec_rules import ruled
 
 MODEL = {"path": "/models/m"}
 
@@ -24,7 +26,7 @@ MODEL = {"path": "/models/m"}
 def test_the_crd_holds_serves_fields_as_declared() -> None:
     spec = SPEC_SCHEMA["properties"]
     for name, schema in setting_properties("", ServeConfig).items():
-        assert spec[name] == schema
+        assert spec[name] == ruled(schema, name)  # with the field's own rules, if any
     assert spec["tools"]["properties"] == setting_properties("tools", ServeConfig)
     # The CRD's defaults are serve's, and a description may show serve's default.
     assert spec["port"]["default"] == ServeConfig.port == 8000
@@ -41,7 +43,7 @@ def test_only_what_a_resource_may_set_is_a_crd_field() -> None:
     assert exposed == {"port", "shutdown_grace_s", "max_queue_wait_s", "max_queue_len",
                        "max_queue_len_per_tenant", "tenant_fairness", "tool_call_parser",
                        "enable_auto_tool_choice", "allow_runtime_lora_updating",
-                       "reasoning_parser"}
+                       "reasoning_parser", "structured_outputs_config"}
 
 
 @pytest.mark.parametrize("raw", [
@@ -51,6 +53,10 @@ def test_only_what_a_resource_may_set_is_a_crd_field() -> None:
     {"maxQueueLengthPerTenant": 3, "tenantFairness": False,
      "tenantsSecretRef": {"name": "t", "key": "k"}, "allowRuntimeLoraUpdating": True,
      "tools": {"toolCallParser": "mistral", "enableAutoToolChoice": True}},
+    {"reasoningParser": "qwen3", "structuredOutputs": {
+        "backend": "guidance", "disableAnyWhitespace": True,
+        "disableAdditionalProperties": True, "enableInReasoning": True}},
+    {"structuredOutputs": {}},
 ])
 def test_the_pods_serve_flags_parse_back_to_the_specs_options(raw) -> None:
     spec = parse_spec({"model": MODEL, **raw})
@@ -84,3 +90,18 @@ def test_a_new_option_is_one_declaration() -> None:
     assert values == {"port": 8000, "shutdown_grace_s": 30, "max_waiters_per_model": 4}
     assert WithNewField(**values).to_flags(given=values) == [
         "--port", "8000", "--shutdown-grace", "30", "--max-waiters-per-model", "4"]
+
+
+def test_spec_structured_outputs_are_vllms_config_and_its_flag() -> None:
+    """spec.structuredOutputs is --structured-outputs-config with vLLM's keys; a field the
+    CRD lacks (kvledger run has no API server to prune it) is refused by name."""
+    raw = {"model": MODEL, "structuredOutputs": {"backend": "xgrammar",
+                                                 "disableAnyWhitespace": True}}
+    spec = parse_spec(raw)
+    config = spec.serve.structured_outputs_config
+    assert (config.backend, config.disable_any_whitespace) == ("xgrammar", True)
+    flags = spec.serving_flags()
+    at = flags.index("--structured-outputs-config")
+    assert flags[at + 1] == '{"backend":"xgrammar","disable_any_whitespace":true}'
+    with pytest.raises(BadInput, match=r"^spec\.structuredOutputs has no field 'whitespace'"):
+        parse_spec({"model": MODEL, "structuredOutputs": {"whitespace": False}})
