@@ -29,7 +29,8 @@ from kvledger.engine.settings.structured_outputs_config import StructuredOutputs
 
 # vLLM's --tool-call-parser names kvledger reads calls in (server/tools/formats.py holds
 # their readers, one per name; a test checks the two agree).
-PARSERS = ("hermes", "llama3_json", "mistral")
+PARSERS = ("hermes", "llama3_json", "mistral", "qwen3_coder", "pythonic", "llama4_pythonic",
+           "qwen3_xml", "qwen3_json", "llama4_json")
 # vLLM's --reasoning-parser names kvledger splits answers by, and why the others are
 # refused: reasoning_parsers.py.
 

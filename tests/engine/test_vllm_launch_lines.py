@@ -65,7 +65,11 @@ LAUNCH_LINES = [
      ACCEPTED),
     ("Mistral tool calling", "{model} --enable-auto-tool-choice --tool-call-parser mistral",
      ACCEPTED),
-    ("tool calling: another parser", "{model} --tool-call-parser pythonic",
+    ("Qwen3-Coder tool calling", "{model} --enable-auto-tool-choice --tool-call-parser "
+     "qwen3_coder", ACCEPTED),
+    ("Llama 4 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser "
+     "llama4_pythonic", ACCEPTED),
+    ("tool calling: another parser", "{model} --tool-call-parser deepseek_v3",
      "--tool-call-parser"),
     ("reasoning outputs", "{model} --reasoning-parser deepseek_r1", ACCEPTED),
     ("Qwen3 reasoning", "{model} --reasoning-parser qwen3", ACCEPTED),
@@ -209,8 +213,9 @@ def test_version_prints_the_distribution_version(capsys) -> None:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--tool-call-parser", "pythonic"], "error: --tool-call-parser pythonic: kvledger does "
-     "not support that tool-call parser (only hermes, llama3_json or mistral)"),
+    (["--tool-call-parser", "deepseek_v3"], "error: --tool-call-parser deepseek_v3: kvledger "
+     "does not support that tool-call parser (only hermes, llama3_json, llama4_json, "
+     "llama4_pythonic, mistral, pythonic, qwen3_coder, qwen3_json or qwen3_xml)"),
     (["--enable-auto-tool-choice"], "error: --enable-auto-tool-choice requires "
      "--tool-call-parser"),
 ])

@@ -201,3 +201,17 @@ def test_mistral_grammars_write_the_special_tokens() -> None:
     hermes = tool_plan([WEATHER], "required", True, auto_enabled=False, parser="hermes",
                        chat_template=None, specials=specials)
     assert hermes.kept_ids == frozenset()  # hermes' markers are not special tokens here
+
+
+@pytest.mark.parametrize(("alias", "parser", "text"), [
+    ("qwen3_json", "hermes", HERMES),
+    ("llama4_json", "llama3_json", '{"name": "get_weather", "parameters": {"city": "Rome"}}'),
+])
+def test_vllms_other_names_for_a_parser_read_and_write_as_it(alias, parser, text) -> None:
+    """vLLM 0.32 registers qwen3_json as its hermes parser and llama4_json as its
+    llama3_json one: the same reading, the same grammar."""
+    assert _calls(_whole(alias, text)) == _calls(_whole(parser, text))
+    assert _whole(alias, text).content == _whole(parser, text).content
+    grammars = [tool_plan([WEATHER], "required", True, auto_enabled=False, parser=name,
+                          chat_template=None).grammar for name in (alias, parser)]
+    assert grammars[0] == grammars[1]

@@ -7,26 +7,28 @@ once per request, which parser reads the answer back and which grammar constrain
 - ``"required"`` or a named function: the output is constrained by a Lark grammar
   (llguidance, compiled like any structured output) to calls in the model family's own
   format, each naming a declared function with arguments valid against its schema
-  (``%json``). A named function is called exactly once, as OpenAI and vLLM answer it
+  (``%json``; for the formats that write arguments one by one, qwen3_coder and pythonic,
+  ``param_grammars``). A named function is called exactly once, as OpenAI and vLLM answer it
   (vLLM constrains the output to that function's arguments); ``"required"`` makes one call
   with ``parallel_tool_calls: false``, else one or more.
 
 The format is ``--tool-call-parser``'s, else the one the model's chat template shows
-(``<tool_call>``: hermes; ``[TOOL_CALLS]``: mistral; ``<|python_tag|>``: llama3_json),
-else hermes. A format's markers that the tokenizer holds as special tokens (Mistral's
-``[TOOL_CALLS]``, Llama's ``<|python_tag|>``) are kept in the text the parser reads
-(``ToolPlan.kept_ids``; decoding drops every other special token), and the grammar
-writes them as those tokens.
+(``<function=``: qwen3_coder; ``<tool_call>``: hermes; ``[TOOL_CALLS]``: mistral;
+``<|python_tag|>``: llama3_json), else hermes. A format's markers that the tokenizer
+holds as special tokens (Mistral's ``[TOOL_CALLS]``, Llama's ``<|python_tag|>``) are kept
+in the text the parser reads (``ToolPlan.kept_ids``; decoding drops every other special
+token), and the grammar writes them as those tokens.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import re
 from dataclasses import dataclass
 
 from kvledger.engine.server.tools.formats import ARGS, CONTROL_TOKENS
+from kvledger.engine.server.tools.lark_text import json_value, lark, rule
+from kvledger.engine.server.tools.param_grammars import PARAM_GRAMMARS
 from kvledger.engine.server.tools.parsers import PARSERS, CallScanner
 from kvledger.engine.server.tools.protocol import NamedToolChoice, Tool
 from kvledger.engine.server.validation import Refusal
@@ -51,16 +53,17 @@ class CallFormat:
 
 
 _JSON_HEAD = '{"name": '
+_HERMES = CallFormat("", "<tool_call>\n" + _JSON_HEAD, ', "arguments": ', "}\n</tool_call>", "\n")
+_LLAMA_JSON = CallFormat("", _JSON_HEAD, ', "parameters": ', "}", "; ")
 FORMATS = {
-    "hermes": CallFormat("", "<tool_call>\n" + _JSON_HEAD, ', "arguments": ', "}\n</tool_call>",
-                         "\n"),
-    "llama3_json": CallFormat("", _JSON_HEAD, ', "parameters": ', "}", "; "),
+    "hermes": _HERMES, "qwen3_json": _HERMES,
+    "llama3_json": _LLAMA_JSON, "llama4_json": _LLAMA_JSON,
     # Mistral's tokenizers before v11: [TOOL_CALLS] and a JSON array of the calls.
     "mistral": CallFormat("[TOOL_CALLS][", _JSON_HEAD, ', "arguments": ', "}", ", ", "]"),
 }
 # v11 and later (a tokenizer with the [ARGS] token): [TOOL_CALLS]name[ARGS]{...} each.
 MISTRAL_V11 = CallFormat("", "[TOOL_CALLS]", "[ARGS]", "", "", quoted=False)
-assert set(FORMATS) == set(PARSERS)
+assert set(FORMATS) | set(PARAM_GRAMMARS) == set(PARSERS)
 
 
 @dataclass(frozen=True)
@@ -74,9 +77,11 @@ class ToolPlan:
     max_calls: int | None
     kept_ids: frozenset[int] = frozenset()
     named: bool = False  # the request named the function (its answer finishes "stop")
+    tools: tuple[Tool, ...] = ()  # whose schemas type the values of qwen3_coder's calls
 
     def scanner(self) -> CallScanner | None:
-        return None if self.parser is None else CallScanner(self.parser, self.max_calls)
+        return None if self.parser is None else \
+            CallScanner(self.parser, self.max_calls, self.tools)
 
 
 NO_TOOLS = ToolPlan(None, None, None)
@@ -85,6 +90,8 @@ NO_TOOLS = ToolPlan(None, None, None)
 def template_parser(chat_template: str | None) -> str:
     """The call format a chat template shows; hermes when it shows none."""
     template = chat_template or ""
+    if "<function=" in template and "<parameter=" in template:
+        return "qwen3_coder"
     if "<tool_call>" not in template and "[TOOL_CALLS]" in template:
         return "mistral"
     if "<tool_call>" not in template and "<|python_tag|>" in template:
@@ -113,18 +120,24 @@ def tool_plan(tools: list[Tool] | None, choice, parallel: bool, *, auto_enabled:
     if not tools or choice == "none":
         return NO_TOOLS
     specials = specials or {}
+    indexed = list(enumerate(tools))
     if isinstance(choice, NamedToolChoice):  # that function, once
-        tools = [t for t in tools if t.function.name == choice.function.name]
+        indexed = [(i, t) for i, t in indexed if t.function.name == choice.function.name]
         parallel = False
+    tools = [t for _, t in indexed]
     max_calls = None if parallel else 1
     if choice == "auto":
         if not (auto_enabled and parser):
             raise Refusal(AUTO_NEEDS_FLAGS, "tool_choice")
-        return ToolPlan(parser, None, max_calls, _kept(parser, specials))
+        return ToolPlan(parser, None, max_calls, _kept(parser, specials), tools=tuple(tools))
     parser = parser or template_parser(chat_template)
-    fmt = MISTRAL_V11 if parser == "mistral" and ARGS in specials else FORMATS[parser]
-    return ToolPlan(parser, calls_grammar(fmt, tools, parallel, specials), max_calls,
-                    _kept(parser, specials), named=isinstance(choice, NamedToolChoice))
+    if parser in PARAM_GRAMMARS:
+        grammar = PARAM_GRAMMARS[parser](indexed, parallel, specials)
+    else:
+        fmt = MISTRAL_V11 if parser == "mistral" and ARGS in specials else FORMATS[parser]
+        grammar = calls_grammar(fmt, tools, parallel, specials)
+    return ToolPlan(parser, grammar, max_calls, _kept(parser, specials),
+                    named=isinstance(choice, NamedToolChoice), tools=tuple(tools))
 
 
 def _kept(parser: str, specials: dict[str, int]) -> frozenset[int]:
@@ -137,39 +150,18 @@ def calls_grammar(fmt: CallFormat, tools: list[Tool], parallel: bool,
     the wrapper and the name are literals (``specials``, the tokenizer's special tokens
     among them, as those tokens), the arguments ``%json`` of the schema."""
     specials = specials or {}
-    lark = functools.partial(_lark, specials=specials)
-    more = f"({_rule(lark(fmt.separator), 'call')})*" if parallel else ""
-    lines = ["start: " + _rule(lark(fmt.opening), "call", more, lark(fmt.closing))]
+    text = functools.partial(lark, specials=specials)
+    more = f"({rule(text(fmt.separator), 'call')})*" if parallel else ""
+    lines = ["start: " + rule(text(fmt.opening), "call", more, text(fmt.closing))]
     alternatives = []
     for i, tool in enumerate(tools):
         name = tool.function.name
         head = fmt.head + (json.dumps(name) if fmt.quoted else name) + fmt.after_name
         alternatives.append(f"call_{i}")
-        lines.append(f"call_{i}: " + _rule(lark(head), f"args_{i}", lark(fmt.tail)))
-        schema = {"x-guidance": _ARGUMENTS_LAYOUT, **tool.function.schema}
-        lines.append(f"args_{i}: %json " + json.dumps(schema, sort_keys=True))
+        lines.append(f"call_{i}: " + rule(text(head), f"args_{i}", text(fmt.tail)))
+        lines.append(f"args_{i}: " + json_value(tool.function.schema))
     lines.insert(1, "call: " + " | ".join(alternatives))
     return "\n".join(lines) + "\n"
-
-
-def _rule(*parts: str) -> str:
-    return " ".join(p for p in parts if p)
-
-
-# The arguments laid out as json.dumps writes them: a model with weak weights cannot pad
-# them with whitespace until max_tokens (llguidance allows any by default).
-_ARGUMENTS_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ",
-                     "key_separator": ": "}
-
-
-def _lark(text: str, specials: dict[str, int]) -> str:
-    """``text`` as a Lark sequence: string literals (JSON's escapes are Lark's), and each
-    special token in it as a reference to that token (``<[id]>``); "" for no text."""
-    if not specials:
-        return json.dumps(text) if text else ""
-    pattern = "(" + "|".join(re.escape(m) for m in sorted(specials, key=len, reverse=True)) + ")"
-    parts = re.split(pattern, text)
-    return " ".join(f"<[{specials[p]}]>" if p in specials else json.dumps(p) for p in parts if p)
 
 
 def schema_problem(tools: list[Tool]) -> str | None:

@@ -1,303 +1,65 @@
-"""How each model family writes its calls, read as the text grows (``CallScanner`` drives).
+"""Each ``--tool-call-parser`` name: the reader of its calls (``READERS``: the JSON family
+in ``json_formats``, qwen3_coder's XML in ``xml_format``, the Python lists in
+``pythonic_format``), the ids its calls get, and the markers its tokenizers may hold as
+special tokens.
 
-- ``hermes`` (Qwen2.5, Qwen3, Hermes; kvledger's built-in models): each call is
-  ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``; text around them is
-  content.
-- ``llama3_json`` (Llama 3.1+): the answer is calls, ``{"name": ..., "parameters": {...}}``,
-  several joined by ``;``, optionally after ``<|python_tag|>``; other text is content.
-- ``mistral``: ``[TOOL_CALLS]`` (a special token: ``CONTROL_TOKENS``) then a JSON array of
-  ``{"name": ..., "arguments": {...}}`` (tokenizers before v11; one bare object too), or
-  ``[TOOL_CALLS]name[ARGS]{...}`` for each call (v11 and later); text before is content.
-
-A call is given out once its name is read (``{"name": ..., "arguments": `` in that order,
-or ``name[ARGS]``), then its arguments as they are written, exactly as written, up to the
-bracket that closes them (or hermes' ``</tool_call>``, or the end of the text). A call
-object written in another key order is read whole once complete. Text that never reaches
-a name stays content.
+vLLM 0.32's other names for the same reader are served as such: ``qwen3_json`` is
+hermes, ``llama4_json`` is llama3_json, ``qwen3_xml`` is qwen3_coder (one class each in
+its registry).
 """
 
 from __future__ import annotations
 
-import random
-import string
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from kvledger.engine.server.tools.call_json import (
-    ArgumentsSpan,
-    json_calls,
-    literal_at,
-    read_call,
-    read_head,
-    skip_space,
+from kvledger.engine.server.tools.call_pieces import (
+    Arguments,
+    OpenCall,
+    Piece,
+    ToolCall,
+    mistral_call_id,
+    openai_call_id,
+    vllm_call_id,
 )
+from kvledger.engine.server.tools.json_formats import (
+    ARGS,
+    HERMES_END,
+    HERMES_START,
+    PYTHON_TAG,
+    TOOL_CALLS,
+    hermes,
+    llama3_json,
+    mistral,
+)
+from kvledger.engine.server.tools.pythonic_format import llama4_pythonic, pythonic
+from kvledger.engine.server.tools.xml_format import TOOL_END, TOOL_START, qwen3_coder
 
+__all__ = ["ARGS", "CALL_IDS", "CONTROL_TOKENS", "READERS", "Arguments", "OpenCall",
+           "Piece", "ToolCall"]
 
-def openai_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
+Reader = Callable[[Any, str, bool], list[Piece]]
 
-
-def mistral_call_id() -> str:
-    """Mistral's: 9 letters and digits (its chat templates refuse any other id)."""
-    return "".join(random.choices(string.ascii_letters + string.digits, k=9))
-
-
-@dataclass
-class ToolCall:
-    name: str
-    arguments: str = ""  # JSON text of an object, as written; grows while streamed
-    id: str = field(default_factory=openai_call_id)
-
-    def as_openai(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}
-
-
-@dataclass(frozen=True)
-class Arguments:
-    """More of ``call``'s arguments, as the reader found them."""
-
-    call: ToolCall
-    text: str
-
-
-@dataclass
-class OpenCall:
-    """A call being read: where its text begins, then, once named, its arguments."""
-
-    at: int               # its object's '{' (or, for ``name[ARGS]``, its name)
-    back: int             # where the text goes back to being content if it is no call
-    call: ToolCall | None = None
-    span: ArgumentsSpan | None = None
-    sent: int = 0         # characters of the arguments given out
-
-
-Piece = str | ToolCall | Arguments
-
-
-def _named(scanner, open_: OpenCall, name: str, args_at: int, out: list[Piece],
-           stop: str | None = None) -> bool:
-    open_.call = ToolCall(name, id=scanner.new_id())
-    open_.span = ArgumentsSpan(args_at, stop)
-    out.append(open_.call)
-    return True
-
-
-def _head(scanner, open_: OpenCall, text: str, final: bool, out: list[Piece],
-          stop: str | None = None) -> bool | None:
-    """Read the call's head: True once named (the call given out); None: wait for more;
-    False: not written ``{"name": ..., "arguments": {`` (or never finished)."""
-    head = read_head(text, open_.at)
-    if head is None:
-        return False if final else None
-    if head is False:
-        return False
-    return _named(scanner, open_, head[0], head[1], out, stop)
-
-
-def _arguments(open_: OpenCall, text: str, final: bool, out: list[Piece]) -> bool:
-    """Give out the arguments written since the last call; True once they are over."""
-    span = open_.span
-    reached = span.finish(text) if final else span.advance(text)
-    start = span.start + open_.sent
-    if reached > start:
-        out.append(Arguments(open_.call, text[start:reached]))
-        open_.sent = reached - span.start
-    return span.end is not None
-
-
-def _after_object(open_: OpenCall, text: str) -> int:
-    """Past the arguments: past the call object's own '}' too, and the space around it."""
-    i = skip_space(text, open_.span.end)
-    if open_.span.closed and i < len(text) and text[i] == "}":
-        i = skip_space(text, i + 1)
-    return i
-
-
-def _whole(scanner, calls: list[tuple[str, str]]) -> list[Piece]:
-    out: list[Piece] = []
-    for name, arguments in calls:
-        call = ToolCall(name, id=scanner.new_id())
-        out += [call, Arguments(call, arguments)]
-    return out
-
-
-def _content_until(scanner, text: str, marker: str, final: bool, out: list[Piece]) -> int | None:
-    """Content up to the next ``marker`` (its position), holding back an end of the text
-    that may yet become it; None when there is none yet."""
-    pos = scanner.pos
-    start = text.find(marker, pos)
-    stop = start if start >= 0 else len(text) if final else len(text) - _held(text, pos, marker)
-    if stop > pos:
-        out.append(text[pos:stop])
-    scanner.pos = stop
-    return start if start >= 0 else None
-
-
-def _held(text: str, pos: int, marker: str) -> int:
-    """The length of ``text[pos:]``'s longest end that begins ``marker``."""
-    for n in range(min(len(marker) - 1, len(text) - pos), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
-
-
-_START, _END = "<tool_call>", "</tool_call>"
-
-
-def hermes(scanner, text: str, final: bool) -> list[Piece]:
-    out: list[Piece] = []
-    while True:
-        open_ = scanner.open
-        if open_ is None:
-            start = _content_until(scanner, text, _START, final, out)
-            if start is None:
-                return out
-            open_ = scanner.open = OpenCall(start + len(_START), start)
-        if open_.call is None:
-            named = _head(scanner, open_, text, final, out, stop=_END)
-            if named is None:
-                return out
-            if not named:  # written otherwise: the whole body decides, once closed
-                end = text.find(_END, open_.at)
-                if end < 0 and not final:
-                    return out
-                stop = len(text) if end < 0 else end + len(_END)
-                call = read_call(text[open_.at:end if end >= 0 else len(text)].strip())
-                out += _whole(scanner, [call]) if call else [text[open_.back:stop]]
-                scanner.pos, scanner.open = stop, None
-                continue
-        if not _arguments(open_, text, final, out):
-            return out
-        i = _after_object(open_, text)
-        tag = literal_at(text, i, _END)
-        if tag is None and not final:
-            return out
-        scanner.pos, scanner.open = tag or (len(text) if tag is None else i), None
-
-
-_PYTHON_TAG = "<|python_tag|>"
-
-
-def llama3_json(scanner, text: str, final: bool) -> list[Piece]:
-    out: list[Piece] = []
-    while True:
-        open_, pos = scanner.open, scanner.pos
-        if open_ is None:
-            if scanner.mode == "content":
-                if len(text) > pos:
-                    out.append(text[pos:])
-                scanner.pos = len(text)
-                return out
-            i = skip_space(text, pos)
-            if pos == 0:  # the answer may open with the tag
-                tag = literal_at(text, i, _PYTHON_TAG)
-                if tag is None and not final:
-                    return out
-                i = skip_space(text, tag or i)
-            if i == len(text) and not final:
-                return out
-            if i == len(text) or text[i] != "{":
-                scanner.mode = "content"
-                continue
-            open_ = scanner.open = OpenCall(i, pos)
-        if open_.call is None:
-            named = _head(scanner, open_, text, final, out)
-            if named is None or (not named and not final):
-                return out
-            if not named:  # written otherwise: the rest, read whole
-                calls = json_calls(text[open_.at:], ";")
-                out += _whole(scanner, calls or [])
-                scanner.pos = len(text) if calls else open_.back
-                scanner.open, scanner.mode = None, "content"
-                continue
-        if not _arguments(open_, text, final, out):
-            return out
-        i = _after_object(open_, text)
-        if i == len(text) and not final:
-            return out
-        scanner.open = None
-        if i < len(text) and text[i] == ";":
-            scanner.pos = i + 1
-        else:
-            scanner.pos, scanner.mode = i, "content"
-
-
-TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
-_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_-.:")
-
-
-def mistral(scanner, text: str, final: bool) -> list[Piece]:
-    out: list[Piece] = []
-    while True:
-        open_ = scanner.open
-        if open_ is None:
-            start = _content_until(scanner, text, TOOL_CALLS, final, out)
-            if start is None:
-                return out
-            i = skip_space(text, start + len(TOOL_CALLS))
-            if i == len(text) and not final:
-                return out
-            if i == len(text):
-                out.append(text[start:])
-                scanner.pos = len(text)
-                return out
-            scanner.mode = {"[": "array", "{": "object"}.get(text[i], "named")
-            open_ = scanner.open = OpenCall(i + (text[i] == "["), start)
-        if open_.call is None:
-            named = (_mistral_name if scanner.mode == "named" else _head)(
-                scanner, open_, text, final, out)
-            if named is None or (not named and not final and scanner.mode != "named"):
-                return out
-            if not named and scanner.mode == "named":  # no name[ARGS]: the marker is text
-                out.append(text[open_.back:open_.at])
-                scanner.pos, scanner.open = open_.at, None
-                continue
-            if not named:  # JSON written otherwise: the rest, read whole (else content)
-                calls = json_calls(text[open_.at:], ",]")
-                out += _whole(scanner, calls) if calls else [text[open_.back:]]
-                scanner.pos, scanner.open = len(text), None
-                continue
-        if not _arguments(open_, text, final, out):
-            return out
-        i = _after_object(open_, text) if scanner.mode != "named" else open_.span.end
-        if i == len(text) and not final and scanner.mode != "named":
-            return out
-        if scanner.mode == "array":
-            if i < len(text) and text[i] == ",":
-                scanner.open = OpenCall(i + 1, i + 1)
-                continue
-            if i < len(text) and text[i] == "]":
-                i += 1
-        scanner.pos, scanner.open = i, None
-
-
-def _mistral_name(scanner, open_: OpenCall, text: str, final: bool,
-                  out: list[Piece]) -> bool | None:
-    """``name[ARGS]{``: True once read (the call given out); None: wait; False: not so."""
-    j = open_.at
-    while j < len(text) and text[j] in _NAME_CHARS:
-        j += 1
-    found = literal_at(text, j, ARGS) if j > open_.at else False
-    if found is None:
-        return False if final else None
-    if found is False:
-        return False
-    i = skip_space(text, found)
-    if i == len(text):
-        return False if final else None
-    if text[i] != "{":
-        return False
-    return _named(scanner, open_, text[open_.at:j], i, out)
-
-
-READERS: dict[str, Callable[[Any, str, bool], list[Piece]]] = {
-    "hermes": hermes, "llama3_json": llama3_json, "mistral": mistral}
+READERS: dict[str, Reader] = {
+    "hermes": hermes, "qwen3_json": hermes,
+    "llama3_json": llama3_json, "llama4_json": llama3_json,
+    "mistral": mistral,
+    "qwen3_coder": qwen3_coder, "qwen3_xml": qwen3_coder,
+    "pythonic": pythonic, "llama4_pythonic": llama4_pythonic,
+}
+# kvledger's first parsers kept OpenAI's shape of id; vLLM 0.32 gives every parser's
+# calls chatcmpl-tool-<16 hex> (Mistral's its own 9 characters).
 CALL_IDS: dict[str, Callable[[], str]] = {
-    "hermes": openai_call_id, "llama3_json": openai_call_id, "mistral": mistral_call_id}
+    name: {hermes: openai_call_id, llama3_json: openai_call_id,
+           mistral: mistral_call_id}.get(reader, vllm_call_id)
+    for name, reader in READERS.items()}
 # The markers of each format that tokenizers may hold as special tokens (which decoding
-# drops): the engine keeps these in the text it gives the reader.
+# drops): the engine keeps these in the text it gives the reader. Llama 4's
+# <|python_start|> is not among them: vLLM's decoding drops it before its parser reads.
 CONTROL_TOKENS: dict[str, tuple[str, ...]] = {
-    "hermes": (_START, _END), "llama3_json": (_PYTHON_TAG,), "mistral": (TOOL_CALLS, ARGS)}
+    "hermes": (HERMES_START, HERMES_END), "qwen3_json": (HERMES_START, HERMES_END),
+    "llama3_json": (PYTHON_TAG,), "llama4_json": (PYTHON_TAG,),
+    "mistral": (TOOL_CALLS, ARGS),
+    "qwen3_coder": (TOOL_START, TOOL_END), "qwen3_xml": (TOOL_START, TOOL_END),
+    "pythonic": (), "llama4_pythonic": (),
+}

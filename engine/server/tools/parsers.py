@@ -1,5 +1,5 @@
 """Tool calls read back from a model's text, in the format of its family (``formats``:
-hermes, llama3_json, mistral).
+hermes, llama3_json, mistral, qwen3_coder, pythonic and their other names).
 
 One ``CallScanner`` reads a choice's text as it grows, for streamed and whole answers
 alike, so what a stream sends adds up to what the whole answer holds: content as soon as
@@ -11,7 +11,9 @@ users drops; the engine keeps them in the text of a request with tools.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kvledger.engine.server.tools.formats import (
     CALL_IDS,
@@ -21,6 +23,7 @@ from kvledger.engine.server.tools.formats import (
     OpenCall,
     ToolCall,
 )
+from kvledger.engine.server.tools.protocol import Tool
 from kvledger.engine.settings.vllm_rules import PARSERS
 
 assert set(PARSERS) == set(READERS), "a --tool-call-parser name without its reader"
@@ -40,12 +43,15 @@ class CallScanner:
     pieces, calls and their arguments, in order. At most ``max_calls`` calls
     (``parallel_tool_calls: false`` is 1): later calls are dropped, as vLLM drops them.
     Trailing whitespace is held until other content follows it, and dropped at the end
-    (the newline before a call is no content)."""
+    (the newline before a call is no content). ``tools``: the request's, whose schemas
+    type the values of formats that write them as bare text (qwen3_coder)."""
 
-    def __init__(self, parser: str, max_calls: int | None = None) -> None:
+    def __init__(self, parser: str, max_calls: int | None = None,
+                 tools: Sequence[Tool] = ()) -> None:
         if parser not in PARSERS:
             raise ValueError(f"unknown tool-call parser {parser!r}")
         self.parser = parser
+        self._schemas = {t.function.name: t.function.schema for t in tools}
         self._read = READERS[parser]
         self.new_id = CALL_IDS[parser]
         self._max_calls = max_calls
@@ -57,6 +63,11 @@ class CallScanner:
         self._kept: dict[int, int] = {}  # id() of each call given out -> its index
         self.calls: list[ToolCall] = []
         self.content = ""
+
+    def properties(self, name: str) -> dict[str, Any]:
+        """The schemas of the parameters of the declared function ``name`` ({} if none)."""
+        properties = self._schemas.get(name, {}).get("properties")
+        return properties if isinstance(properties, dict) else {}
 
     def index_of(self, call: ToolCall | ArgumentsDelta) -> int | None:
         """The index in the answer of a call this scanner gave out (OpenAI's delta index)."""

@@ -1,0 +1,169 @@
+"""The grammars of ``tool_choice: "required"`` and a named function for the formats that
+write a call's arguments one by one rather than as a JSON object:
+
+- qwen3_coder (``qwen3_xml``): ``<tool_call>\\n<function=NAME>\\n``, each parameter as
+  ``<parameter=KEY>\\nVALUE\\n</parameter>\\n``, ``</function>\\n</tool_call>``; several
+  calls apart by a newline (Qwen3-Coder's chat template's layout);
+- pythonic (``llama4_pythonic``): ``[NAME(KEY=VALUE, ...), ...]``.
+
+Each declared property in the schema's order, the required ones always, the others when
+the model chooses; no other key. A value is ``%json`` of its property's schema, except
+qwen3_coder's strings, written bare (``raw_strings``). Read back as vLLM reads these
+formats (a string parameter stays the text written, others take their schema's type; a
+Python literal becomes its JSON), the arguments are valid against the schema. What the
+format cannot write so, a schema or a name, is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+import functools
+import keyword
+import re
+from typing import Any
+
+from kvledger.engine.server.tools.lark_text import json_value, lark, rule
+from kvledger.engine.server.tools.protocol import Tool
+from kvledger.engine.server.tools.raw_strings import Unsupported, lexemes
+from kvledger.engine.server.tools.schema_types import schema_types
+from kvledger.engine.server.validation import Refusal
+
+_DESCRIBING = frozenset({"title", "description", "default", "examples", "$comment",
+                         "$schema", "$id", "strict", "deprecated"})
+_OBJECT_KEYS = _DESCRIBING | {"type", "properties", "required", "additionalProperties",
+                              "$defs", "definitions"}
+_PYTHON_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+Tools = list[tuple[int, Tool]]  # each with its place in the request's 'tools'
+
+
+def xml_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int]) -> str:
+    text = functools.partial(lark, specials=specials)
+    lines = ["start: call" + (f' ({text(chr(10))} call)*' if parallel else "")]
+    for n, (i, tool) in enumerate(tools):
+        name = tool.function.name
+        params, defs = _parameters(tool, i, "qwen3_coder", _xml_key)
+        items = []
+        for k, (key, schema, required) in enumerate(params):
+            item = f"p_{n}_{k}"
+            items.append((item, required))
+            head = text(f"<parameter={key}>\n")
+            if "string" in schema_types(schema):
+                token, definition = _bare_string(f"V_{n}_{k}", schema, _where(i, name, key))
+                lines += [f"{item}: {head} {token} " + text("\n"), *definition]
+            else:
+                lines += [f"{item}: " + rule(head, f"v_{n}_{k}", text("\n</parameter>\n")),
+                          f"v_{n}_{k}: " + json_value({**defs, **_dict(schema)})]
+        body, more = _in_order(f"a_{n}", items, "")
+        lines += [f"call_{n}: " + rule(text(f"<tool_call>\n<function={name}>\n"), body,
+                                       text("</function>\n</tool_call>")), *more]
+    lines.insert(1, "call: " + " | ".join(f"call_{n}" for n in range(len(tools))))
+    return "\n".join(lines) + "\n"
+
+
+def pythonic_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int]) -> str:
+    lines = ['start: "[" call' + (' (", " call)*' if parallel else "") + ' "]"']
+    for n, (i, tool) in enumerate(tools):
+        name = tool.function.name
+        if not _python_name(name):
+            raise Refusal(f"'tools[{i}].function.name' {name!r}: a pythonic call's name is a "
+                          f"Python name (a letter, then letters, digits or '_')", "tools")
+        params, defs = _parameters(tool, i, "pythonic", _python_key)
+        items = []
+        for k, (key, schema, required) in enumerate(params):
+            items.append((f"p_{n}_{k}", required))
+            lines += [f'p_{n}_{k}: "{key}=" v_{n}_{k}',
+                      f"v_{n}_{k}: " + json_value({**defs, **_dict(schema)})]
+        body, more = _in_order(f"a_{n}", items, '", "')
+        lines += [f'call_{n}: "{name}(" ' + rule(body, '")"'), *more]
+    lines.insert(1, "call: " + " | ".join(f"call_{n}" for n in range(len(tools))))
+    return "\n".join(lines) + "\n"
+
+
+PARAM_GRAMMARS = {"qwen3_coder": xml_calls_grammar, "qwen3_xml": xml_calls_grammar,
+                  "pythonic": pythonic_calls_grammar, "llama4_pythonic": pythonic_calls_grammar}
+
+
+def _parameters(tool: Tool, i: int, fmt: str, key_problem
+                ) -> tuple[list[tuple[str, Any, bool]], dict[str, Any]]:
+    """The declared properties in order (key, schema, required) and the definitions
+    their schemas may refer to; a ``Refusal`` for what the format cannot write."""
+    schema, name = tool.function.schema, tool.function.name
+    where = f"'tools[{i}].function.parameters' ({name})"
+    extra = sorted(set(schema) - _OBJECT_KEYS)
+    if extra or schema.get("type", "object") not in ("object", ["object"]):
+        what = repr(extra[0]) if extra else f"'type' {schema['type']!r}"
+        raise Refusal(f"{where}: a {fmt} call writes each declared property in turn, which "
+                      f"cannot honour {what}", "tools")
+    properties, required = schema.get("properties", {}), schema.get("required", [])
+    if not isinstance(properties, dict) or not isinstance(required, list):
+        raise Refusal(f"{where}: 'properties' is an object and 'required' a list", "tools")
+    missing = [r for r in required if r not in properties]
+    if missing:
+        raise Refusal(f"{where}: 'required' names {missing[0]!r}, which 'properties' does "
+                      f"not declare", "tools")
+    for key in properties:
+        problem = key_problem(key)
+        if problem:
+            raise Refusal(f"{_where(i, name, key)}: {problem}", "tools")
+    defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
+    return [(k, s, k in required) for k, s in properties.items()], defs
+
+
+def _where(i: int, name: str, key: str) -> str:
+    return f"'tools[{i}].function.parameters.properties.{key}' ({name})"
+
+
+def _xml_key(key: str) -> str | None:
+    if not key or key[0].isspace() or "<" in key or ">" in key:
+        return "a qwen3_coder parameter's name has no '<' or '>' and does not begin blank"
+    return None
+
+
+def _python_key(key: str) -> str | None:
+    if not _python_name(key):
+        return "a pythonic call's keyword argument is a Python name (not a keyword)"
+    return None
+
+
+def _python_name(name: str) -> bool:
+    return bool(_PYTHON_NAME.fullmatch(name)) and not keyword.iskeyword(name)
+
+
+def _dict(schema: Any) -> dict[str, Any]:
+    return schema if isinstance(schema, dict) else {"allOf": [schema]}
+
+
+def _bare_string(token: str, schema: Any, where: str) -> tuple[str, list[str]]:
+    """The token of a string parameter's bare value (and its closing tag)."""
+    types = schema_types(schema)
+    try:
+        if types - {"string", "null"}:
+            raise Unsupported(f"a string beside {sorted(types - {'string', 'null'})}")
+        return lexemes(token, schema)
+    except Unsupported as exc:
+        raise Refusal(f"{where}: a qwen3_coder string is written bare, constrained by "
+                      f"type, enum, const, pattern, minLength, maxLength and anyOf/oneOf "
+                      f"of those; not by {exc}", "tools") from None
+
+
+def _in_order(prefix: str, items: list[tuple[str, bool]], separator: str
+              ) -> tuple[str, list[str]]:
+    """``items`` in order, each optional one given or not, joined by ``separator`` (a
+    Lark literal, or ""): the expression and the rules it needs."""
+    if not separator:
+        return " ".join(item if required else f"({item})?" for item, required in items), []
+    lines, n = [], len(items)
+    for k in reversed(range(n)):
+        item, required = items[k]
+        rest = f" {prefix}_rest_{k + 1}" if k + 1 < n else ""
+        if k:  # the params after one given, each after the separator
+            lines.append(f"{prefix}_rest_{k}: " + (f"{separator} {item}{rest}" if required
+                                                     else f"({separator} {item})?{rest}"))
+        first = f"{item}{rest}"
+        if required:
+            lines.append(f"{prefix}_first_{k}: {first}")
+        elif k + 1 < n:
+            lines.append(f"{prefix}_first_{k}: {first} | {prefix}_first_{k + 1}")
+        else:
+            lines.append(f"{prefix}_first_{k}: ({first})?")
+    return (f"{prefix}_first_0" if n else ""), lines
