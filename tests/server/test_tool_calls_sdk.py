@@ -10,7 +10,7 @@ import aiohttp
 import jsonschema
 import openai
 import pytest
-from _server_helpers import make_llm, start_sdk
+from _server_helpers import make_llm
 
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
            "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
@@ -28,18 +28,6 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 @pytest.fixture(scope="module")
 def llm(tiny_llama_dir):
     return make_llm(tiny_llama_dir, max_model_len=1024, num_gpu_blocks_override=256)
-
-
-@pytest.fixture
-async def serve(aiohttp_server, llm):
-    clients = []
-
-    async def start(**options):
-        return await start_sdk(aiohttp_server, llm, clients, **options)
-
-    yield start
-    for client in clients:
-        await client.close()
 
 
 def _check_calls(calls) -> None:
@@ -60,8 +48,8 @@ async def _streamed(client, **body):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-async def test_required_calls_validate_against_their_schemas(serve, seed) -> None:
-    name, client = await serve()
+async def test_required_calls_validate_against_their_schemas(sdk_serve, seed) -> None:
+    name, client = await sdk_serve()
     answer = await client.chat.completions.create(
         model=name, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=200,
         seed=seed, temperature=1.0, parallel_tool_calls=False)
@@ -72,8 +60,8 @@ async def test_required_calls_validate_against_their_schemas(serve, seed) -> Non
     _check_calls(choice.message.tool_calls)
 
 
-async def test_a_named_function_is_the_one_called_whole_and_streamed(serve) -> None:
-    name, client = await serve()
+async def test_a_named_function_is_the_one_called_whole_and_streamed(sdk_serve) -> None:
+    name, client = await sdk_serve()
     body = {"model": name, "messages": ASK, "tools": TOOLS, "max_tokens": 200,
             "tool_choice": {"type": "function", "function": {"name": "get_time"}},
             "temperature": 0, "parallel_tool_calls": False}
@@ -88,10 +76,10 @@ async def test_a_named_function_is_the_one_called_whole_and_streamed(serve) -> N
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-async def test_a_named_function_is_called_exactly_once(serve, seed) -> None:
+async def test_a_named_function_is_called_exactly_once(sdk_serve, seed) -> None:
     """parallel_tool_calls left at its default (true): a named choice is still one call
     (before: two or three get_time calls in 3 of 4 seeds)."""
-    name, client = await serve()
+    name, client = await sdk_serve()
     answer = await client.chat.completions.create(
         model=name, messages=ASK, tools=TOOLS, max_tokens=300, seed=seed, temperature=1.0,
         tool_choice={"type": "function", "function": {"name": "get_time"}})
@@ -100,8 +88,8 @@ async def test_a_named_function_is_called_exactly_once(serve, seed) -> None:
     _check_calls(calls)
 
 
-async def test_streamed_parallel_calls_assemble_into_the_whole_answer(serve) -> None:
-    name, client = await serve()
+async def test_streamed_parallel_calls_assemble_into_the_whole_answer(sdk_serve) -> None:
+    name, client = await sdk_serve()
     body = {"model": name, "messages": ASK, "tools": TOOLS, "tool_choice": "required",
             "max_tokens": 300, "seed": 7, "temperature": 1.0}
     whole = (await client.chat.completions.create(**body)).choices[0]
@@ -117,8 +105,8 @@ async def test_streamed_parallel_calls_assemble_into_the_whole_answer(serve) -> 
     assert deltas[1].id is None and deltas[1].function.arguments  # then the arguments
 
 
-async def test_a_call_cut_by_max_tokens_counts_them_all(serve) -> None:
-    name, client = await serve()
+async def test_a_call_cut_by_max_tokens_counts_them_all(sdk_serve) -> None:
+    name, client = await sdk_serve()
     answer = await client.chat.completions.create(
         model=name, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=5)
     assert answer.choices[0].finish_reason == "length"
@@ -126,10 +114,10 @@ async def test_a_call_cut_by_max_tokens_counts_them_all(serve) -> None:
     assert not answer.choices[0].message.tool_calls  # an unfinished call is no call
 
 
-async def test_auto_parses_what_the_model_wrote(serve) -> None:
+async def test_auto_parses_what_the_model_wrote(sdk_serve) -> None:
     """The model is made to write a hermes call by a regex constraint (``auto`` itself
     leaves the output free): the server reads it back as a call, whole and streamed."""
-    name, client = await serve(enable_auto_tool_choice=True, tool_call_parser="hermes")
+    name, client = await sdk_serve(enable_auto_tool_choice=True, tool_call_parser="hermes")
     regex = (r'Sure\.\n<tool_call>\n\{"name": "get_weather", "arguments": '
              r'\{"city": "(Paris|Rome)", "unit": "celsius"\}\}\n</tool_call>')
     body = {"model": name, "messages": ASK, "tools": TOOLS, "max_tokens": 120,
@@ -151,8 +139,8 @@ async def test_auto_parses_what_the_model_wrote(serve) -> None:
     assert free.choices[0].message.content is not None
 
 
-async def test_none_answers_text(serve) -> None:
-    name, client = await serve()
+async def test_none_answers_text(sdk_serve) -> None:
+    name, client = await sdk_serve()
     answer = await client.chat.completions.create(
         model=name, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=6,
         extra_body={"ignore_eos": True})
@@ -160,8 +148,8 @@ async def test_none_answers_text(serve) -> None:
     assert answer.choices[0].finish_reason == "length"
 
 
-async def test_the_round_trip_is_served(serve) -> None:
-    name, client = await serve()
+async def test_the_round_trip_is_served(sdk_serve) -> None:
+    name, client = await sdk_serve()
     first = await client.chat.completions.create(
         model=name, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=200,
         parallel_tool_calls=False, temperature=0)
@@ -186,15 +174,15 @@ async def test_the_round_trip_is_served(serve) -> None:
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
      "constrains the output itself; drop response_format"),
 ])
-async def test_bad_tool_requests_are_400s_naming_the_problem(serve, body, message) -> None:
-    name, client = await serve()
+async def test_bad_tool_requests_are_400s_naming_the_problem(sdk_serve, body, message) -> None:
+    name, client = await sdk_serve()
     with pytest.raises(openai.BadRequestError) as error:
         await client.chat.completions.create(model=name, messages=ASK, max_tokens=4, **body)
     assert message in error.value.message
 
 
-async def test_tokenize_counts_the_tools_as_chat_does(serve) -> None:
-    name, client = await serve()
+async def test_tokenize_counts_the_tools_as_chat_does(sdk_serve) -> None:
+    name, client = await sdk_serve()
     chat = await client.chat.completions.create(model=name, messages=ASK, tools=TOOLS,
                                                 tool_choice="none", max_tokens=1)
     url = str(client.base_url).removesuffix("/").removesuffix("/v1") + "/tokenize"
@@ -205,7 +193,7 @@ async def test_tokenize_counts_the_tools_as_chat_does(serve) -> None:
             assert response.status == 400
 
 
-async def test_tool_schemas_over_the_compile_time_limit_are_a_400(serve, monkeypatch) -> None:
+async def test_tool_schemas_over_the_compile_time_limit_are_a_400(sdk_serve, monkeypatch) -> None:
     """A compile over the limit is a 400. The compile is held a second here: a fresh
     server's first one (which also builds the library's view of the tokenizer) takes tens
     of milliseconds, which a loaded machine could let it finish before the 0.1 ms wait
@@ -219,7 +207,7 @@ async def test_tool_schemas_over_the_compile_time_limit_are_a_400(serve, monkeyp
         return real(self, spec)
 
     monkeypatch.setattr(GrammarCompiler, "_compile", slow)
-    name, client = await serve(grammar_compile_timeout_s=0.0001)
+    name, client = await sdk_serve(grammar_compile_timeout_s=0.0001)
     with pytest.raises(openai.BadRequestError) as error:
         await client.chat.completions.create(model=name, messages=ASK, max_tokens=4,
                                              tools=TOOLS, tool_choice="required")
@@ -227,10 +215,10 @@ async def test_tool_schemas_over_the_compile_time_limit_are_a_400(serve, monkeyp
     assert "--grammar-compile-timeout" in error.value.message
 
 
-async def test_arguments_stream_in_fragments_as_they_are_generated(serve) -> None:
+async def test_arguments_stream_in_fragments_as_they_are_generated(sdk_serve) -> None:
     """The name first, then the arguments in many deltas (about a token each), which the
     SDK assembles into the whole answer's call."""
-    name, client = await serve()
+    name, client = await sdk_serve()
     note = {"type": "object", "additionalProperties": False, "required": ["text"],
             "properties": {"text": {"type": "string", "pattern": "^[a-z ]{40,60}$"}}}
     tools = [{"type": "function", "function": {"name": "take_note", "parameters": note}}]

@@ -11,7 +11,7 @@ import re
 import jsonschema
 import openai
 import pytest
-from _server_helpers import make_llm, start_sdk, with_added_tokens
+from _server_helpers import make_llm, with_added_tokens
 from test_tool_calls_sdk import ASK, SCHEMAS, TOOLS, _streamed
 
 VLLM_ID = re.compile(r"^chatcmpl-tool-[0-9a-f]{16}$")
@@ -22,18 +22,6 @@ def llm(tiny_llama_dir, tmp_path_factory):
     out = with_added_tokens(tiny_llama_dir, tmp_path_factory.mktemp("qwen3-coder") / "model",
                             ["<tool_call>", "</tool_call>"])
     return make_llm(out, max_model_len=1024, num_gpu_blocks_override=256)
-
-
-@pytest.fixture
-async def serve(aiohttp_server, llm):
-    clients = []
-
-    async def start(**options):
-        return await start_sdk(aiohttp_server, llm, clients, **options)
-
-    yield start
-    for client in clients:
-        await client.close()
 
 
 def _check(choice, finish_reason: str = "tool_calls") -> None:
@@ -51,8 +39,8 @@ def _calls(choice) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("parser", ["qwen3_coder", "pythonic"])
 @pytest.mark.parametrize("seed", [0, 1])
-async def test_required_calls_validate_whole_and_streamed(serve, llm, parser, seed) -> None:
-    name, client = await serve(tool_call_parser=parser)
+async def test_required_calls_validate_whole_and_streamed(sdk_serve, llm, parser, seed) -> None:
+    name, client = await sdk_serve(tool_call_parser=parser)
     body = {"model": name, "messages": ASK, "tools": TOOLS, "tool_choice": "required",
             "max_tokens": 300, "seed": seed, "temperature": 1.0, "parallel_tool_calls": False}
     whole = (await client.chat.completions.create(**body)).choices[0]
@@ -68,8 +56,8 @@ async def test_required_calls_validate_whole_and_streamed(serve, llm, parser, se
 
 
 @pytest.mark.parametrize("parser", ["qwen3_xml", "llama4_pythonic"])
-async def test_a_named_function_is_called_once(serve, parser) -> None:
-    name, client = await serve(tool_call_parser=parser)
+async def test_a_named_function_is_called_once(sdk_serve, parser) -> None:
+    name, client = await sdk_serve(tool_call_parser=parser)
     body = {"model": name, "messages": ASK, "tools": TOOLS, "max_tokens": 200,
             "tool_choice": {"type": "function", "function": {"name": "get_time"}},
             "seed": 3, "temperature": 1.0}
@@ -81,8 +69,8 @@ async def test_a_named_function_is_called_once(serve, parser) -> None:
     assert _calls(streamed) == _calls(whole)
 
 
-async def test_parallel_calls_stream_into_the_whole_answer(serve) -> None:
-    name, client = await serve(tool_call_parser="qwen3_coder")
+async def test_parallel_calls_stream_into_the_whole_answer(sdk_serve) -> None:
+    name, client = await sdk_serve(tool_call_parser="qwen3_coder")
     body = {"model": name, "messages": ASK, "tools": TOOLS, "tool_choice": "required",
             "max_tokens": 400, "seed": 1, "temperature": 1.0}
     whole = (await client.chat.completions.create(**body)).choices[0]
@@ -97,10 +85,10 @@ async def test_parallel_calls_stream_into_the_whole_answer(serve) -> None:
                     r"<parameter=days>\n3\n</parameter>\n</function>"),
     ("pythonic", r'\[get_weather\(city="(Paris|Rome)", unit="celsius", days=3\)\]'),
 ])
-async def test_auto_reads_what_the_model_wrote(serve, parser, answer) -> None:
+async def test_auto_reads_what_the_model_wrote(sdk_serve, parser, answer) -> None:
     """A regex constraint makes the model write a call (``auto`` leaves the output free):
     the server reads it back, its values typed by the schema (qwen3_coder's ``3``)."""
-    name, client = await serve(enable_auto_tool_choice=True, tool_call_parser=parser)
+    name, client = await sdk_serve(enable_auto_tool_choice=True, tool_call_parser=parser)
     body = {"model": name, "messages": ASK, "tools": TOOLS, "max_tokens": 120,
             "extra_body": {"structured_outputs": {"regex": answer}}}
     for choice in [(await client.chat.completions.create(**body)).choices[0],
@@ -124,9 +112,9 @@ async def test_auto_reads_what_the_model_wrote(serve, parser, answer) -> None:
     ("pythonic", {"type": "object", "properties": {"class": {"type": "string"}}},
      "'tools[0].function.parameters.properties.class' (f): a pythonic call's keyword"),
 ])
-async def test_a_schema_the_format_cannot_write_is_a_400(serve, parser, parameters,
+async def test_a_schema_the_format_cannot_write_is_a_400(sdk_serve, parser, parameters,
                                                          message) -> None:
-    name, client = await serve(tool_call_parser=parser)
+    name, client = await sdk_serve(tool_call_parser=parser)
     tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
     with pytest.raises(openai.BadRequestError) as error:
         await client.chat.completions.create(model=name, messages=ASK, tools=tools,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from _tool_streams import assembled
 
 from kvledger.engine.server.tools.calls import (
     FORMATS,
@@ -42,15 +43,8 @@ def _pieces(parser: str, text: str, max_calls: int | None = None) -> list:
 def _streamed(parser: str, text: str, max_calls: int | None = None):
     """The content and calls a stream sends, assembled as the SDK does: each call named
     first (no arguments yet), then its arguments' fragments appended by index."""
-    content, calls = "", []
-    for piece in _pieces(parser, text, max_calls):
-        if isinstance(piece, str):
-            content += piece
-        elif isinstance(piece, ToolCall):
-            calls.append([piece.name, ""])
-        else:
-            calls[piece.index][1] += piece.text
-    return content, [tuple(c) for c in calls]
+    content, calls, _ = assembled(_pieces(parser, text, max_calls))
+    return content, calls
 
 
 def _calls(scanner: CallScanner) -> list[tuple[str, str]]:

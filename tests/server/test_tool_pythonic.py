@@ -10,6 +10,7 @@ import json
 import re
 
 import pytest
+from _tool_streams import assembled
 
 from kvledger.engine.server.tools.calls import tool_plan
 from kvledger.engine.server.tools.parsers import CallScanner, ToolCall
@@ -47,17 +48,13 @@ CASES = [  # text, calls (None: the whole answer is content), as vLLM 0.32 reads
 
 
 def _read(parser: str, text: str, cuts: list[int], max_calls: int | None = None):
-    scanner, content, calls = CallScanner(parser, max_calls), "", []
+    scanner, pieces = CallScanner(parser, max_calls), []
     for n, end in enumerate(cuts):
-        for piece in scanner.feed(text[:end], final=n == len(cuts) - 1):
-            if isinstance(piece, str):
-                content += piece
-            elif isinstance(piece, ToolCall):
-                calls.append([piece.name, ""])
-                assert re.fullmatch(r"chatcmpl-tool-[0-9a-f]{16}", piece.id)  # vLLM's ids
-            else:
-                calls[piece.index][1] += piece.text
-    return content, [tuple(c) for c in calls]
+        pieces += scanner.feed(text[:end], final=n == len(cuts) - 1)
+    assert all(re.fullmatch(r"chatcmpl-tool-[0-9a-f]{16}", piece.id)  # vLLM's ids
+               for piece in pieces if isinstance(piece, ToolCall))
+    content, calls, _ = assembled(pieces)
+    return content, calls
 
 
 @pytest.mark.parametrize(("text", "calls"), CASES)

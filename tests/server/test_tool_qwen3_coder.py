@@ -10,6 +10,7 @@ import random
 import re
 
 import pytest
+from _tool_streams import assembled
 
 from kvledger.engine.server.tools.calls import template_parser, tool_plan
 from kvledger.engine.server.tools.parsers import CallScanner, ToolCall
@@ -75,17 +76,11 @@ def _whole(text: str, max_calls: int | None = None) -> tuple[str, list[tuple[str
 
 def _streamed(text: str, cuts: list[int], max_calls: int | None = None):
     """The content and calls a stream fed at ``cuts`` sends, assembled as the SDK does."""
-    scanner, content, calls, fragments = _scanner(max_calls), "", [], []
+    scanner, pieces = _scanner(max_calls), []
     for n, end in enumerate(cuts):
-        for piece in scanner.feed(text[:end], final=n == len(cuts) - 1):
-            if isinstance(piece, str):
-                content += piece
-            elif isinstance(piece, ToolCall):
-                calls.append([piece.name, ""])
-            else:
-                calls[piece.index][1] += piece.text
-                fragments.append(piece.text)
-    return (content, [tuple(c) for c in calls]), fragments
+        pieces += scanner.feed(text[:end], final=n == len(cuts) - 1)
+    content, calls, fragments = assembled(pieces)
+    return (content, calls), fragments
 
 
 @pytest.mark.parametrize(("text", "content", "calls"), CASES)
