@@ -16,13 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvledger.engine.checkpoint.hub.uri import is_hub_uri
-from kvledger.engine.errors import BadInput, plain, shown
+from kvledger.engine.errors import BadInput, shown
 from kvledger.engine.settings.config import EngineConfig
 from kvledger.engine.settings.declare import default_of, settings_of
 from kvledger.engine.settings.kinds import parse_size
-from kvledger.engine.settings.lora_config import LoraModule
 from kvledger.engine.settings.serve_config import ServeConfig
+from kvledger.operator.api.adapters_spec import parse_adapters
 from kvledger.operator.api.model_sources import check_kserve_shape
 from kvledger.operator.api.parallel import tensor_parallel_size
 from kvledger.operator.api.quantity import quantity_bytes
@@ -216,7 +215,8 @@ def _engine_config(raw: Mapping[str, Any], model: Model, device: str,
     # are P stages of gpus * nodes / P ranks each.
     values["tensor_parallel_size"] = max(1, tensor_parallel_size * nodes
                                          // values.get("pipeline_parallel_size", 1))
-    adapters = _adapters(raw.get("adapters") or [], model)
+    adapters = parse_adapters(raw.get("adapters") or [], model.uri is not None,
+                              model.volume.mount_path if model.volume is not None else None)
     if adapters:  # spec.adapters: --enable-lora --lora-modules NAME=URI ...
         values.update(enable_lora=True, lora_modules=adapters)
     if raw.get("allowRuntimeLoraUpdating"):  # adapters loaded at run time need LoRA on
@@ -251,39 +251,6 @@ def spec_settings(raw: Mapping[str, Any], config_type: type = EngineConfig
             value = declared.kind.from_spec(value)
         values[f.name] = value
     return values
-
-
-def _adapters(raw: list[Mapping[str, Any]], model: Model) -> tuple[LoraModule, ...]:
-    """``spec.adapters`` as ``--lora-modules``: a hub adapter is fetched with a hub model
-    into its cache (the fetch init container), a directory is read where the pod sees it."""
-    out = []
-    for adapter in raw:
-        name, uri = adapter.get("name"), adapter.get("uri", "")
-        if is_hub_uri(uri) and model.uri is None:
-            raise BadInput(f"spec.adapters {name}: a hub adapter ({plain(uri)}) is downloaded "
-                           "into a hub model's cache (spec.model.uri); with spec.model.path, put "
-                           "the adapter on the model's volume and give its directory")
-        if not is_hub_uri(uri) and (not uri.startswith("/") or ".." in uri.split("/")):
-            raise BadInput(f"spec.adapters {name}: uri must be hf://ORG/NAME[@REVISION] or an "
-                           f"absolute directory without '..', got {shown(uri)}")
-        path = posixpath.normpath(uri) if uri.startswith("/") else uri
-        mount = model.volume.mount_path if model.volume is not None else None
-        if path.startswith("/") and mount is not None and not _under(path, mount):
-            raise BadInput(f"spec.adapters {name}: the directory {plain(path)} is not on the "
-                           f"model's volume, the pod's only mount for it: put the adapter under "
-                           f"{plain(posixpath.normpath(mount))}")
-        out.append(LoraModule(name, path))
-    return tuple(out)
-
-
-def _under(path: str, mount: str) -> bool:
-    mount = posixpath.normpath(mount)
-    return path == mount or path.startswith(mount.rstrip("/") + "/")
-
-
-def hub_adapters(spec: ServiceSpec) -> list[str]:
-    """``--lora-modules`` items of the adapters the fetch init container downloads."""
-    return [m.as_flag() for m in spec.engine.lora_modules if is_hub_uri(m.path)]
 
 
 def _positive_size(field_name: str, value: Any) -> int:

@@ -22,19 +22,24 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import TYPE_CHECKING, Protocol, Self
 
 import kopf
 
 from kvledger.engine import json_text
+from kvledger.operator.cluster.merge_patch import (
+    LAST_APPLIED,
+    Body,
+    contains,
+    last_applied,
+    merged,
+    removals,
+)
 from kvledger.operator.cluster.ownership import require_same_owner
 
 if TYPE_CHECKING:  # the client's models load on the first call
     from kubernetes.aio.client import ApiClient
 
-# An object as the API server sends and takes it (JSON); a built-in kind's goes out as
-# the client's typed model of it (``typed``).
-Body = dict[str, Any]
 
 
 class ClientModel(Protocol):
@@ -45,10 +50,6 @@ class ClientModel(Protocol):
 
 _MERGE_PATCH = "application/merge-patch+json"
 TIMEOUT_S = 30.0
-# The body last applied to a child, as kubectl's last-applied-configuration: a merge patch
-# leaves a key it does not name, so a field dropped from the desired state (a nodeSelector
-# taken out of the spec) must be named with null, and only a field we set before may be.
-LAST_APPLIED = "kvledger.dev/last-applied"
 
 
 class KubeError(Exception):
@@ -242,61 +243,9 @@ class KubeApi:
             await self.create(object_path(api_version, plural, meta["namespace"]), desired)
             return "created"
         require_same_owner(live, body)  # another's object of this name is left as it is
-        removed = removals(_last_applied(live), body, live)
+        removed = removals(last_applied(live), body, live)
         if contains(live, desired) and not removed:
             return "unchanged"
         typed(desired)  # what the patch makes of the object: refused here if not valid
-        await self.patch(path, _merged(desired, removed))
+        await self.patch(path, merged(desired, removed))
         return "updated"
-
-
-def _last_applied(live: Body) -> Body:
-    text = ((live.get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED)
-    try:
-        last = json_text.loads(text) if text else {}
-    except ValueError:
-        return {}
-    return last if isinstance(last, dict) else {}
-
-
-def removals(last: Body, desired: Body, live: object) -> Body:
-    """The merge patch (nulls) that removes what ``last`` set, ``desired`` drops and ``live``
-    still has; lists need none (a merge patch replaces a list whole)."""
-    out: Body = {}
-    if not isinstance(live, dict):
-        return out
-    for key, value in last.items():
-        if key not in desired:
-            if key not in live:
-                continue
-            others = (isinstance(value, dict) and isinstance(live[key], dict)
-                      and live[key].keys() - value.keys())
-            if others:  # a map others write to as well (annotations): only our keys go
-                nested = removals(value, {}, live[key])
-                if nested:
-                    out[key] = nested
-            else:
-                out[key] = None
-        elif isinstance(value, dict) and isinstance(desired[key], dict):
-            nested = removals(value, desired[key], live.get(key))
-            if nested:
-                out[key] = nested
-    return out
-
-
-def _merged(desired: Body, removed: Body) -> Body:
-    out = dict(desired)
-    for key, value in removed.items():
-        out[key] = _merged(out.get(key) or {}, value) if isinstance(value, dict) else value
-    return out
-
-
-def contains(live: object, desired: object) -> bool:
-    """Whether every field we set is already so (the server adds defaults we ignore)."""
-    if isinstance(desired, dict):
-        return isinstance(live, dict) and all(
-            key in live and contains(live[key], value) for key, value in desired.items())
-    if isinstance(desired, list):
-        return (isinstance(live, list) and len(live) == len(desired)
-                and all(contains(a, b) for a, b in zip(live, desired, strict=True)))
-    return live == desired or str(live) == str(desired)

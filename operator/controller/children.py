@@ -1,13 +1,10 @@
 """A resource's children, applied as its spec wants them now (the handlers call this).
 
 The pods' owner is a Deployment, or with ``spec.nodes`` above 1 a LeaderWorkerSet
-(``render_group``), and the other kind is deleted, so changing ``nodes`` swaps them. A
-LeaderWorkerSet needs the cluster to serve ``leaderworkerset.x-k8s.io/v1``; where it does
-not, nothing is applied or deleted (a Deployment still serves) and ``LeaderWorkerSetMissing``
-says what to install; so does ``InferencePoolMissing`` for a ``spec.inferencePool`` on a
-cluster that does not serve ``inference.networking.k8s.io/v1``, and ``HttpAddOnMissing`` for
-an ``autoscaling.httpAddOn`` without KEDA's HTTP add-on (``ApiMissing``, all three). A group's control-channel key is a Secret the operator creates and
-never reads back (it may create Secrets, never read them), under a name the API server
+(``render_group``), and the other kind is deleted, so changing ``nodes`` swaps them. Where
+the cluster does not serve a kind the spec needs, nothing is applied or deleted and an
+``ApiMissing`` (missing_apis.py) says what to install. A group's control-channel key is a
+Secret the operator creates and never reads back (it may create Secrets, never read them), under a name the API server
 generates in that very create and that ``status.nodeKeySecret`` keeps: a fixed name could
 be taken first by anyone who may create Secrets in the namespace, with a key of their own,
 and the operator, which cannot read a Secret's owner, would point the group at it.
@@ -28,6 +25,12 @@ from kvledger.operator.api.spec import ServiceSpec, parse_spec
 from kvledger.operator.api.status_types import ModelRecord, ServiceStatus
 from kvledger.operator.cluster.kube import KubeApi, KubeError, object_path
 from kvledger.operator.cluster.ownership import delete_owned
+from kvledger.operator.controller.missing_apis import (
+    LeaderWorkerSetMissing,
+    lws_missing,
+    lws_served,
+    missing_api,
+)
 from kvledger.operator.controller.rollout import APPLIED_GENERATION
 from kvledger.operator.controller.startup import cold_start_seconds
 from kvledger.operator.render import autoscaling, gateway, render_group
@@ -35,12 +38,7 @@ from kvledger.operator.render.gateway_wiring import GatewayWiring, objectives_wi
 from kvledger.operator.render.network_policy import render_network_policy
 from kvledger.operator.render.pod import render_sleep_config_map
 from kvledger.operator.render.render import labels
-from kvledger.operator.render.render_group import (
-    DEPLOYMENTS,
-    LEADER_WORKER_SETS,
-    LWS_API_VERSION,
-    LWS_RELEASE,
-)
+from kvledger.operator.render.render_group import DEPLOYMENTS, LEADER_WORKER_SETS
 
 # Every child, in the order they go when the resource does (the key Secret goes with its
 # owner through the garbage collector: the operator has no right to delete Secrets).
@@ -48,85 +46,10 @@ NETWORK_POLICY = ("networking.k8s.io/v1", "networkpolicies")
 CONFIG_MAPS = ("v1", "configmaps")  # spec.sleep's (NAME-sleep), the objectives' (NAME-objectives)
 CHILDREN = (DEPLOYMENTS, LEADER_WORKER_SETS, ("v1", "services"), *autoscaling.OPTIONAL_CHILDREN,
             NETWORK_POLICY, gateway.INFERENCE_POOLS)
-LWS_INSTALL = (f"kubectl apply --server-side -f https://github.com/kubernetes-sigs/lws/"
-               f"releases/download/{LWS_RELEASE}/manifests.yaml")
 
 
 class ModelUnavailable(Exception):
     """The hub model's download size cannot be had now; the message is one line, no token."""
-
-
-class ApiMissing(Exception):
-    """A kind the spec needs that the cluster does not serve: nothing is applied, the
-    status says what to install (``Ready=False`` with ``reason``), asked again slowly."""
-
-    reason = "ApiMissing"
-
-
-class LeaderWorkerSetMissing(ApiMissing):
-    """``spec.nodes`` above 1 on a cluster that does not serve LeaderWorkerSet (one line)."""
-
-    reason = "LeaderWorkerSetMissing"
-
-
-class InferencePoolMissing(ApiMissing):
-    """``spec.inferencePool`` on a cluster that does not serve InferencePool (one line)."""
-
-    reason = "InferencePoolMissing"
-
-
-class HttpAddOnMissing(ApiMissing):
-    """``autoscaling.httpAddOn`` on a cluster without KEDA's HTTP add-on (one line)."""
-
-    reason = "KedaHttpAddOnMissing"
-
-
-async def served(kube: KubeApi, api_version: str) -> bool:
-    """Whether the API server serves ``api_version`` (its discovery)."""
-    return await kube.get(f"/apis/{api_version}") is not None
-
-
-async def pool_served(kube: KubeApi) -> bool:
-    """Whether the API server serves ``inference.networking.k8s.io/v1`` (its discovery)."""
-    return await served(kube, gateway.POOL_API_VERSION)
-
-
-async def missing_api(kube: KubeApi, spec: ServiceSpec) -> ApiMissing | None:
-    """What the spec needs beside LeaderWorkerSet that the cluster does not serve: the
-    InferencePool, or KEDA's HTTP add-on."""
-    if spec.inference_pool is not None and not await pool_served(kube):
-        return InferencePoolMissing(pool_missing())
-    scaling = spec.autoscaling
-    if (scaling is not None and scaling.http_add_on is not None
-            and not await served(kube, autoscaling.HTTP_ADD_ON_API_VERSION)):
-        return HttpAddOnMissing(http_add_on_missing())
-    return None
-
-
-def http_add_on_missing() -> str:
-    return (f"autoscaling.httpAddOn needs KEDA's HTTP add-on "
-            f"({autoscaling.HTTP_ADD_ON_API_VERSION}), which this cluster does not serve: "
-            f"install it (helm install http-add-on kedacore/keda-add-ons-http --namespace "
-            f"keda, release {autoscaling.HTTP_ADD_ON_RELEASE} or later); the operator applies "
-            f"the route within a minute")
-
-
-def pool_missing() -> str:
-    return (f"spec.inferencePool needs the InferencePool CRD ({gateway.POOL_API_VERSION}), "
-            f"which this cluster does not serve: install the Gateway API Inference Extension "
-            f"(release {gateway.GAIE_RELEASE}: {gateway.GAIE_INSTALL}); the operator applies "
-            f"the pool within a minute")
-
-
-async def lws_served(kube: KubeApi) -> bool:
-    """Whether the API server serves ``leaderworkerset.x-k8s.io/v1`` (its discovery)."""
-    return await served(kube, LWS_API_VERSION)
-
-
-def lws_missing(spec: ServiceSpec) -> str:
-    return (f"nodes {spec.nodes} needs LeaderWorkerSet ({LWS_API_VERSION}), which this cluster "
-            f"does not serve: install it (kubernetes-sigs/lws, release {LWS_RELEASE}: "
-            f"{LWS_INSTALL}); the operator applies the group within a minute")
 
 
 async def apply_children(memo: kopf.Memo, name: str, namespace: str) -> ModelRecord | None:

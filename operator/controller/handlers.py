@@ -53,15 +53,18 @@ from kvledger.operator.api.status_types import (
     PodStatus,
     ServiceStatus,
 )
-from kvledger.operator.cluster.kube import KubeApi, KubeError, contains, object_path
+from kvledger.operator.cluster.kube import KubeApi, KubeError, object_path
+from kvledger.operator.cluster.merge_patch import contains
 from kvledger.operator.cluster.ownership import ChildTaken, delete_owned, owned_by
 from kvledger.operator.controller import setup, status
 from kvledger.operator.controller.children import (
     CHILDREN,
-    ApiMissing,
     ModelUnavailable,
     apply_children,
     apply_objectives,
+)
+from kvledger.operator.controller.missing_apis import (
+    ApiMissing,
     lws_missing,
     lws_served,
     missing_api,

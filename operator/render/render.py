@@ -17,9 +17,10 @@ from __future__ import annotations
 from importlib.metadata import version
 from typing import Any
 
+from kvledger.operator.api.adapters_spec import hub_adapters
 from kvledger.operator.api.parallel import shm_mount, shm_volume
 from kvledger.operator.api.resource import DEFAULT_HUB_ENDPOINT
-from kvledger.operator.api.spec import ServiceSpec, hub_adapters
+from kvledger.operator.api.spec import ServiceSpec
 from kvledger.operator.render import pod as parts
 from kvledger.operator.render.gateway_wiring import (
     NO_GATEWAY,
@@ -125,12 +126,13 @@ def render_pod_spec(spec: ServiceSpec, *, default_image: str = DEFAULT_IMAGE,
     init_containers = [preflight]
     download = ["--download-dir", CACHE_DIR] if uri is not None else []
     if uri is not None:
+        adapters = hub_adapters(spec.engine.lora_modules)
         init_containers.append(parts.with_env({
             "name": "fetch",
             "image": image,
             "command": ["kvledger", "fetch"],
             "args": ["--model", uri, *download,
-                     *(["--lora-modules", *adapters] if (adapters := hub_adapters(spec)) else [])],
+                     *(["--lora-modules", *adapters] if adapters else [])],
             # A failure's one-line error is the log's tail: the operator shows it.
             "terminationMessagePolicy": "FallbackToLogsOnError",
             # CPU and host memory as the others (for quotas); a download needs no GPU.

@@ -10,12 +10,11 @@ from operator_harness import emulated_cluster
 from kvledger.operator.cluster.kube import (
     KubeApi,
     KubeError,
-    contains,
     model_class,
     object_path,
-    removals,
     typed,
 )
+from kvledger.operator.cluster.merge_patch import contains, removals
 
 pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
 
