@@ -1,5 +1,5 @@
-"""The confused-deputy check: a resource may name only the Secrets and ConfigMaps its
-author may read.
+"""The confused-deputy check: a resource may name only the Secrets, ConfigMaps and
+PersistentVolumeClaims its author may read.
 
 The pods the operator renders read what the spec names (``apiKeySecretRef``,
 ``tenantsSecretRef``, ``model.tokenSecretRef``, ``imagePullSecrets``, an env var's
@@ -9,14 +9,17 @@ InferenceService is not a Deployment. A role that may create InferenceServices b
 Secrets (KServe's ``kserve-edit`` is such a split) would otherwise have the operator hand
 another team's hub token to ``fetch``, which sends it to the hub for the model the author
 chose (a gated or private repository of that team's, then served to the author), or make
-a ConfigMap's value a variable whose failure the status quoted.
+a ConfigMap's value a variable whose failure the status quoted. A claim is alike: the pods
+mount ``model.volume``'s (its checkpoint then served to the author) and write
+``model.cache``'s (``fetch`` downloads into it), so another team's claim would be read or
+filled on the author's behalf; ``get`` on the claim is what is asked.
 
 So the webhook asks the API server, as Kubernetes' own admission plugins ask for what a
 request reaches past its object: a ``SubjectAccessReview`` for the request's user (its
 name, uid, groups and extra, from the AdmissionReview's ``userInfo``), ``get`` on each
-Secret or ConfigMap a CREATE names or an UPDATE adds or changes (another name, another key,
-the token sent for another model or to another hub, a ConfigMap read into another
-variable). A reference an UPDATE leaves as it was is not asked again: the operator's own
+Secret, ConfigMap or claim a CREATE names or an UPDATE adds or changes (another name,
+another key, the token sent for another model, hub adapter or hub, a ConfigMap read into
+another variable). A reference an UPDATE leaves as it was is not asked again: the operator's own
 writes and an admin's edits of other fields pass. Each (kind, name) is asked once per
 review, at most ``MAX_REVIEWS`` of them, all by the review's deadline.
 
@@ -32,8 +35,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kvledger.engine.checkpoint.hub.uri import is_hub_uri
+
 PATH = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
-MAX_REVIEWS = 32  # Secrets and ConfigMaps asked about per review (a service names a few)
+MAX_REVIEWS = 32  # Secrets, ConfigMaps and claims asked about per review (a service names a few)
 CONCURRENT_REVIEWS = 8
 
 
@@ -45,23 +50,25 @@ class Api(Protocol):
 
 @dataclass(frozen=True)
 class Reference:
-    """One Secret or ConfigMap a spec has the pods read. ``use`` is what else makes it this
-    reference (its key; for the hub token, the model and hub it is sent to): an UPDATE that
-    changes it is asked again. ``field`` is where the spec names it (for the refusal)."""
+    """One Secret, ConfigMap or claim a spec has the pods read. ``use`` is what else makes it
+    this reference (its key; for the hub token, the model, hub adapters and hub it is sent
+    to): an UPDATE that changes it is asked again. ``field`` is where the spec names it (for
+    the refusal)."""
 
-    resource: str  # secrets | configmaps
+    resource: str  # secrets | configmaps | persistentvolumeclaims
     name: str
     use: tuple[Any, ...]
     field: str = field(compare=False)
 
     @property
     def kind(self) -> str:
-        return {"secrets": "Secret", "configmaps": "ConfigMap"}[self.resource]
+        return {"secrets": "Secret", "configmaps": "ConfigMap",
+                "persistentvolumeclaims": "PersistentVolumeClaim"}[self.resource]
 
 
 def references(spec: Any) -> set[Reference]:
-    """Every Secret and ConfigMap the spec has its pods read (a part of the wrong shape,
-    in an old object stored before the CRD's rules, names none)."""
+    """Every Secret, ConfigMap and claim the spec has its pods read (a part of the wrong
+    shape, in an old object stored before the CRD's rules, names none)."""
     spec = spec if isinstance(spec, Mapping) else {}
     model = _mapping(spec.get("model"))
     found: set[Reference] = set()
@@ -73,8 +80,17 @@ def references(spec: Any) -> set[Reference]:
 
     secret_key(spec.get("apiKeySecretRef"), "spec.apiKeySecretRef")
     secret_key(spec.get("tenantsSecretRef"), "spec.tenantsSecretRef")
+    # fetch sends the token for the model and for every hub adapter (spec.adapters).
+    hub_adapters = sorted(uri for adapter in _list(spec.get("adapters"))
+                          if isinstance(uri := _mapping(adapter).get("uri"), str)
+                          and is_hub_uri(uri))
     secret_key(model.get("tokenSecretRef"), "spec.model.tokenSecretRef",
-               model.get("uri"), model.get("endpoint"))
+               model.get("uri"), model.get("endpoint"), tuple(hub_adapters))
+    for part in ("volume", "cache"):
+        where = f"spec.model.{part}.persistentVolumeClaim"
+        claim = _mapping(_mapping(model.get(part)).get("persistentVolumeClaim"))
+        if isinstance(claim.get("claimName"), str):
+            found.add(Reference("persistentvolumeclaims", claim["claimName"], (where,), where))
     for i, pull in enumerate(_list(spec.get("imagePullSecrets"))):
         name = _mapping(pull).get("name")
         if isinstance(name, str):
@@ -118,7 +134,7 @@ async def refusals(api: Api, user: Mapping[str, Any] | None, namespace: str,
     distinct = sorted({(ref.resource, ref.name): ref for ref in refs}.values(),
                       key=lambda ref: ref.field)
     if len(distinct) > MAX_REVIEWS:
-        return [f"the spec names {len(distinct)} Secrets and ConfigMaps; the webhook "
+        return [f"the spec names {len(distinct)} Secrets, ConfigMaps and claims; the webhook "
                 f"confirms at most {MAX_REVIEWS} per request that {who} may read them"]
     if not user or not (user.get("username") or user.get("groups")):
         return [f"{ref.field}: the request names no user to ask about" for ref in distinct]

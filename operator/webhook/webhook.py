@@ -10,7 +10,7 @@ Service (``charts/kvledger``, ``webhook:``). The verdict is ``fit.judge``'s, on:
 - the spec as the operator parses it (an invalid spec or one the admin's policy forbids is
   refused too, with the message ``kubectl describe`` would show later), and the name, which
   must be able to name the Service (``names``);
-- the requester's right to read each Secret and ConfigMap the spec names, asked of the API
+- the requester's right to read each Secret, ConfigMap and claim the spec names, asked of the API
   server (``access_review``: the pods would read them on the requester's behalf);
 - the cluster's GPU nodes, kept by a kopf index from a watch of the Nodes (no list per
   request);
@@ -76,8 +76,8 @@ PLAN_WAITING = 16
 # behind a flood of plans on 2 cores, at 1 ms 0.5 s (bench/hostile_cluster.py).
 SWITCH_INTERVAL_S = 0.001
 # What a refusal of ``access_review``'s adds: why, and what to do.
-READ_ONLY_YOURS = ("(a resource may name only the Secrets and ConfigMaps its author may "
-                   "read: ask for get on it, or have someone who may read it set the field)")
+READ_ONLY_YOURS = ("(a resource may name only the Secrets, ConfigMaps and claims its author "
+                   "may read: ask for get on it, or have someone who may read it set the field)")
 
 
 class _NotKept(Exception):

@@ -76,7 +76,7 @@ def content_until(scanner, text: str, markers: tuple[str, ...], final: bool,
     """Content up to the first of ``markers`` (its position and which), holding back an
     end of the text that may yet become one; None when there is none yet."""
     pos = scanner.pos
-    found = [(at, m) for m in markers if (at := text.find(m, pos)) >= 0]
+    found = [(at, m) for m in markers if (at := scanner.find(text, m, pos)) >= 0]
     first = min(found) if found else None
     if first is not None:
         stop = first[0]

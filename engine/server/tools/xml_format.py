@@ -73,7 +73,8 @@ def _open(scanner, at: int, tag: str) -> None:
 def _skip_to_tag(scanner, text: str, tags: tuple[str, ...], final: bool) -> bool:
     """Past the text before the first of ``tags`` (True once one is read)."""
     pos = scanner.pos
-    found = min(((at, t) for t in tags if (at := text.find(t, pos)) >= 0), default=None)
+    found = min(((at, t) for t in tags if (at := scanner.find(text, t, pos)) >= 0),
+                default=None)
     if found is not None:
         _open(scanner, *found)
         return True

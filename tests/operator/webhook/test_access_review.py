@@ -69,4 +69,34 @@ def test_what_cannot_be_confirmed_is_refused():
     many = {"imagePullSecrets": [{"name": f"pull-{i}"} for i in range(MAX_REVIEWS + 1)]}
     api = Authorizer({f"pull-{i}" for i in range(MAX_REVIEWS + 1)})
     (line,) = asyncio.run(refusals(api, USER, "ns", to_confirm(many, None), 5.0))
-    assert f"names {MAX_REVIEWS + 1} Secrets and ConfigMaps" in line and api.asked == []
+    assert f"names {MAX_REVIEWS + 1} Secrets, ConfigMaps and claims" in line and api.asked == []
+
+
+def test_a_hub_adapter_added_beside_a_token_is_a_new_use_of_it():
+    # fetch downloads spec.adapters' hub uris with model.tokenSecretRef's token: an author
+    # who may edit the resource but not read that token adds another team's private
+    # adapter, and fetch sent the token for it (the update was not asked about).
+    spec = {"model": TOKEN, "adapters": [{"name": "a", "uri": "hf://org/public-lora"}]}
+    private = {**spec, "adapters": [*spec["adapters"],
+                                    {"name": "b", "uri": "hf://team-b/private-lora"}]}
+    assert fields(private, spec) == ["spec.model.tokenSecretRef"]
+    local = {**spec, "adapters": [*spec["adapters"], {"name": "c", "uri": "/m/lora"}]}
+    assert fields(local, spec) == []  # a directory on the volume is read without the token
+    assert fields({**spec, "adapters": spec["adapters"][::-1]}, spec) == []
+
+
+def test_a_claim_the_author_may_not_read_is_asked_about():
+    # model.volume's claim is mounted (its checkpoint served to the author) and
+    # model.cache's written by fetch: another team's claim was either, unasked.
+    spec = {"model": {"path": "/m/ckpt", "volume": {"persistentVolumeClaim": {
+        "claimName": "team-b-weights"}, "mountPath": "/m"}},
+        "gpus": 0}
+    hub = {"model": {"uri": "hf://org/a", "cache": {"persistentVolumeClaim": {
+        "claimName": "team-b-cache"}}}}
+    assert fields(spec) == ["spec.model.volume.persistentVolumeClaim"]
+    assert fields(hub) == ["spec.model.cache.persistentVolumeClaim"]
+    api = Authorizer({"team-b-cache"})
+    (line,) = asyncio.run(refusals(api, USER, "ns", to_confirm(spec, None), 5.0))
+    assert line.startswith("spec.model.volume.persistentVolumeClaim names the "
+                           "PersistentVolumeClaim team-b-weights, which alice may not get")
+    assert asyncio.run(refusals(api, USER, "ns", to_confirm(hub, None), 5.0)) == []

@@ -1,0 +1,54 @@
+"""Tool-call readers on answers a client steers (logit_bias, a prompt, an adapter): the
+text a reader searches costs the answer's length once, whatever markup the model repeats.
+
+``CallScanner.feed`` runs on the server's event loop, so a reader that searches the whole
+rest of the answer at every tag holds every other tenant's requests for a time quadratic
+in the attacker's answer: qwen3_coder looked for ``<function=`` to the end after each
+``<tool_call>`` (and for ``<tool_call>`` after each ``<function=``), 4 s for 16,000
+``<tool_call></tool_call>`` (368,000 characters, 32,000 tokens)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvledger.engine.server.tools.parsers import CallScanner
+
+
+class Searched(str):
+    """A text that counts the characters its ``find`` calls read (to the match or the
+    end), on the class so the slices readers take stay plain strings."""
+
+    read = 0
+
+    def find(self, sub, start=None, end=None):
+        at = super().find(sub, start, end)
+        begin = 0 if start is None else start
+        Searched.read += (at + len(sub) if at >= 0 else len(self)) - begin
+        return at
+
+
+REPEATS = {
+    "qwen3_coder": ("<tool_call></tool_call>", "<function=a></function>",
+                    "<tool_call><function=f>\n<parameter=x>\n1\n</parameter>\n</function>"
+                    "</tool_call>", "text <tool_call>"),
+    "hermes": ("<tool_call></tool_call>", "<tool_call>{}</tool_call>"),
+    "mistral": ("[TOOL_CALLS]", "[TOOL_CALLS]f[ARGS]{}"),
+}
+
+
+@pytest.mark.parametrize(("parser", "unit"), [(p, u) for p, units in REPEATS.items()
+                                              for u in units])
+@pytest.mark.parametrize("stream", [False, True])
+def test_repeated_markup_is_searched_once(parser: str, unit: str, stream: bool) -> None:
+    text = unit * 4000
+    scanner = CallScanner(parser)
+    Searched.read = 0
+    if stream:  # fed as the engine feeds it: the whole text so far, a piece at a time
+        for end in range(len(unit) * 2, len(text), 97):
+            scanner.feed(Searched(text[:end]), False)
+    scanner.feed(Searched(text), True)
+    if not stream:
+        assert Searched.read <= 4 * len(text), (parser, unit, Searched.read)
+    else:  # each feed may look again at what a marker's start held back (< a marker)
+        assert Searched.read <= 4 * len(text) + 64 * (len(text) // 97), (
+            parser, unit, Searched.read)
