@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvledger.engine.core.so_far import SoFar
 from kvledger.engine.sampling.logprobs import TokenLogprobs
 
 
@@ -22,6 +23,9 @@ class RequestOutput:
     """One request's progress after a step.
 
     ``token_ids``/``text``: everything generated so far; ``new_token_ids``: this step's.
+    While it runs, ``token_ids`` and ``logprobs`` are ``SoFar`` views of its sequence's
+    lists (read as lists; ``list()`` one to write it as JSON), so that a step costs what it
+    adds; once finished they are lists.
     ``finish_reason``: ``"stop"`` (EOS, stop token or stop string), ``"length"``
     (``max_tokens`` or the context limit), ``"grammar"`` (its output constraint allows no
     further token: a dead end of the client's grammar, or bad words that take out every
@@ -38,14 +42,14 @@ class RequestOutput:
 
     request_id: str
     prompt_token_ids: list[int]
-    token_ids: list[int]
+    token_ids: list[int] | SoFar[int]
     new_token_ids: list[int]
     text: str
     finished: bool
     finish_reason: str | None
     prompt: str | None = field(default=None)
     error: str | None = field(default=None)
-    logprobs: list[TokenLogprobs] | None = field(default=None)
+    logprobs: list[TokenLogprobs] | SoFar[TokenLogprobs] | None = field(default=None)
     prompt_logprobs: list[TokenLogprobs | None] | None = field(default=None)
     stop_reason: str | int | None = field(default=None)  # vLLM's: the stop string or token id
 
@@ -57,17 +61,20 @@ class RequestOutput:
 
 def request_output(seq, new_token_ids: list[int]) -> RequestOutput:
     """What a step reports of ``seq`` (a ``core.sequence.Sequence``): ``new_token_ids`` this
-    step, its text so far, and whether and why it finished."""
+    step, its text so far, and whether and why it finished. Its ids and logprobs so far are
+    views while it runs (no copy: a step's cost does not grow with the output), copies
+    once it finished (its last output, which callers keep)."""
     text = seq.text
     if seq.params.stop_strings and not seq.is_finished:
         # Hold back what could be the start of a stop string, so streamed text never
         # shows characters that a later cut removes.
         text = text[:max(0, len(text) - seq.params.longest_stop + 1)]
-    output = RequestOutput(seq.request_id, seq.prompt_token_ids, list(seq.output_token_ids),
+    so_far = list if seq.is_finished else SoFar
+    output = RequestOutput(seq.request_id, seq.prompt_token_ids, so_far(seq.output_token_ids),
                            new_token_ids, text, seq.is_finished, seq.finish_reason,
                            stop_reason=seq.stop_reason)
     if seq.logprobs is not None:
-        output.logprobs = list(seq.logprobs)
+        output.logprobs = so_far(seq.logprobs)
     if seq.prompt_logprobs is not None and seq.prompt_computed:
         output.prompt_logprobs = seq.prompt_logprobs  # complete: it never changes again
     return output

@@ -47,7 +47,16 @@ class IncrementalDetokenizer:
         self._ids: list[int] = self._context(prompt_token_ids, tokenizer.special_ids)
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
-        self.text = ""
+        # The text so far as its pieces, joined when read (``text``): a step's += would copy
+        # the whole text, each step.
+        self._pieces: list[str] = []
+
+    @property
+    def text(self) -> str:
+        """All the text streamed so far."""
+        if len(self._pieces) > 1:
+            self._pieces = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
 
     def _context(self, prompt_token_ids: list[int], special_ids: frozenset[int]) -> list[int]:
         """The prompt's last ``_CONTEXT_TOKENS`` tokens that decode to text: skipping
@@ -70,7 +79,7 @@ class IncrementalDetokenizer:
         if token_id in self._kept:
             kept = self._flushed() + self._tokenizer.decode([token_id],
                                                             skip_special_tokens=False)
-            self.text += kept
+            self._pieces.append(kept)
             return kept
         self._ids.append(token_id)
         decode = self._tokenizer.decode
@@ -86,7 +95,7 @@ class IncrementalDetokenizer:
             self._last_added = added is not None
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
-        self.text += new_text
+        self._pieces.append(new_text)
         return new_text
 
     def _flushed(self) -> str:

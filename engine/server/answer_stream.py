@@ -17,6 +17,7 @@ from aiohttp import web
 from kvledger.engine.errors import EngineDeadError
 from kvledger.engine.server.answers import (
     Prepared,
+    added_text,
     choice_finish_reason,
     completion_logprobs_of,
     failed_message,
@@ -131,8 +132,8 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
             delta = ""
             if req.echo_only:
                 pass  # the prompt alone is the answer
-            elif output.text.startswith(choice.text):  # text already sent is never retracted
-                delta, choice.text = output.text[len(choice.text):], output.text
+            elif (added := added_text(choice.text, output.text)) is not None:
+                delta, choice.text = added, output.text  # text sent is never retracted
             echo = p.echo(index)
             if not choice.started and echo is not None:
                 delta = echo + delta

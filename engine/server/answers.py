@@ -187,6 +187,22 @@ def completion_logprobs_of(state: ServerState, p: Prepared, index: int, output, 
     return logprobs, offset
 
 
+# The characters before the seam that a step's check compares (``added_text``).
+_SEAM_CHARS = 64
+
+
+def added_text(sent: str, text: str) -> str | None:
+    """What ``text`` (a choice's text so far) adds after ``sent`` (its text at the last
+    step, all sent), or None when it does not go on from it. The engine's text only grows
+    (a stop string's possible start is held back until it is known: ``request_output``),
+    so this checks the seam, the last characters sent, not all of them: a step costs what
+    it adds, however long the answer."""
+    at = len(sent)
+    if len(text) < at or text[max(0, at - _SEAM_CHARS):at] != sent[-_SEAM_CHARS:]:
+        return None
+    return text[at:]
+
+
 def token_text(state: ServerState, req: GenerationRequest):
     """How logprobs name a token: its text, or vLLM's ``token_id:N`` when asked."""
     return (_token_id_text if req.return_tokens_as_token_ids

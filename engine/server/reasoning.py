@@ -18,6 +18,7 @@ from kvledger.engine.errors import BadInput
 from kvledger.engine.sampling.grammar_gate import GrammarGate
 from kvledger.engine.server.marker_scan import MarkerScan, without
 from kvledger.engine.server.reasoning_rules import RULES, ReasoningRule
+from kvledger.engine.server.think_count import ThinkCount
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,9 @@ class ReasoningPlan:
     def usage_details(self, splitters: list[ReasoningSplitter],
                       outputs_ids: list[list[int]]) -> dict[str, int]:
         """vLLM's ``completion_tokens_details`` of the choices' answers (none for a chat
-        that does not think: vLLM's parser then reads no reasoning)."""
+        that does not think: vLLM's parser then reads no reasoning). ``outputs_ids``: each
+        splitter's answer's ids so far; a stream's calls, chunk after chunk, cost only the
+        ids new since the last."""
         return {"reasoning_tokens": sum(
             reasoning_token_count(self.tokens, s, ids) if self.thinking else 0
             for s, ids in zip(splitters, outputs_ids, strict=True))}
@@ -132,8 +135,10 @@ class ReasoningSplitter:
         self.reasoning_tokens = 0  # output tokens read as reasoning (markers not counted)
         self._ids_seen = 0
         self._text_seen = 0
-        self._space = ""  # the reasoning's trailing whitespace, held (strips_trailing_space)
+        # the reasoning's trailing whitespace, held as it came (strips_trailing_space)
+        self._space: list[str] = []
         self._scans: dict[int, MarkerScan] = {}  # each marker's tokens found in the text
+        self.think_count = ThinkCount()  # the base rule's reasoning_tokens, read on
 
     def feed(self, text: str, ids: list[int], final: bool) -> tuple[str, str]:
         """The reasoning and the content that ``text`` and ``ids`` add. A marker whose id
@@ -155,7 +160,7 @@ class ReasoningSplitter:
                 break
             self.in_reasoning = not self.in_reasoning
         if final:
-            self._space = ""  # the reasoning's end: its trailing whitespace is cut
+            self._space = []  # the reasoning's end: its trailing whitespace is cut
         self.reasoning += reasoning
         self.content += content
         return reasoning, content
@@ -241,12 +246,16 @@ class ReasoningSplitter:
 
     def _without_trailing_space(self, piece: str) -> str:
         """``piece`` with its trailing whitespace held until more reasoning follows (and
-        dropped at the end), where the rule cuts it (vLLM's engine defers it the same)."""
+        dropped at the end), where the rule cuts it (vLLM's engine defers it the same).
+        Held as pieces, joined once other text follows: a long run costs its length once."""
         if not piece or not self.tokens.rule.strips_trailing_space:
             return piece
-        piece = self._space + piece
         kept = piece.rstrip()
-        self._space = piece[len(kept):]
+        if not kept:
+            self._space.append(piece)
+            return ""
+        rest = piece[len(kept):]
+        kept, self._space = "".join(self._space) + kept, [rest] if rest else []
         return kept
 
 
@@ -254,15 +263,8 @@ def reasoning_token_count(tokens: ReasoningTokens, splitter: ReasoningSplitter,
                           output_ids: list[int]) -> int:
     """vLLM's ``completion_tokens_details.reasoning_tokens``: the parser engine counts the
     tokens it read as reasoning; the think-tag base rule (deepseek_r1) only those between
-    a ``<think>`` and its ``</think>`` in the output itself."""
+    a ``<think>`` and its ``</think>`` in the output itself. ``output_ids``: the ids
+    ``splitter``'s answer has so far (each call's extend the last's: read on from there)."""
     if tokens.rule.counts_unopened:
         return splitter.reasoning_tokens
-    count = depth = 0
-    for token_id in output_ids:
-        if token_id == tokens.start_id:
-            depth += 1
-        elif token_id == tokens.end_id:
-            depth = max(0, depth - 1)
-        elif depth > 0:
-            count += 1
-    return count
+    return splitter.think_count.read(output_ids, tokens.start_id, tokens.end_id)

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from kvledger.engine.errors import EngineDeadError
 from kvledger.engine.server.answer_stream import open_stream
-from kvledger.engine.server.answers import Prepared, failed_message
+from kvledger.engine.server.answers import Prepared, added_text, failed_message
 from kvledger.engine.server.responses_answer import (
     call_item,
     finished_response,
@@ -163,8 +163,8 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
                                            output.logprobs[sent_logprobs:])
                 sent_logprobs = len(output.logprobs)
             delta = ""
-            if output.text.startswith(sent_text):  # text sent is never retracted
-                delta, sent_text = output.text[len(sent_text):], output.text
+            if (added := added_text(sent_text, output.text)) is not None:
+                delta, sent_text = added, output.text  # text sent is never retracted
             content_text = sent_text
             if splitter is not None:  # the step's reasoning first, then its content (vLLM's)
                 thought, delta = splitter.feed(output.text, output.token_ids, output.finished)

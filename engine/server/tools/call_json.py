@@ -93,6 +93,10 @@ class ArgumentsSpan:
         self._depth = 0
         self._in_string = False
         self._escaped = False
+        # Where the run of whitespace that ends the text read so far begins (None: it ends
+        # otherwise): held back without looking back over it, so a long run costs its
+        # length once, not once a step.
+        self._space_from: int | None = None
         self.end: int | None = None
         self.closed = False
 
@@ -101,6 +105,12 @@ class ArgumentsSpan:
         i = self._pos
         while self.end is None and i < len(text):
             c = text[i]
+            if c in " \t\r\n":
+                if self._space_from is None:
+                    self._space_from = i
+                self._escaped = False  # as any character after a backslash
+                i += 1
+                continue
             if self._in_string:
                 if self._escaped:
                     self._escaped = False
@@ -116,7 +126,7 @@ class ArgumentsSpan:
                 self._depth -= 1
                 if self._depth == 0:
                     self.end, self.closed = i + 1, True
-                    self._pos = i + 1
+                    self._pos, self._space_from = i + 1, None
                     return self.end
             elif self._stop is not None and c == self._stop[0]:
                 found = literal_at(text, i, self._stop)
@@ -124,12 +134,11 @@ class ArgumentsSpan:
                     break
                 if found:
                     self.end = i
+                    break  # the marker is not the arguments'
+            self._space_from = None
             i += 1
         self._pos = i
-        reached = self.end if self.end is not None else i
-        while reached > self.start and text[reached - 1] in " \t\r\n":
-            reached -= 1
-        return reached
+        return i if self._space_from is None else self._space_from
 
     def finish(self, text: str) -> int:
         """The text ended with the arguments open (cut by ``max_tokens``): they end here."""

@@ -59,7 +59,7 @@ class CallScanner:
         self.pos = 0
         self.open: OpenCall | None = None
         self.mode = "start"
-        self._spaces = ""      # whitespace-only content held back
+        self._spaces: list[str] = []  # whitespace-only content held back, as it came
         self._kept: dict[int, int] = {}  # id() of each call given out -> its index
         self.calls: list[ToolCall] = []
         self.content = ""
@@ -106,10 +106,11 @@ class CallScanner:
                     out.append(ArgumentsDelta(index, piece.text))
             else:
                 body = piece.rstrip()  # its trailing whitespace waits for what follows
-                if body:
-                    body, self._spaces = self._spaces + body, piece[len(body):]
+                if body:  # (held as pieces: a long run of spaces costs its length once)
+                    rest = piece[len(body):]
+                    body, self._spaces = "".join(self._spaces) + body, [rest] if rest else []
                     self.content += body
                     out.append(body)
                 else:
-                    self._spaces += piece
+                    self._spaces.append(piece)
         return out
