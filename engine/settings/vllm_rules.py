@@ -26,13 +26,12 @@ from kvledger.engine.settings.reasoning_parsers import (
     REFUSED_REASONING_PARSERS,
 )
 from kvledger.engine.settings.structured_outputs_config import StructuredOutputsConfig
+from kvledger.engine.settings.tool_parsers import REFUSED_TOOL_PARSERS, TOOL_PARSERS
 
 # vLLM's --tool-call-parser names kvledger reads calls in (server/tools/formats.py holds
-# their readers, one per name; a test checks the two agree).
-PARSERS = ("hermes", "llama3_json", "mistral", "qwen3_coder", "pythonic", "llama4_pythonic",
-           "qwen3_xml", "qwen3_json", "llama4_json")
-# vLLM's --reasoning-parser names kvledger splits answers by, and why the others are
-# refused: reasoning_parsers.py.
+# their readers, one per name; a test checks the two agree), and why the others are
+# refused: tool_parsers.py. The same for --reasoning-parser: reasoning_parsers.py.
+PARSERS = TOOL_PARSERS
 
 
 @dataclass(frozen=True)
@@ -196,7 +195,7 @@ RULES: dict[str, Rule] = {
                                             parse=json_object),
     "--enable-auto-tool-choice": _noop(_SERVE.format("tool calling")),
     "--tool-call-parser": _only(PARSERS, "that tool-call parser",
-                                _SERVE.format("tool-call format")),
+                                _SERVE.format("tool-call format"), REFUSED_TOOL_PARSERS),
     "--reasoning-parser": _only(REASONING_PARSERS, "that reasoning parser",
                                 _SERVE.format("reasoning parser"), REFUSED_REASONING_PARSERS),
     "--structured-outputs-config": _noop(_SERVE.format("structured outputs config"), nargs=1,

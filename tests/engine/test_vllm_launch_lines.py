@@ -69,7 +69,11 @@ LAUNCH_LINES = [
      "qwen3_coder", ACCEPTED),
     ("Llama 4 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser "
      "llama4_pythonic", ACCEPTED),
-    ("tool calling: another parser", "{model} --tool-call-parser deepseek_v3",
+    ("DeepSeek-V3 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser "
+     "deepseek_v3", ACCEPTED),
+    ("DeepSeek-V3.1 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser "
+     "deepseek_v31", ACCEPTED),
+    ("tool calling: another parser", "{model} --tool-call-parser kimi_k2",
      "--tool-call-parser"),
     ("reasoning outputs", "{model} --reasoning-parser deepseek_r1", ACCEPTED),
     ("Qwen3 reasoning", "{model} --reasoning-parser qwen3", ACCEPTED),
@@ -213,9 +217,11 @@ def test_version_prints_the_distribution_version(capsys) -> None:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--tool-call-parser", "deepseek_v3"], "error: --tool-call-parser deepseek_v3: kvledger "
-     "does not support that tool-call parser (only hermes, llama3_json, llama4_json, "
-     "llama4_pythonic, mistral, pythonic, qwen3_coder, qwen3_json or qwen3_xml)"),
+    (["--tool-call-parser", "kimi_k2"], "error: --tool-call-parser kimi_k2: kvledger "
+     "does not support that tool-call parser (only deepseek_v3, deepseek_v31, hermes, "
+     "llama3_json, llama4_json, llama4_pythonic, mistral, pythonic, qwen3_coder, qwen3_json "
+     "or qwen3_xml): kvledger has no reader yet for Kimi K2's <|tool_calls_section_begin|> "
+     "sections"),
     (["--enable-auto-tool-choice"], "error: --enable-auto-tool-choice requires "
      "--tool-call-parser"),
 ])
@@ -261,6 +267,7 @@ def test_the_shares_the_docs_give_are_the_parsers() -> None:
         REASONING_PARSERS,
         REFUSED_REASONING_PARSERS,
     )
+    from kvledger.engine.settings.tool_parsers import REFUSED_TOOL_PARSERS, TOOL_PARSERS
     from kvledger.engine.settings.vllm_flags import verdicts
 
     counts = Counter(verdicts(build_parser("serve")).values())
@@ -276,4 +283,8 @@ def test_the_shares_the_docs_give_are_the_parsers() -> None:
     served, refused = len(REASONING_PARSERS), len(REFUSED_REASONING_PARSERS)
     assert (f"of its {served + refused} `--reasoning-parser` names, {served} served and "
             f"{refused} refused") in readme
+    tools, no_tools = len(TOOL_PARSERS), len(REFUSED_TOOL_PARSERS)
+    assert (f"of its {tools + no_tools} `--tool-call-parser` names, {tools} served and "
+            f"{no_tools} refused") in readme
+    assert f"Its other {no_tools} names" in page
     assert f"Its other {refused} names" in page

@@ -9,8 +9,11 @@ in the attacker's answer: qwen3_coder looked for ``<function=`` to the end after
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from kvledger.engine.server.tools.deepseek_format import CALL_BEGIN, CALL_END, CALLS_BEGIN, SEP
 from kvledger.engine.server.tools.parsers import CallScanner
 
 
@@ -33,6 +36,11 @@ REPEATS = {
                     "</tool_call>", "text <tool_call>"),
     "hermes": ("<tool_call></tool_call>", "<tool_call>{}</tool_call>"),
     "mistral": ("[TOOL_CALLS]", "[TOOL_CALLS]f[ARGS]{}"),
+    # vLLM's DeepSeek patterns as regexes backtrack over a line of call markers: 32 s to
+    # stream 1,000 <｜tool▁call▁begin｜> (a regex search from the last call each step)
+    "deepseek_v31": (CALLS_BEGIN + CALL_BEGIN, CALLS_BEGIN + CALL_BEGIN + "f" + SEP,
+                     CALL_BEGIN + "f" + SEP + "{}" + CALL_END + CALL_BEGIN),
+    "deepseek_v3": (CALLS_BEGIN + CALL_BEGIN, CALL_BEGIN + "function" + SEP + "f"),
 }
 
 
@@ -52,3 +60,17 @@ def test_repeated_markup_is_searched_once(parser: str, unit: str, stream: bool) 
     else:  # each feed may look again at what a marker's start held back (< a marker)
         assert Searched.read <= 4 * len(text) + 64 * (len(text) // 97), (
             parser, unit, Searched.read)
+
+
+@pytest.mark.parametrize("parser", ["deepseek_v31", "deepseek_v3"])
+def test_a_line_of_call_markers_does_not_backtrack(parser: str) -> None:
+    # A regex's search is not seen by Searched: timed instead, with a margin of 100x
+    # (vLLM's patterns as regexes took 32 s to stream 1,000 markers, 0.1 s whole).
+    text = CALLS_BEGIN + (CALL_BEGIN + "f" + SEP) * 2000
+    scanner = CallScanner(parser)
+    started = time.perf_counter()
+    for end in range(len(CALLS_BEGIN), len(text), 16):
+        scanner.feed(text[:end], False)
+    scanner.feed(text, True)
+    assert time.perf_counter() - started < 2.0
+    assert scanner.calls == []

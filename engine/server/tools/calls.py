@@ -14,7 +14,8 @@ once per request, which parser reads the answer back and which grammar constrain
 
 The format is ``--tool-call-parser``'s, else the one the model's chat template shows
 (``<function=``: qwen3_coder; ``<tool_call>``: hermes; ``[TOOL_CALLS]``: mistral;
-``<|python_tag|>``: llama3_json), else hermes. A format's markers that the tokenizer
+``<|python_tag|>``: llama3_json; ``<｜tool▁calls▁begin｜>``: deepseek_v3 when it fences
+the arguments as a json code block, else deepseek_v31), else hermes. A format's markers that the tokenizer
 holds as special tokens (Mistral's ``[TOOL_CALLS]``, Llama's ``<|python_tag|>``) are kept
 in the text the parser reads (``ToolPlan.kept_ids``; decoding drops every other special
 token), and the grammar writes them as those tokens.
@@ -26,6 +27,15 @@ import functools
 import json
 from dataclasses import dataclass
 
+from kvledger.engine.server.tools.deepseek_format import (
+    CALL_BEGIN,
+    CALL_END,
+    CALLS_BEGIN,
+    CALLS_END,
+    SEP,
+    V3_ARGUMENTS,
+    V3_CLOSE,
+)
 from kvledger.engine.server.tools.formats import ARGS, CONTROL_TOKENS
 from kvledger.engine.server.tools.lark_text import json_value, lark, rule
 from kvledger.engine.server.tools.param_grammars import PARAM_GRAMMARS
@@ -60,6 +70,11 @@ FORMATS = {
     "llama3_json": _LLAMA_JSON, "llama4_json": _LLAMA_JSON,
     # Mistral's tokenizers before v11: [TOOL_CALLS] and a JSON array of the calls.
     "mistral": CallFormat("[TOOL_CALLS][", _JSON_HEAD, ', "arguments": ', "}", ", ", "]"),
+    # DeepSeek's templates' layouts (their arguments on one line: vLLM's patterns ask it).
+    "deepseek_v3": CallFormat(CALLS_BEGIN, CALL_BEGIN + "function" + SEP, V3_ARGUMENTS,
+                              V3_CLOSE + CALL_END, "\n", CALLS_END, quoted=False),
+    "deepseek_v31": CallFormat(CALLS_BEGIN, CALL_BEGIN, SEP, CALL_END, "", CALLS_END,
+                               quoted=False),
 }
 # v11 and later (a tokenizer with the [ARGS] token): [TOOL_CALLS]name[ARGS]{...} each.
 MISTRAL_V11 = CallFormat("", "[TOOL_CALLS]", "[ARGS]", "", "", quoted=False)
@@ -90,6 +105,8 @@ NO_TOOLS = ToolPlan(None, None, None)
 def template_parser(chat_template: str | None) -> str:
     """The call format a chat template shows; hermes when it shows none."""
     template = chat_template or ""
+    if CALLS_BEGIN in template:  # DeepSeek's: V3's wraps the arguments in ```json
+        return "deepseek_v3" if "```json" in template else "deepseek_v31"
     if "<function=" in template and "<parameter=" in template:
         return "qwen3_coder"
     if "<tool_call>" not in template and "[TOOL_CALLS]" in template:

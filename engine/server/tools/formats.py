@@ -1,7 +1,7 @@
 """Each ``--tool-call-parser`` name: the reader of its calls (``READERS``: the JSON family
 in ``json_formats``, qwen3_coder's XML in ``xml_format``, the Python lists in
-``pythonic_format``), the ids its calls get, and the markers its tokenizers may hold as
-special tokens.
+``pythonic_format``, DeepSeek's in ``deepseek_format``), the ids its calls get, and the
+markers its tokenizers may hold as special tokens.
 
 vLLM 0.32's other names for the same reader are served as such: ``qwen3_json`` is
 hermes, ``llama4_json`` is llama3_json, ``qwen3_xml`` is qwen3_coder (one class each in
@@ -22,6 +22,8 @@ from kvledger.engine.server.tools.call_pieces import (
     openai_call_id,
     vllm_call_id,
 )
+from kvledger.engine.server.tools.deepseek_format import MARKERS as DEEPSEEK_MARKERS
+from kvledger.engine.server.tools.deepseek_format import deepseek_v3, deepseek_v31
 from kvledger.engine.server.tools.json_formats import (
     ARGS,
     HERMES_END,
@@ -46,6 +48,7 @@ READERS: dict[str, Reader] = {
     "mistral": mistral,
     "qwen3_coder": qwen3_coder, "qwen3_xml": qwen3_coder,
     "pythonic": pythonic, "llama4_pythonic": llama4_pythonic,
+    "deepseek_v3": deepseek_v3, "deepseek_v31": deepseek_v31,
 }
 # kvledger's first parsers kept OpenAI's shape of id; vLLM 0.32 gives every parser's
 # calls chatcmpl-tool-<16 hex> (Mistral's its own 9 characters).
@@ -62,4 +65,5 @@ CONTROL_TOKENS: dict[str, tuple[str, ...]] = {
     "mistral": (TOOL_CALLS, ARGS),
     "qwen3_coder": (TOOL_START, TOOL_END), "qwen3_xml": (TOOL_START, TOOL_END),
     "pythonic": (), "llama4_pythonic": (),
+    "deepseek_v3": DEEPSEEK_MARKERS, "deepseek_v31": DEEPSEEK_MARKERS,
 }

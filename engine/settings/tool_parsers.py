@@ -1,0 +1,76 @@
+"""vLLM 0.32's ``--tool-call-parser`` names (``vllm/tool_parsers/__init__.py``'s
+registry): those kvledger reads calls in (``TOOL_PARSERS``; ``server/tools/formats.py``
+holds their readers and checks the two agree), and why each other one is refused, for the
+one line ``--tool-call-parser NAME`` ends in.
+
+A name is served once kvledger reads its format exactly as vLLM's parser reads a whole
+answer (checked against vLLM's own parser on generated texts), streams it so the pieces
+add up to that whole answer, and writes ``tool_choice: "required"`` or a named function
+in it. The others are refused until a reader of their format is written.
+"""
+
+from __future__ import annotations
+
+TOOL_PARSERS = ("deepseek_v3", "deepseek_v31", "hermes", "llama3_json", "llama4_json",
+                "llama4_pythonic", "mistral", "pythonic", "qwen3_coder", "qwen3_json",
+                "qwen3_xml")
+
+
+def _unread(fmt: str) -> str:
+    return f"kvledger has no reader yet for {fmt}"
+
+
+_DSML = _unread("DeepSeek's DSML calls (<｜DSML｜invoke name=...> and its parameters)")
+_COHERE = _unread("Cohere Command's action blocks")
+_ARG_TAGS = "calls whose arguments are <arg_key>/<arg_value> pairs ({})"
+_SUFFIXED = ("its markers are spelled with the checkpoint's token_suffix "
+             "(tokenizer_config.json), which kvledger does not read")
+
+# vLLM's other names -> why kvledger refuses each
+REFUSED_TOOL_PARSERS = {
+    "apertus": _unread("Apertus' <|tools_prefix|> JSON lists"),
+    "cohere_command3": _COHERE,
+    "cohere_command4": _COHERE,
+    "deepseek_v32": _DSML,
+    "deepseek_v4": _DSML,
+    "deepseek_v41": _DSML,
+    "dots": _unread("dots.llm's <dots_function_call> calls"),
+    "ernie45": _unread("ERNIE 4.5's calls, read beside its <response> blocks"),
+    "functiongemma": _unread("FunctionGemma's <start_function_call>call:NAME{...} calls"),
+    "gemma4": _unread("Gemma 4's tool-call channel"),
+    "gigachat3": _unread("GigaChat 3's 'function call' JSON"),
+    "glm45": _unread(_ARG_TAGS.format("GLM-4.5's <tool_call>")),
+    "glm47": _unread(_ARG_TAGS.format("GLM-4.7's <tool_call>")),
+    "granite": _unread("Granite's <|tool_call|> JSON lists"),
+    "granite-20b-fc": _unread("Granite 20B's <function_call> objects"),
+    "granite4": _unread("Granite 4's <tool_call> JSON, read beside its content segments"),
+    "hf": "it reads the chat template's response schema, not a fixed call format",
+    "hunyuan_a13b": _unread("Hunyuan-A13B's <tool_calls> JSON lists beside <think>"),
+    "hy_v3": _SUFFIXED,
+    "hy_v4": _SUFFIXED,
+    "inkling": _unread("Inkling's typed tool blocks"),
+    "internlm": _unread("InternLM2's <|action_start|><|plugin|> calls"),
+    "jamba": _unread("Jamba's <tool_calls> JSON lists"),
+    "k2_horizon": _unread(_ARG_TAGS.format("K2 Horizon's <ifm|tool_call>")),
+    "kimi_k2": _unread("Kimi K2's <|tool_calls_section_begin|> sections"),
+    "kimi_k3": _unread("Kimi K3's <|open|>...<|close|> blocks"),
+    "lfm2": _unread("LFM2's <|tool_call_start|> Python lists"),
+    "ling3": _unread("Ling 3's tool calls"),
+    "longcat": _unread("LongCat's <longcat_tool_call> calls"),
+    "mimo": _unread("MiMo's tool calls"),
+    "minicpm5": _unread("MiniCPM 5's XML calls"),
+    "minimax_m2": _unread("MiniMax-M2's <minimax:tool_call> invokes"),
+    "minimax_m3": _unread("MiniMax-M3's tool calls"),
+    "muse_glimmer": _unread("Muse Glimmer's <atem:function_calls> blocks"),
+    "olmo3": _unread("OLMo 3's <function_calls> Python calls"),
+    "openai": "gpt-oss's calls are Harmony channel messages, which kvledger does not parse",
+    "phi4_mini_json": _unread("Phi-4-mini's functools[...] lists"),
+    "plamo3": _unread("PLaMo 3's <|plamo:begin_tool_requests:plamo|> calls"),
+    "poolside_v1": _unread(_ARG_TAGS.format("Poolside's <tool_call>")),
+    "seed_oss": _unread("Seed-OSS's <seed:tool_call> calls"),
+    "step3": _unread("Step 3's <｜tool_calls_begin｜> steptml calls"),
+    "step3p5": _unread("Step 3.5's tool calls"),
+    "xlam": _unread("xLAM's JSON lists (bare, fenced or tagged)"),
+}
+
+VLLM_TOOL_PARSERS = frozenset(TOOL_PARSERS) | frozenset(REFUSED_TOOL_PARSERS)
