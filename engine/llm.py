@@ -3,25 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from typing import Any
 
 from kvledger.engine.checkpoint.hub.uri import model_reference
 from kvledger.engine.core.engine import LLMEngine
 from kvledger.engine.core.outputs import RequestOutput
 from kvledger.engine.errors import BadInput
-from kvledger.engine.frontend.door import FrontDoor, Submission
+from kvledger.engine.frontend.door import FrontDoor, LineOptions, Submission
 from kvledger.engine.sampling.params import SamplingParams
 from kvledger.engine.settings.config import EngineConfig
 from kvledger.engine.settings.lora_config import LoRARequest
+from kvledger.engine.settings.structured_outputs_config import StructuredOutputsConfig
 
 
 class LLM:
     """An engine in this process. ``flags`` are EngineConfig's fields (vLLM's names),
-    e.g. ``LLM("/models/x", max_model_len=512, max_num_seqs=8, device="cpu")``."""
+    e.g. ``LLM("/models/x", max_model_len=512, max_num_seqs=8, device="cpu")``, and
+    vLLM's ``structured_outputs_config`` (a dict of its keys or a
+    ``StructuredOutputsConfig``: how ``SamplingParams.structured_outputs`` writes JSON)."""
 
-    def __init__(self, model: str, **flags) -> None:
+    def __init__(self, model: str, structured_outputs_config: Any = None, **flags) -> None:
         resolved = model_reference(str(model))  # a bare ORG/NAME is a hub model, as in vLLM
         if resolved != str(model):
             flags.setdefault("served_model_name", str(model))
+        outputs = (StructuredOutputsConfig() if structured_outputs_config is None
+                   else structured_outputs_config
+                   if isinstance(structured_outputs_config, StructuredOutputsConfig)
+                   else StructuredOutputsConfig.of(structured_outputs_config))
         try:
             config = EngineConfig(model=resolved, **flags)
         except TypeError as exc:
@@ -30,7 +38,8 @@ class LLM:
             raise BadInput("kv_events_config: KV events are published by a server for its "
                            "router (kvledger serve --kv-events-config), not by LLM")
         self.engine = LLMEngine.from_config(config)
-        self._door = FrontDoor(self.engine)  # its line uncapped: every prompt waits its turn
+        # Its line uncapped: every prompt waits its turn.
+        self._door = FrontDoor(self.engine, LineOptions(structured_outputs=outputs))
         self._counter = 0
 
     def get_tokenizer(self):

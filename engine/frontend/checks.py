@@ -5,7 +5,8 @@ choice's parameters (``choice_params``: its cap and seed, the model's vocabulary
 prompt's ``EngineRequest``s and whether the pool could ever hold them (``prompt_runs``:
 the ledger's ``check_fits``), what keys its prefix-cache blocks apart (``cache_salt``),
 and the bound on a text's tokens that lets a full pool refuse before tokenizing
-(``max_prompt_tokens``)."""
+(``max_prompt_tokens``); a ``SamplingParams.structured_outputs`` is the submission's
+output constraint (``constrained``)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,18 @@ if TYPE_CHECKING:  # the engine pulls torch in
 # normalizer that expands text (NFKC ligatures) could break it; the cost is only that a
 # request which deserved a 400 gets a 429 first, and its retry the 400.
 ADDED_TOKENS_MAX = 8
+
+
+def constrained(sub: Submission) -> Submission:
+    """``sub`` with its parameters' ``structured_outputs`` (vLLM's offline form) as its
+    ``grammar`` spec, compiled at the door as a request body's constraint is."""
+    wanted = sub.params.structured_outputs
+    if wanted is None:
+        return sub
+    if sub.grammar is not None:
+        raise BadInput("give structured_outputs or another output constraint, not both")
+    return replace(sub, grammar=wanted.constraint(),
+                   params=replace(sub.params, structured_outputs=None))
 
 
 def encode_all(engine: LLMEngine, sub: Submission) -> list[list[int]]:

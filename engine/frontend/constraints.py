@@ -47,6 +47,13 @@ class Constraints:
             compiler.abandon(spec, future)
             raise
 
+    def compile_now(self, spec: GrammarSpec) -> Any:
+        """The compiled constraint, compiled in this thread (``LLM``'s, which has no event
+        loop to keep free), within ``timeout_s``."""
+        from kvledger.engine.sampling.grammar import GrammarSpec
+
+        return self.compiler.compile(GrammarSpec(*spec), self.timeout_s)
+
     @property
     def compiler(self) -> GrammarCompiler:
         """The engine's ``GrammarCompiler``, built at the first constrained request."""

@@ -241,6 +241,7 @@ class FrontDoor:
             return await self._submit(sub)
 
     async def _submit(self, sub: Submission) -> Generation:
+        sub = checks.constrained(sub)
         priority = run_priority(self.admission.scheduling_policy, sub.tenant, sub.priority,
                                 sub.objective_priority)
         longest = max(checks.max_prompt_tokens(prompt) for prompt in sub.prompts)
@@ -269,12 +270,15 @@ class FrontDoor:
 
     def prepare(self, sub: Submission) -> PromptRun:
         """``LLM``'s one-prompt submission checked in this thread, as ``submit`` checks it
-        (no early refusal: its line has no cap); admitted later by ``run_offline``."""
+        (no early refusal: its line has no cap; its constraint compiled in this thread);
+        admitted later by ``run_offline``."""
+        sub = checks.constrained(sub)
         priority = run_priority(self.admission.scheduling_policy, sub.tenant, sub.priority,
                                 sub.objective_priority)
         ids = checks.encode_all(self.engine, sub)
         caps = checks.caps(self.engine, sub, ids)
-        params = checks.choice_params(self.engine, sub, caps, None)
+        grammar = None if sub.grammar is None else self.constraints.compile_now(sub.grammar)
+        params = checks.choice_params(self.engine, sub, caps, grammar)
         adapter = self.engine.resolve_lora(sub.lora)
         (run,) = checks.prompt_runs(self.engine, sub, ids, caps, params, adapter, priority,
                                      self.admission.headroom)

@@ -18,47 +18,28 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import json
 import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from kvledger.engine import json_text
-from kvledger.engine.errors import BadConstraint
 from kvledger.engine.sampling.grammar_matcher import Grammar
-from kvledger.engine.sampling.json_grammar import json_schema_source
+from kvledger.engine.sampling.grammar_spec import (
+    GrammarError,
+    GrammarSpec,
+    GrammarTooCostly,
+    grammar_source,
+    one_line,
+)
 from kvledger.engine.settings.config_values import DEFAULT_GRAMMAR_CACHE_BYTES
 from kvledger.engine.settings.structured_outputs_config import StructuredOutputsConfig
 
 CACHE_ENTRIES = 64
 _MESSAGE_LIMIT = 200
-
-
-class GrammarError(BadConstraint):
-    """A grammar the library refuses (bad schema, regex or choice list); HTTP 400."""
-
-
-class GrammarTooCostly(GrammarError):
-    """A grammar over one of the server's limits (compile time, memory); HTTP 400."""
-
-    costly = True
-
-
-@dataclass(frozen=True)
-class GrammarSpec:
-    """What to constrain the output to. ``value``: json_schema: the schema as a JSON string
-    (sorted keys, so equal schemas hash equal); regex: the pattern; choice: ``json.dumps`` of
-    a list of strings; lark: a grammar in llguidance's Lark dialect (tool calls); json_object:
-    None."""
-
-    kind: Literal["json_object", "json_schema", "regex", "choice", "lark"]
-    value: str | None = None
 
 
 def compile_workers() -> int:
@@ -182,10 +163,10 @@ class GrammarCompiler:
         if not self._eos_ids:
             raise GrammarError("this model has no EOS token, which structured outputs need")
         tokenizer = self._library_tokenizer()
-        matcher = LLMatcher(tokenizer, _grammar_source(spec, self.structured_outputs),
+        matcher = LLMatcher(tokenizer, grammar_source(spec, self.structured_outputs),
                             log_level=0)
         if matcher.is_error():
-            raise GrammarError(f"invalid {spec.kind}: {_one_line(matcher.get_error())}")
+            raise GrammarError(f"invalid {spec.kind}: {one_line(matcher.get_error())}")
         grammar = Grammar(matcher, self._eos_ids, self._vocab_size,
                           (tokenizer.vocab_size + 31) // 32, self._special_ids)
         # A grammar the library accepts may still allow no output at all (a $ref cycle, an
@@ -254,47 +235,3 @@ def heap_bytes() -> int:
         return info.uordblks + info.hblkhd
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _grammar_source(spec: GrammarSpec, structured_outputs: StructuredOutputsConfig) -> str:
-    """The llguidance grammar of ``spec`` (JSON written as ``structured_outputs`` says:
-    ``json_grammar.py``); GrammarError for a malformed value."""
-    from llguidance import LLMatcher
-
-    if spec.kind == "json_object":
-        return json_schema_source({"type": "object"}, structured_outputs)
-    if spec.value is None:
-        raise GrammarError(f"{spec.kind} needs a value")
-    if spec.kind == "json_schema":
-        schema = _json_value(spec.value, "json_schema")
-        if not isinstance(schema, dict | bool):
-            raise GrammarError(f"invalid json_schema: a schema is an object or a boolean, "
-                               f"not {type(schema).__name__}")
-        try:
-            return json_schema_source(schema, structured_outputs)
-        except ValueError as exc:
-            raise GrammarError(f"invalid json_schema: {_one_line(str(exc))}") from None
-    if spec.kind == "regex":
-        return LLMatcher.grammar_from_regex(spec.value)
-    if spec.kind == "lark":
-        return LLMatcher.grammar_from_lark(spec.value)
-    if spec.kind == "choice":
-        choices = _json_value(spec.value, "choice")
-        if not (isinstance(choices, list) and choices
-                and all(isinstance(c, str) and c for c in choices)):
-            raise GrammarError("invalid choice: expected a non-empty list of non-empty strings")
-        return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in choices))
-    raise GrammarError(f"unknown grammar kind {spec.kind!r}")
-
-
-def _json_value(text: str, kind: str) -> Any:
-    try:
-        return json_text.loads(text)
-    except ValueError as exc:
-        raise GrammarError(f"invalid {kind}: not JSON: {exc}") from None
-
-
-def _one_line(message: str) -> str:
-    """The library's message on one line, whitespace collapsed, at most 200 characters."""
-    line = " ".join(message.split()) or "refused"
-    return line if len(line) <= _MESSAGE_LIMIT else line[:_MESSAGE_LIMIT - 1] + "…"

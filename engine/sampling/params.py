@@ -1,4 +1,5 @@
-"""Per-request sampling settings (vLLM's names and defaults)."""
+"""Per-request sampling settings (vLLM's names and defaults); ``StructuredOutputsParams``
+is importable from here, as from vLLM's ``sampling_params``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from kvledger.engine.errors import BadInput
 from kvledger.engine.sampling.allowed_tokens import AllowedTokenIds
 from kvledger.engine.sampling.bad_words import BadWordSequences
+from kvledger.engine.sampling.structured_params import StructuredOutputsParams
 from kvledger.engine.settings.config_values import MAX_LOGPROBS  # the engine's bound, serve's too
 
 GREEDY_BELOW_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS
@@ -90,6 +92,9 @@ class SamplingParams:
     # bare text, never spaced from it by the tokenizer's decoder (vLLM's field)
     spaces_between_special_tokens: bool = True
     grammar: Any = None
+    # vLLM's offline constraint (``structured_params.StructuredOutputsParams``): compiled
+    # at the engine's door into ``grammar``
+    structured_outputs: StructuredOutputsParams | None = None
     # Special tokens whose text the output keeps (decoding drops the others): a tool-call
     # format's markers, such as Mistral's [TOOL_CALLS], which its parser must see.
     kept_special_ids: frozenset[int] = frozenset()
@@ -183,6 +188,11 @@ class SamplingParams:
                            "to write", "bad_words")
         if self.grammar is not None and not callable(getattr(self.grammar, "matcher", None)):
             raise BadInput("grammar must be a compiled grammar with a matcher() method")
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise BadInput("structured_outputs must be a StructuredOutputsParams")
+            if self.grammar is not None:
+                raise BadInput("give structured_outputs or a compiled grammar, not both")
         self.has_penalties = (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                               or self.repetition_penalty != 1.0)
         self.processes_logits = bool(self.has_penalties or self.logit_bias
@@ -202,3 +212,6 @@ class SamplingParams:
         # vLLM's rule: a temperature this small is greedy; dividing the logits by it
         # (1e-300) would overflow to inf and the softmax to NaN. top_k 0 and -1 are off.
         return self.temperature < GREEDY_BELOW_TEMPERATURE or self.top_k == 1
+
+
+__all__ = ["SamplingParams", "StructuredOutputsParams"]

@@ -25,6 +25,7 @@ from kvledger.engine.server.limits import (
     shown,
 )
 from kvledger.engine.server.structured_outputs import (
+    Constraint,
     ResponseFormat,
     StructuredOutputs,
     output_constraint,
@@ -62,7 +63,7 @@ class GenerationFields(Strict):
 
     kind: ClassVar[str]
     unsupported: ClassVar[dict[str, tuple[Any, ...]]] = UNSUPPORTED_FIELDS
-    _spec: tuple[str, str | None] | None = PrivateAttr(default=None)
+    _spec: Constraint | None = PrivateAttr(default=None)
     model: str | None = None  # None: the base model, as vLLM takes a request without one
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
@@ -102,6 +103,7 @@ class GenerationFields(Strict):
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     # vLLM's: lower is sooner, under --scheduling-policy priority (else only 0); None:
     # its tenant's default (server/tenants.py), else 0
     priority: Annotated[int, Field(ge=-MAX_INT - 1, le=MAX_INT)] | None = None
@@ -216,7 +218,8 @@ class GenerationFields(Strict):
     def bias(self) -> dict[int, float] | None:
         return {int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None
 
-    def grammar(self) -> tuple[str, str | None] | None:
-        """The output constraint as ``(kind, value)`` (``GrammarSpec``'s fields), or None."""
+    def grammar(self) -> Constraint | None:
+        """The output constraint as ``(kind, value, layout)`` (``GrammarSpec``'s fields),
+        or None."""
         return self._spec
 

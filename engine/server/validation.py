@@ -29,7 +29,7 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "web_search_options": (None,), "use_beam_search": (None, False),
     "length_penalty": (None, 1, 1.0), "truncate_prompt_tokens": (None,),
     "documents": (None, []),
-    "prompt_logprobs": (None,), "guided_grammar": (None,), "guided_decoding_backend": (None,),
+    "prompt_logprobs": (None,), "guided_decoding_backend": (None,),
 }
 # vLLM's chat ``echo`` repeats the last message; not implemented (completions' is).
 # Chat serves tools (``protocol``); completions refuse them.

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvledger.engine.sampling.json_grammar import JsonLayout
 from kvledger.engine.server.api_errors import ApiError
 from kvledger.engine.server.protocol import parse_chat, parse_completion
 
@@ -201,20 +202,54 @@ def test_echo_alone_scores_the_prompt():
 @pytest.mark.parametrize("extra, spec", [
     ({}, None),
     ({"response_format": {"type": "text"}}, None),
-    ({"response_format": {"type": "json_object"}}, ("json_object", None)),
+    ({"response_format": {"type": "json_object"}}, ("json_object", None, None)),
     ({"response_format": {"type": "json_schema", "json_schema": {
         "name": "p", "schema": {"type": "object", "required": ["a"]}}}},
-     ("json_schema", '{"required":["a"],"type":"object"}')),
-    ({"guided_json": '{"type": "object"}'}, ("json_schema", '{"type":"object"}')),
-    ({"guided_regex": "[ab]+"}, ("regex", "[ab]+")),
-    ({"guided_choice": ["yes", "no"]}, ("choice", '["yes", "no"]')),
-    ({"structured_outputs": {"json": {"type": "integer"}}}, ("json_schema", '{"type":"integer"}')),
-    ({"structured_outputs": {"choice": ["a"]}}, ("choice", '["a"]')),
-    ({"structured_outputs": {"json_object": True}}, ("json_object", None)),
+     ("json_schema", '{"required":["a"],"type":"object"}', None)),
+    ({"guided_json": '{"type": "object"}'}, ("json_schema", '{"type":"object"}', None)),
+    ({"guided_regex": "[ab]+"}, ("regex", "[ab]+", None)),
+    ({"guided_choice": ["yes", "no"]}, ("choice", '["yes", "no"]', None)),
+    ({"guided_grammar": 'root ::= "a"'}, ("grammar", 'root ::= "a"', None)),
+    ({"structured_outputs": {"json": {"type": "integer"}}},
+     ("json_schema", '{"type":"integer"}', None)),
+    ({"structured_outputs": {"choice": ["a"]}}, ("choice", '["a"]', None)),
+    ({"structured_outputs": {"json_object": True}}, ("json_object", None, None)),
+    ({"structured_outputs": {"grammar": 'start: "a"'}}, ("grammar", 'start: "a"', None)),
+    # vLLM's layout options, this request's own
+    ({"structured_outputs": {"json_object": True, "disable_any_whitespace": True}},
+     ("json_object", None, JsonLayout(disable_any_whitespace=True))),
+    ({"structured_outputs": {"json": {"type": "object"}, "whitespace_pattern": "[ ]?",
+                             "disable_additional_properties": True}},
+     ("json_schema", '{"type":"object"}', JsonLayout(False, True, "[ ]?"))),
+    ({"structured_outputs": {"structural_tag": {"triggers": ["<f="], "structures": [
+        {"begin": "<f=a>", "schema": {"type": "object"}, "end": "</f>"}]}}},
+     ("structural_tag", '{"structures": [{"begin": "<f=a>", "end": "</f>", "schema": '
+      '{"type": "object"}}], "triggers": ["<f="]}', None)),
+    ({"response_format": {"type": "structural_tag", "triggers": ["<f="], "structures": [
+        {"begin": "<f=a>", "schema": {"type": "object"}, "end": "</f>"}]}},
+     ("structural_tag", '{"structures": [{"begin": "<f=a>", "end": "</f>", "schema": '
+      '{"type": "object"}}], "triggers": ["<f="]}', None)),
 ])
 def test_output_constraints(extra, spec):
     req = parse_chat({"model": "m", "messages": [{"role": "user", "content": "x"}], **extra})
     assert req.grammar() == spec
+
+
+@pytest.mark.parametrize("extra, param, words", [
+    ({"response_format": {"type": "structural_tag", "format": {"type": "triggered_tags"}}},
+     "response_format", "xgrammar's structural tag language"),
+    ({"response_format": {"type": "structural_tag", "triggers": ["<f="]}},
+     "response_format", "needs 'structures' and 'triggers'"),
+    ({"structured_outputs": {"grammar": 'start: "a"', "regex": "a"}},
+     "structured_outputs", "exactly one of"),
+    ({"structured_outputs": {"structural_tag": "[1]"}}, "structured_outputs", "a JSON object"),
+    ({"guided_grammar": 'start: "a"', "guided_regex": "a"}, "guided_grammar",
+     "only one output constraint"),
+])
+def test_refused_output_constraints(extra, param, words):
+    refusal = _refused(parse_chat, {"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                    **extra})
+    assert (refusal.param, words in refusal.message) == (param, True)
 
 
 def test_chat_logprobs():
