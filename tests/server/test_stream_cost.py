@@ -6,35 +6,15 @@ still adds up to the whole answer."""
 
 from __future__ import annotations
 
+from test_reasoning_split import _Tokenizer
+
 from kvledger.engine.server.answers import added_text
 from kvledger.engine.server.reasoning import ReasoningPlan, ReasoningTokens
 
 MARKERS = ["<think>", "</think>"]
 
 
-class _Tokenizer:
-    """Markers as single tokens, every other character a token of its own."""
-
-    def __init__(self) -> None:
-        self.vocab = {m: 1000 + i for i, m in enumerate(MARKERS)}
-        self.text = {i: m for m, i in self.vocab.items()}
-
-    def token_to_id(self, text: str) -> int | None:
-        return self.vocab.get(text)
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return "".join(self.text.get(i, chr(i)) for i in ids)
-
-    def encode(self, text: str) -> list[int]:
-        ids, i = [], 0
-        while i < len(text):
-            marker = next((m for m in self.vocab if text.startswith(m, i)), None)
-            ids.append(self.vocab[marker] if marker else ord(text[i]))
-            i += len(marker) if marker else 1
-        return ids
-
-
-TOK = _Tokenizer()
+TOK = _Tokenizer(MARKERS)
 
 
 class CountingIds(list):

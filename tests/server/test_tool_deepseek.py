@@ -5,14 +5,11 @@ tiny model whose tokenizer holds DeepSeek's markers as added tokens, through the
 
 from __future__ import annotations
 
-import json
-import re
-
-import jsonschema
 import pytest
 from _server_helpers import make_llm, with_added_tokens
 from _tool_streams import assembled
-from test_tool_calls_sdk import ASK, SCHEMAS, TOOLS, _streamed
+from test_tool_calls_sdk import ASK, TOOLS, _streamed
+from test_tool_param_formats_sdk import _calls, _check
 
 from kvledger.engine.server.tools.calls import template_parser
 from kvledger.engine.server.tools.deepseek_format import (
@@ -26,8 +23,6 @@ from kvledger.engine.server.tools.deepseek_format import (
 from kvledger.engine.server.tools.parsers import CallScanner
 from kvledger.engine.settings.tool_parsers import REFUSED_TOOL_PARSERS, VLLM_TOOL_PARSERS
 from kvledger.engine.settings.vllm_rules import PARSERS
-
-VLLM_ID = re.compile(r"^chatcmpl-tool-[0-9a-f]{16}$")
 
 
 def v3(name: str, arguments: str, kind: str = "function") -> str:
@@ -105,18 +100,6 @@ def llm(tiny_llama_dir, tmp_path_factory):
     out = with_added_tokens(tiny_llama_dir, tmp_path_factory.mktemp("deepseek") / "model",
                             list(MARKERS))
     return make_llm(out, max_model_len=1024, num_gpu_blocks_override=256)
-
-
-def _check(choice, finish_reason: str = "tool_calls") -> None:
-    assert choice.finish_reason == finish_reason
-    assert choice.message.tool_calls and not choice.message.content
-    for call in choice.message.tool_calls:
-        assert VLLM_ID.match(call.id), call.id
-        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
-
-
-def _calls(choice) -> list[tuple[str, str]]:
-    return [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
 
 
 @pytest.mark.parametrize("parser", ["deepseek_v3", "deepseek_v31"])
