@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kvledger.engine.admission.line import Admission
@@ -30,6 +30,7 @@ from kvledger.engine.errors import UnknownModel
 from kvledger.engine.frontend import checks
 from kvledger.engine.frontend.constraints import Constraints
 from kvledger.engine.frontend.generation import Generation
+from kvledger.engine.frontend.line_options import LineOptions
 from kvledger.engine.frontend.offload import Offload
 from kvledger.engine.frontend.served import Served
 from kvledger.engine.frontend.sleeping import SleepGate
@@ -37,8 +38,6 @@ from kvledger.engine.frontend.submission import PromptRun, Submission, Tenant
 from kvledger.engine.planner.ready_time import WARMUP_STEPS
 from kvledger.engine.sampling.params import SamplingParams
 from kvledger.engine.settings.lora_config import LoRARequest
-from kvledger.engine.settings.serve_config import ServeConfig
-from kvledger.engine.settings.structured_outputs_config import StructuredOutputsConfig
 
 if TYPE_CHECKING:  # the engine pulls torch in
     from kvledger.engine.core.engine import LLMEngine
@@ -46,26 +45,13 @@ if TYPE_CHECKING:  # the engine pulls torch in
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class LineOptions:
-    """How the door's admission line behaves (the server's ``--max-queue-*`` flags) and
-    how it compiles constraints; the defaults are ``LLM``'s: no cap on the line nor on the
-    wait, vLLM's structured outputs defaults."""
-
-    max_queue_wait_s: float | None = None  # None: a waiter waits as long as it takes
-    max_queue_len: int | None = None        # None: no cap
-    backfill: bool = False                  # later requests may go before the head
-    tenant_fairness: bool = ServeConfig.tenant_fairness  # the line takes turns
-    grammar_compile_timeout_s: float | None = None  # None: as long as it takes
-    structured_outputs: StructuredOutputsConfig = StructuredOutputsConfig()  # noqa: RUF009
-
-
 class FrontDoor:
     """An engine's one way in. ``start`` (on the event loop) runs the engine's driver
     thread; ``LLM`` steps the engine itself (``run_offline``)."""
 
-    def __init__(self, engine: LLMEngine, line: LineOptions = LineOptions(),
+    def __init__(self, engine: LLMEngine, line: LineOptions | None = None,
                  offload: Offload | None = None) -> None:
+        line = LineOptions() if line is None else line  # LLM's: no caps
         self.engine = engine
         self.line = line
         self.offload = offload
@@ -284,11 +270,13 @@ class FrontDoor:
                                      self.admission.headroom)
         return run
 
-    def run_offline(self, runs: dict[str, PromptRun]) -> dict[str, Any]:
-        """``LLM``'s runs to the end, stepping the engine in this thread (``offline``)."""
+    def run_offline(self, runs: dict[str, PromptRun],
+                    on_finished: Callable[[Any], None] | None = None) -> dict[str, Any]:
+        """``LLM``'s runs to the end, stepping the engine in this thread (``offline``;
+        ``on_finished`` told of each run's final output as it comes)."""
         from kvledger.engine.frontend.offline import run_to_end
 
-        return run_to_end(self.engine, self.admission, runs)
+        return run_to_end(self.engine, self.admission, runs, on_finished)
 
 
 def load_engine(config: Any) -> LLMEngine:

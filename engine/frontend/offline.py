@@ -11,6 +11,7 @@ this loop steps the engine itself.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -23,10 +24,12 @@ if TYPE_CHECKING:
     from kvledger.engine.core.engine import LLMEngine
 
 
-def run_to_end(engine: LLMEngine, admission: Admission,
-               runs: dict[str, PromptRun]) -> dict[str, RequestOutput]:
-    """Every run's final output, by request id. On any failure (Ctrl-C, a failed step)
-    every block goes back before it is raised."""
+def run_to_end(engine: LLMEngine, admission: Admission, runs: dict[str, PromptRun],
+               on_finished: Callable[[RequestOutput], None] | None = None
+               ) -> dict[str, RequestOutput]:
+    """Every run's final output, by request id (``on_finished`` told of each as it
+    finishes: ``LLM``'s progress bar). On any failure (Ctrl-C, a failed step) every block
+    goes back before it is raised."""
     line: dict[str, tuple[PromptRun, Future[Ticket]]] = {}
     granted_ids: deque[str] = deque()  # in the order the line granted them
     finished: dict[str, RequestOutput] = {}
@@ -53,6 +56,8 @@ def run_to_end(engine: LLMEngine, admission: Admission,
                 if out.finished:
                     finished[out.request_id] = out
                     admission.done(runs[out.request_id].ticket)
+                    if on_finished is not None:
+                        on_finished(out)
             # Over-committing, the ledger's verdict on the head moves as requests write.
             admission.capacity_changed()
     except BaseException:
