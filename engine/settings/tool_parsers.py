@@ -11,9 +11,9 @@ in it. The others are refused until a reader of their format is written.
 
 from __future__ import annotations
 
-TOOL_PARSERS = ("deepseek_v3", "deepseek_v31", "hermes", "llama3_json", "llama4_json",
-                "llama4_pythonic", "mistral", "pythonic", "qwen3_coder", "qwen3_json",
-                "qwen3_xml")
+TOOL_PARSERS = ("deepseek_v3", "deepseek_v31", "hermes", "kimi_k2", "llama3_json",
+                "llama4_json", "llama4_pythonic", "mistral", "pythonic", "qwen3_coder",
+                "qwen3_json", "qwen3_xml")
 
 
 def _unread(fmt: str) -> str:
@@ -52,7 +52,6 @@ REFUSED_TOOL_PARSERS = {
     "internlm": _unread("InternLM2's <|action_start|><|plugin|> calls"),
     "jamba": _unread("Jamba's <tool_calls> JSON lists"),
     "k2_horizon": _unread(_ARG_TAGS.format("K2 Horizon's <ifm|tool_call>")),
-    "kimi_k2": _unread("Kimi K2's <|tool_calls_section_begin|> sections"),
     "kimi_k3": _unread("Kimi K3's <|open|>...<|close|> blocks"),
     "lfm2": _unread("LFM2's <|tool_call_start|> Python lists"),
     "ling3": _unread("Ling 3's tool calls"),

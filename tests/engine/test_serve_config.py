@@ -124,7 +124,7 @@ def test_help_shows_each_declared_default() -> None:
     ({"enable_auto_tool_choice": True}, "--enable-auto-tool-choice requires --tool-call-parser"),
     ({"max_queue_len": -1}, "--max-queue-len must be a whole number >= 0, got -1"),
     ({"shutdown_grace_s": -1}, "--shutdown-grace must be a number of seconds >= 0, got -1"),
-    ({"tool_call_parser": "kimi_k2"}, "--tool-call-parser kimi_k2"),
+    ({"tool_call_parser": "openai"}, "--tool-call-parser openai"),
     ({"reasoning_parser": "granite"}, "--reasoning-parser granite"),
     ({"max_logprobs": 21}, "--max-logprobs 21: kvledger reports at most 20"),
 ])

@@ -73,7 +73,9 @@ LAUNCH_LINES = [
      "deepseek_v3", ACCEPTED),
     ("DeepSeek-V3.1 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser "
      "deepseek_v31", ACCEPTED),
-    ("tool calling: another parser", "{model} --tool-call-parser kimi_k2",
+    ("Kimi K2 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser "
+     "kimi_k2", ACCEPTED),
+    ("tool calling: another parser", "{model} --tool-call-parser openai",
      "--tool-call-parser"),
     ("reasoning outputs", "{model} --reasoning-parser deepseek_r1", ACCEPTED),
     ("Qwen3 reasoning", "{model} --reasoning-parser qwen3", ACCEPTED),
@@ -217,11 +219,11 @@ def test_version_prints_the_distribution_version(capsys) -> None:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--tool-call-parser", "kimi_k2"], "error: --tool-call-parser kimi_k2: kvledger "
+    (["--tool-call-parser", "openai"], "error: --tool-call-parser openai: kvledger "
      "does not support that tool-call parser (only deepseek_v3, deepseek_v31, hermes, "
-     "llama3_json, llama4_json, llama4_pythonic, mistral, pythonic, qwen3_coder, qwen3_json "
-     "or qwen3_xml): kvledger has no reader yet for Kimi K2's <|tool_calls_section_begin|> "
-     "sections"),
+     "kimi_k2, llama3_json, llama4_json, llama4_pythonic, mistral, pythonic, qwen3_coder, "
+     "qwen3_json or qwen3_xml): gpt-oss's calls are Harmony channel messages, which "
+     "kvledger does not parse"),
     (["--enable-auto-tool-choice"], "error: --enable-auto-tool-choice requires "
      "--tool-call-parser"),
 ])

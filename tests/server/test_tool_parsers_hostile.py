@@ -14,6 +14,9 @@ import time
 import pytest
 
 from kvledger.engine.server.tools.deepseek_format import CALL_BEGIN, CALL_END, CALLS_BEGIN, SEP
+from kvledger.engine.server.tools.kimi_format import ARGUMENT_BEGIN as KIMI_ARGUMENTS
+from kvledger.engine.server.tools.kimi_format import CALL_BEGIN as KIMI_CALL
+from kvledger.engine.server.tools.kimi_format import SECTION_BEGIN as KIMI_SECTION
 from kvledger.engine.server.tools.parsers import CallScanner
 
 
@@ -41,6 +44,8 @@ REPEATS = {
     "deepseek_v31": (CALLS_BEGIN + CALL_BEGIN, CALLS_BEGIN + CALL_BEGIN + "f" + SEP,
                      CALL_BEGIN + "f" + SEP + "{}" + CALL_END + CALL_BEGIN),
     "deepseek_v3": (CALLS_BEGIN + CALL_BEGIN, CALL_BEGIN + "function" + SEP + "f"),
+    "kimi_k2": (KIMI_SECTION, KIMI_SECTION + KIMI_CALL, KIMI_CALL + "f:0" + KIMI_ARGUMENTS,
+                KIMI_CALL + "f" + KIMI_ARGUMENTS + '"name" : "name"  ', " " * 50 + "x"),
 }
 
 

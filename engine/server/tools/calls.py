@@ -15,7 +15,8 @@ once per request, which parser reads the answer back and which grammar constrain
 The format is ``--tool-call-parser``'s, else the one the model's chat template shows
 (``<function=``: qwen3_coder; ``<tool_call>``: hermes; ``[TOOL_CALLS]``: mistral;
 ``<|python_tag|>``: llama3_json; ``<｜tool▁calls▁begin｜>``: deepseek_v3 when it fences
-the arguments as a json code block, else deepseek_v31), else hermes. A format's markers that the tokenizer
+the arguments as a json code block, else deepseek_v31; ``<|tool_calls_section_begin|>``:
+kimi_k2), else hermes. A format's markers that the tokenizer
 holds as special tokens (Mistral's ``[TOOL_CALLS]``, Llama's ``<|python_tag|>``) are kept
 in the text the parser reads (``ToolPlan.kept_ids``; decoding drops every other special
 token), and the grammar writes them as those tokens.
@@ -27,6 +28,7 @@ import functools
 import json
 from dataclasses import dataclass
 
+from kvledger.engine.server.tools import kimi_format as kimi
 from kvledger.engine.server.tools.deepseek_format import (
     CALL_BEGIN,
     CALL_END,
@@ -51,7 +53,8 @@ AUTO_NEEDS_FLAGS = ("\"auto\" tool choice requires --enable-auto-tool-choice and
 class CallFormat:
     """How calls are written: ``opening``, then each call as ``head`` + the name (a JSON
     string when ``quoted``) + ``after_name`` + ARGS + ``tail``, several joined by
-    ``separator``, then ``closing``."""
+    ``separator``, then ``closing``. ``counter``: Lark written between the name and
+    ``after_name`` (Kimi's ``:N``)."""
 
     opening: str
     head: str
@@ -60,6 +63,7 @@ class CallFormat:
     separator: str
     closing: str = ""
     quoted: bool = True
+    counter: str = ""
 
 
 _JSON_HEAD = '{"name": '
@@ -75,6 +79,10 @@ FORMATS = {
                               V3_CLOSE + CALL_END, "\n", CALLS_END, quoted=False),
     "deepseek_v31": CallFormat(CALLS_BEGIN, CALL_BEGIN, SEP, CALL_END, "", CALLS_END,
                                quoted=False),
+    # Kimi's template: each call's id, functions.NAME:N (N counts the chat's calls).
+    "kimi_k2": CallFormat(kimi.SECTION_BEGIN, kimi.CALL_BEGIN + "functions.",
+                          kimi.ARGUMENT_BEGIN, kimi.CALL_END, "", kimi.SECTION_END,
+                          quoted=False, counter='":" /[0-9]{1,4}/'),
 }
 # v11 and later (a tokenizer with the [ARGS] token): [TOOL_CALLS]name[ARGS]{...} each.
 MISTRAL_V11 = CallFormat("", "[TOOL_CALLS]", "[ARGS]", "", "", quoted=False)
@@ -105,6 +113,8 @@ NO_TOOLS = ToolPlan(None, None, None)
 def template_parser(chat_template: str | None) -> str:
     """The call format a chat template shows; hermes when it shows none."""
     template = chat_template or ""
+    if kimi.SECTION_BEGIN in template:
+        return "kimi_k2"
     if CALLS_BEGIN in template:  # DeepSeek's: V3's wraps the arguments in ```json
         return "deepseek_v3" if "```json" in template else "deepseek_v31"
     if "<function=" in template and "<parameter=" in template:
@@ -173,9 +183,11 @@ def calls_grammar(fmt: CallFormat, tools: list[Tool], parallel: bool,
     alternatives = []
     for i, tool in enumerate(tools):
         name = tool.function.name
-        head = fmt.head + (json.dumps(name) if fmt.quoted else name) + fmt.after_name
+        head = fmt.head + (json.dumps(name) if fmt.quoted else name)
+        head = rule(text(head), fmt.counter, text(fmt.after_name)) if fmt.counter else \
+            text(head + fmt.after_name)
         alternatives.append(f"call_{i}")
-        lines.append(f"call_{i}: " + rule(text(head), f"args_{i}", text(fmt.tail)))
+        lines.append(f"call_{i}: " + rule(head, f"args_{i}", text(fmt.tail)))
         lines.append(f"args_{i}: " + json_value(tool.function.schema))
     lines.insert(1, "call: " + " | ".join(alternatives))
     return "\n".join(lines) + "\n"

@@ -1,7 +1,8 @@
 """Each ``--tool-call-parser`` name: the reader of its calls (``READERS``: the JSON family
 in ``json_formats``, qwen3_coder's XML in ``xml_format``, the Python lists in
-``pythonic_format``, DeepSeek's in ``deepseek_format``), the ids its calls get, and the
-markers its tokenizers may hold as special tokens.
+``pythonic_format``, DeepSeek's in ``deepseek_format``, Kimi's in ``kimi_format``), the
+ids its calls get (Kimi's reader gives its own), and the markers its tokenizers may hold
+as special tokens.
 
 vLLM 0.32's other names for the same reader are served as such: ``qwen3_json`` is
 hermes, ``llama4_json`` is llama3_json, ``qwen3_xml`` is qwen3_coder (one class each in
@@ -34,6 +35,8 @@ from kvledger.engine.server.tools.json_formats import (
     llama3_json,
     mistral,
 )
+from kvledger.engine.server.tools.kimi_format import MARKERS as KIMI_MARKERS
+from kvledger.engine.server.tools.kimi_format import kimi_k2
 from kvledger.engine.server.tools.pythonic_format import llama4_pythonic, pythonic
 from kvledger.engine.server.tools.xml_format import TOOL_END, TOOL_START, qwen3_coder
 
@@ -49,6 +52,7 @@ READERS: dict[str, Reader] = {
     "qwen3_coder": qwen3_coder, "qwen3_xml": qwen3_coder,
     "pythonic": pythonic, "llama4_pythonic": llama4_pythonic,
     "deepseek_v3": deepseek_v3, "deepseek_v31": deepseek_v31,
+    "kimi_k2": kimi_k2,
 }
 # kvledger's first parsers kept OpenAI's shape of id; vLLM 0.32 gives every parser's
 # calls chatcmpl-tool-<16 hex> (Mistral's its own 9 characters).
@@ -66,4 +70,5 @@ CONTROL_TOKENS: dict[str, tuple[str, ...]] = {
     "qwen3_coder": (TOOL_START, TOOL_END), "qwen3_xml": (TOOL_START, TOOL_END),
     "pythonic": (), "llama4_pythonic": (),
     "deepseek_v3": DEEPSEEK_MARKERS, "deepseek_v31": DEEPSEEK_MARKERS,
+    "kimi_k2": KIMI_MARKERS,
 }
