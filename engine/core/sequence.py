@@ -57,6 +57,7 @@ class Sequence:
         # Which of its bad words the output has begun, read token by token (bad_words.py).
         self.bad_words_matcher = None if not params.bad_words_token_ids else BadWordsMatcher(
             params.bad_words_token_ids, params.allowed_token_ids)
+        self.penalty_counts = None  # its output's token counts, when it has penalties (sampler)
         self.lora = None  # its LoRA adapter (engine/model/lora_adapter.py), None: the base
         self.priority = 0  # its request's (lower is seated sooner; admission/headroom.py)
         self.tenant = ANONYMOUS  # its request's: its share of seats and prompt tokens

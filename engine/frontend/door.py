@@ -239,7 +239,7 @@ class FrontDoor:
         caps = checks.caps(self.engine, sub, ids)
         grammar = None if sub.grammar is None else await self.constraints.compile(sub.grammar)
         if grammar is not None and sub.grammar_gate is not None:
-            grammar = sub.grammar_gate.over(grammar)
+            grammar = sub.grammar_gate.over(grammar, ids)
         params = checks.choice_params(self.engine, sub, caps, grammar)
         adapter = None if sub.lora is None else await self.offload.load_adapter(
             self.engine.resolve_lora, sub.lora)

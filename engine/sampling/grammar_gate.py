@@ -10,6 +10,12 @@ as if it had no grammar: no mask is filled, every token is accepted, and the gra
 state is not advanced, so the reasoning is the model's own and costs no grammar work.
 Once open, the gated matcher is the grammar's matcher. The gate reads the same marker ids
 the server's reasoning splitter cuts at, so the constraint covers exactly the content.
+
+A prompt may end the reasoning itself (an assistant turn ``<think>x</think>`` continued, a
+template that writes an empty ``<think></think>``): ``PromptEnd`` reads that on the
+prompt's ids as vLLM 0.32's parser of that name does (``is_reasoning_end`` on the prompt),
+and the constraint then applies from the first token, as vLLM's does; the server reads the
+same ``PromptEnd`` to send that answer as content.
 """
 
 from __future__ import annotations
@@ -21,14 +27,53 @@ import torch
 
 
 @dataclass(frozen=True)
+class PromptEnd:
+    """Whether a prompt's ids already end the reasoning, by one parser's rule: read back
+    from the prompt's last id, an ``end_ids`` id (an end marker, or a tool-call opener
+    that ends it implicitly) says yes; a ``start_id`` (the reasoning opened again) or a
+    ``turn_ids`` id (the current turn's start: an earlier turn's markers do not count)
+    says no, as does no marker at all. ``anywhere``: any ``end_ids`` id in the prompt says
+    yes (Step3's rule)."""
+
+    end_ids: frozenset[int]
+    start_id: int | None = None
+    turn_ids: frozenset[int] = frozenset()
+    anywhere: bool = False
+
+    def ended(self, prompt_ids: list[int]) -> bool:
+        """The rule on ``prompt_ids``; each marker's last place is found by the list's own
+        search (C speed), as a long prompt is read once per request on the event loop."""
+        if self.anywhere:
+            return any(i in prompt_ids for i in self.end_ids)
+        backwards = prompt_ids[::-1]
+        nearest, ended = len(backwards), False
+        for ids, says in ((self.end_ids, True), (self.turn_ids, False),
+                          (() if self.start_id is None else (self.start_id,), False)):
+            for marker in ids:
+                try:
+                    at = backwards.index(marker, 0, nearest)
+                except ValueError:
+                    continue
+                nearest, ended = at, says
+        return ended
+
+
+@dataclass(frozen=True)
 class GrammarGate:
-    """The tokens that open a gated constraint (see the module's docstring)."""
+    """The tokens that open a gated constraint (see the module's docstring); ``prompt``:
+    the rule under which a prompt has already opened it (None: no prompt does)."""
 
     after: frozenset[int]
     at: frozenset[int] = frozenset()
+    prompt: PromptEnd | None = None
 
-    def over(self, grammar: Any) -> GatedGrammar:
-        """``grammar`` (compiled, shared) applied from where this gate opens."""
+    def over(self, grammar: Any, prompts_ids: list[list[int]] = ()) -> Any:
+        """``grammar`` (compiled, shared) applied from where this gate opens: from the
+        first token (``grammar`` itself) where every prompt of ``prompts_ids`` (a chat has
+        one) already ends the reasoning."""
+        if prompts_ids and self.prompt is not None and all(
+                self.prompt.ended(ids) for ids in prompts_ids):
+            return grammar
         return GatedGrammar(grammar, self)
 
 

@@ -20,6 +20,7 @@ from kvledger.engine.errors import NonFiniteLogits
 from kvledger.engine.sampling.bad_words import BadWordsMatcher
 from kvledger.engine.sampling.logprobs import TokenLogprobs, logprobs_of
 from kvledger.engine.sampling.params import SamplingParams
+from kvledger.engine.sampling.penalties import PenaltyCounts
 
 NEG_INF = float("-inf")
 Sampled = tuple[int, TokenLogprobs | None]  # one row's token, and its logprobs if asked
@@ -34,6 +35,7 @@ class Sequence(Protocol):
     output_token_ids: list[int]
     matcher: Any  # its grammar's state (grammar_matcher), or None
     bad_words_matcher: BadWordsMatcher | None  # which of its bad words its output has begun
+    penalty_counts: PenaltyCounts | None  # its penalties' counts, kept by the sampler
 
     def allowed_index(self, device: torch.device) -> torch.Tensor: ...
 
@@ -155,8 +157,10 @@ def process_logits(logits: torch.Tensor, seq: Sequence, eos_token_ids: frozenset
         ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=row.device)
         values = torch.tensor(list(params.logit_bias.values()), dtype=row.dtype, device=row.device)
         row.index_add_(0, ids, values)
-    if params.has_penalties:
-        row = apply_penalties(row, seq.prompt_token_ids, seq.output_token_ids, params)
+    if params.has_penalties:  # counts kept on the sequence: a step reads its new ids only
+        if seq.penalty_counts is None:
+            seq.penalty_counts = PenaltyCounts(seq.prompt_token_ids, vocab)
+        row = seq.penalty_counts.apply(row, seq.output_token_ids, params)
     if seq.bad_words_matcher is not None:  # reads the tokens added since the last step
         banned = seq.bad_words_matcher.banned(seq.output_token_ids)
         if banned:
@@ -174,26 +178,3 @@ def process_logits(logits: torch.Tensor, seq: Sequence, eos_token_ids: frozenset
             masked = row.index_fill(0, torch.tensor(ids, dtype=torch.long, device=row.device), NEG_INF)
             row = torch.where((masked > NEG_INF).any(), masked, row)
     return torch.where((row > NEG_INF).any(), row, logits)  # no sync: a device-side choice
-
-
-def apply_penalties(logits: torch.Tensor, prompt_token_ids: list[int], output_token_ids: list[int],
-                    params: SamplingParams) -> torch.Tensor:
-    """vLLM's penalties on one row ``[vocab]``: repetition over the prompt and output
-    (a seen token's logit divided by the penalty when positive, multiplied when not),
-    then frequency and presence over the output (``logit -= frequency * count +
-    presence * (count > 0)``). The counts are built on the logits' device."""
-    vocab, device = logits.shape[-1], logits.device
-    output = torch.tensor(output_token_ids, dtype=torch.long, device=device)
-    # scatter_add, not bincount: on CUDA bincount reads the largest id back (a sync).
-    counts = torch.zeros(vocab, dtype=torch.long, device=device).scatter_add_(
-        0, output, torch.ones_like(output))
-    if params.repetition_penalty != 1.0:
-        prompt = torch.tensor(prompt_token_ids, dtype=torch.long, device=device)
-        seen = (counts > 0).index_fill_(0, prompt, True)
-        penalty = params.repetition_penalty
-        logits = torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
-    if params.frequency_penalty:
-        logits = logits - params.frequency_penalty * counts
-    if params.presence_penalty:
-        logits = logits - params.presence_penalty * (counts > 0)
-    return logits

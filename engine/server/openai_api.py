@@ -94,6 +94,8 @@ async def serve(request: web.Request, parse, id_prefix: str, whole=answers.whole
                      add_special_tokens=req.special_tokens_added, body_bytes=len(raw),
                      published_salt=req.cache_salt, default_cap=req.default_cap)
     generation = await _submit(state, door, sub, req, tools)
+    if reasoning is not None:  # a chat: one prompt, whose end may end the reasoning
+        reasoning = reasoning.after_prompt(generation.runs[0].prompt_ids)
     client_id = client_id or req.request_id  # the header's, as vLLM's, else the body's
     answer_id = sub.request_id if client_id is None else f"{id_prefix}{client_id}"
     p = answers.Prepared(req, answer_id, generation, timeline, int(time.time()), tools,

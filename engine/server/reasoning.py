@@ -11,11 +11,11 @@ stream sends adds up to what the whole answer holds.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.sampling.grammar_gate import GrammarGate
+from kvledger.engine.sampling.grammar_gate import GrammarGate, PromptEnd
 from kvledger.engine.server.marker_scan import MarkerScan, without
 from kvledger.engine.server.reasoning_rules import RULES, ReasoningRule
 from kvledger.engine.server.think_count import ThinkCount
@@ -38,6 +38,7 @@ class ReasoningTokens:
                                                       repr=False)
     template: str | None = None
     tool_ids: frozenset[int] = frozenset()  # the rule's ``tool_markers`` that are tokens
+    prompt_end: PromptEnd | None = None  # whether a prompt already ends the reasoning
 
     @classmethod
     def of(cls, name: str, tokenizer) -> ReasoningTokens:
@@ -59,9 +60,13 @@ class ReasoningTokens:
         markers = [ids[text] for text in (rule.start, rule.end) if text is not None] + (
             [] if implicit is None else [implicit]) + sorted(tool)
         kept = frozenset(i for i in markers if tokenizer.decode([i]) == "")
-        return cls(name, rule, None if rule.start is None else ids[rule.start],
-                   ids[rule.end], implicit, kept, tokenizer.decode,
-                   getattr(tokenizer, "chat_template", None), tool)
+        start = None if rule.start is None else ids[rule.start]
+        turns = frozenset(token_id for text in rule.turn_markers
+                          if (token_id := _single_token(tokenizer, text)) is not None)
+        prompt_end = PromptEnd(frozenset({ids[rule.end]} | ({implicit} - {None})), start,
+                               turns, rule.prompt_end_anywhere)
+        return cls(name, rule, start, ids[rule.end], implicit, kept, tokenizer.decode,
+                   getattr(tokenizer, "chat_template", None), tool, prompt_end)
 
     def thinking(self, template_kwargs: Mapping[str, Any]) -> bool:
         """Whether a chat rendered with ``template_kwargs`` reasons (the rule's switch:
@@ -81,6 +86,16 @@ class ReasoningPlan:
     include: bool = True
     constrain_reasoning: bool = False
 
+    def after_prompt(self, prompt_ids: list[int]) -> ReasoningPlan:
+        """This plan for an answer that follows ``prompt_ids``: one whose prompt already
+        ends the reasoning (the parser's ``PromptEnd``) is all content, as vLLM's stream
+        reads it, and its constraint applies from the first token (the door reads the
+        same rule off the gate)."""
+        ended = self.tokens.prompt_end
+        if self.thinking and ended is not None and ended.ended(prompt_ids):
+            return replace(self, thinking=False)
+        return self
+
     def splitter(self) -> ReasoningSplitter:
         return ReasoningSplitter(self.tokens, self.thinking)
 
@@ -95,7 +110,8 @@ class ReasoningPlan:
             return None
         t = self.tokens
         return GrammarGate(frozenset({t.end_id}),
-                           frozenset() if t.implicit_id is None else frozenset({t.implicit_id}))
+                           frozenset() if t.implicit_id is None else frozenset({t.implicit_id}),
+                           t.prompt_end)
 
     def usage_details(self, splitters: list[ReasoningSplitter],
                       outputs_ids: list[list[int]]) -> dict[str, int]:

@@ -16,6 +16,11 @@ whitespace is cut (``strips_trailing_space``: the engine's default, which Qwen3'
 turns off), and every token read as reasoning counts but the grammar's other markers
 (``tool_markers``: tool-call markup, text wherever it falls).
 
+A prompt may end the reasoning itself (``prompt_end`` in ``reasoning.py``, vLLM's
+``is_reasoning_end`` on the prompt): read back from its last token, an end marker (or an
+implicit end) says so, a start marker or the current turn's start (``turn_markers``) says
+not; Step3's parser takes an end marker anywhere in it (``prompt_end_anywhere``).
+
 A chat's template variables may turn thinking off (``switch``; a chat that does not think
 is all content, as written, with no reasoning tokens): each switch below is that parser's
 reading of ``chat_template_kwargs``, with the model's chat template where it matters.
@@ -51,6 +56,8 @@ class ReasoningRule:
     switch: Switch | None = None  # None: every chat thinks
     requires: tuple[str, ...] = ()
     tool_markers: tuple[str, ...] = ()  # not counted as reasoning; kept as text if special
+    turn_markers: tuple[str, ...] = ()  # where a prompt's current turn starts, if a token
+    prompt_end_anywhere: bool = False  # an end marker anywhere in the prompt ends it
 
 
 def enable_thinking(kwargs: Mapping[str, Any], _template: str | None) -> bool:
@@ -93,21 +100,24 @@ _R1 = ReasoningRule("<think>", "</think>", "DeepSeek-R1 and its distills",
                     counts_unopened=False)
 _DEEPSEEK_V3 = replace(_R1, models="DeepSeek-V3.1 and later", switch=thinking_opt_in)
 _QWEN3 = ReasoningRule("<think>", "</think>", "Qwen3", implicit_end="<tool_call>",
-                       drops_late_end=True, switch=enable_thinking, tool_markers=("</tool_call>",))
+                       drops_late_end=True, switch=enable_thinking, tool_markers=("</tool_call>",),
+                       turn_markers=("<|im_start|>", "<|im_end|>"))
 _GLM = ReasoningRule("<think>", "</think>", "GLM-4.5 and later", implicit_end="<tool_call>",
                      reopens=True, drops_late_end=True, strips_trailing_space=True,
-                     switch=glm_thinking, tool_markers=("</tool_call>",))
+                     switch=glm_thinking, tool_markers=("</tool_call>",),
+                     turn_markers=("<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"))
 
 RULES: dict[str, ReasoningRule] = {
     "deepseek_r1": _R1,
     "deepseek_v3": _DEEPSEEK_V3,
     "holo2": replace(_DEEPSEEK_V3, models="Holo2", switch=thinking_or_enable_thinking),
     "poolside_v1": replace(_DEEPSEEK_V3, models="Poolside's Laguna",
-                           requires=("<assistant>",)),
+                           requires=("<assistant>",), turn_markers=("<assistant>",)),
     "qwen3": _QWEN3,
     "mimo": replace(_QWEN3, models="MiMo"),
     "seed_oss": replace(_QWEN3, start="<seed:think>", end="</seed:think>", models="Seed-OSS",
-                        implicit_end="<seed:tool_call>", tool_markers=("</seed:tool_call>",)),
+                        implicit_end="<seed:tool_call>", tool_markers=("</seed:tool_call>",),
+                        turn_markers=("<seed:bos>", "<seed:eos>")),
     # Step-3.5's template always opens <think> and has no switch
     "step3p5": replace(_QWEN3, models="Step-3.5", strips_trailing_space=True, switch=None),
     "glm45": _GLM,
@@ -123,7 +133,7 @@ RULES: dict[str, ReasoningRule] = {
                                 implicit_end="<minimax:tool_call>", drops_late_end=True,
                                 strips_trailing_space=True, tool_markers=("</minimax:tool_call>",)),
     # Step3ReasoningParser: everything before the first </think> is reasoning, as written
-    "step3": ReasoningRule(None, "</think>", "Step3"),
+    "step3": ReasoningRule(None, "</think>", "Step3", prompt_end_anywhere=True),
     # Magistral: the answer is content until [THINK]; [TOOL_CALLS] is its one call marker
     "mistral": ReasoningRule("[THINK]", "[/THINK]", "Magistral", implicit_end="[TOOL_CALLS]",
                              starts_in_reasoning=False, reopens=True, drops_late_end=True,

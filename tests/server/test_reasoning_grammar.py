@@ -11,7 +11,7 @@ import json
 import jsonschema
 import pytest
 from _server_helpers import model_name, start_app, stop_app
-from test_reasoning_http import ASK, llm, think_dir  # noqa: F401 (fixtures)
+from test_reasoning_http import ASK, llm, qwen_llm, think_dir  # noqa: F401 (fixtures)
 
 SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "blue"]}},
           "required": ["color"], "additionalProperties": False}
@@ -85,15 +85,17 @@ async def test_the_schema_constrains_the_content_not_the_reasoning(
     await stop_app(client)
 
 
-async def test_a_required_tool_call_follows_qwen3s_reasoning(aiohttp_client, llm):  # noqa: F811
-    """``<tool_call>`` ends Qwen3's reasoning and is the call grammar's first token."""
-    raws = await _raws(aiohttp_client, llm, "<tool_call>", bias=6, tools=TOOLS,
+async def test_a_required_tool_call_follows_qwen3s_reasoning(
+        aiohttp_client, qwen_llm):  # noqa: F811
+    """``<tool_call>`` ends Qwen3's reasoning and is the call grammar's first token (in
+    Qwen3's layout: the system turn's ``<tool_call>`` example is not the answer's turn)."""
+    raws = await _raws(aiohttp_client, qwen_llm, "<tool_call>", bias=6, tools=TOOLS,
                        tool_choice="none")
-    opening = llm.tokenizer.token_to_id("<tool_call>")
-    client = await start_app(aiohttp_client, llm, reasoning_parser="qwen3")
+    opening = qwen_llm.tokenizer.token_to_id("<tool_call>")
+    client = await start_app(aiohttp_client, qwen_llm, reasoning_parser="qwen3")
     for seed, (_, raw_ids) in zip(SEEDS, raws, strict=True):
         assert opening in raw_ids  # the bias ends the reasoning within the cap
-        body = _body(client, llm, seed, "<tool_call>", bias=6, tools=TOOLS,
+        body = _body(client, qwen_llm, seed, "<tool_call>", bias=6, tools=TOOLS,
                      tool_choice="required", max_tokens=120)
         answer = await (await client.post("/v1/chat/completions", json=body)).json()
         choice = answer["choices"][0]
@@ -119,4 +121,49 @@ async def test_a_marker_the_constraint_refuses_ends_the_answer(
     assert choice["finish_reason"] == "grammar", answer
     assert not choice["message"]["content"] and not choice["message"]["reasoning"]
     assert answer["usage"]["completion_tokens"] == 0
+    await stop_app(client)
+
+
+PREFILLED = [*ASK, {"role": "assistant", "content": "<think>\nblue light\n</think>\n\n"}]
+
+
+@pytest.mark.parametrize("parser", ["deepseek_r1", "qwen3"])
+async def test_a_prompt_that_ends_the_reasoning_is_answered_in_content(
+        aiohttp_client, llm, parser):  # noqa: F811
+    """An assistant turn whose reasoning is written and closed, continued: the prompt ends
+    the reasoning (vLLM's ``is_reasoning_end`` on the prompt), so the schema applies from
+    the first token and the answer is content, whole and streamed, with no reasoning."""
+    client = await start_app(aiohttp_client, llm, reasoning_parser=parser)
+    valid = 0
+    for seed in SEEDS:
+        for stream in (False, True):
+            body = {"model": model_name(client), "messages": PREFILLED, "max_tokens": 60,
+                    "seed": seed, "temperature": 1.0, "response_format": FORMAT,
+                    "continue_final_message": True, "add_generation_prompt": False,
+                    "stream": stream}
+            if stream:
+                body["stream_options"] = {"include_usage": True}
+            response = await client.post("/v1/chat/completions", json=body)
+            assert response.status == 200, await response.text()
+            if stream:
+                events = [json.loads(line[6:]) for line in (await response.text()).splitlines()
+                          if line.startswith("data: {")]
+                deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+                reasoning = "".join(d.get("reasoning") or "" for d in deltas)
+                content = "".join(d.get("content") or "" for d in deltas)
+                finish = [e["choices"][0]["finish_reason"] for e in events if e["choices"]][-1]
+                usage = events[-1]["usage"]
+            else:
+                answer = await response.json()
+                choice = answer["choices"][0]
+                reasoning, content = (choice["message"]["reasoning"] or "",
+                                      choice["message"]["content"] or "")
+                finish, usage = choice["finish_reason"], answer["usage"]
+            assert reasoning == "", (seed, stream, reasoning)
+            assert usage["completion_tokens_details"]["reasoning_tokens"] == 0
+            assert content.strip()
+            if finish == "stop":
+                jsonschema.validate(json.loads(content), SCHEMA)
+                valid += 1
+    assert valid >= 6  # most answers complete their JSON within the cap
     await stop_app(client)

@@ -27,6 +27,29 @@ def llm(think_dir):
     return make_llm(think_dir, max_model_len=512, num_gpu_blocks_override=128)
 
 
+# Qwen3's layout: ChatML turns, the tools and a <tool_call> example in the system turn. Its
+# turn markers are tokens, as in Qwen3's tokenizer, so the example is an earlier turn's and
+# does not end the reasoning (vLLM's is_reasoning_end on the prompt stops at <|im_start|>).
+QWEN_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n# Tools\n\n<tools>\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n\n"
+    "For each function call, return a json object within <tool_call></tool_call> XML "
+    "tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}"
+    "\n</tool_call><|im_end|>\n{% endif %}"
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def qwen_llm(tiny_llama_dir, tmp_path_factory):
+    """The tiny model with Qwen3's markers, its turn markers and its chat layout."""
+    model = with_added_tokens(tiny_llama_dir, tmp_path_factory.mktemp("qwen") / "model",
+                              [*MARKERS, "<|im_start|>", "<|im_end|>"])
+    (model / "chat_template.jinja").write_text(QWEN_TEMPLATE)
+    return make_llm(model, max_model_len=512, num_gpu_blocks_override=128)
+
+
 def _body(client, llm, seed: int, **extra):
     tok = llm.tokenizer
     allowed = [tok.token_to_id(m) for m in ("<think>", "</think>")] + tok.encode(

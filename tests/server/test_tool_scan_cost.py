@@ -1,12 +1,9 @@
 """A tool-call reader's steps cost what they add, however long the call: counted by the
 characters each step reads of the text so far, not timed. hermes' arguments that end in
 a long run of spaces (held back: it may be the last of them) are not looked back over
-each step; qwen3_coder's arguments are still read again from their start each step
-(strict xfail: the known cost left)."""
+each step; qwen3_coder's arguments are read on from where the last step stopped."""
 
 from __future__ import annotations
-
-import pytest
 
 from kvledger.engine.server.tools.parsers import ArgumentsDelta, CallScanner, ToolCall
 
@@ -67,9 +64,6 @@ def test_content_spaces_add_up():
     assert (content, calls) == _whole("hermes", text) == ("a" + " " * SPACES + "b", [])
 
 
-@pytest.mark.xfail(strict=True, reason="qwen3_coder's arguments are read again from their "
-                   "start each step (xml_arguments.XmlArguments.advance takes the whole raw "
-                   "arguments): a step costs the arguments' length so far")
 def test_qwen3_coder_arguments_are_read_once():
     text = ("<tool_call>\n<function=write>\n<parameter=text>\n" + "why " * 1000
             + "\n</parameter>\n</function>\n</tool_call>")

@@ -93,6 +93,6 @@ def content_until(scanner, text: str, markers: tuple[str, ...], final: bool,
 def held(text: str, pos: int, marker: str) -> int:
     """The length of ``text[pos:]``'s longest end that begins ``marker``."""
     for n in range(min(len(marker) - 1, len(text) - pos), 0, -1):
-        if marker.startswith(text[-n:]):
+        if text.endswith(marker[:n]):  # (not a slice of the text: a step reads no copy)
             return n
     return 0

@@ -44,61 +44,64 @@ def _dump(value: Any) -> str:
 
 
 class XmlArguments:
-    """One call's parameters, read from its argument text (``advance``: all of it so
-    far) as it grows. ``properties``: the schemas of the declared function's parameters
+    """One call's parameters, read from its argument text (``advance``: the answer's text
+    so far and where the arguments lie in it: read on from where the last step stopped,
+    never sliced out whole) as it grows. ``properties``: the schemas of the declared function's parameters
     ({} for an undeclared function: every value stays a string)."""
 
     def __init__(self, properties: dict[str, Any]) -> None:
         self._properties = properties
         self._values: dict[str, Any] = {}  # closed parameters' values, as typed
         self._closed = ""       # their JSON members, joined
-        self._head_from = 0     # where the next parameter's opening may begin
+        self._head_from: int | None = None  # where the next parameter's opening may begin
         self._open: tuple[str, int] | None = None  # the open parameter: name, value start
         self._close_from = 0    # where its closing tag may begin
         self._value = ""        # its value given out so far (JSON-escaped, unquoted)
         self._value_end = 0     # where that value ends in the text
         self._sent = ""         # the JSON given out so far
 
-    def advance(self, raw: str, final: bool) -> str:
-        """What more of the arguments' JSON ``raw`` gives out; with ``final`` (the call
-        is over), all the rest."""
-        self._read(raw)
+    def advance(self, text: str, start: int, stop: int, final: bool) -> str:
+        """What more of the arguments' JSON ``text[start:stop]`` gives out; with ``final``
+        (the call is over), all the rest. Each call's ``start`` is the last one's."""
+        if self._head_from is None:  # the first step: the arguments begin at ``start``
+            self._head_from = self._close_from = self._value_end = start
+        self._read(text, stop)
         if final:
             values = dict(self._values)
             if self._open is not None:
-                named = _OPEN_NAME.match(raw, raw.index("=", self._head_from) + 1)
+                named = _OPEN_NAME.match(text, text.index("=", self._head_from, stop) + 1, stop)
                 if named and named.group(1) not in values:  # vLLM's name for an open one
                     values[named.group(1)] = self._typed(named.group(1),
-                                                         _trim(raw[self._open[1]:]))
+                                                         _trim(text[self._open[1]:stop]))
             text = _dump(values)
         else:
-            text = self._prefix(raw)
+            text = self._prefix(text, stop)
         if not text.startswith(self._sent) or len(text) <= len(self._sent):
             return ""
         more, self._sent = text[len(self._sent):], text
         return more
 
-    def _read(self, raw: str) -> None:
-        """Close every parameter whose end is in ``raw``, and find the open one."""
+    def _read(self, raw: str, stop: int) -> None:
+        """Close every parameter whose end is in ``raw[:stop]``, and find the open one."""
         while True:
             if self._open is None:
-                found = _HEAD_START.search(raw, self._head_from)
+                found = _HEAD_START.search(raw, self._head_from, stop)
                 if found is None:
-                    last = raw.rfind("<", self._head_from)
-                    self._head_from = last if last >= 0 else len(raw)
+                    last = raw.rfind("<", self._head_from, stop)
+                    self._head_from = last if last >= 0 else stop
                     return
                 self._head_from = found.start()
-                head = _HEAD.match(raw, found.start())
+                head = _HEAD.match(raw, found.start(), stop)
                 if head is None:  # no '>' yet
                     return
                 self._open = (head.group(1), head.end())
                 self._close_from = self._value_end = head.end()
                 self._value = ""
             name, start = self._open
-            close = _CLOSE.search(raw, self._close_from)
+            close = _CLOSE.search(raw, self._close_from, stop)
             if close is None:
-                last = raw.rfind("<", self._close_from)
-                self._close_from = last if last >= 0 else len(raw)
+                last = raw.rfind("<", self._close_from, stop)
+                self._close_from = last if last >= 0 else stop
                 return
             if name not in self._values:
                 value = self._values[name] = self._typed(name, _trim(raw[start:close.start()]))
@@ -110,7 +113,7 @@ class XmlArguments:
         schema = self._properties.get(name)
         return value if schema is None else coerced(value, schema)
 
-    def _prefix(self, raw: str) -> str:
+    def _prefix(self, raw: str, stop: int) -> str:
         """The JSON so far that no later text can change."""
         text = "{" + self._closed
         if self._open is not None:
@@ -118,15 +121,15 @@ class XmlArguments:
             if name and name not in self._values:  # (an empty name: given at the end)
                 text += (", " if self._closed else "") + f"{_dump(name)}: "
                 if string_only(self._properties.get(name)):
-                    text += '"' + self._stable_value(raw, start)
+                    text += '"' + self._stable_value(raw, start, stop)
         return text if len(text) > 1 else ""
 
-    def _stable_value(self, raw: str, start: int) -> str:
+    def _stable_value(self, raw: str, start: int, stop: int) -> str:
         """The open value's part that stays, JSON-escaped: its first newline trimmed, and
         held back a ``<`` that may yet begin a tag and a last newline that may be the
         template's. Each call's is the last one's and more."""
-        end = len(raw)
-        if self._close_from < end and _MAY_CLOSE.fullmatch(raw, self._close_from):
+        end = stop
+        if self._close_from < end and _MAY_CLOSE.fullmatch(raw, self._close_from, stop):
             end = self._close_from  # (the last '<' after the value's start, if any)
         first = start + 1 if raw.startswith("\n", start) else start
         if end > first and raw[end - 1] == "\n":

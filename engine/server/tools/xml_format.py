@@ -99,7 +99,7 @@ def _name(scanner, text: str, final: bool, out: list[Piece]) -> bool:
     open_.state = XmlArguments(scanner.properties(name))
     if end is None or args_at is None:  # </function>, or the end of the text: no arguments
         open_.span = None
-        _end_call(scanner, open_, "", True, out)
+        _end_call(scanner, open_, "", 0, 0, True, out)
         scanner.pos = len(text) if end is None else end + len(FUNCTION_END)
         scanner.mode = "between" if end is not None else "content"
         return end is not None
@@ -131,7 +131,7 @@ def _arguments(scanner, text: str, final: bool, out: list[Piece]) -> bool:
     over = end >= 0 or final
     raw_end = end if end >= 0 else len(text) if final else \
         len(text) - held(text, open_.at, FUNCTION_END)
-    _end_call(scanner, open_, text[open_.at:raw_end], over, out)
+    _end_call(scanner, open_, text, open_.at, raw_end, over, out)
     if not over:
         scanner.pos = raw_end
         return False
@@ -140,8 +140,9 @@ def _arguments(scanner, text: str, final: bool, out: list[Piece]) -> bool:
     return end >= 0
 
 
-def _end_call(scanner, open_: OpenCall, raw: str, over: bool, out: list[Piece]) -> None:
-    more = open_.state.advance(raw, over)
+def _end_call(scanner, open_: OpenCall, text: str, start: int, stop: int, over: bool,
+              out: list[Piece]) -> None:
+    more = open_.state.advance(text, start, stop, over)
     if more and open_.call is not None:
         out.append(Arguments(open_.call, more))
     if over:

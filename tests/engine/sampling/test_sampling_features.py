@@ -18,7 +18,8 @@ from kvledger.engine.core.sequence import Sequence
 from kvledger.engine.errors import BadInput
 from kvledger.engine.sampling.logprobs import logprobs_of
 from kvledger.engine.sampling.params import SamplingParams
-from kvledger.engine.sampling.sampler import apply_penalties, process_logits
+from kvledger.engine.sampling.penalties import PenaltyCounts
+from kvledger.engine.sampling.sampler import process_logits
 
 NEG_INF = float("-inf")
 PROMPT = [17, 300, 42, 901, 77, 5, 640, 12, 250, 99, 1000, 3, 64, 128, 511]
@@ -65,6 +66,10 @@ def greedy(**kwargs) -> SamplingParams:
 
 
 # -- the processing functions, on small tensors ------------------------------------------
+
+def apply_penalties(logits, prompt, output, params):
+    return PenaltyCounts(prompt, logits.shape[-1]).apply(logits, output, params)
+
 
 def test_penalties_follow_vllms_formulas():
     logits = torch.tensor([2.0, -1.0, 0.5, 3.0, -2.0])
