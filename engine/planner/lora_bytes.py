@@ -11,6 +11,11 @@ engine's ``model/lora.py`` allocates from it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvledger.engine.checkpoint.contents import ModelShape
+
 # The projections an adapter may target: PEFT's module name -> the block that holds it.
 LORA_TARGETS = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
                 "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
@@ -37,3 +42,11 @@ def lora_slot_bytes(shapes: dict[str, tuple[int, int]], num_layers: int, max_lor
                     max_lora_rank: int, dtype_bytes: int) -> int:
     """Bytes of the A and B stacks of every projection of every layer."""
     return max_loras * adapter_elements(shapes, num_layers, max_lora_rank) * dtype_bytes
+
+
+def model_slot_bytes(shape: ModelShape, max_loras: int, max_lora_rank: int,
+                     dtype_bytes: int) -> int:
+    """What ``--enable-lora`` preallocates for a model of ``shape``."""
+    shapes = module_shapes(shape.hidden_size, shape.num_attention_heads, shape.num_kv_heads,
+                           shape.head_dim, shape.intermediate_size)
+    return lora_slot_bytes(shapes, shape.num_layers, max_loras, max_lora_rank, dtype_bytes)

@@ -44,7 +44,7 @@ from kvledger.engine.planner.limit import (
     limit_warnings,
     resolve_limit,
 )
-from kvledger.engine.planner.lora_bytes import lora_slot_bytes, module_shapes
+from kvledger.engine.planner.lora_bytes import model_slot_bytes
 from kvledger.engine.planner.pool import (
     ENGINE_RULE,
     KVGeometry,
@@ -247,7 +247,8 @@ def _classes(config: EngineConfig, device: DeviceMemory, measured: Measured,
                          + estimates.comm_buffer_bytes(device.kind,
                                                        tp * config.pipeline_parallel_size))
         + (config.grammar_cache_bytes if on_cpu or device.unified else 0),
-        "lora": _lora_bytes(config, shape, dtype_bytes),  # the adapter slots; 0 without LoRA
+        "lora": (model_slot_bytes(shape, config.max_loras, config.max_lora_rank, dtype_bytes)
+                 if config.enable_lora else 0),  # the adapter slots
     }
 
 
@@ -285,16 +286,6 @@ def _geometry_fields(geometry: KVGeometry, num_blocks: int) -> dict[str, object]
             "layers_per_block": geometry.layers_per_block,
             "bytes_per_seq": geometry.blocks_per_seq * geometry.bytes_per_block,
             "groups": geometry.groups, "sequences": num_blocks // geometry.blocks_per_seq}
-
-
-def _lora_bytes(config: EngineConfig, shape: ModelShape, dtype_bytes: int) -> int:
-    """What ``--enable-lora`` preallocates: ``planner/lora_bytes.py``."""
-    if not config.enable_lora:
-        return 0
-    shapes = module_shapes(shape.hidden_size, shape.num_attention_heads, shape.num_kv_heads,
-                           shape.head_dim, shape.intermediate_size)
-    return lora_slot_bytes(shapes, shape.num_layers, config.max_loras, config.max_lora_rank,
-                           dtype_bytes)
 
 
 def _pick(measured_value: int | None, estimate: int) -> int:
