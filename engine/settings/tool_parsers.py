@@ -11,9 +11,9 @@ in it. The others are refused until a reader of their format is written.
 
 from __future__ import annotations
 
-TOOL_PARSERS = ("deepseek_v3", "deepseek_v31", "hermes", "kimi_k2", "llama3_json",
-                "llama4_json", "llama4_pythonic", "mistral", "pythonic", "qwen3_coder",
-                "qwen3_json", "qwen3_xml")
+TOOL_PARSERS = ("deepseek_v3", "deepseek_v31", "glm45", "glm47", "hermes", "kimi_k2",
+                "llama3_json", "llama4_json", "llama4_pythonic", "mistral", "pythonic",
+                "qwen3_coder", "qwen3_json", "qwen3_xml")
 
 
 def _unread(fmt: str) -> str:
@@ -39,8 +39,6 @@ REFUSED_TOOL_PARSERS = {
     "functiongemma": _unread("FunctionGemma's <start_function_call>call:NAME{...} calls"),
     "gemma4": _unread("Gemma 4's tool-call channel"),
     "gigachat3": _unread("GigaChat 3's 'function call' JSON"),
-    "glm45": _unread(_ARG_TAGS.format("GLM-4.5's <tool_call>")),
-    "glm47": _unread(_ARG_TAGS.format("GLM-4.7's <tool_call>")),
     "granite": _unread("Granite's <|tool_call|> JSON lists"),
     "granite-20b-fc": _unread("Granite 20B's <function_call> objects"),
     "granite4": _unread("Granite 4's <tool_call> JSON, read beside its content segments"),

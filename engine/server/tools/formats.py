@@ -1,12 +1,13 @@
 """Each ``--tool-call-parser`` name: the reader of its calls (``READERS``: the JSON family
 in ``json_formats``, qwen3_coder's XML in ``xml_format``, the Python lists in
-``pythonic_format``, DeepSeek's in ``deepseek_format``, Kimi's in ``kimi_format``), the
+``pythonic_format``, DeepSeek's in ``deepseek_format``, Kimi's in ``kimi_format``, GLM's
+in ``glm_format``), the
 ids its calls get (Kimi's reader gives its own), and the markers its tokenizers may hold
 as special tokens.
 
 vLLM 0.32's other names for the same reader are served as such: ``qwen3_json`` is
 hermes, ``llama4_json`` is llama3_json, ``qwen3_xml`` is qwen3_coder (one class each in
-its registry).
+its registry), and ``glm47`` is glm45 (vLLM maps both names to one parser).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from kvledger.engine.server.tools.call_pieces import (
 )
 from kvledger.engine.server.tools.deepseek_format import MARKERS as DEEPSEEK_MARKERS
 from kvledger.engine.server.tools.deepseek_format import deepseek_v3, deepseek_v31
+from kvledger.engine.server.tools.glm_format import MARKERS as GLM_MARKERS
+from kvledger.engine.server.tools.glm_format import glm45
 from kvledger.engine.server.tools.json_formats import (
     ARGS,
     HERMES_END,
@@ -53,6 +56,7 @@ READERS: dict[str, Reader] = {
     "pythonic": pythonic, "llama4_pythonic": llama4_pythonic,
     "deepseek_v3": deepseek_v3, "deepseek_v31": deepseek_v31,
     "kimi_k2": kimi_k2,
+    "glm45": glm45, "glm47": glm45,
 }
 # kvledger's first parsers kept OpenAI's shape of id; vLLM 0.32 gives every parser's
 # calls chatcmpl-tool-<16 hex> (Mistral's its own 9 characters).
@@ -71,4 +75,5 @@ CONTROL_TOKENS: dict[str, tuple[str, ...]] = {
     "pythonic": (), "llama4_pythonic": (),
     "deepseek_v3": DEEPSEEK_MARKERS, "deepseek_v31": DEEPSEEK_MARKERS,
     "kimi_k2": KIMI_MARKERS,
+    "glm45": GLM_MARKERS, "glm47": GLM_MARKERS,
 }

@@ -4,11 +4,14 @@ write a call's arguments one by one rather than as a JSON object:
 - qwen3_coder (``qwen3_xml``): ``<tool_call>\\n<function=NAME>\\n``, each parameter as
   ``<parameter=KEY>\\nVALUE\\n</parameter>\\n``, ``</function>\\n</tool_call>``; several
   calls apart by a newline (Qwen3-Coder's chat template's layout);
+- glm45 (``glm47``): ``<tool_call>NAME\\n``, each parameter as
+  ``<arg_key>KEY</arg_key>\\n<arg_value>VALUE</arg_value>\\n``, ``</tool_call>``; several
+  calls apart by a newline (GLM-4.5's chat template's layout);
 - pythonic (``llama4_pythonic``): ``[NAME(KEY=VALUE, ...), ...]``.
 
 Each declared property in the schema's order, the required ones always, the others when
 the model chooses; no other key. A value is ``%json`` of its property's schema, except
-qwen3_coder's strings, written bare (``raw_strings``). Read back as vLLM reads these
+qwen3_coder's and GLM's strings, written bare (``raw_strings``). Read back as vLLM reads these
 formats (a string parameter stays the text written, others take their schema's type; a
 Python literal becomes its JSON), the arguments are valid against the schema. What the
 format cannot write so, a schema or a name, is a 400 naming it.
@@ -23,7 +26,7 @@ from typing import Any
 
 from kvledger.engine.server.tools.lark_text import json_value, lark, rule
 from kvledger.engine.server.tools.protocol import Tool
-from kvledger.engine.server.tools.raw_strings import Unsupported, lexemes
+from kvledger.engine.server.tools.raw_strings import GLM_ENDS, Unsupported, lexemes
 from kvledger.engine.server.tools.schema_types import schema_types
 from kvledger.engine.server.validation import Refusal
 
@@ -48,7 +51,8 @@ def xml_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int]) ->
             items.append((item, required))
             head = text(f"<parameter={key}>\n")
             if "string" in schema_types(schema):
-                token, definition = _bare_string(f"V_{n}_{k}", schema, _where(i, name, key))
+                token, definition = _bare_string(f"V_{n}_{k}", schema, _where(i, name, key),
+                                                 "qwen3_coder")
                 lines += [f"{item}: {head} {token} " + text("\n"), *definition]
             else:
                 lines += [f"{item}: " + rule(head, f"v_{n}_{k}", text("\n</parameter>\n")),
@@ -56,6 +60,33 @@ def xml_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int]) ->
         body, more = _in_order(f"a_{n}", items, "")
         lines += [f"call_{n}: " + rule(text(f"<tool_call>\n<function={name}>\n"), body,
                                        text("</function>\n</tool_call>")), *more]
+    lines.insert(1, "call: " + " | ".join(f"call_{n}" for n in range(len(tools))))
+    return "\n".join(lines) + "\n"
+
+
+def glm_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int]) -> str:
+    text = functools.partial(lark, specials=specials)
+    lines = ["start: call" + (f' ({text(chr(10))} call)*' if parallel else "")]
+    for n, (i, tool) in enumerate(tools):
+        name = tool.function.name
+        params, defs = _parameters(tool, i, "glm45", _glm_key)
+        items = []
+        for k, (key, schema, required) in enumerate(params):
+            item = f"p_{n}_{k}"
+            items.append((item, required))
+            head = text(f"<arg_key>{key}</arg_key>\n<arg_value>")
+            close = text("</arg_value>")
+            if "string" in schema_types(schema):
+                # (the closing tag outside the value's token: a marker may be a special token)
+                token, definition = _bare_string(f"V_{n}_{k}", schema, _where(i, name, key),
+                                                 "glm45", GLM_ENDS, "")
+                lines += [f"{item}: " + rule(head, token, close, text("\n")), *definition]
+            else:
+                lines += [f"{item}: " + rule(head, f"v_{n}_{k}", close, text("\n")),
+                          f"v_{n}_{k}: " + json_value({**defs, **_dict(schema)})]
+        body, more = _in_order(f"a_{n}", items, "")
+        lines += [f"call_{n}: " + rule(text(f"<tool_call>{name}\n"), body,
+                                       text("</tool_call>")), *more]
     lines.insert(1, "call: " + " | ".join(f"call_{n}" for n in range(len(tools))))
     return "\n".join(lines) + "\n"
 
@@ -80,6 +111,7 @@ def pythonic_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int
 
 
 PARAM_GRAMMARS = {"qwen3_coder": xml_calls_grammar, "qwen3_xml": xml_calls_grammar,
+                  "glm45": glm_calls_grammar, "glm47": glm_calls_grammar,
                   "pythonic": pythonic_calls_grammar, "llama4_pythonic": pythonic_calls_grammar}
 
 
@@ -119,6 +151,12 @@ def _xml_key(key: str) -> str | None:
     return None
 
 
+def _glm_key(key: str) -> str | None:
+    if not key or key != key.strip() or "<" in key or ">" in key:
+        return "a glm45 parameter's name has no '<' or '>' and neither begins nor ends blank"
+    return None
+
+
 def _python_key(key: str) -> str | None:
     if not _python_name(key):
         return "a pythonic call's keyword argument is a Python name (not a keyword)"
@@ -133,15 +171,17 @@ def _dict(schema: Any) -> dict[str, Any]:
     return schema if isinstance(schema, dict) else {"allOf": [schema]}
 
 
-def _bare_string(token: str, schema: Any, where: str) -> tuple[str, list[str]]:
-    """The token of a string parameter's bare value (and its closing tag)."""
+def _bare_string(token: str, schema: Any, where: str, fmt: str,
+                 *ending: str) -> tuple[str, list[str]]:
+    """The token of a string parameter's bare value (and its closing tag: ``ending``,
+    the format's ``lexemes`` ends and close, qwen3_coder's when none)."""
     types = schema_types(schema)
     try:
         if types - {"string", "null"}:
             raise Unsupported(f"a string beside {sorted(types - {'string', 'null'})}")
-        return lexemes(token, schema)
+        return lexemes(token, schema, *ending)
     except Unsupported as exc:
-        raise Refusal(f"{where}: a qwen3_coder string is written bare, constrained by "
+        raise Refusal(f"{where}: a {fmt} string is written bare, constrained by "
                       f"type, enum, const, pattern, minLength, maxLength and anyOf/oneOf "
                       f"of those; not by {exc}", "tools") from None
 

@@ -59,6 +59,7 @@ class CallScanner:
         self.pos = 0
         self.open: OpenCall | None = None
         self.mode = "start"
+        self.state: Any = None  # a format's own reading of the answer (GLM's held content)
         self._spaces: list[str] = []  # whitespace-only content held back, as it came
         self._kept: dict[int, int] = {}  # id() of each call given out -> its index
         self.calls: list[ToolCall] = []
@@ -84,6 +85,11 @@ class CallScanner:
         """The schemas of the parameters of the declared function ``name`` ({} if none)."""
         properties = self._schemas.get(name, {}).get("properties")
         return properties if isinstance(properties, dict) else {}
+
+    def declares(self, name: str) -> bool:
+        """Whether a call to ``name`` is one of the request's tools (any is, when it gave
+        none): the formats vLLM checks names for (glm45) make no call to another."""
+        return not self._schemas or name in self._schemas
 
     def index_of(self, call: ToolCall | ArgumentsDelta) -> int | None:
         """The index in the answer of a call this scanner gave out (OpenAI's delta index)."""

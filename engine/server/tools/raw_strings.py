@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvledger.engine.server.tools.lark_text import rule
+
 ANY_TEXT = "(?s:.*)"
-# What would end a value before its own closing tag, as vLLM's reading finds them.
-_ENDS_VALUE = r"<\s*\/\s*parameter\s*>|<\s*parameter\s*=|<\/function>"
-NOT_ENDING = f"~/{ANY_TEXT}(?:{_ENDS_VALUE}){ANY_TEXT}/"
+# What would end a value before its own closing tag, as vLLM's reading finds them:
+# qwen3_coder's (the default), GLM's.
+XML_ENDS = r"<\s*\/\s*parameter\s*>|<\s*parameter\s*=|<\/function>"
+GLM_ENDS = r"<\/arg_value>|<\/tool_call>"
 _DESCRIBING = frozenset({"title", "description", "default", "examples", "$comment",
                          "deprecated", "readOnly", "writeOnly"})
 _STRING_KEYS = _DESCRIBING | {"type", "enum", "const", "pattern", "minLength", "maxLength"}
@@ -111,12 +114,15 @@ def _slashes_escaped(regex: str) -> str:
     return "".join(out)
 
 
-def lexemes(name: str, schema: Any) -> tuple[str, list[str]]:
-    """The token ``name`` of a bare value of ``schema`` and its closing tag, and the
-    lines defining it and its alternatives."""
+def lexemes(name: str, schema: Any, ends: str = XML_ENDS,
+            close: str = '"\\n</parameter>"') -> tuple[str, list[str]]:
+    """The token ``name`` of a bare value of ``schema`` and its closing tag (``close``, a
+    Lark sequence of text: "" when the caller writes it), and the lines defining it and its alternatives; the value never holds
+    a match of ``ends`` (a regex of what would end it early)."""
+    not_ending = f"~/{ANY_TEXT}(?:{ends}){ANY_TEXT}/"
     lines, options = [], []
     for j, regexes in enumerate(string_branches(schema)):
         option = f"{name}_{j}"
         options.append(option)
-        lines.append(f"{option}: " + " & ".join(f"/{r}/" for r in regexes) + f" & {NOT_ENDING}")
-    return name, [f'{name}: ({" | ".join(options)}) "\\n</parameter>"', *lines]
+        lines.append(f"{option}: " + " & ".join(f"/{r}/" for r in regexes) + f" & {not_ending}")
+    return name, [rule(f'{name}: ({" | ".join(options)})', close), *lines]
