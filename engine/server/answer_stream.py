@@ -153,7 +153,7 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
                 choice.output_ids = output.token_ids
                 thought, delta = choice.splitter.feed(output.text, output.token_ids,
                                                       output.finished)
-                content_text = choice.splitter.content
+                content_text = choice.splitter.content if choice.scanner is not None else ""
                 if not split.include:
                     thought = ""
                 if not p.shows_logprobs:

@@ -16,8 +16,9 @@ from typing import Any
 
 from kvledger.engine.errors import BadInput
 from kvledger.engine.sampling.grammar_gate import GrammarGate, PromptEnd
-from kvledger.engine.server.marker_scan import MarkerScan, without
+from kvledger.engine.server.marker_scan import MarkerLook, MarkerScan, without
 from kvledger.engine.server.reasoning_rules import RULES, ReasoningRule
+from kvledger.engine.server.text_pieces import TextPieces
 from kvledger.engine.server.think_count import ThinkCount
 
 
@@ -146,8 +147,7 @@ class ReasoningSplitter:
         self.tokens = tokens
         self.splits = thinking  # a chat that does not think is all content, as written
         self.in_reasoning = thinking and tokens.rule.starts_in_reasoning
-        self.reasoning = ""
-        self.content = ""
+        self._reasoning, self._content = TextPieces(), TextPieces()
         self.reasoning_tokens = 0  # output tokens read as reasoning (markers not counted)
         self._ids_seen = 0
         self._text_seen = 0
@@ -155,6 +155,7 @@ class ReasoningSplitter:
         self._space: list[str] = []
         self._scans: dict[int, MarkerScan] = {}  # each marker's tokens found in the text
         self.think_count = ThinkCount()  # the base rule's reasoning_tokens, read on
+        self._look = MarkerLook()  # the next marker's id: a waiting step looks on
 
     def feed(self, text: str, ids: list[int], final: bool) -> tuple[str, str]:
         """The reasoning and the content that ``text`` and ``ids`` add. A marker whose id
@@ -177,16 +178,24 @@ class ReasoningSplitter:
             self.in_reasoning = not self.in_reasoning
         if final:
             self._space = []  # the reasoning's end: its trailing whitespace is cut
-        self.reasoning += reasoning
-        self.content += content
+        self._reasoning.add(reasoning)
+        self._content.add(content)
         return reasoning, content
+
+    @property
+    def reasoning(self) -> str:
+        """All the reasoning handed out (joined when read: a stream reads its pieces)."""
+        return self._reasoning.text()
+
+    @property
+    def content(self) -> str:
+        return self._content.text()
 
     def _reasoning_step(self, text: str, ids: list[int], final: bool) -> _Step | None:
         """Reasoning up to its end marker (dropped) or implicit end (kept for the content),
         or all of it; None to wait for a marker's text."""
         t, i, p = self.tokens, self._ids_seen, self._text_seen
-        cut = next((k for k in range(i, len(ids)) if ids[k] in (t.end_id, t.implicit_id)),
-                   None)
+        cut = self._look.first(ids, i, (t.end_id, t.implicit_id))
         if cut is None:
             if not final and self._places(text, ids, t.rule.start, t.start_id, i,
                                                  len(ids)) is None:
@@ -209,21 +218,22 @@ class ReasoningSplitter:
         t, rule, i, p = self.tokens, self.tokens.rule, self._ids_seen, self._text_seen
         if not self.splits:
             return len(ids), max(p, len(text)), text[p:], False
-        opener = next((k for k in range(i, len(ids)) if ids[k] == t.start_id), None) \
-            if rule.reopens else None
+        opener = self._look.first(ids, i, (t.start_id,)) if rule.reopens else None
         stop, at = len(ids), len(text)
         if opener is not None:
             places = self._places(text, ids, rule.start, t.start_id, opener, opener + 1)
             if places is None and not final:
                 return None
             stop, at = opener, len(text) if places is None else places[0]
+        places = self._places(text, ids, rule.end, t.end_id, i, stop) \
+            if rule.drops_late_end else []
+        if places is None and not final:
+            return None  # the reasoning is sent, the content waits
         piece = text[p:at]
-        if rule.drops_late_end and t.end_id in ids[i:stop]:
-            places = self._places(text, ids, rule.end, t.end_id, i, stop)
-            if places is None and not final:
-                return None  # the reasoning is sent, the content waits
-            piece = piece.replace(rule.end, "", ids[i:stop].count(t.end_id)) \
-                if places is None else without(piece, [x - p for x in places], len(rule.end))
+        if places is None:  # cut off (a stop string): the markers' texts as counted
+            piece = piece.replace(rule.end, "", ids[i:stop].count(t.end_id))
+        elif places:
+            piece = without(piece, [x - p for x in places], len(rule.end))
         if opener is None:
             return len(ids), max(p, len(text)), piece, False
         return opener + 1, min(len(text), at + len(rule.start)), piece, True
@@ -251,8 +261,9 @@ class ReasoningSplitter:
         passed over, so a reasoning that writes ``</think>`` as text is not cut there. The
         text may lag its ids (a stop string's possible start is held back), so each
         marker's place is found from the output's start, once: ``MarkerScan`` keeps how
-        far, so an answer's markers cost their output's length once, not once a step."""
-        if marker is None or marker_id not in ids[first:end]:
+        far, so an answer's markers cost their output's length once, not once a step (nor
+        once a step while one's text is awaited)."""
+        if marker is None or marker_id is None:
             return []
         scan = self._scans.get(marker_id) or self._scans.setdefault(marker_id,
                                                                   MarkerScan(marker_id))

@@ -39,6 +39,7 @@ from kvledger.engine.server.responses_answer import (
     text_part,
 )
 from kvledger.engine.server.state import ServerState
+from kvledger.engine.server.text_pieces import TextPieces
 from kvledger.engine.server.tools.parsers import ArgumentsDelta, ToolCall
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class _Events:
         self.sequence = 0
         self.output: list[dict[str, Any]] = []  # closed items, in order
         self.open: dict[str, Any] | None = None  # the item being written
-        self.text = ""
+        self.text = TextPieces()  # the open item's text
         self.logprobs: list[dict[str, Any]] | None = None
         self.call: ToolCall | None = None
 
@@ -70,7 +71,7 @@ class _Events:
     async def content(self, delta: str, logprobs: list[dict[str, Any]] | None) -> None:
         if self.open is None or self.open["type"] != "message":
             await self.open_message(logprobs is not None)
-        self.text += delta
+        self.text.add(delta)
         if logprobs is not None and self.logprobs is not None:
             self.logprobs += logprobs
         await self.send("response.output_text.delta", output_index=self.index,
@@ -79,7 +80,8 @@ class _Events:
 
     async def open_message(self, with_logprobs: bool) -> None:
         await self.close()
-        self.open, self.text = message_item(item_id("msg"), "", None, "in_progress"), ""
+        self.open = message_item(item_id("msg"), "", None, "in_progress")
+        self.text = TextPieces()
         self.logprobs = [] if with_logprobs else None
         await self.send("response.output_item.added", output_index=self.index, item=self.open)
         await self.send("response.content_part.added", output_index=self.index,
@@ -90,12 +92,13 @@ class _Events:
         an empty ``reasoning_text`` part)."""
         if self.open is None or self.open["type"] != "reasoning":
             await self.close()
-            self.open, self.text = reasoning_item(item_id("rs"), None, "in_progress"), ""
+            self.open, self.text = reasoning_item(item_id("rs"), None, "in_progress"), \
+                TextPieces()
             await self.send("response.output_item.added", output_index=self.index,
                             item=self.open)
             await self.send("response.content_part.added", output_index=self.index,
                             item_id=self.open["id"], content_index=0, part=reasoning_part(""))
-        self.text += delta
+        self.text.add(delta)
         await self.send("response.reasoning_text.delta", output_index=self.index,
                         item_id=self.open["id"], content_index=0, delta=delta)
 
@@ -110,22 +113,22 @@ class _Events:
 
     async def close(self) -> None:
         """The open item's closing events; it joins ``output``."""
-        item = self.open
+        item, text = self.open, self.text.text()
         if item is None:
             return
         if item["type"] == "message":
-            part = text_part(self.text, self.logprobs)
+            part = text_part(text, self.logprobs)
             await self.send("response.output_text.done", output_index=self.index,
-                            item_id=item["id"], content_index=0, text=self.text, logprobs=[])
+                            item_id=item["id"], content_index=0, text=text, logprobs=[])
             await self.send("response.content_part.done", output_index=self.index,
                             item_id=item["id"], content_index=0, part=part)
-            item = message_item(item["id"], self.text, self.logprobs)
+            item = message_item(item["id"], text, self.logprobs)
         elif item["type"] == "reasoning":
             await self.send("response.reasoning_text.done", output_index=self.index,
-                            item_id=item["id"], content_index=0, text=self.text)
+                            item_id=item["id"], content_index=0, text=text)
             await self.send("response.content_part.done", output_index=self.index,
-                            item_id=item["id"], content_index=0, part=reasoning_part(self.text))
-            item = reasoning_item(item["id"], self.text)
+                            item_id=item["id"], content_index=0, part=reasoning_part(text))
+            item = reasoning_item(item["id"], text)
         else:
             item = call_item(item["id"], self.call)
             await self.send("response.function_call_arguments.done", output_index=self.index,
@@ -168,7 +171,7 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
             content_text = sent_text
             if splitter is not None:  # the step's reasoning first, then its content (vLLM's)
                 thought, delta = splitter.feed(output.text, output.token_ids, output.finished)
-                content_text = splitter.content
+                content_text = splitter.content if scanner is not None else ""
                 if thought and p.reasoning.include:
                     await events.reasoning(thought)
             pieces = [delta] if scanner is None else scanner.feed(content_text,

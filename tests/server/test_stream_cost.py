@@ -109,3 +109,17 @@ def test_a_text_that_does_not_go_on_from_what_was_sent_adds_nothing():
     assert added_text("", "hi") == "hi" and added_text("same", "same") == ""
     assert added_text("hello world", "hello") is None  # shorter: taken back
     assert added_text("hello", "jello there") is None  # changed at the seam
+
+
+def test_a_splitters_texts_are_joined_when_read_not_each_step():
+    """4,000 steps of reasoning and content: the splitter keeps their pieces and joins
+    them once, when read (a string attribute's ``+=`` copied the whole text each step);
+    what it reads back is the whole answer's split."""
+    text = "<think>" + "why" * 2000 + "</think>" + "blue" * 1000
+    splitter = ReasoningPlan(ReasoningTokens.of("deepseek_r1", TOK)).splitter()
+    ids = TOK.encode(text)
+    for n in range(1, len(ids) + 1):
+        splitter.feed(TOK.decode(ids[:n]), ids[:n], final=n == len(ids))
+    assert len(splitter._reasoning._pieces) > 1000 and len(splitter._content._pieces) > 1000
+    assert (splitter.reasoning, splitter.content) == ("why" * 2000, "blue" * 1000)
+    assert len(splitter._reasoning._pieces) == len(splitter._content._pieces) == 1

@@ -1,7 +1,9 @@
 """A tool-call reader's steps cost what they add, however long the call: counted by the
 characters each step reads of the text so far, not timed. hermes' arguments that end in
 a long run of spaces (held back: it may be the last of them) are not looked back over
-each step; qwen3_coder's arguments are read on from where the last step stopped."""
+each step; qwen3_coder's arguments are read on from where the last step stopped; a JSON
+call's head (``{"name": ..., "arguments": ``) is read on from where the last step
+stopped, not again from its ``{``."""
 
 from __future__ import annotations
 
@@ -70,3 +72,21 @@ def test_qwen3_coder_arguments_are_read_once():
     content, calls, read = _streamed("qwen3_coder", text, step=4)
     assert (content, calls) == _whole("qwen3_coder", text)
     assert read <= 4 * len(text), read
+
+
+HEADS = {  # a long run of whitespace, then a long name, before the arguments
+    "hermes": '<tool_call>\n{' + " " * SPACES + '"name": "' + "w" * SPACES
+              + '", "arguments": {"text": "a"}}\n</tool_call>',
+    "llama3_json": '{' + "\n" * SPACES + '"name": "' + "w" * SPACES
+                   + '", "parameters": {"text": "a"}}',
+}
+
+
+def test_a_call_head_is_read_on_not_again():
+    """4,000 spaces and a 4,000-character name before a call's arguments, a character a
+    step: each read about once (read again from the ``{`` each step: 8,000 x 8,001)."""
+    for parser, text in HEADS.items():
+        content, calls, read = _streamed(parser, text)
+        assert (content, calls) == _whole(parser, text)
+        assert calls == [["w" * SPACES, '{"text": "a"}']], parser
+        assert read <= 4 * len(text), (parser, read)

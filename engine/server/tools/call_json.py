@@ -1,6 +1,6 @@
 """A call's JSON read as the model writes it, for ``formats``.
 
-``read_head`` reads the head of a call object, ``{"name": "...", "arguments": `` (the order
+``CallHead`` reads the head of a call object, ``{"name": "...", "arguments": `` (the order
 every format's own examples write), as soon as it is complete, so a stream can send the
 name before the arguments exist. ``ArgumentsSpan`` then follows the arguments object as it
 grows: its end is the bracket that closes it, counted outside strings. ``read_call`` and
@@ -30,52 +30,78 @@ def literal_at(text: str, i: int, literal: str) -> int | Literal[False] | None:
     of it (more may make it); False when it is not there."""
     if text.startswith(literal, i):
         return i + len(literal)
-    return None if literal.startswith(text[i:]) else False
+    return None if literal.startswith(text[i:i + len(literal)]) else False
 
 
-def read_head(text: str, i: int, keys: tuple[str, ...] = ARGUMENTS_KEYS
-              ) -> tuple[str, int] | Literal[False] | None:
-    """``{"name": "<name>", "<key>": {`` at ``text[i]``: the name and the position of the
-    arguments' ``{``; None while the text so far may yet become it; False when it cannot."""
-    name = None
-    for step in ("{", '"name"', ":", _STRING, ",", _KEY, ":", "{"):
-        i = skip_space(text, i)
-        if i == len(text):
-            return None
-        if step is _STRING:
-            end = _string_end(text, i)
-            if end is None or end is False:
-                return end
-            try:
-                name = json_text.loads(text[i:end])
-            except ValueError:
+class CallHead:
+    """``{"name": "<name>", "<key>": {`` read from a call's ``{`` at ``at`` as the text
+    grows. Each ``read`` goes on from where the last stopped (the parts read, and inside
+    the name how far, and whether after a backslash), so a model that writes a long run
+    of whitespace or a long name before the arguments costs its length once, not once a
+    step."""
+
+    _PARTS = ("{", '"name"', ":", _STRING, ",", _KEY, ":", "{")
+
+    def __init__(self, at: int, keys: tuple[str, ...] = ARGUMENTS_KEYS) -> None:
+        self._pos = at
+        self._part = 0
+        self._keys = [f'"{k}"' for k in keys]
+        self._name_at: int | None = None  # the name's opening quote, once there
+        self._escaped = False
+        self._name_text = ""
+        self._result: tuple[str, int] | Literal[False] | None = None
+
+    def read(self, text: str) -> tuple[str, int] | Literal[False] | None:
+        """The name and the position of the arguments' ``{``; None while the text so far
+        (the same text, grown) may yet become it; False when it cannot."""
+        while self._result is None and self._part < len(self._PARTS):
+            part = self._PARTS[self._part]
+            if self._name_at is None:
+                self._pos = skip_space(text, self._pos)
+                if self._pos == len(text):
+                    return None
+            if part is _STRING:
+                if not self._name(text):
+                    return self._result
+                continue
+            found = [literal_at(text, self._pos, option)
+                     for option in (self._keys if part is _KEY else [part])]
+            if any(found):
+                self._pos, self._part = next(f for f in found if f), self._part + 1
+            elif any(f is None for f in found):
+                return None
+            else:
+                self._result = False
+        if self._result is None:
+            self._result = self._name_text, self._pos - 1
+        return self._result
+
+    def _name(self, text: str) -> bool:
+        """Read on in the name's JSON string; True once it is read (False: not yet, or
+        ``_result`` says it cannot be)."""
+        if self._name_at is None:
+            if text[self._pos] != '"':
+                self._result = False
                 return False
-            i = end
-            continue
-        options = [f'"{k}"' for k in keys] if step is _KEY else [step]
-        found = [literal_at(text, i, option) for option in options]
-        if any(found):
-            i = next(f for f in found if f)
-        elif any(f is None for f in found):
-            return None
-        else:
-            return False
-    return name, i - 1
-
-
-def _string_end(text: str, i: int) -> int | Literal[False] | None:
-    """The position after the JSON string at ``text[i]``; None: not closed yet."""
-    if text[i] != '"':
+            self._name_at, self._pos = self._pos, self._pos + 1
+        j, escaped = self._pos, self._escaped
+        while j < len(text):
+            c = text[j]
+            j += 1
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                try:
+                    self._name_text = json_text.loads(text[self._name_at:j])
+                except ValueError:
+                    self._result = False
+                    return False
+                self._pos, self._part, self._name_at = j, self._part + 1, None
+                return True
+        self._pos, self._escaped = j, escaped
         return False
-    escaped = False
-    for j in range(i + 1, len(text)):
-        if escaped:
-            escaped = False
-        elif text[j] == "\\":
-            escaped = True
-        elif text[j] == '"':
-            return j + 1
-    return None
 
 
 class ArgumentsSpan:

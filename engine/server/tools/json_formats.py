@@ -22,10 +22,10 @@ import string
 
 from kvledger.engine.server.tools.call_json import (
     ArgumentsSpan,
+    CallHead,
     json_calls,
     literal_at,
     read_call,
-    read_head,
     skip_space,
 )
 from kvledger.engine.server.tools.call_pieces import (
@@ -50,7 +50,9 @@ def _head(scanner, open_: OpenCall, text: str, final: bool, out: list[Piece],
           stop: str | None = None) -> bool | None:
     """Read the call's head: True once named (the call given out); None: wait for more;
     False: not written ``{"name": ..., "arguments": {`` (or never finished)."""
-    head = read_head(text, open_.at)
+    if open_.state is None:  # read on from step to step until named
+        open_.state = CallHead(open_.at)
+    head = open_.state.read(text)
     if head is None:
         return False if final else None
     if head is False:
