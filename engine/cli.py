@@ -16,8 +16,8 @@ import os
 import sys
 from importlib.metadata import entry_points, version
 
-from kvledger.engine.errors import EXIT_BAD_INPUT, BadInput, KvledgerError
-from kvledger.engine.settings.launch_line import vllm_argv
+from kvledger.engine.errors import EXIT_BAD_INPUT, KvledgerError
+from kvledger.engine.settings.launch_line import LaunchLineParser, vllm_argv
 
 # The engine's own commands: name -> module.
 ENGINE_COMMANDS: dict[str, str] = {
@@ -50,25 +50,10 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
-class _OneLineErrorParser(argparse.ArgumentParser):
-    """Bad flags are bad input like any other: one ``error:`` line and exit 2, no usage dump.
-
-    No abbreviations: ``--max-num-seq 8`` must not silently mean ``--max-num-seqs``, and a
-    prefix that is unique today would change meaning when a flag is added.
-    """
-
-    def __init__(self, *args, **kwargs) -> None:
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str):
-        raise BadInput(f"{self.prog}: {message} (see {self.prog} --help)")
-
-
 def build_parser(name: str) -> argparse.ArgumentParser:
     """The parser of one subcommand; only that subcommand's module is imported."""
     module = importlib.import_module(commands()[name])
-    parser = _OneLineErrorParser(prog=f"kvledger {name}", description=module.HELP)
+    parser = LaunchLineParser(prog=f"kvledger {name}", description=module.HELP)
     module.add_arguments(parser)
     parser.set_defaults(_module=module)
     return parser

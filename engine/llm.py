@@ -7,22 +7,28 @@ for all or one each), ``tokenization_kwargs`` (``add_special_tokens``), and for 
 its template options (``chat_template``, ``add_generation_prompt``,
 ``continue_final_message``, ``tools``, ``chat_template_kwargs``,
 ``chat_template_content_format``). What kvledger does not do (images, audio) is BadInput.
+``LLM(...)`` takes vLLM's engine arguments as ``kvledger serve`` takes the flags
+(``settings/llm_args.py``); ``sleep``, ``wake_up`` and ``reset_prefix_cache`` are the
+server's sleep endpoints' calls (``frontend/sleeping.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine, Mapping
 from collections.abc import Sequence as Seq
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from kvledger.engine.checkpoint.hub.uri import model_reference
 from kvledger.engine.core.engine import LLMEngine
 from kvledger.engine.core.outputs import RequestOutput
 from kvledger.engine.errors import BadInput
 from kvledger.engine.frontend.door import FrontDoor, LineOptions, Submission
+from kvledger.engine.model.chat_template import checked_template
 from kvledger.engine.sampling.params import SamplingParams
-from kvledger.engine.settings.config import EngineConfig
 from kvledger.engine.settings.flag_values import CONTENT_FORMATS
+from kvledger.engine.settings.llm_args import config_from_kwargs
 from kvledger.engine.settings.lora_config import LoRARequest
 from kvledger.engine.settings.structured_outputs_config import StructuredOutputsConfig
 
@@ -33,23 +39,23 @@ _MULTIMODAL_KEYS = ("multi_modal_data", "mm_processor_kwargs", "multi_modal_uuid
 
 
 class LLM:
-    """An engine in this process. ``flags`` are EngineConfig's fields (vLLM's names),
-    e.g. ``LLM("/models/x", max_model_len=512, max_num_seqs=8, device="cpu")``, and
-    vLLM's ``structured_outputs_config`` (a dict of its keys or a
-    ``StructuredOutputsConfig``: how ``SamplingParams.structured_outputs`` writes JSON)."""
+    """An engine in this process. ``engine_args`` are vLLM's engine arguments, read as
+    ``kvledger serve`` reads the same flags (``settings/llm_args.py``): kvledger's own
+    (``max_model_len``, ``device``, ...) do what their flags do, vLLM's others are read,
+    accepted as changing nothing, or refused with the flag's reason; a flag of the HTTP
+    server's is refused as serve's. ``structured_outputs_config`` (a dict of vLLM's keys or
+    a ``StructuredOutputsConfig``) says how ``SamplingParams.structured_outputs`` writes
+    JSON; ``chat_template`` (a file or the template, as ``--chat-template``) is ``chat``'s
+    when it is given none."""
 
-    def __init__(self, model: str, structured_outputs_config: Any = None, **flags) -> None:
-        resolved = model_reference(str(model))  # a bare ORG/NAME is a hub model, as in vLLM
-        if resolved != str(model):
-            flags.setdefault("served_model_name", str(model))
+    def __init__(self, model: str, structured_outputs_config: Any = None,
+                 chat_template: str | None = None, **engine_args: Any) -> None:
         outputs = (StructuredOutputsConfig() if structured_outputs_config is None
                    else structured_outputs_config
                    if isinstance(structured_outputs_config, StructuredOutputsConfig)
                    else StructuredOutputsConfig.of(structured_outputs_config))
-        try:
-            config = EngineConfig(model=resolved, **flags)
-        except TypeError as exc:
-            raise BadInput(f"unknown engine flag: {exc}") from None
+        self._chat_template = None if chat_template is None else checked_template(chat_template)
+        config = config_from_kwargs(model, engine_args)
         if config.kv_events_config is not None and config.kv_events_config.enabled:
             raise BadInput("kv_events_config: KV events are published by a server for its "
                            "router (kvledger serve --kv-events-config), not by LLM")
@@ -57,6 +63,33 @@ class LLM:
         # Its line uncapped: every prompt waits its turn.
         self._door = FrontDoor(self.engine, LineOptions(structured_outputs=outputs))
         self._counter = 0
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """vLLM's: give the device memory back (needs ``enable_sleep_mode=True``), as the
+        server's ``POST /sleep`` does (``frontend/sleeping.py``): level 1 moves the weights
+        to host memory and frees the KV pool, 2 frees the weights too (waking reads them
+        again), 0 frees nothing; the prefix cache is emptied. Between calls nothing runs, so
+        every ``mode`` (vLLM's ``abort``, ``wait``, ``keep``) is the same; ``generate``
+        raises EngineSleeping until ``wake_up``."""
+        if mode not in ("abort", "wait", "keep"):
+            raise BadInput(f"mode={mode!r}: vLLM's modes are abort, wait and keep")
+        _run(self._sleep_gate().sleep(level))
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        """vLLM's: take back what ``tags`` name (``weights``, ``kv_cache``; None: all); True
+        once all is back."""
+        return _run(self._sleep_gate().wake(tags))
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False,
+                           reset_connector: bool = False) -> bool:
+        """vLLM's: nothing cached is found again (no request runs between calls)."""
+        self._door.reset_prefix_cache()
+        return True
+
+    def _sleep_gate(self):
+        if self._door.sleep is None:
+            raise BadInput("sleep and wake_up need LLM(..., enable_sleep_mode=True)")
+        return self._door.sleep
 
     def get_tokenizer(self):
         return self.engine.tokenizer
@@ -86,7 +119,7 @@ class LLM:
         tokenizer = self.engine.tokenizer
         # The template writes the BOS token itself.
         prompts = [tokenizer.apply_chat_template(
-            list(c), add_generation_prompt, tools, template=chat_template,
+            list(c), add_generation_prompt, tools, template=chat_template or self._chat_template,
             kwargs=chat_template_kwargs, continue_final_message=continue_final_message,
             content=chat_template_content_format) for c in conversations]
         return self.generate(prompts, sampling_params, lora_request, priority,
@@ -120,19 +153,29 @@ class LLM:
         priorities = _each(priority, int | None, len(prompts), "priorities")
         add_special = _add_special_tokens(tokenization_kwargs)
         door, runs, texts = self._door, {}, {}
-        for prompt, p, lora, urgency in zip(prompts, params, loras, priorities, strict=True):
-            self._counter += 1
-            request_id = f"llm-{self._counter}"
-            runs[request_id] = door.prepare(Submission(
-                request_id, [prompt], p, lora=lora, priority=urgency,
-                add_special_tokens=True if add_special is None else add_special))
-            if isinstance(prompt, str):
-                texts[request_id] = prompt
-        with _progress(use_tqdm, len(runs)) as tick:
-            finished = door.run_offline(runs, tick)
+        # Asleep (LLM.sleep): EngineSleeping before anything is checked, as the server's.
+        with door.sleep.entry() if door.sleep is not None else contextlib.nullcontext():
+            for prompt, p, lora, urgency in zip(prompts, params, loras, priorities,
+                                                strict=True):
+                self._counter += 1
+                request_id = f"llm-{self._counter}"
+                runs[request_id] = door.prepare(Submission(
+                    request_id, [prompt], p, lora=lora, priority=urgency,
+                    add_special_tokens=True if add_special is None else add_special))
+                if isinstance(prompt, str):
+                    texts[request_id] = prompt
+            with _progress(use_tqdm, len(runs)) as tick:
+                finished = door.run_offline(runs, tick)
         for request_id, text in texts.items():
             finished[request_id].prompt = text
         return [finished[request_id] for request_id in runs]
+
+
+def _run(work: Coroutine[Any, Any, Any]) -> Any:
+    """The sleep gate's coroutine to its end, on a thread of its own: the caller may be
+    inside an event loop already (a notebook), where ``asyncio.run`` is refused."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, work).result()
 
 
 def _listed(prompts: Any) -> list[Any]:

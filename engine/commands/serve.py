@@ -15,44 +15,27 @@ import sys
 from kvledger.engine.checkpoint.hub.cache import offline_snapshot
 from kvledger.engine.checkpoint.hub.uri import is_hub_uri, parse_uri
 from kvledger.engine.errors import BadInput
-from kvledger.engine.model.chat_template import compiled, template_argument
+from kvledger.engine.model.chat_template import checked_template
 from kvledger.engine.server.serve import serve
 from kvledger.engine.server.state import ServeOptions
 from kvledger.engine.server.tenants import read_tenants_file
-from kvledger.engine.settings.config_flags import add_engine_flags, config_from_args
-from kvledger.engine.settings.declare import add_setting_flags, values_from_args
-from kvledger.engine.settings.node_config import add_node_flags, nodes_from_args
+from kvledger.engine.settings.config_flags import add_serve_flags, config_from_args
+from kvledger.engine.settings.declare import values_from_args
+from kvledger.engine.settings.node_config import nodes_from_args
 from kvledger.engine.settings.serve_config import ServeConfig
-from kvledger.engine.settings.vllm_flags import add_vllm_flags
 
 HELP = "plan (measured), load the model and serve HTTP"
 
 
-def _chat_template(value: str) -> str:
-    """--chat-template's template, read and compiled now: a bad one exits 2 before the
-    server listens."""
-    source = template_argument(value)
-    try:
-        compiled(source)
-    except BadInput as exc:
-        raise BadInput(f"--chat-template: {exc}") from None
-    return source
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The engine's flags, vLLM's multi-node ones, serve's own (one per ``ServeConfig``
-    field: the "server" and "the OpenAI API" groups), then vLLM's others."""
-    add_engine_flags(parser)
-    add_node_flags(parser)
-    add_setting_flags(parser, ServeConfig, {})
-    add_vllm_flags(parser)
+    add_serve_flags(parser)  # shared with LLM's keyword arguments (settings/llm_args.py)
 
 
 def main(args: argparse.Namespace) -> int:
     serving = ServeConfig(**values_from_args(args, ServeConfig))  # checked: exit 2 at once
     logging.basicConfig(level=serving.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    template = (_chat_template(serving.chat_template) if serving.chat_template is not None
+    template = (checked_template(serving.chat_template) if serving.chat_template is not None
                 else None)
     config = config_from_args(args)
     nodes = nodes_from_args(args, config.tensor_parallel_size * config.pipeline_parallel_size)

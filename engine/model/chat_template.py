@@ -69,6 +69,17 @@ def template_argument(value: str) -> str:
                    f"either (it holds no '{{', '}}' or newline)")
 
 
+def checked_template(value: str) -> str:
+    """``--chat-template``'s (and ``LLM(chat_template=...)``'s) template, read and compiled
+    now: a bad one is BadInput before anything loads."""
+    source = template_argument(value)
+    try:
+        compiled(source)
+    except BadInput as exc:
+        raise BadInput(f"--chat-template: {exc}") from None
+    return source
+
+
 def pick(templates: dict[str, str], tools: bool) -> str | None:
     """The template a chat renders with: the only one, else ``tool_use`` for a request with
     tools (when there is one), else ``default``; None when there is none."""

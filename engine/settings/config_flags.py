@@ -1,6 +1,7 @@
 """The engine's settings from a command line: ``add_engine_flags`` (shared by ``plan``,
 ``preflight``, ``serve`` and ``run``, so the operator can hand the init container and the
-engine container the same argument list) and ``config_from_args``, which reads vLLM's
+engine container the same argument list), ``add_serve_flags`` (serve's, which ``LLM`` reads its
+keyword arguments with) and ``config_from_args``, which reads vLLM's
 positional MODEL and ``--model`` as one setting."""
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from kvledger.engine.settings.compilation_config import graph_settings
 from kvledger.engine.settings.config import EngineConfig
 from kvledger.engine.settings.config_values import WORKLOAD
 from kvledger.engine.settings.declare import add_setting_flags, values_from_args
-from kvledger.engine.settings.vllm_flags import vllm_dest
+from kvledger.engine.settings.node_config import add_node_flags
+from kvledger.engine.settings.serve_config import ServeConfig
+from kvledger.engine.settings.vllm_flags import add_vllm_flags, vllm_dest
 
 
 def add_engine_flags(parser: argparse.ArgumentParser,
@@ -24,6 +27,16 @@ def add_engine_flags(parser: argparse.ArgumentParser,
     workload.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                           help="the model, as `vllm serve MODEL` takes it: the same as --model")
     add_setting_flags(parser, config_type, {WORKLOAD: workload})
+
+
+def add_serve_flags(parser: argparse.ArgumentParser) -> None:
+    """``kvledger serve``'s flags (``LLM`` reads its keyword arguments with them too): the
+    engine's, vLLM's multi-node ones, serve's own (one per ``ServeConfig`` field: the
+    "server" and "the OpenAI API" groups), then vLLM's others."""
+    add_engine_flags(parser)
+    add_node_flags(parser)
+    add_setting_flags(parser, ServeConfig, {})
+    add_vllm_flags(parser)
 
 
 def config_from_args(args: argparse.Namespace,

@@ -16,6 +16,23 @@ from kvledger.engine.errors import BadInput
 from kvledger.engine.settings.dotted_args import merge_dotted
 
 
+class LaunchLineParser(argparse.ArgumentParser):
+    """Bad flags are bad input like any other: one ``error:`` line (BadInput, exit 2), no
+    usage dump, pointing at ``help_command --help`` (default: the parser's ``prog``).
+
+    No abbreviations: ``--max-num-seq 8`` must not silently mean ``--max-num-seqs``, and a
+    prefix that is unique today would change meaning when a flag is added.
+    """
+
+    def __init__(self, *args, help_command: str | None = None, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.help_command = help_command or self.prog
+
+    def error(self, message: str):
+        raise BadInput(f"{self.prog}: {message} (see {self.help_command} --help)")
+
+
 def vllm_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     """A launch line's arguments as argparse should see them, in vLLM's order: its
     ``--config`` file's flags in, names dashed, dotted arguments merged."""
@@ -89,16 +106,26 @@ def config_flags(path: str, parser: argparse.ArgumentParser) -> list[str]:
     flags: list[str] = []
     for key, value in config.items():
         name, dot, keys = str(key).partition(".")  # a dotted key keeps its underscores
-        flag = "--" + name.replace("_", "-") + dot + keys
-        if isinstance(value, bool):
-            if value:
-                flags.append(flag)
-            elif "--no-" + flag[2:] in parser._option_string_actions:
-                flags.append("--no-" + flag[2:])
-        elif isinstance(value, list):
-            flags += [flag, *map(str, value)] if value else []
-        elif isinstance(value, dict):
-            flags += [flag, json.dumps(value)]
-        elif value is not None:
-            flags += [flag, str(value)]
+        flags += flag_arguments("--" + name.replace("_", "-") + dot + keys, value, parser)
     return flags
+
+
+def flag_arguments(flag: str, value: Any, parser: argparse.ArgumentParser) -> list[str]:
+    """One setting as the arguments of ``flag`` (a config file's key, or ``LLM``'s keyword
+    argument): a true boolean -> ``--flag``, a false one -> ``--no-flag`` (when the flag has
+    that form, else nothing: off is every such flag's default); a list, tuple or set ->
+    ``--flag item ...``; a mapping -> ``--flag JSON``; an empty list or mapping, or None,
+    -> nothing (nothing given); anything else -> ``--flag str(value)``."""
+    if isinstance(value, bool):
+        if value:
+            return [flag]
+        off = "--no-" + flag[2:]
+        return [off] if off in parser._option_string_actions else []
+    if value is None or (isinstance(value, list | tuple | set | frozenset | dict) and not value):
+        return []
+    if isinstance(value, list | tuple | set | frozenset):
+        items = sorted(value, key=str) if isinstance(value, set | frozenset) else value
+        return [flag, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in items)]
+    if isinstance(value, dict):
+        return [flag, json.dumps(value)]
+    return [flag, str(value)]

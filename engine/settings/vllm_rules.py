@@ -56,6 +56,7 @@ class Rule:
     parse: Callable[[str], Any] | None = None
     choices: tuple[str, ...] | None = None
     reasons: tuple[tuple[str, str], ...] = ()  # (value, why it is refused)
+    secret: bool = False  # its value is a credential: never echoed in the refusal
 
     @property
     def refused_always(self) -> bool:
@@ -77,8 +78,8 @@ def _only(values: Sequence[str], unsupported: str, why: str,
                 reasons=tuple(sorted((reasons or {}).items())))
 
 
-def _refuse(unsupported: str) -> Rule:
-    return Rule(unsupported=unsupported)
+def _refuse(unsupported: str, secret: bool = False) -> Rule:
+    return Rule(unsupported=unsupported, secret=secret)
 
 
 _ONE_DEVICE = "kvledger serves a model on one machine (its GPUs by --tensor-parallel-size)"
@@ -205,7 +206,7 @@ RULES: dict[str, Rule] = {
                         "hf://ORG/NAME@REVISION names it; a local folder has none",
                         optional_text),
     # Refused with a pointer to what kvledger does instead, or by the feature it lacks.
-    "--hf-token": _refuse("--hf-token: set $HF_TOKEN"),
+    "--hf-token": _refuse("--hf-token: set $HF_TOKEN", secret=True),
     "--enable-reasoning": _refuse("reasoning parsers"),
     "--speculative-config": _refuse("speculative decoding"),
     "--limit-mm-per-prompt": _refuse("multimodal inputs: it serves text"),
@@ -216,7 +217,8 @@ RULES: dict[str, Rule] = {
 
 def refusal(flag: str, values: Sequence[str], rule: Rule | None) -> str:
     """The one line a refused flag ends in: the flag as typed, its value, and why."""
-    given = " ".join([flag, *values])
+    given = " ".join([flag, *(["***"] if rule is not None and rule.secret and values
+                               else values)])
     if rule is None or not rule.unsupported:
         return f"{given}: kvledger does not support vLLM's {flag}"
     names = sorted(rule.accepts)
