@@ -13,7 +13,7 @@ from __future__ import annotations
 
 TOOL_PARSERS = ("deepseek_v3", "deepseek_v31", "glm45", "glm47", "hermes", "kimi_k2",
                 "llama3_json", "llama4_json", "llama4_pythonic", "mistral", "pythonic",
-                "qwen3_coder", "qwen3_json", "qwen3_xml")
+                "qwen3_coder", "qwen3_json", "qwen3_xml", "seed_oss")
 
 
 def _unread(fmt: str) -> str:
@@ -64,7 +64,6 @@ REFUSED_TOOL_PARSERS = {
     "phi4_mini_json": _unread("Phi-4-mini's functools[...] lists"),
     "plamo3": _unread("PLaMo 3's <|plamo:begin_tool_requests:plamo|> calls"),
     "poolside_v1": _unread(_ARG_TAGS.format("Poolside's <tool_call>")),
-    "seed_oss": _unread("Seed-OSS's <seed:tool_call> calls"),
     "step3": _unread("Step 3's <｜tool_calls_begin｜> steptml calls"),
     "step3p5": _unread("Step 3.5's tool calls"),
     "xlam": _unread("xLAM's JSON lists (bare, fenced or tagged)"),

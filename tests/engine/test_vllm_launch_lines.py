@@ -79,6 +79,8 @@ LAUNCH_LINES = [
      ACCEPTED),
     ("GLM-4.7 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser glm47",
      ACCEPTED),
+    ("Seed-OSS tool calling", "{model} --enable-auto-tool-choice --tool-call-parser seed_oss",
+     ACCEPTED),
     ("tool calling: another parser", "{model} --tool-call-parser openai",
      "--tool-call-parser"),
     ("reasoning outputs", "{model} --reasoning-parser deepseek_r1", ACCEPTED),
@@ -226,8 +228,8 @@ def test_version_prints_the_distribution_version(capsys) -> None:
     (["--tool-call-parser", "openai"], "error: --tool-call-parser openai: kvledger "
      "does not support that tool-call parser (only deepseek_v3, deepseek_v31, glm45, glm47, "
      "hermes, kimi_k2, llama3_json, llama4_json, llama4_pythonic, mistral, pythonic, "
-     "qwen3_coder, qwen3_json or qwen3_xml): gpt-oss's calls are Harmony channel messages, which "
-     "kvledger does not parse"),
+     "qwen3_coder, qwen3_json, qwen3_xml or seed_oss): gpt-oss's calls are Harmony channel "
+     "messages, which kvledger does not parse"),
     (["--enable-auto-tool-choice"], "error: --enable-auto-tool-choice requires "
      "--tool-call-parser"),
 ])

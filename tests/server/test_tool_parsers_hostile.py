@@ -38,6 +38,9 @@ REPEATS = {
     "qwen3_coder": ("<tool_call></tool_call>", "<function=a></function>",
                     "<tool_call><function=f>\n<parameter=x>\n1\n</parameter>\n</function>"
                     "</tool_call>", "text <tool_call>"),
+    "seed_oss": ("<seed:tool_call></seed:tool_call>", "<seed:tool_call><function=f>\n"
+                 "<parameter=x>\n1\n</parameter>\n</function></seed:tool_call>",
+                 "<seed:tool_call><tool_call>", "text <seed:tool_call>"),
     "hermes": ("<tool_call></tool_call>", "<tool_call>{}</tool_call>"),
     "mistral": ("[TOOL_CALLS]", "[TOOL_CALLS]f[ARGS]{}"),
     # vLLM's DeepSeek patterns as regexes backtrack over a line of call markers: 32 s to

@@ -7,14 +7,14 @@ once per request, which parser reads the answer back and which grammar constrain
 - ``"required"`` or a named function: the output is constrained by a Lark grammar
   (llguidance, compiled like any structured output) to calls in the model family's own
   format, each naming a declared function with arguments valid against its schema
-  (``%json``; for the formats that write arguments one by one, qwen3_coder, glm45 and
-  pythonic,
+  (``%json``; for the formats that write arguments one by one, qwen3_coder, seed_oss,
+  glm45 and pythonic,
   ``param_grammars``). A named function is called exactly once, as OpenAI and vLLM answer it
   (vLLM constrains the output to that function's arguments); ``"required"`` makes one call
   with ``parallel_tool_calls: false``, else one or more.
 
 The format is ``--tool-call-parser``'s, else the one the model's chat template shows
-(``<function=``: qwen3_coder; ``<tool_call>``: hermes; ``[TOOL_CALLS]``: mistral;
+(``<function=``: qwen3_coder, seed_oss in ``<seed:tool_call>``; ``<tool_call>``: hermes; ``[TOOL_CALLS]``: mistral;
 ``<|python_tag|>``: llama3_json; ``<｜tool▁calls▁begin｜>``: deepseek_v3 when it fences
 the arguments as a json code block, else deepseek_v31; ``<|tool_calls_section_begin|>``:
 kimi_k2; ``<tool_call>`` with ``<arg_key>``: glm45), else hermes. A format's markers that the tokenizer
@@ -121,7 +121,7 @@ def template_parser(chat_template: str | None) -> str:
     if CALLS_BEGIN in template:  # DeepSeek's: V3's wraps the arguments in ```json
         return "deepseek_v3" if "```json" in template else "deepseek_v31"
     if "<function=" in template and "<parameter=" in template:
-        return "qwen3_coder"
+        return "seed_oss" if "<seed:tool_call>" in template else "qwen3_coder"
     if "<tool_call>" not in template and "[TOOL_CALLS]" in template:
         return "mistral"
     if "<tool_call>" not in template and "<|python_tag|>" in template:

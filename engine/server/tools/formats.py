@@ -7,7 +7,8 @@ as special tokens.
 
 vLLM 0.32's other names for the same reader are served as such: ``qwen3_json`` is
 hermes, ``llama4_json`` is llama3_json, ``qwen3_xml`` is qwen3_coder (one class each in
-its registry), and ``glm47`` is glm45 (vLLM maps both names to one parser).
+its registry), and ``glm47`` is glm45 (vLLM maps both names to one parser);
+``seed_oss`` is qwen3_coder's reader with Seed-OSS's wrapper tags.
 """
 
 from __future__ import annotations
@@ -41,7 +42,13 @@ from kvledger.engine.server.tools.json_formats import (
 from kvledger.engine.server.tools.kimi_format import MARKERS as KIMI_MARKERS
 from kvledger.engine.server.tools.kimi_format import kimi_k2
 from kvledger.engine.server.tools.pythonic_format import llama4_pythonic, pythonic
-from kvledger.engine.server.tools.xml_format import TOOL_END, TOOL_START, qwen3_coder
+from kvledger.engine.server.tools.xml_format import (
+    SEED,
+    TOOL_END,
+    TOOL_START,
+    qwen3_coder,
+    seed_oss,
+)
 
 __all__ = ["ARGS", "CALL_IDS", "CONTROL_TOKENS", "READERS", "Arguments", "OpenCall",
            "Piece", "ToolCall"]
@@ -52,7 +59,7 @@ READERS: dict[str, Reader] = {
     "hermes": hermes, "qwen3_json": hermes,
     "llama3_json": llama3_json, "llama4_json": llama3_json,
     "mistral": mistral,
-    "qwen3_coder": qwen3_coder, "qwen3_xml": qwen3_coder,
+    "qwen3_coder": qwen3_coder, "qwen3_xml": qwen3_coder, "seed_oss": seed_oss,
     "pythonic": pythonic, "llama4_pythonic": llama4_pythonic,
     "deepseek_v3": deepseek_v3, "deepseek_v31": deepseek_v31,
     "kimi_k2": kimi_k2,
@@ -72,6 +79,7 @@ CONTROL_TOKENS: dict[str, tuple[str, ...]] = {
     "llama3_json": (PYTHON_TAG,), "llama4_json": (PYTHON_TAG,),
     "mistral": (TOOL_CALLS, ARGS),
     "qwen3_coder": (TOOL_START, TOOL_END), "qwen3_xml": (TOOL_START, TOOL_END),
+    "seed_oss": (SEED.tool_start, SEED.tool_end),
     "pythonic": (), "llama4_pythonic": (),
     "deepseek_v3": DEEPSEEK_MARKERS, "deepseek_v31": DEEPSEEK_MARKERS,
     "kimi_k2": KIMI_MARKERS,

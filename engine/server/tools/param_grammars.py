@@ -3,7 +3,8 @@ write a call's arguments one by one rather than as a JSON object:
 
 - qwen3_coder (``qwen3_xml``): ``<tool_call>\\n<function=NAME>\\n``, each parameter as
   ``<parameter=KEY>\\nVALUE\\n</parameter>\\n``, ``</function>\\n</tool_call>``; several
-  calls apart by a newline (Qwen3-Coder's chat template's layout);
+  calls apart by a newline (Qwen3-Coder's chat template's layout); seed_oss the same in
+  ``<seed:tool_call>``;
 - glm45 (``glm47``): ``<tool_call>NAME\\n``, each parameter as
   ``<arg_key>KEY</arg_key>\\n<arg_value>VALUE</arg_value>\\n``, ``</tool_call>``; several
   calls apart by a newline (GLM-4.5's chat template's layout);
@@ -28,6 +29,7 @@ from kvledger.engine.server.tools.lark_text import json_value, lark, rule
 from kvledger.engine.server.tools.protocol import Tool
 from kvledger.engine.server.tools.raw_strings import GLM_ENDS, Unsupported, lexemes
 from kvledger.engine.server.tools.schema_types import schema_types
+from kvledger.engine.server.tools.xml_format import QWEN3, SEED, XmlTags
 from kvledger.engine.server.validation import Refusal
 
 _DESCRIBING = frozenset({"title", "description", "default", "examples", "$comment",
@@ -39,7 +41,8 @@ _PYTHON_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 Tools = list[tuple[int, Tool]]  # each with its place in the request's 'tools'
 
 
-def xml_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int]) -> str:
+def xml_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int],
+                      tags: XmlTags = QWEN3) -> str:
     text = functools.partial(lark, specials=specials)
     lines = ["start: call" + (f' ({text(chr(10))} call)*' if parallel else "")]
     for n, (i, tool) in enumerate(tools):
@@ -58,8 +61,8 @@ def xml_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int]) ->
                 lines += [f"{item}: " + rule(head, f"v_{n}_{k}", text("\n</parameter>\n")),
                           f"v_{n}_{k}: " + json_value({**defs, **_dict(schema)})]
         body, more = _in_order(f"a_{n}", items, "")
-        lines += [f"call_{n}: " + rule(text(f"<tool_call>\n<function={name}>\n"), body,
-                                       text("</function>\n</tool_call>")), *more]
+        lines += [f"call_{n}: " + rule(text(f"{tags.tool_start}\n<function={name}>\n"), body,
+                                       text(f"</function>\n{tags.tool_end}")), *more]
     lines.insert(1, "call: " + " | ".join(f"call_{n}" for n in range(len(tools))))
     return "\n".join(lines) + "\n"
 
@@ -111,6 +114,7 @@ def pythonic_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int
 
 
 PARAM_GRAMMARS = {"qwen3_coder": xml_calls_grammar, "qwen3_xml": xml_calls_grammar,
+                  "seed_oss": functools.partial(xml_calls_grammar, tags=SEED),
                   "glm45": glm_calls_grammar, "glm47": glm_calls_grammar,
                   "pythonic": pythonic_calls_grammar, "llama4_pythonic": pythonic_calls_grammar}
 

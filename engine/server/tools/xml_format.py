@@ -18,9 +18,15 @@ and ``</tool_call>`` goes back to content; text between those tags that is none 
 call. The text before, between and after calls is content, as vLLM's stream sends it
 (its whole answer drops what follows a call). A call cut off by the end of the text ends
 there: named with what was read of its name, with the parameters written so far.
+
+seed_oss (Seed-OSS) writes the same calls in ``<seed:tool_call>``/``</seed:tool_call>``,
+and vLLM's ``SeedOssParser`` is ``Qwen3Parser`` with those wrapper tags (and
+``<seed:think>``): one reader, given each format's ``XmlTags``.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from kvledger.engine.server.tools.call_pieces import (
     Arguments,
@@ -32,63 +38,93 @@ from kvledger.engine.server.tools.call_pieces import (
 )
 from kvledger.engine.server.tools.xml_arguments import XmlArguments
 
-TOOL_START, TOOL_END = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"
-# The format's other tags, as vLLM's lexer reads them: a '>' that ends one of them is no
-# end of a name.
-_ENDING_IN_GT = (TOOL_START, TOOL_END, FUNCTION_END, "</parameter>", "<think>", "</think>")
-_AFTER = {"preamble": (TOOL_END, FUNCTION), "between": (TOOL_END, TOOL_START, FUNCTION)}
+
+
+@dataclass(frozen=True)
+class XmlTags:
+    """A format's wrapper tags around ``<function=...>`` (and its reasoning tags, which
+    vLLM's lexer also reads: a '>' that ends one is no end of a name)."""
+
+    tool_start: str
+    tool_end: str
+    think_start: str
+    think_end: str
+
+    def ending_in_gt(self) -> tuple[str, ...]:
+        return (self.tool_start, self.tool_end, FUNCTION_END, "</parameter>",
+                self.think_start, self.think_end)
+
+    def after(self, mode: str) -> tuple[str, ...]:
+        """The tags that end the text dropped inside a call's wrapper."""
+        if mode == "preamble":
+            return (self.tool_end, FUNCTION)
+        return (self.tool_end, self.tool_start, FUNCTION)
+
+
+QWEN3 = XmlTags("<tool_call>", "</tool_call>", "<think>", "</think>")
+SEED = XmlTags("<seed:tool_call>", "</seed:tool_call>", "<seed:think>", "</seed:think>")
+TOOL_START, TOOL_END = QWEN3.tool_start, QWEN3.tool_end
 
 
 def qwen3_coder(scanner, text: str, final: bool) -> list[Piece]:
+    return _read(QWEN3, scanner, text, final)
+
+
+def seed_oss(scanner, text: str, final: bool) -> list[Piece]:
+    return _read(SEED, scanner, text, final)
+
+
+def _read(tags: XmlTags, scanner, text: str, final: bool) -> list[Piece]:
     out: list[Piece] = []
     while True:
         mode = scanner.mode
         if mode in ("start", "content"):
-            found = content_until(scanner, text, (TOOL_START, FUNCTION), final, out)
+            found = content_until(scanner, text, (tags.tool_start, FUNCTION), final, out)
             if found is None:
                 return out
-            _open(scanner, *found)
-        elif mode in _AFTER:  # inside <tool_call>, outside a function: text dropped
-            if not _skip_to_tag(scanner, text, _AFTER[mode], final):
+            _open(tags, scanner, *found)
+        elif mode in ("preamble", "between"):  # inside the wrapper, outside a function
+            if not _skip_to_tag(tags, scanner, text, tags.after(mode), final):
                 return out
         elif mode == "name":
-            if not _name(scanner, text, final, out):
+            if not _name(tags, scanner, text, final, out):
                 return out
         elif not _arguments(scanner, text, final, out):
             return out
 
 
-def _open(scanner, at: int, tag: str) -> None:
+def _open(tags: XmlTags, scanner, at: int, tag: str) -> None:
     """``tag`` read at ``at``: into a call (its name next) or ``<tool_call>``'s inside."""
     scanner.pos = at + len(tag)
     if tag == FUNCTION:
         scanner.mode, scanner.open = "name", OpenCall(scanner.pos, at)
-    elif tag == TOOL_START:
+    elif tag == tags.tool_start:
         scanner.mode = "preamble"
     else:
         scanner.mode = "content"
 
 
-def _skip_to_tag(scanner, text: str, tags: tuple[str, ...], final: bool) -> bool:
-    """Past the text before the first of ``tags`` (True once one is read)."""
+def _skip_to_tag(tags: XmlTags, scanner, text: str, ends: tuple[str, ...],
+                 final: bool) -> bool:
+    """Past the text before the first of ``ends`` (True once one is read)."""
     pos = scanner.pos
-    found = min(((at, t) for t in tags if (at := scanner.find(text, t, pos)) >= 0),
+    found = min(((at, t) for t in ends if (at := scanner.find(text, t, pos)) >= 0),
                 default=None)
     if found is not None:
-        _open(scanner, *found)
+        _open(tags, scanner, *found)
         return True
     if final:
         scanner.pos, scanner.mode = len(text), "content"
     else:
-        scanner.pos = len(text) - max(held(text, pos, t) for t in tags)
+        scanner.pos = len(text) - max(held(text, pos, t) for t in ends)
     return False
 
 
-def _name(scanner, text: str, final: bool, out: list[Piece]) -> bool:
+def _name(tags: XmlTags, scanner, text: str, final: bool, out: list[Piece]) -> bool:
     """The call's name: True once read (the call given out if it is not blank)."""
     open_ = scanner.open
-    end, args_at = _name_end(text, scanner.pos, open_.at)
+    end, args_at = _name_end(tags.ending_in_gt(), text, scanner.pos, open_.at)
     if end is None and not final:
         scanner.pos = max(scanner.pos, len(text) - len(FUNCTION_END))  # a tag may be waiting
         return False
@@ -108,13 +144,14 @@ def _name(scanner, text: str, final: bool, out: list[Piece]) -> bool:
     return True
 
 
-def _name_end(text: str, pos: int, start: int) -> tuple[int | None, int | None]:
+def _name_end(ending_in_gt: tuple[str, ...], text: str, pos: int, start: int
+              ) -> tuple[int | None, int | None]:
     """Where the name that begins at ``start`` ends (its '>'s before ``pos`` are all
     other tags'), and where its arguments begin (None: it ends with ``</function>``);
     (None, None) while no end is in ``text``."""
     j = text.find(">", pos)
     while j >= 0:
-        tag = next((t for t in _ENDING_IN_GT if text.startswith(t, j + 1 - len(t))
+        tag = next((t for t in ending_in_gt if text.startswith(t, j + 1 - len(t))
                     and j + 1 - len(t) >= start), None)
         if tag == FUNCTION_END:
             return j + 1 - len(tag), None
