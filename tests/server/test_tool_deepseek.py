@@ -6,10 +6,8 @@ tiny model whose tokenizer holds DeepSeek's markers as added tokens, through the
 from __future__ import annotations
 
 import pytest
-from _server_helpers import make_llm, with_added_tokens
+from _tool_sdk import marker_llm, named_round_trip, required_round_trip
 from _tool_streams import assembled
-from test_tool_calls_sdk import ASK, TOOLS, _streamed
-from test_tool_param_formats_sdk import _calls, _check
 
 from kvledger.engine.server.tools.calls import template_parser
 from kvledger.engine.server.tools.deepseek_format import (
@@ -97,36 +95,15 @@ def test_the_template_chooses_the_format_and_every_vllm_name_is_known() -> None:
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama_dir, tmp_path_factory):
-    out = with_added_tokens(tiny_llama_dir, tmp_path_factory.mktemp("deepseek") / "model",
-                            list(MARKERS))
-    return make_llm(out, max_model_len=1024, num_gpu_blocks_override=256)
+    return marker_llm(tiny_llama_dir, tmp_path_factory, "deepseek", list(MARKERS))
 
 
 @pytest.mark.parametrize("parser", ["deepseek_v3", "deepseek_v31"])
 async def test_required_calls_are_written_and_read_in_deepseek_format(sdk_serve, llm,
                                                                       parser) -> None:
-    name, client = await sdk_serve(tool_call_parser=parser)
-    body = {"model": name, "messages": ASK, "tools": TOOLS, "tool_choice": "required",
-            "max_tokens": 300, "seed": 1, "temperature": 1.0}
-    whole = (await client.chat.completions.create(**body)).choices[0]
-    streamed = await _streamed(client, **body)
-    for choice in (whole, streamed):
-        _check(choice)
-    assert _calls(streamed) == _calls(whole)
-    again = await client.chat.completions.create(**body, logprobs=True)
-    first = again.choices[0].logprobs.content[0].token  # the marker's own token
-    assert llm.tokenizer.token_to_id(first) == llm.tokenizer.added_token_id(CALLS_BEGIN)
+    await required_round_trip(sdk_serve, llm, parser, CALLS_BEGIN)
 
 
 @pytest.mark.parametrize("parser", ["deepseek_v3", "deepseek_v31"])
 async def test_a_named_function_is_called_once(sdk_serve, parser) -> None:
-    name, client = await sdk_serve(tool_call_parser=parser)
-    body = {"model": name, "messages": ASK, "tools": TOOLS, "max_tokens": 200,
-            "tool_choice": {"type": "function", "function": {"name": "get_time"}},
-            "seed": 3, "temperature": 1.0}
-    whole = (await client.chat.completions.create(**body)).choices[0]
-    streamed = await _streamed(client, **body)
-    for choice in (whole, streamed):
-        _check(choice, "stop")
-        assert [c.function.name for c in choice.message.tool_calls] == ["get_time"]
-    assert _calls(streamed) == _calls(whole)
+    await named_round_trip(sdk_serve, parser)

@@ -8,14 +8,12 @@ GLM's markers as added tokens, through the SDK."""
 from __future__ import annotations
 
 import json
-import re
 
-import jsonschema
 import openai
 import pytest
-from _server_helpers import make_llm, with_added_tokens
+from _tool_sdk import VLLM_ID, marker_llm, named_round_trip, required_round_trip
 from _tool_streams import assembled
-from test_tool_calls_sdk import ASK, SCHEMAS, TOOLS, _streamed
+from test_tool_calls_sdk import ASK, TOOLS, _streamed
 
 from kvledger.engine.server.tools.calls import template_parser
 from kvledger.engine.server.tools.glm_format import (
@@ -30,7 +28,6 @@ from kvledger.engine.server.tools.glm_format import (
 from kvledger.engine.server.tools.parsers import CallScanner
 from kvledger.engine.server.tools.protocol import Tool
 
-VLLM_ID = re.compile(r"^chatcmpl-tool-[0-9a-f]{16}$")
 DECLARED = [Tool.model_validate(t) for t in [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {
@@ -113,51 +110,17 @@ def test_the_template_chooses_the_format() -> None:
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama_dir, tmp_path_factory):
-    out = with_added_tokens(tiny_llama_dir, tmp_path_factory.mktemp("glm") / "model",
-                            list(MARKERS))
-    return make_llm(out, max_model_len=1024, num_gpu_blocks_override=256)
-
-
-def _check(choice, finish_reason: str = "tool_calls") -> None:
-    assert choice.finish_reason == finish_reason
-    assert choice.message.tool_calls and not choice.message.content
-    for tool_call in choice.message.tool_calls:
-        assert VLLM_ID.match(tool_call.id), tool_call.id
-        jsonschema.validate(json.loads(tool_call.function.arguments),
-                            SCHEMAS[tool_call.function.name])
-
-
-def _calls(choice) -> list[tuple[str, str]]:
-    return [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    return marker_llm(tiny_llama_dir, tmp_path_factory, "glm", list(MARKERS))
 
 
 @pytest.mark.parametrize("parser", ["glm45", "glm47"])
 async def test_required_calls_are_written_and_read_in_glm_format(sdk_serve, llm,
                                                                  parser) -> None:
-    name, client = await sdk_serve(tool_call_parser=parser)
-    body = {"model": name, "messages": ASK, "tools": TOOLS, "tool_choice": "required",
-            "max_tokens": 300, "seed": 1, "temperature": 1.0}
-    whole = (await client.chat.completions.create(**body)).choices[0]
-    streamed = await _streamed(client, **body)
-    for choice in (whole, streamed):
-        _check(choice)
-    assert _calls(streamed) == _calls(whole)
-    again = await client.chat.completions.create(**body, logprobs=True)
-    first = again.choices[0].logprobs.content[0].token  # the marker's own token
-    assert llm.tokenizer.token_to_id(first) == llm.tokenizer.added_token_id(CALL_START)
+    await required_round_trip(sdk_serve, llm, parser, CALL_START)
 
 
 async def test_a_named_function_is_called_once(sdk_serve) -> None:
-    name, client = await sdk_serve(tool_call_parser="glm47")
-    body = {"model": name, "messages": ASK, "tools": TOOLS, "max_tokens": 200,
-            "tool_choice": {"type": "function", "function": {"name": "get_time"}},
-            "seed": 3, "temperature": 1.0}
-    whole = (await client.chat.completions.create(**body)).choices[0]
-    streamed = await _streamed(client, **body)
-    for choice in (whole, streamed):
-        _check(choice, "stop")
-        assert [c.function.name for c in choice.message.tool_calls] == ["get_time"]
-    assert _calls(streamed) == _calls(whole)
+    await named_round_trip(sdk_serve, "glm47")
 
 
 async def test_auto_reads_what_the_model_wrote(sdk_serve, llm) -> None:

@@ -6,35 +6,17 @@ well-formed)."""
 from __future__ import annotations
 
 import json
-import re
 
-import jsonschema
 import openai
 import pytest
-from _server_helpers import make_llm, with_added_tokens
-from test_tool_calls_sdk import ASK, SCHEMAS, TOOLS, _streamed
-
-VLLM_ID = re.compile(r"^chatcmpl-tool-[0-9a-f]{16}$")
+from _tool_sdk import VLLM_ID, checked_calls, marker_llm, named_round_trip
+from test_tool_calls_sdk import ASK, TOOLS, _streamed
 
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama_dir, tmp_path_factory):
-    out = with_added_tokens(tiny_llama_dir, tmp_path_factory.mktemp("qwen3-coder") / "model",
-                            ["<tool_call>", "</tool_call>"])
-    return make_llm(out, max_model_len=1024, num_gpu_blocks_override=256)
-
-
-def _check(choice, finish_reason: str = "tool_calls") -> None:
-    """Every call names a declared function, its arguments validate, its id is vLLM's."""
-    assert choice.finish_reason == finish_reason
-    assert choice.message.tool_calls and not choice.message.content
-    for call in choice.message.tool_calls:
-        assert VLLM_ID.match(call.id), call.id
-        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
-
-
-def _calls(choice) -> list[tuple[str, str]]:
-    return [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    return marker_llm(tiny_llama_dir, tmp_path_factory, "qwen3-coder",
+                      ["<tool_call>", "</tool_call>"])
 
 
 @pytest.mark.parametrize("parser", ["qwen3_coder", "pythonic"])
@@ -45,10 +27,9 @@ async def test_required_calls_validate_whole_and_streamed(sdk_serve, llm, parser
             "max_tokens": 300, "seed": seed, "temperature": 1.0, "parallel_tool_calls": False}
     whole = (await client.chat.completions.create(**body)).choices[0]
     streamed = await _streamed(client, **body)
-    for choice in (whole, streamed):
-        _check(choice)
-        assert len(choice.message.tool_calls) == 1  # parallel_tool_calls false: one
-    assert _calls(streamed) == _calls(whole)
+    calls = checked_calls(whole)
+    assert len(calls) == 1  # parallel_tool_calls false: one
+    assert checked_calls(streamed) == calls
     if parser == "qwen3_coder":  # the model wrote the marker's own token
         again = await client.chat.completions.create(**body, logprobs=True)
         first = again.choices[0].logprobs.content[0].token
@@ -57,16 +38,7 @@ async def test_required_calls_validate_whole_and_streamed(sdk_serve, llm, parser
 
 @pytest.mark.parametrize("parser", ["qwen3_xml", "llama4_pythonic"])
 async def test_a_named_function_is_called_once(sdk_serve, parser) -> None:
-    name, client = await sdk_serve(tool_call_parser=parser)
-    body = {"model": name, "messages": ASK, "tools": TOOLS, "max_tokens": 200,
-            "tool_choice": {"type": "function", "function": {"name": "get_time"}},
-            "seed": 3, "temperature": 1.0}
-    whole = (await client.chat.completions.create(**body)).choices[0]
-    streamed = await _streamed(client, **body)
-    for choice in (whole, streamed):
-        _check(choice, "stop")  # a named function's, as OpenAI's and vLLM's
-        assert [c.function.name for c in choice.message.tool_calls] == ["get_time"]
-    assert _calls(streamed) == _calls(whole)
+    await named_round_trip(sdk_serve, parser)  # finish "stop", as OpenAI's and vLLM's
 
 
 async def test_parallel_calls_stream_into_the_whole_answer(sdk_serve) -> None:
@@ -74,9 +46,9 @@ async def test_parallel_calls_stream_into_the_whole_answer(sdk_serve) -> None:
     body = {"model": name, "messages": ASK, "tools": TOOLS, "tool_choice": "required",
             "max_tokens": 400, "seed": 1, "temperature": 1.0}
     whole = (await client.chat.completions.create(**body)).choices[0]
-    _check(whole)
-    assert len(whole.message.tool_calls) > 1
-    assert _calls(await _streamed(client, **body)) == _calls(whole)
+    calls = checked_calls(whole)
+    assert len(calls) > 1
+    assert checked_calls(await _streamed(client, **body)) == calls
 
 
 @pytest.mark.parametrize(("parser", "answer"), [

@@ -6,22 +6,15 @@ a tiny model whose tokenizer holds Seed-OSS's markers as added tokens."""
 
 from __future__ import annotations
 
-import json
-import re
-
-import jsonschema
 import pytest
-from _server_helpers import make_llm, with_added_tokens
+from _tool_sdk import VLLM_ID, marker_llm, named_round_trip, required_round_trip
 from _tool_streams import assembled
-from test_tool_calls_sdk import ASK, SCHEMAS, TOOLS, _streamed
 from test_tool_qwen3_coder import CASES
 from test_tool_qwen3_coder import TOOLS as DECLARED
 
 from kvledger.engine.server.tools.calls import template_parser, tool_plan
 from kvledger.engine.server.tools.parsers import CallScanner
 from kvledger.engine.server.tools.xml_format import QWEN3, SEED
-
-VLLM_ID = re.compile(r"^chatcmpl-tool-[0-9a-f]{16}$")
 
 
 def seed(text: str) -> str:
@@ -82,36 +75,13 @@ def test_the_grammar_writes_seed_oss_wrapper_tags() -> None:
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama_dir, tmp_path_factory):
-    out = with_added_tokens(tiny_llama_dir, tmp_path_factory.mktemp("seed-oss") / "model",
-                            [SEED.tool_start, SEED.tool_end])
-    return make_llm(out, max_model_len=1024, num_gpu_blocks_override=256)
-
-
-def _check(choice, finish_reason: str = "tool_calls") -> list[tuple[str, str]]:
-    assert choice.finish_reason == finish_reason
-    assert choice.message.tool_calls and not choice.message.content
-    for call in choice.message.tool_calls:
-        assert VLLM_ID.match(call.id), call.id
-        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
-    return [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    return marker_llm(tiny_llama_dir, tmp_path_factory, "seed-oss",
+                      [SEED.tool_start, SEED.tool_end])
 
 
 async def test_required_calls_are_written_and_read_in_seed_oss_format(sdk_serve, llm) -> None:
-    name, client = await sdk_serve(tool_call_parser="seed_oss")
-    body = {"model": name, "messages": ASK, "tools": TOOLS, "tool_choice": "required",
-            "max_tokens": 300, "seed": 1, "temperature": 1.0}
-    whole = (await client.chat.completions.create(**body)).choices[0]
-    assert _check(await _streamed(client, **body)) == _check(whole)
-    again = await client.chat.completions.create(**body, logprobs=True)
-    first = again.choices[0].logprobs.content[0].token  # the marker's own token
-    assert llm.tokenizer.token_to_id(first) == llm.tokenizer.added_token_id(SEED.tool_start)
+    await required_round_trip(sdk_serve, llm, "seed_oss", SEED.tool_start)
 
 
 async def test_a_named_function_is_called_once(sdk_serve) -> None:
-    name, client = await sdk_serve(tool_call_parser="seed_oss")
-    body = {"model": name, "messages": ASK, "tools": TOOLS, "max_tokens": 200,
-            "tool_choice": {"type": "function", "function": {"name": "get_time"}},
-            "seed": 3, "temperature": 1.0}
-    whole = (await client.chat.completions.create(**body)).choices[0]
-    assert [n for n, _ in _check(whole, "stop")] == ["get_time"]
-    assert _check(await _streamed(client, **body), "stop") == _check(whole, "stop")
+    await named_round_trip(sdk_serve, "seed_oss")
