@@ -12,8 +12,8 @@ in it. The others are refused until a reader of their format is written.
 from __future__ import annotations
 
 TOOL_PARSERS = ("deepseek_v3", "deepseek_v31", "glm45", "glm47", "hermes", "kimi_k2",
-                "llama3_json", "llama4_json", "llama4_pythonic", "mistral", "pythonic",
-                "qwen3_coder", "qwen3_json", "qwen3_xml", "seed_oss")
+                "llama3_json", "llama4_json", "llama4_pythonic", "minimax_m2", "mistral",
+                "pythonic", "qwen3_coder", "qwen3_json", "qwen3_xml", "seed_oss")
 
 
 def _unread(fmt: str) -> str:
@@ -56,7 +56,6 @@ REFUSED_TOOL_PARSERS = {
     "longcat": _unread("LongCat's <longcat_tool_call> calls"),
     "mimo": _unread("MiMo's tool calls"),
     "minicpm5": _unread("MiniCPM 5's XML calls"),
-    "minimax_m2": _unread("MiniMax-M2's <minimax:tool_call> invokes"),
     "minimax_m3": _unread("MiniMax-M3's tool calls"),
     "muse_glimmer": _unread("Muse Glimmer's <atem:function_calls> blocks"),
     "olmo3": _unread("OLMo 3's <function_calls> Python calls"),

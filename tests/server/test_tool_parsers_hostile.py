@@ -54,6 +54,11 @@ REPEATS = {
     "glm45": ("<tool_call>", "<tool_call>f</tool_call>", "<tool_call>f" + KEY_START,
               KEY_START + "k" + KEY_END + " " * 20, KEY_START + "k" + KEY_END + VALUE_START,
               KEY_END + "  x", " " * 50 + "x", "<tool_call>" + '"name" : "name"  '),
+    # markers cut at each '<', '"', "'", '>'; a call's parameters read whole at its end
+    "minimax_m2": ("<minimax:tool_call>", "<invoke name=", '<invoke name="f', '">', "'>>",
+                   '<invoke name="f"><parameter name="k', "<parameter name=k>v",
+                   "< parameter  name = 'k' >v</ parameter >", " " * 50 + "x",
+                   '<invoke name="">"name" : "name"  ', "<think>"),
 }
 
 
@@ -96,6 +101,23 @@ def test_glm_pairs_are_read_in_one_pass(unit: str) -> None:
     # margin of 30x over the 12-64 ms one pass takes here.
     text = "<tool_call>f" + unit * 20000 + "</tool_call>"
     scanner = CallScanner("glm45")
+    started = time.perf_counter()
+    for end in range(0, len(text), 997):
+        scanner.feed(text[:end], False)
+    scanner.feed(text, True)
+    assert time.perf_counter() - started < 2.0
+    assert [c.name for c in scanner.calls] == ["f"]
+
+
+@pytest.mark.parametrize("unit", ["<parameter name=\"k", "<parameter name=k>v",
+                                  "<parameter name='k'   ", "< parameter name = k>v</parameter",
+                                  "<parameter name=\"k\">v</parameter>", '"', "<"])
+def test_minimax_parameters_are_read_in_one_pass(unit: str) -> None:
+    # A call's parameters are read from its text at its end (regexes and slices unseen by
+    # Searched): timed, with a margin of 100x over the 2-20 ms one pass takes here (a
+    # reader searching again from each '<' would read 10^9 characters).
+    text = '<invoke name="f">' + unit * 2000 + "</invoke>"
+    scanner = CallScanner("minimax_m2")
     started = time.perf_counter()
     for end in range(0, len(text), 997):
         scanner.feed(text[:end], False)

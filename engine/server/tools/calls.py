@@ -8,7 +8,7 @@ once per request, which parser reads the answer back and which grammar constrain
   (llguidance, compiled like any structured output) to calls in the model family's own
   format, each naming a declared function with arguments valid against its schema
   (``%json``; for the formats that write arguments one by one, qwen3_coder, seed_oss,
-  glm45 and pythonic,
+  glm45, minimax_m2 and pythonic,
   ``param_grammars``). A named function is called exactly once, as OpenAI and vLLM answer it
   (vLLM constrains the output to that function's arguments); ``"required"`` makes one call
   with ``parallel_tool_calls: false``, else one or more.
@@ -17,7 +17,8 @@ The format is ``--tool-call-parser``'s, else the one the model's chat template s
 (``<function=``: qwen3_coder, seed_oss in ``<seed:tool_call>``; ``<tool_call>``: hermes; ``[TOOL_CALLS]``: mistral;
 ``<|python_tag|>``: llama3_json; ``<｜tool▁calls▁begin｜>``: deepseek_v3 when it fences
 the arguments as a json code block, else deepseek_v31; ``<|tool_calls_section_begin|>``:
-kimi_k2; ``<tool_call>`` with ``<arg_key>``: glm45), else hermes. A format's markers that the tokenizer
+kimi_k2; ``<tool_call>`` with ``<arg_key>``: glm45;
+``<minimax:tool_call>``: minimax_m2), else hermes. A format's markers that the tokenizer
 holds as special tokens (Mistral's ``[TOOL_CALLS]``, Llama's ``<|python_tag|>``) are kept
 in the text the parser reads (``ToolPlan.kept_ids``; decoding drops every other special
 token), and the grammar writes them as those tokens.
@@ -118,6 +119,8 @@ def template_parser(chat_template: str | None) -> str:
         return "kimi_k2"
     if "<tool_call>" in template and "<arg_key>" in template:
         return "glm45"
+    if "<minimax:tool_call>" in template:
+        return "minimax_m2"
     if CALLS_BEGIN in template:  # DeepSeek's: V3's wraps the arguments in ```json
         return "deepseek_v3" if "```json" in template else "deepseek_v31"
     if "<function=" in template and "<parameter=" in template:

@@ -1,7 +1,7 @@
 """Each ``--tool-call-parser`` name: the reader of its calls (``READERS``: the JSON family
 in ``json_formats``, qwen3_coder's XML in ``xml_format``, the Python lists in
 ``pythonic_format``, DeepSeek's in ``deepseek_format``, Kimi's in ``kimi_format``, GLM's
-in ``glm_format``), the
+in ``glm_format``, MiniMax-M2's in ``minimax_format``), the
 ids its calls get (Kimi's reader gives its own), and the markers its tokenizers may hold
 as special tokens.
 
@@ -41,6 +41,8 @@ from kvledger.engine.server.tools.json_formats import (
 )
 from kvledger.engine.server.tools.kimi_format import MARKERS as KIMI_MARKERS
 from kvledger.engine.server.tools.kimi_format import kimi_k2
+from kvledger.engine.server.tools.minimax_format import MARKERS as MINIMAX_MARKERS
+from kvledger.engine.server.tools.minimax_format import minimax_m2
 from kvledger.engine.server.tools.pythonic_format import llama4_pythonic, pythonic
 from kvledger.engine.server.tools.xml_format import (
     SEED,
@@ -64,6 +66,7 @@ READERS: dict[str, Reader] = {
     "deepseek_v3": deepseek_v3, "deepseek_v31": deepseek_v31,
     "kimi_k2": kimi_k2,
     "glm45": glm45, "glm47": glm45,
+    "minimax_m2": minimax_m2,
 }
 # kvledger's first parsers kept OpenAI's shape of id; vLLM 0.32 gives every parser's
 # calls chatcmpl-tool-<16 hex> (Mistral's its own 9 characters).
@@ -84,4 +87,5 @@ CONTROL_TOKENS: dict[str, tuple[str, ...]] = {
     "deepseek_v3": DEEPSEEK_MARKERS, "deepseek_v31": DEEPSEEK_MARKERS,
     "kimi_k2": KIMI_MARKERS,
     "glm45": GLM_MARKERS, "glm47": GLM_MARKERS,
+    "minimax_m2": MINIMAX_MARKERS,
 }

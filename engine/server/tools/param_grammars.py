@@ -8,11 +8,14 @@ write a call's arguments one by one rather than as a JSON object:
 - glm45 (``glm47``): ``<tool_call>NAME\\n``, each parameter as
   ``<arg_key>KEY</arg_key>\\n<arg_value>VALUE</arg_value>\\n``, ``</tool_call>``; several
   calls apart by a newline (GLM-4.5's chat template's layout);
+- minimax_m2: ``<minimax:tool_call>\\n``, each call as ``<invoke name="NAME">\\n``, each
+  parameter as ``<parameter name="KEY">VALUE</parameter>\\n``, ``</invoke>\\n``, then
+  ``</minimax:tool_call>`` (MiniMax-M2's chat template's layout);
 - pythonic (``llama4_pythonic``): ``[NAME(KEY=VALUE, ...), ...]``.
 
 Each declared property in the schema's order, the required ones always, the others when
 the model chooses; no other key. A value is ``%json`` of its property's schema, except
-qwen3_coder's and GLM's strings, written bare (``raw_strings``). Read back as vLLM reads these
+qwen3_coder's, GLM's and MiniMax's strings, written bare (``raw_strings``). Read back as vLLM reads these
 formats (a string parameter stays the text written, others take their schema's type; a
 Python literal becomes its JSON), the arguments are valid against the schema. What the
 format cannot write so, a schema or a name, is a 400 naming it.
@@ -27,7 +30,12 @@ from typing import Any
 
 from kvledger.engine.server.tools.lark_text import json_value, lark, rule
 from kvledger.engine.server.tools.protocol import Tool
-from kvledger.engine.server.tools.raw_strings import GLM_ENDS, Unsupported, lexemes
+from kvledger.engine.server.tools.raw_strings import (
+    GLM_ENDS,
+    MINIMAX_ENDS,
+    Unsupported,
+    lexemes,
+)
 from kvledger.engine.server.tools.schema_types import schema_types
 from kvledger.engine.server.tools.xml_format import QWEN3, SEED, XmlTags
 from kvledger.engine.server.validation import Refusal
@@ -94,6 +102,32 @@ def glm_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int]) ->
     return "\n".join(lines) + "\n"
 
 
+def minimax_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int]) -> str:
+    text = functools.partial(lark, specials=specials)
+    lines = ["start: " + rule(text("<minimax:tool_call>\n"), "call" + ("+" if parallel else ""),
+                              text("</minimax:tool_call>"))]
+    for n, (i, tool) in enumerate(tools):
+        name = tool.function.name
+        params, defs = _parameters(tool, i, "minimax_m2", _minimax_key)
+        items = []
+        for k, (key, schema, required) in enumerate(params):
+            item, head = f"p_{n}_{k}", text(f'<parameter name="{key}">')
+            items.append((item, required))
+            close = text("</parameter>\n")
+            if "string" in schema_types(schema):
+                token, definition = _bare_string(f"V_{n}_{k}", schema, _where(i, name, key),
+                                                 "minimax_m2", MINIMAX_ENDS, "")
+                lines += [f"{item}: " + rule(head, token, close), *definition]
+            else:
+                lines += [f"{item}: " + rule(head, f"v_{n}_{k}", close),
+                          f"v_{n}_{k}: " + json_value({**defs, **_dict(schema)})]
+        body, more = _in_order(f"a_{n}", items, "")
+        lines += [f"call_{n}: " + rule(text(f'<invoke name="{name}">\n'), body,
+                                       text("</invoke>\n")), *more]
+    lines.insert(1, "call: " + " | ".join(f"call_{n}" for n in range(len(tools))))
+    return "\n".join(lines) + "\n"
+
+
 def pythonic_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int]) -> str:
     lines = ['start: "[" call' + (' (", " call)*' if parallel else "") + ' "]"']
     for n, (i, tool) in enumerate(tools):
@@ -116,6 +150,7 @@ def pythonic_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int
 PARAM_GRAMMARS = {"qwen3_coder": xml_calls_grammar, "qwen3_xml": xml_calls_grammar,
                   "seed_oss": functools.partial(xml_calls_grammar, tags=SEED),
                   "glm45": glm_calls_grammar, "glm47": glm_calls_grammar,
+                  "minimax_m2": minimax_calls_grammar,
                   "pythonic": pythonic_calls_grammar, "llama4_pythonic": pythonic_calls_grammar}
 
 
@@ -158,6 +193,13 @@ def _xml_key(key: str) -> str | None:
 def _glm_key(key: str) -> str | None:
     if not key or key != key.strip() or "<" in key or ">" in key:
         return "a glm45 parameter's name has no '<' or '>' and neither begins nor ends blank"
+    return None
+
+
+def _minimax_key(key: str) -> str | None:
+    if not key or key != key.strip() or any(c in key for c in "<>\"'"):
+        return ("a minimax_m2 parameter's name has no '<', '>' or quote and neither begins "
+                "nor ends blank")
     return None
 
 
