@@ -290,7 +290,13 @@ def test_webhook_latency_times_each_kind_of_decision_over_https():
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "webhook_latency.py"),
                              "--requests", "6", "--uncached", "1", "--nodes-per-kind", "1",
                              "--flood", "20"], capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # Its latency claims are the benchmark's, run alone (a loaded CI machine once took a
+    # cached decision past 200 ms): here every decision must be made, and any failed
+    # claim be a latency one.
+    failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED")]
+    assert result.returncode in (0, 1) and all("is not under" in f for f in failed), (
+        result.stdout[-3000:] + result.stderr[-3000:])
+    assert (result.returncode == 1) == bool(failed)
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ")
             for line in result.stdout.splitlines() if line.startswith("| ")}
     assert rows["local"][1] == "6" and rows["local"][2] == "6 / 0"
