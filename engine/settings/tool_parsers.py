@@ -13,7 +13,8 @@ from __future__ import annotations
 
 TOOL_PARSERS = ("deepseek_v3", "deepseek_v31", "glm45", "glm47", "hermes", "kimi_k2",
                 "llama3_json", "llama4_json", "llama4_pythonic", "minimax_m2", "mistral",
-                "pythonic", "qwen3_coder", "qwen3_json", "qwen3_xml", "seed_oss")
+                "pythonic", "qwen3_coder", "qwen3_json", "qwen3_xml", "seed_oss", "step3",
+                "xlam")
 
 
 def _unread(fmt: str) -> str:
@@ -63,9 +64,7 @@ REFUSED_TOOL_PARSERS = {
     "phi4_mini_json": _unread("Phi-4-mini's functools[...] lists"),
     "plamo3": _unread("PLaMo 3's <|plamo:begin_tool_requests:plamo|> calls"),
     "poolside_v1": _unread(_ARG_TAGS.format("Poolside's <tool_call>")),
-    "step3": _unread("Step 3's <｜tool_calls_begin｜> steptml calls"),
     "step3p5": _unread("Step 3.5's tool calls"),
-    "xlam": _unread("xLAM's JSON lists (bare, fenced or tagged)"),
 }
 
 VLLM_TOOL_PARSERS = frozenset(TOOL_PARSERS) | frozenset(REFUSED_TOOL_PARSERS)

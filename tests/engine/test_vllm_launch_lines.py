@@ -75,14 +75,14 @@ LAUNCH_LINES = [
      "deepseek_v31", ACCEPTED),
     ("Kimi K2 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser "
      "kimi_k2", ACCEPTED),
-    ("GLM-4.5 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser glm45",
-     ACCEPTED),
-    ("GLM-4.7 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser glm47",
-     ACCEPTED),
+    ("GLM-4.5 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser glm45", ACCEPTED),
+    ("GLM-4.7 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser glm47", ACCEPTED),
     ("Seed-OSS tool calling", "{model} --enable-auto-tool-choice --tool-call-parser seed_oss",
      ACCEPTED),
     ("MiniMax-M2 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser "
      "minimax_m2", ACCEPTED),
+    ("Step-3 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser step3", ACCEPTED),
+    ("xLAM tool calling", "{model} --enable-auto-tool-choice --tool-call-parser xlam", ACCEPTED),
     ("tool calling: another parser", "{model} --tool-call-parser openai",
      "--tool-call-parser"),
     ("reasoning outputs", "{model} --reasoning-parser deepseek_r1", ACCEPTED),
@@ -227,11 +227,11 @@ def test_version_prints_the_distribution_version(capsys) -> None:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--tool-call-parser", "openai"], "error: --tool-call-parser openai: kvledger "
-     "does not support that tool-call parser (only deepseek_v3, deepseek_v31, glm45, glm47, "
-     "hermes, kimi_k2, llama3_json, llama4_json, llama4_pythonic, minimax_m2, mistral, "
-     "pythonic, qwen3_coder, qwen3_json, qwen3_xml or seed_oss): gpt-oss's calls are Harmony "
-     "channel messages, which kvledger does not parse"),
+    (["--tool-call-parser", "openai"], "error: --tool-call-parser openai: kvledger does not "
+     "support that tool-call parser (only deepseek_v3, deepseek_v31, glm45, glm47, hermes, "
+     "kimi_k2, llama3_json, llama4_json, llama4_pythonic, minimax_m2, mistral, pythonic, "
+     "qwen3_coder, qwen3_json, qwen3_xml, seed_oss, step3 or xlam): gpt-oss's calls are "
+     "Harmony channel messages, which kvledger does not parse"),
     (["--enable-auto-tool-choice"], "error: --enable-auto-tool-choice requires "
      "--tool-call-parser"),
 ])

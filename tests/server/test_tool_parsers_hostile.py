@@ -19,6 +19,9 @@ from kvledger.engine.server.tools.kimi_format import ARGUMENT_BEGIN as KIMI_ARGU
 from kvledger.engine.server.tools.kimi_format import CALL_BEGIN as KIMI_CALL
 from kvledger.engine.server.tools.kimi_format import SECTION_BEGIN as KIMI_SECTION
 from kvledger.engine.server.tools.parsers import CallScanner
+from kvledger.engine.server.tools.step3_format import CALLS_BEGIN as STEP3_BLOCK
+from kvledger.engine.server.tools.step3_format import CALLS_END as STEP3_BLOCK_END
+from kvledger.engine.server.tools.step3_format import INVOKE as STEP3_INVOKE
 
 
 class Searched(str):
@@ -59,6 +62,11 @@ REPEATS = {
                    '<invoke name="f"><parameter name="k', "<parameter name=k>v",
                    "< parameter  name = 'k' >v</ parameter >", " " * 50 + "x",
                    '<invoke name="">"name" : "name"  ', "<think>"),
+    # a block is read whole at its end (its calls: below)
+    "step3": (STEP3_BLOCK, STEP3_BLOCK + STEP3_BLOCK_END, " " * 50 + "x",
+              STEP3_BLOCK + STEP3_INVOKE + "f" + STEP3_BLOCK_END + " "),
+    # the content before a marker as it streams (the answer is read whole once, timed below)
+    "xlam": ("x" * 50 + " ", "a " + "[TOOL_CALLS" * 3, "a </think"),
 }
 
 
@@ -124,3 +132,39 @@ def test_minimax_parameters_are_read_in_one_pass(unit: str) -> None:
     scanner.feed(text, True)
     assert time.perf_counter() - started < 2.0
     assert [c.name for c in scanner.calls] == ["f"]
+
+
+@pytest.mark.parametrize(("unit", "names"), [
+    ("<｜tool_call_begin｜>function<｜tool_sep｜>" + STEP3_INVOKE, []),
+    ("<｜tool_call_begin｜>function<｜tool_sep｜>" + STEP3_INVOKE + 'f"x', []),
+    ('<steptml:parameter name="k', ["f"]), ('<steptml:parameter name="k">v', ["f"]),
+    ('<steptml:parameter name="k">v</steptml:parameter>', ["f"]),
+    (STEP3_INVOKE + 'f">', ["f"])])
+def test_step3_blocks_are_read_in_one_pass(unit: str, names: list[str]) -> None:
+    # A block's calls are read from its text (a slice, unseen by Searched): timed, with
+    # a margin of 100x over the 10 ms at most one pass takes here.
+    call = "<｜tool_call_begin｜>function<｜tool_sep｜>" + STEP3_INVOKE + 'f">'
+    text = STEP3_BLOCK + call + unit * 4000 + "<｜tool_call_end｜>" + STEP3_BLOCK_END
+    scanner = CallScanner("step3")
+    started = time.perf_counter()
+    for end in range(0, len(text), 997):
+        scanner.feed(text[:end], False)
+    scanner.feed(text, True)
+    assert time.perf_counter() - started < 2.0
+    assert [c.name for c in scanner.calls] == names
+
+
+@pytest.mark.parametrize("unit", ["```", "```json ", "[TOOL_CALLS]", "<tool_call>", "</think>",
+                                  "<tool_call>[]</tool_call>", "```[]```", "[", "{"])
+def test_xlam_answers_are_read_in_one_pass(unit: str) -> None:
+    # vLLM's lazy patterns (```[\s\S]*?```) search to the end from every fence: timed,
+    # with a margin of 100x over the 10 ms at most one reading takes here; deep nesting
+    # ([[[...) makes vLLM's parser fail, so the answer is content, never an error.
+    text = "x " + unit * 4000
+    scanner = CallScanner("xlam")
+    started = time.perf_counter()
+    for end in range(0, len(text), 997):
+        scanner.feed(text[:end], False)
+    scanner.feed(text, True)
+    assert time.perf_counter() - started < 2.0
+    assert scanner.calls == [] and scanner.content

@@ -8,7 +8,7 @@ once per request, which parser reads the answer back and which grammar constrain
   (llguidance, compiled like any structured output) to calls in the model family's own
   format, each naming a declared function with arguments valid against its schema
   (``%json``; for the formats that write arguments one by one, qwen3_coder, seed_oss,
-  glm45, minimax_m2 and pythonic,
+  glm45, minimax_m2, step3 and pythonic,
   ``param_grammars``). A named function is called exactly once, as OpenAI and vLLM answer it
   (vLLM constrains the output to that function's arguments); ``"required"`` makes one call
   with ``parallel_tool_calls: false``, else one or more.
@@ -18,7 +18,7 @@ The format is ``--tool-call-parser``'s, else the one the model's chat template s
 ``<|python_tag|>``: llama3_json; ``<｜tool▁calls▁begin｜>``: deepseek_v3 when it fences
 the arguments as a json code block, else deepseek_v31; ``<|tool_calls_section_begin|>``:
 kimi_k2; ``<tool_call>`` with ``<arg_key>``: glm45;
-``<minimax:tool_call>``: minimax_m2), else hermes. A format's markers that the tokenizer
+``<minimax:tool_call>``: minimax_m2; ``<｜tool_calls_begin｜>``: step3), else hermes. A format's markers that the tokenizer
 holds as special tokens (Mistral's ``[TOOL_CALLS]``, Llama's ``<|python_tag|>``) are kept
 in the text the parser reads (``ToolPlan.kept_ids``; decoding drops every other special
 token), and the grammar writes them as those tokens.
@@ -42,11 +42,14 @@ from kvledger.engine.server.tools.deepseek_format import (
 )
 from kvledger.engine.server.tools.formats import ARGS, CONTROL_TOKENS
 from kvledger.engine.server.tools.lark_text import json_value, lark, rule
-from kvledger.engine.server.tools.param_grammars import PARAM_GRAMMARS
+from kvledger.engine.server.tools.param_grammars import PARAM_GRAMMARS as _BY_PARAMETER
 from kvledger.engine.server.tools.parsers import PARSERS, CallScanner
 from kvledger.engine.server.tools.protocol import NamedToolChoice, Tool
+from kvledger.engine.server.tools.step3_format import CALLS_BEGIN as STEP3_CALLS_BEGIN
+from kvledger.engine.server.tools.step3_grammar import step3_calls_grammar
 from kvledger.engine.server.validation import Refusal
 
+PARAM_GRAMMARS = {**_BY_PARAMETER, "step3": step3_calls_grammar}
 AUTO_NEEDS_FLAGS = ("\"auto\" tool choice requires --enable-auto-tool-choice and "
                     "--tool-call-parser to be set")
 
@@ -85,6 +88,8 @@ FORMATS = {
     "kimi_k2": CallFormat(kimi.SECTION_BEGIN, kimi.CALL_BEGIN + "functions.",
                           kimi.ARGUMENT_BEGIN, kimi.CALL_END, "", kimi.SECTION_END,
                           quoted=False, counter='":" /[0-9]{1,4}/'),
+    # xLAM's: the whole answer a JSON list of the calls.
+    "xlam": CallFormat("[", _JSON_HEAD, ', "arguments": ', "}", ", ", "]"),
 }
 # v11 and later (a tokenizer with the [ARGS] token): [TOOL_CALLS]name[ARGS]{...} each.
 MISTRAL_V11 = CallFormat("", "[TOOL_CALLS]", "[ARGS]", "", "", quoted=False)
@@ -121,6 +126,8 @@ def template_parser(chat_template: str | None) -> str:
         return "glm45"
     if "<minimax:tool_call>" in template:
         return "minimax_m2"
+    if STEP3_CALLS_BEGIN in template:
+        return "step3"
     if CALLS_BEGIN in template:  # DeepSeek's: V3's wraps the arguments in ```json
         return "deepseek_v3" if "```json" in template else "deepseek_v31"
     if "<function=" in template and "<parameter=" in template:

@@ -1,7 +1,8 @@
 """Each ``--tool-call-parser`` name: the reader of its calls (``READERS``: the JSON family
 in ``json_formats``, qwen3_coder's XML in ``xml_format``, the Python lists in
 ``pythonic_format``, DeepSeek's in ``deepseek_format``, Kimi's in ``kimi_format``, GLM's
-in ``glm_format``, MiniMax-M2's in ``minimax_format``), the
+in ``glm_format``, MiniMax-M2's in ``minimax_format``, Step-3's in
+``step3_format``, xLAM's in ``xlam_format``), the
 ids its calls get (Kimi's reader gives its own), and the markers its tokenizers may hold
 as special tokens.
 
@@ -44,6 +45,9 @@ from kvledger.engine.server.tools.kimi_format import kimi_k2
 from kvledger.engine.server.tools.minimax_format import MARKERS as MINIMAX_MARKERS
 from kvledger.engine.server.tools.minimax_format import minimax_m2
 from kvledger.engine.server.tools.pythonic_format import llama4_pythonic, pythonic
+from kvledger.engine.server.tools.step3_format import MARKERS as STEP3_MARKERS
+from kvledger.engine.server.tools.step3_format import step3
+from kvledger.engine.server.tools.xlam_format import xlam
 from kvledger.engine.server.tools.xml_format import (
     SEED,
     TOOL_END,
@@ -67,6 +71,8 @@ READERS: dict[str, Reader] = {
     "kimi_k2": kimi_k2,
     "glm45": glm45, "glm47": glm45,
     "minimax_m2": minimax_m2,
+    "step3": step3,
+    "xlam": xlam,
 }
 # kvledger's first parsers kept OpenAI's shape of id; vLLM 0.32 gives every parser's
 # calls chatcmpl-tool-<16 hex> (Mistral's its own 9 characters).
@@ -88,4 +94,6 @@ CONTROL_TOKENS: dict[str, tuple[str, ...]] = {
     "kimi_k2": KIMI_MARKERS,
     "glm45": GLM_MARKERS, "glm47": GLM_MARKERS,
     "minimax_m2": MINIMAX_MARKERS,
+    "step3": STEP3_MARKERS,
+    "xlam": (),  # (vLLM's decoding drops them, if special, before xLAM's parser reads)
 }

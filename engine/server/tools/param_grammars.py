@@ -11,6 +11,7 @@ write a call's arguments one by one rather than as a JSON object:
 - minimax_m2: ``<minimax:tool_call>\\n``, each call as ``<invoke name="NAME">\\n``, each
   parameter as ``<parameter name="KEY">VALUE</parameter>\\n``, ``</invoke>\\n``, then
   ``</minimax:tool_call>`` (MiniMax-M2's chat template's layout);
+- step3: in ``step3_grammar``, with these parts;
 - pythonic (``llama4_pythonic``): ``[NAME(KEY=VALUE, ...), ...]``.
 
 Each declared property in the schema's order, the required ones always, the others when
