@@ -20,3 +20,13 @@ def assembled(pieces) -> tuple[str, list[tuple[str, str]], list[str]]:
             calls[piece.index][1] += piece.text
             fragments.append(piece.text)
     return content, [tuple(call) for call in calls], fragments
+
+
+def split_once_everywhere(new_scanner, text: str):
+    """For each place ``text`` can be cut in two, a fresh scanner (``new_scanner()``) fed
+    the part before the cut, then the whole text: ``(cut, content, calls)`` as
+    ``assembled`` puts them together."""
+    for cut in range(1, len(text)):
+        scanner = new_scanner()
+        content, calls, _ = assembled(scanner.feed(text[:cut], False) + scanner.feed(text, True))
+        yield cut, content, calls

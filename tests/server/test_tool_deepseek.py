@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from _tool_sdk import marker_llm, named_round_trip, required_round_trip
-from _tool_streams import assembled
+from _tool_streams import assembled, split_once_everywhere
 
 from kvledger.engine.server.tools.calls import template_parser
 from kvledger.engine.server.tools.deepseek_format import (
@@ -68,10 +68,7 @@ def test_whole_answers_read_as_vllm_reads_them(parser, text, content, calls) -> 
 @pytest.mark.parametrize(("parser", "text", "content", "calls"), CASES)
 def test_a_stream_adds_up_to_the_whole_answer_at_every_split(parser, text, content,
                                                              calls) -> None:
-    for cut in range(1, len(text)):
-        scanner = CallScanner(parser)
-        pieces = scanner.feed(text[:cut], False) + scanner.feed(text, True)
-        got_content, got_calls, _ = assembled(pieces)
+    for cut, got_content, got_calls in split_once_everywhere(lambda: CallScanner(parser), text):
         assert (got_content.rstrip(), got_calls) == (content, calls), cut
 
 

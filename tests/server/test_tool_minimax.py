@@ -12,7 +12,7 @@ import json
 import openai
 import pytest
 from _tool_sdk import VLLM_ID, marker_llm, named_round_trip, required_round_trip
-from _tool_streams import assembled
+from _tool_streams import split_once_everywhere
 from test_tool_calls_sdk import ASK, TOOLS, _streamed
 from test_tool_glm import DECLARED
 
@@ -82,10 +82,7 @@ def test_whole_answers_read_as_vllm_reads_them(text, declared, content, calls) -
 @pytest.mark.parametrize(("text", "declared", "content", "calls"), CASES)
 def test_a_stream_adds_up_to_the_whole_answer_at_every_split(text, declared, content,
                                                              calls) -> None:
-    for cut in range(1, len(text)):
-        scanner = _scanner(declared)
-        pieces = scanner.feed(text[:cut], False) + scanner.feed(text, True)
-        got_content, got_calls, _ = assembled(pieces)
+    for cut, got_content, got_calls in split_once_everywhere(lambda: _scanner(declared), text):
         assert (got_content.rstrip(), got_calls) == (content, calls), cut
 
 

@@ -70,6 +70,17 @@ REPEATS = {
 }
 
 
+def fed_in_steps(parser: str, text: str, step: int = 997, start: int = 0):
+    """A scanner of ``parser`` fed ``text`` as a stream, ``step`` characters more each
+    time, then whole: the scanner and the seconds it took."""
+    scanner = CallScanner(parser)
+    started = time.perf_counter()
+    for end in range(start, len(text), step):
+        scanner.feed(text[:end], False)
+    scanner.feed(text, True)
+    return scanner, time.perf_counter() - started
+
+
 @pytest.mark.parametrize(("parser", "unit"), [(p, u) for p, units in REPEATS.items()
                                               for u in units])
 @pytest.mark.parametrize("stream", [False, True])
@@ -93,12 +104,8 @@ def test_a_line_of_call_markers_does_not_backtrack(parser: str) -> None:
     # A regex's search is not seen by Searched: timed instead, with a margin of 100x
     # (vLLM's patterns as regexes took 32 s to stream 1,000 markers, 0.1 s whole).
     text = CALLS_BEGIN + (CALL_BEGIN + "f" + SEP) * 2000
-    scanner = CallScanner(parser)
-    started = time.perf_counter()
-    for end in range(len(CALLS_BEGIN), len(text), 16):
-        scanner.feed(text[:end], False)
-    scanner.feed(text, True)
-    assert time.perf_counter() - started < 2.0
+    scanner, seconds = fed_in_steps(parser, text, step=16, start=len(CALLS_BEGIN))
+    assert seconds < 2.0
     assert scanner.calls == []
 
 
@@ -108,12 +115,8 @@ def test_glm_pairs_are_read_in_one_pass(unit: str) -> None:
     # A call's pairs are read from its text (a slice, unseen by Searched): timed, with a
     # margin of 30x over the 12-64 ms one pass takes here.
     text = "<tool_call>f" + unit * 20000 + "</tool_call>"
-    scanner = CallScanner("glm45")
-    started = time.perf_counter()
-    for end in range(0, len(text), 997):
-        scanner.feed(text[:end], False)
-    scanner.feed(text, True)
-    assert time.perf_counter() - started < 2.0
+    scanner, seconds = fed_in_steps("glm45", text)
+    assert seconds < 2.0
     assert [c.name for c in scanner.calls] == ["f"]
 
 
@@ -125,12 +128,8 @@ def test_minimax_parameters_are_read_in_one_pass(unit: str) -> None:
     # Searched): timed, with a margin of 100x over the 2-20 ms one pass takes here (a
     # reader searching again from each '<' would read 10^9 characters).
     text = '<invoke name="f">' + unit * 2000 + "</invoke>"
-    scanner = CallScanner("minimax_m2")
-    started = time.perf_counter()
-    for end in range(0, len(text), 997):
-        scanner.feed(text[:end], False)
-    scanner.feed(text, True)
-    assert time.perf_counter() - started < 2.0
+    scanner, seconds = fed_in_steps("minimax_m2", text)
+    assert seconds < 2.0
     assert [c.name for c in scanner.calls] == ["f"]
 
 
@@ -145,12 +144,8 @@ def test_step3_blocks_are_read_in_one_pass(unit: str, names: list[str]) -> None:
     # a margin of 100x over the 10 ms at most one pass takes here.
     call = "<｜tool_call_begin｜>function<｜tool_sep｜>" + STEP3_INVOKE + 'f">'
     text = STEP3_BLOCK + call + unit * 4000 + "<｜tool_call_end｜>" + STEP3_BLOCK_END
-    scanner = CallScanner("step3")
-    started = time.perf_counter()
-    for end in range(0, len(text), 997):
-        scanner.feed(text[:end], False)
-    scanner.feed(text, True)
-    assert time.perf_counter() - started < 2.0
+    scanner, seconds = fed_in_steps("step3", text)
+    assert seconds < 2.0
     assert [c.name for c in scanner.calls] == names
 
 
@@ -161,10 +156,6 @@ def test_xlam_answers_are_read_in_one_pass(unit: str) -> None:
     # with a margin of 100x over the 10 ms at most one reading takes here; deep nesting
     # ([[[...) makes vLLM's parser fail, so the answer is content, never an error.
     text = "x " + unit * 4000
-    scanner = CallScanner("xlam")
-    started = time.perf_counter()
-    for end in range(0, len(text), 997):
-        scanner.feed(text[:end], False)
-    scanner.feed(text, True)
-    assert time.perf_counter() - started < 2.0
+    scanner, seconds = fed_in_steps("xlam", text)
+    assert seconds < 2.0
     assert scanner.calls == [] and scanner.content

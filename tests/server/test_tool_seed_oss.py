@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from _tool_sdk import VLLM_ID, marker_llm, named_round_trip, required_round_trip
-from _tool_streams import assembled
+from _tool_streams import split_once_everywhere
 from test_tool_qwen3_coder import CASES
 from test_tool_qwen3_coder import TOOLS as DECLARED
 
@@ -36,10 +36,8 @@ def _read(text: str, parser: str = "seed_oss") -> tuple[str, list[tuple[str, str
                          [(seed(t), seed(c), k) for t, c, k in CASES])
 def test_qwen3_coder_calls_in_seed_tags_are_read_alike(text, content, calls) -> None:
     assert _read(text) == (content, calls)
-    for cut in range(1, len(text)):
-        scanner = CallScanner("seed_oss", None, DECLARED)
-        got_content, got_calls, _ = assembled(scanner.feed(text[:cut], False)
-                                              + scanner.feed(text, True))
+    for cut, got_content, got_calls in split_once_everywhere(
+            lambda: CallScanner("seed_oss", None, DECLARED), text):
         assert (got_content, got_calls) == (content, calls), cut
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from _tool_sdk import VLLM_ID, marker_llm, named_round_trip, required_round_trip
-from _tool_streams import assembled
+from _tool_streams import split_once_everywhere
 
 from kvledger.engine.server.tools.calls import template_parser, tool_plan
 from kvledger.engine.server.tools.parsers import CallScanner
@@ -61,10 +61,8 @@ def test_calls_are_read_as_vllm_reads_them_whole_and_streamed(text, content, cal
     scanner.feed(text, True)
     assert (scanner.content, [(c.name, c.arguments) for c in scanner.calls]) == (content, calls)
     assert all(VLLM_ID.match(c.id) for c in scanner.calls)
-    for cut in range(1, len(text)):
-        scanner = CallScanner("step3", None, DECLARED)
-        got_content, got_calls, _ = assembled(scanner.feed(text[:cut], False)
-                                              + scanner.feed(text, True))
+    for cut, got_content, got_calls in split_once_everywhere(
+            lambda: CallScanner("step3", None, DECLARED), text):
         assert (got_content, got_calls) == (content, calls), cut
 
 
