@@ -48,3 +48,20 @@ def test_a_step_reads_the_ids_its_output_added(monkeypatch):
         seq.output_token_ids.append((step * 7) % VOCAB)
     # each output id once, the prompt once: the whole output every step would be ~STEPS²/2
     assert sum(ids_read) <= STEPS + len(PROMPT) + 8, sum(ids_read)
+
+
+def test_each_sequence_is_penalised_by_its_own_output_alone():
+    # Counts are kept per sequence: two requests stepped in turn (as in one batch), each
+    # row is penalised by its own output only, whatever the other wrote.
+    params = SamplingParams(repetition_penalty=1.3, frequency_penalty=0.2,
+                            presence_penalty=0.1)
+    a = Sequence("a", PROMPT, params, 200, None, None, None)
+    b = Sequence("b", PROMPT, params, 200, None, None, None)
+    logits = torch.randn(VOCAB, generator=torch.Generator().manual_seed(1))
+    for step in range(200):
+        for seq, token in ((a, 1), (b, (step * 5) % VOCAB)):
+            row = process_logits(logits, seq, frozenset())
+            assert torch.allclose(row, _recounted(logits, seq.output_token_ids, params))
+            seq.output_token_ids.append(token)
+    assert not torch.allclose(process_logits(logits, a, frozenset()),
+                              process_logits(logits, b, frozenset()))
