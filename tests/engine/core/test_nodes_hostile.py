@@ -84,7 +84,17 @@ class Relay:
 
     def _run(self, to_port: int) -> None:
         joiner, _ = self.server.accept()
-        self.upstream = socket.create_connection(("127.0.0.1", to_port))
+        # Rank 1 may reach the relay before machine 0 listens (each starts in a thread of its
+        # own): try again for as long as a joining rank would, not once.
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                self.upstream = socket.create_connection(("127.0.0.1", to_port))
+                break
+            except ConnectionRefusedError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
         threading.Thread(target=self._pump, args=(self.upstream, joiner), daemon=True).start()
         self._pump(joiner, self.upstream, replaying=True)
 
