@@ -11,9 +11,10 @@ write a call's arguments one by one rather than as a JSON object:
 - minimax_m2: ``<minimax:tool_call>\\n``, each call as ``<invoke name="NAME">\\n``, each
   parameter as ``<parameter name="KEY">VALUE</parameter>\\n``, ``</invoke>\\n``, then
   ``</minimax:tool_call>`` (MiniMax-M2's chat template's layout);
-- step3: in ``step3_grammar``, with these parts;
+- step3: ``step3_grammar``'s layout of the same builder (``calls_grammar``);
 - pythonic (``llama4_pythonic``): ``[NAME(KEY=VALUE, ...), ...]``.
 
+The first four are one builder (``calls_grammar``) given each format's ``ParamLayout``.
 Each declared property in the schema's order, the required ones always, the others when
 the model chooses; no other key. A value is ``%json`` of its property's schema, except
 qwen3_coder's, GLM's and MiniMax's strings, written bare (``raw_strings``). Read back as vLLM reads these
@@ -27,6 +28,8 @@ from __future__ import annotations
 import functools
 import keyword
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kvledger.engine.server.tools.lark_text import json_value, lark, rule
@@ -50,83 +53,101 @@ _PYTHON_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 Tools = list[tuple[int, Tool]]  # each with its place in the request's 'tools'
 
 
-def xml_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int],
-                      tags: XmlTags = QWEN3) -> str:
+@dataclass(frozen=True)
+class ParamLayout:
+    """How one format writes a call with its parameters one by one: the text around the
+    calls (``calls``: opening and closing; None: calls apart by a newline), around each
+    call (``{name}`` in ``call_open``) and each parameter (``{key}`` in ``param_open``),
+    and its values: ``value`` (token, schema, where) -> (expression, rules) when the
+    format types them itself, else a string bare (``raw_strings.lexemes`` with
+    ``string_ends``; followed by ``string_close`` where its token does not end it) and any
+    other ``%json`` of its schema. ``key_problem`` says why a name cannot be written."""
+
+    fmt: str
+    key_problem: Callable[[str], str | None]
+    call_open: str
+    call_close: str
+    param_open: str
+    param_close: str
+    calls: tuple[str, str] | None = None
+    string_ends: tuple[str, ...] = ()
+    string_close: str | None = None
+    value: Callable[[str, Any, str], tuple[str, list[str]]] | None = None
+
+    def written(self, token: str, schema: Any, where: str, defs: dict[str, Any]
+                ) -> tuple[str, list[str], str]:
+        """A parameter's value: its expression, the rules it needs, and its closing text."""
+        if self.value is not None:
+            return (*self.value(token, schema, where), self.param_close)
+        if "string" in schema_types(schema):
+            value, rules = _bare_string(token, schema, where, self.fmt, *self.string_ends)
+            return value, rules, (self.param_close if self.string_close is None
+                                  else self.string_close)
+        name = token.lower()  # a rule, not a token: %json is no lexeme
+        return name, [f"{name}: " + json_value({**defs, **_dict(schema)})], self.param_close
+
+
+def calls_grammar(layout: ParamLayout, tools: Tools, parallel: bool,
+                  specials: dict[str, int]) -> str:
+    """The grammar of calls to ``tools`` (one, or ``parallel`` several) as ``layout``
+    writes them; a ``Refusal`` for what it cannot write."""
     text = functools.partial(lark, specials=specials)
-    lines = ["start: call" + (f' ({text(chr(10))} call)*' if parallel else "")]
+    if layout.calls is None:
+        lines = ["start: call" + (f" ({text(chr(10))} call)*" if parallel else "")]
+    else:
+        lines = ["start: " + rule(text(layout.calls[0]), "call", "call*" if parallel else "",
+                                  text(layout.calls[1]))]
     for n, (i, tool) in enumerate(tools):
         name = tool.function.name
-        params, defs = _parameters(tool, i, "qwen3_coder", _xml_key)
+        params, defs = _parameters(tool, i, layout.fmt, layout.key_problem)
         items = []
         for k, (key, schema, required) in enumerate(params):
-            item = f"p_{n}_{k}"
-            items.append((item, required))
-            head = text(f"<parameter={key}>\n")
-            if "string" in schema_types(schema):
-                token, definition = _bare_string(f"V_{n}_{k}", schema, _where(i, name, key),
-                                                 "qwen3_coder")
-                lines += [f"{item}: {head} {token} " + text("\n"), *definition]
-            else:
-                lines += [f"{item}: " + rule(head, f"v_{n}_{k}", text("\n</parameter>\n")),
-                          f"v_{n}_{k}: " + json_value({**defs, **_dict(schema)})]
+            items.append((f"p_{n}_{k}", required))
+            value, rules, close = layout.written(f"V_{n}_{k}", schema, _where(i, name, key),
+                                                 defs)
+            lines += [f"p_{n}_{k}: " + rule(text(layout.param_open.format(key=key)), value,
+                                            text(close)), *rules]
         body, more = _in_order(f"a_{n}", items, "")
-        lines += [f"call_{n}: " + rule(text(f"{tags.tool_start}\n<function={name}>\n"), body,
-                                       text(f"</function>\n{tags.tool_end}")), *more]
+        lines += [f"call_{n}: " + rule(text(layout.call_open.format(name=name)), body,
+                                       text(layout.call_close)), *more]
     lines.insert(1, "call: " + " | ".join(f"call_{n}" for n in range(len(tools))))
     return "\n".join(lines) + "\n"
 
 
-def glm_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int]) -> str:
-    text = functools.partial(lark, specials=specials)
-    lines = ["start: call" + (f' ({text(chr(10))} call)*' if parallel else "")]
-    for n, (i, tool) in enumerate(tools):
-        name = tool.function.name
-        params, defs = _parameters(tool, i, "glm45", _glm_key)
-        items = []
-        for k, (key, schema, required) in enumerate(params):
-            item = f"p_{n}_{k}"
-            items.append((item, required))
-            head = text(f"<arg_key>{key}</arg_key>\n<arg_value>")
-            close = text("</arg_value>")
-            if "string" in schema_types(schema):
-                # (the closing tag outside the value's token: a marker may be a special token)
-                token, definition = _bare_string(f"V_{n}_{k}", schema, _where(i, name, key),
-                                                 "glm45", GLM_ENDS, "")
-                lines += [f"{item}: " + rule(head, token, close, text("\n")), *definition]
-            else:
-                lines += [f"{item}: " + rule(head, f"v_{n}_{k}", close, text("\n")),
-                          f"v_{n}_{k}: " + json_value({**defs, **_dict(schema)})]
-        body, more = _in_order(f"a_{n}", items, "")
-        lines += [f"call_{n}: " + rule(text(f"<tool_call>{name}\n"), body,
-                                       text("</tool_call>")), *more]
-    lines.insert(1, "call: " + " | ".join(f"call_{n}" for n in range(len(tools))))
-    return "\n".join(lines) + "\n"
+def _xml_key(key: str) -> str | None:
+    if not key or key[0].isspace() or "<" in key or ">" in key:
+        return "a qwen3_coder parameter's name has no '<' or '>' and does not begin blank"
+    return None
 
 
-def minimax_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int]) -> str:
-    text = functools.partial(lark, specials=specials)
-    lines = ["start: " + rule(text("<minimax:tool_call>\n"), "call" + ("+" if parallel else ""),
-                              text("</minimax:tool_call>"))]
-    for n, (i, tool) in enumerate(tools):
-        name = tool.function.name
-        params, defs = _parameters(tool, i, "minimax_m2", _minimax_key)
-        items = []
-        for k, (key, schema, required) in enumerate(params):
-            item, head = f"p_{n}_{k}", text(f'<parameter name="{key}">')
-            items.append((item, required))
-            close = text("</parameter>\n")
-            if "string" in schema_types(schema):
-                token, definition = _bare_string(f"V_{n}_{k}", schema, _where(i, name, key),
-                                                 "minimax_m2", MINIMAX_ENDS, "")
-                lines += [f"{item}: " + rule(head, token, close), *definition]
-            else:
-                lines += [f"{item}: " + rule(head, f"v_{n}_{k}", close),
-                          f"v_{n}_{k}: " + json_value({**defs, **_dict(schema)})]
-        body, more = _in_order(f"a_{n}", items, "")
-        lines += [f"call_{n}: " + rule(text(f'<invoke name="{name}">\n'), body,
-                                       text("</invoke>\n")), *more]
-    lines.insert(1, "call: " + " | ".join(f"call_{n}" for n in range(len(tools))))
-    return "\n".join(lines) + "\n"
+def _glm_key(key: str) -> str | None:
+    if not key or key != key.strip() or "<" in key or ">" in key:
+        return "a glm45 parameter's name has no '<' or '>' and neither begins nor ends blank"
+    return None
+
+
+def _minimax_key(key: str) -> str | None:
+    if not key or key != key.strip() or any(c in key for c in "<>\"'"):
+        return ("a minimax_m2 parameter's name has no '<', '>' or quote and neither begins "
+                "nor ends blank")
+    return None
+
+
+def _xml_layout(tags: XmlTags) -> ParamLayout:
+    # A string's token holds its closing '\n</parameter>' (lexemes' default ending).
+    return ParamLayout("qwen3_coder", _xml_key, tags.tool_start + "\n<function={name}>\n",
+                       "</function>\n" + tags.tool_end, "<parameter={key}>\n",
+                       "\n</parameter>\n", string_close="\n")
+
+
+XML = _xml_layout(QWEN3)
+GLM = ParamLayout("glm45", _glm_key, "<tool_call>{name}\n", "</tool_call>",
+                  "<arg_key>{key}</arg_key>\n<arg_value>", "</arg_value>\n",
+                  string_ends=(GLM_ENDS, ""))
+MINIMAX = ParamLayout("minimax_m2", _minimax_key, '<invoke name="{name}">\n', "</invoke>\n",
+                      '<parameter name="{key}">', "</parameter>\n",
+                      calls=("<minimax:tool_call>\n", "</minimax:tool_call>"),
+                      string_ends=(MINIMAX_ENDS, ""))
 
 
 def pythonic_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int]) -> str:
@@ -148,11 +169,13 @@ def pythonic_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int
     return "\n".join(lines) + "\n"
 
 
-PARAM_GRAMMARS = {"qwen3_coder": xml_calls_grammar, "qwen3_xml": xml_calls_grammar,
-                  "seed_oss": functools.partial(xml_calls_grammar, tags=SEED),
-                  "glm45": glm_calls_grammar, "glm47": glm_calls_grammar,
-                  "minimax_m2": minimax_calls_grammar,
-                  "pythonic": pythonic_calls_grammar, "llama4_pythonic": pythonic_calls_grammar}
+PARAM_GRAMMARS = {
+    "qwen3_coder": functools.partial(calls_grammar, XML),
+    "qwen3_xml": functools.partial(calls_grammar, XML),
+    "seed_oss": functools.partial(calls_grammar, _xml_layout(SEED)),
+    "glm45": functools.partial(calls_grammar, GLM), "glm47": functools.partial(calls_grammar, GLM),
+    "minimax_m2": functools.partial(calls_grammar, MINIMAX),
+    "pythonic": pythonic_calls_grammar, "llama4_pythonic": pythonic_calls_grammar}
 
 
 def _parameters(tool: Tool, i: int, fmt: str, key_problem
@@ -183,25 +206,6 @@ def _parameters(tool: Tool, i: int, fmt: str, key_problem
 
 def _where(i: int, name: str, key: str) -> str:
     return f"'tools[{i}].function.parameters.properties.{key}' ({name})"
-
-
-def _xml_key(key: str) -> str | None:
-    if not key or key[0].isspace() or "<" in key or ">" in key:
-        return "a qwen3_coder parameter's name has no '<' or '>' and does not begin blank"
-    return None
-
-
-def _glm_key(key: str) -> str | None:
-    if not key or key != key.strip() or "<" in key or ">" in key:
-        return "a glm45 parameter's name has no '<' or '>' and neither begins nor ends blank"
-    return None
-
-
-def _minimax_key(key: str) -> str | None:
-    if not key or key != key.strip() or any(c in key for c in "<>\"'"):
-        return ("a minimax_m2 parameter's name has no '<', '>' or quote and neither begins "
-                "nor ends blank")
-    return None
 
 
 def _python_key(key: str) -> str | None:

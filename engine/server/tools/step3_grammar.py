@@ -1,5 +1,5 @@
 """The grammar of ``tool_choice: "required"`` and a named function for step3 (Step-3),
-built of ``param_grammars``' parts:
+``param_grammars.calls_grammar`` in Step-3's layout (``STEP3``):
 
 ``<｜tool_calls_begin｜>``, each call as ``<｜tool_call_begin｜>function<｜tool_sep｜>``
 ``<steptml:invoke name="NAME">``, each declared parameter in turn as
@@ -18,40 +18,15 @@ import functools
 from typing import Any
 
 from kvledger.engine.server.tools import step3_format as step3
-from kvledger.engine.server.tools.lark_text import json_value, lark, rule
+from kvledger.engine.server.tools.lark_text import json_value
 from kvledger.engine.server.tools.param_grammars import (
-    Tools,
+    ParamLayout,
     _bare_string,
-    _in_order,
-    _parameters,
-    _where,
+    calls_grammar,
 )
 from kvledger.engine.server.validation import Refusal
 
-_STEP3_HEAD = step3.CALL_BEGIN + "function" + step3.SEP
 _UNPADDED = r"(?:[^\s<](?:[^<]*[^\s<])?)?"
-
-
-def step3_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int]) -> str:
-    text = functools.partial(lark, specials=specials)
-    call = rule(text(step3.CALLS_BEGIN), "call", "call*" if parallel else "",
-                text(step3.CALLS_END))
-    lines = ["start: " + call]
-    for n, (i, tool) in enumerate(tools):
-        name = tool.function.name
-        params, _ = _parameters(tool, i, "step3", _step3_key)
-        items = []
-        for k, (key, schema, required) in enumerate(params):
-            items.append((f"p_{n}_{k}", required))
-            head = text(f'{step3.PARAMETER}{key}">')
-            value, definition = _step3_value(f"V_{n}_{k}", schema, _where(i, name, key))
-            lines += [f"p_{n}_{k}: " + rule(head, value, text(step3.PARAMETER_END)),
-                      *definition]
-        body, more = _in_order(f"a_{n}", items, "")
-        lines += [f"call_{n}: " + rule(text(_STEP3_HEAD + f'{step3.INVOKE}{name}">'), body,
-                                       text("</steptml:invoke>" + step3.CALL_END)), *more]
-    lines.insert(1, "call: " + " | ".join(f"call_{n}" for n in range(len(tools))))
-    return "\n".join(lines) + "\n"
 
 
 def _step3_value(token: str, schema: Any, where: str) -> tuple[str, list[str]]:
@@ -72,3 +47,11 @@ def _step3_value(token: str, schema: Any, where: str) -> tuple[str, list[str]]:
 
 def _step3_key(key: str) -> str | None:
     return 'a step3 parameter\'s name has no \'"\'' if '"' in key else None
+
+
+STEP3 = ParamLayout("step3", _step3_key,
+                    step3.CALL_BEGIN + "function" + step3.SEP + step3.INVOKE + '{name}">',
+                    "</steptml:invoke>" + step3.CALL_END, step3.PARAMETER + '{key}">',
+                    step3.PARAMETER_END, calls=(step3.CALLS_BEGIN, step3.CALLS_END),
+                    value=_step3_value)
+step3_calls_grammar = functools.partial(calls_grammar, STEP3)
