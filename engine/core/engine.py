@@ -63,7 +63,8 @@ class LLMEngine:
             log.info("headroom: %s", self.headroom.describe())
         self.scheduler = Scheduler(ledger, plan.max_num_seqs, plan.max_num_batched_tokens,
                                    config.max_loras if config.enable_lora else None, self.headroom)
-        self.sampler = Sampler(config.seed, runner.device, tokenizer.eos_token_ids)
+        self.sampler = Sampler(config.seed, runner.device, tokenizer.eos_token_ids,
+                               config.logprobs_mode)
         self._shared_generator = self.sampler.generator  # unseeded rows draw from it
         self.intake = Intake(self.scheduler)  # what add_request and abort_request queue
         self.consecutive_failed_steps = 0

@@ -62,6 +62,7 @@ class RankSpec:
     master_addr: str = "127.0.0.1"  # where rank 0's store listens (--master-addr)
     paged: bool = False  # attention reads the KV pool in place (--attention-backend)
     weight_reading: WeightReading = AS_VLLM_DEFAULTS  # --safetensors-load-strategy and co.
+    prompt_logits: bool = False  # prompt logprobs report logits (--logprobs-mode *_logits)
 
     def device_index(self, rank: int) -> int:
         """``rank``'s GPU on its own machine."""

@@ -56,8 +56,8 @@ def start_ranks(config: EngineConfig, plan: Plan, source, device: torch.device,
                     timeout_s=RANK_TIMEOUT_S, threads=threads, fuse=not config.enable_lora,
                     stages=stages, nodes=nodes.count if nodes else 1,
                     master_addr=nodes.master_addr if nodes else DEFAULT_MASTER_ADDR,
-                    paged=paged,
-                    weight_reading=config.weight_reading)
+                    paged=paged, weight_reading=config.weight_reading,
+                    prompt_logits=config.logprobs_mode.endswith("logits"))
     planned_on = [probed]
 
     def plan_on_machines(devices: dict[int, DeviceMemory | None]) -> None:

@@ -125,15 +125,19 @@ def build_runner(spec: RankSpec, rank: int) -> ModelRunner:
                            torch.device("cpu") if tp > 1 else device, stage=stage,
                            reading=spec.reading(rank))
         model = shard_model(model, Ranks(rank % tp, tp, group)).to(device)
-        return StageRunner(model, device, spec.max_model_len, spec.block_size, fuse=spec.fuse,
-                           tp_rank=rank % tp, tp=tp, paged=spec.paged)
+        runner = StageRunner(model, device, spec.max_model_len, spec.block_size,
+                             fuse=spec.fuse, tp_rank=rank % tp, tp=tp, paged=spec.paged)
+        runner.prompt_logits = spec.prompt_logits
+        return runner
     # The whole checkpoint is read on the host, then cut: only the shard reaches the device.
     model = load_model(spec.model_dir, config, TORCH_DTYPES[spec.dtype], torch.device("cpu"),
                        reading=spec.reading(rank))
     model = shard_model(model, Ranks(rank, spec.world))
     model = model.to(device)
-    return ModelRunner(model, device, spec.max_model_len, spec.block_size, fuse=spec.fuse,
-                       paged=spec.paged)
+    runner = ModelRunner(model, device, spec.max_model_len, spec.block_size, fuse=spec.fuse,
+                         paged=spec.paged)
+    runner.prompt_logits = spec.prompt_logits
+    return runner
 
 
 def stage_groups(spec: RankSpec, rank: int) -> ProcessGroup | None:

@@ -89,6 +89,7 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None  # use_decode_graphs
         self.weights: Weights | None = None  # where they were read: read again after sleep
         self.time_to_ready: TimeToReady | None = None  # what its start took (startup.py)
+        self.prompt_logits = False  # prompt logprobs report logits (--logprobs-mode *_logits)
 
     def enable_lora(self, max_loras: int, max_lora_rank: int) -> int:
         """Preallocate the adapter slots (after the packed base layers); returns their bytes."""
@@ -178,7 +179,8 @@ class ModelRunner:
             begin = start + first + 1  # the first token these rows predict
             targets = torch.tensor(seq.prompt_token_ids[begin:begin + rows.shape[0]],
                                    dtype=torch.long, device=self.device)
-            entries += logprobs_of(self.model.logits(rows), targets, [k] * rows.shape[0])()
+            entries += logprobs_of(self.model.logits(rows), targets, [k] * rows.shape[0],
+                                   self.prompt_logits)()
         return entries
 
     @torch.inference_mode()

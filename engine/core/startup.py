@@ -86,6 +86,7 @@ def build(config: EngineConfig) -> tuple[Plan, Tokenizer, ModelRunner, KVLedger]
                                  paged=reads_in_place(config, device))
             runner.weights = weights  # read again on waking from sleep level 2 (core/sleep.py)
     runner.time_to_ready = ready  # the server adds its warm-up
+    runner.prompt_logits = config.logprobs_mode.endswith("logits")  # rank 0's (ranks': spec)
     graphs = (config.tensor_parallel_size == config.pipeline_parallel_size == 1
               and not config.enforce_eager and not config.enable_lora
               and runner.can_use_decode_graphs())

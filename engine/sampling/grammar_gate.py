@@ -112,6 +112,11 @@ class GatedMatcher:
         if self.open:
             self._inner.fill_mask(logits_row)
 
+    def apply_mask(self, logits_row: torch.Tensor) -> None:
+        """The mask ``fill_mask`` last applied, again (nothing while the reasoning runs)."""
+        if self.open:
+            self._inner.apply_mask(logits_row)
+
     def accept(self, token_id: int) -> bool:
         """Once open, the grammar's answer. Closed, every token is accepted; a gate token
         opens it (an ``at`` token is the grammar's first: refused there, the output can

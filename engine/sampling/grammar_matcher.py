@@ -81,6 +81,10 @@ class GrammarMatcher:
         """Set every disallowed token's logit to -inf, in place (a [vocab_size] row, on CPU
         or CUDA)."""
         self.compute_mask()
+        self.apply_mask(logits_row)
+
+    def apply_mask(self, logits_row: torch.Tensor) -> None:
+        """``fill_mask`` with the mask it last computed (this position's, already read)."""
         # Bit i of word w is token 32 w + i: the words' bytes unpacked little-endian.
         bits = np.unpackbits(self._bitmask.view(np.uint8), count=logits_row.shape[-1],
                              bitorder="little")

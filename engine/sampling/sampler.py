@@ -1,6 +1,7 @@
 """Pick each sequence's next token from its logits: logits processing (bias, penalties,
 grammar, min_tokens) for the rows that ask, then greedy, temperature, top-k, top-p; and
-logprobs, from the raw logits, for the rows that ask.
+logprobs, from the raw logits (under the grammar's mask, as vLLM's) or, by
+``--logprobs-mode``, those sampled from, for the rows that ask.
 
 A request with a ``seed`` draws from its own generator, so its tokens do not depend on
 what else is in the batch; the others share the engine's generator. A batch of
@@ -84,9 +85,17 @@ def sample_each(sampler: Callable[[torch.Tensor, list[Sequence]], SamplerOutput]
 
 
 class Sampler:
-    def __init__(self, seed: int, device: torch.device, eos_token_ids: Iterable[int] = ()) -> None:
+    def __init__(self, seed: int, device: torch.device, eos_token_ids: Iterable[int] = (),
+                 logprobs_mode: str = "raw_logprobs") -> None:
+        """``logprobs_mode``: vLLM's ``--logprobs-mode``, what a row's logprobs report:
+        ``raw_*`` the model's logits (or their log_softmax), the grammar's mask applied as
+        vLLM applies it before sampling; ``processed_*`` those the token was drawn from
+        (processed, then temperature, min_p, top_k and top_p's exclusions at ``-inf``; a
+        greedy row's processed only)."""
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.eos_token_ids = frozenset(eos_token_ids)  # masked out until min_tokens
+        self.processed = logprobs_mode.startswith("processed")
+        self.as_logits = logprobs_mode.endswith("logits")
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         """``logits``: float32 ``[len(seqs), vocab]`` (raw), one row per sequence in order.
@@ -110,19 +119,37 @@ class Sampler:
             for row in processed:
                 logits[row] = process_logits(raw[row], seqs[row], self.eos_token_ids)
         token_ids = logits.argmax(dim=-1)
+        reported = raw  # the rows the asked logprobs are read from
+        if self.processed and asked:
+            reported = logits.clone() if sampled else logits
+        elif masked := [row for row in asked if seqs[row].matcher is not None
+                        and not seqs[row].matcher.dead_end]:
+            # vLLM masks the grammar's tokens before its sampler: its raw values of a
+            # constrained row are the allowed tokens' (the mask just computed, applied again).
+            reported = raw.clone()
+            for row in masked:
+                seqs[row].matcher.apply_mask(reported[row])
         if sampled:
-            drawn = torch.cat([self._sample_row(logits[row], seqs[row]) for row in sampled])
+            draws = []
+            for row in sampled:
+                drawn, filtered = self._sample_row(logits[row], seqs[row])
+                draws.append(drawn)
+                if reported is not raw:
+                    reported[row] = filtered
             index = torch.tensor(sampled, dtype=torch.long, device=logits.device)
-            token_ids = token_ids.index_copy(0, index, drawn)
+            token_ids = token_ids.index_copy(0, index, torch.cat(draws))
         if not asked:
             return SamplerOutput(token_ids.tolist(), {})
         index = torch.tensor(asked, dtype=torch.long, device=logits.device)
-        read = logprobs_of(raw[index], token_ids[index], [seqs[row].params.logprobs for row in asked])
+        read = logprobs_of(reported[index], token_ids[index],
+                           [seqs[row].params.logprobs for row in asked], self.as_logits)
         token_id_list = token_ids.tolist()  # the one wait for the device; the rest is copied
         return SamplerOutput(token_id_list, dict(zip(asked, read(), strict=True)))
 
-    def _sample_row(self, logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
-        """One token id drawn from ``logits`` ``[vocab]``, as a ``[1]`` tensor."""
+    def _sample_row(self, logits: torch.Tensor, seq: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token id drawn from ``logits`` ``[vocab]``, as a ``[1]`` tensor, and the
+        logits it was drawn from: scaled by the temperature, what min_p and top_k (and,
+        in a ``processed_*`` logprobs mode, top_p) leave out at ``-inf``."""
         params = seq.params
         logits = logits / params.temperature
         if params.min_p > 0.0:  # probability under min_p x the top one's: out (never the top)
@@ -139,8 +166,11 @@ class Sampler:
             drop[0] = False  # a top_p below float32's smallest (1e-300) would drop every token
             sorted_probs = sorted_probs.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+            if self.processed:  # what top_p left out, in the logits too
+                logits = logits.masked_fill(torch.zeros_like(drop).scatter_(0, order, drop),
+                                            NEG_INF)
         generator = seq.generator or self.generator
-        return torch.multinomial(probs, 1, generator=generator)
+        return torch.multinomial(probs, 1, generator=generator), logits
 
 
 def process_logits(logits: torch.Tensor, seq: Sequence, eos_token_ids: frozenset[int]) -> torch.Tensor:

@@ -15,6 +15,8 @@ DEVICES = ("auto", "cuda", "cpu")
 # reads the cache in place); CPU_ATTN, vLLM's CPU backend, is TORCH_SDPA here.
 ATTENTION_BACKENDS = ("auto", "TRITON_ATTN", "TORCH_SDPA", "CPU_ATTN")
 ADMISSIONS = ("reserve", "safe")  # --admission: engine/kv/ledger.py and engine/kv/safety.py
+# vLLM's --logprobs-mode: the model's log-probabilities or logits, raw or as sampled.
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
 POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy: engine/admission/order.py
 QUANTIZATIONS = ("fp8",)  # --quantization: what the engine quantizes to on load
 

@@ -29,6 +29,7 @@ from kvledger.engine.settings.config_values import (
     DTYPES,
     KV_CACHE_DTYPES,
     LOAD_STRATEGY,
+    LOGPROBS_MODES,
     MIN_DEFAULT_BATCHED_TOKENS,
     NAMES,
     POLICIES,
@@ -228,6 +229,14 @@ class WorkloadSettings:
         0, "--seed", INTEGER, group=WORKLOAD,
         help="the seed of random sampling (default 0)",
         crd=Crd("engine", schema={"minimum": 0}))
+    logprobs_mode: str = setting(  # sampling/logprobs.py
+        "raw_logprobs", "--logprobs-mode", choice(LOGPROBS_MODES), group=WORKLOAD,
+        help="vLLM's: what logprobs and prompt_logprobs report: raw_logprobs (default: the "
+             "model's), raw_logits, processed_logprobs or processed_logits (after bias, "
+             "penalties, bad words, allowed tokens, the grammar, min_tokens, then temperature, "
+             "min_p, top_k and top_p: the distribution sampled; prompt tokens' are raw)",
+        crd=Crd("engine", "what logprobs report (--logprobs-mode): raw_logprobs, raw_logits, "
+                          "processed_logprobs or processed_logits"))
     generation_config: str = setting(
         "auto", "--generation-config", PATH, metavar="auto|vllm|DIR", group=WORKLOAD,
         help="vLLM's: the sampling defaults (temperature, top_p, top_k, min_p, "

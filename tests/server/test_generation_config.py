@@ -117,10 +117,10 @@ def test_min_p_keeps_only_tokens_near_the_top():
     sampler = Sampler(0, torch.device("cpu"), frozenset())
     logits = torch.randn(64, generator=torch.Generator().manual_seed(1))
     near = SamplingParams(temperature=1.0, min_p=1.0)
-    drawn = {int(sampler._sample_row(logits, Seq(near))) for _ in range(20)}
+    drawn = {int(sampler._sample_row(logits, Seq(near))[0]) for _ in range(20)}
     assert drawn == {int(logits.argmax())}
     wide = SamplingParams(temperature=1.0, min_p=0.0)
-    assert len({int(sampler._sample_row(logits, Seq(wide))) for _ in range(50)}) > 1
+    assert len({int(sampler._sample_row(logits, Seq(wide))[0]) for _ in range(50)}) > 1
     with pytest.raises(BadInput, match="min_p must be a number in"):
         SamplingParams(min_p=1.5)
 

@@ -110,6 +110,9 @@ class _DeadEndMatcher:
         if self.steps == 0:
             self.dead_end = True  # the library allows nothing: the row is left raw
 
+    def apply_mask(self, row) -> None:  # allows anything until its dead end
+        pass
+
     def accept(self, token_id: int) -> bool:
         if self.steps == 0:
             return False

@@ -70,6 +70,21 @@ def test_prompt_logprobs_come_back_from_the_last_stage(make_model_dir) -> None:
 
 
 @pytest.mark.timeout(300)
+def test_prompt_logits_under_logprobs_mode_come_back_from_the_last_stage(make_model_dir) -> None:
+    """--logprobs-mode raw_logits reaches the last stage's process (its RankSpec): the
+    prompt's values are logits there as in one process, not log-probabilities."""
+    model_dir = make_model_dir("tiny-llama")
+    one, _ = _run(model_dir, 1, SCORED, logprobs_mode="raw_logits")
+    staged, _ = _run(model_dir, 2, SCORED, logprobs_mode="raw_logits")
+    logprobs, _ = _run(model_dir, 1, SCORED)
+    for a, b, c in zip(one, staged, logprobs, strict=True):
+        for x, y, z in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:], c.prompt_logprobs[1:],
+                           strict=True):
+            assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
+            assert x.logprob != pytest.approx(z.logprob, abs=1e-3)  # not log_softmax's
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
 def test_two_stages_of_two_ranks_each_equal_one_process(make_model_dir, name) -> None:
     """pp = 2 x tp = 2: four processes, each stage's two ranks sharded and all-reducing in

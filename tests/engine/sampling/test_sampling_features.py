@@ -266,6 +266,8 @@ class ForcedMatcher:
         logits_row.fill_(NEG_INF)
         logits_row[allowed] = keep
 
+    apply_mask = fill_mask  # the same mask again (no state of its own changes)
+
     def accept(self, token_id: int) -> bool:
         if self.is_terminated or token_id != self.expected[self.position]:
             return False
@@ -296,6 +298,8 @@ class NothingGrammar:
 
             def fill_mask(self, logits_row: torch.Tensor) -> None:
                 pass
+
+            apply_mask = fill_mask
 
             def accept(self, token_id: int) -> bool:
                 grammar.refused = token_id
