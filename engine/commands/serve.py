@@ -19,6 +19,7 @@ from kvledger.engine.model.chat_template import checked_template
 from kvledger.engine.server.serve import serve
 from kvledger.engine.server.state import ServeOptions
 from kvledger.engine.server.tenants import read_tenants_file
+from kvledger.engine.server.tls import ServerTls
 from kvledger.engine.settings.config_flags import add_serve_flags, config_from_args
 from kvledger.engine.settings.declare import values_from_args
 from kvledger.engine.settings.node_config import nodes_from_args
@@ -44,6 +45,7 @@ def main(args: argparse.Namespace) -> int:
 
         return run_node(config, nodes)
     config = dataclasses.replace(config, nodes=nodes)
+    tls = ServerTls.of(serving)  # the files read and checked now, before the model loads
     if is_hub_uri(config.model):
         from huggingface_hub import constants
 
@@ -59,7 +61,7 @@ def main(args: argparse.Namespace) -> int:
                    else os.environ.get("KVLEDGER_METRICS_API_KEY"))
     options = ServeOptions.of(serving, api_keys=api_keys, metrics_api_key=metrics_key or None,
                               chat_template=template, tenants=tenants)
-    return asyncio.run(serve(config, options, serving.host, serving.port))
+    return asyncio.run(serve(config, options, tls))
 
 
 API_KEY_VARIABLES = ("KVLEDGER_API_KEY", "VLLM_API_KEY")  # ours, and vLLM's (a Secret's)

@@ -14,12 +14,14 @@ import threading
 from pathlib import Path
 from typing import NoReturn
 
-from kvledger.engine.errors import DoesNotFit, KvledgerError, plain
+from kvledger.engine.errors import DoesNotFit, KvledgerError
 from kvledger.engine.frontend.served import Served
 from kvledger.engine.server import listen
 from kvledger.engine.server.app import build_app
 from kvledger.engine.server.root_path import serve_under
 from kvledger.engine.server.state import STATE, ServeOptions
+from kvledger.engine.server.tls import ServerTls
+from kvledger.engine.server.tls import follow as follow_tls
 from kvledger.engine.slow_clients import limited_runner
 
 log = logging.getLogger("kvledger.serve")
@@ -75,8 +77,9 @@ def _settle(future: asyncio.Future, result, exc: BaseException | None) -> None:
         future.set_result(result)
 
 
-async def serve(config, options: ServeOptions, host: str, port: int) -> int:
-    """Serve ``config``'s model with ``options`` on ``host:port`` until stopped; the exit code."""
+async def serve(config, options: ServeOptions, tls: ServerTls | None = None) -> int:
+    """Serve ``config``'s model with ``options`` where they say (``--host``/``--port``, or
+    ``--uds``), HTTPS with ``tls``, until stopped; the exit code."""
     app = build_app(options)
     state = app[STATE]
     runner = limited_runner(app, header_timeout_s=options.header_timeout_s,
@@ -87,18 +90,21 @@ async def serve(config, options: ServeOptions, host: str, port: int) -> int:
     if options.root_path:
         serve_under(runner.server, options.root_path)
     try:
-        site = listen.site(runner, host, port)
-        await site.start()
-    except (OSError, UnicodeError) as exc:  # UnicodeError: a name IDNA cannot spell
+        where = await listen.start(runner, options.host, options.port, options.uds,
+                                   tls.context if tls else None,
+                                   handshake_timeout_s=options.header_timeout_s)
+    except KvledgerError:
         await runner.cleanup()
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise KvledgerError(f"cannot listen on {plain(host)}:{port}: {reason}") from None
+        raise
     loop = asyncio.get_running_loop()
     # The first stop signal's name: Ctrl-C is SIGINT, the kubelet sends SIGTERM.
     stopped: asyncio.Future[str] = loop.create_future()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _settle, stopped, sig.name, None)
-    log.info("listening on %s; loading %s", listen.url(host, port), config.model)
+    log.info("listening on %s; loading %s", where, config.model)
+    # --enable-ssl-refresh: from now on, so a certificate renewed while loading is served.
+    refresher = (asyncio.create_task(follow_tls(tls.context, tls.files))
+                 if tls is not None and tls.refresh else None)
     try:
         loading = _load_in_thread(config)
         await asyncio.wait([loading, stopped], return_when=asyncio.FIRST_COMPLETED)
@@ -112,8 +118,8 @@ async def serve(config, options: ServeOptions, host: str, port: int) -> int:
             return exc.exit_code
         await state.attach(engine)
         served, pool = state.served, state.served.pool()
-        log.info("ready: serving %r (context %d tokens, %d KV blocks of %d tokens)",
-                 served.model_name, served.max_model_len, pool.num_blocks, pool.block_size)
+        log.info("ready: serving %r on %s (context %d tokens, %d KV blocks of %d tokens)",
+                 served.model_name, where, served.max_model_len, pool.num_blocks, pool.block_size)
         lost = _rank_lost(served, loop)
         followers = [task for task in (_follow_sleep_file(state, options),
                                        _follow_objectives(state)) if task is not None]
@@ -128,6 +134,8 @@ async def serve(config, options: ServeOptions, host: str, port: int) -> int:
     finally:
         if not stopped.done():
             stopped.cancel()
+        if refresher is not None:
+            refresher.cancel()
         if state.served is not None:
             state.served.stop_ranks()
         await runner.cleanup()

@@ -1,8 +1,9 @@
 """Values of flags that both ``kvledger serve`` (its settings, ``serve_values.py``) and the
 vLLM flags ``plan`` and ``preflight`` accept without using (``vllm_rules.py``) read the
 same way, so a launch line whose value serve refuses is refused by plan too: JSON objects
-and lists, log levels, optional counts, the logprobs limit. Each is an argparse type: a bad value is
-``argparse.ArgumentTypeError``, which the command line turns into one ``error:`` line.
+and lists, log levels, optional counts, the logprobs limit, TLS's client-certificate
+demand. Each is an argparse type: a bad value is ``argparse.ArgumentTypeError``, which the
+command line turns into one ``error:`` line.
 """
 
 from __future__ import annotations
@@ -88,4 +89,25 @@ def max_logprobs(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if not 0 <= value <= MAX_LOGPROBS:
         raise too_many_logprobs("--max-logprobs", text)
+    return value
+
+
+# vLLM's --ssl-cert-reqs: uvicorn's int of Python's ssl.VerifyMode.
+VERIFY_MODES = {0: "none", 1: "optional", 2: "required"}
+
+
+def bad_cert_reqs(flag: str, given: object) -> BadInput:
+    return BadInput(f"{flag} {given}: must be 0 (no client certificate), 1 (optional) or 2 "
+                    "(required), as uvicorn's ssl.VerifyMode")
+
+
+def cert_reqs(text: str) -> int:
+    """--ssl-cert-reqs: 0, 1 or 2 (``ssl.CERT_NONE``, ``CERT_OPTIONAL``, ``CERT_REQUIRED``);
+    any other is refused by serve and plan alike (vLLM's uvicorn fails on it at start)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 0, 1 or 2, got {text!r}") from None
+    if value not in VERIFY_MODES:
+        raise bad_cert_reqs("--ssl-cert-reqs", text)
     return value

@@ -1,7 +1,8 @@
-"""``kvledger serve``'s HTTP listener: where it listens, the keys that open it, how long a
-slow client may hold a connection (and a request's grammar may take to compile), and the
-SIGTERM drain. One of the parts ``ServeConfig`` (``serve_config.py``) is made of; its
-fields come first in serve's flags and the pod's.
+"""``kvledger serve``'s HTTP listener: where it listens (host and port, or a unix socket), its
+TLS (HTTPS, client certificates), the keys that open it, how long a slow client may hold a
+connection (and a request's grammar may take to compile), and the SIGTERM drain. One of
+the parts ``ServeConfig`` (``serve_config.py``) is made of; its fields come first in
+serve's flags and the pod's.
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvledger.engine.settings.declare import Crd, setting
-from kvledger.engine.settings.kinds import ON, SECONDS, SECONDS_OR_ZERO, TEXT
+from kvledger.engine.settings.kinds import ON, PATH, SECONDS, SECONDS_OR_ZERO, SWITCH, TEXT
 from kvledger.engine.settings.serve_values import (
     BODY_BYTES,
+    CERT_REQS,
     LAST_WORDS,
     PORT,
     ROOT_PATH,
@@ -32,6 +34,39 @@ class ListenerConfig:
         8000, "--port", PORT, group=SERVER, help="the port to listen on (default %(default)s)",
         crd=Crd("", "HTTP port of the engine and the Service", schema={"maximum": 65535},
                 defaulted=True))
+    uds: str | None = setting(  # server/listen.py
+        None, "--uds", PATH, metavar="PATH", group=SERVER,
+        help="vLLM's: serve on this unix domain socket instead (--host and --port are then "
+             "ignored, as vLLM's); a socket file left there by an earlier run is replaced")
+    # TLS (server/tls.py): uvicorn's options as vLLM passes them on; the files are read and
+    # checked at start, before the model loads. Not in the CRD: a gateway or the Service's
+    # ingress terminates TLS in a cluster.
+    ssl_keyfile: str | None = setting(
+        None, "--ssl-keyfile", PATH, metavar="PATH", group=SERVER,
+        help="vLLM's: serve HTTPS with this PEM private key (not encrypted: vLLM has no "
+             "password flag) and --ssl-certfile's certificate")
+    ssl_certfile: str | None = setting(
+        None, "--ssl-certfile", PATH, metavar="PATH", group=SERVER,
+        help="vLLM's: serve HTTPS with this PEM certificate (its chain after it; the key "
+             "too when --ssl-keyfile is not given, as uvicorn reads it)")
+    ssl_ca_certs: str | None = setting(
+        None, "--ssl-ca-certs", PATH, metavar="PATH", group=SERVER,
+        help="vLLM's: the PEM CA certificates that clients' certificates are checked "
+             "against (with --ssl-cert-reqs 1 or 2)")
+    ssl_cert_reqs: int = setting(
+        0, "--ssl-cert-reqs", CERT_REQS, group=SERVER,
+        help="vLLM's (uvicorn's ssl.VerifyMode): whether a client must show a certificate "
+             "that --ssl-ca-certs signs: 0 no (default), 1 optional (checked if shown), 2 "
+             "required (mutual TLS)")
+    ssl_ciphers: str | None = setting(
+        None, "--ssl-ciphers", TEXT, metavar="CIPHERS", group=SERVER,
+        help="vLLM's: the OpenSSL cipher list for TLS 1.2 and below (e.g. "
+             "ECDHE-RSA-AES256-GCM-SHA384); TLS 1.3's suites are OpenSSL's own (default: "
+             "OpenSSL's)")
+    enable_ssl_refresh: bool = setting(
+        False, "--enable-ssl-refresh", SWITCH, group=SERVER,
+        help="vLLM's: load the key, certificate and CA files again when they change "
+             "(looked at every second): new connections get them, open ones are kept")
     root_path: str | None = setting(  # server/root_path.py
         None, "--root-path", ROOT_PATH, group=SERVER,
         help="vLLM's: the path prefix a path-routing proxy serves the API under (e.g. "
@@ -74,8 +109,8 @@ class ListenerConfig:
     # balancers, so they, not the server, close idle connections (no race on reuse).
     header_timeout_s: float = setting(
         10.0, "--header-timeout", SECONDS, group=SERVER,
-        help="close a connection whose request headers take longer than this (default "
-             "%(default)g)")
+        help="close a connection whose request headers (or, with TLS, its handshake) take "
+             "longer than this (default %(default)g)")
     body_timeout_s: float = setting(
         30.0, "--body-timeout", SECONDS, group=SERVER,
         help="answer 408 to a request whose body takes longer than this after its headers "

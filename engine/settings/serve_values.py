@@ -11,6 +11,9 @@ from kvledger.engine.errors import BadInput
 from kvledger.engine.settings.config_values import MAX_LOGPROBS
 from kvledger.engine.settings.flag_values import (
     LOG_LEVELS,
+    VERIFY_MODES,
+    bad_cert_reqs,
+    cert_reqs,
     json_object,
     json_strings,
     log_level,
@@ -77,6 +80,11 @@ def _log_level(flag: str, value: Any) -> None:
                        f"{value!r}")
 
 
+def _cert_reqs(flag: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value not in VERIFY_MODES:
+        raise bad_cert_reqs(flag, value)
+
+
 def root_path(text: str) -> str | None:
     """argparse type of ``--root-path``: a path prefix, ``/`` then segments (a trailing
     ``/`` dropped; ``/`` alone or empty: none)."""
@@ -111,6 +119,8 @@ JSON_OBJECT = Kind("object", parse=json_object, check=_object, metavar="JSON",
 # vLLM's --log-level spells them DEBUG, kvledger's serve debug: either, any case.
 LOG_LEVEL = Kind("choice", parse=log_level, check=_log_level, values=LOG_LEVELS,
                  metavar="LEVEL")
+# uvicorn's ssl_cert_reqs (ssl.VerifyMode): 0 none, 1 optional, 2 required.
+CERT_REQS = Kind("choice", parse=cert_reqs, check=_cert_reqs, metavar="0|1|2")
 ROOT_PATH = Kind("text", parse=root_path, check=_root_path, metavar="PREFIX")
 JSON_STRINGS = Kind("text", parse=json_strings, check=_strings, metavar="JSON",
                     render=lambda value: [json.dumps(list(value))])

@@ -27,6 +27,14 @@ from kvledger.engine.settings.structured_outputs_config import StructuredOutputs
 DECLARED = {
     "host": ("--host", None, "0.0.0.0"),
     "port": ("--port", ".port", 8000),
+    "uds": ("--uds", None, None),
+    # TLS: not in the CRD (a gateway or ingress terminates it in a cluster)
+    "ssl_keyfile": ("--ssl-keyfile", None, None),
+    "ssl_certfile": ("--ssl-certfile", None, None),
+    "ssl_ca_certs": ("--ssl-ca-certs", None, None),
+    "ssl_cert_reqs": ("--ssl-cert-reqs", None, 0),
+    "ssl_ciphers": ("--ssl-ciphers", None, None),
+    "enable_ssl_refresh": ("--enable-ssl-refresh", None, False),
     "root_path": ("--root-path", None, None),
     "api_keys": ("--api-key", None, ()),  # apiKeySecretRef: the engine's KVLEDGER_API_KEY
     "api_key_file": ("--api-key-file", None, None),
