@@ -11,10 +11,10 @@ in it. The others are refused until a reader of their format is written.
 
 from __future__ import annotations
 
-TOOL_PARSERS = ("deepseek_v3", "deepseek_v31", "glm45", "glm47", "hermes", "kimi_k2",
-                "llama3_json", "llama4_json", "llama4_pythonic", "minimax_m2", "mistral",
-                "pythonic", "qwen3_coder", "qwen3_json", "qwen3_xml", "seed_oss", "step3",
-                "xlam")
+TOOL_PARSERS = ("deepseek_v3", "deepseek_v31", "glm45", "glm47", "hermes", "hunyuan_a13b",
+                "internlm", "jamba", "kimi_k2", "llama3_json", "llama4_json",
+                "llama4_pythonic", "longcat", "minimax_m2", "mistral", "pythonic",
+                "qwen3_coder", "qwen3_json", "qwen3_xml", "seed_oss", "step3", "xlam")
 
 
 def _unread(fmt: str) -> str:
@@ -44,17 +44,13 @@ REFUSED_TOOL_PARSERS = {
     "granite-20b-fc": _unread("Granite 20B's <function_call> objects"),
     "granite4": _unread("Granite 4's <tool_call> JSON, read beside its content segments"),
     "hf": "it reads the chat template's response schema, not a fixed call format",
-    "hunyuan_a13b": _unread("Hunyuan-A13B's <tool_calls> JSON lists beside <think>"),
     "hy_v3": _SUFFIXED,
     "hy_v4": _SUFFIXED,
     "inkling": _unread("Inkling's typed tool blocks"),
-    "internlm": _unread("InternLM2's <|action_start|><|plugin|> calls"),
-    "jamba": _unread("Jamba's <tool_calls> JSON lists"),
     "k2_horizon": _unread(_ARG_TAGS.format("K2 Horizon's <ifm|tool_call>")),
     "kimi_k3": _unread("Kimi K3's <|open|>...<|close|> blocks"),
     "lfm2": _unread("LFM2's <|tool_call_start|> Python lists"),
     "ling3": _unread("Ling 3's tool calls"),
-    "longcat": _unread("LongCat's <longcat_tool_call> calls"),
     "mimo": _unread("MiMo's tool calls"),
     "minicpm5": _unread("MiniCPM 5's XML calls"),
     "minimax_m3": _unread("MiniMax-M3's tool calls"),

@@ -83,6 +83,13 @@ LAUNCH_LINES = [
      "minimax_m2", ACCEPTED),
     ("Step-3 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser step3", ACCEPTED),
     ("xLAM tool calling", "{model} --enable-auto-tool-choice --tool-call-parser xlam", ACCEPTED),
+    ("Jamba tool calling", "{model} --enable-auto-tool-choice --tool-call-parser jamba", ACCEPTED),
+    ("Hunyuan-A13B tool calling", "{model} --enable-auto-tool-choice --tool-call-parser "
+     "hunyuan_a13b", ACCEPTED),
+    ("InternLM2 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser internlm",
+     ACCEPTED),
+    ("LongCat tool calling", "{model} --enable-auto-tool-choice --tool-call-parser longcat",
+     ACCEPTED),
     ("tool calling: another parser", "{model} --tool-call-parser openai",
      "--tool-call-parser"),
     ("reasoning outputs", "{model} --reasoning-parser deepseek_r1", ACCEPTED),
@@ -229,9 +236,10 @@ def test_version_prints_the_distribution_version(capsys) -> None:
 @pytest.mark.parametrize(("argv", "message"), [
     (["--tool-call-parser", "openai"], "error: --tool-call-parser openai: kvledger does not "
      "support that tool-call parser (only deepseek_v3, deepseek_v31, glm45, glm47, hermes, "
-     "kimi_k2, llama3_json, llama4_json, llama4_pythonic, minimax_m2, mistral, pythonic, "
-     "qwen3_coder, qwen3_json, qwen3_xml, seed_oss, step3 or xlam): gpt-oss's calls are "
-     "Harmony channel messages, which kvledger does not parse"),
+     "hunyuan_a13b, internlm, jamba, kimi_k2, llama3_json, llama4_json, llama4_pythonic, "
+     "longcat, minimax_m2, mistral, pythonic, qwen3_coder, qwen3_json, qwen3_xml, seed_oss, "
+     "step3 or xlam): gpt-oss's calls are Harmony channel messages, which kvledger does not "
+     "parse"),
     (["--enable-auto-tool-choice"], "error: --enable-auto-tool-choice requires "
      "--tool-call-parser"),
 ])

@@ -45,12 +45,13 @@ def checked_calls(choice, finish_reason: str = "tool_calls",
 
 async def required_round_trip(sdk_serve, llm, parser: str, marker: str,
                               good_id: Callable[[object], bool] = vllm_id,
-                              with_ids: bool = False) -> None:
+                              with_ids: bool = False, seed: int = 1) -> None:
     """``tool_choice: "required"``: calls whole and streamed alike, the first token the
-    format's ``marker`` as its own token."""
+    format's ``marker`` as its own token. ``seed``: one whose random calls end within the
+    answer's 300 tokens (a format whose calls take many tokens may keep calling past it)."""
     name, client = await sdk_serve(tool_call_parser=parser)
     body = {"model": name, "messages": ASK, "tools": TOOLS, "tool_choice": "required",
-            "max_tokens": 300, "seed": 1, "temperature": 1.0}
+            "max_tokens": 300, "seed": seed, "temperature": 1.0}
     whole = (await client.chat.completions.create(**body)).choices[0]
     streamed = await _streamed(client, **body)
     assert (checked_calls(streamed, good_id=good_id, with_ids=with_ids)

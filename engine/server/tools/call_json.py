@@ -174,6 +174,15 @@ class ArgumentsSpan:
         return reached
 
 
+def dumped(value: Any) -> str | None:
+    """``json.dumps(value, ensure_ascii=False)`` (how vLLM writes the arguments it parsed),
+    None for a value nested past what the encoder recurses into."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except RecursionError:
+        return None
+
+
 def call_value(value: Any, keys: tuple[str, ...] = ARGUMENTS_KEYS) -> tuple[str, str] | None:
     """``{"name": ..., <key>: {...}}`` as a name and its arguments' JSON text, else None."""
     if not (isinstance(value, dict) and isinstance(value.get("name"), str)):

@@ -18,7 +18,10 @@ The format is ``--tool-call-parser``'s, else the one the model's chat template s
 ``<|python_tag|>``: llama3_json; ``<｜tool▁calls▁begin｜>``: deepseek_v3 when it fences
 the arguments as a json code block, else deepseek_v31; ``<|tool_calls_section_begin|>``:
 kimi_k2; ``<tool_call>`` with ``<arg_key>``: glm45;
-``<minimax:tool_call>``: minimax_m2; ``<｜tool_calls_begin｜>``: step3), else hermes. A format's markers that the tokenizer
+``<minimax:tool_call>``: minimax_m2; ``<｜tool_calls_begin｜>``: step3;
+``<|action_start|><|plugin|>``: internlm; ``<longcat_tool_call>``: longcat;
+``<tool_calls>``: hunyuan_a13b when the template asks replies to begin ``助手：``, else
+jamba), else hermes. A format's markers that the tokenizer
 holds as special tokens (Mistral's ``[TOOL_CALLS]``, Llama's ``<|python_tag|>``) are kept
 in the text the parser reads (``ToolPlan.kept_ids``; decoding drops every other special
 token), and the grammar writes them as those tokens.
@@ -41,7 +44,13 @@ from kvledger.engine.server.tools.deepseek_format import (
     V3_CLOSE,
 )
 from kvledger.engine.server.tools.formats import ARGS, CONTROL_TOKENS
+from kvledger.engine.server.tools.hunyuan_format import REPLY as HUNYUAN_REPLY
+from kvledger.engine.server.tools.internlm_format import ACTION_END, CALL_START
+from kvledger.engine.server.tools.jamba_format import TAG_END as LIST_END
+from kvledger.engine.server.tools.jamba_format import TAG_START as LIST_START
 from kvledger.engine.server.tools.lark_text import json_value, lark, rule
+from kvledger.engine.server.tools.longcat_format import TAG_END as LONGCAT_END
+from kvledger.engine.server.tools.longcat_format import TAG_START as LONGCAT_START
 from kvledger.engine.server.tools.param_grammars import PARAM_GRAMMARS as _BY_PARAMETER
 from kvledger.engine.server.tools.parsers import PARSERS, CallScanner
 from kvledger.engine.server.tools.protocol import NamedToolChoice, Tool
@@ -74,6 +83,8 @@ class CallFormat:
 _JSON_HEAD = '{"name": '
 _HERMES = CallFormat("", "<tool_call>\n" + _JSON_HEAD, ', "arguments": ', "}\n</tool_call>", "\n")
 _LLAMA_JSON = CallFormat("", _JSON_HEAD, ', "parameters": ', "}", "; ")
+_TAGGED_LIST = CallFormat(LIST_START + "[", _JSON_HEAD, ', "arguments": ', "}", ", ",
+                          "]" + LIST_END)
 FORMATS = {
     "hermes": _HERMES, "qwen3_json": _HERMES,
     "llama3_json": _LLAMA_JSON, "llama4_json": _LLAMA_JSON,
@@ -90,6 +101,13 @@ FORMATS = {
                           quoted=False, counter='":" /[0-9]{1,4}/'),
     # xLAM's: the whole answer a JSON list of the calls.
     "xlam": CallFormat("[", _JSON_HEAD, ', "arguments": ', "}", ", ", "]"),
+    # Jamba's and Hunyuan-A13B's: the JSON list in <tool_calls> tags.
+    "jamba": _TAGGED_LIST, "hunyuan_a13b": _TAGGED_LIST,
+    # InternLM's template: each call after its markers, one after another.
+    "internlm": CallFormat("", CALL_START + "\n" + _JSON_HEAD, ', "arguments": ',
+                           "}" + ACTION_END, ""),
+    "longcat": CallFormat("", LONGCAT_START + "\n" + _JSON_HEAD, ', "arguments": ',
+                          "}\n" + LONGCAT_END, "\n"),
 }
 # v11 and later (a tokenizer with the [ARGS] token): [TOOL_CALLS]name[ARGS]{...} each.
 MISTRAL_V11 = CallFormat("", "[TOOL_CALLS]", "[ARGS]", "", "", quoted=False)
@@ -128,6 +146,12 @@ def template_parser(chat_template: str | None) -> str:
         return "minimax_m2"
     if STEP3_CALLS_BEGIN in template:
         return "step3"
+    if CALL_START in template:
+        return "internlm"
+    if LONGCAT_START in template:
+        return "longcat"
+    if LIST_START in template:  # Hunyuan's asks an answer without calls to begin 助手：
+        return "hunyuan_a13b" if HUNYUAN_REPLY in template else "jamba"
     if CALLS_BEGIN in template:  # DeepSeek's: V3's wraps the arguments in ```json
         return "deepseek_v3" if "```json" in template else "deepseek_v31"
     if "<function=" in template and "<parameter=" in template:

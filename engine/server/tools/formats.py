@@ -1,10 +1,11 @@
 """Each ``--tool-call-parser`` name: the reader of its calls (``READERS``: the JSON family
 in ``json_formats``, qwen3_coder's XML in ``xml_format``, the Python lists in
 ``pythonic_format``, DeepSeek's in ``deepseek_format``, Kimi's in ``kimi_format``, GLM's
-in ``glm_format``, MiniMax-M2's in ``minimax_format``, Step-3's in
-``step3_format``, xLAM's in ``xlam_format``), the
-ids its calls get (Kimi's reader gives its own), and the markers its tokenizers may hold
-as special tokens.
+in ``glm_format``, MiniMax-M2's in ``minimax_format``, Step-3's in ``step3_format``,
+xLAM's in ``xlam_format``, Jamba's in ``jamba_format``, Hunyuan-A13B's in
+``hunyuan_format``, InternLM's in ``internlm_format``, LongCat's in ``longcat_format``),
+the ids its calls get (Kimi's reader gives its own), and the markers its tokenizers may
+hold as special tokens.
 
 vLLM 0.32's other names for the same reader are served as such: ``qwen3_json`` is
 hermes, ``llama4_json`` is llama3_json, ``qwen3_xml`` is qwen3_coder (one class each in
@@ -30,6 +31,12 @@ from kvledger.engine.server.tools.deepseek_format import MARKERS as DEEPSEEK_MAR
 from kvledger.engine.server.tools.deepseek_format import deepseek_v3, deepseek_v31
 from kvledger.engine.server.tools.glm_format import MARKERS as GLM_MARKERS
 from kvledger.engine.server.tools.glm_format import glm45
+from kvledger.engine.server.tools.hunyuan_format import MARKERS as HUNYUAN_MARKERS
+from kvledger.engine.server.tools.hunyuan_format import hunyuan_a13b
+from kvledger.engine.server.tools.internlm_format import MARKERS as INTERNLM_MARKERS
+from kvledger.engine.server.tools.internlm_format import internlm
+from kvledger.engine.server.tools.jamba_format import MARKERS as JAMBA_MARKERS
+from kvledger.engine.server.tools.jamba_format import jamba
 from kvledger.engine.server.tools.json_formats import (
     ARGS,
     HERMES_END,
@@ -42,6 +49,8 @@ from kvledger.engine.server.tools.json_formats import (
 )
 from kvledger.engine.server.tools.kimi_format import MARKERS as KIMI_MARKERS
 from kvledger.engine.server.tools.kimi_format import kimi_k2
+from kvledger.engine.server.tools.longcat_format import MARKERS as LONGCAT_MARKERS
+from kvledger.engine.server.tools.longcat_format import longcat
 from kvledger.engine.server.tools.minimax_format import MARKERS as MINIMAX_MARKERS
 from kvledger.engine.server.tools.minimax_format import minimax_m2
 from kvledger.engine.server.tools.pythonic_format import llama4_pythonic, pythonic
@@ -73,6 +82,10 @@ READERS: dict[str, Reader] = {
     "minimax_m2": minimax_m2,
     "step3": step3,
     "xlam": xlam,
+    "jamba": jamba,
+    "hunyuan_a13b": hunyuan_a13b,
+    "internlm": internlm,
+    "longcat": longcat,
 }
 # kvledger's first parsers kept OpenAI's shape of id; vLLM 0.32 gives every parser's
 # calls chatcmpl-tool-<16 hex> (Mistral's its own 9 characters).
@@ -96,4 +109,8 @@ CONTROL_TOKENS: dict[str, tuple[str, ...]] = {
     "minimax_m2": MINIMAX_MARKERS,
     "step3": STEP3_MARKERS,
     "xlam": (),  # (vLLM's decoding drops them, if special, before xLAM's parser reads)
+    "jamba": JAMBA_MARKERS,
+    "hunyuan_a13b": HUNYUAN_MARKERS,
+    "internlm": INTERNLM_MARKERS,
+    "longcat": LONGCAT_MARKERS,
 }

@@ -1,0 +1,69 @@
+"""internlm (InternLM2, InternLM2.5): each call a JSON object after
+``<|action_start|><|plugin|>``, up to ``<|action_end|>`` (special tokens of InternLM's
+tokenizer: ``CONTROL_TOKENS``), read as vLLM 0.32's ``Internlm2ToolParser`` reads a whole
+answer (``CallScanner`` drives)::
+
+    Let me check.<|action_start|><|plugin|>
+    {"name": "get_weather", "parameters": {"city": "Paris"}}<|action_end|>
+
+vLLM's reading of a call: its text up to ``<|action_end|>`` (or the answer's end), from
+its first ``{`` (without one, its last character), is one JSON object with a string
+``name``; its arguments are its ``parameters``, else its ``arguments``, else ``{}``, as
+``json.dumps`` writes them. The content is the text before the first call; text after a
+call is no content.
+
+Where vLLM's parser raises (an error answer), kvledger answers: a call it cannot read
+makes the whole answer content, and a second ``<|action_start|><|plugin|>`` begins a
+second call (InternLM's chat template writes a message's calls so, one after another),
+where vLLM's reads one call only.
+
+The stream gives out the content before the first call as it is written, and the calls at
+the end: any later call that cannot be read makes the answer content.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvledger.engine import json_text
+from kvledger.engine.server.tools.call_json import dumped
+from kvledger.engine.server.tools.call_pieces import Piece, content_until, whole_calls
+
+ACTION_START, PLUGIN, ACTION_END = "<|action_start|>", "<|plugin|>", "<|action_end|>"
+CALL_START = ACTION_START + PLUGIN
+MARKERS = (ACTION_START, PLUGIN, ACTION_END)
+
+
+def internlm(scanner, text: str, final: bool) -> list[Piece]:
+    out: list[Piece] = []
+    if scanner.mode == "start":  # content, up to the first call
+        if content_until(scanner, text, (CALL_START,), final, out) is None:
+            return out
+        scanner.mode = "calls"
+    if not final:
+        return out
+    calls = []
+    for part in text[scanner.pos + len(CALL_START):].split(CALL_START):
+        call = _call(part)
+        if call is None:  # vLLM's parser fails: the whole answer is content
+            out.append(text[scanner.pos:])
+            scanner.pos = len(text)
+            return out
+        calls.append(call)
+    scanner.pos = len(text)
+    return out + whole_calls(scanner, calls)
+
+
+def _call(part: str) -> tuple[str, str] | None:
+    """The call written in ``part`` (the text after its marker), or None."""
+    end = part.find(ACTION_END)
+    action = part if end < 0 else part[:end]
+    brace = action.find("{")
+    try:
+        value: Any = json_text.loads(action[brace:] if brace >= 0 else action[-1:])
+    except ValueError:
+        return None
+    if not (isinstance(value, dict) and isinstance(value.get("name"), str)):
+        return None
+    arguments = dumped(value.get("parameters", value.get("arguments", {})))
+    return None if arguments is None else (value["name"], arguments)
