@@ -10,9 +10,8 @@ from typing import Any
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
         "max_position_embeddings": 256}
-# name -> (config class, model class, fields besides TINY); the first six are kvledger's
-# engine's own (ENGINE_MODELS: planned as it runs them), the rest vLLM what-ifs (MLA,
-# hybrid, gpt-oss).
+# name -> (config class, model class, fields besides TINY); ENGINE_MODELS are kvledger's
+# engine's own (planned as it runs them), the rest vLLM what-ifs (MLA, Gemma 2, gpt-oss).
 MODELS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
@@ -27,13 +26,14 @@ MODELS = {
                     "qk_rope_head_dim": 8, "v_head_dim": 8, "n_routed_experts": 4,
                     "num_experts_per_tok": 2, "moe_intermediate_size": 16,
                     "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1}),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 8}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 8}),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 8}),
     "gptoss": ("GptOssConfig", "GptOssForCausalLM",
                {"intermediate_size": 32, "head_dim": 8, "num_local_experts": 4,
                 "num_experts_per_tok": 2}),
 }
-ENGINE_MODELS = ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3moe")
+ENGINE_MODELS = ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3moe", "gemma", "gemma3")
 
 
 def save_tiny(name: str, folder: Path, **fields: Any) -> Path:

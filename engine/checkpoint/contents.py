@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kvledger.engine.checkpoint.files import INDEX_FILE, shard_name, unindexed_weights
+from kvledger.engine.checkpoint.gemma_config import language_model_name, pick_text_only
 from kvledger.engine.checkpoint.hf_config import (
     HFConfig,
     checked_model_dir,
@@ -148,7 +149,10 @@ def read_weights(model_dir: str | os.PathLike, limits: ReadLimits | None = None)
 
     Each tensor name is counted once: the shard the index maps it to wins over a copy
     in another shard, and an ``lm_head.weight`` stored beside the embedding it is tied
-    to (``tie_word_embeddings``) is not counted, as the engine shares one tensor.
+    to (``tie_word_embeddings``) is not counted, as the engine shares one tensor. A
+    multimodal checkpoint the engine serves as text (Gemma 3's) counts its language model
+    alone, by the engine's names (``gemma_config.language_model_name``): the vision tower
+    and projector are not loaded.
     """
     path = checked_model_dir(model_dir)
     budget = ReadBudget(limits or ReadLimits(), str(path))
@@ -173,7 +177,18 @@ def read_weights(model_dir: str | os.PathLike, limits: ReadLimits | None = None)
         if missing:
             raise BadInput(f"{path / INDEX_FILE} maps {missing[0]!r} to "
                            f"{weight_map[missing[0]]!r}, which does not contain it")
-    if _tied(path) and "lm_head.weight" in chosen:
+    config = _text_config(path)
+    served_as = pick_text_only(config)
+    if served_as is not None:
+        renamed: dict[str, TensorInfo] = {}
+        for name, tensor in chosen.items():
+            engine_name = language_model_name(name, served_as)
+            if engine_name is None:
+                skipped.append(f"{name} (not loaded: {served_as} is served as text)")
+            else:
+                renamed[engine_name] = tensor._replace(name=engine_name)
+        chosen = renamed
+    if config.get("tie_word_embeddings") and "lm_head.weight" in chosen:
         lm_head = chosen["lm_head.weight"]
         if any(n.endswith(EMBEDDING_SUFFIXES) and t.shape == lm_head.shape
                for n, t in chosen.items() if n != "lm_head.weight"):
@@ -194,9 +209,10 @@ def read_weights(model_dir: str | os.PathLike, limits: ReadLimits | None = None)
     )
 
 
-def _tied(model_dir: Path) -> bool:
+def _text_config(model_dir: Path) -> dict[str, Any]:
+    """The language model's config.json fields, {} when it cannot be read (the shape's
+    reading says why)."""
     try:
-        config = text_config(read_config_json(model_dir))
+        return text_config(read_config_json(model_dir))
     except BadInput:
-        return False
-    return bool(config.get("tie_word_embeddings", False))
+        return {}

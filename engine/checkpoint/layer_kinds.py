@@ -23,7 +23,9 @@ HYBRID_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM",
 READ_ARCHITECTURES = FULL_ATTENTION_ARCHITECTURES + MLA_ARCHITECTURES + HYBRID_ARCHITECTURES
 # The architectures kvledger's engine runs (model_config.py checks the rest of their config).
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
+                           "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
+                           "GemmaForCausalLM", "Gemma3ForCausalLM",
+                           "Gemma3ForConditionalGeneration")
 
 # transformers' ``layer_types`` values.
 FULL_ATTENTION = "full_attention"

@@ -19,6 +19,7 @@ from typing import Any
 
 from kvledger.engine.checkpoint.contents import CASTABLE_DTYPES, TensorInfo
 from kvledger.engine.checkpoint.fp8_format import KV_SCALE_SUFFIXES, quantized_linear
+from kvledger.engine.checkpoint.gemma_config import language_model_name
 from kvledger.engine.checkpoint.model_config import SERVED_WEIGHTS, ModelConfig
 from kvledger.engine.checkpoint.tensor_shapes import (
     block,
@@ -48,7 +49,8 @@ def loadable_config(raw: Mapping[str, Any], tensors: Iterable[TensorInfo]) -> Mo
     and tensors whose shapes are not the ones config.json's widths give (``check_shapes``:
     the plan would be sized from widths the loader then refuses)."""
     config = ModelConfig.from_dict(raw)
-    stored = [t for t in tensors if not t.name.endswith(IGNORED_SUFFIXES)]
+    stored = [t for t in language_model(tensors, config.architecture)
+              if not t.name.endswith(IGNORED_SUFFIXES)]
     _check_counts(stored, config)
     weight_format = WEIGHT_FORMATS.get(config.weight_format)
     quantized = weight_format.quantized_tensors(stored) if weight_format else set()
@@ -66,6 +68,15 @@ def loadable_config(raw: Mapping[str, Any], tensors: Iterable[TensorInfo]) -> Mo
                        f"{some(packed, quote=False)} (quantized weights?); {SERVED_WEIGHTS}")
     check_shapes(stored, config, shapes)
     return config
+
+
+def language_model(tensors: Iterable[TensorInfo], architecture: str) -> list[TensorInfo]:
+    """The tensors the engine loads of ``architecture``, by the engine's names: a
+    multimodal checkpoint's language model (``gemma_config.language_model_name``), the
+    rest as they are."""
+    named = ((t, language_model_name(t.name, architecture)) for t in tensors)
+    return [t if name == t.name else t._replace(name=name) for t, name in named
+            if name is not None]
 
 
 def check_shapes(stored: list[TensorInfo], config: ModelConfig,

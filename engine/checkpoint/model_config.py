@@ -1,8 +1,10 @@
 """What the engine needs from a checkpoint's ``config.json``, validated at start-up.
 
-Supported: the Llama family (Llama 2/3, Mistral, Qwen2/2.5, Qwen3) and its
-mixture-of-experts variants (Mixtral, Qwen3-MoE). Anything else is refused by name
-instead of being run wrong. The shape is ``hf_config``'s reading, the planner's too.
+Supported: the Llama family (Llama 2/3, Mistral, Qwen2/2.5, Qwen3), its
+mixture-of-experts variants (Mixtral, Qwen3-MoE), and Gemma 1 and Gemma 3 (its text
+model, and its multimodal checkpoints served as text only: ``gemma_config``). Anything
+else is refused by name instead of being run wrong. The shape is ``hf_config``'s reading,
+the planner's too.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from kvledger.engine.checkpoint.config_numbers import positive
 from kvledger.engine.checkpoint.contents import ModelShape, shape_fields
 from kvledger.engine.checkpoint.fp8_format import SERVED_WEIGHTS
+from kvledger.engine.checkpoint.gemma_config import GEMMA_ARCHITECTURES, GemmaFields, read_gemma
 from kvledger.engine.checkpoint.hf_config import (
     HFConfig,
     parse_config,
@@ -37,6 +40,7 @@ _WHY_NOT = {
     "Qwen2MoeForCausalLM": "Qwen2-MoE's shared expert is not implemented",
     "DeepseekV2ForCausalLM": "DeepSeek's latent attention, grouped router and shared experts are not implemented",
     "DeepseekV3ForCausalLM": "DeepSeek's latent attention, grouped router and shared experts are not implemented",
+    "Gemma2ForCausalLM": "Gemma 2's attention logit softcapping is not implemented",
 }
 # Whose attention takes config.json's attention_bias (q, k, v and o); Mistral's and
 # Mixtral's never have a bias, Qwen2's has one on q, k and v only.
@@ -61,6 +65,7 @@ class ModelConfig(ModelShape):
     # "gptq", "awq", "w4a16": 4-bit (int4_format.py); "": not quantized. (``quantization``,
     # the shape's, is config.json's quant_method as written, e.g. "compressed-tensors".)
     weight_format: str = ""
+    gemma: GemmaFields | None = None  # Gemma's own numbers (gemma_config.py); None: not Gemma
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -78,13 +83,16 @@ class ModelConfig(ModelShape):
             raise BadInput(f"unsupported architecture {some(archs, quote=False) or '(none given)'}{why}; "
                            f"kvledger runs {', '.join(SUPPORTED_ARCHITECTURES)}")
         weight_format = _weight_format(raw)
-        if raw.get("hidden_act", "silu") != "silu":
+        gemma = None
+        if arch in GEMMA_ARCHITECTURES:  # its activation, and RoPE per layer type
+            gemma, rope = read_gemma(raw, arch)
+        elif raw.get("hidden_act", "silu") != "silu":
             raise BadInput(f"unsupported hidden_act {shown(raw['hidden_act'])} (only silu)")
+        else:  # transformers 5 writes rope_parameters = {"rope_type", "rope_theta", ...}.
+            rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
         if raw.get("mlp_bias"):
             raise BadInput("unsupported: mlp_bias")
         refuse_unknown_routing(raw)
-        # transformers 5 writes rope_parameters = {"rope_type", "rope_theta", ...}.
-        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
         if not isinstance(rope, dict):
             raise BadInput(f"config.json 'rope_parameters' (or 'rope_scaling') must be an "
                            f"object, got {shown(rope)}")
@@ -105,9 +113,11 @@ class ModelConfig(ModelShape):
             rope_scaling=rope if rope_type != "default" else None,
             qkv_bias=arch == "Qwen2ForCausalLM" or bias,
             o_bias=bias,
-            sliding_window=_one_window(read),
+            # Gemma 3 slides on some layers only: its layout says which (gemma.py).
+            sliding_window=None if gemma is not None else _one_window(read),
             qk_norm=arch in _QK_NORM,
             weight_format=weight_format,
+            gemma=gemma,
         )
 
 

@@ -37,10 +37,14 @@ def float_shapes(config: ModelConfig) -> dict[str, Shape]:
         shapes[attention + "o_proj.weight"] = (hidden, q_size)
         if config.o_bias:
             shapes[attention + "o_proj.bias"] = (hidden,)
-        if config.qk_norm:
+        sandwich = config.gemma is not None and config.gemma.sandwich_norms  # Gemma 3's
+        if config.qk_norm or sandwich:
             shapes[attention + "q_norm.weight"] = shapes[attention + "k_norm.weight"] = (head_dim,)
         shapes[prefix + "input_layernorm.weight"] = (hidden,)
         shapes[prefix + "post_attention_layernorm.weight"] = (hidden,)
+        if sandwich:
+            shapes[prefix + "pre_feedforward_layernorm.weight"] = (hidden,)
+            shapes[prefix + "post_feedforward_layernorm.weight"] = (hidden,)
         shapes.update(_feed_forward(config, layer, prefix))
     return shapes
 

@@ -20,7 +20,7 @@ import itertools
 import torch
 
 from kvledger.engine.core.step_attention import StepAttention
-from kvledger.engine.model.attention import AttentionMetadata, PrefillSpan
+from kvledger.engine.model.attention import AttentionMetadata
 from kvledger.engine.planner.pool import blocks_for
 
 Step = tuple[list[int], list[int], AttentionMetadata, list[int]]
@@ -40,16 +40,14 @@ def prefill_step(attention: StepAttention, num_tokens: int, max_model_len: int) 
         lengths.append(num_tokens % longest)
     positions = [p for n in lengths for p in range(n)]
     last_index = [end - 1 for end in itertools.accumulate(lengths)]
-    meta = AttentionMetadata(None, [PrefillSpan(0, n, attention.window_mask(n)) for n in lengths], [])
-    return [0] * num_tokens, positions, meta, last_index
+    return [0] * num_tokens, positions, attention.first_chunks(lengths), last_index
 
 
 def check_step(attention: StepAttention, max_model_len: int) -> Step:
     """One prompt of ``CPU_CHECK_TOKENS`` tokens (fewer in a shorter context) ending at
     the context's last position."""
     n = min(CPU_CHECK_TOKENS, max_model_len)
-    meta = AttentionMetadata(None, [PrefillSpan(0, n, attention.window_mask(n))], [])
-    return [0] * n, list(range(max_model_len - n, max_model_len)), meta, [n - 1]
+    return [0] * n, list(range(max_model_len - n, max_model_len)), attention.first_chunks([n]), [n - 1]
 
 
 def mixed_step(attention: StepAttention, num_tokens: int, max_model_len: int,

@@ -18,6 +18,7 @@ from kvledger.engine.model import paged_attention, prefill_attention
 from kvledger.engine.model.attention import AttentionMetadata
 from kvledger.engine.model.cpu_linear import pack_linears
 from kvledger.engine.model.fusion import fuse_projections
+from kvledger.engine.model.gemma import sliding_layers_window
 from kvledger.engine.model.loader import Weights
 from kvledger.engine.model.lora import LoraSlots
 from kvledger.engine.model.moe import SparseMoE
@@ -82,7 +83,8 @@ class ModelRunner:
                                f"({failed}); --attention-backend TORCH_SDPA gathers the "
                                "blocks for SDPA instead (planned with that copy)")
         self.attention = StepAttention(block_size, max_model_len, self.config.sliding_window,
-                                       self.dtype, device, self.paged)
+                                       self.dtype, device, self.paged,
+                                       sliding_layers_window(self.config))
         self.rope = RotaryEmbedding(self.config, max_model_len, device, self.dtype)
         self.kv_cache: torch.Tensor | None = None
         self.lora: LoraSlots | None = None  # with --enable-lora: the adapter slots
@@ -104,8 +106,10 @@ class ModelRunner:
     def can_use_decode_graphs(self) -> bool:
         """Whether decode steps can run from static buffers (decode_graphs.py): on the paged
         path, one process with the LM head, no adapters, no experts (their routing is read
-        back to the host)."""
+        back to the host), no sliding layers among full ones (Gemma 3's read metadata of
+        their own, which the graphs' buffers do not hold)."""
         return (self.paged and self.has_head and self.lora is None
+                and self.attention.layer_window is None
                 and not any(isinstance(m, SparseMoE) for m in self.model.modules()))
 
     def use_decode_graphs(self, sizes: list[int], *, capture: bool) -> None:

@@ -26,7 +26,7 @@ from kvledger.engine.model.cpu_linear import (
     measured_bytes,
     packable,
 )
-from kvledger.engine.model.transformer import CausalLM
+from kvledger.engine.model.loader import model_class
 from kvledger.engine.planner.device import host_available_bytes
 from kvledger.engine.planner.dtypes import checkpoint_dtype
 from kvledger.engine.planner.plan import Plan
@@ -218,7 +218,8 @@ def step_cost(config: ModelConfig, device: torch.device, dtype: torch.dtype,
     runners = {}
     for layers in (1, 3):
         with torch.device(device):
-            model = CausalLM(shrunk(config, layers)).to(dtype).eval().requires_grad_(False)
+            small = shrunk(config, layers)
+            model = model_class(small)(small).to(dtype).eval().requires_grad_(False)
         runners[layers] = ModelRunner(model, device, context, block_size, fuse=fuse,
                                       paged=paged)
         runners[layers].allocate_kv_cache(2, "auto")

@@ -13,7 +13,7 @@ within a sliding window): its K/V are the step's own, dense already."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -38,12 +38,34 @@ class StepAttention:
     dtype: torch.dtype  # an additive mask's
     device: torch.device
     paged: bool
+    # The window of the sliding layers of a model whose layers differ (Gemma 3): each
+    # step's metadata then carries what they see (``AttentionMetadata.sliding``).
+    layer_window: int | None = None
 
     def metadata(self, chunks: list[tuple[list[int], int, int]],
                    decodes: list[tuple[list[int], int]],
                    slot_mapping: torch.Tensor) -> AttentionMetadata:
         """What the step's tokens attend to: prompt chunks ``(block ids, start, length)``
         first, then decoding sequences ``(block ids, tokens incl. this one)``."""
+        meta = self._metadata(chunks, decodes, slot_mapping)
+        if self.layer_window is not None:
+            meta.sliding = self.sliding_layers().metadata(chunks, decodes, slot_mapping)
+        return meta
+
+    def first_chunks(self, lengths: list[int]) -> AttentionMetadata:
+        """Prompts of ``lengths`` tokens from position 0 and no cache (the profile's)."""
+        meta = AttentionMetadata(None, [PrefillSpan(0, n, self.window_mask(n)) for n in lengths], [])
+        if self.layer_window is not None:
+            meta.sliding = self.sliding_layers().first_chunks(lengths)
+        return meta
+
+    def sliding_layers(self) -> StepAttention:
+        """What a hybrid model's sliding layers see: these facts under their window."""
+        return replace(self, sliding_window=self.layer_window, layer_window=None)
+
+    def _metadata(self, chunks: list[tuple[list[int], int, int]],
+                  decodes: list[tuple[list[int], int]],
+                  slot_mapping: torch.Tensor) -> AttentionMetadata:
         if self.paged:
             return self._paged(chunks, decodes, slot_mapping)
         groups, start = [], 0

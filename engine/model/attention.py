@@ -99,6 +99,9 @@ class AttentionMetadata:
     lora: LoraBatch | None = None  # the rows that carry an adapter (engine/model/lora.py)
     paged: PagedRows | None = None  # on TRITON_ATTN: the decodes, in place
     chunks: PagedChunks | None = None  # on TRITON_ATTN: the later chunks, in place
+    # The same step seen through a sliding window, by the sliding layers of a model whose
+    # layers differ (Gemma 3, ``StepAttention.layer_window``); None for any other model.
+    sliding: AttentionMetadata | None = None
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,8 @@ def fuse_projections(model: nn.Module) -> int:
     experts) of ``model`` in place; returns how many fused layers it made."""
     fused = 0
     for module in model.modules():
-        spec = FUSED.get(type(module))
+        # By class or base class: Gemma's attention and MLP (gemma.py) fuse as theirs.
+        spec = next((FUSED[c] for c in type(module).__mro__ if c in FUSED), None)
         if spec is not None and _fuse(module, *spec):
             fused += 1
     return fused

@@ -17,6 +17,7 @@ from kvledger.engine.checkpoint.fp8_format import (
     SCALE_SUFFIXES,
     quantized_linear,
 )
+from kvledger.engine.checkpoint.gemma_config import language_model_name
 from kvledger.engine.checkpoint.loadable import IGNORED_SUFFIXES, loaded_names
 from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.checkpoint.read_ahead import (
@@ -34,6 +35,7 @@ from kvledger.engine.model.fp8_linear import (
     quantize_weight,
     scale_shape,
 )
+from kvledger.engine.model.gemma import GemmaCausalLM
 from kvledger.engine.model.int4_linear import install_int4_linears
 from kvledger.engine.model.mapped_file import MappedFile
 from kvledger.engine.model.pipeline import Stage, StageLM
@@ -99,7 +101,7 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
     whole before its tensors, or as the memory map takes them)."""
     model_dir = Path(model_dir)
     with _no_init(), torch.device("meta"):
-        model = CausalLM(config) if stage is None else StageLM(config, stage)
+        model = model_class(config)(config) if stage is None else StageLM(config, stage)
     files = checkpoint_files(model_dir)
     present = [path for path in files if os.path.isfile(path)]
     ahead = (ReadAhead(present, reading).start()
@@ -136,6 +138,12 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
     return model.eval().requires_grad_(False)
 
 
+def model_class(config: ModelConfig) -> type[CausalLM]:
+    """The module that runs ``config``'s architecture: Gemma's (gemma.py), or the Llama
+    family's."""
+    return GemmaCausalLM if config.gemma is not None else CausalLM
+
+
 def _read_state(files: list[Path], config: ModelConfig, dtype: torch.dtype,
                 device: torch.device, quantize_fp8: bool, stage: Stage | None,
                 reading: WeightReading) -> dict[str, torch.Tensor]:
@@ -150,12 +158,14 @@ def _read_state(files: list[Path], config: ModelConfig, dtype: torch.dtype,
             if reading.strategy == "eager":
                 read_whole(path, reading.block_bytes)
             mapped = MappedFile(path)
-            for name in mapped.names:
-                if name.endswith(IGNORED_SUFFIXES) or (
+            for stored in mapped.names:
+                # A multimodal checkpoint's language model, renamed; its vision tower: None.
+                name = language_model_name(stored, config.architecture)
+                if name is None or name.endswith(IGNORED_SUFFIXES) or (
                         stage is not None and not stage.holds(name, config)):
                     continue
                 local = name if stage is None else stage.local_name(name, config)
-                state.update(_loaded(local, mapped.tensor(name), config, dtype, device,
+                state.update(_loaded(local, mapped.tensor(stored), config, dtype, device,
                                      quantize_fp8))
         except (OSError, RuntimeError) as exc:
             raise BadInput(f"{path}: cannot read safetensors: {exc}") from None

@@ -39,21 +39,32 @@ class RMSNorm(nn.Module):
 
 class RotaryEmbedding:
     """cos/sin tables for every position up to ``max_positions``, computed as HF does;
-    ``sin``'s first half negated, so that ``rotate(x)`` is one ``roll`` (``_rope``)."""
+    ``sin``'s first half negated, so that ``rotate(x)`` is one ``roll`` (``_rope``). With
+    Gemma 3's sliding layers' own RoPE (``local_rope_theta``), their tables follow the
+    others' on the last dimension (``gemma.py`` reads its layer's half)."""
 
     def __init__(self, config: ModelConfig, max_positions: int, device: torch.device,
                  dtype: torch.dtype) -> None:
         dim = config.head_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-        inv_freq = _scale_inv_freq(inv_freq, config.rope_scaling)
-        freqs = torch.arange(max_positions).float()[:, None] * inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos = emb.cos().to(device=device, dtype=dtype)
+        emb = _angles(config.rope_theta, config.rope_scaling, dim, max_positions)
         sign = torch.ones(dim).index_fill_(0, torch.arange(dim // 2), -1.0)
+        local = config.gemma.local_rope_theta if config.gemma is not None else None
+        if local is not None:
+            emb = torch.cat((emb, _angles(local, None, dim, max_positions)), dim=-1)
+            sign = sign.repeat(2)
+        self.cos = emb.cos().to(device=device, dtype=dtype)
         self.sin = (emb.sin() * sign).to(device=device, dtype=dtype)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos[positions], self.sin[positions]
+
+
+def _angles(theta: float, scaling: dict | None, dim: int, max_positions: int) -> torch.Tensor:
+    """Each position's rotation angles ``[max_positions, dim]``, both halves alike."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    inv_freq = _scale_inv_freq(inv_freq, scaling)
+    freqs = torch.arange(max_positions).float()[:, None] * inv_freq[None, :]
+    return torch.cat((freqs, freqs), dim=-1)
 
 
 def _scale_inv_freq(inv_freq: torch.Tensor, scaling: dict | None) -> torch.Tensor:

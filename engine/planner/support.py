@@ -12,6 +12,7 @@ the CRD's rules in operator/api/spec_rules.py refuse the same at ``kubectl apply
 from __future__ import annotations
 
 from kvledger.engine.checkpoint.contents import ModelShape, WeightsInfo
+from kvledger.engine.checkpoint.gemma_config import GEMMA_ARCHITECTURES
 from kvledger.engine.checkpoint.weight_formats import run_format
 from kvledger.engine.errors import BadInput
 from kvledger.engine.settings.config import EngineConfig
@@ -30,6 +31,8 @@ RULE_OWNERS = {
         ("planner/support.py", "check_engine_run", "kvledger's engine does not shard"),
     "no LoRA adapters with --tensor-parallel-size above 1":
         ("planner/support.py", "check_engine_run", "does not serve LoRA adapters with"),
+    "Gemma on one GPU, in one stage":
+        ("planner/support.py", "check_engine_run", "runs Gemma on one GPU"),
     "LoRA adapters on dense models only":
         ("planner/support.py", "check_engine_run", "serves LoRA adapters on dense models"),
     "no LoRA adapters across pipeline stages":
@@ -60,14 +63,19 @@ def expert_width(weights: WeightsInfo) -> int | None:
 def check_engine_run(config: EngineConfig, shape: ModelShape, weights: WeightsInfo) -> None:
     """BadInput naming the first rule of kvledger's engine that ``config`` breaks on this
     checkpoint (``shape``: the whole model's): quantized weights (the checkpoint's or
-    ``--quantization``'s) are not sharded; LoRA adapters run on one GPU and on dense
-    models only."""
+    ``--quantization``'s) are not sharded; Gemma runs on one GPU in one stage; LoRA
+    adapters run on one GPU and on dense models only."""
     tp = config.tensor_parallel_size
     quantized = shape.quantization or config.quantization
     served = run_format(shape, weights, config.quantization == "fp8")
     if tp > 1 and quantized and not (served is not None and served.can_shard):
         raise BadInput(f"--tensor-parallel-size {tp}: kvledger's engine does not shard "
                        f"{quantized} weights yet (serve them on one GPU, or unquantized)")
+    pp = config.pipeline_parallel_size
+    if shape.architecture in GEMMA_ARCHITECTURES and (tp > 1 or pp > 1):
+        # Its layers (gemma.py) are not those the shards and stages are cut from yet.
+        raise BadInput(f"--tensor-parallel-size {tp} --pipeline-parallel-size {pp}: "
+                       f"kvledger's engine runs Gemma on one GPU, in one stage, for now")
     if config.enable_lora and tp > 1:
         raise BadInput(f"--enable-lora: kvledger's engine does not serve LoRA adapters "
                        f"with --tensor-parallel-size {tp} yet")

@@ -189,7 +189,8 @@ def test_configs_as_transformers_writes_them_plan_and_fit(checkpoints, name) -> 
     checkpoint = checkpoints[name]
     plan = check(checkpoint, checkpoint.config)
     assert isinstance(plan, Plan) and plan.fits
-    assert plan.kv.rule == (ENGINE_RULE if name in ENGINE_MODELS else VLLM_RULE)
+    served = (*ENGINE_MODELS, GEMMA3_MULTIMODAL)  # Gemma 3's language model, as text
+    assert plan.kv.rule == (ENGINE_RULE if name in served else VLLM_RULE)
 
 
 @pytest.mark.parametrize("name", ["gemma2", "gptoss"])

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from budget_checkpoints import write_header_only
+from budget_checkpoints import tensor_bytes, write_header_only
 from published_models import parameter_count, published_config, published_tensors
 
 from kvledger.engine.checkpoint.model_config import SUPPORTED_ARCHITECTURES
@@ -47,16 +47,23 @@ MODELS = {
 }
 
 
+# What kvledger's engine does not load, so the plan does not count: Gemma 3's vision tower
+# and projector (its language model is served as text).
+NOT_LOADED = ("vision_tower.", "multi_modal_projector.")
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, tuple[Path, int, int]]:
-    """Each model written once: its folder, tensor bytes and tensor count."""
+    """Each model written once: its folder, and the bytes and count of the tensors loaded."""
     root = tmp_path_factory.mktemp("published")
     out = {}
     for name, (shards, _) in MODELS.items():
         config = published_config(name)
         tensors = published_tensors(config)
         total = write_header_only(root / name, config, tensors, shards=shards)
-        out[name] = (root / name, total, len(tensors))
+        left = {n: t for n, t in tensors.items() if n.startswith(NOT_LOADED)}
+        out[name] = (root / name, total - sum(tensor_bytes(*t) for t in left.values()),
+                     len(tensors) - len(left))
     return out
 
 
@@ -92,10 +99,9 @@ def _expect(name: str):
         "Kimi-K2": ("mla", (512 + 64) * kv * 61, {"mla": 61}),
         "gemma-2-9b": ("sliding+full (hybrid)", 2 * 8 * 256 * kv * 42,
                        {"sliding": 21, "full": 21}),
-        "gemma-3-27b": ("sliding+full (hybrid)", 2 * 16 * 128 * kv * 62,
-                        {"sliding": 52, "full": 10}),
-        "gemma-3-1b": ("sliding+full (hybrid)", 2 * 1 * 256 * kv * 26,
-                       {"sliding": 22, "full": 4}),
+        # Served: every layer keeps the whole context, as kvledger's engine runs them.
+        "gemma-3-27b": ("full", 2 * 16 * 128 * kv * 62, {"full": 62}),
+        "gemma-3-1b": ("full", 2 * 1 * 256 * kv * 26, {"full": 26}),
         "gpt-oss-20b": ("sliding+full (hybrid)", 2 * 8 * 64 * kv * 24,
                         {"sliding": 12, "full": 12}),
         "gpt-oss-120b": ("sliding+full (hybrid)", 2 * 8 * 64 * kv * 36,
@@ -139,10 +145,8 @@ def test_deepseek_v2_lite_caches_the_latent_once_per_token_and_layer(checkpoints
                           "layers_per_block"), [
     # Gemma 2: 21 + 21 layers, group size 21: one table each; window 4096 + a step of 2048.
     ("gemma-2-9b", 8192, 2048, 512, -(-(4095 + 2048) // 16) + 1, 2, 21),
-    # Gemma 3 27B: 10 full, 52 sliding cut into 6 tables of <= 10 layers; window 1024.
-    ("gemma-3-27b", 32768, 8192, 2048, 6 * (-(-(1023 + 8192) // 16) + 1), 7, 10),
-    # Gemma 3 1B: 4 full, 22 sliding in 6 tables of <= 4; window 512.
-    ("gemma-3-1b", 32768, 2048, 2048, 6 * (-(-(511 + 2048) // 16) + 1), 7, 4),
+    # (Gemma 3 is served, so planned as the engine runs it; test_vllm_pool.py checks its
+    # layout, 52 sliding layers cut into 6 tables of <= 10, under vLLM's rule.)
     # gpt-oss: 12 + 12 (18 + 18) layers; window 128.
     ("gpt-oss-20b", 131072, 8192, 8192, -(-(127 + 8192) // 16) + 1, 2, 12),
     ("gpt-oss-120b", 131072, 8192, 8192, -(-(127 + 8192) // 16) + 1, 2, 18),
@@ -223,9 +227,10 @@ def test_gemma3_reads_defaults_the_published_config_leaves_out(checkpoints) -> N
     layers = p.shape.kv_layout().layers
     assert [i for i, la in enumerate(layers) if la.attention == "full"] == list(range(5, 62, 6))
     assert {la.sliding_window for la in layers if la.attention == "sliding"} == {1024}
-    assert ("52 sliding-window layers x 16 KV heads x 128, window 1024 + a step of 8192 tokens "
-            "(513 blocks of 16 per sequence in each of 6 block tables) + 10 full-attention "
-            "layers") in render_report(p)
+    assert p.kv.rule == ENGINE_RULE and p.kv.blocks_per_seq == 8192 // 16
+    assert ("62 full-attention layers x 16 KV heads x 128, 507904 bytes per token; "
+            "sliding_window 1024 on 52 of 62 layers saves no memory here: kvledger's engine "
+            "allocates every layer the whole context") in render_report(p)
 
 
 # --- refused, never planned as a Llama ---------------------------------------------------------

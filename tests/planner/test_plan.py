@@ -370,7 +370,7 @@ def test_plan_json_keys() -> None:
                                                    ("half", "float16")])
 def test_weights_class_equals_tensors_loaded_in_the_model_dtype(tmp_path, flag, torch_dtype) -> None:
     # A what-if architecture: kvledger's engine refuses a non-float tensor (model.loadable).
-    write_checkpoint(tmp_path, shards=2, architectures=["GemmaForCausalLM"])
+    write_checkpoint(tmp_path, shards=2, architectures=["Gemma2ForCausalLM"])
     loaded = {}
     for shard in tmp_path.glob("*.safetensors"):
         loaded |= load_file(str(shard))
