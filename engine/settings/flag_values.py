@@ -69,6 +69,23 @@ def optional_int(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
 
 
+def optional_float(text: str) -> float | None:
+    """argparse type of vLLM's optional numbers (``--video-pruning-rate``): a number, or
+    ``None``/empty for none, as vLLM's ``optional_type(float)`` reads them."""
+    if text in ("", "None"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def optional_json_object(text: str) -> dict | None:
+    """argparse type of vLLM's optional JSON flags (``--mm-processor-kwargs``): a JSON
+    object, or ``None``/empty for none."""
+    return None if text in ("", "None") else json_object(text)
+
+
 def optional_text(text: str) -> str | None:
     """argparse type of vLLM's optional strings (``--revision``): ``None``/empty for none,
     as vLLM's ``optional_type(str)`` reads them."""

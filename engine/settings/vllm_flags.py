@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 
 from kvledger.engine.errors import BadInput
-from kvledger.engine.settings.vllm_rules import RULES, Rule, refusal
+from kvledger.engine.settings.vllm_rule import Rule, refusal
+from kvledger.engine.settings.vllm_rules import RULES
 from kvledger.engine.settings.vllm_serve_flags import VLLM_SERVE_FLAGS
 
 __all__ = ["RULES", "VLLM_SERVE_FLAGS", "Rule", "add_vllm_flags", "refusal", "verdicts",

@@ -70,7 +70,7 @@ def test_lora_flags_round_trip_and_parse_vllms_forms() -> None:
     (["--enable-lora", "--lora-modules", '{"name": "x"}'], "the JSON form is"),
     (["--lora-modules", "a=/a"], "--lora-modules needs --enable-lora"),
     (["--enable-lora", "--max-loras", "0"], "--max-loras must be a positive integer"),
-    (["--enable-lora", "--fully-sharded-loras"], "--fully-sharded-loras"),
+    (["--enable-lora", "--lora-target-modules", "q_proj"], "restricting LoRA to some modules"),
     (["--enable-lora", "--lora-dtype", "float16"], "another dtype for LoRA adapters"),
 ])
 def test_bad_lora_flags_are_one_line_exit_2(argv, message, tmp_path, capsys) -> None:

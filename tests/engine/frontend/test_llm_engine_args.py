@@ -48,12 +48,13 @@ NO_OPS = [
     ("cpu_offload_gb", 0), ("data_parallel_size", 1), ("distributed_executor_backend", "mp"),
     ("model_impl", "auto"), ("use_tqdm_on_load", False), ("allowed_local_media_path", ""),
     ("compilation_config", {"mode": 3, "backend": "inductor"}), ("quantization", None),
-    ("enable_expert_parallel", False),
+    ("enable_expert_parallel", False), ("limit_mm_per_prompt", {"image": 0}),
+    ("enable_prompt_embeds", False), ("async_scheduling", True),
 ]
 # name, value, what the one line says.
 REFUSED = [
     ("hf_overrides", {"rope_theta": 1.0}, "overriding config.json's fields"),
-    ("kv_transfer_config", {"kv_connector": "X"}, "vLLM's --kv-transfer-config"),
+    ("kv_transfer_config", {"kv_connector": "X"}, "moving KV caches between instances"),
     ("data_parallel_size", 2, "data parallelism"),
     ("distributed_executor_backend", "ray", "ray executor"),
     ("speculative_config", {"method": "ngram"}, "speculative decoding"),
@@ -62,9 +63,9 @@ REFUSED = [
     ("enable_chunked_prefill", False, "turning chunked prefill off"),
     ("load_format", "pt", "vLLM's other weight formats"),
     ("tokenizer_mode", "mistral", "vLLM's other tokenizer modes"),
-    ("logits_processors", ["pkg.Proc"], "vLLM's --logits-processors"),
+    ("logits_processors", ["pkg.Proc"], "logits processors of your own"),
     ("compilation_config", {"no_such_key": 1}, "has no key"),
-    ("skip_tokenizer_init", True, "vLLM's --skip-tokenizer-init"),
+    ("skip_tokenizer_init", True, "serving without a tokenizer"),
 ]
 SERVE_ONLY = [("api_key", "k"), ("port", 8000), ("host", "0.0.0.0"), ("nnodes", 2),
               ("reasoning_parser", "deepseek_r1"), ("max_logprobs", 5),
