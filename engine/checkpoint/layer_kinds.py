@@ -14,7 +14,8 @@ from kvledger.engine.errors import BadInput, shown, some
 # The families read, by how their attention is laid out. Grouped-/multi-query attention:
 FULL_ATTENTION_ARCHITECTURES = (
     "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "GemmaForCausalLM")
+    "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "GemmaForCausalLM", "GraniteForCausalLM",
+    "GraniteMoeForCausalLM", "Phi3ForCausalLM")
 # Multi-head latent attention: DeepSeek-V2/V2-Lite, DeepSeek-V3/R1, Kimi-K2.
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 # Sliding-window layers among full ones, per ``layer_types`` or the family's pattern.
@@ -25,7 +26,8 @@ READ_ARCHITECTURES = FULL_ATTENTION_ARCHITECTURES + MLA_ARCHITECTURES + HYBRID_A
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
                            "GemmaForCausalLM", "Gemma3ForCausalLM",
-                           "Gemma3ForConditionalGeneration")
+                           "Gemma3ForConditionalGeneration", "GraniteForCausalLM",
+                           "GraniteMoeForCausalLM", "Phi3ForCausalLM")
 
 # transformers' ``layer_types`` values.
 FULL_ATTENTION = "full_attention"
@@ -59,12 +61,12 @@ def layer_types(raw: Mapping[str, Any], architecture: str,
                                f"got {shown(first)}")
             kinds = tuple(SLIDING_ATTENTION if i >= first else FULL_ATTENTION
                           for i in range(num_layers))
-    elif architecture in ("MistralForCausalLM", "MixtralForCausalLM"):
+    elif architecture in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
         kinds = (SLIDING_ATTENTION,) * num_layers if raw.get("sliding_window") else full
     elif architecture in HYBRID_ARCHITECTURES:
         kinds = _declared(raw, num_layers) if raw.get("layer_types") is not None else \
             _hybrid_pattern(raw, architecture, num_layers)
-    else:  # Llama, Gemma, MLA: full attention on every layer
+    else:  # Llama, Granite, Gemma, MLA: full attention on every layer
         return full, None
     if SLIDING_ATTENTION not in kinds:
         return kinds, None

@@ -20,7 +20,9 @@ from typing import Any
 from kvledger.engine.checkpoint.contents import CASTABLE_DTYPES, TensorInfo
 from kvledger.engine.checkpoint.fp8_format import KV_SCALE_SUFFIXES, quantized_linear
 from kvledger.engine.checkpoint.gemma_config import language_model_name
+from kvledger.engine.checkpoint.granite_moe_weights import granite_moe_names, stored_shape
 from kvledger.engine.checkpoint.model_config import SERVED_WEIGHTS, ModelConfig
+from kvledger.engine.checkpoint.phi3_weights import fused_shape, split_names
 from kvledger.engine.checkpoint.tensor_shapes import (
     block,
     expert_projections,
@@ -95,7 +97,8 @@ def check_shapes(stored: list[TensorInfo], config: ModelConfig,
             continue
         pieces = loaded_names(t.name, t.shape, config)
         want = (expected.get(pieces[0]) if len(pieces) == 1
-                else fused_expert_shape(config, t.name.partition(FUSED_EXPERTS)[2]))
+                else fused_shape(t.name, config) or stored_shape(t.name, config)
+                or fused_expert_shape(config, t.name.partition(FUSED_EXPERTS)[2]))
         if want is not None and t.shape != want:
             wrong.append(f"{t.name!r} is {list(t.shape)}, expected {list(want)}")
     weight_format = WEIGHT_FORMATS.get(config.weight_format)
@@ -168,12 +171,17 @@ def kv_scale_names(config: ModelConfig) -> frozenset[str]:
 
 def loaded_names(name: str, shape: tuple[int, ...], config: ModelConfig) -> tuple[str, ...]:
     """The engine's tensors a stored tensor fills, in the order the loader splits it: its
-    own name; Mixtral's router saved as ``mlp.gate.weight``, renamed; or the experts that
+    own name; Phi-3's fused ``qkv_proj`` and ``gate_up_proj`` (``phi3_weights``); Granite-MoE's
+    experts and router (``granite_moe_weights``);
+    Mixtral's router saved as ``mlp.gate.weight``, renamed; or the experts that
     transformers 5 saves fused (``save_original_format=False``): ``mlp.experts.gate_up_proj``
     ``[experts, 2 * inter, hidden]`` is each expert's gate then up, ``mlp.experts.down_proj``
     ``[experts, hidden, inter]`` each expert's down."""
     if config.moe is None:
-        return (name,)
+        return split_names(name, config) or (name,)
+    granite = granite_moe_names(name, shape, config)
+    if granite is not None:
+        return granite
     layer, fused, what = name.partition(FUSED_EXPERTS)
     mixtral = config.architecture == "MixtralForCausalLM"
     if (not fused or what not in ("gate_up_proj", "down_proj") or len(shape) != 3

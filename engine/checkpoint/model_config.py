@@ -1,10 +1,13 @@
 """What the engine needs from a checkpoint's ``config.json``, validated at start-up.
 
 Supported: the Llama family (Llama 2/3, Mistral, Qwen2/2.5, Qwen3), its
-mixture-of-experts variants (Mixtral, Qwen3-MoE), and Gemma 1 and Gemma 3 (its text
-model, and its multimodal checkpoints served as text only: ``gemma_config``). Anything
-else is refused by name instead of being run wrong. The shape is ``hf_config``'s reading,
-the planner's too.
+mixture-of-experts variants (Mixtral, Qwen3-MoE), Gemma 1 and Gemma 3 (its text
+model, and its multimodal checkpoints served as text only: ``gemma_config``), IBM Granite
+3.x (a Llama with four multipliers, ``granite_config``; its MoE with Mixtral's routing,
+``granite_moe_weights``) and Phi-3/Phi-4 (fused projections split at load,
+``phi3_weights``; partial rotary and longrope, ``phi3_config``). Anything else is refused
+by name instead of being run wrong. The shape is ``hf_config``'s reading, the planner's
+too.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from kvledger.engine.checkpoint.config_numbers import positive
 from kvledger.engine.checkpoint.contents import ModelShape, shape_fields
 from kvledger.engine.checkpoint.fp8_format import SERVED_WEIGHTS
 from kvledger.engine.checkpoint.gemma_config import GEMMA_ARCHITECTURES, GemmaFields, read_gemma
+from kvledger.engine.checkpoint.granite_config import granite_fields
 from kvledger.engine.checkpoint.hf_config import (
     HFConfig,
     parse_config,
@@ -31,10 +35,17 @@ from kvledger.engine.checkpoint.layer_kinds import (
     SUPPORTED_ARCHITECTURES,
 )
 from kvledger.engine.checkpoint.moe_config import refuse_unknown_routing
+from kvledger.engine.checkpoint.phi3_config import (
+    LONGROPE,
+    PHI3,
+    longrope_parameters,
+    phi3_rope_type,
+    rotary_dim,
+)
 from kvledger.engine.checkpoint.weight_formats import declared_format
 from kvledger.engine.errors import BadInput, shown, some
 
-SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", LONGROPE)  # longrope: Phi-3's only
 # Near misses, refused with the reason rather than only the list above.
 _WHY_NOT = {
     "Qwen2MoeForCausalLM": "Qwen2-MoE's shared expert is not implemented",
@@ -44,8 +55,13 @@ _WHY_NOT = {
 }
 # Whose attention takes config.json's attention_bias (q, k, v and o); Mistral's and
 # Mixtral's never have a bias, Qwen2's has one on q, k and v only.
-_ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+_ATTENTION_BIAS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+                   "GraniteForCausalLM", "GraniteMoeForCausalLM")
 _QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+# Whose checkpoints fuse what the loader splits: a quantized layer's scales would have to
+# be cut with it, so those are refused.
+_FUSED_AS_STORED = {PHI3: "fused qkv_proj and gate_up_proj",
+                    "GraniteMoeForCausalLM": "experts' input_linear and output_linear"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +82,12 @@ class ModelConfig(ModelShape):
     # the shape's, is config.json's quant_method as written, e.g. "compressed-tensors".)
     weight_format: str = ""
     gemma: GemmaFields | None = None  # Gemma's own numbers (gemma_config.py); None: not Gemma
+    rotary_dim: int | None = None  # RoPE over a head's first rotary_dim only (Phi-4-mini)
+    # Granite's (granite_config.py); neutral for the others. attention_scale None: 1/sqrt(head_dim).
+    embedding_multiplier: float = 1.0
+    attention_scale: float | None = None
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -100,11 +122,23 @@ class ModelConfig(ModelShape):
         rope_theta = _positive_float("rope_theta", rope.pop("rope_theta",
                                                             raw.get("rope_theta", 10000.0)))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if arch == PHI3:
+            rope_type = phi3_rope_type(rope_type)
+        elif rope_type == LONGROPE:
+            raise BadInput(f"unsupported: longrope RoPE scaling on {arch} (kvledger reads it "
+                           "for Phi3ForCausalLM)")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise BadInput(f"unsupported rope_scaling type {shown(rope_type)}; "
                            f"kvledger supports {', '.join(SUPPORTED_ROPE_TYPES)}")
-        _check_rope_scaling(rope, rope_type)
+        if rope_type != LONGROPE:
+            _check_rope_scaling(rope, rope_type)
         read = parse_config(raw, arch)
+        rotary = rotary_dim(raw, rope, read.head_dim) if arch == PHI3 else None
+        if rope_type == LONGROPE:  # its factors' count is the rotated pairs'
+            rope = longrope_parameters(raw, rope, rotary or read.head_dim)
+        if arch in _FUSED_AS_STORED and weight_format:
+            raise BadInput(f"unsupported: a quantized {arch} checkpoint ({weight_format}); "
+                           f"kvledger splits its {_FUSED_AS_STORED[arch]} only unquantized")
         bias = arch in _ATTENTION_BIAS and bool(raw.get("attention_bias", False))
         return cls(
             **shape_fields(read),
@@ -118,6 +152,8 @@ class ModelConfig(ModelShape):
             qk_norm=arch in _QK_NORM,
             weight_format=weight_format,
             gemma=gemma,
+            rotary_dim=rotary,
+            **granite_fields(raw, arch),
         )
 
 

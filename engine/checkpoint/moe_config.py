@@ -36,11 +36,12 @@ class MoEConfig:
 def read_moe(read: HFConfig) -> MoEConfig | None:
     """The experts of a config read as ``read.architecture``; None for a dense model (and
     for the architectures whose experts the engine does not run, planned as dense).
-    Mixtral: experts in every layer, top-k always renormalised. Qwen3-MoE: experts in the
+    Mixtral and Granite-MoE: experts in every layer, top-k always renormalised. Qwen3-MoE: experts in the
     layers ``(i + 1) % decoder_sparse_step == 0`` not in ``mlp_only_layers``. Fields left
     out take transformers' defaults (MixtralConfig's, Qwen3MoeConfig's)."""
     raw, arch, layers = read.raw, read.architecture, read.num_layers
-    if arch == "MixtralForCausalLM":
+    if arch in ("MixtralForCausalLM", "GraniteMoeForCausalLM"):
+        # Granite-MoE: a softmax over the top-k logits, the same weights as Mixtral's.
         num_experts, top_k = positive(raw, "num_local_experts", 8), 2
         sparse, expert_size, normalize = tuple(range(layers)), read.intermediate_size, True
     elif arch == "Qwen3MoeForCausalLM":

@@ -14,6 +14,7 @@ from __future__ import annotations
 from kvledger.engine.checkpoint.model_config import ModelConfig
 
 Shape = tuple[int, ...]
+BLOCK_SPARSE_MOE = ("MixtralForCausalLM", "GraniteMoeForCausalLM")  # the others': mlp
 
 
 def float_shapes(config: ModelConfig) -> dict[str, Shape]:
@@ -60,9 +61,9 @@ def fused_expert_shape(config: ModelConfig, what: str) -> Shape:
 
 
 def block(config: ModelConfig, prefix: str) -> str:
-    """Where a layer's feed-forward is: Mixtral's checkpoints name it block_sparse_moe,
-    everyone else's mlp."""
-    return prefix + ("block_sparse_moe." if config.architecture == "MixtralForCausalLM"
+    """Where a layer's feed-forward is: Mixtral's and Granite-MoE's checkpoints name it
+    block_sparse_moe, everyone else's mlp."""
+    return prefix + ("block_sparse_moe." if config.architecture in BLOCK_SPARSE_MOE
                      else "mlp.")
 
 

@@ -127,12 +127,15 @@ def _gather(kv_cache: torch.Tensor, block_tables: torch.Tensor, dtype: torch.dty
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
-           meta: AttentionMetadata, scales: tuple[float, float]) -> torch.Tensor:
+           meta: AttentionMetadata, scales: tuple[float, float],
+           scale: float | None = None) -> torch.Tensor:
     """Each prefill span over its own K/V (or its gathered blocks), then each decode group
     over its gathered blocks, then what reads the pool in place (later chunks, decode
     rows): ``[tokens, heads, head_dim]`` from q ``[tokens, heads, head_dim]`` and the
-    step's k, v ``[tokens, kv_heads, head_dim]``, already in ``kv_cache``."""
+    step's k, v ``[tokens, kv_heads, head_dim]``, already in ``kv_cache``. ``scale``: the
+    softmax scale, None for 1/sqrt(head_dim)."""
     num_heads, head_dim = q.shape[1:]
+    softmax_scale = head_dim ** -0.5 if scale is None else scale
     num_kv_heads = k.shape[1]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous: o_proj views it
     start = 0
@@ -147,7 +150,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Te
         else:
             ks, vs = _gather(kv_cache, span.block_table, q.dtype, scales)
         o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=span.mask,
-                                           is_causal=span.mask is None, enable_gqa=True)
+                                           is_causal=span.mask is None, enable_gqa=True,
+                                           scale=scale)
         out[start:end] = o[0].transpose(0, 1)
         start = end
     group_size = num_heads // num_kv_heads
@@ -159,7 +163,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Te
         # repeat the gathered K/V per query head (the math fallback on CUDA does).
         shape = (group.num_seqs, num_kv_heads, group_size, head_dim)
         o = F.scaled_dot_product_attention(q[start:end].view(shape), kd, vd,
-                                           attn_mask=group.mask)
+                                           attn_mask=group.mask, scale=scale)
         # Copied, not viewed: CUDA's memory-efficient kernel returns its output with
         # heads and rows transposed in memory, so (kv head, row) cannot fold by view.
         out[start:end].view(shape).copy_(o)
@@ -168,12 +172,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Te
         chunks = meta.chunks
         chunk_attention(q, kv_cache, chunks.block_tables, chunks.q_starts, chunks.starts,
                         chunks.lengths, out, max_chunk_tokens=chunks.max_tokens,
-                        scale=head_dim ** -0.5, kv_scales=scales,
+                        scale=softmax_scale, kv_scales=scales,
                         sliding_window=chunks.sliding_window)
     if meta.paged is not None:
         rows = meta.paged
         out.index_copy_(0, rows.tokens, paged_attention(
             q.index_select(0, rows.tokens), kv_cache, rows.block_tables, rows.table_rows,
-            rows.starts, rows.ends, scale=head_dim ** -0.5, kv_scales=scales,
+            rows.starts, rows.ends, scale=softmax_scale, kv_scales=scales,
             max_positions=rows.max_positions))
     return out

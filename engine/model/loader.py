@@ -20,6 +20,7 @@ from kvledger.engine.checkpoint.fp8_format import (
 from kvledger.engine.checkpoint.gemma_config import language_model_name
 from kvledger.engine.checkpoint.loadable import IGNORED_SUFFIXES, loaded_names
 from kvledger.engine.checkpoint.model_config import ModelConfig
+from kvledger.engine.checkpoint.phi3_weights import fused_shape, split_names, split_rows
 from kvledger.engine.checkpoint.read_ahead import (
     AS_VLLM_DEFAULTS,
     ReadAhead,
@@ -175,7 +176,8 @@ def _read_state(files: list[Path], config: ModelConfig, dtype: torch.dtype,
 def _loaded(name: str, tensor: torch.Tensor, config: ModelConfig, dtype: torch.dtype,
             device: torch.device, quantize_fp8: bool) -> dict[str, torch.Tensor]:
     """One stored tensor as the engine holds it, by the names it fills: floats in ``dtype``,
-    FP8 weights as they are, scales in float32 (``scale_shape``); fused experts split;
+    FP8 weights as they are, scales in float32 (``scale_shape``); fused experts and Phi-3's
+    fused projections split;
     with ``quantize_fp8`` each linear layer's weight in FP8 beside its ``weight_scale``;
     a 4-bit layer's tensors as stored (``int4_format``); KV cache scales as stored."""
     if name.endswith(KV_SCALE_SUFFIXES):
@@ -189,7 +191,12 @@ def _loaded(name: str, tensor: torch.Tensor, config: ModelConfig, dtype: torch.d
         tensor = tensor.to(device)
     else:
         tensor = tensor.to(device=device, dtype=dtype)
-    pieces = {name: tensor} if config.moe is None else _split_fused_experts({name: tensor}, config)
+    if split_rows(name, config) is not None:
+        pieces = _split_fused_projection(name, tensor, config)
+    elif config.moe is None:
+        pieces = {name: tensor}
+    else:
+        pieces = _split_fused_experts({name: tensor}, config)
     if not quantize_fp8:
         return pieces
     out: dict[str, torch.Tensor] = {}
@@ -226,12 +233,23 @@ def _split_fused_experts(state: dict[str, torch.Tensor], config: ModelConfig) ->
         names = loaded_names(name, tuple(tensor.shape), config)
         if len(names) == 1:
             out[names[0]] = tensor
-        elif name.endswith("down_proj"):  # [experts, hidden, inter]: each expert's down
+        elif len(names) == tensor.shape[0]:  # [experts, hidden, inter]: each expert's down
             out.update(zip(names, tensor.unbind(0), strict=True))
         else:  # gate_up_proj, [experts, 2 * inter, hidden]: each expert's gate, then up
             halves = (half for matrix in tensor for half in matrix.chunk(2))
             out.update(zip(names, halves, strict=True))
     return out
+
+
+def _split_fused_projection(name: str, tensor: torch.Tensor,
+                            config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Phi-3's ``qkv_proj`` into q, k and v, ``gate_up_proj`` into gate and up: row views of
+    the stored tensor, named as ``loaded_names`` says (``phi3_weights``)."""
+    want = fused_shape(name, config)
+    if tuple(tensor.shape) != want:
+        raise BadInput(f"{name} has shape {tuple(tensor.shape)}, config says {want}")
+    rows = split_rows(name, config)
+    return dict(zip(split_names(name, config), tensor.split(rows), strict=True))
 
 
 def weights_bytes(model: CausalLM) -> int:

@@ -1,5 +1,5 @@
-"""Mixture-of-experts MLPs (Mixtral, Qwen3-MoE): a router picks each token's top-k
-experts, and each expert runs on the tokens routed to it only.
+"""Mixture-of-experts MLPs (Mixtral, Qwen3-MoE, Granite-MoE): a router picks each token's
+top-k experts, and each expert runs on the tokens routed to it only.
 
 Module names match Hugging Face's checkpoints, one module per expert as published
 (``experts.{i}.w1`` / ``gate_proj`` ...), so a state dict loads as is.

@@ -20,7 +20,7 @@ from torch import nn
 
 from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.model.attention import AttentionMetadata
-from kvledger.engine.model.transformer import DecoderLayer, RMSNorm
+from kvledger.engine.model.transformer import DecoderLayer, RMSNorm, embed, scaled_logits
 from kvledger.engine.planner.stages import stage_bounds, tensor_stages
 
 _LAYER = re.compile(r"((?:^|\.)layers\.)(\d+)\.")
@@ -88,10 +88,10 @@ class StageLM(nn.Module):
                 kv_caches: list[torch.Tensor] | None, meta: AttentionMetadata) -> torch.Tensor:
         """The first stage takes token ids, a later one the hidden states ``[num_tokens,
         hidden]`` before it; the last gives them after the final norm."""
-        x = self.model.embed_tokens(inputs) if self.stage.first else inputs
+        x = embed(self.model.embed_tokens, inputs, self.config) if self.stage.first else inputs
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, None if kv_caches is None else kv_caches[i], meta)
         return self.model.norm(x) if self.stage.last else x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        return scaled_logits(self.lm_head(hidden), self.config)

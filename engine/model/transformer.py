@@ -1,5 +1,5 @@
-"""The Llama-family transformer (Llama 2/3, Mistral, Qwen2, Qwen3; Mixtral and Qwen3-MoE
-with the experts of engine/model/moe.py) over a paged KV cache.
+"""The Llama-family transformer (Llama 2/3, Mistral, Qwen2, Qwen3, Granite, Phi-3; Mixtral
+and Qwen3-MoE with the experts of engine/model/moe.py) over a paged KV cache.
 
 Module names match Hugging Face's, so a checkpoint's state dict loads as is. The forward
 pass takes every token of a step flattened into one ``[num_tokens]`` batch: the linear
@@ -17,7 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvledger.engine.checkpoint.model_config import ModelConfig
+from kvledger.engine.checkpoint.tensor_shapes import BLOCK_SPARSE_MOE
 from kvledger.engine.model.attention import AttentionMetadata, as_bytes, attend
+from kvledger.engine.model.longrope import longrope_frequencies
 from kvledger.engine.model.lora import LoraBatch, project
 from kvledger.engine.model.moe import MixtralExpert, SparseMoE
 
@@ -39,21 +41,28 @@ class RMSNorm(nn.Module):
 
 class RotaryEmbedding:
     """cos/sin tables for every position up to ``max_positions``, computed as HF does;
-    ``sin``'s first half negated, so that ``rotate(x)`` is one ``roll`` (``_rope``). With
+    ``sin``'s first half negated, so that ``rotate(x)`` is one ``roll`` (``_rope``). As wide
+    as the dimensions RoPE turns (``rotary_dim``: Phi-4-mini's first 3/4 of a head). With
     Gemma 3's sliding layers' own RoPE (``local_rope_theta``), their tables follow the
     others' on the last dimension (``gemma.py`` reads its layer's half)."""
 
     def __init__(self, config: ModelConfig, max_positions: int, device: torch.device,
                  dtype: torch.dtype) -> None:
-        dim = config.head_dim
-        emb = _angles(config.rope_theta, config.rope_scaling, dim, max_positions)
+        dim = config.rotary_dim or config.head_dim
+        scaling, scale = config.rope_scaling, 1.0
+        if scaling and scaling.get("rope_type") == "longrope":  # Phi-3's (longrope.py)
+            inv_freq, scale = longrope_frequencies(dim, config.rope_theta, scaling, max_positions)
+            emb = _table(inv_freq, max_positions)
+        else:
+            emb = _angles(config.rope_theta, scaling, dim, max_positions)
         sign = torch.ones(dim).index_fill_(0, torch.arange(dim // 2), -1.0)
         local = config.gemma.local_rope_theta if config.gemma is not None else None
         if local is not None:
             emb = torch.cat((emb, _angles(local, None, dim, max_positions)), dim=-1)
             sign = sign.repeat(2)
-        self.cos = emb.cos().to(device=device, dtype=dtype)
-        self.sin = (emb.sin() * sign).to(device=device, dtype=dtype)
+        # cos and sin times longrope's attention factor, as transformers scales them.
+        self.cos = (emb.cos() * scale).to(device=device, dtype=dtype)
+        self.sin = (emb.sin() * scale * sign).to(device=device, dtype=dtype)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos[positions], self.sin[positions]
@@ -62,7 +71,11 @@ class RotaryEmbedding:
 def _angles(theta: float, scaling: dict | None, dim: int, max_positions: int) -> torch.Tensor:
     """Each position's rotation angles ``[max_positions, dim]``, both halves alike."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    inv_freq = _scale_inv_freq(inv_freq, scaling)
+    return _table(_scale_inv_freq(inv_freq, scaling), max_positions)
+
+
+def _table(inv_freq: torch.Tensor, max_positions: int) -> torch.Tensor:
+    """The angles ``[max_positions, 2 * len(inv_freq)]`` of inverse frequencies ``inv_freq``."""
     freqs = torch.arange(max_positions).float()[:, None] * inv_freq[None, :]
     return torch.cat((freqs, freqs), dim=-1)
 
@@ -89,7 +102,11 @@ def _scale_inv_freq(inv_freq: torch.Tensor, scaling: dict | None) -> torch.Tenso
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Hugging Face's ``x * cos + rotate_half(x) * sin``, figure for figure, in four ops:
     ``rotate_half(x)`` is ``x``'s halves swapped with the first negated, and ``sin`` (from
-    ``RotaryEmbedding``) carries that sign."""
+    ``RotaryEmbedding``) carries that sign. Tables narrower than ``x`` turn its first
+    dimensions only, the rest passed as they are (partial rotary)."""
+    if cos.shape[-1] < x.shape[-1]:
+        turned, kept = x.split((cos.shape[-1], x.shape[-1] - cos.shape[-1]), dim=-1)
+        return torch.cat((_rope(turned, cos, sin), kept), dim=-1)
     return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
@@ -110,6 +127,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qk_norm = config.qk_norm
+        self.scale = config.attention_scale  # None: 1/sqrt(head_dim); Granite's multiplier
         # An fp8 KV cache holds K / k_scale and V / v_scale: the checkpoint's (loader.py).
         self.k_scale = self.v_scale = 1.0
 
@@ -118,7 +136,7 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x, cos.unsqueeze(1), sin.unsqueeze(1), meta.lora)
         if kv_cache is not None:
             self._write_cache(kv_cache, k, v, meta.slot_mapping)
-        out = attend(q, k, v, kv_cache, meta, (self.k_scale, self.v_scale))
+        out = attend(q, k, v, kv_cache, meta, (self.k_scale, self.v_scale), self.scale)
         return project(self.o_proj, out.view(x.shape[0], -1), meta.lora)
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -189,18 +207,23 @@ class DecoderLayer(nn.Module):
             feed_forward = MLP(config.hidden_size, config.intermediate_size)
         else:
             feed_forward = SparseMoE(config.hidden_size, config.moe, MixtralExpert if mixtral else MLP)
-        # Mixtral's checkpoints name it block_sparse_moe, everyone else's mlp.
-        self.feed_forward_name = "block_sparse_moe" if mixtral else "mlp"
+        # Mixtral's and Granite-MoE's checkpoints name it block_sparse_moe, the others' mlp.
+        self.feed_forward_name = ("block_sparse_moe" if config.architecture in BLOCK_SPARSE_MOE
+                                  else "mlp")
         self.add_module(self.feed_forward_name, feed_forward)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.residual_multiplier = config.residual_multiplier  # Granite's; 1.0 otherwise
 
     def forward(self, x, cos, sin, kv_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
+        r = self.residual_multiplier
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
+        x = x + (attended if r == 1.0 else attended * r)
         feed_forward = self._modules[self.feed_forward_name]
         h = self.post_attention_layernorm(x)
         # LoRA adapts dense MLPs only (--enable-lora refuses mixture-of-experts models).
-        return x.add_(feed_forward(h) if meta.lora is None else feed_forward(h, meta.lora))
+        out = feed_forward(h) if meta.lora is None else feed_forward(h, meta.lora)
+        return x.add_(out if r == 1.0 else out * r)
 
 
 class Decoder(nn.Module):
@@ -223,10 +246,24 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_caches: list[torch.Tensor] | None, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states ``[num_tokens, hidden]`` after the final norm."""
-        x = self.model.embed_tokens(input_ids)
+        x = embed(self.model.embed_tokens, input_ids, self.config)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, None if kv_caches is None else kv_caches[i], meta)
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        return scaled_logits(self.lm_head(hidden), self.config)
+
+
+def embed(embedding: nn.Module, input_ids: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """The input embeddings, times Granite's ``embedding_multiplier``."""
+    x = embedding(input_ids)
+    return x if config.embedding_multiplier == 1.0 else x * config.embedding_multiplier
+
+
+def scaled_logits(logits: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """float32 logits, divided by Granite's ``logits_scaling`` (as transformers divides
+    them, in the model's dtype)."""
+    if config.logits_scaling != 1.0:
+        logits = logits / config.logits_scaling
+    return logits.float()

@@ -1,13 +1,15 @@
 """Pipeline stages in the engine (``model/pipeline.py``): each stage loads only its own
 tensors, exactly the bytes the plan gives that stage; and the stages run one after the
 other compute what the whole model computes (greedy tokens equal), for several
-architectures (untied Llama, tied Qwen2 and Qwen3, Mixtral's experts) and a checkpoint
-transformers wrote."""
+architectures (untied Llama, tied Qwen2 and Qwen3, Mixtral's experts) and checkpoints
+transformers wrote (a Llama; a Granite and a Granite-MoE, their multipliers on the first
+and last stage; a Phi-3, its fused projections split as each stage reads them)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from _tiny_models import save_tiny
 
 from kvledger.engine.checkpoint.model_config import ModelConfig
 from kvledger.engine.model.attention import AttentionMetadata, PrefillSpan
@@ -36,14 +38,28 @@ def hf_llama_dir(tmp_path_factory):
     return folder
 
 
-def model_dir(name, make_model_dir, hf_llama_dir):
-    return hf_llama_dir if name == "hf-llama" else make_model_dir(name)
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory, hf_llama_dir):
+    """transformers' own checkpoints by name: the Llama above, a Granite, a Granite-MoE, a
+    Phi-3 (4 layers each; the Phi-3 with partial rotary)."""
+    root = tmp_path_factory.mktemp("hf-stages")
+    return {"hf-llama": hf_llama_dir,
+            "hf-granite": save_tiny("granite", root / "granite", num_hidden_layers=4),
+            "hf-granitemoe": save_tiny("granitemoe", root / "granitemoe", num_hidden_layers=4),
+            "hf-phi3": save_tiny("phi3", root / "phi3", num_hidden_layers=4,
+                                 partial_rotary_factor=0.75)}
 
 
-@pytest.mark.parametrize(("name", "stages"), [*CASES, ("hf-llama", 2), ("hf-llama", 3)])
+def model_dir(name, make_model_dir, hf_dirs):
+    return hf_dirs[name] if name.startswith("hf-") else make_model_dir(name)
+
+
+@pytest.mark.parametrize(("name", "stages"), [*CASES, ("hf-llama", 2), ("hf-llama", 3),
+                                             ("hf-granite", 2), ("hf-granitemoe", 2),
+                                             ("hf-phi3", 2)])
 def test_each_stage_loads_exactly_the_bytes_its_plan_gives(name, stages, make_model_dir,
-                                                            hf_llama_dir):
-    folder = model_dir(name, make_model_dir, hf_llama_dir)
+                                                            hf_dirs):
+    folder = model_dir(name, make_model_dir, hf_dirs)
     config = ModelConfig.from_dir(folder)
     plan = make_plan(EngineConfig(model=str(folder), device="cpu", max_model_len=128,
                                   pipeline_parallel_size=stages))
@@ -72,11 +88,12 @@ def forward(models, config, ids: list[int]) -> torch.Tensor:
     return models[-1].logits(x[-1:])[0]
 
 
-@pytest.mark.parametrize(("name", "stages"), [*CASES, ("hf-llama", 3)])
+@pytest.mark.parametrize(("name", "stages"), [*CASES, ("hf-llama", 3), ("hf-granite", 2),
+                                             ("hf-granitemoe", 3), ("hf-phi3", 3)])
 @torch.inference_mode()
 def test_stages_one_after_the_other_compute_what_the_whole_model_does(
-        name, stages, make_model_dir, hf_llama_dir):
-    folder = model_dir(name, make_model_dir, hf_llama_dir)
+        name, stages, make_model_dir, hf_dirs):
+    folder = model_dir(name, make_model_dir, hf_dirs)
     config = ModelConfig.from_dir(folder)
     whole = [load_model(folder, config, torch.float32, CPU)]
     staged = [load_model(folder, config, torch.float32, CPU, stage=Stage.of(config, s, stages))
