@@ -56,3 +56,26 @@ def context_length(raw: Mapping[str, Any]) -> int:
     if factor is None:
         return positions
     return min(int(positions * factor), MAX_CONFIG_NUMBER)
+
+
+def default_context(raw: Mapping[str, Any], positions: int) -> int | None:
+    """The context vLLM runs when ``--max-model-len`` is not given, where it is not the
+    ``positions`` the model takes: a longrope (su) model's ``original_max_position_embeddings``
+    (vLLM 0.32's ``_get_and_verify_max_len``: "to avoid performance degradation for
+    shorter sequences", the short factors serving it), never more than ``positions``;
+    None for any other model."""
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling")
+    if not isinstance(rope, Mapping):
+        return None
+    nested = all(isinstance(value, Mapping) for value in rope.values()) and bool(rope)
+    parts = list(rope.values()) if nested else [rope]
+    if not any(part.get("rope_type", part.get("type")) in ("su", "longrope") for part in parts):
+        return None
+    original = raw.get("original_max_position_embeddings")
+    if original is None:
+        original = next((part["original_max_position_embeddings"] for part in parts
+                         if part.get("original_max_position_embeddings") is not None), None)
+    if original is None:
+        return None
+    return min(positive({"original_max_position_embeddings": original},
+                        "original_max_position_embeddings"), positions)

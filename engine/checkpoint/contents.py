@@ -77,6 +77,9 @@ class ModelShape:
     layout: AttentionLayout | None = None  # None: full attention on every layer
     quantization: str = ""  # config's quantization_config.quant_method, e.g. "mxfp4"
     moe: MoEConfig | None = None  # routed experts (those the engine runs); None: dense
+    # The context a run gets without --max-model-len where vLLM's default is less than
+    # max_position_embeddings (a longrope model's original_max_position_embeddings).
+    default_context: int | None = None
 
     def kv_layout(self) -> AttentionLayout:
         """What each layer keeps per token (``kv_layout``)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvledger.engine import json_text
-from kvledger.engine.checkpoint.config_numbers import context_length, positive
+from kvledger.engine.checkpoint.config_numbers import context_length, default_context, positive
 from kvledger.engine.checkpoint.files import CONFIG_FILE
 from kvledger.engine.checkpoint.layer_kinds import MLA_ARCHITECTURES, layer_types
 from kvledger.engine.checkpoint.read_limits import MAX_CONFIG_BYTES
@@ -61,6 +61,8 @@ class HFConfig:
     sliding_window: int | None  # tokens a sliding layer sees; None when no layer slides
     kv_lora_rank: int | None = None  # MLA: the latent cached per token, with qk_rope_head_dim
     qk_rope_head_dim: int | None = None
+    # The context vLLM runs without --max-model-len where it is less (``default_context``).
+    default_context: int | None = None
     # The whole (text) config, for the fields only the engine reads (RoPE, norms, experts).
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -160,7 +162,7 @@ def parse_config(config: Mapping[str, Any], architecture: str) -> HFConfig:
         hidden_size=hidden,
         intermediate_size=positive(raw, "intermediate_size"),
         vocab_size=positive(raw, "vocab_size"),
-        max_position_embeddings=context_length(raw),
+        max_position_embeddings=(positions := context_length(raw)),
         torch_dtype=dtype,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         quantization=method if isinstance(method, str) else "",
@@ -168,6 +170,7 @@ def parse_config(config: Mapping[str, Any], architecture: str) -> HFConfig:
         sliding_window=window,
         kv_lora_rank=positive(raw, "kv_lora_rank") if mla else None,
         qk_rope_head_dim=positive(raw, "qk_rope_head_dim") if mla else None,
+        default_context=default_context(raw, positions),
         raw=raw,
     )
 

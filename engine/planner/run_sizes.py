@@ -15,9 +15,10 @@ from kvledger.engine.settings.config_values import MIN_DEFAULT_BATCHED_TOKENS
 
 def resolve_max_model_len(config: EngineConfig, shape: ModelShape) -> int:
     """``--max-model-len``, or the positions the model takes (``max_position_embeddings``,
-    times a linear RoPE's factor); never more than those."""
+    times a linear RoPE's factor; a longrope model's original_max_position_embeddings, as
+    vLLM's default); never more than those."""
     if config.max_model_len is None:
-        return shape.max_position_embeddings
+        return shape.default_context or shape.max_position_embeddings
     if config.max_model_len > shape.max_position_embeddings:
         raise BadInput(f"--max-model-len {config.max_model_len} is more than the "
                        f"{shape.max_position_embeddings} positions the model takes (its "

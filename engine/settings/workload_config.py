@@ -106,7 +106,8 @@ class WorkloadSettings:
         None, "--max-model-len", TOKENS, group=WORKLOAD,
         help="context limit in tokens, as vLLM reads it: 4096, 32k (32,000), 32K (32,768); "
              "default: the model's max_position_embeddings (times a RoPE scaling's factor, "
-             "as vLLM derives it)",
+             "as vLLM derives it; a longrope model's original_max_position_embeddings, as "
+             "vLLM's default)",
         crd=Crd("engine", "context limit in tokens (--max-model-len)"))
     # None: not given. Under a cap (--gpu-memory-utilization, --memory-limit) the KV pool
     # decides, as in vLLM: as many whole max_model_len sequences as it holds, at most vllm

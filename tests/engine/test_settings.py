@@ -55,6 +55,7 @@ DECLARED = {
     "unified_memory": ("--unified-memory", None),
     "container_memory_limit_bytes": ("--container-memory-limit", None),  # spec.resources
     "seed": ("--seed", "engine.seed"),
+    "logprobs_mode": ("--logprobs-mode", "engine.logprobsMode"),
     "generation_config": ("--generation-config", "engine.generationConfig"),
     "override_generation_config": ("--override-generation-config", None),
     "tokenizer": ("--tokenizer", None),

@@ -127,12 +127,18 @@ def test_phi3_longrope_past_the_original_length_turns_by_the_long_factors(tiny):
 
 
 def test_phi3_plan_counts_the_context_and_the_weights(tmp_path, capsys):
-    """``kvledger plan``: longrope's context is max_position_embeddings (not times a
-    factor), the weights the fused tensors' bytes as stored."""
+    """``kvledger plan``: a longrope model runs original_max_position_embeddings unless
+    asked more (vLLM 0.32's default, the short factors), at most max_position_embeddings
+    (not times a factor); the weights the fused tensors' bytes as stored."""
     folder = save_tiny("phi3", tmp_path / "phi3", **LONGROPE)
+    assert main(["plan", str(folder), "--device", "cpu", "--json", "--max-model-len",
+                 "256"]) == 0
+    assert json.loads(capsys.readouterr().out)["max_model_len"] == 256
+    assert main(["plan", str(folder), "--device", "cpu", "--max-model-len", "257"]) == 2
+    capsys.readouterr()
     assert main(["plan", str(folder), "--device", "cpu", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert plan["max_model_len"] == 256
+    assert plan["max_model_len"] == ORIGINAL
     stored = (folder / "model.safetensors").stat().st_size
     header = 8 + int.from_bytes((folder / "model.safetensors").read_bytes()[:8], "little")
     assert plan["classes"]["weights"] == stored - header
