@@ -217,7 +217,9 @@ def _tool_plan(state: ServerState, req: GenerationRequest) -> ToolPlan:
                          auto_enabled=state.options.enable_auto_tool_choice,
                          parser=state.options.tool_call_parser,
                          chat_template=state.door.tokenizer.chat_template,
-                         specials=control_token_ids(state.door.tokenizer))
+                         specials=control_token_ids(state.door.tokenizer),
+                         template_kwargs=req.template_kwargs(
+                             state.options.default_chat_template_kwargs))
     except Refusal as exc:
         raise bad_request(exc.message, exc.param) from None
 

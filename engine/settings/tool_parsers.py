@@ -12,9 +12,10 @@ in it. The others are refused until a reader of their format is written.
 from __future__ import annotations
 
 TOOL_PARSERS = ("deepseek_v3", "deepseek_v31", "glm45", "glm47", "hermes", "hunyuan_a13b",
-                "internlm", "jamba", "kimi_k2", "llama3_json", "llama4_json",
-                "llama4_pythonic", "longcat", "minimax_m2", "mistral", "pythonic",
-                "qwen3_coder", "qwen3_json", "qwen3_xml", "seed_oss", "step3", "xlam")
+                "internlm", "jamba", "k2_horizon", "kimi_k2", "lfm2", "llama3_json",
+                "llama4_json", "llama4_pythonic", "longcat", "minimax_m2", "mistral", "olmo3",
+                "poolside_v1", "pythonic", "qwen3_coder", "qwen3_json", "qwen3_xml",
+                "seed_oss", "step3", "xlam")
 
 
 def _unread(fmt: str) -> str:
@@ -23,7 +24,6 @@ def _unread(fmt: str) -> str:
 
 _DSML = _unread("DeepSeek's DSML calls (<｜DSML｜invoke name=...> and its parameters)")
 _COHERE = _unread("Cohere Command's action blocks")
-_ARG_TAGS = "calls whose arguments are <arg_key>/<arg_value> pairs ({})"
 _SUFFIXED = ("its markers are spelled with the checkpoint's token_suffix "
              "(tokenizer_config.json), which kvledger does not read")
 
@@ -47,19 +47,15 @@ REFUSED_TOOL_PARSERS = {
     "hy_v3": _SUFFIXED,
     "hy_v4": _SUFFIXED,
     "inkling": _unread("Inkling's typed tool blocks"),
-    "k2_horizon": _unread(_ARG_TAGS.format("K2 Horizon's <ifm|tool_call>")),
     "kimi_k3": _unread("Kimi K3's <|open|>...<|close|> blocks"),
-    "lfm2": _unread("LFM2's <|tool_call_start|> Python lists"),
     "ling3": _unread("Ling 3's tool calls"),
     "mimo": _unread("MiMo's tool calls"),
     "minicpm5": _unread("MiniCPM 5's XML calls"),
     "minimax_m3": _unread("MiniMax-M3's tool calls"),
     "muse_glimmer": _unread("Muse Glimmer's <atem:function_calls> blocks"),
-    "olmo3": _unread("OLMo 3's <function_calls> Python calls"),
     "openai": "gpt-oss's calls are Harmony channel messages, which kvledger does not parse",
     "phi4_mini_json": _unread("Phi-4-mini's functools[...] lists"),
     "plamo3": _unread("PLaMo 3's <|plamo:begin_tool_requests:plamo|> calls"),
-    "poolside_v1": _unread(_ARG_TAGS.format("Poolside's <tool_call>")),
     "step3p5": _unread("Step 3.5's tool calls"),
 }
 

@@ -90,6 +90,12 @@ LAUNCH_LINES = [
      ACCEPTED),
     ("LongCat tool calling", "{model} --enable-auto-tool-choice --tool-call-parser longcat",
      ACCEPTED),
+    ("OLMo 3 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser olmo3", ACCEPTED),
+    ("LFM2 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser lfm2", ACCEPTED),
+    ("Poolside tool calling", "{model} --enable-auto-tool-choice --tool-call-parser "
+     "poolside_v1", ACCEPTED),
+    ("K2 Horizon tool calling", "{model} --enable-auto-tool-choice --tool-call-parser "
+     "k2_horizon", ACCEPTED),
     ("tool calling: another parser", "{model} --tool-call-parser openai",
      "--tool-call-parser"),
     ("reasoning outputs", "{model} --reasoning-parser deepseek_r1", ACCEPTED),
@@ -236,8 +242,9 @@ def test_version_prints_the_distribution_version(capsys) -> None:
 @pytest.mark.parametrize(("argv", "message"), [
     (["--tool-call-parser", "openai"], "error: --tool-call-parser openai: kvledger does not "
      "support that tool-call parser (only deepseek_v3, deepseek_v31, glm45, glm47, hermes, "
-     "hunyuan_a13b, internlm, jamba, kimi_k2, llama3_json, llama4_json, llama4_pythonic, "
-     "longcat, minimax_m2, mistral, pythonic, qwen3_coder, qwen3_json, qwen3_xml, seed_oss, "
+     "hunyuan_a13b, internlm, jamba, k2_horizon, kimi_k2, lfm2, llama3_json, llama4_json, "
+     "llama4_pythonic, longcat, minimax_m2, mistral, olmo3, poolside_v1, pythonic, qwen3_coder, "
+     "qwen3_json, qwen3_xml, seed_oss, "
      "step3 or xlam): gpt-oss's calls are Harmony channel messages, which kvledger does not "
      "parse"),
     (["--enable-auto-tool-choice"], "error: --enable-auto-tool-choice requires "

@@ -23,6 +23,7 @@ from kvledger.engine.server.tools.kimi_format import SECTION_BEGIN as KIMI_SECTI
 from kvledger.engine.server.tools.longcat_format import TAG_END as LONGCAT_END
 from kvledger.engine.server.tools.longcat_format import TAG_START as LONGCAT_START
 from kvledger.engine.server.tools.parsers import CallScanner
+from kvledger.engine.server.tools.poolside_format import _call as poolside_call
 from kvledger.engine.server.tools.step3_format import CALLS_BEGIN as STEP3_BLOCK
 from kvledger.engine.server.tools.step3_format import CALLS_END as STEP3_BLOCK_END
 from kvledger.engine.server.tools.step3_format import INVOKE as STEP3_INVOKE
@@ -69,6 +70,20 @@ REPEATS = {
     # a block is read whole at its end (its calls: below)
     "step3": (STEP3_BLOCK, STEP3_BLOCK + STEP3_BLOCK_END, " " * 50 + "x",
               STEP3_BLOCK + STEP3_INVOKE + "f" + STEP3_BLOCK_END + " "),
+    # content up to the block's tag as it streams, then all held to the end (timed below)
+    "olmo3": ("<function_calls>", "x <function_calls>", "a <function_call", "f(x=1)\n",
+              "<function_calls>f()</function_calls>", " " * 50 + "x"),
+    # content up to the first call as it streams, then all held to the end (timed below)
+    "poolside_v1": ("<tool_call>", "x <tool_call>", "<tool_call>f</tool_call>",
+                    "<tool_call>f" + KEY_START, KEY_START + "k" + KEY_END + " " * 20,
+                    "<tool_call><tool_call>", " " * 50 + "x"),
+    # the group is read whole at its end (its pairs: below)
+    "k2_horizon": ("<ifm|tool_calls>", "x <ifm|tool_calls>", "<ifm|tool_calls></ifm|tool_calls>",
+                   "<ifm|tool_calls><ifm|tool_call>f</ifm|tool_call></ifm|tool_calls>",
+                   "a <ifm|tool_call", " " * 50 + "x"),
+    # content before the start token as it streams, the rest at the end (timed below)
+    "lfm2": ("<|tool_call_start|>", "x <|tool_call_start|>", "a <|tool_call_st",
+             "[f(x=1)]<|tool_call_end|>", " " * 50 + "x"),
     # the content before a marker as it streams (the answer is read whole once, timed below)
     "xlam": ("x" * 50 + " ", "a " + "[TOOL_CALLS" * 3, "a </think"),
     # a block is read whole at its end, jamba's at its closing tag, the others' calls at
@@ -197,3 +212,80 @@ def test_tagged_json_answers_are_read_in_one_pass(parser: str, text: str,
     scanner, seconds = fed_in_steps(parser, text)
     assert seconds < 2.0
     assert [c.name for c in scanner.calls] == names
+
+
+@pytest.mark.parametrize(("unit", "name"), [("<tool_call>x<", None), ("<tool_call> \n ", ""),
+                                            ("<tool_call>\n<tool_call>", None),
+                                            ("<tool_call>x\ny<arg_key>", None)])
+def test_a_poolside_call_searches_its_text_once(unit: str, name: str | None) -> None:
+    # vLLM's pattern is searched from each <tool_call> inside a call: each search reads
+    # only up to the next '<'.
+    block = Searched("<tool_call>" + unit * 4000)
+    Searched.read = 0
+    assert (poolside_call(block) or (None,))[0] == name
+    assert Searched.read <= 4 * len(block)
+
+
+@pytest.mark.parametrize("unit", ["<arg_key>k</arg_key>   ", "<arg_key>k</arg_key><arg_value>v",
+                                  "<tool_call>f</tool_call>",
+                                  "<arg_key>k</arg_key><arg_value>[[1]]</arg_value>"])
+def test_poolside_calls_are_read_in_one_pass(unit: str) -> None:
+    # The calls are read from the held text at its end (slices, unseen by Searched):
+    # timed, with a margin of 20x over the 10-100 ms one pass takes here.
+    text = "<tool_call>f" + unit * 1000 + "</tool_call>"
+    scanner, seconds = fed_in_steps("poolside_v1", text)
+    assert seconds < 2.0
+    assert scanner.calls
+
+
+@pytest.mark.parametrize("parser", ["olmo3", "lfm2"])
+@pytest.mark.parametrize("unit", [" ", "a", "\n "])
+def test_an_answer_read_a_character_at_a_time_is_read_once(parser: str, unit: str) -> None:
+    # Blanks, or a name, that keep the answer's reading undecided are read on from where
+    # the last feed stopped (read again at each feed: 2 * 10^8 characters here). Timed,
+    # with a margin of 10x over the 0.2 s 20,000 feeds take here.
+    text = unit * (20000 // len(unit))
+    scanner, seconds = fed_in_steps(parser, text, step=1, start=1)
+    assert seconds < 2.0
+    assert (scanner.calls, scanner.content) == ([], text.strip())
+
+
+@pytest.mark.parametrize("unit", ["f(x=1)\n", "<function_calls>", "f(x='" + "(" * 20,
+                                  "<function_calls>f(x=[1])\n", "f(x=" + "[" * 50])
+def test_olmo3_answers_are_read_in_one_pass(unit: str) -> None:
+    # An answer that may be calls is parsed once, at its end: timed (the parse of 4,000
+    # calls takes 0.1-0.3 s here, beside other work; the rest 20 ms at most).
+    text = unit * 4000
+    scanner, seconds = fed_in_steps("olmo3", text)
+    assert seconds < 2.0
+    assert scanner.calls or scanner.content
+
+
+@pytest.mark.parametrize("unit", ["<ifm|arg_key>k</ifm|arg_key>   ", "<ifm|arg_key>k</ifm|arg_key>"
+                                  "<ifm|arg_type>t</ifm|arg_type>x",
+                                  "<ifm|arg_key>k</ifm|arg_key><ifm|arg_type>t",
+                                  "</ifm|arg_key><ifm|arg_type>t</ifm|arg_type> ",
+                                  "</ifm|arg_key><ifm|arg_value>v</ifm|arg_value>"])
+def test_k2_horizon_pairs_are_read_in_one_pass(unit: str) -> None:
+    # A key runs to the first of its ends that a type or a value follows, a type to the
+    # first of its ends that a value follows: each looked for once (a reader trying every
+    # type's end after every key's end reads 10^8 characters here). Read from a slice,
+    # unseen by Searched: timed, with a margin of 100x over the 20 ms one pass takes.
+    text = ("<ifm|tool_calls><ifm|tool_call>f<ifm|arg_key>k" + unit * 4000
+            + "<ifm|arg_value>v</ifm|arg_value></ifm|tool_call></ifm|tool_calls>")
+    scanner, seconds = fed_in_steps("k2_horizon", text)
+    assert seconds < 2.0
+    assert scanner.calls or scanner.content
+
+
+@pytest.mark.parametrize("unit", ["'a', ", "x='a 'b' c', ", "from=1, ", "07, ", "'\n', ",
+                                  "'a '", "\\'", "f(x=1), "])
+def test_lfm2_rewrites_read_the_calls_in_one_pass(unit: str) -> None:
+    # Calls that do not parse are rewritten, each rewrite one pass; a broken string is
+    # tried closed at most MAX_ENDS_TRIED places (vLLM's looks for each string's end to
+    # the end of the text, and parses it all once per place the broken one may end:
+    # 10^8 characters here). Timed, with a margin of 100x over the 20 ms one pass takes.
+    text = "<|tool_call_start|>[f(" + unit * 4000 + "y=1)]]<|tool_call_end|>"
+    scanner, seconds = fed_in_steps("lfm2", text)
+    assert seconds < 2.0
+    assert scanner.calls or scanner.content

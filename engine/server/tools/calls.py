@@ -8,7 +8,7 @@ once per request, which parser reads the answer back and which grammar constrain
   (llguidance, compiled like any structured output) to calls in the model family's own
   format, each naming a declared function with arguments valid against its schema
   (``%json``; for the formats that write arguments one by one, qwen3_coder, seed_oss,
-  glm45, minimax_m2, step3 and pythonic,
+  glm45, poolside_v1, k2_horizon, minimax_m2, step3, pythonic, olmo3 and lfm2,
   ``param_grammars``). A named function is called exactly once, as OpenAI and vLLM answer it
   (vLLM constrains the output to that function's arguments); ``"required"`` makes one call
   with ``parallel_tool_calls: false``, else one or more.
@@ -21,7 +21,8 @@ kimi_k2; ``<tool_call>`` with ``<arg_key>``: glm45;
 ``<minimax:tool_call>``: minimax_m2; ``<｜tool_calls_begin｜>``: step3;
 ``<|action_start|><|plugin|>``: internlm; ``<longcat_tool_call>``: longcat;
 ``<tool_calls>``: hunyuan_a13b when the template asks replies to begin ``助手：``, else
-jamba), else hermes. A format's markers that the tokenizer
+jamba; ``<function_calls>``: olmo3; ``<ifm|tool_calls>``: k2_horizon;
+``<|tool_call_start|>``: lfm2), else hermes. A format's markers that the tokenizer
 holds as special tokens (Mistral's ``[TOOL_CALLS]``, Llama's ``<|python_tag|>``) are kept
 in the text the parser reads (``ToolPlan.kept_ids``; decoding drops every other special
 token), and the grammar writes them as those tokens.
@@ -32,6 +33,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from kvledger.engine.server.tools import kimi_format as kimi
 from kvledger.engine.server.tools.deepseek_format import (
@@ -48,17 +50,21 @@ from kvledger.engine.server.tools.hunyuan_format import REPLY as HUNYUAN_REPLY
 from kvledger.engine.server.tools.internlm_format import ACTION_END, CALL_START
 from kvledger.engine.server.tools.jamba_format import TAG_END as LIST_END
 from kvledger.engine.server.tools.jamba_format import TAG_START as LIST_START
+from kvledger.engine.server.tools.k2_horizon_format import GROUP_START as K2_GROUP
 from kvledger.engine.server.tools.lark_text import json_value, lark, rule
+from kvledger.engine.server.tools.lfm2_format import CALL_START as LFM2_START
 from kvledger.engine.server.tools.longcat_format import TAG_END as LONGCAT_END
 from kvledger.engine.server.tools.longcat_format import TAG_START as LONGCAT_START
 from kvledger.engine.server.tools.param_grammars import PARAM_GRAMMARS as _BY_PARAMETER
 from kvledger.engine.server.tools.parsers import PARSERS, CallScanner
 from kvledger.engine.server.tools.protocol import NamedToolChoice, Tool
+from kvledger.engine.server.tools.python_grammar import PYTHON_GRAMMARS
+from kvledger.engine.server.tools.pythonic_format import FUNCTION_CALLS
 from kvledger.engine.server.tools.step3_format import CALLS_BEGIN as STEP3_CALLS_BEGIN
 from kvledger.engine.server.tools.step3_grammar import step3_calls_grammar
 from kvledger.engine.server.validation import Refusal
 
-PARAM_GRAMMARS = {**_BY_PARAMETER, "step3": step3_calls_grammar}
+PARAM_GRAMMARS = {**_BY_PARAMETER, **PYTHON_GRAMMARS, "step3": step3_calls_grammar}
 AUTO_NEEDS_FLAGS = ("\"auto\" tool choice requires --enable-auto-tool-choice and "
                     "--tool-call-parser to be set")
 
@@ -156,6 +162,12 @@ def template_parser(chat_template: str | None) -> str:
         return "deepseek_v3" if "```json" in template else "deepseek_v31"
     if "<function=" in template and "<parameter=" in template:
         return "seed_oss" if "<seed:tool_call>" in template else "qwen3_coder"
+    if FUNCTION_CALLS in template:
+        return "olmo3"
+    if LFM2_START in template:
+        return "lfm2"
+    if K2_GROUP in template:
+        return "k2_horizon"
     if "<tool_call>" not in template and "[TOOL_CALLS]" in template:
         return "mistral"
     if "<tool_call>" not in template and "<|python_tag|>" in template:
@@ -177,10 +189,12 @@ def control_token_ids(tokenizer) -> dict[str, int]:
 
 def tool_plan(tools: list[Tool] | None, choice, parallel: bool, *, auto_enabled: bool,
               parser: str | None, chat_template: str | None,
-              specials: dict[str, int] | None = None) -> ToolPlan:
+              specials: dict[str, int] | None = None,
+              template_kwargs: dict[str, Any] | None = None) -> ToolPlan:
     """The plan of a request whose ``choice`` is ``check_tool_choice``'s; a ``Refusal``
-    (400) for ``"auto"`` on a server not started for it. ``specials``: the tokenizer's
-    ``control_token_ids``."""
+    (400) for ``"auto"`` on a server not started for it, and for a layout of calls the
+    chat template is asked for (``template_kwargs``) that the parser does not read.
+    ``specials``: the tokenizer's ``control_token_ids``."""
     if not tools or choice == "none":
         return NO_TOOLS
     specials = specials or {}
@@ -193,8 +207,10 @@ def tool_plan(tools: list[Tool] | None, choice, parallel: bool, *, auto_enabled:
     if choice == "auto":
         if not (auto_enabled and parser):
             raise Refusal(AUTO_NEEDS_FLAGS, "tool_choice")
+        _check_layout(parser, template_kwargs or {})
         return ToolPlan(parser, None, max_calls, _kept(parser, specials), tools=tuple(tools))
     parser = parser or template_parser(chat_template)
+    _check_layout(parser, template_kwargs or {})
     if parser in PARAM_GRAMMARS:
         grammar = PARAM_GRAMMARS[parser](indexed, parallel, specials)
     else:
@@ -202,6 +218,15 @@ def tool_plan(tools: list[Tool] | None, choice, parallel: bool, *, auto_enabled:
         grammar = calls_grammar(fmt, tools, parallel, specials)
     return ToolPlan(parser, grammar, max_calls, _kept(parser, specials),
                     named=isinstance(choice, NamedToolChoice), tools=tuple(tools))
+
+
+def _check_layout(parser: str, template_kwargs: dict[str, Any]) -> None:
+    """K2 Horizon's template writes calls in the layout ``tool_call_format`` names (xml,
+    its default; json; xml_typed): kvledger reads and writes xml alone."""
+    layout = template_kwargs.get("tool_call_format", "xml")
+    if parser == "k2_horizon" and layout != "xml":
+        raise Refusal(f"'chat_template_kwargs.tool_call_format' {layout!r}: kvledger reads "
+                      f"k2_horizon's calls in its 'xml' layout only", "chat_template_kwargs")
 
 
 def _kept(parser: str, specials: dict[str, int]) -> frozenset[int]:

@@ -3,14 +3,17 @@ in ``json_formats``, qwen3_coder's XML in ``xml_format``, the Python lists in
 ``pythonic_format``, DeepSeek's in ``deepseek_format``, Kimi's in ``kimi_format``, GLM's
 in ``glm_format``, MiniMax-M2's in ``minimax_format``, Step-3's in ``step3_format``,
 xLAM's in ``xlam_format``, Jamba's in ``jamba_format``, Hunyuan-A13B's in
-``hunyuan_format``, InternLM's in ``internlm_format``, LongCat's in ``longcat_format``),
-the ids its calls get (Kimi's reader gives its own), and the markers its tokenizers may
-hold as special tokens.
+``hunyuan_format``, InternLM's in ``internlm_format``, LongCat's in ``longcat_format``,
+Poolside's in ``poolside_format``, K2 Horizon's in ``k2_horizon_format``, LFM2's in
+``lfm2_format``), the ids its calls get (Kimi's reader gives its own), and the markers its
+tokenizers may hold as special tokens.
 
 vLLM 0.32's other names for the same reader are served as such: ``qwen3_json`` is
 hermes, ``llama4_json`` is llama3_json, ``qwen3_xml`` is qwen3_coder (one class each in
 its registry), and ``glm47`` is glm45 (vLLM maps both names to one parser);
-``seed_oss`` is qwen3_coder's reader with Seed-OSS's wrapper tags.
+``seed_oss`` is qwen3_coder's reader with Seed-OSS's wrapper tags, ``olmo3`` and ``lfm2``
+read pythonic's calls in OLMo 3's and LFM2's, and ``poolside_v1`` and ``k2_horizon`` read
+GLM's pairs (in IFM's tags for K2 Horizon) with glm45's reader.
 """
 
 from __future__ import annotations
@@ -47,13 +50,25 @@ from kvledger.engine.server.tools.json_formats import (
     llama3_json,
     mistral,
 )
+from kvledger.engine.server.tools.k2_horizon_format import MARKERS as K2_MARKERS
+from kvledger.engine.server.tools.k2_horizon_format import k2_horizon
 from kvledger.engine.server.tools.kimi_format import MARKERS as KIMI_MARKERS
 from kvledger.engine.server.tools.kimi_format import kimi_k2
+from kvledger.engine.server.tools.lfm2_format import CALL_END as LFM2_END
+from kvledger.engine.server.tools.lfm2_format import CALL_START as LFM2_START
+from kvledger.engine.server.tools.lfm2_format import lfm2
 from kvledger.engine.server.tools.longcat_format import MARKERS as LONGCAT_MARKERS
 from kvledger.engine.server.tools.longcat_format import longcat
 from kvledger.engine.server.tools.minimax_format import MARKERS as MINIMAX_MARKERS
 from kvledger.engine.server.tools.minimax_format import minimax_m2
-from kvledger.engine.server.tools.pythonic_format import llama4_pythonic, pythonic
+from kvledger.engine.server.tools.poolside_format import poolside_v1
+from kvledger.engine.server.tools.pythonic_format import (
+    FUNCTION_CALLS,
+    FUNCTION_CALLS_END,
+    llama4_pythonic,
+    olmo3,
+    pythonic,
+)
 from kvledger.engine.server.tools.step3_format import MARKERS as STEP3_MARKERS
 from kvledger.engine.server.tools.step3_format import step3
 from kvledger.engine.server.tools.xlam_format import xlam
@@ -75,10 +90,10 @@ READERS: dict[str, Reader] = {
     "llama3_json": llama3_json, "llama4_json": llama3_json,
     "mistral": mistral,
     "qwen3_coder": qwen3_coder, "qwen3_xml": qwen3_coder, "seed_oss": seed_oss,
-    "pythonic": pythonic, "llama4_pythonic": llama4_pythonic,
+    "pythonic": pythonic, "llama4_pythonic": llama4_pythonic, "olmo3": olmo3, "lfm2": lfm2,
     "deepseek_v3": deepseek_v3, "deepseek_v31": deepseek_v31,
     "kimi_k2": kimi_k2,
-    "glm45": glm45, "glm47": glm45,
+    "glm45": glm45, "glm47": glm45, "poolside_v1": poolside_v1, "k2_horizon": k2_horizon,
     "minimax_m2": minimax_m2,
     "step3": step3,
     "xlam": xlam,
@@ -102,10 +117,12 @@ CONTROL_TOKENS: dict[str, tuple[str, ...]] = {
     "mistral": (TOOL_CALLS, ARGS),
     "qwen3_coder": (TOOL_START, TOOL_END), "qwen3_xml": (TOOL_START, TOOL_END),
     "seed_oss": (SEED.tool_start, SEED.tool_end),
-    "pythonic": (), "llama4_pythonic": (),
+    "pythonic": (), "llama4_pythonic": (), "olmo3": (FUNCTION_CALLS, FUNCTION_CALLS_END),
+    "lfm2": (LFM2_START, LFM2_END),
     "deepseek_v3": DEEPSEEK_MARKERS, "deepseek_v31": DEEPSEEK_MARKERS,
     "kimi_k2": KIMI_MARKERS,
-    "glm45": GLM_MARKERS, "glm47": GLM_MARKERS,
+    "glm45": GLM_MARKERS, "glm47": GLM_MARKERS, "poolside_v1": GLM_MARKERS,
+    "k2_horizon": K2_MARKERS,
     "minimax_m2": MINIMAX_MARKERS,
     "step3": STEP3_MARKERS,
     "xlam": (),  # (vLLM's decoding drops them, if special, before xLAM's parser reads)

@@ -27,6 +27,8 @@ arguments typed.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from kvledger.engine.server.tools.call_pieces import (
     Arguments,
@@ -136,28 +138,87 @@ def _call(scanner, body: str) -> list[Piece]:
 
 
 def arguments(raw: str) -> dict[str, str]:
-    """The key/value pairs vLLM's ``<arg_key>(.*?)</arg_key>\\s*<arg_value>(.*?)</arg_value>``
-    finds in ``raw`` one after another (read forward, never backtracking: a key runs to
-    the first ``</arg_key>`` that blanks and ``<arg_value>`` follow; where none does, or
-    no ``</arg_value>`` closes the value, no later pair can be found either)."""
-    pairs: dict[str, str] = {}
-    pos = 0
+    """The key/value pairs in ``raw`` (``pairs``), a later key's value in an earlier one's
+    place."""
+    return dict(pairs(raw))
+
+
+def pairs(raw: str, blank: Callable[[str], bool] = str.isspace) -> Iterator[tuple[str, str]]:
+    """The keys (stripped) and values vLLM's
+    ``<arg_key>(.*?)</arg_key>\\s*<arg_value>(.*?)</arg_value>`` finds in ``raw`` one after
+    another (``pair_at`` each; where none matches at a key's tag, no later one can
+    either). ``blank``: the pattern's ``\\s`` (the ``regex`` module's is Unicode's
+    White_Space)."""
+    pos, last = 0, raw.rfind(VALUE_END)
     while (start := raw.find(KEY_START, pos)) >= 0:
-        key_at = start + len(KEY_START)
-        close = raw.find(KEY_END, key_at)
-        while close >= 0:
-            value_at = close + len(KEY_END)
-            while value_at < len(raw) and raw[value_at].isspace():
-                value_at += 1
-            if raw.startswith(VALUE_START, value_at):
-                break
-            close = raw.find(KEY_END, close + 1)
-        if close < 0:
-            break
-        value_at += len(VALUE_START)
-        end = raw.find(VALUE_END, value_at)
-        if end < 0:
-            break
-        pairs[raw[key_at:close].strip()] = raw[value_at:end]
-        pos = end + len(VALUE_END)
-    return pairs
+        pair = pair_at(raw, start, GLM_PAIRS, blank, last)
+        if pair is None:
+            return
+        key, _, value, pos = pair
+        yield key.strip(), value
+
+
+@dataclass(frozen=True)
+class PairTags:
+    """A format's tags around a key and its value, and around the type some formats may
+    write between them (``type_start`` "": none)."""
+
+    key_start: str
+    key_end: str
+    value_start: str
+    value_end: str
+    type_start: str = ""
+    type_end: str = ""
+
+
+GLM_PAIRS = PairTags(KEY_START, KEY_END, VALUE_START, VALUE_END)
+
+
+def pair_at(raw: str, start: int, tags: PairTags, blank: Callable[[str], bool], last: int
+            ) -> tuple[str, str | None, str, int] | None:
+    """The match of vLLM's pattern ``KEY(.*?)/KEY\\s*(?:TYPE(.*?)/TYPE\\s*)?VALUE(.*?)/VALUE``
+    at ``start`` (a key's tag): the key, the type (None: not written), the value as
+    written and where the match ends; None when it matches nowhere from ``start`` on.
+    ``last``: where ``raw``'s last value's end is (-1: none). Read forward, never
+    backtracking: the key runs to the first key's end that blanks and a value's tag
+    follow, or a type whose end (the first that blanks and a value's tag follow) a
+    value's end follows; the value to the first value's end."""
+    key_at = start + len(tags.key_start)
+    found = [-2, 0]  # the type's end last found (-1: none) and where that search began
+
+    def type_end(at: int) -> int:
+        """The first type's end at or after ``at`` that blanks and a value's tag follow
+        (``at`` only grows: no text is searched twice)."""
+        if found[0] >= at or (found[0] == -1 and found[1] <= at):
+            return found[0]
+        end = raw.find(tags.type_end, at)
+        while end >= 0 and not raw.startswith(tags.value_start,
+                                              _skipped(raw, end + len(tags.type_end), blank)):
+            end = raw.find(tags.type_end, end + 1)
+        found[:] = [end, at]
+        return end
+
+    close = raw.find(tags.key_end, key_at)
+    while close >= 0:
+        at, kind, value_at = _skipped(raw, close + len(tags.key_end), blank), None, -1
+        if tags.type_start and raw.startswith(tags.type_start, at):
+            end = type_end(at + len(tags.type_start))
+            if end >= 0:  # (a later type's end would leave no value's end either)
+                kind = raw[at + len(tags.type_start):end]
+                value_at = _skipped(raw, end + len(tags.type_end), blank) + len(tags.value_start)
+                value_at = value_at if value_at <= last else -1
+        elif raw.startswith(tags.value_start, at):
+            value_at = at + len(tags.value_start)
+            if value_at > last:  # no value's end after this one: none after a later one
+                return None
+        if value_at >= 0:
+            end = raw.find(tags.value_end, value_at)
+            return raw[key_at:close], kind, raw[value_at:end], end + len(tags.value_end)
+        close = raw.find(tags.key_end, close + 1)
+    return None
+
+
+def _skipped(raw: str, at: int, blank: Callable[[str], bool]) -> int:
+    while at < len(raw) and blank(raw[at]):
+        at += 1
+    return at

@@ -7,27 +7,30 @@ write a call's arguments one by one rather than as a JSON object:
   ``<seed:tool_call>``;
 - glm45 (``glm47``): ``<tool_call>NAME\\n``, each parameter as
   ``<arg_key>KEY</arg_key>\\n<arg_value>VALUE</arg_value>\\n``, ``</tool_call>``; several
-  calls apart by a newline (GLM-4.5's chat template's layout);
+  calls apart by a newline (GLM-4.5's chat template's layout); poolside_v1 the same, its
+  strings bare only where the schema's ``type`` is ``"string"``; k2_horizon:
+  ``<ifm|tool_calls>``, calls apart by a newline, each ``<ifm|tool_call>NAME`` and its
+  ``<ifm|arg_key>KEY</ifm|arg_key><ifm|arg_value>VALUE</ifm|arg_value>``, then
+  ``</ifm|tool_calls>`` (vLLM's tests' layout);
 - minimax_m2: ``<minimax:tool_call>\\n``, each call as ``<invoke name="NAME">\\n``, each
   parameter as ``<parameter name="KEY">VALUE</parameter>\\n``, ``</invoke>\\n``, then
   ``</minimax:tool_call>`` (MiniMax-M2's chat template's layout);
 - step3: ``step3_grammar``'s layout of the same builder (``calls_grammar``);
-- pythonic (``llama4_pythonic``): ``[NAME(KEY=VALUE, ...), ...]``.
+- pythonic, olmo3 and lfm2: ``python_grammar``'s, given the same parameters in turn.
 
-The first four are one builder (``calls_grammar``) given each format's ``ParamLayout``.
+The first five are one builder (``calls_grammar``) given each format's ``ParamLayout``.
 Each declared property in the schema's order, the required ones always, the others when
 the model chooses; no other key. A value is ``%json`` of its property's schema, except
-qwen3_coder's, GLM's and MiniMax's strings, written bare (``raw_strings``). Read back as vLLM reads these
-formats (a string parameter stays the text written, others take their schema's type; a
-Python literal becomes its JSON), the arguments are valid against the schema. What the
-format cannot write so, a schema or a name, is a 400 naming it.
+qwen3_coder's, GLM's, K2 Horizon's and MiniMax's strings, written bare (``raw_strings``).
+Read back as vLLM reads these formats (a string parameter stays the text written, others
+take their schema's type), the arguments are valid against the schema. What the format
+cannot write so, a schema or a name, is a 400 naming it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import keyword
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +39,7 @@ from kvledger.engine.server.tools.lark_text import json_value, lark, rule
 from kvledger.engine.server.tools.protocol import Tool
 from kvledger.engine.server.tools.raw_strings import (
     GLM_ENDS,
+    K2_ENDS,
     MINIMAX_ENDS,
     Unsupported,
     lexemes,
@@ -48,7 +52,6 @@ _DESCRIBING = frozenset({"title", "description", "default", "examples", "$commen
                          "$schema", "$id", "strict", "deprecated"})
 _OBJECT_KEYS = _DESCRIBING | {"type", "properties", "required", "additionalProperties",
                               "$defs", "definitions"}
-_PYTHON_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 Tools = list[tuple[int, Tool]]  # each with its place in the request's 'tools'
 
@@ -56,12 +59,13 @@ Tools = list[tuple[int, Tool]]  # each with its place in the request's 'tools'
 @dataclass(frozen=True)
 class ParamLayout:
     """How one format writes a call with its parameters one by one: the text around the
-    calls (``calls``: opening and closing; None: calls apart by a newline), around each
+    calls (``calls``: opening and closing; None: none) and between them, around each
     call (``{name}`` in ``call_open``) and each parameter (``{key}`` in ``param_open``),
     and its values: ``value`` (token, schema, where) -> (expression, rules) when the
     format types them itself, else a string bare (``raw_strings.lexemes`` with
     ``string_ends``; followed by ``string_close`` where its token does not end it) and any
-    other ``%json`` of its schema. ``key_problem`` says why a name cannot be written."""
+    other ``%json`` of its schema (``bare``: which schemas' strings are written bare).
+    ``key_problem`` says why a name cannot be written."""
 
     fmt: str
     key_problem: Callable[[str], str | None]
@@ -70,16 +74,18 @@ class ParamLayout:
     param_open: str
     param_close: str
     calls: tuple[str, str] | None = None
+    between: str = "\n"
     string_ends: tuple[str, ...] = ()
     string_close: str | None = None
     value: Callable[[str, Any, str], tuple[str, list[str]]] | None = None
+    bare: Callable[[Any], bool] = lambda schema: "string" in schema_types(schema)
 
     def written(self, token: str, schema: Any, where: str, defs: dict[str, Any]
                 ) -> tuple[str, list[str], str]:
         """A parameter's value: its expression, the rules it needs, and its closing text."""
         if self.value is not None:
             return (*self.value(token, schema, where), self.param_close)
-        if "string" in schema_types(schema):
+        if self.bare(schema):
             value, rules = _bare_string(token, schema, where, self.fmt, *self.string_ends)
             return value, rules, (self.param_close if self.string_close is None
                                   else self.string_close)
@@ -92,11 +98,9 @@ def calls_grammar(layout: ParamLayout, tools: Tools, parallel: bool,
     """The grammar of calls to ``tools`` (one, or ``parallel`` several) as ``layout``
     writes them; a ``Refusal`` for what it cannot write."""
     text = functools.partial(lark, specials=specials)
-    if layout.calls is None:
-        lines = ["start: call" + (f" ({text(chr(10))} call)*" if parallel else "")]
-    else:
-        lines = ["start: " + rule(text(layout.calls[0]), "call", "call*" if parallel else "",
-                                  text(layout.calls[1]))]
+    more = f"({rule(text(layout.between), 'call')})*" if parallel else ""
+    opening, closing = layout.calls or ("", "")
+    lines = ["start: " + rule(text(opening), "call", more, text(closing))]
     for n, (i, tool) in enumerate(tools):
         name = tool.function.name
         params, defs = _parameters(tool, i, layout.fmt, layout.key_problem)
@@ -120,10 +124,11 @@ def _xml_key(key: str) -> str | None:
     return None
 
 
-def _glm_key(key: str) -> str | None:
-    if not key or key != key.strip() or "<" in key or ">" in key:
-        return "a glm45 parameter's name has no '<' or '>' and neither begins nor ends blank"
-    return None
+def _tag_key(fmt: str) -> Callable[[str], str | None]:
+    """Why a name cannot be ``fmt``'s key between tags (read back stripped), or None."""
+    return lambda key: (f"a {fmt} parameter's name has no '<' or '>' and neither begins nor "
+                        f"ends blank") if not key or key != key.strip() or "<" in key \
+        or ">" in key else None
 
 
 def _minimax_key(key: str) -> str | None:
@@ -141,32 +146,21 @@ def _xml_layout(tags: XmlTags) -> ParamLayout:
 
 
 XML = _xml_layout(QWEN3)
-GLM = ParamLayout("glm45", _glm_key, "<tool_call>{name}\n", "</tool_call>",
+GLM = ParamLayout("glm45", _tag_key("glm45"), "<tool_call>{name}\n", "</tool_call>",
                   "<arg_key>{key}</arg_key>\n<arg_value>", "</arg_value>\n",
                   string_ends=(GLM_ENDS, ""))
+# vLLM's poolside_v1 keeps a value as written only where the schema's type is "string".
+POOLSIDE = dataclasses.replace(
+    GLM, fmt="poolside_v1", key_problem=_tag_key("poolside_v1"),
+    bare=lambda schema: isinstance(schema, dict) and schema.get("type") == "string")
+K2_HORIZON = ParamLayout(
+    "k2_horizon", _tag_key("k2_horizon"), "<ifm|tool_call>{name}", "</ifm|tool_call>",
+    "<ifm|arg_key>{key}</ifm|arg_key><ifm|arg_value>", "</ifm|arg_value>",
+    calls=("<ifm|tool_calls>", "</ifm|tool_calls>"), string_ends=(K2_ENDS, ""))
 MINIMAX = ParamLayout("minimax_m2", _minimax_key, '<invoke name="{name}">\n', "</invoke>\n",
                       '<parameter name="{key}">', "</parameter>\n",
-                      calls=("<minimax:tool_call>\n", "</minimax:tool_call>"),
+                      calls=("<minimax:tool_call>\n", "</minimax:tool_call>"), between="",
                       string_ends=(MINIMAX_ENDS, ""))
-
-
-def pythonic_calls_grammar(tools: Tools, parallel: bool, specials: dict[str, int]) -> str:
-    lines = ['start: "[" call' + (' (", " call)*' if parallel else "") + ' "]"']
-    for n, (i, tool) in enumerate(tools):
-        name = tool.function.name
-        if not _python_name(name):
-            raise Refusal(f"'tools[{i}].function.name' {name!r}: a pythonic call's name is a "
-                          f"Python name (a letter, then letters, digits or '_')", "tools")
-        params, defs = _parameters(tool, i, "pythonic", _python_key)
-        items = []
-        for k, (key, schema, required) in enumerate(params):
-            items.append((f"p_{n}_{k}", required))
-            lines += [f'p_{n}_{k}: "{key}=" v_{n}_{k}',
-                      f"v_{n}_{k}: " + json_value({**defs, **_dict(schema)})]
-        body, more = _in_order(f"a_{n}", items, '", "')
-        lines += [f'call_{n}: "{name}(" ' + rule(body, '")"'), *more]
-    lines.insert(1, "call: " + " | ".join(f"call_{n}" for n in range(len(tools))))
-    return "\n".join(lines) + "\n"
 
 
 PARAM_GRAMMARS = {
@@ -174,8 +168,10 @@ PARAM_GRAMMARS = {
     "qwen3_xml": functools.partial(calls_grammar, XML),
     "seed_oss": functools.partial(calls_grammar, _xml_layout(SEED)),
     "glm45": functools.partial(calls_grammar, GLM), "glm47": functools.partial(calls_grammar, GLM),
+    "poolside_v1": functools.partial(calls_grammar, POOLSIDE),
+    "k2_horizon": functools.partial(calls_grammar, K2_HORIZON),
     "minimax_m2": functools.partial(calls_grammar, MINIMAX),
-    "pythonic": pythonic_calls_grammar, "llama4_pythonic": pythonic_calls_grammar}
+}
 
 
 def _parameters(tool: Tool, i: int, fmt: str, key_problem
@@ -206,16 +202,6 @@ def _parameters(tool: Tool, i: int, fmt: str, key_problem
 
 def _where(i: int, name: str, key: str) -> str:
     return f"'tools[{i}].function.parameters.properties.{key}' ({name})"
-
-
-def _python_key(key: str) -> str | None:
-    if not _python_name(key):
-        return "a pythonic call's keyword argument is a Python name (not a keyword)"
-    return None
-
-
-def _python_name(name: str) -> bool:
-    return bool(_PYTHON_NAME.fullmatch(name)) and not keyword.iskeyword(name)
 
 
 def _dict(schema: Any) -> dict[str, Any]:

@@ -86,6 +86,10 @@ class CallScanner:
         properties = self._schemas.get(name, {}).get("properties")
         return properties if isinstance(properties, dict) else {}
 
+    def schema(self, name: str) -> dict[str, Any] | None:
+        """The arguments' schema of the declared function ``name`` (None if none)."""
+        return self._schemas.get(name)
+
     def declares(self, name: str) -> bool:
         """Whether a call to ``name`` is one of the request's tools (any is, when it gave
         none): the formats vLLM checks names for (glm45) make no call to another."""

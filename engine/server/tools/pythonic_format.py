@@ -10,6 +10,14 @@ call. Anything else (a leading space, a positional argument, text after the list
 is not Python) makes the whole answer content. llama4_pythonic first drops a leading
 ``<|python_start|>`` and every ``<|python_end|>``.
 
+olmo3 (OLMo 3) writes the same calls one a line, in ``<function_calls>``...
+``</function_calls>``, read as vLLM 0.32's ``Olmo3PythonicToolParser`` reads a whole
+answer: the first such block's text (else the whole answer) has its non-blank lines,
+stripped, joined by ``, `` in ``[``...``]``, and that list is read as pythonic's. An
+answer that begins (after blanks) with neither ``name(`` nor the block's tag streams as
+content up to the tag (vLLM's stream sends all of it; its whole answer drops it when the
+block holds calls).
+
 So whether an answer that starts ``[name(`` holds calls is known only at its end: it goes
 out then, calls or content (vLLM's stream sends it as calls while it is written, and
 never as content, even when its whole answer is content). Any other answer is content as
@@ -25,13 +33,14 @@ import unicodedata
 import warnings
 from typing import Any
 
-from kvledger.engine.server.tools.call_pieces import Piece, whole_calls
+from kvledger.engine.server.tools.call_pieces import Piece, content_until, whole_calls
 
 PYTHON_START, PYTHON_END = "<|python_start|>", "<|python_end|>"
+FUNCTION_CALLS, FUNCTION_CALLS_END = "<function_calls>", "</function_calls>"
 # vLLM's pattern matches with the `regex` module, whose \s is Unicode's White_Space:
-_SPACES = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000"
+REGEX_SPACES = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000"
                     + "".join(map(chr, range(0x2000, 0x200B))))
-_LIST_END = re.compile(r"\)[" + re.escape("".join(sorted(_SPACES))) + r"]*\]")
+_LIST_END = re.compile(r"\)[" + re.escape("".join(sorted(REGEX_SPACES))) + r"]*\]")
 # ... and whose \w also takes the letters drawn in circles and squares (Other_Alphabetic).
 _ALPHABETIC_SYMBOLS = ((0x24B6, 0x24E9), (0x1F130, 0x1F149), (0x1F150, 0x1F169),
                        (0x1F170, 0x1F189))
@@ -62,6 +71,41 @@ def _read(scanner, text: str, final: bool, llama4: bool) -> list[Piece]:
     return [text] if calls is None else whole_calls(scanner, calls)
 
 
+def olmo3(scanner, text: str, final: bool) -> list[Piece]:
+    out: list[Piece] = []
+    if scanner.mode == "start":  # blanks, then a name: calls if a '(' follows it
+        at, name = scanner.state or (0, False)  # (read on from where the last feed stopped)
+        while at < len(text) and (_word(text[at]) if name else text[at].isspace()):
+            at += 1
+        if not name and at < len(text) and text[at].isascii() and text[at].isalpha():
+            name, at = True, _name_end(text, at) or at
+        if at == len(text) and not final:
+            scanner.state = (at, name)
+            return out
+        scanner.mode = "calls" if name and text.startswith("(", at) else "content"
+        scanner.state = None
+    if scanner.mode == "content":  # calls only from a block's tag on
+        if content_until(scanner, text, (FUNCTION_CALLS,), final, out) is None:
+            return out
+        scanner.mode = "calls"
+    if final:
+        calls = olmo3_calls(text)
+        out += [text[scanner.pos:]] if calls is None else whole_calls(scanner, calls)
+        scanner.pos = len(text)
+    return out
+
+
+def olmo3_calls(text: str) -> list[tuple[str, str]] | None:
+    """The calls (names, JSON arguments) a whole olmo3 answer holds, or None: content."""
+    start = text.find(FUNCTION_CALLS)
+    if start >= 0:
+        end = text.find(FUNCTION_CALLS_END, start + len(FUNCTION_CALLS))
+        if end >= 0:
+            text = text[start + len(FUNCTION_CALLS):end].strip()
+    lines = (line.strip() for line in text.splitlines())
+    return answer_calls("[" + ", ".join(line for line in lines if line) + "]")
+
+
 def _may_be_calls(text: str, llama4: bool) -> bool | None:
     """Whether ``text`` so far may be the start of calls (None: too little to tell)."""
     if llama4 and text.startswith(PYTHON_START):
@@ -85,14 +129,25 @@ def answer_calls(text: str, llama4: bool = False) -> list[tuple[str, str]] | Non
     if not _looks_like_calls(text):
         return None
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            parsed = getattr(ast.parse(text).body[0], "value", None)
-        if not (isinstance(parsed, ast.List) and all(isinstance(e, ast.Call) for e in parsed.elts)):
-            return None
-        return [_call(e) for e in parsed.elts]
+        return module_calls(parsed(text))
     except Exception:  # vLLM's: whatever fails, the answer is text
         return None
+
+
+def parsed(source: str) -> ast.Module:
+    """``source`` parsed as Python (its warnings, of escapes say, silenced)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.parse(source)
+
+
+def module_calls(module: ast.Module) -> list[tuple[str, str]] | None:
+    """The calls of a module whose first statement is a list of calls, or None; a
+    ``ValueError`` for a call that is not a name with literal keyword arguments."""
+    value = getattr(module.body[0], "value", None)
+    if not (isinstance(value, ast.List) and all(isinstance(e, ast.Call) for e in value.elts)):
+        return None
+    return [_call(e) for e in value.elts]
 
 
 def _looks_like_calls(text: str) -> bool:
@@ -138,7 +193,7 @@ def _word(char: str) -> bool:
 
 
 def _skip_space(text: str, at: int) -> int:
-    while at < len(text) and text[at] in _SPACES:
+    while at < len(text) and text[at] in REGEX_SPACES:
         at += 1
     return at
 

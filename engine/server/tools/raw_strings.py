@@ -19,10 +19,11 @@ from kvledger.engine.server.tools.lark_text import rule
 
 ANY_TEXT = "(?s:.*)"
 # What would end a value before its own closing tag, as vLLM's reading finds them:
-# qwen3_coder's (the default), GLM's, MiniMax-M2's (its reader's pattern, and the marker
+# qwen3_coder's (the default), GLM's, K2 Horizon's, MiniMax-M2's (its reader's pattern, and the marker
 # that ends a call wherever it is).
 XML_ENDS = r"<\s*\/\s*parameter\s*>|<\s*parameter\s*=|<\/function>"
 GLM_ENDS = r"<\/arg_value>|<\/tool_call>"
+K2_ENDS = r"<\/ifm\|arg_value>|<\/ifm\|tool_call>|<\/ifm\|tool_calls>"
 MINIMAX_ENDS = r"<\s*\/\s*parameter\s*>|<\s*parameter\s+name\s*=|<\/invoke>"
 _DESCRIBING = frozenset({"title", "description", "default", "examples", "$comment",
                          "deprecated", "readOnly", "writeOnly"})
