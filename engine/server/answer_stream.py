@@ -28,6 +28,7 @@ from kvledger.engine.server.api_errors import sse_error_event
 from kvledger.engine.server.logprobs import chat_logprobs
 from kvledger.engine.server.reasoning import ReasoningSplitter
 from kvledger.engine.server.state import ServerState
+from kvledger.engine.server.stream_interval import Pacing, interval_of
 from kvledger.engine.server.tools.parsers import ArgumentsDelta, CallScanner, ToolCall
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class _ChoiceStream:
     scanner: CallScanner | None = None  # a chat with tools: reads calls from the text
     splitter: ReasoningSplitter | None = None  # --reasoning-parser: reasoning, then content
     output_ids: list[int] = field(default_factory=list)  # its output's ids so far
+    pacing: Pacing = field(default_factory=lambda: Pacing(1))  # --stream-interval
 
 
 async def open_stream(request: web.Request) -> tuple[web.StreamResponse, bool]:
@@ -71,8 +73,10 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
     chat = req.kind == "chat"
     obj = "chat.completion.chunk" if chat else "text_completion"
     split = p.reasoning
+    interval = interval_of(state, req)
     sent = [_ChoiceStream(scanner=p.tools.scanner(),
-                          splitter=None if split is None else split.splitter())
+                          splitter=None if split is None else split.splitter(),
+                          pacing=Pacing(interval))
             for _ in range(p.num_choices)]
 
     def event(choices: list[dict[str, Any]], usage: bool = False,
@@ -129,6 +133,8 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
                 await _end_with_error(state, response, 500, failed_message(output),
                                       "request_error")
                 return response
+            if not choice.pacing.due(len(output.token_ids), output.finished):
+                continue  # the next output that goes out carries this one's text too
             delta = ""
             if req.echo_only:
                 pass  # the prompt alone is the answer

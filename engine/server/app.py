@@ -15,7 +15,7 @@ import time
 from aiohttp import web
 
 from kvledger.engine.frontend.served import PoolGauges
-from kvledger.engine.server import cors, responses_api
+from kvledger.engine.server import cors, request_id, responses_api, server_load, tokenizer_info
 from kvledger.engine.server.api_errors import ApiError, error_body
 from kvledger.engine.server.lora_routes import LoraCollector, add_routes, model_cards
 from kvledger.engine.server.openai_api import chat_completions, completions
@@ -26,10 +26,13 @@ from kvledger.engine.server.tokenize_api import detokenize, tokenize, version
 
 log = logging.getLogger(__name__)
 
-# What an API key guards: the API and the tokenizer (each costs CPU); not the probes or
-# /version. /metrics has a key of its own (--metrics-api-key), so a tenant's key cannot
-# read the prefix cache's counters.
-_KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize", "/reset_prefix_cache", *SLEEP_PATHS)
+# What an API key guards: the API and the tokenizer (each costs CPU); not the probes,
+# /version or /load (a router polls it, as vLLM's). /metrics has a key of its own
+# (--metrics-api-key), so a tenant's key cannot read the prefix cache's counters.
+_KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize", tokenizer_info.PATH, "/reset_prefix_cache",
+                *SLEEP_PATHS)
+# The pool's live figures, which --metrics-api-key guards once given (else no key does).
+_LIVE_FIGURES = ("/v1/budget", server_load.PATH)
 # vLLM serves its development endpoints (/reset_prefix_cache among them) only with this
 # variable set to 1; so does kvledger, behind the API key as well.
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
@@ -59,17 +62,22 @@ def build_app(options: ServeOptions | None = None) -> web.Application:
     app.on_cleanup.append(_close)
     if options.allowed_origins:
         app.on_response_prepare.append(cors.on_prepare)
+    if options.enable_request_id_headers:
+        app.on_response_prepare.append(request_id.on_prepare)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/budget", budget)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", server_load.counted(completions))
+    app.router.add_post("/v1/chat/completions", server_load.counted(chat_completions))
+    app.router.add_get(server_load.PATH, server_load.load)
     responses_api.add_routes(app)  # /v1/responses (and its stored ids': none are kept)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/version", version)
+    if options.enable_tokenizer_info_endpoint:
+        tokenizer_info.add_route(app)
     add_routes(app)  # /v1/load_lora_adapter, /v1/unload_lora_adapter
     if os.environ.get(DEV_MODE_ENV, "").strip() == "1":
         app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
@@ -130,13 +138,13 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
 
 def _check_api_key(request: web.Request) -> None:
     """401 unless the request's bearer token is one of the keys that guard its path: the
-    API keys for ``_KEYED_PATHS``, the metrics key for ``/metrics`` (and ``/v1/budget``
+    API keys for ``_KEYED_PATHS``, the metrics key for ``/metrics`` (and ``_LIVE_FIGURES``
     when there is one). The API key's index
     is kept on the request (``API_KEY_INDEX``) for salting the prefix cache per key."""
     options = request.app[STATE].options
     if request.path == "/metrics":
         keys = (options.metrics_api_key,) if options.metrics_api_key else ()
-    elif request.path == "/v1/budget" and options.metrics_api_key:
+    elif request.path in _LIVE_FIGURES and options.metrics_api_key:
         # The pool's live figures are /metrics' (one tenant would watch another's prompt
         # sizes and cache reuse in them): the operator's key, once it has its own.
         keys = (options.metrics_api_key,)

@@ -55,18 +55,20 @@ log = logging.getLogger(__name__)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    return await serve(request, parse_completion, "cmpl-")
+    return await serve(request, parse_completion, "cmpl-", usage_forceable=True)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await serve(request, parse_chat, "chatcmpl-")
+    return await serve(request, parse_chat, "chatcmpl-", usage_forceable=True)
 
 
 async def serve(request: web.Request, parse, id_prefix: str, whole=answers.whole,
-                stream=answer_stream.stream) -> web.StreamResponse:
+                stream=answer_stream.stream, usage_forceable: bool = False) -> web.StreamResponse:
     """One generation request's whole story (the module's docstring): ``parse`` reads the
     body as a completion's or a chat's request; ``whole`` and ``stream`` write its answer
-    (another API's shape, for a request translated into a chat's: ``responses_api``)."""
+    (another API's shape, for a request translated into a chat's: ``responses_api``).
+    ``usage_forceable``: ``--enable-force-include-usage`` applies (completions and chat,
+    as vLLM's; a Responses stream always ends with its usage)."""
     arrived = time.monotonic()
     state = request.app[STATE]
     door = state.check_accepting()
@@ -74,6 +76,8 @@ async def serve(request: web.Request, parse, id_prefix: str, whole=answers.whole
     client_id = _client_request_id(request)
     raw = await read_body(request)
     req = await state.off_loop(len(raw), _parse, parse, raw)
+    if usage_forceable and state.options.enable_force_include_usage:
+        req.force_usage()
     lora = state.check_model(req.model)  # a LoRA adapter's request, or None: the base model
     # Answers carry the adapter's name, else the first served name, as vLLM's do.
     req.model = state.model_name if lora is None else lora.lora_name

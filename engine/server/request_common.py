@@ -112,6 +112,9 @@ class GenerationFields(Strict):
     # vLLM's: the prompt tokenized with the tokenizer's special tokens (BOS); None: a
     # completion's true, a chat's false (its template writes its own)
     add_special_tokens: bool | None = None
+    # vLLM's: a stream's tokens per chunk, raising the server's --stream-interval
+    # (server/stream_interval.py); a whole answer ignores it
+    stream_interval: PositiveInt | None = None
     # vLLM's: names the answer (cmpl-ID) unless an X-Request-Id header does
     request_id: Annotated[str, Field(pattern=CLIENT_ID_PATTERN)] | None = None
 
@@ -213,6 +216,13 @@ class GenerationFields(Strict):
     @property
     def continuous_usage(self) -> bool:
         return self.include_usage and bool(self.stream_options.continuous_usage_stats)
+
+    def force_usage(self) -> None:
+        """``--enable-force-include-usage``: a stream's usage on every chunk and in a last
+        chunk, whatever its ``stream_options`` ask (vLLM's ``should_include_usage``); an
+        answer that is not streamed carries it anyway."""
+        if self.stream:
+            self.stream_options = StreamOptions(include_usage=True, continuous_usage_stats=True)
 
     @property
     def bias(self) -> dict[int, float] | None:

@@ -57,8 +57,11 @@ def render_chat(state: ServerState, req: ChatTemplateOptions, messages: list[dic
 
 
 def chat_prompt(state: ServerState, req: ChatRequest) -> str:
-    """A chat rendered as prompt text (``render_chat``)."""
-    return render_chat(state, req, req.template_messages, req.template_tools)
+    """A chat rendered as prompt text (``render_chat``): with its tools, unless its
+    ``tool_choice`` is ``"none"`` under ``--exclude-tools-when-tool-choice-none`` (vLLM's
+    rule, for a chat and a Responses request alike)."""
+    excluded = req.tool_choice == "none" and state.options.exclude_tools_when_tool_choice_none
+    return render_chat(state, req, req.template_messages, None if excluded else req.template_tools)
 
 
 def check_logprobs(state: ServerState, req: GenerationRequest) -> None:

@@ -23,6 +23,7 @@ from kvledger.engine.server.responses_request import (
     parse_responses,
     responses_error,
 )
+from kvledger.engine.server.server_load import counted
 
 
 async def create(request: web.Request) -> web.StreamResponse:
@@ -44,6 +45,6 @@ async def unstored(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/responses", create)
+    app.router.add_post("/v1/responses", counted(create))
     app.router.add_get("/v1/responses/{response_id}", unstored)
     app.router.add_post("/v1/responses/{response_id}/cancel", unstored)

@@ -39,6 +39,7 @@ from kvledger.engine.server.responses_answer import (
     text_part,
 )
 from kvledger.engine.server.state import ServerState
+from kvledger.engine.server.stream_interval import Pacing, interval_of
 from kvledger.engine.server.text_pieces import TextPieces
 from kvledger.engine.server.tools.parsers import ArgumentsDelta, ToolCall
 
@@ -151,6 +152,7 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
     sent_text, sent_logprobs = "", 0
     with_logprobs = p.req.logprobs_k() is not None and p.shows_logprobs
     pending: list[dict[str, Any]] = []  # logprobs of tokens whose text is not out yet
+    pacing = Pacing(interval_of(state, p.req))  # --stream-interval
     try:
         started = response_object(p, "in_progress", [], None)
         await events.send("response.created", response=started)
@@ -161,6 +163,8 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
             if output.finished and output.finish_reason == "error":
                 await _fail(state, events, failed_message(output), "request_error")
                 return response
+            if not pacing.due(len(output.token_ids), output.finished):
+                continue  # the next output that goes out carries this one's text too
             if with_logprobs and output.logprobs is not None:  # held until text goes out
                 pending += logprob_entries(state, p, output.token_ids[sent_logprobs:],
                                            output.logprobs[sent_logprobs:])

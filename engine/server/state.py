@@ -66,6 +66,7 @@ class ServerState:
         self.reasoning: ReasoningTokens | None = None  # --reasoning-parser's, once loaded
         self.ready = False
         self.draining = False
+        self.server_load = 0  # generation requests in flight, for /load (server_load.py)
         self.started_at = time.time()
         self.offload = Offload()  # the threads requests are prepared and adapters read on
         self._token_texts: dict[int, str] = {}

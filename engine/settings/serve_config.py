@@ -26,7 +26,7 @@ from kvledger.engine.errors import BadInput
 from kvledger.engine.settings.config_values import MAX_LOGPROBS
 from kvledger.engine.settings.declare import Crd, check_settings, render_flags, setting
 from kvledger.engine.settings.flag_values import CONTENT_FORMATS
-from kvledger.engine.settings.kinds import ON, SWITCH, TEXT, choice
+from kvledger.engine.settings.kinds import ON, POSITIVE_INT, SWITCH, TEXT, choice
 from kvledger.engine.settings.line_config import LineConfig
 from kvledger.engine.settings.listener_config import ListenerConfig
 from kvledger.engine.settings.serve_values import (
@@ -149,6 +149,31 @@ class ServeConfig(LineConfig, ListenerConfig):
         help="vLLM's: answers' usage carry prompt_tokens_details.cached_tokens, the prompt "
              "tokens found in the prefix cache (with several tenants, add "
              "--cache-salt-per-key, or it tells one what another sent)")
+    enable_force_include_usage: bool = setting(  # server/openai_api.py
+        False, "--enable-force-include-usage", SWITCH, group=OPENAI_API,
+        help="vLLM's: every streamed completion and chat carries its usage, on every chunk "
+             "and in a last chunk, as if it asked stream_options {\"include_usage\": true, "
+             "\"continuous_usage_stats\": true}")
+    enable_request_id_headers: bool = setting(  # server/request_id.py
+        False, "--enable-request-id-headers", SWITCH, group=OPENAI_API,
+        help="vLLM's: every response carries an X-Request-Id header, the request's own "
+             "(echoed) or a new random one")
+    exclude_tools_when_tool_choice_none: bool = setting(  # server/request_fields.py
+        False, "--exclude-tools-when-tool-choice-none", SWITCH, group=OPENAI_API,
+        help="vLLM's: a chat whose tool_choice is \"none\" is rendered without its tools "
+             "(else the chat template shows them all the same)")
+    enable_server_load_tracking: bool = setting(  # server/server_load.py
+        False, "--enable-server-load-tracking", SWITCH, group=OPENAI_API,
+        help="vLLM's: GET /load answers {\"server_load\": N}, the generation requests in "
+             "flight (without it, 0)")
+    enable_tokenizer_info_endpoint: bool = setting(  # server/tokenizer_info.py
+        False, "--enable-tokenizer-info-endpoint", SWITCH, group=OPENAI_API,
+        help="vLLM's: serve GET /tokenizer_info (tokenizer_config.json's settings and the "
+             "chat template), behind the API key as /tokenize is")
+    stream_interval: int = setting(  # server/stream_interval.py
+        1, "--stream-interval", POSITIVE_INT, group=OPENAI_API,
+        help="vLLM's: a streamed answer goes out every N tokens, its first and last at once "
+             "(a request's stream_interval may raise it; default %(default)s: every token)")
     max_logprobs: int = setting(
         MAX_LOGPROBS, "--max-logprobs", LOGPROBS, group=OPENAI_API,
         help=f"vLLM's: the most logprobs a request may ask per token (default and most "

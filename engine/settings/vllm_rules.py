@@ -20,7 +20,7 @@ from kvledger.engine.settings.flag_values import (
     optional_int,
     optional_text,
 )
-from kvledger.engine.settings.kinds import seconds_or_zero
+from kvledger.engine.settings.kinds import positive_int, seconds_or_zero
 from kvledger.engine.settings.reasoning_parsers import (
     REASONING_PARSERS,
     REFUSED_REASONING_PARSERS,
@@ -108,6 +108,19 @@ _RULES: dict[str, Rule] = {
     "--disable-log-stats": noop("kvledger logs no periodic engine stats; /metrics serves "
                                 "them"),
     "--disable-uvicorn-access-log": noop("kvledger writes no HTTP access log"),
+    "--disable-access-log-for-endpoints": noop("kvledger writes no HTTP access log to "
+                                               "leave paths out of", nargs=1,
+                                               parse=optional_text),
+    # Limits of h11, one of uvicorn's two HTTP parsers: vLLM's server parses with the other,
+    # httptools (installed with fastapi[standard]), which reads neither, and no uvicorn
+    # reads a header count at all. kvledger's parser is aiohttp's.
+    "--h11-max-incomplete-event-size": noop(
+        "vLLM's server parses HTTP with httptools, which ignores it; kvledger's aiohttp bounds "
+        "a request's head by each line's length (8190 bytes) and its header count (128), "
+        "and its body by --max-body-bytes", nargs=1, parse=int),
+    "--h11-max-header-count": noop(
+        "uvicorn, vLLM's HTTP server, never reads it; kvledger's aiohttp takes at most 128 "
+        "headers a request (more is a 400)", nargs=1, parse=int),
     "--uvicorn-log-level": noop("kvledger's HTTP server is aiohttp, not uvicorn; "
                                 "`kvledger serve --log-level` sets its level", nargs=1,
                                 choices=UVICORN_LOG_LEVELS),
@@ -160,6 +173,13 @@ _RULES: dict[str, Rule] = {
                                            nargs=1, choices=CONTENT_FORMATS),
     "--return-tokens-as-token-ids": noop(_SERVE.format("logprobs' token names")),
     "--enable-prompt-tokens-details": noop(_SERVE.format("usage")),
+    "--enable-force-include-usage": noop(_SERVE.format("usage in every stream")),
+    "--enable-request-id-headers": noop(_SERVE.format("X-Request-Id headers")),
+    "--exclude-tools-when-tool-choice-none": noop(_SERVE.format(
+        "tools left out of a chat whose tool_choice is none")),
+    "--enable-server-load-tracking": noop(_SERVE.format("/load count")),
+    "--enable-tokenizer-info-endpoint": noop(_SERVE.format("/tokenizer_info")),
+    "--stream-interval": noop(_SERVE.format("stream chunking"), nargs=1, parse=positive_int),
     "--max-logprobs": noop(_SERVE.format("logprobs limit"), nargs=1, parse=max_logprobs),
     "--chat-template": noop(_SERVE.format("chat template"), nargs=1),
     "--trust-request-chat-template": noop(_SERVE.format(

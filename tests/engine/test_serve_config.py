@@ -80,6 +80,13 @@ DECLARED = {
     "log_requests": ("--enable-log-requests", None, False),
     "return_tokens_as_token_ids": ("--return-tokens-as-token-ids", None, False),
     "prompt_tokens_details": ("--enable-prompt-tokens-details", None, False),
+    "enable_force_include_usage": ("--enable-force-include-usage", None, False),
+    "enable_request_id_headers": ("--enable-request-id-headers", None, False),
+    "exclude_tools_when_tool_choice_none": ("--exclude-tools-when-tool-choice-none", None,
+                                            False),
+    "enable_server_load_tracking": ("--enable-server-load-tracking", None, False),
+    "enable_tokenizer_info_endpoint": ("--enable-tokenizer-info-endpoint", None, False),
+    "stream_interval": ("--stream-interval", None, 1),
     "max_logprobs": ("--max-logprobs", None, 20),
 }
 SERVE_GROUPS = ("server", "the OpenAI API (vLLM's flags)")
@@ -123,7 +130,7 @@ def test_help_shows_each_declared_default() -> None:
         else:
             assert shown == (f"{default:g}" if isinstance(default, float) else str(default)), \
                 declared.flag
-    assert checked == 16  # every default a help line names
+    assert checked == 17  # every default a help line names
 
 
 @pytest.mark.parametrize(("values", "message"), [

@@ -52,6 +52,11 @@ def test_serves_flags_plan_as_they_serve(capsys, tiny_llama_dir, tmp_path, comma
     (["--port", "http"], "argument --port: invalid int value: 'http'"),
     (["--default-chat-template-kwargs", "[]"], "argument --default-chat-template-kwargs: "
      "expected a JSON object"),
+    (["--stream-interval", "0"], "argument --stream-interval: expected a positive integer"),
+    (["--h11-max-header-count", "many"], "argument --h11-max-header-count: invalid int "
+     "value: 'many'"),
+    (["--h11-max-incomplete-event-size", "4MB"], "argument --h11-max-incomplete-event-size: "
+     "invalid int value: '4MB'"),
 ])
 @pytest.mark.parametrize("command", ["plan", "serve"])
 def test_a_value_vllm_refuses_is_one_line(capsys, tiny_llama_dir, command, argv,

@@ -130,6 +130,14 @@ LAUNCH_LINES = [
      "--log-level DEBUG --max-log-len 100", ACCEPTED),
     ("request logging and token details", "{model} --enable-log-requests --max-logprobs 5 "
      "--return-tokens-as-token-ids --enable-prompt-tokens-details", ACCEPTED),
+    ("what the API answers", "{model} --enable-force-include-usage "
+     "--enable-request-id-headers --exclude-tools-when-tool-choice-none "
+     "--enable-server-load-tracking --enable-tokenizer-info-endpoint "
+     "--disable-access-log-for-endpoints /health,/metrics --h11-max-header-count 200 "
+     "--h11-max-incomplete-event-size 1048576 --stream-interval 4", ACCEPTED),
+    ("what the API answers, turned off", "{model} --no-enable-force-include-usage "
+     "--no-enable-request-id-headers --no-exclude-tools-when-tool-choice-none "
+     "--no-enable-server-load-tracking --no-enable-tokenizer-info-endpoint", ACCEPTED),
     ("a separate tokenizer", "{model} --tokenizer {model}", ACCEPTED),
     ("fp8 KV scales", "{model} --kv-cache-dtype fp8 --calculate-kv-scales",
      "--calculate-kv-scales"),
