@@ -11,11 +11,11 @@ in it. The others are refused until a reader of their format is written.
 
 from __future__ import annotations
 
-TOOL_PARSERS = ("deepseek_v3", "deepseek_v31", "glm45", "glm47", "hermes", "hunyuan_a13b",
-                "internlm", "jamba", "k2_horizon", "kimi_k2", "lfm2", "llama3_json",
-                "llama4_json", "llama4_pythonic", "longcat", "minimax_m2", "mistral", "olmo3",
-                "poolside_v1", "pythonic", "qwen3_coder", "qwen3_json", "qwen3_xml",
-                "seed_oss", "step3", "xlam")
+TOOL_PARSERS = ("deepseek_v3", "deepseek_v31", "glm45", "glm47", "granite", "granite-20b-fc",
+                "granite4", "hermes", "hunyuan_a13b", "internlm", "jamba", "k2_horizon",
+                "kimi_k2", "lfm2", "llama3_json", "llama4_json", "llama4_pythonic", "longcat",
+                "minimax_m2", "mistral", "olmo3", "phi4_mini_json", "poolside_v1", "pythonic",
+                "qwen3_coder", "qwen3_json", "qwen3_xml", "seed_oss", "step3", "xlam")
 
 
 def _unread(fmt: str) -> str:
@@ -40,9 +40,6 @@ REFUSED_TOOL_PARSERS = {
     "functiongemma": _unread("FunctionGemma's <start_function_call>call:NAME{...} calls"),
     "gemma4": _unread("Gemma 4's tool-call channel"),
     "gigachat3": _unread("GigaChat 3's 'function call' JSON"),
-    "granite": _unread("Granite's <|tool_call|> JSON lists"),
-    "granite-20b-fc": _unread("Granite 20B's <function_call> objects"),
-    "granite4": _unread("Granite 4's <tool_call> JSON, read beside its content segments"),
     "hf": "it reads the chat template's response schema, not a fixed call format",
     "hy_v3": _SUFFIXED,
     "hy_v4": _SUFFIXED,
@@ -54,7 +51,6 @@ REFUSED_TOOL_PARSERS = {
     "minimax_m3": _unread("MiniMax-M3's tool calls"),
     "muse_glimmer": _unread("Muse Glimmer's <atem:function_calls> blocks"),
     "openai": "gpt-oss's calls are Harmony channel messages, which kvledger does not parse",
-    "phi4_mini_json": _unread("Phi-4-mini's functools[...] lists"),
     "plamo3": _unread("PLaMo 3's <|plamo:begin_tool_requests:plamo|> calls"),
     "step3p5": _unread("Step 3.5's tool calls"),
 }

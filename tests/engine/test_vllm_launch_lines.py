@@ -96,6 +96,14 @@ LAUNCH_LINES = [
      "poolside_v1", ACCEPTED),
     ("K2 Horizon tool calling", "{model} --enable-auto-tool-choice --tool-call-parser "
      "k2_horizon", ACCEPTED),
+    ("Granite 4 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser granite4",
+     ACCEPTED),
+    ("Granite 20B FC tool calling", "{model} --enable-auto-tool-choice --tool-call-parser "
+     "granite-20b-fc", ACCEPTED),
+    ("Phi-4-mini tool calling", "{model} --enable-auto-tool-choice --tool-call-parser "
+     "phi4_mini_json", ACCEPTED),
+    ("Granite 3 tool calling", "{model} --enable-auto-tool-choice --tool-call-parser granite",
+     ACCEPTED),
     ("tool calling: another parser", "{model} --tool-call-parser openai",
      "--tool-call-parser"),
     ("reasoning outputs", "{model} --reasoning-parser deepseek_r1", ACCEPTED),
@@ -249,10 +257,10 @@ def test_version_prints_the_distribution_version(capsys) -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--tool-call-parser", "openai"], "error: --tool-call-parser openai: kvledger does not "
-     "support that tool-call parser (only deepseek_v3, deepseek_v31, glm45, glm47, hermes, "
-     "hunyuan_a13b, internlm, jamba, k2_horizon, kimi_k2, lfm2, llama3_json, llama4_json, "
-     "llama4_pythonic, longcat, minimax_m2, mistral, olmo3, poolside_v1, pythonic, qwen3_coder, "
-     "qwen3_json, qwen3_xml, seed_oss, "
+     "support that tool-call parser (only deepseek_v3, deepseek_v31, glm45, glm47, granite, "
+     "granite-20b-fc, granite4, hermes, hunyuan_a13b, internlm, jamba, k2_horizon, kimi_k2, "
+     "lfm2, llama3_json, llama4_json, llama4_pythonic, longcat, minimax_m2, mistral, olmo3, "
+     "phi4_mini_json, poolside_v1, pythonic, qwen3_coder, qwen3_json, qwen3_xml, seed_oss, "
      "step3 or xlam): gpt-oss's calls are Harmony channel messages, which kvledger does not "
      "parse"),
     (["--enable-auto-tool-choice"], "error: --enable-auto-tool-choice requires "

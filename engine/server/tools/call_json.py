@@ -25,6 +25,12 @@ def skip_space(text: str, i: int) -> int:
     return i
 
 
+def regex_space(c: str) -> bool:
+    """Whether ``c`` is whitespace to vLLM's patterns (the ``regex`` module's ``\\s``):
+    ``str.isspace``'s, less the four separators ``\\x1c``-``\\x1f``."""
+    return c.isspace() and c not in "\x1c\x1d\x1e\x1f"
+
+
 def literal_at(text: str, i: int, literal: str) -> int | Literal[False] | None:
     """The position after ``literal`` at ``text[i]``; None while ``text`` ends inside a prefix
     of it (more may make it); False when it is not there."""
@@ -190,6 +196,24 @@ def call_value(value: Any, keys: tuple[str, ...] = ARGUMENTS_KEYS) -> tuple[str,
     arguments = next((value[k] for k in keys if k in value), None)
     if not isinstance(arguments, dict):
         return None
+    return value["name"], json.dumps(arguments, ensure_ascii=False)
+
+
+def loose_call(value: Any, keys: tuple[str, ...] = ("arguments",),
+               strings_as_written: bool = False) -> tuple[str, str] | None:
+    """``{"name": ..., KEY: ...}`` as vLLM's simpler JSON parsers (granite4,
+    granite-20b-fc, phi4_mini_json) take it: the first of ``keys`` there, of any JSON type,
+    as ``json.dumps`` writes it (with ``strings_as_written``, a string as written); None
+    where vLLM's own call fails: no object, none of ``keys``, a name that is no string,
+    (with ``strings_as_written``) null arguments."""
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    key = next((k for k in keys if k in value), None)
+    if key is None:
+        return None
+    arguments = value[key]
+    if strings_as_written and (arguments is None or isinstance(arguments, str)):
+        return None if arguments is None else (value["name"], arguments)
     return value["name"], json.dumps(arguments, ensure_ascii=False)
 
 

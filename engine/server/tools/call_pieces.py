@@ -1,13 +1,15 @@
 """What a format's reader gives ``CallScanner``: content strings, calls once named
 (``ToolCall``) and more of their arguments (``Arguments``); the call being read
-(``OpenCall``); each family's call ids; and the content-until-a-marker step every reader
-that looks for a start marker shares."""
+(``OpenCall``); each family's call ids; the content-until-a-marker step every reader
+that looks for a start marker shares; and the streaming of the formats whose calls vLLM
+reads from the whole answer (``read_at_end``)."""
 
 from __future__ import annotations
 
 import random
 import string
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,3 +98,34 @@ def held(text: str, pos: int, marker: str) -> int:
         if text.endswith(marker[:n]):  # (not a slice of the text: a step reads no copy)
             return n
     return 0
+
+
+WholeReading = Callable[[str], tuple[str, list[tuple[str, str]]]]
+
+
+def read_at_end(scanner, text: str, final: bool, markers: tuple[str, ...],
+                read: WholeReading, hold: Callable[[str], bool] | None = None) -> list[Piece]:
+    """A format vLLM reads from the whole answer, where any later text may still change
+    what came before (one bad call making it all content): the content up to the first of
+    ``markers`` as it is written (all of it held when ``hold`` says so of the answer's
+    first text, or the answer is read whole at once), then, at the end, ``read(text)``'s
+    content past what was given and its calls. ``read`` runs once, so it may read the
+    whole answer (forward, a pass or a few)."""
+    out: list[Piece] = []
+    if scanner.mode == "start":
+        if not text:
+            return out
+        held = final or (hold is not None and hold(text))  # (a whole answer: read whole)
+        scanner.mode = "held" if held else "content"
+    if scanner.mode == "content":
+        if content_until(scanner, text, markers, final, out) is None:
+            return out
+        scanner.mode = "held"
+    if not final:
+        return out
+    content, calls = read(str(text))
+    given = text[:scanner.pos]
+    if content.startswith(given) and len(content) > len(given):
+        out.append(content[len(given):])
+    scanner.pos = len(text)
+    return out + whole_calls(scanner, calls)

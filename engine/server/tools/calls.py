@@ -22,7 +22,9 @@ kimi_k2; ``<tool_call>`` with ``<arg_key>``: glm45;
 ``<|action_start|><|plugin|>``: internlm; ``<longcat_tool_call>``: longcat;
 ``<tool_calls>``: hunyuan_a13b when the template asks replies to begin ``助手：``, else
 jamba; ``<function_calls>``: olmo3; ``<ifm|tool_calls>``: k2_horizon;
-``<|tool_call_start|>``: lfm2), else hermes. A format's markers that the tokenizer
+``<|tool_call_start|>``: lfm2; ``<|tool_call|>``: granite; ``<tool_call>`` with
+Granite's ``<|start_of_role|>``: granite4; ``<function_call>``: granite-20b-fc;
+``functools[``: phi4_mini_json), else hermes. A format's markers that the tokenizer
 holds as special tokens (Mistral's ``[TOOL_CALLS]``, Llama's ``<|python_tag|>``) are kept
 in the text the parser reads (``ToolPlan.kept_ids``; decoding drops every other special
 token), and the grammar writes them as those tokens.
@@ -46,6 +48,8 @@ from kvledger.engine.server.tools.deepseek_format import (
     V3_CLOSE,
 )
 from kvledger.engine.server.tools.formats import ARGS, CONTROL_TOKENS
+from kvledger.engine.server.tools.granite3_format import TOOL_TOKEN as GRANITE_TOOL_TOKEN
+from kvledger.engine.server.tools.granite_format import FUNCTION_CALL
 from kvledger.engine.server.tools.hunyuan_format import REPLY as HUNYUAN_REPLY
 from kvledger.engine.server.tools.internlm_format import ACTION_END, CALL_START
 from kvledger.engine.server.tools.jamba_format import TAG_END as LIST_END
@@ -57,6 +61,7 @@ from kvledger.engine.server.tools.longcat_format import TAG_END as LONGCAT_END
 from kvledger.engine.server.tools.longcat_format import TAG_START as LONGCAT_START
 from kvledger.engine.server.tools.param_grammars import PARAM_GRAMMARS as _BY_PARAMETER
 from kvledger.engine.server.tools.parsers import PARSERS, CallScanner
+from kvledger.engine.server.tools.phi4_format import FUNCTOOLS
 from kvledger.engine.server.tools.protocol import NamedToolChoice, Tool
 from kvledger.engine.server.tools.python_grammar import PYTHON_GRAMMARS
 from kvledger.engine.server.tools.pythonic_format import FUNCTION_CALLS
@@ -114,6 +119,11 @@ FORMATS = {
                            "}" + ACTION_END, ""),
     "longcat": CallFormat("", LONGCAT_START + "\n" + _JSON_HEAD, ', "arguments": ',
                           "}\n" + LONGCAT_END, "\n"),
+    "granite": CallFormat(GRANITE_TOOL_TOKEN + "[", _JSON_HEAD, ', "arguments": ', "}", ", ", "]"),
+    "granite4": _HERMES,  # (Granite 4's template writes hermes' layout)
+    "granite-20b-fc": CallFormat("", FUNCTION_CALL + " " + _JSON_HEAD, ', "arguments": ', "}",
+                                 ""),
+    "phi4_mini_json": CallFormat(FUNCTOOLS, _JSON_HEAD, ', "arguments": ', "}", ", ", "]"),
 }
 # v11 and later (a tokenizer with the [ARGS] token): [TOOL_CALLS]name[ARGS]{...} each.
 MISTRAL_V11 = CallFormat("", "[TOOL_CALLS]", "[ARGS]", "", "", quoted=False)
@@ -150,6 +160,14 @@ def template_parser(chat_template: str | None) -> str:
         return "glm45"
     if "<minimax:tool_call>" in template:
         return "minimax_m2"
+    if GRANITE_TOOL_TOKEN in template:
+        return "granite"
+    if "<tool_call>" in template and "<|start_of_role|>" in template:  # Granite 4's roles
+        return "granite4"
+    if FUNCTION_CALL in template:
+        return "granite-20b-fc"
+    if FUNCTOOLS in template:
+        return "phi4_mini_json"
     if STEP3_CALLS_BEGIN in template:
         return "step3"
     if CALL_START in template:

@@ -5,7 +5,8 @@ in ``glm_format``, MiniMax-M2's in ``minimax_format``, Step-3's in ``step3_forma
 xLAM's in ``xlam_format``, Jamba's in ``jamba_format``, Hunyuan-A13B's in
 ``hunyuan_format``, InternLM's in ``internlm_format``, LongCat's in ``longcat_format``,
 Poolside's in ``poolside_format``, K2 Horizon's in ``k2_horizon_format``, LFM2's in
-``lfm2_format``), the ids its calls get (Kimi's reader gives its own), and the markers its
+``lfm2_format``, Granite's in ``granite_format`` and ``granite3_format``, Phi-4-mini's in
+``phi4_format``), the ids its calls get (Kimi's reader gives its own), and the markers its
 tokenizers may hold as special tokens.
 
 vLLM 0.32's other names for the same reader are served as such: ``qwen3_json`` is
@@ -34,6 +35,13 @@ from kvledger.engine.server.tools.deepseek_format import MARKERS as DEEPSEEK_MAR
 from kvledger.engine.server.tools.deepseek_format import deepseek_v3, deepseek_v31
 from kvledger.engine.server.tools.glm_format import MARKERS as GLM_MARKERS
 from kvledger.engine.server.tools.glm_format import glm45
+from kvledger.engine.server.tools.granite3_format import TOOL_TOKEN, granite
+from kvledger.engine.server.tools.granite_format import (
+    TOOL_CALL,
+    TOOL_CALL_END,
+    granite4,
+    granite_20b_fc,
+)
 from kvledger.engine.server.tools.hunyuan_format import MARKERS as HUNYUAN_MARKERS
 from kvledger.engine.server.tools.hunyuan_format import hunyuan_a13b
 from kvledger.engine.server.tools.internlm_format import MARKERS as INTERNLM_MARKERS
@@ -61,6 +69,7 @@ from kvledger.engine.server.tools.longcat_format import MARKERS as LONGCAT_MARKE
 from kvledger.engine.server.tools.longcat_format import longcat
 from kvledger.engine.server.tools.minimax_format import MARKERS as MINIMAX_MARKERS
 from kvledger.engine.server.tools.minimax_format import minimax_m2
+from kvledger.engine.server.tools.phi4_format import phi4_mini_json
 from kvledger.engine.server.tools.poolside_format import poolside_v1
 from kvledger.engine.server.tools.pythonic_format import (
     FUNCTION_CALLS,
@@ -101,6 +110,8 @@ READERS: dict[str, Reader] = {
     "hunyuan_a13b": hunyuan_a13b,
     "internlm": internlm,
     "longcat": longcat,
+    "granite": granite, "granite4": granite4, "granite-20b-fc": granite_20b_fc,
+    "phi4_mini_json": phi4_mini_json,
 }
 # kvledger's first parsers kept OpenAI's shape of id; vLLM 0.32 gives every parser's
 # calls chatcmpl-tool-<16 hex> (Mistral's its own 9 characters).
@@ -130,4 +141,8 @@ CONTROL_TOKENS: dict[str, tuple[str, ...]] = {
     "hunyuan_a13b": HUNYUAN_MARKERS,
     "internlm": INTERNLM_MARKERS,
     "longcat": LONGCAT_MARKERS,
+    # Granite 3.0's is special, Granite 4's are in some checkpoints (vLLM keeps them for
+    # its parsers)
+    "granite": (TOOL_TOKEN,), "granite4": (TOOL_CALL, TOOL_CALL_END),
+    "granite-20b-fc": (), "phi4_mini_json": (),  # (as xlam's)
 }

@@ -135,3 +135,49 @@ def string_only(schema: Any) -> bool:
     """Whether a property's value stays the string written, whatever it holds (so its
     text can be streamed before it is closed)."""
     return not isinstance(schema, dict) or schema_types(schema) == {"string"}
+
+
+def retyped(arguments: str, properties: dict[str, Any]) -> str:
+    """A call's JSON arguments with each value retyped by its declared property's schema,
+    as vLLM's parser engine retypes them (``ParserEngine._fix_arg_types``): a string as
+    ``coerced``; another scalar written as JSON, then so (``3`` a ``"3"`` for a string
+    property); objects and arrays value by value through their ``properties`` and
+    ``items``. The text unchanged when nothing is retyped or it is no JSON object."""
+    try:
+        values = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if not isinstance(values, dict) or not properties:
+        return arguments
+    return json.dumps(values, ensure_ascii=False) if _retype_all(values, properties) \
+        else arguments
+
+
+def _retype_all(values: dict[str, Any], properties: dict[str, Any]) -> bool:
+    changed = False
+    for key, value in values.items():
+        schema = properties.get(key)
+        if isinstance(schema, dict):
+            new, value_changed = _retype(value, schema)
+            if value_changed:
+                values[key], changed = new, True
+    return changed
+
+
+def _retype(value: Any, schema: dict[str, Any]) -> tuple[Any, bool]:
+    if isinstance(value, str):
+        new = coerce(value, schema_types(schema))
+        return new, new is not value
+    if isinstance(value, dict):
+        nested = schema.get("properties")
+        return value, isinstance(nested, dict) and _retype_all(value, nested)
+    if isinstance(value, list):
+        items, changed = schema.get("items"), False
+        if isinstance(items, dict):
+            for i, item in enumerate(value):
+                new, item_changed = _retype(item, items)
+                if item_changed:
+                    value[i], changed = new, True
+        return value, changed
+    new = coerce(json.dumps(value, ensure_ascii=False), schema_types(schema))
+    return new, type(new) is not type(value) or new != value

@@ -25,39 +25,19 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 
-from kvledger.engine.server.tools.call_pieces import Piece, content_until, whole_calls
+from kvledger.engine.server.tools.call_json import regex_space
+from kvledger.engine.server.tools.call_pieces import Piece, read_at_end
 
 THINK_END, FENCE, TOOL_CALLS = "</think>", "```", "[TOOL_CALLS]"
 TAG_START, TAG_END = "<tool_call>", "</tool_call>"
 MARKERS = (FENCE, TOOL_CALLS, TAG_START, THINK_END)
-_NOT_SPACE = "\x1c\x1d\x1e\x1f"  # str.isspace's, which vLLM's regex \s is not
 
 Match = tuple[int, int, str]  # the match's start and end, its group
 
 
 def xlam(scanner, text: str, final: bool) -> list[Piece]:
-    out: list[Piece] = []
-    if scanner.mode == "start":
-        if not text:
-            return out
-        scanner.mode = "held" if text[0].isspace() or text[0] == "[" else "content"
-        scanner.state = 0  # characters of content given out
-    if scanner.mode == "content":
-        piece: list[Piece] = []
-        found = content_until(scanner, text, MARKERS, final, piece)
-        out += piece
-        scanner.state += sum(len(p) for p in piece)
-        if found is None:
-            return out
-        scanner.mode = "held"
-    if not final:
-        return out
-    content, calls = read(str(text))  # once, at the end: a few forward passes
-    given = text[:scanner.state]
-    if content.startswith(given) and len(content) > len(given):
-        out.append(content[len(given):])
-    scanner.pos = len(text)
-    return out + whole_calls(scanner, calls)
+    return read_at_end(scanner, text, final, MARKERS, read,
+                       hold=lambda t: t[0].isspace() or t[0] == "[")
 
 
 def read(text: str) -> tuple[str, list[tuple[str, str]]]:
@@ -130,7 +110,7 @@ def _fences(text: str) -> Iterator[Match]:
     while (start := text.find(FENCE, pos)) >= 0:
         at = start + len(FENCE)
         at += 4 if text.startswith("json", at) else 0
-        while at < len(text) and text[at].isspace() and text[at] not in _NOT_SPACE:
+        while at < len(text) and regex_space(text[at]):
             at += 1
         end = text.find(FENCE, at)
         if end < 0:
