@@ -27,7 +27,7 @@ from typing import Any
 
 from kvledger.engine import json_text
 from kvledger.engine.server.tools.call_json import dumped
-from kvledger.engine.server.tools.call_pieces import Piece, content_until, whole_calls
+from kvledger.engine.server.tools.call_pieces import Piece, read_at_end
 
 ACTION_START, PLUGIN, ACTION_END = "<|action_start|>", "<|plugin|>", "<|action_end|>"
 CALL_START = ACTION_START + PLUGIN
@@ -35,23 +35,22 @@ MARKERS = (ACTION_START, PLUGIN, ACTION_END)
 
 
 def internlm(scanner, text: str, final: bool) -> list[Piece]:
-    out: list[Piece] = []
-    if scanner.mode == "start":  # content, up to the first call
-        if content_until(scanner, text, (CALL_START,), final, out) is None:
-            return out
-        scanner.mode = "calls"
-    if not final:
-        return out
+    return read_at_end(scanner, text, final, (CALL_START,), read_internlm)
+
+
+def read_internlm(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """The whole answer as vLLM reads it: the content before the first call and the calls,
+    or all of it content when a call cannot be read (where vLLM's parser fails)."""
+    start = text.find(CALL_START)
+    if start < 0:
+        return text, []
     calls = []
-    for part in text[scanner.pos + len(CALL_START):].split(CALL_START):
+    for part in text[start + len(CALL_START):].split(CALL_START):
         call = _call(part)
-        if call is None:  # vLLM's parser fails: the whole answer is content
-            out.append(text[scanner.pos:])
-            scanner.pos = len(text)
-            return out
+        if call is None:
+            return text, []
         calls.append(call)
-    scanner.pos = len(text)
-    return out + whole_calls(scanner, calls)
+    return text[:start], calls
 
 
 def _call(part: str) -> tuple[str, str] | None:

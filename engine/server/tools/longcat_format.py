@@ -21,7 +21,7 @@ answer content.
 from __future__ import annotations
 
 from kvledger.engine import json_text
-from kvledger.engine.server.tools.call_pieces import Piece, content_until, whole_calls
+from kvledger.engine.server.tools.call_pieces import Piece, read_at_end
 from kvledger.engine.server.tools.jamba_format import indexed_call
 
 TAG_START, TAG_END = "<longcat_tool_call>", "</longcat_tool_call>"
@@ -29,14 +29,16 @@ MARKERS = (TAG_START, TAG_END)
 
 
 def longcat(scanner, text: str, final: bool) -> list[Piece]:
-    out: list[Piece] = []
-    if scanner.mode == "start":  # content, up to the first call
-        if content_until(scanner, text, (TAG_START,), final, out) is None:
-            return out
-        scanner.mode = "calls"
-    if not final:
-        return out
-    calls, pos = [], scanner.pos
+    return read_at_end(scanner, text, final, (TAG_START,), read_longcat)
+
+
+def read_longcat(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """The whole answer as vLLM reads it: the content before the first call and every
+    call, or all of it content when one cannot be read (vLLM's all-or-none)."""
+    first = text.find(TAG_START)
+    if first < 0:
+        return text, []
+    calls, pos = [], first
     while (start := text.find(TAG_START, pos)) >= 0:
         end = text.find(TAG_END, start + len(TAG_START))
         end = len(text) if end < 0 else end
@@ -45,10 +47,7 @@ def longcat(scanner, text: str, final: bool) -> list[Piece]:
             call = indexed_call(json_text.loads(text[start + len(TAG_START):end]))
         except ValueError:
             call = None
-        if call is None:  # vLLM's parser fails: the whole answer is content
-            out.append(text[scanner.pos:])
-            scanner.pos = len(text)
-            return out
+        if call is None:
+            return text, []
         calls.append(call)
-    scanner.pos = len(text)
-    return out + whole_calls(scanner, calls)
+    return text[:first], calls
