@@ -25,6 +25,7 @@ from kvledger.engine.server.answers import (
     usage_of,
 )
 from kvledger.engine.server.api_errors import sse_error_event
+from kvledger.engine.server.keep_alive import kept_alive
 from kvledger.engine.server.logprobs import chat_logprobs
 from kvledger.engine.server.reasoning import ReasoningSplitter
 from kvledger.engine.server.state import ServerState
@@ -118,11 +119,13 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
                     choice["prompt_token_ids"], prompt_ids = prompt_ids, None
         return event([choice], usage=req.continuous_usage, prompt_ids=prompt_ids)
 
+    keep_alive = state.options.sse_keep_alive_interval_s
+    items = kept_alive(outputs, keep_alive, response.write) if keep_alive > 0 else outputs
     try:
         if chat:
             for index in range(p.num_choices):
                 await response.write(chunk(index, "", None, role=True))
-        async for index, output in outputs:
+        async for index, output in items:
             choice = sent[index]
             choice.tokens = 0 if req.echo_only else len(output.token_ids)
             p.progress([c.tokens for c in sent])
@@ -194,6 +197,9 @@ async def stream(request: web.Request, state: ServerState, p: Prepared,
     except Exception:  # a bug after the 200 went out: the stream's last event says so
         log.exception("unhandled error while streaming %s", p.request_id)
         await _end_with_error(state, response, 500, "internal server error", "internal_error")
+    finally:
+        if items is not outputs:  # its pending read ends before the generation closes
+            await items.aclose()
     return response
 
 

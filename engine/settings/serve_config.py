@@ -26,7 +26,7 @@ from kvledger.engine.errors import BadInput
 from kvledger.engine.settings.config_values import MAX_LOGPROBS
 from kvledger.engine.settings.declare import Crd, check_settings, render_flags, setting
 from kvledger.engine.settings.flag_values import CONTENT_FORMATS
-from kvledger.engine.settings.kinds import ON, POSITIVE_INT, SWITCH, TEXT, choice
+from kvledger.engine.settings.kinds import ON, POSITIVE_INT, SECONDS_OR_ZERO, SWITCH, TEXT, choice
 from kvledger.engine.settings.line_config import LineConfig
 from kvledger.engine.settings.listener_config import ListenerConfig
 from kvledger.engine.settings.serve_values import (
@@ -174,6 +174,12 @@ class ServeConfig(LineConfig, ListenerConfig):
         1, "--stream-interval", POSITIVE_INT, group=OPENAI_API,
         help="vLLM's: a streamed answer goes out every N tokens, its first and last at once "
              "(a request's stream_interval may raise it; default %(default)s: every token)")
+    sse_keep_alive_interval_s: float = setting(  # server/keep_alive.py
+        0, "--sse-keep-alive-interval", SECONDS_OR_ZERO, group=OPENAI_API,
+        help="vLLM's: a streamed completion or chat sends an SSE comment (': keep-alive') "
+             "whenever it has sent nothing for this many seconds, so a proxy's read timeout "
+             "does not cut an answer still prefilling (default %(default)s: none; nothing is sent "
+             "while a request waits in line, whose answer may be a 429)")
     max_logprobs: int = setting(
         MAX_LOGPROBS, "--max-logprobs", LOGPROBS, group=OPENAI_API,
         help=f"vLLM's: the most logprobs a request may ask per token (default and most "

@@ -96,8 +96,6 @@ _RULES: dict[str, Rule] = {
                         "kvledger reserves each admitted request's cap, so it preempts none"),
     "--long-prefill-token-threshold": only(["0"], "capping one prompt's share of a step",
                                            "0 caps none, as kvledger"),
-    "--sse-keep-alive-interval": only(["0"], "SSE keep-alive comments",
-                                      "0 sends none, as kvledger"),
     "--fingerprint-mode": only(["none"], "a system_fingerprint in answers",
                                "kvledger's answers carry none"),
     "--enable-reasoning": noop("--reasoning-parser turns reasoning on, as in vLLM, which "
@@ -180,6 +178,8 @@ _RULES: dict[str, Rule] = {
     "--enable-server-load-tracking": noop(_SERVE.format("/load count")),
     "--enable-tokenizer-info-endpoint": noop(_SERVE.format("/tokenizer_info")),
     "--stream-interval": noop(_SERVE.format("stream chunking"), nargs=1, parse=positive_int),
+    "--sse-keep-alive-interval": noop(_SERVE.format("SSE keep-alive"), nargs=1,
+                                      parse=seconds_or_zero),
     "--max-logprobs": noop(_SERVE.format("logprobs limit"), nargs=1, parse=max_logprobs),
     "--chat-template": noop(_SERVE.format("chat template"), nargs=1),
     "--trust-request-chat-template": noop(_SERVE.format(

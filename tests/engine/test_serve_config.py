@@ -87,6 +87,7 @@ DECLARED = {
     "enable_server_load_tracking": ("--enable-server-load-tracking", None, False),
     "enable_tokenizer_info_endpoint": ("--enable-tokenizer-info-endpoint", None, False),
     "stream_interval": ("--stream-interval", None, 1),
+    "sse_keep_alive_interval_s": ("--sse-keep-alive-interval", None, 0),
     "max_logprobs": ("--max-logprobs", None, 20),
 }
 SERVE_GROUPS = ("server", "the OpenAI API (vLLM's flags)")
@@ -130,7 +131,7 @@ def test_help_shows_each_declared_default() -> None:
         else:
             assert shown == (f"{default:g}" if isinstance(default, float) else str(default)), \
                 declared.flag
-    assert checked == 17  # every default a help line names
+    assert checked == 18  # every default a help line names
 
 
 @pytest.mark.parametrize(("values", "message"), [

@@ -1,14 +1,15 @@
 """vLLM's serve flags that change what the API answers, as a client sees them:
 --enable-force-include-usage, --enable-request-id-headers,
 --exclude-tools-when-tool-choice-none, --enable-server-load-tracking (``/load``) and
---enable-tokenizer-info-endpoint (``/tokenizer_info``); and without each, the answer as
-before."""
+--enable-tokenizer-info-endpoint (``/tokenizer_info``), --stream-interval and
+--sse-keep-alive-interval; and without each, the answer as before."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import re
+import time
 
 import pytest
 from _server_helpers import make_llm, model_name, start_app, stop_app
@@ -259,3 +260,62 @@ async def test_without_stream_interval_every_token_is_sent(aiohttp_client, llm):
     client = await start_app(aiohttp_client, llm)
     sizes = await _token_chunks(client)
     assert sum(sizes) == 7 and not _paced(sizes, 3)  # more chunks than 3's pace allows
+
+
+@pytest.mark.parametrize(("path", "interval", "comments"), [
+    ("/v1/completions", 0.03, True), ("/v1/chat/completions", 0.03, True),
+    ("/v1/chat/completions", 0, False)])
+async def test_keep_alive_comments_while_a_stream_is_idle(aiohttp_client, llm, monkeypatch, path,
+                                                          interval, comments):
+    """--sse-keep-alive-interval: steps of 0.15 s leave the stream idle; a comment goes out
+    every interval meanwhile (none without the flag), and the events read the same."""
+    runner = llm.runner  # make_llm's engine
+    execute = runner.execute
+
+    def slow(batch):
+        time.sleep(0.15)
+        return execute(batch)
+
+    monkeypatch.setattr(runner, "execute", slow)
+    client = await start_app(aiohttp_client, llm, sse_keep_alive_interval_s=interval)
+    body = {"model": model_name(client), "max_tokens": 3, "stream": True, "temperature": 0}
+    body.update({"prompt": "Once upon a time"} if path == "/v1/completions" else
+                {"messages": MESSAGES})
+    response = await client.post(path, json=body)
+    raw = await response.read()
+    assert (raw.count(b": keep-alive\n\n") >= 3) is comments
+    events = _events(raw)  # an SSE reader skips the comments
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+async def test_keep_alive_reads_each_output_once_and_ends_its_pending_read():
+    """The wrapper hands over every item in order, a comment per idle interval, and a
+    stream that ends early cancels the read it left pending."""
+    from kvledger.engine.server.keep_alive import KEEP_ALIVE, kept_alive
+
+    written: list[bytes] = []
+    cancelled = asyncio.Event()
+
+    async def outputs():
+        for item in range(3):
+            await asyncio.sleep(0.12)
+            yield item
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def write(data: bytes) -> None:
+        written.append(data)
+
+    items = kept_alive(outputs(), 0.05, write)
+    got = [await anext(items) for _ in range(3)]
+    assert got == [0, 1, 2] and len(written) >= 4 and set(written) == {KEEP_ALIVE}
+    waiting = asyncio.ensure_future(anext(items))  # the 4th never comes
+    await asyncio.sleep(0.1)
+    waiting.cancel()  # the stream ends early (its client left)
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await items.aclose()
+    await asyncio.wait_for(cancelled.wait(), 1)  # the read it left pending was ended
