@@ -17,6 +17,14 @@ from test_tool_calls_sdk import ASK, SCHEMAS, TOOLS, _streamed
 VLLM_ID = re.compile(r"^chatcmpl-tool-[0-9a-f]{16}$")
 
 
+def read_whole(scanner, text: str) -> tuple[str, list[tuple[str, str]]]:
+    """``text`` fed to ``scanner`` as a whole answer: its content and each call's (name,
+    arguments), every call's id as vLLM writes one."""
+    scanner.feed(text, True)
+    assert all(VLLM_ID.match(c.id) for c in scanner.calls)
+    return scanner.content, [(c.name, c.arguments) for c in scanner.calls]
+
+
 def marker_llm(tiny_llama_dir, tmp_path_factory, name: str, markers: list[str]):
     """The tiny engine with ``markers`` added to its tokenizer (the weights keep their size)."""
     out = with_added_tokens(tiny_llama_dir, tmp_path_factory.mktemp(name) / "model",

@@ -11,7 +11,7 @@ import json
 
 import openai
 import pytest
-from _tool_sdk import VLLM_ID, marker_llm, named_round_trip, required_round_trip
+from _tool_sdk import marker_llm, named_round_trip, read_whole, required_round_trip
 from _tool_streams import split_once_everywhere
 from test_tool_calls_sdk import ASK, TOOLS, _streamed
 
@@ -79,9 +79,7 @@ def _scanner(declared: bool) -> CallScanner:
 @pytest.mark.parametrize(("text", "declared", "content", "calls"), CASES)
 def test_whole_answers_read_as_vllm_reads_them(text, declared, content, calls) -> None:
     scanner = _scanner(declared)
-    scanner.feed(text, final=True)
-    assert (scanner.content, [(c.name, c.arguments) for c in scanner.calls]) == (content, calls)
-    assert all(VLLM_ID.match(c.id) for c in scanner.calls)
+    assert read_whole(scanner, text) == (content, calls)
 
 
 @pytest.mark.parametrize(("text", "declared", "content", "calls"), CASES)

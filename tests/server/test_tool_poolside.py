@@ -8,7 +8,7 @@ tokenizer holds the markers as added tokens, through the SDK."""
 from __future__ import annotations
 
 import pytest
-from _tool_sdk import VLLM_ID, marker_llm, named_round_trip, required_round_trip
+from _tool_sdk import marker_llm, named_round_trip, read_whole, required_round_trip
 from _tool_streams import split_once_everywhere
 
 from kvledger.engine.server.tools.calls import tool_plan
@@ -58,9 +58,7 @@ def test_calls_are_read_as_vllm_reads_them_whole_and_streamed(text, declared, co
                                                               calls) -> None:
     tools = DECLARED if declared else ()
     scanner = CallScanner("poolside_v1", None, tools)
-    scanner.feed(text, True)
-    assert (scanner.content, [(c.name, c.arguments) for c in scanner.calls]) == (content, calls)
-    assert all(VLLM_ID.match(c.id) for c in scanner.calls)
+    assert read_whole(scanner, text) == (content, calls)
     for cut, got_content, got_calls in split_once_everywhere(
             lambda: CallScanner("poolside_v1", None, tools), text):
         assert (got_content, got_calls) == (content, calls), cut
