@@ -119,29 +119,29 @@ class Sampler:
             for row in processed:
                 logits[row] = process_logits(raw[row], seqs[row], self.eos_token_ids)
         token_ids = logits.argmax(dim=-1)
-        reported = raw  # the rows the asked logprobs are read from
-        if self.processed and asked:
-            reported = logits.clone() if sampled else logits
-        elif masked := [row for row in asked if seqs[row].matcher is not None
-                        and not seqs[row].matcher.dead_end]:
-            # vLLM masks the grammar's tokens before its sampler: its raw values of a
-            # constrained row are the allowed tokens' (the mask just computed, applied again).
-            reported = raw.clone()
-            for row in masked:
-                seqs[row].matcher.apply_mask(reported[row])
+        drawn_from = {}  # a sampled row's logits after temperature, min_p, top_k, top_p
         if sampled:
             draws = []
             for row in sampled:
                 drawn, filtered = self._sample_row(logits[row], seqs[row])
                 draws.append(drawn)
-                if reported is not raw:
-                    reported[row] = filtered
+                if self.processed:
+                    drawn_from[row] = filtered
             index = torch.tensor(sampled, dtype=torch.long, device=logits.device)
             token_ids = token_ids.index_copy(0, index, torch.cat(draws))
         if not asked:
             return SamplerOutput(token_ids.tolist(), {})
         index = torch.tensor(asked, dtype=torch.long, device=logits.device)
-        read = logprobs_of(reported[index], token_ids[index],
+        reported = (logits if self.processed else raw)[index]  # a copy of the rows asked
+        for at, row in enumerate(asked):
+            if row in drawn_from:
+                reported[at] = drawn_from[row]
+            elif not self.processed and (matcher := seqs[row].matcher) is not None \
+                    and not matcher.dead_end:
+                # vLLM masks the grammar's tokens before its sampler: its raw values of a
+                # constrained row are the allowed tokens' (the mask just computed, again).
+                matcher.apply_mask(reported[at])
+        read = logprobs_of(reported, token_ids[index],
                            [seqs[row].params.logprobs for row in asked], self.as_logits)
         token_id_list = token_ids.tolist()  # the one wait for the device; the rest is copied
         return SamplerOutput(token_id_list, dict(zip(asked, read(), strict=True)))
